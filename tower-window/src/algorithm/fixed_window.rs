@@ -1,0 +1,1 @@
+//! fixed_window state transition (to be written).

@@ -1,0 +1,1 @@
+//! gcra state transition (to be written).

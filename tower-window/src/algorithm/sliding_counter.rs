@@ -1,0 +1,1 @@
+//! sliding_counter state transition (to be written).

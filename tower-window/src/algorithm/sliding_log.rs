@@ -1,0 +1,1 @@
+//! sliding_log state transition (to be written).

@@ -1,0 +1,180 @@
+//! Who is being limited: [`WindowKey`] and the [`KeyExtractor`] trait.
+//!
+//! An extractor looks at a request and names the window it counts against:
+//! a tenant and a subject (user, API key, IP address...). Returning `None`
+//! means "no key here"; what happens then is the layer's
+//! [`MissingKey`](crate::MissingKey) policy, or another extractor tried with
+//! [`KeyExtractorExt::or`].
+//!
+//! ```
+//! use tower_window::key::{Constant, Header, KeyExtractor, KeyExtractorExt};
+//!
+//! // Per user, inside the tenant named by `x-tenant-id` (or "public").
+//! let key = Header::new("x-user-id").with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+//! let request = http::Request::builder()
+//!     .header("x-user-id", "alice")
+//!     .body(())
+//!     .unwrap();
+//! let window = key.extract(&request).unwrap();
+//! assert_eq!(window.tenant(), b"public");
+//! assert_eq!(window.subject(), b"alice");
+//! ```
+
+use std::fmt;
+
+use bytes::Bytes;
+
+mod builtin;
+
+pub use builtin::{Constant, Extension, Header, PeerIp, Query, TrustedProxies};
+
+/// The identity of one window: a tenant and a subject within it.
+///
+/// Both parts are arbitrary bytes (header values need not be UTF-8); stores
+/// escape them so that no input can collide with or reach another key.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WindowKey {
+    tenant: Bytes,
+    subject: Bytes,
+}
+
+impl WindowKey {
+    /// The tenant used when none is extracted.
+    pub const DEFAULT_TENANT: &'static [u8] = b"default";
+
+    /// A key for `subject` within `tenant`.
+    pub fn new(tenant: impl Into<Bytes>, subject: impl Into<Bytes>) -> Self {
+        Self {
+            tenant: tenant.into(),
+            subject: subject.into(),
+        }
+    }
+
+    /// A key for `subject` in the default tenant.
+    pub fn for_subject(subject: impl Into<Bytes>) -> Self {
+        Self::new(Bytes::from_static(Self::DEFAULT_TENANT), subject)
+    }
+
+    /// One key shared by every request (a global limit).
+    pub fn global() -> Self {
+        Self::new(
+            Bytes::from_static(Self::DEFAULT_TENANT),
+            Bytes::from_static(b"global"),
+        )
+    }
+
+    /// The same subject in another tenant.
+    pub fn with_tenant(mut self, tenant: impl Into<Bytes>) -> Self {
+        self.tenant = tenant.into();
+        self
+    }
+
+    /// The tenant's bytes.
+    pub fn tenant(&self) -> &[u8] {
+        &self.tenant
+    }
+
+    /// The subject's bytes.
+    pub fn subject(&self) -> &[u8] {
+        &self.subject
+    }
+}
+
+/// Shows lengths only: keys may hold user identifiers or API keys.
+impl fmt::Debug for WindowKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WindowKey")
+            .field("tenant_len", &self.tenant.len())
+            .field("subject_len", &self.subject.len())
+            .finish()
+    }
+}
+
+/// Names the window a request counts against.
+///
+/// Implemented for closures `Fn(&Req) -> Option<WindowKey>`, for `Option<E>`
+/// (`None` never finds a key) and for the built-ins in this module; combine
+/// them with [`KeyExtractorExt`].
+pub trait KeyExtractor<Req>: Send + Sync {
+    /// The request's key, or `None` when the request carries none.
+    fn extract(&self, request: &Req) -> Option<WindowKey>;
+}
+
+impl<F, Req> KeyExtractor<Req> for F
+where
+    F: Fn(&Req) -> Option<WindowKey> + Send + Sync,
+{
+    fn extract(&self, request: &Req) -> Option<WindowKey> {
+        self(request)
+    }
+}
+
+impl<E, Req> KeyExtractor<Req> for Option<E>
+where
+    E: KeyExtractor<Req>,
+{
+    fn extract(&self, request: &Req) -> Option<WindowKey> {
+        self.as_ref().and_then(|e| e.extract(request))
+    }
+}
+
+/// Combinators for every [`KeyExtractor`].
+pub trait KeyExtractorExt<Req>: KeyExtractor<Req> + Sized {
+    /// Tries `self`, then `other` when `self` finds no key.
+    fn or<E: KeyExtractor<Req>>(self, other: E) -> Or<Self, E> {
+        Or {
+            first: self,
+            second: other,
+        }
+    }
+
+    /// Uses `tenant`'s subject as the tenant of `self`'s key. When `tenant`
+    /// finds nothing, there is no key (combine with [`or`](Self::or) and
+    /// [`Constant`] for a default tenant).
+    fn with_tenant<T: KeyExtractor<Req>>(self, tenant: T) -> WithTenant<Self, T> {
+        WithTenant {
+            subject: self,
+            tenant,
+        }
+    }
+}
+
+impl<E: KeyExtractor<Req>, Req> KeyExtractorExt<Req> for E {}
+
+/// Tries one extractor, then another. See [`KeyExtractorExt::or`].
+#[derive(Debug, Clone)]
+pub struct Or<A, B> {
+    first: A,
+    second: B,
+}
+
+impl<A, B, Req> KeyExtractor<Req> for Or<A, B>
+where
+    A: KeyExtractor<Req>,
+    B: KeyExtractor<Req>,
+{
+    fn extract(&self, request: &Req) -> Option<WindowKey> {
+        self.first
+            .extract(request)
+            .or_else(|| self.second.extract(request))
+    }
+}
+
+/// Takes the tenant from another extractor. See [`KeyExtractorExt::with_tenant`].
+#[derive(Debug, Clone)]
+pub struct WithTenant<S, T> {
+    subject: S,
+    tenant: T,
+}
+
+impl<S, T, Req> KeyExtractor<Req> for WithTenant<S, T>
+where
+    S: KeyExtractor<Req>,
+    T: KeyExtractor<Req>,
+{
+    fn extract(&self, request: &Req) -> Option<WindowKey> {
+        let tenant = self.tenant.extract(request)?;
+        let subject = self.subject.extract(request)?;
+        Some(subject.with_tenant(tenant.subject))
+    }
+}

@@ -1,0 +1,127 @@
+//! Why the layer did not call the inner service, and how that becomes a response.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::StatusCode;
+
+use crate::Decision;
+
+/// Why the layer answered instead of the inner service.
+///
+/// For HTTP it is also inserted into the rejection response's extensions, so
+/// outer layers can tell a limiter's 429 from the application's. In typed
+/// (non-HTTP) mode it is the service's error (boxed; downcast to read it).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The quota is exhausted.
+    RateLimited(Decision),
+    /// The request carries no key and the missing-key policy rejects it.
+    MissingKey {
+        /// The status to answer with (400 or 401 are usual).
+        status: StatusCode,
+    },
+    /// The limiter could not decide (store failure without a fallback).
+    Unavailable {
+        /// What failed, for logs; never shown to clients by the built-in bodies.
+        message: Arc<str>,
+    },
+}
+
+impl Rejection {
+    /// The HTTP status for this rejection.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::MissingKey { status } => *status,
+            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The denial's decision, when there is one.
+    pub fn decision(&self) -> Option<&Decision> {
+        match self {
+            Self::RateLimited(decision) => Some(decision),
+            _ => None,
+        }
+    }
+
+    /// A short, human-readable summary (an RFC 9457 `title`).
+    pub fn title(&self) -> &'static str {
+        match self {
+            Self::RateLimited(_) => "Too Many Requests",
+            Self::MissingKey { .. } => "Missing rate-limit key",
+            Self::Unavailable { .. } => "Rate limiter unavailable",
+        }
+    }
+
+    /// A longer explanation safe to show clients (an RFC 9457 `detail`).
+    pub fn detail(&self) -> String {
+        match self {
+            Self::RateLimited(decision) => match decision.retry_after {
+                Some(wait) => format!(
+                    "quota {:?} ({}) exhausted; retry in {} s",
+                    decision.quota.name(),
+                    decision.quota,
+                    crate::layer::headers::ceil_secs(wait)
+                ),
+                None => format!(
+                    "request cost exceeds quota {:?} ({}) and can never be admitted",
+                    decision.quota.name(),
+                    decision.quota
+                ),
+            },
+            Self::MissingKey { .. } => {
+                "the request does not identify who is calling (rate-limit key missing)".to_owned()
+            }
+            Self::Unavailable { .. } => {
+                "the rate limiter could not decide; try again later".to_owned()
+            }
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unavailable { message } => write!(f, "{}: {message}", self.title()),
+            _ => write!(f, "{}: {}", self.title(), self.detail()),
+        }
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+/// Builds the HTTP response for a [`Rejection`] (its status and body).
+///
+/// The layer adds `Retry-After` and `RateLimit` headers and the
+/// [`Rejection`] extension afterwards, so implementations only choose a body.
+/// Closures `Fn(&Rejection) -> http::Response<B>` implement it.
+pub trait OnRejection<B>: Clone + Send + Sync + 'static {
+    /// The response for `rejection`.
+    fn response(&self, rejection: &Rejection) -> http::Response<B>;
+}
+
+impl<F, B> OnRejection<B> for F
+where
+    F: Fn(&Rejection) -> http::Response<B> + Clone + Send + Sync + 'static,
+{
+    fn response(&self, rejection: &Rejection) -> http::Response<B> {
+        self(rejection)
+    }
+}
+
+/// An empty body (`B::default()`) with the rejection's status.
+/// `axum-window-ext` offers an `application/problem+json` one.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct DefaultRejection;
+
+impl<B: Default> OnRejection<B> for DefaultRejection {
+    fn response(&self, rejection: &Rejection) -> http::Response<B> {
+        let mut response = http::Response::new(B::default());
+        *response.status_mut() = rejection.status();
+        response
+    }
+}

@@ -1,0 +1,47 @@
+//! Distributed sliding-window rate limiting for [Tower] services.
+//!
+//! A [`SlidingWindowLayer`] wraps any service. For each request a
+//! [`KeyExtractor`] names the window (tenant and subject), a [`Limiter`]
+//! checks it against a [`Quota`] in a [`Store`] — the embedded
+//! [`MemoryStore`] for one process, or Redis for a cluster of nodes — and the
+//! request either proceeds with `RateLimit` headers or is answered
+//! `429 Too Many Requests` with `Retry-After`.
+//!
+//! ```
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_window::{key::Header, Limiter, MemoryStore, SlidingWindowLayer};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse()?);
+//! let service = ServiceBuilder::new()
+//!     .layer(SlidingWindowLayer::new(limiter, Header::new("x-user-id")))
+//!     .service_fn(|_req: http::Request<String>| async {
+//!         Ok::<_, std::convert::Infallible>(http::Response::new(String::from("hello")))
+//!     });
+//! let request = http::Request::builder().header("x-user-id", "alice").body(String::new())?;
+//! let response = service.oneshot(request).await?;
+//! assert_eq!(response.status(), 200);
+//! assert!(response.headers().contains_key("ratelimit"));
+//! # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! [Tower]: https://docs.rs/tower
+
+pub mod algorithm;
+mod clock;
+mod decision;
+pub mod key;
+pub mod layer;
+mod limiter;
+pub mod quota;
+pub mod store;
+
+pub use algorithm::Algorithm;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use decision::{Decision, DecisionSource, FallbackReason};
+pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
+pub use layer::{MissingKey, SlidingWindow, SlidingWindowLayer};
+pub use limiter::{LimitError, Limiter};
+pub use quota::{Quota, QuotaBuilder, QuotaError};
+pub use store::{CheckRequest, MemoryStore, Store, StoreError, StoreErrorKind};

@@ -1,0 +1,539 @@
+//! [`Quota`]: how much, over how long, counted how.
+//!
+//! A quota is written in a small DSL, `<limit>/<window>[ <algorithm>]`:
+//!
+//! | text | meaning |
+//! |---|---|
+//! | `100/1m` | 100 per minute, sliding log (exact) |
+//! | `10/s` | 10 per second (a missing number means 1) |
+//! | `250/500ms` | 250 per half second |
+//! | `5000/1h sliding-counter(1m)` | 5000 per hour in one-minute buckets |
+//! | `100/1m fixed-window` | 100 per aligned minute |
+//! | `10/s gcra(burst=20)` | 10 per second, bursts of up to 20 |
+//!
+//! Units are `ms`, `s`, `m`, `h` and `d`. [`Quota`]'s `Display` writes the same
+//! DSL, so `q.to_string().parse::<Quota>() == Ok(q)` for every quota (the name
+//! is carried separately, see [`Quota::name`]).
+
+use std::fmt;
+use std::num::NonZeroU32;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Algorithm;
+
+/// The longest window a quota may have (one year).
+pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// The most buckets a sliding counter may keep per key.
+pub const MAX_BUCKETS: u64 = 3600;
+
+const DEFAULT_NAME: &str = "default";
+
+/// A rate limit: `limit` units per `window`, counted by an [`Algorithm`].
+///
+/// Cheap to clone. Build one by parsing the DSL (see the [module
+/// docs](crate::quota)) or with [`Quota::builder`]; every invalid value is a
+/// [`QuotaError`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_window::{Algorithm, Quota};
+///
+/// let parsed: Quota = "100/1m".parse()?;
+/// let built = Quota::builder().limit(100).window(Duration::from_secs(60)).build()?;
+/// assert_eq!(parsed, built);
+/// assert_eq!(parsed.algorithm(), Algorithm::SlidingLog);
+///
+/// let gcra: Quota = "10/s gcra(burst=20)".parse()?;
+/// assert_eq!(gcra.capacity(), 20);
+/// assert!("0/1m".parse::<Quota>().is_err());
+/// # Ok::<(), tower_window::QuotaError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Quota {
+    name: Arc<str>,
+    limit: NonZeroU32,
+    window_micros: u64,
+    algorithm: Algorithm,
+    burst: Option<NonZeroU32>,
+}
+
+impl Quota {
+    /// A validating builder.
+    pub fn builder() -> QuotaBuilder {
+        QuotaBuilder::default()
+    }
+
+    /// `limit` per `window`, sliding log.
+    pub fn per(limit: u32, window: Duration) -> Result<Self, QuotaError> {
+        Self::builder().limit(limit).window(window).build()
+    }
+
+    /// `limit` per second, sliding log.
+    pub fn per_second(limit: u32) -> Result<Self, QuotaError> {
+        Self::per(limit, Duration::from_secs(1))
+    }
+
+    /// `limit` per minute, sliding log.
+    pub fn per_minute(limit: u32) -> Result<Self, QuotaError> {
+        Self::per(limit, Duration::from_secs(60))
+    }
+
+    /// `limit` per hour, sliding log.
+    pub fn per_hour(limit: u32) -> Result<Self, QuotaError> {
+        Self::per(limit, Duration::from_secs(3600))
+    }
+
+    /// The same quota under another name (used in `RateLimit-Policy` headers
+    /// and store keys). Names are 1 to 64 characters of `[A-Za-z0-9_.-]`.
+    pub fn named(mut self, name: &str) -> Result<Self, QuotaError> {
+        validate_name(name)?;
+        self.name = Arc::from(name);
+        Ok(self)
+    }
+
+    /// The quota's name; `"default"` unless set.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Units admitted per window.
+    pub fn limit(&self) -> u32 {
+        self.limit.get()
+    }
+
+    /// The window length.
+    pub fn window(&self) -> Duration {
+        Duration::from_micros(self.window_micros)
+    }
+
+    /// The window length in microseconds.
+    pub fn window_micros(&self) -> u64 {
+        self.window_micros
+    }
+
+    /// The counting algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The GCRA burst, if one was set.
+    pub fn burst(&self) -> Option<u32> {
+        self.burst.map(NonZeroU32::get)
+    }
+
+    /// The most units one key can be admitted at once: the burst for GCRA
+    /// (default `limit`), otherwise the limit. A cost above it never fits.
+    pub fn capacity(&self) -> u32 {
+        match self.algorithm {
+            Algorithm::Gcra => self.burst.unwrap_or(self.limit).get(),
+            _ => self.limit.get(),
+        }
+    }
+
+    /// The sliding counter's bucket width in microseconds, if that is the algorithm.
+    pub fn granularity_micros(&self) -> Option<u64> {
+        match self.algorithm {
+            Algorithm::SlidingCounter { granularity } => Some(duration_micros(granularity)),
+            _ => None,
+        }
+    }
+
+    /// GCRA emission interval in microseconds: `ceil(window / limit)`.
+    /// Rounding up means the rate is never faster than `limit / window`.
+    pub fn emission_interval_micros(&self) -> u64 {
+        self.window_micros.div_ceil(u64::from(self.limit.get()))
+    }
+
+    /// A stable identifier of this quota's definition and name, used to keep
+    /// the state of different quotas apart in a store.
+    pub fn id(&self) -> String {
+        format!("{}|{}", self.name, self)
+    }
+}
+
+impl fmt::Debug for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Quota({:?}: {})", &*self.name, self)
+    }
+}
+
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.limit, FormatDuration(self.window()))?;
+        match (self.algorithm, self.burst) {
+            (Algorithm::SlidingLog, _) => Ok(()),
+            (Algorithm::Gcra, Some(burst)) => write!(f, " gcra(burst={burst})"),
+            (algorithm, _) => write!(f, " {algorithm}"),
+        }
+    }
+}
+
+/// Writes a duration in the DSL's largest exact unit (`1m`, `90s`, `500ms`).
+pub(crate) struct FormatDuration(pub(crate) Duration);
+
+impl fmt::Display for FormatDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let micros = duration_micros(self.0);
+        for (unit, size) in UNITS.iter().rev() {
+            if micros % size == 0 {
+                return write!(f, "{}{unit}", micros / size);
+            }
+        }
+        write!(f, "{micros}us")
+    }
+}
+
+/// DSL units and their size in microseconds, smallest first.
+const UNITS: [(&str, u64); 5] = [
+    ("ms", 1_000),
+    ("s", 1_000_000),
+    ("m", 60_000_000),
+    ("h", 3_600_000_000),
+    ("d", 86_400_000_000),
+];
+
+fn duration_micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Why a quota is invalid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuotaError {
+    /// The text is not of the form `<limit>/<window>[ <algorithm>]`.
+    #[error("invalid quota {input:?}: {reason}")]
+    Syntax {
+        /// The text that was parsed.
+        input: String,
+        /// What was expected.
+        reason: String,
+    },
+    /// The limit is not a whole number that fits in 32 bits.
+    #[error("invalid quota limit {0:?}: expected a whole number from 1 to 4294967295")]
+    InvalidLimit(String),
+    /// The limit is zero.
+    #[error("quota limit must be at least 1")]
+    ZeroLimit,
+    /// No limit was given to the builder.
+    #[error("quota limit is missing")]
+    MissingLimit,
+    /// No window was given to the builder.
+    #[error("quota window is missing")]
+    MissingWindow,
+    /// The window is zero.
+    #[error("quota window must be longer than zero")]
+    ZeroWindow,
+    /// The window (or granularity) is not a whole number of milliseconds.
+    #[error("quota durations must be whole milliseconds, got {0:?}")]
+    Precision(Duration),
+    /// A duration's unit is not one of `ms`, `s`, `m`, `h`, `d`.
+    #[error("unknown duration unit {0:?}: expected ms, s, m, h or d")]
+    UnknownUnit(String),
+    /// The window is longer than [`MAX_WINDOW`] or its number overflows.
+    #[error("quota window is too long: the most is 366d")]
+    WindowTooLong,
+    /// The algorithm name is not known.
+    #[error("unknown algorithm {0:?}: expected sliding-log, sliding-counter(<granularity>), fixed-window or gcra[(burst=<n>)]")]
+    UnknownAlgorithm(String),
+    /// The sliding counter's granularity is zero.
+    #[error("sliding-counter granularity must be longer than zero")]
+    ZeroGranularity,
+    /// The sliding counter's granularity does not divide the window.
+    #[error("sliding-counter granularity {granularity:?} does not divide the window {window:?}")]
+    GranularityDoesNotDivide {
+        /// The bucket width.
+        granularity: Duration,
+        /// The window.
+        window: Duration,
+    },
+    /// The sliding counter would keep more than [`MAX_BUCKETS`] buckets.
+    #[error("sliding-counter would keep {buckets} buckets per key; the most is {max}")]
+    TooManyBuckets {
+        /// window / granularity.
+        buckets: u64,
+        /// The allowed maximum.
+        max: u64,
+    },
+    /// A burst was given for an algorithm other than GCRA.
+    #[error("a burst is only meaningful for the gcra algorithm, not {0}")]
+    BurstWithoutGcra(&'static str),
+    /// The burst is zero or not a number.
+    #[error("gcra burst must be a whole number from 1 to 4294967295, got {0:?}")]
+    InvalidBurst(String),
+    /// The quota name is empty, too long or has characters outside `[A-Za-z0-9_.-]`.
+    #[error("invalid quota name {0:?}: use 1 to 64 characters of A-Z, a-z, 0-9, '_', '.', '-'")]
+    InvalidName(String),
+}
+
+/// Builds a [`Quota`], checking every value.
+#[derive(Debug, Clone, Default)]
+pub struct QuotaBuilder {
+    name: Option<String>,
+    limit: Option<u32>,
+    window: Option<Duration>,
+    algorithm: Algorithm,
+    granularity: Option<Duration>,
+    burst: Option<u32>,
+}
+
+impl QuotaBuilder {
+    /// Units admitted per window (at least 1).
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// The window length (whole milliseconds, at most [`MAX_WINDOW`]).
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = Some(window);
+        self
+    }
+
+    /// The counting algorithm (default [`Algorithm::SlidingLog`]).
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// Use [`Algorithm::SlidingCounter`] with this bucket width.
+    pub fn granularity(mut self, granularity: Duration) -> Self {
+        self.granularity = Some(granularity);
+        self.algorithm = Algorithm::SlidingCounter { granularity };
+        self
+    }
+
+    /// The GCRA burst (default: the limit). Only valid with [`Algorithm::Gcra`].
+    pub fn burst(mut self, burst: u32) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// The quota's name (default `"default"`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Checks every value and builds the quota.
+    pub fn build(self) -> Result<Quota, QuotaError> {
+        let limit = self.limit.ok_or(QuotaError::MissingLimit)?;
+        let limit = NonZeroU32::new(limit).ok_or(QuotaError::ZeroLimit)?;
+        let window = self.window.ok_or(QuotaError::MissingWindow)?;
+        let window_micros = checked_millis_as_micros(window, QuotaError::ZeroWindow)?;
+        if window > MAX_WINDOW {
+            return Err(QuotaError::WindowTooLong);
+        }
+        let algorithm = match self.algorithm {
+            Algorithm::SlidingCounter { granularity } => {
+                let granularity = self.granularity.unwrap_or(granularity);
+                let g = checked_millis_as_micros(granularity, QuotaError::ZeroGranularity)?;
+                if window_micros % g != 0 {
+                    return Err(QuotaError::GranularityDoesNotDivide {
+                        granularity,
+                        window,
+                    });
+                }
+                let buckets = window_micros / g;
+                if buckets > MAX_BUCKETS {
+                    return Err(QuotaError::TooManyBuckets {
+                        buckets,
+                        max: MAX_BUCKETS,
+                    });
+                }
+                Algorithm::SlidingCounter { granularity }
+            }
+            other => other,
+        };
+        let burst = match self.burst {
+            None => None,
+            Some(_) if algorithm != Algorithm::Gcra => {
+                return Err(QuotaError::BurstWithoutGcra(algorithm.name()))
+            }
+            Some(b) => Some(NonZeroU32::new(b).ok_or(QuotaError::InvalidBurst(b.to_string()))?),
+        };
+        let name = match self.name {
+            Some(name) => {
+                validate_name(&name)?;
+                Arc::from(name)
+            }
+            None => Arc::from(DEFAULT_NAME),
+        };
+        Ok(Quota {
+            name,
+            limit,
+            window_micros,
+            algorithm,
+            burst,
+        })
+    }
+}
+
+/// A sensible sliding-counter granularity for `window`: the smallest bucket
+/// that divides the window into at most 60 whole-millisecond buckets.
+pub fn default_granularity(window: Duration) -> Duration {
+    let millis = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
+    let buckets = (1..=60u64).rev().find(|n| millis % n == 0).unwrap_or(1);
+    Duration::from_millis(millis / buckets)
+}
+
+fn checked_millis_as_micros(d: Duration, zero: QuotaError) -> Result<u64, QuotaError> {
+    if d.is_zero() {
+        return Err(zero);
+    }
+    if d.subsec_nanos() % 1_000_000 != 0 {
+        return Err(QuotaError::Precision(d));
+    }
+    if d > MAX_WINDOW {
+        return Err(QuotaError::WindowTooLong);
+    }
+    Ok(duration_micros(d))
+}
+
+fn validate_name(name: &str) -> Result<(), QuotaError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(QuotaError::InvalidName(name.chars().take(80).collect()))
+    }
+}
+
+/// Parses `<n><unit>` or `<unit>` (meaning 1) into a duration.
+fn parse_duration(text: &str) -> Result<Duration, QuotaError> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let size = UNITS
+        .iter()
+        .find(|(name, _)| *name == unit)
+        .map(|(_, size)| *size)
+        .ok_or_else(|| QuotaError::UnknownUnit(unit.chars().take(16).collect()))?;
+    let count: u64 = if number.is_empty() {
+        1
+    } else {
+        number.parse().map_err(|_| QuotaError::WindowTooLong)?
+    };
+    let micros = count.checked_mul(size).ok_or(QuotaError::WindowTooLong)?;
+    Ok(Duration::from_micros(micros))
+}
+
+fn syntax(input: &str, reason: &str) -> QuotaError {
+    QuotaError::Syntax {
+        input: input.chars().take(80).collect(),
+        reason: reason.to_owned(),
+    }
+}
+
+impl FromStr for Quota {
+    type Err = QuotaError;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let text = input.trim();
+        if text.is_empty() {
+            return Err(syntax(
+                input,
+                "empty; expected <limit>/<window>, e.g. 100/1m",
+            ));
+        }
+        let (rate, algorithm) = match text.split_once(char::is_whitespace) {
+            Some((rate, rest)) => (rate, Some(rest.trim())),
+            None => (text, None),
+        };
+        let (limit, window) = rate
+            .split_once('/')
+            .ok_or_else(|| syntax(input, "expected <limit>/<window>, e.g. 100/1m"))?;
+        if limit.is_empty() || !limit.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(QuotaError::InvalidLimit(limit.chars().take(32).collect()));
+        }
+        let limit: u32 = limit
+            .parse()
+            .map_err(|_| QuotaError::InvalidLimit(limit.chars().take(32).collect()))?;
+        let mut builder = Quota::builder()
+            .limit(limit)
+            .window(parse_duration(window)?);
+        if let Some(algorithm) = algorithm {
+            builder = apply_algorithm(builder, algorithm)?;
+        }
+        builder.build()
+    }
+}
+
+/// Parses the DSL's algorithm part onto a builder.
+fn apply_algorithm(builder: QuotaBuilder, text: &str) -> Result<QuotaBuilder, QuotaError> {
+    let (name, argument) = match text.split_once('(') {
+        Some((name, rest)) => {
+            let argument = rest
+                .strip_suffix(')')
+                .ok_or_else(|| syntax(text, "missing ')' after the algorithm's argument"))?;
+            (name, Some(argument.trim()))
+        }
+        None => (text, None),
+    };
+    match (name, argument) {
+        ("sliding-log", None) => Ok(builder.algorithm(Algorithm::SlidingLog)),
+        ("fixed-window", None) => Ok(builder.algorithm(Algorithm::FixedWindow)),
+        ("gcra", None) => Ok(builder.algorithm(Algorithm::Gcra)),
+        ("gcra", Some(argument)) => {
+            let burst = argument
+                .strip_prefix("burst=")
+                .ok_or_else(|| syntax(text, "expected gcra(burst=<n>)"))?;
+            let value: u32 = burst
+                .parse()
+                .map_err(|_| QuotaError::InvalidBurst(burst.chars().take(32).collect()))?;
+            Ok(builder.algorithm(Algorithm::Gcra).burst(value))
+        }
+        ("sliding-counter", Some(argument)) => Ok(builder.granularity(parse_duration(argument)?)),
+        ("sliding-counter", None) => {
+            let window = builder.window.unwrap_or(Duration::ZERO);
+            Ok(builder.granularity(default_granularity(window)))
+        }
+        _ => Err(QuotaError::UnknownAlgorithm(
+            text.chars().take(64).collect(),
+        )),
+    }
+}
+
+/// A quota as it appears in configuration: the DSL string, or a table with
+/// a name.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum QuotaRepr {
+    Text(String),
+    Named { name: String, quota: String },
+}
+
+impl Serialize for Quota {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let repr = if &*self.name == DEFAULT_NAME {
+            QuotaRepr::Text(self.to_string())
+        } else {
+            QuotaRepr::Named {
+                name: self.name.to_string(),
+                quota: self.to_string(),
+            }
+        };
+        repr.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Quota {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match QuotaRepr::deserialize(deserializer)? {
+            QuotaRepr::Text(text) => text.parse().map_err(serde::de::Error::custom),
+            QuotaRepr::Named { name, quota } => quota
+                .parse::<Quota>()
+                .and_then(|q| q.named(&name))
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Where windows live: the [`Store`] trait and its implementations.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+use futures_util::future::BoxFuture;
+
+use crate::{Decision, Quota, WindowKey};
+
+mod memory;
+
+pub use memory::{MemoryStore, MemoryStoreBuilder};
+
+/// One check to run against a store.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct CheckRequest<'a> {
+    /// Whose window.
+    pub key: &'a WindowKey,
+    /// Which quota.
+    pub quota: &'a Quota,
+    /// Units this request consumes if admitted (at least 1).
+    pub cost: u32,
+}
+
+impl<'a> CheckRequest<'a> {
+    /// A check of `cost` units of `quota` for `key`.
+    pub fn new(key: &'a WindowKey, quota: &'a Quota, cost: u32) -> Self {
+        Self { key, quota, cost }
+    }
+}
+
+/// An atomic, shared home for rate-limit windows.
+///
+/// One call decides one request: it reads the window, admits or denies, and
+/// records an admission, all atomically. A denied request changes nothing
+/// (beyond dropping expired state). Every implementation must give the same
+/// decisions for the same inputs and times; the conformance suite in the
+/// `tower-window-tests` package checks that.
+pub trait Store: Send + Sync + 'static {
+    /// Checks `request` and records it if admitted.
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
+}
+
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        (**self).check(request)
+    }
+}
+
+type Source = Box<dyn StdError + Send + Sync + 'static>;
+
+/// What kind of failure a [`StoreError`] is, for fallback and retry decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store could not be reached (refused, reset, closed, cluster down).
+    Unavailable,
+    /// The store did not answer in time.
+    Timeout,
+    /// Too many calls in flight or the store refused for lack of resources.
+    Overloaded,
+    /// The store answered something unexpected (script or protocol error).
+    Protocol,
+    /// The request itself is invalid for this store.
+    InvalidRequest,
+}
+
+impl StoreErrorKind {
+    /// A short, stable name for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Unavailable => "unavailable",
+            Self::Timeout => "timeout",
+            Self::Overloaded => "overloaded",
+            Self::Protocol => "protocol",
+            Self::InvalidRequest => "invalid_request",
+        }
+    }
+}
+
+impl fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A store could not decide.
+#[derive(Debug)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    message: String,
+    source: Option<Source>,
+}
+
+impl StoreError {
+    /// An error of `kind` with a message.
+    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The same error, caused by `source`.
+    pub fn with_source(mut self, source: impl Into<Source>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    /// Whether trying again soon may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Unavailable)
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "store {}: {}", self.kind, self.message)
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn StdError + 'static))
+    }
+}
