@@ -385,11 +385,11 @@ fn checked_millis_as_micros(d: Duration, zero: QuotaError) -> Result<u64, QuotaE
     if d.is_zero() {
         return Err(zero);
     }
-    if d.subsec_nanos() % 1_000_000 != 0 {
-        return Err(QuotaError::Precision(d));
-    }
     if d > MAX_WINDOW {
         return Err(QuotaError::WindowTooLong);
+    }
+    if d.subsec_nanos() % 1_000_000 != 0 {
+        return Err(QuotaError::Precision(d));
     }
     Ok(duration_micros(d))
 }
