@@ -517,3 +517,87 @@ proptest! {
         run_case(quota, start, &steps);
     }
 }
+
+/// Any valid quota: limits up to u32::MAX, windows up to the 366-day
+/// maximum, any granularity that divides the window, any burst.
+fn any_quota() -> impl Strategy<Value = Quota> {
+    let max_ms = u64::try_from(tower_window::quota::MAX_WINDOW.as_millis()).unwrap();
+    (
+        1..=u32::MAX,
+        prop_oneof![1..=1_000u64, 1..=max_ms],
+        0..4u8,
+        1..=tower_window::quota::MAX_BUCKETS,
+        proptest::option::of(1..=u32::MAX),
+    )
+        .prop_map(move |(limit, ms, algorithm, buckets, burst)| {
+            let builder = Quota::builder().limit(limit);
+            let builder = match algorithm {
+                0 => builder.window(Duration::from_millis(ms)),
+                1 => {
+                    // Granularity g ms with n buckets: window n g ms within bounds.
+                    let g = (ms / buckets).max(1);
+                    let n = (max_ms / g).clamp(1, buckets);
+                    builder
+                        .window(Duration::from_millis(n * g))
+                        .granularity(Duration::from_millis(g))
+                }
+                2 => builder
+                    .window(Duration::from_millis(ms))
+                    .algorithm(Algorithm::FixedWindow),
+                _ => {
+                    let builder = builder
+                        .window(Duration::from_millis(ms))
+                        .algorithm(Algorithm::Gcra);
+                    match burst {
+                        Some(burst) => builder.burst(burst),
+                        None => builder,
+                    }
+                }
+            };
+            builder.build().unwrap()
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Arbitrary (even non-monotone, extreme) times and costs never panic
+    /// (tests build with overflow checks) and decisions stay coherent.
+    #[test]
+    fn arbitrary_inputs_never_panic(
+        quota in any_quota(),
+        requests in proptest::collection::vec(
+            (
+                prop_oneof![any::<u64>(), Just(u64::MAX), Just(0u64), START..START + 10_000_000_000],
+                prop_oneof![any::<u32>(), Just(u32::MAX), 1..=8u32],
+            ),
+            1..24,
+        ),
+    ) {
+        let clock = ManualClock::new(0);
+        let store = MemoryStore::builder().clock(clock.clone()).max_keys(16).build();
+        let key = WindowKey::new("proptest", "arbitrary");
+        for (t, cost) in requests {
+            clock.set(t);
+            let result = store
+                .check(CheckRequest::new(&key, &quota, cost))
+                .now_or_never()
+                .expect("the memory store decides without waiting");
+            let Ok(decision) = result else {
+                prop_assert_eq!(cost, 0, "only a zero cost is an error");
+                continue;
+            };
+            prop_assert!(cost > 0);
+            prop_assert!(decision.remaining <= quota.capacity());
+            prop_assert_eq!(decision.timestamp_micros, t);
+            if decision.allowed {
+                prop_assert!(cost <= quota.capacity());
+                prop_assert_eq!(decision.retry_after, Some(Duration::ZERO));
+            } else if cost > quota.capacity() {
+                prop_assert_eq!(decision.retry_after, None);
+            } else {
+                prop_assert!(decision.retry_after.is_some());
+            }
+        }
+    }
+}
