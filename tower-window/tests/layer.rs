@@ -776,3 +776,40 @@ fn futures_of_closure_layers_are_send() {
     let _ = service.get_mut();
     let _inner = service.into_inner();
 }
+
+#[tokio::test]
+async fn combined_extractors_infer_the_request_type_from_the_service() {
+    use tower_window::key::PeerIp;
+    use tower_window::KeyExtractorExt;
+
+    let clock = clock_at(Duration::ZERO);
+    // Per user (or per peer IP when anonymous), within the tenant header's tenant or "public".
+    let key = Header::new("x-user-id")
+        .or(PeerIp::new())
+        .with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+    let layer = SlidingWindowLayer::new(fixed_limiter("1/1m fixed-window", &clock), key);
+    let mut service = layer.layer(service_fn(handler));
+    let mut call = |tenant: Option<&str>, user: Option<&str>| {
+        let mut req = request(user);
+        if let Some(tenant) = tenant {
+            req.headers_mut()
+                .insert("x-tenant-id", tenant.parse().unwrap());
+        }
+        req.extensions_mut()
+            .insert(std::net::SocketAddr::from(([192, 0, 2, 1], 9)));
+        let response = service.call(req);
+        async move { response.await.unwrap().status() }
+    };
+    assert_eq!(call(Some("acme"), Some("u")).await, StatusCode::OK);
+    assert_eq!(
+        call(Some("acme"), Some("u")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Same user, other tenant: another window.
+    assert_eq!(call(Some("globex"), Some("u")).await, StatusCode::OK);
+    // No tenant header: the "public" tenant.
+    assert_eq!(call(None, Some("u")).await, StatusCode::OK);
+    // Anonymous: keyed by peer IP.
+    assert_eq!(call(None, None).await, StatusCode::OK);
+    assert_eq!(call(None, None).await, StatusCode::TOO_MANY_REQUESTS);
+}

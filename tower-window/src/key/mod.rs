@@ -121,9 +121,14 @@ where
 }
 
 /// Combinators for every [`KeyExtractor`].
-pub trait KeyExtractorExt<Req>: KeyExtractor<Req> + Sized {
+///
+/// The trait has no request type parameter, so that the request type of a
+/// combined extractor is inferred where it is used (by the layer's service),
+/// not where it is built; the combinators implement [`KeyExtractor`] for
+/// every request type both parts do.
+pub trait KeyExtractorExt: Sized {
     /// Tries `self`, then `other` when `self` finds no key.
-    fn or<E: KeyExtractor<Req>>(self, other: E) -> Or<Self, E> {
+    fn or<E>(self, other: E) -> Or<Self, E> {
         Or {
             first: self,
             second: other,
@@ -133,7 +138,7 @@ pub trait KeyExtractorExt<Req>: KeyExtractor<Req> + Sized {
     /// Uses `tenant`'s subject as the tenant of `self`'s key. When `tenant`
     /// finds nothing, there is no key (combine with [`or`](Self::or) and
     /// [`Constant`] for a default tenant).
-    fn with_tenant<T: KeyExtractor<Req>>(self, tenant: T) -> WithTenant<Self, T> {
+    fn with_tenant<T>(self, tenant: T) -> WithTenant<Self, T> {
         WithTenant {
             subject: self,
             tenant,
@@ -141,7 +146,7 @@ pub trait KeyExtractorExt<Req>: KeyExtractor<Req> + Sized {
     }
 }
 
-impl<E: KeyExtractor<Req>, Req> KeyExtractorExt<Req> for E {}
+impl<E> KeyExtractorExt for E {}
 
 /// Tries one extractor, then another. See [`KeyExtractorExt::or`].
 #[derive(Debug, Clone)]
