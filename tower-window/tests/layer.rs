@@ -813,3 +813,42 @@ async fn combined_extractors_infer_the_request_type_from_the_service() {
     assert_eq!(call(None, None).await, StatusCode::OK);
     assert_eq!(call(None, None).await, StatusCode::TOO_MANY_REQUESTS);
 }
+
+#[test]
+fn combinators_can_name_the_request_type() {
+    use tower_window::key::PeerIp;
+    use tower_window::{KeyExtractor, KeyExtractorExt};
+
+    let tenant =
+        KeyExtractorExt::<Request<String>>::or(Header::new("x-tenant-id"), Constant::new("public"));
+    let key = KeyExtractorExt::<Request<String>>::with_tenant(
+        Header::new("x-user-id").or(PeerIp::new()),
+        tenant,
+    );
+    let window = key.clone().extract(&request(Some("zed"))).unwrap();
+    assert_eq!(
+        (window.tenant(), window.subject()),
+        (&b"public"[..], &b"zed"[..])
+    );
+    assert!(format!("{key:?}").contains("WithTenant"));
+}
+
+#[test]
+fn combined_extractors_work_on_request_parts() {
+    use tower_window::key::{Query, TrustedProxies};
+    use tower_window::{key::PeerIp, KeyExtractor, KeyExtractorExt};
+
+    let key = Query::new("key")
+        .or(PeerIp::new().trusted_proxies(TrustedProxies::private_networks()))
+        .with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+    let (parts, _) = Request::builder()
+        .uri("/?key=k1")
+        .body(())
+        .unwrap()
+        .into_parts();
+    let window = key.extract(&parts).unwrap();
+    assert_eq!(
+        (window.tenant(), window.subject()),
+        (&b"public"[..], &b"k1"[..])
+    );
+}

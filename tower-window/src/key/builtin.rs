@@ -1,7 +1,7 @@
 //! Built-in key extractors for HTTP requests.
 //!
-//! Each implements [`KeyExtractor`] for `http::Request<B>` (any body) and
-//! produces [`WindowKey::for_subject`] keys;
+//! Each implements [`KeyExtractor`] for `http::Request<B>` (any body) and for
+//! `http::request::Parts`, and produces [`WindowKey::for_subject`] keys;
 //! combine them with [`KeyExtractorExt`](super::KeyExtractorExt) for tenants
 //! and fallbacks. [`Constant`] works for any request type.
 
@@ -20,14 +20,19 @@ use super::{KeyExtractor, WindowKey};
 /// The longest key value [`Header`] and [`Query`] accept by default, in bytes.
 pub const DEFAULT_MAX_LEN: usize = 1024;
 
-/// Implements `KeyExtractor` for `http::Request<B>` through the type's
-/// `key_of_parts`. (Not also for `http::request::Parts`: a second request
-/// type would make `Header::new("a").or(...)` ambiguous for inference.)
+/// Implements `KeyExtractor` for `http::Request<B>` and `http::request::Parts`
+/// through the type's `key_of_parts`.
 macro_rules! http_extractor {
     ($ty:ty) => {
         impl<B> KeyExtractor<http::Request<B>> for $ty {
             fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
                 self.key_of_parts(request.headers(), request.uri(), request.extensions())
+            }
+        }
+
+        impl KeyExtractor<http::request::Parts> for $ty {
+            fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
+                self.key_of_parts(&parts.headers, &parts.uri, &parts.extensions)
             }
         }
     };
@@ -254,6 +259,17 @@ where
 {
     fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
         self.key_of_extension(request.extensions())
+    }
+}
+
+impl<T, F, V> KeyExtractor<http::request::Parts> for Extension<T, F>
+where
+    T: Send + Sync + 'static,
+    F: Fn(&T) -> V + Send + Sync,
+    V: Into<Bytes>,
+{
+    fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
+        self.key_of_extension(&parts.extensions)
     }
 }
 
@@ -636,6 +652,8 @@ mod tests {
             None
         );
         assert_eq!(subject(key.extract(&request("/", &[]))), None);
+        let (parts, ()) = req.into_parts();
+        assert_eq!(subject(key.extract(&parts)).unwrap(), b"\xff\xfe bin");
     }
 
     #[test]
@@ -694,6 +712,8 @@ mod tests {
         let named: Extension<Tenant> =
             Extension::new(|t: &Tenant| Bytes::from_static(t.0.as_bytes()));
         assert_eq!(subject(named.clone().extract(&req)).unwrap(), b"acme");
+        let (parts, ()) = req.into_parts();
+        assert_eq!(subject(named.extract(&parts)).unwrap(), b"acme");
     }
 
     #[test]
