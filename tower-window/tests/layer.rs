@@ -852,3 +852,34 @@ fn combined_extractors_work_on_request_parts() {
         (&b"public"[..], &b"k1"[..])
     );
 }
+
+/// Never ready: `poll_ready` fails.
+#[derive(Clone)]
+struct Broken;
+
+impl Service<Job> for Broken {
+    type Response = u32;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<u32, std::io::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
+        Poll::Ready(Err(std::io::Error::other("not ready")))
+    }
+
+    fn call(&mut self, _job: Job) -> Self::Future {
+        unreachable!("never ready")
+    }
+}
+
+#[tokio::test]
+async fn typed_mode_maps_readiness_errors() {
+    let clock = clock_at(Duration::ZERO);
+    let service = SlidingWindowLayer::new(fixed_limiter("5/1m", &clock), Constant::global())
+        .typed_errors()
+        .layer(Broken);
+    let error = service.oneshot(Job(1)).await.unwrap_err();
+    assert_eq!(
+        error.downcast_ref::<std::io::Error>().unwrap().to_string(),
+        "not ready"
+    );
+}
