@@ -390,7 +390,10 @@ impl QuotaBuilder {
 /// that divides the window into at most 60 whole-millisecond buckets.
 pub fn default_granularity(window: Duration) -> Duration {
     let millis = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
-    let buckets = (1..=60u64).rev().find(|n| millis.is_multiple_of(*n)).unwrap_or(1);
+    let buckets = (1..=60u64)
+        .rev()
+        .find(|n| millis.is_multiple_of(*n))
+        .unwrap_or(1);
     Duration::from_millis(millis / buckets)
 }
 

@@ -7,10 +7,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -22,60 +21,11 @@ use tower_window::layer::{
     Http, MissingKey, Rejection, ResponseFuture, SlidingWindow, SlidingWindowLayer, Typed, UnitCost,
 };
 use tower_window::{
-    CheckRequest, Clock, Decision, Limiter, ManualClock, Quota, Store, StoreError, StoreErrorKind,
-    WindowKey,
+    CheckRequest, Decision, Limiter, ManualClock, MemoryStore, Quota, Store, StoreError,
+    StoreErrorKind, WindowKey,
 };
 
 // ---------------------------------------------------------------- stores
-
-/// A fixed-window counter with the crate's `FixedWindow` semantics.
-struct FixedWindowStore {
-    clock: ManualClock,
-    windows: Mutex<HashMap<(WindowKey, String), (u64, u32)>>,
-}
-
-impl FixedWindowStore {
-    fn new(clock: &ManualClock) -> Self {
-        Self {
-            clock: clock.clone(),
-            windows: Mutex::default(),
-        }
-    }
-}
-
-impl Store for FixedWindowStore {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async move {
-            let quota = request.quota;
-            let (t, w, limit) = (
-                self.clock.now_micros(),
-                quota.window_micros(),
-                quota.limit(),
-            );
-            let k = t / w;
-            let reset = Duration::from_micros((k + 1) * w - t);
-            let mut windows = self.windows.lock().unwrap();
-            let state = windows
-                .entry((request.key.clone(), quota.id()))
-                .or_insert((k, 0));
-            if state.0 != k {
-                *state = (k, 0);
-            }
-            let decision = if request.cost > limit {
-                Decision::deny(quota.clone(), limit - state.1, reset, None)
-            } else if state.1 + request.cost <= limit {
-                state.1 += request.cost;
-                Decision::allow(quota.clone(), limit - state.1, reset)
-            } else {
-                Decision::deny(quota.clone(), limit - state.1, reset, Some(reset))
-            };
-            Ok(decision.with_timestamp_micros(t))
-        })
-    }
-}
 
 /// Answers every check with the same decision (for its quota).
 struct ScriptedStore(Decision);
@@ -122,7 +72,10 @@ fn quota(dsl: &str) -> Quota {
 }
 
 fn fixed_limiter(dsl: &str, clock: &ManualClock) -> Limiter {
-    Limiter::new(FixedWindowStore::new(clock), quota(dsl))
+    Limiter::new(
+        MemoryStore::builder().clock(clock.clone()).build(),
+        quota(dsl),
+    )
 }
 
 fn request(user: Option<&str>) -> Request<String> {

@@ -132,7 +132,9 @@ fn rejects_invalid_input_with_a_typed_error() {
         ("10/1m gcra(burst=x)", |e| {
             matches!(e, QuotaError::InvalidBurst(_))
         }),
-        ("1/366d gcra(burst=2)", |e| matches!(e, QuotaError::BurstTooLarge)),
+        ("1/366d gcra(burst=2)", |e| {
+            matches!(e, QuotaError::BurstTooLarge)
+        }),
         ("10/1m gcra(rate=2)", |e| {
             matches!(e, QuotaError::Syntax { .. })
         }),
