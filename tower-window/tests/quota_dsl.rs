@@ -91,7 +91,8 @@ fn sliding_counter_without_granularity_picks_a_divisor() {
 
 #[test]
 fn rejects_invalid_input_with_a_typed_error() {
-    let cases: Vec<(&str, fn(&QuotaError) -> bool)> = vec![
+    type IsExpected = fn(&QuotaError) -> bool;
+    let cases: Vec<(&str, IsExpected)> = vec![
         ("", |e| matches!(e, QuotaError::Syntax { .. })),
         ("   ", |e| matches!(e, QuotaError::Syntax { .. })),
         ("100", |e| matches!(e, QuotaError::Syntax { .. })),
