@@ -49,6 +49,20 @@ pub use problem::{
 
 pub use tower_window::layer::Rejection;
 
+// The READMEs' Rust examples are compiled (and, unless `no_run`, run) as
+// doctests of this crate, so they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct WorkspaceReadme;
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct CrateReadme;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../tower-window/README.md")]
+struct CoreReadme;
+
 use tower_window::layer::{Http, UnitCost};
 use tower_window::{Limiter, SlidingWindowLayer};
 

@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, StatusCode};
 use serde::Serialize;
-use tower_window::layer::{insert_rate_limit_headers, OnRejection, Rejection};
+use tower_window::layer::{insert_rate_limit_headers, insert_retry_after, OnRejection, Rejection};
 
 /// The media type of problem details (RFC 9457).
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -22,8 +22,8 @@ pub const TYPE_UNAVAILABLE: &str = "urn:tower-window:problem:unavailable";
 /// Every body has `type`, `title`, `status` and `detail`. A rate-limit denial
 /// (429) also has `policy` (the quota's name), `quota` (its DSL text),
 /// `limit`, `remaining`, `reset_after` (whole seconds, rounded up) and
-/// `retry_after` (whole seconds, rounded up; `null` when the request's cost
-/// can never fit). Store failure messages are never shown to clients.
+/// `retry_after` (whole seconds, rounded up and at least 1, as in
+/// `Retry-After`; `null` when the request's cost can never fit). Store failure messages are never shown to clients.
 ///
 /// ```json
 /// {
@@ -93,7 +93,8 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
         limit: decision.limit(),
         remaining: decision.remaining,
         reset_after: ceil_secs(decision.reset_after),
-        retry_after: decision.retry_after.map(ceil_secs),
+        // Like `Retry-After`: rounded up, and at least 1 for a denial.
+        retry_after: decision.retry_after.map(|wait| ceil_secs(wait).max(1)),
     });
     let problem = Problem {
         kind,

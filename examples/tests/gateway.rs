@@ -150,7 +150,7 @@ async fn websocket_echo_over_loopback() {
     assert_eq!(echoed, Message::text("ping?"));
     socket.close(None).await.unwrap();
 
-    match tokio_tungstenite::connect_async(request).await {
+    match tokio_tungstenite::connect_async(ws_client_request(&url, "dave")).await {
         Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
             assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         }
