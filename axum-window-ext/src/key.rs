@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, MatchedPath};
 use percent_encoding::percent_decode_str;
-use tower_window::key::{KeyExtractor, TrustedProxies, WindowKey};
+use tower_window::key::{KeyExtractor, PeerIp, TrustedProxies, WindowKey};
 
 /// Limits per value of a path parameter, e.g. per `{id}` of `/users/{id}`.
 ///
@@ -49,19 +49,31 @@ impl PathParam {
                 let (prefix, suffix, catch_all) = self.locate(segment)?;
                 Some((i, prefix, suffix, catch_all))
             })?;
+        // `Router::nest` strips the nest path from the URI of the nested
+        // routes' requests but keeps it in `MatchedPath`: then line the
+        // segments up from the end. Literal segments must agree either way.
+        let offset = if catch_all || path_segments.len() >= template.len() {
+            0
+        } else {
+            template.len() - path_segments.len()
+        };
+        let literals_agree = template
+            .iter()
+            .enumerate()
+            .skip(offset)
+            .take_while(|(_, segment)| !segment.starts_with("{*"))
+            .all(|(i, segment)| {
+                segment.contains('{') || path_segments.get(i - offset) == Some(segment)
+            });
+        if !literals_agree {
+            return None;
+        }
+        let index = index.checked_sub(offset)?;
         if catch_all {
             // `{*rest}` is always the last segment; take the remainder.
             let rest = path_segments.get(index..)?.join("/");
             return (!rest.is_empty()).then_some(Cow::Owned(rest));
         }
-        let index = if path_segments.len() == template.len() {
-            index
-        } else {
-            // A nested service may see its path with the prefix stripped:
-            // line the segments up from the end.
-            let missing = template.len().checked_sub(path_segments.len())?;
-            index.checked_sub(missing)?
-        };
         let segment = path_segments.get(index)?;
         let value = segment.strip_prefix(prefix)?.strip_suffix(suffix)?;
         (!value.is_empty()).then_some(Cow::Borrowed(value))
@@ -85,12 +97,24 @@ impl PathParam {
     }
 }
 
-impl<B> KeyExtractor<http::Request<B>> for PathParam {
-    fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
-        let template = request.extensions().get::<MatchedPath>()?;
-        let raw = self.find(template.as_str(), request.uri().path())?;
+impl PathParam {
+    fn key(&self, extensions: &http::Extensions, uri: &http::Uri) -> Option<WindowKey> {
+        let template = extensions.get::<MatchedPath>()?;
+        let raw = self.find(template.as_str(), uri.path())?;
         let value: Vec<u8> = percent_decode_str(&raw).collect();
         Some(WindowKey::for_subject(value))
+    }
+}
+
+impl<B> KeyExtractor<http::Request<B>> for PathParam {
+    fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
+        self.key(request.extensions(), request.uri())
+    }
+}
+
+impl KeyExtractor<http::request::Parts> for PathParam {
+    fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
+        self.key(&parts.extensions, &parts.uri)
     }
 }
 
@@ -102,7 +126,7 @@ impl<B> KeyExtractor<http::Request<B>> for PathParam {
 /// client. Behind reverse proxies, list them with
 /// [`trusted_proxies`](Self::trusted_proxies): `X-Forwarded-For` is then
 /// walked from the right, skipping trusted hops, exactly as
-/// [`TrustedProxies::client_ip`] does — the left-most (client-controlled)
+/// [`PeerIp`] and [`TrustedProxies::client_ip`] do — the left-most (client-controlled)
 /// entry is never trusted on its own.
 ///
 /// ```
@@ -119,7 +143,7 @@ impl<B> KeyExtractor<http::Request<B>> for PathParam {
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct ConnectInfoIp {
-    trusted: Option<TrustedProxies>,
+    peer: PeerIp,
 }
 
 impl ConnectInfoIp {
@@ -129,20 +153,39 @@ impl ConnectInfoIp {
     }
 
     /// Trusts these proxies' `X-Forwarded-For` entries.
-    pub fn trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
-        self.trusted = Some(proxies);
-        self
+    pub fn trusted_proxies(self, proxies: TrustedProxies) -> Self {
+        Self {
+            peer: self.peer.trusted_proxies(proxies),
+        }
+    }
+
+    /// Keys IPv6 clients by their network of this prefix length (at most
+    /// 128, the default) rather than by address; see [`PeerIp::ipv6_prefix`].
+    pub fn ipv6_prefix(self, prefix_len: u8) -> Self {
+        Self {
+            peer: self.peer.ipv6_prefix(prefix_len),
+        }
+    }
+}
+
+/// Reads `ConnectInfo<SocketAddr>` and keys it exactly as `peer` would.
+impl From<PeerIp> for ConnectInfoIp {
+    fn from(peer: PeerIp) -> Self {
+        Self { peer }
     }
 }
 
 impl<B> KeyExtractor<http::Request<B>> for ConnectInfoIp {
     fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
         let ConnectInfo(peer) = request.extensions().get::<ConnectInfo<SocketAddr>>()?;
-        let ip = match &self.trusted {
-            Some(trusted) => trusted.client_ip(peer.ip(), request.headers()),
-            None => peer.ip(),
-        };
-        Some(WindowKey::for_subject(ip.to_string()))
+        Some(self.peer.key_for(peer.ip(), request.headers()))
+    }
+}
+
+impl KeyExtractor<http::request::Parts> for ConnectInfoIp {
+    fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
+        let ConnectInfo(peer) = parts.extensions.get::<ConnectInfo<SocketAddr>>()?;
+        Some(self.peer.key_for(peer.ip(), &parts.headers))
     }
 }
 
@@ -191,6 +234,8 @@ mod tests {
         assert_eq!(find("other", "/users/{id}", "/users/42"), None);
         assert_eq!(find("id", "/users/{{id}}", "/users/42"), None);
         assert_eq!(find("id", "/users/{id}", "/users/"), None);
-        assert_eq!(find("id", "/a/b/c/{id}", "/x"), None);
+        assert_eq!(find("id", "/a/b/c/{id}", "/x/y"), None);
+        assert_eq!(find("id", "/users/{id}", "/groups/42"), None);
+        assert_eq!(find("rest", "/files/{*rest}", "/other/a/b"), None);
     }
 }

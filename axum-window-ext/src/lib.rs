@@ -20,7 +20,10 @@
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse()?);
-//! let key = Header::new("x-user-id").with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+//! // Per user, within the tenant named by `x-tenant-id` (default "public").
+//! // (Header works on requests and on request parts: name the request type.)
+//! let tenant = KeyExtractorExt::<axum::extract::Request>::or(Header::new("x-tenant-id"), Constant::new("public"));
+//! let key = KeyExtractorExt::<axum::extract::Request>::with_tenant(Header::new("x-user-id"), tenant);
 //! let app: Router = Router::new()
 //!     .route("/hello", get(|RateLimitInfo(d): RateLimitInfo| async move {
 //!         format!("hello, {} left", d.remaining)
@@ -69,12 +72,12 @@ use tower_window::{Limiter, SlidingWindowLayer};
 /// A [`SlidingWindowLayer`] answering rejections with [`ProblemJson`].
 pub type AxumSlidingWindowLayer<K, C = UnitCost> = SlidingWindowLayer<K, C, Http<ProblemJson>>;
 
-/// `SlidingWindowLayer::new(limiter, key).rejection(ProblemJson)`: limits
+/// `SlidingWindowLayer::new(limiter, key).rejection(ProblemJson::new())`: limits
 /// with `limiter`, per window named by `key`, and answers rejections with
 /// `application/problem+json`.
 ///
 /// The result is an ordinary [`SlidingWindowLayer`]; keep configuring it
 /// (`.cost(...)`, `.on_missing_key(...)`, `.legacy_headers(true)`).
 pub fn layer<K>(limiter: Limiter, key: K) -> AxumSlidingWindowLayer<K> {
-    SlidingWindowLayer::new(limiter, key).rejection(ProblemJson)
+    SlidingWindowLayer::new(limiter, key).rejection(ProblemJson::new())
 }

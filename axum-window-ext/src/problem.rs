@@ -176,10 +176,7 @@ impl IntoResponse for RejectionResponse {
             let headers = response.headers_mut();
             insert_rate_limit_headers(headers, decision, false);
             if let Some(wait) = decision.retry_after {
-                headers.insert(
-                    http::header::RETRY_AFTER,
-                    HeaderValue::from(ceil_secs(wait)),
-                );
+                insert_retry_after(headers, wait);
             }
         }
         response.extensions_mut().insert(self.0);

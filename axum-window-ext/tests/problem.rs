@@ -28,7 +28,7 @@ fn denial(retry_after: Option<Duration>) -> Rejection {
 
 #[tokio::test]
 async fn cost_that_never_fits_has_null_retry_after() {
-    let response = ProblemJson.response(&denial(None));
+    let response = ProblemJson::new().response(&denial(None));
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     let problem = json(response.into_body()).await;
     assert_eq!(problem["type"], TYPE_RATE_LIMITED);

@@ -311,6 +311,25 @@ async fn path_param_limits_per_value() {
 }
 
 #[tokio::test]
+async fn path_param_inside_a_nested_router() {
+    let (limiter, _clock) = limiter("1/1m");
+    let inner = Router::new()
+        .route("/users/{id}", get(|| async { "user" }))
+        .route_layer(axum_window_ext::layer(limiter, PathParam::new("id")));
+    let app = Router::new().nest("/t/{tenant}", inner);
+    let status = |path: &'static str| {
+        let app = app.clone();
+        async move { app.oneshot(request(path, None)).await.unwrap().status() }
+    };
+    assert_eq!(status("/t/acme/users/7").await, StatusCode::OK);
+    assert_eq!(
+        status("/t/other/users/7").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(status("/t/acme/users/8").await, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn path_param_missing_is_400() {
     let (limiter, _clock) = limiter("1/1m");
     let app = Router::new()
@@ -338,7 +357,7 @@ async fn connect_info_ip_ignores_spoofed_forwarded_for() {
     let app = Router::new()
         .route("/hello", get(remaining))
         .layer(axum_window_ext::layer(limiter, ConnectInfoIp::new()));
-    let send = |request| {
+    let send = |request: Request<Body>| {
         let app = app.clone();
         async move { app.oneshot(request).await.unwrap().status() }
     };
@@ -369,7 +388,7 @@ async fn connect_info_ip_behind_trusted_proxy() {
             limiter,
             ConnectInfoIp::new().trusted_proxies(proxies),
         ));
-    let send = |request| {
+    let send = |request: Request<Body>| {
         let app = app.clone();
         async move { app.oneshot(request).await.unwrap().status() }
     };

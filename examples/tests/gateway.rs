@@ -140,8 +140,8 @@ async fn websocket_echo_over_loopback() {
         axum::serve(listener, app("1/1m")).await.unwrap();
     });
 
-    let request = ws_client_request(&format!("ws://{address}/ws"), "dave");
-    let (mut socket, response) = tokio_tungstenite::connect_async(request.clone())
+    let url = format!("ws://{address}/ws");
+    let (mut socket, response) = tokio_tungstenite::connect_async(ws_client_request(&url, "dave"))
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
