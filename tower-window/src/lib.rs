@@ -41,7 +41,7 @@ pub use algorithm::Algorithm;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, DecisionSource, FallbackReason};
 pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
-pub use layer::{MissingKey, SlidingWindow, SlidingWindowLayer};
+pub use layer::{MissingKey, Rejection, SlidingWindow, SlidingWindowLayer};
 pub use limiter::{LimitError, Limiter};
 pub use quota::{Quota, QuotaBuilder, QuotaError};
 pub use store::{CheckRequest, MemoryStore, Store, StoreError, StoreErrorKind};

@@ -180,7 +180,7 @@ impl fmt::Display for FormatDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let micros = duration_micros(self.0);
         for (unit, size) in UNITS.iter().rev() {
-            if micros % size == 0 {
+            if micros.is_multiple_of(*size) {
                 return write!(f, "{}{unit}", micros / size);
             }
         }
@@ -385,7 +385,7 @@ fn checked_millis_as_micros(d: Duration, zero: QuotaError) -> Result<u64, QuotaE
     if d.is_zero() {
         return Err(zero);
     }
-    if d.subsec_nanos() % 1_000_000 != 0 {
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
         return Err(QuotaError::Precision(d));
     }
     if d > MAX_WINDOW {

@@ -26,7 +26,9 @@ use bytes::Bytes;
 
 mod builtin;
 
-pub use builtin::{Constant, Extension, Header, PeerIp, Query, TrustedProxies};
+pub use builtin::{
+    Constant, Extension, Header, InvalidNetwork, PeerIp, Query, TrustedProxies, DEFAULT_MAX_LEN,
+};
 
 /// The identity of one window: a tenant and a subject within it.
 ///
