@@ -4,6 +4,7 @@
 //! `GET /ws` WebSocket echo are limited per tenant and user, `GET /healthz`
 //! is not. See `examples/README.md`.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 
 use clap::Parser;
@@ -16,6 +17,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 
     let args = Args::parse();
