@@ -1,1 +1,3 @@
-//! harness
+//! Cross-crate integration tests and shared test harnesses for tower-window.
+
+pub mod conformance;
