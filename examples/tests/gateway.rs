@@ -1,6 +1,8 @@
 //! The example gateway, driven through `build_app`.
 #![allow(clippy::unwrap_used)]
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
@@ -9,10 +11,19 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
 use tower::ServiceExt;
+use tower_window::{ManualClock, MemoryStore};
 use tower_window_examples::gateway::{build_app, GatewayConfig};
 
+/// The gateway on a store whose clock stands still: windows never move
+/// during a test.
 fn app(limit: &str) -> Router {
-    build_app(GatewayConfig::new(limit.parse().unwrap()))
+    let store = MemoryStore::builder()
+        .clock(ManualClock::new(1_700_000_000_000_000))
+        .build();
+    build_app(GatewayConfig::with_store(
+        limit.parse().unwrap(),
+        Arc::new(store),
+    ))
 }
 
 fn get(path: &str, user: Option<&str>) -> Request<Body> {
@@ -70,7 +81,7 @@ async fn hello_then_429() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert!(response.headers().contains_key(header::RETRY_AFTER));
+    assert_eq!(response.headers()[header::RETRY_AFTER], "60");
     assert_eq!(
         response.headers()[header::CONTENT_TYPE],
         "application/problem+json"
