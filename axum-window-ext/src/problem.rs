@@ -85,7 +85,9 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
     let kind = match rejection {
         Rejection::RateLimited(_) => TYPE_RATE_LIMITED,
         Rejection::MissingKey { .. } => TYPE_MISSING_KEY,
-        _ => TYPE_UNAVAILABLE,
+        Rejection::Unavailable { .. } => TYPE_UNAVAILABLE,
+        // A kind this version does not know: RFC 9457's "no further semantics".
+        _ => "about:blank",
     };
     let limit = rejection.decision().map(|decision| LimitMembers {
         policy: decision.quota.name(),
