@@ -776,3 +776,110 @@ fn futures_of_closure_layers_are_send() {
     let _ = service.get_mut();
     let _inner = service.into_inner();
 }
+
+#[tokio::test]
+async fn combined_extractors_infer_the_request_type_from_the_service() {
+    use tower_window::key::PeerIp;
+    use tower_window::KeyExtractorExt;
+
+    let clock = clock_at(Duration::ZERO);
+    // Per user (or per peer IP when anonymous), within the tenant header's tenant or "public".
+    let key = Header::new("x-user-id")
+        .or(PeerIp::new())
+        .with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+    let layer = SlidingWindowLayer::new(fixed_limiter("1/1m fixed-window", &clock), key);
+    let mut service = layer.layer(service_fn(handler));
+    let mut call = |tenant: Option<&str>, user: Option<&str>| {
+        let mut req = request(user);
+        if let Some(tenant) = tenant {
+            req.headers_mut()
+                .insert("x-tenant-id", tenant.parse().unwrap());
+        }
+        req.extensions_mut()
+            .insert(std::net::SocketAddr::from(([192, 0, 2, 1], 9)));
+        let response = service.call(req);
+        async move { response.await.unwrap().status() }
+    };
+    assert_eq!(call(Some("acme"), Some("u")).await, StatusCode::OK);
+    assert_eq!(
+        call(Some("acme"), Some("u")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Same user, other tenant: another window.
+    assert_eq!(call(Some("globex"), Some("u")).await, StatusCode::OK);
+    // No tenant header: the "public" tenant.
+    assert_eq!(call(None, Some("u")).await, StatusCode::OK);
+    // Anonymous: keyed by peer IP.
+    assert_eq!(call(None, None).await, StatusCode::OK);
+    assert_eq!(call(None, None).await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[test]
+fn combinators_can_name_the_request_type() {
+    use tower_window::key::PeerIp;
+    use tower_window::{KeyExtractor, KeyExtractorExt};
+
+    let tenant =
+        KeyExtractorExt::<Request<String>>::or(Header::new("x-tenant-id"), Constant::new("public"));
+    let key = KeyExtractorExt::<Request<String>>::with_tenant(
+        Header::new("x-user-id").or(PeerIp::new()),
+        tenant,
+    );
+    let window = key.clone().extract(&request(Some("zed"))).unwrap();
+    assert_eq!(
+        (window.tenant(), window.subject()),
+        (&b"public"[..], &b"zed"[..])
+    );
+    assert!(format!("{key:?}").contains("WithTenant"));
+}
+
+#[test]
+fn combined_extractors_work_on_request_parts() {
+    use tower_window::key::{Query, TrustedProxies};
+    use tower_window::{key::PeerIp, KeyExtractor, KeyExtractorExt};
+
+    let key = Query::new("key")
+        .or(PeerIp::new().trusted_proxies(TrustedProxies::private_networks()))
+        .with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+    let (parts, _) = Request::builder()
+        .uri("/?key=k1")
+        .body(())
+        .unwrap()
+        .into_parts();
+    let window = key.extract(&parts).unwrap();
+    assert_eq!(
+        (window.tenant(), window.subject()),
+        (&b"public"[..], &b"k1"[..])
+    );
+}
+
+/// Never ready: `poll_ready` fails.
+#[derive(Clone)]
+struct Broken;
+
+impl Service<Job> for Broken {
+    type Response = u32;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<u32, std::io::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
+        Poll::Ready(Err(std::io::Error::other("not ready")))
+    }
+
+    fn call(&mut self, _job: Job) -> Self::Future {
+        unreachable!("never ready")
+    }
+}
+
+#[tokio::test]
+async fn typed_mode_maps_readiness_errors() {
+    let clock = clock_at(Duration::ZERO);
+    let service = SlidingWindowLayer::new(fixed_limiter("5/1m", &clock), Constant::global())
+        .typed_errors()
+        .layer(Broken);
+    let error = service.oneshot(Job(1)).await.unwrap_err();
+    assert_eq!(
+        error.downcast_ref::<std::io::Error>().unwrap().to_string(),
+        "not ready"
+    );
+}

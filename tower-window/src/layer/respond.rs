@@ -121,7 +121,6 @@ where
 /// (`error.downcast_ref::<Rejection>()`); errors of the inner service are
 /// boxed unchanged. Requests and responses are not touched.
 #[derive(Debug, Clone, Copy, Default)]
-#[non_exhaustive]
 pub struct Typed;
 
 impl<Req, Res, E> Respond<Req, Res, E> for Typed
