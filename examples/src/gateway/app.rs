@@ -1,7 +1,6 @@
 //! The router.
 
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
@@ -19,14 +18,8 @@ use super::{ws, GatewayConfig};
 /// `/healthz` is added after the `route_layer` and is never limited.
 pub fn build_app(config: GatewayConfig) -> Router {
     let limiter = Limiter::from_shared_store(config.store.clone(), config.quota.clone());
-    // The built-in extractors work on requests and on request parts, so name
-    // the request type for the combinators.
-    let tenant = KeyExtractorExt::<Request>::or(
-        Header::new(config.tenant_header.clone()),
-        Constant::new("public"),
-    );
-    let key =
-        KeyExtractorExt::<Request>::with_tenant(Header::new(config.user_header.clone()), tenant);
+    let key = Header::new(config.user_header.clone())
+        .with_tenant(Header::new(config.tenant_header.clone()).or(Constant::new("public")));
     let state = AppState {
         user_header: config.user_header,
     };
