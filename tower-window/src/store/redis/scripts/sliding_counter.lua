@@ -29,7 +29,14 @@ end
 
 if c <= L and used + c <= L then
   redis.call('HINCRBY', key, int(b), int(c))
-  local reset_after = (b + n + 1) * G - t
+  -- reset_after (and TTL) from the newest bucket: b unless the clock stepped back.
+  local newest = b
+  for _, bucket in ipairs(buckets) do
+    if bucket[1] > newest then
+      newest = bucket[1]
+    end
+  end
+  local reset_after = (newest + n + 1) * G - t
   expire(key, reset_after)
   return {1, L - used - c, reset_after, 0, t}
 end

@@ -35,12 +35,19 @@ if #expired > 0 then
 end
 
 if c <= L and used + c <= L then
+  -- reset_after (and TTL) = newest_ts + W - t: W unless the clock stepped back.
+  local newest = t
+  local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+  if #last > 0 and tonumber(last[2]) > t then
+    newest = tonumber(last[2])
+  end
   local seq = redis.call('HINCRBY', meta, 'seq', 1)
   redis.call('ZADD', log, int(t), int(seq) .. ':' .. int(c))
   redis.call('HSET', meta, 'sum', int(used + c))
-  expire(log, W)
-  expire(meta, W)
-  return {1, L - used - c, W, 0, t}
+  local reset_after = newest + W - t
+  expire(log, reset_after)
+  expire(meta, reset_after)
+  return {1, L - used - c, reset_after, 0, t}
 end
 
 -- Denied: record nothing.
