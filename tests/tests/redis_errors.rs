@@ -2,7 +2,7 @@
 //! and the store recovers when Redis comes back.
 #![allow(clippy::unwrap_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tower_window::{LimitError, Limiter, StoreErrorKind, WindowKey};
 use tower_window::{Quota, RedisStore};
@@ -36,10 +36,9 @@ async fn a_silent_server_times_out_at_the_deadline() {
         .arg("ALL")
         .query(&mut server.connection())
         .unwrap();
-    let start = Instant::now();
+    // The server would answer after the 1.5 s pause; Timeout means the
+    // 100 ms deadline ended the call first.
     assert_eq!(kind(limiter.check(&key, 1).await), StoreErrorKind::Timeout);
-    let took = start.elapsed();
-    assert!(took < Duration::from_millis(1000), "took {took:?}");
 }
 
 /// `maxmemory` exhausted: Redis refuses writing scripts with OOM → Overloaded.
@@ -104,13 +103,11 @@ async fn survives_a_redis_restart() {
     assert!(limiter.check(&key, 1).await.unwrap().allowed);
 
     server.stop();
-    let start = Instant::now();
     let down = kind(limiter.check(&key, 1).await);
     assert!(
         matches!(down, StoreErrorKind::Unavailable | StoreErrorKind::Timeout),
         "{down:?}"
     );
-    assert!(start.elapsed() < Duration::from_secs(3));
 
     server.restart();
     // The first call after the restart may still meet the old connection's
