@@ -125,3 +125,29 @@ async fn survives_a_redis_restart() {
     assert!(decision.allowed);
     assert_eq!(decision.remaining, 9);
 }
+
+/// Past `max_in_flight`, a check fails at once as Overloaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_limit_is_overloaded() {
+    let server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url())
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+        .max_in_flight(1);
+    store.connect().await.unwrap();
+    let limiter = Limiter::new(store, quota());
+    // join! polls the first check first: it takes the only permit and waits
+    // for Redis, so the second finds none.
+    let (ka, kb) = (WindowKey::for_subject("a"), WindowKey::for_subject("b"));
+    let (a, b) = tokio::join!(limiter.check(&ka, 1), limiter.check(&kb, 1));
+    assert!(a.unwrap().allowed);
+    assert_eq!(kind(b), StoreErrorKind::Overloaded);
+    // The permit is back.
+    assert!(
+        limiter
+            .check(&WindowKey::for_subject("b"), 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+}
