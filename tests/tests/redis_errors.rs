@@ -151,3 +151,33 @@ async fn in_flight_limit_is_overloaded() {
             .allowed
     );
 }
+
+/// A store outlives the runtime that connected it (e.g. one store shared by
+/// tests with their own runtimes): the next runtime gets a working store.
+#[test]
+fn survives_the_connecting_runtime_shutting_down() {
+    let server = RedisServer::start();
+    let limiter = Limiter::new(
+        RedisStore::from_url(&server.url())
+            .unwrap()
+            .timeout(Duration::from_secs(2)),
+        quota(),
+    );
+    let key = WindowKey::for_subject("runtimes");
+    for round in 0..3 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let allowed = runtime.block_on(async {
+            for _ in 0..20 {
+                if let Ok(d) = limiter.check(&key, 1).await {
+                    return d.allowed;
+                }
+                tokio::task::yield_now().await;
+            }
+            panic!("round {round}: the store did not recover");
+        });
+        assert!(allowed);
+    }
+}
