@@ -44,4 +44,6 @@ pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
 pub use layer::{MissingKey, Rejection, SlidingWindow, SlidingWindowLayer};
 pub use limiter::{LimitError, Limiter};
 pub use quota::{Quota, QuotaBuilder, QuotaError};
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
 pub use store::{CheckRequest, MemoryStore, Store, StoreError, StoreErrorKind};
