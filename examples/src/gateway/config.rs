@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::http::HeaderName;
 use clap::{Parser, ValueEnum};
 use tower_window::quota::default_granularity;
-use tower_window::{Algorithm, MemoryStore, Quota, QuotaError, Store};
+use tower_window::{Algorithm, MemoryStore, Quota, QuotaError, RedisStore, Store, StoreError};
 
 /// The gateway's flags. Every flag can also be set from the environment
 /// variable shown in `--help`.
@@ -40,6 +40,16 @@ pub struct Args {
     /// Header naming the user; requests without it are rejected with 400.
     #[arg(long, env = "TW_USER_HEADER", default_value = "x-user-id")]
     pub user_header: HeaderName,
+
+    /// Redis URL (`redis://host:port/db`): every gateway using the same Redis
+    /// shares the same windows. Without it the embedded store is used.
+    #[arg(long, env = "TW_REDIS_URL", conflicts_with = "redis_cluster")]
+    pub redis_url: Option<String>,
+
+    /// Redis Cluster seed node URLs, comma-separated
+    /// (`redis://10.0.0.1:7000,redis://10.0.0.2:7000`).
+    #[arg(long, env = "TW_REDIS_CLUSTER", value_delimiter = ',')]
+    pub redis_cluster: Vec<String>,
 }
 
 /// `--algorithm` values.
@@ -84,7 +94,13 @@ impl Args {
     /// Builds the gateway's configuration, including its store.
     pub fn into_config(self) -> Result<GatewayConfig, ConfigError> {
         let quota = self.quota().map_err(ConfigError::Quota)?;
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let store: Arc<dyn Store> = if let Some(url) = &self.redis_url {
+            Arc::new(RedisStore::from_url(url).map_err(ConfigError::Store)?)
+        } else if !self.redis_cluster.is_empty() {
+            Arc::new(RedisStore::cluster(&self.redis_cluster).map_err(ConfigError::Store)?)
+        } else {
+            Arc::new(MemoryStore::new())
+        };
         Ok(GatewayConfig {
             quota,
             store,
@@ -100,7 +116,8 @@ impl Args {
 pub struct GatewayConfig {
     /// The quota per tenant and user.
     pub quota: Quota,
-    /// Where windows live (the embedded store for now).
+    /// Where windows live: the embedded store, or Redis with `--redis-url`
+    /// / `--redis-cluster`.
     pub store: Arc<dyn Store>,
     /// Header naming the tenant (default tenant: `public`).
     pub tenant_header: HeaderName,
@@ -141,12 +158,15 @@ impl fmt::Debug for GatewayConfig {
 pub enum ConfigError {
     /// `--limit` and `--algorithm` do not make a valid quota.
     Quota(QuotaError),
+    /// `--redis-url` / `--redis-cluster` do not make a store.
+    Store(StoreError),
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Quota(error) => write!(f, "invalid --limit/--algorithm: {error}"),
+            Self::Store(error) => write!(f, "invalid --redis-url/--redis-cluster: {error}"),
         }
     }
 }
@@ -155,6 +175,7 @@ impl std::error::Error for ConfigError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Quota(error) => Some(error),
+            Self::Store(error) => Some(error),
         }
     }
 }

@@ -1,0 +1,67 @@
+//! Two gateway nodes on one real `redis-server` share every window.
+#![allow(clippy::unwrap_used)]
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use clap::Parser;
+use tower::ServiceExt;
+use tower_window_examples::gateway::{build_app, Args};
+use tower_window_tests::redis_server::RedisServer;
+
+fn hello(user: &str) -> Request<Body> {
+    Request::get("/api/hello")
+        .header("x-user-id", user)
+        .body(Body::empty())
+        .unwrap()
+}
+
+fn node(redis_url: &str) -> axum::Router {
+    let args =
+        Args::try_parse_from(["gateway", "--limit", "3/1h", "--redis-url", redis_url]).unwrap();
+    build_app(args.into_config().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_sharing_redis_enforce_one_limit() {
+    let redis = RedisServer::start();
+    let (a, b) = (node(&redis.url()), node(&redis.url()));
+    let mut statuses = Vec::new();
+    for app in [&a, &b, &a, &b, &a] {
+        let response = app.clone().oneshot(hello("carol")).await.unwrap();
+        statuses.push(response.status());
+    }
+    use StatusCode as S;
+    assert_eq!(
+        statuses,
+        [
+            S::OK,
+            S::OK,
+            S::OK,
+            S::TOO_MANY_REQUESTS,
+            S::TOO_MANY_REQUESTS
+        ]
+    );
+    // Another user still has a full window on either node.
+    let response = b.clone().oneshot(hello("dave")).await.unwrap();
+    assert_eq!(response.status(), S::OK);
+}
+
+#[test]
+fn redis_url_and_cluster_conflict() {
+    let error = Args::try_parse_from([
+        "gateway",
+        "--redis-url",
+        "redis://127.0.0.1:1",
+        "--redis-cluster",
+        "redis://127.0.0.1:2",
+    ])
+    .unwrap_err();
+    assert_eq!(error.kind(), clap::error::ErrorKind::ArgumentConflict);
+}
+
+#[test]
+fn bad_redis_url_is_a_config_error() {
+    let args = Args::try_parse_from(["gateway", "--redis-url", "not a url"]).unwrap();
+    let error = args.into_config().unwrap_err().to_string();
+    assert!(error.contains("--redis-url"), "{error}");
+}
