@@ -29,19 +29,28 @@
 //! [Tower]: https://docs.rs/tower
 
 pub mod algorithm;
+mod breaker;
 mod clock;
 mod decision;
+pub mod fallback;
 pub mod key;
 pub mod layer;
 mod limiter;
+mod local;
 pub mod quota;
+mod resilience;
 pub mod store;
 
 pub use algorithm::Algorithm;
+pub use breaker::{BreakerConfig, BreakerState};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, DecisionSource, FallbackReason};
+pub use fallback::FallbackPolicy;
 pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
 pub use layer::{MissingKey, SlidingWindow, SlidingWindowLayer};
 pub use limiter::{LimitError, Limiter};
+pub use limiter::{LimiterBuilder, LimiterStats};
+pub use local::DEFAULT_LOCAL_CAPACITY;
 pub use quota::{Quota, QuotaBuilder, QuotaError};
+pub use resilience::{RetryConfig, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT};
 pub use store::{CheckRequest, MemoryStore, Store, StoreError, StoreErrorKind};
