@@ -103,7 +103,6 @@ where
 /// The decision reports `remaining = capacity − cost` and
 /// `reset_after = window`: the node cannot know the real window.
 #[derive(Debug, Clone, Copy, Default)]
-#[non_exhaustive]
 pub struct FailOpen;
 
 impl FailOpen {
