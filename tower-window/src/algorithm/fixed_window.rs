@@ -1,1 +1,148 @@
-//! fixed_window state transition (to be written).
+//! Fixed window: one counter per window aligned to multiples of `W` since
+//! the Unix epoch.
+//!
+//! # Guarantee
+//!
+//! At most `L` units admitted in each aligned window `[k W, (k + 1) W)`.
+//! Across a boundary up to `2 L` can pass within a short time (the end of
+//! one window and the start of the next); use the sliding log or counter
+//! when that matters. O(1) memory per key.
+//!
+//! # Semantics (the contract shared with the Redis scripts)
+//!
+//! Integer microseconds; `t` now, `W` window, `L` limit, `c` cost.
+//! `k = floor(t / W)`; the state is `(k0, count)`, and `count` is taken as
+//! 0 when `k0 != k` (the stored window is over). Let `reset = (k + 1) W - t`.
+//!
+//! 1. `c > L`: deny, `retry_after = None`, `remaining = L - count`,
+//!    `reset_after = reset`. Nothing recorded.
+//! 2. `count + c <= L`: admit, `count += c` (stored with `k`);
+//!    `remaining = L - count`, `reset_after = reset`, which is also the TTL.
+//! 3. Otherwise deny: `remaining = L - count`,
+//!    `retry_after = reset_after = reset`.
+//!
+//! A denial records nothing. Note `reset_after` is the end of the current
+//! window even when the window holds nothing (case 1 on an empty state).
+
+use super::sliding_log::{saturate_u32, Outcome};
+use crate::Quota;
+
+/// The counter of one key: which window, and how many units it admitted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct State {
+    window_index: u64,
+    count: u64,
+}
+
+/// Checks `cost` units of `quota` at `now` against `state`; records them if
+/// admitted. Never panics.
+pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+    let limit = u64::from(quota.limit());
+    let window = quota.window_micros().max(1);
+    let cost = u64::from(cost);
+    let k = now / window;
+    let reset = k
+        .saturating_add(1)
+        .saturating_mul(window)
+        .saturating_sub(now);
+    // A count from another window is over: the state is logically empty.
+    let count = if state.window_index == k {
+        state.count
+    } else {
+        0
+    };
+    let remaining = saturate_u32(limit.saturating_sub(count));
+
+    if cost > limit {
+        return Outcome::deny(remaining, reset, None);
+    }
+    if count.saturating_add(cost) <= limit {
+        *state = State {
+            window_index: k,
+            count: count + cost,
+        };
+        return Outcome::allow(saturate_u32(limit - count - cost), reset, reset);
+    }
+    // Only the next window can admit it: it starts with count 0 and the cost fits.
+    Outcome::deny(remaining, reset, Some(reset))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const S: u64 = 1_000_000;
+    /// 1_700_000_000 s is 20 s into a minute: the window ends at T0 + 40 s.
+    const T0: u64 = 1_700_000_000_000_000;
+    const END: u64 = T0 + 40 * S;
+
+    fn quota(text: &str) -> Quota {
+        text.parse().unwrap()
+    }
+
+    fn allow(remaining: u32, reset: u64) -> Outcome {
+        Outcome::allow(remaining, reset, reset)
+    }
+
+    #[test]
+    fn counts_per_aligned_window() {
+        let q = quota("3/1m fixed-window");
+        let mut s = State::default();
+        assert_eq!(check(&mut s, &q, T0, 2), allow(1, 40 * S));
+        assert_eq!(
+            check(&mut s, &q, T0 + 10 * S, 2),
+            Outcome::deny(1, 30 * S, Some(30 * S))
+        );
+        assert_eq!(check(&mut s, &q, T0 + 10 * S, 1), allow(0, 30 * S));
+        assert_eq!(check(&mut s, &q, END - 1, 1), Outcome::deny(0, 1, Some(1)));
+        assert_eq!(check(&mut s, &q, END, 3), allow(0, 60 * S));
+        assert_eq!(
+            check(&mut s, &q, END, 1),
+            Outcome::deny(0, 60 * S, Some(60 * S))
+        );
+        assert_eq!(check(&mut s, &q, END, 4), Outcome::deny(0, 60 * S, None));
+    }
+
+    #[test]
+    fn cost_above_limit_never_fits_and_records_nothing() {
+        let q = quota("3/1m fixed-window");
+        let mut s = State::default();
+        assert_eq!(check(&mut s, &q, T0, 4), Outcome::deny(3, 40 * S, None));
+        assert_eq!(
+            check(&mut s, &q, T0, u32::MAX),
+            Outcome::deny(3, 40 * S, None)
+        );
+        assert_eq!(s, State::default());
+        let before = {
+            check(&mut s, &q, T0, 3);
+            s
+        };
+        for cost in [1, 3, 4, u32::MAX] {
+            assert!(!check(&mut s, &q, T0 + S, cost).allowed);
+        }
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn idle_state_is_empty() {
+        let q = quota("3/1m fixed-window");
+        let mut s = State::default();
+        check(&mut s, &q, T0, 3);
+        assert_eq!(check(&mut s, &q, END + 3617 * S, 3), allow(0, 43 * S));
+    }
+
+    #[test]
+    fn extreme_inputs_do_not_panic() {
+        let q = quota("4294967295/366d fixed-window");
+        let mut s = State::default();
+        assert!(check(&mut s, &q, u64::MAX, u32::MAX).allowed);
+        assert!(!check(&mut s, &q, u64::MAX, 1).allowed);
+        assert!(check(&mut s, &q, 0, u32::MAX).allowed);
+        assert_eq!(
+            check(&mut s, &q, 0, 1),
+            Outcome::deny(0, q.window_micros(), Some(q.window_micros()))
+        );
+    }
+}

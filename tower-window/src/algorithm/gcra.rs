@@ -1,1 +1,180 @@
-//! gcra state transition (to be written).
+//! GCRA, the generic cell rate algorithm: a token bucket in one timestamp.
+//!
+//! # Guarantee
+//!
+//! A steady rate of one unit per emission interval `T = ceil(W / L)` (never
+//! faster than `L / W`, since `T` rounds up) with bursts of up to `B` units
+//! (the quota's capacity: its burst, default `L`). Precisely: in any closed
+//! interval `[a, b]`, the admitted units `N` satisfy `N T <= B T + (b - a)`.
+//! O(1) memory per key.
+//!
+//! # Semantics (the contract shared with the Redis scripts)
+//!
+//! Integer microseconds; `t` now, `c` cost. The state is the theoretical
+//! arrival time `tat` (absent means `t`): the time at which the bucket would
+//! be empty again.
+//!
+//! 1. `tat0 = max(tat, t)`.
+//! 2. `c > B`: deny, `retry_after = None`,
+//!    `remaining = (B T - (tat0 - t)) / T`, `reset_after = tat0 - t`.
+//! 3. `new_tat = tat0 + c T`. If `new_tat - t <= B T`: admit, store
+//!    `tat = new_tat`; `remaining = (B T - (new_tat - t)) / T` (integer
+//!    division), `reset_after = new_tat - t`, which is also the TTL.
+//! 4. Otherwise deny: `retry_after = new_tat - t - B T`,
+//!    `remaining = (B T - (tat0 - t)) / T`, `reset_after = tat0 - t`.
+//!
+//! Why the bound holds: each admission moves `tat` forward by exactly `c T`
+//! from at least its own arrival time, and is admitted only if the result
+//! is at most `B T` ahead of that arrival. So admissions in `[a, b]` push
+//! `tat` from at least `a` to at least `a + N T`, which must be at most
+//! `b + B T`.
+//!
+//! The arithmetic saturates instead of overflowing; it is exact while
+//! `t + 2 B T < 2^64` (for realistic quotas by many orders of magnitude).
+
+use super::sliding_log::{saturate_u32, Outcome};
+use crate::Quota;
+
+/// The theoretical arrival time of one key (0 = none; `max(0, t) = t`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct State {
+    tat: u64,
+}
+
+/// Checks `cost` units of `quota` at `now` against `state`; records them if
+/// admitted. Never panics.
+pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+    let interval = quota.emission_interval_micros().max(1);
+    let burst = u64::from(quota.capacity());
+    let cost = u64::from(cost);
+    // How far ahead of now tat may run: the whole bucket.
+    let tolerance = burst.saturating_mul(interval);
+    let tat0 = state.tat.max(now);
+    let backlog = tat0 - now;
+    let remaining_before = saturate_u32(tolerance.saturating_sub(backlog) / interval);
+
+    if cost > burst {
+        return Outcome::deny(remaining_before, backlog, None);
+    }
+    // cost <= burst, so cost * interval <= B T: it saturates only if B T does.
+    let new_tat = tat0.saturating_add(cost.saturating_mul(interval));
+    let ahead = new_tat - now;
+    if ahead <= tolerance {
+        state.tat = new_tat;
+        return Outcome::allow(saturate_u32((tolerance - ahead) / interval), ahead, ahead);
+    }
+    Outcome::deny(remaining_before, backlog, Some(ahead - tolerance))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const S: u64 = 1_000_000;
+    const T0: u64 = 1_700_000_000_000_000;
+
+    fn quota(text: &str) -> Quota {
+        text.parse().unwrap()
+    }
+
+    fn allow(remaining: u32, reset: u64) -> Outcome {
+        Outcome::allow(remaining, reset, reset)
+    }
+
+    #[test]
+    fn steady_rate_after_the_burst() {
+        // T = 12 s, B = 5, B T = 60 s.
+        let q = quota("5/1m gcra");
+        let mut s = State::default();
+        assert_eq!(check(&mut s, &q, T0, 1), allow(4, 12 * S));
+        assert_eq!(check(&mut s, &q, T0, 4), allow(0, 60 * S));
+        assert_eq!(
+            check(&mut s, &q, T0, 1),
+            Outcome::deny(0, 60 * S, Some(12 * S))
+        );
+        assert_eq!(
+            check(&mut s, &q, T0 + 12 * S - 1, 1),
+            Outcome::deny(0, 48 * S + 1, Some(1))
+        );
+        // tat0 - t + T = 60 s exactly: admitted.
+        assert_eq!(check(&mut s, &q, T0 + 12 * S, 1), allow(0, 60 * S));
+        // tat = T0 + 72 s; at T0 + 30 s the backlog is 42 s.
+        let t = T0 + 30 * S;
+        assert_eq!(
+            check(&mut s, &q, t, 2),
+            Outcome::deny(1, 42 * S, Some(6 * S))
+        );
+        assert_eq!(check(&mut s, &q, t, 1), allow(0, 54 * S));
+        assert_eq!(check(&mut s, &q, t, 6), Outcome::deny(0, 54 * S, None));
+        assert_eq!(check(&mut s, &q, T0 + 3600 * S, 5), allow(0, 60 * S));
+    }
+
+    #[test]
+    fn burst_larger_than_limit() {
+        // L = 2, W = 60 s: T = 30 s, B = 6, B T = 180 s.
+        let q = quota("2/1m gcra(burst=6)");
+        let mut s = State::default();
+        assert_eq!(check(&mut s, &q, T0, 7), Outcome::deny(6, 0, None));
+        assert_eq!(check(&mut s, &q, T0, 6), allow(0, 180 * S));
+        assert_eq!(
+            check(&mut s, &q, T0, 1),
+            Outcome::deny(0, 180 * S, Some(30 * S))
+        );
+        assert_eq!(check(&mut s, &q, T0 + 60 * S, 2), allow(0, 180 * S));
+        let t = T0 + 132 * S;
+        assert_eq!(
+            check(&mut s, &q, t, 3),
+            Outcome::deny(2, 108 * S, Some(18 * S))
+        );
+        assert_eq!(check(&mut s, &q, t, 2), allow(0, 168 * S));
+        assert_eq!(check(&mut s, &q, t, 7), Outcome::deny(0, 168 * S, None));
+    }
+
+    #[test]
+    fn emission_interval_rounds_up() {
+        // T = ceil(60 s / 7) = 8_571_429 µs; B T = 60_000_003 µs.
+        let q = quota("7/1m gcra");
+        let mut s = State::default();
+        assert_eq!(check(&mut s, &q, T0, 7), allow(0, 60_000_003));
+        assert_eq!(
+            check(&mut s, &q, T0, 1),
+            Outcome::deny(0, 60_000_003, Some(8_571_429))
+        );
+    }
+
+    #[test]
+    fn denial_leaves_state_untouched() {
+        let q = quota("3/1m gcra");
+        let mut s = State::default();
+        check(&mut s, &q, T0, 3);
+        let before = s;
+        for cost in [1, 3, 4, u32::MAX] {
+            assert!(!check(&mut s, &q, T0 + S, cost).allowed);
+        }
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn extreme_inputs_do_not_panic() {
+        // T = 1, B T = 2^32 - 1.
+        let q = quota("4294967295/1m gcra");
+        let mut s = State::default();
+        assert_eq!(
+            check(&mut s, &q, T0, u32::MAX),
+            allow(0, u64::from(u32::MAX))
+        );
+        assert_eq!(
+            check(&mut s, &q, T0, 1),
+            Outcome::deny(0, u64::from(u32::MAX), Some(1))
+        );
+        // B T overflows u64 (T = 366 d, B = 2^32 - 1): saturates, no panic.
+        let q = quota("1/366d gcra(burst=4294967295)");
+        let mut s = State::default();
+        let _ = check(&mut s, &q, u64::MAX, u32::MAX);
+        let _ = check(&mut s, &q, u64::MAX, 1);
+        let _ = check(&mut s, &q, 0, u32::MAX);
+        let _ = check(&mut State::default(), &q, 0, u32::MAX);
+    }
+}

@@ -1,1 +1,248 @@
-//! sliding_counter state transition (to be written).
+//! Sliding counter: the window as `n = W / G` buckets of width `G`.
+//!
+//! # Guarantee
+//!
+//! Never more than `L` units admitted in any window of length `W`. It counts
+//! every bucket that overlaps the window `(t - W, t]` — that is `n + 1`
+//! buckets, the oldest only partly inside — so it errs on the side of
+//! denying: an admission keeps counting until the end of the bucket it fell
+//! in plus `W`, up to `G` longer than the exact [sliding
+//! log](super::sliding_log). Memory is O(n + 1) per key.
+//!
+//! # Semantics (the contract shared with the Redis scripts)
+//!
+//! Integer microseconds; `t` now, `W` window, `G` granularity (divides `W`),
+//! `n = W / G`, `L` limit, `c` cost. Time `x` falls in bucket `floor(x / G)`.
+//! At `t`, with `b = floor(t / G)`:
+//!
+//! 1. Buckets `j < b - n` are dropped; the rest (`j` in `[b - n, b]`) count.
+//!    `used = Σ count`. Bucket `j` stops counting at `(j + n + 1) * G`.
+//! 2. `c > L`: deny, `retry_after = None`, `remaining = L - used`,
+//!    `reset_after = (newest_j + n + 1) * G - t` (0 with no buckets).
+//! 3. `used + c <= L`: admit, `bucket[b] += c`; `remaining = L - used - c`,
+//!    `reset_after = (b + n + 1) * G - t`, which is also the state's TTL.
+//! 4. Otherwise deny: `remaining = L - used`; walk buckets ascending,
+//!    accumulating `freed`; the first `j` with `used - freed + c <= L` gives
+//!    `retry_after = (j + n + 1) * G - t`;
+//!    `reset_after = (newest_j + n + 1) * G - t`.
+//!
+//! Why the bound holds: two admissions at `s < u` with `u - s < W` are both
+//! counted at `u`, because `floor(s/G) >= floor((u - W)/G) = floor(u/G) - n`.
+//!
+//! Robustness beyond the contract (never reached with a monotonic clock):
+//! buckets newer than `b` (after the clock stepped back) keep counting, and
+//! the reset/TTL of an admission is taken from the newest bucket, which is
+//! `b` whenever time has not gone back.
+
+use std::collections::VecDeque;
+
+use super::sliding_log::{saturate_u32, Outcome};
+use crate::Quota;
+
+/// The buckets of one key: `(bucket index, units)`, ascending by index.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct State {
+    buckets: VecDeque<(u64, u64)>,
+}
+
+impl State {
+    /// Number of buckets kept (for tests of memory use).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.buckets.len()
+    }
+}
+
+/// Checks `cost` units of `quota` at `now` against `state`; records them if
+/// admitted. Never panics.
+pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+    let limit = u64::from(quota.limit());
+    let window = quota.window_micros().max(1);
+    // Quota validation guarantees a granularity dividing the window; a
+    // mismatched quota degrades to one bucket per window rather than panic.
+    let granularity = quota
+        .granularity_micros()
+        .filter(|g| *g > 0 && window % g == 0)
+        .unwrap_or(window);
+    let n = window / granularity;
+    let cost = u64::from(cost);
+    let b = now / granularity;
+    // When bucket j stops counting, as a wait from now.
+    let end_after = |j: u64| {
+        j.saturating_add(n)
+            .saturating_add(1)
+            .saturating_mul(granularity)
+            .saturating_sub(now)
+    };
+
+    let oldest_counted = b.saturating_sub(n);
+    while state
+        .buckets
+        .front()
+        .is_some_and(|&(j, _)| j < oldest_counted)
+    {
+        state.buckets.pop_front();
+    }
+    let used = state
+        .buckets
+        .iter()
+        .fold(0u64, |sum, &(_, c)| sum.saturating_add(c));
+    let reset_after =
+        |buckets: &VecDeque<(u64, u64)>| buckets.back().map_or(0, |&(j, _)| end_after(j));
+
+    if cost > limit {
+        return Outcome::deny(
+            saturate_u32(limit.saturating_sub(used)),
+            reset_after(&state.buckets),
+            None,
+        );
+    }
+
+    if used.saturating_add(cost) <= limit {
+        add(&mut state.buckets, b, cost);
+        let reset = reset_after(&state.buckets);
+        return Outcome::allow(saturate_u32(limit - used - cost), reset, reset);
+    }
+
+    // Denied: wait until enough of the oldest buckets stop counting. Freeing
+    // every bucket always suffices (cost <= limit); the fallback is unreachable.
+    let mut freed = 0u64;
+    let mut retry = reset_after(&state.buckets);
+    for &(j, count) in &state.buckets {
+        freed = freed.saturating_add(count);
+        if used.saturating_sub(freed).saturating_add(cost) <= limit {
+            retry = end_after(j);
+            break;
+        }
+    }
+    Outcome::deny(
+        saturate_u32(limit.saturating_sub(used)),
+        reset_after(&state.buckets),
+        Some(retry),
+    )
+}
+
+/// Adds `cost` to bucket `b`, keeping buckets in ascending order.
+fn add(buckets: &mut VecDeque<(u64, u64)>, b: u64, cost: u64) {
+    match buckets.back_mut() {
+        Some((j, c)) if *j == b => *c = c.saturating_add(cost),
+        Some((j, _)) if *j > b => {
+            // The clock stepped back into an older bucket.
+            let at = buckets.partition_point(|&(j, _)| j < b);
+            match buckets.get_mut(at) {
+                Some((j, c)) if *j == b => *c = c.saturating_add(cost),
+                _ => buckets.insert(at, (b, cost)),
+            }
+        }
+        _ => buckets.push_back((b, cost)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const S: u64 = 1_000_000;
+    /// 1_700_000_000 s: a multiple of 10 s, so a bucket boundary for G = 10 s.
+    const T0: u64 = 1_700_000_000_000_000;
+
+    fn quota(text: &str) -> Quota {
+        text.parse().unwrap()
+    }
+
+    fn allow(remaining: u32, reset: u64) -> Outcome {
+        Outcome::allow(remaining, reset, reset)
+    }
+
+    #[test]
+    fn counts_n_plus_one_buckets_and_frees_them_at_bucket_end_plus_window() {
+        // L = 4, W = 60 s, G = 10 s, n = 6.
+        let q = quota("4/1m sliding-counter(10s)");
+        let mut s = State::default();
+        // b = B (T0 / G); its bucket stops counting at (B + 7) G = T0 + 70 s.
+        assert_eq!(check(&mut s, &q, T0 + 3 * S, 1), allow(3, 67 * S));
+        // b = B + 1, stops counting at T0 + 80 s.
+        assert_eq!(check(&mut s, &q, T0 + 15 * S, 2), allow(1, 65 * S));
+        assert_eq!(
+            check(&mut s, &q, T0 + 15 * S, 2),
+            Outcome::deny(1, 65 * S, Some(55 * S))
+        );
+        assert_eq!(
+            check(&mut s, &q, T0 + 70 * S - 1, 2),
+            Outcome::deny(1, 10 * S + 1, Some(1))
+        );
+        // On the boundary bucket B leaves: b = B + 7, counted [B + 1, B + 7].
+        assert_eq!(check(&mut s, &q, T0 + 70 * S, 2), allow(0, 70 * S));
+        assert_eq!(
+            check(&mut s, &q, T0 + 70 * S, 1),
+            Outcome::deny(0, 70 * S, Some(10 * S))
+        );
+        assert_eq!(
+            check(&mut s, &q, T0 + 70 * S, 5),
+            Outcome::deny(0, 70 * S, None)
+        );
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn one_bucket_per_window_counts_the_previous_window_too() {
+        let q = quota("2/10s sliding-counter(10s)");
+        let mut s = State::default();
+        assert_eq!(check(&mut s, &q, T0, 2), allow(0, 20 * S));
+        assert_eq!(
+            check(&mut s, &q, T0 + 10 * S, 1),
+            Outcome::deny(0, 10 * S, Some(10 * S))
+        );
+        assert_eq!(check(&mut s, &q, T0 + 20 * S, 2), allow(0, 20 * S));
+    }
+
+    #[test]
+    fn cost_above_limit_never_fits_and_records_nothing() {
+        let q = quota("3/1m sliding-counter(10s)");
+        let mut s = State::default();
+        assert_eq!(check(&mut s, &q, T0, 4), Outcome::deny(3, 0, None));
+        assert_eq!(check(&mut s, &q, T0, u32::MAX), Outcome::deny(3, 0, None));
+        assert_eq!(s, State::default());
+        assert_eq!(check(&mut s, &q, T0, 3), allow(0, 70 * S));
+    }
+
+    #[test]
+    fn denial_leaves_state_untouched_and_idle_state_is_empty() {
+        let q = quota("2/1m sliding-counter(1s)");
+        let mut s = State::default();
+        check(&mut s, &q, T0, 2);
+        let before = s.clone();
+        for cost in [1, 2, 3, u32::MAX] {
+            assert!(!check(&mut s, &q, T0 + 30 * S, cost).allowed);
+        }
+        assert_eq!(s, before);
+        assert_eq!(check(&mut s, &q, T0 + 7200 * S, 2), allow(0, 61 * S));
+        assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn extreme_inputs_do_not_panic() {
+        let q = quota("4294967295/366d sliding-counter(1d)");
+        let mut s = State::default();
+        assert!(check(&mut s, &q, u64::MAX, u32::MAX).allowed);
+        assert_eq!(check(&mut s, &q, u64::MAX, 1), Outcome::deny(0, 0, Some(0)));
+        assert!(!check(&mut s, &q, 0, 1).allowed);
+        let mut s = State::default();
+        assert!(check(&mut s, &q, 0, u32::MAX).allowed);
+        assert_eq!(check(&mut s, &q, 0, 1).retry_after, Some(367 * 86_400 * S));
+    }
+
+    #[test]
+    fn clock_stepping_back_keeps_newer_buckets_counting() {
+        let q = quota("2/1m sliding-counter(10s)");
+        let mut s = State::default();
+        assert!(check(&mut s, &q, T0 + 20 * S, 1).allowed);
+        assert_eq!(check(&mut s, &q, T0, 1), allow(0, 90 * S));
+        assert_eq!(
+            check(&mut s, &q, T0, 1),
+            Outcome::deny(0, 90 * S, Some(70 * S))
+        );
+    }
+}

@@ -1,30 +1,479 @@
-//! The embedded store (placeholder until the memory store lands).
+//! [`MemoryStore`]: the embedded, single-process store.
+//!
+//! State lives in a bounded [moka] cache keyed by (tenant, subject, quota
+//! id), one entry per key, each behind its own lock so that one check is
+//! atomic per key. Decisions use the algorithms in
+//! [`crate::algorithm`] with time from an injectable [`Clock`].
+//!
+//! Two things bound memory:
+//! - the number of keys ([`MemoryStoreBuilder::max_keys`], default
+//!   [`MemoryStore::DEFAULT_MAX_KEYS`]): beyond it the cache evicts by its
+//!   TinyLFU policy, which keeps frequently used keys (the ones near their
+//!   limits) and lets one-off keys go first;
+//! - expiry: every entry is dropped once its state's TTL (plus a small
+//!   [grace](MemoryStoreBuilder::expiry_grace)) has passed in real time.
+//!
+//! Eviction by time never changes a decision: the algorithms treat state
+//! past its TTL as empty by themselves, using the injected clock. Eviction
+//! by capacity forgets a key's window, which can admit that key again early;
+//! size `max_keys` for the number of keys active within one window.
+//!
+//! [moka]: https://docs.rs/moka
 
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 use futures_util::future::BoxFuture;
+use moka::ops::compute::Op;
+use moka::sync::Cache;
+use moka::Expiry;
 
 use super::{CheckRequest, Store, StoreError, StoreErrorKind};
-use crate::Decision;
+use crate::algorithm::{fixed_window, gcra, sliding_counter, sliding_log};
+use crate::{Algorithm, Clock, Decision, Quota, SystemClock};
 
-/// Embedded single-process store.
-#[derive(Debug, Clone, Default)]
-pub struct MemoryStore {}
-
-/// Builds a [`MemoryStore`].
-#[derive(Debug, Default)]
-pub struct MemoryStoreBuilder {}
+/// The embedded store: bounded, in-process, atomic per key.
+///
+/// Cheap to clone; clones share one cache. Use it for a single process, or
+/// in tests with a [`ManualClock`](crate::ManualClock):
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_window::{Limiter, ManualClock, MemoryStore, WindowKey};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let clock = ManualClock::new(1_700_000_000_000_000);
+/// let store = MemoryStore::builder().clock(clock.clone()).max_keys(10_000).build();
+/// let limiter = Limiter::new(store, "1/1m".parse()?);
+/// let key = WindowKey::for_subject("alice");
+/// assert!(limiter.check(&key, 1).await?.allowed);
+/// assert!(!limiter.check(&key, 1).await?.allowed);
+/// clock.advance(Duration::from_secs(60));
+/// assert!(limiter.check(&key, 1).await?.allowed);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    cache: Cache<CacheKey, Arc<Slot>>,
+    clock: Arc<dyn Clock>,
+    max_keys: u64,
+}
 
 impl MemoryStore {
-    /// A store with default settings.
+    /// The default bound on the number of keys kept.
+    pub const DEFAULT_MAX_KEYS: u64 = 100_000;
+
+    /// The default [`expiry_grace`](MemoryStoreBuilder::expiry_grace).
+    pub const DEFAULT_EXPIRY_GRACE: Duration = Duration::from_secs(1);
+
+    /// A store with default settings: the system clock and at most
+    /// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys.
     pub fn new() -> Self {
-        Self {}
+        Self::builder().build()
+    }
+
+    /// A builder to set the clock and bounds.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
+    }
+
+    /// The most keys this store keeps.
+    pub fn max_keys(&self) -> u64 {
+        self.max_keys
+    }
+
+    /// The number of keys held. Approximate while evictions are pending; see
+    /// [`run_pending_tasks`](Self::run_pending_tasks).
+    pub fn entry_count(&self) -> u64 {
+        self.cache.entry_count()
+    }
+
+    /// Runs the cache's pending maintenance (evictions by size and time) now
+    /// instead of on later calls. For tests and diagnostics.
+    pub fn run_pending_tasks(&self) {
+        self.cache.run_pending_tasks();
+    }
+
+    /// Checks and records one request synchronously; [`Store::check`] wraps it.
+    fn check_now(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
+        if request.cost == 0 {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "a request must cost at least 1 unit",
+            ));
+        }
+        let quota = request.quota;
+        let key = CacheKey {
+            tenant: Bytes::copy_from_slice(request.key.tenant()),
+            subject: Bytes::copy_from_slice(request.key.subject()),
+            quota: quota.id(),
+        };
+        let mut decided = None;
+        // `and_compute_with` runs calls for one key one at a time, so the
+        // read-decide-write below is atomic per key. The clock is read under
+        // that lock too, so each key sees a non-decreasing time.
+        self.cache.entry(key).and_compute_with(|existing| {
+            let now = self.clock.now_micros();
+            let slot = existing.map_or_else(|| Arc::new(Slot::new(quota)), |e| e.into_value());
+            let outcome = slot.check(quota, now, request.cost);
+            decided = Some(outcome.into_decision(quota, now));
+            match outcome.ttl {
+                // Written: (re)insert to set the entry's expiry to the new TTL.
+                Some(ttl) => {
+                    slot.ttl_micros.store(ttl, Ordering::Relaxed);
+                    Op::Put(slot)
+                }
+                // A denial writes nothing and keeps the old expiry.
+                None => Op::Nop,
+            }
+        });
+        decided.ok_or_else(|| {
+            StoreError::new(StoreErrorKind::Protocol, "the cache did not run the check")
+        })
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("entry_count", &self.cache.entry_count())
+            .field("max_keys", &self.max_keys)
+            .finish_non_exhaustive()
     }
 }
 
 impl Store for MemoryStore {
     fn check<'a>(
         &'a self,
-        _request: CheckRequest<'a>,
+        request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async { Err(StoreError::new(StoreErrorKind::Protocol, "placeholder")) })
+        // The work is a short critical section with no I/O: do it when
+        // polled, without yielding.
+        Box::pin(async move { self.check_now(request) })
+    }
+}
+
+/// Builds a [`MemoryStore`].
+///
+/// ```
+/// use tower_window::{ManualClock, MemoryStore};
+///
+/// let store = MemoryStore::builder()
+///     .clock(ManualClock::new(0))
+///     .max_keys(1_000)
+///     .build();
+/// assert_eq!(store.max_keys(), 1_000);
+/// ```
+pub struct MemoryStoreBuilder {
+    clock: Arc<dyn Clock>,
+    max_keys: u64,
+    expiry_grace: Duration,
+}
+
+impl Default for MemoryStoreBuilder {
+    fn default() -> Self {
+        Self {
+            clock: Arc::new(SystemClock),
+            max_keys: MemoryStore::DEFAULT_MAX_KEYS,
+            expiry_grace: MemoryStore::DEFAULT_EXPIRY_GRACE,
+        }
+    }
+}
+
+impl fmt::Debug for MemoryStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStoreBuilder")
+            .field("max_keys", &self.max_keys)
+            .field("expiry_grace", &self.expiry_grace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// The time source for all decisions (default [`SystemClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The most keys kept (default [`MemoryStore::DEFAULT_MAX_KEYS`]; at
+    /// least 1). A key is one (tenant, subject, quota) triple.
+    pub fn max_keys(mut self, max_keys: u64) -> Self {
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// How long past its TTL, in real time, a key's entry is kept (default
+    /// [`MemoryStore::DEFAULT_EXPIRY_GRACE`]).
+    ///
+    /// Expiry runs on real time while decisions run on the store's clock.
+    /// The grace covers a wall clock that steps back a little; raise it when
+    /// the clock may run slower than real time (a [`ManualClock`] in a test
+    /// that sleeps or takes long between checks with very short windows).
+    ///
+    /// [`ManualClock`]: crate::ManualClock
+    pub fn expiry_grace(mut self, grace: Duration) -> Self {
+        self.expiry_grace = grace;
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore {
+        let cache = Cache::builder()
+            .max_capacity(self.max_keys)
+            .expire_after(SlotExpiry {
+                grace: self.expiry_grace,
+            })
+            .build();
+        MemoryStore {
+            cache,
+            clock: self.clock,
+            max_keys: self.max_keys,
+        }
+    }
+}
+
+/// One window's identity in the cache.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct CacheKey {
+    tenant: Bytes,
+    subject: Bytes,
+    quota: String,
+}
+
+/// One key's state and how long it must be kept.
+struct Slot {
+    /// Only ever locked inside the cache's per-key compute, so uncontended;
+    /// the mutex gives the shared `Arc` interior mutability.
+    state: Mutex<State>,
+    /// The TTL (µs) set by the last write, read by [`SlotExpiry`].
+    ttl_micros: AtomicU64,
+}
+
+impl Slot {
+    fn new(quota: &Quota) -> Self {
+        Self {
+            state: Mutex::new(State::empty(quota.algorithm())),
+            ttl_micros: AtomicU64::new(0),
+        }
+    }
+
+    fn check(&self, quota: &Quota, now: u64, cost: u32) -> sliding_log::Outcome {
+        // The algorithms never panic, so the lock is never poisoned; if it
+        // were, the state is still consistent (every write is a single step).
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.check(quota, now, cost)
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_micros(self.ttl_micros.load(Ordering::Relaxed))
+    }
+}
+
+/// Per-algorithm state of one key.
+enum State {
+    SlidingLog(sliding_log::State),
+    SlidingCounter(sliding_counter::State),
+    FixedWindow(fixed_window::State),
+    Gcra(gcra::State),
+}
+
+impl State {
+    fn empty(algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::SlidingLog => Self::SlidingLog(Default::default()),
+            Algorithm::SlidingCounter { .. } => Self::SlidingCounter(Default::default()),
+            Algorithm::FixedWindow => Self::FixedWindow(Default::default()),
+            Algorithm::Gcra => Self::Gcra(Default::default()),
+        }
+    }
+
+    fn check(&mut self, quota: &Quota, now: u64, cost: u32) -> sliding_log::Outcome {
+        // The cache key includes the quota's id (and so its algorithm), so
+        // the state always matches; start afresh rather than panic if not.
+        let matches = matches!(
+            (&*self, quota.algorithm()),
+            (Self::SlidingLog(_), Algorithm::SlidingLog)
+                | (Self::SlidingCounter(_), Algorithm::SlidingCounter { .. })
+                | (Self::FixedWindow(_), Algorithm::FixedWindow)
+                | (Self::Gcra(_), Algorithm::Gcra)
+        );
+        if !matches {
+            *self = Self::empty(quota.algorithm());
+        }
+        match self {
+            Self::SlidingLog(s) => sliding_log::check(s, quota, now, cost),
+            Self::SlidingCounter(s) => sliding_counter::check(s, quota, now, cost),
+            Self::FixedWindow(s) => fixed_window::check(s, quota, now, cost),
+            Self::Gcra(s) => gcra::check(s, quota, now, cost),
+        }
+    }
+}
+
+/// Expires each entry its state's TTL (plus grace) after its last write.
+struct SlotExpiry {
+    grace: Duration,
+}
+
+impl Expiry<CacheKey, Arc<Slot>> for SlotExpiry {
+    fn expire_after_create(
+        &self,
+        _key: &CacheKey,
+        slot: &Arc<Slot>,
+        _created_at: Instant,
+    ) -> Option<Duration> {
+        Some(slot.ttl().saturating_add(self.grace))
+    }
+
+    fn expire_after_update(
+        &self,
+        _key: &CacheKey,
+        slot: &Arc<Slot>,
+        _updated_at: Instant,
+        _duration_until_expiry: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(slot.ttl().saturating_add(self.grace))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::{ManualClock, WindowKey};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    fn check(store: &MemoryStore, key: &WindowKey, quota: &Quota, cost: u32) -> Decision {
+        block_on(store.check(CheckRequest::new(key, quota, cost))).unwrap()
+    }
+
+    #[test]
+    fn clones_share_state_and_keys_are_independent() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::builder().clock(clock).build();
+        let other = store.clone();
+        let quota: Quota = "1/1m".parse().unwrap();
+        let alice = WindowKey::for_subject("alice");
+        assert!(check(&store, &alice, &quota, 1).allowed);
+        assert!(!check(&other, &alice, &quota, 1).allowed);
+        assert!(check(&other, &WindowKey::for_subject("bob"), &quota, 1).allowed);
+        let named = quota.clone().named("other").unwrap();
+        assert!(check(&other, &alice, &named, 1).allowed);
+        let d = check(&store, &alice, &quota, 1);
+        assert_eq!(d.timestamp_micros, T0);
+        assert_eq!(d.retry_after, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn zero_cost_is_an_invalid_request() {
+        let store = MemoryStore::new();
+        let quota: Quota = "1/1m".parse().unwrap();
+        let err =
+            block_on(store.check(CheckRequest::new(&WindowKey::global(), &quota, 0))).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::InvalidRequest);
+        assert_eq!(store.entry_count(), 0);
+    }
+
+    #[test]
+    fn denial_on_an_empty_key_stores_nothing() {
+        let store = MemoryStore::builder().clock(ManualClock::new(T0)).build();
+        let quota: Quota = "1/1m".parse().unwrap();
+        assert!(!check(&store, &WindowKey::global(), &quota, 2).allowed);
+        store.run_pending_tasks();
+        assert_eq!(store.entry_count(), 0);
+        assert!(check(&store, &WindowKey::global(), &quota, 1).allowed);
+        store.run_pending_tasks();
+        assert_eq!(store.entry_count(), 1);
+    }
+
+    #[test]
+    fn a_flood_of_keys_stays_within_max_keys() {
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(T0))
+            .max_keys(1_000)
+            .build();
+        let quota: Quota = "10/1h".parse().unwrap();
+        for i in 0..100_000u32 {
+            let key = WindowKey::for_subject(i.to_be_bytes().to_vec());
+            let decision = store.check_now(CheckRequest::new(&key, &quota, 1)).unwrap();
+            assert!(decision.allowed);
+        }
+        store.run_pending_tasks();
+        assert!(store.entry_count() <= 1_000, "{}", store.entry_count());
+        assert!(store.entry_count() > 0);
+    }
+
+    #[test]
+    fn entries_expire_after_their_ttl() {
+        // A 1 ms fixed window written at its last microsecond: TTL 1 µs, so
+        // with no grace the entry is gone as soon as real time moves at all.
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(T0 + 999))
+            .expiry_grace(Duration::ZERO)
+            .build();
+        let quota: Quota = "1/1ms fixed-window".parse().unwrap();
+        let key = WindowKey::global();
+        assert!(check(&store, &key, &quota, 1).allowed);
+        let cache_key = CacheKey {
+            tenant: Bytes::copy_from_slice(key.tenant()),
+            subject: Bytes::copy_from_slice(key.subject()),
+            quota: quota.id(),
+        };
+        // Not a timing assertion: waits (microseconds in practice) until it happens.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while store.cache.contains_key(&cache_key) && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert!(!store.cache.contains_key(&cache_key));
+    }
+
+    #[test]
+    fn concurrent_checks_on_one_key_never_over_admit() {
+        let store = MemoryStore::builder().clock(ManualClock::new(T0)).build();
+        let quota: Quota = "100/1m".parse().unwrap();
+        let admitted = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..100 {
+                        let d = store
+                            .check_now(CheckRequest::new(&WindowKey::global(), &quota, 1))
+                            .unwrap();
+                        if d.allowed {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.load(Ordering::Relaxed), 100);
+    }
+
+    #[test]
+    fn debug_shows_no_keys() {
+        let store = MemoryStore::new();
+        let quota: Quota = "1/1m".parse().unwrap();
+        check(&store, &WindowKey::for_subject("secret-api-key"), &quota, 1);
+        let text = format!("{store:?} {:?}", MemoryStore::builder());
+        assert!(!text.contains("secret"), "{text}");
     }
 }
