@@ -214,6 +214,7 @@ pub struct LocalWindow {
     /// The share as the fraction `numerator / denominator`.
     numerator: u64,
     denominator: u64,
+    max_keys: u64,
     store: MemoryStore,
     /// Scaled quotas by original quota; a limiter checks few distinct quotas.
     scaled: moka::sync::Cache<Quota, Option<Quota>>,
@@ -250,9 +251,19 @@ impl LocalWindow {
         Self {
             numerator,
             denominator,
+            max_keys: MemoryStore::DEFAULT_MAX_KEYS,
             store: MemoryStore::new(),
             scaled: moka::sync::Cache::new(64),
         }
+    }
+
+    /// The most keys the node's own window keeps (default
+    /// [`MemoryStore::DEFAULT_MAX_KEYS`]); beyond it the least useful keys
+    /// are forgotten.
+    pub fn max_keys(mut self, max_keys: u64) -> Self {
+        self.max_keys = max_keys;
+        self.store = MemoryStore::builder().max_keys(max_keys).build();
+        self
     }
 
     /// `ceil(share × limit)`, at least 1 and at most `limit`.
@@ -321,8 +332,10 @@ impl FallbackPolicy for LocalWindow {
     }
 
     fn attach_clock(&mut self, clock: Arc<dyn Clock>) {
-        // PLACEHOLDER until the real MemoryStore (with a clock) lands.
-        let _ = clock;
+        self.store = MemoryStore::builder()
+            .clock(clock)
+            .max_keys(self.max_keys)
+            .build();
     }
 }
 
