@@ -1,1 +1,7 @@
-//! harness
+//! Cross-crate integration tests and the real-Redis test harness.
+//!
+//! [`redis_server::RedisServer`] and [`redis_cluster::RedisCluster`] spawn
+//! throwaway `redis-server` processes on loopback for the `redis_*` tests.
+
+pub mod redis_cluster;
+pub mod redis_server;

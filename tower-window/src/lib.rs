@@ -53,4 +53,6 @@ pub use limiter::{LimiterBuilder, LimiterStats};
 pub use local::DEFAULT_LOCAL_CAPACITY;
 pub use quota::{Quota, QuotaBuilder, QuotaError};
 pub use resilience::{RetryConfig, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT};
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
 pub use store::{CheckRequest, MemoryStore, Store, StoreError, StoreErrorKind};

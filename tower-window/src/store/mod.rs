@@ -8,7 +8,11 @@ use futures_util::future::BoxFuture;
 use crate::{Decision, Quota, WindowKey};
 
 mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{redis_key, RedisStore};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 
 /// One check to run against a store.

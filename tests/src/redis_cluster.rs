@@ -1,0 +1,128 @@
+//! A throwaway 3-primary Redis Cluster on loopback, killed on drop.
+
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crate::redis_server::{require, RedisServer};
+
+/// The cluster bus listens on `port + 10000`, so node ports stay below 45535.
+const BUS_OFFSET: u16 = 10_000;
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Three primaries (no replicas) owning all 16384 slots.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three cluster-enabled servers, joins them with
+    /// `redis-cli --cluster create`, and waits until every node reports
+    /// `cluster_state:ok` and a routed `EVAL` succeeds on every primary.
+    pub fn start() -> Self {
+        require("redis-server");
+        require("redis-cli");
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "2000",
+                    ],
+                    20_000,
+                    45_535,
+                    Some(BUS_OFFSET),
+                )
+            })
+            .collect();
+        let cluster = Self { nodes };
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(cluster.nodes.iter().map(RedisServer::addr))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        cluster.wait_ready();
+        cluster
+    }
+
+    /// One cluster shared by every caller holding it (see [`RedisServer::shared`]).
+    pub fn shared() -> Arc<Self> {
+        static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cluster) = shared.upgrade() {
+            return cluster;
+        }
+        let cluster = Arc::new(Self::start());
+        *shared = Arc::downgrade(&cluster);
+        cluster
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let ok = self.nodes.iter().all(|node| {
+                let info: redis::RedisResult<String> = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut node.connection());
+                info.is_ok_and(|info| info.contains("cluster_state:ok"))
+            });
+            if ok && self.routed_eval_works() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis cluster did not become ready within {READY_TIMEOUT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// An `EVAL` through a cluster client on a key in each primary's slots.
+    fn routed_eval_works(&self) -> bool {
+        let Ok(client) = redis::cluster::ClusterClient::new(self.urls()) else {
+            return false;
+        };
+        let Ok(mut conn) = client.get_connection() else {
+            return false;
+        };
+        // Hash tags in slots 15495, 3300 and 7365: one on each primary.
+        ["{a}", "{b}", "{c}"].iter().all(|key| {
+            redis::cmd("EVAL")
+                .arg("return redis.call('SET', KEYS[1], 'x', 'PX', 1000)")
+                .arg(1)
+                .arg(*key)
+                .query::<String>(&mut conn)
+                .is_ok()
+        })
+    }
+
+    /// The nodes' URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+}
+
+impl std::fmt::Debug for RedisCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCluster")
+            .field("nodes", &self.nodes)
+            .finish()
+    }
+}

@@ -1,0 +1,212 @@
+//! A throwaway `redis-server` on loopback, killed on drop.
+//!
+//! Each server gets a random port below 55535 (retried when taken), its own
+//! temporary directory, and no persistence (`--save "" --appendonly no`).
+//! The system Redis on 6379 is never touched.
+
+use std::io;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+const START_ATTEMPTS: usize = 20;
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Panics with install instructions unless `program` is on `PATH`.
+pub(crate) fn require(program: &str) {
+    let found = Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(
+        found,
+        "`{program}` is not on PATH: the Redis tests need a real Redis. \
+         Install it with `apt-get install -y redis-server` (or run `bash .ci/test`, which does)."
+    );
+}
+
+/// A random port in `[low, high)` that is free right now (and, with
+/// `bus_offset`, so is `port + bus_offset`).
+pub(crate) fn free_port(low: u16, high: u16, bus_offset: Option<u16>) -> u16 {
+    loop {
+        let port = low + (random() % u64::from(high - low)) as u16;
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && bus_offset.is_none_or(|offset| free(port + offset)) {
+            return port;
+        }
+    }
+}
+
+/// A pseudo-random number (std's randomly keyed hasher; no extra dependency).
+pub(crate) fn random() -> u64 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    hasher.finish()
+}
+
+/// A running `redis-server` process; stopped (SIGKILL) and cleaned up on drop.
+pub struct RedisServer {
+    child: Child,
+    port: u16,
+    dir: TempDir,
+}
+
+impl RedisServer {
+    /// Starts a standalone server on a random loopback port and waits until
+    /// it answers `PING`.
+    pub fn start() -> Self {
+        Self::start_with(&[], 20_000, 55_535, None)
+    }
+
+    /// One server shared by every caller holding it; a new one is started
+    /// once the last holder drops it. Use this for test groups.
+    pub fn shared() -> Arc<Self> {
+        static SHARED: Mutex<Weak<RedisServer>> = Mutex::new(Weak::new());
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(server) = shared.upgrade() {
+            return server;
+        }
+        let server = Arc::new(Self::start());
+        *shared = Arc::downgrade(&server);
+        server
+    }
+
+    /// Starts a server with extra arguments on a port in `[low, high)`.
+    pub(crate) fn start_with(extra: &[&str], low: u16, high: u16, bus_offset: Option<u16>) -> Self {
+        require("redis-server");
+        let mut last_error = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let port = free_port(low, high, bus_offset);
+            let dir = tempfile::Builder::new()
+                .prefix("tower-window-redis-")
+                .tempdir()
+                .expect("create a temp dir for redis-server");
+            match Self::spawn(port, dir.path(), extra) {
+                Ok(mut child) => match wait_ready(port, &mut child) {
+                    Ok(()) => return Self { child, port, dir },
+                    Err(error) => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        let log = std::fs::read_to_string(dir.path().join("redis.log"))
+                            .unwrap_or_default();
+                        last_error = format!("{error}; log tail: {}", tail(&log));
+                    }
+                },
+                Err(error) => last_error = error.to_string(),
+            }
+        }
+        panic!("could not start redis-server after {START_ATTEMPTS} attempts: {last_error}");
+    }
+
+    fn spawn(port: u16, dir: &Path, extra: &[&str]) -> io::Result<Child> {
+        Command::new("redis-server")
+            .args(["--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .args(["--logfile", "redis.log"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The server's working directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A blocking connection for setup and inspection.
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(5)))
+            .expect("connect to the test redis-server")
+    }
+
+    /// A new async connection for inspection (commands from tests).
+    pub async fn async_connection(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("valid url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test redis-server")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl std::fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+fn tail(text: &str) -> &str {
+    let start = text.len().saturating_sub(600);
+    let start = (start..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len());
+    &text[start..]
+}
+
+/// Waits until the server on `port` answers `PING`, or the process exits.
+pub(crate) fn wait_ready(port: u16, child: &mut Child) -> Result<(), String> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let url = format!("redis://127.0.0.1:{port}/");
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("redis-server exited early: {status}"));
+        }
+        let pong = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+        if matches!(pong.as_deref(), Ok("PONG")) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "redis-server on {port} did not answer PING: {pong:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

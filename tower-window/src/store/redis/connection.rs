@@ -1,0 +1,260 @@
+//! Getting a connection without paying for it on the hot path.
+//!
+//! All decisions of one store share one multiplexed connection (or one
+//! cluster connection), cloned per call: a clone is a handle, not a socket,
+//! and sends nothing. A connection is made on first use by a background task
+//! (so a caller's deadline never cuts a slow connect short for everyone) and
+//! made again only after a connection-level error.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use redis::aio::MultiplexedConnection;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
+
+use crate::store::{StoreError, StoreErrorKind};
+
+/// How to make a connection.
+pub(crate) enum Connector {
+    /// A plain client from a URL.
+    Client(redis::Client),
+    /// A deadpool pool: one pooled connection is taken and multiplexed.
+    Pool(deadpool_redis::Pool),
+    /// Redis Cluster seed nodes.
+    Cluster(Vec<redis::ConnectionInfo>),
+    /// A deadpool cluster pool: one pooled cluster connection is taken and shared.
+    ClusterPool(deadpool_redis::cluster::Pool),
+}
+
+/// A cheap, cloneable handle to send commands on.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+/// Keeps a pooled connection checked out while its handle is in use.
+#[allow(dead_code)] // held only for its Drop, which returns the connection to the pool
+enum Keeper {
+    None,
+    Pooled(deadpool_redis::Connection),
+    ClusterPooled(deadpool_redis::cluster::Connection),
+}
+
+type ConnectResult = Result<(Conn, u64), (StoreErrorKind, String)>;
+
+enum State {
+    Idle,
+    Connecting(Shared<BoxFuture<'static, ConnectResult>>),
+    Ready {
+        conn: Conn,
+        generation: u64,
+        _keeper: Arc<Keeper>,
+    },
+}
+
+pub(crate) struct Connection {
+    connector: Arc<Connector>,
+    state: Arc<Mutex<State>>,
+    generation: AtomicU64,
+    connect_timeout: Duration,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // The state is always valid between statements; a panic elsewhere cannot break it.
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Connection {
+    pub(crate) fn new(connector: Connector, connect_timeout: Duration) -> Self {
+        Self {
+            connector: Arc::new(connector),
+            state: Arc::new(Mutex::new(State::Idle)),
+            generation: AtomicU64::new(0),
+            connect_timeout,
+        }
+    }
+
+    pub(crate) fn set_connect_timeout(&mut self, timeout: Duration) {
+        self.connect_timeout = timeout;
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(
+            *self.connector,
+            Connector::Cluster(_) | Connector::ClusterPool(_)
+        )
+    }
+
+    /// The current connection and its generation, connecting if needed.
+    pub(crate) async fn get(&self) -> Result<(Conn, u64), StoreError> {
+        let pending = {
+            let mut state = lock(&self.state);
+            match &*state {
+                State::Ready {
+                    conn, generation, ..
+                } => return Ok((conn.clone(), *generation)),
+                State::Connecting(pending) => pending.clone(),
+                State::Idle => {
+                    let pending = self.spawn_connect();
+                    *state = State::Connecting(pending.clone());
+                    pending
+                }
+            }
+        };
+        pending
+            .await
+            .map_err(|(kind, message)| StoreError::new(kind, message))
+    }
+
+    fn spawn_connect(&self) -> Shared<BoxFuture<'static, ConnectResult>> {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let connector = Arc::clone(&self.connector);
+        let state = Arc::clone(&self.state);
+        let timeout = self.connect_timeout;
+        let task = tokio::spawn(async move {
+            let result = match tokio::time::timeout(timeout, connect(&connector, timeout)).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::new(
+                    StoreErrorKind::Timeout,
+                    format!("connecting to redis took longer than {timeout:?}"),
+                )),
+            };
+            let mut state = lock(&state);
+            match result {
+                Ok((conn, keeper)) => {
+                    *state = State::Ready {
+                        conn: conn.clone(),
+                        generation,
+                        _keeper: Arc::new(keeper),
+                    };
+                    Ok((conn, generation))
+                }
+                Err(error) => {
+                    *state = State::Idle;
+                    Err((error.kind(), error.to_string()))
+                }
+            }
+        });
+        async move {
+            task.await.unwrap_or_else(|_| {
+                Err((
+                    StoreErrorKind::Unavailable,
+                    "the redis connect task was cancelled".to_owned(),
+                ))
+            })
+        }
+        .boxed()
+        .shared()
+    }
+
+    /// Drops the connection of `generation` after a connection-level error,
+    /// so the next call connects again. Cluster connections heal themselves.
+    pub(crate) fn invalidate(&self, generation: u64) {
+        if self.is_cluster() {
+            return;
+        }
+        let mut state = lock(&self.state);
+        if matches!(&*state, State::Ready { generation: g, .. } if *g == generation) {
+            *state = State::Idle;
+        }
+    }
+}
+
+async fn connect(connector: &Connector, timeout: Duration) -> Result<(Conn, Keeper), StoreError> {
+    match connector {
+        Connector::Client(client) => {
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(timeout))
+                // Each call has its own deadline (see RedisStore::timeout).
+                .set_response_timeout(None);
+            let conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(map_error)?;
+            Ok((Conn::Single(conn), Keeper::None))
+        }
+        Connector::Pool(pool) => {
+            let pooled = pool.get().await.map_err(map_pool_error)?;
+            Ok((Conn::Single((*pooled).clone()), Keeper::Pooled(pooled)))
+        }
+        Connector::Cluster(nodes) => {
+            let client = ClusterClient::builder(nodes.clone())
+                .connection_timeout(timeout)
+                .build()
+                .map_err(map_error)?;
+            let conn = client.get_async_connection().await.map_err(map_error)?;
+            Ok((Conn::Cluster(conn), Keeper::None))
+        }
+        Connector::ClusterPool(pool) => {
+            let pooled = pool.get().await.map_err(map_pool_error)?;
+            Ok((
+                Conn::Cluster((*pooled).clone()),
+                Keeper::ClusterPooled(pooled),
+            ))
+        }
+    }
+}
+
+/// Whether `error` means the connection itself is gone.
+pub(crate) fn is_connection_error(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_unrecoverable_error()
+}
+
+/// Maps a redis error onto the store's error kinds.
+pub(crate) fn map_error(error: RedisError) -> StoreError {
+    let kind = if error.is_timeout() {
+        StoreErrorKind::Timeout
+    } else if is_connection_error(&error) {
+        StoreErrorKind::Unavailable
+    } else {
+        match error.kind() {
+            ErrorKind::Server(
+                ServerErrorKind::ClusterDown
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::ReadOnly
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask,
+            )
+            | ErrorKind::ClusterConnectionNotFound
+            | ErrorKind::AuthenticationFailed
+            | ErrorKind::InvalidClientConfig => StoreErrorKind::Unavailable,
+            _ => match error.code() {
+                Some("OOM" | "BUSY") => StoreErrorKind::Overloaded,
+                _ => StoreErrorKind::Protocol,
+            },
+        }
+    };
+    StoreError::new(kind, format!("redis: {error}")).with_source(error)
+}
+
+fn map_pool_error(error: deadpool_redis::PoolError) -> StoreError {
+    use deadpool_redis::PoolError;
+    match error {
+        PoolError::Timeout(_) => StoreError::new(
+            StoreErrorKind::Overloaded,
+            "redis pool: timed out waiting for a connection",
+        ),
+        PoolError::Backend(error) => map_error(error),
+        PoolError::Closed => StoreError::new(StoreErrorKind::Unavailable, "redis pool is closed"),
+        PoolError::NoRuntimeSpecified => StoreError::new(
+            StoreErrorKind::InvalidRequest,
+            "redis pool has timeouts but no runtime",
+        ),
+        PoolError::PostCreateHook(error) => StoreError::new(
+            StoreErrorKind::Unavailable,
+            format!("redis pool hook: {error}"),
+        ),
+    }
+}
