@@ -3,5 +3,6 @@
 //! [`redis_server::RedisServer`] and [`redis_cluster::RedisCluster`] spawn
 //! throwaway `redis-server` processes on loopback for the `redis_*` tests.
 
+pub mod fault_proxy;
 pub mod redis_cluster;
 pub mod redis_server;
