@@ -7,7 +7,9 @@
 //! - [`Mode::Latency`]: forward, delaying every chunk by a base latency plus
 //!   a random jitter;
 //! - [`Mode::Blackhole`]: accept connections and read what clients send, but
-//!   never forward or answer (a partitioned or frozen server);
+//!   forward and answer nothing (a network partition): the bytes are held,
+//!   and delivered in order once the mode changes back, as TCP would after a
+//!   partition heals, so a multiplexed client never sees a reply go missing;
 //! - [`Mode::Reset`]: abort every open connection with a TCP RST
 //!   (`SO_LINGER` 0), and every new one right after accepting it;
 //! - [`Mode::Refuse`]: abort every open connection and stop listening, so
@@ -41,7 +43,8 @@ pub enum Mode {
         /// The most extra delay.
         jitter: Duration,
     },
-    /// Accept and read, never forward or answer.
+    /// Accept and read, forward and answer nothing; held bytes flow again
+    /// when the mode changes to pass-through or latency.
     Blackhole,
     /// Abort open connections and every new one with a TCP reset.
     Reset,
@@ -223,58 +226,31 @@ async fn rebind(addr: SocketAddr) -> Option<TcpListener> {
 async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
     let mut kill = shared.kill.subscribe();
     kill.borrow_and_update();
-    let mode = *shared.mode.borrow();
-    let upstream = match mode {
-        Mode::Reset | Mode::Refuse => {
-            abort(client);
-            return;
-        }
-        Mode::Blackhole => None,
-        Mode::PassThrough | Mode::Latency { .. } => match TcpStream::connect(shared.target).await {
-            Ok(upstream) => Some(upstream),
-            Err(_) => {
-                abort(client);
-                return;
-            }
-        },
+    if matches!(*shared.mode.borrow(), Mode::Reset | Mode::Refuse) {
+        abort(client);
+        return;
+    }
+    // Connect upstream even while blackholed: the client's bytes are held
+    // until the partition heals, like TCP retransmission would.
+    let Ok(mut upstream) = TcpStream::connect(shared.target).await else {
+        abort(client);
+        return;
     };
     let _ = client.set_nodelay(true);
-    let killed = match upstream {
-        None => {
-            tokio::select! {
-                _ = kill.changed() => true,
-                _ = swallow(&mut client, &shared) => false,
-            }
-        }
-        Some(mut upstream) => {
-            let _ = upstream.set_nodelay(true);
-            let (mut client_read, mut client_write) = client.split();
-            let (mut up_read, mut up_write) = upstream.split();
-            let mut up_rng = Rng::seeded();
-            let mut down_rng = Rng::seeded();
-            let both = async {
-                tokio::try_join!(
-                    pump(
-                        &mut client_read,
-                        &mut up_write,
-                        &shared,
-                        Direction::Up,
-                        &mut up_rng
-                    ),
-                    pump(
-                        &mut up_read,
-                        &mut client_write,
-                        &shared,
-                        Direction::Down,
-                        &mut down_rng
-                    ),
-                )
-            };
-            tokio::select! {
-                _ = kill.changed() => true,
-                // A failed direction (a reset by either side) resets the client.
-                done = both => done.is_err(),
-            }
+    let _ = upstream.set_nodelay(true);
+    let killed = {
+        let (mut client_read, mut client_write) = client.split();
+        let (mut up_read, mut up_write) = upstream.split();
+        let both = async {
+            tokio::try_join!(
+                pump(&mut client_read, &mut up_write, &shared, Direction::Up),
+                pump(&mut up_read, &mut client_write, &shared, Direction::Down),
+            )
+        };
+        tokio::select! {
+            _ = kill.changed() => true,
+            // A failed direction (a reset by either side) resets the client.
+            done = both => done.is_err(),
         }
     };
     if killed {
@@ -288,17 +264,6 @@ fn abort(stream: TcpStream) {
     drop(stream);
 }
 
-/// Reads and discards what a blackholed client sends, until it closes.
-async fn swallow(client: &mut TcpStream, shared: &Shared) {
-    let mut buf = vec![0u8; 16 * 1024];
-    while let Ok(n @ 1..) = client.read(&mut buf).await {
-        shared
-            .counters
-            .bytes_from_clients
-            .fetch_add(n as u64, Ordering::SeqCst);
-    }
-}
-
 #[derive(Clone, Copy)]
 enum Direction {
     /// Client to target.
@@ -307,50 +272,82 @@ enum Direction {
     Down,
 }
 
+/// Forwards one direction until end of stream, following the mode: held
+/// while blackholed (still reading, so every byte a client sends is
+/// counted), delayed under latency, passed through otherwise.
 async fn pump<R, W>(
     from: &mut R,
     to: &mut W,
     shared: &Shared,
     direction: Direction,
-    rng: &mut Rng,
 ) -> io::Result<()>
 where
     R: AsyncReadExt + Unpin,
     W: AsyncWriteExt + Unpin,
 {
+    let mut mode_rx = shared.mode.subscribe();
+    let mut rng = Rng::seeded();
     let mut buf = vec![0u8; 16 * 1024];
+    let mut held: Vec<u8> = Vec::new();
     loop {
-        let n = match from.read(&mut buf).await? {
-            0 => {
-                // Half-close; the other direction may still be busy.
-                let _ = to.shutdown().await;
-                return Ok(());
-            }
-            n => n,
-        };
-        if let Direction::Up = direction {
-            shared
-                .counters
-                .bytes_from_clients
-                .fetch_add(n as u64, Ordering::SeqCst);
+        let mode = *mode_rx.borrow_and_update();
+        let blackholed = mode == Mode::Blackhole;
+        if !blackholed && !held.is_empty() {
+            forward(to, &held, mode, &mut rng, shared, direction).await?;
+            held.clear();
         }
-        let mode = *shared.mode.borrow();
-        match mode {
-            Mode::Blackhole => continue,
-            Mode::Latency { base, jitter } => {
-                let extra = jitter.mul_f64(rng.unit());
-                tokio::time::sleep(base + extra).await;
+        tokio::select! {
+            read = from.read(&mut buf) => {
+                let n = read?;
+                if n == 0 {
+                    // Half-close; the other direction may still be busy.
+                    let _ = to.shutdown().await;
+                    return Ok(());
+                }
+                if let Direction::Up = direction {
+                    shared
+                        .counters
+                        .bytes_from_clients
+                        .fetch_add(n as u64, Ordering::SeqCst);
+                }
+                held.extend_from_slice(&buf[..n]);
+                let mode = *mode_rx.borrow_and_update();
+                if mode != Mode::Blackhole {
+                    forward(to, &held, mode, &mut rng, shared, direction).await?;
+                    held.clear();
+                }
             }
-            Mode::PassThrough | Mode::Reset | Mode::Refuse => {}
-        }
-        to.write_all(&buf[..n]).await?;
-        if let Direction::Down = direction {
-            shared
-                .counters
-                .bytes_to_clients
-                .fetch_add(n as u64, Ordering::SeqCst);
+            changed = mode_rx.changed(), if blackholed => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+            }
         }
     }
+}
+
+async fn forward<W>(
+    to: &mut W,
+    bytes: &[u8],
+    mode: Mode,
+    rng: &mut Rng,
+    shared: &Shared,
+    direction: Direction,
+) -> io::Result<()>
+where
+    W: AsyncWriteExt + Unpin,
+{
+    if let Mode::Latency { base, jitter } = mode {
+        tokio::time::sleep(base + jitter.mul_f64(rng.unit())).await;
+    }
+    to.write_all(bytes).await?;
+    if let Direction::Down = direction {
+        shared
+            .counters
+            .bytes_to_clients
+            .fetch_add(bytes.len() as u64, Ordering::SeqCst);
+    }
+    Ok(())
 }
 
 /// A small splitmix64 generator for latency jitter (test-only quality).
@@ -460,8 +457,19 @@ mod tests {
         let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
         assert_eq!(roundtrip(&mut s, b"up").await.unwrap(), b"up");
         proxy.set_mode(Mode::Blackhole);
-        let answer = tokio::time::timeout(Duration::from_millis(200), roundtrip(&mut s, b"lost"));
-        assert!(answer.await.is_err());
+        s.write_all(b"held").await.unwrap();
+        let mut buf = [0u8; 4];
+        let answer = tokio::time::timeout(Duration::from_millis(200), s.read_exact(&mut buf));
+        assert!(answer.await.is_err(), "no answer while blackholed");
+        // Healing delivers what was held, in order.
+        proxy.set_mode(Mode::PassThrough);
+        let mut buf = [0u8; 4];
+        tokio::time::timeout(WAIT, s.read_exact(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&buf, b"held");
+        assert_eq!(roundtrip(&mut s, b"next").await.unwrap(), b"next");
     }
 
     #[tokio::test]
