@@ -1,8 +1,9 @@
-//! Cross-crate integration tests and the real-Redis test harness.
+//! Cross-crate integration tests and shared test harnesses for tower-window.
 //!
 //! [`redis_server::RedisServer`] and [`redis_cluster::RedisCluster`] spawn
 //! throwaway `redis-server` processes on loopback for the `redis_*` tests.
 
+pub mod conformance;
 pub mod fault_proxy;
 pub mod redis_cluster;
 pub mod redis_server;

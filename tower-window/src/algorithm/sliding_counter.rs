@@ -62,7 +62,7 @@ pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Ou
     // mismatched quota degrades to one bucket per window rather than panic.
     let granularity = quota
         .granularity_micros()
-        .filter(|g| *g > 0 && window % g == 0)
+        .filter(|g| *g > 0 && window.is_multiple_of(*g))
         .unwrap_or(window);
     let n = window / granularity;
     let cost = u64::from(cost);

@@ -13,8 +13,10 @@
 //! - expiry: every entry is dropped once its state's TTL (plus a small
 //!   [grace](MemoryStoreBuilder::expiry_grace)) has passed in real time.
 //!
-//! Eviction by time never changes a decision: the algorithms treat state
-//! past its TTL as empty by themselves, using the injected clock. Eviction
+//! Eviction by time does not change decisions: the algorithms treat state
+//! past its TTL as empty by themselves, using the injected clock, so the
+//! cache only drops what is already logically gone (as long as the store's
+//! clock does not fall behind real time by more than the grace). Eviction
 //! by capacity forgets a key's window, which can admit that key again early;
 //! size `max_keys` for the number of keys active within one window.
 //!

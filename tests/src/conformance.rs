@@ -1,0 +1,720 @@
+//! The store conformance suite: one set of scenarios, written once, that
+//! every [`Store`] must pass with the same decisions.
+//!
+//! Each scenario drives a store through an exact sequence with a
+//! [`ManualClock`] and compares every field of every decision (allowed,
+//! remaining, reset_after, retry_after, timestamp) with numbers worked out
+//! by hand from the algorithm contract (see the docs of
+//! `tower_window::algorithm`), not recomputed by the code under test.
+//!
+//! # Plugging in a store
+//!
+//! Implement [`StoreFactory`] (async, so a networked store can connect; it
+//! must take its time from the given clock, e.g. by passing explicit
+//! timestamps to its scripts), then write a test file holding only:
+//!
+//! ```ignore
+//! tower_window_tests::conformance_tests!(MyStoreFactory::new());
+//! ```
+//!
+//! The macro expands to one `#[tokio::test]` per scenario (the test crate
+//! needs `tokio` with the `macros` and `rt` features). Scenarios use keys
+//! unique to the scenario and the run, so they may share one server and run
+//! in parallel.
+//!
+//! The clock starts at [`START`] (2023-11-14T22:13:20Z), which is a multiple
+//! of 10 s and 20 s into a minute, so scenarios cover times in the middle of
+//! a window and exactly on window and bucket boundaries. All windows are at
+//! least a minute and every written TTL is several seconds of real time, so a
+//! store that expires keys in real time (Redis) cannot lose state while a
+//! scenario runs.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tower_window::{
+    CheckRequest, Clock, Decision, DecisionSource, ManualClock, MemoryStore, Quota, Store,
+    StoreErrorKind, WindowKey,
+};
+
+/// The clock's reading when every scenario starts (µs since the epoch):
+/// 1_700_000_000 s, a multiple of 10 s and 20 s into a minute.
+pub const START: u64 = 1_700_000_000_000_000;
+
+const S: u64 = 1_000_000;
+/// The end of the minute that contains [`START`].
+const MINUTE_END: u64 = START + 40 * S;
+
+/// Makes the store under test, one per scenario.
+pub trait StoreFactory {
+    /// The store under test.
+    type Store: Store;
+
+    /// A store whose decisions use `clock` as "now". Panic if the store
+    /// cannot be made (the scenario then fails with that message).
+    fn make(&self, clock: ManualClock) -> impl Future<Output = Self::Store> + Send;
+}
+
+/// Makes [`MemoryStore`]s with the default settings and the given clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryStoreFactory;
+
+impl StoreFactory for MemoryStoreFactory {
+    type Store = MemoryStore;
+
+    fn make(&self, clock: ManualClock) -> impl Future<Output = MemoryStore> + Send {
+        std::future::ready(MemoryStore::builder().clock(clock).build())
+    }
+}
+
+/// Expands to one `#[tokio::test]` per conformance scenario, each running
+/// it against the store made by the factory expression (evaluated once per
+/// test).
+///
+/// ```ignore
+/// tower_window_tests::conformance_tests!(tower_window_tests::conformance::MemoryStoreFactory);
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:expr) => {
+        $crate::conformance_tests!(@each $factory;
+            sliding_log_sequence,
+            sliding_log_costs_and_retry_walk,
+            sliding_log_idle_expiry,
+            sliding_counter_sequence,
+            sliding_counter_single_bucket_on_boundaries,
+            sliding_counter_idle_expiry,
+            fixed_window_sequence,
+            fixed_window_idle_expiry,
+            gcra_sequence,
+            gcra_burst,
+            gcra_emission_interval_rounds_up,
+            gcra_idle_expiry,
+            cost_above_capacity_is_never_admitted,
+            denial_consumes_nothing,
+            keys_tenants_and_quotas_are_independent,
+            huge_costs_do_not_overflow,
+            zero_cost_is_an_invalid_request,
+        );
+    };
+    (@each $factory:expr; $($scenario:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $scenario() {
+                let factory = $factory;
+                $crate::conformance::$scenario(&factory).await;
+            }
+        )*
+    };
+}
+
+/// What a scenario expects of one decision (durations in µs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    allowed: bool,
+    remaining: u32,
+    reset_after: u64,
+    retry_after: Option<u64>,
+}
+
+/// An admission leaving `remaining`, full again after `reset_after` µs.
+fn allow(remaining: u32, reset_after: u64) -> Seen {
+    Seen {
+        allowed: true,
+        remaining,
+        reset_after,
+        retry_after: Some(0),
+    }
+}
+
+/// A denial: the same cost fits after `retry_after` µs.
+fn deny(remaining: u32, reset_after: u64, retry_after: u64) -> Seen {
+    Seen {
+        allowed: false,
+        remaining,
+        reset_after,
+        retry_after: Some(retry_after),
+    }
+}
+
+/// A denial of a cost that can never fit (`retry_after = None`).
+fn never(remaining: u32, reset_after: u64) -> Seen {
+    Seen {
+        allowed: false,
+        remaining,
+        reset_after,
+        retry_after: None,
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl From<&Decision> for Seen {
+    fn from(d: &Decision) -> Self {
+        Self {
+            allowed: d.allowed,
+            remaining: d.remaining,
+            reset_after: micros(d.reset_after),
+            retry_after: d.retry_after.map(micros),
+        }
+    }
+}
+
+/// A tenant no other scenario or run uses: the scenario's name, the
+/// process, the wall time and a counter.
+fn unique_tenant(scenario: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "conformance:{scenario}:{}:{nanos}:{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn quota(text: &str) -> Quota {
+    text.parse()
+        .unwrap_or_else(|e| panic!("quota {text:?} should parse: {e}"))
+}
+
+/// One scenario's store, clock and key space.
+struct Run<S> {
+    scenario: &'static str,
+    store: S,
+    clock: ManualClock,
+    tenant: String,
+}
+
+impl<S: Store> Run<S> {
+    async fn start<F: StoreFactory<Store = S>>(factory: &F, scenario: &'static str) -> Self {
+        let clock = ManualClock::new(START);
+        let store = factory.make(clock.clone()).await;
+        Self {
+            scenario,
+            store,
+            clock,
+            tenant: unique_tenant(scenario),
+        }
+    }
+
+    /// `subject` in this run's tenant.
+    fn key(&self, subject: &str) -> WindowKey {
+        WindowKey::new(self.tenant.clone(), subject.to_owned())
+    }
+
+    /// `subject` in this run's tenant with `suffix` appended to the tenant.
+    fn key_in(&self, tenant_suffix: &str, subject: &str) -> WindowKey {
+        WindowKey::new(
+            format!("{}{tenant_suffix}", self.tenant),
+            subject.to_owned(),
+        )
+    }
+
+    /// Sets the clock to `t` (µs since the epoch).
+    fn at(&self, t: u64) {
+        self.clock.set(t);
+    }
+
+    /// Checks and returns the decision, asserting the fields every
+    /// decision must have.
+    async fn check(&self, key: &WindowKey, quota: &Quota, cost: u32) -> Decision {
+        let now = self.clock.now_micros();
+        let decision = self
+            .store
+            .check(CheckRequest::new(key, quota, cost))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {quota} cost {cost} at START + {} µs: store error: {e}",
+                    self.scenario,
+                    now.wrapping_sub(START)
+                )
+            });
+        assert_eq!(
+            decision.timestamp_micros, now,
+            "{}: a decision carries the store clock's time",
+            self.scenario
+        );
+        assert_eq!(&decision.quota, quota, "{}: decision quota", self.scenario);
+        assert_eq!(
+            decision.source,
+            DecisionSource::Store,
+            "{}: decision source",
+            self.scenario
+        );
+        decision
+    }
+
+    /// Checks `cost` at the current time and asserts the decision is `want`.
+    async fn expect(&self, step: &str, key: &WindowKey, quota: &Quota, cost: u32, want: Seen) {
+        let decision = self.check(key, quota, cost).await;
+        assert_eq!(
+            Seen::from(&decision),
+            want,
+            "{}, step {step:?}: {quota} cost {cost} at START + {} µs",
+            self.scenario,
+            self.clock.now_micros().wrapping_sub(START)
+        );
+    }
+}
+
+/// Sliding log "3/1m": admit to the limit, exact retry to the oldest entry,
+/// and the window edge `t = ts + W` (the entry no longer counts).
+pub async fn sliding_log_sequence<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "sliding_log_sequence").await;
+    let q = quota("3/1m");
+    let k = run.key("user");
+    run.expect("first", &k, &q, 1, allow(2, 60 * S)).await;
+    run.at(START + 10 * S);
+    run.expect("second", &k, &q, 1, allow(1, 60 * S)).await;
+    run.at(START + 20 * S);
+    run.expect("third", &k, &q, 1, allow(0, 60 * S)).await;
+    run.expect("full", &k, &q, 1, deny(0, 60 * S, 40 * S)).await;
+    run.at(START + 60 * S - 1);
+    run.expect("1 µs before the edge", &k, &q, 1, deny(0, 20 * S + 1, 1))
+        .await;
+    run.at(START + 60 * S);
+    run.expect("on the edge", &k, &q, 1, allow(0, 60 * S)).await;
+    run.expect("full again", &k, &q, 1, deny(0, 60 * S, 10 * S))
+        .await;
+    run.at(START + 70 * S);
+    run.expect("second entry left", &k, &q, 1, allow(0, 60 * S))
+        .await;
+}
+
+/// Sliding log "10/1m" with costs > 1: the retry walks past as many old
+/// entries as the cost needs; a cost above the limit never fits.
+pub async fn sliding_log_costs_and_retry_walk<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "sliding_log_costs_and_retry_walk").await;
+    let q = quota("10/1m");
+    let k = run.key("user");
+    run.expect("4 units", &k, &q, 4, allow(6, 60 * S)).await;
+    run.at(START + 5 * S);
+    run.expect("5 units", &k, &q, 5, allow(1, 60 * S)).await;
+    run.at(START + 10 * S);
+    run.expect(
+        "3 needs the first entry",
+        &k,
+        &q,
+        3,
+        deny(1, 55 * S, 50 * S),
+    )
+    .await;
+    run.expect("7 needs both entries", &k, &q, 7, deny(1, 55 * S, 55 * S))
+        .await;
+    run.expect(
+        "2 needs the first entry",
+        &k,
+        &q,
+        2,
+        deny(1, 55 * S, 50 * S),
+    )
+    .await;
+    run.expect("1 fits", &k, &q, 1, allow(0, 60 * S)).await;
+    run.expect("11 never fits", &k, &q, 11, never(0, 60 * S))
+        .await;
+    run.expect("10 needs all three", &k, &q, 10, deny(0, 60 * S, 60 * S))
+        .await;
+    run.at(START + 60 * S);
+    run.expect("first entry left", &k, &q, 4, allow(0, 60 * S))
+        .await;
+    run.expect("then the second", &k, &q, 1, deny(0, 60 * S, 5 * S))
+        .await;
+}
+
+/// Sliding log "2/1m": state idle far past its window counts as empty.
+pub async fn sliding_log_idle_expiry<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "sliding_log_idle_expiry").await;
+    let q = quota("2/1m");
+    let k = run.key("user");
+    run.expect("fill", &k, &q, 2, allow(0, 60 * S)).await;
+    run.at(START + S);
+    run.expect("full", &k, &q, 1, deny(0, 59 * S, 59 * S)).await;
+    run.at(START + 3600 * S);
+    run.expect("an hour later", &k, &q, 2, allow(0, 60 * S))
+        .await;
+    run.expect("full again", &k, &q, 1, deny(0, 60 * S, 60 * S))
+        .await;
+}
+
+/// Sliding counter "4/1m sliding-counter(10s)" (n = 6 buckets): n + 1
+/// buckets count; a bucket stops counting at its end plus W, exactly on a
+/// bucket boundary.
+pub async fn sliding_counter_sequence<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "sliding_counter_sequence").await;
+    let q = quota("4/1m sliding-counter(10s)");
+    let k = run.key("user");
+    // Bucket B = START / 10 s stops counting at START + 70 s.
+    run.at(START + 3 * S);
+    run.expect("bucket B", &k, &q, 1, allow(3, 67 * S)).await;
+    // Bucket B + 1 stops counting at START + 80 s.
+    run.at(START + 15 * S);
+    run.expect("bucket B+1", &k, &q, 2, allow(1, 65 * S)).await;
+    run.expect("needs bucket B", &k, &q, 2, deny(1, 65 * S, 55 * S))
+        .await;
+    run.at(START + 70 * S - 1);
+    run.expect("1 µs before B leaves", &k, &q, 2, deny(1, 10 * S + 1, 1))
+        .await;
+    run.at(START + 70 * S);
+    run.expect("B left on the boundary", &k, &q, 2, allow(0, 70 * S))
+        .await;
+    run.expect("needs bucket B+1", &k, &q, 1, deny(0, 70 * S, 10 * S))
+        .await;
+    run.expect("5 never fits", &k, &q, 5, never(0, 70 * S))
+        .await;
+    run.at(START + 80 * S);
+    run.expect("B+1 left", &k, &q, 2, allow(0, 70 * S)).await;
+}
+
+/// Sliding counter "2/1m sliding-counter(1m)": one bucket per window, so the
+/// previous window's bucket still counts; starts on a minute boundary.
+pub async fn sliding_counter_single_bucket_on_boundaries<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "sliding_counter_single_bucket_on_boundaries").await;
+    let q = quota("2/1m sliding-counter(1m)");
+    let k = run.key("user");
+    let e = MINUTE_END;
+    run.at(e);
+    run.expect("on the boundary", &k, &q, 2, allow(0, 120 * S))
+        .await;
+    run.at(e + 59 * S);
+    run.expect("same bucket", &k, &q, 1, deny(0, 61 * S, 61 * S))
+        .await;
+    run.at(e + 60 * S);
+    run.expect(
+        "next bucket, old one counts",
+        &k,
+        &q,
+        1,
+        deny(0, 60 * S, 60 * S),
+    )
+    .await;
+    run.at(e + 120 * S - 1);
+    run.expect("1 µs before it leaves", &k, &q, 1, deny(0, 1, 1))
+        .await;
+    run.at(e + 120 * S);
+    run.expect("it left", &k, &q, 2, allow(0, 120 * S)).await;
+}
+
+/// Sliding counter "3/1m sliding-counter(10s)": idle state counts as empty.
+pub async fn sliding_counter_idle_expiry<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "sliding_counter_idle_expiry").await;
+    let q = quota("3/1m sliding-counter(10s)");
+    let k = run.key("user");
+    run.expect("fill on a bucket boundary", &k, &q, 3, allow(0, 70 * S))
+        .await;
+    run.at(START + 86_405 * S);
+    run.expect("a day later", &k, &q, 3, allow(0, 65 * S)).await;
+    run.expect("full again", &k, &q, 1, deny(0, 65 * S, 65 * S))
+        .await;
+}
+
+/// Fixed window "3/1m fixed-window": aligned windows; the one holding START
+/// ends at START + 40 s; a new window starts empty exactly at its start.
+pub async fn fixed_window_sequence<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "fixed_window_sequence").await;
+    let q = quota("3/1m fixed-window");
+    let k = run.key("user");
+    let e = MINUTE_END;
+    run.expect("2 units", &k, &q, 2, allow(1, 40 * S)).await;
+    run.at(START + 10 * S);
+    run.expect("2 more do not fit", &k, &q, 2, deny(1, 30 * S, 30 * S))
+        .await;
+    run.expect("1 fits", &k, &q, 1, allow(0, 30 * S)).await;
+    run.at(e - 1);
+    run.expect("last µs of the window", &k, &q, 1, deny(0, 1, 1))
+        .await;
+    run.at(e);
+    run.expect("next window", &k, &q, 3, allow(0, 60 * S)).await;
+    run.expect("full", &k, &q, 1, deny(0, 60 * S, 60 * S)).await;
+    run.expect("4 never fits", &k, &q, 4, never(0, 60 * S))
+        .await;
+    run.at(e + 60 * S - 1);
+    run.expect("last µs again", &k, &q, 1, deny(0, 1, 1)).await;
+    run.at(e + 60 * S);
+    run.expect("third window", &k, &q, 1, allow(2, 60 * S))
+        .await;
+}
+
+/// Fixed window "3/1m fixed-window": a window long gone counts as empty.
+pub async fn fixed_window_idle_expiry<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "fixed_window_idle_expiry").await;
+    let q = quota("3/1m fixed-window");
+    let k = run.key("user");
+    run.expect("fill", &k, &q, 3, allow(0, 40 * S)).await;
+    run.at(MINUTE_END + 3617 * S);
+    run.expect("an hour later", &k, &q, 3, allow(0, 43 * S))
+        .await;
+    run.expect("full again", &k, &q, 1, deny(0, 43 * S, 43 * S))
+        .await;
+}
+
+/// GCRA "5/1m gcra": T = 12 s, B = 5, B T = 60 s. Burst, steady rate, the
+/// exact instant tat catches up, remaining from the backlog.
+pub async fn gcra_sequence<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "gcra_sequence").await;
+    let q = quota("5/1m gcra");
+    let k = run.key("user");
+    run.expect("1 unit", &k, &q, 1, allow(4, 12 * S)).await;
+    run.expect("the rest of the burst", &k, &q, 4, allow(0, 60 * S))
+        .await;
+    run.expect("empty", &k, &q, 1, deny(0, 60 * S, 12 * S))
+        .await;
+    run.at(START + 12 * S - 1);
+    run.expect("1 µs early", &k, &q, 1, deny(0, 48 * S + 1, 1))
+        .await;
+    run.at(START + 12 * S);
+    run.expect("one interval later", &k, &q, 1, allow(0, 60 * S))
+        .await;
+    // tat = START + 72 s; backlog 42 s at START + 30 s.
+    run.at(START + 30 * S);
+    run.expect("2 do not fit", &k, &q, 2, deny(1, 42 * S, 6 * S))
+        .await;
+    run.expect("1 fits", &k, &q, 1, allow(0, 54 * S)).await;
+    run.expect("6 never fits", &k, &q, 6, never(0, 54 * S))
+        .await;
+}
+
+/// GCRA "2/1m gcra(burst=6)": T = 30 s, B = 6, B T = 180 s. The burst can
+/// exceed the limit; capacity is the burst.
+pub async fn gcra_burst<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "gcra_burst").await;
+    let q = quota("2/1m gcra(burst=6)");
+    let k = run.key("user");
+    run.expect("7 never fits", &k, &q, 7, never(6, 0)).await;
+    run.expect("the whole burst", &k, &q, 6, allow(0, 180 * S))
+        .await;
+    run.expect("empty", &k, &q, 1, deny(0, 180 * S, 30 * S))
+        .await;
+    run.at(START + 60 * S);
+    run.expect("the rate refills 2 a minute", &k, &q, 2, allow(0, 180 * S))
+        .await;
+    run.at(START + 132 * S);
+    run.expect("3 do not fit yet", &k, &q, 3, deny(2, 108 * S, 18 * S))
+        .await;
+    run.expect("2 fit", &k, &q, 2, allow(0, 168 * S)).await;
+    run.expect("7 never fits", &k, &q, 7, never(0, 168 * S))
+        .await;
+}
+
+/// GCRA "7/1m gcra": T = ceil(60 s / 7) = 8_571_429 µs, so B T =
+/// 60_000_003 µs: the interval rounds up, never faster than the limit.
+pub async fn gcra_emission_interval_rounds_up<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "gcra_emission_interval_rounds_up").await;
+    let q = quota("7/1m gcra");
+    let k = run.key("user");
+    run.expect("the burst", &k, &q, 7, allow(0, 60_000_003))
+        .await;
+    run.expect("one interval", &k, &q, 1, deny(0, 60_000_003, 8_571_429))
+        .await;
+    run.at(START + 8_571_429);
+    run.expect("after one interval", &k, &q, 1, allow(0, 60_000_003))
+        .await;
+}
+
+/// GCRA "5/1m gcra": a tat long past counts as empty.
+pub async fn gcra_idle_expiry<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "gcra_idle_expiry").await;
+    let q = quota("5/1m gcra");
+    let k = run.key("user");
+    run.expect("the burst", &k, &q, 5, allow(0, 60 * S)).await;
+    run.at(START + S);
+    run.expect("empty", &k, &q, 1, deny(0, 59 * S, 11 * S))
+        .await;
+    run.at(START + 7200 * S);
+    run.expect("two hours later", &k, &q, 5, allow(0, 60 * S))
+        .await;
+}
+
+/// Every algorithm: a cost above the capacity (the limit, or the GCRA
+/// burst) is denied with `retry_after = None` and consumes nothing, on an
+/// empty key and on a used one.
+pub async fn cost_above_capacity_is_never_admitted<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "cost_above_capacity_is_never_admitted").await;
+    // (quota, reset_after of a full admission at START, same when empty)
+    let cases = [
+        ("5/1m", 60 * S, 0),
+        ("5/1m sliding-counter(10s)", 70 * S, 0),
+        // Fixed window: reset_after is the end of the current window.
+        ("5/1m fixed-window", 40 * S, 40 * S),
+    ];
+    for (text, full_reset, empty_reset) in cases {
+        let q = quota(text);
+        let k = run.key(text);
+        run.expect("6 on empty", &k, &q, 6, never(5, empty_reset))
+            .await;
+        run.expect("u32::MAX on empty", &k, &q, u32::MAX, never(5, empty_reset))
+            .await;
+        run.expect("5 fits", &k, &q, 5, allow(0, full_reset)).await;
+        run.expect("6 on full", &k, &q, 6, never(0, full_reset))
+            .await;
+    }
+    // GCRA's capacity is the burst: T = 12 s, B = 2, B T = 24 s.
+    let q = quota("5/1m gcra(burst=2)");
+    let k = run.key("gcra");
+    run.expect("3 on empty", &k, &q, 3, never(2, 0)).await;
+    run.expect("the limit is above the burst", &k, &q, 5, never(2, 0))
+        .await;
+    run.expect("u32::MAX on empty", &k, &q, u32::MAX, never(2, 0))
+        .await;
+    run.expect("2 fit", &k, &q, 2, allow(0, 24 * S)).await;
+    run.expect("3 on full", &k, &q, 3, never(0, 24 * S)).await;
+}
+
+/// Every algorithm at capacity 3: many denials (fitting costs and costs that
+/// never fit) change nothing: the answers repeat exactly, and the wait the
+/// first denial gave is exact to the microsecond.
+pub async fn denial_consumes_nothing<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "denial_consumes_nothing").await;
+    // (quota, reset after filling at START, wait from START + 1 s for
+    //  costs 1, 2, 3, reset_after 1 µs before the first wait is over,
+    //  remaining after the wait when 1 unit is taken)
+    let cases: [(&str, u64, [u64; 3], u64, u32); 4] = [
+        ("3/1m", 60 * S, [59 * S; 3], 1, 2),
+        ("3/1m sliding-counter(10s)", 70 * S, [69 * S; 3], 1, 2),
+        ("3/1m fixed-window", 40 * S, [39 * S; 3], 1, 2),
+        // GCRA: T = 20 s, tat = START + 60 s; each unit waits one more T.
+        ("3/1m gcra", 60 * S, [19 * S, 39 * S, 59 * S], 40 * S + 1, 0),
+    ];
+    for (text, full_reset, waits, reset_before, remaining_after) in cases {
+        let q = quota(text);
+        let k = run.key(text);
+        run.at(START);
+        run.expect("fill", &k, &q, 3, allow(0, full_reset)).await;
+        run.at(START + S);
+        let backlog = full_reset - S;
+        for round in 0..10 {
+            for (cost, wait) in (1..=3).zip(waits) {
+                run.expect(
+                    &format!("round {round}"),
+                    &k,
+                    &q,
+                    cost,
+                    deny(0, backlog, wait),
+                )
+                .await;
+            }
+            for cost in [4, 1000, u32::MAX] {
+                run.expect(&format!("round {round}"), &k, &q, cost, never(0, backlog))
+                    .await;
+            }
+        }
+        run.at(START + S + waits[0] - 1);
+        run.expect(
+            "1 µs before the wait is over",
+            &k,
+            &q,
+            1,
+            deny(0, reset_before, 1),
+        )
+        .await;
+        run.at(START + S + waits[0]);
+        let after = run.check(&k, &q, 1).await;
+        assert!(
+            after.allowed && after.remaining == remaining_after,
+            "denial_consumes_nothing: {text}: after the wait: {after:?}"
+        );
+    }
+}
+
+/// Keys differing only in tenant, subject, quota name or quota definition
+/// never share a window, including keys that would collide if tenant and
+/// subject were naively joined, or that contain hash-tag braces.
+pub async fn keys_tenants_and_quotas_are_independent<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "keys_tenants_and_quotas_are_independent").await;
+    for text in [
+        "1/1m",
+        "1/1m sliding-counter(10s)",
+        "1/1m fixed-window",
+        "1/1m gcra",
+    ] {
+        let q = quota(text);
+        let k = run.key("user");
+        let used = run.check(&k, &q, 1).await;
+        assert!(used.allowed, "{text}: first use of the key: {used:?}");
+        let full = run.check(&k, &q, 1).await;
+        assert!(!full.allowed, "{text}: key is full: {full:?}");
+        let others = [
+            ("another subject", run.key("user2")),
+            ("another tenant", run.key_in("-b", "user")),
+            ("tenant + ':x', subject 'y'", run.key_in(":x", "y")),
+            ("subject 'x:y'", run.key("x:y")),
+            ("subject with braces", run.key("{user}")),
+            ("subject with a closing brace", run.key("}user")),
+            ("empty subject", run.key("")),
+        ];
+        for (what, other) in &others {
+            let d = run.check(other, &q, 1).await;
+            assert!(d.allowed, "{text}: {what} is independent: {d:?}");
+        }
+        let renamed = q
+            .clone()
+            .named("other-name")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let d = run.check(&k, &renamed, 1).await;
+        assert!(
+            d.allowed,
+            "{text}: another quota name is independent: {d:?}"
+        );
+        let longer = quota(&text.replacen("/1m", "/2m", 1));
+        let d = run.check(&k, &longer, 1).await;
+        assert!(d.allowed, "{text}: another window is independent: {d:?}");
+        let d = run.check(&k, &q, 1).await;
+        assert!(!d.allowed, "{text}: the first key is still full: {d:?}");
+    }
+}
+
+/// Every algorithm with limit u32::MAX: a cost of u32::MAX is admitted
+/// exactly once and nothing overflows.
+pub async fn huge_costs_do_not_overflow<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "huge_costs_do_not_overflow").await;
+    let max = u64::from(u32::MAX);
+    let cases = [
+        ("4294967295/1m", 60 * S, 60 * S),
+        ("4294967295/1m sliding-counter(10s)", 70 * S, 70 * S),
+        ("4294967295/1m fixed-window", 40 * S, 40 * S),
+        // GCRA: T = ceil(60 s / (2^32 - 1)) = 1 µs, B T = 2^32 - 1 µs.
+        ("4294967295/1m gcra", max, 1),
+    ];
+    for (text, reset, wait) in cases {
+        let q = quota(text);
+        let k = run.key(text);
+        run.expect("u32::MAX", &k, &q, u32::MAX, allow(0, reset))
+            .await;
+        run.expect("one more", &k, &q, 1, deny(0, reset, wait))
+            .await;
+        run.expect(
+            "u32::MAX again",
+            &k,
+            &q,
+            u32::MAX,
+            deny(0, reset, wait.max(reset)),
+        )
+        .await;
+    }
+}
+
+/// A cost of 0 is an invalid request (the [`Limiter`](tower_window::Limiter)
+/// never sends one) and records nothing.
+pub async fn zero_cost_is_an_invalid_request<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "zero_cost_is_an_invalid_request").await;
+    for (text, reset) in [
+        ("2/1m", 60 * S),
+        ("2/1m sliding-counter(10s)", 70 * S),
+        ("2/1m fixed-window", 40 * S),
+        ("2/1m gcra", 30 * S),
+    ] {
+        let q = quota(text);
+        let k = run.key(text);
+        match run.store.check(CheckRequest::new(&k, &q, 0)).await {
+            Err(e) => assert_eq!(e.kind(), StoreErrorKind::InvalidRequest, "{text}: {e}"),
+            Ok(d) => panic!("{text}: a zero cost was decided: {d:?}"),
+        }
+        run.expect("after the invalid request", &k, &q, 1, allow(1, reset))
+            .await;
+    }
+}

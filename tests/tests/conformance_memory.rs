@@ -1,0 +1,3 @@
+//! The store conformance suite on the embedded [`MemoryStore`](tower_window::MemoryStore).
+
+tower_window_tests::conformance_tests!(tower_window_tests::conformance::MemoryStoreFactory);
