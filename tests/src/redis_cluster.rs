@@ -126,3 +126,27 @@ impl std::fmt::Debug for RedisCluster {
             .finish()
     }
 }
+
+/// The cluster hash slot of `key`, as Redis computes it (CRC16/XMODEM of the
+/// hash tag, or of the whole key without one, mod 16384).
+pub fn key_slot(key: &[u8]) -> u16 {
+    let mut hashed = key;
+    if let Some(open) = key.iter().position(|&b| b == b'{') {
+        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
+            if len > 0 {
+                hashed = &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    crc16::State::<crc16::XMODEM>::calculate(hashed) % 16384
+}
+
+/// Which of the three primaries created by [`RedisCluster::start`] owns
+/// `slot` (`redis-cli --cluster create` splits the slots evenly in order).
+pub fn primary_of(slot: u16) -> usize {
+    match slot {
+        0..=5460 => 0,
+        5461..=10922 => 1,
+        _ => 2,
+    }
+}

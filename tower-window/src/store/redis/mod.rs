@@ -208,6 +208,12 @@ impl RedisStore {
     }
 
     async fn decide(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
+        if request.cost == 0 {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "a request must cost at least 1 unit",
+            ));
+        }
         let now = match &self.clock {
             Some(clock) => {
                 let now = clock.now_micros();
