@@ -1,1 +1,81 @@
-//! placeholder
+//! [axum] integration for [`tower_window`].
+//!
+//! - [`layer`] / [`AxumSlidingWindowLayer`]: a
+//!   [`SlidingWindowLayer`] whose rejections are RFC 9457
+//!   `application/problem+json` bodies ([`ProblemJson`]), for
+//!   `Router::layer` and `Router::route_layer`.
+//! - [`RateLimitInfo`]: an extractor that gives handlers the layer's
+//!   [`Decision`](tower_window::Decision) (also as `Option<RateLimitInfo>`).
+//! - [`RejectionResponse`]: a [`Rejection`] handlers can return
+//!   (`IntoResponse`), for limits checked inside a handler.
+//! - Key extractors that need axum: [`PathParam`] (a route's path
+//!   parameter, via `MatchedPath`) and [`ConnectInfoIp`] (the client IP from
+//!   `ConnectInfo<SocketAddr>`, trusted-proxy aware).
+//!
+//! ```
+//! use axum::{routing::get, Router};
+//! use axum_window_ext::RateLimitInfo;
+//! use tower_window::key::{Constant, Header, KeyExtractorExt};
+//! use tower_window::{Limiter, MemoryStore};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse()?);
+//! // Per user, within the tenant named by `x-tenant-id` (default "public").
+//! let key = Header::new("x-user-id").with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+//! let app: Router = Router::new()
+//!     .route("/hello", get(|RateLimitInfo(d): RateLimitInfo| async move {
+//!         format!("hello, {} left", d.remaining)
+//!     }))
+//!     .route_layer(axum_window_ext::layer(limiter, key));
+//! # use tower::ServiceExt;
+//! # let request = http::Request::get("/hello").header("x-user-id", "alice").body(axum::body::Body::empty())?;
+//! # let response = app.oneshot(request).await?;
+//! # assert_eq!(response.status(), 200);
+//! # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! [axum]: https://docs.rs/axum
+
+mod extract;
+mod key;
+mod problem;
+
+pub use extract::{MissingRateLimitInfo, RateLimitInfo};
+pub use key::{ConnectInfoIp, PathParam};
+pub use problem::{
+    ProblemJson, RejectionResponse, PROBLEM_JSON, TYPE_MISSING_KEY, TYPE_RATE_LIMITED,
+    TYPE_UNAVAILABLE,
+};
+
+pub use tower_window::layer::Rejection;
+
+// The READMEs' Rust examples are compiled (and, unless `no_run`, run) as
+// doctests of this crate, so they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct WorkspaceReadme;
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct CrateReadme;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../tower-window/README.md")]
+struct CoreReadme;
+
+use tower_window::layer::{Http, UnitCost};
+use tower_window::{Limiter, SlidingWindowLayer};
+
+/// A [`SlidingWindowLayer`] answering rejections with [`ProblemJson`].
+pub type AxumSlidingWindowLayer<K, C = UnitCost> = SlidingWindowLayer<K, C, Http<ProblemJson>>;
+
+/// `SlidingWindowLayer::new(limiter, key).rejection(ProblemJson::new())`: limits
+/// with `limiter`, per window named by `key`, and answers rejections with
+/// `application/problem+json`.
+///
+/// The result is an ordinary [`SlidingWindowLayer`]; keep configuring it
+/// (`.cost(...)`, `.on_missing_key(...)`, `.legacy_headers(true)`).
+pub fn layer<K>(limiter: Limiter, key: K) -> AxumSlidingWindowLayer<K> {
+    SlidingWindowLayer::new(limiter, key).rejection(ProblemJson::new())
+}

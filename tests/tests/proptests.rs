@@ -529,33 +529,36 @@ fn any_quota() -> impl Strategy<Value = Quota> {
         1..=tower_window::quota::MAX_BUCKETS,
         proptest::option::of(1..=u32::MAX),
     )
-        .prop_map(move |(limit, ms, algorithm, buckets, burst)| {
-            let builder = Quota::builder().limit(limit);
-            let builder = match algorithm {
-                0 => builder.window(Duration::from_millis(ms)),
-                1 => {
-                    // Granularity g ms with n buckets: window n g ms within bounds.
-                    let g = (ms / buckets).max(1);
-                    let n = (max_ms / g).clamp(1, buckets);
-                    builder
-                        .window(Duration::from_millis(n * g))
-                        .granularity(Duration::from_millis(g))
-                }
-                2 => builder
-                    .window(Duration::from_millis(ms))
-                    .algorithm(Algorithm::FixedWindow),
-                _ => {
-                    let builder = builder
-                        .window(Duration::from_millis(ms))
-                        .algorithm(Algorithm::Gcra);
-                    match burst {
-                        Some(burst) => builder.burst(burst),
-                        None => builder,
+        .prop_filter_map(
+            "GCRA bursts whose span exceeds the longest window are rejected by the builder",
+            move |(limit, ms, algorithm, buckets, burst)| {
+                let builder = Quota::builder().limit(limit);
+                let builder = match algorithm {
+                    0 => builder.window(Duration::from_millis(ms)),
+                    1 => {
+                        // Granularity g ms with n buckets: window n g ms within bounds.
+                        let g = (ms / buckets).max(1);
+                        let n = (max_ms / g).clamp(1, buckets);
+                        builder
+                            .window(Duration::from_millis(n * g))
+                            .granularity(Duration::from_millis(g))
                     }
-                }
-            };
-            builder.build().unwrap()
-        })
+                    2 => builder
+                        .window(Duration::from_millis(ms))
+                        .algorithm(Algorithm::FixedWindow),
+                    _ => {
+                        let builder = builder
+                            .window(Duration::from_millis(ms))
+                            .algorithm(Algorithm::Gcra);
+                        match burst {
+                            Some(burst) => builder.burst(burst),
+                            None => builder,
+                        }
+                    }
+                };
+                builder.build().ok()
+            },
+        )
 }
 
 proptest! {

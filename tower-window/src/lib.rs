@@ -47,7 +47,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, DecisionSource, FallbackReason};
 pub use fallback::FallbackPolicy;
 pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
-pub use layer::{MissingKey, SlidingWindow, SlidingWindowLayer};
+pub use layer::{MissingKey, Rejection, SlidingWindow, SlidingWindowLayer};
 pub use limiter::{LimitError, Limiter};
 pub use limiter::{LimiterBuilder, LimiterStats};
 pub use local::DEFAULT_LOCAL_CAPACITY;

@@ -180,7 +180,7 @@ impl fmt::Display for FormatDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let micros = duration_micros(self.0);
         for (unit, size) in UNITS.iter().rev() {
-            if micros % size == 0 {
+            if micros.is_multiple_of(*size) {
                 return write!(f, "{}{unit}", micros / size);
             }
         }
@@ -265,6 +265,9 @@ pub enum QuotaError {
     /// The burst is zero or not a number.
     #[error("gcra burst must be a whole number from 1 to 4294967295, got {0:?}")]
     InvalidBurst(String),
+    /// GCRA's burst times its emission interval is longer than [`MAX_WINDOW`].
+    #[error("gcra burst is too large: burst x (window / limit) must not exceed 366d")]
+    BurstTooLarge,
     /// The quota name is empty, too long or has characters outside `[A-Za-z0-9_.-]`.
     #[error("invalid quota name {0:?}: use 1 to 64 characters of A-Z, a-z, 0-9, '_', '.', '-'")]
     InvalidName(String),
@@ -332,7 +335,7 @@ impl QuotaBuilder {
             Algorithm::SlidingCounter { granularity } => {
                 let granularity = self.granularity.unwrap_or(granularity);
                 let g = checked_millis_as_micros(granularity, QuotaError::ZeroGranularity)?;
-                if window_micros % g != 0 {
+                if !window_micros.is_multiple_of(g) {
                     return Err(QuotaError::GranularityDoesNotDivide {
                         granularity,
                         window,
@@ -356,6 +359,16 @@ impl QuotaBuilder {
             }
             Some(b) => Some(NonZeroU32::new(b).ok_or(QuotaError::InvalidBurst(b.to_string()))?),
         };
+        if algorithm == Algorithm::Gcra {
+            // burst × emission interval is how far ahead GCRA's theoretical
+            // arrival time may run; bounding it by the longest window keeps
+            // every sum far below 2^53 µs, exact in u64 and in Lua's doubles.
+            let capacity = u64::from(burst.unwrap_or(limit).get());
+            let span = capacity.saturating_mul(window_micros.div_ceil(u64::from(limit.get())));
+            if span > duration_micros(MAX_WINDOW) {
+                return Err(QuotaError::BurstTooLarge);
+            }
+        }
         let name = match self.name {
             Some(name) => {
                 validate_name(&name)?;
@@ -377,7 +390,10 @@ impl QuotaBuilder {
 /// that divides the window into at most 60 whole-millisecond buckets.
 pub fn default_granularity(window: Duration) -> Duration {
     let millis = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
-    let buckets = (1..=60u64).rev().find(|n| millis % n == 0).unwrap_or(1);
+    let buckets = (1..=60u64)
+        .rev()
+        .find(|n| millis.is_multiple_of(*n))
+        .unwrap_or(1);
     Duration::from_millis(millis / buckets)
 }
 
@@ -388,7 +404,7 @@ fn checked_millis_as_micros(d: Duration, zero: QuotaError) -> Result<u64, QuotaE
     if d > MAX_WINDOW {
         return Err(QuotaError::WindowTooLong);
     }
-    if d.subsec_nanos() % 1_000_000 != 0 {
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
         return Err(QuotaError::Precision(d));
     }
     Ok(duration_micros(d))

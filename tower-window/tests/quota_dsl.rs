@@ -91,7 +91,8 @@ fn sliding_counter_without_granularity_picks_a_divisor() {
 
 #[test]
 fn rejects_invalid_input_with_a_typed_error() {
-    let cases: Vec<(&str, fn(&QuotaError) -> bool)> = vec![
+    type IsExpected = fn(&QuotaError) -> bool;
+    let cases: Vec<(&str, IsExpected)> = vec![
         ("", |e| matches!(e, QuotaError::Syntax { .. })),
         ("   ", |e| matches!(e, QuotaError::Syntax { .. })),
         ("100", |e| matches!(e, QuotaError::Syntax { .. })),
@@ -131,6 +132,9 @@ fn rejects_invalid_input_with_a_typed_error() {
         }),
         ("10/1m gcra(burst=x)", |e| {
             matches!(e, QuotaError::InvalidBurst(_))
+        }),
+        ("1/366d gcra(burst=2)", |e| {
+            matches!(e, QuotaError::BurstTooLarge)
         }),
         ("10/1m gcra(rate=2)", |e| {
             matches!(e, QuotaError::Syntax { .. })

@@ -169,8 +169,9 @@ mod tests {
             check(&mut s, &q, T0, 1),
             Outcome::deny(0, u64::from(u32::MAX), Some(1))
         );
-        // B T overflows u64 (T = 366 d, B = 2^32 - 1): saturates, no panic.
-        let q = quota("1/366d gcra(burst=4294967295)");
+        // The largest span a quota allows (B T = 366 d) at the edges of time.
+        assert!("1/366d gcra(burst=4294967295)".parse::<Quota>().is_err());
+        let q = quota("1/366d gcra");
         let mut s = State::default();
         let _ = check(&mut s, &q, u64::MAX, u32::MAX);
         let _ = check(&mut s, &q, u64::MAX, 1);

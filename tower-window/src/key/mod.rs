@@ -21,12 +21,15 @@
 //! ```
 
 use std::fmt;
+use std::marker::PhantomData;
 
 use bytes::Bytes;
 
 mod builtin;
 
-pub use builtin::{Constant, Extension, Header, PeerIp, Query, TrustedProxies};
+pub use builtin::{
+    Constant, Extension, Header, InvalidNetwork, PeerIp, Query, TrustedProxies, DEFAULT_MAX_LEN,
+};
 
 /// The identity of one window: a tenant and a subject within it.
 ///
@@ -119,22 +122,28 @@ where
 }
 
 /// Combinators for every [`KeyExtractor`].
+///
+/// The combined extractors remember the request type `Req`, so it is
+/// inferred where they are used (`key.extract(&request)`, or the layer's
+/// service), and can also be named: `KeyExtractorExt::<Request>::or(a, b)`.
 pub trait KeyExtractorExt<Req>: KeyExtractor<Req> + Sized {
     /// Tries `self`, then `other` when `self` finds no key.
-    fn or<E: KeyExtractor<Req>>(self, other: E) -> Or<Self, E> {
+    fn or<E: KeyExtractor<Req>>(self, other: E) -> Or<Self, E, Req> {
         Or {
             first: self,
             second: other,
+            _request: PhantomData,
         }
     }
 
     /// Uses `tenant`'s subject as the tenant of `self`'s key. When `tenant`
     /// finds nothing, there is no key (combine with [`or`](Self::or) and
     /// [`Constant`] for a default tenant).
-    fn with_tenant<T: KeyExtractor<Req>>(self, tenant: T) -> WithTenant<Self, T> {
+    fn with_tenant<T: KeyExtractor<Req>>(self, tenant: T) -> WithTenant<Self, T, Req> {
         WithTenant {
             subject: self,
             tenant,
+            _request: PhantomData,
         }
     }
 }
@@ -142,13 +151,13 @@ pub trait KeyExtractorExt<Req>: KeyExtractor<Req> + Sized {
 impl<E: KeyExtractor<Req>, Req> KeyExtractorExt<Req> for E {}
 
 /// Tries one extractor, then another. See [`KeyExtractorExt::or`].
-#[derive(Debug, Clone)]
-pub struct Or<A, B> {
+pub struct Or<A, B, Req> {
     first: A,
     second: B,
+    _request: PhantomData<fn(&Req)>,
 }
 
-impl<A, B, Req> KeyExtractor<Req> for Or<A, B>
+impl<A, B, Req> KeyExtractor<Req> for Or<A, B, Req>
 where
     A: KeyExtractor<Req>,
     B: KeyExtractor<Req>,
@@ -160,14 +169,33 @@ where
     }
 }
 
-/// Takes the tenant from another extractor. See [`KeyExtractorExt::with_tenant`].
-#[derive(Debug, Clone)]
-pub struct WithTenant<S, T> {
-    subject: S,
-    tenant: T,
+impl<A: Clone, B: Clone, Req> Clone for Or<A, B, Req> {
+    fn clone(&self) -> Self {
+        Self {
+            first: self.first.clone(),
+            second: self.second.clone(),
+            _request: PhantomData,
+        }
+    }
 }
 
-impl<S, T, Req> KeyExtractor<Req> for WithTenant<S, T>
+impl<A: fmt::Debug, B: fmt::Debug, Req> fmt::Debug for Or<A, B, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Or")
+            .field("first", &self.first)
+            .field("second", &self.second)
+            .finish()
+    }
+}
+
+/// Takes the tenant from another extractor. See [`KeyExtractorExt::with_tenant`].
+pub struct WithTenant<S, T, Req> {
+    subject: S,
+    tenant: T,
+    _request: PhantomData<fn(&Req)>,
+}
+
+impl<S, T, Req> KeyExtractor<Req> for WithTenant<S, T, Req>
 where
     S: KeyExtractor<Req>,
     T: KeyExtractor<Req>,
@@ -176,5 +204,24 @@ where
         let tenant = self.tenant.extract(request)?;
         let subject = self.subject.extract(request)?;
         Some(subject.with_tenant(tenant.subject))
+    }
+}
+
+impl<S: Clone, T: Clone, Req> Clone for WithTenant<S, T, Req> {
+    fn clone(&self) -> Self {
+        Self {
+            subject: self.subject.clone(),
+            tenant: self.tenant.clone(),
+            _request: PhantomData,
+        }
+    }
+}
+
+impl<S: fmt::Debug, T: fmt::Debug, Req> fmt::Debug for WithTenant<S, T, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WithTenant")
+            .field("subject", &self.subject)
+            .field("tenant", &self.tenant)
+            .finish()
     }
 }

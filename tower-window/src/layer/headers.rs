@@ -1,8 +1,170 @@
-//! Rate-limit response headers (placeholder).
+//! Rate-limit response headers.
+//!
+//! `RateLimit` and `RateLimit-Policy` follow draft-ietf-httpapi-ratelimit-headers:
+//! each is a structured-field list with one item per quota, named by the quota,
+//!
+//! ```text
+//! RateLimit-Policy: "default";q=100;w=60
+//! RateLimit: "default";r=42;t=17
+//! ```
+//!
+//! where `q` is the quota's capacity, `w` its window, `r` the units left and
+//! `t` the seconds until the window is full again. Seconds are rounded up.
 
 use std::time::Duration;
 
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+
+use crate::Decision;
+
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers).
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// Legacy `X-RateLimit-Limit`.
+pub(crate) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// Legacy `X-RateLimit-Remaining`.
+pub(crate) const X_RATELIMIT_REMAINING: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining");
+/// Legacy `X-RateLimit-Reset`.
+pub(crate) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+/// Adds the `RateLimit` and `RateLimit-Policy` headers for `decision` to
+/// `headers`, and with `legacy` also `X-RateLimit-Limit`, `X-RateLimit-Remaining`
+/// and `X-RateLimit-Reset` (seconds until reset, rounded up).
+///
+/// `RateLimit` and `RateLimit-Policy` are appended, so nested limiters each
+/// contribute their own list member; the legacy headers are replaced.
+/// `Retry-After` is not added here (see [`insert_retry_after`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_window::{layer::insert_rate_limit_headers, Decision, Quota};
+///
+/// let quota: Quota = "100/1m".parse()?;
+/// let decision = Decision::allow(quota, 42, Duration::from_millis(16_200));
+/// let mut headers = http::HeaderMap::new();
+/// insert_rate_limit_headers(&mut headers, &decision, false);
+/// assert_eq!(headers["ratelimit-policy"], r#""default";q=100;w=60"#);
+/// assert_eq!(headers["ratelimit"], r#""default";r=42;t=17"#);
+/// # Ok::<(), tower_window::QuotaError>(())
+/// ```
+pub fn insert_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision, legacy: bool) {
+    let quota = &decision.quota;
+    let reset = ceil_secs(decision.reset_after);
+    let policy = item(
+        quota.name(),
+        (b"q", u64::from(quota.capacity())),
+        (b"w", ceil_secs(quota.window())),
+    );
+    let state = item(
+        quota.name(),
+        (b"r", u64::from(decision.remaining)),
+        (b"t", reset),
+    );
+    if let Some(policy) = policy {
+        headers.append(RATELIMIT_POLICY, policy);
+    }
+    if let Some(state) = state {
+        headers.append(RATELIMIT, state);
+    }
+    if legacy {
+        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(quota.capacity()));
+        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
+        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+    }
+}
+
+/// Sets `Retry-After` to `wait` in whole seconds, rounded up and at least 1
+/// (a client told to wait 0 seconds would retry at once and be denied again).
+pub fn insert_retry_after(headers: &mut HeaderMap, wait: Duration) {
+    headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(wait).max(1)));
+}
+
+/// One structured-field list member: `"<name>";<k1>=<v1>;<k2>=<v2>`.
+///
+/// Quota names are `[A-Za-z0-9_.-]`, so they need no escaping; anything else
+/// (impossible for a valid quota) is skipped rather than sent malformed.
+fn item(name: &str, first: (&[u8; 1], u64), second: (&[u8; 1], u64)) -> Option<HeaderValue> {
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    {
+        return None;
+    }
+    let mut numbers = itoa::Buffer::new();
+    let mut buf = BytesMut::with_capacity(name.len() + 2 + 2 * (3 + 20));
+    buf.put_u8(b'"');
+    buf.put_slice(name.as_bytes());
+    buf.put_u8(b'"');
+    for (key, value) in [first, second] {
+        buf.put_u8(b';');
+        buf.put_slice(key);
+        buf.put_u8(b'=');
+        buf.put_slice(numbers.format(value).as_bytes());
+    }
+    HeaderValue::from_maybe_shared(Bytes::from(buf)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::Quota;
+
+    #[test]
+    fn ceil_secs_rounds_up() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_micros(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_millis(300)), 1);
+        assert_eq!(ceil_secs(Duration::from_millis(1_000)), 1);
+        assert_eq!(ceil_secs(Duration::from_millis(1_200)), 2);
+        assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn retry_after_is_never_zero() {
+        let mut headers = HeaderMap::new();
+        insert_retry_after(&mut headers, Duration::ZERO);
+        assert_eq!(headers[RETRY_AFTER], "1");
+        insert_retry_after(&mut headers, Duration::from_millis(1_200));
+        assert_eq!(headers[RETRY_AFTER], "2");
+        assert_eq!(headers.get_all(RETRY_AFTER).iter().count(), 1);
+    }
+
+    #[test]
+    fn headers_for_a_named_quota() {
+        let quota: Quota = "250/500ms"
+            .parse::<Quota>()
+            .unwrap()
+            .named("burst.api-1")
+            .unwrap();
+        let decision = Decision::deny(quota, 0, Duration::from_micros(1), None);
+        let mut headers = HeaderMap::new();
+        insert_rate_limit_headers(&mut headers, &decision, true);
+        assert_eq!(headers[RATELIMIT_POLICY], r#""burst.api-1";q=250;w=1"#);
+        assert_eq!(headers[RATELIMIT], r#""burst.api-1";r=0;t=1"#);
+        assert_eq!(headers[X_RATELIMIT_LIMIT], "250");
+        assert_eq!(headers[X_RATELIMIT_REMAINING], "0");
+        assert_eq!(headers[X_RATELIMIT_RESET], "1");
+    }
+
+    #[test]
+    fn nested_limiters_append_list_members() {
+        let a: Quota = "10/s".parse::<Quota>().unwrap().named("a").unwrap();
+        let b: Quota = "100/1m".parse::<Quota>().unwrap().named("b").unwrap();
+        let mut headers = HeaderMap::new();
+        insert_rate_limit_headers(&mut headers, &Decision::allow(a, 9, Duration::ZERO), false);
+        insert_rate_limit_headers(&mut headers, &Decision::allow(b, 99, Duration::ZERO), false);
+        let values: Vec<_> = headers.get_all(RATELIMIT).iter().collect();
+        assert_eq!(values, [r#""a";r=9;t=0"#, r#""b";r=99;t=0"#]);
+        assert!(!headers.contains_key(X_RATELIMIT_LIMIT));
+    }
 }

@@ -1,28 +1,95 @@
-//! The Tower middleware (placeholder until the layer lands).
+//! The Tower middleware: [`SlidingWindowLayer`] and [`SlidingWindow`].
+//!
+//! For each request the layer asks its [`KeyExtractor`](crate::KeyExtractor)
+//! for a key, weighs the request with a [`RequestCost`], and checks it
+//! against the [`Limiter`](crate::Limiter). Only an admitted request reaches
+//! the inner service.
+//!
+//! # HTTP (the default mode, [`Http`])
+//!
+//! - Admitted: the [`Decision`](crate::Decision) is in the request's
+//!   extensions for handlers, and the response carries `RateLimit` and
+//!   `RateLimit-Policy` headers (draft-ietf-httpapi-ratelimit-headers;
+//!   legacy `X-RateLimit-*` ones with
+//!   [`legacy_headers(true)`](SlidingWindowLayer::legacy_headers)).
+//! - Denied: `429 Too Many Requests` built by an [`OnRejection`] (by default
+//!   [`DefaultRejection`], an empty body), with `Retry-After` in whole
+//!   seconds rounded up (absent when the cost can never fit), the same
+//!   `RateLimit` headers, and the [`Rejection`] in the response's extensions.
+//! - No key: [`MissingKey::Reject`] (400 by default) or [`MissingKey::Skip`].
+//! - Limiter failure: `503 Service Unavailable` ([`Rejection::Unavailable`]).
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//! use tower_window::layer::{MissingKey, SlidingWindowLayer};
+//! use tower_window::{key::Header, Decision, Limiter, MemoryStore};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let limiter = Limiter::new(MemoryStore::new(), "2/1m".parse()?);
+//! let layer = SlidingWindowLayer::new(limiter, Header::new("x-api-key"))
+//!     .cost(|req: &http::Request<String>| if req.method() == "POST" { 2 } else { 1 })
+//!     .on_missing_key(MissingKey::Reject(http::StatusCode::UNAUTHORIZED));
+//! let mut service = ServiceBuilder::new().layer(layer).service_fn(|req: http::Request<String>| async move {
+//!     let remaining = req.extensions().get::<Decision>().map_or(0, |d| d.remaining);
+//!     Ok::<_, Infallible>(http::Response::new(format!("{remaining} left")))
+//! });
+//!
+//! let request = || http::Request::builder().header("x-api-key", "k1").body(String::new());
+//! let response = service.ready().await?.call(request()?).await?;
+//! assert_eq!(response.body(), "1 left");
+//! assert_eq!(response.headers()["ratelimit"], r#""default";r=1;t=60"#);
+//! assert_eq!(response.headers()["ratelimit-policy"], r#""default";q=2;w=60"#);
+//!
+//! service.ready().await?.call(request()?).await?;
+//! let denied = service.ready().await?.call(request()?).await?;
+//! assert_eq!(denied.status(), 429);
+//! assert!(denied.headers().contains_key("retry-after"));
+//!
+//! let anonymous = service.ready().await?.call(http::Request::new(String::new())).await?;
+//! assert_eq!(anonymous.status(), 401);
+//! # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # Any other service ([`Typed`])
+//!
+//! [`typed_errors`](SlidingWindowLayer::typed_errors) turns the layer into
+//! one for any `Service<Req>`: a rejection is the error, a boxed
+//! [`Rejection`]; inner errors are boxed unchanged.
+//!
+//! ```
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_window::layer::{Rejection, SlidingWindowLayer};
+//! use tower_window::{key::Constant, Limiter, MemoryStore};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let limiter = Limiter::new(MemoryStore::new(), "1/1h".parse()?);
+//! let service = ServiceBuilder::new()
+//!     .layer(SlidingWindowLayer::new(limiter, Constant::new("jobs")).typed_errors())
+//!     .service_fn(|job: u64| async move { Ok::<_, std::io::Error>(job * 2) });
+//!
+//! assert_eq!(service.clone().oneshot(21).await?, 42);
+//! let error = service.oneshot(21).await.unwrap_err();
+//! let rejection = error.downcast_ref::<Rejection>().unwrap();
+//! assert_eq!(rejection.status(), 429);
+//! # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+//! # }).unwrap();
+//! ```
 
+mod cost;
+mod future;
 pub(crate) mod headers;
+#[allow(clippy::module_inception)]
+mod layer;
 mod rejection;
+mod respond;
+mod service;
 
+pub use cost::{RequestCost, UnitCost};
+pub use future::ResponseFuture;
+pub use headers::{insert_rate_limit_headers, insert_retry_after};
+pub use layer::{MissingKey, SlidingWindowLayer};
 pub use rejection::{DefaultRejection, OnRejection, Rejection};
-
-/// What to do with a request that has no key.
-#[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Answer with this status.
-    Reject(http::StatusCode),
-    /// Let the request through unlimited.
-    Skip,
-}
-
-/// Layer placeholder.
-#[derive(Debug, Clone)]
-pub struct SlidingWindowLayer<K> {
-    _key: K,
-}
-
-/// Service placeholder.
-#[derive(Debug, Clone)]
-pub struct SlidingWindow<S> {
-    _inner: S,
-}
+pub use respond::{BoxError, Http, Respond, Typed};
+pub use service::SlidingWindow;

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use moka::ops::compute::Op;
+use moka::policy::EvictionPolicy;
 use moka::sync::Cache;
 use moka::Expiry;
 
@@ -233,6 +234,10 @@ impl MemoryStoreBuilder {
     pub fn build(self) -> MemoryStore {
         let cache = Cache::builder()
             .max_capacity(self.max_keys)
+            // LRU rather than moka's default TinyLFU admission: TinyLFU may
+            // refuse to store a brand-new key while the cache is full, and a
+            // window that is never stored never limits anything.
+            .eviction_policy(EvictionPolicy::lru())
             .expire_after(SlotExpiry {
                 grace: self.expiry_grace,
             })

@@ -1,0 +1,187 @@
+//! `application/problem+json` (RFC 9457) bodies for rejections.
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, StatusCode};
+use serde::Serialize;
+use tower_window::layer::{insert_rate_limit_headers, insert_retry_after, OnRejection, Rejection};
+
+/// The media type of problem details (RFC 9457).
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The `type` of a rate-limit denial (429).
+pub const TYPE_RATE_LIMITED: &str = "urn:tower-window:problem:rate-limited";
+/// The `type` of a request that carries no rate-limit key (400/401).
+pub const TYPE_MISSING_KEY: &str = "urn:tower-window:problem:missing-key";
+/// The `type` of a limiter that could not decide (503).
+pub const TYPE_UNAVAILABLE: &str = "urn:tower-window:problem:unavailable";
+
+/// Answers rejections with an RFC 9457 `application/problem+json` body.
+///
+/// Every body has `type`, `title`, `status` and `detail`. A rate-limit denial
+/// (429) also has `policy` (the quota's name), `quota` (its DSL text),
+/// `limit`, `remaining`, `reset_after` (whole seconds, rounded up) and
+/// `retry_after` (whole seconds, rounded up and at least 1, as in
+/// `Retry-After`; `null` when the request's cost can never fit). Store failure messages are never shown to clients.
+///
+/// ```json
+/// {
+///   "type": "urn:tower-window:problem:rate-limited",
+///   "title": "Too Many Requests",
+///   "status": 429,
+///   "detail": "quota \"default\" (100/1m) exhausted; retry in 17 s",
+///   "policy": "default",
+///   "quota": "100/1m",
+///   "limit": 100,
+///   "remaining": 0,
+///   "reset_after": 60,
+///   "retry_after": 17
+/// }
+/// ```
+///
+/// Use it as the layer's rejection (see [`layer`](crate::layer)), or
+/// directly through [`RejectionResponse`].
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct ProblemJson;
+
+impl ProblemJson {
+    /// A problem+json responder.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+impl OnRejection<Body> for ProblemJson {
+    fn response(&self, rejection: &Rejection) -> http::Response<Body> {
+        problem_response(rejection)
+    }
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    limit: Option<LimitMembers<'a>>,
+}
+
+#[derive(Serialize)]
+struct LimitMembers<'a> {
+    policy: &'a str,
+    quota: String,
+    limit: u32,
+    remaining: u32,
+    reset_after: u64,
+    retry_after: Option<u64>,
+}
+
+/// The problem details document for `rejection`, as JSON bytes.
+fn problem_body(rejection: &Rejection) -> Vec<u8> {
+    let kind = match rejection {
+        Rejection::RateLimited(_) => TYPE_RATE_LIMITED,
+        Rejection::MissingKey { .. } => TYPE_MISSING_KEY,
+        Rejection::Unavailable { .. } => TYPE_UNAVAILABLE,
+        // A kind this version does not know: RFC 9457's "no further semantics".
+        _ => "about:blank",
+    };
+    let limit = rejection.decision().map(|decision| LimitMembers {
+        policy: decision.quota.name(),
+        quota: decision.quota.to_string(),
+        limit: decision.limit(),
+        remaining: decision.remaining,
+        reset_after: ceil_secs(decision.reset_after),
+        // Like `Retry-After`: rounded up, and at least 1 for a denial.
+        retry_after: decision.retry_after.map(|wait| ceil_secs(wait).max(1)),
+    });
+    let problem = Problem {
+        kind,
+        title: rejection.title(),
+        status: rejection.status().as_u16(),
+        detail: rejection.detail(),
+        limit,
+    };
+    // Serializing strings and integers into a Vec cannot fail; fall back to
+    // an empty object rather than panicking.
+    serde_json::to_vec(&problem).unwrap_or_else(|_| b"{}".to_vec())
+}
+
+fn problem_response(rejection: &Rejection) -> http::Response<Body> {
+    let mut response = http::Response::new(Body::from(problem_body(rejection)));
+    *response.status_mut() = rejection.status();
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
+}
+
+/// Whole seconds, rounded up (a positive wait is never 0).
+pub(crate) fn ceil_secs(d: std::time::Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// A [`Rejection`] that handlers can return: a complete response with the
+/// problem+json body, `Retry-After` and `RateLimit` headers (for a
+/// rate-limit denial), and the [`Rejection`] in the response's extensions —
+/// the same response the layer with [`ProblemJson`] would give.
+///
+/// Useful where a handler calls a [`Limiter`](tower_window::Limiter)
+/// itself (for example per WebSocket message or for a second quota):
+///
+/// ```
+/// use axum::response::{IntoResponse, Response};
+/// use axum_window_ext::RejectionResponse;
+/// use tower_window::layer::Rejection;
+/// use tower_window::{Limiter, MemoryStore, WindowKey};
+///
+/// async fn handler(limiter: Limiter) -> Response {
+///     match limiter.check(&WindowKey::for_subject("exports"), 1).await {
+///         Ok(decision) if decision.allowed => "exported".into_response(),
+///         Ok(decision) => RejectionResponse(Rejection::RateLimited(decision)).into_response(),
+///         Err(error) => RejectionResponse::unavailable(error.to_string()).into_response(),
+///     }
+/// }
+/// # let _ = handler;
+/// ```
+#[derive(Debug, Clone)]
+pub struct RejectionResponse(pub Rejection);
+
+impl RejectionResponse {
+    /// A 503 for a limiter that could not decide; `message` is kept in the
+    /// [`Rejection`] extension for logs and is not sent to the client.
+    pub fn unavailable(message: impl Into<std::sync::Arc<str>>) -> Self {
+        Self(Rejection::Unavailable {
+            message: message.into(),
+        })
+    }
+
+    /// A missing-key rejection answered with `status` (400 or 401 are usual).
+    pub fn missing_key(status: StatusCode) -> Self {
+        Self(Rejection::MissingKey { status })
+    }
+}
+
+impl From<Rejection> for RejectionResponse {
+    fn from(rejection: Rejection) -> Self {
+        Self(rejection)
+    }
+}
+
+impl IntoResponse for RejectionResponse {
+    fn into_response(self) -> Response {
+        let mut response = problem_response(&self.0);
+        if let Some(decision) = self.0.decision() {
+            let headers = response.headers_mut();
+            insert_rate_limit_headers(headers, decision, false);
+            if let Some(wait) = decision.retry_after {
+                insert_retry_after(headers, wait);
+            }
+        }
+        response.extensions_mut().insert(self.0);
+        response
+    }
+}

@@ -1,0 +1,70 @@
+//! `ProblemJson` and `RejectionResponse` without a router.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum_window_ext::{ProblemJson, RejectionResponse, TYPE_RATE_LIMITED, TYPE_UNAVAILABLE};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tower_window::layer::{OnRejection, Rejection};
+use tower_window::{Decision, Quota};
+
+async fn json(body: Body) -> Value {
+    serde_json::from_slice(&body.collect().await.unwrap().to_bytes()).unwrap()
+}
+
+fn denial(retry_after: Option<Duration>) -> Rejection {
+    let quota: Quota = "10/1m".parse::<Quota>().unwrap().named("api").unwrap();
+    Rejection::RateLimited(Decision::deny(
+        quota,
+        3,
+        Duration::from_millis(59_001),
+        retry_after,
+    ))
+}
+
+#[tokio::test]
+async fn cost_that_never_fits_has_null_retry_after() {
+    let response = ProblemJson::new().response(&denial(None));
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let problem = json(response.into_body()).await;
+    assert_eq!(problem["type"], TYPE_RATE_LIMITED);
+    assert_eq!(problem["retry_after"], Value::Null);
+    assert_eq!(problem["remaining"], 3);
+    assert_eq!(problem["reset_after"], 60);
+    assert_eq!(problem["policy"], "api");
+    assert!(problem["detail"].as_str().unwrap().contains("never"));
+}
+
+#[tokio::test]
+async fn rejection_response_is_complete() {
+    let response = RejectionResponse(denial(Some(Duration::from_millis(1)))).into_response();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    assert!(response.headers().contains_key("ratelimit"));
+    assert!(response.headers().contains_key("ratelimit-policy"));
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    assert!(response.extensions().get::<Rejection>().is_some());
+    let problem = json(response.into_body()).await;
+    assert_eq!(problem["retry_after"], 1);
+}
+
+#[tokio::test]
+async fn unavailable_hides_the_message() {
+    let response = RejectionResponse::unavailable("redis://secret@host refused").into_response();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(!response.headers().contains_key(header::RETRY_AFTER));
+    let problem = json(response.into_body()).await;
+    assert_eq!(problem["type"], TYPE_UNAVAILABLE);
+    assert_eq!(problem["status"], 503);
+    assert!(!problem.to_string().contains("secret"));
+
+    let response = RejectionResponse::missing_key(StatusCode::UNAUTHORIZED).into_response();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+}

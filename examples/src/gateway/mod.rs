@@ -1,0 +1,18 @@
+//! The example gateway: an axum server limited per tenant and user.
+//!
+//! - `GET /api/hello`: limited per tenant + user (tenant header, default
+//!   `"public"`; user header required, 400 problem+json without it).
+//! - `GET /ws`: a WebSocket echo; the upgrade request is limited by the same
+//!   layer and window as `/api/hello`.
+//! - `GET /healthz`: never limited.
+//!
+//! [`Args`] are the command-line flags (each also read from a `TW_*`
+//! environment variable); [`Args::into_config`] turns them into a
+//! [`GatewayConfig`]; [`build_app`] turns that into a [`Router`](axum::Router).
+
+mod app;
+mod config;
+mod ws;
+
+pub use app::build_app;
+pub use config::{AlgorithmArg, Args, ConfigError, GatewayConfig};

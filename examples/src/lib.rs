@@ -1,0 +1,7 @@
+//! Runnable servers for [`tower_window`].
+//!
+//! The binaries under `src/bin/` are thin: they parse flags, set up logging
+//! and serve what these modules build, so tests can drive the same apps with
+//! `tower::ServiceExt::oneshot`.
+
+pub mod gateway;

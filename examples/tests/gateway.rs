@@ -1,0 +1,183 @@
+//! The example gateway, driven through `build_app`.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use futures_util::{SinkExt, StreamExt};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Message;
+use tower::ServiceExt;
+use tower_window::{ManualClock, MemoryStore};
+use tower_window_examples::gateway::{build_app, GatewayConfig};
+
+/// The gateway on a store whose clock stands still: windows never move
+/// during a test.
+fn app(limit: &str) -> Router {
+    let store = MemoryStore::builder()
+        .clock(ManualClock::new(1_700_000_000_000_000))
+        .build();
+    build_app(GatewayConfig::with_store(
+        limit.parse().unwrap(),
+        Arc::new(store),
+    ))
+}
+
+fn get(path: &str, user: Option<&str>) -> Request<Body> {
+    let mut builder = Request::get(path);
+    if let Some(user) = user {
+        builder = builder.header("x-user-id", user);
+    }
+    builder.body(Body::empty()).unwrap()
+}
+
+fn ws_request(user: &str) -> Request<Body> {
+    Request::get("/ws")
+        .header("x-user-id", user)
+        .header(header::CONNECTION, "upgrade")
+        .header(header::UPGRADE, "websocket")
+        .header(header::SEC_WEBSOCKET_VERSION, "13")
+        .header(header::SEC_WEBSOCKET_KEY, "dGhlIHNhbXBsZSBub25jZQ==")
+        .body(Body::empty())
+        .unwrap()
+}
+
+async fn json(response: axum::response::Response) -> Value {
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test]
+async fn healthz_is_not_limited() {
+    let app = app("1/1m");
+    for _ in 0..5 {
+        let response = app.clone().oneshot(get("/healthz", None)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(!response.headers().contains_key("ratelimit"));
+    }
+}
+
+#[tokio::test]
+async fn hello_then_429() {
+    let app = app("2/1m");
+    for remaining in [1, 0] {
+        let response = app
+            .clone()
+            .oneshot(get("/api/hello", Some("alice")))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response.headers().contains_key("ratelimit"));
+        let body = json(response).await;
+        assert_eq!(body["message"], "hello, alice");
+        assert_eq!(body["remaining"], remaining);
+    }
+    let response = app
+        .clone()
+        .oneshot(get("/api/hello", Some("alice")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()[header::RETRY_AFTER], "60");
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let body = json(response).await;
+    assert_eq!(body["status"], 429);
+
+    // Another user, and the same user in another tenant, have their own windows.
+    let response = app
+        .clone()
+        .oneshot(get("/api/hello", Some("bob")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let request = Request::get("/api/hello")
+        .header("x-user-id", "alice")
+        .header("x-tenant-id", "acme")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn missing_user_is_400_problem() {
+    let response = app("2/1m").oneshot(get("/api/hello", None)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let body = json(response).await;
+    assert_eq!(body["status"], 400);
+    assert_eq!(body["title"], "Missing rate-limit key");
+}
+
+#[tokio::test]
+async fn websocket_upgrade_is_limited() {
+    let app = app("2/1m");
+    // Within the limit the request reaches the handler. `oneshot` has no
+    // connection to upgrade, so axum answers 426 — not the limiter.
+    let response = app.clone().oneshot(ws_request("carol")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::UPGRADE_REQUIRED);
+    assert!(response.headers().contains_key("ratelimit"));
+    // /api/hello and /ws share the window.
+    let response = app
+        .clone()
+        .oneshot(get("/api/hello", Some("carol")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let response = app.clone().oneshot(ws_request("carol")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+}
+
+/// A real server on loopback: the echo works, and the upgrade is refused
+/// with 429 once the window is full.
+#[tokio::test]
+async fn websocket_echo_over_loopback() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app("1/1m")).await.unwrap();
+    });
+
+    let url = format!("ws://{address}/ws");
+    let (mut socket, response) = tokio_tungstenite::connect_async(ws_client_request(&url, "dave"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
+    socket.send(Message::text("ping?")).await.unwrap();
+    let echoed = socket.next().await.unwrap().unwrap();
+    assert_eq!(echoed, Message::text("ping?"));
+    socket.close(None).await.unwrap();
+
+    match tokio_tungstenite::connect_async(ws_client_request(&url, "dave")).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        }
+        other => panic!("expected a 429 handshake failure, got {other:?}"),
+    }
+    server.abort();
+}
+
+fn ws_client_request(
+    url: &str,
+    user: &str,
+) -> tokio_tungstenite::tungstenite::handshake::client::Request {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("x-user-id", user.parse().unwrap());
+    request
+}

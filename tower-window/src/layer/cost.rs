@@ -1,0 +1,31 @@
+//! How many units a request consumes.
+
+/// The number of quota units a request consumes (its weight).
+///
+/// Closures `Fn(&Req) -> u32` implement it; [`UnitCost`] (every request
+/// costs 1) is the default. A cost of `0` makes the request free: it is
+/// passed to the inner service without being checked or counted, and its
+/// response carries no rate-limit headers.
+pub trait RequestCost<Req>: Send + Sync {
+    /// The cost of `request`.
+    fn cost(&self, request: &Req) -> u32;
+}
+
+impl<F, Req> RequestCost<Req> for F
+where
+    F: Fn(&Req) -> u32 + Send + Sync,
+{
+    fn cost(&self, request: &Req) -> u32 {
+        self(request)
+    }
+}
+
+/// Every request costs one unit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnitCost;
+
+impl<Req> RequestCost<Req> for UnitCost {
+    fn cost(&self, _request: &Req) -> u32 {
+        1
+    }
+}

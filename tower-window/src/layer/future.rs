@@ -1,0 +1,187 @@
+//! [`ResponseFuture`]: waits for the decision, then for the inner service.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use futures_util::future::BoxFuture;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::{Rejection, Respond};
+use crate::{Decision, LimitError};
+
+type DecisionFuture = BoxFuture<'static, Result<Decision, LimitError>>;
+
+pin_project! {
+    /// The response future of [`SlidingWindow`](crate::SlidingWindow).
+    ///
+    /// It first awaits the limiter's decision, then (if admitted) calls the
+    /// inner service and awaits its response. `Send` when the inner service,
+    /// its future and the request are.
+    pub struct ResponseFuture<S, Req, M>
+    where
+        S: Service<Req>,
+        M: Respond<Req, S::Response, S::Error>,
+    {
+        #[pin]
+        state: State<S, Req, M>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, Req, M>
+    where
+        S: Service<Req>,
+        M: Respond<Req, S::Response, S::Error>,
+    {
+        // Waiting for the limiter; owns the readied inner service and the request.
+        Deciding {
+            decision: DecisionFuture,
+            call: Option<(S, Req)>,
+            mode: Arc<M>,
+        },
+        // Admitted (or unlimited): waiting for the inner service.
+        Calling {
+            #[pin]
+            future: S::Future,
+            decision: Option<Decision>,
+            mode: Arc<M>,
+        },
+        // Answered without the inner service (missing key).
+        Ready {
+            output: Option<Result<S::Response, M::Error>>,
+        },
+    }
+}
+
+impl<S, Req, M> ResponseFuture<S, Req, M>
+where
+    S: Service<Req>,
+    M: Respond<Req, S::Response, S::Error>,
+{
+    pub(super) fn deciding(
+        decision: DecisionFuture,
+        service: S,
+        request: Req,
+        mode: &Arc<M>,
+    ) -> Self {
+        Self {
+            state: State::Deciding {
+                decision,
+                call: Some((service, request)),
+                mode: Arc::clone(mode),
+            },
+        }
+    }
+
+    pub(super) fn calling(future: S::Future, decision: Option<Decision>, mode: &Arc<M>) -> Self {
+        Self {
+            state: State::Calling {
+                future,
+                decision,
+                mode: Arc::clone(mode),
+            },
+        }
+    }
+
+    pub(super) fn ready(output: Result<S::Response, M::Error>) -> Self {
+        Self {
+            state: State::Ready {
+                output: Some(output),
+            },
+        }
+    }
+}
+
+impl<S, Req, M> Future for ResponseFuture<S, Req, M>
+where
+    S: Service<Req>,
+    M: Respond<Req, S::Response, S::Error>,
+{
+    type Output = Result<S::Response, M::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Deciding {
+                    decision,
+                    call,
+                    mode,
+                } => {
+                    let result = ready!(decision.as_mut().poll(cx));
+                    let Some((mut service, mut request)) = call.take() else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    let rejection = match result {
+                        Ok(decision) if decision.allowed => {
+                            mode.on_request(&mut request, &decision);
+                            let future = service.call(request);
+                            let mode = Arc::clone(mode);
+                            state.set(State::Calling {
+                                future,
+                                decision: Some(decision),
+                                mode,
+                            });
+                            continue;
+                        }
+                        Ok(decision) => Rejection::RateLimited(decision),
+                        Err(error) => {
+                            tracing::warn!(%error, "rate limiter could not decide; rejecting");
+                            Rejection::Unavailable {
+                                message: Arc::from(error.to_string()),
+                            }
+                        }
+                    };
+                    let output = mode.on_rejection(rejection);
+                    state.set(State::Ready { output: None });
+                    return Poll::Ready(output);
+                }
+                StateProj::Calling {
+                    future,
+                    decision,
+                    mode,
+                } => {
+                    let output = match ready!(future.poll(cx)) {
+                        Ok(mut response) => {
+                            if let Some(decision) = decision.take() {
+                                mode.on_response(&mut response, &decision);
+                            }
+                            Ok(response)
+                        }
+                        Err(error) => Err(mode.map_error(error)),
+                    };
+                    state.set(State::Ready { output: None });
+                    return Poll::Ready(output);
+                }
+                StateProj::Ready { output } => {
+                    let Some(output) = output.take() else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    return Poll::Ready(output);
+                }
+            }
+        }
+    }
+}
+
+impl<S, Req, M> fmt::Debug for ResponseFuture<S, Req, M>
+where
+    S: Service<Req>,
+    M: Respond<Req, S::Response, S::Error>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Deciding { .. } => "deciding",
+            State::Calling { .. } => "calling",
+            State::Ready { .. } => "ready",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

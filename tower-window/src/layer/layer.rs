@@ -1,0 +1,167 @@
+//! [`SlidingWindowLayer`]: the middleware's configuration.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::StatusCode;
+use tower_layer::Layer;
+
+use super::service::{Shared, SlidingWindow};
+use super::{Http, Typed, UnitCost};
+use crate::Limiter;
+
+/// What to do with a request from which the key extractor gets no key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Answer with this status (the default: `400 Bad Request`), as a
+    /// [`Rejection::MissingKey`](super::Rejection::MissingKey).
+    Reject(StatusCode),
+    /// Let the request through unlimited and without rate-limit headers.
+    Skip,
+}
+
+impl Default for MissingKey {
+    fn default() -> Self {
+        Self::Reject(StatusCode::BAD_REQUEST)
+    }
+}
+
+/// Applies a [`Limiter`] to every request of a service.
+///
+/// - `K` is the [`KeyExtractor`](crate::KeyExtractor) naming each request's window;
+/// - `C` the [`RequestCost`](super::RequestCost) (default [`UnitCost`]);
+/// - `M` the mode: [`Http`] (default; 429 responses and `RateLimit`
+///   headers) or [`Typed`] (rejections as errors, for non-HTTP services).
+///
+/// Every service this layer builds, and every clone of those, shares the one
+/// `Limiter`, so a service cloned per connection or per request (as axum
+/// does) still limits together. The key extractor, cost function and mode are
+/// shared behind one `Arc` too and need not be `Clone`.
+///
+/// See the [module docs](crate::layer) for examples.
+pub struct SlidingWindowLayer<K, C = UnitCost, M = Http> {
+    pub(super) limiter: Limiter,
+    pub(super) key: Arc<K>,
+    pub(super) cost: Arc<C>,
+    pub(super) missing_key: MissingKey,
+    pub(super) mode: M,
+}
+
+impl<K> SlidingWindowLayer<K> {
+    /// A layer checking every request against `limiter`, keyed by `key`, each
+    /// request costing one unit, answering over HTTP.
+    pub fn new(limiter: Limiter, key: K) -> Self {
+        Self {
+            limiter,
+            key: Arc::new(key),
+            cost: Arc::new(UnitCost),
+            missing_key: MissingKey::default(),
+            mode: Http::default(),
+        }
+    }
+}
+
+impl<K, C, M> SlidingWindowLayer<K, C, M> {
+    /// Weighs each request with `cost` (a [`RequestCost`](super::RequestCost),
+    /// e.g. a closure `Fn(&Req) -> u32`) instead of the current cost function.
+    pub fn cost<C2>(self, cost: C2) -> SlidingWindowLayer<K, C2, M> {
+        SlidingWindowLayer {
+            limiter: self.limiter,
+            key: self.key,
+            cost: Arc::new(cost),
+            missing_key: self.missing_key,
+            mode: self.mode,
+        }
+    }
+
+    /// What to do when a request has no key (default: reject with 400).
+    pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
+        self.missing_key = policy;
+        self
+    }
+
+    /// Switches to [`Typed`] mode, for any `Service<Req>`: rejections become
+    /// errors (a boxed [`Rejection`](super::Rejection)).
+    pub fn typed_errors(self) -> SlidingWindowLayer<K, C, Typed> {
+        self.mode(Typed)
+    }
+
+    /// Switches to another mode (a custom [`Respond`](super::Respond)).
+    pub fn mode<M2>(self, mode: M2) -> SlidingWindowLayer<K, C, M2> {
+        SlidingWindowLayer {
+            limiter: self.limiter,
+            key: self.key,
+            cost: self.cost,
+            missing_key: self.missing_key,
+            mode,
+        }
+    }
+
+    /// The limiter shared by every service of this layer.
+    pub fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+}
+
+impl<K, C, R> SlidingWindowLayer<K, C, Http<R>> {
+    /// Also send the legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` headers (off by default).
+    pub fn legacy_headers(mut self, enabled: bool) -> Self {
+        self.mode = self.mode.legacy_headers(enabled);
+        self
+    }
+
+    /// Builds rejection responses (status and body) with `rejection`, an
+    /// [`OnRejection`](super::OnRejection) for the service's response body.
+    pub fn rejection<R2>(self, rejection: R2) -> SlidingWindowLayer<K, C, Http<R2>> {
+        SlidingWindowLayer {
+            limiter: self.limiter,
+            key: self.key,
+            cost: self.cost,
+            missing_key: self.missing_key,
+            mode: self.mode.rejection(rejection),
+        }
+    }
+}
+
+impl<K, C, M: Clone> Clone for SlidingWindowLayer<K, C, M> {
+    fn clone(&self) -> Self {
+        Self {
+            limiter: self.limiter.clone(),
+            key: Arc::clone(&self.key),
+            cost: Arc::clone(&self.cost),
+            missing_key: self.missing_key,
+            mode: self.mode.clone(),
+        }
+    }
+}
+
+impl<K, C, M: fmt::Debug> fmt::Debug for SlidingWindowLayer<K, C, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlidingWindowLayer")
+            .field("limiter", &self.limiter)
+            .field("key", &std::any::type_name::<K>())
+            .field("cost", &std::any::type_name::<C>())
+            .field("missing_key", &self.missing_key)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+impl<S, K, C, M: Clone> Layer<S> for SlidingWindowLayer<K, C, M> {
+    type Service = SlidingWindow<S, K, C, M>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        SlidingWindow::new(
+            inner,
+            Arc::new(Shared {
+                limiter: self.limiter.clone(),
+                key: Arc::clone(&self.key),
+                cost: Arc::clone(&self.cost),
+                missing_key: self.missing_key,
+                mode: Arc::new(self.mode.clone()),
+            }),
+        )
+    }
+}

@@ -1,0 +1,143 @@
+//! How the layer talks back: HTTP responses ([`Http`]) or typed errors ([`Typed`]).
+
+use std::fmt;
+
+use crate::layer::headers::{insert_rate_limit_headers, insert_retry_after};
+use crate::layer::{DefaultRejection, OnRejection, Rejection};
+use crate::Decision;
+
+/// A boxed error, as returned by [`Typed`] services.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The layer's mode: how a decision shows up on the request and response, and
+/// how a [`Rejection`] becomes the service's output.
+///
+/// [`SlidingWindow`](crate::SlidingWindow) has one `Service` implementation;
+/// everything that differs between HTTP and other protocols lives here.
+/// [`Http`] (the default) and [`Typed`] cover the usual cases; implement it
+/// for other request and response types (gRPC metadata, a message envelope).
+pub trait Respond<Req, Res, E>: Send + Sync + 'static {
+    /// The service's error type.
+    type Error;
+
+    /// Called with an admitted request before the inner service sees it.
+    fn on_request(&self, request: &mut Req, decision: &Decision);
+
+    /// Called with the inner service's response to an admitted request.
+    fn on_response(&self, response: &mut Res, decision: &Decision);
+
+    /// The service's output for a request that the layer did not let through.
+    fn on_rejection(&self, rejection: Rejection) -> Result<Res, Self::Error>;
+
+    /// Converts an error of the inner service.
+    fn map_error(&self, error: E) -> Self::Error;
+}
+
+/// HTTP mode (the default): decisions become headers, rejections responses.
+///
+/// - An admitted request gets its [`Decision`] in its extensions; the inner
+///   service's response gets `RateLimit` and `RateLimit-Policy` headers (and
+///   the legacy `X-RateLimit-*` ones when enabled).
+/// - A rejection is answered with the response of the [`OnRejection`] `R`
+///   (status 429, 400/401 or 503), with `Retry-After` and the `RateLimit`
+///   headers when the quota is exhausted, and the [`Rejection`] in the
+///   response's extensions.
+/// - Errors of the inner service pass through unchanged, so an infallible
+///   service stays infallible.
+#[derive(Clone, Copy, Default)]
+pub struct Http<R = DefaultRejection> {
+    rejection: R,
+    legacy_headers: bool,
+}
+
+impl<R> Http<R> {
+    /// HTTP mode answering rejections with `rejection`, without legacy headers.
+    pub fn new(rejection: R) -> Self {
+        Self {
+            rejection,
+            legacy_headers: false,
+        }
+    }
+
+    /// Also send `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`.
+    pub fn legacy_headers(mut self, enabled: bool) -> Self {
+        self.legacy_headers = enabled;
+        self
+    }
+
+    /// Answer rejections with `rejection` instead.
+    pub fn rejection<R2>(self, rejection: R2) -> Http<R2> {
+        Http {
+            rejection,
+            legacy_headers: self.legacy_headers,
+        }
+    }
+}
+
+impl<R> fmt::Debug for Http<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Http")
+            .field("rejection", &std::any::type_name::<R>())
+            .field("legacy_headers", &self.legacy_headers)
+            .finish()
+    }
+}
+
+impl<B, ResB, E, R> Respond<http::Request<B>, http::Response<ResB>, E> for Http<R>
+where
+    R: OnRejection<ResB>,
+{
+    type Error = E;
+
+    fn on_request(&self, request: &mut http::Request<B>, decision: &Decision) {
+        request.extensions_mut().insert(decision.clone());
+    }
+
+    fn on_response(&self, response: &mut http::Response<ResB>, decision: &Decision) {
+        insert_rate_limit_headers(response.headers_mut(), decision, self.legacy_headers);
+    }
+
+    fn on_rejection(&self, rejection: Rejection) -> Result<http::Response<ResB>, E> {
+        let mut response = self.rejection.response(&rejection);
+        if let Some(decision) = rejection.decision() {
+            let headers = response.headers_mut();
+            if let Some(wait) = decision.retry_after {
+                insert_retry_after(headers, wait);
+            }
+            insert_rate_limit_headers(headers, decision, self.legacy_headers);
+        }
+        response.extensions_mut().insert(rejection);
+        Ok(response)
+    }
+
+    fn map_error(&self, error: E) -> E {
+        error
+    }
+}
+
+/// Typed mode, for any `Service<Req>`: a rejection is the service's error.
+///
+/// The error is a [`BoxError`] holding the [`Rejection`]
+/// (`error.downcast_ref::<Rejection>()`); errors of the inner service are
+/// boxed unchanged. Requests and responses are not touched.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Typed;
+
+impl<Req, Res, E> Respond<Req, Res, E> for Typed
+where
+    E: Into<BoxError>,
+{
+    type Error = BoxError;
+
+    fn on_request(&self, _request: &mut Req, _decision: &Decision) {}
+
+    fn on_response(&self, _response: &mut Res, _decision: &Decision) {}
+
+    fn on_rejection(&self, rejection: Rejection) -> Result<Res, BoxError> {
+        Err(Box::new(rejection))
+    }
+
+    fn map_error(&self, error: E) -> BoxError {
+        error.into()
+    }
+}

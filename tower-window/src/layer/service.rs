@@ -1,0 +1,124 @@
+//! [`SlidingWindow`]: the middleware's `Service`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::{MissingKey, Rejection, RequestCost, Respond};
+use crate::{KeyExtractor, Limiter};
+
+/// What every clone of one [`SlidingWindow`] shares.
+pub(super) struct Shared<K, C, M> {
+    pub(super) limiter: Limiter,
+    pub(super) key: Arc<K>,
+    pub(super) cost: Arc<C>,
+    pub(super) missing_key: MissingKey,
+    pub(super) mode: Arc<M>,
+}
+
+/// Checks each request against a [`Limiter`] before calling `S`.
+///
+/// Built by [`SlidingWindowLayer`](crate::SlidingWindowLayer). Cloning is
+/// cheap (the inner service plus one `Arc`), and all clones share the limiter.
+///
+/// The decision is asynchronous, so `call` takes the inner service that
+/// `poll_ready` readied and leaves a clone of it behind; the request reaches
+/// the inner service only after the limiter admitted it.
+pub struct SlidingWindow<S, K, C, M> {
+    inner: S,
+    shared: Arc<Shared<K, C, M>>,
+}
+
+impl<S, K, C, M> SlidingWindow<S, K, C, M> {
+    pub(super) fn new(inner: S, shared: Arc<Shared<K, C, M>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The limiter shared by all clones of this service.
+    pub fn limiter(&self) -> &Limiter {
+        &self.shared.limiter
+    }
+}
+
+impl<S: Clone, K, C, M> Clone for SlidingWindow<S, K, C, M> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, C, M: fmt::Debug> fmt::Debug for SlidingWindow<S, K, C, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlidingWindow")
+            .field("inner", &self.inner)
+            .field("limiter", &self.shared.limiter)
+            .field("missing_key", &self.shared.missing_key)
+            .field("mode", &self.shared.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, C, M, Req> Service<Req> for SlidingWindow<S, K, C, M>
+where
+    S: Service<Req> + Clone,
+    K: KeyExtractor<Req>,
+    C: RequestCost<Req>,
+    M: Respond<Req, S::Response, S::Error>,
+{
+    type Response = S::Response;
+    type Error = M::Error;
+    type Future = ResponseFuture<S, Req, M>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        match self.inner.poll_ready(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
+            Poll::Ready(Err(error)) => Poll::Ready(Err(self.shared.mode.map_error(error))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let shared = &*self.shared;
+        let Some(key) = shared.key.extract(&request) else {
+            return match shared.missing_key {
+                MissingKey::Skip => {
+                    ResponseFuture::calling(self.inner.call(request), None, &shared.mode)
+                }
+                MissingKey::Reject(status) => ResponseFuture::ready(
+                    shared.mode.on_rejection(Rejection::MissingKey { status }),
+                ),
+            };
+        };
+        let cost = shared.cost.cost(&request);
+        if cost == 0 {
+            // Free requests are neither checked nor counted.
+            return ResponseFuture::calling(self.inner.call(request), None, &shared.mode);
+        }
+        // The readied service goes with the request; a fresh clone stays.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let limiter = shared.limiter.clone();
+        let decision = Box::pin(async move { limiter.check(&key, cost).await });
+        ResponseFuture::deciding(decision, inner, request, &shared.mode)
+    }
+}

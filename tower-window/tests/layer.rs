@@ -1,0 +1,838 @@
+//! End-to-end tests of `SlidingWindowLayer` through `tower::ServiceExt::oneshot`.
+//!
+//! Time is a `ManualClock`; nothing sleeps. The stores are small test-only
+//! `Store` implementations (a fixed-window counter following the crate's
+//! algorithm contract, a scripted store and a failing one) so that these
+//! tests depend only on the layer.
+
+#![allow(clippy::unwrap_used)]
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, Request, Response, StatusCode};
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_window::key::{Constant, Header};
+use tower_window::layer::{
+    Http, MissingKey, Rejection, ResponseFuture, SlidingWindow, SlidingWindowLayer, Typed, UnitCost,
+};
+use tower_window::{
+    CheckRequest, Decision, Limiter, ManualClock, MemoryStore, Quota, Store, StoreError,
+    StoreErrorKind, WindowKey,
+};
+
+// ---------------------------------------------------------------- stores
+
+/// Answers every check with the same decision (for its quota).
+struct ScriptedStore(Decision);
+
+impl Store for ScriptedStore {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let mut decision = self.0.clone();
+        decision.quota = request.quota.clone();
+        Box::pin(async move { Ok(decision) })
+    }
+}
+
+/// Always fails.
+struct FailingStore;
+
+impl Store for FailingStore {
+    fn check<'a>(
+        &'a self,
+        _request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async {
+            Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "connection refused",
+            ))
+        })
+    }
+}
+
+// ---------------------------------------------------------------- helpers
+
+/// One minute past an aligned minute, plus `offset`.
+fn clock_at(offset: Duration) -> ManualClock {
+    let clock = ManualClock::new(1_700_000_040_000_000);
+    clock.advance(offset);
+    clock
+}
+
+fn quota(dsl: &str) -> Quota {
+    dsl.parse::<Quota>().unwrap().named("api").unwrap()
+}
+
+fn fixed_limiter(dsl: &str, clock: &ManualClock) -> Limiter {
+    Limiter::new(
+        MemoryStore::builder().clock(clock.clone()).build(),
+        quota(dsl),
+    )
+}
+
+fn request(user: Option<&str>) -> Request<String> {
+    let mut builder = Request::builder().uri("/api");
+    if let Some(user) = user {
+        builder = builder.header("x-user-id", user);
+    }
+    builder.body(String::new()).unwrap()
+}
+
+/// Echoes `remaining=<n>` from the `Decision` extension, or `no decision`.
+async fn handler(request: Request<String>) -> Result<Response<String>, Infallible> {
+    let body = match request.extensions().get::<Decision>() {
+        Some(decision) => format!("remaining={}", decision.remaining),
+        None => "no decision".to_owned(),
+    };
+    Ok(Response::new(body))
+}
+
+type Params = Vec<(String, i64)>;
+
+/// Parses a `RateLimit`/`RateLimit-Policy` field as a structured-field list:
+/// `(name, [(param, integer)])` per member.
+fn parse_list(headers: &HeaderMap, name: &str) -> Vec<(String, Params)> {
+    let joined = headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let list: sfv::List = sfv::Parser::new(&joined).parse().unwrap();
+    list.into_iter()
+        .map(|entry| match entry {
+            sfv::ListEntry::Item(item) => {
+                let name = item.bare_item.as_string().unwrap().as_str().to_owned();
+                let params = item
+                    .params
+                    .iter()
+                    .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().unwrap())))
+                    .collect();
+                (name, params)
+            }
+            sfv::ListEntry::InnerList(_) => panic!("unexpected inner list in {name}"),
+        })
+        .collect()
+}
+
+fn params(pairs: &[(&str, i64)]) -> Params {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+}
+
+// ---------------------------------------------------------------- HTTP mode
+
+#[tokio::test]
+async fn allowed_response_has_structured_ratelimit_headers() {
+    let clock = clock_at(Duration::from_millis(10_200));
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("5/1m fixed-window", &clock),
+        Header::new("x-user-id"),
+    );
+    let service = layer.layer(service_fn(handler));
+
+    let response = service.oneshot(request(Some("alice"))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.body(), "remaining=4");
+    let headers = response.headers();
+    assert_eq!(
+        parse_list(headers, "ratelimit-policy"),
+        [("api".to_owned(), params(&[("q", 5), ("w", 60)]))]
+    );
+    // 49.8 s left in the window: rounded up to 50.
+    assert_eq!(
+        parse_list(headers, "ratelimit"),
+        [("api".to_owned(), params(&[("r", 4), ("t", 50)]))]
+    );
+    assert!(!headers.contains_key("retry-after"));
+    assert!(!headers.contains_key("x-ratelimit-limit"));
+    assert!(response.extensions().get::<Rejection>().is_none());
+}
+
+#[tokio::test]
+async fn decision_is_visible_to_the_inner_handler() {
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("3/1m fixed-window", &clock),
+        Header::new("x-user-id"),
+    );
+    let mut service = layer.layer(service_fn(handler));
+    for expected in ["remaining=2", "remaining=1", "remaining=0"] {
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(Some("bob")))
+            .await
+            .unwrap();
+        assert_eq!(response.body(), expected);
+    }
+}
+
+#[tokio::test]
+async fn denial_is_429_with_retry_after_rounded_up() {
+    // Exhaust the window, then stand 1.2 s before its end.
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("2/1m fixed-window", &clock),
+        Header::new("x-user-id"),
+    );
+    let mut service = layer.layer(service_fn(handler));
+    for _ in 0..2 {
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(Some("carol")))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    clock.advance(Duration::from_millis(58_800));
+    let denied = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some("carol")))
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.headers()["retry-after"], "2");
+    assert_eq!(
+        parse_list(denied.headers(), "ratelimit"),
+        [("api".to_owned(), params(&[("r", 0), ("t", 2)]))]
+    );
+    assert_eq!(
+        parse_list(denied.headers(), "ratelimit-policy"),
+        [("api".to_owned(), params(&[("q", 2), ("w", 60)]))]
+    );
+    assert!(
+        denied.body().is_empty(),
+        "the default rejection has an empty body"
+    );
+    match denied.extensions().get::<Rejection>() {
+        Some(Rejection::RateLimited(decision)) => {
+            assert!(!decision.allowed);
+            assert_eq!(decision.retry_after, Some(Duration::from_millis(1_200)));
+        }
+        other => panic!("expected RateLimited, got {other:?}"),
+    }
+    // Another user is unaffected; the window rolls over.
+    let other = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some("dave")))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    clock.advance(Duration::from_millis(1_200));
+    let again = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some("carol")))
+        .await
+        .unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn retry_after_never_rounds_down_to_zero() {
+    for (wait, expected) in [
+        (Duration::from_millis(300), "1"),
+        (Duration::from_micros(1), "1"),
+        (Duration::from_millis(1_000), "1"),
+        (Duration::from_millis(1_001), "2"),
+        (Duration::from_secs(3_600), "3600"),
+    ] {
+        let denial = Decision::deny(quota("1/1h"), 0, wait, Some(wait));
+        let limiter = Limiter::new(ScriptedStore(denial), quota("1/1h"));
+        let service =
+            SlidingWindowLayer::new(limiter, Constant::global()).layer(service_fn(handler));
+        let response = service.oneshot(request(None)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()["retry-after"], expected, "wait {wait:?}");
+    }
+}
+
+#[tokio::test]
+async fn cost_above_the_limit_has_no_retry_after() {
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("5/1m fixed-window", &clock),
+        Header::new("x-user-id"),
+    )
+    .cost(|_: &Request<String>| 6);
+    let response = layer
+        .layer(service_fn(handler))
+        .oneshot(request(Some("erin")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(!response.headers().contains_key("retry-after"));
+    assert_eq!(
+        parse_list(response.headers(), "ratelimit"),
+        [("api".to_owned(), params(&[("r", 5), ("t", 60)]))]
+    );
+    let rejection = response.extensions().get::<Rejection>().unwrap();
+    assert_eq!(rejection.decision().unwrap().retry_after, None);
+}
+
+#[tokio::test]
+async fn legacy_headers_are_opt_in() {
+    let clock = clock_at(Duration::from_millis(500));
+    let limiter = fixed_limiter("10/1m fixed-window", &clock);
+    let plain =
+        SlidingWindowLayer::new(limiter.clone(), Header::new("x-user-id")).legacy_headers(false);
+    let response = plain
+        .layer(service_fn(handler))
+        .oneshot(request(Some("fay")))
+        .await
+        .unwrap();
+    assert!(!response.headers().contains_key("x-ratelimit-limit"));
+    assert!(!response.headers().contains_key("x-ratelimit-remaining"));
+    assert!(!response.headers().contains_key("x-ratelimit-reset"));
+
+    let legacy = SlidingWindowLayer::new(limiter, Header::new("x-user-id")).legacy_headers(true);
+    let response = legacy
+        .layer(service_fn(handler))
+        .oneshot(request(Some("fay")))
+        .await
+        .unwrap();
+    let headers = response.headers();
+    assert_eq!(headers["x-ratelimit-limit"], "10");
+    assert_eq!(headers["x-ratelimit-remaining"], "8");
+    assert_eq!(headers["x-ratelimit-reset"], "60"); // 59.5 s, rounded up
+    assert!(headers.contains_key("ratelimit"));
+}
+
+#[tokio::test]
+async fn custom_cost_function() {
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("10/1m fixed-window", &clock),
+        Header::new("x-user-id"),
+    )
+    .cost(|req: &Request<String>| {
+        req.headers()
+            .get("x-cost")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    });
+    let mut service = layer.layer(service_fn(handler));
+    let weighted = |cost: &str| {
+        let mut req = request(Some("gus"));
+        req.headers_mut().insert("x-cost", cost.parse().unwrap());
+        req
+    };
+    let response = service
+        .ready()
+        .await
+        .unwrap()
+        .call(weighted("7"))
+        .await
+        .unwrap();
+    assert_eq!(response.body(), "remaining=3");
+    let response = service
+        .ready()
+        .await
+        .unwrap()
+        .call(weighted("4"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        parse_list(response.headers(), "ratelimit"),
+        [("api".to_owned(), params(&[("r", 3), ("t", 60)]))]
+    );
+    // The denial consumed nothing: 3 units still fit.
+    let response = service
+        .ready()
+        .await
+        .unwrap()
+        .call(weighted("3"))
+        .await
+        .unwrap();
+    assert_eq!(response.body(), "remaining=0");
+}
+
+#[tokio::test]
+async fn zero_cost_requests_are_free() {
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("1/1m fixed-window", &clock),
+        Header::new("x-user-id"),
+    )
+    .cost(|req: &Request<String>| u32::from(req.uri().path() != "/healthz"));
+    let mut service = layer.layer(service_fn(handler));
+    for _ in 0..3 {
+        let health = Request::builder()
+            .uri("/healthz")
+            .header("x-user-id", "h")
+            .body(String::new())
+            .unwrap();
+        let response = service.ready().await.unwrap().call(health).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.body(), "no decision");
+        assert!(!response.headers().contains_key("ratelimit"));
+    }
+    let response = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some("h")))
+        .await
+        .unwrap();
+    assert_eq!(response.body(), "remaining=0");
+}
+
+#[tokio::test]
+async fn missing_key_is_rejected_with_400_by_default() {
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(fixed_limiter("5/1m", &clock), Header::new("x-user-id"));
+    let response = layer
+        .layer(service_fn(handler))
+        .oneshot(request(None))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert!(!response.headers().contains_key("ratelimit"));
+    assert!(!response.headers().contains_key("retry-after"));
+    assert!(matches!(
+        response.extensions().get::<Rejection>(),
+        Some(Rejection::MissingKey { status }) if *status == StatusCode::BAD_REQUEST
+    ));
+
+    let layer = SlidingWindowLayer::new(fixed_limiter("5/1m", &clock), Header::new("x-user-id"))
+        .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
+    let response = layer
+        .layer(service_fn(handler))
+        .oneshot(request(None))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn missing_key_skip_lets_requests_through_unlimited() {
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("1/1m fixed-window", &clock),
+        Header::new("x-user-id"),
+    )
+    .on_missing_key(MissingKey::Skip);
+    let mut service = layer.layer(service_fn(handler));
+    for _ in 0..3 {
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(None))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.body(), "no decision");
+        assert!(!response.headers().contains_key("ratelimit"));
+    }
+    let keyed = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some("ivy")))
+        .await
+        .unwrap();
+    assert_eq!(keyed.body(), "remaining=0");
+}
+
+#[tokio::test]
+async fn store_failure_is_503_unavailable() {
+    let layer = SlidingWindowLayer::new(
+        Limiter::new(FailingStore, quota("5/1m")),
+        Header::new("x-user-id"),
+    );
+    let response = layer
+        .layer(service_fn(handler))
+        .oneshot(request(Some("jo")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(!response.headers().contains_key("retry-after"));
+    match response.extensions().get::<Rejection>() {
+        Some(Rejection::Unavailable { message }) => assert!(message.contains("connection refused")),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn custom_rejection_response_keeps_the_headers() {
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("1/1m fixed-window", &clock),
+        Header::new("x-user-id"),
+    )
+    .legacy_headers(true)
+    .rejection(|rejection: &Rejection| {
+        let mut response = Response::new(format!("{}: {}", rejection.title(), rejection.detail()));
+        *response.status_mut() = rejection.status();
+        response
+    });
+    let mut service = layer.layer(service_fn(handler));
+    service
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some("kim")))
+        .await
+        .unwrap();
+    let denied = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some("kim")))
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        denied.body().starts_with("Too Many Requests: "),
+        "{}",
+        denied.body()
+    );
+    assert_eq!(denied.headers()["retry-after"], "60");
+    assert_eq!(denied.headers()["x-ratelimit-remaining"], "0");
+    assert!(denied.headers().contains_key("ratelimit"));
+}
+
+#[tokio::test]
+async fn inner_errors_pass_through_in_http_mode() {
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(fixed_limiter("5/1m", &clock), Header::new("x-user-id"));
+    let service = layer.layer(service_fn(|_: Request<String>| async {
+        Err::<Response<String>, _>(std::io::Error::other("boom"))
+    }));
+    let error: std::io::Error = service.oneshot(request(Some("lu"))).await.unwrap_err();
+    assert_eq!(error.to_string(), "boom");
+}
+
+#[tokio::test]
+async fn all_clones_share_one_limiter() {
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("2/1m fixed-window", &clock),
+        Header::new("x-user-id"),
+    );
+    let first = layer.layer(service_fn(handler));
+    let second = first.clone();
+    let from_other_layer_clone = layer.clone().layer(service_fn(handler));
+    for _ in 0..2 {
+        let response = first.clone().oneshot(request(Some("max"))).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let response = second.oneshot(request(Some("max"))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let response = from_other_layer_clone
+        .oneshot(request(Some("max")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// A service that must be `poll_ready`-ed before `call`; clones start unready.
+struct NeedsReady {
+    ready: bool,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Clone for NeedsReady {
+    fn clone(&self) -> Self {
+        Self {
+            ready: false,
+            calls: Arc::clone(&self.calls),
+        }
+    }
+}
+
+impl Service<Request<String>> for NeedsReady {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.ready = true;
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _request: Request<String>) -> Self::Future {
+        assert!(self.ready, "called without poll_ready");
+        self.ready = false;
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(Response::new(String::new())))
+    }
+}
+
+#[tokio::test]
+async fn the_readied_service_is_the_one_called() {
+    let clock = clock_at(Duration::ZERO);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = SlidingWindowLayer::new(fixed_limiter("10/1m", &clock), Header::new("x-user-id"))
+        .on_missing_key(MissingKey::Skip);
+    let mut service = layer.layer(NeedsReady {
+        ready: false,
+        calls: Arc::clone(&calls),
+    });
+    for user in [Some("nia"), None, Some("nia")] {
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(user))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+// ---------------------------------------------------------------- typed mode
+
+#[derive(Debug, PartialEq)]
+struct Job(u32);
+
+#[tokio::test]
+async fn typed_mode_rejects_with_a_downcastable_error() {
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("2/1m fixed-window", &clock),
+        Constant::new("jobs"),
+    )
+    .cost(|job: &Job| job.0)
+    .typed_errors();
+    let service = layer.layer(service_fn(|job: Job| async move {
+        if job.0 == 2 {
+            Err(std::io::Error::other("inner failure"))
+        } else {
+            Ok(job.0 * 10)
+        }
+    }));
+    // Allowed; the response is untouched.
+    assert_eq!(service.clone().oneshot(Job(1)).await.unwrap(), 10);
+    // Cost 3 > limit 2: a rejection that can never fit.
+    let error = service.clone().oneshot(Job(3)).await.unwrap_err();
+    let rejection = error.downcast_ref::<Rejection>().unwrap();
+    assert_eq!(rejection.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(rejection.decision().unwrap().retry_after, None);
+    // The last unit, then an exhausted window.
+    assert_eq!(service.clone().oneshot(Job(1)).await.unwrap(), 10);
+    let error = service.clone().oneshot(Job(1)).await.unwrap_err();
+    match error.downcast_ref::<Rejection>() {
+        Some(Rejection::RateLimited(decision)) => {
+            assert_eq!(decision.retry_after, Some(Duration::from_secs(60)));
+        }
+        other => panic!("expected RateLimited, got {other:?}"),
+    }
+    // Inner errors pass through, boxed.
+    clock.advance(Duration::from_secs(60));
+    let error = service.oneshot(Job(2)).await.unwrap_err();
+    assert!(error.downcast_ref::<Rejection>().is_none());
+    assert_eq!(
+        error.downcast_ref::<std::io::Error>().unwrap().to_string(),
+        "inner failure"
+    );
+}
+
+#[tokio::test]
+async fn typed_mode_missing_key_and_store_failure() {
+    let key = |job: &Job| (job.0 > 0).then(|| WindowKey::for_subject(job.0.to_string()));
+    let clock = clock_at(Duration::ZERO);
+    let service = SlidingWindowLayer::new(fixed_limiter("5/1m", &clock), key)
+        .typed_errors()
+        .layer(service_fn(
+            |job: Job| async move { Ok::<_, Infallible>(job) },
+        ));
+    assert_eq!(service.clone().oneshot(Job(4)).await.unwrap(), Job(4));
+    let error = service.oneshot(Job(0)).await.unwrap_err();
+    assert!(matches!(
+        error.downcast_ref::<Rejection>(),
+        Some(Rejection::MissingKey { status }) if *status == StatusCode::BAD_REQUEST
+    ));
+
+    let service = SlidingWindowLayer::new(
+        Limiter::new(FailingStore, quota("5/1m")),
+        Constant::global(),
+    )
+    .typed_errors()
+    .layer(service_fn(
+        |job: Job| async move { Ok::<_, Infallible>(job) },
+    ));
+    let error = service.oneshot(Job(1)).await.unwrap_err();
+    assert!(matches!(
+        error.downcast_ref::<Rejection>(),
+        Some(Rejection::Unavailable { .. })
+    ));
+}
+
+// ---------------------------------------------------------------- bounds
+
+fn assert_send<T: Send>() {}
+fn assert_sync<T: Sync>() {}
+fn assert_clone<T: Clone>() {}
+fn assert_static<T: 'static>() {}
+fn assert_infallible<S: Service<Request<String>, Error = Infallible>>() {}
+
+type HandlerFn = fn(Request<String>) -> std::future::Ready<Result<Response<String>, Infallible>>;
+type HttpLayer = SlidingWindowLayer<Header, UnitCost, Http>;
+type HttpService = SlidingWindow<tower::util::ServiceFn<HandlerFn>, Header, UnitCost, Http>;
+type TypedService = SlidingWindow<tower::util::ServiceFn<HandlerFn>, Constant, UnitCost, Typed>;
+
+#[test]
+fn layer_service_and_future_have_the_bounds_axum_needs() {
+    assert_send::<HttpLayer>();
+    assert_sync::<HttpLayer>();
+    assert_clone::<HttpLayer>();
+    assert_static::<HttpLayer>();
+
+    assert_send::<HttpService>();
+    assert_sync::<HttpService>();
+    assert_clone::<HttpService>();
+    assert_static::<HttpService>();
+    assert_infallible::<HttpService>();
+
+    assert_send::<ResponseFuture<tower::util::ServiceFn<HandlerFn>, Request<String>, Http>>();
+    assert_send::<TypedService>();
+    assert_sync::<TypedService>();
+    assert_clone::<TypedService>();
+}
+
+#[test]
+fn futures_of_closure_layers_are_send() {
+    // A layer with closure key and cost functions, as users write them.
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(fixed_limiter("5/1m", &clock), |req: &Request<String>| {
+        req.headers()
+            .get("x-user-id")
+            .map(|v| WindowKey::for_subject(v.as_bytes().to_vec()))
+    })
+    .cost(|_: &Request<String>| 2);
+    let mut service = layer.layer(service_fn(handler));
+    fn is_send<T: Send + 'static>(_: &T) {}
+    is_send(&layer);
+    is_send(&service);
+    is_send(&service.call(request(Some("x"))));
+    let _ = service.get_ref();
+    let _ = service.get_mut();
+    let _inner = service.into_inner();
+}
+
+#[tokio::test]
+async fn combined_extractors_infer_the_request_type_from_the_service() {
+    use tower_window::key::PeerIp;
+    use tower_window::KeyExtractorExt;
+
+    let clock = clock_at(Duration::ZERO);
+    // Per user (or per peer IP when anonymous), within the tenant header's tenant or "public".
+    let key = Header::new("x-user-id")
+        .or(PeerIp::new())
+        .with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+    let layer = SlidingWindowLayer::new(fixed_limiter("1/1m fixed-window", &clock), key);
+    let mut service = layer.layer(service_fn(handler));
+    let mut call = |tenant: Option<&str>, user: Option<&str>| {
+        let mut req = request(user);
+        if let Some(tenant) = tenant {
+            req.headers_mut()
+                .insert("x-tenant-id", tenant.parse().unwrap());
+        }
+        req.extensions_mut()
+            .insert(std::net::SocketAddr::from(([192, 0, 2, 1], 9)));
+        let response = service.call(req);
+        async move { response.await.unwrap().status() }
+    };
+    assert_eq!(call(Some("acme"), Some("u")).await, StatusCode::OK);
+    assert_eq!(
+        call(Some("acme"), Some("u")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Same user, other tenant: another window.
+    assert_eq!(call(Some("globex"), Some("u")).await, StatusCode::OK);
+    // No tenant header: the "public" tenant.
+    assert_eq!(call(None, Some("u")).await, StatusCode::OK);
+    // Anonymous: keyed by peer IP.
+    assert_eq!(call(None, None).await, StatusCode::OK);
+    assert_eq!(call(None, None).await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[test]
+fn combinators_can_name_the_request_type() {
+    use tower_window::key::PeerIp;
+    use tower_window::{KeyExtractor, KeyExtractorExt};
+
+    let tenant =
+        KeyExtractorExt::<Request<String>>::or(Header::new("x-tenant-id"), Constant::new("public"));
+    let key = KeyExtractorExt::<Request<String>>::with_tenant(
+        Header::new("x-user-id").or(PeerIp::new()),
+        tenant,
+    );
+    let window = key.clone().extract(&request(Some("zed"))).unwrap();
+    assert_eq!(
+        (window.tenant(), window.subject()),
+        (&b"public"[..], &b"zed"[..])
+    );
+    assert!(format!("{key:?}").contains("WithTenant"));
+}
+
+#[test]
+fn combined_extractors_work_on_request_parts() {
+    use tower_window::key::{Query, TrustedProxies};
+    use tower_window::{key::PeerIp, KeyExtractor, KeyExtractorExt};
+
+    let key = Query::new("key")
+        .or(PeerIp::new().trusted_proxies(TrustedProxies::private_networks()))
+        .with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+    let (parts, _) = Request::builder()
+        .uri("/?key=k1")
+        .body(())
+        .unwrap()
+        .into_parts();
+    let window = key.extract(&parts).unwrap();
+    assert_eq!(
+        (window.tenant(), window.subject()),
+        (&b"public"[..], &b"k1"[..])
+    );
+}
+
+/// Never ready: `poll_ready` fails.
+#[derive(Clone)]
+struct Broken;
+
+impl Service<Job> for Broken {
+    type Response = u32;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<u32, std::io::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
+        Poll::Ready(Err(std::io::Error::other("not ready")))
+    }
+
+    fn call(&mut self, _job: Job) -> Self::Future {
+        unreachable!("never ready")
+    }
+}
+
+#[tokio::test]
+async fn typed_mode_maps_readiness_errors() {
+    let clock = clock_at(Duration::ZERO);
+    let service = SlidingWindowLayer::new(fixed_limiter("5/1m", &clock), Constant::global())
+        .typed_errors()
+        .layer(Broken);
+    let error = service.oneshot(Job(1)).await.unwrap_err();
+    assert_eq!(
+        error.downcast_ref::<std::io::Error>().unwrap().to_string(),
+        "not ready"
+    );
+}
