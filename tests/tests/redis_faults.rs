@@ -20,11 +20,13 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
+use tower_window::store::redis::redis_key;
 use tower_window::{
     BreakerConfig, BreakerState, Decision, DecisionSource, FallbackReason, Limiter, ManualClock,
     Quota, RedisStore, WindowKey,
 };
 use tower_window_tests::fault_proxy::{FaultProxy, Mode};
+use tower_window_tests::redis_cluster::RedisCluster;
 
 const T0: u64 = 1_700_000_000_000_000;
 /// The limiter's time budget per decision.
@@ -659,4 +661,114 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
         "{used} recorded, {store_admitted} reported"
     );
     assert!(used <= LIMIT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_with_a_primary_killed_keeps_healthy_slots_on_redis() {
+    let cluster = RedisCluster::start();
+    for node in cluster.nodes() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut node.connection())
+            .unwrap();
+    }
+    let quota = quota();
+    let prefix = "cluster-faults:";
+    // Slot ranges per primary port.
+    let nodes_text: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query(&mut cluster.nodes()[0].connection())
+        .unwrap();
+    let mut ranges: Vec<(u16, u16, u16)> = Vec::new();
+    for line in nodes_text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let port: u16 = fields[1].split(['@', ':']).nth(1).unwrap().parse().unwrap();
+        for slots in &fields[8..] {
+            let (start, end) = slots.split_once('-').unwrap_or((slots, slots));
+            ranges.push((start.parse().unwrap(), end.parse().unwrap(), port));
+        }
+    }
+    let owner = |key: &WindowKey| -> u16 {
+        let redis_key = redis_key(prefix, key, &quota);
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(redis_key)
+            .query(&mut cluster.nodes()[0].connection())
+            .unwrap();
+        ranges
+            .iter()
+            .find(|(start, end, _)| (*start..=*end).contains(&slot))
+            .unwrap()
+            .2
+    };
+    let victim = cluster.nodes()[2].port();
+    let mut dead_keys = Vec::new();
+    let mut live_keys = Vec::new();
+    for i in 0.. {
+        let key = WindowKey::for_subject(format!("cluster-{i}"));
+        if owner(&key) == victim {
+            dead_keys.push(key);
+        } else {
+            live_keys.push(key);
+        }
+        if dead_keys.len() >= 5 && live_keys.len() >= 10 {
+            break;
+        }
+    }
+
+    let store = RedisStore::cluster(cluster.urls())
+        .unwrap()
+        .prefix(prefix)
+        .timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_millis(500));
+    let clock = ManualClock::new(T0);
+    // One breaker guards the whole store: with a third of the traffic on
+    // the dead primary, a ratio trigger keeps it closed for the rest.
+    let limiter = Limiter::builder(store, quota.clone())
+        .clock(clock.clone())
+        .timeout(BUDGET)
+        .breaker(
+            BreakerConfig::default()
+                .consecutive_failures(0)
+                .failure_ratio(0.9, Duration::from_secs(10), 20),
+        )
+        .fallback(FailClosed::default())
+        .build();
+    for key in dead_keys.iter().chain(&live_keys) {
+        assert_eq!(
+            timed_check(&limiter, key).await.source,
+            DecisionSource::Store
+        );
+    }
+
+    // kill -9 the primary (its pid from INFO server).
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut cluster.nodes()[2].connection())
+        .unwrap();
+    let pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert!(Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .unwrap()
+        .success());
+
+    for (dead, live) in dead_keys.iter().zip(live_keys.chunks(2)) {
+        let d = timed_check(&limiter, dead).await;
+        assert!(d.is_degraded(), "{d:?}");
+        assert!(!d.allowed);
+        for key in live {
+            let d = timed_check(&limiter, key).await;
+            assert_eq!(d.source, DecisionSource::Store, "healthy slot");
+            assert!(d.allowed);
+        }
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
 }

@@ -672,3 +672,49 @@ async fn limiter_futures_are_send_and_the_limiter_is_shareable() {
     assert_send(&fut);
     fut.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_and_timed_out_checks_leave_nothing_behind() {
+    let (store, clock, builder) = setup();
+    store.set(Mode::Hang);
+    let limiter = builder
+        .max_in_flight(1)
+        .breaker(
+            BreakerConfig::default()
+                .consecutive_failures(1)
+                .cooldown(Duration::from_secs(1)),
+        )
+        .fallback(FailOpen)
+        .build();
+    // Timed-out store calls are dropped, not left running.
+    for _ in 0..10 {
+        limiter.check(&key(), 1).await.unwrap();
+        clock.advance(Duration::from_secs(1));
+    }
+    assert_eq!(
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks(),
+        0
+    );
+
+    // A caller that gives up mid-call (here: a half-open probe) frees its
+    // in-flight slot and its probe slot.
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
+    clock.advance(Duration::from_secs(1));
+    let calls = store.calls();
+    let probe = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.check(&key(), 1).await })
+    };
+    while store.calls() == calls {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::HalfOpen));
+    probe.abort();
+    assert!(probe.await.unwrap_err().is_cancelled());
+    store.set(Mode::Allow);
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, DecisionSource::Store, "slots were released");
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+}
