@@ -502,7 +502,9 @@ async fn the_in_flight_bound_takes_the_overloaded_path() {
 async fn the_local_tier_answers_a_denied_key_until_retry_after() {
     let (store, clock, builder) = setup();
     let limiter = builder.local_capacity(1_000).build();
-    store.set(Mode::Deny(Duration::from_millis(300)));
+    // Long enough that the cache's own real-time expiry (which only frees
+    // memory) cannot interfere on a slow machine.
+    store.set(Mode::Deny(Duration::from_secs(30)));
     let d = limiter.check(&key(), 1).await.unwrap();
     assert!(!d.allowed);
     assert_eq!(d.source, DecisionSource::Store);
@@ -515,7 +517,7 @@ async fn the_local_tier_answers_a_denied_key_until_retry_after() {
         assert_eq!(d.source, DecisionSource::LocalCache);
         assert_eq!(
             d.retry_after,
-            Some(Duration::from_micros(300_000 - i * 2_000))
+            Some(Duration::from_micros(30_000_000 - i * 2_000))
         );
         assert_eq!(d.timestamp_micros, T0 + i * 2_000);
     }
@@ -531,10 +533,10 @@ async fn the_local_tier_answers_a_denied_key_until_retry_after() {
         .unwrap();
     assert_eq!(store.calls(), 2);
 
-    clock.set(T0 + 299_999);
+    clock.set(T0 + 29_999_999);
     limiter.check(&key(), 1).await.unwrap();
     assert_eq!(store.calls(), 2);
-    clock.set(T0 + 300_000);
+    clock.set(T0 + 30_000_000);
     store.set(Mode::Allow);
     let d = limiter.check(&key(), 1).await.unwrap();
     assert!(d.allowed);
@@ -550,7 +552,7 @@ async fn the_local_tier_answers_a_denied_key_until_retry_after() {
 async fn the_local_tier_is_bypassed_for_cheaper_requests_and_never_admits() {
     let (store, _clock, builder) = setup();
     let limiter = builder.local_capacity(1_000).build();
-    store.set(Mode::Deny(Duration::from_secs(1)));
+    store.set(Mode::Deny(Duration::from_secs(60)));
     limiter.check(&key(), 4).await.unwrap();
     store.set(Mode::Allow);
     // Cost 1 might fit already: the store decides.
