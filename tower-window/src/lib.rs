@@ -50,9 +50,8 @@ pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
 pub use layer::{MissingKey, Rejection, SlidingWindow, SlidingWindowLayer};
 pub use limiter::{LimitError, Limiter};
 pub use limiter::{LimiterBuilder, LimiterStats};
-pub use local::DEFAULT_LOCAL_CAPACITY;
 pub use quota::{Quota, QuotaBuilder, QuotaError};
-pub use resilience::{RetryConfig, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT};
+pub use resilience::RetryConfig;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{CheckRequest, MemoryStore, Store, StoreError, StoreErrorKind};

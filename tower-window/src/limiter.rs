@@ -418,6 +418,13 @@ pub struct LimiterBuilder {
 }
 
 impl LimiterBuilder {
+    /// The default time budget of one decision: 50 ms.
+    pub const DEFAULT_TIMEOUT: Duration = DEFAULT_TIMEOUT;
+    /// The default capacity of the local tier: 100 000 keys.
+    pub const DEFAULT_LOCAL_CAPACITY: u64 = DEFAULT_LOCAL_CAPACITY;
+    /// The default bound on store calls in flight: 1024.
+    pub const DEFAULT_MAX_IN_FLIGHT: usize = DEFAULT_MAX_IN_FLIGHT;
+
     fn new(store: Arc<dyn Store>, quota: Quota) -> Self {
         Self {
             store,

@@ -19,7 +19,7 @@ use moka::Expiry;
 use crate::{Clock, Decision, DecisionSource, Quota, WindowKey};
 
 /// Default number of keys the local tier remembers.
-pub const DEFAULT_LOCAL_CAPACITY: u64 = 100_000;
+pub(crate) const DEFAULT_LOCAL_CAPACITY: u64 = 100_000;
 
 type LocalKey = (WindowKey, Quota);
 

@@ -11,10 +11,10 @@ use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::Decision;
 
 /// Default time budget of one decision's store call, retries included.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// Default bound on store calls in flight per limiter.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
 /// How a failed store call is retried.
 ///

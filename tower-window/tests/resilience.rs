@@ -650,7 +650,7 @@ async fn builder_defaults_work_end_to_end() {
     let start = Instant::now();
     let d = limiter.check(&key(), 1).await.unwrap();
     assert_eq!(d.source, fallback(FallbackReason::Timeout));
-    assert!(start.elapsed() <= tower_window::DEFAULT_TIMEOUT + Duration::from_millis(1));
+    assert!(start.elapsed() <= LimiterBuilder::DEFAULT_TIMEOUT + Duration::from_millis(1));
     // Five consecutive failures open the default breaker.
     for _ in 0..4 {
         limiter.check(&key(), 1).await.unwrap();
