@@ -108,7 +108,10 @@ impl Resilience {
         store: &dyn Store,
         request: CheckRequest<'_>,
     ) -> Result<Decision, StoreError> {
-        let deadline = self.timeout.map(|budget| Instant::now() + budget);
+        // A budget too large to represent is no budget.
+        let deadline = self
+            .timeout
+            .and_then(|budget| Instant::now().checked_add(budget));
         let attempts = self.with_retries(store, request, deadline);
         match (self.timeout, deadline) {
             (Some(budget), Some(deadline)) => tokio::time::timeout_at(deadline, attempts)
@@ -144,8 +147,9 @@ impl Resilience {
             .adjust(move |_, delay| {
                 let delay = delay?;
                 // Never start a wait that would end past the budget.
-                match deadline {
-                    Some(deadline) if Instant::now() + delay >= deadline => None,
+                match (deadline, Instant::now().checked_add(delay)) {
+                    (_, None) => None,
+                    (Some(deadline), Some(end)) if end >= deadline => None,
                     _ => Some(delay),
                 }
             })

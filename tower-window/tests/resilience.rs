@@ -720,3 +720,37 @@ async fn cancelled_and_timed_out_checks_leave_nothing_behind() {
     assert_eq!(d.source, DecisionSource::Store, "slots were released");
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
 }
+
+#[tokio::test(start_paused = true)]
+async fn extreme_settings_do_not_panic() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder
+        .timeout(Duration::MAX)
+        .retry(
+            RetryConfig::default()
+                .max_retries(3)
+                .delays(Duration::MAX, Duration::MAX),
+        )
+        .breaker(
+            BreakerConfig::default()
+                .consecutive_failures(1)
+                .cooldown(Duration::MAX),
+        )
+        .local_capacity(1)
+        .fallback(FailOpen)
+        .build();
+    store.set(Mode::Deny(Duration::MAX));
+    assert!(!limiter.check(&key(), u32::MAX).await.unwrap().allowed);
+    assert!(!limiter.check(&key(), u32::MAX).await.unwrap().allowed);
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    let d = limiter
+        .check(&WindowKey::for_subject("x"), 1)
+        .await
+        .unwrap();
+    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+    let d = limiter
+        .check(&WindowKey::for_subject("x"), 1)
+        .await
+        .unwrap();
+    assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+}
