@@ -128,6 +128,39 @@ impl RedisServer {
             .spawn()
     }
 
+    /// Kills the server and starts a new one on the same port and directory
+    /// (a Redis restart: connections drop, the script cache is empty).
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let mut child =
+                Self::spawn(self.port, self.dir.path(), &[]).expect("respawn redis-server");
+            match wait_ready(self.port, &mut child) {
+                Ok(()) => {
+                    self.child = child;
+                    return;
+                }
+                Err(error) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    assert!(
+                        Instant::now() < deadline,
+                        "could not restart redis-server: {error}"
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
+    /// Stops the server (it stays down until [`restart`](Self::restart)).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// The server's port.
     pub fn port(&self) -> u16 {
         self.port

@@ -378,6 +378,49 @@ const SCRIPT_COMMANDS: &[&str] = &[
     "set",
 ];
 
+/// Runs sequential and concurrent decisions of every algorithm; returns how many.
+async fn decide_many(store: Arc<RedisStore>) -> u64 {
+    let mut decisions = 0u64;
+    for quota in all_quotas() {
+        let limiter = Limiter::from_shared_store(store.clone(), quota);
+        for i in 0..50 {
+            limiter
+                .check(&WindowKey::for_subject(format!("cmd-{i}")), 1)
+                .await
+                .unwrap();
+            decisions += 1;
+        }
+        let concurrent = futures_util::future::join_all((0..64).map(|i| {
+            let limiter = limiter.clone();
+            async move {
+                limiter
+                    .check(&WindowKey::for_subject(format!("cmd-{i}")), 1)
+                    .await
+            }
+        }))
+        .await;
+        assert!(concurrent.iter().all(Result::is_ok));
+        decisions += 64;
+    }
+    decisions
+}
+
+/// Asserts the only commands clients sent were EVALSHAs (plus our own
+/// CONFIG RESETSTAT / INFO); returns the EVALSHA count.
+fn evalsha_only(name: &str, stats: &HashMap<String, u64>) -> u64 {
+    for (command, calls) in stats {
+        let expected = command == "evalsha"
+            || command.starts_with("config")
+            || command == "info"
+            || SCRIPT_COMMANDS.contains(&command.as_str());
+        assert!(
+            expected,
+            "{name}: unexpected command {command} ({calls} calls)"
+        );
+    }
+    stats.get("evalsha").copied().unwrap_or(0)
+}
+
 /// Invariant 6: exactly one command (EVALSHA) per decision reaches Redis:
 /// no PING, no SCRIPT EXISTS/LOAD, no EVAL — for a URL store and a pool store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -394,46 +437,38 @@ async fn one_command_per_decision() {
     let mut admin = server.connection();
     for (name, store) in stores {
         store.connect().await.unwrap();
-        let store = Arc::new(store);
         let _: () = redis::cmd("CONFIG")
             .arg("RESETSTAT")
             .query(&mut admin)
             .unwrap();
-        let mut decisions = 0u64;
-        for quota in all_quotas() {
-            let limiter = Limiter::from_shared_store(store.clone(), quota);
-            // Sequential and concurrent decisions.
-            for i in 0..50 {
-                limiter
-                    .check(&WindowKey::for_subject(format!("cmd-{i}")), 1)
-                    .await
-                    .unwrap();
-                decisions += 1;
-            }
-            let concurrent = futures_util::future::join_all((0..64).map(|i| {
-                let limiter = limiter.clone();
-                async move {
-                    limiter
-                        .check(&WindowKey::for_subject(format!("cmd-{i}")), 1)
-                        .await
-                }
-            }))
-            .await;
-            assert!(concurrent.iter().all(Result::is_ok));
-            decisions += 64;
-        }
-        let stats = commandstats(&mut admin);
-        assert_eq!(stats.get("evalsha"), Some(&decisions), "{name}: {stats:?}");
-        for (command, calls) in &stats {
-            // Our own CONFIG RESETSTAT and INFO are the only other commands.
-            let expected = command == "evalsha"
-                || command.starts_with("config")
-                || command == "info"
-                || SCRIPT_COMMANDS.contains(&command.as_str());
-            assert!(
-                expected,
-                "{name}: unexpected command {command} ({calls} calls)"
-            );
-        }
+        let decisions = decide_many(Arc::new(store)).await;
+        assert_eq!(evalsha_only(name, &commandstats(&mut admin)), decisions);
     }
+}
+
+/// The same on the cluster: summed over the primaries, one EVALSHA per
+/// decision and nothing else (no per-call topology or PING traffic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_command_per_decision_on_the_cluster() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::cluster(cluster.urls())
+        .unwrap()
+        .timeout(Duration::from_secs(2));
+    store.connect().await.unwrap();
+    let mut admins: Vec<redis::Connection> = cluster
+        .nodes()
+        .iter()
+        .map(RedisServer::connection)
+        .collect();
+    for admin in &mut admins {
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(admin).unwrap();
+    }
+    let decisions = decide_many(Arc::new(store)).await;
+    let mut evalsha = 0;
+    for (i, admin) in admins.iter_mut().enumerate() {
+        let on_node = evalsha_only(&format!("node {i}"), &commandstats(admin));
+        assert!(on_node > 0, "node {i} decided nothing");
+        evalsha += on_node;
+    }
+    assert_eq!(evalsha, decisions);
 }

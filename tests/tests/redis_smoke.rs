@@ -96,3 +96,17 @@ async fn cluster_all_algorithms() {
     store.connect().await.unwrap();
     exercise(store).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_single_and_cluster() {
+    let server = RedisServer::shared();
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    exercise(RedisStore::from_pool(pool).prefix("smoke-pool:")).await;
+    let cluster = RedisCluster::shared();
+    let pool = deadpool_redis::cluster::Config::from_urls(cluster.urls())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    exercise(RedisStore::from_cluster_pool(pool).prefix("smoke-pool:")).await;
+}

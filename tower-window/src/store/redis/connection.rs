@@ -49,7 +49,10 @@ type ConnectResult = Result<(Conn, u64), (StoreErrorKind, String)>;
 
 enum State {
     Idle,
-    Connecting(Shared<BoxFuture<'static, ConnectResult>>),
+    Connecting {
+        pending: Shared<BoxFuture<'static, ConnectResult>>,
+        generation: u64,
+    },
     Ready {
         conn: Conn,
         generation: u64,
@@ -100,10 +103,14 @@ impl Connection {
                 State::Ready {
                     conn, generation, ..
                 } => return Ok((conn.clone(), *generation)),
-                State::Connecting(pending) => pending.clone(),
+                State::Connecting { pending, .. } => pending.clone(),
                 State::Idle => {
-                    let pending = self.spawn_connect();
-                    *state = State::Connecting(pending.clone());
+                    let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+                    let pending = self.spawn_connect(generation);
+                    *state = State::Connecting {
+                        pending: pending.clone(),
+                        generation,
+                    };
                     pending
                 }
             }
@@ -113,12 +120,13 @@ impl Connection {
             .map_err(|(kind, message)| StoreError::new(kind, message))
     }
 
-    fn spawn_connect(&self) -> Shared<BoxFuture<'static, ConnectResult>> {
-        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+    fn spawn_connect(&self, generation: u64) -> Shared<BoxFuture<'static, ConnectResult>> {
         let connector = Arc::clone(&self.connector);
         let state = Arc::clone(&self.state);
         let timeout = self.connect_timeout;
+        let task_state = Arc::clone(&state);
         let task = tokio::spawn(async move {
+            let state = task_state;
             let result = match tokio::time::timeout(timeout, connect(&connector, timeout)).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::new(
@@ -144,6 +152,12 @@ impl Connection {
         });
         async move {
             task.await.unwrap_or_else(|_| {
+                // The task's runtime shut down before it finished: let the
+                // next call start over instead of keeping this failure.
+                let mut state = lock(&state);
+                if matches!(&*state, State::Connecting { generation: g, .. } if *g == generation) {
+                    *state = State::Idle;
+                }
                 Err((
                     StoreErrorKind::Unavailable,
                     "the redis connect task was cancelled".to_owned(),

@@ -72,7 +72,8 @@ const EXPLICIT_CLOCK_MIN_TTL_MS: u64 = 60_000;
 /// Build one with [`from_url`](Self::from_url), [`from_pool`](Self::from_pool),
 /// [`cluster`](Self::cluster) or [`from_cluster_pool`](Self::from_cluster_pool),
 /// then adjust it with [`prefix`](Self::prefix), [`timeout`](Self::timeout),
-/// [`connect_timeout`](Self::connect_timeout) and [`clock`](Self::clock).
+/// [`connect_timeout`](Self::connect_timeout), [`max_in_flight`](Self::max_in_flight)
+/// and [`clock`](Self::clock).
 /// See the [module docs](crate::store::redis) for the key layout and how
 /// connections are used.
 pub struct RedisStore {
@@ -80,6 +81,7 @@ pub struct RedisStore {
     prefix: String,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
+    in_flight: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl RedisStore {
@@ -89,6 +91,7 @@ impl RedisStore {
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             clock: None,
+            in_flight: None,
         }
     }
 
@@ -163,6 +166,14 @@ impl RedisStore {
     /// a check never waits longer than its [`timeout`](Self::timeout).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connection.set_connect_timeout(timeout);
+        self
+    }
+
+    /// Allows at most `max` decisions in flight at once (default: no limit
+    /// beyond what the deadline implies). A check beyond it fails at once with
+    /// [`StoreErrorKind::Overloaded`] instead of queueing behind a slow Redis.
+    pub fn max_in_flight(mut self, max: usize) -> Self {
+        self.in_flight = Some(Arc::new(tokio::sync::Semaphore::new(max)));
         self
     }
 
@@ -262,6 +273,15 @@ impl Store for RedisStore {
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move {
+            let _permit = match &self.in_flight {
+                Some(limit) => Some(limit.try_acquire().map_err(|_| {
+                    StoreError::new(
+                        StoreErrorKind::Overloaded,
+                        "too many redis decisions in flight",
+                    )
+                })?),
+                None => None,
+            };
             match tokio::time::timeout(self.timeout, self.decide(request)).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::new(
@@ -280,6 +300,10 @@ impl fmt::Debug for RedisStore {
             .field("cluster", &self.connection.is_cluster())
             .field("timeout", &self.timeout)
             .field("explicit_clock", &self.clock.is_some())
+            .field(
+                "max_in_flight",
+                &self.in_flight.as_ref().map(|s| s.available_permits()),
+            )
             .finish_non_exhaustive()
     }
 }

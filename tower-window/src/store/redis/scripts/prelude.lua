@@ -12,6 +12,11 @@
 --
 -- Returns {allowed (0/1), remaining, reset_after_us, retry_after_us (-1 = never), now_us}.
 
+-- Redis 3.2-4.x need effects replication to write after TIME; a no-op from 5 on.
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
+
 local function int(x)
   return string.format('%d', x)
 end

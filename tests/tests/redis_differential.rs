@@ -1,0 +1,98 @@
+//! Differential test: random sequences of (time step, cost) give exactly the
+//! same decisions from `RedisStore` (Lua) and `MemoryStore` (the Rust
+//! reference), for every algorithm, including small steps back in time.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tower_window::{CheckRequest, ManualClock, MemoryStore, Quota, RedisStore, Store, WindowKey};
+use tower_window_tests::conformance::START;
+use tower_window_tests::redis_server::RedisServer;
+
+const QUOTAS: &[&str] = &[
+    "3/1s",
+    "5/2s",
+    "4/1s sliding-counter(250ms)",
+    "6/2s sliding-counter(1s)",
+    "3/1s fixed-window",
+    "7/3s fixed-window",
+    "3/1s gcra",
+    "2/1s gcra(burst=5)",
+    "7/1s gcra(burst=3)",
+];
+
+fn ops() -> impl Strategy<Value = Vec<(i64, u32)>> {
+    // Steps from 100 ms back to 2.5 s forward (often 0: same microsecond),
+    // costs from 1 to 8 (some above every limit here).
+    proptest::collection::vec(
+        (
+            prop_oneof![Just(0i64), -100_000i64..0, 0i64..2_500_000, 0i64..50_000],
+            1u32..=8,
+        ),
+        1..40,
+    )
+}
+
+fn seen(d: &tower_window::Decision) -> (bool, u32, Duration, Option<Duration>, u64) {
+    (
+        d.allowed,
+        d.remaining,
+        d.reset_after,
+        d.retry_after,
+        d.timestamp_micros,
+    )
+}
+
+#[test]
+fn redis_matches_memory_store() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let clock = ManualClock::new(START);
+    let redis = RedisStore::from_url(&server.url())
+        .unwrap()
+        .timeout(Duration::from_secs(5))
+        .clock(clock.clone());
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    static ALLOWED: AtomicU64 = AtomicU64::new(0);
+    static DENIED: AtomicU64 = AtomicU64::new(0);
+
+    let config = ProptestConfig {
+        cases: 96,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(quota_index in 0..QUOTAS.len(), start_offset in 0u64..3_000_000, steps in ops())| {
+        let quota: Quota = QUOTAS[quota_index].parse().unwrap();
+        let key = WindowKey::new("diff", format!("case-{}", CASE.fetch_add(1, Ordering::Relaxed)));
+        let mut now = START + start_offset;
+        runtime.block_on(async {
+            for (i, (step, cost)) in steps.iter().enumerate() {
+                now = now.saturating_add_signed(*step);
+                clock.set(now);
+                let request = CheckRequest::new(&key, &quota, *cost);
+                let want = memory.check(request).await.unwrap();
+                let got = redis.check(request).await.unwrap();
+                let counter = if want.allowed { &ALLOWED } else { &DENIED };
+                counter.fetch_add(1, Ordering::Relaxed);
+                prop_assert_eq!(
+                    seen(&got),
+                    seen(&want),
+                    "{} step {} (cost {} at START + {} µs)",
+                    quota,
+                    i,
+                    cost,
+                    now - START
+                );
+            }
+            Ok(())
+        })?;
+    });
+    // The sequences exercised both outcomes, many times.
+    assert!(ALLOWED.load(Ordering::Relaxed) > 200, "{ALLOWED:?}");
+    assert!(DENIED.load(Ordering::Relaxed) > 200, "{DENIED:?}");
+}
