@@ -29,21 +29,29 @@
 //! [Tower]: https://docs.rs/tower
 
 pub mod algorithm;
+mod breaker;
 mod clock;
 mod decision;
+pub mod fallback;
 pub mod key;
 pub mod layer;
 mod limiter;
+mod local;
 pub mod quota;
+mod resilience;
 pub mod store;
 
 pub use algorithm::Algorithm;
+pub use breaker::{BreakerConfig, BreakerState};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, DecisionSource, FallbackReason};
+pub use fallback::FallbackPolicy;
 pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
 pub use layer::{MissingKey, Rejection, SlidingWindow, SlidingWindowLayer};
 pub use limiter::{LimitError, Limiter};
+pub use limiter::{LimiterBuilder, LimiterStats};
 pub use quota::{Quota, QuotaBuilder, QuotaError};
+pub use resilience::RetryConfig;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{CheckRequest, MemoryStore, Store, StoreError, StoreErrorKind};

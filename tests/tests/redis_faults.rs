@@ -1,0 +1,774 @@
+//! Fault injection against a real `redis-server` on loopback: the fault
+//! proxy between the limiter and Redis (latency, blackhole, reset, refuse)
+//! and real process faults (`kill -9` and restart on the same port,
+//! `SIGSTOP`/`SIGCONT`, `DEBUG SLEEP`, `maxmemory` with `noeviction`).
+//!
+//! For each fallback policy: every decision returns within the time budget
+//! plus a generous constant; with the breaker open no socket is touched;
+//! after Redis returns, the first probe after the cooldown is decided by
+//! Redis again (a `NOSCRIPT` after a restart is invisible); admissions that
+//! reached Redis never exceed the quota, and `LocalWindow` admissions during
+//! an outage stay within `nodes × ceil(share × limit)` per window.
+//!
+//! The limiter's clock (breaker cooldown, local tier, local window) is a
+//! `ManualClock`; Redis decides with its own `TIME`.
+#![allow(clippy::unwrap_used)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
+use tower_window::store::redis::redis_key;
+use tower_window::{
+    BreakerConfig, BreakerState, Decision, DecisionSource, FallbackReason, Limiter, ManualClock,
+    Quota, RedisStore, WindowKey,
+};
+use tower_window_tests::fault_proxy::{FaultProxy, Mode};
+use tower_window_tests::redis_cluster::RedisCluster;
+
+const T0: u64 = 1_700_000_000_000_000;
+/// The limiter's time budget per decision.
+const BUDGET: Duration = Duration::from_millis(150);
+/// The generous bound on top of the budget.
+const SLACK: Duration = Duration::from_millis(250);
+const COOLDOWN: Duration = Duration::from_secs(5);
+/// Consecutive failures that open the breaker.
+const TRIP: u32 = 3;
+
+/// A `redis-server` this test controls: kill, restart on the same port,
+/// stop and continue.
+struct Redis {
+    child: Option<Child>,
+    port: u16,
+    dir: TempDir,
+}
+
+impl Redis {
+    fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("tower-window-faults-")
+            .tempdir()
+            .unwrap();
+        let mut redis = Self {
+            child: None,
+            port: 0,
+            dir,
+        };
+        for _ in 0..20 {
+            redis.port = TcpListener::bind(("127.0.0.1", 0))
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            if redis.spawn() {
+                return redis;
+            }
+        }
+        panic!("could not start redis-server");
+    }
+
+    /// Starts the process on `self.port`; true once it answers `PING`.
+    fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--enable-debug-command", "yes"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--logfile", "redis.log"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH (apt-get install -y redis-server)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return false; // exited: port taken?
+            }
+            let pong: redis::RedisResult<String> = redis::Client::open(self.url())
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+                .and_then(|mut c| redis::cmd("PING").query(&mut c));
+            if pong.is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill9();
+        false
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// `kill -9`.
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// A fresh process (no data, no scripts) on the same port.
+    fn restart(&mut self) {
+        self.kill9();
+        for _ in 0..50 {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server did not restart on port {}", self.port);
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().unwrap().id();
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn cmd(&self, args: &[&str]) -> redis::Value {
+        let mut conn = redis::Client::open(self.url())
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap();
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query(&mut conn).unwrap()
+    }
+
+    fn info(&self, section: &str) -> String {
+        let mut conn = redis::Client::open(self.url())
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap();
+        redis::cmd("INFO").arg(section).query(&mut conn).unwrap()
+    }
+
+    /// `calls` of `EVALSHA` since the last `CONFIG RESETSTAT`.
+    fn evalsha_calls(&self) -> u64 {
+        let info = self.info("commandstats");
+        info.lines()
+            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A stopped process must be continued to die promptly.
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(child.id().to_string())
+                .status();
+        }
+        self.kill9();
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Policy {
+    FailOpen,
+    FailClosed,
+    LocalWindow(f64),
+}
+
+const POLICIES: [Policy; 3] = [
+    Policy::FailOpen,
+    Policy::FailClosed,
+    Policy::LocalWindow(0.01),
+];
+
+fn quota() -> Quota {
+    "1000/1m".parse().unwrap()
+}
+
+/// One gateway node: its own store (connection), breaker and fallback.
+fn node(url: &str, clock: &ManualClock, policy: Policy, prefix: &str) -> Limiter {
+    let store = RedisStore::from_url(url)
+        .unwrap()
+        .prefix(prefix)
+        // The limiter's budget is the one under test.
+        .timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_millis(500));
+    let builder = Limiter::builder(store, quota())
+        .clock(clock.clone())
+        .timeout(BUDGET)
+        .breaker(
+            BreakerConfig::default()
+                .consecutive_failures(TRIP)
+                .without_failure_ratio()
+                .cooldown(COOLDOWN),
+        );
+    match policy {
+        Policy::FailOpen => builder.fallback(FailOpen).build(),
+        Policy::FailClosed => builder.fallback(FailClosed::default()).build(),
+        Policy::LocalWindow(share) => builder.fallback(LocalWindow::new(share).unwrap()).build(),
+    }
+}
+
+/// Checks once, asserting the decision came within the budget plus slack.
+async fn timed_check(limiter: &Limiter, key: &WindowKey) -> Decision {
+    let start = Instant::now();
+    let decision = limiter.check(key, 1).await.unwrap();
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed <= BUDGET + SLACK,
+        "a decision took {elapsed:?} ({:?})",
+        decision.source
+    );
+    decision
+}
+
+/// What a degraded decision must look like under `policy`.
+fn assert_policy(policy: Policy, d: &Decision) {
+    assert!(d.is_degraded(), "{d:?}");
+    match policy {
+        Policy::FailOpen => assert!(d.allowed),
+        Policy::FailClosed => {
+            assert!(!d.allowed);
+            assert!(d.retry_after.is_some());
+        }
+        Policy::LocalWindow(_) => {}
+    }
+}
+
+/// Drives a node through an outage made by `fault` and a recovery made by
+/// `heal`, asserting the four properties.
+async fn outage_and_recovery<F, H>(policy: Policy, redis_addr: SocketAddr, fault: F, heal: H)
+where
+    F: FnOnce(&FaultProxy),
+    H: FnOnce(&FaultProxy),
+{
+    let proxy = FaultProxy::start(redis_addr).await.unwrap();
+    let clock = ManualClock::new(T0);
+    let limiter = node(&proxy.redis_url(), &clock, policy, "faults:");
+    let key = WindowKey::for_subject(format!("outage-{policy:?}-{}", rand_suffix()));
+
+    for _ in 0..3 {
+        let d = timed_check(&limiter, &key).await;
+        assert_eq!(d.source, DecisionSource::Store);
+        assert!(d.allowed);
+    }
+
+    fault(&proxy);
+    let mut degraded = Vec::new();
+    while limiter.breaker_state() != Some(BreakerState::Open) {
+        let d = timed_check(&limiter, &key).await;
+        assert_policy(policy, &d);
+        assert_ne!(
+            d.source,
+            DecisionSource::Fallback(FallbackReason::CircuitOpen)
+        );
+        degraded.push(d);
+        assert!(degraded.len() <= TRIP as usize, "breaker did not open");
+    }
+
+    // Open: straight to the fallback without touching a socket.
+    proxy.reset_stats();
+    for _ in 0..50 {
+        let d = timed_check(&limiter, &key).await;
+        assert_policy(policy, &d);
+        assert_eq!(
+            d.source,
+            DecisionSource::Fallback(FallbackReason::CircuitOpen)
+        );
+        degraded.push(d);
+    }
+    assert!(proxy.stats().is_untouched(), "{:?}", proxy.stats());
+    if let Policy::LocalWindow(share) = policy {
+        // One node, one window of the limiter's clock.
+        let admitted = degraded.iter().filter(|d| d.allowed).count();
+        let bound = (share * f64::from(quota().limit())).ceil() as usize;
+        assert_eq!(admitted, bound, "local window admissions");
+    }
+
+    // Recovery: the first probe after the cooldown is Redis's decision.
+    heal(&proxy);
+    clock.advance(COOLDOWN);
+    let d = timed_check(&limiter, &key).await;
+    assert_eq!(
+        d.source,
+        DecisionSource::Store,
+        "first probe after recovery"
+    );
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+    assert!(proxy.stats().bytes_from_clients > 0);
+    for _ in 0..3 {
+        assert_eq!(
+            timed_check(&limiter, &key).await.source,
+            DecisionSource::Store
+        );
+    }
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackhole_per_policy() {
+    let redis = Redis::start();
+    for policy in POLICIES {
+        outage_and_recovery(
+            policy,
+            redis.addr(),
+            |p| p.set_mode(Mode::Blackhole),
+            |p| p.set_mode(Mode::PassThrough),
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_and_refuse_per_policy() {
+    let redis = Redis::start();
+    for policy in POLICIES {
+        outage_and_recovery(
+            policy,
+            redis.addr(),
+            |p| p.set_mode(Mode::Reset),
+            |p| p.set_mode(Mode::PassThrough),
+        )
+        .await;
+        outage_and_recovery(
+            policy,
+            redis.addr(),
+            |p| p.set_mode(Mode::Refuse),
+            |p| p.set_mode(Mode::PassThrough),
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_within_and_beyond_the_budget() {
+    let redis = Redis::start();
+    let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+    let clock = ManualClock::new(T0);
+    let limiter = node(&proxy.redis_url(), &clock, Policy::FailOpen, "latency:");
+    let key = WindowKey::for_subject("latency");
+    assert_eq!(
+        timed_check(&limiter, &key).await.source,
+        DecisionSource::Store
+    );
+    // A few ms each way: well inside the budget.
+    proxy.set_mode(Mode::Latency {
+        base: Duration::from_millis(5),
+        jitter: Duration::from_millis(5),
+    });
+    for _ in 0..5 {
+        assert_eq!(
+            timed_check(&limiter, &key).await.source,
+            DecisionSource::Store
+        );
+    }
+    // Slower than the budget: timeouts, then the breaker opens.
+    proxy.set_mode(Mode::Latency {
+        base: BUDGET * 2,
+        jitter: Duration::from_millis(50),
+    });
+    for _ in 0..TRIP {
+        let d = timed_check(&limiter, &key).await;
+        assert_eq!(d.source, DecisionSource::Fallback(FallbackReason::Timeout));
+        assert!(d.allowed);
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_and_restart_on_the_same_port_per_policy() {
+    let mut redis = Redis::start();
+    for policy in POLICIES {
+        let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+        let clock = ManualClock::new(T0);
+        let limiter = node(&proxy.redis_url(), &clock, policy, "restart:");
+        let key = WindowKey::for_subject(format!("restart-{policy:?}"));
+        for _ in 0..3 {
+            assert_eq!(
+                timed_check(&limiter, &key).await.source,
+                DecisionSource::Store
+            );
+        }
+
+        redis.kill9();
+        let mut failures = 0;
+        while limiter.breaker_state() != Some(BreakerState::Open) {
+            let d = timed_check(&limiter, &key).await;
+            assert_policy(policy, &d);
+            failures += 1;
+            assert!(failures <= TRIP, "breaker did not open");
+        }
+        proxy.reset_stats();
+        for _ in 0..20 {
+            let d = timed_check(&limiter, &key).await;
+            assert_eq!(
+                d.source,
+                DecisionSource::Fallback(FallbackReason::CircuitOpen)
+            );
+        }
+        assert!(proxy.stats().is_untouched(), "{:?}", proxy.stats());
+
+        // A fresh server knows no scripts: the NOSCRIPT must not show.
+        redis.restart();
+        clock.advance(COOLDOWN);
+        let d = timed_check(&limiter, &key).await;
+        assert_eq!(d.source, DecisionSource::Store, "first probe after restart");
+        assert!(d.allowed);
+        assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigstop_and_sigcont() {
+    let redis = Redis::start();
+    let clock = ManualClock::new(T0);
+    // No proxy: the process itself freezes (the kernel still accepts).
+    let limiter = node(&redis.url(), &clock, Policy::FailClosed, "stop:");
+    let key = WindowKey::for_subject("stop");
+    assert_eq!(
+        timed_check(&limiter, &key).await.source,
+        DecisionSource::Store
+    );
+    redis.signal("-STOP");
+    for _ in 0..TRIP {
+        let d = timed_check(&limiter, &key).await;
+        assert_eq!(d.source, DecisionSource::Fallback(FallbackReason::Timeout));
+        assert!(!d.allowed);
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
+    redis.signal("-CONT");
+    clock.advance(COOLDOWN);
+    assert_eq!(
+        timed_check(&limiter, &key).await.source,
+        DecisionSource::Store
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_sleep_and_client_pause_are_bounded() {
+    let redis = Redis::start();
+    let clock = ManualClock::new(T0);
+    let limiter = node(&redis.url(), &clock, Policy::FailOpen, "sleep:");
+    let key = WindowKey::for_subject("sleep");
+    assert_eq!(
+        timed_check(&limiter, &key).await.source,
+        DecisionSource::Store
+    );
+
+    // DEBUG SLEEP blocks the server; give the command a head start.
+    let url = redis.url();
+    let sleeper = std::thread::spawn(move || {
+        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: redis::Value = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("1.5")
+            .query(&mut conn)
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let d = timed_check(&limiter, &key).await;
+    assert_eq!(d.source, DecisionSource::Fallback(FallbackReason::Timeout));
+    assert!(d.allowed);
+    tokio::task::spawn_blocking(move || sleeper.join().unwrap())
+        .await
+        .unwrap();
+    // The late reply is discarded; the connection stays usable.
+    assert_eq!(
+        timed_check(&limiter, &key).await.source,
+        DecisionSource::Store
+    );
+
+    // CLIENT PAUSE is in effect once it returns; a PING returns when it ends.
+    redis.cmd(&["CLIENT", "PAUSE", "1000", "ALL"]);
+    let d = timed_check(&limiter, &key).await;
+    assert_eq!(d.source, DecisionSource::Fallback(FallbackReason::Timeout));
+    let url = redis.url();
+    tokio::task::spawn_blocking(move || {
+        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: String = redis::cmd("PING").query(&mut conn).unwrap();
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        timed_check(&limiter, &key).await.source,
+        DecisionSource::Store
+    );
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory_is_an_overloaded_fallback() {
+    let redis = Redis::start();
+    let clock = ManualClock::new(T0);
+    let limiter = node(&redis.url(), &clock, Policy::FailClosed, "oom:");
+    let key = WindowKey::for_subject("oom");
+    assert_eq!(
+        timed_check(&limiter, &key).await.source,
+        DecisionSource::Store
+    );
+    let filler = "x".repeat(2 << 20);
+    redis.cmd(&["SET", "filler", &filler]);
+    redis.cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    redis.cmd(&["CONFIG", "SET", "maxmemory", "1mb"]);
+    let d = timed_check(&limiter, &WindowKey::for_subject("oom-new")).await;
+    assert!(!d.allowed);
+    assert_eq!(
+        d.source,
+        DecisionSource::Fallback(FallbackReason::Overloaded)
+    );
+    redis.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+    let d = timed_check(&limiter, &WindowKey::for_subject("oom-new")).await;
+    assert_eq!(d.source, DecisionSource::Store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_hot_key_costs_redis_one_call_per_node_per_retry_period() {
+    let redis = Redis::start();
+    let clock = ManualClock::new(T0);
+    let nodes: Vec<Limiter> = (0..3)
+        .map(|_| {
+            let store = RedisStore::from_url(&redis.url()).unwrap().prefix("hot:");
+            Limiter::builder(store, "5/1m".parse().unwrap())
+                .clock(clock.clone())
+                .timeout(Duration::from_secs(2))
+                .build()
+        })
+        .collect();
+    let key = WindowKey::for_subject("hot");
+    // Warm up connections and scripts, then count from zero.
+    for node in &nodes {
+        node.check(&WindowKey::for_subject("warm"), 1)
+            .await
+            .unwrap();
+    }
+    redis.cmd(&["CONFIG", "RESETSTAT"]);
+    let mut admitted = 0;
+    for _ in 0..300 {
+        for node in &nodes {
+            admitted += u32::from(node.check(&key, 1).await.unwrap().allowed);
+        }
+    }
+    assert_eq!(admitted, 5);
+    // 5 admissions, then one denial per node remembered for ~1 minute.
+    assert_eq!(redis.evalsha_calls(), 5 + 3);
+    let local: u64 = nodes.iter().map(|n| n.stats().local_cache).sum();
+    assert_eq!(local, 900 - 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_bound_holds_across_nodes_and_faults() {
+    let redis = Redis::start();
+    let clock = ManualClock::new(T0);
+    const LIMIT: u32 = 30;
+    const NODES: usize = 3;
+    let quota: Quota = format!("{LIMIT}/1m").parse().unwrap();
+    let mut proxies = Vec::new();
+    let mut nodes = Vec::new();
+    for _ in 0..NODES {
+        let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+        let store = RedisStore::from_url(&proxy.redis_url())
+            .unwrap()
+            .prefix("bound:")
+            .timeout(Duration::from_secs(5));
+        nodes.push(
+            Limiter::builder(store, quota.clone())
+                .clock(clock.clone())
+                .timeout(BUDGET)
+                .local_capacity(0)
+                .breaker(
+                    BreakerConfig::default()
+                        .consecutive_failures(TRIP)
+                        .cooldown(COOLDOWN),
+                )
+                .fallback(LocalWindow::per_node(
+                    std::num::NonZeroU32::new(NODES as u32).unwrap(),
+                ))
+                .build(),
+        );
+        proxies.push(proxy);
+    }
+    let key = WindowKey::for_subject("bound");
+    let mut store_admitted = 0u32;
+    let mut local_admitted = 0u32;
+    for round in 0..40 {
+        // Faults come and go on nodes 1 and 2 while node 0 stays healthy.
+        match round {
+            5 => proxies[1].set_mode(Mode::Blackhole),
+            10 => proxies[2].set_mode(Mode::Reset),
+            25 => {
+                proxies[1].set_mode(Mode::PassThrough);
+                proxies[2].set_mode(Mode::PassThrough);
+                clock.advance(COOLDOWN);
+            }
+            _ => {}
+        }
+        let checks = nodes.iter().map(|node| {
+            let node = node.clone();
+            let key = key.clone();
+            tokio::spawn(async move { node.check(&key, 1).await.unwrap() })
+        });
+        for task in checks.collect::<Vec<_>>() {
+            let d = task.await.unwrap();
+            match (d.allowed, d.source) {
+                (true, DecisionSource::Store) => store_admitted += 1,
+                (true, DecisionSource::Fallback(_)) => local_admitted += 1,
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        store_admitted <= LIMIT,
+        "{store_admitted} admitted by Redis"
+    );
+    assert!(store_admitted > 0);
+    // Two nodes in an outage, each within ceil(30 / 3) = 10 per window of
+    // its clock (one window: the clock moved 5 s of a 1 min window).
+    assert!(local_admitted <= 2 * LIMIT.div_ceil(NODES as u32));
+    // Redis recorded every admission it reported (and possibly requests
+    // that arrived after their callers had given up), never more than the
+    // limit: ask it directly.
+    let direct = Limiter::new(
+        RedisStore::from_url(&redis.url()).unwrap().prefix("bound:"),
+        quota,
+    );
+    let d = direct.check(&key, 1).await.unwrap();
+    let used = LIMIT - d.remaining - u32::from(d.allowed);
+    assert!(
+        used >= store_admitted,
+        "{used} recorded, {store_admitted} reported"
+    );
+    assert!(used <= LIMIT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_with_a_primary_killed_keeps_healthy_slots_on_redis() {
+    let cluster = RedisCluster::start();
+    for node in cluster.nodes() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut node.connection())
+            .unwrap();
+    }
+    let quota = quota();
+    let prefix = "cluster-faults:";
+    // Slot ranges per primary port.
+    let nodes_text: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query(&mut cluster.nodes()[0].connection())
+        .unwrap();
+    let mut ranges: Vec<(u16, u16, u16)> = Vec::new();
+    for line in nodes_text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let port: u16 = fields[1].split(['@', ':']).nth(1).unwrap().parse().unwrap();
+        for slots in &fields[8..] {
+            let (start, end) = slots.split_once('-').unwrap_or((slots, slots));
+            ranges.push((start.parse().unwrap(), end.parse().unwrap(), port));
+        }
+    }
+    let owner = |key: &WindowKey| -> u16 {
+        let redis_key = redis_key(prefix, key, &quota);
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(redis_key)
+            .query(&mut cluster.nodes()[0].connection())
+            .unwrap();
+        ranges
+            .iter()
+            .find(|(start, end, _)| (*start..=*end).contains(&slot))
+            .unwrap()
+            .2
+    };
+    let victim = cluster.nodes()[2].port();
+    let mut dead_keys = Vec::new();
+    let mut live_keys = Vec::new();
+    for i in 0.. {
+        let key = WindowKey::for_subject(format!("cluster-{i}"));
+        if owner(&key) == victim {
+            dead_keys.push(key);
+        } else {
+            live_keys.push(key);
+        }
+        if dead_keys.len() >= 5 && live_keys.len() >= 10 {
+            break;
+        }
+    }
+
+    let store = RedisStore::cluster(cluster.urls())
+        .unwrap()
+        .prefix(prefix)
+        .timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_millis(500));
+    let clock = ManualClock::new(T0);
+    // One breaker guards the whole store: with a third of the traffic on
+    // the dead primary, a ratio trigger keeps it closed for the rest.
+    let limiter = Limiter::builder(store, quota.clone())
+        .clock(clock.clone())
+        .timeout(BUDGET)
+        .breaker(
+            BreakerConfig::default()
+                .consecutive_failures(0)
+                .failure_ratio(0.9, Duration::from_secs(10), 20),
+        )
+        .fallback(FailClosed::default())
+        .build();
+    for key in dead_keys.iter().chain(&live_keys) {
+        assert_eq!(
+            timed_check(&limiter, key).await.source,
+            DecisionSource::Store
+        );
+    }
+
+    // kill -9 the primary (its pid from INFO server).
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut cluster.nodes()[2].connection())
+        .unwrap();
+    let pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert!(Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .unwrap()
+        .success());
+
+    for (dead, live) in dead_keys.iter().zip(live_keys.chunks(2)) {
+        let d = timed_check(&limiter, dead).await;
+        assert!(d.is_degraded(), "{d:?}");
+        assert!(!d.allowed);
+        for key in live {
+            let d = timed_check(&limiter, key).await;
+            assert_eq!(d.source, DecisionSource::Store, "healthy slot");
+            assert!(d.allowed);
+        }
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+}

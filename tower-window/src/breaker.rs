@@ -1,0 +1,511 @@
+//! A circuit breaker in front of the store.
+//!
+//! Closed, every check reaches the store and its outcome is counted. After
+//! [`consecutive_failures`](BreakerConfig::consecutive_failures) failures in a
+//! row, or a [`failure_ratio`](BreakerConfig::failure_ratio) over a rolling
+//! window with enough calls, the breaker opens: checks go straight to the
+//! fallback without touching the store. After the
+//! [`cooldown`](BreakerConfig::cooldown) it is half-open: a few probe checks
+//! reach the store; one success closes it, a failure opens it again.
+//!
+//! Time comes from the limiter's [`Clock`].
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use crate::Clock;
+
+/// The state of a circuit breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BreakerState {
+    /// Checks reach the store.
+    Closed,
+    /// Checks go to the fallback without a store call. The state stays
+    /// `Open` after the cooldown until a check arrives and becomes a probe.
+    Open,
+    /// A few probe checks reach the store; the rest go to the fallback.
+    HalfOpen,
+}
+
+impl BreakerState {
+    /// A short, stable name for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::Open => "open",
+            Self::HalfOpen => "half_open",
+        }
+    }
+}
+
+impl fmt::Display for BreakerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+type Hook = Arc<dyn Fn(BreakerState, BreakerState) + Send + Sync>;
+
+/// Number of buckets of the rolling failure-ratio window.
+const BUCKETS: u64 = 10;
+/// Ratios are kept in parts per million.
+const RATIO_SCALE: u64 = 1_000_000;
+
+/// When a circuit breaker opens and how it recovers.
+///
+/// Defaults: open after 5 consecutive failures, or when at least 50 % of at
+/// least 20 calls in the last 10 s failed; cool down 5 s; 1 probe at a time
+/// while half-open.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_window::BreakerConfig;
+///
+/// let config = BreakerConfig::default()
+///     .consecutive_failures(3)
+///     .failure_ratio(0.25, Duration::from_secs(30), 100)
+///     .cooldown(Duration::from_secs(2))
+///     .half_open_probes(2)
+///     .on_state_change(|from, to| eprintln!("breaker {from} -> {to}"));
+/// # let _ = config;
+/// ```
+#[derive(Clone)]
+pub struct BreakerConfig {
+    consecutive_failures: u32,
+    ratio: Option<RatioConfig>,
+    cooldown: Duration,
+    half_open_probes: u32,
+    hook: Option<Hook>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RatioConfig {
+    ratio_ppm: u64,
+    window: Duration,
+    min_calls: u64,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 5,
+            ratio: Some(RatioConfig {
+                ratio_ppm: RATIO_SCALE / 2,
+                window: Duration::from_secs(10),
+                min_calls: 20,
+            }),
+            cooldown: Duration::from_secs(5),
+            half_open_probes: 1,
+            hook: None,
+        }
+    }
+}
+
+impl BreakerConfig {
+    /// Open after `n` failures in a row; `0` turns this trigger off.
+    pub fn consecutive_failures(mut self, n: u32) -> Self {
+        self.consecutive_failures = n;
+        self
+    }
+
+    /// Open when at least `ratio` (in `[0, 1]`, clamped) of the calls of the
+    /// last `window` failed, once there were at least `min_calls` of them.
+    pub fn failure_ratio(mut self, ratio: f64, window: Duration, min_calls: u32) -> Self {
+        let ratio = if ratio.is_nan() {
+            1.0
+        } else {
+            ratio.clamp(0.0, 1.0)
+        };
+        // In [0, RATIO_SCALE] by the clamp.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let ratio_ppm = (ratio * RATIO_SCALE as f64).round() as u64;
+        self.ratio = Some(RatioConfig {
+            ratio_ppm,
+            window,
+            min_calls: u64::from(min_calls.max(1)),
+        });
+        self
+    }
+
+    /// Turn the failure-ratio trigger off.
+    pub fn without_failure_ratio(mut self) -> Self {
+        self.ratio = None;
+        self
+    }
+
+    /// How long the breaker stays open before probing (default 5 s).
+    pub fn cooldown(mut self, cooldown: Duration) -> Self {
+        self.cooldown = cooldown;
+        self
+    }
+
+    /// How many probes may be in flight while half-open (default 1, at least 1).
+    pub fn half_open_probes(mut self, n: u32) -> Self {
+        self.half_open_probes = n.max(1);
+        self
+    }
+
+    /// Calls `hook(from, to)` on every state change (for metrics and logs).
+    /// It runs on the checking task, outside the breaker's lock: keep it short.
+    pub fn on_state_change<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(BreakerState, BreakerState) + Send + Sync + 'static,
+    {
+        self.hook = Some(Arc::new(hook));
+        self
+    }
+}
+
+impl fmt::Debug for BreakerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BreakerConfig")
+            .field("consecutive_failures", &self.consecutive_failures)
+            .field("ratio", &self.ratio)
+            .field("cooldown", &self.cooldown)
+            .field("half_open_probes", &self.half_open_probes)
+            .field("hook", &self.hook.is_some())
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Closed,
+    Open { until_micros: u64 },
+    HalfOpen { probes: u32 },
+}
+
+impl Mode {
+    fn state(self) -> BreakerState {
+        match self {
+            Self::Closed => BreakerState::Closed,
+            Self::Open { .. } => BreakerState::Open,
+            Self::HalfOpen { .. } => BreakerState::HalfOpen,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Bucket {
+    index: u64,
+    ok: u64,
+    failed: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    mode: Mode,
+    /// Bumped on every transition; outcomes of calls admitted under an
+    /// older generation are ignored.
+    generation: u64,
+    consecutive: u32,
+    buckets: [Bucket; BUCKETS as usize],
+}
+
+/// Permission for one store call.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    generation: u64,
+    probe: bool,
+}
+
+/// A circuit breaker.
+pub(crate) struct Breaker {
+    config: BreakerConfig,
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+}
+
+impl Breaker {
+    pub(crate) fn new(config: BreakerConfig, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            config,
+            clock,
+            state: Mutex::new(State {
+                mode: Mode::Closed,
+                generation: 0,
+                consecutive: 0,
+                buckets: [Bucket::default(); BUCKETS as usize],
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is consistent after every statement; a panic elsewhere
+        // while holding the lock cannot corrupt it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn state(&self) -> BreakerState {
+        self.lock().mode.state()
+    }
+
+    /// Asks to call the store; `None` means go to the fallback.
+    pub(crate) fn acquire(&self) -> Option<Ticket> {
+        let now = self.clock.now_micros();
+        let mut state = self.lock();
+        match state.mode {
+            Mode::Closed => Some(Ticket {
+                generation: state.generation,
+                probe: false,
+            }),
+            Mode::Open { until_micros } if now >= until_micros => {
+                let ticket = self.transition(&mut state, Mode::HalfOpen { probes: 1 });
+                drop(state);
+                self.notify(BreakerState::Open, BreakerState::HalfOpen);
+                Some(Ticket {
+                    generation: ticket,
+                    probe: true,
+                })
+            }
+            Mode::Open { .. } => None,
+            Mode::HalfOpen { probes } if probes < self.config.half_open_probes => {
+                state.mode = Mode::HalfOpen { probes: probes + 1 };
+                Some(Ticket {
+                    generation: state.generation,
+                    probe: true,
+                })
+            }
+            Mode::HalfOpen { .. } => None,
+        }
+    }
+
+    /// The store answered.
+    pub(crate) fn success(&self, ticket: Ticket) {
+        let now = self.clock.now_micros();
+        let mut state = self.lock();
+        if ticket.generation != state.generation {
+            return;
+        }
+        match state.mode {
+            Mode::Closed => {
+                state.consecutive = 0;
+                self.count(&mut state, now, false);
+            }
+            Mode::HalfOpen { .. } if ticket.probe => {
+                self.transition(&mut state, Mode::Closed);
+                drop(state);
+                self.notify(BreakerState::HalfOpen, BreakerState::Closed);
+            }
+            _ => {}
+        }
+    }
+
+    /// The store failed.
+    pub(crate) fn failure(&self, ticket: Ticket) {
+        let now = self.clock.now_micros();
+        let mut state = self.lock();
+        if ticket.generation != state.generation {
+            return;
+        }
+        let from = state.mode.state();
+        let open = Mode::Open {
+            until_micros: now.saturating_add(duration_micros(self.config.cooldown)),
+        };
+        match state.mode {
+            Mode::Closed => {
+                state.consecutive = state.consecutive.saturating_add(1);
+                self.count(&mut state, now, true);
+                if self.should_open(&state, now) {
+                    self.transition(&mut state, open);
+                    drop(state);
+                    self.notify(from, BreakerState::Open);
+                }
+            }
+            Mode::HalfOpen { .. } if ticket.probe => {
+                self.transition(&mut state, open);
+                drop(state);
+                self.notify(from, BreakerState::Open);
+            }
+            _ => {}
+        }
+    }
+
+    /// The call ended without an outcome (cancelled, or not a store fault).
+    pub(crate) fn release(&self, ticket: Ticket) {
+        if !ticket.probe {
+            return;
+        }
+        let mut state = self.lock();
+        if ticket.generation != state.generation {
+            return;
+        }
+        if let Mode::HalfOpen { probes } = state.mode {
+            state.mode = Mode::HalfOpen {
+                probes: probes.saturating_sub(1),
+            };
+        }
+    }
+
+    /// Moves to `mode`, resetting the counters; returns the new generation.
+    fn transition(&self, state: &mut State, mode: Mode) -> u64 {
+        state.mode = mode;
+        state.generation = state.generation.wrapping_add(1);
+        state.consecutive = 0;
+        state.buckets = [Bucket::default(); BUCKETS as usize];
+        state.generation
+    }
+
+    fn notify(&self, from: BreakerState, to: BreakerState) {
+        if let Some(hook) = &self.config.hook {
+            hook(from, to);
+        }
+    }
+
+    fn bucket_width(&self) -> Option<u64> {
+        let ratio = self.config.ratio?;
+        Some((duration_micros(ratio.window) / BUCKETS).max(1))
+    }
+
+    fn count(&self, state: &mut State, now: u64, failed: bool) {
+        let Some(width) = self.bucket_width() else {
+            return;
+        };
+        let index = now / width;
+        let bucket = &mut state.buckets[(index % BUCKETS) as usize];
+        if bucket.index != index {
+            *bucket = Bucket {
+                index,
+                ok: 0,
+                failed: 0,
+            };
+        }
+        if failed {
+            bucket.failed += 1;
+        } else {
+            bucket.ok += 1;
+        }
+    }
+
+    fn should_open(&self, state: &State, now: u64) -> bool {
+        let n = self.config.consecutive_failures;
+        if n > 0 && state.consecutive >= n {
+            return true;
+        }
+        let (Some(ratio), Some(width)) = (self.config.ratio, self.bucket_width()) else {
+            return false;
+        };
+        let index = now / width;
+        let (mut ok, mut failed) = (0u64, 0u64);
+        for bucket in &state.buckets {
+            if bucket.index <= index && index - bucket.index < BUCKETS {
+                ok += bucket.ok;
+                failed += bucket.failed;
+            }
+        }
+        let total = ok + failed;
+        total >= ratio.min_calls
+            && u128::from(failed) * u128::from(RATIO_SCALE)
+                >= u128::from(ratio.ratio_ppm) * u128::from(total)
+    }
+}
+
+fn duration_micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::ManualClock;
+
+    fn breaker(config: BreakerConfig) -> (Breaker, ManualClock) {
+        let clock = ManualClock::new(1_000_000_000);
+        (Breaker::new(config, Arc::new(clock.clone())), clock)
+    }
+
+    #[test]
+    fn opens_after_consecutive_failures_and_recovers() {
+        let changes = Arc::new(AtomicUsize::new(0));
+        let seen = changes.clone();
+        let config = BreakerConfig::default()
+            .consecutive_failures(3)
+            .without_failure_ratio()
+            .cooldown(Duration::from_secs(1))
+            .on_state_change(move |_, _| {
+                seen.fetch_add(1, Ordering::SeqCst);
+            });
+        let (b, clock) = breaker(config);
+        for _ in 0..2 {
+            b.failure(b.acquire().unwrap());
+        }
+        b.success(b.acquire().unwrap());
+        for _ in 0..2 {
+            b.failure(b.acquire().unwrap());
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        b.failure(b.acquire().unwrap());
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(b.acquire().is_none());
+        clock.advance(Duration::from_millis(999));
+        assert!(b.acquire().is_none());
+        clock.advance(Duration::from_millis(1));
+        let probe = b.acquire().unwrap();
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert!(b.acquire().is_none(), "one probe at a time");
+        b.failure(probe);
+        assert_eq!(b.state(), BreakerState::Open);
+        clock.advance(Duration::from_secs(1));
+        let probe = b.acquire().unwrap();
+        b.success(probe);
+        assert_eq!(b.state(), BreakerState::Closed);
+        // closed->open, open->half, half->open, open->half, half->closed
+        assert_eq!(changes.load(Ordering::SeqCst), 5);
+    }
+
+    #[test]
+    fn opens_on_failure_ratio_with_minimum_calls() {
+        let config = BreakerConfig::default()
+            .consecutive_failures(0)
+            .failure_ratio(0.5, Duration::from_secs(10), 10);
+        let (b, clock) = breaker(config);
+        // 4 failures, 5 successes: 9 calls, below the minimum.
+        for i in 0..9 {
+            let t = b.acquire().unwrap();
+            if i % 2 == 0 {
+                b.success(t);
+            } else {
+                b.failure(t);
+            }
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        // Old calls leave the window.
+        clock.advance(Duration::from_secs(11));
+        for _ in 0..9 {
+            b.success(b.acquire().unwrap());
+        }
+        b.failure(b.acquire().unwrap());
+        assert_eq!(b.state(), BreakerState::Closed, "1 of 10 failed");
+        for _ in 0..8 {
+            b.failure(b.acquire().unwrap());
+        }
+        assert_eq!(b.state(), BreakerState::Open, "9 of 18 failed");
+    }
+
+    #[test]
+    fn stale_outcomes_and_released_probes() {
+        let config = BreakerConfig::default()
+            .consecutive_failures(1)
+            .cooldown(Duration::from_secs(1))
+            .half_open_probes(1);
+        let (b, clock) = breaker(config);
+        let late = b.acquire().unwrap();
+        b.failure(b.acquire().unwrap());
+        assert_eq!(b.state(), BreakerState::Open);
+        // A success from a call that started while closed does not close it.
+        b.success(late);
+        assert_eq!(b.state(), BreakerState::Open);
+        clock.advance(Duration::from_secs(1));
+        let probe = b.acquire().unwrap();
+        b.release(probe);
+        let probe = b.acquire().unwrap();
+        b.success(probe);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+}

@@ -1,0 +1,232 @@
+//! The local tier: a bounded per-node memory of recent store denials.
+//!
+//! When the store denies a key with `retry_after = T`, the node remembers
+//! "denied until now + T" for that key and quota and answers further checks
+//! of at least the same cost locally, without a store call, until then. It
+//! only ever repeats a denial the store made, so it never admits anything the
+//! store would not; a cheaper request may fit earlier and still goes to the
+//! store.
+//!
+//! The tier is a bounded [`moka`] cache, so a flood of distinct keys cannot
+//! grow it past its capacity.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use moka::sync::Cache;
+use moka::Expiry;
+
+use crate::{Clock, Decision, DecisionSource, Quota, WindowKey};
+
+/// Default number of keys the local tier remembers.
+pub(crate) const DEFAULT_LOCAL_CAPACITY: u64 = 100_000;
+
+type LocalKey = (WindowKey, Quota);
+
+/// A remembered denial.
+#[derive(Debug, Clone, Copy)]
+struct Denied {
+    /// Clock reading (µs) until which requests of at least `cost` are denied.
+    until_micros: u64,
+    /// The cost the store denied.
+    cost: u32,
+    /// `remaining` as the store reported it.
+    remaining: u32,
+    /// Clock reading (µs) at which the store said the window is empty again.
+    reset_at_micros: u64,
+    /// The same wait as a duration, for the cache's own expiry.
+    ttl: Duration,
+}
+
+/// Evicts an entry once its denial is over in real time. The limiter's clock
+/// decides whether an entry still applies; this frees memory, and bounds a
+/// remembered denial to `retry_after` of real time even if the clock jumps
+/// backwards.
+struct DeniedExpiry;
+
+impl Expiry<LocalKey, Denied> for DeniedExpiry {
+    fn expire_after_create(&self, _: &LocalKey, value: &Denied, _: Instant) -> Option<Duration> {
+        Some(value.ttl)
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &LocalKey,
+        value: &Denied,
+        _: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(value.ttl)
+    }
+}
+
+/// The bounded "denied until" memory of one limiter.
+pub(crate) struct LocalTier {
+    cache: Cache<LocalKey, Denied>,
+    clock: Arc<dyn Clock>,
+}
+
+/// What a lookup found.
+pub(crate) enum Lookup {
+    /// A remembered denial answers this check.
+    Hit(Decision),
+    /// Nothing applies; `stale` says an entry exists that no longer does.
+    Miss { stale: bool },
+}
+
+impl LocalTier {
+    /// A tier holding at most `capacity` keys.
+    pub(crate) fn new(capacity: u64, clock: Arc<dyn Clock>) -> Self {
+        let cache = Cache::builder()
+            .max_capacity(capacity)
+            .expire_after(DeniedExpiry)
+            .build();
+        Self { cache, clock }
+    }
+
+    /// Answers a check locally if the store recently denied at most this cost.
+    pub(crate) fn lookup(&self, key: &WindowKey, quota: &Quota, cost: u32) -> Lookup {
+        // The cache is keyed by owned values; cloning a key is two `Bytes`
+        // refcount bumps and an `Arc` bump for the quota's name.
+        let Some(denied) = self.cache.get(&(key.clone(), quota.clone())) else {
+            return Lookup::Miss { stale: false };
+        };
+        let now = self.clock.now_micros();
+        if now >= denied.until_micros {
+            return Lookup::Miss { stale: true };
+        }
+        if cost < denied.cost {
+            // A cheaper request may already fit: ask the store.
+            return Lookup::Miss { stale: false };
+        }
+        let retry_after = Duration::from_micros(denied.until_micros - now);
+        let reset_after = Duration::from_micros(denied.reset_at_micros.saturating_sub(now));
+        let decision = Decision::deny(
+            quota.clone(),
+            denied.remaining,
+            reset_after.max(retry_after),
+            Some(retry_after),
+        )
+        .with_source(DecisionSource::LocalCache)
+        .with_timestamp_micros(now);
+        Lookup::Hit(decision)
+    }
+
+    /// Remembers a store denial that says when the same cost fits again.
+    pub(crate) fn remember(&self, key: &WindowKey, cost: u32, decision: &Decision) {
+        let Some(retry_after) = decision.retry_after else {
+            // The cost can never fit; nothing to wait for.
+            return;
+        };
+        if decision.allowed || retry_after.is_zero() {
+            return;
+        }
+        let now = self.clock.now_micros();
+        let wait = duration_micros(retry_after);
+        let denied = Denied {
+            until_micros: now.saturating_add(wait),
+            cost,
+            remaining: decision.remaining,
+            reset_at_micros: now.saturating_add(duration_micros(decision.reset_after)),
+            ttl: retry_after,
+        };
+        self.cache
+            .insert((key.clone(), decision.quota.clone()), denied);
+    }
+
+    /// Forgets a key whose remembered denial is over.
+    pub(crate) fn forget(&self, key: &WindowKey, quota: &Quota) {
+        self.cache.invalidate(&(key.clone(), quota.clone()));
+    }
+
+    /// Number of keys held, after running the cache's pending maintenance.
+    pub(crate) fn len(&self) -> u64 {
+        self.cache.run_pending_tasks();
+        self.cache.entry_count()
+    }
+
+    /// The configured capacity.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.cache.policy().max_capacity().unwrap_or(0)
+    }
+}
+
+fn duration_micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::ManualClock;
+
+    fn tier(capacity: u64) -> (LocalTier, ManualClock) {
+        let clock = ManualClock::new(1_000_000_000);
+        (LocalTier::new(capacity, Arc::new(clock.clone())), clock)
+    }
+
+    fn denial(quota: &Quota, retry: Duration) -> Decision {
+        Decision::deny(quota.clone(), 0, retry * 2, Some(retry))
+    }
+
+    #[test]
+    fn remembers_until_retry_after() {
+        let (tier, clock) = tier(10);
+        let quota: Quota = "1/1s".parse().unwrap();
+        let key = WindowKey::for_subject("a");
+        tier.remember(&key, 1, &denial(&quota, Duration::from_secs(30)));
+        let Lookup::Hit(d) = tier.lookup(&key, &quota, 1) else {
+            panic!("expected a hit")
+        };
+        assert!(!d.allowed);
+        assert_eq!(d.source, DecisionSource::LocalCache);
+        assert_eq!(d.retry_after, Some(Duration::from_secs(30)));
+        assert_eq!(d.timestamp_micros, 1_000_000_000);
+        clock.advance(Duration::from_secs(10));
+        let Lookup::Hit(d) = tier.lookup(&key, &quota, 5) else {
+            panic!("expected a hit")
+        };
+        assert_eq!(d.retry_after, Some(Duration::from_secs(20)));
+        clock.advance(Duration::from_secs(20));
+        assert!(matches!(
+            tier.lookup(&key, &quota, 1),
+            Lookup::Miss { stale: true }
+        ));
+    }
+
+    #[test]
+    fn cheaper_requests_and_other_quotas_miss() {
+        let (tier, _clock) = tier(10);
+        let quota: Quota = "5/1s".parse().unwrap();
+        let other: Quota = "5/1s".parse::<Quota>().unwrap().named("other").unwrap();
+        let key = WindowKey::for_subject("a");
+        tier.remember(&key, 3, &denial(&quota, Duration::from_secs(30)));
+        assert!(matches!(tier.lookup(&key, &quota, 2), Lookup::Miss { .. }));
+        assert!(matches!(tier.lookup(&key, &other, 3), Lookup::Miss { .. }));
+        assert!(matches!(
+            tier.lookup(&WindowKey::for_subject("b"), &quota, 3),
+            Lookup::Miss { .. }
+        ));
+        assert!(matches!(tier.lookup(&key, &quota, 3), Lookup::Hit(_)));
+    }
+
+    #[test]
+    fn never_remembers_admissions_or_impossible_costs() {
+        let (tier, _clock) = tier(10);
+        let quota: Quota = "5/1s".parse().unwrap();
+        let key = WindowKey::for_subject("a");
+        tier.remember(
+            &key,
+            1,
+            &Decision::allow(quota.clone(), 4, Duration::from_secs(1)),
+        );
+        tier.remember(
+            &key,
+            9,
+            &Decision::deny(quota.clone(), 5, Duration::ZERO, None),
+        );
+        assert_eq!(tier.len(), 0);
+    }
+}

@@ -1,0 +1,756 @@
+//! Limiter-side resilience against a store that fails, hangs or answers on
+//! command: fallback policies, the time budget, retries, the circuit breaker,
+//! the in-flight bound and the local tier. Tokio time is paused and the
+//! limiter's clock is a `ManualClock`; nothing here sleeps for real.
+#![allow(clippy::unwrap_used)]
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use http::StatusCode;
+use tokio::time::Instant;
+use tower_window::fallback::{FailClosed, FailOpen, FallbackRequest, LocalWindow};
+use tower_window::{
+    BreakerConfig, BreakerState, CheckRequest, Clock, Decision, DecisionSource, FallbackReason,
+    LimitError, Limiter, LimiterBuilder, ManualClock, Quota, RetryConfig, Store, StoreError,
+    StoreErrorKind, WindowKey,
+};
+
+/// What the test store does with the next calls.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Allow,
+    Deny(Duration),
+    Fail(StoreErrorKind),
+    Hang,
+}
+
+/// A store that does what the test says, and counts its calls.
+#[derive(Clone)]
+struct TestStore {
+    mode: Arc<Mutex<Mode>>,
+    calls: Arc<AtomicUsize>,
+    clock: ManualClock,
+}
+
+impl TestStore {
+    fn new(clock: &ManualClock) -> Self {
+        Self {
+            mode: Arc::new(Mutex::new(Mode::Allow)),
+            calls: Arc::new(AtomicUsize::new(0)),
+            clock: clock.clone(),
+        }
+    }
+
+    fn set(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl Store for TestStore {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mode = *self.mode.lock().unwrap();
+        let now = self.clock.now_micros();
+        let quota = request.quota.clone();
+        Box::pin(async move {
+            match mode {
+                Mode::Allow => Ok(
+                    Decision::allow(quota, 1, Duration::from_secs(1)).with_timestamp_micros(now)
+                ),
+                Mode::Deny(wait) => {
+                    Ok(Decision::deny(quota, 0, wait, Some(wait)).with_timestamp_micros(now))
+                }
+                Mode::Fail(kind) => Err(StoreError::new(kind, "injected")),
+                Mode::Hang => std::future::pending().await,
+            }
+        })
+    }
+}
+
+const T0: u64 = 1_700_000_000_000_000;
+const BUDGET: Duration = Duration::from_millis(50);
+
+fn quota() -> Quota {
+    "10/1s".parse().unwrap()
+}
+
+fn key() -> WindowKey {
+    WindowKey::for_subject("alice")
+}
+
+/// A builder with no breaker, no retries and no local tier, so each test
+/// turns on only what it looks at.
+fn setup() -> (TestStore, ManualClock, LimiterBuilder) {
+    let clock = ManualClock::new(T0);
+    let store = TestStore::new(&clock);
+    let builder = Limiter::builder(store.clone(), quota())
+        .clock(clock.clone())
+        .local_capacity(0)
+        .without_breaker()
+        .retry(RetryConfig::none())
+        .timeout(BUDGET);
+    (store, clock, builder)
+}
+
+fn fallback(reason: FallbackReason) -> DecisionSource {
+    DecisionSource::Fallback(reason)
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_fallback_errors_are_returned() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder.build();
+    assert_eq!(
+        limiter.check(&key(), 1).await.unwrap().source,
+        DecisionSource::Store
+    );
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    match limiter.check(&key(), 1).await {
+        Err(LimitError::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Unavailable),
+        other => panic!("expected a store error, got {other:?}"),
+    }
+    store.set(Mode::Hang);
+    match limiter.check(&key(), 1).await {
+        Err(LimitError::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Timeout),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(matches!(
+        limiter.check(&key(), 0).await,
+        Err(LimitError::ZeroCost)
+    ));
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.store, stats.errors, stats.fallback_total()),
+        (1, 2, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn fail_open_admits_and_says_why() {
+    let (store, clock, builder) = setup();
+    let limiter = builder.fallback(FailOpen).build();
+    for (kind, reason) in [
+        (StoreErrorKind::Unavailable, FallbackReason::Unavailable),
+        (StoreErrorKind::Timeout, FallbackReason::Timeout),
+        (StoreErrorKind::Overloaded, FallbackReason::Overloaded),
+        (StoreErrorKind::Protocol, FallbackReason::Error),
+    ] {
+        store.set(Mode::Fail(kind));
+        let d = limiter.check(&key(), 3).await.unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.source, fallback(reason));
+        assert!(d.is_degraded());
+        assert_eq!(d.remaining, 7);
+        assert_eq!(d.timestamp_micros, clock.now_micros());
+    }
+    store.set(Mode::Hang);
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.source, fallback(FallbackReason::Timeout));
+    let stats = limiter.stats();
+    assert_eq!(stats.fallback(FallbackReason::Timeout), 2);
+    assert_eq!(stats.fallback_total(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fail_closed_denies_with_its_status() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder.fallback(FailClosed::default()).build();
+    assert_eq!(limiter.fallback_status(), StatusCode::SERVICE_UNAVAILABLE);
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+    assert_eq!(d.retry_after, Some(Duration::from_secs(1)));
+    assert_eq!(d.remaining, 0);
+
+    let (store, _clock, builder) = setup();
+    let limiter = builder
+        .fallback(FailClosed::too_many_requests().retry_after(Duration::from_millis(250)))
+        .build();
+    assert_eq!(limiter.fallback_status(), StatusCode::TOO_MANY_REQUESTS);
+    store.set(Mode::Fail(StoreErrorKind::Overloaded));
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.source, fallback(FallbackReason::Overloaded));
+    assert_eq!(d.retry_after, Some(Duration::from_millis(250)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn closure_policies_are_marked_degraded() {
+    let (store, _clock, builder) = setup();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let limiter = builder
+        .fallback(move |r: &FallbackRequest<'_>| {
+            log.lock()
+                .unwrap()
+                .push((r.reason, r.cost, r.error.map(StoreError::kind)));
+            // Claims to be a store decision; the limiter corrects that.
+            Decision::allow(r.quota.clone(), 0, r.quota.window())
+        })
+        .build();
+    assert_eq!(limiter.fallback_status(), StatusCode::TOO_MANY_REQUESTS);
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    let d = limiter.check(&key(), 2).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+    assert_eq!(d.timestamp_micros, T0);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![(
+            FallbackReason::Unavailable,
+            2,
+            Some(StoreErrorKind::Unavailable)
+        )]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_store_returns_by_the_budget() {
+    let (store, _clock, builder) = setup();
+    store.set(Mode::Hang);
+    // Retries do not stretch the budget either.
+    let limiter = builder
+        .retry(RetryConfig::default().max_retries(10))
+        .fallback(FailOpen)
+        .build();
+    for _ in 0..3 {
+        let start = Instant::now();
+        let d = limiter.check(&key(), 1).await.unwrap();
+        let elapsed = start.elapsed();
+        assert_eq!(d.source, fallback(FallbackReason::Timeout));
+        assert!(elapsed >= BUDGET, "waited {elapsed:?}");
+        assert!(
+            elapsed <= BUDGET + Duration::from_millis(1),
+            "waited {elapsed:?}"
+        );
+    }
+    assert_eq!(store.calls(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_only_retryable_errors() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder
+        .timeout(Duration::from_secs(10))
+        .retry(RetryConfig::default().max_retries(3))
+        .fallback(FailOpen)
+        .build();
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+    assert_eq!(store.calls(), 4, "1 attempt + 3 retries");
+    for kind in [
+        StoreErrorKind::Protocol,
+        StoreErrorKind::Timeout,
+        StoreErrorKind::Overloaded,
+        StoreErrorKind::InvalidRequest,
+    ] {
+        let before = store.calls();
+        store.set(Mode::Fail(kind));
+        limiter.check(&key(), 1).await.unwrap();
+        assert_eq!(store.calls() - before, 1, "{kind} is not retried");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_recovers_within_the_budget() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder
+        .timeout(Duration::from_secs(10))
+        .retry(RetryConfig::default().max_retries(50))
+        .fallback(FailClosed::default())
+        .build();
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    let flip = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            store.set(Mode::Allow);
+        })
+    };
+    // Delays before jitter: 2, 4, 8, 16, then 20 ms each: some retry lands
+    // after 5 ms.
+    let d = limiter.check(&key(), 1).await.unwrap();
+    flip.await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.source, DecisionSource::Store);
+    assert!(store.calls() >= 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_never_run_past_the_budget() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder
+        .retry(
+            RetryConfig::default()
+                .max_retries(1_000)
+                .delays(Duration::from_millis(10), Duration::from_millis(10)),
+        )
+        .fallback(FailOpen)
+        .build();
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    for _ in 0..20 {
+        let before = store.calls();
+        let start = Instant::now();
+        let d = limiter.check(&key(), 1).await.unwrap();
+        assert!(start.elapsed() <= BUDGET, "waited {:?}", start.elapsed());
+        assert!(d.is_degraded());
+        assert!(store.calls() - before < 1_000);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_opens_skips_the_store_and_recovers() {
+    let (store, clock, builder) = setup();
+    let transitions = Arc::new(Mutex::new(Vec::new()));
+    let log = transitions.clone();
+    let limiter = builder
+        .breaker(
+            BreakerConfig::default()
+                .consecutive_failures(3)
+                .without_failure_ratio()
+                .cooldown(Duration::from_secs(2))
+                .on_state_change(move |from, to| log.lock().unwrap().push((from, to))),
+        )
+        .fallback(FailOpen)
+        .build();
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    for _ in 0..3 {
+        let d = limiter.check(&key(), 1).await.unwrap();
+        assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
+    assert_eq!(store.calls(), 3);
+
+    // Open: straight to the fallback, no store call, no waiting.
+    store.set(Mode::Hang);
+    for _ in 0..100 {
+        let start = Instant::now();
+        let d = limiter.check(&key(), 1).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+    }
+    assert_eq!(store.calls(), 3);
+    clock.advance(Duration::from_millis(1_999));
+    limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(store.calls(), 3);
+
+    // Half-open: one probe; it fails, the breaker opens again.
+    clock.advance(Duration::from_millis(1));
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+    assert_eq!(store.calls(), 4);
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
+    limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(store.calls(), 4);
+
+    // After another cooldown a successful probe closes it.
+    clock.advance(Duration::from_secs(2));
+    store.set(Mode::Allow);
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, DecisionSource::Store);
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+    for _ in 0..5 {
+        limiter.check(&key(), 1).await.unwrap();
+    }
+    assert_eq!(store.calls(), 10);
+
+    use BreakerState::{Closed, HalfOpen, Open};
+    assert_eq!(
+        *transitions.lock().unwrap(),
+        vec![
+            (Closed, Open),
+            (Open, HalfOpen),
+            (HalfOpen, Open),
+            (Open, HalfOpen),
+            (HalfOpen, Closed)
+        ]
+    );
+    assert!(limiter.stats().fallback(FallbackReason::CircuitOpen) >= 102);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_opens_on_timeouts_and_on_a_failure_ratio() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder
+        .breaker(
+            BreakerConfig::default()
+                .consecutive_failures(0)
+                .failure_ratio(0.5, Duration::from_secs(10), 10),
+        )
+        .fallback(FailOpen)
+        .build();
+    // Alternate success and timeout: 50 % failures once 10 calls are in.
+    for i in 0..10 {
+        store.set(if i % 2 == 0 { Mode::Allow } else { Mode::Hang });
+        limiter.check(&key(), 1).await.unwrap();
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+    assert_eq!(store.calls(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn half_open_lets_only_a_few_probes_through() {
+    let (store, clock, builder) = setup();
+    let limiter = builder
+        .timeout(Duration::from_secs(1))
+        .breaker(
+            BreakerConfig::default()
+                .consecutive_failures(1)
+                .cooldown(Duration::from_secs(1))
+                .half_open_probes(2),
+        )
+        .fallback(FailOpen)
+        .build();
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
+    clock.advance(Duration::from_secs(1));
+    // Two probes hang in the store; a third check must not reach it.
+    store.set(Mode::Hang);
+    let probes: Vec<_> = (0..2)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.check(&key(), 1).await.unwrap() })
+        })
+        .collect();
+    while store.calls() < 3 {
+        tokio::task::yield_now().await;
+    }
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+    assert_eq!(store.calls(), 3);
+    for probe in probes {
+        let d = probe.await.unwrap();
+        assert_eq!(d.source, fallback(FallbackReason::Timeout));
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_in_flight_bound_takes_the_overloaded_path() {
+    let (store, _clock, builder) = setup();
+    store.set(Mode::Hang);
+    let limiter = builder
+        .max_in_flight(2)
+        .fallback(FailClosed::default())
+        .build();
+    let hung: Vec<_> = (0..2)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.check(&key(), 1).await.unwrap() })
+        })
+        .collect();
+    while store.calls() < 2 {
+        tokio::task::yield_now().await;
+    }
+    let start = Instant::now();
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert!(!d.allowed);
+    assert_eq!(d.source, fallback(FallbackReason::Overloaded));
+    assert_eq!(store.calls(), 2, "no store call beyond the bound");
+    for task in hung {
+        assert_eq!(
+            task.await.unwrap().source,
+            fallback(FallbackReason::Timeout)
+        );
+    }
+    // The slots are free again.
+    store.set(Mode::Allow);
+    assert_eq!(
+        limiter.check(&key(), 1).await.unwrap().source,
+        DecisionSource::Store
+    );
+
+    // Without a fallback, the caller sees an Overloaded error.
+    let (store, _clock, builder) = setup();
+    store.set(Mode::Hang);
+    let limiter = builder.max_in_flight(1).build();
+    let hung = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.check(&key(), 1).await })
+    };
+    while store.calls() < 1 {
+        tokio::task::yield_now().await;
+    }
+    match limiter.check(&key(), 1).await {
+        Err(LimitError::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Overloaded),
+        other => panic!("expected Overloaded, got {other:?}"),
+    }
+    assert!(hung.await.unwrap().is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_local_tier_answers_a_denied_key_until_retry_after() {
+    let (store, clock, builder) = setup();
+    let limiter = builder.local_capacity(1_000).build();
+    // Long enough that the cache's own real-time expiry (which only frees
+    // memory) cannot interfere on a slow machine.
+    store.set(Mode::Deny(Duration::from_secs(30)));
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.source, DecisionSource::Store);
+    assert_eq!(store.calls(), 1);
+
+    for i in 0..100u64 {
+        clock.set(T0 + i * 2_000);
+        let d = limiter.check(&key(), 1).await.unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.source, DecisionSource::LocalCache);
+        assert_eq!(
+            d.retry_after,
+            Some(Duration::from_micros(30_000_000 - i * 2_000))
+        );
+        assert_eq!(d.timestamp_micros, T0 + i * 2_000);
+    }
+    assert_eq!(store.calls(), 1, "the store saw one call");
+    // A larger cost is denied locally too; other keys go to the store.
+    assert_eq!(
+        limiter.check(&key(), 5).await.unwrap().source,
+        DecisionSource::LocalCache
+    );
+    limiter
+        .check(&WindowKey::for_subject("bob"), 1)
+        .await
+        .unwrap();
+    assert_eq!(store.calls(), 2);
+
+    clock.set(T0 + 29_999_999);
+    limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(store.calls(), 2);
+    clock.set(T0 + 30_000_000);
+    store.set(Mode::Allow);
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.source, DecisionSource::Store);
+    assert_eq!(store.calls(), 3);
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, DecisionSource::Store);
+    let stats = limiter.stats();
+    assert_eq!((stats.store, stats.local_cache), (4, 102));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_local_tier_is_bypassed_for_cheaper_requests_and_never_admits() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder.local_capacity(1_000).build();
+    store.set(Mode::Deny(Duration::from_secs(60)));
+    limiter.check(&key(), 4).await.unwrap();
+    store.set(Mode::Allow);
+    // Cost 1 might fit already: the store decides.
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, DecisionSource::Store);
+    assert!(d.allowed);
+    // Cost 4 is still remembered as denied, even though the store would now
+    // admit it: the tier only repeats a denial for its retry_after.
+    let d = limiter.check(&key(), 4).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.source, DecisionSource::LocalCache);
+    assert_eq!(store.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_local_tier_stays_within_its_capacity() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder.local_capacity(1_000).build();
+    store.set(Mode::Deny(Duration::from_secs(60)));
+    for i in 0..100_000u32 {
+        let key = WindowKey::for_subject(i.to_string());
+        let d = limiter.check(&key, 1).await.unwrap();
+        assert!(!d.allowed);
+    }
+    assert_eq!(store.calls(), 100_000);
+    let len = limiter.local_cache_len();
+    assert!(len <= 1_000, "{len} entries");
+    assert!(len > 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn local_window_admits_a_share_per_window() {
+    let (store, clock, builder) = setup();
+    // 10 per second, 30 % on this node: ceil(3.0) = 3 per second.
+    let limiter = builder.fallback(LocalWindow::new(0.3).unwrap()).build();
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    for second in 0..3u64 {
+        clock.set(T0 + second * 1_000_000);
+        let mut admitted = 0;
+        for _ in 0..10 {
+            let d = limiter.check(&key(), 1).await.unwrap();
+            assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+            assert_eq!(d.quota, quota(), "reported against the caller's quota");
+            admitted += u32::from(d.allowed);
+        }
+        assert_eq!(admitted, 3, "second {second}");
+    }
+    // Keys are separate.
+    assert!(
+        limiter
+            .check(&WindowKey::for_subject("bob"), 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn local_window_per_node_rounds_up_and_keeps_the_algorithm() {
+    let (store, clock, builder) = setup();
+    let gcra: Quota = "7/1s gcra".parse().unwrap();
+    let limiter = builder
+        .fallback(LocalWindow::per_node(NonZeroU32::new(3).unwrap()))
+        .breaker(BreakerConfig::default().consecutive_failures(1))
+        .build();
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    // ceil(7 / 3) = 3 at once, then one per ceil(1 s / 3).
+    let mut admitted = 0;
+    for _ in 0..10 {
+        let d = limiter.check_quota(&key(), &gcra, 1).await.unwrap();
+        admitted += u32::from(d.allowed);
+    }
+    assert_eq!(admitted, 3);
+    clock.advance(Duration::from_micros(333_334));
+    assert!(limiter.check_quota(&key(), &gcra, 1).await.unwrap().allowed);
+    assert!(!limiter.check_quota(&key(), &gcra, 1).await.unwrap().allowed);
+    // The breaker opened after the first failure; the rest never hit the store.
+    assert_eq!(store.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn builder_defaults_work_end_to_end() {
+    let clock = ManualClock::new(T0);
+    let store = TestStore::new(&clock);
+    let limiter = Limiter::builder(store.clone(), quota())
+        .clock(clock.clone())
+        .fallback(FailOpen)
+        .build();
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+    assert_eq!(
+        limiter.check(&key(), 1).await.unwrap().source,
+        DecisionSource::Store
+    );
+    store.set(Mode::Hang);
+    let start = Instant::now();
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, fallback(FallbackReason::Timeout));
+    assert!(start.elapsed() <= LimiterBuilder::DEFAULT_TIMEOUT + Duration::from_millis(1));
+    // Five consecutive failures open the default breaker.
+    for _ in 0..4 {
+        limiter.check(&key(), 1).await.unwrap();
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
+    assert_eq!(store.calls(), 6);
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+    assert_eq!(store.calls(), 6);
+}
+
+#[tokio::test]
+async fn limiter_futures_are_send_and_the_limiter_is_shareable() {
+    fn assert_send<T: Send>(_: &T) {}
+    fn assert_sync<T: Send + Sync + Clone + 'static>() {}
+    assert_sync::<Limiter>();
+    let (_store, _clock, builder) = setup();
+    let limiter = builder.build();
+    let key = key();
+    let fut = limiter.check(&key, 1);
+    assert_send(&fut);
+    fut.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_and_timed_out_checks_leave_nothing_behind() {
+    let (store, clock, builder) = setup();
+    store.set(Mode::Hang);
+    let limiter = builder
+        .max_in_flight(1)
+        .breaker(
+            BreakerConfig::default()
+                .consecutive_failures(1)
+                .cooldown(Duration::from_secs(1)),
+        )
+        .fallback(FailOpen)
+        .build();
+    // Timed-out store calls are dropped, not left running.
+    for _ in 0..10 {
+        limiter.check(&key(), 1).await.unwrap();
+        clock.advance(Duration::from_secs(1));
+    }
+    assert_eq!(
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks(),
+        0
+    );
+
+    // A caller that gives up mid-call (here: a half-open probe) frees its
+    // in-flight slot and its probe slot.
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
+    clock.advance(Duration::from_secs(1));
+    let calls = store.calls();
+    let probe = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.check(&key(), 1).await })
+    };
+    while store.calls() == calls {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::HalfOpen));
+    probe.abort();
+    assert!(probe.await.unwrap_err().is_cancelled());
+    store.set(Mode::Allow);
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, DecisionSource::Store, "slots were released");
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+}
+
+#[tokio::test(start_paused = true)]
+async fn extreme_settings_do_not_panic() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder
+        .timeout(Duration::MAX)
+        .retry(
+            RetryConfig::default()
+                .max_retries(3)
+                .delays(Duration::MAX, Duration::MAX),
+        )
+        .breaker(
+            BreakerConfig::default()
+                .consecutive_failures(1)
+                .cooldown(Duration::MAX),
+        )
+        .local_capacity(1)
+        .fallback(FailOpen)
+        .build();
+    store.set(Mode::Deny(Duration::MAX));
+    assert!(!limiter.check(&key(), u32::MAX).await.unwrap().allowed);
+    assert!(!limiter.check(&key(), u32::MAX).await.unwrap().allowed);
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    let d = limiter
+        .check(&WindowKey::for_subject("x"), 1)
+        .await
+        .unwrap();
+    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+    let d = limiter
+        .check(&WindowKey::for_subject("x"), 1)
+        .await
+        .unwrap();
+    assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+}
