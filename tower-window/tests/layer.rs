@@ -16,13 +16,14 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, Request, Response, StatusCode};
 use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_window::fallback::{FailClosed, FailOpen, FallbackRequest, LocalWindow};
 use tower_window::key::{Constant, Header};
 use tower_window::layer::{
     Http, MissingKey, Rejection, ResponseFuture, SlidingWindow, SlidingWindowLayer, Typed, UnitCost,
 };
 use tower_window::{
-    CheckRequest, Decision, Limiter, ManualClock, MemoryStore, Quota, Store, StoreError,
-    StoreErrorKind, WindowKey,
+    BreakerConfig, CheckRequest, Decision, DecisionSource, FallbackPolicy, FallbackReason, Limiter,
+    ManualClock, MemoryStore, Quota, RetryConfig, Store, StoreError, StoreErrorKind, WindowKey,
 };
 
 // ---------------------------------------------------------------- stores
@@ -834,5 +835,242 @@ async fn typed_mode_maps_readiness_errors() {
     assert_eq!(
         error.downcast_ref::<std::io::Error>().unwrap().to_string(),
         "not ready"
+    );
+}
+
+// ---------------------------------------------------------------- degraded (fallback) decisions
+
+/// A resilient limiter on the always-failing store: no retries (each check
+/// fails at once), the default breaker, `policy` as the fallback.
+fn degraded_limiter(dsl: &str, policy: impl FallbackPolicy, clock: &ManualClock) -> Limiter {
+    Limiter::builder(FailingStore, quota(dsl))
+        .clock(clock.clone())
+        .retry(RetryConfig::none())
+        .fallback(policy)
+        .build()
+}
+
+/// Echoes the `Decision` extension's source and whether it is degraded.
+async fn source_handler(request: Request<String>) -> Result<Response<String>, Infallible> {
+    let body = match request.extensions().get::<Decision>() {
+        Some(decision) => format!(
+            "source={} degraded={}",
+            decision.source,
+            decision.is_degraded()
+        ),
+        None => "no decision".to_owned(),
+    };
+    Ok(Response::new(body))
+}
+
+fn degraded_service(
+    limiter: Limiter,
+) -> SlidingWindow<
+    tower::util::ServiceFn<
+        fn(Request<String>) -> BoxFuture<'static, Result<Response<String>, Infallible>>,
+    >,
+    Header,
+    UnitCost,
+    Http,
+> {
+    let handler: fn(Request<String>) -> BoxFuture<'static, Result<Response<String>, Infallible>> =
+        |request| Box::pin(source_handler(request));
+    SlidingWindowLayer::new(limiter, Header::new("x-user-id")).layer(service_fn(handler))
+}
+
+#[tokio::test]
+async fn fail_closed_denial_is_503_degraded_with_retry_after() {
+    let clock = clock_at(Duration::ZERO);
+    let limiter = degraded_limiter("5/1m", FailClosed::default(), &clock);
+    let service = degraded_service(limiter.clone());
+    let response = service.oneshot(request(Some("kai"))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "1");
+    // The denial's decision still describes the quota.
+    assert!(response.headers().contains_key("ratelimit-policy"));
+    match response.extensions().get::<Rejection>() {
+        Some(rejection @ Rejection::Degraded { decision, status }) => {
+            assert_eq!(*status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(rejection.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert!(rejection.is_degraded());
+            assert_eq!(
+                decision.source,
+                DecisionSource::Fallback(FallbackReason::Unavailable)
+            );
+            assert_eq!(rejection.title(), "Rate limiter degraded");
+            assert!(rejection.detail().contains("unavailable"), "{rejection}");
+        }
+        other => panic!("expected Degraded, got {other:?}"),
+    }
+    assert_eq!(
+        limiter.stats().fallback(FallbackReason::Unavailable),
+        1,
+        "counted as degraded"
+    );
+}
+
+#[tokio::test]
+async fn fail_closed_can_answer_429_and_is_still_degraded() {
+    let clock = clock_at(Duration::ZERO);
+    let policy = FailClosed::too_many_requests().retry_after(Duration::from_millis(2_500));
+    let service = degraded_service(degraded_limiter("5/1m", policy, &clock));
+    let response = service.oneshot(request(Some("kai"))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()["retry-after"], "3");
+    let rejection = response.extensions().get::<Rejection>().unwrap();
+    assert!(rejection.is_degraded(), "{rejection:?}");
+    assert_eq!(rejection.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn fail_open_admission_is_visible_to_the_handler_as_degraded() {
+    let clock = clock_at(Duration::ZERO);
+    let limiter = degraded_limiter("1/1m", FailOpen, &clock);
+    let service = degraded_service(limiter.clone());
+    // More than the limit: every request is admitted, each one degraded.
+    for _ in 0..3 {
+        let response = service.clone().oneshot(request(Some("lee"))).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.body(),
+            "source=fallback(unavailable) degraded=true"
+        );
+        assert!(response.headers().contains_key("ratelimit"));
+    }
+    assert_eq!(limiter.stats().fallback_total(), 3);
+    assert_eq!(limiter.stats().store, 0);
+}
+
+#[tokio::test]
+async fn local_window_admits_a_share_then_denies_with_429_degraded() {
+    let clock = clock_at(Duration::ZERO);
+    // Half of 4 per minute on this node while the store is down.
+    let policy = LocalWindow::new(0.5).unwrap();
+    let service = degraded_service(degraded_limiter("4/1m fixed-window", policy, &clock));
+    for _ in 0..2 {
+        let response = service.clone().oneshot(request(Some("max"))).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(
+            response.body().contains("degraded=true"),
+            "{}",
+            response.body()
+        );
+    }
+    let response = service.clone().oneshot(request(Some("max"))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()["retry-after"], "60");
+    let rejection = response.extensions().get::<Rejection>().unwrap();
+    assert!(rejection.is_degraded(), "{rejection:?}");
+    // Another key has its own local share.
+    let response = service.oneshot(request(Some("ned"))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn closure_policy_decides_and_the_limiter_marks_it_degraded() {
+    let clock = clock_at(Duration::ZERO);
+    // Admit one user, deny everyone else, and claim to be the store.
+    let policy = |r: &FallbackRequest<'_>| {
+        let decision = if r.key.subject().as_ref() == b"vip" {
+            Decision::allow(r.quota.clone(), 0, r.quota.window())
+        } else {
+            Decision::deny(r.quota.clone(), 0, r.quota.window(), None)
+        };
+        decision.with_source(DecisionSource::Store)
+    };
+    let service = degraded_service(degraded_limiter("5/1m", policy, &clock));
+    let response = service.clone().oneshot(request(Some("vip"))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.body(),
+        "source=fallback(unavailable) degraded=true"
+    );
+    let response = service.oneshot(request(Some("pat"))).await.unwrap();
+    // A closure's denial answers with the default denial status, 429; no
+    // Retry-After since the policy gave no wait.
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(!response.headers().contains_key("retry-after"));
+    let rejection = response.extensions().get::<Rejection>().unwrap();
+    assert!(rejection.is_degraded(), "{rejection:?}");
+    assert!(
+        rejection.detail().contains("try again later"),
+        "{rejection}"
+    );
+}
+
+#[tokio::test]
+async fn open_breaker_denials_name_the_reason() {
+    let clock = clock_at(Duration::ZERO);
+    let limiter = Limiter::builder(FailingStore, quota("5/1m"))
+        .clock(clock.clone())
+        .retry(RetryConfig::none())
+        .breaker(BreakerConfig::default().consecutive_failures(1))
+        .fallback(FailClosed::default())
+        .build();
+    let service = degraded_service(limiter.clone());
+    let first = service
+        .clone()
+        .oneshot(request(Some("quinn")))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let second = service.oneshot(request(Some("quinn"))).await.unwrap();
+    assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let decision = second
+        .extensions()
+        .get::<Rejection>()
+        .unwrap()
+        .decision()
+        .unwrap();
+    assert_eq!(
+        decision.source,
+        DecisionSource::Fallback(FallbackReason::CircuitOpen)
+    );
+    assert_eq!(limiter.stats().fallback(FallbackReason::CircuitOpen), 1);
+}
+
+#[tokio::test]
+async fn store_denials_stay_429_rate_limited_under_a_fail_closed_limiter() {
+    let clock = clock_at(Duration::ZERO);
+    let limiter = Limiter::builder(
+        MemoryStore::builder().clock(clock.clone()).build(),
+        quota("1/1m fixed-window"),
+    )
+    .clock(clock.clone())
+    .fallback(FailClosed::default())
+    .build();
+    let service = degraded_service(limiter);
+    let response = service.clone().oneshot(request(Some("rae"))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.body(), "source=store degraded=false");
+    for source in [DecisionSource::Store, DecisionSource::LocalCache] {
+        let response = service.clone().oneshot(request(Some("rae"))).await.unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        match response.extensions().get::<Rejection>() {
+            Some(Rejection::RateLimited(decision)) => assert_eq!(decision.source, source),
+            other => panic!("expected RateLimited, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn typed_mode_degraded_denial_says_degraded() {
+    let clock = clock_at(Duration::ZERO);
+    let service = SlidingWindowLayer::new(
+        degraded_limiter("5/1m", FailClosed::default(), &clock),
+        Constant::global(),
+    )
+    .typed_errors()
+    .layer(service_fn(
+        |job: Job| async move { Ok::<_, Infallible>(job) },
+    ));
+    let error = service.oneshot(Job(1)).await.unwrap_err();
+    let rejection = error.downcast_ref::<Rejection>().unwrap();
+    assert!(rejection.is_degraded());
+    assert_eq!(rejection.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(error.to_string().contains("degraded"), "{error}");
+    assert_eq!(
+        rejection.decision().unwrap().source,
+        DecisionSource::Fallback(FallbackReason::Unavailable)
     );
 }

@@ -11,9 +11,10 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{Rejection, Respond};
-use crate::{Decision, LimitError};
+use crate::Decision;
 
-type DecisionFuture = BoxFuture<'static, Result<Decision, LimitError>>;
+/// The limiter's answer: an admission, or the rejection to answer with.
+type DecisionFuture = BoxFuture<'static, Result<Decision, Rejection>>;
 
 pin_project! {
     /// The response future of [`SlidingWindow`](crate::SlidingWindow).
@@ -118,7 +119,7 @@ where
                         panic!("ResponseFuture polled after completion");
                     };
                     let rejection = match result {
-                        Ok(decision) if decision.allowed => {
+                        Ok(decision) => {
                             mode.on_request(&mut request, &decision);
                             let future = service.call(request);
                             let mode = Arc::clone(mode);
@@ -129,13 +130,7 @@ where
                             });
                             continue;
                         }
-                        Ok(decision) => Rejection::RateLimited(decision),
-                        Err(error) => {
-                            tracing::warn!(%error, "rate limiter could not decide; rejecting");
-                            Rejection::Unavailable {
-                                message: Arc::from(error.to_string()),
-                            }
-                        }
+                        Err(rejection) => rejection,
                     };
                     let output = mode.on_rejection(rejection);
                     state.set(State::Ready { output: None });

@@ -18,6 +18,12 @@
 //!   `RateLimit` headers, and the [`Rejection`] in the response's extensions.
 //! - No key: [`MissingKey::Reject`] (400 by default) or [`MissingKey::Skip`].
 //! - Limiter failure: `503 Service Unavailable` ([`Rejection::Unavailable`]).
+//! - Degraded (the store cannot decide, the limiter's
+//!   [`FallbackPolicy`](crate::FallbackPolicy) answers): an admission reaches
+//!   the inner service with a [`Decision`](crate::Decision) whose `source` is
+//!   `Fallback(reason)`; a denial is a [`Rejection::Degraded`] answered with
+//!   [`Limiter::fallback_status`](crate::Limiter::fallback_status) (`503` for
+//!   `FailClosed` by default, `429` if so configured) and `Retry-After`.
 //!
 //! ```
 //! use std::convert::Infallible;

@@ -5,13 +5,21 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
-use crate::Decision;
+use crate::{Decision, Limiter};
 
 /// Why the layer answered instead of the inner service.
 ///
 /// For HTTP it is also inserted into the rejection response's extensions, so
 /// outer layers can tell a limiter's 429 from the application's. In typed
 /// (non-HTTP) mode it is the service's error (boxed; downcast to read it).
+///
+/// A denial by the store (or by the local tier, which only repeats the
+/// store's denials) is [`RateLimited`](Self::RateLimited), answered `429`. A
+/// denial by the limiter's [`FallbackPolicy`](crate::fallback::FallbackPolicy)
+/// while the store cannot decide is [`Degraded`](Self::Degraded), answered
+/// with the policy's status ([`Limiter::fallback_status`]: `503` for
+/// [`FailClosed`](crate::fallback::FailClosed) by default), so clients and
+/// operators can tell "you sent too much" from "the limiter is degraded".
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Rejection {
@@ -22,6 +30,16 @@ pub enum Rejection {
         /// The status to answer with (400 or 401 are usual).
         status: StatusCode,
     },
+    /// The store could not decide and the limiter's fallback policy denied
+    /// the request; `decision.source` is `Fallback(reason)`.
+    Degraded {
+        /// The fallback policy's denial (its `retry_after` becomes
+        /// `Retry-After`).
+        decision: Decision,
+        /// The status to answer with: the policy's
+        /// [`denial_status`](crate::fallback::FallbackPolicy::denial_status).
+        status: StatusCode,
+    },
     /// The limiter could not decide (store failure without a fallback).
     Unavailable {
         /// What failed, for logs; never shown to clients by the built-in bodies.
@@ -30,21 +48,63 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// The rejection for a denial by `limiter`: [`Degraded`](Self::Degraded)
+    /// with [`Limiter::fallback_status`] when the decision came from the
+    /// fallback policy, else [`RateLimited`](Self::RateLimited).
+    ///
+    /// The layer uses it; code that calls a [`Limiter`] by itself can too.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_window::fallback::FailClosed;
+    /// use tower_window::layer::Rejection;
+    /// use tower_window::{Decision, DecisionSource, FallbackReason, Limiter, MemoryStore};
+    ///
+    /// let limiter = Limiter::builder(MemoryStore::new(), "10/1m".parse()?)
+    ///     .fallback(FailClosed::default())
+    ///     .build();
+    /// let wait = Some(Duration::from_secs(1));
+    /// let denial = Decision::deny(limiter.quota().clone(), 0, Duration::ZERO, wait);
+    /// let store = Rejection::for_denial(denial.clone(), &limiter);
+    /// assert_eq!(store.status(), 429);
+    /// let degraded = denial.with_source(DecisionSource::Fallback(FallbackReason::Timeout));
+    /// let degraded = Rejection::for_denial(degraded, &limiter);
+    /// assert_eq!(degraded.status(), 503);
+    /// assert!(degraded.is_degraded());
+    /// # Ok::<(), tower_window::QuotaError>(())
+    /// ```
+    pub fn for_denial(decision: Decision, limiter: &Limiter) -> Self {
+        if decision.is_degraded() {
+            Self::Degraded {
+                status: limiter.fallback_status(),
+                decision,
+            }
+        } else {
+            Self::RateLimited(decision)
+        }
+    }
+
     /// The HTTP status for this rejection.
     pub fn status(&self) -> StatusCode {
         match self {
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            Self::MissingKey { status } => *status,
+            Self::MissingKey { status } | Self::Degraded { status, .. } => *status,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
-    /// The denial's decision, when there is one.
+    /// The denial's decision, when there is one (rate limited or degraded).
     pub fn decision(&self) -> Option<&Decision> {
         match self {
-            Self::RateLimited(decision) => Some(decision),
+            Self::RateLimited(decision) | Self::Degraded { decision, .. } => Some(decision),
             _ => None,
         }
+    }
+
+    /// Whether the fallback policy denied the request because the store
+    /// could not decide.
+    pub fn is_degraded(&self) -> bool {
+        matches!(self, Self::Degraded { .. })
     }
 
     /// A short, human-readable summary (an RFC 9457 `title`).
@@ -52,6 +112,7 @@ impl Rejection {
         match self {
             Self::RateLimited(_) => "Too Many Requests",
             Self::MissingKey { .. } => "Missing rate-limit key",
+            Self::Degraded { .. } => "Rate limiter degraded",
             Self::Unavailable { .. } => "Rate limiter unavailable",
         }
     }
@@ -74,6 +135,23 @@ impl Rejection {
             },
             Self::MissingKey { .. } => {
                 "the request does not identify who is calling (rate-limit key missing)".to_owned()
+            }
+            Self::Degraded { decision, .. } => {
+                let reason = match decision.source {
+                    crate::DecisionSource::Fallback(reason) => reason.as_str(),
+                    _ => "unknown",
+                };
+                match decision.retry_after {
+                    Some(wait) => format!(
+                        "the rate limiter is degraded ({reason}) and its fallback policy \
+                         denied the request; retry in {} s",
+                        crate::layer::headers::ceil_secs(wait).max(1)
+                    ),
+                    None => format!(
+                        "the rate limiter is degraded ({reason}) and its fallback policy \
+                         denied the request; try again later"
+                    ),
+                }
             }
             Self::Unavailable { .. } => {
                 "the rate limiter could not decide; try again later".to_owned()

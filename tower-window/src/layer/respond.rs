@@ -41,7 +41,12 @@ pub trait Respond<Req, Res, E>: Send + Sync + 'static {
 /// - A rejection is answered with the response of the [`OnRejection`] `R`
 ///   (status 429, 400/401 or 503), with `Retry-After` and the `RateLimit`
 ///   headers when the quota is exhausted, and the [`Rejection`] in the
-///   response's extensions.
+///   response's extensions. A denial by the fallback policy while the store
+///   is down is a [`Rejection::Degraded`] with the policy's status (`503`
+///   for `FailClosed` by default), also with `Retry-After`.
+/// - An admission by the fallback policy reaches the inner service like any
+///   other, its [`Decision`] saying `source = Fallback(reason)`
+///   ([`Decision::is_degraded`]).
 /// - Errors of the inner service pass through unchanged, so an infallible
 ///   service stays infallible.
 #[derive(Clone, Copy, Default)]

@@ -118,7 +118,18 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let limiter = shared.limiter.clone();
-        let decision = Box::pin(async move { limiter.check(&key, cost).await });
+        let decision = Box::pin(async move {
+            match limiter.check(&key, cost).await {
+                Ok(decision) if decision.allowed => Ok(decision),
+                Ok(decision) => Err(Rejection::for_denial(decision, &limiter)),
+                Err(error) => {
+                    tracing::warn!(%error, "rate limiter could not decide; rejecting");
+                    Err(Rejection::Unavailable {
+                        message: Arc::from(error.to_string()),
+                    })
+                }
+            }
+        });
         ResponseFuture::deciding(decision, inner, request, &shared.mode)
     }
 }
