@@ -1,6 +1,6 @@
 //! `cargo run --release -p tower-window-examples --bin gateway -- --help`
 //!
-//! An axum server on the embedded store: `GET /api/hello` and the
+//! An axum server on the embedded store or Redis: `GET /api/hello` and the
 //! `GET /ws` WebSocket echo are limited per tenant and user, `GET /healthz`
 //! is not. See `examples/README.md`.
 
@@ -25,6 +25,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let listen = args.listen;
     let config = args.into_config()?;
     tracing::info!(quota = %config.quota, tenant_header = %config.tenant_header, user_header = %config.user_header, "configured");
+    if let Some(resilience) = &config.resilience {
+        tracing::info!(
+            fallback = %resilience.fallback,
+            expected_nodes = resilience.expected_nodes.get(),
+            timeout_ms = resilience.timeout.as_millis(),
+            "redis fallback"
+        );
+    }
     let app = build_app(config);
 
     let listener = tokio::net::TcpListener::bind(listen).await?;

@@ -1,39 +1,87 @@
 //! The router.
 
 use axum::extract::ws::WebSocketUpgrade;
-use axum::http::HeaderMap;
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
 use axum_window_ext::RateLimitInfo;
 use serde_json::{json, Value};
 use tower_window::key::{Constant, Header, KeyExtractorExt};
-use tower_window::Limiter;
+use tower_window::layer::Rejection;
+use tower_window::{Decision, DecisionSource, Limiter};
 
 use super::{ws, GatewayConfig};
+
+/// The debug header naming who decided (`--debug-headers`).
+pub const RATELIMIT_SOURCE: HeaderName = HeaderName::from_static("x-ratelimit-source");
 
 /// The gateway's routes, limited as `config` says.
 ///
 /// `/api/hello` and `/ws` share one [`Limiter`] and key (tenant + user);
-/// `/healthz` is added after the `route_layer` and is never limited.
+/// routes added after the `route_layer`s (`/healthz`) are never limited.
 pub fn build_app(config: GatewayConfig) -> Router {
-    let limiter = Limiter::from_shared_store(config.store.clone(), config.quota.clone());
+    let limiter = config.limiter();
     let key = Header::new(config.user_header.clone())
         .with_tenant(Header::new(config.tenant_header.clone()).or(Constant::new("public")));
     let state = AppState {
         user_header: config.user_header,
+        limiter: limiter.clone(),
     };
-    Router::new()
+
+    // Limited routes.
+    let mut router = Router::new()
         .route("/api/hello", get(hello))
-        .route("/ws", get(websocket))
-        .route_layer(axum_window_ext::layer(limiter, key))
-        .route("/healthz", get(healthz))
-        .with_state(state)
+        .route("/ws", get(websocket));
+    if config.debug_headers {
+        // Inside the limiter: sees the admitted request's `Decision`.
+        router = router.route_layer(middleware::from_fn(admitted_source));
+    }
+    router = router.route_layer(axum_window_ext::layer(limiter, key));
+    if config.debug_headers {
+        // Outside the limiter: sees the denial's `Rejection`.
+        router = router.route_layer(middleware::map_response(denied_source));
+    }
+
+    // Unlimited routes.
+    router.route("/healthz", get(healthz)).with_state(state)
 }
 
+/// What handlers share.
 #[derive(Debug, Clone)]
 struct AppState {
-    user_header: axum::http::HeaderName,
+    user_header: HeaderName,
+    /// The limiter of the limited routes, for routes that report on it
+    /// (stats, breaker state).
+    #[allow(dead_code)]
+    limiter: Limiter,
+}
+
+fn source_value(source: DecisionSource) -> Option<HeaderValue> {
+    HeaderValue::from_str(&source.to_string()).ok()
+}
+
+async fn admitted_source(request: Request, next: Next) -> Response {
+    let source = request.extensions().get::<Decision>().map(|d| d.source);
+    let mut response = next.run(request).await;
+    if let Some(value) = source.and_then(source_value) {
+        response.headers_mut().insert(RATELIMIT_SOURCE, value);
+    }
+    response
+}
+
+async fn denied_source(mut response: Response) -> Response {
+    let source = response
+        .extensions()
+        .get::<Rejection>()
+        .and_then(Rejection::decision)
+        .map(|d| d.source);
+    if let Some(value) = source.and_then(source_value) {
+        response.headers_mut().insert(RATELIMIT_SOURCE, value);
+    }
+    response
 }
 
 async fn hello(
@@ -45,11 +93,12 @@ async fn hello(
         .get(&state.user_header)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("?");
-    tracing::debug!(remaining = decision.remaining, "hello");
+    tracing::debug!(remaining = decision.remaining, source = %decision.source, "hello");
     Json(json!({
         "message": format!("hello, {user}"),
         "remaining": decision.remaining,
         "limit": decision.limit(),
+        "degraded": decision.is_degraded(),
     }))
 }
 

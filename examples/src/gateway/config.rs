@@ -2,12 +2,17 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::HeaderName;
 use clap::{Parser, ValueEnum};
+use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
-use tower_window::{Algorithm, MemoryStore, Quota, QuotaError, RedisStore, Store, StoreError};
+use tower_window::{
+    Algorithm, Limiter, MemoryStore, Quota, QuotaError, RedisStore, Store, StoreError,
+};
 
 /// The gateway's flags. Every flag can also be set from the environment
 /// variable shown in `--help`.
@@ -50,6 +55,81 @@ pub struct Args {
     /// (`redis://10.0.0.1:7000,redis://10.0.0.2:7000`).
     #[arg(long, env = "TW_REDIS_CLUSTER", value_delimiter = ',')]
     pub redis_cluster: Vec<String>,
+
+    /// What to answer while Redis is slow or down (with `--redis-url` /
+    /// `--redis-cluster`; the embedded store does not fail): `fail-open`
+    /// admits, `fail-closed` answers 503, `local` keeps a window on this node
+    /// with a share of the limit (see `--expected-nodes`) and answers 429
+    /// past it.
+    #[arg(long, env = "TW_FALLBACK", value_enum, default_value_t = FallbackArg::Local)]
+    pub fallback: FallbackArg,
+
+    /// How many gateway nodes share the Redis: with `--fallback local` each
+    /// node admits limit / expected-nodes (rounded up, at least 1) per
+    /// window on its own while Redis is down.
+    #[arg(long, env = "TW_EXPECTED_NODES", default_value = "1")]
+    pub expected_nodes: NonZeroU32,
+
+    /// Time budget of one rate-limit decision against Redis, retries
+    /// included, in milliseconds; past it the fallback answers.
+    #[arg(
+        long,
+        env = "TW_REDIS_TIMEOUT_MS",
+        default_value = "50",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub redis_timeout_ms: u64,
+
+    /// Add `x-ratelimit-source: store|local_cache|lease|fallback(<reason>)`
+    /// to limited responses (allowed and denied), naming who decided, so
+    /// operators can see degradation.
+    #[arg(long, env = "TW_DEBUG_HEADERS")]
+    pub debug_headers: bool,
+}
+
+/// `--fallback` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum FallbackArg {
+    /// Admit every request while Redis cannot decide.
+    FailOpen,
+    /// Deny every request with `503 Service Unavailable`.
+    FailClosed,
+    /// A window on this node with `limit / --expected-nodes`; `429` past it.
+    #[default]
+    Local,
+}
+
+impl fmt::Display for FallbackArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::FailOpen => "fail-open",
+            Self::FailClosed => "fail-closed",
+            Self::Local => "local",
+        })
+    }
+}
+
+/// How a limiter on Redis degrades: its fallback policy and time budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Resilience {
+    /// The fallback policy (`--fallback`).
+    pub fallback: FallbackArg,
+    /// Nodes sharing the store; the `local` share is `1 / expected_nodes`.
+    pub expected_nodes: NonZeroU32,
+    /// The time budget of one decision (`--redis-timeout-ms`).
+    pub timeout: Duration,
+}
+
+impl Default for Resilience {
+    /// `local` with one node and a 50 ms budget (the flags' defaults).
+    fn default() -> Self {
+        Self {
+            fallback: FallbackArg::Local,
+            expected_nodes: NonZeroU32::MIN,
+            timeout: Duration::from_millis(50),
+        }
+    }
 }
 
 /// `--algorithm` values.
@@ -92,20 +172,40 @@ impl Args {
     }
 
     /// Builds the gateway's configuration, including its store.
+    ///
+    /// With `--redis-url` / `--redis-cluster` the limiter is resilient
+    /// ([`GatewayConfig::resilience`] is set from `--fallback`,
+    /// `--expected-nodes` and `--redis-timeout-ms`); the embedded store is
+    /// used bare.
     pub fn into_config(self) -> Result<GatewayConfig, ConfigError> {
         let quota = self.quota().map_err(ConfigError::Quota)?;
-        let store: Arc<dyn Store> = if let Some(url) = &self.redis_url {
-            Arc::new(RedisStore::from_url(url).map_err(ConfigError::Store)?)
+        let timeout = Duration::from_millis(self.redis_timeout_ms);
+        let redis = if let Some(url) = &self.redis_url {
+            Some(RedisStore::from_url(url).map_err(ConfigError::Store)?)
         } else if !self.redis_cluster.is_empty() {
-            Arc::new(RedisStore::cluster(&self.redis_cluster).map_err(ConfigError::Store)?)
+            Some(RedisStore::cluster(&self.redis_cluster).map_err(ConfigError::Store)?)
         } else {
-            Arc::new(MemoryStore::new())
+            None
+        };
+        let (store, resilience): (Arc<dyn Store>, _) = match redis {
+            // One attempt may use the whole budget; the limiter bounds the total.
+            Some(redis) => (
+                Arc::new(redis.timeout(timeout)),
+                Some(Resilience {
+                    fallback: self.fallback,
+                    expected_nodes: self.expected_nodes,
+                    timeout,
+                }),
+            ),
+            None => (Arc::new(MemoryStore::new()), None),
         };
         Ok(GatewayConfig {
             quota,
             store,
             tenant_header: self.tenant_header,
             user_header: self.user_header,
+            resilience,
+            debug_headers: self.debug_headers,
         })
     }
 }
@@ -123,6 +223,12 @@ pub struct GatewayConfig {
     pub tenant_header: HeaderName,
     /// Header naming the user (required).
     pub user_header: HeaderName,
+    /// `Some` for a store that can fail (Redis): the limiter gets a local
+    /// tier of recent denials, the default circuit breaker, a time budget and
+    /// a fallback policy. `None`: a bare limiter (the embedded store).
+    pub resilience: Option<Resilience>,
+    /// Add the `x-ratelimit-source` header (`--debug-headers`).
+    pub debug_headers: bool,
 }
 
 impl GatewayConfig {
@@ -138,7 +244,41 @@ impl GatewayConfig {
             store,
             tenant_header: HeaderName::from_static("x-tenant-id"),
             user_header: HeaderName::from_static("x-user-id"),
+            resilience: None,
+            debug_headers: false,
         }
+    }
+
+    /// Makes the limiter resilient (see [`resilience`](Self::resilience)).
+    pub fn resilience(mut self, resilience: Resilience) -> Self {
+        self.resilience = Some(resilience);
+        self
+    }
+
+    /// Adds (or not) the `x-ratelimit-source` header.
+    pub fn debug_headers(mut self, enabled: bool) -> Self {
+        self.debug_headers = enabled;
+        self
+    }
+
+    /// The limiter for this configuration: bare on the embedded store;
+    /// with [`resilience`](Self::resilience), built by
+    /// [`Limiter::builder`] with the default local tier and circuit breaker,
+    /// the time budget and the fallback policy.
+    pub fn limiter(&self) -> Limiter {
+        let Some(resilience) = self.resilience else {
+            return Limiter::from_shared_store(self.store.clone(), self.quota.clone());
+        };
+        let builder =
+            Limiter::builder(self.store.clone(), self.quota.clone()).timeout(resilience.timeout);
+        match resilience.fallback {
+            FallbackArg::FailOpen => builder.fallback(FailOpen),
+            FallbackArg::FailClosed => builder.fallback(FailClosed::service_unavailable()),
+            FallbackArg::Local => {
+                builder.fallback(LocalWindow::per_node(resilience.expected_nodes))
+            }
+        }
+        .build()
     }
 }
 
@@ -148,6 +288,8 @@ impl fmt::Debug for GatewayConfig {
             .field("quota", &self.quota)
             .field("tenant_header", &self.tenant_header)
             .field("user_header", &self.user_header)
+            .field("resilience", &self.resilience)
+            .field("debug_headers", &self.debug_headers)
             .finish_non_exhaustive()
     }
 }
@@ -225,6 +367,75 @@ mod tests {
             .quota()
             .unwrap();
         assert_eq!(q.capacity(), 20);
+    }
+
+    #[test]
+    fn fallback_flags() {
+        let a = args(&[]);
+        assert_eq!(a.fallback, FallbackArg::Local);
+        assert_eq!(a.expected_nodes.get(), 1);
+        assert_eq!(a.redis_timeout_ms, 50);
+        assert!(!a.debug_headers);
+        for (flag, expected) in [
+            ("fail-open", FallbackArg::FailOpen),
+            ("fail-closed", FallbackArg::FailClosed),
+            ("local", FallbackArg::Local),
+        ] {
+            assert_eq!(args(&["--fallback", flag]).fallback, expected);
+            assert_eq!(expected.to_string(), flag);
+        }
+        let a = args(&[
+            "--expected-nodes",
+            "4",
+            "--redis-timeout-ms",
+            "20",
+            "--debug-headers",
+        ]);
+        assert_eq!(a.expected_nodes.get(), 4);
+        assert_eq!(a.redis_timeout_ms, 20);
+        assert!(a.debug_headers);
+        for bad in [
+            &["--fallback", "fail-sometimes"][..],
+            &["--expected-nodes", "0"],
+            &["--redis-timeout-ms", "0"],
+            &["--redis-timeout-ms", "-5"],
+        ] {
+            let mut argv = vec!["gateway"];
+            argv.extend_from_slice(bad);
+            assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn resilience_only_with_redis() {
+        let config = args(&["--fallback", "fail-closed", "--debug-headers"])
+            .into_config()
+            .unwrap();
+        assert_eq!(config.resilience, None);
+        assert!(config.debug_headers);
+        let config = args(&[
+            "--redis-url",
+            "redis://127.0.0.1:1",
+            "--fallback",
+            "fail-closed",
+            "--expected-nodes",
+            "3",
+            "--redis-timeout-ms",
+            "20",
+        ])
+        .into_config()
+        .unwrap();
+        assert_eq!(
+            config.resilience,
+            Some(Resilience {
+                fallback: FallbackArg::FailClosed,
+                expected_nodes: NonZeroU32::new(3).unwrap(),
+                timeout: Duration::from_millis(20),
+            })
+        );
+        let limiter = config.limiter();
+        assert_eq!(limiter.fallback_status(), 503);
+        assert!(limiter.breaker_state().is_some());
     }
 
     #[test]

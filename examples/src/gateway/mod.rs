@@ -6,6 +6,13 @@
 //!   layer and window as `/api/hello`.
 //! - `GET /healthz`: never limited.
 //!
+//! With Redis (`--redis-url` / `--redis-cluster`) the limiter has a local
+//! tier of recent denials, a circuit breaker, a time budget per decision
+//! (`--redis-timeout-ms`) and a fallback policy (`--fallback`): `local`
+//! (default; a window on this node with `limit / --expected-nodes`),
+//! `fail-open` or `fail-closed` (503). `--debug-headers` adds
+//! [`RATELIMIT_SOURCE`] (`x-ratelimit-source`) naming who decided.
+//!
 //! [`Args`] are the command-line flags (each also read from a `TW_*`
 //! environment variable); [`Args::into_config`] turns them into a
 //! [`GatewayConfig`]; [`build_app`] turns that into a [`Router`](axum::Router).
@@ -14,5 +21,5 @@ mod app;
 mod config;
 mod ws;
 
-pub use app::build_app;
-pub use config::{AlgorithmArg, Args, ConfigError, GatewayConfig};
+pub use app::{build_app, RATELIMIT_SOURCE};
+pub use config::{AlgorithmArg, Args, ConfigError, FallbackArg, GatewayConfig, Resilience};
