@@ -863,18 +863,11 @@ async fn source_handler(request: Request<String>) -> Result<Response<String>, In
     Ok(Response::new(body))
 }
 
-fn degraded_service(
-    limiter: Limiter,
-) -> SlidingWindow<
-    tower::util::ServiceFn<
-        fn(Request<String>) -> BoxFuture<'static, Result<Response<String>, Infallible>>,
-    >,
-    Header,
-    UnitCost,
-    Http,
-> {
-    let handler: fn(Request<String>) -> BoxFuture<'static, Result<Response<String>, Infallible>> =
-        |request| Box::pin(source_handler(request));
+type BoxedHandler = fn(Request<String>) -> BoxFuture<'static, Result<Response<String>, Infallible>>;
+type DegradedService = SlidingWindow<tower::util::ServiceFn<BoxedHandler>, Header, UnitCost, Http>;
+
+fn degraded_service(limiter: Limiter) -> DegradedService {
+    let handler: BoxedHandler = |request| Box::pin(source_handler(request));
     SlidingWindowLayer::new(limiter, Header::new("x-user-id")).layer(service_fn(handler))
 }
 
@@ -971,7 +964,7 @@ async fn closure_policy_decides_and_the_limiter_marks_it_degraded() {
     let clock = clock_at(Duration::ZERO);
     // Admit one user, deny everyone else, and claim to be the store.
     let policy = |r: &FallbackRequest<'_>| {
-        let decision = if r.key.subject().as_ref() == b"vip" {
+        let decision = if r.key.subject() == b"vip".as_slice() {
             Decision::allow(r.quota.clone(), 0, r.quota.window())
         } else {
             Decision::deny(r.quota.clone(), 0, r.quota.window(), None)
