@@ -149,17 +149,21 @@ impl Limiter {
             duration_us = Empty,
         );
         let started = (!span.is_disabled()).then(std::time::Instant::now);
-        let result = self
-            .decide(key, quota, cost)
-            .instrument(span.clone())
-            .await;
+        let result = self.decide(key, quota, cost).instrument(span.clone()).await;
         if let Ok(decision) = &result {
             self.inner.metrics.decision(key, decision);
         }
         if let Some(started) = started {
             match &result {
                 Ok(decision) => {
-                    span.record("outcome", if decision.allowed { "allowed" } else { "denied" });
+                    span.record(
+                        "outcome",
+                        if decision.allowed {
+                            "allowed"
+                        } else {
+                            "denied"
+                        },
+                    );
                     span.record("source", decision.source.as_str());
                     span.record("remaining", decision.remaining);
                 }
@@ -243,7 +247,9 @@ impl Limiter {
             .resilience
             .call(&*inner.store, request, &inner.metrics)
             .await;
-        inner.metrics.store_call(quota, timer, result.as_ref().err());
+        inner
+            .metrics
+            .store_call(quota, timer, result.as_ref().err());
         match result {
             Ok(decision) => {
                 guard.success();

@@ -270,7 +270,11 @@ mod imp {
             ::metrics::gauge!(name, self.build(&[]))
         }
 
-        fn histogram(&self, name: &'static str, extra: &[(&'static str, &'static str)]) -> Histogram {
+        fn histogram(
+            &self,
+            name: &'static str,
+            extra: &[(&'static str, &'static str)],
+        ) -> Histogram {
             ::metrics::histogram!(name, self.build(extra))
         }
     }
@@ -308,9 +312,8 @@ mod imp {
                         )
                     })
                 }),
-                admissions: REASONS.map(|r| {
-                    labels.counter(FALLBACK_ADMISSIONS_TOTAL, &[("reason", r.as_str())])
-                }),
+                admissions: REASONS
+                    .map(|r| labels.counter(FALLBACK_ADMISSIONS_TOTAL, &[("reason", r.as_str())])),
             });
             Self {
                 decisions,
@@ -452,9 +455,9 @@ mod imp {
             } else {
                 SharedString::from(String::from(quota.name()))
             };
-            let tenant = key.filter(|_| self.tenant_label).map(|key| {
-                SharedString::from(String::from_utf8_lossy(key.tenant()).into_owned())
-            });
+            let tenant = key
+                .filter(|_| self.tenant_label)
+                .map(|key| SharedString::from(String::from_utf8_lossy(key.tenant()).into_owned()));
             Labels { quota, tenant }
         }
 
