@@ -15,7 +15,8 @@ use super::{ws, GatewayConfig};
 /// The gateway's routes, limited as `config` says.
 ///
 /// `/api/hello` and `/ws` share one [`Limiter`] and key (tenant + user);
-/// `/healthz` is added after the `route_layer` and is never limited.
+/// `/healthz` is added after the `route_layer` and is never limited, and so
+/// is `/metrics` (which installs the Prometheus recorder on first use).
 pub fn build_app(config: GatewayConfig) -> Router {
     let limiter = Limiter::from_shared_store(config.store.clone(), config.quota.clone());
     let key = Header::new(config.user_header.clone())
@@ -29,6 +30,9 @@ pub fn build_app(config: GatewayConfig) -> Router {
         .route_layer(axum_window_ext::layer(limiter, key))
         .route("/healthz", get(healthz))
         .with_state(state)
+        .merge(super::metrics::metrics_router(
+            super::metrics::install_recorder(),
+        ))
 }
 
 #[derive(Debug, Clone)]

@@ -5,6 +5,8 @@
 //! - `GET /ws`: a WebSocket echo; the upgrade request is limited by the same
 //!   layer and window as `/api/hello`.
 //! - `GET /healthz`: never limited.
+//! - `GET /metrics`: Prometheus text of tower-window's metrics, never limited
+//!   (see [`metrics`]).
 //!
 //! [`Args`] are the command-line flags (each also read from a `TW_*`
 //! environment variable); [`Args::into_config`] turns them into a
@@ -12,6 +14,7 @@
 
 mod app;
 mod config;
+pub mod metrics;
 mod ws;
 
 pub use app::build_app;
