@@ -83,7 +83,7 @@ pub const LOCAL_CACHE_HITS_TOTAL: &str = "tower_window_local_cache_hits_total";
 pub const LOCAL_CACHE_MISSES_TOTAL: &str = "tower_window_local_cache_misses_total";
 
 /// Every metric name above.
-pub const ALL: [&str; 12] = [
+pub const ALL: &[&str] = &[
     DECISIONS_TOTAL,
     NEAR_LIMIT_TOTAL,
     FALLBACK_DECISIONS_TOTAL,
@@ -100,7 +100,7 @@ pub const ALL: [&str; 12] = [
 
 /// Suggested histogram buckets (seconds) for
 /// [`STORE_CALL_DURATION_SECONDS`]: 100 µs to 1 s.
-pub const STORE_CALL_BUCKETS: [f64; 14] = [
+pub const STORE_CALL_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 

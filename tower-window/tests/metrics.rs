@@ -520,7 +520,7 @@ fn describe_gives_every_name_a_description() {
     let (recorder, snapshotter) = recorder();
     metrics::with_local_recorder(&recorder, || {
         names::describe();
-        for name in names::ALL {
+        for &name in names::ALL {
             metrics::counter!(name).absolute(0);
         }
     });

@@ -31,7 +31,7 @@ pub fn install_recorder() -> PrometheusHandle {
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     Matcher::Full(STORE_CALL_DURATION_SECONDS.to_owned()),
-                    &STORE_CALL_BUCKETS,
+                    STORE_CALL_BUCKETS,
                 )
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
