@@ -15,8 +15,7 @@ use super::{ws, GatewayConfig};
 /// The gateway's routes, limited as `config` says.
 ///
 /// `/api/hello` and `/ws` share one [`Limiter`] and key (tenant + user);
-/// `/healthz` is added after the `route_layer` and is never limited, and so
-/// is `/metrics` (which installs the Prometheus recorder on first use).
+/// `/healthz` is added after the `route_layer` and is never limited.
 pub fn build_app(config: GatewayConfig) -> Router {
     let limiter = Limiter::from_shared_store(config.store.clone(), config.quota.clone());
     let key = Header::new(config.user_header.clone())
