@@ -14,6 +14,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use crate::metrics::LimiterMetrics;
 use crate::Clock;
 
 /// The state of a circuit breaker.
@@ -216,6 +217,7 @@ pub(crate) struct Breaker {
     config: BreakerConfig,
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
+    metrics: Option<Arc<LimiterMetrics>>,
 }
 
 impl Breaker {
@@ -229,7 +231,14 @@ impl Breaker {
                 consecutive: 0,
                 buckets: [Bucket::default(); BUCKETS as usize],
             }),
+            metrics: None,
         }
+    }
+
+    /// Reports the state and every transition to `metrics`.
+    pub(crate) fn with_metrics(mut self, metrics: Arc<LimiterMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -341,6 +350,15 @@ impl Breaker {
 
     /// Moves to `mode`, resetting the counters; returns the new generation.
     fn transition(&self, state: &mut State, mode: Mode) -> u64 {
+        // Under the lock, so the gauge follows the transitions in order.
+        if let Some(metrics) = &self.metrics {
+            metrics.breaker_transition(mode.state());
+        }
+        tracing::debug!(
+            from = state.mode.state().as_str(),
+            to = mode.state().as_str(),
+            "circuit breaker transition"
+        );
         state.mode = mode;
         state.generation = state.generation.wrapping_add(1);
         state.consecutive = 0;

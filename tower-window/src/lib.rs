@@ -37,6 +37,7 @@ pub mod key;
 pub mod layer;
 mod limiter;
 mod local;
+pub mod metrics;
 pub mod quota;
 mod resilience;
 pub mod store;

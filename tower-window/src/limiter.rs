@@ -6,10 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
+use tracing::field::Empty;
+use tracing::Instrument;
 
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, Ticket};
 use crate::fallback::{FallbackPolicy, FallbackRequest};
 use crate::local::{LocalTier, Lookup, DEFAULT_LOCAL_CAPACITY};
+use crate::metrics::{LimiterMetrics, MetricParts, StoreTimer};
 use crate::resilience::{Resilience, RetryConfig, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT};
 use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::{Clock, Decision, DecisionSource, FallbackReason, Quota, SystemClock, WindowKey};
@@ -54,6 +57,7 @@ struct Inner {
     breaker: Option<Breaker>,
     resilience: Resilience,
     stats: Counters,
+    metrics: Arc<LimiterMetrics>,
 }
 
 impl Limiter {
@@ -65,8 +69,10 @@ impl Limiter {
 
     /// A bare limiter over a store shared with other limiters.
     pub fn from_shared_store(store: Arc<dyn Store>, quota: Quota) -> Self {
+        let metrics = Arc::new(LimiterMetrics::new(&quota, false, MetricParts::default()));
         Self {
             inner: Arc::new(Inner {
+                metrics,
                 store,
                 quota,
                 clock: Arc::new(SystemClock),
@@ -119,6 +125,11 @@ impl Limiter {
     }
 
     /// Like [`check`](Self::check), against another quota in the same store.
+    ///
+    /// Each check runs in a `tower_window.check` span at debug level with
+    /// the quota's name and the cost, and records `outcome`, `source`,
+    /// `remaining` and `duration_us` when it ends (never the key), and is
+    /// counted in the [metrics](crate::metrics).
     pub async fn check_quota(
         &self,
         key: &WindowKey,
@@ -128,6 +139,51 @@ impl Limiter {
         if cost == 0 {
             return Err(LimitError::ZeroCost);
         }
+        let span = tracing::debug_span!(
+            "tower_window.check",
+            quota = quota.name(),
+            cost,
+            outcome = Empty,
+            source = Empty,
+            remaining = Empty,
+            duration_us = Empty,
+        );
+        let started = (!span.is_disabled()).then(std::time::Instant::now);
+        let result = self.decide(key, quota, cost).instrument(span.clone()).await;
+        if let Ok(decision) = &result {
+            self.inner.metrics.decision(key, decision);
+        }
+        if let Some(started) = started {
+            match &result {
+                Ok(decision) => {
+                    span.record(
+                        "outcome",
+                        if decision.allowed {
+                            "allowed"
+                        } else {
+                            "denied"
+                        },
+                    );
+                    span.record("source", decision.source.as_str());
+                    span.record("remaining", decision.remaining);
+                }
+                Err(_) => {
+                    span.record("outcome", "error");
+                }
+            }
+            let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            span.record("duration_us", micros);
+        }
+        result
+    }
+
+    /// The decision itself: local tier, store, fallback.
+    async fn decide(
+        &self,
+        key: &WindowKey,
+        quota: &Quota,
+        cost: u32,
+    ) -> Result<Decision, LimitError> {
         let inner = &*self.inner;
         let mut stale = false;
         if let Some(local) = &inner.local {
@@ -186,12 +242,27 @@ impl Limiter {
             error: Some(error),
         })?;
         let request = CheckRequest::new(key, quota, cost);
-        match inner.resilience.call(&*inner.store, request).await {
+        let timer = StoreTimer::start();
+        let result = inner
+            .resilience
+            .call(&*inner.store, request, &inner.metrics)
+            .await;
+        inner
+            .metrics
+            .store_call(quota, timer, result.as_ref().err());
+        match result {
             Ok(decision) => {
                 guard.success();
                 Ok(decision)
             }
             Err(error) => {
+                // The error's text names no key; the quota name is not secret.
+                tracing::warn!(
+                    kind = error.kind().as_str(),
+                    quota = quota.name(),
+                    %error,
+                    "rate-limit store call failed"
+                );
                 if error.kind() == StoreErrorKind::InvalidRequest {
                     // The caller's fault, not the store's health.
                     guard.release();
@@ -415,6 +486,7 @@ pub struct LimiterBuilder {
     retry: RetryConfig,
     breaker: Option<BreakerConfig>,
     max_in_flight: Option<usize>,
+    metrics_tenant_label: bool,
 }
 
 impl LimiterBuilder {
@@ -436,6 +508,7 @@ impl LimiterBuilder {
             retry: RetryConfig::default(),
             breaker: Some(BreakerConfig::default()),
             max_in_flight: Some(DEFAULT_MAX_IN_FLIGHT),
+            metrics_tenant_label: false,
         }
     }
 
@@ -503,6 +576,16 @@ impl LimiterBuilder {
         self
     }
 
+    /// Adds a `tenant` label (the key's tenant) to the decision metrics
+    /// (default off: one series per tenant can be many series). The subject
+    /// is never a label. With the label on, each record looks its series up
+    /// in the recorder, which allocates. Without the `metrics` feature this
+    /// does nothing.
+    pub fn metrics_tenant_label(mut self, enabled: bool) -> Self {
+        self.metrics_tenant_label = enabled;
+        self
+    }
+
     /// Builds the limiter.
     pub fn build(self) -> Limiter {
         let clock = self.clock;
@@ -510,13 +593,25 @@ impl LimiterBuilder {
             policy.attach_clock(clock.clone());
             policy
         });
-        let local =
-            (self.local_capacity > 0).then(|| LocalTier::new(self.local_capacity, clock.clone()));
+        let parts = MetricParts {
+            fallback: fallback.is_some(),
+            breaker: self.breaker.is_some(),
+            local: self.local_capacity > 0,
+        };
+        let metrics = Arc::new(LimiterMetrics::new(
+            &self.quota,
+            self.metrics_tenant_label,
+            parts,
+        ));
+        let local = (self.local_capacity > 0).then(|| {
+            LocalTier::new(self.local_capacity, clock.clone()).with_metrics(metrics.clone())
+        });
         let breaker = self
             .breaker
-            .map(|config| Breaker::new(config, clock.clone()));
+            .map(|config| Breaker::new(config, clock.clone()).with_metrics(metrics.clone()));
         Limiter {
             inner: Arc::new(Inner {
+                metrics,
                 store: self.store,
                 quota: self.quota,
                 clock,
@@ -544,6 +639,7 @@ impl fmt::Debug for LimiterBuilder {
             .field("retry", &self.retry)
             .field("breaker", &self.breaker)
             .field("max_in_flight", &self.max_in_flight)
+            .field("metrics_tenant_label", &self.metrics_tenant_label)
             .finish_non_exhaustive()
     }
 }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use moka::sync::Cache;
 use moka::Expiry;
 
+use crate::metrics::LimiterMetrics;
 use crate::{Clock, Decision, DecisionSource, Quota, WindowKey};
 
 /// Default number of keys the local tier remembers.
@@ -64,6 +65,7 @@ impl Expiry<LocalKey, Denied> for DeniedExpiry {
 pub(crate) struct LocalTier {
     cache: Cache<LocalKey, Denied>,
     clock: Arc<dyn Clock>,
+    metrics: Option<Arc<LimiterMetrics>>,
 }
 
 /// What a lookup found.
@@ -81,11 +83,30 @@ impl LocalTier {
             .max_capacity(capacity)
             .expire_after(DeniedExpiry)
             .build();
-        Self { cache, clock }
+        Self {
+            cache,
+            clock,
+            metrics: None,
+        }
     }
 
-    /// Answers a check locally if the store recently denied at most this cost.
+    /// Reports lookups and the tier's size to `metrics`.
+    pub(crate) fn with_metrics(mut self, metrics: Arc<LimiterMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Answers a check locally if the store recently denied at most this
+    /// cost, and counts the hit or miss.
     pub(crate) fn lookup(&self, key: &WindowKey, quota: &Quota, cost: u32) -> Lookup {
+        let lookup = self.find(key, quota, cost);
+        if let Some(metrics) = &self.metrics {
+            metrics.local_lookup(quota, matches!(lookup, Lookup::Hit(_)));
+        }
+        lookup
+    }
+
+    fn find(&self, key: &WindowKey, quota: &Quota, cost: u32) -> Lookup {
         // The cache is keyed by owned values; cloning a key is two `Bytes`
         // refcount bumps and an `Arc` bump for the quota's name.
         let Some(denied) = self.cache.get(&(key.clone(), quota.clone())) else {
@@ -132,17 +153,33 @@ impl LocalTier {
         };
         self.cache
             .insert((key.clone(), decision.quota.clone()), denied);
+        self.report_size();
     }
 
     /// Forgets a key whose remembered denial is over.
     pub(crate) fn forget(&self, key: &WindowKey, quota: &Quota) {
         self.cache.invalidate(&(key.clone(), quota.clone()));
+        self.report_size();
     }
 
-    /// Number of keys held, after running the cache's pending maintenance.
+    /// Sets the size gauge after a change. Runs the cache's pending
+    /// maintenance so the count is current; this follows a store call, so it
+    /// is never on the path of a local answer.
+    fn report_size(&self) {
+        if self.metrics.is_some() {
+            self.len();
+        }
+    }
+
+    /// Number of keys held, after running the cache's pending maintenance
+    /// (also reported to the size gauge).
     pub(crate) fn len(&self) -> u64 {
         self.cache.run_pending_tasks();
-        self.cache.entry_count()
+        let entries = self.cache.entry_count();
+        if let Some(metrics) = &self.metrics {
+            metrics.local_entries(entries);
+        }
+        entries
     }
 
     /// The configured capacity.

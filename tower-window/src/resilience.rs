@@ -7,6 +7,7 @@ use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
+use crate::metrics::LimiterMetrics;
 use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::Decision;
 
@@ -102,17 +103,19 @@ impl Resilience {
         }
     }
 
-    /// Calls the store with retries, all within the time budget.
+    /// Calls the store with retries, all within the time budget; each retry
+    /// is counted in `metrics`.
     pub(crate) async fn call(
         &self,
         store: &dyn Store,
         request: CheckRequest<'_>,
+        metrics: &LimiterMetrics,
     ) -> Result<Decision, StoreError> {
         // A budget too large to represent is no budget.
         let deadline = self
             .timeout
             .and_then(|budget| Instant::now().checked_add(budget));
-        let attempts = self.with_retries(store, request, deadline);
+        let attempts = self.with_retries(store, request, deadline, metrics);
         match (self.timeout, deadline) {
             (Some(budget), Some(deadline)) => tokio::time::timeout_at(deadline, attempts)
                 .await
@@ -131,6 +134,7 @@ impl Resilience {
         store: &dyn Store,
         request: CheckRequest<'_>,
         deadline: Option<Instant>,
+        metrics: &LimiterMetrics,
     ) -> Result<Decision, StoreError> {
         if self.retry.max_retries == 0 {
             return store.check(request).await;
@@ -144,6 +148,10 @@ impl Resilience {
             .retry(FullJitter(backoff))
             .sleep(tokio::time::sleep)
             .when(StoreError::is_retryable)
+            .notify(|error, _| {
+                metrics.store_retry(request.quota);
+                tracing::debug!(kind = error.kind().as_str(), "retrying the store call");
+            })
             .adjust(move |_, delay| {
                 let delay = delay?;
                 // Never start a wait that would end past the budget.

@@ -11,7 +11,7 @@ use axum_window_ext::RateLimitInfo;
 use serde_json::{json, Value};
 use tower_window::key::{Constant, Header, KeyExtractorExt};
 use tower_window::layer::Rejection;
-use tower_window::{Decision, DecisionSource, Limiter};
+use tower_window::{Decision, DecisionSource};
 
 use super::{ws, GatewayConfig};
 
@@ -20,15 +20,15 @@ pub const RATELIMIT_SOURCE: HeaderName = HeaderName::from_static("x-ratelimit-so
 
 /// The gateway's routes, limited as `config` says.
 ///
-/// `/api/hello` and `/ws` share one [`Limiter`] and key (tenant + user);
-/// routes added after the `route_layer`s (`/healthz`) are never limited.
+/// `/api/hello` and `/ws` share one [`Limiter`](tower_window::Limiter) and key (tenant + user);
+/// routes added after the `route_layer`s (`/healthz`, `/metrics`) are never
+/// limited.
 pub fn build_app(config: GatewayConfig) -> Router {
     let limiter = config.limiter();
     let key = Header::new(config.user_header.clone())
         .with_tenant(Header::new(config.tenant_header.clone()).or(Constant::new("public")));
     let state = AppState {
         user_header: config.user_header,
-        limiter: limiter.clone(),
     };
 
     // Limited routes.
@@ -46,17 +46,18 @@ pub fn build_app(config: GatewayConfig) -> Router {
     }
 
     // Unlimited routes.
-    router.route("/healthz", get(healthz)).with_state(state)
+    router
+        .route("/healthz", get(healthz))
+        .with_state(state)
+        .merge(super::metrics::metrics_router(
+            super::metrics::install_recorder(),
+        ))
 }
 
 /// What handlers share.
 #[derive(Debug, Clone)]
 struct AppState {
     user_header: HeaderName,
-    /// The limiter of the limited routes, for routes that report on it
-    /// (stats, breaker state).
-    #[allow(dead_code)]
-    limiter: Limiter,
 }
 
 fn source_value(source: DecisionSource) -> Option<HeaderValue> {

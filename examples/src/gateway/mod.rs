@@ -5,6 +5,8 @@
 //! - `GET /ws`: a WebSocket echo; the upgrade request is limited by the same
 //!   layer and window as `/api/hello`.
 //! - `GET /healthz`: never limited.
+//! - `GET /metrics`: Prometheus text of tower-window's metrics, never limited
+//!   (see [`metrics`]).
 //!
 //! With Redis (`--redis-url` / `--redis-cluster`) the limiter has a local
 //! tier of recent denials, a circuit breaker, a time budget per decision
@@ -19,6 +21,7 @@
 
 mod app;
 mod config;
+pub mod metrics;
 mod ws;
 
 pub use app::{build_app, RATELIMIT_SOURCE};

@@ -24,7 +24,7 @@
 //! A denial records nothing. Note `reset_after` is the end of the current
 //! window even when the window holds nothing (case 1 on an empty state).
 
-use super::sliding_log::{saturate_u32, Outcome};
+use super::outcome::{saturate_u32, Outcome};
 use crate::Quota;
 
 /// The counter of one key: which window, and how many units it admitted.

@@ -32,7 +32,7 @@
 //! The arithmetic saturates instead of overflowing; it is exact while
 //! `t + 2 B T < 2^64` (for realistic quotas by many orders of magnitude).
 
-use super::sliding_log::{saturate_u32, Outcome};
+use super::outcome::{saturate_u32, Outcome};
 use crate::Quota;
 
 /// The theoretical arrival time of one key (0 = none; `max(0, t) = t`).

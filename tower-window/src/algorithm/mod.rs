@@ -9,8 +9,10 @@ use std::time::Duration;
 
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
+pub(crate) mod outcome;
 pub(crate) mod sliding_counter;
 pub(crate) mod sliding_log;
+mod timeline;
 
 /// How a [`Quota`](crate::Quota) counts admissions over its window `W`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

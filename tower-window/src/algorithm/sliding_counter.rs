@@ -34,29 +34,16 @@
 //! the reset/TTL of an admission is taken from the newest bucket, which is
 //! `b` whenever time has not gone back.
 
-use std::collections::VecDeque;
-
-use super::sliding_log::{saturate_u32, Outcome};
+use super::outcome::Outcome;
+use super::timeline::{self, Timeline};
 use crate::Quota;
 
 /// The buckets of one key: `(bucket index, units)`, ascending by index.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct State {
-    buckets: VecDeque<(u64, u64)>,
-}
-
-impl State {
-    /// Number of buckets kept (for tests of memory use).
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.buckets.len()
-    }
-}
+pub(crate) type State = Timeline;
 
 /// Checks `cost` units of `quota` at `now` against `state`; records them if
 /// admitted. Never panics.
 pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-    let limit = u64::from(quota.limit());
     let window = quota.window_micros().max(1);
     // Quota validation guarantees a granularity dividing the window; a
     // mismatched quota degrades to one bucket per window rather than panic.
@@ -65,77 +52,16 @@ pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Ou
         .filter(|g| *g > 0 && window.is_multiple_of(*g))
         .unwrap_or(window);
     let n = window / granularity;
-    let cost = u64::from(cost);
-    let b = now / granularity;
-    // When bucket j stops counting, as a wait from now.
-    let end_after = |j: u64| {
-        j.saturating_add(n)
-            .saturating_add(1)
-            .saturating_mul(granularity)
-            .saturating_sub(now)
-    };
-
-    let oldest_counted = b.saturating_sub(n);
-    while state
-        .buckets
-        .front()
-        .is_some_and(|&(j, _)| j < oldest_counted)
-    {
-        state.buckets.pop_front();
-    }
-    let used = state
-        .buckets
-        .iter()
-        .fold(0u64, |sum, &(_, c)| sum.saturating_add(c));
-    let reset_after =
-        |buckets: &VecDeque<(u64, u64)>| buckets.back().map_or(0, |&(j, _)| end_after(j));
-
-    if cost > limit {
-        return Outcome::deny(
-            saturate_u32(limit.saturating_sub(used)),
-            reset_after(&state.buckets),
-            None,
-        );
-    }
-
-    if used.saturating_add(cost) <= limit {
-        add(&mut state.buckets, b, cost);
-        let reset = reset_after(&state.buckets);
-        return Outcome::allow(saturate_u32(limit - used - cost), reset, reset);
-    }
-
-    // Denied: wait until enough of the oldest buckets stop counting. Freeing
-    // every bucket always suffices (cost <= limit); the fallback is unreachable.
-    let mut freed = 0u64;
-    let mut retry = reset_after(&state.buckets);
-    for &(j, count) in &state.buckets {
-        freed = freed.saturating_add(count);
-        if used.saturating_sub(freed).saturating_add(cost) <= limit {
-            retry = end_after(j);
-            break;
-        }
-    }
-    Outcome::deny(
-        saturate_u32(limit.saturating_sub(used)),
-        reset_after(&state.buckets),
-        Some(retry),
+    // Bucket j stops counting at (j + n + 1) G: only then has every window
+    // of length W that overlaps it moved past it.
+    timeline::check(
+        state,
+        now,
+        now / granularity,
+        cost,
+        u64::from(quota.limit()),
+        |j| j.checked_add(n)?.checked_add(1)?.checked_mul(granularity),
     )
-}
-
-/// Adds `cost` to bucket `b`, keeping buckets in ascending order.
-fn add(buckets: &mut VecDeque<(u64, u64)>, b: u64, cost: u64) {
-    match buckets.back_mut() {
-        Some((j, c)) if *j == b => *c = c.saturating_add(cost),
-        Some((j, _)) if *j > b => {
-            // The clock stepped back into an older bucket.
-            let at = buckets.partition_point(|&(j, _)| j < b);
-            match buckets.get_mut(at) {
-                Some((j, c)) if *j == b => *c = c.saturating_add(cost),
-                _ => buckets.insert(at, (b, cost)),
-            }
-        }
-        _ => buckets.push_back((b, cost)),
-    }
 }
 
 #[cfg(test)]

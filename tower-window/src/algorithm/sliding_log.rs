@@ -32,173 +32,26 @@
 //! admission is `newest_ts + W - t`, which equals `W` whenever the newest
 //! entry is now.
 //!
-//! [`Outcome`] and [`saturate_u32`] live here but serve all four algorithms.
 
-use std::collections::VecDeque;
-use std::time::Duration;
-
-use crate::{Decision, Quota};
-
-/// What one check decided, in integer microseconds (all four algorithms).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Outcome {
-    /// Whether the cost was admitted (and recorded).
-    pub(crate) allowed: bool,
-    /// Units left after this decision.
-    pub(crate) remaining: u32,
-    /// Microseconds until everything counted now has stopped counting.
-    pub(crate) reset_after: u64,
-    /// `Some(0)` for an admission; for a denial the wait until the same cost
-    /// fits, or `None` when it never can.
-    pub(crate) retry_after: Option<u64>,
-    /// `Some(ttl)` when the state was written: keep it at least `ttl`
-    /// microseconds from now. `None` when nothing was written.
-    pub(crate) ttl: Option<u64>,
-}
-
-impl Outcome {
-    /// An admission that wrote state which must live `ttl` microseconds.
-    pub(crate) fn allow(remaining: u32, reset_after: u64, ttl: u64) -> Self {
-        Self {
-            allowed: true,
-            remaining,
-            reset_after,
-            retry_after: Some(0),
-            ttl: Some(ttl),
-        }
-    }
-
-    /// A denial; it never writes state.
-    pub(crate) fn deny(remaining: u32, reset_after: u64, retry_after: Option<u64>) -> Self {
-        Self {
-            allowed: false,
-            remaining,
-            reset_after,
-            retry_after,
-            ttl: None,
-        }
-    }
-
-    /// The public [`Decision`] for `quota`, decided at `now` (µs since epoch).
-    pub(crate) fn into_decision(self, quota: &Quota, now: u64) -> Decision {
-        let reset_after = Duration::from_micros(self.reset_after);
-        let decision = if self.allowed {
-            Decision::allow(quota.clone(), self.remaining, reset_after)
-        } else {
-            Decision::deny(
-                quota.clone(),
-                self.remaining,
-                reset_after,
-                self.retry_after.map(Duration::from_micros),
-            )
-        };
-        decision.with_timestamp_micros(now)
-    }
-}
-
-/// `x` as a `u32`, clamped (remaining counts never exceed the limit, but a
-/// clamp is cheaper to trust than a proof).
-pub(crate) fn saturate_u32(x: u64) -> u32 {
-    u32::try_from(x).unwrap_or(u32::MAX)
-}
+use super::outcome::Outcome;
+use super::timeline::{self, Timeline};
+use crate::Quota;
 
 /// The log of one key: admissions `(timestamp, cost)`, oldest first.
 ///
 /// Admissions at the same microsecond are merged into one entry, which
 /// changes no decision (they expire together) and keeps bursts small.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct State {
-    entries: VecDeque<(u64, u64)>,
-}
-
-impl State {
-    /// Number of log entries kept (for tests of memory use).
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.entries.len()
-    }
-}
-
-/// Whether an entry written at `ts` has left the window at `now`:
-/// `ts <= now - W`, written without underflow (`ts + W` overflowing means it
-/// has certainly not expired).
-fn expired(ts: u64, window: u64, now: u64) -> bool {
-    ts.checked_add(window).is_some_and(|end| end <= now)
-}
+pub(crate) type State = Timeline;
 
 /// Checks `cost` units of `quota` at `now` against `state`; records them if
 /// admitted. Never panics.
 pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-    let limit = u64::from(quota.limit());
     let window = quota.window_micros();
-    let cost = u64::from(cost);
-
-    // Entries are in timestamp order, so the expired ones are a prefix.
-    while state
-        .entries
-        .front()
-        .is_some_and(|&(ts, _)| expired(ts, window, now))
-    {
-        state.entries.pop_front();
-    }
-    let used = state
-        .entries
-        .iter()
-        .fold(0u64, |sum, &(_, c)| sum.saturating_add(c));
-    let reset_after = |entries: &VecDeque<(u64, u64)>| {
-        entries.back().map_or(0, |&(newest, _)| {
-            newest.saturating_add(window).saturating_sub(now)
-        })
-    };
-
-    if cost > limit {
-        // Can never fit: say so (None) rather than promise a wait.
-        return Outcome::deny(
-            saturate_u32(limit.saturating_sub(used)),
-            reset_after(&state.entries),
-            None,
-        );
-    }
-
-    if used.saturating_add(cost) <= limit {
-        record(&mut state.entries, now, cost);
-        let reset = reset_after(&state.entries);
-        return Outcome::allow(saturate_u32(limit - used - cost), reset, reset);
-    }
-
-    // Denied: the wait is until enough of the oldest entries have expired
-    // for `cost` to fit. Freeing everything always suffices (cost <= limit),
-    // so the walk always finds an entry; the fallback is unreachable.
-    let mut freed = 0u64;
-    let mut retry = reset_after(&state.entries);
-    for &(ts, c) in &state.entries {
-        freed = freed.saturating_add(c);
-        if used.saturating_sub(freed).saturating_add(cost) <= limit {
-            retry = ts.saturating_add(window).saturating_sub(now);
-            break;
-        }
-    }
-    Outcome::deny(
-        saturate_u32(limit.saturating_sub(used)),
-        reset_after(&state.entries),
-        Some(retry),
-    )
-}
-
-/// Records `(now, cost)` keeping the log in timestamp order.
-fn record(entries: &mut VecDeque<(u64, u64)>, now: u64, cost: u64) {
-    match entries.back_mut() {
-        Some((ts, c)) if *ts == now => *c = c.saturating_add(cost),
-        Some((ts, _)) if *ts > now => {
-            // The clock stepped back: insert in order (or merge).
-            let at = entries.partition_point(|&(ts, _)| ts < now);
-            match entries.get_mut(at) {
-                Some((ts, c)) if *ts == now => *c = c.saturating_add(cost),
-                _ => entries.insert(at, (now, cost)),
-            }
-        }
-        _ => entries.push_back((now, cost)),
-    }
+    // An entry written at `ts` counts while `ts > now - W`, i.e. until
+    // `ts + W` (an entry so late that this overflows never expires).
+    timeline::check(state, now, now, cost, u64::from(quota.limit()), |ts| {
+        ts.checked_add(window)
+    })
 }
 
 #[cfg(test)]
@@ -336,6 +189,8 @@ mod tests {
 
     #[test]
     fn decision_carries_micros_as_durations() {
+        use std::time::Duration;
+
         let q = quota("1/1m");
         let d = Outcome::deny(0, 1, Some(2)).into_decision(&q, 7);
         assert!(!d.allowed);

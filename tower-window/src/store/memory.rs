@@ -35,6 +35,7 @@ use moka::sync::Cache;
 use moka::Expiry;
 
 use super::{CheckRequest, Store, StoreError, StoreErrorKind};
+use crate::algorithm::outcome::Outcome;
 use crate::algorithm::{fixed_window, gcra, sliding_counter, sliding_log};
 use crate::{Algorithm, Clock, Decision, Quota, SystemClock};
 
@@ -275,7 +276,7 @@ impl Slot {
         }
     }
 
-    fn check(&self, quota: &Quota, now: u64, cost: u32) -> sliding_log::Outcome {
+    fn check(&self, quota: &Quota, now: u64, cost: u32) -> Outcome {
         // The algorithms never panic, so the lock is never poisoned; if it
         // were, the state is still consistent (every write is a single step).
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -305,7 +306,7 @@ impl State {
         }
     }
 
-    fn check(&mut self, quota: &Quota, now: u64, cost: u32) -> sliding_log::Outcome {
+    fn check(&mut self, quota: &Quota, now: u64, cost: u32) -> Outcome {
         // The cache key includes the quota's id (and so its algorithm), so
         // the state always matches; start afresh rather than panic if not.
         let matches = matches!(

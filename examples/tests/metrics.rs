@@ -1,0 +1,277 @@
+//! The gateway's `GET /metrics` holds every metric the Grafana dashboard in
+//! `examples/grafana/tower-window.json` queries.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use clap::Parser;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tower::ServiceExt;
+use tower_window::fallback::FailOpen;
+use tower_window::{
+    BreakerConfig, Limiter, ManualClock, MemoryStore, Quota, RetryConfig, WindowKey,
+};
+use tower_window_examples::gateway::metrics::install_recorder;
+use tower_window_examples::gateway::{build_app, Args, GatewayConfig};
+
+const DASHBOARD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/tower-window.json");
+
+fn hello(user: &str) -> Request<Body> {
+    Request::get("/api/hello")
+        .header("x-user-id", user)
+        .body(Body::empty())
+        .unwrap()
+}
+
+async fn text(app: &Router, path: &str) -> (StatusCode, Option<String>, String) {
+    let response = app
+        .clone()
+        .oneshot(Request::get(path).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        content_type,
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
+}
+
+/// A loopback address nothing listens on.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// Every `expr` string anywhere in the dashboard.
+fn exprs(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, value) in map {
+                match (key.as_str(), value) {
+                    ("expr", Value::String(expr)) => out.push(expr.clone()),
+                    _ => exprs(value, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| exprs(v, out)),
+        _ => {}
+    }
+}
+
+/// The `tower_window_*` identifiers in a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(start) = rest.find("tower_window_") {
+        let tail = &rest[start..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(tail.len());
+        names.push(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// A scrape: sample names (as written on sample lines) and `# TYPE`s.
+struct Scrape {
+    samples: BTreeSet<String>,
+    types: Vec<(String, String)>,
+}
+
+impl Scrape {
+    fn parse(text: &str) -> Self {
+        let mut samples = BTreeSet::new();
+        let mut types = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut parts = rest.split_whitespace();
+                if let (Some(name), Some(kind)) = (parts.next(), parts.next()) {
+                    types.push((name.to_owned(), kind.to_owned()));
+                }
+            } else if !line.starts_with('#') && !line.trim().is_empty() {
+                let end = line.find(['{', ' ']).unwrap_or(line.len());
+                samples.insert(line[..end].to_owned());
+            }
+        }
+        Self { samples, types }
+    }
+
+    fn kind(&self, family: &str) -> Option<&str> {
+        self.types
+            .iter()
+            .find(|(name, _)| name == family)
+            .map(|(_, kind)| kind.as_str())
+    }
+
+    /// The family a dashboard name belongs to: itself, or for a histogram's
+    /// `_bucket` / `_sum` / `_count` series the histogram.
+    fn family<'a>(&self, name: &'a str) -> &'a str {
+        for suffix in ["_bucket", "_sum", "_count"] {
+            if let Some(base) = name.strip_suffix(suffix) {
+                if self.kind(base) == Some("histogram") {
+                    return base;
+                }
+            }
+        }
+        name
+    }
+}
+
+#[tokio::test]
+async fn scrape_holds_every_metric_the_dashboard_queries() {
+    // Gateway traffic on the embedded store: admissions, then denials.
+    let store = MemoryStore::builder()
+        .clock(ManualClock::new(1_700_000_000_000_000))
+        .build();
+    let app = build_app(GatewayConfig::with_store(
+        "3/1m".parse().unwrap(),
+        Arc::new(store),
+    ));
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let response = app.clone().oneshot(hello("alice")).await.unwrap();
+        statuses.push(response.status());
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::OK).count(), 3);
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+            .count(),
+        2
+    );
+
+    // A gateway whose Redis is a closed loopback port: store errors, and
+    // with `--fallback fail-closed` a degraded 503.
+    let url = format!("redis://127.0.0.1:{}", closed_port());
+    let args = Args::try_parse_from([
+        "gateway",
+        "--limit",
+        "3/1m",
+        "--redis-url",
+        &url,
+        "--fallback",
+        "fail-closed",
+    ])
+    .unwrap();
+    let broken = build_app(args.into_config().unwrap());
+    let response = broken.clone().oneshot(hello("alice")).await.unwrap();
+    assert!(response.status().is_server_error(), "{}", response.status());
+
+    // Limiters in the same process, recording into the recorder the gateway
+    // installed, fill in the other series with exact counts. One on the
+    // embedded store: admissions, a store denial, then local-tier hits.
+    let quota = "3/1m".parse::<Quota>().unwrap().named("resilient").unwrap();
+    let resilient = Limiter::builder(MemoryStore::new(), quota.clone())
+        .fallback(FailOpen::new())
+        .build();
+    let key = WindowKey::for_subject("bob");
+    let mut allowed = 0;
+    for _ in 0..5 {
+        allowed += u32::from(resilient.check(&key, 1).await.unwrap().allowed);
+    }
+    assert_eq!(allowed, 3);
+    // One on the unreachable Redis: a store error opens the breaker, then
+    // fail-open admits without the store.
+    let broken_store_limiter = {
+        let args =
+            Args::try_parse_from(["gateway", "--limit", "3/1m", "--redis-url", &url]).unwrap();
+        let config = args.into_config().unwrap();
+        Limiter::builder(config.store, quota.named("degraded-redis").unwrap())
+            .retry(RetryConfig::none())
+            .timeout(Duration::from_secs(5))
+            .breaker(
+                BreakerConfig::default()
+                    .consecutive_failures(1)
+                    .cooldown(Duration::from_secs(3600)),
+            )
+            .fallback(FailOpen::new())
+            .build()
+    };
+    for _ in 0..3 {
+        let decision = broken_store_limiter.check(&key, 1).await.unwrap();
+        assert!(decision.allowed && decision.is_degraded());
+    }
+
+    let (status, content_type, body) = text(&app, "/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(content_type.unwrap().starts_with("text/plain"));
+    assert!(!body.contains("alice") && !body.contains("bob"), "{body}");
+    let scrape = Scrape::parse(&body);
+
+    // Every metric the dashboard queries is in the scrape.
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(DASHBOARD).unwrap()).unwrap();
+    let mut all = Vec::new();
+    exprs(&dashboard, &mut all);
+    assert!(all.len() >= 10, "{all:?}");
+    let mut used = BTreeSet::new();
+    for expr in &all {
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "no metric in {expr}");
+        used.extend(names);
+    }
+    let missing: Vec<_> = used
+        .iter()
+        .filter(|name| !scrape.samples.contains(name.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "missing {missing:?} in\n{body}");
+    // The latency panel uses a real histogram, not a summary.
+    assert_eq!(
+        scrape.kind("tower_window_store_call_duration_seconds"),
+        Some("histogram")
+    );
+    assert_eq!(
+        scrape.family("tower_window_store_call_duration_seconds_bucket"),
+        "tower_window_store_call_duration_seconds"
+    );
+
+    // And the dashboard covers every metric tower-window records.
+    let families: BTreeSet<_> = used.iter().map(|n| scrape.family(n)).collect();
+    for name in tower_window::metrics::ALL {
+        assert!(families.contains(name), "no panel queries {name}");
+    }
+
+    // Store errors by kind and the breaker came from the broken Redis.
+    assert!(body
+        .lines()
+        .any(|l| l.starts_with("tower_window_store_errors_total{")
+            && l.contains("kind=\"unavailable\"")
+            && l.contains("quota=\"degraded-redis\"")
+            && !l.ends_with(" 0")));
+    assert!(body
+        .lines()
+        .any(|l| l.starts_with("tower_window_breaker_state{")
+            && l.contains("quota=\"degraded-redis\"")
+            && l.ends_with(" 2")));
+    assert!(body
+        .lines()
+        .any(|l| l.starts_with("tower_window_fallback_admissions_total{")
+            && l.contains("reason=\"circuit_open\"")
+            && l.ends_with(" 2")));
+}
+
+#[tokio::test]
+async fn install_recorder_is_idempotent_and_metrics_is_not_limited() {
+    let first = install_recorder();
+    let second = install_recorder();
+    let _ = (first.render(), second.render());
+    let app = build_app(GatewayConfig::new("1/1h".parse().unwrap()));
+    for _ in 0..3 {
+        let (status, _, _) = text(&app, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+    }
+}

@@ -1,0 +1,635 @@
+//! Metric names, units and labels, recorded through the [`metrics`] facade.
+//!
+//! With the `metrics` cargo feature (on by default) every [`Limiter`]
+//! records the series below into whatever recorder the application installs
+//! (for example `metrics-exporter-prometheus`); without a recorder each
+//! record is a no-op. With the feature off nothing is recorded and nothing
+//! is compiled in; the names stay available here.
+//!
+//! Call [`describe`] once after installing a recorder to give each series
+//! its unit and help text.
+//!
+//! | name | type | unit | labels |
+//! |------|------|------|--------|
+//! | `tower_window_decisions_total` | counter | decisions | `outcome`, `source`, `quota`, (`tenant`) |
+//! | `tower_window_near_limit_total` | counter | decisions | `quota`, (`tenant`) |
+//! | `tower_window_fallback_decisions_total` | counter | decisions | `reason`, `outcome`, `quota`, (`tenant`) |
+//! | `tower_window_fallback_admissions_total` | counter | decisions | `reason`, `quota`, (`tenant`) |
+//! | `tower_window_store_call_duration_seconds` | histogram | seconds | `outcome`, `quota` |
+//! | `tower_window_store_errors_total` | counter | errors | `kind`, `quota` |
+//! | `tower_window_store_retries_total` | counter | retries | `quota` |
+//! | `tower_window_breaker_state` | gauge | 0, 1, 2 | `quota` |
+//! | `tower_window_breaker_transitions_total` | counter | transitions | `to`, `quota` |
+//! | `tower_window_local_cache_entries` | gauge | keys | `quota` |
+//! | `tower_window_local_cache_hits_total` | counter | lookups | `quota` |
+//! | `tower_window_local_cache_misses_total` | counter | lookups | `quota` |
+//!
+//! Label values:
+//! - `outcome`: `allowed`, `denied` (decisions); `ok`, `error` (store calls).
+//! - `source`: `store`, `local_cache`, `lease`, `fallback`
+//!   ([`DecisionSource::as_str`](crate::DecisionSource::as_str)).
+//! - `reason`: `unavailable`, `timeout`, `overloaded`, `circuit_open`, `error`
+//!   ([`FallbackReason::as_str`](crate::FallbackReason::as_str)).
+//! - `kind`: `unavailable`, `timeout`, `overloaded`, `protocol`,
+//!   `invalid_request` ([`StoreErrorKind::as_str`](crate::StoreErrorKind::as_str)).
+//! - `to`: `closed`, `half_open`, `open`; the state gauge is 0 closed,
+//!   1 half-open, 2 open.
+//! - `quota`: the checked quota's [name](crate::Quota::name); for the breaker
+//!   and the local-tier size, the limiter's own quota.
+//! - `tenant`: only with
+//!   [`LimiterBuilder::metrics_tenant_label`](crate::LimiterBuilder::metrics_tenant_label)
+//!   (off by default: one series per tenant). The subject (user, IP, ...)
+//!   is never a label.
+//!
+//! A near-limit decision is an admission that left less than 20 % of the
+//! limit (`5 × remaining < limit`). A fallback admission is a request let
+//! through without the store: the possible over-admission while the store
+//! is away. Store errors count failed store calls after retries; an open
+//! breaker or a full in-flight bound calls nothing and shows up as
+//! fallback decisions with reason `circuit_open` or `overloaded`.
+//!
+//! Every series of a limiter is registered at zero when it first records,
+//! so dashboards see each name before the first error or transition. For a
+//! limiter's own quota (and no tenant label) the handles are resolved once
+//! and recording allocates nothing; install the recorder before the first
+//! check. Other quotas and tenant labels resolve their series per record.
+//!
+//! [`Limiter`]: crate::Limiter
+//! [`metrics`]: https://docs.rs/metrics
+
+/// Decisions by `outcome` and `source`.
+pub const DECISIONS_TOTAL: &str = "tower_window_decisions_total";
+/// Admissions that left less than 20 % of the limit.
+pub const NEAR_LIMIT_TOTAL: &str = "tower_window_near_limit_total";
+/// Decisions made by the fallback policy, by `reason` and `outcome`.
+pub const FALLBACK_DECISIONS_TOTAL: &str = "tower_window_fallback_decisions_total";
+/// Admissions made without the store, by `reason`.
+pub const FALLBACK_ADMISSIONS_TOTAL: &str = "tower_window_fallback_admissions_total";
+/// Duration of one decision's store call (retries included), by `outcome`.
+pub const STORE_CALL_DURATION_SECONDS: &str = "tower_window_store_call_duration_seconds";
+/// Failed store calls by error `kind`.
+pub const STORE_ERRORS_TOTAL: &str = "tower_window_store_errors_total";
+/// Retried store attempts.
+pub const STORE_RETRIES_TOTAL: &str = "tower_window_store_retries_total";
+/// Circuit breaker state: 0 closed, 1 half-open, 2 open.
+pub const BREAKER_STATE: &str = "tower_window_breaker_state";
+/// Circuit breaker transitions, by the state entered (`to`).
+pub const BREAKER_TRANSITIONS_TOTAL: &str = "tower_window_breaker_transitions_total";
+/// Keys held by the local tier.
+pub const LOCAL_CACHE_ENTRIES: &str = "tower_window_local_cache_entries";
+/// Local-tier lookups answered locally.
+pub const LOCAL_CACHE_HITS_TOTAL: &str = "tower_window_local_cache_hits_total";
+/// Local-tier lookups that went on to the store.
+pub const LOCAL_CACHE_MISSES_TOTAL: &str = "tower_window_local_cache_misses_total";
+
+/// Every metric name above.
+pub const ALL: &[&str] = &[
+    DECISIONS_TOTAL,
+    NEAR_LIMIT_TOTAL,
+    FALLBACK_DECISIONS_TOTAL,
+    FALLBACK_ADMISSIONS_TOTAL,
+    STORE_CALL_DURATION_SECONDS,
+    STORE_ERRORS_TOTAL,
+    STORE_RETRIES_TOTAL,
+    BREAKER_STATE,
+    BREAKER_TRANSITIONS_TOTAL,
+    LOCAL_CACHE_ENTRIES,
+    LOCAL_CACHE_HITS_TOTAL,
+    LOCAL_CACHE_MISSES_TOTAL,
+];
+
+/// Suggested histogram buckets (seconds) for
+/// [`STORE_CALL_DURATION_SECONDS`]: 100 µs to 1 s.
+pub const STORE_CALL_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Whether an admission left less than 20 % of `limit`.
+#[cfg(feature = "metrics")]
+pub(crate) fn is_near_limit(remaining: u32, limit: u32) -> bool {
+    u64::from(remaining) * 5 < u64::from(limit)
+}
+
+/// Describes every metric (unit and help text) to the installed recorder.
+///
+/// Call it after installing the recorder; calling it again is harmless.
+#[cfg(feature = "metrics")]
+pub fn describe() {
+    use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        DECISIONS_TOTAL,
+        Unit::Count,
+        "Rate-limit decisions by outcome (allowed, denied) and source (store, local_cache, lease, fallback)."
+    );
+    describe_counter!(
+        NEAR_LIMIT_TOTAL,
+        Unit::Count,
+        "Admitted decisions that left less than 20% of the limit."
+    );
+    describe_counter!(
+        FALLBACK_DECISIONS_TOTAL,
+        Unit::Count,
+        "Decisions made by the fallback policy because the store could not decide, by reason and outcome."
+    );
+    describe_counter!(
+        FALLBACK_ADMISSIONS_TOTAL,
+        Unit::Count,
+        "Requests admitted without the store (possible over-admission), by reason."
+    );
+    describe_histogram!(
+        STORE_CALL_DURATION_SECONDS,
+        Unit::Seconds,
+        "Duration of one decision's store call, retries included, by outcome (ok, error)."
+    );
+    describe_counter!(
+        STORE_ERRORS_TOTAL,
+        Unit::Count,
+        "Failed store calls by error kind."
+    );
+    describe_counter!(
+        STORE_RETRIES_TOTAL,
+        Unit::Count,
+        "Store attempts retried after a retryable error."
+    );
+    describe_gauge!(
+        BREAKER_STATE,
+        "Circuit breaker state: 0 closed, 1 half-open, 2 open."
+    );
+    describe_counter!(
+        BREAKER_TRANSITIONS_TOTAL,
+        Unit::Count,
+        "Circuit breaker state changes, by the state entered."
+    );
+    describe_gauge!(
+        LOCAL_CACHE_ENTRIES,
+        Unit::Count,
+        "Keys held by the local tier of recent denials."
+    );
+    describe_counter!(
+        LOCAL_CACHE_HITS_TOTAL,
+        Unit::Count,
+        "Local-tier lookups answered without the store."
+    );
+    describe_counter!(
+        LOCAL_CACHE_MISSES_TOTAL,
+        Unit::Count,
+        "Local-tier lookups that went on to the store."
+    );
+}
+
+pub(crate) use imp::{LimiterMetrics, Parts as MetricParts, StoreTimer};
+
+#[cfg(feature = "metrics")]
+mod imp {
+    use std::sync::OnceLock;
+    use std::time::Instant;
+
+    use ::metrics::{Counter, Gauge, Histogram, Label, SharedString};
+
+    use super::*;
+    use crate::{BreakerState, Decision, DecisionSource, FallbackReason, Quota, WindowKey};
+    use crate::{StoreError, StoreErrorKind};
+
+    const SOURCES: [DecisionSource; 4] = [
+        DecisionSource::Store,
+        DecisionSource::LocalCache,
+        DecisionSource::Lease,
+        DecisionSource::Fallback(FallbackReason::Error),
+    ];
+    const REASONS: [FallbackReason; 5] = [
+        FallbackReason::Unavailable,
+        FallbackReason::Timeout,
+        FallbackReason::Overloaded,
+        FallbackReason::CircuitOpen,
+        FallbackReason::Error,
+    ];
+    const KINDS: [StoreErrorKind; 5] = [
+        StoreErrorKind::Unavailable,
+        StoreErrorKind::Timeout,
+        StoreErrorKind::Overloaded,
+        StoreErrorKind::Protocol,
+        StoreErrorKind::InvalidRequest,
+    ];
+    const STATES: [BreakerState; 3] = [
+        BreakerState::Closed,
+        BreakerState::HalfOpen,
+        BreakerState::Open,
+    ];
+
+    fn outcome(allowed: bool) -> &'static str {
+        if allowed {
+            "allowed"
+        } else {
+            "denied"
+        }
+    }
+
+    fn source_index(source: DecisionSource) -> usize {
+        match source {
+            DecisionSource::Store => 0,
+            DecisionSource::LocalCache => 1,
+            DecisionSource::Lease => 2,
+            _ => 3,
+        }
+    }
+
+    fn reason_index(reason: FallbackReason) -> usize {
+        REASONS.iter().position(|r| *r == reason).unwrap_or(4)
+    }
+
+    fn kind_index(kind: StoreErrorKind) -> usize {
+        KINDS.iter().position(|k| *k == kind).unwrap_or(3)
+    }
+
+    fn state_index(state: BreakerState) -> usize {
+        STATES.iter().position(|s| *s == state).unwrap_or(2)
+    }
+
+    /// The labels every series of one record carries.
+    struct Labels {
+        quota: SharedString,
+        tenant: Option<SharedString>,
+    }
+
+    impl Labels {
+        fn build(&self, extra: &[(&'static str, &'static str)]) -> Vec<Label> {
+            let mut labels = Vec::with_capacity(extra.len() + 2);
+            labels.extend(extra.iter().map(|(k, v)| Label::from_static_parts(k, v)));
+            labels.push(Label::new("quota", self.quota.clone()));
+            if let Some(tenant) = &self.tenant {
+                labels.push(Label::new("tenant", tenant.clone()));
+            }
+            labels
+        }
+
+        fn counter(&self, name: &'static str, extra: &[(&'static str, &'static str)]) -> Counter {
+            ::metrics::counter!(name, self.build(extra))
+        }
+
+        fn gauge(&self, name: &'static str) -> Gauge {
+            ::metrics::gauge!(name, self.build(&[]))
+        }
+
+        fn histogram(
+            &self,
+            name: &'static str,
+            extra: &[(&'static str, &'static str)],
+        ) -> Histogram {
+            ::metrics::histogram!(name, self.build(extra))
+        }
+    }
+
+    /// Decision-level series of one (quota, tenant).
+    struct DecisionHandles {
+        /// `[allowed][source]`.
+        decisions: [[Counter; 4]; 2],
+        near_limit: Counter,
+        /// `[reason][allowed]`; `None` without a fallback policy.
+        fallback: Option<FallbackHandles>,
+    }
+
+    struct FallbackHandles {
+        decisions: [[Counter; 2]; 5],
+        admissions: [Counter; 5],
+    }
+
+    impl DecisionHandles {
+        fn new(labels: &Labels, fallback: bool) -> Self {
+            let decisions = [false, true].map(|allowed| {
+                SOURCES.map(|s| {
+                    labels.counter(
+                        DECISIONS_TOTAL,
+                        &[("outcome", outcome(allowed)), ("source", s.as_str())],
+                    )
+                })
+            });
+            let fallback = fallback.then(|| FallbackHandles {
+                decisions: REASONS.map(|r| {
+                    [false, true].map(|allowed| {
+                        labels.counter(
+                            FALLBACK_DECISIONS_TOTAL,
+                            &[("reason", r.as_str()), ("outcome", outcome(allowed))],
+                        )
+                    })
+                }),
+                admissions: REASONS
+                    .map(|r| labels.counter(FALLBACK_ADMISSIONS_TOTAL, &[("reason", r.as_str())])),
+            });
+            Self {
+                decisions,
+                near_limit: labels.counter(NEAR_LIMIT_TOTAL, &[]),
+                fallback,
+            }
+        }
+
+        fn record(&self, decision: &Decision) {
+            let allowed = usize::from(decision.allowed);
+            self.decisions[allowed][source_index(decision.source)].increment(1);
+            if decision.allowed && is_near_limit(decision.remaining, decision.limit()) {
+                self.near_limit.increment(1);
+            }
+            if let (DecisionSource::Fallback(reason), Some(fallback)) =
+                (decision.source, &self.fallback)
+            {
+                let r = reason_index(reason);
+                fallback.decisions[r][allowed].increment(1);
+                if decision.allowed {
+                    fallback.admissions[r].increment(1);
+                }
+            }
+        }
+    }
+
+    /// Store-call series of one quota.
+    struct StoreHandles {
+        ok: Histogram,
+        error: Histogram,
+        errors: [Counter; 5],
+        retries: Counter,
+    }
+
+    impl StoreHandles {
+        fn new(labels: &Labels) -> Self {
+            Self {
+                ok: labels.histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", "ok")]),
+                error: labels.histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", "error")]),
+                errors: KINDS.map(|k| labels.counter(STORE_ERRORS_TOTAL, &[("kind", k.as_str())])),
+                retries: labels.counter(STORE_RETRIES_TOTAL, &[]),
+            }
+        }
+    }
+
+    struct BreakerHandles {
+        state: Gauge,
+        transitions: [Counter; 3],
+    }
+
+    struct LocalHandles {
+        entries: Gauge,
+        hits: Counter,
+        misses: Counter,
+    }
+
+    /// Every series of the limiter's own quota, registered together.
+    struct Handles {
+        decisions: DecisionHandles,
+        store: StoreHandles,
+        breaker: Option<BreakerHandles>,
+        local: Option<LocalHandles>,
+    }
+
+    /// What a limiter has, which decides the series it registers.
+    #[derive(Debug, Clone, Copy, Default)]
+    pub(crate) struct Parts {
+        pub(crate) fallback: bool,
+        pub(crate) breaker: bool,
+        pub(crate) local: bool,
+    }
+
+    /// The metrics of one limiter.
+    pub(crate) struct LimiterMetrics {
+        quota: SharedString,
+        tenant_label: bool,
+        parts: Parts,
+        handles: OnceLock<Handles>,
+    }
+
+    impl LimiterMetrics {
+        pub(crate) fn new(quota: &Quota, tenant_label: bool, parts: Parts) -> Self {
+            Self {
+                quota: SharedString::from(String::from(quota.name())),
+                tenant_label,
+                parts,
+                handles: OnceLock::new(),
+            }
+        }
+
+        fn own_labels(&self) -> Labels {
+            Labels {
+                quota: self.quota.clone(),
+                tenant: None,
+            }
+        }
+
+        /// The handles of the limiter's own quota, registered (at zero) on
+        /// first use.
+        fn handles(&self) -> &Handles {
+            self.handles.get_or_init(|| {
+                let labels = self.own_labels();
+                let breaker = self.parts.breaker.then(|| {
+                    let state = labels.gauge(BREAKER_STATE);
+                    state.set(0.0);
+                    BreakerHandles {
+                        state,
+                        transitions: STATES.map(|s| {
+                            labels.counter(BREAKER_TRANSITIONS_TOTAL, &[("to", s.as_str())])
+                        }),
+                    }
+                });
+                let local = self.parts.local.then(|| {
+                    let entries = labels.gauge(LOCAL_CACHE_ENTRIES);
+                    entries.set(0.0);
+                    LocalHandles {
+                        entries,
+                        hits: labels.counter(LOCAL_CACHE_HITS_TOTAL, &[]),
+                        misses: labels.counter(LOCAL_CACHE_MISSES_TOTAL, &[]),
+                    }
+                });
+                Handles {
+                    decisions: DecisionHandles::new(&labels, self.parts.fallback),
+                    store: StoreHandles::new(&labels),
+                    breaker,
+                    local,
+                }
+            })
+        }
+
+        /// Whether `quota` is the limiter's own: its handles are cached.
+        fn is_own(&self, quota: &Quota) -> bool {
+            quota.name() == &*self.quota
+        }
+
+        fn labels_for(&self, quota: &Quota, key: Option<&WindowKey>) -> Labels {
+            let quota = if self.is_own(quota) {
+                self.quota.clone()
+            } else {
+                SharedString::from(String::from(quota.name()))
+            };
+            let tenant = key
+                .filter(|_| self.tenant_label)
+                .map(|key| SharedString::from(String::from_utf8_lossy(key.tenant()).into_owned()));
+            Labels { quota, tenant }
+        }
+
+        /// Records a decision returned to the caller.
+        pub(crate) fn decision(&self, key: &WindowKey, decision: &Decision) {
+            if !self.tenant_label && self.is_own(&decision.quota) {
+                self.handles().decisions.record(decision);
+            } else {
+                // Make sure the limiter-wide series exist too.
+                let _ = self.handles();
+                let labels = self.labels_for(&decision.quota, Some(key));
+                let outcome = outcome(decision.allowed);
+                labels
+                    .counter(
+                        DECISIONS_TOTAL,
+                        &[("outcome", outcome), ("source", decision.source.as_str())],
+                    )
+                    .increment(1);
+                if decision.allowed && is_near_limit(decision.remaining, decision.limit()) {
+                    labels.counter(NEAR_LIMIT_TOTAL, &[]).increment(1);
+                }
+                if let DecisionSource::Fallback(reason) = decision.source {
+                    let reason = reason.as_str();
+                    labels
+                        .counter(
+                            FALLBACK_DECISIONS_TOTAL,
+                            &[("reason", reason), ("outcome", outcome)],
+                        )
+                        .increment(1);
+                    if decision.allowed {
+                        labels
+                            .counter(FALLBACK_ADMISSIONS_TOTAL, &[("reason", reason)])
+                            .increment(1);
+                    }
+                }
+            }
+        }
+
+        /// Records a local-tier lookup.
+        pub(crate) fn local_lookup(&self, quota: &Quota, hit: bool) {
+            if self.is_own(quota) {
+                if let Some(local) = &self.handles().local {
+                    if hit {
+                        local.hits.increment(1);
+                    } else {
+                        local.misses.increment(1);
+                    }
+                }
+            } else {
+                let name = if hit {
+                    LOCAL_CACHE_HITS_TOTAL
+                } else {
+                    LOCAL_CACHE_MISSES_TOTAL
+                };
+                self.labels_for(quota, None).counter(name, &[]).increment(1);
+            }
+        }
+
+        /// Sets the local tier's size.
+        pub(crate) fn local_entries(&self, entries: u64) {
+            if let Some(local) = &self.handles().local {
+                // Precision loss only past 2^53 keys.
+                #[allow(clippy::cast_precision_loss)]
+                local.entries.set(entries as f64);
+            }
+        }
+
+        /// Records a breaker transition into `to`.
+        pub(crate) fn breaker_transition(&self, to: BreakerState) {
+            if let Some(breaker) = &self.handles().breaker {
+                let i = state_index(to);
+                #[allow(clippy::cast_precision_loss)]
+                breaker.state.set(i as f64);
+                breaker.transitions[i].increment(1);
+            }
+        }
+
+        /// Records one retried store attempt.
+        pub(crate) fn store_retry(&self, quota: &Quota) {
+            if self.is_own(quota) {
+                self.handles().store.retries.increment(1);
+            } else {
+                self.labels_for(quota, None)
+                    .counter(STORE_RETRIES_TOTAL, &[])
+                    .increment(1);
+            }
+        }
+
+        /// Records a finished store call started at `timer`.
+        pub(crate) fn store_call(
+            &self,
+            quota: &Quota,
+            timer: StoreTimer,
+            error: Option<&StoreError>,
+        ) {
+            let seconds = timer.0.elapsed().as_secs_f64();
+            if self.is_own(quota) {
+                let store = &self.handles().store;
+                match error {
+                    None => store.ok.record(seconds),
+                    Some(error) => {
+                        store.error.record(seconds);
+                        store.errors[kind_index(error.kind())].increment(1);
+                    }
+                }
+            } else {
+                let labels = self.labels_for(quota, None);
+                let outcome = if error.is_some() { "error" } else { "ok" };
+                labels
+                    .histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", outcome)])
+                    .record(seconds);
+                if let Some(error) = error {
+                    labels
+                        .counter(STORE_ERRORS_TOTAL, &[("kind", error.kind().as_str())])
+                        .increment(1);
+                }
+            }
+        }
+    }
+
+    /// When a store call started.
+    pub(crate) struct StoreTimer(Instant);
+
+    impl StoreTimer {
+        pub(crate) fn start() -> Self {
+            Self(Instant::now())
+        }
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod imp {
+    use crate::{BreakerState, Decision, Quota, StoreError, WindowKey};
+
+    /// What a limiter has (unused without the feature).
+    #[derive(Debug, Clone, Copy, Default)]
+    #[allow(dead_code)]
+    pub(crate) struct Parts {
+        pub(crate) fallback: bool,
+        pub(crate) breaker: bool,
+        pub(crate) local: bool,
+    }
+
+    /// No metrics: every method is an empty inline function.
+    pub(crate) struct LimiterMetrics;
+
+    impl LimiterMetrics {
+        #[inline(always)]
+        pub(crate) fn new(_: &Quota, _: bool, _: Parts) -> Self {
+            Self
+        }
+        #[inline(always)]
+        pub(crate) fn decision(&self, _: &WindowKey, _: &Decision) {}
+        #[inline(always)]
+        pub(crate) fn local_lookup(&self, _: &Quota, _: bool) {}
+        #[inline(always)]
+        pub(crate) fn local_entries(&self, _: u64) {}
+        #[inline(always)]
+        pub(crate) fn breaker_transition(&self, _: BreakerState) {}
+        #[inline(always)]
+        pub(crate) fn store_retry(&self, _: &Quota) {}
+        #[inline(always)]
+        pub(crate) fn store_call(&self, _: &Quota, _: StoreTimer, _: Option<&StoreError>) {}
+    }
+
+    /// No timer without the feature.
+    pub(crate) struct StoreTimer;
+
+    impl StoreTimer {
+        #[inline(always)]
+        pub(crate) fn start() -> Self {
+            Self
+        }
+    }
+}
