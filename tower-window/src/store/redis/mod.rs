@@ -238,6 +238,7 @@ impl RedisStore {
             }
             None => None,
         };
+        const NOSCRIPT_ATTEMPTS: u32 = 3;
         let min_ttl_ms = if now.is_some() {
             EXPLICIT_CLOCK_MIN_TTL_MS
         } else {
@@ -246,9 +247,23 @@ impl RedisStore {
         let key = redis_key(&self.prefix, request.key, request.quota);
         let call = scripts::invocation(key, request.quota, request.cost, now, min_ttl_ms);
         let (conn, generation) = self.connection.get().await?;
-        let reply: Result<Vec<i64>, _> = match conn {
-            Conn::Single(mut conn) => call.invoke_async(&mut conn).await,
-            Conn::Cluster(mut conn) => call.invoke_async(&mut conn).await,
+        // redis-rs answers NOSCRIPT by loading the script and retrying once;
+        // a `SCRIPT FLUSH` (or a failover) landing between that load and the
+        // retry surfaces a second NOSCRIPT, so go round again, boundedly.
+        let mut attempts = 0;
+        let reply: Result<Vec<i64>, _> = loop {
+            attempts += 1;
+            let reply = match conn.clone() {
+                Conn::Single(mut conn) => call.invoke_async(&mut conn).await,
+                Conn::Cluster(mut conn) => call.invoke_async(&mut conn).await,
+            };
+            match reply {
+                Err(error)
+                    if error.kind()
+                        == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                        && attempts < NOSCRIPT_ATTEMPTS => {}
+                other => break other,
+            }
         };
         let reply = reply.map_err(|error| {
             if is_connection_error(&error) {
