@@ -44,8 +44,8 @@ mod problem;
 pub use extract::{MissingRateLimitInfo, RateLimitInfo};
 pub use key::{ConnectInfoIp, PathParam};
 pub use problem::{
-    ProblemJson, RejectionResponse, PROBLEM_JSON, TYPE_MISSING_KEY, TYPE_RATE_LIMITED,
-    TYPE_UNAVAILABLE,
+    ProblemJson, RejectionResponse, PROBLEM_JSON, TYPE_DEGRADED, TYPE_MISSING_KEY,
+    TYPE_RATE_LIMITED, TYPE_UNAVAILABLE,
 };
 
 pub use tower_window::layer::Rejection;

@@ -16,6 +16,9 @@ pub const TYPE_RATE_LIMITED: &str = "urn:tower-window:problem:rate-limited";
 pub const TYPE_MISSING_KEY: &str = "urn:tower-window:problem:missing-key";
 /// The `type` of a limiter that could not decide (503).
 pub const TYPE_UNAVAILABLE: &str = "urn:tower-window:problem:unavailable";
+/// Problem type of a denial by the fallback policy while the store cannot
+/// decide (`503` by default, or the policy's status).
+pub const TYPE_DEGRADED: &str = "urn:tower-window:problem:degraded";
 
 /// Answers rejections with an RFC 9457 `application/problem+json` body.
 ///
@@ -86,6 +89,7 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
         Rejection::RateLimited(_) => TYPE_RATE_LIMITED,
         Rejection::MissingKey { .. } => TYPE_MISSING_KEY,
         Rejection::Unavailable { .. } => TYPE_UNAVAILABLE,
+        Rejection::Degraded { .. } => TYPE_DEGRADED,
         // A kind this version does not know: RFC 9457's "no further semantics".
         _ => "about:blank",
     };
@@ -141,7 +145,8 @@ pub(crate) fn ceil_secs(d: std::time::Duration) -> u64 {
 /// async fn handler(limiter: Limiter) -> Response {
 ///     match limiter.check(&WindowKey::for_subject("exports"), 1).await {
 ///         Ok(decision) if decision.allowed => "exported".into_response(),
-///         Ok(decision) => RejectionResponse(Rejection::RateLimited(decision)).into_response(),
+///         // `for_denial` answers a fallback denial with the policy's status.
+///         Ok(decision) => RejectionResponse(Rejection::for_denial(decision, &limiter)).into_response(),
 ///         Err(error) => RejectionResponse::unavailable(error.to_string()).into_response(),
 ///     }
 /// }

@@ -6,11 +6,13 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum_window_ext::{ProblemJson, RejectionResponse, TYPE_RATE_LIMITED, TYPE_UNAVAILABLE};
+use axum_window_ext::{
+    ProblemJson, RejectionResponse, TYPE_DEGRADED, TYPE_RATE_LIMITED, TYPE_UNAVAILABLE,
+};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower_window::layer::{OnRejection, Rejection};
-use tower_window::{Decision, Quota};
+use tower_window::{Decision, DecisionSource, FallbackReason, Quota};
 
 async fn json(body: Body) -> Value {
     serde_json::from_slice(&body.collect().await.unwrap().to_bytes()).unwrap()
@@ -67,4 +69,22 @@ async fn unavailable_hides_the_message() {
 
     let response = RejectionResponse::missing_key(StatusCode::UNAUTHORIZED).into_response();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn degraded_denial_has_its_own_type_and_the_policy_status() {
+    let quota: Quota = "10/1m".parse().unwrap();
+    let decision = Decision::deny(quota, 0, Duration::ZERO, Some(Duration::from_secs(1)))
+        .with_source(DecisionSource::Fallback(FallbackReason::Timeout));
+    let rejection = Rejection::Degraded {
+        decision,
+        status: StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let response = RejectionResponse(rejection).into_response();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    let problem = json(response.into_body()).await;
+    assert_eq!(problem["type"], TYPE_DEGRADED);
+    assert_eq!(problem["status"], 503);
+    assert_eq!(problem["retry_after"], 1);
 }
