@@ -572,12 +572,13 @@ async fn the_local_tier_stays_within_its_capacity() {
     let (store, _clock, builder) = setup();
     let limiter = builder.local_capacity(1_000).build();
     store.set(Mode::Deny(Duration::from_secs(60)));
-    for i in 0..100_000u32 {
+    // The flood: a million distinct denied keys.
+    for i in 0..1_000_000u32 {
         let key = WindowKey::for_subject(i.to_string());
         let d = limiter.check(&key, 1).await.unwrap();
         assert!(!d.allowed);
     }
-    assert_eq!(store.calls(), 100_000);
+    assert_eq!(store.calls(), 1_000_000);
     let len = limiter.local_cache_len();
     assert!(len <= 1_000, "{len} entries");
     assert!(len > 0);
