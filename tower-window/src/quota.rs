@@ -55,6 +55,9 @@ const DEFAULT_NAME: &str = "default";
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Quota {
+    /// `"<name>|<definition>"`, computed once: stores key state by it on
+    /// every check.
+    id: Arc<str>,
     name: Arc<str>,
     limit: NonZeroU32,
     window_micros: u64,
@@ -93,6 +96,7 @@ impl Quota {
     pub fn named(mut self, name: &str) -> Result<Self, QuotaError> {
         validate_name(name)?;
         self.name = Arc::from(name);
+        self.id = self.make_id();
         Ok(self)
     }
 
@@ -149,10 +153,37 @@ impl Quota {
         self.window_micros.div_ceil(u64::from(self.limit.get()))
     }
 
-    /// A stable identifier of this quota's definition and name, used to keep
-    /// the state of different quotas apart in a store.
-    pub fn id(&self) -> String {
-        format!("{}|{}", self.name, self)
+    /// A stable identifier of this quota's definition and name
+    /// (`"<name>|<definition>"`), used to keep the state of different quotas
+    /// apart in a store.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The same identifier as a cheaply cloned shared string.
+    pub fn shared_id(&self) -> Arc<str> {
+        Arc::clone(&self.id)
+    }
+
+    fn make_id(&self) -> Arc<str> {
+        Arc::from(format!("{}|{}", self.name, self))
+    }
+
+    /// The longest a key's state can matter after its last write: past it,
+    /// every algorithm treats the state as empty. Stores use it as an idle
+    /// expiry. (`W` for the log and the fixed window, `W + G` for the
+    /// sliding counter, `burst × emission interval` for GCRA.)
+    pub fn max_state_lifetime(&self) -> Duration {
+        let micros = match self.algorithm {
+            Algorithm::SlidingLog | Algorithm::FixedWindow => self.window_micros,
+            Algorithm::SlidingCounter { granularity } => self
+                .window_micros
+                .saturating_add(duration_micros(granularity)),
+            Algorithm::Gcra => u64::from(self.capacity())
+                .saturating_mul(self.emission_interval_micros())
+                .max(self.window_micros),
+        };
+        Duration::from_micros(micros)
     }
 }
 
@@ -376,13 +407,16 @@ impl QuotaBuilder {
             }
             None => Arc::from(DEFAULT_NAME),
         };
-        Ok(Quota {
+        let mut quota = Quota {
+            id: Arc::from(""),
             name,
             limit,
             window_micros,
             algorithm,
             burst,
-        })
+        };
+        quota.id = quota.make_id();
+        Ok(quota)
     }
 }
 

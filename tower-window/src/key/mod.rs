@@ -77,6 +77,11 @@ impl WindowKey {
         &self.tenant
     }
 
+    /// Both parts as shared buffers (cloning them copies nothing).
+    pub(crate) fn shared_parts(&self) -> (&Bytes, &Bytes) {
+        (&self.tenant, &self.subject)
+    }
+
     /// The subject's bytes.
     pub fn subject(&self) -> &[u8] {
         &self.subject

@@ -7,29 +7,27 @@
 //!
 //! Two things bound memory:
 //! - the number of keys ([`MemoryStoreBuilder::max_keys`], default
-//!   [`MemoryStore::DEFAULT_MAX_KEYS`]): beyond it the cache evicts by its
-//!   TinyLFU policy, which keeps frequently used keys (the ones near their
-//!   limits) and lets one-off keys go first;
-//! - expiry: every entry is dropped once its state's TTL (plus a small
-//!   [grace](MemoryStoreBuilder::expiry_grace)) has passed in real time.
+//!   [`MemoryStore::DEFAULT_MAX_KEYS`]): beyond it the cache evicts the
+//!   least recently used key (LRU, so a new key is always stored);
+//! - expiry: an entry idle (unchecked) for its quota's
+//!   [longest state lifetime](Quota::max_state_lifetime) plus a small
+//!   [grace](MemoryStoreBuilder::expiry_grace), in real time, is dropped.
 //!
-//! Eviction by time does not change decisions: the algorithms treat state
-//! past its TTL as empty by themselves, using the injected clock, so the
-//! cache only drops what is already logically gone (as long as the store's
-//! clock does not fall behind real time by more than the grace). Eviction
+//! Eviction by time does not change decisions: by then the algorithms treat
+//! the state as empty by themselves, using the injected clock, so the cache
+//! only drops what is already logically gone (as long as the store's clock
+//! does not fall behind real time by more than the grace). Eviction
 //! by capacity forgets a key's window, which can admit that key again early;
 //! size `max_keys` for the number of keys active within one window.
 //!
 //! [moka]: https://docs.rs/moka
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use moka::ops::compute::Op;
 use moka::policy::EvictionPolicy;
 use moka::sync::Cache;
 use moka::Expiry;
@@ -111,33 +109,20 @@ impl MemoryStore {
             ));
         }
         let quota = request.quota;
+        let (tenant, subject) = request.key.shared_parts();
         let key = CacheKey {
-            tenant: Bytes::copy_from_slice(request.key.tenant()),
-            subject: Bytes::copy_from_slice(request.key.subject()),
-            quota: quota.id(),
+            tenant: tenant.clone(),
+            subject: subject.clone(),
+            quota: quota.shared_id(),
         };
-        let mut decided = None;
-        // `and_compute_with` runs calls for one key one at a time, so the
-        // read-decide-write below is atomic per key. The clock is read under
-        // that lock too, so each key sees a non-decreasing time.
-        self.cache.entry(key).and_compute_with(|existing| {
-            let now = self.clock.now_micros();
-            let slot = existing.map_or_else(|| Arc::new(Slot::new(quota)), |e| e.into_value());
-            let outcome = slot.check(quota, now, request.cost);
-            decided = Some(outcome.into_decision(quota, now));
-            match outcome.ttl {
-                // Written: (re)insert to set the entry's expiry to the new TTL.
-                Some(ttl) => {
-                    slot.ttl_micros.store(ttl, Ordering::Relaxed);
-                    Op::Put(slot)
-                }
-                // A denial writes nothing and keeps the old expiry.
-                None => Op::Nop,
-            }
-        });
-        decided.ok_or_else(|| {
-            StoreError::new(StoreErrorKind::Protocol, "the cache did not run the check")
-        })
+        // One lookup (or one insert for a new key); the slot's own lock makes
+        // the read-decide-write atomic per key, and the clock is read under
+        // it so each key sees a non-decreasing time.
+        let slot = self.cache.get_with(key, || Arc::new(Slot::new(quota)));
+        let mut state = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = self.clock.now_micros();
+        let outcome = state.check(quota, now, request.cost);
+        Ok(outcome.into_decision(quota, now))
     }
 }
 
@@ -251,40 +236,30 @@ impl MemoryStoreBuilder {
     }
 }
 
-/// One window's identity in the cache.
+/// One window's identity in the cache (all three parts are shared buffers:
+/// building a key copies no bytes).
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct CacheKey {
     tenant: Bytes,
     subject: Bytes,
-    quota: String,
+    quota: Arc<str>,
 }
 
-/// One key's state and how long it must be kept.
+/// One key's state and how long it may matter after its last write.
 struct Slot {
-    /// Only ever locked inside the cache's per-key compute, so uncontended;
-    /// the mutex gives the shared `Arc` interior mutability.
+    /// Locked for the duration of one check: that is what makes a check
+    /// atomic per key.
     state: Mutex<State>,
-    /// The TTL (µs) set by the last write, read by [`SlotExpiry`].
-    ttl_micros: AtomicU64,
+    /// [`Quota::max_state_lifetime`]: the entry's idle expiry.
+    lifetime: Duration,
 }
 
 impl Slot {
     fn new(quota: &Quota) -> Self {
         Self {
             state: Mutex::new(State::empty(quota.algorithm())),
-            ttl_micros: AtomicU64::new(0),
+            lifetime: quota.max_state_lifetime(),
         }
-    }
-
-    fn check(&self, quota: &Quota, now: u64, cost: u32) -> Outcome {
-        // The algorithms never panic, so the lock is never poisoned; if it
-        // were, the state is still consistent (every write is a single step).
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.check(quota, now, cost)
-    }
-
-    fn ttl(&self) -> Duration {
-        Duration::from_micros(self.ttl_micros.load(Ordering::Relaxed))
     }
 }
 
@@ -328,9 +303,18 @@ impl State {
     }
 }
 
-/// Expires each entry its state's TTL (plus grace) after its last write.
+/// Expires each entry once it has been idle for its quota's longest state
+/// lifetime (plus grace). Every check reads its entry, and the last write is
+/// never later than the last read, so by then the state is logically empty:
+/// expiry never changes a decision, and needs no re-insert per admission.
 struct SlotExpiry {
     grace: Duration,
+}
+
+impl SlotExpiry {
+    fn idle(&self, slot: &Slot) -> Option<Duration> {
+        Some(slot.lifetime.saturating_add(self.grace))
+    }
 }
 
 impl Expiry<CacheKey, Arc<Slot>> for SlotExpiry {
@@ -340,7 +324,18 @@ impl Expiry<CacheKey, Arc<Slot>> for SlotExpiry {
         slot: &Arc<Slot>,
         _created_at: Instant,
     ) -> Option<Duration> {
-        Some(slot.ttl().saturating_add(self.grace))
+        self.idle(slot)
+    }
+
+    fn expire_after_read(
+        &self,
+        _key: &CacheKey,
+        slot: &Arc<Slot>,
+        _read_at: Instant,
+        _duration_until_expiry: Option<Duration>,
+        _last_modified_at: Instant,
+    ) -> Option<Duration> {
+        self.idle(slot)
     }
 
     fn expire_after_update(
@@ -350,13 +345,15 @@ impl Expiry<CacheKey, Arc<Slot>> for SlotExpiry {
         _updated_at: Instant,
         _duration_until_expiry: Option<Duration>,
     ) -> Option<Duration> {
-        Some(slot.ttl().saturating_add(self.grace))
+        self.idle(slot)
     }
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
     use crate::{ManualClock, WindowKey};
@@ -402,13 +399,15 @@ mod tests {
     }
 
     #[test]
-    fn denial_on_an_empty_key_stores_nothing() {
+    fn denial_on_an_empty_key_consumes_nothing() {
         let store = MemoryStore::builder().clock(ManualClock::new(T0)).build();
         let quota: Quota = "1/1m".parse().unwrap();
-        assert!(!check(&store, &WindowKey::global(), &quota, 2).allowed);
-        store.run_pending_tasks();
-        assert_eq!(store.entry_count(), 0);
-        assert!(check(&store, &WindowKey::global(), &quota, 1).allowed);
+        let d = check(&store, &WindowKey::global(), &quota, 2);
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, 1);
+        let d = check(&store, &WindowKey::global(), &quota, 1);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 0);
         store.run_pending_tasks();
         assert_eq!(store.entry_count(), 1);
     }
@@ -431,9 +430,9 @@ mod tests {
     }
 
     #[test]
-    fn entries_expire_after_their_ttl() {
-        // A 1 ms fixed window written at its last microsecond: TTL 1 µs, so
-        // with no grace the entry is gone as soon as real time moves at all.
+    fn idle_entries_expire() {
+        // A 1 ms fixed window: with no grace the entry is gone once it has
+        // been idle for 1 ms of real time.
         let store = MemoryStore::builder()
             .clock(ManualClock::new(T0 + 999))
             .expiry_grace(Duration::ZERO)
@@ -444,7 +443,7 @@ mod tests {
         let cache_key = CacheKey {
             tenant: Bytes::copy_from_slice(key.tenant()),
             subject: Bytes::copy_from_slice(key.subject()),
-            quota: quota.id(),
+            quota: quota.shared_id(),
         };
         // Not a timing assertion: waits (microseconds in practice) until it happens.
         let deadline = Instant::now() + Duration::from_secs(30);
