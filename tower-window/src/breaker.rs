@@ -70,6 +70,12 @@ const RATIO_SCALE: u64 = 1_000_000;
 /// least 20 calls in the last 10 s failed; cool down 5 s; 1 probe at a time
 /// while half-open.
 ///
+/// A limiter over a store that names failure domains
+/// ([`Store::shard`](crate::Store::shard); a Redis Cluster's hash slots)
+/// keeps one breaker with this configuration per shard: the counts, the
+/// cooldown and the probes are per shard, so a dead primary opens only the
+/// breakers of its own slots.
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_window::BreakerConfig;
@@ -160,6 +166,11 @@ impl BreakerConfig {
 
     /// Calls `hook(from, to)` on every state change (for metrics and logs).
     /// It runs on the checking task, outside the breaker's lock: keep it short.
+    ///
+    /// With one breaker per shard (a sharded store such as a Redis Cluster)
+    /// the hook sees every shard's transitions;
+    /// [`Limiter::breaker_state`](crate::Limiter::breaker_state) gives the
+    /// worst state over them.
     pub fn on_state_change<F>(mut self, hook: F) -> Self
     where
         F: Fn(BreakerState, BreakerState) + Send + Sync + 'static,
@@ -644,6 +655,47 @@ mod tests {
             b.failure(b.acquire().unwrap());
         }
         assert_eq!(b.state(), BreakerState::Open, "9 of 18 failed");
+    }
+
+    #[test]
+    fn one_breaker_per_shard_and_the_worst_state() {
+        let clock = ManualClock::new(1_000_000_000);
+        let config = BreakerConfig::default()
+            .consecutive_failures(1)
+            .cooldown(Duration::from_secs(1));
+        let b = Breakers::new(config, Arc::new(clock.clone()), None);
+        assert_eq!(b.worst(), BreakerState::Closed);
+        assert!(
+            b.shards.get().is_none(),
+            "no shard table before a sharded call"
+        );
+        let s7 = b.get(Some(7));
+        s7.failure(s7.acquire().unwrap());
+        assert_eq!(b.state_of(Some(7)), BreakerState::Open);
+        // Another shard and the store-wide breaker are untouched.
+        assert!(b.get(Some(8)).acquire().is_some());
+        assert!(b.get(None).acquire().is_some());
+        assert_eq!(b.state_of(Some(9)), BreakerState::Closed);
+        assert!(
+            b.shards.get().unwrap()[9].get().is_none(),
+            "not made by a read"
+        );
+        // Shards past the table share a cell modulo its size.
+        assert!(std::ptr::eq(
+            b.get(Some(7)),
+            b.get(Some(7 + MAX_SHARDS as u16))
+        ));
+        let wide = b.get(None);
+        wide.failure(wide.acquire().unwrap());
+        assert_eq!((b.worst(), b.open()), (BreakerState::Open, 2));
+        clock.advance(Duration::from_secs(1));
+        let probe = s7.acquire().unwrap();
+        let wide_probe = wide.acquire().unwrap();
+        assert_eq!((b.worst(), b.open()), (BreakerState::HalfOpen, 0));
+        s7.success(probe);
+        assert_eq!(b.worst(), BreakerState::HalfOpen);
+        wide.success(wide_probe);
+        assert_eq!((b.worst(), b.open()), (BreakerState::Closed, 0));
     }
 
     #[test]
