@@ -16,14 +16,15 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::store::redis::redis_key;
 use tower_window::{
-    BreakerConfig, BreakerState, Decision, DecisionSource, FallbackReason, Limiter, ManualClock,
-    Quota, RedisStore, WindowKey,
+    BreakerConfig, BreakerState, CheckRequest, Decision, DecisionSource, FallbackReason, Limiter,
+    ManualClock, Quota, RedisStore, Store, WindowKey,
 };
 use tower_window_tests::fault_proxy::{FaultProxy, Mode};
 use tower_window_tests::redis_cluster::RedisCluster;
@@ -690,13 +691,15 @@ async fn cluster_with_a_primary_killed_keeps_healthy_slots_on_redis() {
             ranges.push((start.parse().unwrap(), end.parse().unwrap(), port));
         }
     }
-    let owner = |key: &WindowKey| -> u16 {
+    let slot_of = |key: &WindowKey| -> u16 {
         let redis_key = redis_key(prefix, key, &quota);
-        let slot: u16 = redis::cmd("CLUSTER")
+        redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(redis_key)
             .query(&mut cluster.nodes()[0].connection())
-            .unwrap();
+            .unwrap()
+    };
+    let owner = |slot: u16| -> u16 {
         ranges
             .iter()
             .find(|(start, end, _)| (*start..=*end).contains(&slot))
@@ -705,10 +708,15 @@ async fn cluster_with_a_primary_killed_keeps_healthy_slots_on_redis() {
     };
     let victim = cluster.nodes()[2].port();
     let mut dead_keys = Vec::new();
+    let mut dead_slots = std::collections::BTreeSet::new();
     let mut live_keys = Vec::new();
+    let mut slots = Vec::new();
     for i in 0.. {
         let key = WindowKey::for_subject(format!("cluster-{i}"));
-        if owner(&key) == victim {
+        let slot = slot_of(&key);
+        slots.push((key.clone(), slot));
+        if owner(slot) == victim {
+            dead_slots.insert(slot);
             dead_keys.push(key);
         } else {
             live_keys.push(key);
@@ -718,22 +726,31 @@ async fn cluster_with_a_primary_killed_keeps_healthy_slots_on_redis() {
         }
     }
 
-    let store = RedisStore::cluster(cluster.urls())
-        .unwrap()
-        .prefix(prefix)
-        .timeout(Duration::from_secs(5))
-        .connect_timeout(Duration::from_millis(500));
+    let store = Arc::new(
+        RedisStore::cluster(cluster.urls())
+            .unwrap()
+            .prefix(prefix)
+            .timeout(Duration::from_secs(5))
+            .connect_timeout(Duration::from_millis(500)),
+    );
+    // The store's shard of a request is the slot CLUSTER KEYSLOT names.
+    for (key, slot) in &slots {
+        let request = CheckRequest::new(key, &quota, 1);
+        assert_eq!(store.shard(&request), Some(*slot));
+    }
+    let single = RedisStore::from_url("redis://127.0.0.1:1").unwrap();
+    assert_eq!(
+        single.shard(&CheckRequest::new(&slots[0].0, &quota, 1)),
+        None
+    );
+
     let clock = ManualClock::new(T0);
-    // One breaker guards the whole store: with a third of the traffic on
-    // the dead primary, a ratio trigger keeps it closed for the rest.
+    // The default breaker (5 consecutive failures, or 50 % of 20 calls):
+    // one breaker per hash slot, so the dead primary's slots open their
+    // own breakers and the healthy slots never see them.
     let limiter = Limiter::builder(store, quota.clone())
         .clock(clock.clone())
         .timeout(BUDGET)
-        .breaker(
-            BreakerConfig::default()
-                .consecutive_failures(0)
-                .failure_ratio(0.9, Duration::from_secs(10), 20),
-        )
         .fallback(FailClosed::default())
         .build();
     for key in dead_keys.iter().chain(&live_keys) {
@@ -760,15 +777,43 @@ async fn cluster_with_a_primary_killed_keeps_healthy_slots_on_redis() {
         .unwrap()
         .success());
 
+    // Twice as much traffic on the dead slots as on the live ones: a single
+    // store-wide breaker would open on the failure ratio.
+    let mut rounds = 0;
+    while dead_keys
+        .iter()
+        .any(|key| limiter.breaker_state_for(key) != Some(BreakerState::Open))
+    {
+        rounds += 1;
+        assert!(rounds <= 5, "the dead slots' breakers did not open");
+        for (dead, live) in dead_keys.iter().zip(live_keys.chunks(2)) {
+            let d = timed_check(&limiter, dead).await;
+            assert!(d.is_degraded(), "{d:?}");
+            assert!(!d.allowed);
+            let d = timed_check(&limiter, dead).await;
+            assert!(d.is_degraded(), "{d:?}");
+            let d = timed_check(&limiter, &live[0]).await;
+            assert_eq!(d.source, DecisionSource::Store, "healthy slot");
+            assert!(d.allowed);
+        }
+    }
+    assert_eq!(limiter.open_breakers(), dead_slots.len());
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open), "worst");
+
+    // Open: dead slots go straight to the fallback; live ones stay on Redis.
     for (dead, live) in dead_keys.iter().zip(live_keys.chunks(2)) {
         let d = timed_check(&limiter, dead).await;
-        assert!(d.is_degraded(), "{d:?}");
+        assert_eq!(
+            d.source,
+            DecisionSource::Fallback(FallbackReason::CircuitOpen)
+        );
         assert!(!d.allowed);
         for key in live {
             let d = timed_check(&limiter, key).await;
             assert_eq!(d.source, DecisionSource::Store, "healthy slot");
             assert!(d.allowed);
+            assert_eq!(limiter.breaker_state_for(key), Some(BreakerState::Closed));
         }
     }
-    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+    assert_eq!(limiter.open_breakers(), dead_slots.len());
 }

@@ -9,9 +9,19 @@
 //! reach the store; one success closes it, a failure opens it again.
 //!
 //! Time comes from the limiter's [`Clock`].
+//!
+//! # One breaker per shard
+//!
+//! A store may name independent failure domains for its requests
+//! ([`Store::shard`](crate::Store::shard): for a Redis Cluster, the key's
+//! hash slot). The limiter then keeps one breaker per shard, each with the
+//! same [`BreakerConfig`], created on the first check that reaches that
+//! shard (at most [`MAX_SHARDS`] of them, plus one store-wide breaker for
+//! requests without a shard). A dead cluster primary opens the breakers of
+//! its own slots only; keys on healthy slots keep reaching the store.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use crate::metrics::LimiterMetrics;
@@ -59,6 +69,12 @@ const RATIO_SCALE: u64 = 1_000_000;
 /// Defaults: open after 5 consecutive failures, or when at least 50 % of at
 /// least 20 calls in the last 10 s failed; cool down 5 s; 1 probe at a time
 /// while half-open.
+///
+/// A limiter over a store that names failure domains
+/// ([`Store::shard`](crate::Store::shard); a Redis Cluster's hash slots)
+/// keeps one breaker with this configuration per shard: the counts, the
+/// cooldown and the probes are per shard, so a dead primary opens only the
+/// breakers of its own slots.
 ///
 /// ```
 /// use std::time::Duration;
@@ -150,6 +166,11 @@ impl BreakerConfig {
 
     /// Calls `hook(from, to)` on every state change (for metrics and logs).
     /// It runs on the checking task, outside the breaker's lock: keep it short.
+    ///
+    /// With one breaker per shard (a sharded store such as a Redis Cluster)
+    /// the hook sees every shard's transitions;
+    /// [`Limiter::breaker_state`](crate::Limiter::breaker_state) gives the
+    /// worst state over them.
     pub fn on_state_change<F>(mut self, hook: F) -> Self
     where
         F: Fn(BreakerState, BreakerState) + Send + Sync + 'static,
@@ -212,33 +233,165 @@ pub(crate) struct Ticket {
     probe: bool,
 }
 
-/// A circuit breaker.
-pub(crate) struct Breaker {
+/// The most shards a limiter keeps breakers for: the number of Redis
+/// Cluster hash slots. A larger shard number shares the breaker of its
+/// value modulo this.
+pub(crate) const MAX_SHARDS: usize = 16_384;
+
+/// What every breaker of one limiter shares: configuration, clock, metrics,
+/// and the count of breakers per state.
+struct Shared {
     config: BreakerConfig,
     clock: Arc<dyn Clock>,
-    state: Mutex<State>,
     metrics: Option<Arc<LimiterMetrics>>,
+    tally: Mutex<Tally>,
+}
+
+/// Breakers of one limiter that are open or half-open (the rest are closed).
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    open: usize,
+    half_open: usize,
+}
+
+impl Tally {
+    fn worst(self) -> BreakerState {
+        if self.open > 0 {
+            BreakerState::Open
+        } else if self.half_open > 0 {
+            BreakerState::HalfOpen
+        } else {
+            BreakerState::Closed
+        }
+    }
+
+    fn slot(&mut self, state: BreakerState) -> Option<&mut usize> {
+        match state {
+            BreakerState::Open => Some(&mut self.open),
+            BreakerState::HalfOpen => Some(&mut self.half_open),
+            BreakerState::Closed => None,
+        }
+    }
+}
+
+impl Shared {
+    fn lock_tally(&self) -> MutexGuard<'_, Tally> {
+        self.tally.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts one breaker's transition and reports it. Called under that
+    /// breaker's lock (lock order: breaker, then tally), so each breaker's
+    /// transitions are counted in order, and the gauges follow the tally.
+    fn transition(&self, from: BreakerState, to: BreakerState) {
+        let mut tally = self.lock_tally();
+        if let Some(n) = tally.slot(from) {
+            *n = n.saturating_sub(1);
+        }
+        if let Some(n) = tally.slot(to) {
+            *n += 1;
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics.breaker_transition(to, tally.worst(), tally.open);
+        }
+    }
+}
+
+/// The breakers of one limiter: a store-wide one for requests without a
+/// shard, and one per shard, made on first use.
+pub(crate) struct Breakers {
+    shared: Arc<Shared>,
+    store_wide: Breaker,
+    /// Allocated when the first sharded request arrives: `MAX_SHARDS`
+    /// pointer-sized cells, each filled on its shard's first request.
+    shards: OnceLock<Box<[OnceLock<Box<Breaker>>]>>,
+}
+
+impl Breakers {
+    pub(crate) fn new(
+        config: BreakerConfig,
+        clock: Arc<dyn Clock>,
+        metrics: Option<Arc<LimiterMetrics>>,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            config,
+            clock,
+            metrics,
+            tally: Mutex::new(Tally::default()),
+        });
+        Self {
+            store_wide: Breaker::with_shared(shared.clone()),
+            shared,
+            shards: OnceLock::new(),
+        }
+    }
+
+    /// The breaker guarding `shard` (`None`: the store-wide one), made now
+    /// if it did not exist.
+    pub(crate) fn get(&self, shard: Option<u16>) -> &Breaker {
+        let Some(shard) = shard else {
+            return &self.store_wide;
+        };
+        let cells = self.shards.get_or_init(|| {
+            std::iter::repeat_with(OnceLock::new)
+                .take(MAX_SHARDS)
+                .collect()
+        });
+        cells[usize::from(shard) % MAX_SHARDS]
+            .get_or_init(|| Box::new(Breaker::with_shared(self.shared.clone())))
+    }
+
+    /// The state of the breaker guarding `shard`, without making it
+    /// (a breaker not made yet is closed).
+    pub(crate) fn state_of(&self, shard: Option<u16>) -> BreakerState {
+        match shard {
+            None => self.store_wide.state(),
+            Some(shard) => self
+                .shards
+                .get()
+                .and_then(|cells| cells[usize::from(shard) % MAX_SHARDS].get())
+                .map_or(BreakerState::Closed, |b| b.state()),
+        }
+    }
+
+    /// The worst state over every breaker: open if any is open, else
+    /// half-open if any is, else closed.
+    pub(crate) fn worst(&self) -> BreakerState {
+        self.shared.lock_tally().worst()
+    }
+
+    /// How many breakers are open (half-open ones not counted).
+    pub(crate) fn open(&self) -> usize {
+        self.shared.lock_tally().open
+    }
+}
+
+/// A circuit breaker.
+pub(crate) struct Breaker {
+    shared: Arc<Shared>,
+    state: Mutex<State>,
 }
 
 impl Breaker {
+    #[cfg(test)]
     pub(crate) fn new(config: BreakerConfig, clock: Arc<dyn Clock>) -> Self {
-        Self {
+        Self::with_shared(Arc::new(Shared {
             config,
             clock,
+            metrics: None,
+            tally: Mutex::new(Tally::default()),
+        }))
+    }
+
+    fn with_shared(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
             state: Mutex::new(State {
                 mode: Mode::Closed,
                 generation: 0,
                 consecutive: 0,
                 buckets: [Bucket::default(); BUCKETS as usize],
             }),
-            metrics: None,
         }
-    }
-
-    /// Reports the state and every transition to `metrics`.
-    pub(crate) fn with_metrics(mut self, metrics: Arc<LimiterMetrics>) -> Self {
-        self.metrics = Some(metrics);
-        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -253,7 +406,7 @@ impl Breaker {
 
     /// Asks to call the store; `None` means go to the fallback.
     pub(crate) fn acquire(&self) -> Option<Ticket> {
-        let now = self.clock.now_micros();
+        let now = self.shared.clock.now_micros();
         let mut state = self.lock();
         match state.mode {
             Mode::Closed => Some(Ticket {
@@ -270,7 +423,7 @@ impl Breaker {
                 })
             }
             Mode::Open { .. } => None,
-            Mode::HalfOpen { probes } if probes < self.config.half_open_probes => {
+            Mode::HalfOpen { probes } if probes < self.shared.config.half_open_probes => {
                 state.mode = Mode::HalfOpen { probes: probes + 1 };
                 Some(Ticket {
                     generation: state.generation,
@@ -283,7 +436,7 @@ impl Breaker {
 
     /// The store answered.
     pub(crate) fn success(&self, ticket: Ticket) {
-        let now = self.clock.now_micros();
+        let now = self.shared.clock.now_micros();
         let mut state = self.lock();
         if ticket.generation != state.generation {
             return;
@@ -304,14 +457,14 @@ impl Breaker {
 
     /// The store failed.
     pub(crate) fn failure(&self, ticket: Ticket) {
-        let now = self.clock.now_micros();
+        let now = self.shared.clock.now_micros();
         let mut state = self.lock();
         if ticket.generation != state.generation {
             return;
         }
         let from = state.mode.state();
         let open = Mode::Open {
-            until_micros: now.saturating_add(duration_micros(self.config.cooldown)),
+            until_micros: now.saturating_add(duration_micros(self.shared.config.cooldown)),
         };
         match state.mode {
             Mode::Closed => {
@@ -350,10 +503,8 @@ impl Breaker {
 
     /// Moves to `mode`, resetting the counters; returns the new generation.
     fn transition(&self, state: &mut State, mode: Mode) -> u64 {
-        // Under the lock, so the gauge follows the transitions in order.
-        if let Some(metrics) = &self.metrics {
-            metrics.breaker_transition(mode.state());
-        }
+        // Under the lock, so the tally follows the transitions in order.
+        self.shared.transition(state.mode.state(), mode.state());
         tracing::debug!(
             from = state.mode.state().as_str(),
             to = mode.state().as_str(),
@@ -367,13 +518,13 @@ impl Breaker {
     }
 
     fn notify(&self, from: BreakerState, to: BreakerState) {
-        if let Some(hook) = &self.config.hook {
+        if let Some(hook) = &self.shared.config.hook {
             hook(from, to);
         }
     }
 
     fn bucket_width(&self) -> Option<u64> {
-        let ratio = self.config.ratio?;
+        let ratio = self.shared.config.ratio?;
         Some((duration_micros(ratio.window) / BUCKETS).max(1))
     }
 
@@ -398,11 +549,11 @@ impl Breaker {
     }
 
     fn should_open(&self, state: &State, now: u64) -> bool {
-        let n = self.config.consecutive_failures;
+        let n = self.shared.config.consecutive_failures;
         if n > 0 && state.consecutive >= n {
             return true;
         }
-        let (Some(ratio), Some(width)) = (self.config.ratio, self.bucket_width()) else {
+        let (Some(ratio), Some(width)) = (self.shared.config.ratio, self.bucket_width()) else {
             return false;
         };
         let index = now / width;
@@ -504,6 +655,47 @@ mod tests {
             b.failure(b.acquire().unwrap());
         }
         assert_eq!(b.state(), BreakerState::Open, "9 of 18 failed");
+    }
+
+    #[test]
+    fn one_breaker_per_shard_and_the_worst_state() {
+        let clock = ManualClock::new(1_000_000_000);
+        let config = BreakerConfig::default()
+            .consecutive_failures(1)
+            .cooldown(Duration::from_secs(1));
+        let b = Breakers::new(config, Arc::new(clock.clone()), None);
+        assert_eq!(b.worst(), BreakerState::Closed);
+        assert!(
+            b.shards.get().is_none(),
+            "no shard table before a sharded call"
+        );
+        let s7 = b.get(Some(7));
+        s7.failure(s7.acquire().unwrap());
+        assert_eq!(b.state_of(Some(7)), BreakerState::Open);
+        // Another shard and the store-wide breaker are untouched.
+        assert!(b.get(Some(8)).acquire().is_some());
+        assert!(b.get(None).acquire().is_some());
+        assert_eq!(b.state_of(Some(9)), BreakerState::Closed);
+        assert!(
+            b.shards.get().unwrap()[9].get().is_none(),
+            "not made by a read"
+        );
+        // Shards past the table share a cell modulo its size.
+        assert!(std::ptr::eq(
+            b.get(Some(7)),
+            b.get(Some(7 + MAX_SHARDS as u16))
+        ));
+        let wide = b.get(None);
+        wide.failure(wide.acquire().unwrap());
+        assert_eq!((b.worst(), b.open()), (BreakerState::Open, 2));
+        clock.advance(Duration::from_secs(1));
+        let probe = s7.acquire().unwrap();
+        let wide_probe = wide.acquire().unwrap();
+        assert_eq!((b.worst(), b.open()), (BreakerState::HalfOpen, 0));
+        s7.success(probe);
+        assert_eq!(b.worst(), BreakerState::HalfOpen);
+        wide.success(wide_probe);
+        assert_eq!((b.worst(), b.open()), (BreakerState::Closed, 0));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use http::StatusCode;
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use crate::breaker::{Breaker, BreakerConfig, BreakerState, Ticket};
+use crate::breaker::{Breaker, BreakerConfig, BreakerState, Breakers, Ticket};
 use crate::fallback::{FallbackPolicy, FallbackRequest};
 use crate::local::{LocalTier, Lookup, DEFAULT_LOCAL_CAPACITY};
 use crate::metrics::{LimiterMetrics, MetricParts, StoreTimer};
@@ -54,7 +54,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     local: Option<LocalTier>,
     fallback: Option<Box<dyn FallbackPolicy>>,
-    breaker: Option<Breaker>,
+    breaker: Option<Breakers>,
     resilience: Resilience,
     stats: Counters,
     metrics: Arc<LimiterMetrics>,
@@ -220,11 +220,17 @@ impl Limiter {
         cost: u32,
     ) -> Result<Decision, Failure> {
         let inner = &*self.inner;
+        let request = CheckRequest::new(key, quota, cost);
+        // One breaker per failure domain of the store (e.g. cluster slot).
+        let breaker = inner
+            .breaker
+            .as_ref()
+            .map(|breakers| breakers.get(inner.store.shard(&request)));
         let mut guard = TicketGuard {
-            breaker: inner.breaker.as_ref(),
+            breaker,
             ticket: None,
         };
-        if let Some(breaker) = &inner.breaker {
+        if let Some(breaker) = breaker {
             match breaker.acquire() {
                 Some(ticket) => guard.ticket = Some(ticket),
                 None => {
@@ -241,7 +247,6 @@ impl Limiter {
             reason: FallbackReason::Overloaded,
             error: Some(error),
         })?;
-        let request = CheckRequest::new(key, quota, cost);
         let timer = StoreTimer::start();
         let result = inner
             .resilience
@@ -314,8 +319,30 @@ impl Limiter {
     }
 
     /// The circuit breaker's state, if the limiter has one.
+    ///
+    /// Over a sharded store ([`Store::shard`], e.g. a Redis Cluster, one
+    /// breaker per hash slot) this is the worst state over the breakers:
+    /// `Open` if any is open, else `HalfOpen` if any is, else `Closed`. See
+    /// [`breaker_state_for`](Self::breaker_state_for) and
+    /// [`open_breakers`](Self::open_breakers).
     pub fn breaker_state(&self) -> Option<BreakerState> {
-        self.inner.breaker.as_ref().map(Breaker::state)
+        self.inner.breaker.as_ref().map(Breakers::worst)
+    }
+
+    /// The state of the breaker guarding `key` under the limiter's quota
+    /// (its shard's breaker over a sharded store), if the limiter has a
+    /// breaker. A shard no check has reached yet is `Closed`.
+    pub fn breaker_state_for(&self, key: &WindowKey) -> Option<BreakerState> {
+        let breakers = self.inner.breaker.as_ref()?;
+        let request = CheckRequest::new(key, &self.inner.quota, 1);
+        Some(breakers.state_of(self.inner.store.shard(&request)))
+    }
+
+    /// How many of the limiter's circuit breakers are open (not counting
+    /// half-open ones): over a sharded store, the shards whose checks go
+    /// straight to the fallback; otherwise 0 or 1. 0 without a breaker.
+    pub fn open_breakers(&self) -> usize {
+        self.inner.breaker.as_ref().map_or(0, Breakers::open)
     }
 
     /// The HTTP status a layer should answer a degraded denial
@@ -552,6 +579,11 @@ impl LimiterBuilder {
     }
 
     /// The circuit breaker's configuration (default [`BreakerConfig::default`]).
+    ///
+    /// Over a sharded store ([`Store::shard`], e.g. a Redis Cluster) the
+    /// limiter keeps one breaker with this configuration per shard, made on
+    /// the shard's first check, so one failing shard (a dead primary's
+    /// slots) does not send the healthy shards' keys to the fallback.
     pub fn breaker(mut self, config: BreakerConfig) -> Self {
         self.breaker = Some(config);
         self
@@ -608,7 +640,7 @@ impl LimiterBuilder {
         });
         let breaker = self
             .breaker
-            .map(|config| Breaker::new(config, clock.clone()).with_metrics(metrics.clone()));
+            .map(|config| Breakers::new(config, clock.clone(), Some(metrics.clone())));
         Limiter {
             inner: Arc::new(Inner {
                 metrics,

@@ -19,6 +19,7 @@
 //! | `tower_window_store_errors_total` | counter | errors | `kind`, `quota` |
 //! | `tower_window_store_retries_total` | counter | retries | `quota` |
 //! | `tower_window_breaker_state` | gauge | 0, 1, 2 | `quota` |
+//! | `tower_window_breaker_open_shards` | gauge | breakers | `quota` |
 //! | `tower_window_breaker_transitions_total` | counter | transitions | `to`, `quota` |
 //! | `tower_window_local_cache_entries` | gauge | keys | `quota` |
 //! | `tower_window_local_cache_hits_total` | counter | lookups | `quota` |
@@ -48,6 +49,13 @@
 //! breaker or a full in-flight bound calls nothing and shows up as
 //! fallback decisions with reason `circuit_open` or `overloaded`.
 //!
+//! A limiter over a sharded store ([`Store::shard`](crate::Store::shard),
+//! for example a Redis Cluster: one shard per hash slot) has one breaker
+//! per shard. The state gauge is then the worst state over them (open if
+//! any is open, else half-open if any is), the open-shards gauge counts the
+//! open ones, and the transitions counter counts every breaker's
+//! transitions.
+//!
 //! Every series of a limiter is registered at zero when it first records,
 //! so dashboards see each name before the first error or transition. For a
 //! limiter's own quota (and no tenant label) the handles are resolved once
@@ -71,8 +79,12 @@ pub const STORE_CALL_DURATION_SECONDS: &str = "tower_window_store_call_duration_
 pub const STORE_ERRORS_TOTAL: &str = "tower_window_store_errors_total";
 /// Retried store attempts.
 pub const STORE_RETRIES_TOTAL: &str = "tower_window_store_retries_total";
-/// Circuit breaker state: 0 closed, 1 half-open, 2 open.
+/// Circuit breaker state: 0 closed, 1 half-open, 2 open; with one breaker
+/// per shard, the worst state over them.
 pub const BREAKER_STATE: &str = "tower_window_breaker_state";
+/// Circuit breakers currently open (one per shard of a sharded store, such
+/// as a Redis Cluster hash slot; at most 1 for an unsharded store).
+pub const BREAKER_OPEN_SHARDS: &str = "tower_window_breaker_open_shards";
 /// Circuit breaker transitions, by the state entered (`to`).
 pub const BREAKER_TRANSITIONS_TOTAL: &str = "tower_window_breaker_transitions_total";
 /// Keys held by the local tier.
@@ -92,6 +104,7 @@ pub const ALL: &[&str] = &[
     STORE_ERRORS_TOTAL,
     STORE_RETRIES_TOTAL,
     BREAKER_STATE,
+    BREAKER_OPEN_SHARDS,
     BREAKER_TRANSITIONS_TOTAL,
     LOCAL_CACHE_ENTRIES,
     LOCAL_CACHE_HITS_TOTAL,
@@ -153,7 +166,12 @@ pub fn describe() {
     );
     describe_gauge!(
         BREAKER_STATE,
-        "Circuit breaker state: 0 closed, 1 half-open, 2 open."
+        "Circuit breaker state: 0 closed, 1 half-open, 2 open; with one breaker per shard (Redis Cluster hash slot), the worst over them."
+    );
+    describe_gauge!(
+        BREAKER_OPEN_SHARDS,
+        Unit::Count,
+        "Circuit breakers currently open: one per shard (Redis Cluster hash slot) of a sharded store, at most 1 otherwise."
     );
     describe_counter!(
         BREAKER_TRANSITIONS_TOTAL,
@@ -361,6 +379,7 @@ mod imp {
 
     struct BreakerHandles {
         state: Gauge,
+        open_shards: Gauge,
         transitions: [Counter; 3],
     }
 
@@ -419,8 +438,11 @@ mod imp {
                 let breaker = self.parts.breaker.then(|| {
                     let state = labels.gauge(BREAKER_STATE);
                     state.set(0.0);
+                    let open_shards = labels.gauge(BREAKER_OPEN_SHARDS);
+                    open_shards.set(0.0);
                     BreakerHandles {
                         state,
+                        open_shards,
                         transitions: STATES.map(|s| {
                             labels.counter(BREAKER_TRANSITIONS_TOTAL, &[("to", s.as_str())])
                         }),
@@ -525,13 +547,23 @@ mod imp {
             }
         }
 
-        /// Records a breaker transition into `to`.
-        pub(crate) fn breaker_transition(&self, to: BreakerState) {
+        /// Records one breaker's transition into `to`; after it, `worst`
+        /// is the worst state over the limiter's breakers and `open` of
+        /// them are open.
+        pub(crate) fn breaker_transition(
+            &self,
+            to: BreakerState,
+            worst: BreakerState,
+            open: usize,
+        ) {
             if let Some(breaker) = &self.handles().breaker {
-                let i = state_index(to);
+                // Small integers: no precision loss.
                 #[allow(clippy::cast_precision_loss)]
-                breaker.state.set(i as f64);
-                breaker.transitions[i].increment(1);
+                {
+                    breaker.state.set(state_index(worst) as f64);
+                    breaker.open_shards.set(open as f64);
+                }
+                breaker.transitions[state_index(to)].increment(1);
             }
         }
 
@@ -616,7 +648,7 @@ mod imp {
         #[inline(always)]
         pub(crate) fn local_entries(&self, _: u64) {}
         #[inline(always)]
-        pub(crate) fn breaker_transition(&self, _: BreakerState) {}
+        pub(crate) fn breaker_transition(&self, _: BreakerState, _: BreakerState, _: usize) {}
         #[inline(always)]
         pub(crate) fn store_retry(&self, _: &Quota) {}
         #[inline(always)]

@@ -444,6 +444,137 @@ async fn half_open_lets_only_a_few_probes_through() {
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
 }
 
+/// A store of two shards (subjects `a-*` on shard 0, the rest on shard 1)
+/// whose shard 0 can be made to fail; counts the calls per shard.
+#[derive(Clone, Default)]
+struct TwoShards {
+    shard0_down: Arc<std::sync::atomic::AtomicBool>,
+    calls: Arc<[AtomicUsize; 2]>,
+}
+
+impl TwoShards {
+    fn shard_of(key: &WindowKey) -> u16 {
+        u16::from(!key.subject().starts_with(b"a-"))
+    }
+
+    fn calls(&self, shard: usize) -> usize {
+        self.calls[shard].load(Ordering::SeqCst)
+    }
+}
+
+impl Store for TwoShards {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let shard = Self::shard_of(request.key);
+        self.calls[usize::from(shard)].fetch_add(1, Ordering::SeqCst);
+        let down = shard == 0 && self.shard0_down.load(Ordering::SeqCst);
+        let quota = request.quota.clone();
+        Box::pin(async move {
+            if down {
+                Err(StoreError::new(StoreErrorKind::Unavailable, "shard down"))
+            } else {
+                Ok(Decision::allow(quota, 1, Duration::from_secs(1)))
+            }
+        })
+    }
+
+    fn shard(&self, request: &CheckRequest<'_>) -> Option<u16> {
+        Some(Self::shard_of(request.key))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_failing_shard_opens_only_its_own_breaker() {
+    let clock = ManualClock::new(T0);
+    let store = TwoShards::default();
+    // The default breaker: 5 consecutive failures, or 50 % of 20 calls.
+    let limiter = Limiter::builder(store.clone(), "1000/1s".parse().unwrap())
+        .clock(clock.clone())
+        .local_capacity(0)
+        .retry(RetryConfig::none())
+        .fallback(FailClosed::default())
+        .build();
+    let down = |i: usize| WindowKey::for_subject(format!("a-{i}"));
+    let up = |i: usize| WindowKey::for_subject(format!("b-{i}"));
+    for i in 0..4 {
+        assert_eq!(
+            limiter.check(&down(i), 1).await.unwrap().source,
+            DecisionSource::Store
+        );
+    }
+    assert_eq!(limiter.open_breakers(), 0);
+
+    // Two thirds of the traffic on the failing shard: one store-wide
+    // breaker would open on the failure ratio and take shard 1 down too.
+    store.shard0_down.store(true, Ordering::SeqCst);
+    let before = store.calls(0);
+    for i in 0..40 {
+        for j in 0..2 {
+            let d = limiter.check(&down(i * 2 + j), 1).await.unwrap();
+            assert!(d.is_degraded() && !d.allowed, "{d:?}");
+        }
+        let d = limiter.check(&up(i), 1).await.unwrap();
+        assert_eq!(d.source, DecisionSource::Store, "healthy shard, round {i}");
+        assert!(d.allowed);
+    }
+    // Shard 0's breaker opened after its 5th failure in a row and the
+    // store never saw shard 0 again.
+    assert_eq!(store.calls(0) - before, 5);
+    assert_eq!(store.calls(1), 40);
+    assert_eq!(limiter.open_breakers(), 1);
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open), "worst");
+    assert_eq!(
+        limiter.breaker_state_for(&down(0)),
+        Some(BreakerState::Open)
+    );
+    assert_eq!(
+        limiter.breaker_state_for(&up(0)),
+        Some(BreakerState::Closed)
+    );
+    assert_eq!(
+        limiter.check(&down(0), 1).await.unwrap().source,
+        fallback(FallbackReason::CircuitOpen)
+    );
+    assert_eq!(store.calls(0) - before, 5);
+
+    // Shard 0 heals: after the default 5 s cooldown one probe closes it.
+    store.shard0_down.store(false, Ordering::SeqCst);
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(
+        limiter.check(&down(0), 1).await.unwrap().source,
+        DecisionSource::Store
+    );
+    assert_eq!(limiter.open_breakers(), 0);
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unsharded_store_has_one_breaker() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder
+        .breaker(BreakerConfig::default().consecutive_failures(2))
+        .fallback(FailOpen)
+        .build();
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    for i in 0..2 {
+        limiter
+            .check(&WindowKey::for_subject(format!("k{i}")), 1)
+            .await
+            .unwrap();
+    }
+    assert_eq!(limiter.open_breakers(), 1);
+    // Every key shares it.
+    let other = WindowKey::for_subject("never-checked");
+    assert_eq!(limiter.breaker_state_for(&other), Some(BreakerState::Open));
+    assert_eq!(
+        limiter.check(&other, 1).await.unwrap().source,
+        fallback(FallbackReason::CircuitOpen)
+    );
+    assert_eq!(store.calls(), 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_in_flight_bound_takes_the_overloaded_path() {
     let (store, _clock, builder) = setup();

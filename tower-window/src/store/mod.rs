@@ -47,6 +47,20 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>>;
+
+    /// Which independent failure domain `request` goes to (for example the
+    /// Redis Cluster hash slot of its key), or `None` when the store is one
+    /// failure domain (the default).
+    ///
+    /// A [`Limiter`](crate::Limiter) keeps one circuit breaker per shard, so
+    /// failures in one shard send only that shard's keys to the fallback.
+    /// Values should be below 16384; larger ones share the breaker of their
+    /// value modulo 16384. Called once per store call that has a breaker:
+    /// keep it cheap, deterministic and free of I/O.
+    fn shard(&self, request: &CheckRequest<'_>) -> Option<u16> {
+        let _ = request;
+        None
+    }
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
@@ -55,6 +69,10 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         (**self).check(request)
+    }
+
+    fn shard(&self, request: &CheckRequest<'_>) -> Option<u16> {
+        (**self).shard(request)
     }
 }
 

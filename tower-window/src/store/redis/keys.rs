@@ -23,16 +23,56 @@ fn needs_escape(byte: u8) -> bool {
     matches!(byte, b'%' | b'{' | b'}' | b':' | b'#') || byte <= b' ' || byte >= 0x7f
 }
 
-fn escape_into(out: &mut Vec<u8>, bytes: &[u8], escape: impl Fn(u8) -> bool) {
+/// Where encoded key bytes go: a key being built, or a running CRC.
+pub(crate) trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// CRC-16/XMODEM (polynomial 0x1021, initial 0, no reflection), the hash
+/// Redis Cluster takes of a key's hash tag.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Crc16(u16);
+
+impl Crc16 {
+    pub(crate) fn value(self) -> u16 {
+        self.0
+    }
+}
+
+impl Sink for Crc16 {
+    fn put(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 ^= u16::from(byte) << 8;
+            for _ in 0..8 {
+                self.0 = if self.0 & 0x8000 != 0 {
+                    (self.0 << 1) ^ 0x1021
+                } else {
+                    self.0 << 1
+                };
+            }
+        }
+    }
+}
+
+/// The number of Redis Cluster hash slots.
+pub(crate) const CLUSTER_SLOTS: u16 = 16_384;
+
+fn escape_into(out: &mut impl Sink, bytes: &[u8], escape: impl Fn(u8) -> bool) {
     for &byte in bytes {
         if escape(byte) {
-            out.extend_from_slice(&[
+            out.put(&[
                 b'%',
                 HEX[usize::from(byte >> 4)],
                 HEX[usize::from(byte & 15)],
             ]);
         } else {
-            out.push(byte);
+            out.put(&[byte]);
         }
     }
 }
@@ -44,7 +84,7 @@ fn escape_into(out: &mut Vec<u8>, bytes: &[u8], escape: impl Fn(u8) -> bool) {
 /// exceed [`MAX_COMPONENT_LEN`] bytes become `#` followed by the 64 hex digits
 /// of their SHA-256. An escaped value never contains `#`, so the two forms
 /// never meet.
-pub(crate) fn encode_component(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(crate) fn encode_component(out: &mut impl Sink, bytes: &[u8]) {
     let escaped_len: usize = bytes
         .iter()
         .map(|&b| if needs_escape(b) { 3 } else { 1 })
@@ -52,9 +92,9 @@ pub(crate) fn encode_component(out: &mut Vec<u8>, bytes: &[u8]) {
     if escaped_len <= MAX_COMPONENT_LEN {
         escape_into(out, bytes, needs_escape);
     } else {
-        out.push(b'#');
+        out.put(b"#");
         for byte in Sha256::digest(bytes) {
-            out.extend_from_slice(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
+            out.put(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
         }
     }
 }
@@ -96,6 +136,17 @@ pub fn redis_key(prefix: &str, key: &WindowKey, quota: &Quota) -> Vec<u8> {
     out.extend_from_slice(b"}:");
     encode_component(&mut out, quota.id().as_bytes());
     out
+}
+
+/// The Redis Cluster hash slot of every key [`redis_key`] makes for `key`
+/// (any prefix, any quota): CRC-16/XMODEM of the hash tag
+/// `<tenant>:<subject>` (encoded), modulo 16384. Allocates nothing.
+pub(crate) fn cluster_slot(key: &WindowKey) -> u16 {
+    let mut crc = Crc16::default();
+    encode_component(&mut crc, key.tenant());
+    crc.put(b":");
+    encode_component(&mut crc, key.subject());
+    crc.value() % CLUSTER_SLOTS
 }
 
 /// The hash tag Redis Cluster hashes for `key`, as Redis defines it: the
@@ -157,6 +208,32 @@ mod tests {
         assert_eq!(hash_tag(&key), b"x%7D%3A%7By:%0D%0A%00%FF%23%25");
     }
 
+    /// The slot Redis computes for a whole key (hash tag rule included).
+    fn key_slot(key: &[u8]) -> u16 {
+        let mut crc = Crc16::default();
+        crc.put(hash_tag(key));
+        crc.value() % CLUSTER_SLOTS
+    }
+
+    #[test]
+    fn crc16_matches_redis_cluster_keyslot() {
+        // The CRC-16/XMODEM check value, and `CLUSTER KEYSLOT` answers from
+        // the Redis documentation (tests/tests/redis_faults.rs compares
+        // against a live cluster).
+        let mut crc = Crc16::default();
+        crc.put(b"123456789");
+        assert_eq!(crc.value(), 0x31C3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"somekey"), 11058);
+        assert_eq!(key_slot(b"foo{hash_tag}"), 2515);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        let key = WindowKey::new("acme", "user:{42}");
+        assert_eq!(
+            cluster_slot(&key),
+            key_slot(&redis_key("rl:", &key, &quota()))
+        );
+    }
+
     #[test]
     fn long_values_are_hashed_and_bounded() {
         let big = vec![b'{'; 1 << 20];
@@ -167,7 +244,7 @@ mod tests {
         assert_eq!(t[0], b'#');
         assert_eq!(t, s);
         // The longest value that is still escaped, and the shortest that is hashed.
-        let mut out = Vec::new();
+        let mut out: Vec<u8> = Vec::new();
         encode_component(&mut out, &[b'a'; MAX_COMPONENT_LEN]);
         assert_eq!(out.len(), MAX_COMPONENT_LEN);
         out.clear();
@@ -232,11 +309,12 @@ mod tests {
         fn hash_tag_is_exactly_ours(t in bytes(), s in bytes(), q in quotas()) {
             let prefix = "p{x}:";
             let key = redis_key(prefix, &WindowKey::new(t.clone(), s.clone()), &q);
-            let mut tag = Vec::new();
+            let mut tag: Vec<u8> = Vec::new();
             encode_component(&mut tag, &t);
             tag.push(b':');
             encode_component(&mut tag, &s);
             prop_assert_eq!(hash_tag(&key), &tag[..]);
+            prop_assert_eq!(cluster_slot(&WindowKey::new(t.clone(), s.clone())), key_slot(&key));
             prop_assert_eq!(key.iter().filter(|&&b| b == b'{').count(), 1);
             prop_assert_eq!(key.iter().filter(|&&b| b == b'}').count(), 1);
             // Nothing that ends a line or a string in any protocol.

@@ -29,6 +29,13 @@
 //! `{<tenant>:<subject>}` (the sliding log adds a companion key with the
 //! suffix `:m` in the same slot).
 //!
+//! # Failure domains
+//!
+//! On a cluster store, [`Store::shard`] is the key's hash slot, so a
+//! [`Limiter`](crate::Limiter) keeps one circuit breaker per slot: a dead
+//! primary opens the breakers of its own slots only, and keys on healthy
+//! slots keep being decided by Redis. A single-node store is one shard.
+//!
 //! # Connections
 //!
 //! All calls share one multiplexed connection (or one cluster connection):
@@ -305,6 +312,15 @@ impl Store for RedisStore {
                 )),
             }
         })
+    }
+
+    /// On a cluster store, the hash slot (0..16384) of the request's keys,
+    /// as `CLUSTER KEYSLOT` computes it; `None` on a single-node store.
+    /// Computed from the subject's hash tag without building the key.
+    fn shard(&self, request: &CheckRequest<'_>) -> Option<u16> {
+        self.connection
+            .is_cluster()
+            .then(|| keys::cluster_slot(request.key))
     }
 }
 
