@@ -12,10 +12,13 @@ use std::collections::VecDeque;
 
 use super::outcome::{saturate_u32, Outcome};
 
-/// Slots `(at, units)`, ascending by `at`.
+/// Slots `(at, units)`, ascending by `at`, and their sum (kept beside them
+/// so a check costs O(expired slots), not O(all slots): a sliding log near a
+/// high limit holds many entries).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Timeline {
     slots: VecDeque<(u64, u64)>,
+    total: u64,
 }
 
 impl Timeline {
@@ -28,6 +31,7 @@ impl Timeline {
     /// Adds `units` to slot `at`, keeping slots ascending. A slot older than
     /// the newest one only appears when the clock stepped back.
     fn add(&mut self, at: u64, units: u64) {
+        self.total = self.total.saturating_add(units);
         match self.slots.back_mut() {
             Some((newest, c)) if *newest == at => *c = c.saturating_add(units),
             Some((newest, _)) if *newest > at => {
@@ -57,17 +61,14 @@ pub(crate) fn check(
     let wait_for = |slot: u64| expires_at(slot).unwrap_or(u64::MAX).saturating_sub(now);
 
     // Slots are ascending, so the expired ones are a prefix.
-    while timeline
-        .slots
-        .front()
-        .is_some_and(|&(slot, _)| expires_at(slot).is_some_and(|end| end <= now))
-    {
+    while let Some(&(slot, units)) = timeline.slots.front() {
+        if !expires_at(slot).is_some_and(|end| end <= now) {
+            break;
+        }
         timeline.slots.pop_front();
+        timeline.total = timeline.total.saturating_sub(units);
     }
-    let used = timeline
-        .slots
-        .iter()
-        .fold(0u64, |sum, &(_, c)| sum.saturating_add(c));
+    let used = timeline.total;
     let reset_after = |t: &Timeline| t.slots.back().map_or(0, |&(newest, _)| wait_for(newest));
 
     if cost > limit {
