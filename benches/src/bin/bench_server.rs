@@ -223,4 +223,3 @@ fn main() {
         std::process::exit(1);
     }
 }
-
