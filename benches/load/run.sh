@@ -11,8 +11,11 @@
 #
 # Settings (environment): DURATION (s, default 10), CONNECTIONS (64),
 # THREADS (wrk threads, 2), USERS (distinct x-user-id values, 10000),
-# WARMUP (s, 2), WORKERS (server tokio workers, 2),
+# WARMUP (s, 2), WORKERS (server tokio workers, 2), ROUNDS (3),
 # VARIANTS (default "none memory governor redis redis-down local-flood").
+# The variants run in turn, ROUNDS times over (so that a burst of other load
+# on the machine hits all of them alike); the table shows each variant's
+# median round by requests/s, and every round's requests/s.
 # Needs: cargo, redis-server, redis-cli, wrk (installed with apt-get when root).
 set -euo pipefail
 
@@ -22,6 +25,7 @@ THREADS=${THREADS:-2}
 USERS=${USERS:-10000}
 WARMUP=${WARMUP:-2}
 WORKERS=${WORKERS:-2}
+ROUNDS=${ROUNDS:-3}
 VARIANTS=${VARIANTS:-"none memory governor redis redis-down local-flood"}
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -45,13 +49,22 @@ command -v redis-cli >/dev/null || die "redis-cli not found (e.g. 'apt-get insta
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tw-load.XXXXXX")
 pids=()
+# Ends process $1 (TERM, then KILL after 5 s) and reaps it.
+end_process() {
+    local pid=$1 i
+    kill "$pid" 2>/dev/null || return 0
+    for i in $(seq 50); do
+        # Gone, or a zombie waiting to be reaped.
+        case $(ps -o stat= -p "$pid" 2>/dev/null) in "" | Z*) break ;; esac
+        sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
 cleanup() {
     local pid
     for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
+        end_process "$pid"
     done
     rm -rf "$tmp"
 }
@@ -59,8 +72,7 @@ trap cleanup EXIT
 # Stops a process this script started and forgets its pid.
 stop() {
     local pid=$1 kept=() p
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+    end_process "$pid"
     for p in "${pids[@]}"; do [ "$p" = "$pid" ] || kept+=("$p"); done
     pids=("${kept[@]}")
 }
@@ -119,6 +131,11 @@ stop_server() {
     stop "$server_pid"
 }
 
+# CPU ticks (user + system) used so far by process $1.
+cpu_ticks() {
+    awk '{ print $14 + $15 }' "/proc/$1/stat"
+}
+
 # wrk against $server_addr for $1 seconds with $2 users; prints the RESULT line.
 load() {
     local seconds=$1 users=$2
@@ -127,18 +144,39 @@ load() {
         -s "$lua" "http://$server_addr/" | sed -n 's/^RESULT //p'
 }
 
-declare -A result
+declare -A result rounds
+for round in $(seq "$ROUNDS"); do
+    for variant in $VARIANTS; do
+        users=$USERS
+        [ "$variant" = local-flood ] && users=1
+        echo "round $round/$ROUNDS, variant $variant: warm-up ${WARMUP}s, then ${DURATION}s, $CONNECTIONS connections, $THREADS wrk threads, $users users" >&2
+        start_server "$variant"
+        [ "$WARMUP" -gt 0 ] && load "$WARMUP" "$users" >/dev/null
+        cpu_before=$(cpu_ticks "$server_pid")
+        line=$(load "$DURATION" "$users")
+        cpu_after=$(cpu_ticks "$server_pid")
+        stop_server
+        # Server CPU time (user + system) per request, in µs: less sensitive
+        # to other load on the machine than requests/s.
+        line="$line $(awk -v t=$((cpu_after - cpu_before)) -v hz="$(getconf CLK_TCK)" -v l="$line" \
+            'BEGIN { split(l, kv, /[ =]/); n = 0; for (i = 1; i in kv; i += 2) if (kv[i] == "s2xx" || kv[i] == "s429" || kv[i] == "other") n += kv[i + 1];
+                     printf "cpu_us=%.1f", n ? t / hz * 1e6 / n : 0 }')"
+        [ -n "$line" ] || die "wrk printed no result for $variant"
+        result[$variant,$round]=$line
+        echo "  $line" >&2
+    done
+done
+
+# The median round of each variant by requests/s.
 for variant in $VARIANTS; do
-    users=$USERS
-    [ "$variant" = local-flood ] && users=1
-    echo "variant $variant: warm-up ${WARMUP}s, then ${DURATION}s, $CONNECTIONS connections, $THREADS wrk threads, $users users" >&2
-    start_server "$variant"
-    [ "$WARMUP" -gt 0 ] && load "$WARMUP" "$users" >/dev/null
-    line=$(load "$DURATION" "$users")
-    stop_server
-    [ -n "$line" ] || die "wrk printed no result for $variant"
-    result[$variant]=$line
-    echo "  $line" >&2
+    all=()
+    for round in $(seq "$ROUNDS"); do
+        rps=${result[$variant,$round]#rps=}
+        all+=("${rps%% *} $round")
+    done
+    median=$(printf '%s\n' "${all[@]}" | sort -n | sed -n "$(((ROUNDS + 1) / 2))p")
+    result[$variant]=${result[$variant,${median#* }]}
+    rounds[$variant]=$(printf '%s\n' "${all[@]}" | cut -d' ' -f1 | paste -sd' ')
 done
 
 field() { # field <variant> <name>
@@ -164,12 +202,12 @@ letter() {
 ms() { awk -v us="$1" 'BEGIN { printf "%.2f", us / 1000 }'; }
 
 echo
-echo "wrk -t $THREADS -c $CONNECTIONS -d ${DURATION}s (after ${WARMUP}s warm-up), $WORKERS server workers, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "wrk -t $THREADS -c $CONNECTIONS -d ${DURATION}s (after ${WARMUP}s warm-up), $USERS users, $ROUNDS rounds (median shown), $WORKERS server workers, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| variant | requests/s | p50 ms | p99 ms | 2xx | 429 | other | socket errors |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+echo "| variant | requests/s | p50 ms | p99 ms | 2xx | 429 | other | socket errors | server CPU µs/req | req/s of each round |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 for variant in $VARIANTS; do
-    echo "| $(letter "$variant") | $(field "$variant" rps) | $(ms "$(field "$variant" p50_us)") | $(ms "$(field "$variant" p99_us)") | $(field "$variant" s2xx) | $(field "$variant" s429) | $(field "$variant" other) | $(field "$variant" errors) |"
+    echo "| $(letter "$variant") | $(field "$variant" rps) | $(ms "$(field "$variant" p50_us)") | $(ms "$(field "$variant" p99_us)") | $(field "$variant" s2xx) | $(field "$variant" s429) | $(field "$variant" other) | $(field "$variant" errors) | $(field "$variant" cpu_us) | ${rounds[$variant]} |"
 done
 
 ratio() { # ratio <num variant> <den variant>
