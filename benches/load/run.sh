@@ -12,7 +12,8 @@
 # Settings (environment): DURATION (s, default 10), CONNECTIONS (64),
 # THREADS (wrk threads, 2), USERS (distinct x-user-id values, 10000),
 # WARMUP (s, 2), WORKERS (server tokio workers, 2), ROUNDS (3),
-# VARIANTS (default "none memory governor redis redis-down local-flood").
+# VARIANTS (default "none memory governor memory-gcra redis redis-down
+# local-flood"; memory-gcra is (b) with tower_governor's algorithm, GCRA).
 # The variants run in turn, ROUNDS times over (so that a burst of other load
 # on the machine hits all of them alike); the table shows each variant's
 # median round by requests/s, and every round's requests/s.
@@ -26,7 +27,7 @@ USERS=${USERS:-10000}
 WARMUP=${WARMUP:-2}
 WORKERS=${WORKERS:-2}
 ROUNDS=${ROUNDS:-3}
-VARIANTS=${VARIANTS:-"none memory governor redis redis-down local-flood"}
+VARIANTS=${VARIANTS:-"none memory governor memory-gcra redis redis-down local-flood"}
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -111,8 +112,13 @@ echo "redis-server on 127.0.0.1:$redis_port" >&2
 
 # Starts the server for variant $1; sets $server_pid and $server_addr.
 start_server() {
-    local variant=$1 log="$tmp/server-$1.log"
-    "$server" --variant "$variant" --workers "$WORKERS" --redis-url "$redis_url" \
+    local variant=$1 log="$tmp/server-$1.log" args
+    case $variant in
+    # tower-window with tower_governor's algorithm (GCRA, same rate and burst).
+    memory-gcra) args=(--variant memory --quota "1000/1s gcra") ;;
+    *) args=(--variant "$variant") ;;
+    esac
+    "$server" "${args[@]}" --workers "$WORKERS" --redis-url "$redis_url" \
         >"$log" 2>&1 &
     server_pid=$!
     pids+=("$server_pid")
@@ -192,6 +198,7 @@ letter() {
     none) echo "(a) no limiter" ;;
     memory) echo "(b) tower-window, MemoryStore" ;;
     governor) echo "(c) tower_governor 0.8" ;;
+    memory-gcra) echo "(b') tower-window, MemoryStore, GCRA like (c)" ;;
     redis) echo "(d) tower-window, Redis" ;;
     redis-down) echo "(e) tower-window, Redis down, breaker open" ;;
     local-flood) echo "(f) tower-window, one over-limit user, local tier" ;;
