@@ -109,6 +109,10 @@ pub(crate) fn saturate_u32(x: u64) -> u32 {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct State {
     entries: VecDeque<(u64, u64)>,
+    /// `Σ cost` of `entries`, kept with them so that a check touches only
+    /// the ends of the log. Never above the limit (admissions keep it
+    /// there), so it never saturates.
+    used: u64,
 }
 
 impl State {
@@ -134,17 +138,14 @@ pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Ou
     let cost = u64::from(cost);
 
     // Entries are in timestamp order, so the expired ones are a prefix.
-    while state
-        .entries
-        .front()
-        .is_some_and(|&(ts, _)| expired(ts, window, now))
-    {
+    while let Some(&(ts, c)) = state.entries.front() {
+        if !expired(ts, window, now) {
+            break;
+        }
         state.entries.pop_front();
+        state.used = state.used.saturating_sub(c);
     }
-    let used = state
-        .entries
-        .iter()
-        .fold(0u64, |sum, &(_, c)| sum.saturating_add(c));
+    let used = state.used;
     let reset_after = |entries: &VecDeque<(u64, u64)>| {
         entries.back().map_or(0, |&(newest, _)| {
             newest.saturating_add(window).saturating_sub(now)
@@ -162,6 +163,7 @@ pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Ou
 
     if used.saturating_add(cost) <= limit {
         record(&mut state.entries, now, cost);
+        state.used = used.saturating_add(cost);
         let reset = reset_after(&state.entries);
         return Outcome::allow(saturate_u32(limit - used - cost), reset, reset);
     }
@@ -319,6 +321,26 @@ mod tests {
         let mut s = State::default();
         assert!(check(&mut s, &q, 0, u32::MAX).allowed);
         assert_eq!(check(&mut s, &q, 0, 1).retry_after, Some(q.window_micros()));
+    }
+
+    #[test]
+    fn the_running_total_is_the_sum_of_the_log() {
+        let q = quota("10/1s");
+        let mut state = State::default();
+        let mut now = T0;
+        // Steps forward and (sometimes) back, costs 1..=4.
+        for i in 0..2_000u64 {
+            now = if i % 7 == 3 {
+                now - 50_000
+            } else {
+                now + 37_000 * (i % 5)
+            };
+            let cost = u32::try_from(i % 4 + 1).unwrap();
+            check(&mut state, &q, now, cost);
+            let sum: u64 = state.entries.iter().map(|&(_, c)| c).sum();
+            assert_eq!(state.used, sum, "after step {i}");
+            assert!(state.used <= 10);
+        }
     }
 
     #[test]
