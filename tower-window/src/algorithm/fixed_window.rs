@@ -73,18 +73,10 @@ mod tests {
 
     use super::*;
 
-    const S: u64 = 1_000_000;
-    /// 1_700_000_000 s is 20 s into a minute: the window ends at T0 + 40 s.
-    const T0: u64 = 1_700_000_000_000_000;
+    use crate::algorithm::test_support::{allow, quota, S, T0};
+
+    // 1_700_000_000 s is 20 s into a minute: the window ends at T0 + 40 s.
     const END: u64 = T0 + 40 * S;
-
-    fn quota(text: &str) -> Quota {
-        text.parse().unwrap()
-    }
-
-    fn allow(remaining: u32, reset: u64) -> Outcome {
-        Outcome::allow(remaining, reset, reset)
-    }
 
     #[test]
     fn counts_per_aligned_window() {

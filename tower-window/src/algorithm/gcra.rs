@@ -72,16 +72,7 @@ mod tests {
 
     use super::*;
 
-    const S: u64 = 1_000_000;
-    const T0: u64 = 1_700_000_000_000_000;
-
-    fn quota(text: &str) -> Quota {
-        text.parse().unwrap()
-    }
-
-    fn allow(remaining: u32, reset: u64) -> Outcome {
-        Outcome::allow(remaining, reset, reset)
-    }
+    use crate::algorithm::test_support::{allow, quota, S, T0};
 
     #[test]
     fn steady_rate_after_the_burst() {

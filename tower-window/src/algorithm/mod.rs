@@ -14,6 +14,30 @@ pub(crate) mod sliding_counter;
 pub(crate) mod sliding_log;
 mod timeline;
 
+/// Shared fixtures of the algorithms' unit tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    #![allow(clippy::unwrap_used)]
+
+    use super::outcome::Outcome;
+    use crate::Quota;
+
+    /// One second in microseconds.
+    pub(crate) const S: u64 = 1_000_000;
+    /// 1_700_000_000 s: a multiple of 10 s (a bucket boundary for G = 10 s)
+    /// and 20 s into a minute.
+    pub(crate) const T0: u64 = 1_700_000_000_000_000;
+
+    pub(crate) fn quota(text: &str) -> Quota {
+        text.parse().unwrap()
+    }
+
+    /// An admission whose reset is also its TTL.
+    pub(crate) fn allow(remaining: u32, reset: u64) -> Outcome {
+        Outcome::allow(remaining, reset, reset)
+    }
+}
+
 /// How a [`Quota`](crate::Quota) counts admissions over its window `W`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]

@@ -70,17 +70,9 @@ mod tests {
 
     use super::*;
 
-    const S: u64 = 1_000_000;
-    /// 1_700_000_000 s: a multiple of 10 s, so a bucket boundary for G = 10 s.
-    const T0: u64 = 1_700_000_000_000_000;
+    use crate::algorithm::test_support::{allow, quota, S, T0};
 
-    fn quota(text: &str) -> Quota {
-        text.parse().unwrap()
-    }
-
-    fn allow(remaining: u32, reset: u64) -> Outcome {
-        Outcome::allow(remaining, reset, reset)
-    }
+    // 1_700_000_000 s: a multiple of 10 s, so a bucket boundary for G = 10 s.
 
     #[test]
     fn counts_n_plus_one_buckets_and_frees_them_at_bucket_end_plus_window() {
