@@ -62,7 +62,7 @@ pub(crate) fn check(
 
     // Slots are ascending, so the expired ones are a prefix.
     while let Some(&(slot, units)) = timeline.slots.front() {
-        if !expires_at(slot).is_some_and(|end| end <= now) {
+        if expires_at(slot).is_none_or(|end| end > now) {
             break;
         }
         timeline.slots.pop_front();
