@@ -13,7 +13,7 @@
 //! must take its time from the given clock, e.g. by passing explicit
 //! timestamps to its scripts), then write a test file holding only:
 //!
-//! ```ignore
+//! ```text
 //! tower_window_tests::conformance_tests!(MyStoreFactory::new());
 //! ```
 //!
@@ -72,7 +72,7 @@ impl StoreFactory for MemoryStoreFactory {
 /// it against the store made by the factory expression (evaluated once per
 /// test).
 ///
-/// ```ignore
+/// ```no_run
 /// tower_window_tests::conformance_tests!(tower_window_tests::conformance::MemoryStoreFactory);
 /// ```
 #[macro_export]
