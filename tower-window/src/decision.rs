@@ -57,6 +57,15 @@ pub enum FallbackReason {
 }
 
 impl FallbackReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [FallbackReason; 5] = [
+        Self::Unavailable,
+        Self::Timeout,
+        Self::Overloaded,
+        Self::CircuitOpen,
+        Self::Error,
+    ];
+
     /// A short, stable name for headers, logs and metric labels.
     pub fn as_str(&self) -> &'static str {
         match self {

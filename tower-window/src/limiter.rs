@@ -450,13 +450,7 @@ impl Drop for TicketGuard<'_> {
     }
 }
 
-const REASONS: [FallbackReason; 5] = [
-    FallbackReason::Unavailable,
-    FallbackReason::Timeout,
-    FallbackReason::Overloaded,
-    FallbackReason::CircuitOpen,
-    FallbackReason::Error,
-];
+const REASONS: [FallbackReason; 5] = FallbackReason::ALL;
 
 fn reason_index(reason: FallbackReason) -> usize {
     REASONS.iter().position(|r| *r == reason).unwrap_or(4)

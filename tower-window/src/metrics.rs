@@ -214,13 +214,7 @@ mod imp {
         DecisionSource::Lease,
         DecisionSource::Fallback(FallbackReason::Error),
     ];
-    const REASONS: [FallbackReason; 5] = [
-        FallbackReason::Unavailable,
-        FallbackReason::Timeout,
-        FallbackReason::Overloaded,
-        FallbackReason::CircuitOpen,
-        FallbackReason::Error,
-    ];
+    const REASONS: [FallbackReason; 5] = FallbackReason::ALL;
     const KINDS: [StoreErrorKind; 5] = [
         StoreErrorKind::Unavailable,
         StoreErrorKind::Timeout,
