@@ -5,7 +5,9 @@ use axum::response::{IntoResponse, Response};
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, StatusCode};
 use serde::Serialize;
-use tower_window::layer::{insert_rate_limit_headers, insert_retry_after, OnRejection, Rejection};
+use tower_window::layer::{
+    ceil_secs, insert_rate_limit_headers, insert_retry_after, OnRejection, Rejection,
+};
 
 /// The media type of problem details (RFC 9457).
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -121,11 +123,6 @@ fn problem_response(rejection: &Rejection) -> http::Response<Body> {
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
     response
-}
-
-/// Whole seconds, rounded up (a positive wait is never 0).
-pub(crate) fn ceil_secs(d: std::time::Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
 /// A [`Rejection`] that handlers can return: a complete response with the

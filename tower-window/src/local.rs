@@ -22,7 +22,9 @@ use crate::{Clock, Decision, DecisionSource, Quota, WindowKey};
 /// Default number of keys the local tier remembers.
 pub(crate) const DEFAULT_LOCAL_CAPACITY: u64 = 100_000;
 
-type LocalKey = (WindowKey, Quota);
+/// A key's window under one quota; the quota by its shared id (name and
+/// definition), so a lookup bumps a refcount and hashes one short string.
+type LocalKey = (WindowKey, Arc<str>);
 
 /// A remembered denial.
 #[derive(Debug, Clone, Copy)]
@@ -108,8 +110,8 @@ impl LocalTier {
 
     fn find(&self, key: &WindowKey, quota: &Quota, cost: u32) -> Lookup {
         // The cache is keyed by owned values; cloning a key is two `Bytes`
-        // refcount bumps and an `Arc` bump for the quota's name.
-        let Some(denied) = self.cache.get(&(key.clone(), quota.clone())) else {
+        // refcount bumps and an `Arc` bump for the quota's id.
+        let Some(denied) = self.cache.get(&(key.clone(), quota.shared_id())) else {
             return Lookup::Miss { stale: false };
         };
         let now = self.clock.now_micros();
@@ -152,13 +154,13 @@ impl LocalTier {
             ttl: retry_after,
         };
         self.cache
-            .insert((key.clone(), decision.quota.clone()), denied);
+            .insert((key.clone(), decision.quota.shared_id()), denied);
         self.report_size();
     }
 
     /// Forgets a key whose remembered denial is over.
     pub(crate) fn forget(&self, key: &WindowKey, quota: &Quota) {
-        self.cache.invalidate(&(key.clone(), quota.clone()));
+        self.cache.invalidate(&(key.clone(), quota.shared_id()));
         self.report_size();
     }
 

@@ -61,7 +61,7 @@ pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Ou
             window_index: k,
             count: count + cost,
         };
-        return Outcome::allow(saturate_u32(limit - count - cost), reset, reset);
+        return Outcome::allow(saturate_u32(limit - count - cost), reset);
     }
     // Only the next window can admit it: it starts with count 0 and the cost fits.
     Outcome::deny(remaining, reset, Some(reset))

@@ -61,7 +61,7 @@ pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Ou
     let ahead = new_tat - now;
     if ahead <= tolerance {
         state.tat = new_tat;
-        return Outcome::allow(saturate_u32((tolerance - ahead) / interval), ahead, ahead);
+        return Outcome::allow(saturate_u32((tolerance - ahead) / interval), ahead);
     }
     Outcome::deny(remaining_before, backlog, Some(ahead - tolerance))
 }

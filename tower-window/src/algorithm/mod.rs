@@ -32,9 +32,9 @@ pub(crate) mod test_support {
         text.parse().unwrap()
     }
 
-    /// An admission whose reset is also its TTL.
+    /// An admission.
     pub(crate) fn allow(remaining: u32, reset: u64) -> Outcome {
-        Outcome::allow(remaining, reset, reset)
+        Outcome::allow(remaining, reset)
     }
 }
 

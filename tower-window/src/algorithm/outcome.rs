@@ -16,20 +16,18 @@ pub(crate) struct Outcome {
     /// `Some(0)` for an admission; for a denial the wait until the same cost
     /// fits, or `None` when it never can.
     pub(crate) retry_after: Option<u64>,
-    /// `Some(ttl)` when the state was written: keep it at least `ttl`
-    /// microseconds from now. `None` when nothing was written.
-    pub(crate) ttl: Option<u64>,
 }
 
 impl Outcome {
-    /// An admission that wrote state which must live `ttl` microseconds.
-    pub(crate) fn allow(remaining: u32, reset_after: u64, ttl: u64) -> Self {
+    /// An admission. Its state matters for `reset_after` microseconds, which
+    /// is also the TTL a store gives it (see [`Quota::max_state_lifetime`]
+    /// for the bound stores use without reading it).
+    pub(crate) fn allow(remaining: u32, reset_after: u64) -> Self {
         Self {
             allowed: true,
             remaining,
             reset_after,
             retry_after: Some(0),
-            ttl: Some(ttl),
         }
     }
 
@@ -40,7 +38,6 @@ impl Outcome {
             remaining,
             reset_after,
             retry_after,
-            ttl: None,
         }
     }
 

@@ -83,7 +83,7 @@ pub(crate) fn check(
     if used.saturating_add(cost) <= limit {
         timeline.add(at, cost);
         let reset = reset_after(timeline);
-        return Outcome::allow(saturate_u32(limit - used - cost), reset, reset);
+        return Outcome::allow(saturate_u32(limit - used - cost), reset);
     }
 
     // Denied: wait until enough of the oldest slots have expired for `cost`

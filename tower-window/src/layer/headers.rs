@@ -30,8 +30,9 @@ pub(crate) const X_RATELIMIT_REMAINING: HeaderName =
 /// Legacy `X-RateLimit-Reset`.
 pub(crate) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// Whole seconds, rounded up.
-pub(crate) fn ceil_secs(d: Duration) -> u64 {
+/// Whole seconds, rounded up, as every header and body of this crate writes
+/// durations (`300 ms` → `1`, never `0` for a positive wait).
+pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
