@@ -56,9 +56,10 @@ const DEFAULT_NAME: &str = "default";
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Quota {
     /// `"<name>|<definition>"`, computed once: stores key state by it on
-    /// every check.
+    /// every check. It also holds the name (its first `name_len` bytes), so
+    /// that a clone, made for every decision, bumps one reference count.
     id: Arc<str>,
-    name: Arc<str>,
+    name_len: usize,
     limit: NonZeroU32,
     window_micros: u64,
     algorithm: Algorithm,
@@ -95,14 +96,16 @@ impl Quota {
     /// and store keys). Names are 1 to 64 characters of `[A-Za-z0-9_.-]`.
     pub fn named(mut self, name: &str) -> Result<Self, QuotaError> {
         validate_name(name)?;
-        self.name = Arc::from(name);
-        self.id = self.make_id();
+        self.id = self.make_id(name);
+        self.name_len = name.len();
         Ok(self)
     }
 
     /// The quota's name; `"default"` unless set.
     pub fn name(&self) -> &str {
-        &self.name
+        // `name_len` is the length of the name at the start of `id`, on a
+        // character boundary; `get` keeps this panic-free regardless.
+        self.id.get(..self.name_len).unwrap_or(DEFAULT_NAME)
     }
 
     /// Units admitted per window.
@@ -165,8 +168,8 @@ impl Quota {
         Arc::clone(&self.id)
     }
 
-    fn make_id(&self) -> Arc<str> {
-        Arc::from(format!("{}|{}", self.name, self))
+    fn make_id(&self, name: &str) -> Arc<str> {
+        Arc::from(format!("{name}|{self}"))
     }
 
     /// The longest a key's state can matter after its last write: past it,
@@ -189,7 +192,7 @@ impl Quota {
 
 impl fmt::Debug for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Quota({:?}: {})", &*self.name, self)
+        write!(f, "Quota({:?}: {})", self.name(), self)
     }
 }
 
@@ -400,22 +403,17 @@ impl QuotaBuilder {
                 return Err(QuotaError::BurstTooLarge);
             }
         }
-        let name = match self.name {
-            Some(name) => {
-                validate_name(&name)?;
-                Arc::from(name)
-            }
-            None => Arc::from(DEFAULT_NAME),
-        };
+        let name = self.name.as_deref().unwrap_or(DEFAULT_NAME);
+        validate_name(name)?;
         let mut quota = Quota {
             id: Arc::from(""),
-            name,
+            name_len: name.len(),
             limit,
             window_micros,
             algorithm,
             burst,
         };
-        quota.id = quota.make_id();
+        quota.id = quota.make_id(name);
         Ok(quota)
     }
 }
@@ -564,11 +562,11 @@ enum QuotaRepr {
 
 impl Serialize for Quota {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let repr = if &*self.name == DEFAULT_NAME {
+        let repr = if self.name() == DEFAULT_NAME {
             QuotaRepr::Text(self.to_string())
         } else {
             QuotaRepr::Named {
-                name: self.name.to_string(),
+                name: self.name().to_string(),
                 quota: self.to_string(),
             }
         };
