@@ -37,14 +37,14 @@
 
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::future::{self, BoxFuture};
 use http::StatusCode;
 
 use crate::store::{CheckRequest, StoreError};
-use crate::{Algorithm, Clock, Decision, FallbackReason, MemoryStore, Quota, Store, WindowKey};
+use crate::{Algorithm, Clock, Decision, FallbackReason, MemoryStore, Quota, WindowKey};
 
 /// The check the store could not answer, handed to a [`FallbackPolicy`].
 #[derive(Debug, Clone, Copy)]
@@ -216,6 +216,9 @@ pub struct LocalWindow {
     denominator: u64,
     max_keys: u64,
     store: MemoryStore,
+    /// The first quota scaled, and its scaled form: a limiter checks its
+    /// own quota far more than any other, so this answers without a lookup.
+    first: OnceLock<(Quota, Option<Quota>)>,
     /// Scaled quotas by original quota; a limiter checks few distinct quotas.
     scaled: moka::sync::Cache<Quota, Option<Quota>>,
 }
@@ -253,6 +256,7 @@ impl LocalWindow {
             denominator,
             max_keys: MemoryStore::DEFAULT_MAX_KEYS,
             store: MemoryStore::new(),
+            first: OnceLock::new(),
             scaled: moka::sync::Cache::new(64),
         }
     }
@@ -276,6 +280,12 @@ impl LocalWindow {
 
     /// The quota this node enforces on its own in place of `quota`.
     pub fn scaled_quota(&self, quota: &Quota) -> Option<Quota> {
+        let (first, scaled) = self
+            .first
+            .get_or_init(|| (quota.clone(), self.build_scaled(quota)));
+        if first == quota {
+            return scaled.clone();
+        }
         self.scaled
             .get_with_by_ref(quota, || self.build_scaled(quota))
     }
@@ -306,29 +316,25 @@ impl fmt::Debug for LocalWindow {
 
 impl FallbackPolicy for LocalWindow {
     fn decide<'a>(&'a self, request: FallbackRequest<'a>) -> BoxFuture<'a, Decision> {
-        Box::pin(async move {
-            let quota = request.quota;
-            let denied = || {
-                let window = quota.window();
-                Decision::deny(quota.clone(), 0, window, Some(window))
-            };
-            let Some(scaled) = self.scaled_quota(quota) else {
-                return denied();
-            };
-            match self
-                .store
-                .check(CheckRequest::new(request.key, &scaled, request.cost))
-                .await
-            {
-                // Report against the quota the caller asked about.
-                Ok(mut decision) => {
-                    decision.quota = quota.clone();
-                    decision
-                }
-                // The embedded store does not fail; if it ever does, deny.
-                Err(_) => denied(),
+        let quota = request.quota;
+        let denied = || {
+            let window = quota.window();
+            Decision::deny(quota.clone(), 0, window, Some(window))
+        };
+        // The embedded store decides in-process: no need to await it.
+        let decision = match self.scaled_quota(quota).map(|scaled| {
+            self.store
+                .check_now(CheckRequest::new(request.key, &scaled, request.cost))
+        }) {
+            // Report against the quota the caller asked about.
+            Some(Ok(mut decision)) => {
+                decision.quota = quota.clone();
+                decision
             }
-        })
+            // The embedded store does not fail; if it ever does, deny.
+            Some(Err(_)) | None => denied(),
+        };
+        Box::pin(future::ready(decision))
     }
 
     fn attach_clock(&mut self, clock: Arc<dyn Clock>) {
@@ -377,10 +383,15 @@ mod tests {
         assert_eq!(s.burst(), Some(3));
         assert_eq!(s.window(), q.window());
         assert_eq!(s.algorithm(), Algorithm::Gcra);
-        let q: Quota = "9/1m sliding-counter(10s)".parse().unwrap();
-        let s = w.scaled_quota(&q).unwrap();
-        assert_eq!(s.limit(), 5);
-        assert_eq!(s.algorithm(), q.algorithm());
+        let q2: Quota = "9/1m sliding-counter(10s)".parse().unwrap();
+        let s2 = w.scaled_quota(&q2).unwrap();
+        assert_eq!(s2.limit(), 5);
+        assert_eq!(s2.algorithm(), q2.algorithm());
+        // The first quota (kept aside) and later ones both keep answering.
+        for _ in 0..2 {
+            assert_eq!(w.scaled_quota(&q), Some(s.clone()));
+            assert_eq!(w.scaled_quota(&q2), Some(s2.clone()));
+        }
     }
 
     #[test]

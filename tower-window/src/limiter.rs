@@ -149,7 +149,12 @@ impl Limiter {
             duration_us = Empty,
         );
         let started = (!span.is_disabled()).then(std::time::Instant::now);
-        let result = self.decide(key, quota, cost).instrument(span.clone()).await;
+        // Without a subscriber for the span, skip entering it on every poll.
+        let result = if started.is_some() {
+            self.decide(key, quota, cost).instrument(span.clone()).await
+        } else {
+            self.decide(key, quota, cost).await
+        };
         if let Ok(decision) = &result {
             self.inner.metrics.decision(key, decision);
         }
@@ -241,17 +246,24 @@ impl Limiter {
                 }
             }
         }
-        // Dropping the guard on this early return frees a half-open probe
-        // slot without counting an outcome: the store was not called.
-        let _permit = inner.resilience.try_reserve().map_err(|error| Failure {
-            reason: FallbackReason::Overloaded,
-            error: Some(error),
-        })?;
         let timer = StoreTimer::start();
-        let result = inner
-            .resilience
-            .call(&*inner.store, request, &inner.metrics)
-            .await;
+        let result = match inner.store.check_sync(request) {
+            // Decided in-process: there is nothing to time out, retry or bound.
+            Some(result) => result,
+            None => {
+                // Dropping the guard on this early return frees a half-open
+                // probe slot without counting an outcome: the store was not
+                // called.
+                let _permit = inner.resilience.try_reserve().map_err(|error| Failure {
+                    reason: FallbackReason::Overloaded,
+                    error: Some(error),
+                })?;
+                inner
+                    .resilience
+                    .call(&*inner.store, request, &inner.metrics)
+                    .await
+            }
+        };
         inner
             .metrics
             .store_call(quota, timer, result.as_ref().err());

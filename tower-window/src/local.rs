@@ -16,15 +16,15 @@ use std::time::{Duration, Instant};
 use moka::sync::Cache;
 use moka::Expiry;
 
+use crate::key::state_key::{StateKey, StateKeyRef};
 use crate::metrics::LimiterMetrics;
 use crate::{Clock, Decision, DecisionSource, Quota, WindowKey};
 
 /// Default number of keys the local tier remembers.
 pub(crate) const DEFAULT_LOCAL_CAPACITY: u64 = 100_000;
 
-/// A key's window under one quota; the quota by its shared id (name and
-/// definition), so a lookup bumps a refcount and hashes one short string.
-type LocalKey = (WindowKey, Arc<str>);
+/// A key's window under one quota (by the quota's id: name and definition).
+type LocalKey = StateKey;
 
 /// A remembered denial.
 #[derive(Debug, Clone, Copy)]
@@ -109,9 +109,7 @@ impl LocalTier {
     }
 
     fn find(&self, key: &WindowKey, quota: &Quota, cost: u32) -> Lookup {
-        // The cache is keyed by owned values; cloning a key is two `Bytes`
-        // refcount bumps and an `Arc` bump for the quota's id.
-        let Some(denied) = self.cache.get(&(key.clone(), quota.shared_id())) else {
+        let Some(denied) = self.cache.get(StateKeyRef::new(key, quota).as_lookup()) else {
             return Lookup::Miss { stale: false };
         };
         let now = self.clock.now_micros();
@@ -154,13 +152,14 @@ impl LocalTier {
             ttl: retry_after,
         };
         self.cache
-            .insert((key.clone(), decision.quota.shared_id()), denied);
+            .insert(StateKey::new(key, &decision.quota), denied);
         self.report_size();
     }
 
     /// Forgets a key whose remembered denial is over.
     pub(crate) fn forget(&self, key: &WindowKey, quota: &Quota) {
-        self.cache.invalidate(&(key.clone(), quota.shared_id()));
+        self.cache
+            .invalidate(StateKeyRef::new(key, quota).as_lookup());
         self.report_size();
     }
 

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
+use futures_util::future::BoxFuture;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
@@ -105,28 +106,34 @@ impl Resilience {
 
     /// Calls the store with retries, all within the time budget; each retry
     /// is counted in `metrics`.
-    pub(crate) async fn call(
-        &self,
-        store: &dyn Store,
-        request: CheckRequest<'_>,
-        metrics: &LimiterMetrics,
-    ) -> Result<Decision, StoreError> {
-        // A budget too large to represent is no budget.
-        let deadline = self
-            .timeout
-            .and_then(|budget| Instant::now().checked_add(budget));
-        let attempts = self.with_retries(store, request, deadline, metrics);
-        match (self.timeout, deadline) {
-            (Some(budget), Some(deadline)) => tokio::time::timeout_at(deadline, attempts)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(StoreError::new(
-                        StoreErrorKind::Timeout,
-                        format!("no store decision within {budget:?}"),
-                    ))
-                }),
-            _ => attempts.await,
-        }
+    ///
+    /// Boxed: this path's state (timer, backoff) is large, and only stores
+    /// behind a network take it. Keeping it out of line keeps the limiter's
+    /// own future small for in-process stores, which it moves on every check.
+    pub(crate) fn call<'a>(
+        &'a self,
+        store: &'a dyn Store,
+        request: CheckRequest<'a>,
+        metrics: &'a LimiterMetrics,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            // A budget too large to represent is no budget.
+            let deadline = self
+                .timeout
+                .and_then(|budget| Instant::now().checked_add(budget));
+            let attempts = self.with_retries(store, request, deadline, metrics);
+            match (self.timeout, deadline) {
+                (Some(budget), Some(deadline)) => tokio::time::timeout_at(deadline, attempts)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(StoreError::new(
+                            StoreErrorKind::Timeout,
+                            format!("no store decision within {budget:?}"),
+                        ))
+                    }),
+                _ => attempts.await,
+            }
+        })
     }
 
     async fn with_retries(

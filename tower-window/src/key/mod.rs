@@ -26,6 +26,7 @@ use std::marker::PhantomData;
 use bytes::Bytes;
 
 mod builtin;
+pub(crate) mod state_key;
 
 pub use builtin::{
     Constant, Extension, Header, InvalidNetwork, PeerIp, Query, TrustedProxies, DEFAULT_MAX_LEN,

@@ -11,7 +11,9 @@
 //!   least recently used key (LRU, so a new key is always stored);
 //! - expiry: an entry idle (unchecked) for its quota's
 //!   [longest state lifetime](Quota::max_state_lifetime) plus a small
-//!   [grace](MemoryStoreBuilder::expiry_grace), in real time, is dropped.
+//!   [grace](MemoryStoreBuilder::expiry_grace), in real time, is dropped
+//!   within as long again (the expiry moves once per such period, not on
+//!   every check).
 //!
 //! Eviction by time does not change decisions: by then the algorithms treat
 //! the state as empty by themselves, using the injected clock, so the cache
@@ -26,7 +28,6 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use moka::policy::EvictionPolicy;
 use moka::sync::Cache;
@@ -35,6 +36,7 @@ use moka::Expiry;
 use super::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::algorithm::outcome::Outcome;
 use crate::algorithm::{fixed_window, gcra, sliding_counter, sliding_log};
+use crate::key::state_key::{StateKey, StateKeyRef};
 use crate::{Algorithm, Clock, Decision, Quota, SystemClock};
 
 /// The embedded store: bounded, in-process, atomic per key.
@@ -60,7 +62,7 @@ use crate::{Algorithm, Clock, Decision, Quota, SystemClock};
 /// ```
 #[derive(Clone)]
 pub struct MemoryStore {
-    cache: Cache<CacheKey, Arc<Slot>>,
+    cache: Cache<StateKey, Arc<Slot>>,
     clock: Arc<dyn Clock>,
     max_keys: u64,
 }
@@ -101,7 +103,7 @@ impl MemoryStore {
     }
 
     /// Checks and records one request synchronously; [`Store::check`] wraps it.
-    fn check_now(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
+    pub(crate) fn check_now(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
         if request.cost == 0 {
             return Err(StoreError::new(
                 StoreErrorKind::InvalidRequest,
@@ -109,16 +111,17 @@ impl MemoryStore {
             ));
         }
         let quota = request.quota;
-        let (tenant, subject) = request.key.shared_parts();
-        let key = CacheKey {
-            tenant: tenant.clone(),
-            subject: subject.clone(),
-            quota: quota.shared_id(),
+        let borrowed = StateKeyRef::new(request.key, quota);
+        // One lookup by borrowed parts (a hit clones nothing), or an insert
+        // for a new key; the slot's own lock makes the read-decide-write
+        // atomic per key, and the clock is read under it so each key sees a
+        // non-decreasing time.
+        let slot = match self.cache.get(borrowed.as_lookup()) {
+            Some(slot) => slot,
+            None => self.cache.get_with(StateKey::new(request.key, quota), || {
+                Arc::new(Slot::new(quota))
+            }),
         };
-        // One lookup (or one insert for a new key); the slot's own lock makes
-        // the read-decide-write atomic per key, and the clock is read under
-        // it so each key sees a non-decreasing time.
-        let slot = self.cache.get_with(key, || Arc::new(Slot::new(quota)));
         let mut state = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now_micros();
         let outcome = state.check(quota, now, request.cost);
@@ -149,6 +152,10 @@ impl Store for MemoryStore {
         // The work is a short critical section with no I/O: do it when
         // polled, without yielding.
         Box::pin(async move { self.check_now(request) })
+    }
+
+    fn check_sync(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
+        Some(self.check_now(request))
     }
 }
 
@@ -236,15 +243,6 @@ impl MemoryStoreBuilder {
     }
 }
 
-/// One window's identity in the cache (all three parts are shared buffers:
-/// building a key copies no bytes).
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct CacheKey {
-    tenant: Bytes,
-    subject: Bytes,
-    quota: Arc<str>,
-}
-
 /// One key's state and how long it may matter after its last write.
 struct Slot {
     /// Locked for the duration of one check: that is what makes a check
@@ -304,48 +302,62 @@ impl State {
 }
 
 /// Expires each entry once it has been idle for its quota's longest state
-/// lifetime (plus grace). Every check reads its entry, and the last write is
-/// never later than the last read, so by then the state is logically empty:
-/// expiry never changes a decision, and needs no re-insert per admission.
+/// lifetime (plus grace), and at most twice that. Every check reads its
+/// entry, and the last write is never later than the last read, so by then
+/// the state is logically empty: expiry never changes a decision, and needs
+/// no re-insert per admission.
+///
+/// A read moves the expiry only when less than one idle period is left, and
+/// then to two: the timer wheel is touched once per idle period per key
+/// instead of on every check, and every read still leaves at least one idle
+/// period.
 struct SlotExpiry {
     grace: Duration,
 }
 
 impl SlotExpiry {
-    fn idle(&self, slot: &Slot) -> Option<Duration> {
-        Some(slot.lifetime.saturating_add(self.grace))
+    fn idle(&self, slot: &Slot) -> Duration {
+        slot.lifetime.saturating_add(self.grace)
+    }
+
+    fn extended(&self, slot: &Slot) -> Option<Duration> {
+        Some(self.idle(slot).saturating_mul(2))
     }
 }
 
-impl Expiry<CacheKey, Arc<Slot>> for SlotExpiry {
+impl Expiry<StateKey, Arc<Slot>> for SlotExpiry {
     fn expire_after_create(
         &self,
-        _key: &CacheKey,
+        _key: &StateKey,
         slot: &Arc<Slot>,
         _created_at: Instant,
     ) -> Option<Duration> {
-        self.idle(slot)
+        self.extended(slot)
     }
 
     fn expire_after_read(
         &self,
-        _key: &CacheKey,
+        _key: &StateKey,
         slot: &Arc<Slot>,
         _read_at: Instant,
-        _duration_until_expiry: Option<Duration>,
+        duration_until_expiry: Option<Duration>,
         _last_modified_at: Instant,
     ) -> Option<Duration> {
-        self.idle(slot)
+        match duration_until_expiry {
+            // Returning the current value leaves the timer wheel alone.
+            Some(left) if left >= self.idle(slot) => Some(left),
+            _ => self.extended(slot),
+        }
     }
 
     fn expire_after_update(
         &self,
-        _key: &CacheKey,
+        _key: &StateKey,
         slot: &Arc<Slot>,
         _updated_at: Instant,
         _duration_until_expiry: Option<Duration>,
     ) -> Option<Duration> {
-        self.idle(slot)
+        self.extended(slot)
     }
 }
 
@@ -369,6 +381,25 @@ mod tests {
 
     fn check(store: &MemoryStore, key: &WindowKey, quota: &Quota, cost: u32) -> Decision {
         block_on(store.check(CheckRequest::new(key, quota, cost))).unwrap()
+    }
+
+    #[test]
+    fn check_sync_and_check_decide_on_one_state() {
+        let store = Arc::new(MemoryStore::builder().clock(ManualClock::new(T0)).build());
+        let quota: Quota = "3/1m".parse().unwrap();
+        let key = WindowKey::for_subject("zoe");
+        let request = CheckRequest::new(&key, &quota, 1);
+        let first = store.check_sync(request).unwrap().unwrap();
+        assert_eq!((first.allowed, first.remaining), (true, 2));
+        assert_eq!(check(&store, &key, &quota, 1).remaining, 1);
+        let third = store.check_sync(request).unwrap().unwrap();
+        assert_eq!((third.allowed, third.remaining), (true, 0));
+        assert!(!store.check_sync(request).unwrap().unwrap().allowed);
+        let free = CheckRequest::new(&key, &quota, 0);
+        assert_eq!(
+            store.check_sync(free).unwrap().unwrap_err().kind(),
+            StoreErrorKind::InvalidRequest
+        );
     }
 
     #[test]
@@ -432,7 +463,7 @@ mod tests {
     #[test]
     fn idle_entries_expire() {
         // A 1 ms fixed window: with no grace the entry is gone once it has
-        // been idle for 1 ms of real time.
+        // been idle for 1 to 2 ms of real time.
         let store = MemoryStore::builder()
             .clock(ManualClock::new(T0 + 999))
             .expiry_grace(Duration::ZERO)
@@ -440,17 +471,14 @@ mod tests {
         let quota: Quota = "1/1ms fixed-window".parse().unwrap();
         let key = WindowKey::global();
         assert!(check(&store, &key, &quota, 1).allowed);
-        let cache_key = CacheKey {
-            tenant: Bytes::copy_from_slice(key.tenant()),
-            subject: Bytes::copy_from_slice(key.subject()),
-            quota: quota.shared_id(),
-        };
+        let cache_key = StateKeyRef::new(&key, &quota);
+        let cache_key = cache_key.as_lookup();
         // Not a timing assertion: waits (microseconds in practice) until it happens.
         let deadline = Instant::now() + Duration::from_secs(30);
-        while store.cache.contains_key(&cache_key) && Instant::now() < deadline {
+        while store.cache.contains_key(cache_key) && Instant::now() < deadline {
             std::thread::yield_now();
         }
-        assert!(!store.cache.contains_key(&cache_key));
+        assert!(!store.cache.contains_key(cache_key));
     }
 
     #[test]

@@ -48,6 +48,19 @@ pub trait Store: Send + Sync + 'static {
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>>;
 
+    /// Checks `request` at once, without awaiting, if this store decides
+    /// in-process (no I/O); `None` (the default) means "await
+    /// [`check`](Self::check)".
+    ///
+    /// A [`Limiter`](crate::Limiter) tries this first: an in-process
+    /// decision skips the time budget, retries and in-flight bound, which
+    /// exist for stores behind a network. A store that returns `Some` must
+    /// decide exactly as `check` would.
+    fn check_sync(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
+        let _ = request;
+        None
+    }
+
     /// Which independent failure domain `request` goes to (for example the
     /// Redis Cluster hash slot of its key), or `None` when the store is one
     /// failure domain (the default).
@@ -69,6 +82,10 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         (**self).check(request)
+    }
+
+    fn check_sync(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
+        (**self).check_sync(request)
     }
 
     fn shard(&self, request: &CheckRequest<'_>) -> Option<u16> {
