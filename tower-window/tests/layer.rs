@@ -59,6 +59,22 @@ impl Store for FailingStore {
     }
 }
 
+/// The memory store behind a network-like boundary: every check yields to
+/// the runtime once, so the layer's decision is pending at its first poll.
+struct YieldingStore(MemoryStore);
+
+impl Store for YieldingStore {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.0.check(request).await
+        })
+    }
+}
+
 // ---------------------------------------------------------------- helpers
 
 /// One minute past an aligned minute, plus `offset`.
@@ -580,25 +596,40 @@ impl Service<Request<String>> for NeedsReady {
 
 #[tokio::test]
 async fn the_readied_service_is_the_one_called() {
-    let clock = clock_at(Duration::ZERO);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let layer = SlidingWindowLayer::new(fixed_limiter("10/1m", &clock), Header::new("x-user-id"))
-        .on_missing_key(MissingKey::Skip);
-    let mut service = layer.layer(NeedsReady {
-        ready: false,
-        calls: Arc::clone(&calls),
-    });
-    for user in [Some("nia"), None, Some("nia")] {
-        let response = service
-            .ready()
-            .await
-            .unwrap()
-            .call(request(user))
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
+    // A decision ready at once (memory store) calls the readied service in
+    // `call`; one that must wait (yielding store) hands it to the future.
+    for yielding in [false, true] {
+        let clock = clock_at(Duration::ZERO);
+        let store = MemoryStore::builder().clock(clock).build();
+        let limiter = if yielding {
+            Limiter::new(YieldingStore(store), quota("2/1m fixed-window"))
+        } else {
+            Limiter::new(store, quota("2/1m fixed-window"))
+        };
+        let calls = Arc::new(AtomicUsize::new(0));
+        let layer = SlidingWindowLayer::new(limiter, Header::new("x-user-id"))
+            .on_missing_key(MissingKey::Skip);
+        let mut service = layer.layer(NeedsReady {
+            ready: false,
+            calls: Arc::clone(&calls),
+        });
+        let users = [Some("nia"), None, Some("nia"), Some("nia"), Some("ola")];
+        let mut statuses = Vec::new();
+        for user in users {
+            let response = service
+                .ready()
+                .await
+                .unwrap()
+                .call(request(user))
+                .await
+                .unwrap();
+            statuses.push(response.status());
+        }
+        let (ok, limited) = (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(statuses, [ok, ok, ok, limited, ok], "yielding: {yielding}");
+        // Every admitted request reached the inner service, once.
+        assert_eq!(calls.load(Ordering::SeqCst), 4, "yielding: {yielding}");
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
 // ---------------------------------------------------------------- typed mode

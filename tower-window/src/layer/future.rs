@@ -14,7 +14,7 @@ use super::{Rejection, Respond};
 use crate::Decision;
 
 /// The limiter's answer: an admission, or the rejection to answer with.
-type DecisionFuture = BoxFuture<'static, Result<Decision, Rejection>>;
+pub(super) type DecisionFuture = BoxFuture<'static, Result<Decision, Rejection>>;
 
 pin_project! {
     /// The response future of [`SlidingWindow`](crate::SlidingWindow).

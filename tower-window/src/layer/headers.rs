@@ -11,12 +11,14 @@
 //! where `q` is the quota's capacity, `w` its window, `r` the units left and
 //! `t` the seconds until the window is full again. Seconds are rounded up.
 
+use std::cell::RefCell;
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
-use crate::Decision;
+use crate::{Decision, Quota};
 
 /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -59,19 +61,14 @@ pub fn ceil_secs(d: Duration) -> u64 {
 pub fn insert_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision, legacy: bool) {
     let quota = &decision.quota;
     let reset = ceil_secs(decision.reset_after);
-    let policy = item(
-        quota.name(),
-        (b"q", u64::from(quota.capacity())),
-        (b"w", ceil_secs(quota.window())),
-    );
+    if let Some(policy) = policy_item(quota) {
+        headers.append(RATELIMIT_POLICY, policy);
+    }
     let state = item(
         quota.name(),
         (b"r", u64::from(decision.remaining)),
         (b"t", reset),
     );
-    if let Some(policy) = policy {
-        headers.append(RATELIMIT_POLICY, policy);
-    }
     if let Some(state) = state {
         headers.append(RATELIMIT, state);
     }
@@ -80,6 +77,32 @@ pub fn insert_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision, l
         headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
         headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
     }
+}
+
+thread_local! {
+    /// The last `RateLimit-Policy` value built on this thread, by quota id.
+    static LAST_POLICY: RefCell<Option<(Arc<str>, HeaderValue)>> = const { RefCell::new(None) };
+}
+
+/// The `RateLimit-Policy` member of `quota`: the same for every decision of
+/// the quota, so it is built once per thread and quota (a limiter has one
+/// quota, so in practice once per thread) and cloned after that.
+fn policy_item(quota: &Quota) -> Option<HeaderValue> {
+    LAST_POLICY.with(|last| {
+        let mut last = last.borrow_mut();
+        if let Some((id, value)) = &*last {
+            if **id == *quota.id() {
+                return Some(value.clone());
+            }
+        }
+        let value = item(
+            quota.name(),
+            (b"q", u64::from(quota.capacity())),
+            (b"w", ceil_secs(quota.window())),
+        )?;
+        *last = Some((quota.shared_id(), value.clone()));
+        Some(value)
+    })
 }
 
 /// Sets `Retry-After` to `wait` in whole seconds, rounded up and at least 1
@@ -100,15 +123,15 @@ fn item(name: &str, first: (&[u8; 1], u64), second: (&[u8; 1], u64)) -> Option<H
         return None;
     }
     let mut numbers = itoa::Buffer::new();
-    let mut buf = BytesMut::with_capacity(name.len() + 2 + 2 * (3 + 20));
-    buf.put_u8(b'"');
-    buf.put_slice(name.as_bytes());
-    buf.put_u8(b'"');
+    let mut buf = Vec::with_capacity(name.len() + 2 + 2 * (3 + 20));
+    buf.push(b'"');
+    buf.extend_from_slice(name.as_bytes());
+    buf.push(b'"');
     for (key, value) in [first, second] {
-        buf.put_u8(b';');
-        buf.put_slice(key);
-        buf.put_u8(b'=');
-        buf.put_slice(numbers.format(value).as_bytes());
+        buf.push(b';');
+        buf.extend_from_slice(key);
+        buf.push(b'=');
+        buf.extend_from_slice(numbers.format(value).as_bytes());
     }
     HeaderValue::from_maybe_shared(Bytes::from(buf)).ok()
 }
@@ -118,7 +141,6 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::Quota;
 
     #[test]
     fn ceil_secs_rounds_up() {
@@ -162,10 +184,17 @@ mod tests {
         let a: Quota = "10/s".parse::<Quota>().unwrap().named("a").unwrap();
         let b: Quota = "100/1m".parse::<Quota>().unwrap().named("b").unwrap();
         let mut headers = HeaderMap::new();
+        let a2 = a.clone();
         insert_rate_limit_headers(&mut headers, &Decision::allow(a, 9, Duration::ZERO), false);
         insert_rate_limit_headers(&mut headers, &Decision::allow(b, 99, Duration::ZERO), false);
         let values: Vec<_> = headers.get_all(RATELIMIT).iter().collect();
         assert_eq!(values, [r#""a";r=9;t=0"#, r#""b";r=99;t=0"#]);
         assert!(!headers.contains_key(X_RATELIMIT_LIMIT));
+        // The policy value kept for the last quota is never another's.
+        let policies: Vec<_> = headers.get_all(RATELIMIT_POLICY).iter().collect();
+        assert_eq!(policies, [r#""a";q=10;w=1"#, r#""b";q=100;w=60"#]);
+        let mut again = HeaderMap::new();
+        insert_rate_limit_headers(&mut again, &Decision::allow(a2, 8, Duration::ZERO), false);
+        assert_eq!(again[RATELIMIT_POLICY], r#""a";q=10;w=1"#);
     }
 }

@@ -2,11 +2,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use tower_service::Service;
 
-use super::future::ResponseFuture;
+use super::future::{DecisionFuture, ResponseFuture};
 use super::{MissingKey, Rejection, RequestCost, Respond};
 use crate::{KeyExtractor, Limiter};
 
@@ -114,11 +114,8 @@ where
             // Free requests are neither checked nor counted.
             return ResponseFuture::calling(self.inner.call(request), None, &shared.mode);
         }
-        // The readied service goes with the request; a fresh clone stays.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
         let limiter = shared.limiter.clone();
-        let decision = Box::pin(async move {
+        let mut decision: DecisionFuture = Box::pin(async move {
             match limiter.check(&key, cost).await {
                 Ok(decision) if decision.allowed => Ok(decision),
                 Ok(decision) => Err(Rejection::for_denial(decision, &limiter)),
@@ -130,6 +127,29 @@ where
                 }
             }
         });
-        ResponseFuture::deciding(decision, inner, request, &shared.mode)
+        // Most decisions need no I/O (memory store, local tier, open
+        // breaker) and are ready at the first poll: then the readied inner
+        // service takes the request at once, without the clone-and-swap and
+        // the extra state. Polling with a no-op waker is sound: a pending
+        // future is polled again, with the task's waker, by
+        // `ResponseFuture::poll` before anything waits on it.
+        let mut cx = Context::from_waker(Waker::noop());
+        match decision.as_mut().poll(&mut cx) {
+            Poll::Ready(Ok(decision)) => {
+                let mut request = request;
+                shared.mode.on_request(&mut request, &decision);
+                ResponseFuture::calling(self.inner.call(request), Some(decision), &shared.mode)
+            }
+            // The readied inner service stays ready for the next request.
+            Poll::Ready(Err(rejection)) => {
+                ResponseFuture::ready(shared.mode.on_rejection(rejection))
+            }
+            Poll::Pending => {
+                // The readied service goes with the request; a fresh clone stays.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::deciding(decision, inner, request, &shared.mode)
+            }
+        }
     }
 }
