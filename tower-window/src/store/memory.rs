@@ -102,7 +102,8 @@ impl MemoryStore {
         self.cache.run_pending_tasks();
     }
 
-    /// Checks and records one request synchronously; [`Store::check`] wraps it.
+    /// Checks and records one request synchronously; [`Store::check`] and
+    /// [`Store::check_sync`] wrap it (so does `LocalWindow`).
     pub(crate) fn check_now(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
         if request.cost == 0 {
             return Err(StoreError::new(
