@@ -24,9 +24,12 @@ pub(super) struct Shared<K, C, M> {
 /// Built by [`SlidingWindowLayer`](crate::SlidingWindowLayer). Cloning is
 /// cheap (the inner service plus one `Arc`), and all clones share the limiter.
 ///
-/// The decision is asynchronous, so `call` takes the inner service that
-/// `poll_ready` readied and leaves a clone of it behind; the request reaches
-/// the inner service only after the limiter admitted it.
+/// The check starts in `call`. When the limiter decides at once (memory
+/// store, local tier, open breaker), an admitted request goes straight to the
+/// inner service that `poll_ready` readied. When the decision must wait (a
+/// store call over the network), `call` takes the readied inner service along
+/// with the request and leaves a clone of it behind. Either way the request
+/// reaches the inner service only after the limiter admitted it.
 pub struct SlidingWindow<S, K, C, M> {
     inner: S,
     shared: Arc<Shared<K, C, M>>,
