@@ -54,24 +54,27 @@ server="$target_dir/release/bench_server"
 
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/tw-profile.XXXXXX")}
 mkdir -p "$OUT"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 pid=
 cleanup() { [ -z "$pid" ] || { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.out.%p" \
-    "$server" --variant "$variant" --addr "127.0.0.1:$port" "$@" >"$OUT/server.log" 2>&1 &
+    "$server" --variant "$variant" --addr 127.0.0.1:0 "$@" >"$OUT/server.log" 2>&1 &
 pid=$!
-for _ in $(seq 150); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+# The server prints `listening on ADDR` once it accepts connections.
+addr=
+for _ in $(seq 300); do
+    addr=$(sed -n 's/^listening on //p' "$OUT/server.log" | head -1)
+    [ -n "$addr" ] && break
     kill -0 "$pid" 2>/dev/null || die "bench_server exited; see $OUT/server.log"
     sleep 0.2
 done
+[ -n "$addr" ] || die "bench_server did not start; see $OUT/server.log"
 
 load() {
     WRK_USERS=$USERS wrk -t 1 -c "$CONNECTIONS" -d "${1}s" --timeout 5s \
-        -s "$here/users.lua" "http://127.0.0.1:$port/" 2>&1 | grep '^RESULT' || true
+        -s "$here/users.lua" "http://$addr/" 2>&1 | grep '^RESULT' || true
 }
 load "$WARMUP" >/dev/null
 callgrind_control -z "$pid" >/dev/null 2>&1
@@ -79,7 +82,7 @@ result=$(load "$DURATION")
 callgrind_control -d "$pid" >/dev/null 2>&1
 [ -n "$result" ] || die "wrk printed no result"
 
-requests=$(echo "$result" | sed -E 's/.*s2xx=([0-9]+) s429=([0-9]+) other=([0-9]+).*/\1+\2+\3/' | bc)
+requests=$(($(echo "$result" | sed -E 's/.*s2xx=([0-9]+) s429=([0-9]+) other=([0-9]+).*/\1 + \2 + \3/')))
 profile=$(ls "$OUT"/callgrind.out.*.1 | head -1)
 instructions=$(callgrind_annotate "$profile" | grep -m1 'PROGRAM TOTALS' | tr -d ',' | awk '{print $1}')
 [ "$requests" -gt 0 ] || die "no requests were answered"
