@@ -23,9 +23,6 @@ use crate::{Clock, Decision, DecisionSource, Quota, WindowKey};
 /// Default number of keys the local tier remembers.
 pub(crate) const DEFAULT_LOCAL_CAPACITY: u64 = 100_000;
 
-/// A key's window under one quota (by the quota's id: name and definition).
-type LocalKey = StateKey;
-
 /// A remembered denial.
 #[derive(Debug, Clone, Copy)]
 struct Denied {
@@ -47,14 +44,14 @@ struct Denied {
 /// backwards.
 struct DeniedExpiry;
 
-impl Expiry<LocalKey, Denied> for DeniedExpiry {
-    fn expire_after_create(&self, _: &LocalKey, value: &Denied, _: Instant) -> Option<Duration> {
+impl Expiry<StateKey, Denied> for DeniedExpiry {
+    fn expire_after_create(&self, _: &StateKey, value: &Denied, _: Instant) -> Option<Duration> {
         Some(value.ttl)
     }
 
     fn expire_after_update(
         &self,
-        _: &LocalKey,
+        _: &StateKey,
         value: &Denied,
         _: Instant,
         _: Option<Duration>,
@@ -65,7 +62,7 @@ impl Expiry<LocalKey, Denied> for DeniedExpiry {
 
 /// The bounded "denied until" memory of one limiter.
 pub(crate) struct LocalTier {
-    cache: Cache<LocalKey, Denied>,
+    cache: Cache<StateKey, Denied>,
     clock: Arc<dyn Clock>,
     metrics: Option<Arc<LimiterMetrics>>,
 }

@@ -56,10 +56,9 @@ const DEFAULT_NAME: &str = "default";
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Quota {
     /// `"<name>|<definition>"`, computed once: stores key state by it on
-    /// every check. It also holds the name (its first `name_len` bytes), so
-    /// that a clone, made for every decision, bumps one reference count.
+    /// every check. The name is read from it (names hold no `|`), so a
+    /// clone, made for every decision, bumps one reference count.
     id: Arc<str>,
-    name_len: usize,
     limit: NonZeroU32,
     window_micros: u64,
     algorithm: Algorithm,
@@ -97,15 +96,12 @@ impl Quota {
     pub fn named(mut self, name: &str) -> Result<Self, QuotaError> {
         validate_name(name)?;
         self.id = self.make_id(name);
-        self.name_len = name.len();
         Ok(self)
     }
 
     /// The quota's name; `"default"` unless set.
     pub fn name(&self) -> &str {
-        // `name_len` is the length of the name at the start of `id`, on a
-        // character boundary; `get` keeps this panic-free regardless.
-        self.id.get(..self.name_len).unwrap_or(DEFAULT_NAME)
+        self.id.split_once('|').map_or(&*self.id, |(name, _)| name)
     }
 
     /// Units admitted per window.
@@ -407,7 +403,6 @@ impl QuotaBuilder {
         validate_name(name)?;
         let mut quota = Quota {
             id: Arc::from(""),
-            name_len: name.len(),
             limit,
             window_micros,
             algorithm,

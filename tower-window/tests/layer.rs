@@ -632,6 +632,35 @@ async fn the_readied_service_is_the_one_called() {
     }
 }
 
+#[tokio::test]
+async fn the_check_happens_in_call_even_if_the_future_is_dropped() {
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("2/1m fixed-window", &clock),
+        Header::new("x-user-id"),
+    );
+    let mut service = layer.layer(service_fn(handler));
+    // A memory-store decision is made in `call`: dropping the response
+    // future unpolled does not take the request back.
+    drop(service.ready().await.unwrap().call(request(Some("pia"))));
+    let response = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some("pia")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let response = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some("pia")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
 // ---------------------------------------------------------------- typed mode
 
 #[derive(Debug, PartialEq)]

@@ -483,6 +483,37 @@ mod tests {
     }
 
     #[test]
+    fn reads_move_the_expiry_once_per_idle_period() {
+        let expiry = SlotExpiry {
+            grace: Duration::from_secs(1),
+        };
+        let quota: Quota = "5/1m".parse().unwrap();
+        let slot = Arc::new(Slot::new(&quota));
+        let key = StateKey::new(&WindowKey::global(), &quota);
+        let idle = Duration::from_secs(61);
+        let now = Instant::now();
+        assert_eq!(expiry.expire_after_create(&key, &slot, now), Some(2 * idle));
+        // At least one idle period left: unchanged (no timer-wheel update).
+        for left in [2 * idle, idle + Duration::from_millis(1), idle] {
+            assert_eq!(
+                expiry.expire_after_read(&key, &slot, now, Some(left), now),
+                Some(left)
+            );
+        }
+        // Less than that: moved to two, so every read leaves at least one.
+        for left in [idle - Duration::from_millis(1), Duration::ZERO] {
+            assert_eq!(
+                expiry.expire_after_read(&key, &slot, now, Some(left), now),
+                Some(2 * idle)
+            );
+        }
+        assert_eq!(
+            expiry.expire_after_read(&key, &slot, now, None, now),
+            Some(2 * idle)
+        );
+    }
+
+    #[test]
     fn concurrent_checks_on_one_key_never_over_admit() {
         let store = MemoryStore::builder().clock(ManualClock::new(T0)).build();
         let quota: Quota = "100/1m".parse().unwrap();
