@@ -101,7 +101,9 @@ impl Quota {
 
     /// The quota's name; `"default"` unless set.
     pub fn name(&self) -> &str {
-        self.id.split_once('|').map_or(&*self.id, |(name, _)| name)
+        let end = self.id.bytes().position(|b| b == b'|');
+        // `|` is ASCII, so `end` is a character boundary.
+        end.and_then(|end| self.id.get(..end)).unwrap_or(&self.id)
     }
 
     /// Units admitted per window.
