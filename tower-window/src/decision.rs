@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::Quota;
 
 /// Where a [`Decision`] came from.
@@ -13,8 +15,6 @@ pub enum DecisionSource {
     Store,
     /// The node's local tier answered from a remembered denial.
     LocalCache,
-    /// The node spent quota it had leased from the store.
-    Lease,
     /// The store could not decide; the fallback policy did.
     Fallback(FallbackReason),
 }
@@ -25,7 +25,6 @@ impl DecisionSource {
         match self {
             Self::Store => "store",
             Self::LocalCache => "local_cache",
-            Self::Lease => "lease",
             Self::Fallback(_) => "fallback",
         }
     }
@@ -84,47 +83,38 @@ impl fmt::Display for FallbackReason {
     }
 }
 
-/// The outcome of checking one request against one [`Quota`].
-///
-/// Fields are public to read; build one with [`Decision::allow`] or
-/// [`Decision::deny`] (custom stores and fallback closures do).
+/// What one quota of a policy said about a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Decision {
-    /// Whether the request may proceed.
-    pub allowed: bool,
-    /// The quota this decision was made against.
+pub struct QuotaDecision {
+    /// The quota.
     pub quota: Quota,
-    /// Units left in the current window after this decision.
+    /// Whether this quota admits the request's cost. The request itself is
+    /// admitted only if every quota of its policy admits it.
+    pub allowed: bool,
+    /// Units left in this quota's window after the decision (after the
+    /// cost if the whole request was admitted, else before it).
     pub remaining: u32,
-    /// Time until the window is full again (all consumed units have expired).
+    /// Time until everything this quota counts has stopped counting.
     pub reset_after: Duration,
-    /// For a denial: how long until the same cost could be admitted, or
-    /// `None` when it never can (cost larger than the limit). For an
-    /// admission: `Some(Duration::ZERO)`.
+    /// `Some(ZERO)` if this quota admits the cost; otherwise how long until
+    /// it would, or `None` when it never can.
     pub retry_after: Option<Duration>,
-    /// Who decided.
-    pub source: DecisionSource,
-    /// The deciding clock's reading, in microseconds since the Unix epoch
-    /// (the Redis server's `TIME` for `RedisStore`).
-    pub timestamp_micros: u64,
 }
 
-impl Decision {
-    /// An admission.
+impl QuotaDecision {
+    /// One quota's admission of the cost.
     pub fn allow(quota: Quota, remaining: u32, reset_after: Duration) -> Self {
         Self {
-            allowed: true,
             quota,
+            allowed: true,
             remaining,
             reset_after,
             retry_after: Some(Duration::ZERO),
-            source: DecisionSource::Store,
-            timestamp_micros: 0,
         }
     }
 
-    /// A denial; `retry_after = None` means the cost can never fit.
+    /// One quota's denial; `retry_after = None` means the cost can never fit.
     pub fn deny(
         quota: Quota,
         remaining: u32,
@@ -132,14 +122,150 @@ impl Decision {
         retry_after: Option<Duration>,
     ) -> Self {
         Self {
-            allowed: false,
             quota,
+            allowed: false,
             remaining,
             reset_after,
             retry_after,
+        }
+    }
+
+    /// Whether `self` binds tighter than `other`: a denial over an
+    /// admission; between denials the longer wait (never fitting is the
+    /// longest); between admissions the smaller share of the capacity left.
+    fn is_tighter_than(&self, other: &Self) -> bool {
+        match (self.allowed, other.allowed) {
+            (false, true) => true,
+            (true, false) => false,
+            (false, false) => match (self.retry_after, other.retry_after) {
+                (None, Some(_)) => true,
+                (Some(a), Some(b)) => a > b,
+                _ => false,
+            },
+            (true, true) => {
+                // remaining / capacity, compared without division.
+                let mine = u64::from(self.remaining) * u64::from(other.quota.capacity());
+                let theirs = u64::from(other.remaining) * u64::from(self.quota.capacity());
+                mine < theirs
+            }
+        }
+    }
+}
+
+/// Every quota's state, in policy order; one inline for a one-quota policy.
+type QuotaStates = SmallVec<[QuotaDecision; 1]>;
+
+/// The outcome of checking one request against a [`Policy`](crate::Policy)
+/// (one or more quotas, decided together).
+///
+/// The public fields are those of the *deciding* quota: the tightest one
+/// (a denying quota with the longest wait, else the quota with the least
+/// share of its capacity left). [`quotas`](Self::quotas) has every quota's
+/// state, which the `RateLimit-Policy` header lists.
+///
+/// Build one with [`Decision::allow`] or [`Decision::deny`] for one quota,
+/// or [`Decision::from_quotas`] for several (custom stores and fallback
+/// closures do).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Decision {
+    /// Whether the request may proceed: every quota admitted it.
+    pub allowed: bool,
+    /// The deciding quota.
+    pub quota: Quota,
+    /// Units left in the deciding quota's window after this decision.
+    pub remaining: u32,
+    /// Time until the deciding quota's window is full again.
+    pub reset_after: Duration,
+    /// For a denial: how long until the same cost could be admitted by
+    /// every quota, or `None` when it never can (cost larger than a limit).
+    /// For an admission: `Some(Duration::ZERO)`.
+    pub retry_after: Option<Duration>,
+    /// Who decided.
+    pub source: DecisionSource,
+    /// The deciding clock's reading, in microseconds since the Unix epoch
+    /// (the Redis server's `TIME` for `RedisStore`).
+    pub timestamp_micros: u64,
+    quotas: QuotaStates,
+}
+
+impl Decision {
+    /// An admission by a one-quota policy.
+    pub fn allow(quota: Quota, remaining: u32, reset_after: Duration) -> Self {
+        Self::single(QuotaDecision::allow(quota, remaining, reset_after))
+    }
+
+    /// A denial by a one-quota policy; `retry_after = None` means the cost
+    /// can never fit.
+    pub fn deny(
+        quota: Quota,
+        remaining: u32,
+        reset_after: Duration,
+        retry_after: Option<Duration>,
+    ) -> Self {
+        Self::single(QuotaDecision::deny(quota, remaining, reset_after, retry_after))
+    }
+
+    fn single(state: QuotaDecision) -> Self {
+        let mut quotas = QuotaStates::new();
+        quotas.push(state);
+        Self::from_states(quotas, 0)
+    }
+
+    /// The decision of a policy from every quota's state, in policy order:
+    /// admitted if every quota admits, decided by the tightest quota.
+    /// `None` for no quotas.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_window::{Decision, Quota, QuotaDecision};
+    ///
+    /// let burst: Quota = "5/1s".parse::<Quota>()?.named("burst")?;
+    /// let hourly: Quota = "100/1h".parse::<Quota>()?.named("hourly")?;
+    /// let decision = Decision::from_quotas([
+    ///     QuotaDecision::allow(burst, 4, Duration::from_secs(1)),
+    ///     QuotaDecision::deny(hourly, 0, Duration::from_secs(3600), Some(Duration::from_secs(60))),
+    /// ])
+    /// .unwrap();
+    /// assert!(!decision.allowed);
+    /// assert_eq!(decision.quota.name(), "hourly");
+    /// assert_eq!(decision.retry_after, Some(Duration::from_secs(60)));
+    /// assert_eq!(decision.quotas().len(), 2);
+    /// # Ok::<(), tower_window::QuotaError>(())
+    /// ```
+    pub fn from_quotas(quotas: impl IntoIterator<Item = QuotaDecision>) -> Option<Self> {
+        let quotas: QuotaStates = quotas.into_iter().collect();
+        let mut decider = 0;
+        for (i, state) in quotas.iter().enumerate().skip(1) {
+            if state.is_tighter_than(&quotas[decider]) {
+                decider = i;
+            }
+        }
+        (!quotas.is_empty()).then(|| Self::from_states(quotas, decider))
+    }
+
+    fn from_states(quotas: QuotaStates, decider: usize) -> Self {
+        let allowed = quotas.iter().all(|q| q.allowed);
+        let d = &quotas[decider];
+        Self {
+            allowed,
+            quota: d.quota.clone(),
+            remaining: d.remaining,
+            reset_after: d.reset_after,
+            retry_after: if allowed {
+                Some(Duration::ZERO)
+            } else {
+                d.retry_after
+            },
             source: DecisionSource::Store,
             timestamp_micros: 0,
+            quotas,
         }
+    }
+
+    /// Every quota's state, in policy order (the deciding one included).
+    pub fn quotas(&self) -> &[QuotaDecision] {
+        &self.quotas
     }
 
     /// Sets who decided.
@@ -154,7 +280,7 @@ impl Decision {
         self
     }
 
-    /// The limit of the quota (the burst for GCRA).
+    /// The limit of the deciding quota (the burst for GCRA).
     pub fn limit(&self) -> u32 {
         self.quota.capacity()
     }
@@ -162,5 +288,59 @@ impl Decision {
     /// Whether the decision was made without the store (fallback).
     pub fn is_degraded(&self) -> bool {
         matches!(self.source, DecisionSource::Fallback(_))
+    }
+
+    /// Shifts every duration as seen `elapsed` later (for a remembered
+    /// denial answered again), never below zero.
+    pub(crate) fn aged(mut self, elapsed: Duration, retry_after: Duration) -> Self {
+        for q in &mut self.quotas {
+            q.reset_after = q.reset_after.saturating_sub(elapsed);
+            q.retry_after = q.retry_after.map(|r| r.saturating_sub(elapsed));
+        }
+        self.reset_after = self.reset_after.saturating_sub(elapsed).max(retry_after);
+        self.retry_after = Some(retry_after);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn q(text: &str, name: &str) -> Quota {
+        text.parse::<Quota>().unwrap().named(name).unwrap()
+    }
+
+    #[test]
+    fn the_tightest_quota_decides() {
+        let s = Duration::from_secs;
+        // Both admit: the smaller share left decides (2/10 < 30/100).
+        let d = Decision::from_quotas([
+            QuotaDecision::allow(q("100/1h", "a"), 30, s(9)),
+            QuotaDecision::allow(q("10/1s", "b"), 2, s(1)),
+        ])
+        .unwrap();
+        assert!(d.allowed);
+        assert_eq!((d.quota.name(), d.remaining, d.retry_after), ("b", 2, Some(s(0))));
+        // The longer wait decides; never fitting is longest; ties keep order.
+        let d = Decision::from_quotas([
+            QuotaDecision::allow(q("1/s", "a"), 0, s(1)),
+            QuotaDecision::deny(q("1/s", "b"), 0, s(1), Some(s(1))),
+            QuotaDecision::deny(q("1/m", "c"), 0, s(60), Some(s(50))),
+            QuotaDecision::deny(q("1/m", "d"), 0, s(60), Some(s(50))),
+        ])
+        .unwrap();
+        assert!(!d.allowed);
+        assert_eq!((d.quota.name(), d.retry_after), ("c", Some(s(50))));
+        let d = Decision::from_quotas([
+            QuotaDecision::deny(q("1/m", "c"), 0, s(60), Some(s(50))),
+            QuotaDecision::deny(q("1/s", "e"), 1, s(0), None),
+        ])
+        .unwrap();
+        assert_eq!((d.quota.name(), d.retry_after), ("e", None));
+        assert_eq!(d.quotas().len(), 2);
+        assert!(Decision::from_quotas([]).is_none());
     }
 }

@@ -5,30 +5,39 @@
 //! marked `source = Fallback(reason)` by the limiter, whatever the policy
 //! returned, so a degraded answer is never mistaken for a store decision.
 //!
-//! Built-ins: [`FailOpen`] (admit), [`FailClosed`] (deny, answered with
-//! `503` or `429`), [`LocalWindow`] (a per-node window with a share of the
-//! limit). Any `Fn(&FallbackRequest<'_>) -> Decision` closure is a policy too.
+//! Built-ins: [`FailOpen`] (admit), [`FailClosed`] (deny), [`LocalWindow`]
+//! (a per-node window with a share of each limit). Any
+//! `Fn(&FallbackRequest<'_>) -> Decision` closure is a policy too. How a
+//! degraded denial is answered over HTTP (503 by default) is a setting of
+//! the layer, not of the policy.
 //!
 //! ```
-//! use tower_window::fallback::{FailClosed, FallbackRequest};
-//! use tower_window::{Decision, Limiter, MemoryStore};
+//! use tower_window::fallback::{FailClosed, FallbackPolicy, FallbackRequest};
+//! use tower_window::{Decision, FallbackReason, Limiter, MemoryStore, Policy, Quota, WindowKey};
 //!
-//! let quota = "100/1m".parse()?;
-//! // Deny with 429 instead of 503 while the store is down.
-//! let limiter = Limiter::builder(MemoryStore::new(), quota)
-//!     .fallback(FailClosed::too_many_requests())
+//! let limiter = Limiter::builder(MemoryStore::new(), "100/1m".parse::<Quota>()?)
+//!     .fallback(FailClosed::new())
 //!     .build();
-//! assert_eq!(limiter.fallback_status(), http::StatusCode::TOO_MANY_REQUESTS);
+//! # let _ = limiter;
 //!
 //! // A closure: admit only the cheap requests.
 //! let cheap_only = |r: &FallbackRequest<'_>| {
+//!     let quota = r.policy.first().clone();
+//!     let window = quota.window();
 //!     if r.cost == 1 {
-//!         Decision::allow(r.quota.clone(), 0, r.quota.window())
+//!         Decision::allow(quota, 0, window)
 //!     } else {
-//!         Decision::deny(r.quota.clone(), 0, r.quota.window(), Some(r.quota.window()))
+//!         Decision::deny(quota, 0, window, Some(window))
 //!     }
 //! };
-//! let limiter = Limiter::builder(MemoryStore::new(), "100/1m".parse()?)
+//!
+//! // Policies can be unit-tested with a hand-made request.
+//! let policy: Policy = "100/1m".parse::<Quota>()?.into();
+//! let key = WindowKey::for_subject("alice");
+//! let request = FallbackRequest::new(&key, &policy, 2, FallbackReason::Timeout, 0);
+//! assert!(!cheap_only(&request).allowed);
+//!
+//! let limiter = Limiter::builder(MemoryStore::new(), policy)
 //!     .fallback(cheap_only)
 //!     .build();
 //! # let _ = limiter;
@@ -41,10 +50,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::future::{self, BoxFuture};
-use http::StatusCode;
 
 use crate::store::{CheckRequest, StoreError};
-use crate::{Algorithm, Clock, Decision, FallbackReason, MemoryStore, Quota, WindowKey};
+use crate::{
+    Algorithm, Clock, Decision, FallbackReason, MemoryStore, Policy, Quota, QuotaDecision,
+    WindowKey,
+};
 
 /// The check the store could not answer, handed to a [`FallbackPolicy`].
 #[derive(Debug, Clone, Copy)]
@@ -52,8 +63,8 @@ use crate::{Algorithm, Clock, Decision, FallbackReason, MemoryStore, Quota, Wind
 pub struct FallbackRequest<'a> {
     /// Whose window.
     pub key: &'a WindowKey,
-    /// Which quota.
-    pub quota: &'a Quota,
+    /// Which quotas.
+    pub policy: &'a Policy,
     /// Units requested (at least 1).
     pub cost: u32,
     /// Why the store did not decide.
@@ -65,6 +76,33 @@ pub struct FallbackRequest<'a> {
     pub now_micros: u64,
 }
 
+impl<'a> FallbackRequest<'a> {
+    /// A request the store could not decide for `reason`, at `now_micros`
+    /// (for limiters, and for unit tests of third-party policies).
+    pub fn new(
+        key: &'a WindowKey,
+        policy: &'a Policy,
+        cost: u32,
+        reason: FallbackReason,
+        now_micros: u64,
+    ) -> Self {
+        Self {
+            key,
+            policy,
+            cost,
+            reason,
+            error: None,
+            now_micros,
+        }
+    }
+
+    /// The same request with the store's error.
+    pub fn with_error(mut self, error: Option<&'a StoreError>) -> Self {
+        self.error = error;
+        self
+    }
+}
+
 /// Decides a check when the store cannot.
 ///
 /// Implemented by the built-ins in this module and by every
@@ -73,12 +111,6 @@ pub trait FallbackPolicy: Send + Sync + 'static {
     /// Decides `request`. The limiter sets the decision's `source` to
     /// `Fallback(request.reason)` and, if it is zero, its timestamp.
     fn decide<'a>(&'a self, request: FallbackRequest<'a>) -> BoxFuture<'a, Decision>;
-
-    /// The HTTP status a layer should answer a denial by this policy with
-    /// (default `429 Too Many Requests`).
-    fn denial_status(&self) -> StatusCode {
-        StatusCode::TOO_MANY_REQUESTS
-    }
 
     /// Called once by [`LimiterBuilder::build`](crate::LimiterBuilder::build)
     /// with the limiter's clock, so a policy that keeps time (such as
@@ -100,8 +132,8 @@ where
 
 /// Admit every request while the store is unavailable.
 ///
-/// The decision reports `remaining = capacity − cost` and
-/// `reset_after = window`: the node cannot know the real window.
+/// The decision reports, for every quota, `remaining = capacity − cost` and
+/// `reset_after = window`: the node cannot know the real windows.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FailOpen;
 
@@ -114,56 +146,36 @@ impl FailOpen {
 
 impl FallbackPolicy for FailOpen {
     fn decide<'a>(&'a self, request: FallbackRequest<'a>) -> BoxFuture<'a, Decision> {
-        let quota = request.quota;
-        let remaining = quota.capacity().saturating_sub(request.cost);
-        Box::pin(future::ready(Decision::allow(
-            quota.clone(),
-            remaining,
-            quota.window(),
-        )))
+        let states = request.policy.quotas().iter().map(|quota| {
+            let remaining = quota.capacity().saturating_sub(request.cost);
+            QuotaDecision::allow(quota.clone(), remaining, quota.window())
+        });
+        Box::pin(future::ready(for_policy(request.policy, states)))
     }
 }
 
 /// Deny every request while the store is unavailable.
 ///
-/// The denial says `retry_after` (default one second) and carries the reason
-/// in its source; [`denial_status`](FallbackPolicy::denial_status) is the
-/// configured status, `503 Service Unavailable` by default or
-/// `429 Too Many Requests`.
+/// The denial says `retry_after` (default one second) for every quota and
+/// carries the reason in its source. Over HTTP the layer answers it with its
+/// [degraded status](crate::layer::SlidingWindowLayer::degraded_status)
+/// (`503 Service Unavailable` by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FailClosed {
-    status: StatusCode,
     retry_after: Duration,
 }
 
 impl Default for FailClosed {
     fn default() -> Self {
-        Self::service_unavailable()
+        Self::new()
     }
 }
 
 impl FailClosed {
-    /// Deny, answered with `503 Service Unavailable`.
-    pub fn service_unavailable() -> Self {
+    /// Deny, with a `retry_after` of one second.
+    pub fn new() -> Self {
         Self {
-            status: StatusCode::SERVICE_UNAVAILABLE,
             retry_after: Duration::from_secs(1),
-        }
-    }
-
-    /// Deny, answered with `429 Too Many Requests`.
-    pub fn too_many_requests() -> Self {
-        Self {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            ..Self::service_unavailable()
-        }
-    }
-
-    /// Deny, answered with `status`.
-    pub fn with_status(status: StatusCode) -> Self {
-        Self {
-            status,
-            ..Self::service_unavailable()
         }
     }
 
@@ -172,26 +184,28 @@ impl FailClosed {
         self.retry_after = retry_after;
         self
     }
-
-    /// The HTTP status of a denial.
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
 }
 
 impl FallbackPolicy for FailClosed {
     fn decide<'a>(&'a self, request: FallbackRequest<'a>) -> BoxFuture<'a, Decision> {
-        Box::pin(future::ready(Decision::deny(
-            request.quota.clone(),
-            0,
-            self.retry_after,
-            Some(self.retry_after),
-        )))
+        let wait = self.retry_after;
+        let states = request
+            .policy
+            .quotas()
+            .iter()
+            .map(|quota| QuotaDecision::deny(quota.clone(), 0, wait, Some(wait)));
+        Box::pin(future::ready(for_policy(request.policy, states)))
     }
+}
 
-    fn denial_status(&self) -> StatusCode {
-        self.status
-    }
+/// The decision of `policy` from its quotas' states; a policy always has a
+/// quota, so the fallback to a plain denial of its first is unreachable.
+fn for_policy(policy: &Policy, states: impl Iterator<Item = QuotaDecision>) -> Decision {
+    Decision::from_quotas(states).unwrap_or_else(|| {
+        let quota = policy.first().clone();
+        let window = quota.window();
+        Decision::deny(quota, 0, window, Some(window))
+    })
 }
 
 /// A window kept on this node alone with a share of the limit.
@@ -216,11 +230,11 @@ pub struct LocalWindow {
     denominator: u64,
     max_keys: u64,
     store: MemoryStore,
-    /// The first quota scaled, and its scaled form: a limiter checks its
-    /// own quota far more than any other, so this answers without a lookup.
-    first: OnceLock<(Quota, Option<Quota>)>,
-    /// Scaled quotas by original quota; a limiter checks few distinct quotas.
-    scaled: moka::sync::Cache<Quota, Option<Quota>>,
+    /// The first policy scaled, and its scaled form: a limiter checks its
+    /// own policy far more than any other, so this answers without a lookup.
+    first: OnceLock<(Policy, Option<Policy>)>,
+    /// Scaled policies by original policy; a limiter checks few distinct ones.
+    scaled: moka::sync::Cache<Policy, Option<Policy>>,
 }
 
 /// A [`LocalWindow`] share outside `(0, 1]`.
@@ -278,21 +292,30 @@ impl LocalWindow {
             .clamp(1, limit.max(1))
     }
 
-    /// The quota this node enforces on its own in place of `quota`.
-    pub fn scaled_quota(&self, quota: &Quota) -> Option<Quota> {
+    /// The policy this node enforces on its own in place of `policy`: each
+    /// quota scaled by [`scaled_quota`](Self::scaled_quota).
+    pub fn scaled_policy(&self, policy: &Policy) -> Option<Policy> {
         let (first, scaled) = self
             .first
-            .get_or_init(|| (quota.clone(), self.build_scaled(quota)));
-        if first == quota {
+            .get_or_init(|| (policy.clone(), self.build_scaled(policy)));
+        if first == policy {
             return scaled.clone();
         }
         self.scaled
-            .get_with_by_ref(quota, || self.build_scaled(quota))
+            .get_with_by_ref(policy, || self.build_scaled(policy))
     }
 
-    fn build_scaled(&self, quota: &Quota) -> Option<Quota> {
+    fn build_scaled(&self, policy: &Policy) -> Option<Policy> {
+        policy.map_quotas(|quota| self.scaled_quota(quota))
+    }
+
+    /// The quota this node enforces on its own in place of `quota`: the
+    /// same name, window, algorithm and scope with the scaled limit (and
+    /// burst).
+    pub fn scaled_quota(&self, quota: &Quota) -> Option<Quota> {
         let mut builder = Quota::builder()
             .name(quota.name())
+            .scope(quota.scope())
             .limit(self.scaled_limit(quota.limit()))
             .window(quota.window())
             .algorithm(quota.algorithm());
@@ -316,21 +339,20 @@ impl fmt::Debug for LocalWindow {
 
 impl FallbackPolicy for LocalWindow {
     fn decide<'a>(&'a self, request: FallbackRequest<'a>) -> BoxFuture<'a, Decision> {
-        let quota = request.quota;
+        let policy = request.policy;
         let denied = || {
-            let window = quota.window();
-            Decision::deny(quota.clone(), 0, window, Some(window))
+            let states = policy.quotas().iter().map(|quota| {
+                let window = quota.window();
+                QuotaDecision::deny(quota.clone(), 0, window, Some(window))
+            });
+            for_policy(policy, states)
         };
         // The embedded store decides in-process: no need to await it.
-        let decision = match self.scaled_quota(quota).map(|scaled| {
+        let decision = match self.scaled_policy(policy).map(|scaled| {
             self.store
                 .check_now(CheckRequest::new(request.key, &scaled, request.cost))
         }) {
-            // Report against the quota the caller asked about.
-            Some(Ok(mut decision)) => {
-                decision.quota = quota.clone();
-                decision
-            }
+            Some(Ok(decision)) => decision,
             // The embedded store does not fail; if it ever does, deny.
             Some(Err(_)) | None => denied(),
         };
@@ -395,15 +417,24 @@ mod tests {
     }
 
     #[test]
-    fn fail_closed_statuses() {
-        assert_eq!(
-            FailClosed::default().status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        assert_eq!(
-            FailClosed::too_many_requests().denial_status(),
-            StatusCode::TOO_MANY_REQUESTS
-        );
-        assert_eq!(FailOpen.denial_status(), StatusCode::TOO_MANY_REQUESTS);
+    fn fail_open_and_closed_answer_for_every_quota() {
+        let policy = Policy::builder("p")
+            .quota("a", "10/1s")
+            .unwrap()
+            .quota("b", "100/1m")
+            .unwrap()
+            .build()
+            .unwrap();
+        let key = WindowKey::global();
+        let request = FallbackRequest::new(&key, &policy, 3, FallbackReason::Timeout, 0);
+        let block = |f: BoxFuture<'_, Decision>| futures_util::FutureExt::now_or_never(f).unwrap();
+        let open = block(FailOpen.decide(request));
+        assert!(open.allowed);
+        let remaining: Vec<u32> = open.quotas().iter().map(|q| q.remaining).collect();
+        assert_eq!(remaining, [7, 97]);
+        let closed = block(FailClosed::new().decide(request));
+        assert!(!closed.allowed);
+        assert_eq!(closed.quotas().len(), 2);
+        assert_eq!(closed.retry_after, Some(Duration::from_secs(1)));
     }
 }

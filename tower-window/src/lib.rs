@@ -45,13 +45,13 @@ pub mod store;
 pub use algorithm::Algorithm;
 pub use breaker::{BreakerConfig, BreakerState};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Decision, DecisionSource, FallbackReason};
+pub use decision::{Decision, DecisionSource, FallbackReason, QuotaDecision};
 pub use fallback::FallbackPolicy;
 pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
 pub use layer::{MissingKey, Rejection, SlidingWindow, SlidingWindowLayer};
 pub use limiter::{LimitError, Limiter};
 pub use limiter::{LimiterBuilder, LimiterStats};
-pub use quota::{Quota, QuotaBuilder, QuotaError};
+pub use quota::{Policy, PolicyError, Quota, QuotaBuilder, QuotaError, Scope};
 pub use resilience::RetryConfig;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;

@@ -1,7 +1,7 @@
 //! The local tier: a bounded per-node memory of recent store denials.
 //!
 //! When the store denies a key with `retry_after = T`, the node remembers
-//! "denied until now + T" for that key and quota and answers further checks
+//! "denied until now + T" for that key and policy and answers further checks
 //! of at least the same cost locally, without a store call, until then. It
 //! only ever repeats a denial the store made, so it never admits anything the
 //! store would not; a cheaper request may fit earlier and still goes to the
@@ -18,23 +18,23 @@ use moka::Expiry;
 
 use crate::key::state_key::{StateKey, StateKeyRef};
 use crate::metrics::LimiterMetrics;
-use crate::{Clock, Decision, DecisionSource, Quota, WindowKey};
+use crate::{Clock, Decision, DecisionSource, Policy, WindowKey};
 
 /// Default number of keys the local tier remembers.
 pub(crate) const DEFAULT_LOCAL_CAPACITY: u64 = 100_000;
 
 /// A remembered denial.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Denied {
     /// Clock reading (µs) until which requests of at least `cost` are denied.
     until_micros: u64,
+    /// Clock reading (µs) when the store denied.
+    at_micros: u64,
     /// The cost the store denied.
     cost: u32,
-    /// `remaining` as the store reported it.
-    remaining: u32,
-    /// Clock reading (µs) at which the store said the window is empty again.
-    reset_at_micros: u64,
-    /// The same wait as a duration, for the cache's own expiry.
+    /// The store's denial, every quota's state included, as of `at_micros`.
+    decision: Decision,
+    /// The wait as a duration, for the cache's own expiry.
     ttl: Duration,
 }
 
@@ -97,16 +97,19 @@ impl LocalTier {
 
     /// Answers a check locally if the store recently denied at most this
     /// cost, and counts the hit or miss.
-    pub(crate) fn lookup(&self, key: &WindowKey, quota: &Quota, cost: u32) -> Lookup {
-        let lookup = self.find(key, quota, cost);
+    pub(crate) fn lookup(&self, key: &WindowKey, policy: &Policy, cost: u32) -> Lookup {
+        let lookup = self.find(key, policy, cost);
         if let Some(metrics) = &self.metrics {
-            metrics.local_lookup(quota, matches!(lookup, Lookup::Hit(_)));
+            metrics.local_lookup(policy.first(), matches!(lookup, Lookup::Hit(_)));
         }
         lookup
     }
 
-    fn find(&self, key: &WindowKey, quota: &Quota, cost: u32) -> Lookup {
-        let Some(denied) = self.cache.get(StateKeyRef::new(key, quota).as_lookup()) else {
+    fn find(&self, key: &WindowKey, policy: &Policy, cost: u32) -> Lookup {
+        let Some(denied) = self
+            .cache
+            .get(StateKeyRef::for_policy(key, policy).as_lookup())
+        else {
             return Lookup::Miss { stale: false };
         };
         let now = self.clock.now_micros();
@@ -118,20 +121,17 @@ impl LocalTier {
             return Lookup::Miss { stale: false };
         }
         let retry_after = Duration::from_micros(denied.until_micros - now);
-        let reset_after = Duration::from_micros(denied.reset_at_micros.saturating_sub(now));
-        let decision = Decision::deny(
-            quota.clone(),
-            denied.remaining,
-            reset_after.max(retry_after),
-            Some(retry_after),
-        )
-        .with_source(DecisionSource::LocalCache)
-        .with_timestamp_micros(now);
+        let elapsed = Duration::from_micros(now.saturating_sub(denied.at_micros));
+        let decision = denied
+            .decision
+            .aged(elapsed, retry_after)
+            .with_source(DecisionSource::LocalCache)
+            .with_timestamp_micros(now);
         Lookup::Hit(decision)
     }
 
     /// Remembers a store denial that says when the same cost fits again.
-    pub(crate) fn remember(&self, key: &WindowKey, cost: u32, decision: &Decision) {
+    pub(crate) fn remember(&self, key: &WindowKey, policy: &Policy, cost: u32, decision: &Decision) {
         let Some(retry_after) = decision.retry_after else {
             // The cost can never fit; nothing to wait for.
             return;
@@ -143,20 +143,19 @@ impl LocalTier {
         let wait = duration_micros(retry_after);
         let denied = Denied {
             until_micros: now.saturating_add(wait),
+            at_micros: now,
             cost,
-            remaining: decision.remaining,
-            reset_at_micros: now.saturating_add(duration_micros(decision.reset_after)),
+            decision: decision.clone(),
             ttl: retry_after,
         };
-        self.cache
-            .insert(StateKey::new(key, &decision.quota), denied);
+        self.cache.insert(StateKey::for_policy(key, policy), denied);
         self.report_size();
     }
 
     /// Forgets a key whose remembered denial is over.
-    pub(crate) fn forget(&self, key: &WindowKey, quota: &Quota) {
+    pub(crate) fn forget(&self, key: &WindowKey, policy: &Policy) {
         self.cache
-            .invalidate(StateKeyRef::new(key, quota).as_lookup());
+            .invalidate(StateKeyRef::for_policy(key, policy).as_lookup());
         self.report_size();
     }
 
@@ -195,7 +194,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::ManualClock;
+    use crate::{ManualClock, Quota};
 
     fn tier(capacity: u64) -> (LocalTier, ManualClock) {
         let clock = ManualClock::new(1_000_000_000);
@@ -210,9 +209,10 @@ mod tests {
     fn remembers_until_retry_after() {
         let (tier, clock) = tier(10);
         let quota: Quota = "1/1s".parse().unwrap();
+        let policy = Policy::from(quota.clone());
         let key = WindowKey::for_subject("a");
-        tier.remember(&key, 1, &denial(&quota, Duration::from_secs(30)));
-        let Lookup::Hit(d) = tier.lookup(&key, &quota, 1) else {
+        tier.remember(&key, &policy, 1, &denial(&quota, Duration::from_secs(30)));
+        let Lookup::Hit(d) = tier.lookup(&key, &policy, 1) else {
             panic!("expected a hit")
         };
         assert!(!d.allowed);
@@ -220,13 +220,13 @@ mod tests {
         assert_eq!(d.retry_after, Some(Duration::from_secs(30)));
         assert_eq!(d.timestamp_micros, 1_000_000_000);
         clock.advance(Duration::from_secs(10));
-        let Lookup::Hit(d) = tier.lookup(&key, &quota, 5) else {
+        let Lookup::Hit(d) = tier.lookup(&key, &policy, 5) else {
             panic!("expected a hit")
         };
         assert_eq!(d.retry_after, Some(Duration::from_secs(20)));
         clock.advance(Duration::from_secs(20));
         assert!(matches!(
-            tier.lookup(&key, &quota, 1),
+            tier.lookup(&key, &policy, 1),
             Lookup::Miss { stale: true }
         ));
     }
@@ -235,30 +235,34 @@ mod tests {
     fn cheaper_requests_and_other_quotas_miss() {
         let (tier, _clock) = tier(10);
         let quota: Quota = "5/1s".parse().unwrap();
-        let other: Quota = "5/1s".parse::<Quota>().unwrap().named("other").unwrap();
+        let policy = Policy::from(quota.clone());
+        let other = Policy::from("5/1s".parse::<Quota>().unwrap().named("other").unwrap());
         let key = WindowKey::for_subject("a");
-        tier.remember(&key, 3, &denial(&quota, Duration::from_secs(30)));
-        assert!(matches!(tier.lookup(&key, &quota, 2), Lookup::Miss { .. }));
+        tier.remember(&key, &policy, 3, &denial(&quota, Duration::from_secs(30)));
+        assert!(matches!(tier.lookup(&key, &policy, 2), Lookup::Miss { .. }));
         assert!(matches!(tier.lookup(&key, &other, 3), Lookup::Miss { .. }));
         assert!(matches!(
-            tier.lookup(&WindowKey::for_subject("b"), &quota, 3),
+            tier.lookup(&WindowKey::for_subject("b"), &policy, 3),
             Lookup::Miss { .. }
         ));
-        assert!(matches!(tier.lookup(&key, &quota, 3), Lookup::Hit(_)));
+        assert!(matches!(tier.lookup(&key, &policy, 3), Lookup::Hit(_)));
     }
 
     #[test]
     fn never_remembers_admissions_or_impossible_costs() {
         let (tier, _clock) = tier(10);
         let quota: Quota = "5/1s".parse().unwrap();
+        let policy = Policy::from(quota.clone());
         let key = WindowKey::for_subject("a");
         tier.remember(
             &key,
+            &policy,
             1,
             &Decision::allow(quota.clone(), 4, Duration::from_secs(1)),
         );
         tier.remember(
             &key,
+            &policy,
             9,
             &Decision::deny(quota.clone(), 5, Duration::ZERO, None),
         );

@@ -208,10 +208,9 @@ mod imp {
     use crate::{BreakerState, Decision, DecisionSource, FallbackReason, Quota, WindowKey};
     use crate::{StoreError, StoreErrorKind};
 
-    const SOURCES: [DecisionSource; 4] = [
+    const SOURCES: [DecisionSource; 3] = [
         DecisionSource::Store,
         DecisionSource::LocalCache,
-        DecisionSource::Lease,
         DecisionSource::Fallback(FallbackReason::Error),
     ];
     const REASONS: [FallbackReason; 5] = FallbackReason::ALL;
@@ -240,8 +239,7 @@ mod imp {
         match source {
             DecisionSource::Store => 0,
             DecisionSource::LocalCache => 1,
-            DecisionSource::Lease => 2,
-            _ => 3,
+            _ => 2,
         }
     }
 
@@ -294,7 +292,7 @@ mod imp {
     /// Decision-level series of one (quota, tenant).
     struct DecisionHandles {
         /// `[allowed][source]`.
-        decisions: [[Counter; 4]; 2],
+        decisions: [[Counter; 3]; 2],
         near_limit: Counter,
         /// `[reason][allowed]`; `None` without a fallback policy.
         fallback: Option<FallbackHandles>,

@@ -8,9 +8,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
-use crate::metrics::LimiterMetrics;
-use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
-use crate::Decision;
+use crate::store::{StoreError, StoreErrorKind};
 
 /// Default time budget of one decision's store call, retries included.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -21,7 +19,9 @@ pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 /// How a failed store call is retried.
 ///
 /// Only errors the store marks retryable ([`StoreError::is_retryable`]:
-/// connection refused or reset, cluster down or resharding) are retried,
+/// unavailable, and certainly not applied — connection refused, cluster
+/// down or resharding; never a reset after the command was sent, so a retry
+/// never charges a request twice) are retried,
 /// with exponential backoff and full jitter (each wait is uniformly random
 /// between zero and the exponential delay). A retry whose wait would end
 /// past the time budget is not made.
@@ -104,24 +104,29 @@ impl Resilience {
         }
     }
 
-    /// Calls the store with retries, all within the time budget; each retry
-    /// is counted in `metrics`.
+    /// Runs one store operation with retries, all within the time budget;
+    /// `on_retry` is called before each retry (for metrics). Generic over
+    /// the operation: a policy check, and whatever else a limiter asks of
+    /// its store, take the same budget and retry rules.
     ///
     /// Boxed: this path's state (timer, backoff) is large, and only stores
     /// behind a network take it. Keeping it out of line keeps the limiter's
     /// own future small for in-process stores, which it moves on every check.
-    pub(crate) fn call<'a>(
+    pub(crate) fn call<'a, T, Op>(
         &'a self,
-        store: &'a dyn Store,
-        request: CheckRequest<'a>,
-        metrics: &'a LimiterMetrics,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        operation: Op,
+        on_retry: impl Fn() + Send + Sync + 'a,
+    ) -> BoxFuture<'a, Result<T, StoreError>>
+    where
+        T: Send + 'a,
+        Op: Fn() -> BoxFuture<'a, Result<T, StoreError>> + Send + Sync + 'a,
+    {
         Box::pin(async move {
             // A budget too large to represent is no budget.
             let deadline = self
                 .timeout
                 .and_then(|budget| Instant::now().checked_add(budget));
-            let attempts = self.with_retries(store, request, deadline, metrics);
+            let attempts = self.with_retries(&operation, deadline, &on_retry);
             match (self.timeout, deadline) {
                 (Some(budget), Some(deadline)) => tokio::time::timeout_at(deadline, attempts)
                     .await
@@ -136,27 +141,28 @@ impl Resilience {
         })
     }
 
-    async fn with_retries(
+    async fn with_retries<'a, T>(
         &self,
-        store: &dyn Store,
-        request: CheckRequest<'_>,
+        operation: &(dyn Fn() -> BoxFuture<'a, Result<T, StoreError>> + Send + Sync + 'a),
         deadline: Option<Instant>,
-        metrics: &LimiterMetrics,
-    ) -> Result<Decision, StoreError> {
+        on_retry: &(dyn Fn() + Send + Sync + 'a),
+    ) -> Result<T, StoreError> {
         if self.retry.max_retries == 0 {
-            return store.check(request).await;
+            return operation().await;
         }
         let backoff = ExponentialBuilder::new()
             .with_min_delay(self.retry.min_delay)
             .with_max_delay(self.retry.max_delay)
             .with_max_times(self.retry.max_retries)
             .with_factor(2.0);
-        (|| store.check(request))
+        operation
             .retry(FullJitter(backoff))
             .sleep(tokio::time::sleep)
+            // Only errors where the store certainly did not apply the
+            // operation: a retry never charges a request twice.
             .when(StoreError::is_retryable)
             .notify(|error, _| {
-                metrics.store_retry(request.quota);
+                on_retry();
                 tracing::debug!(kind = error.kind().as_str(), "retrying the store call");
             })
             .adjust(move |_, delay| {

@@ -24,7 +24,7 @@
 //! A denial records nothing. Note `reset_after` is the end of the current
 //! window even when the window holds nothing (case 1 on an empty state).
 
-use super::outcome::{saturate_u32, Outcome};
+use super::outcome::{saturate_u32, Evaluation, Outcome};
 use crate::Quota;
 
 /// The counter of one key: which window, and how many units it admitted.
@@ -34,9 +34,9 @@ pub(crate) struct State {
     count: u64,
 }
 
-/// Checks `cost` units of `quota` at `now` against `state`; records them if
-/// admitted. Never panics.
-pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+/// Evaluates `cost` units of `quota` at `now` against `state`, recording
+/// nothing. Never panics.
+pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Evaluation {
     let limit = u64::from(quota.limit());
     let window = quota.window_micros().max(1);
     let cost = u64::from(cost);
@@ -54,17 +54,36 @@ pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Ou
     let remaining = saturate_u32(limit.saturating_sub(count));
 
     if cost > limit {
-        return Outcome::deny(remaining, reset, None);
+        return Evaluation::denied(Outcome::deny(remaining, reset, None));
     }
     if count.saturating_add(cost) <= limit {
-        *state = State {
-            window_index: k,
-            count: count + cost,
+        return Evaluation {
+            outcome: Outcome::allow(saturate_u32(limit - count - cost), reset),
+            unchanged: (remaining, reset),
         };
-        return Outcome::allow(saturate_u32(limit - count - cost), reset);
     }
     // Only the next window can admit it: it starts with count 0 and the cost fits.
-    Outcome::deny(remaining, reset, Some(reset))
+    Evaluation::denied(Outcome::deny(remaining, reset, Some(reset)))
+}
+
+/// Records `cost` units in the window of `now` (after [`evaluate`]).
+pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
+    let k = now / quota.window_micros().max(1);
+    let count = if state.window_index == k {
+        state.count
+    } else {
+        0
+    };
+    *state = State {
+        window_index: k,
+        count: count.saturating_add(u64::from(cost)),
+    };
+}
+
+/// Evaluates and, if admitted, commits: a one-quota decision.
+#[cfg(test)]
+pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+    super::check_with(state, quota, now, cost, evaluate, commit)
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@
 //! The arithmetic saturates instead of overflowing; it is exact while
 //! `t + 2 B T < 2^64` (for realistic quotas by many orders of magnitude).
 
-use super::outcome::{saturate_u32, Outcome};
+use super::outcome::{saturate_u32, Evaluation, Outcome};
 use crate::Quota;
 
 /// The theoretical arrival time of one key (0 = none; `max(0, t) = t`).
@@ -41,9 +41,9 @@ pub(crate) struct State {
     tat: u64,
 }
 
-/// Checks `cost` units of `quota` at `now` against `state`; records them if
-/// admitted. Never panics.
-pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+/// Evaluates `cost` units of `quota` at `now` against `state`, recording
+/// nothing. Never panics.
+pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Evaluation {
     let interval = quota.emission_interval_micros().max(1);
     let burst = u64::from(quota.capacity());
     let cost = u64::from(cost);
@@ -54,16 +54,38 @@ pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Ou
     let remaining_before = saturate_u32(tolerance.saturating_sub(backlog) / interval);
 
     if cost > burst {
-        return Outcome::deny(remaining_before, backlog, None);
+        return Evaluation::denied(Outcome::deny(remaining_before, backlog, None));
     }
     // cost <= burst, so cost * interval <= B T: it saturates only if B T does.
     let new_tat = tat0.saturating_add(cost.saturating_mul(interval));
     let ahead = new_tat - now;
     if ahead <= tolerance {
-        state.tat = new_tat;
-        return Outcome::allow(saturate_u32((tolerance - ahead) / interval), ahead);
+        return Evaluation {
+            outcome: Outcome::allow(saturate_u32((tolerance - ahead) / interval), ahead),
+            unchanged: (remaining_before, backlog),
+        };
     }
-    Outcome::deny(remaining_before, backlog, Some(ahead - tolerance))
+    Evaluation::denied(Outcome::deny(
+        remaining_before,
+        backlog,
+        Some(ahead - tolerance),
+    ))
+}
+
+/// Moves the theoretical arrival time by `cost` intervals (after
+/// [`evaluate`] admitted them).
+pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
+    let interval = quota.emission_interval_micros().max(1);
+    state.tat = state
+        .tat
+        .max(now)
+        .saturating_add(u64::from(cost).saturating_mul(interval));
+}
+
+/// Evaluates and, if admitted, commits: a one-quota decision.
+#[cfg(test)]
+pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+    super::check_with(state, quota, now, cost, evaluate, commit)
 }
 
 #[cfg(test)]

@@ -1,8 +1,11 @@
 //! The four window algorithms.
 //!
-//! [`Algorithm`] names one; the submodules hold each one's pure, integer-only
-//! state transition, shared by [`MemoryStore`](crate::MemoryStore) and
-//! mirrored line by line by the Redis Lua scripts.
+//! [`Algorithm`] names one; the submodules hold each one's integer-only
+//! state transition in two steps, shared by [`MemoryStore`](crate::MemoryStore)
+//! and mirrored by the Redis Lua scripts: `evaluate` decides without
+//! recording (it may drop state that no longer counts), `commit` records an
+//! admission. A policy of several quotas evaluates every quota first and
+//! commits only when all of them admit, so a denial consumes nothing in any.
 
 use std::fmt;
 use std::time::Duration;
@@ -13,6 +16,78 @@ pub(crate) mod outcome;
 pub(crate) mod sliding_counter;
 pub(crate) mod sliding_log;
 mod timeline;
+
+/// The state of one quota's window, for any algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum State {
+    SlidingLog(sliding_log::State),
+    SlidingCounter(sliding_counter::State),
+    FixedWindow(fixed_window::State),
+    Gcra(gcra::State),
+}
+
+impl State {
+    /// An empty state for `algorithm`.
+    pub(crate) fn empty(algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::SlidingLog => Self::SlidingLog(Default::default()),
+            Algorithm::SlidingCounter { .. } => Self::SlidingCounter(Default::default()),
+            Algorithm::FixedWindow => Self::FixedWindow(Default::default()),
+            Algorithm::Gcra => Self::Gcra(Default::default()),
+        }
+    }
+
+    /// Evaluates `cost` of `quota` at `now`, recording nothing.
+    pub(crate) fn evaluate(&mut self, quota: &crate::Quota, now: u64, cost: u32) -> outcome::Evaluation {
+        // Stores key state by the quota's state id, which names the
+        // algorithm, so the state always matches; start afresh rather than
+        // panic if not.
+        let matches = matches!(
+            (&*self, quota.algorithm()),
+            (Self::SlidingLog(_), Algorithm::SlidingLog)
+                | (Self::SlidingCounter(_), Algorithm::SlidingCounter { .. })
+                | (Self::FixedWindow(_), Algorithm::FixedWindow)
+                | (Self::Gcra(_), Algorithm::Gcra)
+        );
+        if !matches {
+            *self = Self::empty(quota.algorithm());
+        }
+        match self {
+            Self::SlidingLog(s) => sliding_log::evaluate(s, quota, now, cost),
+            Self::SlidingCounter(s) => sliding_counter::evaluate(s, quota, now, cost),
+            Self::FixedWindow(s) => fixed_window::evaluate(s, quota, now, cost),
+            Self::Gcra(s) => gcra::evaluate(s, quota, now, cost),
+        }
+    }
+
+    /// Records `cost` of `quota` at `now`, after [`evaluate`](Self::evaluate)
+    /// admitted it (on this state and at this time).
+    pub(crate) fn commit(&mut self, quota: &crate::Quota, now: u64, cost: u32) {
+        match self {
+            Self::SlidingLog(s) => sliding_log::commit(s, quota, now, cost),
+            Self::SlidingCounter(s) => sliding_counter::commit(s, quota, now, cost),
+            Self::FixedWindow(s) => fixed_window::commit(s, quota, now, cost),
+            Self::Gcra(s) => gcra::commit(s, quota, now, cost),
+        }
+    }
+}
+
+/// Evaluates, and commits when the cost fits: one quota decided alone.
+#[cfg(test)]
+fn check_with<S>(
+    state: &mut S,
+    quota: &crate::Quota,
+    now: u64,
+    cost: u32,
+    evaluate: fn(&mut S, &crate::Quota, u64, u32) -> outcome::Evaluation,
+    commit: fn(&mut S, &crate::Quota, u64, u32),
+) -> outcome::Outcome {
+    let evaluation = evaluate(state, quota, now, cost);
+    if evaluation.fits() {
+        commit(state, quota, now, cost);
+    }
+    evaluation.outcome
+}
 
 /// Shared fixtures of the algorithms' unit tests.
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{Decision, Quota};
+use crate::{Decision, Policy, Quota, QuotaDecision};
 
 /// What one check decided, in integer microseconds (all four algorithms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +42,7 @@ impl Outcome {
     }
 
     /// The public [`Decision`] for `quota`, decided at `now` (µs since epoch).
+    #[cfg(test)]
     pub(crate) fn into_decision(self, quota: &Quota, now: u64) -> Decision {
         let reset_after = Duration::from_micros(self.reset_after);
         let decision = if self.allowed {
@@ -56,6 +57,60 @@ impl Outcome {
         };
         decision.with_timestamp_micros(now)
     }
+}
+
+/// One quota's evaluation of a cost, before anything is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Evaluation {
+    /// If the cost fits: the admission as it will read once committed.
+    /// Otherwise the denial.
+    pub(crate) outcome: Outcome,
+    /// `remaining` and `reset_after` if nothing is recorded (what a quota
+    /// that fits reports when another quota of its policy denies).
+    pub(crate) unchanged: (u32, u64),
+}
+
+impl Evaluation {
+    /// Whether the cost fits this quota.
+    pub(crate) fn fits(&self) -> bool {
+        self.outcome.allowed
+    }
+
+    /// A denial: nothing would change either way.
+    pub(crate) fn denied(outcome: Outcome) -> Self {
+        Self {
+            unchanged: (outcome.remaining, outcome.reset_after),
+            outcome,
+        }
+    }
+}
+
+/// The [`Decision`] of `policy` from each quota's evaluation (in policy
+/// order), decided at `now`: admitted (and by then committed) only if every
+/// quota's cost fits. A quota that fits while another denies reports its
+/// state unchanged.
+pub(crate) fn policy_decision(
+    policy: &Policy,
+    evaluations: &[Evaluation],
+    now: u64,
+) -> Option<Decision> {
+    let admitted = evaluations.iter().all(Evaluation::fits);
+    let states = policy.quotas().iter().zip(evaluations).map(|(quota, e)| {
+        let o = e.outcome;
+        let micros = Duration::from_micros;
+        if admitted || !o.allowed {
+            QuotaDecision {
+                quota: quota.clone(),
+                allowed: o.allowed,
+                remaining: o.remaining,
+                reset_after: micros(o.reset_after),
+                retry_after: o.retry_after.map(micros),
+            }
+        } else {
+            QuotaDecision::allow(quota.clone(), e.unchanged.0, micros(e.unchanged.1))
+        }
+    });
+    Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now))
 }
 
 /// `x` as a `u32`, clamped (remaining counts never exceed the limit, but a

@@ -34,6 +34,8 @@
 //! the reset/TTL of an admission is taken from the newest bucket, which is
 //! `b` whenever time has not gone back.
 
+use super::outcome::Evaluation;
+#[cfg(test)]
 use super::outcome::Outcome;
 use super::timeline::{self, Timeline};
 use crate::Quota;
@@ -41,9 +43,8 @@ use crate::Quota;
 /// The buckets of one key: `(bucket index, units)`, ascending by index.
 pub(crate) type State = Timeline;
 
-/// Checks `cost` units of `quota` at `now` against `state`; records them if
-/// admitted. Never panics.
-pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+/// The bucket width and count of `quota`: (G, n = W / G).
+fn buckets(quota: &Quota) -> (u64, u64) {
     let window = quota.window_micros().max(1);
     // Quota validation guarantees a granularity dividing the window; a
     // mismatched quota degrades to one bucket per window rather than panic.
@@ -51,10 +52,16 @@ pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Ou
         .granularity_micros()
         .filter(|g| *g > 0 && window.is_multiple_of(*g))
         .unwrap_or(window);
-    let n = window / granularity;
+    (granularity, window / granularity)
+}
+
+/// Evaluates `cost` units of `quota` at `now` against `state`, recording
+/// nothing. Never panics.
+pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Evaluation {
+    let (granularity, n) = buckets(quota);
     // Bucket j stops counting at (j + n + 1) G: only then has every window
     // of length W that overlaps it moved past it.
-    timeline::check(
+    timeline::evaluate(
         state,
         now,
         now / granularity,
@@ -62,6 +69,18 @@ pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Ou
         u64::from(quota.limit()),
         |j| j.checked_add(n)?.checked_add(1)?.checked_mul(granularity),
     )
+}
+
+/// Records `cost` units in the bucket of `now` (after [`evaluate`]).
+pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
+    let (granularity, _) = buckets(quota);
+    timeline::commit(state, now / granularity, cost);
+}
+
+/// Evaluates and, if admitted, commits: a one-quota decision.
+#[cfg(test)]
+pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+    super::check_with(state, quota, now, cost, evaluate, commit)
 }
 
 #[cfg(test)]

@@ -33,6 +33,8 @@
 //! entry is now.
 //!
 
+use super::outcome::Evaluation;
+#[cfg(test)]
 use super::outcome::Outcome;
 use super::timeline::{self, Timeline};
 use crate::Quota;
@@ -43,15 +45,26 @@ use crate::Quota;
 /// changes no decision (they expire together) and keeps bursts small.
 pub(crate) type State = Timeline;
 
-/// Checks `cost` units of `quota` at `now` against `state`; records them if
-/// admitted. Never panics.
-pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+/// Evaluates `cost` units of `quota` at `now` against `state`, recording
+/// nothing. Never panics.
+pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Evaluation {
     let window = quota.window_micros();
     // An entry written at `ts` counts while `ts > now - W`, i.e. until
     // `ts + W` (an entry so late that this overflows never expires).
-    timeline::check(state, now, now, cost, u64::from(quota.limit()), |ts| {
+    timeline::evaluate(state, now, now, cost, u64::from(quota.limit()), |ts| {
         ts.checked_add(window)
     })
+}
+
+/// Records `cost` units at `now` (after [`evaluate`] admitted them).
+pub(crate) fn commit(state: &mut State, _quota: &Quota, now: u64, cost: u32) {
+    timeline::commit(state, now, cost);
+}
+
+/// Evaluates and, if admitted, commits: a one-quota decision.
+#[cfg(test)]
+pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+    super::check_with(state, quota, now, cost, evaluate, commit)
 }
 
 #[cfg(test)]

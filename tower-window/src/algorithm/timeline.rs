@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use super::outcome::{saturate_u32, Outcome};
+use super::outcome::{saturate_u32, Evaluation, Outcome};
 
 /// Slots `(at, units)`, ascending by `at`, and their sum (kept beside them
 /// so a check costs O(expired slots), not O(all slots): a sliding log near a
@@ -46,17 +46,26 @@ impl Timeline {
     }
 }
 
-/// Checks `cost` units against `limit` at `now`, recording them in slot `at`
-/// if admitted. Slot `s` counts until `expires_at(s)` (µs since the epoch;
-/// `None` when that lies beyond `u64`, i.e. never). Never panics.
-pub(crate) fn check(
+/// The most slots a denial's retry computation walks: past it, the wait
+/// reported is until everything counted now has expired (`reset_after`),
+/// which is later than the exact answer, never earlier. The Redis scripts
+/// walk the same number, so both stores answer alike, and a denial's work
+/// stays bounded whatever the state holds.
+pub(crate) const MAX_RETRY_WALK: usize = 128;
+
+/// Evaluates `cost` units against `limit` at `now`, for recording in slot
+/// `at`, without recording anything (expired slots are dropped: they no
+/// longer count either way). Slot `s` counts until `expires_at(s)` (µs
+/// since the epoch; `None` when that lies beyond `u64`, i.e. never).
+/// Never panics.
+pub(crate) fn evaluate(
     timeline: &mut Timeline,
     now: u64,
     at: u64,
     cost: u32,
     limit: u64,
     expires_at: impl Fn(u64) -> Option<u64>,
-) -> Outcome {
+) -> Evaluation {
     let cost = u64::from(cost);
     let wait_for = |slot: u64| expires_at(slot).unwrap_or(u64::MAX).saturating_sub(now);
 
@@ -69,38 +78,38 @@ pub(crate) fn check(
         timeline.total = timeline.total.saturating_sub(units);
     }
     let used = timeline.total;
-    let reset_after = |t: &Timeline| t.slots.back().map_or(0, |&(newest, _)| wait_for(newest));
+    let newest = timeline.slots.back().map(|&(newest, _)| newest);
+    let reset_after = newest.map_or(0, wait_for);
+    let remaining = saturate_u32(limit.saturating_sub(used));
 
     if cost > limit {
         // Can never fit: say so (None) rather than promise a wait.
-        return Outcome::deny(
-            saturate_u32(limit.saturating_sub(used)),
-            reset_after(timeline),
-            None,
-        );
+        return Evaluation::denied(Outcome::deny(remaining, reset_after, None));
     }
 
     if used.saturating_add(cost) <= limit {
-        timeline.add(at, cost);
-        let reset = reset_after(timeline);
-        return Outcome::allow(saturate_u32(limit - used - cost), reset);
+        let newest_after = newest.map_or(at, |n| n.max(at));
+        return Evaluation {
+            outcome: Outcome::allow(saturate_u32(limit - used - cost), wait_for(newest_after)),
+            unchanged: (remaining, reset_after),
+        };
     }
 
     // Denied: wait until enough of the oldest slots have expired for `cost`
-    // to fit. Freeing everything always suffices (cost <= limit), so the
-    // walk always finds a slot; the fallback is unreachable.
+    // to fit, looking at no more than MAX_RETRY_WALK of them.
     let mut freed = 0u64;
-    let mut retry = reset_after(timeline);
-    for &(slot, c) in &timeline.slots {
+    let mut retry = reset_after;
+    for &(slot, c) in timeline.slots.iter().take(MAX_RETRY_WALK) {
         freed = freed.saturating_add(c);
         if used.saturating_sub(freed).saturating_add(cost) <= limit {
             retry = wait_for(slot);
             break;
         }
     }
-    Outcome::deny(
-        saturate_u32(limit.saturating_sub(used)),
-        reset_after(timeline),
-        Some(retry),
-    )
+    Evaluation::denied(Outcome::deny(remaining, reset_after, Some(retry)))
+}
+
+/// Records `cost` units in slot `at` (after [`evaluate`] said they fit).
+pub(crate) fn commit(timeline: &mut Timeline, at: u64, cost: u32) {
+    timeline.add(at, u64::from(cost));
 }

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::{Quota, WindowKey};
+use crate::quota::Scope;
+use crate::{Policy, Quota, WindowKey};
 
 /// A window's identity, owned: what a cache stores.
 pub(crate) struct StateKey {
@@ -24,13 +25,29 @@ pub(crate) struct StateKey {
 }
 
 impl StateKey {
-    /// The owned key of `key` under `quota` (refcount bumps, no copies).
+    /// The owned key of `key`'s state under `quota` (refcount bumps, no
+    /// copies): by the quota's [state id](Quota::state_id), so a changed
+    /// limit finds the same state, and without the subject for a
+    /// tenant-scoped quota (whose state id says so).
     pub(crate) fn new(key: &WindowKey, quota: &Quota) -> Self {
         let (tenant, subject) = key.shared_parts();
         Self {
             tenant: tenant.clone(),
+            subject: match quota.scope() {
+                Scope::Subject => subject.clone(),
+                Scope::Tenant => Bytes::new(),
+            },
+            quota: quota.shared_state_id(),
+        }
+    }
+
+    /// The owned key of `key` under a whole policy (the local tier's).
+    pub(crate) fn for_policy(key: &WindowKey, policy: &Policy) -> Self {
+        let (tenant, subject) = key.shared_parts();
+        Self {
+            tenant: tenant.clone(),
             subject: subject.clone(),
-            quota: quota.shared_id(),
+            quota: policy.shared_id(),
         }
     }
 }
@@ -43,12 +60,24 @@ pub(crate) struct StateKeyRef<'a> {
 }
 
 impl<'a> StateKeyRef<'a> {
-    /// The borrowed key of `key` under `quota`.
+    /// The borrowed key of `key`'s state under `quota` (see [`StateKey::new`]).
     pub(crate) fn new(key: &'a WindowKey, quota: &'a Quota) -> Self {
         Self {
             tenant: key.tenant(),
+            subject: match quota.scope() {
+                Scope::Subject => key.subject(),
+                Scope::Tenant => &[],
+            },
+            quota: quota.state_id(),
+        }
+    }
+
+    /// The borrowed key of `key` under a whole policy.
+    pub(crate) fn for_policy(key: &'a WindowKey, policy: &'a Policy) -> Self {
+        Self {
+            tenant: key.tenant(),
             subject: key.subject(),
-            quota: quota.id(),
+            quota: policy.id(),
         }
     }
 

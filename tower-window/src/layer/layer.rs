@@ -45,6 +45,7 @@ pub struct SlidingWindowLayer<K, C = UnitCost, M = Http> {
     pub(super) key: Arc<K>,
     pub(super) cost: Arc<C>,
     pub(super) missing_key: MissingKey,
+    pub(super) degraded_status: StatusCode,
     pub(super) mode: M,
 }
 
@@ -57,6 +58,7 @@ impl<K> SlidingWindowLayer<K> {
             key: Arc::new(key),
             cost: Arc::new(UnitCost),
             missing_key: MissingKey::default(),
+            degraded_status: StatusCode::SERVICE_UNAVAILABLE,
             mode: Http::default(),
         }
     }
@@ -71,6 +73,7 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
             key: self.key,
             cost: Arc::new(cost),
             missing_key: self.missing_key,
+            degraded_status: self.degraded_status,
             mode: self.mode,
         }
     }
@@ -78,6 +81,16 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
     /// What to do when a request has no key (default: reject with 400).
     pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
         self.missing_key = policy;
+        self
+    }
+
+    /// The status of a degraded denial: one the limiter's
+    /// [`FallbackPolicy`](crate::FallbackPolicy) made because the store
+    /// could not decide (default `503 Service Unavailable`; `429 Too Many
+    /// Requests` makes an outage look like rate limiting to clients), as a
+    /// [`Rejection::Degraded`](super::Rejection::Degraded).
+    pub fn degraded_status(mut self, status: StatusCode) -> Self {
+        self.degraded_status = status;
         self
     }
 
@@ -94,6 +107,7 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
             key: self.key,
             cost: self.cost,
             missing_key: self.missing_key,
+            degraded_status: self.degraded_status,
             mode,
         }
     }
@@ -120,6 +134,7 @@ impl<K, C, R> SlidingWindowLayer<K, C, Http<R>> {
             key: self.key,
             cost: self.cost,
             missing_key: self.missing_key,
+            degraded_status: self.degraded_status,
             mode: self.mode.rejection(rejection),
         }
     }
@@ -132,6 +147,7 @@ impl<K, C, M: Clone> Clone for SlidingWindowLayer<K, C, M> {
             key: Arc::clone(&self.key),
             cost: Arc::clone(&self.cost),
             missing_key: self.missing_key,
+            degraded_status: self.degraded_status,
             mode: self.mode.clone(),
         }
     }
@@ -144,6 +160,7 @@ impl<K, C, M: fmt::Debug> fmt::Debug for SlidingWindowLayer<K, C, M> {
             .field("key", &std::any::type_name::<K>())
             .field("cost", &std::any::type_name::<C>())
             .field("missing_key", &self.missing_key)
+            .field("degraded_status", &self.degraded_status)
             .field("mode", &self.mode)
             .finish()
     }
@@ -160,6 +177,7 @@ impl<S, K, C, M: Clone> Layer<S> for SlidingWindowLayer<K, C, M> {
                 key: Arc::clone(&self.key),
                 cost: Arc::clone(&self.cost),
                 missing_key: self.missing_key,
+                degraded_status: self.degraded_status,
                 mode: Arc::new(self.mode.clone()),
             }),
         )

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
-use crate::{Decision, Limiter};
+use crate::Decision;
 
 /// Why the layer answered instead of the inner service.
 ///
@@ -37,7 +37,7 @@ pub enum Rejection {
         /// `Retry-After`).
         decision: Decision,
         /// The status to answer with: the policy's
-        /// [`denial_status`](crate::fallback::FallbackPolicy::denial_status).
+        /// layer's [`degraded_status`](super::SlidingWindowLayer::degraded_status).
         status: StatusCode,
     },
     /// The limiter could not decide (store failure without a fallback).
@@ -48,35 +48,33 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    /// The rejection for a denial by `limiter`: [`Degraded`](Self::Degraded)
-    /// with [`Limiter::fallback_status`] when the decision came from the
-    /// fallback policy, else [`RateLimited`](Self::RateLimited).
+    /// The rejection for a denial: [`Degraded`](Self::Degraded) with
+    /// `degraded_status` when the decision came from the fallback policy,
+    /// else [`RateLimited`](Self::RateLimited).
     ///
-    /// The layer uses it; code that calls a [`Limiter`] by itself can too.
+    /// The layer uses it; code that calls a [`Limiter`](crate::Limiter) by
+    /// itself can too.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_window::fallback::FailClosed;
+    /// use http::StatusCode;
     /// use tower_window::layer::Rejection;
-    /// use tower_window::{Decision, DecisionSource, FallbackReason, Limiter, MemoryStore};
+    /// use tower_window::{Decision, DecisionSource, FallbackReason, Quota};
     ///
-    /// let limiter = Limiter::builder(MemoryStore::new(), "10/1m".parse()?)
-    ///     .fallback(FailClosed::default())
-    ///     .build();
     /// let wait = Some(Duration::from_secs(1));
-    /// let denial = Decision::deny(limiter.quota().clone(), 0, Duration::ZERO, wait);
-    /// let store = Rejection::for_denial(denial.clone(), &limiter);
+    /// let denial = Decision::deny("10/1m".parse::<Quota>()?, 0, Duration::ZERO, wait);
+    /// let store = Rejection::for_denial(denial.clone(), StatusCode::SERVICE_UNAVAILABLE);
     /// assert_eq!(store.status(), 429);
     /// let degraded = denial.with_source(DecisionSource::Fallback(FallbackReason::Timeout));
-    /// let degraded = Rejection::for_denial(degraded, &limiter);
+    /// let degraded = Rejection::for_denial(degraded, StatusCode::SERVICE_UNAVAILABLE);
     /// assert_eq!(degraded.status(), 503);
     /// assert!(degraded.is_degraded());
     /// # Ok::<(), tower_window::QuotaError>(())
     /// ```
-    pub fn for_denial(decision: Decision, limiter: &Limiter) -> Self {
+    pub fn for_denial(decision: Decision, degraded_status: StatusCode) -> Self {
         if decision.is_degraded() {
             Self::Degraded {
-                status: limiter.fallback_status(),
+                status: degraded_status,
                 decision,
             }
         } else {

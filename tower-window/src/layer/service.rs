@@ -16,6 +16,7 @@ pub(super) struct Shared<K, C, M> {
     pub(super) key: Arc<K>,
     pub(super) cost: Arc<C>,
     pub(super) missing_key: MissingKey,
+    pub(super) degraded_status: http::StatusCode,
     pub(super) mode: Arc<M>,
 }
 
@@ -118,10 +119,11 @@ where
             return ResponseFuture::calling(self.inner.call(request), None, &shared.mode);
         }
         let limiter = shared.limiter.clone();
+        let degraded_status = shared.degraded_status;
         let mut decision: DecisionFuture = Box::pin(async move {
             match limiter.check(&key, cost).await {
                 Ok(decision) if decision.allowed => Ok(decision),
-                Ok(decision) => Err(Rejection::for_denial(decision, &limiter)),
+                Ok(decision) => Err(Rejection::for_denial(decision, degraded_status)),
                 Err(error) => {
                     tracing::warn!(%error, "rate limiter could not decide; rejecting");
                     Err(Rejection::Unavailable {

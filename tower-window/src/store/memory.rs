@@ -1,8 +1,10 @@
 //! [`MemoryStore`]: the embedded, single-process store.
 //!
 //! State lives in a bounded [moka] cache keyed by (tenant, subject, quota
-//! id), one entry per key, each behind its own lock so that one check is
-//! atomic per key. Decisions use the algorithms in
+//! state id), one entry per quota window, each behind its own lock. A check
+//! of a policy locks every quota's entry in one global order, evaluates all
+//! of them and records the cost in all only if all admit: atomic per
+//! policy, with no deadlock between overlapping policies. Decisions use the algorithms in
 //! [`crate::algorithm`] with time from an injectable [`Clock`].
 //!
 //! Two things bound memory:
@@ -25,7 +27,7 @@
 //! [moka]: https://docs.rs/moka
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
@@ -33,11 +35,13 @@ use moka::policy::EvictionPolicy;
 use moka::sync::Cache;
 use moka::Expiry;
 
+use smallvec::SmallVec;
+
 use super::{CheckRequest, Store, StoreError, StoreErrorKind};
-use crate::algorithm::outcome::Outcome;
-use crate::algorithm::{fixed_window, gcra, sliding_counter, sliding_log};
+use crate::algorithm::outcome::{policy_decision, Evaluation};
+use crate::algorithm::State;
 use crate::key::state_key::{StateKey, StateKeyRef};
-use crate::{Algorithm, Clock, Decision, Quota, SystemClock};
+use crate::{Clock, Decision, Policy, Quota, SystemClock, WindowKey};
 
 /// The embedded store: bounded, in-process, atomic per key.
 ///
@@ -111,23 +115,72 @@ impl MemoryStore {
                 "a request must cost at least 1 unit",
             ));
         }
-        let quota = request.quota;
-        let borrowed = StateKeyRef::new(request.key, quota);
-        // One lookup by borrowed parts (a hit clones nothing), or an insert
-        // for a new key; the slot's own lock makes the read-decide-write
-        // atomic per key, and the clock is read under it so each key sees a
-        // non-decreasing time.
-        let slot = match self.cache.get(borrowed.as_lookup()) {
-            Some(slot) => slot,
-            None => self.cache.get_with(StateKey::new(request.key, quota), || {
-                Arc::new(Slot::new(quota))
-            }),
-        };
-        let mut state = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let policy = request.policy;
+        let cost = request.cost;
+        if let [quota] = policy.quotas() {
+            // One quota: one slot, one lock.
+            let slot = self.slot(request.key, quota);
+            let mut state = lock(&slot.state);
+            let now = self.clock.now_micros();
+            let evaluation = state.evaluate(quota, now, cost);
+            if evaluation.fits() {
+                state.commit(quota, now, cost);
+            }
+            return decided(policy, &[evaluation], now);
+        }
+        let slots: SmallVec<[Arc<Slot>; 4]> = policy
+            .quotas()
+            .iter()
+            .map(|quota| self.slot(request.key, quota))
+            .collect();
+        // Lock every slot of the policy in one global order (by address), so
+        // two checks of overlapping policies can never wait on each other in
+        // a cycle, and no check sees a half-recorded policy.
+        let mut order: SmallVec<[usize; 4]> = (0..slots.len()).collect();
+        order.sort_unstable_by_key(|&i| Arc::as_ptr(&slots[i]) as usize);
+        let mut guards: SmallVec<[Option<MutexGuard<'_, State>>; 4]> =
+            slots.iter().map(|_| None).collect();
+        for &i in &order {
+            guards[i] = Some(lock(&slots[i].state));
+        }
         let now = self.clock.now_micros();
-        let outcome = state.check(quota, now, request.cost);
-        Ok(outcome.into_decision(quota, now))
+        let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
+        for (quota, guard) in policy.quotas().iter().zip(guards.iter_mut()) {
+            if let Some(state) = guard {
+                evaluations.push(state.evaluate(quota, now, cost));
+            }
+        }
+        if evaluations.iter().all(Evaluation::fits) {
+            for (quota, guard) in policy.quotas().iter().zip(guards.iter_mut()) {
+                if let Some(state) = guard {
+                    state.commit(quota, now, cost);
+                }
+            }
+        }
+        decided(policy, &evaluations, now)
     }
+
+    /// The slot of `key`'s state under `quota`: one lookup by borrowed parts
+    /// (a hit clones nothing), or an insert for a new key.
+    fn slot(&self, key: &WindowKey, quota: &Quota) -> Arc<Slot> {
+        match self.cache.get(StateKeyRef::new(key, quota).as_lookup()) {
+            Some(slot) => slot,
+            None => self
+                .cache
+                .get_with(StateKey::new(key, quota), || Arc::new(Slot::new(quota))),
+        }
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A check never leaves the state half-written: a panic elsewhere cannot break it.
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn decided(policy: &Policy, evaluations: &[Evaluation], now: u64) -> Result<Decision, StoreError> {
+    policy_decision(policy, evaluations, now).ok_or_else(|| {
+        StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas")
+    })
 }
 
 impl Default for MemoryStore {
@@ -262,46 +315,6 @@ impl Slot {
     }
 }
 
-/// Per-algorithm state of one key.
-enum State {
-    SlidingLog(sliding_log::State),
-    SlidingCounter(sliding_counter::State),
-    FixedWindow(fixed_window::State),
-    Gcra(gcra::State),
-}
-
-impl State {
-    fn empty(algorithm: Algorithm) -> Self {
-        match algorithm {
-            Algorithm::SlidingLog => Self::SlidingLog(Default::default()),
-            Algorithm::SlidingCounter { .. } => Self::SlidingCounter(Default::default()),
-            Algorithm::FixedWindow => Self::FixedWindow(Default::default()),
-            Algorithm::Gcra => Self::Gcra(Default::default()),
-        }
-    }
-
-    fn check(&mut self, quota: &Quota, now: u64, cost: u32) -> Outcome {
-        // The cache key includes the quota's id (and so its algorithm), so
-        // the state always matches; start afresh rather than panic if not.
-        let matches = matches!(
-            (&*self, quota.algorithm()),
-            (Self::SlidingLog(_), Algorithm::SlidingLog)
-                | (Self::SlidingCounter(_), Algorithm::SlidingCounter { .. })
-                | (Self::FixedWindow(_), Algorithm::FixedWindow)
-                | (Self::Gcra(_), Algorithm::Gcra)
-        );
-        if !matches {
-            *self = Self::empty(quota.algorithm());
-        }
-        match self {
-            Self::SlidingLog(s) => sliding_log::check(s, quota, now, cost),
-            Self::SlidingCounter(s) => sliding_counter::check(s, quota, now, cost),
-            Self::FixedWindow(s) => fixed_window::check(s, quota, now, cost),
-            Self::Gcra(s) => gcra::check(s, quota, now, cost),
-        }
-    }
-}
-
 /// Expires each entry once it has been idle for its quota's longest state
 /// lifetime (plus grace), and at most twice that. Every check reads its
 /// entry, and the last write is never later than the last read, so by then
@@ -381,22 +394,24 @@ mod tests {
     }
 
     fn check(store: &MemoryStore, key: &WindowKey, quota: &Quota, cost: u32) -> Decision {
-        block_on(store.check(CheckRequest::new(key, quota, cost))).unwrap()
+        let policy = Policy::from(quota.clone());
+        block_on(store.check(CheckRequest::new(key, &policy, cost))).unwrap()
     }
 
     #[test]
     fn check_sync_and_check_decide_on_one_state() {
         let store = Arc::new(MemoryStore::builder().clock(ManualClock::new(T0)).build());
         let quota: Quota = "3/1m".parse().unwrap();
+        let policy = Policy::from(quota.clone());
         let key = WindowKey::for_subject("zoe");
-        let request = CheckRequest::new(&key, &quota, 1);
+        let request = CheckRequest::new(&key, &policy, 1);
         let first = store.check_sync(request).unwrap().unwrap();
         assert_eq!((first.allowed, first.remaining), (true, 2));
         assert_eq!(check(&store, &key, &quota, 1).remaining, 1);
         let third = store.check_sync(request).unwrap().unwrap();
         assert_eq!((third.allowed, third.remaining), (true, 0));
         assert!(!store.check_sync(request).unwrap().unwrap().allowed);
-        let free = CheckRequest::new(&key, &quota, 0);
+        let free = CheckRequest::new(&key, &policy, 0);
         assert_eq!(
             store.check_sync(free).unwrap().unwrap_err().kind(),
             StoreErrorKind::InvalidRequest
@@ -423,9 +438,9 @@ mod tests {
     #[test]
     fn zero_cost_is_an_invalid_request() {
         let store = MemoryStore::new();
-        let quota: Quota = "1/1m".parse().unwrap();
+        let policy = Policy::from("1/1m".parse::<Quota>().unwrap());
         let err =
-            block_on(store.check(CheckRequest::new(&WindowKey::global(), &quota, 0))).unwrap_err();
+            block_on(store.check(CheckRequest::new(&WindowKey::global(), &policy, 0))).unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::InvalidRequest);
         assert_eq!(store.entry_count(), 0);
     }
@@ -450,10 +465,10 @@ mod tests {
             .clock(ManualClock::new(T0))
             .max_keys(1_000)
             .build();
-        let quota: Quota = "10/1h".parse().unwrap();
+        let policy = Policy::from("10/1h".parse::<Quota>().unwrap());
         for i in 0..100_000u32 {
             let key = WindowKey::for_subject(i.to_be_bytes().to_vec());
-            let decision = store.check_now(CheckRequest::new(&key, &quota, 1)).unwrap();
+            let decision = store.check_now(CheckRequest::new(&key, &policy, 1)).unwrap();
             assert!(decision.allowed);
         }
         store.run_pending_tasks();
@@ -516,14 +531,14 @@ mod tests {
     #[test]
     fn concurrent_checks_on_one_key_never_over_admit() {
         let store = MemoryStore::builder().clock(ManualClock::new(T0)).build();
-        let quota: Quota = "100/1m".parse().unwrap();
+        let policy = Policy::from("100/1m".parse::<Quota>().unwrap());
         let admitted = AtomicU64::new(0);
         std::thread::scope(|scope| {
             for _ in 0..4 {
                 scope.spawn(|| {
                     for _ in 0..100 {
                         let d = store
-                            .check_now(CheckRequest::new(&WindowKey::global(), &quota, 1))
+                            .check_now(CheckRequest::new(&WindowKey::global(), &policy, 1))
                             .unwrap();
                         if d.allowed {
                             admitted.fetch_add(1, Ordering::Relaxed);

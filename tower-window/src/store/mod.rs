@@ -5,7 +5,7 @@ use std::fmt;
 
 use futures_util::future::BoxFuture;
 
-use crate::{Decision, Quota, WindowKey};
+use crate::{Decision, Policy, WindowKey};
 
 mod memory;
 #[cfg(feature = "redis")]
@@ -15,32 +15,33 @@ pub mod redis;
 pub use self::redis::{redis_key, RedisStore};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 
-/// One check to run against a store.
+/// One check to run against a store: a cost against every quota of a policy.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct CheckRequest<'a> {
     /// Whose window.
     pub key: &'a WindowKey,
-    /// Which quota.
-    pub quota: &'a Quota,
-    /// Units this request consumes if admitted (at least 1).
+    /// Which quotas, decided together.
+    pub policy: &'a Policy,
+    /// Units this request consumes in every quota if admitted (at least 1).
     pub cost: u32,
 }
 
 impl<'a> CheckRequest<'a> {
-    /// A check of `cost` units of `quota` for `key`.
-    pub fn new(key: &'a WindowKey, quota: &'a Quota, cost: u32) -> Self {
-        Self { key, quota, cost }
+    /// A check of `cost` units of every quota of `policy` for `key`.
+    pub fn new(key: &'a WindowKey, policy: &'a Policy, cost: u32) -> Self {
+        Self { key, policy, cost }
     }
 }
 
 /// An atomic, shared home for rate-limit windows.
 ///
-/// One call decides one request: it reads the window, admits or denies, and
-/// records an admission, all atomically. A denied request changes nothing
-/// (beyond dropping expired state). Every implementation must give the same
-/// decisions for the same inputs and times; the conformance suite in the
-/// `tower-window-tests` package checks that.
+/// One call decides one request against a whole [`Policy`]: it reads every
+/// quota's window, admits only if every quota admits, and then records the
+/// cost in every quota, all atomically. A denied request changes nothing in
+/// any quota (beyond dropping expired state). Every implementation must give
+/// the same decisions for the same inputs and times; the conformance suite
+/// in the `tower-window-tests` package checks that.
 pub trait Store: Send + Sync + 'static {
     /// Checks `request` and records it if admitted.
     fn check<'a>(
@@ -61,17 +62,18 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Which independent failure domain `request` goes to (for example the
-    /// Redis Cluster hash slot of its key), or `None` when the store is one
-    /// failure domain (the default).
+    /// Which independent failure domain the keys of `key` under `policy` live
+    /// in (for example the Redis Cluster primary serving their hash slot),
+    /// or `None` when the store is one failure domain (the default) or the
+    /// domain is not known yet.
     ///
-    /// A [`Limiter`](crate::Limiter) keeps one circuit breaker per shard, so
-    /// failures in one shard send only that shard's keys to the fallback.
-    /// Values should be below 16384; larger ones share the breaker of their
-    /// value modulo 16384. Called once per store call that has a breaker:
-    /// keep it cheap, deterministic and free of I/O.
-    fn shard(&self, request: &CheckRequest<'_>) -> Option<u16> {
-        let _ = request;
+    /// A [`Limiter`](crate::Limiter) keeps one circuit breaker per domain,
+    /// so failures in one domain send only that domain's keys to the
+    /// fallback. Values should be below 16384; larger ones share the breaker
+    /// of their value modulo 16384. Called once per store call that has a
+    /// breaker: keep it cheap and free of I/O.
+    fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
+        let _ = (key, policy);
         None
     }
 }
@@ -88,8 +90,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         (**self).check_sync(request)
     }
 
-    fn shard(&self, request: &CheckRequest<'_>) -> Option<u16> {
-        (**self).shard(request)
+    fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
+        (**self).failure_domain(key, policy)
     }
 }
 
@@ -136,6 +138,7 @@ pub struct StoreError {
     kind: StoreErrorKind,
     message: String,
     source: Option<Source>,
+    not_applied: bool,
 }
 
 impl StoreError {
@@ -145,7 +148,23 @@ impl StoreError {
             kind,
             message: message.into(),
             source: None,
+            not_applied: false,
         }
+    }
+
+    /// Marks the error as one where the store certainly did not apply the
+    /// operation (the connection was refused, the cluster said `TRYAGAIN`
+    /// or `MOVED`, ...): only such errors are retried, so a retry never
+    /// charges a request twice.
+    pub fn not_applied(mut self) -> Self {
+        self.not_applied = true;
+        self
+    }
+
+    /// Whether the store certainly did not apply the operation (see
+    /// [`not_applied`](Self::not_applied)).
+    pub fn is_not_applied(&self) -> bool {
+        self.not_applied
     }
 
     /// The same error, caused by `source`.
@@ -159,9 +178,10 @@ impl StoreError {
         self.kind
     }
 
-    /// Whether trying again soon may succeed.
+    /// Whether trying again soon may succeed without charging twice: the
+    /// store is unavailable and certainly did not apply the operation.
     pub fn is_retryable(&self) -> bool {
-        matches!(self.kind, StoreErrorKind::Unavailable)
+        self.not_applied && matches!(self.kind, StoreErrorKind::Unavailable)
     }
 }
 

@@ -121,7 +121,7 @@ pub(crate) fn encode_component(out: &mut impl Sink, bytes: &[u8]) {
 ///
 /// let quota: Quota = "100/1m".parse()?;
 /// let key = redis_key("rl:", &WindowKey::new("acme", "user:{42}"), &quota);
-/// assert_eq!(key, b"rl:{acme:user%3A%7B42%7D}:default|100/1m".to_vec());
+/// assert_eq!(key, b"rl:{acme:user%3A%7B42%7D}:default|1m|sliding-log".to_vec());
 /// # Ok::<(), tower_window::QuotaError>(())
 /// ```
 pub fn redis_key(prefix: &str, key: &WindowKey, quota: &Quota) -> Vec<u8> {
@@ -134,7 +134,7 @@ pub fn redis_key(prefix: &str, key: &WindowKey, quota: &Quota) -> Vec<u8> {
     out.push(b':');
     encode_component(&mut out, key.subject());
     out.extend_from_slice(b"}:");
-    encode_component(&mut out, quota.id().as_bytes());
+    encode_component(&mut out, quota.state_id().as_bytes());
     out
 }
 
@@ -188,10 +188,10 @@ mod tests {
     #[test]
     fn readable_for_plain_values() {
         let key = redis_key("tw:", &WindowKey::new("t", "alice"), &quota());
-        assert_eq!(key, b"tw:{t:alice}:default|100/1m");
+        assert_eq!(key, b"tw:{t:alice}:default|1m|sliding-log");
         let q: Quota = "5000/1h sliding-counter(1m)".parse().unwrap();
         let key = redis_key("tw:", &WindowKey::new("t", "alice"), &q);
-        assert_eq!(key, b"tw:{t:alice}:default|5000/1h%20sliding-counter(1m)");
+        assert_eq!(key, b"tw:{t:alice}:default|1h|sliding-counter(1m)");
     }
 
     #[test]
@@ -203,7 +203,7 @@ mod tests {
         );
         assert_eq!(
             key,
-            b"a%7Bb%7D:{x%7D%3A%7By:%0D%0A%00%FF%23%25}:default|100/1m".to_vec()
+            b"a%7Bb%7D:{x%7D%3A%7By:%0D%0A%00%FF%23%25}:default|1m|sliding-log".to_vec()
         );
         assert_eq!(hash_tag(&key), b"x%7D%3A%7By:%0D%0A%00%FF%23%25");
     }

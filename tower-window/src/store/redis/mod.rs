@@ -251,8 +251,14 @@ impl RedisStore {
         } else {
             0
         };
-        let key = redis_key(&self.prefix, request.key, request.quota);
-        let call = scripts::invocation(key, request.quota, request.cost, now, min_ttl_ms);
+        let [quota] = request.policy.quotas() else {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "policies of several quotas are not supported by RedisStore yet",
+            ));
+        };
+        let key = redis_key(&self.prefix, request.key, quota);
+        let call = scripts::invocation(key, quota, request.cost, now, min_ttl_ms);
         let (conn, generation) = self.connection.get().await?;
         // redis-rs answers NOSCRIPT by loading the script and retrying once;
         // a `SCRIPT FLUSH` (or a failover) landing between that load and the
@@ -278,7 +284,7 @@ impl RedisStore {
             }
             map_error(error)
         })?;
-        scripts::decision(request.quota, &reply)
+        scripts::decision(quota, &reply)
     }
 }
 
@@ -317,10 +323,10 @@ impl Store for RedisStore {
     /// On a cluster store, the hash slot (0..16384) of the request's keys,
     /// as `CLUSTER KEYSLOT` computes it; `None` on a single-node store.
     /// Computed from the subject's hash tag without building the key.
-    fn shard(&self, request: &CheckRequest<'_>) -> Option<u16> {
+    fn failure_domain(&self, key: &crate::WindowKey, _policy: &crate::Policy) -> Option<u16> {
         self.connection
             .is_cluster()
-            .then(|| keys::cluster_slot(request.key))
+            .then(|| keys::cluster_slot(key))
     }
 }
 

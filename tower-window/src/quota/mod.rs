@@ -13,7 +13,16 @@
 //!
 //! Units are `ms`, `s`, `m`, `h` and `d`. [`Quota`]'s `Display` writes the same
 //! DSL, so `q.to_string().parse::<Quota>() == Ok(q)` for every quota (the name
-//! is carried separately, see [`Quota::name`]).
+//! and the [`Scope`] are carried separately, see [`Quota::name`] and
+//! [`Quota::scoped`]).
+//!
+//! Several named quotas decided together form a [`Policy`].
+
+mod policy;
+mod scope;
+
+pub use policy::{Policy, PolicyBuilder, PolicyError, MAX_QUOTAS};
+pub use scope::Scope;
 
 use std::fmt;
 use std::num::NonZeroU32;
@@ -55,14 +64,18 @@ const DEFAULT_NAME: &str = "default";
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Quota {
-    /// `"<name>|<definition>"`, computed once: stores key state by it on
-    /// every check. The name is read from it (names hold no `|`), so a
-    /// clone, made for every decision, bumps one reference count.
+    /// `"<name>|<definition>"` (plus `|tenant` for a tenant-scoped quota),
+    /// computed once. The name is read from it (names hold no `|`).
     id: Arc<str>,
+    /// `"<name>|<window>|<shape>[|tenant]"`: what a store keys the state by.
+    /// It leaves out the limit (and the GCRA burst), so changing only the
+    /// limit keeps every window; see [`Quota::state_id`].
+    state_id: Arc<str>,
     limit: NonZeroU32,
     window_micros: u64,
     algorithm: Algorithm,
     burst: Option<NonZeroU32>,
+    scope: Scope,
 }
 
 impl Quota {
@@ -95,8 +108,32 @@ impl Quota {
     /// and store keys). Names are 1 to 64 characters of `[A-Za-z0-9_.-]`.
     pub fn named(mut self, name: &str) -> Result<Self, QuotaError> {
         validate_name(name)?;
-        self.id = self.make_id(name);
+        self.set_ids(name);
         Ok(self)
+    }
+
+    /// The same quota counted per `scope`: per subject (the default, one
+    /// window per tenant and subject) or per tenant (one window shared by
+    /// every subject of the tenant).
+    ///
+    /// ```
+    /// use tower_window::quota::{Quota, Scope};
+    ///
+    /// let org = "5000/1m".parse::<Quota>()?.named("org")?.scoped(Scope::Tenant);
+    /// assert_eq!(org.scope(), Scope::Tenant);
+    /// # Ok::<(), tower_window::QuotaError>(())
+    /// ```
+    #[must_use]
+    pub fn scoped(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        let name = self.name().to_owned();
+        self.set_ids(&name);
+        self
+    }
+
+    /// Whose window this quota counts: per subject or per tenant.
+    pub fn scope(&self) -> Scope {
+        self.scope
     }
 
     /// The quota's name; `"default"` unless set.
@@ -166,8 +203,47 @@ impl Quota {
         Arc::clone(&self.id)
     }
 
-    fn make_id(&self, name: &str) -> Arc<str> {
-        Arc::from(format!("{name}|{self}"))
+    /// The identity of this quota's state in a store:
+    /// `"<name>|<window>|<shape>"` (plus `|tenant` when tenant-scoped),
+    /// where the shape is the algorithm with its granularity. The limit and
+    /// the GCRA burst are not part of it, so a rolling change from `100/1m`
+    /// to `200/1m` keeps every window (and `remaining` counts on from what
+    /// was used); changing the name, window, algorithm, granularity or
+    /// scope starts fresh windows.
+    ///
+    /// ```
+    /// use tower_window::Quota;
+    ///
+    /// let old: Quota = "100/1m".parse()?;
+    /// let new: Quota = "200/1m".parse()?;
+    /// assert_eq!(old.state_id(), new.state_id());
+    /// assert_ne!(old.state_id(), "100/1m fixed-window".parse::<Quota>()?.state_id());
+    /// # Ok::<(), tower_window::QuotaError>(())
+    /// ```
+    pub fn state_id(&self) -> &str {
+        &self.state_id
+    }
+
+    /// The same identifier as a cheaply cloned shared string.
+    pub(crate) fn shared_state_id(&self) -> Arc<str> {
+        Arc::clone(&self.state_id)
+    }
+
+    fn set_ids(&mut self, name: &str) {
+        let scope = match self.scope {
+            Scope::Subject => "",
+            Scope::Tenant => "|tenant",
+        };
+        let shape = match self.algorithm {
+            // The burst is GCRA's other limit: it may change like the limit.
+            Algorithm::Gcra => "gcra".to_owned(),
+            other => other.to_string(),
+        };
+        self.id = Arc::from(format!("{name}|{self}{scope}"));
+        self.state_id = Arc::from(format!(
+            "{name}|{}|{shape}{scope}",
+            FormatDuration(self.window())
+        ));
     }
 
     /// The longest a key's state can matter after its last write: past it,
@@ -300,6 +376,9 @@ pub enum QuotaError {
     /// GCRA's burst times its emission interval is longer than [`MAX_WINDOW`].
     #[error("gcra burst is too large: burst x (window / limit) must not exceed 366d")]
     BurstTooLarge,
+    /// A scope other than `subject` or `tenant`.
+    #[error("unknown quota scope {0:?}: expected subject or tenant")]
+    UnknownScope(String),
     /// The quota name is empty, too long or has characters outside `[A-Za-z0-9_.-]`.
     #[error("invalid quota name {0:?}: use 1 to 64 characters of A-Z, a-z, 0-9, '_', '.', '-'")]
     InvalidName(String),
@@ -307,6 +386,7 @@ pub enum QuotaError {
 
 /// Builds a [`Quota`], checking every value.
 #[derive(Debug, Clone, Default)]
+#[must_use]
 pub struct QuotaBuilder {
     name: Option<String>,
     limit: Option<u32>,
@@ -314,9 +394,16 @@ pub struct QuotaBuilder {
     algorithm: Algorithm,
     granularity: Option<Duration>,
     burst: Option<u32>,
+    scope: Scope,
 }
 
 impl QuotaBuilder {
+    /// Per subject (default) or per tenant; see [`Quota::scoped`].
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
     /// Units admitted per window (at least 1).
     pub fn limit(mut self, limit: u32) -> Self {
         self.limit = Some(limit);
@@ -405,12 +492,14 @@ impl QuotaBuilder {
         validate_name(name)?;
         let mut quota = Quota {
             id: Arc::from(""),
+            state_id: Arc::from(""),
             limit,
             window_micros,
             algorithm,
             burst,
+            scope: self.scope,
         };
-        quota.id = quota.make_id(name);
+        quota.set_ids(name);
         Ok(quota)
     }
 }

@@ -5,20 +5,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::StatusCode;
+use futures_util::future::BoxFuture;
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use crate::breaker::{Breaker, BreakerConfig, BreakerState, Breakers, Ticket};
+use crate::breaker::{Breaker, BreakerState, Breakers, Ticket};
 use crate::fallback::{FallbackPolicy, FallbackRequest};
-use crate::local::{LocalTier, Lookup, DEFAULT_LOCAL_CAPACITY};
+use crate::local::{LocalTier, Lookup};
 use crate::metrics::{LimiterMetrics, MetricParts, StoreTimer};
-use crate::resilience::{Resilience, RetryConfig, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT};
+use crate::resilience::Resilience;
 use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
-use crate::{Clock, Decision, DecisionSource, FallbackReason, Quota, SystemClock, WindowKey};
-use tokio::sync::Semaphore;
+use crate::{Clock, Decision, DecisionSource, FallbackReason, Policy, SystemClock, WindowKey};
 
-/// Checks keys against a quota in a store.
+mod builder;
+
+pub use builder::LimiterBuilder;
+
+/// Checks keys against a [`Policy`] (one or more quotas) in a store.
 ///
 /// Cheap to clone; all clones share one store and one configuration, so every
 /// clone of a layer or service limits together.
@@ -50,7 +53,7 @@ pub struct Limiter {
 
 struct Inner {
     store: Arc<dyn Store>,
-    quota: Quota,
+    policy: Policy,
     clock: Arc<dyn Clock>,
     local: Option<LocalTier>,
     fallback: Option<Box<dyn FallbackPolicy>>,
@@ -61,20 +64,26 @@ struct Inner {
 }
 
 impl Limiter {
-    /// A bare limiter enforcing `quota` in `store`: no local tier, no
-    /// timeout, retries, breaker or fallback. Works on any executor.
-    pub fn new(store: impl Store, quota: Quota) -> Self {
-        Self::from_shared_store(Arc::new(store), quota)
+    /// A bare limiter enforcing `policy` (or one [`Quota`](crate::Quota))
+    /// in `store`: no local tier, no timeout, retries, breaker or fallback.
+    /// Works on any executor.
+    pub fn new(store: impl Store, policy: impl Into<Policy>) -> Self {
+        Self::from_shared_store(Arc::new(store), policy)
     }
 
     /// A bare limiter over a store shared with other limiters.
-    pub fn from_shared_store(store: Arc<dyn Store>, quota: Quota) -> Self {
-        let metrics = Arc::new(LimiterMetrics::new(&quota, false, MetricParts::default()));
+    pub fn from_shared_store(store: Arc<dyn Store>, policy: impl Into<Policy>) -> Self {
+        let policy = policy.into();
+        let metrics = Arc::new(LimiterMetrics::new(
+            policy.first(),
+            false,
+            MetricParts::default(),
+        ));
         Self {
             inner: Arc::new(Inner {
                 metrics,
                 store,
-                quota,
+                policy,
                 clock: Arc::new(SystemClock),
                 local: None,
                 fallback: None,
@@ -106,34 +115,37 @@ impl Limiter {
     /// # let _ = limiter;
     /// # Ok::<(), tower_window::QuotaError>(())
     /// ```
-    pub fn builder(store: impl Store, quota: Quota) -> LimiterBuilder {
-        LimiterBuilder::new(Arc::new(store), quota)
+    pub fn builder(store: impl Store, policy: impl Into<Policy>) -> LimiterBuilder {
+        LimiterBuilder::new(Arc::new(store), policy.into())
     }
 
-    /// The quota this limiter enforces.
-    pub fn quota(&self) -> &Quota {
-        &self.inner.quota
+    /// The policy this limiter enforces.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
     }
 
-    /// Checks `cost` units for `key` against the limiter's quota, and records
-    /// them if admitted. A denial consumes nothing.
+    /// Checks `cost` units for `key` against every quota of the limiter's
+    /// policy, and records them in every quota if all admit. A denial
+    /// consumes nothing in any quota.
     ///
     /// With a fallback policy, a store failure yields `Ok` with a degraded
     /// decision (`source = Fallback(reason)`); without one, an error.
     pub async fn check(&self, key: &WindowKey, cost: u32) -> Result<Decision, LimitError> {
-        self.check_quota(key, &self.inner.quota, cost).await
+        self.check_policy(key, &self.inner.policy, cost).await
     }
 
-    /// Like [`check`](Self::check), against another quota in the same store.
+    /// Like [`check`](Self::check), against another policy in the same
+    /// store (a tenant's own, say), with the same local tier, breakers and
+    /// fallback.
     ///
     /// Each check runs in a `tower_window.check` span at debug level with
-    /// the quota's name and the cost, and records `outcome`, `source`,
-    /// `remaining` and `duration_us` when it ends (never the key), and is
-    /// counted in the [metrics](crate::metrics).
-    pub async fn check_quota(
+    /// the policy's name and the cost, and records `quota` (the deciding
+    /// one), `outcome`, `source`, `remaining` and `duration_us` when it ends
+    /// (never the key), and is counted in the [metrics](crate::metrics).
+    pub async fn check_policy(
         &self,
         key: &WindowKey,
-        quota: &Quota,
+        policy: &Policy,
         cost: u32,
     ) -> Result<Decision, LimitError> {
         if cost == 0 {
@@ -141,7 +153,8 @@ impl Limiter {
         }
         let span = tracing::debug_span!(
             "tower_window.check",
-            quota = quota.name(),
+            policy = policy.name(),
+            quota = Empty,
             cost,
             outcome = Empty,
             source = Empty,
@@ -151,9 +164,9 @@ impl Limiter {
         let started = (!span.is_disabled()).then(std::time::Instant::now);
         // Without a subscriber for the span, skip entering it on every poll.
         let result = if started.is_some() {
-            self.decide(key, quota, cost).instrument(span.clone()).await
+            self.decide(key, policy, cost).instrument(span.clone()).await
         } else {
-            self.decide(key, quota, cost).await
+            self.decide(key, policy, cost).await
         };
         if let Ok(decision) = &result {
             self.inner.metrics.decision(key, decision);
@@ -170,6 +183,7 @@ impl Limiter {
                         },
                     );
                     span.record("source", decision.source.as_str());
+                    span.record("quota", decision.quota.name());
                     span.record("remaining", decision.remaining);
                 }
                 Err(_) => {
@@ -186,13 +200,13 @@ impl Limiter {
     async fn decide(
         &self,
         key: &WindowKey,
-        quota: &Quota,
+        policy: &Policy,
         cost: u32,
     ) -> Result<Decision, LimitError> {
         let inner = &*self.inner;
         let mut stale = false;
         if let Some(local) = &inner.local {
-            match local.lookup(key, quota, cost) {
+            match local.lookup(key, policy, cost) {
                 Lookup::Hit(decision) => {
                     inner.stats.local_cache.fetch_add(1, Ordering::Relaxed);
                     return Ok(decision);
@@ -200,37 +214,71 @@ impl Limiter {
                 Lookup::Miss { stale: s } => stale = s,
             }
         }
-        match self.call_store(key, quota, cost).await {
+        match self.check_store(key, policy, cost).await {
             Ok(decision) => {
                 inner.stats.store.fetch_add(1, Ordering::Relaxed);
                 if let Some(local) = &inner.local {
                     if !decision.allowed {
-                        local.remember(key, cost, &decision);
+                        local.remember(key, policy, cost, &decision);
                     } else if stale {
-                        local.forget(key, quota);
+                        local.forget(key, policy);
                     }
                 }
                 Ok(decision)
             }
-            Err(failure) => self.fall_back(key, quota, cost, failure).await,
+            Err(failure) => self.fall_back(key, policy, cost, failure).await,
         }
     }
 
-    /// One store call under the breaker, the in-flight bound, the time
-    /// budget and the retry policy.
-    async fn call_store(
+    /// The policy check as one store operation: decided in-process when the
+    /// store can (no budget, retries or bound needed), else through the
+    /// resilience stack.
+    async fn check_store(
         &self,
         key: &WindowKey,
-        quota: &Quota,
+        policy: &Policy,
         cost: u32,
     ) -> Result<Decision, Failure> {
         let inner = &*self.inner;
-        let request = CheckRequest::new(key, quota, cost);
-        // One breaker per failure domain of the store (e.g. cluster slot).
+        let request = CheckRequest::new(key, policy, cost);
+        let domain = inner.breaker.as_ref().and_then(|_| inner.store.failure_domain(key, policy));
+        let store = &*inner.store;
+        self.run(
+            domain,
+            policy,
+            || store.check_sync(request),
+            move || store.check(request),
+        )
+        .await
+    }
+
+    /// Runs one store operation through the limiter's one resilience stack:
+    /// the failure domain's circuit breaker, the in-flight bound, the time
+    /// budget and the retry policy (retrying only errors where the store
+    /// certainly did not apply the operation). `sync` is tried first: an
+    /// in-process store answers there and skips budget, retries and bound.
+    ///
+    /// Every store operation of the engine goes through here, so one set of
+    /// breakers and one budget describe the store's health. Our own
+    /// overload (the in-flight bound) and invalid requests never count as a
+    /// store failure.
+    pub(crate) async fn run<'a, T, SyncOp, Op>(
+        &'a self,
+        domain: Option<u16>,
+        policy: &'a Policy,
+        sync: SyncOp,
+        operation: Op,
+    ) -> Result<T, Failure>
+    where
+        T: Send + 'a,
+        SyncOp: FnOnce() -> Option<Result<T, StoreError>>,
+        Op: Fn() -> BoxFuture<'a, Result<T, StoreError>> + Send + Sync + 'a,
+    {
+        let inner = &*self.inner;
         let breaker = inner
             .breaker
             .as_ref()
-            .map(|breakers| breakers.get(inner.store.shard(&request)));
+            .map(|breakers| breakers.get(domain));
         let mut guard = TicketGuard {
             breaker,
             ticket: None,
@@ -246,21 +294,24 @@ impl Limiter {
                 }
             }
         }
+        let quota = policy.first();
         let timer = StoreTimer::start();
-        let result = match inner.store.check_sync(request) {
+        let started = inner.clock.now_micros();
+        let result = match sync() {
             // Decided in-process: there is nothing to time out, retry or bound.
             Some(result) => result,
             None => {
                 // Dropping the guard on this early return frees a half-open
                 // probe slot without counting an outcome: the store was not
-                // called.
+                // called, and our own overload is not the store's failure.
                 let _permit = inner.resilience.try_reserve().map_err(|error| Failure {
                     reason: FallbackReason::Overloaded,
                     error: Some(error),
                 })?;
+                let metrics = &inner.metrics;
                 inner
                     .resilience
-                    .call(&*inner.store, request, &inner.metrics)
+                    .call(operation, move || metrics.store_retry(quota))
                     .await
             }
         };
@@ -268,23 +319,26 @@ impl Limiter {
             .metrics
             .store_call(quota, timer, result.as_ref().err());
         match result {
-            Ok(decision) => {
-                guard.success();
-                Ok(decision)
+            Ok(value) => {
+                let latency = inner.clock.now_micros().saturating_sub(started);
+                guard.success(Duration::from_micros(latency));
+                Ok(value)
             }
             Err(error) => {
-                // The error's text names no key; the quota name is not secret.
+                // The error's text names no key; the policy name is not secret.
                 tracing::warn!(
                     kind = error.kind().as_str(),
-                    quota = quota.name(),
+                    policy = policy.name(),
                     %error,
                     "rate-limit store call failed"
                 );
-                if error.kind() == StoreErrorKind::InvalidRequest {
-                    // The caller's fault, not the store's health.
-                    guard.release();
-                } else {
-                    guard.failure();
+                match error.kind() {
+                    // The caller's fault or our own overload (a pool wait),
+                    // not the store's health.
+                    StoreErrorKind::InvalidRequest | StoreErrorKind::Overloaded => {
+                        guard.release()
+                    }
+                    _ => guard.failure(),
                 }
                 Err(Failure {
                     reason: reason_for(&error),
@@ -297,25 +351,19 @@ impl Limiter {
     async fn fall_back(
         &self,
         key: &WindowKey,
-        quota: &Quota,
+        policy: &Policy,
         cost: u32,
         failure: Failure,
     ) -> Result<Decision, LimitError> {
         let inner = &*self.inner;
-        let Some(policy) = &inner.fallback else {
+        let Some(fallback) = &inner.fallback else {
             inner.stats.errors.fetch_add(1, Ordering::Relaxed);
             return Err(LimitError::Store(failure.into_error()));
         };
         let now = inner.clock.now_micros();
-        let request = FallbackRequest {
-            key,
-            quota,
-            cost,
-            reason: failure.reason,
-            error: failure.error.as_ref(),
-            now_micros: now,
-        };
-        let mut decision = policy.decide(request).await;
+        let request = FallbackRequest::new(key, policy, cost, failure.reason, now)
+            .with_error(failure.error.as_ref());
+        let mut decision = fallback.decide(request).await;
         // No silent success: whatever the policy said, this is degraded.
         decision.source = DecisionSource::Fallback(failure.reason);
         if decision.timestamp_micros == 0 {
@@ -332,8 +380,9 @@ impl Limiter {
 
     /// The circuit breaker's state, if the limiter has one.
     ///
-    /// Over a sharded store ([`Store::shard`], e.g. a Redis Cluster, one
-    /// breaker per hash slot) this is the worst state over the breakers:
+    /// Over a store of several failure domains ([`Store::failure_domain`],
+    /// e.g. a Redis Cluster, one breaker per primary) this is the worst
+    /// state over the breakers:
     /// `Open` if any is open, else `HalfOpen` if any is, else `Closed`. See
     /// [`breaker_state_for`](Self::breaker_state_for) and
     /// [`open_breakers`](Self::open_breakers).
@@ -341,32 +390,21 @@ impl Limiter {
         self.inner.breaker.as_ref().map(Breakers::worst)
     }
 
-    /// The state of the breaker guarding `key` under the limiter's quota
-    /// (its shard's breaker over a sharded store), if the limiter has a
-    /// breaker. A shard no check has reached yet is `Closed`.
+    /// The state of the breaker guarding `key` under the limiter's policy
+    /// (its failure domain's breaker), if the limiter has a breaker. A
+    /// domain no check has reached yet is `Closed`.
     pub fn breaker_state_for(&self, key: &WindowKey) -> Option<BreakerState> {
         let breakers = self.inner.breaker.as_ref()?;
-        let request = CheckRequest::new(key, &self.inner.quota, 1);
-        Some(breakers.state_of(self.inner.store.shard(&request)))
+        let domain = self.inner.store.failure_domain(key, &self.inner.policy);
+        Some(breakers.state_of(domain))
     }
 
     /// How many of the limiter's circuit breakers are open (not counting
-    /// half-open ones): over a sharded store, the shards whose checks go
-    /// straight to the fallback; otherwise 0 or 1. 0 without a breaker.
+    /// half-open ones): over a store of several failure domains, the
+    /// domains whose checks go straight to the fallback; otherwise 0 or 1.
+    /// 0 without a breaker.
     pub fn open_breakers(&self) -> usize {
         self.inner.breaker.as_ref().map_or(0, Breakers::open)
-    }
-
-    /// The HTTP status a layer should answer a degraded denial
-    /// (`source = Fallback(_)`, `allowed = false`) with: the fallback
-    /// policy's [`denial_status`](FallbackPolicy::denial_status), for
-    /// example `503` for [`FailClosed`](crate::fallback::FailClosed) by
-    /// default; `429` without a policy.
-    pub fn fallback_status(&self) -> StatusCode {
-        self.inner
-            .fallback
-            .as_ref()
-            .map_or(StatusCode::TOO_MANY_REQUESTS, |p| p.denial_status())
     }
 
     /// Keys currently held by the local tier (0 without one). Runs the
@@ -391,7 +429,7 @@ impl fmt::Debug for Limiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = &*self.inner;
         f.debug_struct("Limiter")
-            .field("quota", &inner.quota)
+            .field("policy", &inner.policy)
             .field(
                 "local_capacity",
                 &inner.local.as_ref().map(LocalTier::capacity),
@@ -404,9 +442,9 @@ impl fmt::Debug for Limiter {
 }
 
 /// Why the store did not decide.
-struct Failure {
-    reason: FallbackReason,
-    error: Option<StoreError>,
+pub(crate) struct Failure {
+    pub(crate) reason: FallbackReason,
+    pub(crate) error: Option<StoreError>,
 }
 
 impl Failure {
@@ -437,8 +475,10 @@ struct TicketGuard<'a> {
 }
 
 impl TicketGuard<'_> {
-    fn success(&mut self) {
+    fn success(&mut self, latency: Duration) {
         if let (Some(b), Some(t)) = (self.breaker, self.ticket.take()) {
+            // TODO(slow-call breaker): pass the latency on.
+            let _ = latency;
             b.success(t);
         }
     }
@@ -498,187 +538,6 @@ impl LimiterStats {
     /// Decisions made by the fallback policy, for any reason.
     pub fn fallback_total(&self) -> u64 {
         self.fallback.iter().sum()
-    }
-}
-
-/// Builds a [`Limiter`] with resilience; see [`Limiter::builder`].
-///
-/// Defaults: a local tier of 100 000 keys, a 50 ms budget per decision,
-/// [`RetryConfig::default`], [`BreakerConfig::default`], at most 1024 store
-/// calls in flight, the [`SystemClock`], and no fallback policy (a store
-/// failure is returned as an error). The time budget and retries use tokio's
-/// timer, so checks must run inside a tokio runtime with time enabled.
-#[must_use]
-pub struct LimiterBuilder {
-    store: Arc<dyn Store>,
-    quota: Quota,
-    clock: Arc<dyn Clock>,
-    local_capacity: u64,
-    fallback: Option<Box<dyn FallbackPolicy>>,
-    timeout: Option<Duration>,
-    retry: RetryConfig,
-    breaker: Option<BreakerConfig>,
-    max_in_flight: Option<usize>,
-    metrics_tenant_label: bool,
-}
-
-impl LimiterBuilder {
-    /// The default time budget of one decision: 50 ms.
-    pub const DEFAULT_TIMEOUT: Duration = DEFAULT_TIMEOUT;
-    /// The default capacity of the local tier: 100 000 keys.
-    pub const DEFAULT_LOCAL_CAPACITY: u64 = DEFAULT_LOCAL_CAPACITY;
-    /// The default bound on store calls in flight: 1024.
-    pub const DEFAULT_MAX_IN_FLIGHT: usize = DEFAULT_MAX_IN_FLIGHT;
-
-    fn new(store: Arc<dyn Store>, quota: Quota) -> Self {
-        Self {
-            store,
-            quota,
-            clock: Arc::new(SystemClock),
-            local_capacity: DEFAULT_LOCAL_CAPACITY,
-            fallback: None,
-            timeout: Some(DEFAULT_TIMEOUT),
-            retry: RetryConfig::default(),
-            breaker: Some(BreakerConfig::default()),
-            max_in_flight: Some(DEFAULT_MAX_IN_FLIGHT),
-            metrics_tenant_label: false,
-        }
-    }
-
-    /// The clock of the local tier, the breaker and the fallback policy
-    /// (default [`SystemClock`]). The store keeps its own time.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
-    /// How many keys the local tier of recent denials holds (default
-    /// 100 000); `0` turns the local tier off.
-    pub fn local_capacity(mut self, capacity: u64) -> Self {
-        self.local_capacity = capacity;
-        self
-    }
-
-    /// What to answer when the store cannot (default: return the error).
-    pub fn fallback(mut self, policy: impl FallbackPolicy) -> Self {
-        self.fallback = Some(Box::new(policy));
-        self
-    }
-
-    /// The time budget of one decision's store call, retries included
-    /// (default 50 ms).
-    pub fn timeout(mut self, budget: Duration) -> Self {
-        self.timeout = Some(budget);
-        self
-    }
-
-    /// No time budget: a check waits for the store as long as it takes.
-    pub fn without_timeout(mut self) -> Self {
-        self.timeout = None;
-        self
-    }
-
-    /// How failed store calls are retried (default [`RetryConfig::default`]).
-    pub fn retry(mut self, retry: RetryConfig) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// The circuit breaker's configuration (default [`BreakerConfig::default`]).
-    ///
-    /// Over a sharded store ([`Store::shard`], e.g. a Redis Cluster) the
-    /// limiter keeps one breaker with this configuration per shard, made on
-    /// the shard's first check, so one failing shard (a dead primary's
-    /// slots) does not send the healthy shards' keys to the fallback.
-    pub fn breaker(mut self, config: BreakerConfig) -> Self {
-        self.breaker = Some(config);
-        self
-    }
-
-    /// No circuit breaker.
-    pub fn without_breaker(mut self) -> Self {
-        self.breaker = None;
-        self
-    }
-
-    /// At most `n` store calls in flight on this limiter (default 1024, at
-    /// least 1); beyond it a check takes the `Overloaded` path at once.
-    pub fn max_in_flight(mut self, n: usize) -> Self {
-        self.max_in_flight = Some(n.clamp(1, Semaphore::MAX_PERMITS));
-        self
-    }
-
-    /// No bound on store calls in flight.
-    pub fn unbounded_in_flight(mut self) -> Self {
-        self.max_in_flight = None;
-        self
-    }
-
-    /// Adds a `tenant` label (the key's tenant) to the decision metrics
-    /// (default off: one series per tenant can be many series). The subject
-    /// is never a label. With the label on, each record looks its series up
-    /// in the recorder, which allocates. Without the `metrics` feature this
-    /// does nothing.
-    pub fn metrics_tenant_label(mut self, enabled: bool) -> Self {
-        self.metrics_tenant_label = enabled;
-        self
-    }
-
-    /// Builds the limiter.
-    pub fn build(self) -> Limiter {
-        let clock = self.clock;
-        let fallback = self.fallback.map(|mut policy| {
-            policy.attach_clock(clock.clone());
-            policy
-        });
-        let parts = MetricParts {
-            fallback: fallback.is_some(),
-            breaker: self.breaker.is_some(),
-            local: self.local_capacity > 0,
-        };
-        let metrics = Arc::new(LimiterMetrics::new(
-            &self.quota,
-            self.metrics_tenant_label,
-            parts,
-        ));
-        let local = (self.local_capacity > 0).then(|| {
-            LocalTier::new(self.local_capacity, clock.clone()).with_metrics(metrics.clone())
-        });
-        let breaker = self
-            .breaker
-            .map(|config| Breakers::new(config, clock.clone(), Some(metrics.clone())));
-        Limiter {
-            inner: Arc::new(Inner {
-                metrics,
-                store: self.store,
-                quota: self.quota,
-                clock,
-                local,
-                fallback,
-                breaker,
-                resilience: Resilience {
-                    timeout: self.timeout,
-                    retry: self.retry,
-                    in_flight: self.max_in_flight.map(Semaphore::new),
-                },
-                stats: Counters::default(),
-            }),
-        }
-    }
-}
-
-impl fmt::Debug for LimiterBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LimiterBuilder")
-            .field("quota", &self.quota)
-            .field("local_capacity", &self.local_capacity)
-            .field("fallback", &self.fallback.is_some())
-            .field("timeout", &self.timeout)
-            .field("retry", &self.retry)
-            .field("breaker", &self.breaker)
-            .field("max_in_flight", &self.max_in_flight)
-            .field("metrics_tenant_label", &self.metrics_tenant_label)
-            .finish_non_exhaustive()
     }
 }
 
