@@ -2,23 +2,27 @@
 //!
 //! Closed, every check reaches the store and its outcome is counted. After
 //! [`consecutive_failures`](BreakerConfig::consecutive_failures) failures in a
-//! row, or a [`failure_ratio`](BreakerConfig::failure_ratio) over a rolling
-//! window with enough calls, the breaker opens: checks go straight to the
+//! row, a [`failure_ratio`](BreakerConfig::failure_ratio) over a rolling
+//! window with enough calls, or a share of [slow calls](BreakerConfig::slow_calls)
+//! over the same window, the breaker opens: checks go straight to the
 //! fallback without touching the store. After the
 //! [`cooldown`](BreakerConfig::cooldown) it is half-open: a few probe checks
-//! reach the store; one success closes it, a failure opens it again.
+//! reach the store; one fast success closes it, a failure or a slow success
+//! opens it again.
 //!
-//! Time comes from the limiter's [`Clock`].
+//! Time comes from the limiter's [`Clock`]; a call's latency is measured by
+//! the caller and passed to [`Breaker::success`].
 //!
-//! # One breaker per shard
+//! # One breaker per failure domain
 //!
 //! A store may name independent failure domains for its requests
-//! ([`Store::shard`](crate::Store::shard): for a Redis Cluster, the key's
-//! hash slot). The limiter then keeps one breaker per shard, each with the
-//! same [`BreakerConfig`], created on the first check that reaches that
-//! shard (at most [`MAX_SHARDS`] of them, plus one store-wide breaker for
-//! requests without a shard). A dead cluster primary opens the breakers of
-//! its own slots only; keys on healthy slots keep reaching the store.
+//! ([`Store::shard`](crate::Store::shard): for a Redis Cluster, the primary
+//! that serves the key). The limiter then keeps one breaker per failure
+//! domain, each with the same [`BreakerConfig`], created on the first check
+//! that reaches that domain (at most [`MAX_SHARDS`] of them, plus one
+//! store-wide breaker for requests without a domain). A dead cluster primary
+//! opens its own breaker only; keys served by healthy primaries keep reaching
+//! the store.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -59,22 +63,23 @@ impl fmt::Display for BreakerState {
 
 type Hook = Arc<dyn Fn(BreakerState, BreakerState) + Send + Sync>;
 
-/// Number of buckets of the rolling failure-ratio window.
+/// Number of buckets of the rolling window (failure ratio and slow calls).
 const BUCKETS: u64 = 10;
 /// Ratios are kept in parts per million.
 const RATIO_SCALE: u64 = 1_000_000;
 
 /// When a circuit breaker opens and how it recovers.
 ///
-/// Defaults: open after 5 consecutive failures, or when at least 50 % of at
-/// least 20 calls in the last 10 s failed; cool down 5 s; 1 probe at a time
-/// while half-open.
+/// Defaults: open after 5 consecutive failures, when at least 50 % of at
+/// least 20 calls in the last 10 s failed, or when at least 50 % of at least
+/// 20 calls in the last 10 s were successes slower than 25 ms; cool down
+/// 5 s; 1 probe at a time while half-open.
 ///
 /// A limiter over a store that names failure domains
-/// ([`Store::shard`](crate::Store::shard); a Redis Cluster's hash slots)
-/// keeps one breaker with this configuration per shard: the counts, the
-/// cooldown and the probes are per shard, so a dead primary opens only the
-/// breakers of its own slots.
+/// ([`Store::shard`](crate::Store::shard); a Redis Cluster's primaries)
+/// keeps one breaker with this configuration per failure domain: the counts,
+/// the cooldown and the probes are per domain, so a dead primary opens only
+/// its own breaker.
 ///
 /// ```
 /// use std::time::Duration;
@@ -83,6 +88,7 @@ const RATIO_SCALE: u64 = 1_000_000;
 /// let config = BreakerConfig::default()
 ///     .consecutive_failures(3)
 ///     .failure_ratio(0.25, Duration::from_secs(30), 100)
+///     .slow_calls(Duration::from_millis(50), 0.8, 100)
 ///     .cooldown(Duration::from_secs(2))
 ///     .half_open_probes(2)
 ///     .on_state_change(|from, to| eprintln!("breaker {from} -> {to}"));
@@ -91,7 +97,10 @@ const RATIO_SCALE: u64 = 1_000_000;
 #[derive(Clone)]
 pub struct BreakerConfig {
     consecutive_failures: u32,
+    /// The rolling window both ratio triggers count in.
+    window: Duration,
     ratio: Option<RatioConfig>,
+    slow: Option<SlowConfig>,
     cooldown: Duration,
     half_open_probes: u32,
     hook: Option<Hook>,
@@ -100,17 +109,42 @@ pub struct BreakerConfig {
 #[derive(Debug, Clone, Copy)]
 struct RatioConfig {
     ratio_ppm: u64,
-    window: Duration,
     min_calls: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SlowConfig {
+    /// A success that took longer than this many microseconds is slow.
+    threshold_micros: u64,
+    ratio_ppm: u64,
+    min_calls: u64,
+}
+
+/// A ratio in `[0, 1]` (clamped; NaN is 1) in parts per million.
+fn ratio_ppm(ratio: f64) -> u64 {
+    let ratio = if ratio.is_nan() {
+        1.0
+    } else {
+        ratio.clamp(0.0, 1.0)
+    };
+    // In [0, RATIO_SCALE] by the clamp.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let ppm = (ratio * RATIO_SCALE as f64).round() as u64;
+    ppm
 }
 
 impl Default for BreakerConfig {
     fn default() -> Self {
         Self {
             consecutive_failures: 5,
+            window: Duration::from_secs(10),
             ratio: Some(RatioConfig {
                 ratio_ppm: RATIO_SCALE / 2,
-                window: Duration::from_secs(10),
+                min_calls: 20,
+            }),
+            slow: Some(SlowConfig {
+                threshold_micros: 25_000,
+                ratio_ppm: RATIO_SCALE / 2,
                 min_calls: 20,
             }),
             cooldown: Duration::from_secs(5),
@@ -129,18 +163,13 @@ impl BreakerConfig {
 
     /// Open when at least `ratio` (in `[0, 1]`, clamped) of the calls of the
     /// last `window` failed, once there were at least `min_calls` of them.
+    ///
+    /// The slow-call trigger ([`slow_calls`](Self::slow_calls)) counts in
+    /// the same `window` (default 10 s).
     pub fn failure_ratio(mut self, ratio: f64, window: Duration, min_calls: u32) -> Self {
-        let ratio = if ratio.is_nan() {
-            1.0
-        } else {
-            ratio.clamp(0.0, 1.0)
-        };
-        // In [0, RATIO_SCALE] by the clamp.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let ratio_ppm = (ratio * RATIO_SCALE as f64).round() as u64;
+        self.window = window;
         self.ratio = Some(RatioConfig {
-            ratio_ppm,
-            window,
+            ratio_ppm: ratio_ppm(ratio),
             min_calls: u64::from(min_calls.max(1)),
         });
         self
@@ -149,6 +178,30 @@ impl BreakerConfig {
     /// Turn the failure-ratio trigger off.
     pub fn without_failure_ratio(mut self) -> Self {
         self.ratio = None;
+        self
+    }
+
+    /// Open when at least `ratio` (in `[0, 1]`, clamped) of the calls of the
+    /// rolling window were successes that took longer than `threshold`, once
+    /// there were at least `min_calls` calls (failed ones included) in it.
+    ///
+    /// The window is the failure ratio's (see
+    /// [`failure_ratio`](Self::failure_ratio); default 10 s). A slow success
+    /// of a half-open probe counts as a failed probe: the breaker opens
+    /// again. Default: on, 50 % of at least 20 calls slower than 25 ms.
+    pub fn slow_calls(mut self, threshold: Duration, ratio: f64, min_calls: u32) -> Self {
+        self.slow = Some(SlowConfig {
+            threshold_micros: duration_micros(threshold),
+            ratio_ppm: ratio_ppm(ratio),
+            min_calls: u64::from(min_calls.max(1)),
+        });
+        self
+    }
+
+    /// Turn the slow-call trigger off: a success is a success however long
+    /// it took.
+    pub fn without_slow_calls(mut self) -> Self {
+        self.slow = None;
         self
     }
 
@@ -167,8 +220,8 @@ impl BreakerConfig {
     /// Calls `hook(from, to)` on every state change (for metrics and logs).
     /// It runs on the checking task, outside the breaker's lock: keep it short.
     ///
-    /// With one breaker per shard (a sharded store such as a Redis Cluster)
-    /// the hook sees every shard's transitions;
+    /// With one breaker per failure domain (a sharded store such as a Redis
+    /// Cluster) the hook sees every domain's transitions;
     /// [`Limiter::breaker_state`](crate::Limiter::breaker_state) gives the
     /// worst state over them.
     pub fn on_state_change<F>(mut self, hook: F) -> Self
@@ -184,7 +237,9 @@ impl fmt::Debug for BreakerConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BreakerConfig")
             .field("consecutive_failures", &self.consecutive_failures)
+            .field("window", &self.window)
             .field("ratio", &self.ratio)
+            .field("slow", &self.slow)
             .field("cooldown", &self.cooldown)
             .field("half_open_probes", &self.half_open_probes)
             .field("hook", &self.hook.is_some())
@@ -214,6 +269,8 @@ struct Bucket {
     index: u64,
     ok: u64,
     failed: u64,
+    /// Successes slower than the slow-call threshold (also counted in `ok`).
+    slow: u64,
 }
 
 #[derive(Debug)]
@@ -233,9 +290,9 @@ pub(crate) struct Ticket {
     probe: bool,
 }
 
-/// The most shards a limiter keeps breakers for: the number of Redis
-/// Cluster hash slots. A larger shard number shares the breaker of its
-/// value modulo this.
+/// The most failure domains a limiter keeps breakers for (as many as a
+/// Redis Cluster has hash slots, so at least one per possible primary). A
+/// larger domain id shares the breaker of its value modulo this.
 pub(crate) const MAX_SHARDS: usize = 16_384;
 
 /// What every breaker of one limiter shares: configuration, clock, metrics,
@@ -297,12 +354,14 @@ impl Shared {
 }
 
 /// The breakers of one limiter: a store-wide one for requests without a
-/// shard, and one per shard, made on first use.
+/// failure domain, and one per failure domain (e.g. a Redis Cluster
+/// primary), made on first use.
 pub(crate) struct Breakers {
     shared: Arc<Shared>,
     store_wide: Breaker,
-    /// Allocated when the first sharded request arrives: `MAX_SHARDS`
-    /// pointer-sized cells, each filled on its shard's first request.
+    /// Allocated when the first request with a failure domain arrives:
+    /// `MAX_SHARDS` pointer-sized cells, each filled on its domain's first
+    /// request.
     shards: OnceLock<Box<[OnceLock<Box<Breaker>>]>>,
 }
 
@@ -325,8 +384,8 @@ impl Breakers {
         }
     }
 
-    /// The breaker guarding `shard` (`None`: the store-wide one), made now
-    /// if it did not exist.
+    /// The breaker guarding failure domain `shard` (`None`: the store-wide
+    /// one), made now if it did not exist.
     pub(crate) fn get(&self, shard: Option<u16>) -> &Breaker {
         let Some(shard) = shard else {
             return &self.store_wide;
@@ -340,8 +399,8 @@ impl Breakers {
             .get_or_init(|| Box::new(Breaker::with_shared(self.shared.clone())))
     }
 
-    /// The state of the breaker guarding `shard`, without making it
-    /// (a breaker not made yet is closed).
+    /// The state of the breaker guarding failure domain `shard`, without
+    /// making it (a breaker not made yet is closed).
     pub(crate) fn state_of(&self, shard: Option<u16>) -> BreakerState {
         match shard {
             None => self.store_wide.state(),
@@ -434,9 +493,18 @@ impl Breaker {
         }
     }
 
-    /// The store answered.
-    pub(crate) fn success(&self, ticket: Ticket) {
+    /// The store answered, after `latency` (measured by the caller, from
+    /// sending the call to its answer).
+    ///
+    /// A success slower than the slow-call threshold counts toward the
+    /// slow-call trigger; as a half-open probe it opens the breaker again.
+    pub(crate) fn success(&self, ticket: Ticket, latency: Duration) {
         let now = self.shared.clock.now_micros();
+        let slow = self
+            .shared
+            .config
+            .slow
+            .is_some_and(|slow| duration_micros(latency) > slow.threshold_micros);
         let mut state = self.lock();
         if ticket.generation != state.generation {
             return;
@@ -444,7 +512,19 @@ impl Breaker {
         match state.mode {
             Mode::Closed => {
                 state.consecutive = 0;
-                self.count(&mut state, now, false);
+                self.count(&mut state, now, Outcome::Ok { slow });
+                if self.slow_share_reached(&state, now) {
+                    let open = self.open_mode(now);
+                    self.transition(&mut state, open);
+                    drop(state);
+                    self.notify(BreakerState::Closed, BreakerState::Open);
+                }
+            }
+            Mode::HalfOpen { .. } if ticket.probe && slow => {
+                let open = self.open_mode(now);
+                self.transition(&mut state, open);
+                drop(state);
+                self.notify(BreakerState::HalfOpen, BreakerState::Open);
             }
             Mode::HalfOpen { .. } if ticket.probe => {
                 self.transition(&mut state, Mode::Closed);
@@ -463,14 +543,12 @@ impl Breaker {
             return;
         }
         let from = state.mode.state();
-        let open = Mode::Open {
-            until_micros: now.saturating_add(duration_micros(self.shared.config.cooldown)),
-        };
+        let open = self.open_mode(now);
         match state.mode {
             Mode::Closed => {
                 state.consecutive = state.consecutive.saturating_add(1);
-                self.count(&mut state, now, true);
-                if self.should_open(&state, now) {
+                self.count(&mut state, now, Outcome::Failed);
+                if self.should_open(&state, now) || self.slow_share_reached(&state, now) {
                     self.transition(&mut state, open);
                     drop(state);
                     self.notify(from, BreakerState::Open);
@@ -485,7 +563,9 @@ impl Breaker {
         }
     }
 
-    /// The call ended without an outcome (cancelled, or not a store fault).
+    /// The call ended without an outcome: cancelled, or not a store fault
+    /// (our own overload: the in-flight bound was full, the pool wait ran
+    /// out). Never counts toward opening; a probe's slot is freed.
     pub(crate) fn release(&self, ticket: Ticket) {
         if !ticket.probe {
             return;
@@ -523,12 +603,22 @@ impl Breaker {
         }
     }
 
-    fn bucket_width(&self) -> Option<u64> {
-        let ratio = self.shared.config.ratio?;
-        Some((duration_micros(ratio.window) / BUCKETS).max(1))
+    fn open_mode(&self, now: u64) -> Mode {
+        Mode::Open {
+            until_micros: now.saturating_add(duration_micros(self.shared.config.cooldown)),
+        }
     }
 
-    fn count(&self, state: &mut State, now: u64, failed: bool) {
+    /// The width of one bucket, or `None` when no trigger uses the window.
+    fn bucket_width(&self) -> Option<u64> {
+        let config = &self.shared.config;
+        if config.ratio.is_none() && config.slow.is_none() {
+            return None;
+        }
+        Some((duration_micros(config.window) / BUCKETS).max(1))
+    }
+
+    fn count(&self, state: &mut State, now: u64, outcome: Outcome) {
         let Some(width) = self.bucket_width() else {
             return;
         };
@@ -537,38 +627,78 @@ impl Breaker {
         if bucket.index != index {
             *bucket = Bucket {
                 index,
-                ok: 0,
-                failed: 0,
+                ..Bucket::default()
             };
         }
-        if failed {
-            bucket.failed += 1;
-        } else {
-            bucket.ok += 1;
+        match outcome {
+            Outcome::Failed => bucket.failed += 1,
+            Outcome::Ok { slow } => {
+                bucket.ok += 1;
+                bucket.slow += u64::from(slow);
+            }
         }
     }
 
+    /// The buckets' sum over the window ending at `now`.
+    fn window_sum(&self, state: &State, now: u64) -> Option<Bucket> {
+        let width = self.bucket_width()?;
+        let index = now / width;
+        let mut sum = Bucket::default();
+        for bucket in &state.buckets {
+            if bucket.index <= index && index - bucket.index < BUCKETS {
+                sum.ok += bucket.ok;
+                sum.failed += bucket.failed;
+                sum.slow += bucket.slow;
+            }
+        }
+        Some(sum)
+    }
+
+    /// Whether the failure triggers fire.
     fn should_open(&self, state: &State, now: u64) -> bool {
         let n = self.shared.config.consecutive_failures;
         if n > 0 && state.consecutive >= n {
             return true;
         }
-        let (Some(ratio), Some(width)) = (self.shared.config.ratio, self.bucket_width()) else {
+        let (Some(ratio), Some(sum)) = (self.shared.config.ratio, self.window_sum(state, now))
+        else {
             return false;
         };
-        let index = now / width;
-        let (mut ok, mut failed) = (0u64, 0u64);
-        for bucket in &state.buckets {
-            if bucket.index <= index && index - bucket.index < BUCKETS {
-                ok += bucket.ok;
-                failed += bucket.failed;
-            }
-        }
-        let total = ok + failed;
-        total >= ratio.min_calls
-            && u128::from(failed) * u128::from(RATIO_SCALE)
-                >= u128::from(ratio.ratio_ppm) * u128::from(total)
+        reached(
+            sum.failed,
+            sum.ok + sum.failed,
+            ratio.ratio_ppm,
+            ratio.min_calls,
+        )
     }
+
+    /// Whether the slow-call trigger fires (checked after every counted
+    /// outcome, as a fast call or a failure may complete `min_calls`).
+    fn slow_share_reached(&self, state: &State, now: u64) -> bool {
+        let (Some(slow), Some(sum)) = (self.shared.config.slow, self.window_sum(state, now)) else {
+            return false;
+        };
+        reached(
+            sum.slow,
+            sum.ok + sum.failed,
+            slow.ratio_ppm,
+            slow.min_calls,
+        )
+    }
+}
+
+/// How a counted call ended.
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    Ok { slow: bool },
+    Failed,
+}
+
+/// Whether `part` of `total` calls is at least `ratio_ppm`, once there are
+/// at least `min_calls` calls.
+fn reached(part: u64, total: u64, ratio_ppm: u64, min_calls: u64) -> bool {
+    total >= min_calls
+        && u128::from(part) * u128::from(RATIO_SCALE) >= u128::from(ratio_ppm) * u128::from(total)
 }
 
 fn duration_micros(d: Duration) -> u64 {
@@ -583,6 +713,9 @@ mod tests {
 
     use super::*;
     use crate::ManualClock;
+
+    const FAST: Duration = Duration::from_millis(1);
+    const SLOW: Duration = Duration::from_millis(30);
 
     fn breaker(config: BreakerConfig) -> (Breaker, ManualClock) {
         let clock = ManualClock::new(1_000_000_000);
@@ -604,7 +737,7 @@ mod tests {
         for _ in 0..2 {
             b.failure(b.acquire().unwrap());
         }
-        b.success(b.acquire().unwrap());
+        b.success(b.acquire().unwrap(), FAST);
         for _ in 0..2 {
             b.failure(b.acquire().unwrap());
         }
@@ -622,7 +755,7 @@ mod tests {
         assert_eq!(b.state(), BreakerState::Open);
         clock.advance(Duration::from_secs(1));
         let probe = b.acquire().unwrap();
-        b.success(probe);
+        b.success(probe, FAST);
         assert_eq!(b.state(), BreakerState::Closed);
         // closed->open, open->half, half->open, open->half, half->closed
         assert_eq!(changes.load(Ordering::SeqCst), 5);
@@ -638,7 +771,7 @@ mod tests {
         for i in 0..9 {
             let t = b.acquire().unwrap();
             if i % 2 == 0 {
-                b.success(t);
+                b.success(t, FAST);
             } else {
                 b.failure(t);
             }
@@ -647,7 +780,7 @@ mod tests {
         // Old calls leave the window.
         clock.advance(Duration::from_secs(11));
         for _ in 0..9 {
-            b.success(b.acquire().unwrap());
+            b.success(b.acquire().unwrap(), FAST);
         }
         b.failure(b.acquire().unwrap());
         assert_eq!(b.state(), BreakerState::Closed, "1 of 10 failed");
@@ -692,9 +825,9 @@ mod tests {
         let probe = s7.acquire().unwrap();
         let wide_probe = wide.acquire().unwrap();
         assert_eq!((b.worst(), b.open()), (BreakerState::HalfOpen, 0));
-        s7.success(probe);
+        s7.success(probe, FAST);
         assert_eq!(b.worst(), BreakerState::HalfOpen);
-        wide.success(wide_probe);
+        wide.success(wide_probe, FAST);
         assert_eq!((b.worst(), b.open()), (BreakerState::Closed, 0));
     }
 
@@ -709,13 +842,150 @@ mod tests {
         b.failure(b.acquire().unwrap());
         assert_eq!(b.state(), BreakerState::Open);
         // A success from a call that started while closed does not close it.
-        b.success(late);
+        b.success(late, FAST);
         assert_eq!(b.state(), BreakerState::Open);
         clock.advance(Duration::from_secs(1));
         let probe = b.acquire().unwrap();
         b.release(probe);
         let probe = b.acquire().unwrap();
-        b.success(probe);
+        b.success(probe, FAST);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    fn slow_only(min_calls: u32) -> BreakerConfig {
+        BreakerConfig::default()
+            .consecutive_failures(0)
+            .without_failure_ratio()
+            .slow_calls(Duration::from_millis(25), 0.5, min_calls)
+            .cooldown(Duration::from_secs(1))
+    }
+
+    #[test]
+    fn slow_calls_are_on_by_default() {
+        let (b, _clock) = breaker(BreakerConfig::default());
+        // Exactly the threshold is not slower than it.
+        for _ in 0..20 {
+            b.success(b.acquire().unwrap(), Duration::from_millis(25));
+        }
+        assert_eq!(b.state(), BreakerState::Closed, "25 ms is not slow");
+        for _ in 0..19 {
+            b.success(b.acquire().unwrap(), SLOW);
+        }
+        assert_eq!(b.state(), BreakerState::Closed, "19 slow of 39");
+        b.success(b.acquire().unwrap(), SLOW);
+        assert_eq!(b.state(), BreakerState::Open, "20 slow of 40");
+    }
+
+    #[test]
+    fn opens_on_the_share_of_slow_calls() {
+        let (b, _clock) = breaker(slow_only(10));
+        // 5 fast, 4 slow: below the minimum and below half.
+        for _ in 0..5 {
+            b.success(b.acquire().unwrap(), FAST);
+        }
+        for _ in 0..4 {
+            b.success(b.acquire().unwrap(), SLOW);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        // Failures count as calls, not as slow calls.
+        for _ in 0..2 {
+            b.failure(b.acquire().unwrap());
+        }
+        b.success(b.acquire().unwrap(), SLOW);
+        assert_eq!(b.state(), BreakerState::Closed, "5 slow of 12");
+        b.success(b.acquire().unwrap(), SLOW);
+        assert_eq!(b.state(), BreakerState::Closed, "6 slow of 13");
+        b.success(b.acquire().unwrap(), SLOW);
+        assert_eq!(b.state(), BreakerState::Open, "7 slow of 14");
+        assert!(b.acquire().is_none());
+    }
+
+    #[test]
+    fn slow_calls_below_the_minimum_do_not_open() {
+        let (b, clock) = breaker(slow_only(10));
+        for _ in 0..9 {
+            b.success(b.acquire().unwrap(), SLOW);
+        }
+        assert_eq!(b.state(), BreakerState::Closed, "9 calls, all slow");
+        // A fast call completing the minimum opens it: 9 slow of 10.
+        let (fast_tenth, _c) = breaker(slow_only(10));
+        for _ in 0..9 {
+            fast_tenth.success(fast_tenth.acquire().unwrap(), SLOW);
+        }
+        fast_tenth.success(fast_tenth.acquire().unwrap(), FAST);
+        assert_eq!(fast_tenth.state(), BreakerState::Open);
+        // They leave the window before the tenth call arrives.
+        clock.advance(Duration::from_secs(11));
+        b.success(b.acquire().unwrap(), SLOW);
+        assert_eq!(b.state(), BreakerState::Closed, "1 call in the window");
+    }
+
+    #[test]
+    fn fast_calls_keep_it_closed() {
+        let (b, _clock) = breaker(slow_only(10));
+        for i in 0..1_000 {
+            // Just under half of the calls are slow.
+            let latency = if i % 2 == 0 { FAST } else { SLOW };
+            b.success(b.acquire().unwrap(), latency);
+            if i == 0 {
+                b.success(b.acquire().unwrap(), FAST);
+            }
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        let (b, _clock) = breaker(slow_only(10));
+        for _ in 0..1_000 {
+            b.success(b.acquire().unwrap(), FAST);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        // Off: any latency is a success.
+        let (b, _clock) = breaker(BreakerConfig::default().without_slow_calls());
+        for _ in 0..1_000 {
+            b.success(b.acquire().unwrap(), Duration::from_secs(60));
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_slow_half_open_probe_reopens() {
+        let (b, clock) = breaker(slow_only(2));
+        b.success(b.acquire().unwrap(), SLOW);
+        b.success(b.acquire().unwrap(), SLOW);
+        assert_eq!(b.state(), BreakerState::Open);
+        clock.advance(Duration::from_secs(1));
+        let probe = b.acquire().unwrap();
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        b.success(probe, SLOW);
+        assert_eq!(b.state(), BreakerState::Open, "a slow probe failed");
+        assert!(b.acquire().is_none(), "a new cooldown started");
+        clock.advance(Duration::from_secs(1));
+        let probe = b.acquire().unwrap();
+        b.success(probe, FAST);
+        assert_eq!(b.state(), BreakerState::Closed);
+        // The window starts empty after closing.
+        b.success(b.acquire().unwrap(), SLOW);
+        assert_eq!(b.state(), BreakerState::Closed, "1 call, below 2");
+    }
+
+    #[test]
+    fn releases_never_count_toward_opening() {
+        let config = BreakerConfig::default()
+            .consecutive_failures(1)
+            .failure_ratio(0.01, Duration::from_secs(10), 1)
+            .slow_calls(Duration::ZERO, 0.01, 1)
+            .cooldown(Duration::from_secs(1));
+        let (b, clock) = breaker(config);
+        for _ in 0..1_000 {
+            b.release(b.acquire().unwrap());
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        // Nor do they in half-open: the probe slot is freed every time.
+        b.failure(b.acquire().unwrap());
+        clock.advance(Duration::from_secs(1));
+        for _ in 0..1_000 {
+            b.release(b.acquire().unwrap());
+            assert_eq!(b.state(), BreakerState::HalfOpen);
+        }
+        b.success(b.acquire().unwrap(), Duration::ZERO);
         assert_eq!(b.state(), BreakerState::Closed);
     }
 }

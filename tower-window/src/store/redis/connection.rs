@@ -224,6 +224,94 @@ pub(crate) fn is_connection_error(error: &RedisError) -> bool {
         || error.is_unrecoverable_error()
 }
 
+/// Whether the server certainly did not execute the command that failed
+/// with `error`, so that sending it again cannot apply it twice.
+///
+/// True only when the command never reached a server that could run it:
+/// the connection was refused or never made (nothing was sent), or the
+/// server refused it before running it (`CLUSTERDOWN`, `TRYAGAIN`, `MOVED`,
+/// `ASK`, `MASTERDOWN`, `LOADING`, `READONLY`: a replica runs no writes,
+/// `NOSCRIPT`: the script is not loaded). False for everything else: an I/O
+/// error or a dropped connection after sending, a timeout, and any error
+/// not known to be safe. A pool wait or exhaustion is a
+/// [`pool_error_cannot_have_run`].
+pub(crate) fn script_cannot_have_run(error: &RedisError) -> bool {
+    if error.is_timeout() {
+        return false;
+    }
+    // Connecting failed: nothing was sent. `is_connection_dropped` also
+    // says yes for these, so they are checked first.
+    if error.is_connection_refusal() || io_kind(error) == Some(std::io::ErrorKind::NotConnected) {
+        return true;
+    }
+    matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::ClusterDown
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::ReadOnly
+                | ServerErrorKind::NoScript,
+        )
+        // A cluster connection found no connection to send it on.
+        | ErrorKind::ClusterConnectionNotFound
+    )
+}
+
+/// Whether the command that failed with the pool error `error` certainly
+/// did not run: true for waiting out the pool, a closed pool and a failed
+/// hook (no command was sent), and as [`script_cannot_have_run`] says for
+/// an error of making a connection.
+#[allow(dead_code)] // used once RedisStore retries through a pool
+pub(crate) fn pool_error_cannot_have_run(error: &deadpool_redis::PoolError) -> bool {
+    use deadpool_redis::PoolError;
+    match error {
+        PoolError::Backend(error) => script_cannot_have_run(error),
+        PoolError::Timeout(_)
+        | PoolError::Closed
+        | PoolError::NoRuntimeSpecified
+        | PoolError::PostCreateHook(_) => true,
+    }
+}
+
+/// Whether `error` says the cluster's topology changed, so the slot map
+/// (`topology::TopologyCache`) should be refreshed: `MOVED`, `ASK`,
+/// `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `READONLY` (a primary was
+/// demoted), a refused connection or no connection to a node. Call it for
+/// cluster stores only: on a single node, a refused connection is just that.
+#[allow(dead_code)] // used once RedisStore keeps a TopologyCache
+pub(crate) fn is_topology_change(error: &RedisError) -> bool {
+    error.is_connection_refusal()
+        || matches!(
+            error.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly,
+            ) | ErrorKind::ClusterConnectionNotFound
+        )
+}
+
+/// The kind of the `io::Error` inside `error`, if it wraps one.
+fn io_kind(error: &RedisError) -> Option<std::io::ErrorKind> {
+    type Shared = Arc<dyn std::error::Error + Send + Sync>;
+    let source = std::error::Error::source(error)?;
+    // redis-rs keeps the io::Error in an Arc and hands out the Arc.
+    let inner: &(dyn std::error::Error + 'static) = match source.downcast_ref::<Shared>() {
+        Some(shared) => &**shared,
+        None => source,
+    };
+    inner
+        .downcast_ref::<std::io::Error>()
+        .map(std::io::Error::kind)
+}
+
 /// Maps a redis error onto the store's error kinds.
 pub(crate) fn map_error(error: RedisError) -> StoreError {
     let kind = if error.is_timeout() {
@@ -270,5 +358,104 @@ fn map_pool_error(error: deadpool_redis::PoolError) -> StoreError {
             StoreErrorKind::Unavailable,
             format!("redis pool hook: {error}"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    fn io(kind: io::ErrorKind) -> RedisError {
+        RedisError::from(io::Error::new(kind, "test"))
+    }
+
+    fn server(kind: ServerErrorKind) -> RedisError {
+        RedisError::from((ErrorKind::Server(kind), "test"))
+    }
+
+    #[test]
+    fn errors_that_prove_the_script_did_not_run() {
+        for error in [
+            io(io::ErrorKind::ConnectionRefused),
+            io(io::ErrorKind::NotConnected),
+            server(ServerErrorKind::ClusterDown),
+            server(ServerErrorKind::TryAgain),
+            server(ServerErrorKind::Moved),
+            server(ServerErrorKind::Ask),
+            server(ServerErrorKind::MasterDown),
+            server(ServerErrorKind::BusyLoading),
+            server(ServerErrorKind::ReadOnly),
+            server(ServerErrorKind::NoScript),
+            RedisError::from((ErrorKind::ClusterConnectionNotFound, "no connection")),
+        ] {
+            assert!(script_cannot_have_run(&error), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn errors_after_sending_or_unknown_may_have_run() {
+        for error in [
+            io(io::ErrorKind::ConnectionReset),
+            io(io::ErrorKind::BrokenPipe),
+            io(io::ErrorKind::ConnectionAborted),
+            io(io::ErrorKind::UnexpectedEof),
+            io(io::ErrorKind::TimedOut),
+            io(io::ErrorKind::WouldBlock),
+            io(io::ErrorKind::Other),
+            // redis-rs's own "connection dropped" errors carry no io::Error.
+            RedisError::from((
+                ErrorKind::Io,
+                "Multiplexed connection driver unexpectedly terminated",
+            )),
+            server(ServerErrorKind::ResponseError),
+            server(ServerErrorKind::ExecAbort),
+            RedisError::from((ErrorKind::Parse, "garbled reply")),
+            RedisError::from((ErrorKind::Extension, "BUSY")),
+            RedisError::from((ErrorKind::UnexpectedReturnType, "odd reply")),
+        ] {
+            assert!(!script_cannot_have_run(&error), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn pool_errors() {
+        use deadpool_redis::PoolError;
+        assert!(pool_error_cannot_have_run(&PoolError::Timeout(
+            deadpool_redis::TimeoutType::Wait
+        )));
+        assert!(pool_error_cannot_have_run(&PoolError::Closed));
+        assert!(pool_error_cannot_have_run(&PoolError::Backend(io(
+            io::ErrorKind::ConnectionRefused
+        ))));
+        assert!(!pool_error_cannot_have_run(&PoolError::Backend(io(
+            io::ErrorKind::ConnectionReset
+        ))));
+    }
+
+    #[test]
+    fn topology_changes() {
+        for error in [
+            server(ServerErrorKind::Moved),
+            server(ServerErrorKind::Ask),
+            server(ServerErrorKind::ClusterDown),
+            server(ServerErrorKind::TryAgain),
+            server(ServerErrorKind::MasterDown),
+            server(ServerErrorKind::ReadOnly),
+            io(io::ErrorKind::ConnectionRefused),
+            RedisError::from((ErrorKind::ClusterConnectionNotFound, "no connection")),
+        ] {
+            assert!(is_topology_change(&error), "{error:?}");
+        }
+        for error in [
+            io(io::ErrorKind::TimedOut),
+            io(io::ErrorKind::ConnectionReset),
+            server(ServerErrorKind::NoScript),
+            server(ServerErrorKind::BusyLoading),
+            server(ServerErrorKind::ResponseError),
+        ] {
+            assert!(!is_topology_change(&error), "{error:?}");
+        }
     }
 }

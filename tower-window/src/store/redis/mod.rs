@@ -60,6 +60,9 @@ use crate::{Clock, Decision};
 mod connection;
 mod keys;
 mod scripts;
+mod topology;
+#[doc(hidden)]
+pub use topology::__test_support;
 
 use connection::{is_connection_error, map_error, Conn, Connection, Connector};
 pub use keys::redis_key;
