@@ -20,9 +20,9 @@ use tower_window::key::{KeyExtractor, PeerIp, TrustedProxies, WindowKey};
 /// ```
 /// use axum::{routing::get, Router};
 /// use axum_window_ext::PathParam;
-/// use tower_window::{Limiter, MemoryStore};
+/// use tower_window::{Limiter, MemoryStore, Quota};
 ///
-/// let limiter = Limiter::new(MemoryStore::new(), "10/1m".parse().unwrap());
+/// let limiter = Limiter::new(MemoryStore::new(), "10/1m".parse::<Quota>().unwrap());
 /// let app: Router = Router::new()
 ///     .route("/users/{id}", get(|| async { "user" }))
 ///     .route_layer(axum_window_ext::layer(limiter, PathParam::new("id")));
@@ -132,9 +132,9 @@ impl KeyExtractor<http::request::Parts> for PathParam {
 /// ```
 /// use axum::{routing::get, Router};
 /// use axum_window_ext::ConnectInfoIp;
-/// use tower_window::{Limiter, MemoryStore};
+/// use tower_window::{Limiter, MemoryStore, Quota};
 ///
-/// let limiter = Limiter::new(MemoryStore::new(), "60/1m".parse().unwrap());
+/// let limiter = Limiter::new(MemoryStore::new(), "60/1m".parse::<Quota>().unwrap());
 /// let app: Router = Router::new()
 ///     .route("/", get(|| async { "hi" }))
 ///     .layer(axum_window_ext::layer(limiter, ConnectInfoIp::new()));

@@ -16,10 +16,10 @@
 //! use axum::{routing::get, Router};
 //! use axum_window_ext::RateLimitInfo;
 //! use tower_window::key::{Constant, Header, KeyExtractorExt};
-//! use tower_window::{Limiter, MemoryStore};
+//! use tower_window::{Limiter, MemoryStore, Quota};
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-//! let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse()?);
+//! let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse::<Quota>()?);
 //! // Per user, within the tenant named by `x-tenant-id` (default "public").
 //! let key = Header::new("x-user-id").with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
 //! let app: Router = Router::new()

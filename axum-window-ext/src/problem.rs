@@ -142,8 +142,11 @@ fn problem_response(rejection: &Rejection) -> http::Response<Body> {
 /// async fn handler(limiter: Limiter) -> Response {
 ///     match limiter.check(&WindowKey::for_subject("exports"), 1).await {
 ///         Ok(decision) if decision.allowed => "exported".into_response(),
-///         // `for_denial` answers a fallback denial with the policy's status.
-///         Ok(decision) => RejectionResponse(Rejection::for_denial(decision, &limiter)).into_response(),
+///         // `for_denial` answers a fallback (degraded) denial with the given status.
+///         Ok(decision) => {
+///             let rejection = Rejection::for_denial(decision, http::StatusCode::SERVICE_UNAVAILABLE);
+///             RejectionResponse(rejection).into_response()
+///         }
 ///         Err(error) => RejectionResponse::unavailable(error.to_string()).into_response(),
 ///     }
 /// }

@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
 use tower::ServiceExt;
-use tower_window::{ManualClock, MemoryStore};
+use tower_window::{ManualClock, MemoryStore, Quota};
 use tower_window_examples::gateway::{build_app, GatewayConfig};
 
 /// The gateway on a store whose clock stands still: windows never move
@@ -21,7 +21,7 @@ fn app(limit: &str) -> Router {
         .clock(ManualClock::new(1_700_000_000_000_000))
         .build();
     build_app(GatewayConfig::with_store(
-        limit.parse().unwrap(),
+        limit.parse::<Quota>().unwrap(),
         Arc::new(store),
     ))
 }

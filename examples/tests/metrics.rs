@@ -137,7 +137,7 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
         .clock(ManualClock::new(1_700_000_000_000_000))
         .build();
     let app = build_app(GatewayConfig::with_store(
-        "3/1m".parse().unwrap(),
+        "3/1m".parse::<Quota>().unwrap(),
         Arc::new(store),
     ));
     let mut statuses = Vec::new();
@@ -269,7 +269,7 @@ async fn install_recorder_is_idempotent_and_metrics_is_not_limited() {
     let first = install_recorder();
     let second = install_recorder();
     let _ = (first.render(), second.render());
-    let app = build_app(GatewayConfig::new("1/1h".parse().unwrap()));
+    let app = build_app(GatewayConfig::new("1/1h".parse::<Quota>().unwrap()));
     for _ in 0..3 {
         let (status, _, _) = text(&app, "/metrics").await;
         assert_eq!(status, StatusCode::OK);

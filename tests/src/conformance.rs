@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tower_window::{
-    CheckRequest, Clock, Decision, DecisionSource, ManualClock, MemoryStore, Quota, Store,
+    CheckRequest, Clock, Decision, DecisionSource, ManualClock, MemoryStore, Policy, Quota, Store,
     StoreErrorKind, WindowKey,
 };
 
@@ -226,7 +226,7 @@ impl<S: Store> Run<S> {
         let now = self.clock.now_micros();
         let decision = self
             .store
-            .check(CheckRequest::new(key, quota, cost))
+            .check(CheckRequest::new(key, &Policy::from(quota.clone()), cost))
             .await
             .unwrap_or_else(|e| {
                 panic!(
@@ -710,7 +710,11 @@ pub async fn zero_cost_is_an_invalid_request<F: StoreFactory>(factory: &F) {
     ] {
         let q = quota(text);
         let k = run.key(text);
-        match run.store.check(CheckRequest::new(&k, &q, 0)).await {
+        match run
+            .store
+            .check(CheckRequest::new(&k, &Policy::from(q.clone()), 0))
+            .await
+        {
             Err(e) => assert_eq!(e.kind(), StoreErrorKind::InvalidRequest, "{text}: {e}"),
             Ok(d) => panic!("{text}: a zero cost was decided: {d:?}"),
         }

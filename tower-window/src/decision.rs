@@ -203,7 +203,12 @@ impl Decision {
         reset_after: Duration,
         retry_after: Option<Duration>,
     ) -> Self {
-        Self::single(QuotaDecision::deny(quota, remaining, reset_after, retry_after))
+        Self::single(QuotaDecision::deny(
+            quota,
+            remaining,
+            reset_after,
+            retry_after,
+        ))
     }
 
     fn single(state: QuotaDecision) -> Self {
@@ -290,6 +295,18 @@ impl Decision {
         matches!(self.source, DecisionSource::Fallback(_))
     }
 
+    /// The same decision reported against `policy`'s quotas (same order and
+    /// names; a fallback decides on scaled copies of them).
+    pub(crate) fn reported_as(mut self, policy: &crate::Policy) -> Self {
+        for (state, quota) in self.quotas.iter_mut().zip(policy.quotas()) {
+            if state.quota.name() == self.quota.name() {
+                self.quota = quota.clone();
+            }
+            state.quota = quota.clone();
+        }
+        self
+    }
+
     /// Shifts every duration as seen `elapsed` later (for a remembered
     /// denial answered again), never below zero.
     pub(crate) fn aged(mut self, elapsed: Duration, retry_after: Duration) -> Self {
@@ -323,7 +340,10 @@ mod tests {
         ])
         .unwrap();
         assert!(d.allowed);
-        assert_eq!((d.quota.name(), d.remaining, d.retry_after), ("b", 2, Some(s(0))));
+        assert_eq!(
+            (d.quota.name(), d.remaining, d.retry_after),
+            ("b", 2, Some(s(0)))
+        );
         // The longer wait decides; never fitting is longest; ties keep order.
         let d = Decision::from_quotas([
             QuotaDecision::allow(q("1/s", "a"), 0, s(1)),

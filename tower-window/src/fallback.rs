@@ -352,7 +352,8 @@ impl FallbackPolicy for LocalWindow {
             self.store
                 .check_now(CheckRequest::new(request.key, &scaled, request.cost))
         }) {
-            Some(Ok(decision)) => decision,
+            // Report against the quotas the caller asked about.
+            Some(Ok(decision)) => decision.reported_as(policy),
             // The embedded store does not fail; if it ever does, deny.
             Some(Err(_)) | None => denied(),
         };

@@ -9,10 +9,10 @@
 //!
 //! ```
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_window::{key::Header, Limiter, MemoryStore, SlidingWindowLayer};
+//! use tower_window::{key::Header, Limiter, MemoryStore, SlidingWindowLayer, Quota};
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-//! let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse()?);
+//! let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse::<Quota>()?);
 //! let service = ServiceBuilder::new()
 //!     .layer(SlidingWindowLayer::new(limiter, Header::new("x-user-id")))
 //!     .service_fn(|_req: http::Request<String>| async {

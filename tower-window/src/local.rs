@@ -68,6 +68,7 @@ pub(crate) struct LocalTier {
 }
 
 /// What a lookup found.
+#[allow(clippy::large_enum_variant)] // returned and matched at once; boxing would allocate per hit
 pub(crate) enum Lookup {
     /// A remembered denial answers this check.
     Hit(Decision),
@@ -131,7 +132,13 @@ impl LocalTier {
     }
 
     /// Remembers a store denial that says when the same cost fits again.
-    pub(crate) fn remember(&self, key: &WindowKey, policy: &Policy, cost: u32, decision: &Decision) {
+    pub(crate) fn remember(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: u32,
+        decision: &Decision,
+    ) {
         let Some(retry_after) = decision.retry_after else {
             // The cost can never fit; nothing to wait for.
             return;

@@ -37,7 +37,7 @@ impl Store for ScriptedStore {
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         let mut decision = self.0.clone();
-        decision.quota = request.quota.clone();
+        decision.quota = request.policy.first().clone();
         Box::pin(async move { Ok(decision) })
     }
 }
@@ -965,8 +965,14 @@ async fn fail_closed_denial_is_503_degraded_with_retry_after() {
 #[tokio::test]
 async fn fail_closed_can_answer_429_and_is_still_degraded() {
     let clock = clock_at(Duration::ZERO);
-    let policy = FailClosed::too_many_requests().retry_after(Duration::from_millis(2_500));
-    let service = degraded_service(degraded_limiter("5/1m", policy, &clock));
+    let policy = FailClosed::new().retry_after(Duration::from_millis(2_500));
+    let handler: BoxedHandler = |request| Box::pin(source_handler(request));
+    let service = SlidingWindowLayer::new(
+        degraded_limiter("5/1m", policy, &clock),
+        Header::new("x-user-id"),
+    )
+    .degraded_status(StatusCode::TOO_MANY_REQUESTS)
+    .layer(service_fn(handler));
     let response = service.oneshot(request(Some("kai"))).await.unwrap();
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(response.headers()["retry-after"], "3");
@@ -995,11 +1001,17 @@ async fn fail_open_admission_is_visible_to_the_handler_as_degraded() {
 }
 
 #[tokio::test]
-async fn local_window_admits_a_share_then_denies_with_429_degraded() {
+async fn local_window_admits_a_share_then_denies_with_the_degraded_status() {
     let clock = clock_at(Duration::ZERO);
     // Half of 4 per minute on this node while the store is down.
     let policy = LocalWindow::new(0.5).unwrap();
-    let service = degraded_service(degraded_limiter("4/1m fixed-window", policy, &clock));
+    let handler: BoxedHandler = |request| Box::pin(source_handler(request));
+    let service = SlidingWindowLayer::new(
+        degraded_limiter("4/1m fixed-window", policy, &clock),
+        Header::new("x-user-id"),
+    )
+    .degraded_status(StatusCode::TOO_MANY_REQUESTS)
+    .layer(service_fn(handler));
     for _ in 0..2 {
         let response = service.clone().oneshot(request(Some("max"))).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
@@ -1025,9 +1037,9 @@ async fn closure_policy_decides_and_the_limiter_marks_it_degraded() {
     // Admit one user, deny everyone else, and claim to be the store.
     let policy = |r: &FallbackRequest<'_>| {
         let decision = if r.key.subject() == b"vip".as_slice() {
-            Decision::allow(r.quota.clone(), 0, r.quota.window())
+            Decision::allow(r.policy.first().clone(), 0, r.policy.first().window())
         } else {
-            Decision::deny(r.quota.clone(), 0, r.quota.window(), None)
+            Decision::deny(r.policy.first().clone(), 0, r.policy.first().window(), None)
         };
         decision.with_source(DecisionSource::Store)
     };
@@ -1039,9 +1051,10 @@ async fn closure_policy_decides_and_the_limiter_marks_it_degraded() {
         "source=fallback(unavailable) degraded=true"
     );
     let response = service.oneshot(request(Some("pat"))).await.unwrap();
-    // A closure's denial answers with the default denial status, 429; no
-    // Retry-After since the policy gave no wait.
-    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    // A closure's denial answers with the layer's degraded status (default
+    // 503), like every degraded denial; no Retry-After since the policy gave
+    // no wait.
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(!response.headers().contains_key("retry-after"));
     let rejection = response.extensions().get::<Rejection>().unwrap();
     assert!(rejection.is_degraded(), "{rejection:?}");

@@ -13,8 +13,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tower_window::fallback::{FailClosed, FailOpen};
 use tower_window::metrics as names;
 use tower_window::{
-    BreakerConfig, CheckRequest, Decision, Limiter, ManualClock, MemoryStore, Quota, RetryConfig,
-    Store, StoreError, StoreErrorKind, WindowKey,
+    BreakerConfig, CheckRequest, Decision, Limiter, ManualClock, MemoryStore, Policy, Quota,
+    RetryConfig, Store, StoreError, StoreErrorKind, WindowKey,
 };
 
 const START: u64 = 1_700_000_000_000_000;
@@ -112,7 +112,9 @@ impl Store for ScriptedStore {
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         let next = self.script.lock().unwrap().pop_front();
         match next {
-            Some(Err(kind)) => Box::pin(async move { Err(StoreError::new(kind, "injected")) }),
+            Some(Err(kind)) => {
+                Box::pin(async move { Err(StoreError::new(kind, "injected").not_applied()) })
+            }
             _ => self.inner.check(request),
         }
     }
@@ -463,8 +465,8 @@ async fn tenant_label_is_opt_in_and_other_quotas_get_their_name() {
     let key = WindowKey::new("acme", "frank");
     let plain = Limiter::builder(MemoryStore::new(), quota("5/1m")).build();
     plain.check(&key, 1).await.unwrap();
-    let other = quota("5/1m").named("uploads").unwrap();
-    plain.check_quota(&key, &other, 1).await.unwrap();
+    let other = Policy::from(quota("5/1m").named("uploads").unwrap());
+    plain.check_policy(&key, &other, 1).await.unwrap();
     let tenants = Limiter::builder(MemoryStore::new(), quota("5/1m").named("api").unwrap())
         .metrics_tenant_label(true)
         .build();

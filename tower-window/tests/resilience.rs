@@ -10,13 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use http::StatusCode;
 use tokio::time::Instant;
 use tower_window::fallback::{FailClosed, FailOpen, FallbackRequest, LocalWindow};
 use tower_window::{
     BreakerConfig, BreakerState, CheckRequest, Clock, Decision, DecisionSource, FallbackReason,
-    LimitError, Limiter, LimiterBuilder, ManualClock, Quota, RetryConfig, Store, StoreError,
-    StoreErrorKind, WindowKey,
+    LimitError, Limiter, LimiterBuilder, ManualClock, Policy, Quota, RetryConfig, Store,
+    StoreError, StoreErrorKind, WindowKey,
 };
 
 /// What the test store does with the next calls.
@@ -62,7 +61,7 @@ impl Store for TestStore {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let mode = *self.mode.lock().unwrap();
         let now = self.clock.now_micros();
-        let quota = request.quota.clone();
+        let quota = request.policy.first().clone();
         Box::pin(async move {
             match mode {
                 Mode::Allow => Ok(
@@ -71,7 +70,8 @@ impl Store for TestStore {
                 Mode::Deny(wait) => {
                     Ok(Decision::deny(quota, 0, wait, Some(wait)).with_timestamp_micros(now))
                 }
-                Mode::Fail(kind) => Err(StoreError::new(kind, "injected")),
+                // Injected failures happen before the store applies anything.
+                Mode::Fail(kind) => Err(StoreError::new(kind, "injected").not_applied()),
                 Mode::Hang => std::future::pending().await,
             }
         })
@@ -167,7 +167,6 @@ async fn fail_open_admits_and_says_why() {
 async fn fail_closed_denies_with_its_status() {
     let (store, _clock, builder) = setup();
     let limiter = builder.fallback(FailClosed::default()).build();
-    assert_eq!(limiter.fallback_status(), StatusCode::SERVICE_UNAVAILABLE);
     store.set(Mode::Fail(StoreErrorKind::Unavailable));
     let d = limiter.check(&key(), 1).await.unwrap();
     assert!(!d.allowed);
@@ -177,9 +176,8 @@ async fn fail_closed_denies_with_its_status() {
 
     let (store, _clock, builder) = setup();
     let limiter = builder
-        .fallback(FailClosed::too_many_requests().retry_after(Duration::from_millis(250)))
+        .fallback(FailClosed::new().retry_after(Duration::from_millis(250)))
         .build();
-    assert_eq!(limiter.fallback_status(), StatusCode::TOO_MANY_REQUESTS);
     store.set(Mode::Fail(StoreErrorKind::Overloaded));
     let d = limiter.check(&key(), 1).await.unwrap();
     assert!(!d.allowed);
@@ -198,10 +196,9 @@ async fn closure_policies_are_marked_degraded() {
                 .unwrap()
                 .push((r.reason, r.cost, r.error.map(StoreError::kind)));
             // Claims to be a store decision; the limiter corrects that.
-            Decision::allow(r.quota.clone(), 0, r.quota.window())
+            Decision::allow(r.policy.first().clone(), 0, r.policy.first().window())
         })
         .build();
-    assert_eq!(limiter.fallback_status(), StatusCode::TOO_MANY_REQUESTS);
     store.set(Mode::Fail(StoreErrorKind::Unavailable));
     let d = limiter.check(&key(), 2).await.unwrap();
     assert!(d.allowed);
@@ -470,7 +467,7 @@ impl Store for TwoShards {
         let shard = Self::shard_of(request.key);
         self.calls[usize::from(shard)].fetch_add(1, Ordering::SeqCst);
         let down = shard == 0 && self.shard0_down.load(Ordering::SeqCst);
-        let quota = request.quota.clone();
+        let quota = request.policy.first().clone();
         Box::pin(async move {
             if down {
                 Err(StoreError::new(StoreErrorKind::Unavailable, "shard down"))
@@ -480,8 +477,8 @@ impl Store for TwoShards {
         })
     }
 
-    fn shard(&self, request: &CheckRequest<'_>) -> Option<u16> {
-        Some(Self::shard_of(request.key))
+    fn failure_domain(&self, key: &WindowKey, _policy: &Policy) -> Option<u16> {
+        Some(Self::shard_of(key))
     }
 }
 
@@ -490,7 +487,7 @@ async fn one_failing_shard_opens_only_its_own_breaker() {
     let clock = ManualClock::new(T0);
     let store = TwoShards::default();
     // The default breaker: 5 consecutive failures, or 50 % of 20 calls.
-    let limiter = Limiter::builder(store.clone(), "1000/1s".parse().unwrap())
+    let limiter = Limiter::builder(store.clone(), "1000/1s".parse::<Quota>().unwrap())
         .clock(clock.clone())
         .local_capacity(0)
         .retry(RetryConfig::none())
@@ -745,7 +742,7 @@ async fn local_window_admits_a_share_per_window() {
 #[tokio::test(start_paused = true)]
 async fn local_window_per_node_rounds_up_and_keeps_the_algorithm() {
     let (store, clock, builder) = setup();
-    let gcra: Quota = "7/1s gcra".parse().unwrap();
+    let gcra: Policy = "7/1s gcra".parse::<Quota>().unwrap().into();
     let limiter = builder
         .fallback(LocalWindow::per_node(NonZeroU32::new(3).unwrap()))
         .breaker(BreakerConfig::default().consecutive_failures(1))
@@ -754,13 +751,25 @@ async fn local_window_per_node_rounds_up_and_keeps_the_algorithm() {
     // ceil(7 / 3) = 3 at once, then one per ceil(1 s / 3).
     let mut admitted = 0;
     for _ in 0..10 {
-        let d = limiter.check_quota(&key(), &gcra, 1).await.unwrap();
+        let d = limiter.check_policy(&key(), &gcra, 1).await.unwrap();
         admitted += u32::from(d.allowed);
     }
     assert_eq!(admitted, 3);
     clock.advance(Duration::from_micros(333_334));
-    assert!(limiter.check_quota(&key(), &gcra, 1).await.unwrap().allowed);
-    assert!(!limiter.check_quota(&key(), &gcra, 1).await.unwrap().allowed);
+    assert!(
+        limiter
+            .check_policy(&key(), &gcra, 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !limiter
+            .check_policy(&key(), &gcra, 1)
+            .await
+            .unwrap()
+            .allowed
+    );
     // The breaker opened after the first failure; the rest never hit the store.
     assert_eq!(store.calls(), 1);
 }

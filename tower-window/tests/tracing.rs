@@ -10,8 +10,8 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use tower_window::fallback::FailOpen;
 use tower_window::{
-    BreakerConfig, CheckRequest, Decision, Limiter, MemoryStore, RetryConfig, Store, StoreError,
-    StoreErrorKind, WindowKey,
+    BreakerConfig, CheckRequest, Decision, Limiter, MemoryStore, Quota, RetryConfig, Store,
+    StoreError, StoreErrorKind, WindowKey,
 };
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -91,12 +91,12 @@ async fn spans_carry_outcome_and_source_but_never_the_key() {
     let _guard = tracing::subscriber::set_default(capture.clone());
     let key = WindowKey::new("secret-tenant", "secret-subject");
 
-    let limiter = Limiter::builder(MemoryStore::new(), "1/1m".parse().unwrap()).build();
+    let limiter = Limiter::builder(MemoryStore::new(), "1/1m".parse::<Quota>().unwrap()).build();
     assert!(limiter.check(&key, 1).await.unwrap().allowed);
     assert!(!limiter.check(&key, 1).await.unwrap().allowed);
     assert!(!limiter.check(&key, 1).await.unwrap().allowed);
 
-    let degraded = Limiter::builder(Down, "1/1m".parse().unwrap())
+    let degraded = Limiter::builder(Down, "1/1m".parse::<Quota>().unwrap())
         .retry(RetryConfig::none())
         .breaker(
             BreakerConfig::default()

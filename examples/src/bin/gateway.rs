@@ -24,7 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let args = Args::parse();
     let listen = args.listen;
     let config = args.into_config()?;
-    tracing::info!(quota = %config.quota, tenant_header = %config.tenant_header, user_header = %config.user_header, "configured");
+    tracing::info!(policy = %config.policy, tenant_header = %config.tenant_header, user_header = %config.user_header, "configured");
     if let Some(resilience) = &config.resilience {
         tracing::info!(
             fallback = %resilience.fallback,

@@ -25,6 +25,7 @@ pub const RATELIMIT_SOURCE: HeaderName = HeaderName::from_static("x-ratelimit-so
 /// limited.
 pub fn build_app(config: GatewayConfig) -> Router {
     let limiter = config.limiter();
+    let degraded_status = config.degraded_status();
     let key = Header::new(config.user_header.clone())
         .with_tenant(Header::new(config.tenant_header.clone()).or(Constant::new("public")));
     let state = AppState {
@@ -39,7 +40,8 @@ pub fn build_app(config: GatewayConfig) -> Router {
         // Inside the limiter: sees the admitted request's `Decision`.
         router = router.route_layer(middleware::from_fn(admitted_source));
     }
-    router = router.route_layer(axum_window_ext::layer(limiter, key));
+    router =
+        router.route_layer(axum_window_ext::layer(limiter, key).degraded_status(degraded_status));
     if config.debug_headers {
         // Outside the limiter: sees the denial's `Rejection`.
         router = router.route_layer(middleware::map_response(denied_source));

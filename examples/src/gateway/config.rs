@@ -6,12 +6,13 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::HeaderName;
+use axum::http::{HeaderName, StatusCode};
 use clap::{Parser, ValueEnum};
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
 use tower_window::{
-    Algorithm, Limiter, MemoryStore, Quota, QuotaError, RedisStore, Store, StoreError,
+    Algorithm, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError, RedisStore, Store,
+    StoreError,
 };
 
 /// The gateway's flags. Every flag can also be set from the environment
@@ -27,14 +28,24 @@ pub struct Args {
     #[arg(long, env = "TW_LISTEN", default_value = "127.0.0.1:3000")]
     pub listen: SocketAddr,
 
-    /// Quota per tenant and user, in the quota DSL (`100/1m`, `10/s`,
-    /// `5000/1h sliding-counter(1m)`, `10/s gcra(burst=20)`).
-    #[arg(long, env = "TW_LIMIT", default_value = "100/1m")]
-    pub limit: Quota,
+    /// Quota per tenant and user, as `NAME=DSL` or just `DSL` (named
+    /// `default`), in the quota DSL (`100/1m`, `10/s`,
+    /// `5000/1h sliding-counter(1m)`, `10/s gcra(burst=20)`). Repeat it for
+    /// several quotas, checked together as one policy: a request is admitted
+    /// only if every quota admits it (`--limit burst=5/1s --limit
+    /// sustained=100/1m`). In the environment, separate them with `;`.
+    #[arg(
+        long,
+        env = "TW_LIMIT",
+        default_value = "100/1m",
+        value_delimiter = ';',
+        value_parser = parse_named_quota
+    )]
+    pub limit: Vec<Quota>,
 
-    /// Counting algorithm; overrides the one written in `--limit` and keeps
-    /// its numbers. `sliding-counter` picks a granularity of at most 60
-    /// buckets per window.
+    /// Counting algorithm; overrides the one written in every `--limit` and
+    /// keeps its numbers. `sliding-counter` picks a granularity of at most
+    /// 60 buckets per window.
     #[arg(long, env = "TW_ALGORITHM", value_enum)]
     pub algorithm: Option<AlgorithmArg>,
 
@@ -145,13 +156,33 @@ pub enum AlgorithmArg {
     Gcra,
 }
 
+/// Parses `--limit`: `NAME=DSL` or `DSL` (the quota is then named `default`).
+fn parse_named_quota(text: &str) -> Result<Quota, QuotaError> {
+    match text.split_once('=') {
+        // `gcra(burst=20)` has a `=` too, but after a `(`.
+        Some((name, dsl)) if !name.contains('(') => dsl.trim().parse::<Quota>()?.named(name.trim()),
+        _ => text.parse(),
+    }
+}
+
 impl Args {
-    /// The quota to enforce: `--limit`, with `--algorithm` applied.
-    pub fn quota(&self) -> Result<Quota, QuotaError> {
+    /// The policy to enforce per tenant and user: every `--limit`, with
+    /// `--algorithm` applied, named `gateway`.
+    pub fn policy(&self) -> Result<Policy, ConfigError> {
+        let quotas = self
+            .limit
+            .iter()
+            .map(|quota| self.with_algorithm(quota))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ConfigError::Quota)?;
+        Policy::new("gateway", quotas).map_err(ConfigError::Policy)
+    }
+
+    /// `base` with `--algorithm` applied.
+    fn with_algorithm(&self, base: &Quota) -> Result<Quota, QuotaError> {
         let Some(algorithm) = self.algorithm else {
-            return Ok(self.limit.clone());
+            return Ok(base.clone());
         };
-        let base = &self.limit;
         let mut builder = Quota::builder()
             .name(base.name())
             .limit(base.limit())
@@ -178,7 +209,7 @@ impl Args {
     /// `--expected-nodes` and `--redis-timeout-ms`); the embedded store is
     /// used bare.
     pub fn into_config(self) -> Result<GatewayConfig, ConfigError> {
-        let quota = self.quota().map_err(ConfigError::Quota)?;
+        let policy = self.policy()?;
         let timeout = Duration::from_millis(self.redis_timeout_ms);
         let redis = if let Some(url) = &self.redis_url {
             Some(RedisStore::from_url(url).map_err(ConfigError::Store)?)
@@ -200,7 +231,7 @@ impl Args {
             None => (Arc::new(MemoryStore::new()), None),
         };
         Ok(GatewayConfig {
-            quota,
+            policy,
             store,
             tenant_header: self.tenant_header,
             user_header: self.user_header,
@@ -214,8 +245,8 @@ impl Args {
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct GatewayConfig {
-    /// The quota per tenant and user.
-    pub quota: Quota,
+    /// The policy (one or more quotas) per tenant and user.
+    pub policy: Policy,
     /// Where windows live: the embedded store, or Redis with `--redis-url`
     /// / `--redis-cluster`.
     pub store: Arc<dyn Store>,
@@ -232,15 +263,16 @@ pub struct GatewayConfig {
 }
 
 impl GatewayConfig {
-    /// `quota` on a fresh embedded store, with the default headers.
-    pub fn new(quota: Quota) -> Self {
-        Self::with_store(quota, Arc::new(MemoryStore::new()))
+    /// `policy` (or one quota) on a fresh embedded store, with the default
+    /// headers.
+    pub fn new(policy: impl Into<Policy>) -> Self {
+        Self::with_store(policy, Arc::new(MemoryStore::new()))
     }
 
-    /// `quota` on `store`, with the default headers.
-    pub fn with_store(quota: Quota, store: Arc<dyn Store>) -> Self {
+    /// `policy` (or one quota) on `store`, with the default headers.
+    pub fn with_store(policy: impl Into<Policy>, store: Arc<dyn Store>) -> Self {
         Self {
-            quota,
+            policy: policy.into(),
             store,
             tenant_header: HeaderName::from_static("x-tenant-id"),
             user_header: HeaderName::from_static("x-user-id"),
@@ -267,25 +299,34 @@ impl GatewayConfig {
     /// the time budget and the fallback policy.
     pub fn limiter(&self) -> Limiter {
         let Some(resilience) = self.resilience else {
-            return Limiter::from_shared_store(self.store.clone(), self.quota.clone());
+            return Limiter::from_shared_store(self.store.clone(), self.policy.clone());
         };
         let builder =
-            Limiter::builder(self.store.clone(), self.quota.clone()).timeout(resilience.timeout);
+            Limiter::builder(self.store.clone(), self.policy.clone()).timeout(resilience.timeout);
         match resilience.fallback {
             FallbackArg::FailOpen => builder.fallback(FailOpen),
-            FallbackArg::FailClosed => builder.fallback(FailClosed::service_unavailable()),
+            FallbackArg::FailClosed => builder.fallback(FailClosed::new()),
             FallbackArg::Local => {
                 builder.fallback(LocalWindow::per_node(resilience.expected_nodes))
             }
         }
         .build()
     }
+
+    /// The status of a degraded denial: `503` for `fail-closed`, `429` for
+    /// the `local` window (past its share the node is rate limiting).
+    pub fn degraded_status(&self) -> StatusCode {
+        match self.resilience.map(|r| r.fallback) {
+            Some(FallbackArg::Local) => StatusCode::TOO_MANY_REQUESTS,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
 }
 
 impl fmt::Debug for GatewayConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GatewayConfig")
-            .field("quota", &self.quota)
+            .field("policy", &self.policy)
             .field("tenant_header", &self.tenant_header)
             .field("user_header", &self.user_header)
             .field("resilience", &self.resilience)
@@ -300,6 +341,8 @@ impl fmt::Debug for GatewayConfig {
 pub enum ConfigError {
     /// `--limit` and `--algorithm` do not make a valid quota.
     Quota(QuotaError),
+    /// The `--limit`s do not make a valid policy (two of one name).
+    Policy(PolicyError),
     /// `--redis-url` / `--redis-cluster` do not make a store.
     Store(StoreError),
 }
@@ -308,6 +351,7 @@ impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Quota(error) => write!(f, "invalid --limit/--algorithm: {error}"),
+            Self::Policy(error) => write!(f, "invalid --limit: {error}"),
             Self::Store(error) => write!(f, "invalid --redis-url/--redis-cluster: {error}"),
         }
     }
@@ -317,6 +361,7 @@ impl std::error::Error for ConfigError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Quota(error) => Some(error),
+            Self::Policy(error) => Some(error),
             Self::Store(error) => Some(error),
         }
     }
@@ -338,34 +383,74 @@ mod tests {
     fn defaults() {
         let args = args(&[]);
         assert_eq!(args.listen, "127.0.0.1:3000".parse().unwrap());
-        assert_eq!(args.quota().unwrap(), "100/1m".parse().unwrap());
+        assert_eq!(
+            args.policy().unwrap(),
+            Policy::new("gateway", ["100/1m".parse().unwrap()]).unwrap()
+        );
         assert_eq!(args.tenant_header, "x-tenant-id");
         assert_eq!(args.user_header, "x-user-id");
     }
 
+    fn quota(extra: &[&str]) -> Quota {
+        args(extra).policy().unwrap().first().clone()
+    }
+
+    #[test]
+    fn several_named_limits_make_one_policy() {
+        let policy = args(&["--limit", "burst=5/1s", "--limit", "sustained = 100/1m"])
+            .policy()
+            .unwrap();
+        let names: Vec<&str> = policy.quotas().iter().map(|q| q.name()).collect();
+        assert_eq!(names, ["burst", "sustained"]);
+        assert_eq!(policy.quotas()[1].limit(), 100);
+        // `=` inside the algorithm's argument is not a name.
+        let gcra = quota(&["--limit", "10/s gcra(burst=20)"]);
+        assert_eq!((gcra.name(), gcra.capacity()), ("default", 20));
+        let named = quota(&["--limit", "api=10/s gcra(burst=20)"]);
+        assert_eq!((named.name(), named.capacity()), ("api", 20));
+        // The algorithm flag applies to every quota.
+        let policy = args(&[
+            "--limit",
+            "a=5/1s",
+            "--limit",
+            "b=9/1m",
+            "--algorithm",
+            "gcra",
+        ])
+        .policy()
+        .unwrap();
+        assert!(policy
+            .quotas()
+            .iter()
+            .all(|q| q.algorithm() == Algorithm::Gcra));
+        // Two quotas of one name are refused with the name.
+        let err = args(&["--limit", "a=5/1s", "--limit", "a=9/1m"])
+            .into_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("\"a\""), "{err}");
+        for bad in ["bad name=5/1s", "=5/1s", "x=0/1s"] {
+            assert!(
+                Args::try_parse_from(["gateway", "--limit", bad]).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
     #[test]
     fn algorithm_keeps_the_numbers() {
-        let q = args(&["--limit", "10/1m", "--algorithm", "gcra"])
-            .quota()
-            .unwrap();
+        let q = quota(&["--limit", "10/1m", "--algorithm", "gcra"]);
         assert_eq!(q.algorithm(), Algorithm::Gcra);
         assert_eq!((q.limit(), q.window_micros()), (10, 60_000_000));
-        let q = args(&["--limit", "10/1m", "--algorithm", "sliding-counter"])
-            .quota()
-            .unwrap();
+        let q = quota(&["--limit", "10/1m", "--algorithm", "sliding-counter"]);
         assert_eq!(
             q.algorithm(),
             Algorithm::SlidingCounter {
                 granularity: std::time::Duration::from_secs(1)
             }
         );
-        let q = args(&["--limit", "10/1m", "--algorithm", "fixed-window"])
-            .quota()
-            .unwrap();
+        let q = quota(&["--limit", "10/1m", "--algorithm", "fixed-window"]);
         assert_eq!(q.algorithm(), Algorithm::FixedWindow);
-        let q = args(&["--limit", "10/s gcra(burst=20)", "--algorithm", "gcra"])
-            .quota()
-            .unwrap();
+        let q = quota(&["--limit", "10/s gcra(burst=20)", "--algorithm", "gcra"]);
         assert_eq!(q.capacity(), 20);
     }
 
@@ -433,8 +518,8 @@ mod tests {
                 timeout: Duration::from_millis(20),
             })
         );
+        assert_eq!(config.degraded_status(), 503);
         let limiter = config.limiter();
-        assert_eq!(limiter.fallback_status(), 503);
         assert!(limiter.breaker_state().is_some());
     }
 

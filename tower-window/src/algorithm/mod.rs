@@ -38,7 +38,12 @@ impl State {
     }
 
     /// Evaluates `cost` of `quota` at `now`, recording nothing.
-    pub(crate) fn evaluate(&mut self, quota: &crate::Quota, now: u64, cost: u32) -> outcome::Evaluation {
+    pub(crate) fn evaluate(
+        &mut self,
+        quota: &crate::Quota,
+        now: u64,
+        cost: u32,
+    ) -> outcome::Evaluation {
         // Stores key state by the quota's state id, which names the
         // algorithm, so the state always matches; start afresh rather than
         // panic if not.

@@ -29,10 +29,10 @@
 //! use std::convert::Infallible;
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //! use tower_window::layer::{MissingKey, SlidingWindowLayer};
-//! use tower_window::{key::Header, Decision, Limiter, MemoryStore};
+//! use tower_window::{key::Header, Decision, Limiter, MemoryStore, Quota};
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-//! let limiter = Limiter::new(MemoryStore::new(), "2/1m".parse()?);
+//! let limiter = Limiter::new(MemoryStore::new(), "2/1m".parse::<Quota>()?);
 //! let layer = SlidingWindowLayer::new(limiter, Header::new("x-api-key"))
 //!     .cost(|req: &http::Request<String>| if req.method() == "POST" { 2 } else { 1 })
 //!     .on_missing_key(MissingKey::Reject(http::StatusCode::UNAUTHORIZED));
@@ -67,10 +67,10 @@
 //! ```
 //! use tower::{ServiceBuilder, ServiceExt};
 //! use tower_window::layer::{Rejection, SlidingWindowLayer};
-//! use tower_window::{key::Constant, Limiter, MemoryStore};
+//! use tower_window::{key::Constant, Limiter, MemoryStore, Quota};
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-//! let limiter = Limiter::new(MemoryStore::new(), "1/1h".parse()?);
+//! let limiter = Limiter::new(MemoryStore::new(), "1/1h".parse::<Quota>()?);
 //! let service = ServiceBuilder::new()
 //!     .layer(SlidingWindowLayer::new(limiter, Constant::new("jobs")).typed_errors())
 //!     .service_fn(|job: u64| async move { Ok::<_, std::io::Error>(job * 2) });

@@ -50,12 +50,12 @@ use crate::{Clock, Decision, Policy, Quota, SystemClock, WindowKey};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_window::{Limiter, ManualClock, MemoryStore, WindowKey};
+/// use tower_window::{Limiter, ManualClock, MemoryStore, WindowKey, Quota};
 ///
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let clock = ManualClock::new(1_700_000_000_000_000);
 /// let store = MemoryStore::builder().clock(clock.clone()).max_keys(10_000).build();
-/// let limiter = Limiter::new(store, "1/1m".parse()?);
+/// let limiter = Limiter::new(store, "1/1m".parse::<Quota>()?);
 /// let key = WindowKey::for_subject("alice");
 /// assert!(limiter.check(&key, 1).await?.allowed);
 /// assert!(!limiter.check(&key, 1).await?.allowed);
@@ -178,9 +178,8 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 fn decided(policy: &Policy, evaluations: &[Evaluation], now: u64) -> Result<Decision, StoreError> {
-    policy_decision(policy, evaluations, now).ok_or_else(|| {
-        StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas")
-    })
+    policy_decision(policy, evaluations, now)
+        .ok_or_else(|| StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas"))
 }
 
 impl Default for MemoryStore {
@@ -468,7 +467,9 @@ mod tests {
         let policy = Policy::from("10/1h".parse::<Quota>().unwrap());
         for i in 0..100_000u32 {
             let key = WindowKey::for_subject(i.to_be_bytes().to_vec());
-            let decision = store.check_now(CheckRequest::new(&key, &policy, 1)).unwrap();
+            let decision = store
+                .check_now(CheckRequest::new(&key, &policy, 1))
+                .unwrap();
             assert!(decision.allowed);
         }
         store.run_pending_tasks();
