@@ -23,7 +23,8 @@ use tower_window::layer::{
 };
 use tower_window::{
     BreakerConfig, CheckRequest, Decision, DecisionSource, FallbackPolicy, FallbackReason, Limiter,
-    ManualClock, MemoryStore, Quota, RetryConfig, Store, StoreError, StoreErrorKind, WindowKey,
+    ManualClock, MemoryStore, Policy, Quota, RetryConfig, Store, StoreError, StoreErrorKind,
+    WindowKey,
 };
 
 // ---------------------------------------------------------------- stores
@@ -171,6 +172,67 @@ async fn allowed_response_has_structured_ratelimit_headers() {
     assert!(!headers.contains_key("retry-after"));
     assert!(!headers.contains_key("x-ratelimit-limit"));
     assert!(response.extensions().get::<Rejection>().is_none());
+}
+
+/// The rates a policy's headers advertise, for every algorithm: `q` per `w`
+/// is the sustained rate (GCRA: not its burst; sub-second windows: scaled
+/// to whole seconds), every quota is listed, and `RateLimit` names the
+/// tightest one. Parsed back by an independent structured-field parser.
+#[tokio::test]
+async fn a_policy_advertises_every_quota_at_its_sustained_rate() {
+    let clock = clock_at(Duration::ZERO);
+    let policy = Policy::builder("mixed")
+        .quota("gcra", "10/s gcra(burst=20)")
+        .unwrap()
+        .quota("fast", "250/500ms")
+        .unwrap()
+        .quota("counter", "600/1m sliding-counter(1s)")
+        .unwrap()
+        .quota("hourly", "3/1h")
+        .unwrap()
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(MemoryStore::builder().clock(clock.clone()).build(), policy);
+    let service =
+        SlidingWindowLayer::new(limiter, Header::new("x-user-id")).layer(service_fn(handler));
+    let response = service
+        .clone()
+        .oneshot(request(Some("rita")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        parse_list(response.headers(), "ratelimit-policy"),
+        [
+            (
+                "gcra".to_owned(),
+                params(&[("q", 10), ("w", 1), ("burst", 20)])
+            ),
+            ("fast".to_owned(), params(&[("q", 500), ("w", 1)])),
+            ("counter".to_owned(), params(&[("q", 600), ("w", 60)])),
+            ("hourly".to_owned(), params(&[("q", 3), ("w", 3600)])),
+        ]
+    );
+    // 2 of 3 left is the smallest share: the hourly quota is the tightest.
+    assert_eq!(
+        parse_list(response.headers(), "ratelimit"),
+        [("hourly".to_owned(), params(&[("r", 2), ("t", 3600)]))]
+    );
+    for _ in 0..2 {
+        service
+            .clone()
+            .oneshot(request(Some("rita")))
+            .await
+            .unwrap();
+    }
+    let denied = service.oneshot(request(Some("rita"))).await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.headers()["retry-after"], "3600");
+    assert_eq!(
+        parse_list(denied.headers(), "ratelimit"),
+        [("hourly".to_owned(), params(&[("r", 0), ("t", 3600)]))]
+    );
+    assert_eq!(parse_list(denied.headers(), "ratelimit-policy").len(), 4);
 }
 
 #[tokio::test]

@@ -42,9 +42,17 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// `headers`, and with `legacy` also `X-RateLimit-Limit`, `X-RateLimit-Remaining`
 /// and `X-RateLimit-Reset` (seconds until reset, rounded up).
 ///
-/// `RateLimit` and `RateLimit-Policy` are appended, so nested limiters each
-/// contribute their own list member; the legacy headers are replaced.
-/// `Retry-After` is not added here (see [`insert_retry_after`]).
+/// `RateLimit-Policy` lists every quota of the decision's policy;
+/// `RateLimit` (and the legacy headers) describe the deciding quota, the
+/// tightest one. Both are appended, so nested limiters each contribute
+/// their own list members; the legacy headers are replaced. `Retry-After`
+/// is not added here (see [`insert_retry_after`]).
+///
+/// Each policy item states the quota's sustained rate as `q` units per `w`
+/// whole seconds: a window that is not a whole number of seconds is scaled
+/// to the shortest whole-second span holding whole windows (`250/500ms`
+/// is `q=500;w=1`), and a GCRA quota adds its burst as `burst` when it
+/// differs from the limit (`10/s gcra(burst=20)` is `q=10;w=1;burst=20`).
 ///
 /// ```
 /// use std::time::Duration;
@@ -59,50 +67,112 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// # Ok::<(), tower_window::QuotaError>(())
 /// ```
 pub fn insert_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision, legacy: bool) {
-    let quota = &decision.quota;
     let reset = ceil_secs(decision.reset_after);
-    if let Some(policy) = policy_item(quota) {
-        headers.append(RATELIMIT_POLICY, policy);
+    match decision.quotas() {
+        [only] => {
+            if let Some(policy) = policy_item(&only.quota) {
+                headers.append(RATELIMIT_POLICY, policy);
+            }
+        }
+        quotas => {
+            let items: Vec<HeaderValue> = quotas
+                .iter()
+                .filter_map(|q| policy_item(&q.quota))
+                .collect();
+            if let Some(list) = join_list(&items) {
+                headers.append(RATELIMIT_POLICY, list);
+            }
+        }
     }
     let state = item(
-        quota.name(),
-        (b"r", u64::from(decision.remaining)),
-        (b"t", reset),
+        decision.quota.name(),
+        &[(b"r", u64::from(decision.remaining)), (b"t", reset)],
     );
     if let Some(state) = state {
         headers.append(RATELIMIT, state);
     }
     if legacy {
-        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(quota.capacity()));
+        headers.insert(
+            X_RATELIMIT_LIMIT,
+            HeaderValue::from(decision.quota.capacity()),
+        );
         headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
         headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
     }
 }
 
+/// The largest integer a structured field may carry.
+const MAX_SF_INTEGER: u64 = 999_999_999_999_999;
+
+/// A quota's sustained rate as `(q, w)`: `q` units per `w` whole seconds,
+/// `w` the shortest whole-second span that holds a whole number of windows.
+pub(crate) fn sustained_rate(quota: &Quota) -> (u64, u64) {
+    let window_ms = (quota.window_micros() / 1_000).max(1);
+    let w_ms = lcm(window_ms, 1_000);
+    let windows = w_ms / window_ms;
+    let q = u64::from(quota.limit()).saturating_mul(windows);
+    (q.min(MAX_SF_INTEGER), (w_ms / 1_000).min(MAX_SF_INTEGER))
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    (a / x).saturating_mul(b)
+}
+
+/// How many `RateLimit-Policy` items a thread keeps: one policy's quotas.
+const POLICY_CACHE: usize = crate::quota::MAX_QUOTAS;
+
 thread_local! {
-    /// The last `RateLimit-Policy` value built on this thread, by quota id.
-    static LAST_POLICY: RefCell<Option<(Arc<str>, HeaderValue)>> = const { RefCell::new(None) };
+    /// The last `RateLimit-Policy` items built on this thread, by quota id,
+    /// the newest last.
+    static LAST_POLICY: RefCell<Vec<(Arc<str>, HeaderValue)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The `RateLimit-Policy` member of `quota`: the same for every decision of
 /// the quota, so it is built once per thread and quota (a limiter has one
-/// quota, so in practice once per thread) and cloned after that.
+/// policy of a few quotas, so in practice once per thread and quota) and
+/// cloned after that.
 fn policy_item(quota: &Quota) -> Option<HeaderValue> {
     LAST_POLICY.with(|last| {
         let mut last = last.borrow_mut();
-        if let Some((id, value)) = &*last {
-            if **id == *quota.id() {
-                return Some(value.clone());
-            }
+        if let Some((_, value)) = last.iter().find(|(id, _)| **id == *quota.id()) {
+            return Some(value.clone());
         }
-        let value = item(
-            quota.name(),
-            (b"q", u64::from(quota.capacity())),
-            (b"w", ceil_secs(quota.window())),
-        )?;
-        *last = Some((quota.shared_id(), value.clone()));
+        let (q, w) = sustained_rate(quota);
+        let burst = match (quota.algorithm(), quota.burst()) {
+            (crate::Algorithm::Gcra, Some(burst)) if burst != quota.limit() => Some(burst),
+            _ => None,
+        };
+        let value = match burst {
+            Some(burst) => item(
+                quota.name(),
+                &[(b"q", q), (b"w", w), (b"burst", u64::from(burst))],
+            ),
+            None => item(quota.name(), &[(b"q", q), (b"w", w)]),
+        }?;
+        if last.len() == POLICY_CACHE {
+            last.remove(0);
+        }
+        last.push((quota.shared_id(), value.clone()));
         Some(value)
     })
+}
+
+/// `a, b, c`: one structured-field list of the given members.
+fn join_list(items: &[HeaderValue]) -> Option<HeaderValue> {
+    let mut buf = Vec::with_capacity(items.iter().map(|i| i.len() + 2).sum());
+    for (i, value) in items.iter().enumerate() {
+        if i > 0 {
+            buf.extend_from_slice(b", ");
+        }
+        buf.extend_from_slice(value.as_bytes());
+    }
+    (!buf.is_empty())
+        .then(|| HeaderValue::from_maybe_shared(Bytes::from(buf)).ok())
+        .flatten()
 }
 
 /// Sets `Retry-After` to `wait` in whole seconds, rounded up and at least 1
@@ -115,7 +185,7 @@ pub fn insert_retry_after(headers: &mut HeaderMap, wait: Duration) {
 ///
 /// Quota names are `[A-Za-z0-9_.-]`, so they need no escaping; anything else
 /// (impossible for a valid quota) is skipped rather than sent malformed.
-fn item(name: &str, first: (&[u8; 1], u64), second: (&[u8; 1], u64)) -> Option<HeaderValue> {
+fn item(name: &str, params: &[(&[u8], u64)]) -> Option<HeaderValue> {
     if !name
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
@@ -127,7 +197,7 @@ fn item(name: &str, first: (&[u8; 1], u64), second: (&[u8; 1], u64)) -> Option<H
     buf.push(b'"');
     buf.extend_from_slice(name.as_bytes());
     buf.push(b'"');
-    for (key, value) in [first, second] {
+    for &(key, value) in params {
         buf.push(b';');
         buf.extend_from_slice(key);
         buf.push(b'=');
@@ -172,11 +242,55 @@ mod tests {
         let decision = Decision::deny(quota, 0, Duration::from_micros(1), None);
         let mut headers = HeaderMap::new();
         insert_rate_limit_headers(&mut headers, &decision, true);
-        assert_eq!(headers[RATELIMIT_POLICY], r#""burst.api-1";q=250;w=1"#);
+        // 250 per half second is 500 per second.
+        assert_eq!(headers[RATELIMIT_POLICY], r#""burst.api-1";q=500;w=1"#);
         assert_eq!(headers[RATELIMIT], r#""burst.api-1";r=0;t=1"#);
         assert_eq!(headers[X_RATELIMIT_LIMIT], "250");
         assert_eq!(headers[X_RATELIMIT_REMAINING], "0");
         assert_eq!(headers[X_RATELIMIT_RESET], "1");
+    }
+
+    #[test]
+    fn policy_items_state_the_sustained_rate() {
+        let rate = |dsl: &str| sustained_rate(&dsl.parse::<Quota>().unwrap());
+        assert_eq!(rate("100/1m"), (100, 60));
+        assert_eq!(rate("250/500ms"), (500, 1));
+        assert_eq!(rate("7/1500ms"), (14, 3));
+        assert_eq!(rate("10/s gcra(burst=20)"), (10, 1));
+        assert_eq!(rate("3/250ms fixed-window"), (12, 1));
+        assert_eq!(rate("4294967295/1ms"), (4_294_967_295_000, 1));
+        let mut headers = HeaderMap::new();
+        let gcra: Quota = "10/s gcra(burst=20)".parse().unwrap();
+        insert_rate_limit_headers(
+            &mut headers,
+            &Decision::allow(gcra, 19, Duration::ZERO),
+            false,
+        );
+        assert_eq!(headers[RATELIMIT_POLICY], r#""default";q=10;w=1;burst=20"#);
+        let plain: Quota = "10/s gcra".parse().unwrap();
+        let mut headers = HeaderMap::new();
+        insert_rate_limit_headers(
+            &mut headers,
+            &Decision::allow(plain, 9, Duration::ZERO),
+            false,
+        );
+        assert_eq!(headers[RATELIMIT_POLICY], r#""default";q=10;w=1"#);
+    }
+
+    #[test]
+    fn a_policy_lists_every_quota_and_the_tightest_in_ratelimit() {
+        let a: Quota = "10/s".parse::<Quota>().unwrap().named("a").unwrap();
+        let b: Quota = "100/1m".parse::<Quota>().unwrap().named("b").unwrap();
+        let decision = Decision::from_quotas([
+            crate::QuotaDecision::allow(a, 9, Duration::from_secs(1)),
+            crate::QuotaDecision::allow(b, 5, Duration::from_secs(60)),
+        ])
+        .unwrap();
+        let mut headers = HeaderMap::new();
+        insert_rate_limit_headers(&mut headers, &decision, true);
+        assert_eq!(headers[RATELIMIT_POLICY], r#""a";q=10;w=1, "b";q=100;w=60"#);
+        assert_eq!(headers[RATELIMIT], r#""b";r=5;t=60"#);
+        assert_eq!(headers[X_RATELIMIT_LIMIT], "100");
     }
 
     #[test]
