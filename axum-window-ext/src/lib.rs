@@ -21,7 +21,7 @@
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse::<Quota>()?);
 //! // Per user, within the tenant named by `x-tenant-id` (default "public").
-//! let key = Header::new("x-user-id").with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+//! let key = Header::new("x-user-id")?.with_tenant(Header::new("x-tenant-id")?.or(Constant::new("public")));
 //! let app: Router = Router::new()
 //!     .route("/hello", get(|RateLimitInfo(d): RateLimitInfo| async move {
 //!         format!("hello, {} left", d.remaining)

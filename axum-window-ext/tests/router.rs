@@ -82,7 +82,10 @@ async fn remaining(RateLimitInfo(decision): RateLimitInfo) -> String {
 fn hello_app(limiter: Limiter) -> Router {
     Router::new()
         .route("/hello", get(remaining))
-        .layer(axum_window_ext::layer(limiter, Header::new("x-user-id")))
+        .layer(axum_window_ext::layer(
+            limiter,
+            Header::new("x-user-id").unwrap(),
+        ))
 }
 
 #[tokio::test]
@@ -190,7 +193,10 @@ async fn layer_covers_the_fallback_route_layer_does_not() {
     let (limiter, _clock) = limiter("1/1m");
     let layered = Router::new()
         .route("/a", get(|| async { "a" }))
-        .layer(axum_window_ext::layer(limiter, Header::new("x-user-id")));
+        .layer(axum_window_ext::layer(
+            limiter,
+            Header::new("x-user-id").unwrap(),
+        ));
     let response = layered
         .clone()
         .oneshot(request("/nope", Some("u")))
@@ -212,7 +218,10 @@ async fn layer_covers_the_fallback_route_layer_does_not() {
     let routed = Router::new()
         .route("/a", get(|| async { "a" }))
         .route("/b", get(|| async { "b" }))
-        .route_layer(axum_window_ext::layer(limiter, Header::new("x-user-id")))
+        .route_layer(axum_window_ext::layer(
+            limiter,
+            Header::new("x-user-id").unwrap(),
+        ))
         .route("/open", get(|| async { "open" }));
     for _ in 0..3 {
         let response = routed
@@ -271,7 +280,10 @@ async fn rate_limit_info_without_layer() {
     assert_eq!(body_text(response).await, "none");
 
     let (limiter, _clock) = limiter("5/1m");
-    let app = app.layer(axum_window_ext::layer(limiter, Header::new("x-user-id")));
+    let app = app.layer(axum_window_ext::layer(
+        limiter,
+        Header::new("x-user-id").unwrap(),
+    ));
     let response = app
         .clone()
         .oneshot(request("/optional", Some("u")))

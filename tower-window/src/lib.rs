@@ -14,7 +14,7 @@
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse::<Quota>()?);
 //! let service = ServiceBuilder::new()
-//!     .layer(SlidingWindowLayer::new(limiter, Header::new("x-user-id")))
+//!     .layer(SlidingWindowLayer::new(limiter, Header::new("x-user-id")?))
 //!     .service_fn(|_req: http::Request<String>| async {
 //!         Ok::<_, std::convert::Infallible>(http::Response::new(String::from("hello")))
 //!     });
@@ -34,6 +34,7 @@ mod clock;
 mod decision;
 pub mod fallback;
 pub mod key;
+#[cfg(feature = "http")]
 pub mod layer;
 mod limiter;
 mod local;
@@ -48,6 +49,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, DecisionSource, FallbackReason, QuotaDecision};
 pub use fallback::FallbackPolicy;
 pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
+#[cfg(feature = "http")]
 pub use layer::{MissingKey, Rejection, SlidingWindow, SlidingWindowLayer};
 pub use limiter::{LimitError, Limiter};
 pub use limiter::{LimiterBuilder, LimiterStats};

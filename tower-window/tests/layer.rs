@@ -152,7 +152,7 @@ async fn allowed_response_has_structured_ratelimit_headers() {
     let clock = clock_at(Duration::from_millis(10_200));
     let layer = SlidingWindowLayer::new(
         fixed_limiter("5/1m fixed-window", &clock),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     );
     let service = layer.layer(service_fn(handler));
 
@@ -193,8 +193,8 @@ async fn a_policy_advertises_every_quota_at_its_sustained_rate() {
         .build()
         .unwrap();
     let limiter = Limiter::new(MemoryStore::builder().clock(clock.clone()).build(), policy);
-    let service =
-        SlidingWindowLayer::new(limiter, Header::new("x-user-id")).layer(service_fn(handler));
+    let service = SlidingWindowLayer::new(limiter, Header::new("x-user-id").unwrap())
+        .layer(service_fn(handler));
     let response = service
         .clone()
         .oneshot(request(Some("rita")))
@@ -240,7 +240,7 @@ async fn decision_is_visible_to_the_inner_handler() {
     let clock = clock_at(Duration::ZERO);
     let layer = SlidingWindowLayer::new(
         fixed_limiter("3/1m fixed-window", &clock),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     );
     let mut service = layer.layer(service_fn(handler));
     for expected in ["remaining=2", "remaining=1", "remaining=0"] {
@@ -261,7 +261,7 @@ async fn denial_is_429_with_retry_after_rounded_up() {
     let clock = clock_at(Duration::ZERO);
     let layer = SlidingWindowLayer::new(
         fixed_limiter("2/1m fixed-window", &clock),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     );
     let mut service = layer.layer(service_fn(handler));
     for _ in 0..2 {
@@ -347,7 +347,7 @@ async fn cost_above_the_limit_has_no_retry_after() {
     let clock = clock_at(Duration::ZERO);
     let layer = SlidingWindowLayer::new(
         fixed_limiter("5/1m fixed-window", &clock),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     )
     .cost(|_: &Request<String>| 6);
     let response = layer
@@ -369,8 +369,8 @@ async fn cost_above_the_limit_has_no_retry_after() {
 async fn legacy_headers_are_opt_in() {
     let clock = clock_at(Duration::from_millis(500));
     let limiter = fixed_limiter("10/1m fixed-window", &clock);
-    let plain =
-        SlidingWindowLayer::new(limiter.clone(), Header::new("x-user-id")).legacy_headers(false);
+    let plain = SlidingWindowLayer::new(limiter.clone(), Header::new("x-user-id").unwrap())
+        .legacy_headers(false);
     let response = plain
         .layer(service_fn(handler))
         .oneshot(request(Some("fay")))
@@ -380,7 +380,8 @@ async fn legacy_headers_are_opt_in() {
     assert!(!response.headers().contains_key("x-ratelimit-remaining"));
     assert!(!response.headers().contains_key("x-ratelimit-reset"));
 
-    let legacy = SlidingWindowLayer::new(limiter, Header::new("x-user-id")).legacy_headers(true);
+    let legacy =
+        SlidingWindowLayer::new(limiter, Header::new("x-user-id").unwrap()).legacy_headers(true);
     let response = legacy
         .layer(service_fn(handler))
         .oneshot(request(Some("fay")))
@@ -398,7 +399,7 @@ async fn custom_cost_function() {
     let clock = clock_at(Duration::ZERO);
     let layer = SlidingWindowLayer::new(
         fixed_limiter("10/1m fixed-window", &clock),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     )
     .cost(|req: &Request<String>| {
         req.headers()
@@ -448,7 +449,7 @@ async fn zero_cost_requests_are_free() {
     let clock = clock_at(Duration::ZERO);
     let layer = SlidingWindowLayer::new(
         fixed_limiter("1/1m fixed-window", &clock),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     )
     .cost(|req: &Request<String>| u32::from(req.uri().path() != "/healthz"));
     let mut service = layer.layer(service_fn(handler));
@@ -476,7 +477,10 @@ async fn zero_cost_requests_are_free() {
 #[tokio::test]
 async fn missing_key_is_rejected_with_400_by_default() {
     let clock = clock_at(Duration::ZERO);
-    let layer = SlidingWindowLayer::new(fixed_limiter("5/1m", &clock), Header::new("x-user-id"));
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("5/1m", &clock),
+        Header::new("x-user-id").unwrap(),
+    );
     let response = layer
         .layer(service_fn(handler))
         .oneshot(request(None))
@@ -490,8 +494,11 @@ async fn missing_key_is_rejected_with_400_by_default() {
         Some(Rejection::MissingKey { status }) if *status == StatusCode::BAD_REQUEST
     ));
 
-    let layer = SlidingWindowLayer::new(fixed_limiter("5/1m", &clock), Header::new("x-user-id"))
-        .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("5/1m", &clock),
+        Header::new("x-user-id").unwrap(),
+    )
+    .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
     let response = layer
         .layer(service_fn(handler))
         .oneshot(request(None))
@@ -505,7 +512,7 @@ async fn missing_key_skip_lets_requests_through_unlimited() {
     let clock = clock_at(Duration::ZERO);
     let layer = SlidingWindowLayer::new(
         fixed_limiter("1/1m fixed-window", &clock),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     )
     .on_missing_key(MissingKey::Skip);
     let mut service = layer.layer(service_fn(handler));
@@ -535,7 +542,7 @@ async fn missing_key_skip_lets_requests_through_unlimited() {
 async fn store_failure_is_503_unavailable() {
     let layer = SlidingWindowLayer::new(
         Limiter::new(FailingStore, quota("5/1m")),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     );
     let response = layer
         .layer(service_fn(handler))
@@ -555,7 +562,7 @@ async fn custom_rejection_response_keeps_the_headers() {
     let clock = clock_at(Duration::ZERO);
     let layer = SlidingWindowLayer::new(
         fixed_limiter("1/1m fixed-window", &clock),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     )
     .legacy_headers(true)
     .rejection(|rejection: &Rejection| {
@@ -592,7 +599,10 @@ async fn custom_rejection_response_keeps_the_headers() {
 #[tokio::test]
 async fn inner_errors_pass_through_in_http_mode() {
     let clock = clock_at(Duration::ZERO);
-    let layer = SlidingWindowLayer::new(fixed_limiter("5/1m", &clock), Header::new("x-user-id"));
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("5/1m", &clock),
+        Header::new("x-user-id").unwrap(),
+    );
     let service = layer.layer(service_fn(|_: Request<String>| async {
         Err::<Response<String>, _>(std::io::Error::other("boom"))
     }));
@@ -605,7 +615,7 @@ async fn all_clones_share_one_limiter() {
     let clock = clock_at(Duration::ZERO);
     let layer = SlidingWindowLayer::new(
         fixed_limiter("2/1m fixed-window", &clock),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     );
     let first = layer.layer(service_fn(handler));
     let second = first.clone();
@@ -669,7 +679,7 @@ async fn the_readied_service_is_the_one_called() {
             Limiter::new(store, quota("2/1m fixed-window"))
         };
         let calls = Arc::new(AtomicUsize::new(0));
-        let layer = SlidingWindowLayer::new(limiter, Header::new("x-user-id"))
+        let layer = SlidingWindowLayer::new(limiter, Header::new("x-user-id").unwrap())
             .on_missing_key(MissingKey::Skip);
         let mut service = layer.layer(NeedsReady {
             ready: false,
@@ -699,7 +709,7 @@ async fn the_check_happens_in_call_even_if_the_future_is_dropped() {
     let clock = clock_at(Duration::ZERO);
     let layer = SlidingWindowLayer::new(
         fixed_limiter("2/1m fixed-window", &clock),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     );
     let mut service = layer.layer(service_fn(handler));
     // A memory-store decision is made in `call`: dropping the response
@@ -861,8 +871,13 @@ async fn combined_extractors_infer_the_request_type_from_the_service() {
     let clock = clock_at(Duration::ZERO);
     // Per user (or per peer IP when anonymous), within the tenant header's tenant or "public".
     let key = Header::new("x-user-id")
+        .unwrap()
         .or(PeerIp::new())
-        .with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+        .with_tenant(
+            Header::new("x-tenant-id")
+                .unwrap()
+                .or(Constant::new("public")),
+        );
     let layer = SlidingWindowLayer::new(fixed_limiter("1/1m fixed-window", &clock), key);
     let mut service = layer.layer(service_fn(handler));
     let mut call = |tenant: Option<&str>, user: Option<&str>| {
@@ -895,10 +910,12 @@ fn combinators_can_name_the_request_type() {
     use tower_window::key::PeerIp;
     use tower_window::{KeyExtractor, KeyExtractorExt};
 
-    let tenant =
-        KeyExtractorExt::<Request<String>>::or(Header::new("x-tenant-id"), Constant::new("public"));
+    let tenant = KeyExtractorExt::<Request<String>>::or(
+        Header::new("x-tenant-id").unwrap(),
+        Constant::new("public"),
+    );
     let key = KeyExtractorExt::<Request<String>>::with_tenant(
-        Header::new("x-user-id").or(PeerIp::new()),
+        Header::new("x-user-id").unwrap().or(PeerIp::new()),
         tenant,
     );
     let window = key.clone().extract(&request(Some("zed"))).unwrap();
@@ -916,7 +933,11 @@ fn combined_extractors_work_on_request_parts() {
 
     let key = Query::new("key")
         .or(PeerIp::new().trusted_proxies(TrustedProxies::private_networks()))
-        .with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+        .with_tenant(
+            Header::new("x-tenant-id")
+                .unwrap()
+                .or(Constant::new("public")),
+        );
     let (parts, _) = Request::builder()
         .uri("/?key=k1")
         .body(())
@@ -990,7 +1011,7 @@ type DegradedService = SlidingWindow<tower::util::ServiceFn<BoxedHandler>, Heade
 
 fn degraded_service(limiter: Limiter) -> DegradedService {
     let handler: BoxedHandler = |request| Box::pin(source_handler(request));
-    SlidingWindowLayer::new(limiter, Header::new("x-user-id")).layer(service_fn(handler))
+    SlidingWindowLayer::new(limiter, Header::new("x-user-id").unwrap()).layer(service_fn(handler))
 }
 
 #[tokio::test]
@@ -1031,7 +1052,7 @@ async fn fail_closed_can_answer_429_and_is_still_degraded() {
     let handler: BoxedHandler = |request| Box::pin(source_handler(request));
     let service = SlidingWindowLayer::new(
         degraded_limiter("5/1m", policy, &clock),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     )
     .degraded_status(StatusCode::TOO_MANY_REQUESTS)
     .layer(service_fn(handler));
@@ -1070,7 +1091,7 @@ async fn local_window_admits_a_share_then_denies_with_the_degraded_status() {
     let handler: BoxedHandler = |request| Box::pin(source_handler(request));
     let service = SlidingWindowLayer::new(
         degraded_limiter("4/1m fixed-window", policy, &clock),
-        Header::new("x-user-id"),
+        Header::new("x-user-id").unwrap(),
     )
     .degraded_status(StatusCode::TOO_MANY_REQUESTS)
     .layer(service_fn(handler));

@@ -249,6 +249,7 @@ fn display_uses_the_largest_exact_unit() {
     assert_eq!(parse("10/s sliding-log").unwrap().to_string(), "10/1s");
 }
 
+#[cfg(feature = "serde")]
 #[test]
 fn serde_accepts_text_and_named_tables() {
     let q: Quota = serde_json::from_str("\"100/1m fixed-window\"").unwrap();

@@ -134,7 +134,10 @@ fn redis_limiter(url: &str, quota: Quota, fallback: Fallback) -> Result<Limiter,
 fn tower_window_app(limiter: Limiter) -> Router {
     Router::new()
         .route("/", get(ok))
-        .layer(SlidingWindowLayer::new(limiter, Header::new(USER_HEADER)))
+        .layer(SlidingWindowLayer::new(
+            limiter,
+            Header::from_name(http::HeaderName::from_static(USER_HEADER)),
+        ))
 }
 
 /// A loopback port nothing listens on (bound, then released).

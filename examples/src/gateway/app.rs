@@ -26,8 +26,8 @@ pub const RATELIMIT_SOURCE: HeaderName = HeaderName::from_static("x-ratelimit-so
 pub fn build_app(config: GatewayConfig) -> Router {
     let limiter = config.limiter();
     let degraded_status = config.degraded_status();
-    let key = Header::new(config.user_header.clone())
-        .with_tenant(Header::new(config.tenant_header.clone()).or(Constant::new("public")));
+    let key = Header::from_name(config.user_header.clone())
+        .with_tenant(Header::from_name(config.tenant_header.clone()).or(Constant::new("public")));
     let state = AppState {
         user_header: config.user_header,
     };

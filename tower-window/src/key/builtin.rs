@@ -38,6 +38,11 @@ macro_rules! http_extractor {
     };
 }
 
+/// A header name that is not valid (see [`Header::new`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid header name {0:?}")]
+pub struct InvalidHeaderName(String);
+
 /// The value of a request header (the first one, if repeated), as raw bytes.
 ///
 /// An absent or empty header, or one longer than
@@ -46,10 +51,12 @@ macro_rules! http_extractor {
 /// ```
 /// use tower_window::key::{Header, KeyExtractor};
 ///
-/// let key = Header::new("X-Api-Key");
+/// let key = Header::new("X-Api-Key")?;
 /// let request = http::Request::builder().header("x-api-key", "k-123").body(()).unwrap();
 /// assert_eq!(key.extract(&request).unwrap().subject(), b"k-123");
 /// assert!(key.extract(&http::Request::new(())).is_none());
+/// assert!(Header::new("no spaces").is_err());
+/// # Ok::<(), tower_window::key::InvalidHeaderName>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct Header {
@@ -58,28 +65,20 @@ pub struct Header {
 }
 
 impl Header {
-    /// Keys requests by the header `name` (any case).
-    ///
-    /// # Panics
-    ///
-    /// If `name` is not a valid header name; see [`try_new`](Self::try_new).
-    pub fn new<N>(name: N) -> Self
-    where
-        N: TryInto<HeaderName>,
-        N::Error: fmt::Display,
-    {
-        match Self::try_new(name) {
-            Ok(header) => header,
-            Err(error) => panic!("Header::new: invalid header name: {error}"),
-        }
+    /// Keys requests by the header `name` (any case), or fails if it is not
+    /// a valid header name.
+    pub fn new(name: &str) -> Result<Self, InvalidHeaderName> {
+        let parsed = HeaderName::try_from(name)
+            .map_err(|_| InvalidHeaderName(name.chars().take(80).collect()))?;
+        Ok(Self::from_name(parsed))
     }
 
-    /// Keys requests by the header `name`, or fails if it is not a valid header name.
-    pub fn try_new<N: TryInto<HeaderName>>(name: N) -> Result<Self, N::Error> {
-        Ok(Self {
-            name: name.try_into()?,
+    /// Keys requests by the header `name` (already a valid name: cannot fail).
+    pub fn from_name(name: HeaderName) -> Self {
+        Self {
+            name,
             max_len: DEFAULT_MAX_LEN,
-        })
+        }
     }
 
     /// Values longer than `max_len` bytes give no key.
@@ -564,48 +563,6 @@ fn parse_hop(entry: &[u8]) -> Option<IpAddr> {
     Some(ip.to_canonical())
 }
 
-/// The same key for every request: one global (or per-tenant) window.
-///
-/// Works for any request type.
-///
-/// ```
-/// use tower_window::key::{Constant, KeyExtractor};
-///
-/// let key = Constant::new("everyone");
-/// assert_eq!(key.extract(&"any request").unwrap().subject(), b"everyone");
-/// ```
-#[derive(Debug, Clone)]
-pub struct Constant {
-    key: WindowKey,
-}
-
-impl Constant {
-    /// Every request gets the subject `subject` (in the default tenant).
-    pub fn new(subject: impl Into<Bytes>) -> Self {
-        Self {
-            key: WindowKey::for_subject(subject),
-        }
-    }
-
-    /// Every request gets [`WindowKey::global`].
-    pub fn global() -> Self {
-        Self {
-            key: WindowKey::global(),
-        }
-    }
-
-    /// Every request gets `key`.
-    pub fn from_key(key: WindowKey) -> Self {
-        Self { key }
-    }
-}
-
-impl<Req> KeyExtractor<Req> for Constant {
-    fn extract(&self, _request: &Req) -> Option<WindowKey> {
-        Some(self.key.clone())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -613,6 +570,7 @@ mod tests {
     use http::HeaderValue;
 
     use super::*;
+    use crate::key::Constant;
 
     fn subject(key: Option<WindowKey>) -> Option<Vec<u8>> {
         key.map(|k| k.subject().to_vec())
@@ -643,7 +601,7 @@ mod tests {
 
     #[test]
     fn header_reads_raw_bytes_and_first_value() {
-        let key = Header::new("X-User");
+        let key = Header::new("X-User").unwrap();
         assert_eq!(key.name(), "x-user");
         let req = request("/", &[("x-user", b"\xff\xfe bin"), ("x-user", b"second")]);
         assert_eq!(subject(key.extract(&req)).unwrap(), b"\xff\xfe bin");
@@ -660,25 +618,31 @@ mod tests {
     fn header_rejects_huge_values_and_bad_names() {
         let huge = vec![b'a'; 64 * 1024];
         let req = request("/", &[("x-user", &huge)]);
-        assert!(Header::new("x-user").extract(&req).is_none());
+        assert!(Header::new("x-user").unwrap().extract(&req).is_none());
         assert_eq!(
-            subject(Header::new("x-user").max_len(usize::MAX).extract(&req))
-                .unwrap()
-                .len(),
+            subject(
+                Header::new("x-user")
+                    .unwrap()
+                    .max_len(usize::MAX)
+                    .extract(&req)
+            )
+            .unwrap()
+            .len(),
             huge.len()
         );
         let at_limit = vec![b'b'; DEFAULT_MAX_LEN];
         assert!(Header::new("x-user")
+            .unwrap()
             .extract(&request("/", &[("x-user", &at_limit)]))
             .is_some());
-        assert!(Header::try_new("bad header").is_err());
-        assert!(Header::try_new("").is_err());
+        assert!(Header::new("bad header").is_err());
+        assert!(Header::new("").is_err());
     }
 
     #[test]
-    #[should_panic(expected = "invalid header name")]
-    fn header_new_panics_on_invalid_name() {
-        let _ = Header::new("no spaces");
+    fn header_new_refuses_an_invalid_name_with_a_typed_error() {
+        let error = Header::new("no spaces").unwrap_err();
+        assert_eq!(error.to_string(), r#"invalid header name "no spaces""#);
     }
 
     #[test]

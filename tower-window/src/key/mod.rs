@@ -10,7 +10,7 @@
 //! use tower_window::key::{Constant, Header, KeyExtractor, KeyExtractorExt};
 //!
 //! // Per user, inside the tenant named by `x-tenant-id` (or "public").
-//! let key = Header::new("x-user-id").with_tenant(Header::new("x-tenant-id").or(Constant::new("public")));
+//! let key = Header::new("x-user-id")?.with_tenant(Header::new("x-tenant-id")?.or(Constant::new("public")));
 //! let request = http::Request::builder()
 //!     .header("x-user-id", "alice")
 //!     .body(())
@@ -18,6 +18,7 @@
 //! let window = key.extract(&request).unwrap();
 //! assert_eq!(window.tenant(), b"public");
 //! assert_eq!(window.subject(), b"alice");
+//! # Ok::<(), tower_window::key::InvalidHeaderName>(())
 //! ```
 
 use std::fmt;
@@ -25,12 +26,17 @@ use std::marker::PhantomData;
 
 use bytes::Bytes;
 
+#[cfg(feature = "http")]
 mod builtin;
+mod constant;
 pub(crate) mod state_key;
 
+#[cfg(feature = "http")]
 pub use builtin::{
-    Constant, Extension, Header, InvalidNetwork, PeerIp, Query, TrustedProxies, DEFAULT_MAX_LEN,
+    Extension, Header, InvalidHeaderName, InvalidNetwork, PeerIp, Query, TrustedProxies,
+    DEFAULT_MAX_LEN,
 };
+pub use constant::Constant;
 
 /// The identity of one window: a tenant and a subject within it.
 ///

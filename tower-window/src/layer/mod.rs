@@ -33,7 +33,7 @@
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! let limiter = Limiter::new(MemoryStore::new(), "2/1m".parse::<Quota>()?);
-//! let layer = SlidingWindowLayer::new(limiter, Header::new("x-api-key"))
+//! let layer = SlidingWindowLayer::new(limiter, Header::new("x-api-key")?)
 //!     .cost(|req: &http::Request<String>| if req.method() == "POST" { 2 } else { 1 })
 //!     .on_missing_key(MissingKey::Reject(http::StatusCode::UNAUTHORIZED));
 //! let mut service = ServiceBuilder::new().layer(layer).service_fn(|req: http::Request<String>| async move {

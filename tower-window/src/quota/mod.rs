@@ -20,6 +20,8 @@
 
 mod policy;
 mod scope;
+#[cfg(feature = "serde")]
+mod serde;
 
 pub use policy::{Policy, PolicyBuilder, PolicyError, MAX_QUOTAS};
 pub use scope::Scope;
@@ -30,8 +32,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::Algorithm;
 
 /// The longest window a quota may have (one year).
@@ -40,7 +40,7 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 /// The most buckets a sliding counter may keep per key.
 pub const MAX_BUCKETS: u64 = 3600;
 
-const DEFAULT_NAME: &str = "default";
+pub(crate) const DEFAULT_NAME: &str = "default";
 
 /// A rate limit: `limit` units per `window`, counted by an [`Algorithm`].
 ///
@@ -634,40 +634,5 @@ fn apply_algorithm(builder: QuotaBuilder, text: &str) -> Result<QuotaBuilder, Qu
         _ => Err(QuotaError::UnknownAlgorithm(
             text.chars().take(64).collect(),
         )),
-    }
-}
-
-/// A quota as it appears in configuration: the DSL string, or a table with
-/// a name.
-#[derive(Serialize, Deserialize)]
-#[serde(untagged)]
-enum QuotaRepr {
-    Text(String),
-    Named { name: String, quota: String },
-}
-
-impl Serialize for Quota {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let repr = if self.name() == DEFAULT_NAME {
-            QuotaRepr::Text(self.to_string())
-        } else {
-            QuotaRepr::Named {
-                name: self.name().to_string(),
-                quota: self.to_string(),
-            }
-        };
-        repr.serialize(serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for Quota {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        match QuotaRepr::deserialize(deserializer)? {
-            QuotaRepr::Text(text) => text.parse().map_err(serde::de::Error::custom),
-            QuotaRepr::Named { name, quota } => quota
-                .parse::<Quota>()
-                .and_then(|q| q.named(&name))
-                .map_err(serde::de::Error::custom),
-        }
     }
 }

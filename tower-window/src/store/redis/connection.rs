@@ -265,7 +265,6 @@ pub(crate) fn script_cannot_have_run(error: &RedisError) -> bool {
 /// did not run: true for waiting out the pool, a closed pool and a failed
 /// hook (no command was sent), and as [`script_cannot_have_run`] says for
 /// an error of making a connection.
-#[allow(dead_code)] // used once RedisStore retries through a pool
 pub(crate) fn pool_error_cannot_have_run(error: &deadpool_redis::PoolError) -> bool {
     use deadpool_redis::PoolError;
     match error {
@@ -333,15 +332,34 @@ pub(crate) fn map_error(error: RedisError) -> StoreError {
             | ErrorKind::AuthenticationFailed
             | ErrorKind::InvalidClientConfig => StoreErrorKind::Unavailable,
             _ => match error.code() {
-                Some("OOM" | "BUSY") => StoreErrorKind::Overloaded,
+                // Redis itself is out of memory or stuck in a script: the
+                // store's health, not our own overload, so it counts
+                // against the breaker.
+                Some("OOM" | "BUSY") => StoreErrorKind::Unavailable,
                 _ => StoreErrorKind::Protocol,
             },
         }
     };
-    StoreError::new(kind, format!("redis: {error}")).with_source(error)
+    let not_applied = script_cannot_have_run(&error);
+    let mapped = StoreError::new(kind, format!("redis: {error}")).with_source(error);
+    if not_applied {
+        mapped.not_applied()
+    } else {
+        mapped
+    }
 }
 
 fn map_pool_error(error: deadpool_redis::PoolError) -> StoreError {
+    let not_applied = pool_error_cannot_have_run(&error);
+    let mapped = map_pool_error_kind(error);
+    if not_applied {
+        mapped.not_applied()
+    } else {
+        mapped
+    }
+}
+
+fn map_pool_error_kind(error: deadpool_redis::PoolError) -> StoreError {
     use deadpool_redis::PoolError;
     match error {
         PoolError::Timeout(_) => StoreError::new(
