@@ -161,6 +161,7 @@ impl FallbackPolicy for FailOpen {
 /// [degraded status](crate::layer::SlidingWindowLayer::degraded_status)
 /// (`503 Service Unavailable` by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub struct FailClosed {
     retry_after: Duration,
 }
@@ -224,6 +225,7 @@ fn for_policy(policy: &Policy, states: impl Iterator<Item = QuotaDecision>) -> D
 /// assert_eq!(same.scaled_limit(10), 3);
 /// # Ok::<(), tower_window::fallback::InvalidShare>(())
 /// ```
+#[must_use]
 pub struct LocalWindow {
     /// The share as the fraction `numerator / denominator`.
     numerator: u64,

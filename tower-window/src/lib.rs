@@ -29,7 +29,6 @@
 //! [Tower]: https://docs.rs/tower
 
 pub mod algorithm;
-mod breaker;
 mod clock;
 mod decision;
 pub mod fallback;
@@ -37,24 +36,22 @@ pub mod key;
 #[cfg(feature = "http")]
 pub mod layer;
 mod limiter;
-mod local;
 pub mod metrics;
 pub mod quota;
-mod resilience;
 pub mod store;
 
 pub use algorithm::Algorithm;
-pub use breaker::{BreakerConfig, BreakerState};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, DecisionSource, FallbackReason, QuotaDecision};
 pub use fallback::FallbackPolicy;
 pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
 #[cfg(feature = "http")]
 pub use layer::{MissingKey, Rejection, SlidingWindow, SlidingWindowLayer};
+pub use limiter::breaker::{BreakerConfig, BreakerState};
+pub use limiter::resilience::RetryConfig;
 pub use limiter::{LimitError, Limiter};
 pub use limiter::{LimiterBuilder, LimiterStats};
 pub use quota::{Policy, PolicyError, Quota, QuotaBuilder, QuotaError, Scope};
-pub use resilience::RetryConfig;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{CheckRequest, MemoryStore, Store, StoreError, StoreErrorKind};

@@ -7,11 +7,11 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use super::{Counters, Inner, Limiter};
-use crate::breaker::{BreakerConfig, Breakers};
 use crate::fallback::FallbackPolicy;
-use crate::local::{LocalTier, DEFAULT_LOCAL_CAPACITY};
+use crate::limiter::breaker::{BreakerConfig, Breakers};
+use crate::limiter::local::{LocalTier, DEFAULT_LOCAL_CAPACITY};
+use crate::limiter::resilience::{Resilience, RetryConfig, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT};
 use crate::metrics::{LimiterMetrics, MetricParts};
-use crate::resilience::{Resilience, RetryConfig, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT};
 use crate::store::Store;
 use crate::{Clock, Policy, SystemClock};
 

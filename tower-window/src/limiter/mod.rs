@@ -9,15 +9,18 @@ use futures_util::future::BoxFuture;
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use crate::breaker::{Breaker, BreakerState, Breakers, Ticket};
 use crate::fallback::{FallbackPolicy, FallbackRequest};
-use crate::local::{LocalTier, Lookup};
+use crate::limiter::breaker::{Breaker, BreakerState, Breakers, Ticket};
+use crate::limiter::local::{LocalTier, Lookup};
+use crate::limiter::resilience::Resilience;
 use crate::metrics::{LimiterMetrics, MetricParts, StoreTimer};
-use crate::resilience::Resilience;
 use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::{Clock, Decision, DecisionSource, FallbackReason, Policy, SystemClock, WindowKey};
 
+pub(crate) mod breaker;
 mod builder;
+pub(crate) mod local;
+pub(crate) mod resilience;
 
 pub use builder::LimiterBuilder;
 

@@ -223,6 +223,7 @@ impl Store for MemoryStore {
 ///     .build();
 /// assert_eq!(store.max_keys(), 1_000);
 /// ```
+#[must_use]
 pub struct MemoryStoreBuilder {
     clock: Arc<dyn Clock>,
     max_keys: u64,

@@ -95,6 +95,7 @@ const RATIO_SCALE: u64 = 1_000_000;
 /// # let _ = config;
 /// ```
 #[derive(Clone)]
+#[must_use]
 pub struct BreakerConfig {
     consecutive_failures: u32,
     /// The rolling window both ratio triggers count in.

@@ -28,6 +28,7 @@ pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 ///
 /// Default: up to 2 retries, delays from 2 ms doubling up to 20 ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub struct RetryConfig {
     max_retries: usize,
     min_delay: Duration,
