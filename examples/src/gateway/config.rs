@@ -91,7 +91,7 @@ pub struct Args {
     )]
     pub redis_timeout_ms: u64,
 
-    /// Add `x-ratelimit-source: store|local_cache|lease|fallback(<reason>)`
+    /// Add `x-ratelimit-source: store|local_cache|fallback(<reason>)`
     /// to limited responses (allowed and denied), naming who decided, so
     /// operators can see degradation.
     #[arg(long, env = "TW_DEBUG_HEADERS")]
