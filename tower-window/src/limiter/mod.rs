@@ -477,9 +477,7 @@ struct TicketGuard<'a> {
 impl TicketGuard<'_> {
     fn success(&mut self, latency: Duration) {
         if let (Some(b), Some(t)) = (self.breaker, self.ticket.take()) {
-            // TODO(slow-call breaker): pass the latency on.
-            let _ = latency;
-            b.success(t);
+            b.success(t, latency);
         }
     }
 
