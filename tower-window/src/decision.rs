@@ -203,7 +203,12 @@ impl Decision {
         reset_after: Duration,
         retry_after: Option<Duration>,
     ) -> Self {
-        Self::single(QuotaDecision::deny(quota, remaining, reset_after, retry_after))
+        Self::single(QuotaDecision::deny(
+            quota,
+            remaining,
+            reset_after,
+            retry_after,
+        ))
     }
 
     fn single(state: QuotaDecision) -> Self {
@@ -323,7 +328,10 @@ mod tests {
         ])
         .unwrap();
         assert!(d.allowed);
-        assert_eq!((d.quota.name(), d.remaining, d.retry_after), ("b", 2, Some(s(0))));
+        assert_eq!(
+            (d.quota.name(), d.remaining, d.retry_after),
+            ("b", 2, Some(s(0)))
+        );
         // The longer wait decides; never fitting is longest; ties keep order.
         let d = Decision::from_quotas([
             QuotaDecision::allow(q("1/s", "a"), 0, s(1)),

@@ -53,6 +53,6 @@ pub use limiter::{LimitError, Limiter};
 pub use limiter::{LimiterBuilder, LimiterStats};
 pub use quota::{Policy, PolicyError, Quota, QuotaBuilder, QuotaError, Scope};
 pub use resilience::RetryConfig;
-#[cfg(feature = "redis")]
-pub use store::RedisStore;
 pub use store::{CheckRequest, MemoryStore, Store, StoreError, StoreErrorKind};
+#[cfg(feature = "redis")]
+pub use store::{RedisConfigError, RedisStore, RedisStoreBuilder};

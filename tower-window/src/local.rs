@@ -131,7 +131,13 @@ impl LocalTier {
     }
 
     /// Remembers a store denial that says when the same cost fits again.
-    pub(crate) fn remember(&self, key: &WindowKey, policy: &Policy, cost: u32, decision: &Decision) {
+    pub(crate) fn remember(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: u32,
+        decision: &Decision,
+    ) {
         let Some(retry_after) = decision.retry_after else {
             // The cost can never fit; nothing to wait for.
             return;

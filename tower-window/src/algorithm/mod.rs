@@ -16,6 +16,9 @@ pub(crate) mod outcome;
 pub(crate) mod sliding_counter;
 pub(crate) mod sliding_log;
 mod timeline;
+/// For the Redis scripts' test that they walk as far.
+#[cfg(all(test, feature = "redis"))]
+pub(crate) use timeline::MAX_RETRY_WALK;
 
 /// The state of one quota's window, for any algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +41,12 @@ impl State {
     }
 
     /// Evaluates `cost` of `quota` at `now`, recording nothing.
-    pub(crate) fn evaluate(&mut self, quota: &crate::Quota, now: u64, cost: u32) -> outcome::Evaluation {
+    pub(crate) fn evaluate(
+        &mut self,
+        quota: &crate::Quota,
+        now: u64,
+        cost: u32,
+    ) -> outcome::Evaluation {
         // Stores key state by the quota's state id, which names the
         // algorithm, so the state always matches; start afresh rather than
         // panic if not.

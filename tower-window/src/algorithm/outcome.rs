@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use crate::{Decision, Policy, Quota, QuotaDecision};
+#[cfg(test)]
+use crate::Quota;
+use crate::{Decision, Policy, QuotaDecision};
 
 /// What one check decided, in integer microseconds (all four algorithms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

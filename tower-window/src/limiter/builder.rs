@@ -198,4 +198,3 @@ impl fmt::Debug for LimiterBuilder {
             .finish_non_exhaustive()
     }
 }
-

@@ -164,7 +164,9 @@ impl Limiter {
         let started = (!span.is_disabled()).then(std::time::Instant::now);
         // Without a subscriber for the span, skip entering it on every poll.
         let result = if started.is_some() {
-            self.decide(key, policy, cost).instrument(span.clone()).await
+            self.decide(key, policy, cost)
+                .instrument(span.clone())
+                .await
         } else {
             self.decide(key, policy, cost).await
         };
@@ -241,7 +243,10 @@ impl Limiter {
     ) -> Result<Decision, Failure> {
         let inner = &*self.inner;
         let request = CheckRequest::new(key, policy, cost);
-        let domain = inner.breaker.as_ref().and_then(|_| inner.store.failure_domain(key, policy));
+        let domain = inner
+            .breaker
+            .as_ref()
+            .and_then(|_| inner.store.failure_domain(key, policy));
         let store = &*inner.store;
         self.run(
             domain,
@@ -275,10 +280,7 @@ impl Limiter {
         Op: Fn() -> BoxFuture<'a, Result<T, StoreError>> + Send + Sync + 'a,
     {
         let inner = &*self.inner;
-        let breaker = inner
-            .breaker
-            .as_ref()
-            .map(|breakers| breakers.get(domain));
+        let breaker = inner.breaker.as_ref().map(|breakers| breakers.get(domain));
         let mut guard = TicketGuard {
             breaker,
             ticket: None,
@@ -335,9 +337,7 @@ impl Limiter {
                 match error.kind() {
                     // The caller's fault or our own overload (a pool wait),
                     // not the store's health.
-                    StoreErrorKind::InvalidRequest | StoreErrorKind::Overloaded => {
-                        guard.release()
-                    }
+                    StoreErrorKind::InvalidRequest | StoreErrorKind::Overloaded => guard.release(),
                     _ => guard.failure(),
                 }
                 Err(Failure {

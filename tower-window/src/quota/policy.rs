@@ -50,11 +50,9 @@ struct Inner {
 impl Policy {
     /// A policy of `quotas`, in order. Fails on an invalid name, no quotas,
     /// more than [`MAX_QUOTAS`], or two quotas of one name.
-    pub fn new(
-        name: &str,
-        quotas: impl IntoIterator<Item = Quota>,
-    ) -> Result<Self, PolicyError> {
-        validate_name(name).map_err(|_| PolicyError::InvalidName(name.chars().take(80).collect()))?;
+    pub fn new(name: &str, quotas: impl IntoIterator<Item = Quota>) -> Result<Self, PolicyError> {
+        validate_name(name)
+            .map_err(|_| PolicyError::InvalidName(name.chars().take(80).collect()))?;
         let quotas: Vec<Quota> = quotas.into_iter().collect();
         if quotas.is_empty() {
             return Err(PolicyError::Empty);
@@ -291,7 +289,14 @@ mod tests {
         let p = Policy::builder("api")
             .quota("burst", "5/1s")
             .unwrap()
-            .with("60/1m".parse::<Quota>().unwrap().named("org").unwrap().scoped(Scope::Tenant))
+            .with(
+                "60/1m"
+                    .parse::<Quota>()
+                    .unwrap()
+                    .named("org")
+                    .unwrap()
+                    .scoped(Scope::Tenant),
+            )
             .build()
             .unwrap();
         assert_eq!(p.first().name(), "burst");
@@ -301,7 +306,14 @@ mod tests {
         let same = Policy::builder("api")
             .quota("burst", "5/1s")
             .unwrap()
-            .with("60/1m".parse::<Quota>().unwrap().named("org").unwrap().scoped(Scope::Tenant))
+            .with(
+                "60/1m"
+                    .parse::<Quota>()
+                    .unwrap()
+                    .named("org")
+                    .unwrap()
+                    .scoped(Scope::Tenant),
+            )
             .build()
             .unwrap();
         assert_eq!(p, same);

@@ -37,7 +37,9 @@ impl std::str::FromStr for Scope {
         match text {
             "subject" => Ok(Self::Subject),
             "tenant" => Ok(Self::Tenant),
-            other => Err(super::QuotaError::UnknownScope(other.chars().take(32).collect())),
+            other => Err(super::QuotaError::UnknownScope(
+                other.chars().take(32).collect(),
+            )),
         }
     }
 }

@@ -178,9 +178,8 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 fn decided(policy: &Policy, evaluations: &[Evaluation], now: u64) -> Result<Decision, StoreError> {
-    policy_decision(policy, evaluations, now).ok_or_else(|| {
-        StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas")
-    })
+    policy_decision(policy, evaluations, now)
+        .ok_or_else(|| StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas"))
 }
 
 impl Default for MemoryStore {
@@ -468,7 +467,9 @@ mod tests {
         let policy = Policy::from("10/1h".parse::<Quota>().unwrap());
         for i in 0..100_000u32 {
             let key = WindowKey::for_subject(i.to_be_bytes().to_vec());
-            let decision = store.check_now(CheckRequest::new(&key, &policy, 1)).unwrap();
+            let decision = store
+                .check_now(CheckRequest::new(&key, &policy, 1))
+                .unwrap();
             assert!(decision.allowed);
         }
         store.run_pending_tasks();
