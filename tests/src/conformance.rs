@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tower_window::{
-    CheckRequest, Clock, Decision, DecisionSource, ManualClock, MemoryStore, Quota, Store,
-    StoreErrorKind, WindowKey,
+    CheckRequest, Clock, Decision, DecisionSource, ManualClock, MemoryStore, Policy, Quota, Scope,
+    Store, StoreErrorKind, WindowKey,
 };
 
 /// The clock's reading when every scenario starts (µs since the epoch):
@@ -220,17 +220,27 @@ impl<S: Store> Run<S> {
         self.clock.set(t);
     }
 
-    /// Checks and returns the decision, asserting the fields every
-    /// decision must have.
+    /// Checks `quota` alone (a one-quota policy) and returns the decision,
+    /// asserting the fields every decision must have.
     async fn check(&self, key: &WindowKey, quota: &Quota, cost: u32) -> Decision {
+        let decision = self
+            .check_policy(key, &Policy::from(quota.clone()), cost)
+            .await;
+        assert_eq!(&decision.quota, quota, "{}: decision quota", self.scenario);
+        decision
+    }
+
+    /// Checks a whole policy and returns the decision, asserting the fields
+    /// every decision must have.
+    async fn check_policy(&self, key: &WindowKey, policy: &Policy, cost: u32) -> Decision {
         let now = self.clock.now_micros();
         let decision = self
             .store
-            .check(CheckRequest::new(key, quota, cost))
+            .check(CheckRequest::new(key, policy, cost))
             .await
             .unwrap_or_else(|e| {
                 panic!(
-                    "{}: {quota} cost {cost} at START + {} µs: store error: {e}",
+                    "{}: {policy} cost {cost} at START + {} µs: store error: {e}",
                     self.scenario,
                     now.wrapping_sub(START)
                 )
@@ -240,11 +250,23 @@ impl<S: Store> Run<S> {
             "{}: a decision carries the store clock's time",
             self.scenario
         );
-        assert_eq!(&decision.quota, quota, "{}: decision quota", self.scenario);
         assert_eq!(
             decision.source,
             DecisionSource::Store,
             "{}: decision source",
+            self.scenario
+        );
+        let names: Vec<&str> = decision.quotas().iter().map(|q| q.quota.name()).collect();
+        let want: Vec<&str> = policy.quotas().iter().map(Quota::name).collect();
+        assert_eq!(
+            names, want,
+            "{}: every quota, in policy order",
+            self.scenario
+        );
+        assert_eq!(
+            decision.allowed,
+            decision.quotas().iter().all(|q| q.allowed),
+            "{}: admitted only if every quota admits",
             self.scenario
         );
         decision
@@ -710,7 +732,11 @@ pub async fn zero_cost_is_an_invalid_request<F: StoreFactory>(factory: &F) {
     ] {
         let q = quota(text);
         let k = run.key(text);
-        match run.store.check(CheckRequest::new(&k, &q, 0)).await {
+        match run
+            .store
+            .check(CheckRequest::new(&k, &Policy::from(q.clone()), 0))
+            .await
+        {
             Err(e) => assert_eq!(e.kind(), StoreErrorKind::InvalidRequest, "{text}: {e}"),
             Ok(d) => panic!("{text}: a zero cost was decided: {d:?}"),
         }

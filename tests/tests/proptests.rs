@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use proptest::prelude::*;
-use tower_window::{Algorithm, CheckRequest, ManualClock, MemoryStore, Quota, Store, WindowKey};
+use tower_window::{
+    Algorithm, CheckRequest, ManualClock, MemoryStore, Policy, Quota, Store, WindowKey,
+};
 
 const START: u64 = 1_700_000_000_000_000;
 
@@ -265,7 +267,7 @@ struct Harness {
 
 fn check(store: &MemoryStore, key: &WindowKey, quota: &Quota, cost: u32) -> Seen {
     let decision = store
-        .check(CheckRequest::new(key, quota, cost))
+        .check(CheckRequest::new(key, &Policy::from(quota.clone()), cost))
         .now_or_never()
         .expect("the memory store decides without waiting")
         .unwrap();
@@ -580,10 +582,11 @@ proptest! {
         let clock = ManualClock::new(0);
         let store = MemoryStore::builder().clock(clock.clone()).max_keys(16).build();
         let key = WindowKey::new("proptest", "arbitrary");
+        let policy = Policy::from(quota.clone());
         for (t, cost) in requests {
             clock.set(t);
             let result = store
-                .check(CheckRequest::new(&key, &quota, cost))
+                .check(CheckRequest::new(&key, &policy, cost))
                 .now_or_never()
                 .expect("the memory store decides without waiting");
             let Ok(decision) = result else {
