@@ -26,7 +26,10 @@ ALGORITHMS[2] = {
     local n = idiv(W, G)
     local b = idiv(t, G)
     local lowest = b - n
-    local state = redis.call('HMGET', key, 's', 'l', 'h')
+    -- With the state, read bucket `lowest`: the first a denial's retry
+    -- walk looks at whenever the kept buckets start there (always, once
+    -- anything expired).
+    local state = redis.call('HMGET', key, 's', 'l', 'h', int(lowest))
     local used = tonumber(state[1] or '')
     local lo = tonumber(state[2] or '')
     local hi = tonumber(state[3] or '')
@@ -99,11 +102,23 @@ ALGORITHMS[2] = {
     end
     -- Denied: walk the non-empty buckets upward from the lowest kept one,
     -- at most MAX_RETRY_WALK of them and n + 1 bucket reads in all.
+    -- Buckets are read in doubling batches: a small cost is usually freed
+    -- by the first few.
     local freed, seen = 0, 0
     local stop = math.min(hi, lo + n)
-    local first = lo
+    local first, size = lo, 4
+    if lo == lowest then
+      if state[4] then
+        seen, freed = 1, tonumber(state[4]) or 0
+        if used - freed + c <= L then
+          return denied(q, L - used, reset, (lowest + n + 1) * G - t)
+        end
+      end
+      first = lowest + 1
+    end
     while first <= stop and seen < MAX_RETRY_WALK do
-      local last = math.min(first + 127, stop)
+      local last = math.min(first + size - 1, stop)
+      size = math.min(size * 2, 128)
       local counts = redis.call('HMGET', key, unpack(bucket_fields(first, last)))
       for i = 1, last - first + 1 do
         if counts[i] then

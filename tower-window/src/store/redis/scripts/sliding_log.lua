@@ -2,8 +2,9 @@
 -- timestamp, member = "<timestamp>:<units>" (admissions in the same
 -- microsecond share one member, like the slots of algorithm/timeline.rs, so
 -- members are unique by construction); q.key2 = HASH {sum = units of the
--- live entries}, recounted from the log when missing. Parameters: p1 = W
--- (window, µs), p2 = L (limit). An entry at ts counts while t < ts + W.
+-- live entries, newest = the highest timestamp in the log}, a cache that is
+-- rebuilt from the log when missing. Parameters: p1 = W (window, µs), p2 =
+-- L (limit). An entry at ts counts while t < ts + W.
 local function log_units(member)
   return tonumber(string.match(member, ':(%d+)$')) or 0
 end
@@ -14,13 +15,31 @@ ALGORITHMS[1] = {
     local log, meta = q.key, q.key2
     local W, L = q.p1, q.p2
     local horizon = int(t - W)
-    local used = tonumber(redis.call('HGET', meta, 'sum') or '')
-    local expired = redis.call('ZRANGEBYSCORE', log, '-inf', horizon)
+    local cached = redis.call('HMGET', meta, 'sum', 'newest')
+    local used = tonumber(cached[1] or '')
+    local newest = tonumber(cached[2] or '')
+    -- The oldest entries: whether the log is empty, which of them expired,
+    -- and (on a denial, when none did) the retry walk's first batch.
+    local oldest = redis.call('ZRANGE', log, 0, 1, 'WITHSCORES')
+    local empty = #oldest == 0
+    local expired = {}
+    for i = 1, #oldest, 2 do
+      if tonumber(oldest[i + 1]) <= t - W then
+        expired[#expired + 1] = oldest[i]
+      end
+    end
     if #expired > 0 then
+      if #expired == 2 then
+        expired = redis.call('ZRANGEBYSCORE', log, '-inf', horizon)
+      end
       redis.call('ZREMRANGEBYSCORE', log, '-inf', horizon)
+      oldest = nil
     end
     q.missing = not used
-    if used then
+    q.dirty = #expired > 0 or q.missing
+    if empty then
+      used, newest = 0, nil
+    elseif used then
       for _, member in ipairs(expired) do
         used = used - log_units(member)
       end
@@ -30,18 +49,27 @@ ALGORITHMS[1] = {
       for _, member in ipairs(redis.call('ZRANGE', log, 0, -1)) do
         used = used + log_units(member)
       end
+      newest = nil
     end
-    local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
-    local newest = nil
-    local reset = 0
-    if #last > 0 then
-      newest = tonumber(last[2])
-      reset = newest + W - t
-    else
+    if not empty and not newest then
+      local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+      if #last > 0 then
+        newest = tonumber(last[2])
+      end
+      q.dirty = true
+    end
+    if newest and newest <= t - W then
+      -- Everything expired.
+      newest = nil
+    end
+    if not newest then
       used = 0
     end
-    q.used, q.empty = used, #last == 0
-    q.dirty = #expired > 0 or q.missing
+    q.used, q.newest = used, newest
+    local reset = 0
+    if newest then
+      reset = newest + W - t
+    end
     if c > L then
       return denied(q, L - used, reset, -1)
     end
@@ -51,16 +79,30 @@ ALGORITHMS[1] = {
       if newest and newest > t then
         newest_after = newest
       end
+      q.newest_after = newest_after
       return fits(q, L - used - c, newest_after + W - t, L - used, reset)
     end
-    -- Denied: oldest first, the first entry whose expiry frees enough.
+    -- Denied: oldest first, the first entry whose expiry frees enough,
+    -- among the oldest MAX_RETRY_WALK entries, read in doubling batches
+    -- (a small cost is usually freed by the first few).
     local freed = 0
-    local oldest = redis.call('ZRANGE', log, 0, MAX_RETRY_WALK - 1, 'WITHSCORES')
-    for i = 1, #oldest, 2 do
-      freed = freed + log_units(oldest[i])
-      if used - freed + c <= L then
-        return denied(q, L - used, reset, tonumber(oldest[i + 1]) + W - t)
+    local first, size = 0, 2
+    while first < MAX_RETRY_WALK do
+      local last = math.min(first + size, MAX_RETRY_WALK) - 1
+      local batch = oldest
+      if not batch or first > 0 then
+        batch = redis.call('ZRANGE', log, first, last, 'WITHSCORES')
       end
+      for i = 1, #batch, 2 do
+        freed = freed + log_units(batch[i])
+        if used - freed + c <= L then
+          return denied(q, L - used, reset, tonumber(batch[i + 1]) + W - t)
+        end
+      end
+      if #batch < 2 * (last - first + 1) then
+        break
+      end
+      first, size = last + 1, size * 2
     end
     return denied(q, L - used, reset, reset)
   end,
@@ -68,28 +110,32 @@ ALGORITHMS[1] = {
     local log, meta = q.key, q.key2
     local now = int(t)
     local units = c
-    local same = redis.call('ZRANGEBYSCORE', log, now, now)
-    if #same > 0 then
-      for _, member in ipairs(same) do
-        units = units + log_units(member)
+    -- Entries of this microsecond merge into one (there is one only if the
+    -- newest entry is not older than now).
+    if q.newest and q.newest >= t then
+      local same = redis.call('ZRANGEBYSCORE', log, now, now)
+      if #same > 0 then
+        for _, member in ipairs(same) do
+          units = units + log_units(member)
+        end
+        redis.call('ZREM', log, unpack(same))
       end
-      redis.call('ZREM', log, unpack(same))
     end
     redis.call('ZADD', log, now, now .. ':' .. int(units))
-    redis.call('HSET', meta, 'sum', int(q.used + c))
+    redis.call('HSET', meta, 'sum', int(q.used + c), 'newest', int(q.newest_after))
     expire(log, q.reset)
     expire(meta, q.reset)
   end,
   settle = function(q)
     local meta = q.key2
-    if q.empty then
+    if not q.newest then
       if not q.missing then
         redis.call('DEL', meta)
       end
       return
     end
     -- HSET keeps an existing TTL; a recreated companion takes the log's.
-    redis.call('HSET', meta, 'sum', int(q.used))
+    redis.call('HSET', meta, 'sum', int(q.used), 'newest', int(q.newest))
     if q.missing then
       local ttl = redis.call('PTTL', q.key)
       if ttl > 0 then
