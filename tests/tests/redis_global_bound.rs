@@ -180,11 +180,7 @@ fn check_bound(quota: &Quota, run: &Run) -> String {
 
 fn nodes(make: impl Fn() -> RedisStore, quota: &Quota) -> Vec<Limiter> {
     (0..NODES)
-        .map(|_| {
-            Limiter::builder(make(), quota.clone())
-                .timeout(Duration::from_secs(2))
-                .build()
-        })
+        .map(|_| Limiter::new(make(), quota.clone()))
         .collect()
 }
 

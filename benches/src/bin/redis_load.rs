@@ -150,9 +150,7 @@ fn main() {
     runtime.block_on(async {
         let store = RedisStore::from_url(&server.url()).expect("url");
         store.connect().await.expect("connect and load the script");
-        let limiter = Limiter::builder(store, quota.clone())
-            .timeout(Duration::from_secs(1))
-            .build();
+        let limiter = Limiter::new(store, quota.clone());
         // Warm up connections, allocator and the script cache.
         let _ = limiter_rate(&limiter, 16, Duration::from_millis(300)).await;
 

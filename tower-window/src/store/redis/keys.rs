@@ -31,7 +31,7 @@ use crate::{Policy, Quota, Scope, WindowKey};
 /// Escaped components longer than this are replaced by `#<sha256 hex>`.
 pub(crate) const MAX_COMPONENT_LEN: usize = 128;
 
-/// Suffix of the sliding log's companion key (its running sum).
+/// Suffix of the sliding log's companion key (its running sum and newest timestamp).
 pub(crate) const META_SUFFIX: &[u8] = b":m";
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
