@@ -26,10 +26,11 @@ ALGORITHMS[2] = {
     local n = idiv(W, G)
     local b = idiv(t, G)
     local lowest = b - n
-    -- With the state, read bucket `lowest`: the first a denial's retry
-    -- walk looks at whenever the kept buckets start there (always, once
-    -- anything expired).
-    local state = redis.call('HMGET', key, 's', 'l', 'h', int(lowest))
+    -- With the state, read bucket `lowest` (the first a denial's retry walk
+    -- looks at whenever the kept buckets start there: always, once anything
+    -- expired)
+    -- and bucket b, which an admission adds to.
+    local state = redis.call('HMGET', key, 's', 'l', 'h', int(lowest), int(b))
     local used = tonumber(state[1] or '')
     local lo = tonumber(state[2] or '')
     local hi = tonumber(state[3] or '')
@@ -82,6 +83,11 @@ ALGORITHMS[2] = {
       q.dirty = true
     end
     q.b, q.used, q.lo, q.hi = b, used, lo, hi
+    -- Bucket b's units (the sweep never deletes it: b >= lowest).
+    q.units = tonumber(state[5] or '') or 0
+    if not q.lo then
+      q.units = 0
+    end
     local reset = 0
     if hi then
       reset = (hi + n + 1) * G - t
@@ -145,8 +151,7 @@ ALGORITHMS[2] = {
     if not hi or b > hi then
       hi = b
     end
-    redis.call('HINCRBY', q.key, int(b), int(c))
-    redis.call('HSET', q.key, 's', int(q.used + c), 'l', int(lo), 'h', int(hi))
+    redis.call('HSET', q.key, int(b), int(q.units + c), 's', int(q.used + c), 'l', int(lo), 'h', int(hi))
     expire(q.key, q.reset)
   end,
   settle = function(q)
