@@ -63,9 +63,7 @@ fn quota(dsl: &str) -> Quota {
 }
 
 fn redis_limiter(server: &RedisServer, dsl: &str) -> tower_window::LimiterBuilder {
-    let store = RedisStore::from_url(&server.url())
-        .expect("redis url")
-        .timeout(REDIS_BUDGET);
+    let store = RedisStore::from_url(&server.url()).expect("redis url");
     Limiter::builder(store, quota(dsl)).timeout(REDIS_BUDGET)
 }
 

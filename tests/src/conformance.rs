@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tower_window::{
-    CheckRequest, Clock, Decision, DecisionSource, ManualClock, MemoryStore, Policy, Quota, Store,
-    StoreErrorKind, WindowKey,
+    CheckRequest, Clock, Decision, DecisionSource, ManualClock, MemoryStore, Policy, Quota, Scope,
+    Store, StoreErrorKind, WindowKey,
 };
 
 /// The clock's reading when every scenario starts (µs since the epoch):
@@ -96,6 +96,11 @@ macro_rules! conformance_tests {
             keys_tenants_and_quotas_are_independent,
             huge_costs_do_not_overflow,
             zero_cost_is_an_invalid_request,
+            retry_walk_is_bounded,
+            policy_shapes_match_the_memory_store,
+            a_denial_moves_no_quota,
+            tenant_quota_is_shared_by_subjects,
+            rolling_limit_change_keeps_the_window,
         );
     };
     (@each $factory:expr; $($scenario:ident),* $(,)?) => {
@@ -220,17 +225,27 @@ impl<S: Store> Run<S> {
         self.clock.set(t);
     }
 
-    /// Checks and returns the decision, asserting the fields every
-    /// decision must have.
+    /// Checks `quota` alone (a one-quota policy) and returns the decision,
+    /// asserting the fields every decision must have.
     async fn check(&self, key: &WindowKey, quota: &Quota, cost: u32) -> Decision {
+        let decision = self
+            .check_policy(key, &Policy::from(quota.clone()), cost)
+            .await;
+        assert_eq!(&decision.quota, quota, "{}: decision quota", self.scenario);
+        decision
+    }
+
+    /// Checks a whole policy and returns the decision, asserting the fields
+    /// every decision must have.
+    async fn check_policy(&self, key: &WindowKey, policy: &Policy, cost: u32) -> Decision {
         let now = self.clock.now_micros();
         let decision = self
             .store
-            .check(CheckRequest::new(key, &Policy::from(quota.clone()), cost))
+            .check(CheckRequest::new(key, policy, cost))
             .await
             .unwrap_or_else(|e| {
                 panic!(
-                    "{}: {quota} cost {cost} at START + {} µs: store error: {e}",
+                    "{}: {policy} cost {cost} at START + {} µs: store error: {e}",
                     self.scenario,
                     now.wrapping_sub(START)
                 )
@@ -240,11 +255,23 @@ impl<S: Store> Run<S> {
             "{}: a decision carries the store clock's time",
             self.scenario
         );
-        assert_eq!(&decision.quota, quota, "{}: decision quota", self.scenario);
         assert_eq!(
             decision.source,
             DecisionSource::Store,
             "{}: decision source",
+            self.scenario
+        );
+        let names: Vec<&str> = decision.quotas().iter().map(|q| q.quota.name()).collect();
+        let want: Vec<&str> = policy.quotas().iter().map(Quota::name).collect();
+        assert_eq!(
+            names, want,
+            "{}: every quota, in policy order",
+            self.scenario
+        );
+        assert_eq!(
+            decision.allowed,
+            decision.quotas().iter().all(|q| q.allowed),
+            "{}: admitted only if every quota admits",
             self.scenario
         );
         decision
@@ -720,5 +747,321 @@ pub async fn zero_cost_is_an_invalid_request<F: StoreFactory>(factory: &F) {
         }
         run.expect("after the invalid request", &k, &q, 1, allow(1, reset))
             .await;
+    }
+}
+
+/// The retry walk of a denial looks at no more than 128 slots (log entries,
+/// non-empty buckets): a wait that needs more is reported as `reset_after`
+/// (later than exact, never earlier); one within 128 is exact.
+pub async fn retry_walk_is_bounded<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "retry_walk_is_bounded").await;
+    // Sliding log: 200 entries, one per second.
+    let q = quota("200/1h");
+    let k = run.key("log");
+    for i in 0..200 {
+        run.at(START + i * S);
+        run.expect("fill", &k, &q, 1, allow(199 - i as u32, 3600 * S))
+            .await;
+    }
+    // 100 units free when entry 99 (START + 99 s) expires; 150 need 150 entries.
+    run.expect("within the walk", &k, &q, 100, deny(0, 3600 * S, 3500 * S))
+        .await;
+    run.expect("beyond the walk", &k, &q, 150, deny(0, 3600 * S, 3600 * S))
+        .await;
+    // Sliding counter: 150 admissions in every other 10 s bucket (n = 360).
+    let q = quota("150/1h sliding-counter(10s)");
+    let k = run.key("counter");
+    for i in 0..150 {
+        run.at(START + i * 20 * S);
+        run.expect("fill", &k, &q, 1, allow(149 - i as u32, 3610 * S))
+            .await;
+    }
+    // Now = START + 2980 s. Bucket i counts until START + 20 i s + 3610 s.
+    run.expect(
+        "within the walk",
+        &k,
+        &q,
+        120,
+        deny(0, 3610 * S, (119 * 20 + 3610 - 2980) * S),
+    )
+    .await;
+    run.expect("beyond the walk", &k, &q, 140, deny(0, 3610 * S, 3610 * S))
+        .await;
+}
+
+fn named(text: &str, name: &str) -> Quota {
+    quota(text)
+        .named(name)
+        .unwrap_or_else(|e| panic!("quota name {name:?}: {e}"))
+}
+
+fn per_tenant(text: &str, name: &str) -> Quota {
+    named(text, name).scoped(Scope::Tenant)
+}
+
+fn policy(name: &str, quotas: impl IntoIterator<Item = Quota>) -> Policy {
+    Policy::new(name, quotas).unwrap_or_else(|e| panic!("policy {name:?}: {e}"))
+}
+
+/// Every quota's state of a decision, by name.
+fn states(d: &Decision) -> Vec<(String, Seen)> {
+    d.quotas()
+        .iter()
+        .map(|q| {
+            let seen = Seen {
+                allowed: q.allowed,
+                remaining: q.remaining,
+                reset_after: micros(q.reset_after),
+                retry_after: q.retry_after.map(micros),
+            };
+            (q.quota.name().to_owned(), seen)
+        })
+        .collect()
+}
+
+fn want(states: &[(&str, Seen)]) -> Vec<(String, Seen)> {
+    states.iter().map(|(n, s)| ((*n).to_owned(), *s)).collect()
+}
+
+/// Every policy shape, driven through one pseudo-random sequence of times,
+/// subjects and costs, decides exactly as a [`MemoryStore`] on the same
+/// clock: every field of every decision and of every quota's state.
+pub async fn policy_shapes_match_the_memory_store<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "policy_shapes_match_the_memory_store").await;
+    let memory = MemoryStore::builder().clock(run.clock.clone()).build();
+    let shapes = [
+        policy("single", [named("5/20s", "only")]),
+        policy(
+            "two",
+            [
+                named("3/5s gcra", "burst"),
+                named("10/1m sliding-counter(10s)", "sustained"),
+            ],
+        ),
+        policy(
+            "all-four",
+            [
+                named("6/30s", "log"),
+                named("8/1m sliding-counter(10s)", "counter"),
+                named("7/20s fixed-window", "fixed"),
+                named("4/10s gcra(burst=5)", "gcra"),
+            ],
+        ),
+        policy(
+            "tenant-and-subject",
+            [
+                named("4/30s", "user"),
+                per_tenant("9/1m fixed-window", "org"),
+            ],
+        ),
+        policy(
+            "tenant-shared",
+            [
+                named("5/1m sliding-counter(10s)", "user"),
+                per_tenant("6/1m", "org"),
+                per_tenant("3/10s gcra", "org-burst"),
+            ],
+        ),
+    ];
+    let mut admitted = 0;
+    let mut denied = 0;
+    for (i, p) in shapes.iter().enumerate() {
+        let keys = [run.key("alice"), run.key("bob")];
+        let mut now = START;
+        let mut seed: u64 = 0x9E37_79B9_7F4A_7C15 ^ i as u64;
+        for step in 0..80 {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let r = seed >> 33;
+            now += (r % 5) * 1_250_000 + (r >> 8) % 1000;
+            run.at(now);
+            let key = &keys[usize::from(r & (1 << 20) != 0)];
+            let cost = 1 + ((r >> 12) % 3) as u32;
+            let got = run.check_policy(key, p, cost).await;
+            let expected = memory
+                .check(CheckRequest::new(key, p, cost))
+                .await
+                .unwrap_or_else(|e| panic!("memory store: {e}"));
+            assert_eq!(
+                got,
+                expected,
+                "policy_shapes_match_the_memory_store: {} ({p}), step {step}: cost {cost} at START + {} µs",
+                p.name(),
+                now - START
+            );
+            if got.allowed {
+                admitted += 1;
+            } else {
+                denied += 1;
+            }
+        }
+    }
+    assert!(
+        admitted > 50 && denied > 50,
+        "the sequences exercise both outcomes: {admitted} admitted, {denied} denied"
+    );
+}
+
+/// All-or-nothing: while one quota of a policy denies, no quota's state
+/// moves (the others report their state as it stands, admitting), however
+/// many denials; the next admission takes the cost from every quota.
+pub async fn a_denial_moves_no_quota<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "a_denial_moves_no_quota").await;
+    let p = policy(
+        "p",
+        [
+            named("10/1m", "log"),
+            named("10/1m sliding-counter(10s)", "counter"),
+            named("2/1m fixed-window", "tight"),
+            named("10/1m gcra", "gcra"),
+        ],
+    );
+    let k = run.key("user");
+    let d = run.check_policy(&k, &p, 2).await;
+    assert!(d.allowed, "a_denial_moves_no_quota: {d:?}");
+    assert_eq!(
+        states(&d),
+        want(&[
+            ("log", allow(8, 60 * S)),
+            ("counter", allow(8, 70 * S)),
+            ("tight", allow(0, 40 * S)),
+            // T = 6 s: tat = START + 12 s.
+            ("gcra", allow(8, 12 * S)),
+        ]),
+        "a_denial_moves_no_quota: the admission"
+    );
+    run.at(START + S);
+    for round in 0..5 {
+        for cost in [1, 2] {
+            let d = run.check_policy(&k, &p, cost).await;
+            assert!(!d.allowed, "round {round}: {d:?}");
+            assert_eq!(
+                (d.quota.name(), Seen::from(&d)),
+                ("tight", deny(0, 39 * S, 39 * S)),
+                "a_denial_moves_no_quota: the deciding quota"
+            );
+            assert_eq!(
+                states(&d),
+                want(&[
+                    ("log", allow(8, 59 * S)),
+                    ("counter", allow(8, 69 * S)),
+                    ("tight", deny(0, 39 * S, 39 * S)),
+                    ("gcra", allow(8, 11 * S)),
+                ]),
+                "a_denial_moves_no_quota: round {round}, cost {cost}"
+            );
+        }
+    }
+    // The next fixed window: admitted, 1 unit from every quota.
+    run.at(MINUTE_END);
+    let d = run.check_policy(&k, &p, 1).await;
+    assert_eq!(
+        states(&d),
+        want(&[
+            ("log", allow(7, 60 * S)),
+            ("counter", allow(7, 70 * S)),
+            ("tight", allow(1, 60 * S)),
+            // tat (START + 12 s) is past: from now, one interval.
+            ("gcra", allow(9, 6 * S)),
+        ]),
+        "a_denial_moves_no_quota: after the window"
+    );
+}
+
+/// A tenant-scoped quota is one window per tenant, shared by its subjects;
+/// the subject quota beside it stays per subject; other tenants are apart.
+pub async fn tenant_quota_is_shared_by_subjects<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "tenant_quota_is_shared_by_subjects").await;
+    let p = policy(
+        "p",
+        [
+            named("3/1m", "user"),
+            per_tenant("4/1m fixed-window", "org"),
+        ],
+    );
+    let (alice, bob) = (run.key("alice"), run.key("bob"));
+    let d = run.check_policy(&alice, &p, 2).await;
+    assert_eq!(
+        states(&d),
+        want(&[("user", allow(1, 60 * S)), ("org", allow(2, 40 * S))]),
+        "tenant_quota_is_shared_by_subjects: alice"
+    );
+    let d = run.check_policy(&bob, &p, 2).await;
+    assert_eq!(
+        states(&d),
+        want(&[("user", allow(1, 60 * S)), ("org", allow(0, 40 * S))]),
+        "tenant_quota_is_shared_by_subjects: bob"
+    );
+    let d = run.check_policy(&alice, &p, 1).await;
+    assert!(!d.allowed);
+    assert_eq!(
+        (d.quota.name(), Seen::from(&d)),
+        ("org", deny(0, 40 * S, 40 * S))
+    );
+    assert_eq!(
+        states(&d),
+        want(&[("user", allow(1, 60 * S)), ("org", deny(0, 40 * S, 40 * S))]),
+        "tenant_quota_is_shared_by_subjects: the tenant is full"
+    );
+    let other = run.key_in("-b", "alice");
+    let d = run.check_policy(&other, &p, 1).await;
+    assert_eq!(
+        states(&d),
+        want(&[("user", allow(2, 60 * S)), ("org", allow(3, 40 * S))]),
+        "tenant_quota_is_shared_by_subjects: another tenant"
+    );
+    // The tenant's window opens again with the next minute; the subject
+    // windows still count.
+    run.at(MINUTE_END);
+    let d = run.check_policy(&alice, &p, 1).await;
+    assert_eq!(
+        states(&d),
+        want(&[("user", allow(0, 60 * S)), ("org", allow(3, 60 * S))]),
+        "tenant_quota_is_shared_by_subjects: next minute"
+    );
+}
+
+/// A rolling limit change (same name, window and algorithm, another limit)
+/// keeps the window: 30 used of 100, then 170 left of 200. Changing the
+/// window starts afresh.
+pub async fn rolling_limit_change_keeps_the_window<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "rolling_limit_change_keeps_the_window").await;
+    // (algorithm, reset after 30 at START, remaining and reset of the
+    //  200/1m quota before a cost)
+    let cases: [(&str, u64, u32, u64); 4] = [
+        ("", 60 * S, 170, 60 * S),
+        (" sliding-counter(10s)", 70 * S, 170, 70 * S),
+        (" fixed-window", 40 * S, 170, 40 * S),
+        // 100/1m: T = 600 ms, tat = START + 18 s; 200/1m: T = 300 ms, B T = 60 s.
+        (" gcra", 18 * S, 140, 18 * S),
+    ];
+    for (algorithm, reset, left, left_reset) in cases {
+        let old = named(&format!("100/1m{algorithm}"), "api");
+        let new = named(&format!("200/1m{algorithm}"), "api");
+        let other = named("1000/1h gcra", "hourly");
+        let k = run.key(algorithm);
+        run.at(START);
+        let d = run
+            .check_policy(&k, &policy("v1", [old, other.clone()]), 30)
+            .await;
+        assert_eq!(
+            states(&d)[0],
+            ("api".to_owned(), allow(70, reset)),
+            "{algorithm}: 30 used"
+        );
+        let v2 = policy("v2", [new.clone(), other]);
+        let d = run.check_policy(&k, &v2, u32::MAX).await;
+        assert_eq!(
+            states(&d)[0],
+            ("api".to_owned(), never(left, left_reset)),
+            "{algorithm}: the window is kept"
+        );
+        let fresh = named(&format!("200/2m{algorithm}"), "api");
+        let d = run.check(&k, &fresh, 1).await;
+        assert!(
+            d.allowed && d.remaining == 199,
+            "{algorithm}: another window starts afresh: {d:?}"
+        );
     }
 }

@@ -15,6 +15,11 @@
 //!   repeats of denials) and must decide every shared request identically;
 //! - `retry_after` is truthful and tight: waiting it admits the same cost,
 //!   waiting one microsecond less does not.
+//!
+//! And under concurrency, for random policies of several quotas (some per
+//! tenant) on one `MemoryStore` and on one real `redis-server`: no quota is
+//! consumed by a denied request (each quota's use equals the admitted
+//! requests' costs) and no quota's use exceeds its capacity.
 
 #![allow(clippy::unwrap_used)]
 
@@ -22,7 +27,9 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use proptest::prelude::*;
-use tower_window::{Algorithm, CheckRequest, ManualClock, MemoryStore, Quota, Store, WindowKey};
+use tower_window::{
+    Algorithm, CheckRequest, ManualClock, MemoryStore, Policy, Quota, Store, WindowKey,
+};
 
 const START: u64 = 1_700_000_000_000_000;
 
@@ -265,7 +272,7 @@ struct Harness {
 
 fn check(store: &MemoryStore, key: &WindowKey, quota: &Quota, cost: u32) -> Seen {
     let decision = store
-        .check(CheckRequest::new(key, quota, cost))
+        .check(CheckRequest::new(key, &Policy::from(quota.clone()), cost))
         .now_or_never()
         .expect("the memory store decides without waiting")
         .unwrap();
@@ -580,10 +587,11 @@ proptest! {
         let clock = ManualClock::new(0);
         let store = MemoryStore::builder().clock(clock.clone()).max_keys(16).build();
         let key = WindowKey::new("proptest", "arbitrary");
+        let policy = Policy::from(quota.clone());
         for (t, cost) in requests {
             clock.set(t);
             let result = store
-                .check(CheckRequest::new(&key, &quota, cost))
+                .check(CheckRequest::new(&key, &policy, cost))
                 .now_or_never()
                 .expect("the memory store decides without waiting");
             let Ok(decision) = result else {
@@ -601,6 +609,178 @@ proptest! {
             } else {
                 prop_assert!(decision.retry_after.is_some());
             }
+        }
+    }
+}
+
+mod concurrent {
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+    use tower_window::{
+        CheckRequest, ManualClock, MemoryStore, Policy, Quota, RedisStore, Scope, Store, WindowKey,
+    };
+    use tower_window_tests::redis_server::RedisServer;
+
+    const START: u64 = 1_700_000_000_000_000;
+    const SUBJECTS: [&str; 2] = ["alice", "bob"];
+
+    fn any_policy() -> impl Strategy<Value = Policy> {
+        let quota = (
+            prop_oneof![
+                Just(""),
+                Just(" sliding-counter(10s)"),
+                Just(" fixed-window"),
+                Just(" gcra"),
+            ],
+            3u32..30,
+            any::<bool>(),
+        );
+        proptest::collection::vec(quota, 1..=4).prop_map(|quotas| {
+            let quotas = quotas
+                .into_iter()
+                .enumerate()
+                .map(|(i, (algorithm, limit, tenant))| {
+                    let q = format!("{limit}/1m{algorithm}")
+                        .parse::<Quota>()
+                        .unwrap()
+                        .named(&format!("q{i}"))
+                        .unwrap();
+                    if tenant {
+                        q.scoped(Scope::Tenant)
+                    } else {
+                        q
+                    }
+                });
+            Policy::new("concurrent", quotas).unwrap()
+        })
+    }
+
+    /// Per task: (subject index, cost) requests.
+    fn any_plan() -> impl Strategy<Value = Vec<Vec<(usize, u32)>>> {
+        proptest::collection::vec(
+            proptest::collection::vec((0..SUBJECTS.len(), 1u32..=4), 4..16),
+            2..=4,
+        )
+    }
+
+    /// Runs the plan's tasks at once on `store` (its clock stands still),
+    /// then checks every quota's use against the admitted costs.
+    async fn run(
+        store: Arc<dyn Store>,
+        policy: Policy,
+        tenant: String,
+        plan: Vec<Vec<(usize, u32)>>,
+    ) -> Result<(), TestCaseError> {
+        let tasks: Vec<_> = plan
+            .into_iter()
+            .map(|requests| {
+                let (store, policy, tenant) = (store.clone(), policy.clone(), tenant.clone());
+                tokio::spawn(async move {
+                    let mut admitted = [0u64; SUBJECTS.len()];
+                    for (subject, cost) in requests {
+                        let key = WindowKey::new(tenant.clone(), SUBJECTS[subject]);
+                        let d = store
+                            .check(CheckRequest::new(&key, &policy, cost))
+                            .await
+                            .unwrap();
+                        assert_eq!(d.allowed, d.quotas().iter().all(|q| q.allowed));
+                        if d.allowed {
+                            admitted[subject] += u64::from(cost);
+                        }
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let mut admitted = [0u64; SUBJECTS.len()];
+        for task in tasks {
+            for (total, a) in admitted.iter_mut().zip(task.await.unwrap()) {
+                *total += a;
+            }
+        }
+        let all: u64 = admitted.iter().sum();
+        for (subject, &mine) in SUBJECTS.iter().zip(&admitted) {
+            // A cost that never fits reports every quota's state unchanged.
+            let key = WindowKey::new(tenant.clone(), *subject);
+            let probe = store
+                .check(CheckRequest::new(&key, &policy, u32::MAX))
+                .await
+                .unwrap();
+            prop_assert!(!probe.allowed);
+            for state in probe.quotas() {
+                let quota = &state.quota;
+                let used = match quota.scope() {
+                    Scope::Tenant => all,
+                    _ => mine,
+                };
+                let capacity = u64::from(quota.capacity());
+                prop_assert!(
+                    used <= capacity,
+                    "{}: {used} admitted of {capacity}",
+                    quota.name()
+                );
+                prop_assert_eq!(
+                    u64::from(state.remaining),
+                    capacity - used,
+                    "{} ({}) for {}: remaining after {} admitted",
+                    quota.name(),
+                    quota,
+                    subject,
+                    used
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn tenant(store: &str) -> String {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        format!(
+            "{store}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        #[test]
+        fn denied_requests_consume_no_quota_on_the_memory_store(
+            policy in any_policy(),
+            plan in any_plan(),
+        ) {
+            let store = MemoryStore::builder().clock(ManualClock::new(START)).build();
+            runtime().block_on(run(Arc::new(store), policy, tenant("memory"), plan))?;
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        #[test]
+        fn denied_requests_consume_no_quota_on_redis(
+            policy in any_policy(),
+            plan in any_plan(),
+        ) {
+            let server = RedisServer::shared();
+            let store = RedisStore::builder()
+                .url(server.url())
+                .prefix("concurrent:")
+                .clock(ManualClock::new(START))
+                .build()
+                .unwrap();
+            runtime().block_on(run(Arc::new(store), policy, tenant("redis"), plan))?;
         }
     }
 }

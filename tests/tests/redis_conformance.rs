@@ -6,15 +6,11 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tower_window::{ManualClock, RedisStore};
 use tower_window_tests::conformance::StoreFactory;
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::RedisServer;
-
-/// Generous: the suite asserts decisions, not latency, and CI machines are small.
-const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// RedisStores on one shared test server.
 struct SingleRedis(Arc<RedisServer>);
@@ -29,11 +25,12 @@ impl StoreFactory for SingleRedis {
     type Store = RedisStore;
 
     fn make(&self, clock: ManualClock) -> impl Future<Output = RedisStore> + Send {
-        let store = RedisStore::from_url(&self.0.url())
-            .expect("valid url")
+        let store = RedisStore::builder()
+            .url(self.0.url())
             .prefix("conformance:")
-            .timeout(TIMEOUT)
-            .clock(clock);
+            .clock(clock)
+            .build()
+            .expect("valid url");
         std::future::ready(store)
     }
 }
@@ -51,11 +48,12 @@ impl StoreFactory for ClusterRedis {
     type Store = RedisStore;
 
     fn make(&self, clock: ManualClock) -> impl Future<Output = RedisStore> + Send {
-        let store = RedisStore::cluster(self.0.urls())
-            .expect("valid urls")
+        let store = RedisStore::builder()
+            .cluster(self.0.urls())
             .prefix("conformance:")
-            .timeout(TIMEOUT)
-            .clock(clock);
+            .clock(clock)
+            .build()
+            .expect("valid urls");
         std::future::ready(store)
     }
 }

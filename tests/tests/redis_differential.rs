@@ -55,7 +55,6 @@ fn redis_matches_memory_store() {
     let clock = ManualClock::new(START);
     let redis = RedisStore::from_url(&server.url())
         .unwrap()
-        .timeout(Duration::from_secs(5))
         .clock(clock.clone());
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     static CASE: AtomicU64 = AtomicU64::new(0);
@@ -68,13 +67,14 @@ fn redis_matches_memory_store() {
     };
     proptest!(config, |(quota_index in 0..QUOTAS.len(), start_offset in 0u64..3_000_000, steps in ops())| {
         let quota: Quota = QUOTAS[quota_index].parse().unwrap();
+        let policy = tower_window::Policy::from(quota.clone());
         let key = WindowKey::new("diff", format!("case-{}", CASE.fetch_add(1, Ordering::Relaxed)));
         let mut now = START + start_offset;
         runtime.block_on(async {
             for (i, (step, cost)) in steps.iter().enumerate() {
                 now = now.saturating_add_signed(*step);
                 clock.set(now);
-                let request = CheckRequest::new(&key, &quota, *cost);
+                let request = CheckRequest::new(&key, &policy, *cost);
                 let want = memory.check(request).await.unwrap();
                 let got = redis.check(request).await.unwrap();
                 let counter = if want.allowed { &ALLOWED } else { &DENIED };

@@ -19,15 +19,19 @@ fn quota() -> Quota {
     "10/1m".parse().unwrap()
 }
 
-/// A server that does not answer: the call fails as Timeout at its deadline.
+/// A server that does not answer: the call fails as Timeout at the
+/// limiter's deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_server_times_out_at_the_deadline() {
     let server = RedisServer::start();
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .timeout(Duration::from_millis(100));
+    let store = RedisStore::from_url(&server.url()).unwrap();
     store.connect().await.unwrap();
-    let limiter = Limiter::new(store, quota());
+    // The limiter's time budget is the only deadline; no retries, so the
+    // one call meets it.
+    let limiter = Limiter::builder(store, quota())
+        .timeout(Duration::from_millis(100))
+        .retry(tower_window::RetryConfig::none())
+        .build();
     let key = WindowKey::for_subject("slow");
     assert!(limiter.check(&key, 1).await.unwrap().allowed);
     let _: () = redis::cmd("CLIENT")
@@ -45,12 +49,7 @@ async fn a_silent_server_times_out_at_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_memory_is_overloaded() {
     let server = RedisServer::start();
-    let limiter = Limiter::new(
-        RedisStore::from_url(&server.url())
-            .unwrap()
-            .timeout(Duration::from_secs(2)),
-        quota(),
-    );
+    let limiter = Limiter::new(RedisStore::from_url(&server.url()).unwrap(), quota());
     let mut admin = server.connection();
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
@@ -74,18 +73,13 @@ async fn a_script_error_is_protocol() {
     let server = RedisServer::start();
     let quota: Quota = "10/1m gcra".parse().unwrap();
     let key = WindowKey::for_subject("clobbered");
-    let encoded = tower_window::store::redis_key("tw:", &key, &quota);
+    let encoded = tower_window::store::redis_key("tw:", &key, &quota.clone().into(), &quota);
     let _: () = redis::cmd("LPUSH")
         .arg(&encoded)
         .arg("x")
         .query(&mut server.connection())
         .unwrap();
-    let limiter = Limiter::new(
-        RedisStore::from_url(&server.url())
-            .unwrap()
-            .timeout(Duration::from_secs(2)),
-        quota,
-    );
+    let limiter = Limiter::new(RedisStore::from_url(&server.url()).unwrap(), quota);
     assert_eq!(kind(limiter.check(&key, 1).await), StoreErrorKind::Protocol);
 }
 
@@ -94,11 +88,14 @@ async fn a_script_error_is_protocol() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survives_a_redis_restart() {
     let mut server = RedisServer::start();
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
+    let store = RedisStore::builder()
+        .url(server.url())
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder(store, quota())
         .timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_millis(500));
-    let limiter = Limiter::new(store, quota());
+        .build();
     let key = WindowKey::for_subject("restart");
     assert!(limiter.check(&key, 1).await.unwrap().allowed);
 
@@ -126,30 +123,55 @@ async fn survives_a_redis_restart() {
     assert_eq!(decision.remaining, 9);
 }
 
-/// Past `max_in_flight`, a check fails at once as Overloaded.
+/// The store has no deadline or in-flight bound of its own: the limiter's
+/// resilience stack is the only one, and a store call runs as long as Redis
+/// takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_flight_limit_is_overloaded() {
+async fn the_store_itself_waits_for_redis() {
+    use tower_window::{CheckRequest, Policy, Store};
+
     let server = RedisServer::start();
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .timeout(Duration::from_secs(2))
-        .max_in_flight(1);
+    let store = RedisStore::from_url(&server.url()).unwrap();
     store.connect().await.unwrap();
-    let limiter = Limiter::new(store, quota());
-    // join! polls the first check first: it takes the only permit and waits
-    // for Redis, so the second finds none.
-    let (ka, kb) = (WindowKey::for_subject("a"), WindowKey::for_subject("b"));
-    let (a, b) = tokio::join!(limiter.check(&ka, 1), limiter.check(&kb, 1));
-    assert!(a.unwrap().allowed);
-    assert_eq!(kind(b), StoreErrorKind::Overloaded);
-    // The permit is back.
-    assert!(
-        limiter
-            .check(&WindowKey::for_subject("b"), 1)
-            .await
-            .unwrap()
-            .allowed
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(300)
+        .arg("ALL")
+        .query(&mut server.connection())
+        .unwrap();
+    let policy = Policy::from(quota());
+    let key = WindowKey::for_subject("patient");
+    let (a, b) = tokio::join!(
+        store.check(CheckRequest::new(&key, &policy, 1)),
+        store.check(CheckRequest::new(&key, &policy, 1)),
     );
+    assert_eq!(a.unwrap().remaining + b.unwrap().remaining, 9 + 8);
+}
+
+/// Configuration errors are typed, apart from store errors.
+#[test]
+fn configuration_errors_are_typed() {
+    use tower_window::RedisConfigError;
+
+    assert!(matches!(
+        RedisStore::builder().build(),
+        Err(RedisConfigError::MissingServer)
+    ));
+    assert!(matches!(
+        RedisStore::from_url("not a url"),
+        Err(RedisConfigError::InvalidUrl(_))
+    ));
+    assert!(matches!(
+        RedisStore::cluster(Vec::<String>::new()),
+        Err(RedisConfigError::NoClusterNodes)
+    ));
+    let store = RedisStore::builder()
+        .url("redis://127.0.0.1:1")
+        .prefix("p:")
+        .connect_timeout(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    assert_eq!(store.key_prefix(), "p:");
 }
 
 /// A store outlives the runtime that connected it (e.g. one store shared by
@@ -157,12 +179,7 @@ async fn in_flight_limit_is_overloaded() {
 #[test]
 fn survives_the_connecting_runtime_shutting_down() {
     let server = RedisServer::start();
-    let limiter = Limiter::new(
-        RedisStore::from_url(&server.url())
-            .unwrap()
-            .timeout(Duration::from_secs(2)),
-        quota(),
-    );
+    let limiter = Limiter::new(RedisStore::from_url(&server.url()).unwrap(), quota());
     let key = WindowKey::for_subject("runtimes");
     for round in 0..3 {
         let runtime = tokio::runtime::Builder::new_current_thread()

@@ -23,8 +23,8 @@ use tempfile::TempDir;
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::store::redis::redis_key;
 use tower_window::{
-    BreakerConfig, BreakerState, CheckRequest, Decision, DecisionSource, FallbackReason, Limiter,
-    ManualClock, Quota, RedisStore, Store, WindowKey,
+    BreakerConfig, BreakerState, Decision, DecisionSource, FallbackReason, Limiter, ManualClock,
+    Quota, RedisStore, Store, WindowKey,
 };
 use tower_window_tests::fault_proxy::{FaultProxy, Mode};
 use tower_window_tests::redis_cluster::RedisCluster;
@@ -208,8 +208,6 @@ fn node(url: &str, clock: &ManualClock, policy: Policy, prefix: &str) -> Limiter
     let store = RedisStore::from_url(url)
         .unwrap()
         .prefix(prefix)
-        // The limiter's budget is the one under test.
-        .timeout(Duration::from_secs(5))
         .connect_timeout(Duration::from_millis(500));
     let builder = Limiter::builder(store, quota())
         .clock(clock.clone())
@@ -552,7 +550,7 @@ async fn a_denied_hot_key_costs_redis_one_call_per_node_per_retry_period() {
     let nodes: Vec<Limiter> = (0..3)
         .map(|_| {
             let store = RedisStore::from_url(&redis.url()).unwrap().prefix("hot:");
-            Limiter::builder(store, "5/1m".parse().unwrap())
+            Limiter::builder(store, "5/1m".parse::<Quota>().unwrap())
                 .clock(clock.clone())
                 .timeout(Duration::from_secs(2))
                 .build()
@@ -592,8 +590,7 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
         let proxy = FaultProxy::start(redis.addr()).await.unwrap();
         let store = RedisStore::from_url(&proxy.redis_url())
             .unwrap()
-            .prefix("bound:")
-            .timeout(Duration::from_secs(5));
+            .prefix("bound:");
         nodes.push(
             Limiter::builder(store, quota.clone())
                 .clock(clock.clone())
@@ -692,7 +689,12 @@ async fn cluster_with_a_primary_killed_keeps_healthy_slots_on_redis() {
         }
     }
     let slot_of = |key: &WindowKey| -> u16 {
-        let redis_key = redis_key(prefix, key, &quota);
+        let redis_key = redis_key(
+            prefix,
+            key,
+            &tower_window::Policy::from(quota.clone()),
+            &quota,
+        );
         redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(redis_key)
@@ -730,19 +732,15 @@ async fn cluster_with_a_primary_killed_keeps_healthy_slots_on_redis() {
         RedisStore::cluster(cluster.urls())
             .unwrap()
             .prefix(prefix)
-            .timeout(Duration::from_secs(5))
             .connect_timeout(Duration::from_millis(500)),
     );
-    // The store's shard of a request is the slot CLUSTER KEYSLOT names.
+    // The store's failure domain of a request is the slot CLUSTER KEYSLOT names.
+    let policy = tower_window::Policy::from(quota.clone());
     for (key, slot) in &slots {
-        let request = CheckRequest::new(key, &quota, 1);
-        assert_eq!(store.shard(&request), Some(*slot));
+        assert_eq!(store.failure_domain(key, &policy), Some(*slot));
     }
     let single = RedisStore::from_url("redis://127.0.0.1:1").unwrap();
-    assert_eq!(
-        single.shard(&CheckRequest::new(&slots[0].0, &quota, 1)),
-        None
-    );
+    assert_eq!(single.failure_domain(&slots[0].0, &policy), None);
 
     let clock = ManualClock::new(T0);
     // The default breaker (5 consecutive failures, or 50 % of 20 calls):

@@ -180,7 +180,7 @@ fn check_bound(quota: &Quota, run: &Run) -> String {
 
 fn nodes(make: impl Fn() -> RedisStore, quota: &Quota) -> Vec<Limiter> {
     (0..NODES)
-        .map(|_| Limiter::new(make().timeout(Duration::from_secs(2)), quota.clone()))
+        .map(|_| Limiter::new(make(), quota.clone()))
         .collect()
 }
 
@@ -212,6 +212,7 @@ async fn global_bound_on_cluster_with_keys_on_every_primary() {
         let slot = key_slot(&tower_window::store::redis_key(
             "bound:",
             &key,
+            &quotas()[0].clone().into(),
             &quotas()[0],
         ));
         keys[primary_of(slot)].get_or_insert(key);

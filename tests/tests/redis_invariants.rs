@@ -193,10 +193,7 @@ fn assert_all_keys_expire(conn: &mut redis::Connection, prefix: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_has_a_ttl() {
     let server = RedisServer::shared();
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .prefix("ttl:")
-        .timeout(Duration::from_secs(2));
+    let store = RedisStore::from_url(&server.url()).unwrap().prefix("ttl:");
     let store = Arc::new(store);
     let decisions = workload(store).await;
     assert!(decisions.iter().any(|d| d.allowed));
@@ -214,10 +211,20 @@ async fn cluster_slots_and_ttls() {
     let mut node = cluster.nodes()[0].connection();
     for i in 0..16 {
         let key = WindowKey::new(subject(i + 3), subject(i));
-        let slots: Vec<u16> = all_quotas()
+        let quotas = all_quotas();
+        let policy = tower_window::Policy::new(
+            "all",
+            quotas
+                .iter()
+                .enumerate()
+                .map(|(i, q)| q.clone().named(&format!("q{i}")).unwrap()),
+        )
+        .unwrap();
+        let slots: Vec<u16> = policy
+            .quotas()
             .iter()
             .map(|quota| {
-                let encoded = redis_key("slots:", &key, quota);
+                let encoded = redis_key("slots:", &key, &policy, quota);
                 let server_slot: u16 = redis::cmd("CLUSTER")
                     .arg("KEYSLOT")
                     .arg(&encoded)
@@ -235,8 +242,7 @@ async fn cluster_slots_and_ttls() {
     }
     let store = RedisStore::cluster(cluster.urls())
         .unwrap()
-        .prefix("slots:")
-        .timeout(Duration::from_secs(2));
+        .prefix("slots:");
     store.connect().await.unwrap();
     let store = Arc::new(store);
     let decisions = workload(store).await; // unwraps: no CROSSSLOT or any other error
@@ -313,9 +319,7 @@ async fn flush_mid_run(limiter: Limiter, flush: impl Fn()) {
 async fn script_flush_mid_run_fails_nothing() {
     let server = RedisServer::start();
     for quota in all_quotas() {
-        let store = RedisStore::from_url(&server.url())
-            .unwrap()
-            .timeout(Duration::from_secs(2));
+        let store = RedisStore::from_url(&server.url()).unwrap();
         flush_mid_run(Limiter::new(store, quota), || {
             let _: () = redis::cmd("SCRIPT")
                 .arg("FLUSH")
@@ -332,9 +336,7 @@ async fn script_flush_mid_run_fails_nothing() {
     assert!(errors.contains("errorstat_NOSCRIPT:count="), "{errors}");
     let cluster = RedisCluster::shared();
     for quota in all_quotas() {
-        let store = RedisStore::cluster(cluster.urls())
-            .unwrap()
-            .timeout(Duration::from_secs(2));
+        let store = RedisStore::cluster(cluster.urls()).unwrap();
         flush_mid_run(Limiter::new(store, quota), || {
             for node in cluster.nodes() {
                 let _: () = redis::cmd("SCRIPT")
@@ -433,7 +435,6 @@ async fn one_command_per_decision() {
         ("url", RedisStore::from_url(&server.url()).unwrap()),
         ("pool", RedisStore::from_pool(pool)),
     ];
-    let stores = stores.map(|(name, store)| (name, store.timeout(Duration::from_secs(2))));
     let mut admin = server.connection();
     for (name, store) in stores {
         store.connect().await.unwrap();
@@ -451,9 +452,7 @@ async fn one_command_per_decision() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_command_per_decision_on_the_cluster() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::cluster(cluster.urls())
-        .unwrap()
-        .timeout(Duration::from_secs(2));
+    let store = RedisStore::cluster(cluster.urls()).unwrap();
     store.connect().await.unwrap();
     let mut admins: Vec<redis::Connection> = cluster
         .nodes()

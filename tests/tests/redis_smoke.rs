@@ -53,7 +53,7 @@ async fn server_time_is_used_without_a_clock() {
     let store = RedisStore::from_url(&server.url())
         .unwrap()
         .prefix("smoke-time:");
-    let limiter = Limiter::new(store, "2/1m".parse().unwrap());
+    let limiter = Limiter::new(store, "2/1m".parse::<Quota>().unwrap());
     let d = limiter
         .check(&WindowKey::for_subject("x"), 1)
         .await
@@ -70,7 +70,7 @@ async fn unreachable_server_is_unavailable() {
     let port = tower_window_tests::redis_server::RedisServer::start().port();
     // The server is gone once dropped: nothing listens on `port` any more.
     let store = RedisStore::from_url(&format!("redis://127.0.0.1:{port}/")).unwrap();
-    let limiter = Limiter::new(store, "2/1m".parse().unwrap());
+    let limiter = Limiter::new(store, "2/1m".parse::<Quota>().unwrap());
     let err = limiter
         .check(&WindowKey::for_subject("x"), 1)
         .await

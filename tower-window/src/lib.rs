@@ -52,6 +52,6 @@ pub use limiter::resilience::RetryConfig;
 pub use limiter::{LimitError, Limiter};
 pub use limiter::{LimiterBuilder, LimiterStats};
 pub use quota::{Policy, PolicyError, Quota, QuotaBuilder, QuotaError, Scope};
-#[cfg(feature = "redis")]
-pub use store::RedisStore;
 pub use store::{CheckRequest, MemoryStore, Store, StoreError, StoreErrorKind};
+#[cfg(feature = "redis")]
+pub use store::{RedisConfigError, RedisStore, RedisStoreBuilder};

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tower_window::store::redis_key;
-use tower_window::{Algorithm, Limiter, Quota, RedisStore, WindowKey};
+use tower_window::{Limiter, Policy, Quota, RedisStore, WindowKey};
 use tower_window_tests::redis_server::RedisServer;
 
 /// Distinct subjects (redis-benchmark `-r`).
@@ -68,11 +68,13 @@ fn redis_benchmark(server: &RedisServer, quota: &Quota, requests: u64) -> (f64, 
     let key_template = redis_key(
         tower_window::store::redis::DEFAULT_PREFIX,
         &WindowKey::for_subject("k__rand_int__"),
+        &Policy::from(quota.clone()),
         quota,
     );
     let key_template = String::from_utf8(key_template).expect("ASCII key");
-    let sha = RedisStore::script_sha(Algorithm::Gcra);
-    // The store's own arguments: now ("" = Redis TIME), cost, min TTL, T, B.
+    let sha = RedisStore::script_sha();
+    // The store's own arguments: now ("" = Redis TIME), cost, min TTL, one
+    // quota: code 4 (GCRA), T, B, 0.
     let args = [
         "-h".to_owned(),
         "127.0.0.1".to_owned(),
@@ -94,8 +96,11 @@ fn redis_benchmark(server: &RedisServer, quota: &Quota, requests: u64) -> (f64, 
         String::new(),
         "1".to_owned(),
         "0".to_owned(),
+        "1".to_owned(),
+        "4".to_owned(),
         quota.emission_interval_micros().to_string(),
         quota.capacity().to_string(),
+        "0".to_owned(),
     ];
     let output = Command::new("redis-benchmark")
         .args(&args)
@@ -143,10 +148,8 @@ fn main() {
     let quota: Quota = QUOTA.parse().expect("quota");
 
     runtime.block_on(async {
-        let store = RedisStore::from_url(&server.url())
-            .expect("url")
-            .timeout(Duration::from_secs(1));
-        store.connect().await.expect("connect and load scripts");
+        let store = RedisStore::from_url(&server.url()).expect("url");
+        store.connect().await.expect("connect and load the script");
         let limiter = Limiter::new(store, quota.clone());
         // Warm up connections, allocator and the script cache.
         let _ = limiter_rate(&limiter, 16, Duration::from_millis(300)).await;

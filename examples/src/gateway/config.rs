@@ -11,8 +11,8 @@ use clap::{Parser, ValueEnum};
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
 use tower_window::{
-    Algorithm, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError, RedisStore, Store,
-    StoreError,
+    Algorithm, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError, RedisConfigError,
+    RedisStore, Store,
 };
 
 /// The gateway's flags. Every flag can also be set from the environment
@@ -219,9 +219,9 @@ impl Args {
             None
         };
         let (store, resilience): (Arc<dyn Store>, _) = match redis {
-            // One attempt may use the whole budget; the limiter bounds the total.
+            // The limiter's one time budget bounds every Redis call.
             Some(redis) => (
-                Arc::new(redis.timeout(timeout)),
+                Arc::new(redis),
                 Some(Resilience {
                     fallback: self.fallback,
                     expected_nodes: self.expected_nodes,
@@ -344,7 +344,7 @@ pub enum ConfigError {
     /// The `--limit`s do not make a valid policy (two of one name).
     Policy(PolicyError),
     /// `--redis-url` / `--redis-cluster` do not make a store.
-    Store(StoreError),
+    Store(RedisConfigError),
 }
 
 impl fmt::Display for ConfigError {

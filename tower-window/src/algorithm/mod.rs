@@ -16,6 +16,9 @@ pub(crate) mod outcome;
 pub(crate) mod sliding_counter;
 pub(crate) mod sliding_log;
 mod timeline;
+/// For the Redis scripts' test that they walk as far.
+#[cfg(all(test, feature = "redis"))]
+pub(crate) use timeline::MAX_RETRY_WALK;
 
 /// The state of one quota's window, for any algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,7 +12,7 @@ mod memory;
 pub mod redis;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{redis_key, RedisStore};
+pub use self::redis::{redis_key, RedisConfigError, RedisStore, RedisStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 
 /// One check to run against a store: a cost against every quota of a policy.

@@ -1,19 +1,22 @@
 //! [`RedisStore`]: windows in Redis or Redis Cluster, shared by every node.
 //!
-//! Each decision is one `EVALSHA` of a Lua script (one per algorithm) that
-//! reads Redis's own `TIME`, decides, records an admission and sets a TTL on
-//! every key it writes — atomically, in one round trip. Node clocks play no
-//! part, so skew between gateway nodes changes nothing.
+//! Each decision is one `EVALSHA` of one Lua script, whatever the policy:
+//! it reads Redis's own `TIME`, evaluates every quota of the policy, records
+//! the cost in all of them only if all admit, and sets a TTL on every key it
+//! writes — atomically, in one round trip. Node clocks play no part, so skew
+//! between gateway nodes changes nothing.
 //!
 //! ```no_run
 //! use std::time::Duration;
 //! use tower_window::{Limiter, Quota, RedisStore, WindowKey};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = RedisStore::from_url("redis://127.0.0.1:6379")?
+//! let store = RedisStore::builder()
+//!     .url("redis://127.0.0.1:6379")
 //!     .prefix("myapp:rl:")
-//!     .timeout(Duration::from_millis(20));
-//! store.connect().await?; // optional: connect and load the scripts now
+//!     .connect_timeout(Duration::from_millis(500))
+//!     .build()?;
+//! store.connect().await?; // optional: connect and load the script now
 //! let limiter = Limiter::new(store, "100/1m".parse::<Quota>()?);
 //! let decision = limiter.check(&WindowKey::for_subject("alice"), 1).await?;
 //! println!("allowed: {}, remaining: {}", decision.allowed, decision.remaining);
@@ -21,20 +24,37 @@
 //! # }
 //! ```
 //!
+//! Deadlines, retries, the in-flight bound and circuit breakers are the
+//! [`Limiter`](crate::Limiter)'s resilience stack, shared by every store
+//! operation; the store itself only bounds how long one connection attempt
+//! may take ([`RedisStoreBuilder::connect_timeout`]).
+//!
 //! # Keys
 //!
-//! A window lives at [`redis_key`]`(prefix, key, quota)`:
-//! `<prefix>{<tenant>:<subject>}:<quota id>`, with user bytes escaped or
-//! hashed so that keys are injective, bounded and always hash to the slot of
-//! `{<tenant>:<subject>}` (the sliding log adds a companion key with the
-//! suffix `:m` in the same slot).
+//! A quota's window lives at [`redis_key`]`(prefix, key, policy, quota)`,
+//! under the quota's [state id](crate::Quota::state_id) (so changing only
+//! a limit keeps the window), with user bytes escaped or hashed so that keys
+//! are injective and bounded. All keys of one decision share one hash slot:
+//!
+//! * a policy of subject-scoped quotas only:
+//!   `<prefix>{<tenant>:<subject>}:<quota>`, so subjects spread over the
+//!   cluster's slots;
+//! * a policy with a tenant-scoped quota ([`Scope::Tenant`](crate::Scope::Tenant),
+//!   one window per tenant): every key of the policy is tagged `{@<tenant>}`
+//!   (`<prefix>{@<tenant>}:<subject>:<quota>` and
+//!   `<prefix>{@<tenant>}:<quota>`). The price: all of that tenant's
+//!   windows live on one slot, hence one primary; and adding a
+//!   tenant-scoped quota to a tenant's policy (or removing the last one)
+//!   moves its subject windows to new keys, which start empty.
+//!
+//! The sliding log adds a companion key with the suffix `:m` in the same slot.
 //!
 //! # Failure domains
 //!
-//! On a cluster store, [`Store::shard`] is the key's hash slot, so a
+//! On a cluster store, [`Store::failure_domain`] is the policy's hash slot, so a
 //! [`Limiter`](crate::Limiter) keeps one circuit breaker per slot: a dead
 //! primary opens the breakers of its own slots only, and keys on healthy
-//! slots keep being decided by Redis. A single-node store is one shard.
+//! slots keep being decided by Redis. A single-node store is one domain.
 //!
 //! # Connections
 //!
@@ -42,9 +62,12 @@
 //! concurrent decisions are pipelined on it, and nothing but the `EVALSHA`
 //! is sent per decision — no `PING`, no `SCRIPT EXISTS`. The connection is
 //! made on first use (or by [`RedisStore::connect`]) and made again after a
-//! connection error. [`RedisStore::from_pool`] takes one connection from a
-//! `deadpool_redis` pool and keeps it, so deadpool's recycle `PING` is paid
-//! once per reconnect, never per decision.
+//! connection error. A `deadpool_redis` pool ([`RedisStoreBuilder::pool`])
+//! lends one connection that the store keeps, so deadpool's recycle `PING`
+//! is paid once per reconnect, never per decision.
+//!
+//! [`redis`] and [`deadpool_redis`] are re-exported, so a pool or a cluster
+//! client is always built with the versions this crate uses.
 
 use std::fmt;
 use std::sync::Arc;
@@ -55,7 +78,7 @@ use redis::cluster::ClusterClient;
 use redis::IntoConnectionInfo;
 
 use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
-use crate::{Clock, Decision};
+use crate::{Clock, Decision, Policy, WindowKey};
 
 mod connection;
 mod keys;
@@ -64,13 +87,17 @@ mod topology;
 #[doc(hidden)]
 pub use topology::__test_support;
 
+/// The `deadpool_redis` this crate is built with (for
+/// [`RedisStoreBuilder::pool`] and [`RedisStoreBuilder::cluster_pool`]).
+pub use deadpool_redis;
+/// The `redis` crate this crate is built with.
+pub use redis;
+
 use connection::{is_connection_error, map_error, Conn, Connection, Connector};
 pub use keys::redis_key;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tw:";
-/// The default per-call deadline.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// The default connect timeout.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The lowest TTL when an explicit clock is used: Redis expires keys by its
@@ -79,19 +106,18 @@ const EXPLICIT_CLOCK_MIN_TTL_MS: u64 = 60_000;
 
 /// A [`Store`] in Redis or Redis Cluster.
 ///
-/// Build one with [`from_url`](Self::from_url), [`from_pool`](Self::from_pool),
-/// [`cluster`](Self::cluster) or [`from_cluster_pool`](Self::from_cluster_pool),
-/// then adjust it with [`prefix`](Self::prefix), [`timeout`](Self::timeout),
-/// [`connect_timeout`](Self::connect_timeout), [`max_in_flight`](Self::max_in_flight)
-/// and [`clock`](Self::clock).
+/// Build one with [`builder`](Self::builder), or with the shorthands
+/// [`from_url`](Self::from_url), [`cluster`](Self::cluster),
+/// [`from_pool`](Self::from_pool) and
+/// [`from_cluster_pool`](Self::from_cluster_pool) (then adjust it with
+/// [`prefix`](Self::prefix), [`connect_timeout`](Self::connect_timeout)
+/// and [`clock`](Self::clock)).
 /// See the [module docs](crate::store::redis) for the key layout and how
 /// connections are used.
 pub struct RedisStore {
     connection: Connection,
     prefix: String,
-    timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
-    in_flight: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl RedisStore {
@@ -99,21 +125,39 @@ impl RedisStore {
         Self {
             connection: Connection::new(connector, DEFAULT_CONNECT_TIMEOUT),
             prefix: DEFAULT_PREFIX.to_owned(),
-            timeout: DEFAULT_TIMEOUT,
             clock: None,
-            in_flight: None,
         }
     }
 
-    /// A store on the Redis server at `url` (`redis://[user:pass@]host:port[/db]`).
+    /// A builder: one of [`url`](RedisStoreBuilder::url),
+    /// [`cluster`](RedisStoreBuilder::cluster), [`pool`](RedisStoreBuilder::pool)
+    /// or [`cluster_pool`](RedisStoreBuilder::cluster_pool), then the settings.
     ///
-    /// Does not connect yet: the first check (or [`connect`](Self::connect)) does.
-    pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(invalid_url)?;
-        Ok(Self::new(Connector::Client(client)))
+    /// ```
+    /// use tower_window::RedisStore;
+    ///
+    /// let store = RedisStore::builder()
+    ///     .cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+    ///     .prefix("rl:")
+    ///     .build()?;
+    /// assert_eq!(store.key_prefix(), "rl:");
+    /// assert!(RedisStore::builder().build().is_err()); // no server given
+    /// # Ok::<(), tower_window::store::redis::RedisConfigError>(())
+    /// ```
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
     }
 
-    /// A store on connections from a `deadpool_redis` pool.
+    /// A store on the Redis server at `url` (`redis://[user:pass@]host:port[/db]`);
+    /// short for `RedisStore::builder().url(url).build()`.
+    ///
+    /// Does not connect yet: the first check (or [`connect`](Self::connect)) does.
+    pub fn from_url(url: &str) -> Result<Self, RedisConfigError> {
+        Self::builder().url(url).build()
+    }
+
+    /// A store on connections from a `deadpool_redis` pool; short for
+    /// `RedisStore::builder().pool(pool).build()`, which cannot fail.
     ///
     /// The store checks out one connection and multiplexes every decision over
     /// it, so the pool's recycle `PING` is not paid per decision; it returns
@@ -124,30 +168,16 @@ impl RedisStore {
         Self::new(Connector::Pool(pool))
     }
 
-    /// A store on the Redis Cluster reachable through any of `urls`.
+    /// A store on the Redis Cluster reachable through any of `urls`; short
+    /// for `RedisStore::builder().cluster(urls).build()`.
     ///
     /// Does not connect yet: the first check (or [`connect`](Self::connect)) does.
-    pub fn cluster<I, S>(urls: I) -> Result<Self, StoreError>
+    pub fn cluster<I, S>(urls: I) -> Result<Self, RedisConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let nodes = urls
-            .into_iter()
-            .map(|url| url.as_ref().into_connection_info())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(invalid_url)?;
-        if nodes.is_empty() {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "a redis cluster needs at least one node url",
-            ));
-        }
-        // Check the configuration now; the client itself is built per connect.
-        ClusterClient::builder(nodes.clone())
-            .build()
-            .map_err(invalid_url)?;
-        Ok(Self::new(Connector::Cluster(nodes)))
+        Self::builder().cluster(urls).build()
     }
 
     /// A store on a Redis Cluster connection from a `deadpool_redis` cluster pool
@@ -156,44 +186,22 @@ impl RedisStore {
         Self::new(Connector::ClusterPool(pool))
     }
 
-    /// Prefixes every key (default [`DEFAULT_PREFIX`], `"tw:"`). Braces and
-    /// bytes that are not printable ASCII are escaped.
+    /// Prefixes every key (default [`DEFAULT_PREFIX`], `"tw:"`); see
+    /// [`RedisStoreBuilder::prefix`].
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
-    /// The deadline of one decision, connecting included (default
-    /// [`DEFAULT_TIMEOUT`], 50 ms). Past it the check fails with
-    /// [`StoreErrorKind::Timeout`].
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// How long one connection attempt may take (default
-    /// [`DEFAULT_CONNECT_TIMEOUT`], 1 s). Attempts run in the background, so
-    /// a check never waits longer than its [`timeout`](Self::timeout).
+    /// How long one connection attempt may take; see
+    /// [`RedisStoreBuilder::connect_timeout`].
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connection.set_connect_timeout(timeout);
         self
     }
 
-    /// Allows at most `max` decisions in flight at once (default: no limit
-    /// beyond what the deadline implies). A check beyond it fails at once with
-    /// [`StoreErrorKind::Overloaded`] instead of queueing behind a slow Redis.
-    pub fn max_in_flight(mut self, max: usize) -> Self {
-        self.in_flight = Some(Arc::new(tokio::sync::Semaphore::new(max)));
-        self
-    }
-
-    /// Decides with `clock` instead of the Redis server's `TIME`.
-    ///
-    /// For tests (the conformance suite drives a [`ManualClock`](crate::ManualClock)).
-    /// In production leave it unset: with the server's clock, node clock
-    /// skew cannot move the windows. Because Redis expires keys by its own
-    /// clock, keys then get a TTL of at least one minute; expired state is
-    /// still ignored by the given clock's time.
+    /// Decides with `clock` instead of the Redis server's `TIME`; see
+    /// [`RedisStoreBuilder::clock`].
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
@@ -204,28 +212,27 @@ impl RedisStore {
         &self.prefix
     }
 
-    /// Connects now and loads every script, instead of on the first check.
+    /// Connects now and loads the script, instead of on the first check.
     pub async fn connect(&self) -> Result<(), StoreError> {
         let (conn, generation) = self.connection.get().await?;
-        for script in scripts::all() {
-            let loaded = match conn.clone() {
-                Conn::Single(mut conn) => script.prepare_invoke().load_async(&mut conn).await,
-                Conn::Cluster(mut conn) => script.prepare_invoke().load_async(&mut conn).await,
-            };
-            if let Err(error) = loaded {
-                if is_connection_error(&error) {
-                    self.connection.invalidate(generation);
-                }
-                return Err(map_error(error));
+        let script = scripts::script();
+        let loaded = match conn {
+            Conn::Single(mut conn) => script.prepare_invoke().load_async(&mut conn).await,
+            Conn::Cluster(mut conn) => script.prepare_invoke().load_async(&mut conn).await,
+        };
+        if let Err(error) = loaded {
+            if is_connection_error(&error) {
+                self.connection.invalidate(generation);
             }
+            return Err(map_error(error));
         }
         Ok(())
     }
 
-    /// The SHA1 of the script deciding `algorithm`, as used by `EVALSHA`
-    /// (for load tests and operators).
-    pub fn script_sha(algorithm: crate::Algorithm) -> &'static str {
-        scripts::sha_for(algorithm)
+    /// The SHA1 of the one script every decision runs, as used by
+    /// `EVALSHA` (for load tests and operators).
+    pub fn script_sha() -> &'static str {
+        scripts::sha()
     }
 
     async fn decide(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
@@ -254,14 +261,14 @@ impl RedisStore {
         } else {
             0
         };
-        let [quota] = request.policy.quotas() else {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "policies of several quotas are not supported by RedisStore yet",
-            ));
-        };
-        let key = redis_key(&self.prefix, request.key, quota);
-        let call = scripts::invocation(key, quota, request.cost, now, min_ttl_ms);
+        let call = scripts::invocation(
+            &self.prefix,
+            request.key,
+            request.policy,
+            request.cost,
+            now,
+            min_ttl_ms,
+        );
         let (conn, generation) = self.connection.get().await?;
         // redis-rs answers NOSCRIPT by loading the script and retrying once;
         // a `SCRIPT FLUSH` (or a failover) landing between that load and the
@@ -287,15 +294,8 @@ impl RedisStore {
             }
             map_error(error)
         })?;
-        scripts::decision(quota, &reply)
+        scripts::decision(request.policy, &reply)
     }
-}
-
-fn invalid_url(error: redis::RedisError) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::InvalidRequest,
-        format!("invalid redis url: {error}"),
-    )
 }
 
 impl Store for RedisStore {
@@ -303,33 +303,16 @@ impl Store for RedisStore {
         &'a self,
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async move {
-            let _permit = match &self.in_flight {
-                Some(limit) => Some(limit.try_acquire().map_err(|_| {
-                    StoreError::new(
-                        StoreErrorKind::Overloaded,
-                        "too many redis decisions in flight",
-                    )
-                })?),
-                None => None,
-            };
-            match tokio::time::timeout(self.timeout, self.decide(request)).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::new(
-                    StoreErrorKind::Timeout,
-                    format!("redis did not decide within {:?}", self.timeout),
-                )),
-            }
-        })
+        Box::pin(self.decide(request))
     }
 
-    /// On a cluster store, the hash slot (0..16384) of the request's keys,
-    /// as `CLUSTER KEYSLOT` computes it; `None` on a single-node store.
-    /// Computed from the subject's hash tag without building the key.
-    fn failure_domain(&self, key: &crate::WindowKey, _policy: &crate::Policy) -> Option<u16> {
+    /// On a cluster store, the hash slot (0..16384) of every key of `key`
+    /// under `policy`, as `CLUSTER KEYSLOT` computes it; `None` on a
+    /// single-node store. Computed from the hash tag without building a key.
+    fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
         self.connection
             .is_cluster()
-            .then(|| keys::cluster_slot(key))
+            .then(|| keys::policy_slot(key, policy))
     }
 }
 
@@ -338,12 +321,172 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("prefix", &self.prefix)
             .field("cluster", &self.connection.is_cluster())
-            .field("timeout", &self.timeout)
             .field("explicit_clock", &self.clock.is_some())
-            .field(
-                "max_in_flight",
-                &self.in_flight.as_ref().map(|s| s.available_permits()),
-            )
             .finish_non_exhaustive()
     }
+}
+
+/// Where a [`RedisStoreBuilder`] connects.
+enum Target {
+    Url(String),
+    Cluster(Vec<String>),
+    Pool(deadpool_redis::Pool),
+    ClusterPool(deadpool_redis::cluster::Pool),
+}
+
+/// Builds a [`RedisStore`]; see [`RedisStore::builder`].
+///
+/// Exactly one of [`url`](Self::url), [`cluster`](Self::cluster),
+/// [`pool`](Self::pool) and [`cluster_pool`](Self::cluster_pool) names the
+/// server (the last one given wins).
+#[must_use]
+pub struct RedisStoreBuilder {
+    target: Option<Target>,
+    prefix: String,
+    connect_timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl Default for RedisStoreBuilder {
+    fn default() -> Self {
+        Self {
+            target: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            clock: None,
+        }
+    }
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // URLs may carry passwords: name the kind of target only.
+        let target = match &self.target {
+            None => "none",
+            Some(Target::Url(_)) => "url",
+            Some(Target::Cluster(_)) => "cluster",
+            Some(Target::Pool(_)) => "pool",
+            Some(Target::ClusterPool(_)) => "cluster_pool",
+        };
+        f.debug_struct("RedisStoreBuilder")
+            .field("target", &target)
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("explicit_clock", &self.clock.is_some())
+            .finish()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The Redis server at `url` (`redis://[user:pass@]host:port[/db]`,
+    /// `rediss://` with TLS when redis-rs is built with it). Checked by
+    /// [`build`](Self::build).
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.target = Some(Target::Url(url.into()));
+        self
+    }
+
+    /// The Redis Cluster reachable through any of `urls` (seed nodes; the
+    /// rest of the cluster is discovered). Checked by [`build`](Self::build).
+    pub fn cluster<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let urls = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        self.target = Some(Target::Cluster(urls));
+        self
+    }
+
+    /// Connections from a `deadpool_redis` pool (use the re-exported
+    /// [`deadpool_redis`]); see [`RedisStore::from_pool`].
+    pub fn pool(mut self, pool: deadpool_redis::Pool) -> Self {
+        self.target = Some(Target::Pool(pool));
+        self
+    }
+
+    /// A cluster connection from a `deadpool_redis` cluster pool; see
+    /// [`RedisStore::from_cluster_pool`].
+    pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
+        self.target = Some(Target::ClusterPool(pool));
+        self
+    }
+
+    /// Prefixes every key (default [`DEFAULT_PREFIX`], `"tw:"`). Braces and
+    /// bytes that are not printable ASCII are escaped.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long one connection attempt may take (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`], 1 s). Attempts run in the background, so
+    /// a check never waits for one longer than the
+    /// [`Limiter`](crate::Limiter)'s time budget allows.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Decides with `clock` instead of the Redis server's `TIME`.
+    ///
+    /// For tests and benchmarks (the conformance suite drives a
+    /// [`ManualClock`](crate::ManualClock)). In production leave it unset:
+    /// with the server's clock, node clock skew cannot move the windows.
+    /// Because Redis expires keys by its own clock, keys then get a TTL of
+    /// at least one minute; expired state is still ignored by the given
+    /// clock's time. Readings beyond 2^52 µs are refused.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Checks the configuration and builds the store (it connects on first
+    /// use, or on [`RedisStore::connect`]).
+    pub fn build(self) -> Result<RedisStore, RedisConfigError> {
+        let connector = match self.target.ok_or(RedisConfigError::MissingServer)? {
+            Target::Url(url) => Connector::Client(
+                redis::Client::open(url.as_str()).map_err(RedisConfigError::InvalidUrl)?,
+            ),
+            Target::Cluster(urls) => {
+                let nodes = urls
+                    .iter()
+                    .map(|url| url.as_str().into_connection_info())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(RedisConfigError::InvalidUrl)?;
+                if nodes.is_empty() {
+                    return Err(RedisConfigError::NoClusterNodes);
+                }
+                // Check the configuration now; the client itself is built per connect.
+                ClusterClient::builder(nodes.clone())
+                    .build()
+                    .map_err(RedisConfigError::InvalidUrl)?;
+                Connector::Cluster(nodes)
+            }
+            Target::Pool(pool) => Connector::Pool(pool),
+            Target::ClusterPool(pool) => Connector::ClusterPool(pool),
+        };
+        Ok(RedisStore {
+            connection: Connection::new(connector, self.connect_timeout),
+            prefix: self.prefix,
+            clock: self.clock,
+        })
+    }
+}
+
+/// Why a [`RedisStoreBuilder`] could not build a store (a configuration
+/// error, found before any connection is made; failures of a running store
+/// are [`StoreError`]s).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisConfigError {
+    /// No URL, cluster or pool was given.
+    #[error("no redis server given: set a url, a cluster or a pool")]
+    MissingServer,
+    /// A cluster needs at least one node URL.
+    #[error("a redis cluster needs at least one node url")]
+    NoClusterNodes,
+    /// A URL could not be parsed (or the client refused it).
+    #[error("invalid redis url: {0}")]
+    InvalidUrl(#[source] redis::RedisError),
 }

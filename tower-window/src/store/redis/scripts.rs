@@ -1,119 +1,180 @@
-//! The Lua scripts, one per algorithm, and how to call them.
+//! The Lua script, and how to call it.
 //!
-//! Each script is the shared `prelude.lua` followed by the algorithm's file,
-//! mirroring `crate::algorithm` line by line. Scripts run with `EVALSHA`; a
-//! `NOSCRIPT` reply makes redis-rs load the script and retry once.
+//! One script decides any policy: the shared `prelude.lua`, one fragment per
+//! algorithm (each an evaluate step and a commit step, mirroring
+//! `crate::algorithm` line by line), and `policy.lua`, which evaluates every
+//! quota and commits only if all fit. `policy.lua` documents the KEYS/ARGV
+//! layout and the reply. Scripts run with `EVALSHA`; a `NOSCRIPT` reply
+//! makes redis-rs load the script and retry once.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation};
+use redis::{Script, ScriptInvocation, ToRedisArgs};
 
-use super::keys::META_SUFFIX;
+use super::keys::{redis_key, META_SUFFIX};
 use crate::store::{StoreError, StoreErrorKind};
-use crate::{Algorithm, Decision, Quota};
+use crate::{Algorithm, Decision, Policy, QuotaDecision, WindowKey};
 
-macro_rules! script {
-    ($file:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("scripts/prelude.lua"),
-                include_str!(concat!("scripts/", $file))
-            ))
-        })
-    };
-}
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 
-static SLIDING_LOG: LazyLock<Script> = script!("sliding_log.lua");
-static SLIDING_COUNTER: LazyLock<Script> = script!("sliding_counter.lua");
-static FIXED_WINDOW: LazyLock<Script> = script!("fixed_window.lua");
-static GCRA: LazyLock<Script> = script!("gcra.lua");
+/// The whole script's source.
+const SOURCE: &str = concat!(
+    include_str!("scripts/prelude.lua"),
+    include_str!("scripts/sliding_log.lua"),
+    include_str!("scripts/sliding_counter.lua"),
+    include_str!("scripts/fixed_window.lua"),
+    include_str!("scripts/gcra.lua"),
+    include_str!("scripts/policy.lua"),
+);
 
-/// The largest explicit timestamp the scripts accept: Lua numbers are
+/// The largest explicit timestamp the script accepts: Lua numbers are
 /// doubles, exact for integers up to 2^53.
 pub(crate) const MAX_EXPLICIT_MICROS: u64 = 1 << 52;
 
-/// The script deciding `algorithm`.
-pub(crate) fn script_for(algorithm: Algorithm) -> &'static Script {
+/// The script deciding every policy.
+pub(crate) fn script() -> &'static Script {
+    &SCRIPT
+}
+
+/// The SHA1 of the script (what `EVALSHA` names).
+pub(crate) fn sha() -> &'static str {
+    SCRIPT.get_hash()
+}
+
+/// The algorithm's code in `ALGORITHMS` (see the fragments).
+fn code(algorithm: Algorithm) -> u8 {
     match algorithm {
-        Algorithm::SlidingLog => &SLIDING_LOG,
-        Algorithm::SlidingCounter { .. } => &SLIDING_COUNTER,
-        Algorithm::FixedWindow => &FIXED_WINDOW,
-        Algorithm::Gcra => &GCRA,
+        Algorithm::SlidingLog => 1,
+        Algorithm::SlidingCounter { .. } => 2,
+        Algorithm::FixedWindow => 3,
+        Algorithm::Gcra => 4,
     }
 }
 
-/// Every script, for preloading.
-pub(crate) fn all() -> [&'static Script; 4] {
-    [&SLIDING_LOG, &SLIDING_COUNTER, &FIXED_WINDOW, &GCRA]
+/// Where an invocation's keys and arguments go (the script call, or a
+/// test's record of them).
+trait Parts {
+    fn key(&mut self, key: Vec<u8>);
+    fn arg(&mut self, arg: impl ToRedisArgs);
 }
 
-/// The SHA1 of the script deciding `algorithm` (what `EVALSHA` names).
-pub(crate) fn sha_for(algorithm: Algorithm) -> &'static str {
-    script_for(algorithm).get_hash()
+impl Parts for ScriptInvocation<'static> {
+    fn key(&mut self, key: Vec<u8>) {
+        ScriptInvocation::key(self, key);
+    }
+
+    fn arg(&mut self, arg: impl ToRedisArgs) {
+        ScriptInvocation::arg(self, arg);
+    }
 }
 
-/// Builds the `EVALSHA` call for one check.
+/// Builds the `EVALSHA` call deciding `cost` of every quota of `policy` for
+/// `key`, with keys under `prefix` (see `policy.lua` for the layout).
 ///
 /// `now_micros` is `None` to let the script read Redis `TIME`.
 pub(crate) fn invocation(
-    key: Vec<u8>,
-    quota: &Quota,
+    prefix: &str,
+    key: &WindowKey,
+    policy: &Policy,
     cost: u32,
     now_micros: Option<u64>,
     min_ttl_ms: u64,
 ) -> ScriptInvocation<'static> {
-    let algorithm = quota.algorithm();
-    let mut call = script_for(algorithm).prepare_invoke();
-    if algorithm == Algorithm::SlidingLog {
-        let mut meta = key.clone();
-        meta.extend_from_slice(META_SUFFIX);
-        call.key(key).key(meta);
-    } else {
-        call.key(key);
-    }
+    let mut call = SCRIPT.prepare_invoke();
+    lay_out(&mut call, prefix, key, policy, cost, now_micros, min_ttl_ms);
+    call
+}
+
+fn lay_out(
+    call: &mut impl Parts,
+    prefix: &str,
+    key: &WindowKey,
+    policy: &Policy,
+    cost: u32,
+    now_micros: Option<u64>,
+    min_ttl_ms: u64,
+) {
     match now_micros {
         Some(now) => call.arg(now),
         None => call.arg(""),
-    };
-    call.arg(cost).arg(min_ttl_ms);
-    match algorithm {
-        Algorithm::SlidingLog | Algorithm::FixedWindow => {
-            call.arg(quota.window_micros()).arg(quota.limit());
-        }
-        Algorithm::SlidingCounter { .. } => {
-            call.arg(quota.window_micros())
-                .arg(quota.limit())
-                .arg(quota.granularity_micros().unwrap_or(quota.window_micros()));
-        }
-        Algorithm::Gcra => {
-            call.arg(quota.emission_interval_micros())
-                .arg(quota.capacity());
-        }
     }
-    call
+    call.arg(cost);
+    call.arg(min_ttl_ms);
+    call.arg(policy.len());
+    for quota in policy.quotas() {
+        let algorithm = quota.algorithm();
+        let window_key = redis_key(prefix, key, policy, quota);
+        if algorithm == Algorithm::SlidingLog {
+            let mut meta = Vec::with_capacity(window_key.len() + META_SUFFIX.len());
+            meta.extend_from_slice(&window_key);
+            meta.extend_from_slice(META_SUFFIX);
+            call.key(window_key);
+            call.key(meta);
+        } else {
+            call.key(window_key);
+        }
+        call.arg(code(algorithm));
+        let (p1, p2, p3) = match algorithm {
+            Algorithm::SlidingLog | Algorithm::FixedWindow => {
+                (quota.window_micros(), quota.limit(), 0)
+            }
+            Algorithm::SlidingCounter { .. } => (
+                quota.window_micros(),
+                quota.limit(),
+                quota.granularity_micros().unwrap_or(quota.window_micros()),
+            ),
+            Algorithm::Gcra => (quota.emission_interval_micros(), quota.capacity(), 0),
+        };
+        call.arg(p1);
+        call.arg(p2);
+        call.arg(p3);
+    }
 }
 
 fn micros(value: i64) -> Duration {
     Duration::from_micros(u64::try_from(value).unwrap_or(0))
 }
 
-/// Turns a script's reply `{allowed, remaining, reset_after, retry_after, now}` into a decision.
-pub(crate) fn decision(quota: &Quota, reply: &[i64]) -> Result<Decision, StoreError> {
-    let &[allowed, remaining, reset_after, retry_after, now] = reply else {
+/// Turns the script's reply `{allowed, now, then per quota allowed,
+/// remaining, reset_after, retry_after}` into the decision of `policy`.
+pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, StoreError> {
+    let expected = 2 + 4 * policy.len();
+    let Some((&[allowed, now], per_quota)) = reply.split_first_chunk::<2>() else {
+        return Err(wrong_length(reply.len(), expected));
+    };
+    if reply.len() != expected {
+        return Err(wrong_length(reply.len(), expected));
+    }
+    let mut states = Vec::with_capacity(policy.len());
+    for (quota, values) in policy.quotas().iter().zip(per_quota.chunks_exact(4)) {
+        let [allowed, remaining, reset_after, retry_after] =
+            <[i64; 4]>::try_from(values).map_err(|_| wrong_length(reply.len(), expected))?;
+        let remaining = u32::try_from(remaining.max(0)).unwrap_or(u32::MAX);
+        states.push(if allowed == 1 {
+            QuotaDecision::allow(quota.clone(), remaining, micros(reset_after))
+        } else {
+            let retry_after = (retry_after >= 0).then(|| micros(retry_after));
+            QuotaDecision::deny(quota.clone(), remaining, micros(reset_after), retry_after)
+        });
+    }
+    let decision = Decision::from_quotas(states).ok_or_else(|| {
+        StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas")
+    })?;
+    if decision.allowed != (allowed == 1) {
         return Err(StoreError::new(
             StoreErrorKind::Protocol,
-            format!("redis script replied {} values, expected 5", reply.len()),
+            "the redis script's verdict disagrees with its quotas",
         ));
-    };
-    let remaining = u32::try_from(remaining.max(0)).unwrap_or(u32::MAX);
-    let decision = if allowed == 1 {
-        Decision::allow(quota.clone(), remaining, micros(reset_after))
-    } else {
-        let retry_after = (retry_after >= 0).then(|| micros(retry_after));
-        Decision::deny(quota.clone(), remaining, micros(reset_after), retry_after)
-    };
+    }
     Ok(decision.with_timestamp_micros(u64::try_from(now).unwrap_or(0)))
+}
+
+fn wrong_length(got: usize, expected: usize) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        format!("redis script replied {got} values, expected {expected}"),
+    )
 }
 
 #[cfg(test)]
@@ -121,33 +182,87 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::{Quota, Scope};
 
     #[test]
-    fn scripts_are_distinct_and_sane() {
-        let hashes: std::collections::HashSet<_> = all().iter().map(|s| s.get_hash()).collect();
-        assert_eq!(hashes.len(), 4);
-        for algorithm in [
-            Algorithm::SlidingLog,
-            Algorithm::FixedWindow,
-            Algorithm::Gcra,
-        ] {
-            assert_eq!(sha_for(algorithm).len(), 40);
-        }
+    fn one_script_with_a_sha() {
+        assert_eq!(sha().len(), 40);
+        assert_eq!(script().get_hash(), sha());
+    }
+
+    #[test]
+    fn the_retry_walk_bound_matches_the_rust_one() {
+        let line = format!(
+            "local MAX_RETRY_WALK = {}\n",
+            crate::algorithm::MAX_RETRY_WALK
+        );
+        assert!(SOURCE.contains(&line), "{line}");
+    }
+
+    fn q(text: &str, name: &str) -> Quota {
+        text.parse::<Quota>().unwrap().named(name).unwrap()
     }
 
     #[test]
     fn replies_become_decisions() {
-        let quota: Quota = "10/1s".parse().unwrap();
-        let allowed = decision(&quota, &[1, 9, 1_000_000, 0, 42]).unwrap();
+        let policy = Policy::from(q("10/1s", "a"));
+        let allowed = decision(&policy, &[1, 42, 1, 9, 1_000_000, 0]).unwrap();
         assert!(allowed.allowed);
         assert_eq!(allowed.remaining, 9);
         assert_eq!(allowed.retry_after, Some(Duration::ZERO));
         assert_eq!(allowed.timestamp_micros, 42);
-        let never = decision(&quota, &[0, 3, 5, -1, 42]).unwrap();
+        let never = decision(&policy, &[0, 42, 0, 3, 5, -1]).unwrap();
         assert!(!never.allowed);
         assert_eq!(never.retry_after, None);
-        let later = decision(&quota, &[0, 0, 5, 7, 42]).unwrap();
+        let later = decision(&policy, &[0, 42, 0, -2, 5, 7]).unwrap();
         assert_eq!(later.retry_after, Some(Duration::from_micros(7)));
-        assert!(decision(&quota, &[1, 2]).is_err());
+        assert_eq!(later.remaining, 0);
+        assert!(decision(&policy, &[1, 2]).is_err());
+        assert!(decision(&policy, &[]).is_err());
+        assert!(decision(&policy, &[0, 42, 1, 9, 1_000_000, 0]).is_err());
+    }
+
+    #[test]
+    fn several_quotas_in_policy_order() {
+        let policy = Policy::new("p", [q("5/1s", "burst"), q("100/1h gcra", "hourly")]).unwrap();
+        let d = decision(&policy, &[0, 7, 1, 4, 1_000_000, 0, 0, 0, 36, 12]).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.quota.name(), "hourly");
+        assert_eq!(d.retry_after, Some(Duration::from_micros(12)));
+        assert_eq!(d.quotas()[0].remaining, 4);
+        assert!(decision(&policy, &[0, 7, 1, 4, 1_000_000, 0]).is_err());
+    }
+
+    #[test]
+    fn invocation_lays_out_keys_and_arguments() {
+        let org = q("50/1m fixed-window", "org").scoped(Scope::Tenant);
+        let policy = Policy::new("p", [q("5/1s", "log"), org]).unwrap();
+        let key = WindowKey::new("t", "s");
+        #[derive(Default)]
+        struct Record(Vec<Vec<u8>>, Vec<String>);
+        impl Parts for Record {
+            fn key(&mut self, key: Vec<u8>) {
+                self.0.push(key);
+            }
+            fn arg(&mut self, arg: impl ToRedisArgs) {
+                for a in arg.to_redis_args() {
+                    self.1.push(String::from_utf8(a).unwrap());
+                }
+            }
+        }
+        let mut call = Record::default();
+        lay_out(&mut call, "x:", &key, &policy, 2, Some(9), 60_000);
+        assert_eq!(
+            call.0,
+            [
+                b"x:{@t}:s:log|1s|sliding-log".to_vec(),
+                b"x:{@t}:s:log|1s|sliding-log:m".to_vec(),
+                b"x:{@t}:org|1m|fixed-window|tenant".to_vec(),
+            ]
+        );
+        assert_eq!(
+            call.1,
+            ["9", "2", "60000", "2", "1", "1000000", "5", "0", "3", "60000000", "50", "0"]
+        );
     }
 }

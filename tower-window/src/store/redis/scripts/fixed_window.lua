@@ -1,26 +1,27 @@
--- Fixed window. KEYS[1] = HASH {k = window index floor(ts / W), n = units admitted in it}.
--- ARGV[4] = W (µs), ARGV[5] = L.
-local key = KEYS[1]
-local W = tonumber(ARGV[4])
-local L = tonumber(ARGV[5])
-local k = idiv(t, W)
-
-local state = redis.call('HMGET', key, 'k', 'n')
-local count = 0
-if state[1] and tonumber(state[1]) == k then
-  count = tonumber(state[2]) or 0
-end
-local reset_after = (k + 1) * W - t
-
-if c <= L and count + c <= L then
-  count = count + c
-  redis.call('HSET', key, 'k', int(k), 'n', int(count))
-  expire(key, reset_after)
-  return {1, L - count, reset_after, 0, t}
-end
-
--- Denied: record nothing.
-if c > L then
-  return {0, L - count, reset_after, -1, t}
-end
-return {0, L - count, reset_after, reset_after, t}
+-- Fixed window (code 3). One key: HASH {k = window index floor(t / W), n =
+-- units admitted in it}. Parameters: p1 = W (µs), p2 = L.
+ALGORITHMS[3] = {
+  keys = 1,
+  evaluate = function(q)
+    local W, L = q.p1, q.p2
+    local k = idiv(t, W)
+    local state = redis.call('HMGET', q.key, 'k', 'n')
+    local count = 0
+    if state[1] and tonumber(state[1]) == k then
+      count = tonumber(state[2]) or 0
+    end
+    local reset = (k + 1) * W - t
+    q.window, q.count = k, count
+    if c > L then
+      return denied(q, L - count, reset, -1)
+    end
+    if count + c <= L then
+      return fits(q, L - count - c, reset, L - count, reset)
+    end
+    return denied(q, L - count, reset, reset)
+  end,
+  commit = function(q)
+    redis.call('HSET', q.key, 'k', int(q.window), 'n', int(q.count + c))
+    expire(q.key, q.reset)
+  end,
+}

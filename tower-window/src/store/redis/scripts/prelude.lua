@@ -1,16 +1,11 @@
--- tower-window: shared prelude, prepended to every algorithm script.
---
--- ARGV[1] = now in microseconds since the epoch, or "" to read Redis TIME
--- ARGV[2] = cost (>= 1)
--- ARGV[3] = lowest TTL in ms (0 in production; padded when the caller's clock is used)
--- ARGV[4..] = the algorithm's parameters
+-- tower-window: shared prelude. The script is this file, then one fragment
+-- per algorithm (each registers itself in ALGORITHMS), then policy.lua, which
+-- documents KEYS, ARGV and the reply.
 --
 -- Time is integer microseconds throughout. Lua 5.1 numbers are doubles, exact
 -- for integers below 2^53 (~285 years of microseconds since 1970), so every
 -- value is kept an integer: divisions go through idiv, and numbers are sent
 -- to Redis as "%d" strings (tostring would print 1.7e+15).
---
--- Returns {allowed (0/1), remaining, reset_after_us, retry_after_us (-1 = never), now_us}.
 
 -- Redis 3.2-4.x need effects replication to write after TIME; a no-op from 5 on.
 if redis.replicate_commands then
@@ -55,5 +50,34 @@ local function expire(key, micros)
   redis.call('PEXPIRE', key, int(ms))
 end
 
+-- The most slots (log entries, non-empty buckets) a denial's retry walk
+-- looks at; past it the wait reported is reset_after. Equal to
+-- MAX_RETRY_WALK in algorithm/timeline.rs, so both stores answer alike.
+local MAX_RETRY_WALK = 128
+
 local t = now_micros()
 local c = tonumber(ARGV[2])
+
+-- Algorithms by code: {keys = how many KEYS a quota uses,
+--   evaluate = function(q) (reads, may drop expired state, decides, records
+--     nothing; sets q.fits, q.remaining, q.reset, q.retry and the state the
+--     quota reports unchanged, q.remaining0 and q.reset0),
+--   commit = function(q) (records c after every quota fit, sets TTLs),
+--   settle = optional function(q) (writes back state evaluate dropped when
+--     the request is denied, only if q.dirty)}.
+-- q holds q.key (and q.key2 for a second key) and the parameters q.p1..q.p3.
+local ALGORITHMS = {}
+
+-- The cost fits: remaining/reset once committed, and as they stand now.
+local function fits(q, remaining, reset, remaining0, reset0)
+  q.fits = true
+  q.remaining, q.reset, q.retry = remaining, reset, 0
+  q.remaining0, q.reset0 = remaining0, reset0
+end
+
+-- The cost does not fit; retry = -1 when it never can.
+local function denied(q, remaining, reset, retry)
+  q.fits = false
+  q.remaining, q.reset, q.retry = remaining, reset, retry
+  q.remaining0, q.reset0 = remaining, reset
+end

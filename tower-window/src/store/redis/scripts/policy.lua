@@ -1,0 +1,78 @@
+-- tower-window: decide one request against a whole policy, all-or-nothing.
+--
+-- KEYS: each quota's keys in policy order; how many per quota depends on its
+-- algorithm (sliding log 2: log and companion; the others 1).
+--
+-- ARGV[1] = now in microseconds since the epoch, or "" to read Redis TIME
+-- ARGV[2] = cost c (>= 1)
+-- ARGV[3] = lowest TTL in ms (0 in production; padded when the caller's clock is used)
+-- ARGV[4] = number of quotas
+-- then 4 slots per quota i = 0, 1, ...: ARGV[5 + 4i] = algorithm code,
+-- ARGV[6 + 4i .. 8 + 4i] = its parameters p1, p2, p3 (0 when unused):
+--   1 sliding log      W (µs), L, 0
+--   2 sliding counter  W (µs), L, G (bucket width, µs)
+--   3 fixed window     W (µs), L, 0
+--   4 GCRA             T (emission interval, µs), B (burst), 0
+--
+-- Every quota is evaluated (reads; expired state may be dropped; nothing is
+-- recorded). Only if every quota fits is the cost committed to all of them.
+--
+-- Reply: {allowed (0/1), now_us, then per quota in policy order: allowed
+-- (0/1), remaining, reset_after_us, retry_after_us (-1 = never)}. A quota
+-- that fits while another denies reports allowed = 1 and its state as it
+-- stands (remaining before the cost, reset before), retry_after 0.
+-- remaining may be negative after a limit was lowered; the caller clamps.
+
+local count = tonumber(ARGV[4])
+local quotas = {}
+local next_key = 1
+for i = 1, count do
+  local base = 4 + (i - 1) * 4
+  local algorithm = ALGORITHMS[tonumber(ARGV[base + 1])]
+  if not algorithm then
+    return redis.error_reply('ERR tower-window: unknown algorithm code')
+  end
+  quotas[i] = {
+    algorithm = algorithm,
+    key = KEYS[next_key],
+    key2 = KEYS[next_key + 1],
+    p1 = tonumber(ARGV[base + 2]),
+    p2 = tonumber(ARGV[base + 3]),
+    p3 = tonumber(ARGV[base + 4]),
+  }
+  next_key = next_key + algorithm.keys
+end
+if next_key - 1 ~= #KEYS then
+  return redis.error_reply('ERR tower-window: keys do not match the quotas')
+end
+
+local admitted = true
+for i = 1, count do
+  local q = quotas[i]
+  q.algorithm.evaluate(q)
+  if not q.fits then
+    admitted = false
+  end
+end
+
+local reply = {admitted and 1 or 0, t}
+for i = 1, count do
+  local q = quotas[i]
+  if admitted then
+    q.algorithm.commit(q)
+  elseif q.dirty and q.algorithm.settle then
+    q.algorithm.settle(q)
+  end
+  if admitted or not q.fits then
+    reply[#reply + 1] = q.fits and 1 or 0
+    reply[#reply + 1] = q.remaining
+    reply[#reply + 1] = q.reset
+    reply[#reply + 1] = q.retry
+  else
+    reply[#reply + 1] = 1
+    reply[#reply + 1] = q.remaining0
+    reply[#reply + 1] = q.reset0
+    reply[#reply + 1] = 0
+  end
+end
+return reply
