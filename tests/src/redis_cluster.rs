@@ -117,6 +117,17 @@ impl RedisCluster {
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
     }
+
+    /// The nodes, to stop and restart them.
+    pub fn nodes_mut(&mut self) -> &mut [RedisServer] {
+        &mut self.nodes
+    }
+
+    /// Waits (bounded) until every node says `cluster_state:ok` again and a
+    /// routed `EVAL` works on every primary, e.g. after restarting a node.
+    pub fn wait_until_ok(&self) {
+        self.wait_ready();
+    }
 }
 
 impl std::fmt::Debug for RedisCluster {

@@ -62,6 +62,9 @@ pub struct RedisServer {
     child: Child,
     port: u16,
     dir: TempDir,
+    /// The extra arguments it was started with (a restart keeps them, so a
+    /// cluster node comes back as the same cluster node).
+    extra: Vec<String>,
 }
 
 impl RedisServer {
@@ -96,7 +99,15 @@ impl RedisServer {
                 .expect("create a temp dir for redis-server");
             match Self::spawn(port, dir.path(), extra) {
                 Ok(mut child) => match wait_ready(port, &mut child) {
-                    Ok(()) => return Self { child, port, dir },
+                    Ok(()) => {
+                        let extra = extra.iter().map(|a| (*a).to_owned()).collect();
+                        return Self {
+                            child,
+                            port,
+                            dir,
+                            extra,
+                        };
+                    }
                     Err(error) => {
                         let _ = child.kill();
                         let _ = child.wait();
@@ -128,15 +139,17 @@ impl RedisServer {
             .spawn()
     }
 
-    /// Kills the server and starts a new one on the same port and directory
-    /// (a Redis restart: connections drop, the script cache is empty).
+    /// Kills the server and starts a new one on the same port, directory and
+    /// arguments (a Redis restart: connections drop, the script cache is
+    /// empty; a cluster node rejoins from its `nodes.conf`).
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
+            let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
             let mut child =
-                Self::spawn(self.port, self.dir.path(), &[]).expect("respawn redis-server");
+                Self::spawn(self.port, self.dir.path(), &extra).expect("respawn redis-server");
             match wait_ready(self.port, &mut child) {
                 Ok(()) => {
                     self.child = child;

@@ -16,18 +16,15 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
-use tower_window::store::redis::redis_key;
 use tower_window::{
     BreakerConfig, BreakerState, Decision, DecisionSource, FallbackReason, Limiter, ManualClock,
-    Quota, RedisStore, Store, WindowKey,
+    Quota, RedisStore, WindowKey,
 };
 use tower_window_tests::fault_proxy::{FaultProxy, Mode};
-use tower_window_tests::redis_cluster::RedisCluster;
 
 const T0: u64 = 1_700_000_000_000_000;
 /// The limiter's time budget per decision.
@@ -661,157 +658,4 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
     assert!(used <= LIMIT);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_with_a_primary_killed_keeps_healthy_slots_on_redis() {
-    let cluster = RedisCluster::start();
-    for node in cluster.nodes() {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("cluster-require-full-coverage")
-            .arg("no")
-            .query(&mut node.connection())
-            .unwrap();
-    }
-    let quota = quota();
-    let prefix = "cluster-faults:";
-    // Slot ranges per primary port.
-    let nodes_text: String = redis::cmd("CLUSTER")
-        .arg("NODES")
-        .query(&mut cluster.nodes()[0].connection())
-        .unwrap();
-    let mut ranges: Vec<(u16, u16, u16)> = Vec::new();
-    for line in nodes_text.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let port: u16 = fields[1].split(['@', ':']).nth(1).unwrap().parse().unwrap();
-        for slots in &fields[8..] {
-            let (start, end) = slots.split_once('-').unwrap_or((slots, slots));
-            ranges.push((start.parse().unwrap(), end.parse().unwrap(), port));
-        }
-    }
-    let slot_of = |key: &WindowKey| -> u16 {
-        let redis_key = redis_key(
-            prefix,
-            key,
-            &tower_window::Policy::from(quota.clone()),
-            &quota,
-        );
-        redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(redis_key)
-            .query(&mut cluster.nodes()[0].connection())
-            .unwrap()
-    };
-    let owner = |slot: u16| -> u16 {
-        ranges
-            .iter()
-            .find(|(start, end, _)| (*start..=*end).contains(&slot))
-            .unwrap()
-            .2
-    };
-    let victim = cluster.nodes()[2].port();
-    let mut dead_keys = Vec::new();
-    let mut dead_slots = std::collections::BTreeSet::new();
-    let mut live_keys = Vec::new();
-    let mut slots = Vec::new();
-    for i in 0.. {
-        let key = WindowKey::for_subject(format!("cluster-{i}"));
-        let slot = slot_of(&key);
-        slots.push((key.clone(), slot));
-        if owner(slot) == victim {
-            dead_slots.insert(slot);
-            dead_keys.push(key);
-        } else {
-            live_keys.push(key);
-        }
-        if dead_keys.len() >= 5 && live_keys.len() >= 10 {
-            break;
-        }
-    }
-
-    let store = Arc::new(
-        RedisStore::cluster(cluster.urls())
-            .unwrap()
-            .prefix(prefix)
-            .connect_timeout(Duration::from_millis(500)),
-    );
-    // The store's failure domain of a request is the slot CLUSTER KEYSLOT names.
-    let policy = tower_window::Policy::from(quota.clone());
-    for (key, slot) in &slots {
-        assert_eq!(store.failure_domain(key, &policy), Some(*slot));
-    }
-    let single = RedisStore::from_url("redis://127.0.0.1:1").unwrap();
-    assert_eq!(single.failure_domain(&slots[0].0, &policy), None);
-
-    let clock = ManualClock::new(T0);
-    // The default breaker (5 consecutive failures, or 50 % of 20 calls):
-    // one breaker per hash slot, so the dead primary's slots open their
-    // own breakers and the healthy slots never see them.
-    let limiter = Limiter::builder(store, quota.clone())
-        .clock(clock.clone())
-        .timeout(BUDGET)
-        .fallback(FailClosed::default())
-        .build();
-    for key in dead_keys.iter().chain(&live_keys) {
-        assert_eq!(
-            timed_check(&limiter, key).await.source,
-            DecisionSource::Store
-        );
-    }
-
-    // kill -9 the primary (its pid from INFO server).
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query(&mut cluster.nodes()[2].connection())
-        .unwrap();
-    let pid = info
-        .lines()
-        .find_map(|l| l.strip_prefix("process_id:"))
-        .unwrap()
-        .trim()
-        .to_owned();
-    assert!(Command::new("kill")
-        .args(["-9", &pid])
-        .status()
-        .unwrap()
-        .success());
-
-    // Twice as much traffic on the dead slots as on the live ones: a single
-    // store-wide breaker would open on the failure ratio.
-    let mut rounds = 0;
-    while dead_keys
-        .iter()
-        .any(|key| limiter.breaker_state_for(key) != Some(BreakerState::Open))
-    {
-        rounds += 1;
-        assert!(rounds <= 5, "the dead slots' breakers did not open");
-        for (dead, live) in dead_keys.iter().zip(live_keys.chunks(2)) {
-            let d = timed_check(&limiter, dead).await;
-            assert!(d.is_degraded(), "{d:?}");
-            assert!(!d.allowed);
-            let d = timed_check(&limiter, dead).await;
-            assert!(d.is_degraded(), "{d:?}");
-            let d = timed_check(&limiter, &live[0]).await;
-            assert_eq!(d.source, DecisionSource::Store, "healthy slot");
-            assert!(d.allowed);
-        }
-    }
-    assert_eq!(limiter.open_breakers(), dead_slots.len());
-    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open), "worst");
-
-    // Open: dead slots go straight to the fallback; live ones stay on Redis.
-    for (dead, live) in dead_keys.iter().zip(live_keys.chunks(2)) {
-        let d = timed_check(&limiter, dead).await;
-        assert_eq!(
-            d.source,
-            DecisionSource::Fallback(FallbackReason::CircuitOpen)
-        );
-        assert!(!d.allowed);
-        for key in live {
-            let d = timed_check(&limiter, key).await;
-            assert_eq!(d.source, DecisionSource::Store, "healthy slot");
-            assert!(d.allowed);
-            assert_eq!(limiter.breaker_state_for(key), Some(BreakerState::Closed));
-        }
-    }
-    assert_eq!(limiter.open_breakers(), dead_slots.len());
-}
+// A killed cluster primary: tests/redis_primary_loss.rs.

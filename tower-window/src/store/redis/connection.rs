@@ -281,7 +281,6 @@ pub(crate) fn pool_error_cannot_have_run(error: &deadpool_redis::PoolError) -> b
 /// `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `READONLY` (a primary was
 /// demoted), a refused connection or no connection to a node. Call it for
 /// cluster stores only: on a single node, a refused connection is just that.
-#[allow(dead_code)] // used once RedisStore keeps a TopologyCache
 pub(crate) fn is_topology_change(error: &RedisError) -> bool {
     error.is_connection_refusal()
         || matches!(

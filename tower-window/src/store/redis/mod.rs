@@ -86,6 +86,7 @@ mod scripts;
 mod topology;
 #[doc(hidden)]
 pub use topology::__test_support;
+use topology::TopologyCache;
 
 /// The `deadpool_redis` this crate is built with (for
 /// [`RedisStoreBuilder::pool`] and [`RedisStoreBuilder::cluster_pool`]).
@@ -93,8 +94,9 @@ pub use deadpool_redis;
 /// The `redis` crate this crate is built with.
 pub use redis;
 
-use connection::{is_connection_error, map_error, Conn, Connection, Connector};
+use connection::{is_connection_error, is_topology_change, map_error, Conn, Connection, Connector};
 pub use keys::redis_key;
+use redis::cluster_async::ClusterConnection;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tw:";
@@ -118,6 +120,8 @@ pub struct RedisStore {
     connection: Connection,
     prefix: String,
     clock: Option<Arc<dyn Clock>>,
+    /// Hash slot to primary, for [`Store::failure_domain`] on a cluster.
+    topology: Arc<TopologyCache>,
 }
 
 impl RedisStore {
@@ -125,6 +129,7 @@ impl RedisStore {
         Self {
             connection: Connection::new(connector, DEFAULT_CONNECT_TIMEOUT),
             prefix: DEFAULT_PREFIX.to_owned(),
+            topology: Arc::new(TopologyCache::new()),
             clock: None,
         }
     }
@@ -218,7 +223,14 @@ impl RedisStore {
         let script = scripts::script();
         let loaded = match conn {
             Conn::Single(mut conn) => script.prepare_invoke().load_async(&mut conn).await,
-            Conn::Cluster(mut conn) => script.prepare_invoke().load_async(&mut conn).await,
+            Conn::Cluster(mut conn) => {
+                // The slot map now too, so breakers are per primary from
+                // the first check.
+                if let Err(error) = self.topology.refresh(&mut conn).await {
+                    tracing::debug!(%error, "redis cluster topology load failed");
+                }
+                script.prepare_invoke().load_async(&mut conn).await
+            }
         };
         if let Err(error) = loaded {
             if is_connection_error(&error) {
@@ -270,6 +282,9 @@ impl RedisStore {
             min_ttl_ms,
         );
         let (conn, generation) = self.connection.get().await?;
+        if let Conn::Cluster(cluster) = &conn {
+            self.refresh_topology_if_due(cluster);
+        }
         // redis-rs answers NOSCRIPT by loading the script and retrying once;
         // a `SCRIPT FLUSH` (or a failover) landing between that load and the
         // retry surfaces a second NOSCRIPT, so go round again, boundedly.
@@ -292,9 +307,31 @@ impl RedisStore {
             if is_connection_error(&error) {
                 self.connection.invalidate(generation);
             }
+            if let Conn::Cluster(cluster) = &conn {
+                if is_topology_change(&error) {
+                    self.topology.mark_stale();
+                    self.refresh_topology_if_due(cluster);
+                }
+            }
             map_error(error)
         })?;
         scripts::decision(request.policy, &reply)
+    }
+
+    /// Reloads the slot map (`CLUSTER SLOTS`) in the background when it was
+    /// never loaded or a `MOVED`/failover made it stale; at most once a
+    /// second, never on the request's own time.
+    fn refresh_topology_if_due(&self, cluster: &ClusterConnection) {
+        if !self.topology.needs_refresh() {
+            return;
+        }
+        let topology = Arc::clone(&self.topology);
+        let mut cluster = cluster.clone();
+        tokio::spawn(async move {
+            if let Err(error) = topology.refresh(&mut cluster).await {
+                tracing::debug!(%error, "redis cluster topology refresh failed");
+            }
+        });
     }
 }
 
@@ -306,13 +343,20 @@ impl Store for RedisStore {
         Box::pin(self.decide(request))
     }
 
-    /// On a cluster store, the hash slot (0..16384) of every key of `key`
-    /// under `policy`, as `CLUSTER KEYSLOT` computes it; `None` on a
-    /// single-node store. Computed from the hash tag without building a key.
+    /// On a cluster store, the primary that serves the hash slot of every
+    /// key of `key` under `policy` (as `CLUSTER KEYSLOT` computes it), as a
+    /// small stable number from the cluster's own slot map (`CLUSTER
+    /// SLOTS`, reloaded after `MOVED` or a failover). So a limiter keeps one
+    /// breaker per primary: a dead primary opens one breaker after a few
+    /// failures, whichever of its slots they hit. `None` on a single-node
+    /// store, and on a cluster until the slot map has first loaded (the
+    /// store-wide breaker then stands in). Computed without building a key
+    /// or doing I/O.
     fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
-        self.connection
-            .is_cluster()
-            .then(|| keys::policy_slot(key, policy))
+        if !self.connection.is_cluster() {
+            return None;
+        }
+        self.topology.domain_of(keys::policy_slot(key, policy))
     }
 }
 
@@ -470,6 +514,7 @@ impl RedisStoreBuilder {
             connection: Connection::new(connector, self.connect_timeout),
             prefix: self.prefix,
             clock: self.clock,
+            topology: Arc::new(TopologyCache::new()),
         })
     }
 }

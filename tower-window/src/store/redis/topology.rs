@@ -15,7 +15,6 @@
 
 // RedisStore starts using this with the limiter rewrite; until then only
 // the tests do.
-#![cfg_attr(not(test), allow(dead_code))]
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -97,6 +96,7 @@ struct Range {
 impl Topology {
     /// Parses a `CLUSTER SLOTS` reply, numbering its primaries from 0 in
     /// order of first appearance.
+    #[cfg(test)]
     pub(crate) fn parse(value: &Value) -> Result<Topology, String> {
         Self::parse_with(value, &mut Interner::default())
     }
