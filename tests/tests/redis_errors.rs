@@ -45,9 +45,11 @@ async fn a_silent_server_times_out_at_the_deadline() {
     assert_eq!(kind(limiter.check(&key, 1).await), StoreErrorKind::Timeout);
 }
 
-/// `maxmemory` exhausted: Redis refuses writing scripts with OOM → Overloaded.
+/// `maxmemory` exhausted: Redis refuses writing scripts with OOM →
+/// Unavailable: the store's own health (it counts against the breaker),
+/// not our overload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn out_of_memory_is_overloaded() {
+async fn out_of_memory_is_unavailable() {
     let server = RedisServer::start();
     let limiter = Limiter::new(RedisStore::from_url(&server.url()).unwrap(), quota());
     let mut admin = server.connection();
@@ -64,7 +66,7 @@ async fn out_of_memory_is_overloaded() {
         .query(&mut admin)
         .unwrap();
     let result = limiter.check(&WindowKey::for_subject("oom"), 1).await;
-    assert_eq!(kind(result), StoreErrorKind::Overloaded);
+    assert_eq!(kind(result), StoreErrorKind::Unavailable);
 }
 
 /// A key of the wrong type (someone else wrote there): Protocol, never a panic.

@@ -298,14 +298,25 @@ where
         assert_eq!(admitted, bound, "local window admissions");
     }
 
-    // Recovery: the first probe after the cooldown is Redis's decision.
+    // Recovery: a probe after the cooldown is Redis's decision. A fault
+    // that let the node connect and then reset it (the proxy's reset mode)
+    // can leave the node a connection that died idle; the first probe on it
+    // fails with a reset, which is not retried (the script may have run, and
+    // a retry must never charge twice), so it may take one more cooldown.
     heal(&proxy);
-    clock.advance(COOLDOWN);
-    let d = timed_check(&limiter, &key).await;
+    let mut failed_probes = 0;
+    let d = loop {
+        clock.advance(COOLDOWN);
+        let d = timed_check(&limiter, &key).await;
+        if d.source == DecisionSource::Store || failed_probes == 1 {
+            break d;
+        }
+        failed_probes += 1;
+    };
     assert_eq!(
         d.source,
         DecisionSource::Store,
-        "first probe after recovery"
+        "a probe after recovery ({failed_probes} failed first)"
     );
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
     assert!(proxy.stats().bytes_from_clients > 0);
@@ -516,7 +527,7 @@ async fn debug_sleep_and_client_pause_are_bounded() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn out_of_memory_is_an_overloaded_fallback() {
+async fn out_of_memory_is_an_unavailable_fallback() {
     let redis = Redis::start();
     let clock = ManualClock::new(T0);
     let limiter = node(&redis.url(), &clock, Policy::FailClosed, "oom:");
@@ -531,9 +542,11 @@ async fn out_of_memory_is_an_overloaded_fallback() {
     redis.cmd(&["CONFIG", "SET", "maxmemory", "1mb"]);
     let d = timed_check(&limiter, &WindowKey::for_subject("oom-new")).await;
     assert!(!d.allowed);
+    // Redis out of memory is the store's health (Unavailable, counted by
+    // the breaker), not our own overload.
     assert_eq!(
         d.source,
-        DecisionSource::Fallback(FallbackReason::Overloaded)
+        DecisionSource::Fallback(FallbackReason::Unavailable)
     );
     redis.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
     let d = timed_check(&limiter, &WindowKey::for_subject("oom-new")).await;

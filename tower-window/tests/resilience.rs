@@ -24,6 +24,10 @@ enum Mode {
     Allow,
     Deny(Duration),
     Fail(StoreErrorKind),
+    /// Fails after the store may have applied the call (no `not_applied`).
+    FailApplied(StoreErrorKind),
+    /// Takes this long (on the test clock), then admits.
+    Slow(Duration),
     Hang,
 }
 
@@ -60,6 +64,9 @@ impl Store for TestStore {
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let mode = *self.mode.lock().unwrap();
+        if let Mode::Slow(took) = mode {
+            self.clock.advance(took);
+        }
         let now = self.clock.now_micros();
         let quota = request.policy.first().clone();
         Box::pin(async move {
@@ -72,6 +79,10 @@ impl Store for TestStore {
                 }
                 // Injected failures happen before the store applies anything.
                 Mode::Fail(kind) => Err(StoreError::new(kind, "injected").not_applied()),
+                Mode::FailApplied(kind) => Err(StoreError::new(kind, "reset after sending")),
+                Mode::Slow(_) => Ok(
+                    Decision::allow(quota, 1, Duration::from_secs(1)).with_timestamp_micros(now)
+                ),
                 Mode::Hang => std::future::pending().await,
             }
         })
@@ -260,6 +271,119 @@ async fn retries_only_retryable_errors() {
         limiter.check(&key(), 1).await.unwrap();
         assert_eq!(store.calls() - before, 1, "{kind} is not retried");
     }
+}
+
+/// A failure after the store may have applied the call (a connection reset
+/// after sending) is never retried: a retry must not charge twice.
+#[tokio::test(start_paused = true)]
+async fn a_retry_never_repeats_a_call_that_may_have_applied() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder
+        .timeout(Duration::from_secs(10))
+        .retry(RetryConfig::default().max_retries(3))
+        .fallback(FailOpen)
+        .build();
+    store.set(Mode::FailApplied(StoreErrorKind::Unavailable));
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+    assert_eq!(store.calls(), 1, "may have applied: not retried");
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(store.calls(), 1 + 4, "certainly not applied: retried");
+}
+
+/// Our own overload (a pool wait, the in-flight bound) is not the store's
+/// health: it never opens a breaker, however often it happens.
+#[tokio::test(start_paused = true)]
+async fn our_own_overload_never_opens_a_breaker() {
+    let (store, _clock, builder) = setup();
+    let limiter = builder
+        .breaker(
+            BreakerConfig::default()
+                .consecutive_failures(2)
+                .without_failure_ratio(),
+        )
+        .max_in_flight(1)
+        .fallback(FailClosed::new())
+        .build();
+    store.set(Mode::Fail(StoreErrorKind::Overloaded));
+    for _ in 0..100 {
+        let d = limiter.check(&key(), 1).await.unwrap();
+        assert_eq!(d.source, fallback(FallbackReason::Overloaded));
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+    assert_eq!(store.calls(), 100, "every call reached the store");
+
+    // The in-flight bound: one call hangs, the rest are turned away here.
+    store.set(Mode::Hang);
+    let hung = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.check(&key(), 1).await.unwrap() })
+    };
+    for _ in 0..1_000 {
+        if store.calls() == 101 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(store.calls(), 101, "the hung call reached the store");
+    for _ in 0..100 {
+        let d = limiter.check(&key(), 1).await.unwrap();
+        assert_eq!(d.source, fallback(FallbackReason::Overloaded));
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+    assert_eq!(
+        hung.await.unwrap().source,
+        fallback(FallbackReason::Timeout)
+    );
+
+    // A real store failure still counts: two in a row open it.
+    store.set(Mode::Fail(StoreErrorKind::Unavailable));
+    for _ in 0..2 {
+        limiter.check(&key(), 1).await.unwrap();
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
+}
+
+/// A store that still answers, but slowly, is shed by the slow-call trigger
+/// before it eats every request's budget; a fast one is not.
+#[tokio::test(start_paused = true)]
+async fn slow_calls_open_the_breaker() {
+    let breaker = || {
+        BreakerConfig::default()
+            .consecutive_failures(0)
+            .without_failure_ratio()
+            .slow_calls(Duration::from_millis(10), 0.5, 4)
+    };
+    let (store, _clock, builder) = setup();
+    let limiter = builder
+        .breaker(breaker())
+        .fallback(FailClosed::new())
+        .build();
+    store.set(Mode::Slow(Duration::from_millis(9)));
+    for _ in 0..10 {
+        assert_eq!(
+            limiter.check(&key(), 1).await.unwrap().source,
+            DecisionSource::Store
+        );
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
+
+    let (store, _clock, builder) = setup();
+    let limiter = builder
+        .breaker(breaker())
+        .fallback(FailClosed::new())
+        .build();
+    store.set(Mode::Slow(Duration::from_millis(20)));
+    for _ in 0..4 {
+        let d = limiter.check(&key(), 1).await.unwrap();
+        assert_eq!(d.source, DecisionSource::Store, "slow, but answered");
+        assert!(d.allowed);
+    }
+    assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
+    let d = limiter.check(&key(), 1).await.unwrap();
+    assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+    assert_eq!(store.calls(), 4);
 }
 
 #[tokio::test(start_paused = true)]
