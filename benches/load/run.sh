@@ -13,7 +13,14 @@
 # THREADS (wrk threads, 2), USERS (distinct x-user-id values, 10000),
 # WARMUP (s, 2), WORKERS (server tokio workers, 2), ROUNDS (3),
 # VARIANTS (default "none memory governor memory-gcra redis redis-down
-# local-flood"; memory-gcra is (b) with tower_governor's algorithm, GCRA).
+# local-flood"; memory-gcra is (b) with tower_governor's algorithm, GCRA;
+# gateway, gateway-sliding-log, gateway-fixed-window and gateway-gcra run the
+# examples' `gateway` binary itself on the embedded store, metrics and
+# headers on, `--limit 1000000000/1s` (admits everything) with the sliding
+# counter or the named algorithm, loaded at /api/hello), LUA (the wrk script,
+# default users.lua; rotate.lua cycles through the users in turn).
+# gateway_table.sh runs the issue's table (one hot user, 10 000 rotating
+# users) with this script.
 # The variants run in turn, ROUNDS times over (so that a burst of other load
 # on the machine hits all of them alike); the table shows each variant's
 # median round by requests/s, and every round's requests/s.
@@ -31,7 +38,9 @@ VARIANTS=${VARIANTS:-"none memory governor memory-gcra redis redis-down local-fl
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
-lua="$here/users.lua"
+lua=${LUA:-$here/users.lua}
+case $lua in /*) ;; */*) lua=$PWD/$lua ;; *) lua=$here/$lua ;; esac
+[ -f "$lua" ] || { echo "run.sh: no wrk script $lua" >&2; exit 1; }
 
 die() { echo "run.sh: $*" >&2; exit 1; }
 
@@ -86,6 +95,15 @@ target_dir=${CARGO_TARGET_DIR:-$root/target}
 case "$target_dir" in /*) ;; *) target_dir="$root/$target_dir" ;; esac
 server="$target_dir/release/bench_server"
 [ -x "$server" ] || die "no binary at $server"
+gateway=
+case " $VARIANTS " in
+*" gateway"*)
+    echo "building gateway (release)" >&2
+    (cd "$root" && cargo build --release --quiet -p tower-window-examples --bin gateway) ||
+        die "gateway build failed"
+    gateway="$target_dir/release/gateway"
+    ;;
+esac
 
 # Our own redis-server on a random loopback port below 55535.
 redis_port=
@@ -114,6 +132,25 @@ echo "redis-server on 127.0.0.1:$redis_port" >&2
 start_server() {
     local variant=$1 log="$tmp/server-$1.log" args
     case $variant in
+    gateway*)
+        local algorithm=${variant#gateway}
+        algorithm=${algorithm#-}
+        # The gateway logs `listening address=ADDR`; its runtime has one
+        # worker per CPU, like bench_server's $WORKERS on this machine.
+        TOKIO_WORKER_THREADS=$WORKERS RUST_LOG=info "$gateway" --listen 127.0.0.1:0 \
+            --limit 1000000000/1s --algorithm "${algorithm:-sliding-counter}" >"$log" 2>&1 &
+        server_pid=$!
+        pids+=("$server_pid")
+        server_addr=
+        for _ in $(seq 300); do
+            server_addr=$(sed -n 's/.*listening address=\([0-9.:]*\).*/\1/p' "$log" | head -1)
+            [ -n "$server_addr" ] && { server_path=/api/hello; return 0; }
+            kill -0 "$server_pid" 2>/dev/null || break
+            sleep 0.05
+        done
+        cat "$log" >&2
+        die "gateway ($variant) did not start"
+        ;;
     # tower-window with tower_governor's algorithm (GCRA, same rate and burst).
     memory-gcra) args=(--variant memory --quota "1000/1s gcra") ;;
     *) args=(--variant "$variant") ;;
@@ -125,7 +162,7 @@ start_server() {
     server_addr=
     for _ in $(seq 300); do
         server_addr=$(sed -n 's/^listening on //p' "$log")
-        [ -n "$server_addr" ] && return 0
+        [ -n "$server_addr" ] && { server_path=/; return 0; }
         kill -0 "$server_pid" 2>/dev/null || break
         sleep 0.05
     done
@@ -145,9 +182,9 @@ cpu_ticks() {
 # wrk against $server_addr for $1 seconds with $2 users; prints the RESULT line.
 load() {
     local seconds=$1 users=$2
-    WRK_USERS=$users timeout $((seconds + 30)) \
+    WRK_USERS=$users WRK_THREADS=$THREADS timeout $((seconds + 30)) \
         wrk -t "$THREADS" -c "$CONNECTIONS" -d "${seconds}s" --timeout 2s \
-        -s "$lua" "http://$server_addr/" | sed -n 's/^RESULT //p'
+        -s "$lua" "http://$server_addr$server_path" | sed -n 's/^RESULT //p'
 }
 
 declare -A result rounds
@@ -202,6 +239,8 @@ letter() {
     redis) echo "(d) tower-window, Redis" ;;
     redis-down) echo "(e) tower-window, Redis down, breaker open" ;;
     local-flood) echo "(f) tower-window, one over-limit user, local tier" ;;
+    gateway) echo "(g) gateway binary, sliding counter" ;;
+    gateway-*) echo "(g) gateway binary, ${1#gateway-}" ;;
     *) echo "$1" ;;
     esac
 }
@@ -209,7 +248,7 @@ letter() {
 ms() { awk -v us="$1" 'BEGIN { printf "%.2f", us / 1000 }'; }
 
 echo
-echo "wrk -t $THREADS -c $CONNECTIONS -d ${DURATION}s (after ${WARMUP}s warm-up), $USERS users, $ROUNDS rounds (median shown), $WORKERS server workers, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "wrk -t $THREADS -c $CONNECTIONS -d ${DURATION}s (after ${WARMUP}s warm-up), $(basename "$lua"), $USERS users, $ROUNDS rounds (median shown), $WORKERS server workers, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "| variant | requests/s | p50 ms | p99 ms | 2xx | 429 | other | socket errors | server CPU µs/req | req/s of each round |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
@@ -243,3 +282,8 @@ check "(b) ≥ 0.9 × (a)" "$(ratio memory none)" "r >= 0.9"
 check "(b) ≥ 1.0 × (c)" "$(ratio memory governor)" "r >= 1.0"
 check "(f) ≥ (b)" "$(ratio local-flood memory)" "r >= 1.0"
 check "(e) within 10% of (b)" "$(ratio redis-down memory)" "r >= 0.9 && r <= 1.1"
+for variant in $VARIANTS; do
+    case $variant in gateway*) ;; *) continue ;; esac
+    check "$variant ≥ 0.9 × (a)" "$(ratio "$variant" none)" "r >= 0.9"
+    check "$variant ≥ 1.0 × (c)" "$(ratio "$variant" governor)" "r >= 1.0"
+done

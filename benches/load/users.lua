@@ -19,7 +19,8 @@ function init(args)
 end
 
 function request()
-   return wrk.format("GET", "/", { ["x-user-id"] = "u" .. math.random(users) })
+   -- nil: the path of the URL wrk was given (/ or the gateway's /api/hello).
+   return wrk.format("GET", nil, { ["x-user-id"] = "u" .. math.random(users) })
 end
 
 function response(status, headers, body)

@@ -44,6 +44,7 @@
 //! # Ok::<(), tower_window::QuotaError>(())
 //! ```
 
+use std::convert::Infallible;
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::{Arc, OnceLock};
@@ -236,7 +237,7 @@ pub struct LocalWindow {
     /// own policy far more than any other, so this answers without a lookup.
     first: OnceLock<(Policy, Option<Policy>)>,
     /// Scaled policies by original policy; a limiter checks few distinct ones.
-    scaled: moka::sync::Cache<Policy, Option<Policy>>,
+    scaled: quick_cache::sync::Cache<Policy, Option<Policy>>,
 }
 
 /// A [`LocalWindow`] share outside `(0, 1]`.
@@ -273,7 +274,7 @@ impl LocalWindow {
             max_keys: MemoryStore::DEFAULT_MAX_KEYS,
             store: MemoryStore::new(),
             first: OnceLock::new(),
-            scaled: moka::sync::Cache::new(64),
+            scaled: quick_cache::sync::Cache::new(64),
         }
     }
 
@@ -303,8 +304,13 @@ impl LocalWindow {
         if first == policy {
             return scaled.clone();
         }
-        self.scaled
-            .get_with_by_ref(policy, || self.build_scaled(policy))
+        match self
+            .scaled
+            .get_or_insert_with(policy, || Ok::<_, Infallible>(self.build_scaled(policy)))
+        {
+            Ok(scaled) => scaled,
+            Err(never) => match never {},
+        }
     }
 
     fn build_scaled(&self, policy: &Policy) -> Option<Policy> {

@@ -1,23 +1,24 @@
 //! [`StateKey`]: a window's identity (tenant, subject, quota id) as a cache
 //! key that can be looked up without cloning the request's key.
 //!
-//! moka's `get` and `invalidate` accept any `Q` the cache's keys
-//! [`Borrow`] as. Hashing and comparing owned keys and borrowed ones alike
-//! through `dyn StateKeyParts` lets a lookup borrow a [`WindowKey`] and a
-//! [`Quota`]: a hit on the hot path copies nothing and bumps no reference
-//! count (cloning a `WindowKey` built from a header value would allocate
-//! to share its buffer).
+//! [`quick_cache`] looks keys up by any `Q: Hash + Equivalent<K>`.
+//! [`StateKeyRef`] borrows the parts of a [`WindowKey`] and a [`Quota`] (or
+//! [`Policy`]) and hashes and compares like the owned [`StateKey`], so a hit
+//! on the hot path copies nothing and bumps no reference count (cloning a
+//! `WindowKey` built from a header value would allocate to share its buffer).
+//! Only an insert builds the owned key.
 
-use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use quick_cache::{Equivalent, Options, OptionsBuilder};
 
 use crate::quota::Scope;
 use crate::{Policy, Quota, WindowKey};
 
 /// A window's identity, owned: what a cache stores.
+#[derive(Clone)]
 pub(crate) struct StateKey {
     tenant: Bytes,
     subject: Bytes,
@@ -50,9 +51,14 @@ impl StateKey {
             quota: policy.shared_id(),
         }
     }
+
+    fn parts(&self) -> (&[u8], &[u8], &str) {
+        (&self.tenant, &self.subject, &self.quota)
+    }
 }
 
 /// The same identity, borrowed from a check: what a lookup uses.
+#[derive(Clone, Copy)]
 pub(crate) struct StateKeyRef<'a> {
     tenant: &'a [u8],
     subject: &'a [u8],
@@ -81,53 +87,20 @@ impl<'a> StateKeyRef<'a> {
         }
     }
 
-    /// The form a cache of [`StateKey`]s looks up by.
-    pub(crate) fn as_lookup(&self) -> &(dyn StateKeyParts + 'a) {
-        self
-    }
-}
-
-/// A key as its three parts, owned or borrowed.
-pub(crate) trait StateKeyParts {
-    /// Tenant, subject and quota id.
-    fn parts(&self) -> (&[u8], &[u8], &str);
-}
-
-impl StateKeyParts for StateKey {
-    fn parts(&self) -> (&[u8], &[u8], &str) {
-        (&self.tenant, &self.subject, &self.quota)
-    }
-}
-
-impl StateKeyParts for StateKeyRef<'_> {
-    fn parts(&self) -> (&[u8], &[u8], &str) {
+    fn parts(&self) -> (&'a [u8], &'a [u8], &'a str) {
         (self.tenant, self.subject, self.quota)
     }
 }
 
-impl<'a> Borrow<dyn StateKeyParts + 'a> for StateKey {
-    fn borrow(&self) -> &(dyn StateKeyParts + 'a) {
-        self
-    }
-}
-
-// `StateKey` and `dyn StateKeyParts` hash and compare alike, as `Borrow`
-// requires: both through `parts`.
-impl Hash for dyn StateKeyParts + '_ {
+// `StateKey` and `StateKeyRef` hash and compare alike, as `Equivalent`
+// lookups require: both through their parts.
+impl Hash for StateKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.parts().hash(state);
     }
 }
 
-impl PartialEq for dyn StateKeyParts + '_ {
-    fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
-    }
-}
-
-impl Eq for dyn StateKeyParts + '_ {}
-
-impl Hash for StateKey {
+impl Hash for StateKeyRef<'_> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.parts().hash(state);
     }
@@ -140,6 +113,32 @@ impl PartialEq for StateKey {
 }
 
 impl Eq for StateKey {}
+
+impl Equivalent<StateKey> for StateKeyRef<'_> {
+    fn equivalent(&self, key: &StateKey) -> bool {
+        self.parts() == key.parts()
+    }
+}
+
+/// Cache options for at most `max` entries, split in shards that each hold
+/// at least 32 and together never more than `max` (quick_cache rounds each
+/// shard's capacity up).
+pub(crate) fn bounded_options(max: u64) -> Options {
+    let max = max.max(1);
+    let parallelism = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut shards = (parallelism * 4).next_power_of_two() as u64;
+    while shards > 1 && max / shards < 32 {
+        shards /= 2;
+    }
+    let capacity = (max / shards).max(1) * shards;
+    let mut options = OptionsBuilder::new();
+    options
+        .shards(usize::try_from(shards).unwrap_or(1))
+        .estimated_items_capacity(usize::try_from(capacity).unwrap_or(usize::MAX))
+        .weight_capacity(capacity);
+    // Every field is set and in range: building cannot fail.
+    options.build().unwrap_or_else(|_| unreachable!())
+}
 
 #[cfg(test)]
 mod tests {
@@ -157,35 +156,27 @@ mod tests {
         let key = WindowKey::new("acme", "alice");
         let owned = StateKey::new(&key, &quota);
         let borrowed = StateKeyRef::new(&key, &quota);
-        let owned_view: &dyn StateKeyParts = owned.borrow();
-        assert!(owned_view == borrowed.as_lookup());
-        assert_eq!(
-            hasher.hash_one(&owned),
-            hasher.hash_one(borrowed.as_lookup())
-        );
+        assert!(borrowed.equivalent(&owned));
+        assert_eq!(hasher.hash_one(&owned), hasher.hash_one(borrowed));
         for (k, q) in [
             (WindowKey::new("acme", "bob"), &quota),
             (WindowKey::new("acmealice", ""), &quota),
             (key.clone(), &other_quota),
         ] {
-            let different = StateKeyRef::new(&k, q);
-            assert!(owned_view != different.as_lookup());
+            assert!(!StateKeyRef::new(&k, q).equivalent(&owned));
         }
     }
 
     #[test]
     fn a_cache_finds_owned_keys_by_borrowed_ones() {
-        let cache: moka::sync::Cache<StateKey, u32> = moka::sync::Cache::new(10);
+        let cache: quick_cache::sync::Cache<StateKey, u32> = quick_cache::sync::Cache::new(10);
         let quota: Quota = "10/s".parse().unwrap();
         let key = WindowKey::new("acme", "alice");
         cache.insert(StateKey::new(&key, &quota), 7);
-        assert_eq!(
-            cache.get(StateKeyRef::new(&key, &quota).as_lookup()),
-            Some(7)
-        );
+        assert_eq!(cache.get(&StateKeyRef::new(&key, &quota)), Some(7));
         let bob = WindowKey::new("acme", "bob");
-        assert_eq!(cache.get(StateKeyRef::new(&bob, &quota).as_lookup()), None);
-        cache.invalidate(StateKeyRef::new(&key, &quota).as_lookup());
-        assert_eq!(cache.get(StateKeyRef::new(&key, &quota).as_lookup()), None);
+        assert_eq!(cache.get(&StateKeyRef::new(&bob, &quota)), None);
+        cache.remove(&StateKeyRef::new(&key, &quota));
+        assert_eq!(cache.get(&StateKeyRef::new(&key, &quota)), None);
     }
 }

@@ -193,7 +193,9 @@ fn item(name: &str, params: &[(&[u8], u64)]) -> Option<HeaderValue> {
         return None;
     }
     let mut numbers = itoa::Buffer::new();
-    let mut buf = Vec::with_capacity(name.len() + 2 + 2 * (3 + 20));
+    // Built on the stack, then copied once into an exactly sized buffer: a
+    // `Vec` with spare capacity would cost `Bytes` a second allocation.
+    let mut buf: smallvec::SmallVec<[u8; 96]> = smallvec::SmallVec::new();
     buf.push(b'"');
     buf.extend_from_slice(name.as_bytes());
     buf.push(b'"');
@@ -203,7 +205,7 @@ fn item(name: &str, params: &[(&[u8], u64)]) -> Option<HeaderValue> {
         buf.push(b'=');
         buf.extend_from_slice(numbers.format(value).as_bytes());
     }
-    HeaderValue::from_maybe_shared(Bytes::from(buf)).ok()
+    HeaderValue::from_maybe_shared(Bytes::copy_from_slice(&buf)).ok()
 }
 
 #[cfg(test)]

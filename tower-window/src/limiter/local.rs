@@ -7,16 +7,19 @@
 //! store would not; a cheaper request may fit earlier and still goes to the
 //! store.
 //!
-//! The tier is a bounded [`moka`] cache, so a flood of distinct keys cannot
-//! grow it past its capacity.
+//! The tier is a bounded, sharded [`quick_cache`] cache, so a flood of
+//! distinct keys cannot grow it past its capacity. Expiry is inside the
+//! values: a remembered denial whose time is over reads as absent (a stale
+//! miss) and is overwritten by the next denial or dropped by the next
+//! admission.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use moka::sync::Cache;
-use moka::Expiry;
+use quick_cache::sync::{Cache, DefaultLifecycle};
+use quick_cache::{DefaultHashBuilder, UnitWeighter};
 
-use crate::key::state_key::{StateKey, StateKeyRef};
+use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
 use crate::metrics::LimiterMetrics;
 use crate::{Clock, Decision, DecisionSource, Policy, WindowKey};
 
@@ -24,7 +27,7 @@ use crate::{Clock, Decision, DecisionSource, Policy, WindowKey};
 pub(crate) const DEFAULT_LOCAL_CAPACITY: u64 = 100_000;
 
 /// A remembered denial.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Denied {
     /// Clock reading (µs) until which requests of at least `cost` are denied.
     until_micros: u64,
@@ -34,35 +37,24 @@ struct Denied {
     cost: u32,
     /// The store's denial, every quota's state included, as of `at_micros`.
     decision: Decision,
-    /// The wait as a duration, for the cache's own expiry.
-    ttl: Duration,
+    /// `retry_after` after the denial in real time: past it the entry reads
+    /// as absent even if the limiter's clock jumped backwards (`None`: a wait
+    /// beyond what `Instant` can represent).
+    expires: Option<Instant>,
 }
 
-/// Evicts an entry once its denial is over in real time. The limiter's clock
-/// decides whether an entry still applies; this frees memory, and bounds a
-/// remembered denial to `retry_after` of real time even if the clock jumps
-/// backwards.
-struct DeniedExpiry;
-
-impl Expiry<StateKey, Denied> for DeniedExpiry {
-    fn expire_after_create(&self, _: &StateKey, value: &Denied, _: Instant) -> Option<Duration> {
-        Some(value.ttl)
-    }
-
-    fn expire_after_update(
-        &self,
-        _: &StateKey,
-        value: &Denied,
-        _: Instant,
-        _: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(value.ttl)
-    }
-}
+type DeniedCache = Cache<
+    StateKey,
+    Arc<Denied>,
+    UnitWeighter,
+    DefaultHashBuilder,
+    DefaultLifecycle<StateKey, Arc<Denied>>,
+>;
 
 /// The bounded "denied until" memory of one limiter.
 pub(crate) struct LocalTier {
-    cache: Cache<StateKey, Denied>,
+    cache: DeniedCache,
+    capacity: u64,
     clock: Arc<dyn Clock>,
     metrics: Option<Arc<LimiterMetrics>>,
 }
@@ -79,12 +71,15 @@ pub(crate) enum Lookup {
 impl LocalTier {
     /// A tier holding at most `capacity` keys.
     pub(crate) fn new(capacity: u64, clock: Arc<dyn Clock>) -> Self {
-        let cache = Cache::builder()
-            .max_capacity(capacity)
-            .expire_after(DeniedExpiry)
-            .build();
+        let cache = Cache::with_options(
+            bounded_options(capacity),
+            UnitWeighter,
+            DefaultHashBuilder::default(),
+            DefaultLifecycle::default(),
+        );
         Self {
             cache,
+            capacity,
             clock,
             metrics: None,
         }
@@ -107,14 +102,11 @@ impl LocalTier {
     }
 
     fn find(&self, key: &WindowKey, policy: &Policy, cost: u32) -> Lookup {
-        let Some(denied) = self
-            .cache
-            .get(StateKeyRef::for_policy(key, policy).as_lookup())
-        else {
+        let Some(denied) = self.cache.get(&StateKeyRef::for_policy(key, policy)) else {
             return Lookup::Miss { stale: false };
         };
         let now = self.clock.now_micros();
-        if now >= denied.until_micros {
+        if now >= denied.until_micros || denied.expires.is_some_and(|t| Instant::now() >= t) {
             return Lookup::Miss { stale: true };
         }
         if cost < denied.cost {
@@ -125,6 +117,7 @@ impl LocalTier {
         let elapsed = Duration::from_micros(now.saturating_sub(denied.at_micros));
         let decision = denied
             .decision
+            .clone()
             .aged(elapsed, retry_after)
             .with_source(DecisionSource::LocalCache)
             .with_timestamp_micros(now);
@@ -153,21 +146,20 @@ impl LocalTier {
             at_micros: now,
             cost,
             decision: decision.clone(),
-            ttl: retry_after,
+            expires: Instant::now().checked_add(retry_after),
         };
-        self.cache.insert(StateKey::for_policy(key, policy), denied);
+        self.cache
+            .insert(StateKey::for_policy(key, policy), Arc::new(denied));
         self.report_size();
     }
 
     /// Forgets a key whose remembered denial is over.
     pub(crate) fn forget(&self, key: &WindowKey, policy: &Policy) {
-        self.cache
-            .invalidate(StateKeyRef::for_policy(key, policy).as_lookup());
+        self.cache.remove(&StateKeyRef::for_policy(key, policy));
         self.report_size();
     }
 
-    /// Sets the size gauge after a change. Runs the cache's pending
-    /// maintenance so the count is current; this follows a store call, so it
+    /// Sets the size gauge after a change; this follows a store call, so it
     /// is never on the path of a local answer.
     fn report_size(&self) {
         if self.metrics.is_some() {
@@ -175,11 +167,10 @@ impl LocalTier {
         }
     }
 
-    /// Number of keys held, after running the cache's pending maintenance
+    /// Number of keys held, expired denials not yet overwritten included
     /// (also reported to the size gauge).
     pub(crate) fn len(&self) -> u64 {
-        self.cache.run_pending_tasks();
-        let entries = self.cache.entry_count();
+        let entries = self.cache.len() as u64;
         if let Some(metrics) = &self.metrics {
             metrics.local_entries(entries);
         }
@@ -188,7 +179,7 @@ impl LocalTier {
 
     /// The configured capacity.
     pub(crate) fn capacity(&self) -> u64 {
-        self.cache.policy().max_capacity().unwrap_or(0)
+        self.capacity
     }
 }
 

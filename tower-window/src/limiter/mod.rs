@@ -410,8 +410,8 @@ impl Limiter {
         self.inner.breaker.as_ref().map_or(0, Breakers::open)
     }
 
-    /// Keys currently held by the local tier (0 without one). Runs the
-    /// cache's pending maintenance first, so the count is current.
+    /// Keys currently held by the local tier (0 without one), denials whose
+    /// time is over but that nothing has overwritten yet included.
     pub fn local_cache_len(&self) -> u64 {
         self.inner.local.as_ref().map_or(0, LocalTier::len)
     }

@@ -1,47 +1,63 @@
 //! [`MemoryStore`]: the embedded, single-process store.
 //!
-//! State lives in a bounded [moka] cache keyed by (tenant, subject, quota
-//! state id), one entry per quota window, each behind its own lock. A check
-//! of a policy locks every quota's entry in one global order, evaluates all
-//! of them and records the cost in all only if all admit: atomic per
-//! policy, with no deadlock between overlapping policies. Decisions use the algorithms in
-//! [`crate::algorithm`] with time from an injectable [`Clock`].
+//! State lives in a bounded, sharded [quick_cache] cache keyed by (tenant,
+//! subject, quota state id), one entry per quota window, each behind its own
+//! lock. A check of a policy locks every quota's entry in one global order,
+//! evaluates all of them and records the cost in all only if all admit:
+//! atomic per policy, with no deadlock between overlapping policies.
+//! Decisions use the algorithms in [`crate::algorithm`] with time from an
+//! injectable [`Clock`].
 //!
-//! Two things bound memory:
-//! - the number of keys ([`MemoryStoreBuilder::max_keys`], default
-//!   [`MemoryStore::DEFAULT_MAX_KEYS`]): beyond it the cache evicts the
-//!   least recently used key (LRU, so a new key is always stored);
-//! - expiry: an entry idle (unchecked) for its quota's
-//!   [longest state lifetime](Quota::max_state_lifetime) plus a small
-//!   [grace](MemoryStoreBuilder::expiry_grace), in real time, is dropped
-//!   within as long again (the expiry moves once per such period, not on
-//!   every check).
+//! Memory is bounded by the number of keys ([`MemoryStoreBuilder::max_keys`],
+//! default [`MemoryStore::DEFAULT_MAX_KEYS`]); a new key is always stored,
+//! and beyond the bound the cache evicts by S3-FIFO (keys checked only once
+//! go before keys checked repeatedly, so a flood of one-off keys does not
+//! push out the windows of active ones).
 //!
-//! Eviction by time does not change decisions: by then the algorithms treat
-//! the state as empty by themselves, using the injected clock, so the cache
-//! only drops what is already logically gone (as long as the store's clock
-//! does not fall behind real time by more than the grace). Eviction
-//! by capacity forgets a key's window, which can admit that key again early;
-//! size `max_keys` for the number of keys active within one window.
+//! Expiry is inside the values: a key whose window has passed reads as empty
+//! (the algorithms treat state older than its
+//! [longest lifetime](Quota::max_state_lifetime) as empty, on the store's
+//! clock) and is overwritten by its next admission, so entries need no
+//! timers; [`MemoryStore::run_pending_tasks`] drops such idle entries on
+//! demand.
 //!
-//! [moka]: https://docs.rs/moka
+//! # What a bounded store forgets
+//!
+//! Eviction by capacity forgets a key's window: the units that key was
+//! charged in its current window. The next check of the key starts a new,
+//! empty window, so within one window the key can be admitted up to its limit
+//! again on top of what was forgotten — never more. A check already in
+//! flight on the evicted entry when it is evicted (holding its lock) sees
+//! that the entry was evicted and decides on the key's new entry instead, so
+//! it is counted once, in the new window. Size `max_keys` for the number of
+//! keys active within one window and eviction forgets only idle keys.
+//!
+//! [quick_cache]: https://docs.rs/quick_cache
 
+use std::convert::Infallible;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use moka::policy::EvictionPolicy;
-use moka::sync::Cache;
-use moka::Expiry;
+use quick_cache::sync::Cache;
+use quick_cache::{DefaultHashBuilder, Lifecycle, UnitWeighter};
 
 use smallvec::SmallVec;
 
 use super::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::algorithm::outcome::{policy_decision, Evaluation};
 use crate::algorithm::State;
-use crate::key::state_key::{StateKey, StateKeyRef};
+use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
 use crate::{Clock, Decision, Policy, Quota, SystemClock, WindowKey};
+
+type SlotCache = Cache<StateKey, Arc<Slot>, UnitWeighter, DefaultHashBuilder, MarkEvicted>;
+
+/// How often a check retries on a key's new entry after finding the one it
+/// locked evicted. Each retry follows an eviction of that very entry, which
+/// needs an insert of another key in between; past this, a check decides on
+/// the entry it holds (its admission is then part of what the eviction forgot).
+const MAX_EVICTED_RETRIES: usize = 8;
 
 /// The embedded store: bounded, in-process, atomic per key.
 ///
@@ -66,9 +82,10 @@ use crate::{Clock, Decision, Policy, Quota, SystemClock, WindowKey};
 /// ```
 #[derive(Clone)]
 pub struct MemoryStore {
-    cache: Cache<StateKey, Arc<Slot>>,
+    cache: Arc<SlotCache>,
     clock: Arc<dyn Clock>,
     max_keys: u64,
+    grace_micros: u64,
 }
 
 impl MemoryStore {
@@ -94,16 +111,43 @@ impl MemoryStore {
         self.max_keys
     }
 
-    /// The number of keys held. Approximate while evictions are pending; see
-    /// [`run_pending_tasks`](Self::run_pending_tasks).
+    /// The number of keys held, at most [`max_keys`](Self::max_keys). It
+    /// includes keys whose windows have passed (they read as empty) until
+    /// capacity pressure or [`run_pending_tasks`](Self::run_pending_tasks)
+    /// drops them.
     pub fn entry_count(&self) -> u64 {
-        self.cache.entry_count()
+        self.cache.len() as u64
     }
 
-    /// Runs the cache's pending maintenance (evictions by size and time) now
-    /// instead of on later calls. For tests and diagnostics.
+    /// Drops every entry idle for longer than its quota's
+    /// [longest state lifetime](Quota::max_state_lifetime) plus the
+    /// [grace](MemoryStoreBuilder::expiry_grace), on the store's clock, so
+    /// that [`entry_count`](Self::entry_count) counts live keys only.
+    ///
+    /// Never needed for correctness or for the memory bound (evictions by
+    /// size happen inline, and an idle entry reads as empty); it walks the
+    /// whole cache, so it is for tests and diagnostics, not the hot path.
+    /// Entries being checked at that moment are kept.
     pub fn run_pending_tasks(&self) {
-        self.cache.run_pending_tasks();
+        let now = self.clock.now_micros();
+        let grace = self.grace_micros;
+        self.cache.retain(|_, slot| {
+            let mut inner = match slot.inner.try_lock() {
+                Ok(inner) => inner,
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => return true,
+            };
+            let idle_until = inner
+                .last_check
+                .saturating_add(slot.lifetime_micros)
+                .saturating_add(grace);
+            if now < idle_until {
+                return true;
+            }
+            // A check waiting for this lock decides on the key's next entry.
+            inner.evicted = true;
+            false
+        });
     }
 
     /// Checks and records one request synchronously; [`Store::check`] and
@@ -120,59 +164,100 @@ impl MemoryStore {
         if let [quota] = policy.quotas() {
             // One quota: one slot, one lock.
             let slot = self.slot(request.key, quota);
-            let mut state = lock(&slot.state);
+            return self.check_one(request, quota, slot);
+        }
+        let mut attempt = 0;
+        loop {
+            let slots: SmallVec<[Arc<Slot>; 4]> = policy
+                .quotas()
+                .iter()
+                .map(|quota| self.slot(request.key, quota))
+                .collect();
+            // Lock every slot of the policy in one global order (by address), so
+            // two checks of overlapping policies can never wait on each other in
+            // a cycle, and no check sees a half-recorded policy.
+            let mut order: SmallVec<[usize; 4]> = (0..slots.len()).collect();
+            order.sort_unstable_by_key(|&i| Arc::as_ptr(&slots[i]) as usize);
+            let mut guards: SmallVec<[Option<MutexGuard<'_, SlotInner>>; 4]> =
+                slots.iter().map(|_| None).collect();
+            for &i in &order {
+                guards[i] = Some(lock(&slots[i].inner));
+            }
+            let evicted = guards.iter().flatten().any(|inner| inner.evicted);
+            if evicted && attempt < MAX_EVICTED_RETRIES {
+                // Unlocks everything before looking the slots up again: a
+                // check never holds a slot's lock while it waits for the cache.
+                drop(guards);
+                attempt += 1;
+                continue;
+            }
             let now = self.clock.now_micros();
-            let evaluation = state.evaluate(quota, now, cost);
-            if evaluation.fits() {
-                state.commit(quota, now, cost);
-            }
-            return decided(policy, &[evaluation], now);
-        }
-        let slots: SmallVec<[Arc<Slot>; 4]> = policy
-            .quotas()
-            .iter()
-            .map(|quota| self.slot(request.key, quota))
-            .collect();
-        // Lock every slot of the policy in one global order (by address), so
-        // two checks of overlapping policies can never wait on each other in
-        // a cycle, and no check sees a half-recorded policy.
-        let mut order: SmallVec<[usize; 4]> = (0..slots.len()).collect();
-        order.sort_unstable_by_key(|&i| Arc::as_ptr(&slots[i]) as usize);
-        let mut guards: SmallVec<[Option<MutexGuard<'_, State>>; 4]> =
-            slots.iter().map(|_| None).collect();
-        for &i in &order {
-            guards[i] = Some(lock(&slots[i].state));
-        }
-        let now = self.clock.now_micros();
-        let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
-        for (quota, guard) in policy.quotas().iter().zip(guards.iter_mut()) {
-            if let Some(state) = guard {
-                evaluations.push(state.evaluate(quota, now, cost));
-            }
-        }
-        if evaluations.iter().all(Evaluation::fits) {
+            let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
             for (quota, guard) in policy.quotas().iter().zip(guards.iter_mut()) {
-                if let Some(state) = guard {
-                    state.commit(quota, now, cost);
+                if let Some(inner) = guard {
+                    inner.last_check = now;
+                    evaluations.push(inner.state.evaluate(quota, now, cost));
                 }
             }
+            if evaluations.iter().all(Evaluation::fits) {
+                for (quota, guard) in policy.quotas().iter().zip(guards.iter_mut()) {
+                    if let Some(inner) = guard {
+                        inner.state.commit(quota, now, cost);
+                    }
+                }
+            }
+            return decided(policy, &evaluations, now);
         }
-        decided(policy, &evaluations, now)
+    }
+
+    /// Decides a one-quota policy on `slot`, the entry a lookup of the key
+    /// found; if the cache evicted it before this check got its lock, on
+    /// the key's new entry instead.
+    fn check_one(
+        &self,
+        request: CheckRequest<'_>,
+        quota: &Quota,
+        mut slot: Arc<Slot>,
+    ) -> Result<Decision, StoreError> {
+        let cost = request.cost;
+        let mut attempt = 0;
+        loop {
+            let mut inner = lock(&slot.inner);
+            if inner.evicted && attempt < MAX_EVICTED_RETRIES {
+                drop(inner);
+                slot = self.slot(request.key, quota);
+                attempt += 1;
+                continue;
+            }
+            let now = self.clock.now_micros();
+            inner.last_check = now;
+            let evaluation = inner.state.evaluate(quota, now, cost);
+            if evaluation.fits() {
+                inner.state.commit(quota, now, cost);
+            }
+            return decided(request.policy, &[evaluation], now);
+        }
     }
 
     /// The slot of `key`'s state under `quota`: one lookup by borrowed parts
-    /// (a hit clones nothing), or an insert for a new key.
+    /// (a hit clones nothing but the `Arc`), or an insert for a new key that
+    /// gives every concurrent check of that key the same slot.
     fn slot(&self, key: &WindowKey, quota: &Quota) -> Arc<Slot> {
-        match self.cache.get(StateKeyRef::new(key, quota).as_lookup()) {
-            Some(slot) => slot,
-            None => self
-                .cache
-                .get_with(StateKey::new(key, quota), || Arc::new(Slot::new(quota))),
+        if let Some(slot) = self.cache.get(&StateKeyRef::new(key, quota)) {
+            return slot;
+        }
+        let owned = StateKey::new(key, quota);
+        match self
+            .cache
+            .get_or_insert_with(&owned, || Ok::<_, Infallible>(Arc::new(Slot::new(quota))))
+        {
+            Ok(slot) => slot,
+            Err(never) => match never {},
         }
     }
 }
 
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+fn lock<T>(state: &Mutex<T>) -> MutexGuard<'_, T> {
     // A check never leaves the state half-written: a panic elsewhere cannot break it.
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -191,7 +276,7 @@ impl Default for MemoryStore {
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
-            .field("entry_count", &self.cache.entry_count())
+            .field("entry_count", &self.entry_count())
             .field("max_keys", &self.max_keys)
             .finish_non_exhaustive()
     }
@@ -258,20 +343,20 @@ impl MemoryStoreBuilder {
 
     /// The most keys kept (default [`MemoryStore::DEFAULT_MAX_KEYS`]; at
     /// least 1). A key is one (tenant, subject, quota) triple.
+    ///
+    /// The cache is split in shards by key hash, each bounded to its share,
+    /// so under capacity pressure a key may be evicted while the store as a
+    /// whole holds somewhat fewer than `max_keys`.
     pub fn max_keys(mut self, max_keys: u64) -> Self {
         self.max_keys = max_keys.max(1);
         self
     }
 
-    /// How long past its TTL, in real time, a key's entry is kept (default
-    /// [`MemoryStore::DEFAULT_EXPIRY_GRACE`]).
-    ///
-    /// Expiry runs on real time while decisions run on the store's clock.
-    /// The grace covers a wall clock that steps back a little; raise it when
-    /// the clock may run slower than real time (a [`ManualClock`] in a test
-    /// that sleeps or takes long between checks with very short windows).
-    ///
-    /// [`ManualClock`]: crate::ManualClock
+    /// How long past its quota's longest state lifetime, on the store's
+    /// clock, an idle key's entry is kept by
+    /// [`MemoryStore::run_pending_tasks`] (default
+    /// [`MemoryStore::DEFAULT_EXPIRY_GRACE`]). Decisions never depend on it:
+    /// an idle entry reads as empty either way.
     pub fn expiry_grace(mut self, grace: Duration) -> Self {
         self.expiry_grace = grace;
         self
@@ -279,99 +364,75 @@ impl MemoryStoreBuilder {
 
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
-        let cache = Cache::builder()
-            .max_capacity(self.max_keys)
-            // LRU rather than moka's default TinyLFU admission: TinyLFU may
-            // refuse to store a brand-new key while the cache is full, and a
-            // window that is never stored never limits anything.
-            .eviction_policy(EvictionPolicy::lru())
-            .expire_after(SlotExpiry {
-                grace: self.expiry_grace,
-            })
-            .build();
+        let cache = Cache::with_options(
+            bounded_options(self.max_keys),
+            UnitWeighter,
+            DefaultHashBuilder::default(),
+            MarkEvicted,
+        );
         MemoryStore {
-            cache,
+            cache: Arc::new(cache),
             clock: self.clock,
             max_keys: self.max_keys,
+            grace_micros: u64::try_from(self.expiry_grace.as_micros()).unwrap_or(u64::MAX),
         }
     }
 }
 
-/// One key's state and how long it may matter after its last write.
+/// One key's state.
 struct Slot {
     /// Locked for the duration of one check: that is what makes a check
     /// atomic per key.
-    state: Mutex<State>,
-    /// [`Quota::max_state_lifetime`]: the entry's idle expiry.
-    lifetime: Duration,
+    inner: Mutex<SlotInner>,
+    /// [`Quota::max_state_lifetime`] in µs: how long the state may matter
+    /// after the last check.
+    lifetime_micros: u64,
+}
+
+struct SlotInner {
+    state: State,
+    /// The clock reading of the last check (µs).
+    last_check: u64,
+    /// Set, under this lock, once the cache has dropped the slot: a check
+    /// that then gets the lock looks the key up again.
+    evicted: bool,
 }
 
 impl Slot {
     fn new(quota: &Quota) -> Self {
         Self {
-            state: Mutex::new(State::empty(quota.algorithm())),
-            lifetime: quota.max_state_lifetime(),
+            inner: Mutex::new(SlotInner {
+                state: State::empty(quota.algorithm()),
+                last_check: 0,
+                evicted: false,
+            }),
+            lifetime_micros: u64::try_from(quota.max_state_lifetime().as_micros())
+                .unwrap_or(u64::MAX),
         }
     }
 }
 
-/// Expires each entry once it has been idle for its quota's longest state
-/// lifetime (plus grace), and at most twice that. Every check reads its
-/// entry, and the last write is never later than the last read, so by then
-/// the state is logically empty: expiry never changes a decision, and needs
-/// no re-insert per admission.
-///
-/// A read moves the expiry only when less than one idle period is left, and
-/// then to two: the timer wheel is touched once per idle period per key
-/// instead of on every check, and every read still leaves at least one idle
-/// period.
-struct SlotExpiry {
-    grace: Duration,
-}
+/// Marks slots the cache evicts, once the cache's shard lock is released
+/// (a check holding a slot's lock never waits for a shard, and an eviction
+/// never waits for a slot under a shard's lock).
+#[derive(Clone, Copy, Default)]
+struct MarkEvicted;
 
-impl SlotExpiry {
-    fn idle(&self, slot: &Slot) -> Duration {
-        slot.lifetime.saturating_add(self.grace)
+impl Lifecycle<StateKey, Arc<Slot>> for MarkEvicted {
+    type RequestState = SmallVec<[Arc<Slot>; 2]>;
+
+    fn begin_request(&self) -> Self::RequestState {
+        SmallVec::new()
     }
 
-    fn extended(&self, slot: &Slot) -> Option<Duration> {
-        Some(self.idle(slot).saturating_mul(2))
-    }
-}
-
-impl Expiry<StateKey, Arc<Slot>> for SlotExpiry {
-    fn expire_after_create(
-        &self,
-        _key: &StateKey,
-        slot: &Arc<Slot>,
-        _created_at: Instant,
-    ) -> Option<Duration> {
-        self.extended(slot)
+    fn on_evict(&self, evicted: &mut Self::RequestState, _key: StateKey, slot: Arc<Slot>) {
+        evicted.push(slot);
     }
 
-    fn expire_after_read(
-        &self,
-        _key: &StateKey,
-        slot: &Arc<Slot>,
-        _read_at: Instant,
-        duration_until_expiry: Option<Duration>,
-        _last_modified_at: Instant,
-    ) -> Option<Duration> {
-        match duration_until_expiry {
-            // Returning the current value leaves the timer wheel alone.
-            Some(left) if left >= self.idle(slot) => Some(left),
-            _ => self.extended(slot),
+    fn end_request(&self, evicted: Self::RequestState) {
+        for slot in evicted {
+            lock(&slot.inner).evicted = true;
         }
-    }
-
-    fn expire_after_update(
-        &self,
-        _key: &StateKey,
-        slot: &Arc<Slot>,
-        _updated_at: Instant,
-        _duration_until_expiry: Option<Duration>,
-    ) -> Option<Duration> {
-        self.extended(slot)
     }
 }
 
@@ -479,54 +540,170 @@ mod tests {
     }
 
     #[test]
-    fn idle_entries_expire() {
-        // A 1 ms fixed window: with no grace the entry is gone once it has
-        // been idle for 1 to 2 ms of real time.
+    fn idle_entries_read_as_empty_and_can_be_dropped() {
+        let clock = ManualClock::new(T0);
         let store = MemoryStore::builder()
-            .clock(ManualClock::new(T0 + 999))
-            .expiry_grace(Duration::ZERO)
+            .clock(clock.clone())
+            .expiry_grace(Duration::from_millis(1))
             .build();
         let quota: Quota = "1/1ms fixed-window".parse().unwrap();
         let key = WindowKey::global();
         assert!(check(&store, &key, &quota, 1).allowed);
-        let cache_key = StateKeyRef::new(&key, &quota);
-        let cache_key = cache_key.as_lookup();
-        // Not a timing assertion: waits (microseconds in practice) until it happens.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while store.cache.contains_key(cache_key) && Instant::now() < deadline {
-            std::thread::yield_now();
-        }
-        assert!(!store.cache.contains_key(cache_key));
+        assert!(!check(&store, &key, &quota, 1).allowed);
+        // The window passed: the entry reads as empty and is overwritten.
+        clock.advance(Duration::from_millis(1));
+        assert!(check(&store, &key, &quota, 1).allowed);
+        assert!(!check(&store, &key, &quota, 1).allowed);
+        assert_eq!(store.entry_count(), 1);
+        // Idle for less than lifetime + grace: kept.
+        store.run_pending_tasks();
+        assert_eq!(store.entry_count(), 1);
+        clock.advance(quota.max_state_lifetime() + Duration::from_millis(1));
+        store.run_pending_tasks();
+        assert_eq!(store.entry_count(), 0);
+        assert!(check(&store, &key, &quota, 1).allowed);
+        assert_eq!(store.entry_count(), 1);
     }
 
     #[test]
-    fn reads_move_the_expiry_once_per_idle_period() {
-        let expiry = SlotExpiry {
-            grace: Duration::from_secs(1),
-        };
-        let quota: Quota = "5/1m".parse().unwrap();
-        let slot = Arc::new(Slot::new(&quota));
-        let key = StateKey::new(&WindowKey::global(), &quota);
-        let idle = Duration::from_secs(61);
-        let now = Instant::now();
-        assert_eq!(expiry.expire_after_create(&key, &slot, now), Some(2 * idle));
-        // At least one idle period left: unchanged (no timer-wheel update).
-        for left in [2 * idle, idle + Duration::from_millis(1), idle] {
-            assert_eq!(
-                expiry.expire_after_read(&key, &slot, now, Some(left), now),
-                Some(left)
-            );
+    fn a_slot_dropped_while_a_check_waits_for_it_is_not_decided_on() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .expiry_grace(Duration::ZERO)
+            .build();
+        let quota: Quota = "2/1ms".parse().unwrap();
+        let policy = Policy::from(quota.clone());
+        let key = WindowKey::global();
+        let request = CheckRequest::new(&key, &policy, 1);
+        assert!(store.check_now(request).unwrap().allowed);
+        let in_flight = store.slot(&key, &quota);
+        clock.advance(Duration::from_secs(1));
+        store.run_pending_tasks();
+        assert_eq!(store.entry_count(), 0);
+        assert!(
+            store
+                .check_one(request, &quota, in_flight.clone())
+                .unwrap()
+                .allowed
+        );
+        // Decided on the key's new entry, not on the dropped one.
+        assert_eq!(store.entry_count(), 1);
+        assert!(!Arc::ptr_eq(&in_flight, &store.slot(&key, &quota)));
+        assert_eq!(lock(&in_flight.inner).last_check, T0);
+    }
+
+    /// The issue's bound: a key evicted for capacity and re-created while
+    /// another check of it is in flight never admits more than its limit in
+    /// one window beyond what the eviction forgot.
+    #[test]
+    fn eviction_under_a_check_in_flight_admits_at_most_the_limit_beyond_what_it_forgot() {
+        const LIMIT: u64 = 10;
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(T0))
+            .max_keys(64)
+            .build();
+        let quota: Quota = "10/1h".parse().unwrap();
+        let policy = Policy::from(quota.clone());
+        let key = WindowKey::for_subject("victim");
+        let request = CheckRequest::new(&key, &policy, 1);
+        let admit = |request| u64::from(store.check_now(request).unwrap().allowed);
+        let mut admitted: u64 = (0..6).map(|_| admit(request)).sum();
+        assert_eq!(admitted, 6);
+        // A check of the key looked it up and is about to lock its entry…
+        let in_flight = store.slot(&key, &quota);
+        // …when a flood of other keys evicts the entry (6 units forgotten).
+        // Each is checked twice: S3-FIFO lets keys seen only once go first,
+        // so one-off keys alone would never push out an active one.
+        let lookup = StateKeyRef::new(&key, &quota);
+        for i in 0..100_000u32 {
+            if store.cache.peek(&lookup).is_none() {
+                break;
+            }
+            let other = WindowKey::for_subject(i.to_be_bytes().to_vec());
+            for _ in 0..2 {
+                store
+                    .check_now(CheckRequest::new(&other, &policy, 1))
+                    .unwrap();
+            }
         }
-        // Less than that: moved to two, so every read leaves at least one.
-        for left in [idle - Duration::from_millis(1), Duration::ZERO] {
-            assert_eq!(
-                expiry.expire_after_read(&key, &slot, now, Some(left), now),
-                Some(2 * idle)
-            );
+        assert!(store.cache.peek(&lookup).is_none(), "never evicted");
+        assert!(lock(&in_flight.inner).evicted);
+        let forgotten = 6;
+        // The key is re-created and checked again, then the in-flight check
+        // finishes: together at most LIMIT more in this window.
+        admitted += (0..20).map(|_| admit(request)).sum::<u64>();
+        admitted += u64::from(
+            store
+                .check_one(request, &quota, in_flight.clone())
+                .unwrap()
+                .allowed,
+        );
+        assert_eq!(admitted, LIMIT + forgotten);
+        // Nothing was recorded in the evicted entry after it was evicted.
+        let mut old = lock(&in_flight.inner);
+        let left = old.state.evaluate(&quota, T0, 1);
+        drop(old);
+        let fresh = Slot::new(&quota);
+        let mut fresh = lock(&fresh.inner);
+        for _ in 0..forgotten {
+            fresh.state.commit(&quota, T0, 1);
         }
         assert_eq!(
-            expiry.expire_after_read(&key, &slot, now, None, now),
-            Some(2 * idle)
+            format!("{left:?}"),
+            format!("{:?}", fresh.state.evaluate(&quota, T0, 1))
+        );
+    }
+
+    #[test]
+    fn concurrent_checks_while_the_key_is_evicted_stay_within_limit_per_window_kept() {
+        // Four threads check one key while a fifth floods a small store with
+        // other keys, evicting it now and then. Each of the key's entries
+        // (windows) admits at most LIMIT; a new entry's first admission is
+        // the one that leaves LIMIT - 1, so admissions never exceed LIMIT
+        // per such admission.
+        const LIMIT: u64 = 5;
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(T0))
+            .max_keys(64)
+            .build();
+        let policy = Policy::from("5/1h".parse::<Quota>().unwrap());
+        let key = WindowKey::for_subject("victim");
+        let admitted = AtomicU64::new(0);
+        let windows = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..2_000 {
+                        let d = store
+                            .check_now(CheckRequest::new(&key, &policy, 1))
+                            .unwrap();
+                        if d.allowed {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                            if u64::from(d.remaining) == LIMIT - 1 {
+                                windows.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                });
+            }
+            scope.spawn(|| {
+                for i in 0..20_000u32 {
+                    let other = WindowKey::for_subject(i.to_be_bytes().to_vec());
+                    for _ in 0..2 {
+                        store
+                            .check_now(CheckRequest::new(&other, &policy, 1))
+                            .unwrap();
+                    }
+                }
+            });
+        });
+        let admitted = admitted.load(Ordering::Relaxed);
+        let windows = windows.load(Ordering::Relaxed);
+        assert!(windows >= 1);
+        assert!(
+            admitted <= LIMIT * windows,
+            "{admitted} admitted over {windows} windows"
         );
     }
 
