@@ -181,3 +181,47 @@ fn ws_client_request(
         .insert("x-user-id", user.parse().unwrap());
     request
 }
+
+/// `--limit burst=2/1m --limit sustained=3/1h`: one policy per user. The
+/// headers list both quotas and name the tightest; a request denied by one
+/// quota consumes nothing from the other.
+#[tokio::test]
+async fn several_limits_are_one_policy() {
+    use clap::Parser;
+    let args = tower_window_examples::gateway::Args::try_parse_from([
+        "gateway",
+        "--limit",
+        "burst=2/1m",
+        "--limit",
+        "sustained=3/1h",
+    ])
+    .unwrap();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let config = GatewayConfig::with_store(args.policy().unwrap(), Arc::new(store));
+    let app = build_app(config);
+    let call = || app.clone().oneshot(get("/api/hello", Some("sam")));
+    let response = call().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["ratelimit-policy"],
+        r#""burst";q=2;w=60, "sustained";q=3;w=3600"#
+    );
+    // 1 of 2 left is a smaller share than 2 of 3.
+    assert_eq!(response.headers()["ratelimit"], r#""burst";r=1;t=60"#);
+    assert_eq!(call().await.unwrap().status(), StatusCode::OK);
+    // burst is spent: denied, and sustained keeps its last unit.
+    for _ in 0..3 {
+        let denied = call().await.unwrap();
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(denied.headers()["ratelimit"], r#""burst";r=0;t=60"#);
+    }
+    // A minute later burst has room again, and sustained still has the one
+    // unit the three denials did not take: admitted once, then sustained
+    // (the hourly quota) is the one that denies.
+    clock.advance(std::time::Duration::from_secs(60));
+    assert_eq!(call().await.unwrap().status(), StatusCode::OK);
+    let denied = call().await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.headers()["ratelimit"], r#""sustained";r=0;t=3600"#);
+}
