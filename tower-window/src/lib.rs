@@ -40,6 +40,13 @@ pub mod metrics;
 pub mod quota;
 pub mod store;
 
+/// The `bytes` crate this one is built with ([`WindowKey`] parts are `Bytes`).
+pub use bytes;
+/// The `http` crate this one is built with (requests, headers and statuses
+/// in the layer's and the extractors' signatures).
+#[cfg(feature = "http")]
+pub use http;
+
 pub use algorithm::Algorithm;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, DecisionSource, FallbackReason, QuotaDecision};

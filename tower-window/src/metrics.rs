@@ -49,9 +49,9 @@
 //! breaker or a full in-flight bound calls nothing and shows up as
 //! fallback decisions with reason `circuit_open` or `overloaded`.
 //!
-//! A limiter over a sharded store ([`Store::shard`](crate::Store::shard),
-//! for example a Redis Cluster: one shard per hash slot) has one breaker
-//! per shard. The state gauge is then the worst state over them (open if
+//! A limiter over a store of several failure domains
+//! ([`Store::failure_domain`](crate::Store::failure_domain), for example a
+//! Redis Cluster: one domain per primary) has one breaker per domain. The state gauge is then the worst state over them (open if
 //! any is open, else half-open if any is), the open-shards gauge counts the
 //! open ones, and the transitions counter counts every breaker's
 //! transitions.

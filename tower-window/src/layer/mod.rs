@@ -22,8 +22,8 @@
 //!   [`FallbackPolicy`](crate::FallbackPolicy) answers): an admission reaches
 //!   the inner service with a [`Decision`](crate::Decision) whose `source` is
 //!   `Fallback(reason)`; a denial is a [`Rejection::Degraded`] answered with
-//!   [`Limiter::fallback_status`](crate::Limiter::fallback_status) (`503` for
-//!   `FailClosed` by default, `429` if so configured) and `Retry-After`.
+//!   the layer's [`degraded_status`](SlidingWindowLayer::degraded_status)
+//!   (`503` by default, `429` if so configured) and `Retry-After`.
 //!
 //! ```
 //! use std::convert::Infallible;

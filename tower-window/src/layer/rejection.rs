@@ -17,9 +17,10 @@ use crate::Decision;
 /// store's denials) is [`RateLimited`](Self::RateLimited), answered `429`. A
 /// denial by the limiter's [`FallbackPolicy`](crate::fallback::FallbackPolicy)
 /// while the store cannot decide is [`Degraded`](Self::Degraded), answered
-/// with the policy's status ([`Limiter::fallback_status`]: `503` for
-/// [`FailClosed`](crate::fallback::FailClosed) by default), so clients and
-/// operators can tell "you sent too much" from "the limiter is degraded".
+/// with the layer's
+/// [`degraded_status`](super::SlidingWindowLayer::degraded_status) (`503`
+/// by default), so clients and operators can tell "you sent too much" from
+/// "the limiter is degraded".
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Rejection {

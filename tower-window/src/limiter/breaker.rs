@@ -16,7 +16,7 @@
 //! # One breaker per failure domain
 //!
 //! A store may name independent failure domains for its requests
-//! ([`Store::shard`](crate::Store::shard): for a Redis Cluster, the primary
+//! ([`Store::failure_domain`](crate::Store::failure_domain): for a Redis Cluster, the primary
 //! that serves the key). The limiter then keeps one breaker per failure
 //! domain, each with the same [`BreakerConfig`], created on the first check
 //! that reaches that domain (at most [`MAX_SHARDS`] of them, plus one
@@ -76,7 +76,7 @@ const RATIO_SCALE: u64 = 1_000_000;
 /// 5 s; 1 probe at a time while half-open.
 ///
 /// A limiter over a store that names failure domains
-/// ([`Store::shard`](crate::Store::shard); a Redis Cluster's primaries)
+/// ([`Store::failure_domain`](crate::Store::failure_domain); a Redis Cluster's primaries)
 /// keeps one breaker with this configuration per failure domain: the counts,
 /// the cooldown and the probes are per domain, so a dead primary opens only
 /// its own breaker.
