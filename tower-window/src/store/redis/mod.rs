@@ -51,10 +51,25 @@
 //!
 //! # Failure domains
 //!
-//! On a cluster store, [`Store::failure_domain`] is the policy's hash slot, so a
-//! [`Limiter`](crate::Limiter) keeps one circuit breaker per slot: a dead
-//! primary opens the breakers of its own slots only, and keys on healthy
-//! slots keep being decided by Redis. A single-node store is one domain.
+//! On a cluster store, [`Store::failure_domain`] is the primary that serves
+//! the policy's hash slot, from the cluster's own slot map (`CLUSTER SLOTS`,
+//! loaded on connect and reloaded in the background after `MOVED`, a
+//! failover or a refused node, at most once a second). So a
+//! [`Limiter`](crate::Limiter) keeps one circuit breaker per primary: a dead
+//! primary opens its one breaker after a few failures, whichever of its
+//! thousands of slots they hit, and keys of live primaries keep being
+//! decided by Redis. A single-node store is one domain.
+//!
+//! # Errors and retries
+//!
+//! Only errors where Redis certainly did not run the script (a refused or
+//! never-made connection, `CLUSTERDOWN`, `TRYAGAIN`, `MOVED`, `ASK`,
+//! `MASTERDOWN`, `LOADING`, `READONLY`, `NOSCRIPT`) are marked
+//! [`not_applied`](crate::StoreError::not_applied) and may be retried by
+//! the limiter. A connection that breaks with a call in flight is never
+//! retried: the script may have run, and a retry must never charge twice.
+//! The price is that a connection which died while idle fails its first
+//! call (which then goes to the fallback) before the store reconnects.
 //!
 //! # Connections
 //!
