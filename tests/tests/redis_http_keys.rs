@@ -22,10 +22,13 @@ use tower_window::{
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::RedisServer;
 
+/// Two (tenant, subject) keys: `(tenant1, subject1, tenant2, subject2)`.
+type Pair = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+
 /// Pairs that a naive `tenant:subject` join, a lossy UTF-8 conversion, an
 /// escape that is not injective or a hash tag taken from user bytes would
 /// map to one window (or one slot chosen by the client).
-fn hostile_pairs() -> Vec<(Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>)> {
+fn hostile_pairs() -> Vec<Pair> {
     let b = |s: &[u8]| s.to_vec();
     let max = DEFAULT_MAX_LEN;
     vec![
