@@ -1223,3 +1223,132 @@ async fn typed_mode_degraded_denial_says_degraded() {
         DecisionSource::Fallback(FallbackReason::Unavailable)
     );
 }
+
+// ---------------------------------------------------------------- nested limiters
+
+/// Names a quota `name` (the header lists tell the layers apart).
+fn named(dsl: &str, name: &str) -> Quota {
+    dsl.parse::<Quota>().unwrap().named(name).unwrap()
+}
+
+/// Two layers on one route, outer quota 5/1m and inner 1/1m, both per user
+/// on their own memory store: the outer one decides first, so a request the
+/// inner one denies has already consumed a unit of the outer quota. Denials
+/// by the outer one never reach the inner one (nothing consumed there). The
+/// inner 429 passes through the outer layer like any response and carries
+/// both layers' `RateLimit` members (the outer one's after the inner one's).
+#[tokio::test]
+async fn nested_layers_an_inner_denial_has_consumed_the_outer_quota() {
+    let clock = clock_at(Duration::ZERO);
+    let store = |clock: &ManualClock| MemoryStore::builder().clock(clock.clone()).build();
+    let outer = Limiter::new(store(&clock), named("5/1m fixed-window", "outer"));
+    let inner = Limiter::new(store(&clock), named("1/1m fixed-window", "inner"));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let service = SlidingWindowLayer::new(outer.clone(), Header::new("x-user-id").unwrap()).layer(
+        SlidingWindowLayer::new(inner.clone(), Header::new("x-user-id").unwrap()).layer(
+            service_fn(move |request: Request<String>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                handler(request)
+            }),
+        ),
+    );
+
+    let first = service.clone().oneshot(request(Some("nia"))).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    // The handler sees the inner layer's decision (it replaced the outer's).
+    assert_eq!(first.body(), "remaining=0");
+
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let response = service.clone().oneshot(request(Some("nia"))).await.unwrap();
+        statuses.push(response.status());
+        if statuses.len() == 1 {
+            // An inner denial: both layers' members, inner first.
+            let names: Vec<String> = parse_list(response.headers(), "ratelimit")
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect();
+            assert_eq!(names, ["inner", "outer"]);
+            assert!(matches!(
+                response.extensions().get::<Rejection>(),
+                Some(Rejection::RateLimited(decision)) if decision.quota.name() == "inner"
+            ));
+        }
+    }
+    // Requests 2..=5 pass the outer layer (consuming it) and are denied by
+    // the inner one; 6 and 7 are denied by the outer one.
+    assert_eq!(statuses, [StatusCode::TOO_MANY_REQUESTS; 6]);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let key = WindowKey::for_subject("nia");
+    // Outer: 5 of 5 used, by 1 admitted and 4 inner-denied requests.
+    let outer_now = outer.check(&key, 1).await.unwrap();
+    assert!(!outer_now.allowed);
+    assert_eq!(outer_now.remaining, 0);
+    // Inner: only the one admitted request; its denials consumed nothing.
+    let inner_now = inner.check(&key, 1).await.unwrap();
+    assert!(!inner_now.allowed);
+    assert_eq!(inner_now.remaining, 0);
+    // Unit by unit, for a fresh user: one admitted request and one inner
+    // denial leave the outer quota at 3 of 5; this direct check takes a
+    // third unit, leaving 2.
+    let fresh = service.clone().oneshot(request(Some("oli"))).await.unwrap();
+    assert_eq!(fresh.status(), StatusCode::OK);
+    let denied = service.clone().oneshot(request(Some("oli"))).await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    let oli = WindowKey::for_subject("oli");
+    assert_eq!(outer.check(&oli, 1).await.unwrap().remaining, 2);
+}
+
+/// The all-or-nothing alternative to nesting: one layer with a two-quota
+/// `Policy`. A request denied by the tighter quota consumes nothing in the
+/// other (DESIGN.md invariant 2), as seen through a one-quota policy on the
+/// same window.
+#[tokio::test]
+async fn one_layer_with_a_two_quota_policy_is_all_or_nothing() {
+    let clock = clock_at(Duration::ZERO);
+    let wide = named("5/1m fixed-window", "outer");
+    let tight = named("1/1m fixed-window", "inner");
+    let policy = Policy::new("both", [wide.clone(), tight]).unwrap();
+    let limiter = Limiter::new(MemoryStore::builder().clock(clock.clone()).build(), policy);
+    let service = SlidingWindowLayer::new(limiter.clone(), Header::new("x-user-id").unwrap())
+        .layer(service_fn(handler));
+    let statuses = [
+        service
+            .clone()
+            .oneshot(request(Some("nia")))
+            .await
+            .unwrap()
+            .status(),
+        service
+            .clone()
+            .oneshot(request(Some("nia")))
+            .await
+            .unwrap()
+            .status(),
+        service
+            .clone()
+            .oneshot(request(Some("nia")))
+            .await
+            .unwrap()
+            .status(),
+    ];
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    // The wide quota's window holds the one admitted request only: this
+    // check is the second unit, leaving 3.
+    let wide_only = Policy::from(wide);
+    let decision = limiter
+        .check_policy(&WindowKey::for_subject("nia"), &wide_only, 1)
+        .await
+        .unwrap();
+    assert!(decision.allowed);
+    assert_eq!(decision.remaining, 3);
+}

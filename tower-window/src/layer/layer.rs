@@ -39,6 +39,12 @@ impl Default for MissingKey {
 /// does) still limits together. The key extractor, cost function and mode are
 /// shared behind one `Arc` too and need not be `Clone`.
 ///
+/// Nested layers decide one after the other, outer first: a request that an
+/// inner layer denies has already consumed a unit of every outer layer's
+/// quota (an outer denial never reaches the inner layers). For
+/// all-or-nothing limits, use one layer whose [`Policy`](crate::Policy)
+/// holds every quota: a denial then consumes nothing in any of them.
+///
 /// See the [module docs](crate::layer) for examples.
 pub struct SlidingWindowLayer<K, C = UnitCost, M = Http> {
     pub(super) limiter: Limiter,
