@@ -178,6 +178,11 @@ impl StoreError {
         self.kind
     }
 
+    /// The message, without the `store <kind>:` prefix that `Display` adds.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// Whether trying again soon may succeed without charging twice: the
     /// store is unavailable and certainly did not apply the operation.
     pub fn is_retryable(&self) -> bool {

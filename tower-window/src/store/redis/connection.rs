@@ -146,7 +146,7 @@ impl Connection {
                 }
                 Err(error) => {
                     *state = State::Idle;
-                    Err((error.kind(), error.to_string()))
+                    Err((error.kind(), error.message().to_owned()))
                 }
             }
         });
