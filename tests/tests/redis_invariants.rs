@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes_like::subject;
 use tower_window::store::redis_key;
@@ -111,6 +112,113 @@ async fn every_key_has_a_ttl() {
     assert!(keys >= 4 * 8, "only {keys} keys");
 }
 
+/// Server time (µs) and the PTTL (ms) of `keys`, read atomically.
+fn time_and_pttls(conn: &mut redis::Connection, keys: &[Vec<u8>]) -> (u64, Vec<i64>) {
+    let mut pipe = redis::pipe();
+    pipe.atomic().cmd("TIME");
+    for key in keys {
+        pipe.cmd("PTTL").arg(key);
+    }
+    let mut replies: Vec<redis::Value> = pipe.query(conn).unwrap();
+    let pttls = replies
+        .split_off(1)
+        .into_iter()
+        .map(|v| redis::from_redis_value(v).unwrap())
+        .collect();
+    let (secs, micros): (u64, u64) = redis::from_redis_value(replies.remove(0)).unwrap();
+    (secs * 1_000_000 + micros, pttls)
+}
+
+/// When the state a run of admissions (at server times `admitted`) wrote
+/// stops being needed, in server µs, per the algorithm's definition.
+fn needed_until(quota: &Quota, admitted: &[u64]) -> u64 {
+    let w = quota.window_micros();
+    let last = *admitted.last().unwrap();
+    match quota.algorithm() {
+        // The newest entry counts until it leaves the window.
+        tower_window::Algorithm::SlidingLog => last + w,
+        // The newest bucket counts until W after it ends.
+        tower_window::Algorithm::SlidingCounter { granularity } => {
+            let g = granularity.as_micros() as u64;
+            (last / g + 1) * g + w
+        }
+        // The window's count matters until the aligned window ends.
+        tower_window::Algorithm::FixedWindow => (last / w + 1) * w,
+        // The theoretical arrival time, after which the key means "now".
+        tower_window::Algorithm::Gcra => {
+            let t = quota.emission_interval_micros();
+            admitted.iter().fold(0, |tat, &at| tat.max(at) + t)
+        }
+        other => unreachable!("{other:?}"),
+    }
+}
+
+/// Invariant 4, exactly, on Redis `TIME` (no explicit clock, so no minimum
+/// TTL): after admissions, each key (and the sliding log's companion)
+/// expires no earlier than the moment its state stops being needed and at
+/// most a small slack later. Sliding log: newest entry + W; sliding
+/// counter: newest bucket's end + W; fixed window: the window's end; GCRA:
+/// the theoretical arrival time. A TTL of a year, or one a bucket short,
+/// fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttls_end_when_the_state_stops_mattering() {
+    /// PEXPIRE is in whole ms, rounded up, from the script's start.
+    const ROUNDING_US: u64 = 2_000;
+    /// How much later than needed a key may expire.
+    const SLACK_US: u64 = 5_000;
+    let server = RedisServer::shared();
+    let mut conn = server.connection();
+    let quotas = [
+        "10/7s",
+        "10/7s sliding-counter(350ms)",
+        "10/7s fixed-window",
+        "10/7s gcra(burst=10)",
+    ];
+    for (i, text) in quotas.into_iter().enumerate() {
+        let quota: Quota = text.parse().unwrap();
+        let prefix = format!("exact-ttl-{}-{i}:", std::process::id());
+        let limiter = Limiter::new(
+            RedisStore::from_url(&server.url()).unwrap().prefix(&prefix),
+            quota.clone(),
+        );
+        let key = WindowKey::for_subject("ttl");
+        let mut encoded = redis_key(&prefix, &key, &quota.clone().into(), &quota);
+        let mut keys = vec![encoded.clone()];
+        if quota.algorithm() == tower_window::Algorithm::SlidingLog {
+            encoded.extend_from_slice(b":m");
+            keys.push(encoded);
+        }
+        let mut admitted = Vec::new();
+        for round in 0..3 {
+            // Admissions a little apart, so the state moves on between them.
+            for _ in 0..2 {
+                let d = limiter.check(&key, 1).await.unwrap();
+                assert!(d.allowed, "{quota}: {d:?}");
+                admitted.push(d.timestamp_micros);
+            }
+            let needed = needed_until(&quota, &admitted);
+            let (now, pttls) = time_and_pttls(&mut conn, &keys);
+            for (key, pttl) in keys.iter().zip(pttls) {
+                let name = String::from_utf8_lossy(key);
+                assert!(pttl > 0, "{quota}: {name} has no TTL ({pttl})");
+                let expires = now + pttl as u64 * 1_000;
+                assert!(
+                    expires + ROUNDING_US >= needed,
+                    "{quota} round {round}: {name} expires {} µs before its state stops mattering",
+                    needed - expires
+                );
+                assert!(
+                    expires <= needed + ROUNDING_US + SLACK_US,
+                    "{quota} round {round}: {name} expires {} µs after its state stops mattering",
+                    expires - needed
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _: () = redis::cmd("DEL").arg(&keys).query(&mut conn).unwrap();
+    }
+}
+
 /// Invariant 4/5 on the cluster: hostile subjects land in the slot the
 /// encoder's hash tag names (CLUSTER KEYSLOT agrees), every quota of a
 /// subject shares it, no CROSSSLOT error, and every key has a TTL.
@@ -201,18 +309,30 @@ async fn flush_mid_run(limiter: Limiter, flush: impl Fn()) {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let decided = Arc::new(AtomicUsize::new(0));
     let run = tokio::spawn(run_until(limiter, stop.clone(), decided.clone()));
-    let mut last = 0;
-    for _ in 0..5 {
-        // Let some decisions through, then flush the scripts under them.
-        while decided.load(Ordering::Relaxed) < last + 200 {
-            tokio::task::yield_now().await;
+    // Waits (bounded) until 200 more decisions than `last` were made.
+    let wait_for = |last: usize, phase: usize| {
+        let decided = decided.clone();
+        async move {
+            for _ in 0..30_000 {
+                if decided.load(Ordering::Relaxed) >= last + 200 {
+                    return decided.load(Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            panic!(
+                "phase {phase}: only {} decisions after {last}",
+                decided.load(Ordering::Relaxed)
+            );
         }
+    };
+    let mut last = 0;
+    for phase in 0..5 {
+        // Let some decisions through, then flush the scripts under them.
+        wait_for(last, phase).await;
         flush();
         last = decided.load(Ordering::Relaxed);
     }
-    while decided.load(Ordering::Relaxed) < last + 200 {
-        tokio::task::yield_now().await;
-    }
+    wait_for(last, 5).await;
     stop.store(true, Ordering::Relaxed);
     let errors = run.await.unwrap();
     assert!(
@@ -282,6 +402,7 @@ const SCRIPT_COMMANDS: &[&str] = &[
     "exists",
     "del",
     "pexpire",
+    "pttl",
     "hgetall",
     "hdel",
     "hmget",
@@ -289,51 +410,139 @@ const SCRIPT_COMMANDS: &[&str] = &[
     "set",
 ];
 
-/// Runs sequential and concurrent decisions of every algorithm; returns how many.
-async fn decide_many(store: Arc<RedisStore>) -> u64 {
+/// Runs sequential and concurrent decisions of every algorithm on subjects
+/// tagged `tag` (each decided twice, below every limit, so none is served by
+/// the local tier); returns how many.
+async fn decide_many(store: Arc<RedisStore>, tag: &str) -> u64 {
     let mut decisions = 0u64;
     for quota in all_quotas() {
         let limiter = Limiter::from_shared_store(store.clone(), quota);
         for i in 0..50 {
-            limiter
-                .check(&WindowKey::for_subject(format!("cmd-{i}")), 1)
+            let d = limiter
+                .check(&WindowKey::for_subject(format!("{tag}-{i}")), 1)
                 .await
                 .unwrap();
+            assert!(d.allowed, "{d:?}");
             decisions += 1;
         }
         let concurrent = futures_util::future::join_all((0..64).map(|i| {
             let limiter = limiter.clone();
-            async move {
-                limiter
-                    .check(&WindowKey::for_subject(format!("cmd-{i}")), 1)
-                    .await
-            }
+            let key = WindowKey::for_subject(format!("{tag}-{i}"));
+            async move { limiter.check(&key, 1).await }
         }))
         .await;
-        assert!(concurrent.iter().all(Result::is_ok));
+        assert!(concurrent
+            .iter()
+            .all(|d| d.as_ref().is_ok_and(|d| d.allowed)));
         decisions += 64;
     }
     decisions
 }
 
-/// Asserts the only commands clients sent were EVALSHAs (plus our own
-/// CONFIG RESETSTAT / INFO); returns the EVALSHA count.
-fn evalsha_only(name: &str, stats: &HashMap<String, u64>) -> u64 {
+/// Commands that MONITOR does not show (administrative ones) are caught
+/// here: every command any client ran since `CONFIG RESETSTAT` is EVALSHA,
+/// a command the script runs, or the test's own inspection.
+fn no_hidden_commands(name: &str, stats: &HashMap<String, u64>) {
     for (command, calls) in stats {
         let expected = command == "evalsha"
-            || command.starts_with("config")
-            || command == "info"
-            || SCRIPT_COMMANDS.contains(&command.as_str());
+            || SCRIPT_COMMANDS.contains(&command.as_str())
+            || ["config|resetstat", "info", "echo", "monitor"].contains(&command.as_str());
         assert!(
             expected,
             "{name}: unexpected command {command} ({calls} calls)"
         );
     }
-    stats.get("evalsha").copied().unwrap_or(0)
 }
 
-/// Invariant 6: exactly one command (EVALSHA) per decision reaches Redis:
-/// no PING, no SCRIPT EXISTS/LOAD, no EVAL — for a URL store and a pool store.
+/// A `MONITOR` session on one server: every command any client runs, as
+/// `<time> [<db> <client address>|lua] "<command>" "<arg>"…`.
+struct Monitor {
+    reader: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl Monitor {
+    fn start(addr: &str) -> Self {
+        use std::io::{BufRead, Write};
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        // A bound on every read: a missing line fails instead of hanging.
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        stream.write_all(b"MONITOR\r\n").unwrap();
+        let mut reader = std::io::BufReader::new(stream);
+        let mut ok = String::new();
+        reader.read_line(&mut ok).unwrap();
+        assert_eq!(ok, "+OK\r\n");
+        Self { reader }
+    }
+
+    /// Sends `ECHO <marker>` from `admin` and returns every top-level
+    /// command (not run by a script) that other clients ran before it, as
+    /// (client address, lower-case command name).
+    fn top_level_until_marker(mut self, admin: &mut redis::Connection) -> Vec<(String, String)> {
+        use std::io::BufRead;
+        let marker = format!("end-of-run-{}", std::process::id());
+        let _: String = redis::cmd("ECHO").arg(&marker).query(admin).unwrap();
+        let mut commands = Vec::new();
+        loop {
+            let mut line = String::new();
+            let read = self.reader.read_line(&mut line).unwrap();
+            assert!(read > 0, "MONITOR closed before the marker");
+            if line.contains(&marker) {
+                return commands;
+            }
+            let Some(rest) = line.split_once(" [").map(|(_, rest)| rest) else {
+                panic!("unexpected MONITOR line {line:?}");
+            };
+            let (client, command) = rest.split_once("] ").unwrap();
+            // `[0 lua]`: run by a script, inside its EVALSHA.
+            let client = client.split_once(' ').unwrap().1;
+            if client == "lua" {
+                continue;
+            }
+            let name = command.split('"').nth(1).unwrap().to_ascii_lowercase();
+            commands.push((client.to_owned(), name));
+        }
+    }
+}
+
+/// Asserts the clients (the store's connections: nothing else talks to the
+/// server while monitored) sent exactly `decisions` top-level commands, all
+/// EVALSHA.
+fn one_evalsha_each(name: &str, commands: &[(String, String)], decisions: u64) {
+    let mut per_client: HashMap<&str, HashMap<&str, u64>> = HashMap::new();
+    for (client, command) in commands {
+        *per_client
+            .entry(client)
+            .or_default()
+            .entry(command)
+            .or_default() += 1;
+    }
+    let others: Vec<_> = commands.iter().filter(|(_, c)| c != "evalsha").collect();
+    assert!(
+        others.is_empty(),
+        "{name}: top-level commands besides EVALSHA: {:?} (per client: {per_client:?})",
+        &others[..others.len().min(5)]
+    );
+    assert_eq!(
+        commands.len() as u64,
+        decisions,
+        "{name}: EVALSHAs for {decisions} decisions (per client: {per_client:?})"
+    );
+}
+
+/// Invariant 6: exactly one top-level command (EVALSHA) per decision
+/// reaches Redis: no PING, no SCRIPT EXISTS/LOAD, no EVAL, no client-side
+/// read — for a URL store and a pool store.
+///
+/// Counted from `MONITOR`, which prints each command a client sends with the
+/// client's address and each command a script runs as `[0 lua]`: a store
+/// that sent one extra `GET` per decision would show `"get"` lines from its
+/// own address (failing the "besides EVALSHA" assertion) and 2N commands for
+/// N decisions, whereas counting `INFO commandstats` (which adds the
+/// scripts' own GETs) could not tell. Administrative commands, which MONITOR
+/// hides, are checked on `INFO commandstats`. The warm-up (connect, one full
+/// run: scripts loaded, pool filled) is not counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_command_per_decision() {
     let server = RedisServer::start();
@@ -347,22 +556,30 @@ async fn one_command_per_decision() {
     let mut admin = server.connection();
     for (name, store) in stores {
         store.connect().await.unwrap();
+        let store = Arc::new(store);
+        decide_many(store.clone(), &format!("{name}-warm")).await;
         let _: () = redis::cmd("CONFIG")
             .arg("RESETSTAT")
             .query(&mut admin)
             .unwrap();
-        let decisions = decide_many(Arc::new(store)).await;
-        assert_eq!(evalsha_only(name, &commandstats(&mut admin)), decisions);
+        let monitor = Monitor::start(&server.addr());
+        let decisions = decide_many(store, &format!("{name}-run")).await;
+        let commands = monitor.top_level_until_marker(&mut admin);
+        one_evalsha_each(name, &commands, decisions);
+        no_hidden_commands(name, &commandstats(&mut admin));
     }
 }
 
-/// The same on the cluster: summed over the primaries, one EVALSHA per
-/// decision and nothing else (no per-call topology or PING traffic).
+/// The same on the cluster, per primary: one EVALSHA per decision and
+/// nothing else (no per-call topology or PING traffic), and every primary
+/// decided some.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_command_per_decision_on_the_cluster() {
     let cluster = RedisCluster::start();
     let store = RedisStore::cluster(cluster.urls()).unwrap();
     store.connect().await.unwrap();
+    let store = Arc::new(store);
+    decide_many(store.clone(), "cluster-warm").await;
     let mut admins: Vec<redis::Connection> = cluster
         .nodes()
         .iter()
@@ -371,12 +588,18 @@ async fn one_command_per_decision_on_the_cluster() {
     for admin in &mut admins {
         let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(admin).unwrap();
     }
-    let decisions = decide_many(Arc::new(store)).await;
-    let mut evalsha = 0;
-    for (i, admin) in admins.iter_mut().enumerate() {
-        let on_node = evalsha_only(&format!("node {i}"), &commandstats(admin));
-        assert!(on_node > 0, "node {i} decided nothing");
-        evalsha += on_node;
+    let monitors: Vec<Monitor> = cluster
+        .nodes()
+        .iter()
+        .map(|node| Monitor::start(&node.addr()))
+        .collect();
+    let decisions = decide_many(store, "cluster-run").await;
+    let mut commands = Vec::new();
+    for (i, (monitor, admin)) in monitors.into_iter().zip(&mut admins).enumerate() {
+        let on_node = monitor.top_level_until_marker(admin);
+        assert!(!on_node.is_empty(), "node {i} decided nothing");
+        no_hidden_commands(&format!("node {i}"), &commandstats(admin));
+        commands.extend(on_node);
     }
-    assert_eq!(evalsha, decisions);
+    one_evalsha_each("cluster", &commands, decisions);
 }
