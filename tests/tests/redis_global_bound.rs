@@ -4,23 +4,28 @@
 //! connection, and its own `Limiter`) run 16 tasks each, hammering one key
 //! far above its rate for several windows. Every admission's server
 //! timestamp (`Decision::timestamp_micros`, Redis `TIME`) is collected, and
-//! the bound is checked on those, per algorithm. Loops are bounded by count
-//! and by time.
+//! the bound is checked on those, per algorithm, and so is every denial:
+//! Redis denied only when the quota was exactly full. Runs last a span of
+//! server time; loops are bounded by count (and by a hang guard).
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tower_window::{Algorithm, Limiter, Quota, RedisStore, WindowKey};
+use tower_window::{Algorithm, DecisionSource, Limiter, Quota, RedisStore, WindowKey};
 use tower_window_tests::redis_cluster::{key_slot, primary_of, RedisCluster};
 use tower_window_tests::redis_server::RedisServer;
 
 const NODES: usize = 4;
 const TASKS: usize = 16;
-/// How long each algorithm is hammered: several windows.
-const RUN: Duration = Duration::from_millis(1_300);
+/// How long each algorithm is hammered, in server time: several windows.
+/// Tasks stop once Redis `TIME` (a decision's timestamp) passes it, so a
+/// stalled machine makes the run slower, not shorter.
+const RUN_MICROS: u64 = 1_300_000;
 /// A bound on attempts per task, whatever the speed of the machine.
 const MAX_ATTEMPTS_PER_TASK: usize = 20_000;
+/// A bound on wall-clock time, only so that a hang fails instead of blocking.
+const HANG: Duration = Duration::from_secs(120);
 
 fn quotas() -> Vec<Quota> {
     [
@@ -37,49 +42,77 @@ fn quotas() -> Vec<Quota> {
 struct Run {
     /// Server timestamps of admissions, sorted.
     admitted: Vec<u64>,
-    attempts: usize,
+    /// Server timestamps of denials Redis decided (not the local tier's
+    /// remembered ones), sorted.
+    denied: Vec<u64>,
     errors: usize,
 }
 
-/// Hammers `key` from NODES × TASKS tasks; returns the admissions.
-async fn hammer(nodes: &[Limiter], key: &WindowKey) -> Run {
-    let start = Instant::now();
+/// Redis `TIME` on `url`, in µs.
+fn server_time(url: &str) -> u64 {
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    secs * 1_000_000 + micros
+}
+
+/// Hammers `key` from NODES × TASKS tasks until the server's clock passes
+/// `start + RUN_MICROS`; returns the decisions.
+async fn hammer(nodes: &[Limiter], key: &WindowKey, start: u64) -> Run {
+    let wall = Instant::now();
     let mut handles = Vec::new();
     for node in nodes {
         for _ in 0..TASKS {
             let limiter = node.clone();
             let key = key.clone();
             handles.push(tokio::spawn(async move {
-                let (mut admitted, mut attempts, mut errors) = (Vec::new(), 0, 0);
-                while start.elapsed() < RUN && attempts < MAX_ATTEMPTS_PER_TASK {
-                    attempts += 1;
+                let (mut admitted, mut denied, mut errors) = (Vec::new(), Vec::new(), 0);
+                for _ in 0..MAX_ATTEMPTS_PER_TASK {
+                    assert!(wall.elapsed() < HANG, "the run hung");
                     match limiter.check(&key, 1).await {
-                        Ok(d) if d.allowed => admitted.push(d.timestamp_micros),
-                        Ok(_) => {}
+                        Ok(d) => {
+                            if d.allowed {
+                                admitted.push(d.timestamp_micros);
+                            } else if d.source == DecisionSource::Store {
+                                denied.push(d.timestamp_micros);
+                            }
+                            if d.source == DecisionSource::Store
+                                && d.timestamp_micros >= start + RUN_MICROS
+                            {
+                                break;
+                            }
+                        }
                         Err(_) => errors += 1,
                     }
                 }
-                (admitted, attempts, errors)
+                (admitted, denied, errors)
             }));
         }
     }
     let mut run = Run {
         admitted: Vec::new(),
-        attempts: 0,
+        denied: Vec::new(),
         errors: 0,
     };
     for handle in handles {
-        let (admitted, attempts, errors) = handle.await.unwrap();
+        let (admitted, denied, errors) = handle.await.unwrap();
         run.admitted.extend(admitted);
-        run.attempts += attempts;
+        run.denied.extend(denied);
         run.errors += errors;
     }
     run.admitted.sort_unstable();
+    run.denied.sort_unstable();
     run
 }
 
-/// Checks the algorithm's bound on the admission timestamps and that the
-/// limit was (nearly) reached; returns a summary line.
+/// Admissions in `ts` (sorted) at times in `[from, to]`.
+fn count_in(ts: &[u64], from: u64, to: u64) -> usize {
+    ts.partition_point(|&t| t <= to) - ts.partition_point(|&t| t < from)
+}
+
+/// Checks the algorithm's bound on the admission timestamps, and that every
+/// denial Redis made was forced (the quota was exactly full at that moment,
+/// by the algorithm's definition: no under-admission, whatever the timing);
+/// returns a summary line.
 fn check_bound(quota: &Quota, run: &Run) -> String {
     let w = quota.window_micros();
     let l = u64::from(quota.limit());
@@ -128,53 +161,57 @@ fn check_bound(quota: &Quota, run: &Run) -> String {
         }
         _ => unreachable!(),
     }
-    // Demand was at least 5× the allowed rate.
-    let windows = span as f64 / w as f64;
-    let allowed_rate_total = l as f64 * (windows + 1.0);
+    // The run covered several windows of server time, and demand exceeded
+    // the limit in at least three of them.
+    assert!(span >= 2 * w, "{quota}: admissions span only {span} µs");
+    let mut denied_windows: Vec<u64> = run.denied.iter().map(|t| t / w).collect();
+    denied_windows.dedup();
     assert!(
-        run.attempts as f64 >= 5.0 * allowed_rate_total,
-        "{quota}: only {} attempts for {allowed_rate_total} allowed",
-        run.attempts
+        denied_windows.len() >= 3,
+        "{quota}: denials in only {} windows",
+        denied_windows.len()
     );
-    // Utilisation while demand exceeds the limit.
-    let reached = match quota.algorithm() {
-        Algorithm::FixedWindow => {
-            // The aligned windows strictly between the first and the last.
-            let (first, last) = (ts[0] / w, ts[ts.len() - 1] / w);
-            let full = last.saturating_sub(first + 1);
-            let n = ts
-                .iter()
-                .filter(|&&t| t / w > first && t / w < last)
-                .count();
-            assert!(full >= 1, "{quota}: no full window");
-            n as f64 / (full * l) as f64
-        }
-        Algorithm::Gcra => {
-            // After the first burst, one admission per emission interval.
-            let t = quota.emission_interval_micros();
-            let burst = u64::from(quota.capacity());
-            let steady = (ts.len() as u64).saturating_sub(burst);
-            steady as f64 / (span / t) as f64
-        }
-        _ => {
-            // The windows [t0 + kW, t0 + (k+1)W) fully inside the run.
-            let full = span / w;
-            assert!(full >= 2, "{quota}: fewer than two full windows");
-            let n = ts.iter().filter(|&&t| t < ts[0] + full * w).count();
-            n as f64 / (full * l) as f64
-        }
-    };
-    assert!(
-        reached >= 0.95,
-        "{quota}: reached only {:.1}% of the limit",
-        reached * 100.0
-    );
+    // Utilisation: at every denial (cost 1) the quota was full, i.e. the
+    // admissions that still counted at that server time number exactly L.
+    for &t in &run.denied {
+        let counted = match quota.algorithm() {
+            // Entries newer than t - W count.
+            Algorithm::SlidingLog => count_in(ts, t.saturating_sub(w) + 1, t) as u64,
+            // Buckets j >= floor(t / G) - W / G count.
+            Algorithm::SlidingCounter { granularity } => {
+                let g = granularity.as_micros() as u64;
+                let from = (t / g).saturating_sub(w / g) * g;
+                count_in(ts, from, t) as u64
+            }
+            // The aligned window of t.
+            Algorithm::FixedWindow => count_in(ts, t / w * w, t) as u64,
+            // Admitting one more would put the theoretical arrival time
+            // more than burst × T ahead of t.
+            Algorithm::Gcra => {
+                let period = quota.emission_interval_micros();
+                let before = &ts[..ts.partition_point(|&a| a <= t)];
+                let tat = before.iter().fold(0, |tat: u64, &a| tat.max(a) + period);
+                let ahead = tat.max(t) + period - t;
+                let full = ahead > u64::from(quota.capacity()) * period;
+                assert!(
+                    full,
+                    "{quota}: denied at {t} with tat {} µs ahead",
+                    tat.saturating_sub(t)
+                );
+                l
+            }
+            _ => unreachable!(),
+        };
+        assert_eq!(
+            counted, l,
+            "{quota}: denied at {t} with {counted} of {l} counted"
+        );
+    }
     format!(
-        "{quota}: {} admitted of {} attempts over {:.1} windows, {:.1}% of the limit reached",
+        "{quota}: {} admitted, {} denied by Redis over {:.1} windows; every denial forced",
         ts.len(),
-        run.attempts,
-        windows,
-        reached * 100.0
+        run.denied.len(),
+        span as f64 / w as f64,
     )
 }
 
@@ -197,7 +234,7 @@ async fn global_bound_on_single_redis() {
             &quota,
         );
         let key = WindowKey::new("bound", format!("key-{i}"));
-        let run = hammer(&nodes, &key).await;
+        let run = hammer(&nodes, &key, server_time(&server.url())).await;
         eprintln!("single: {}", check_bound(&quota, &run));
     }
 }
@@ -231,10 +268,11 @@ async fn global_bound_on_cluster_with_keys_on_every_primary() {
             &quota,
         );
         let nodes = Arc::new(nodes);
+        let start = server_time(&cluster.urls()[0]);
         let runs = futures_util::future::join_all(keys.iter().map(|key| {
             let nodes = Arc::clone(&nodes);
             let key = key.clone();
-            async move { hammer(&nodes, &key).await }
+            async move { hammer(&nodes, &key, start).await }
         }))
         .await;
         for run in &runs {
