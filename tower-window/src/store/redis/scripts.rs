@@ -184,10 +184,29 @@ mod tests {
     use super::*;
     use crate::{Quota, Scope};
 
+    /// The script EVALSHA names is the concatenation of the fragments, in
+    /// order, each ending its last line (else two fragments' lines would
+    /// fuse into one, and the script would not parse): the SHA the store
+    /// sends is the hash of exactly that text, so a stale or edited copy
+    /// names another script.
     #[test]
-    fn one_script_with_a_sha() {
-        assert_eq!(sha().len(), 40);
+    fn the_sha_names_the_fragments_in_order() {
+        let fragments = [
+            include_str!("scripts/prelude.lua"),
+            include_str!("scripts/sliding_log.lua"),
+            include_str!("scripts/sliding_counter.lua"),
+            include_str!("scripts/fixed_window.lua"),
+            include_str!("scripts/gcra.lua"),
+            include_str!("scripts/policy.lua"),
+        ];
+        for (i, fragment) in fragments.iter().enumerate() {
+            assert!(fragment.ends_with('\n'), "fragment {i} ends mid-line");
+        }
+        assert_eq!(SOURCE, fragments.concat());
+        assert_eq!(sha(), Script::new(&fragments.concat()).get_hash());
         assert_eq!(script().get_hash(), sha());
+        // A one-byte change names another script.
+        assert_ne!(sha(), Script::new(&format!("{SOURCE} ")).get_hash());
     }
 
     #[test]
