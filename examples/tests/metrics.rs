@@ -268,10 +268,27 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
 async fn install_recorder_is_idempotent_and_metrics_is_not_limited() {
     let first = install_recorder();
     let second = install_recorder();
-    let _ = (first.render(), second.render());
     let app = build_app(GatewayConfig::new("1/1h".parse::<Quota>().unwrap()));
+    // A decision the recorder sees, under a subject no other test uses.
+    let response = app
+        .clone()
+        .oneshot(hello("idempotent-recorder"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
     for _ in 0..3 {
-        let (status, _, _) = text(&app, "/metrics").await;
-        assert_eq!(status, StatusCode::OK);
+        let (status, _, body) = text(&app, "/metrics").await;
+        assert_eq!(status, StatusCode::OK, "/metrics was rate limited");
+        assert!(body.contains("tower_window_"), "{body}");
+    }
+    // Both handles render one registry (a second install did not replace
+    // the recorder with an empty one): the decision shows in each.
+    for handle in [&first, &second] {
+        let page = handle.render();
+        assert!(
+            page.lines()
+                .any(|l| l.starts_with("tower_window_decisions_total{")),
+            "{page}"
+        );
     }
 }
