@@ -10,7 +10,9 @@ use crate::redis_server::{require, RedisServer};
 const BUS_OFFSET: u16 = 10_000;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Three primaries (no replicas) owning all 16384 slots.
+/// Three primaries owning all 16384 slots ([`start`](RedisCluster::start)),
+/// or three primaries with one replica each
+/// ([`start_with_replicas`](RedisCluster::start_with_replicas)).
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
 }
@@ -20,9 +22,24 @@ impl RedisCluster {
     /// `redis-cli --cluster create`, and waits until every node reports
     /// `cluster_state:ok` and a routed `EVAL` succeeds on every primary.
     pub fn start() -> Self {
+        Self::create(3, 0)
+    }
+
+    /// Starts six cluster-enabled servers, joins them with
+    /// `redis-cli --cluster create ... --cluster-replicas 1` (three
+    /// primaries, one replica each), and waits until every node reports
+    /// `cluster_state:ok`, a routed `EVAL` succeeds on every primary and
+    /// every replica's link to its primary is up
+    /// (`master_link_status:up`). Which node replicates which primary is
+    /// `redis-cli`'s choice: ask `ROLE` or `CLUSTER NODES`.
+    pub fn start_with_replicas() -> Self {
+        Self::create(6, 1)
+    }
+
+    fn create(count: usize, replicas: u8) -> Self {
         require("redis-server");
         require("redis-cli");
-        let nodes: Vec<RedisServer> = (0..3)
+        let nodes: Vec<RedisServer> = (0..count)
             .map(|_| {
                 RedisServer::start_with(
                     &[
@@ -43,7 +60,7 @@ impl RedisCluster {
         let output = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(cluster.nodes.iter().map(RedisServer::addr))
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .expect("run redis-cli --cluster create");
@@ -78,7 +95,7 @@ impl RedisCluster {
                     .query(&mut node.connection());
                 info.is_ok_and(|info| info.contains("cluster_state:ok"))
             });
-            if ok && self.routed_eval_works() {
+            if ok && self.replicas_linked() && self.routed_eval_works() {
                 return;
             }
             assert!(
@@ -87,6 +104,18 @@ impl RedisCluster {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Whether every node that is a replica has its link to its primary up.
+    fn replicas_linked(&self) -> bool {
+        self.nodes.iter().all(|node| {
+            let info: redis::RedisResult<String> = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut node.connection());
+            info.is_ok_and(|info| {
+                !info.contains("role:slave") || info.contains("master_link_status:up")
+            })
+        })
     }
 
     /// An `EVAL` through a cluster client on a key in each primary's slots.
@@ -123,8 +152,9 @@ impl RedisCluster {
         &mut self.nodes
     }
 
-    /// Waits (bounded) until every node says `cluster_state:ok` again and a
-    /// routed `EVAL` works on every primary, e.g. after restarting a node.
+    /// Waits (bounded) until every node says `cluster_state:ok` again, a
+    /// routed `EVAL` works on every primary and every replica is linked,
+    /// e.g. after restarting a node (a stopped node must be restarted first).
     pub fn wait_until_ok(&self) {
         self.wait_ready();
     }
