@@ -143,6 +143,9 @@ fn owns(node: &RedisServer, slot: u16) -> bool {
 struct Tally {
     /// Admissions decided by Redis, per key.
     admitted: BTreeMap<WindowKey, u64>,
+    /// Fallback decisions after the time budget ran out, per key: the
+    /// call may still have run in Redis.
+    timed_out: BTreeMap<WindowKey, u64>,
     store: u64,
     fallback: BTreeMap<String, u64>,
 }
@@ -177,6 +180,9 @@ impl Tally {
             DecisionSource::Fallback(reason) => {
                 assert!(!d.allowed, "fail-closed admits nothing: {d:?}");
                 *self.fallback.entry(format!("{reason:?}")).or_default() += 1;
+                if reason == FallbackReason::Timeout {
+                    *self.timed_out.entry(key.clone()).or_default() += 1;
+                }
                 false
             }
             other => panic!("decided by {other}: {d:?}"),
@@ -190,6 +196,10 @@ impl Tally {
             all &= self.decide(limiter, key).await;
         }
         all
+    }
+
+    fn timed_out(&self, key: &WindowKey) -> u64 {
+        self.timed_out.get(key).copied().unwrap_or(0)
     }
 
     fn fallbacks(&self, reason: FallbackReason) -> u64 {
@@ -337,7 +347,7 @@ async fn a_planned_failover_is_invisible_and_exact() {
     for key in &keys {
         let a = tally.admitted.get(key).copied().unwrap_or(0);
         assert!(
-            a <= held[key] && held[key] <= a + ambiguous,
+            a <= held[key] && held[key] <= a + tally.timed_out(key),
             "{key:?}: admitted {a}, held {}",
             held[key]
         );
@@ -397,7 +407,9 @@ async fn a_killed_primary_is_replaced_by_its_replica() {
     // decisions that timed out (they may have run). Not exact from below:
     // writes the dead primary acknowledged but had not yet replicated are
     // lost with it (replication is asynchronous), which can only give quota
-    // back. What the new primary acknowledged is never lost.
+    // back. What the new primary acknowledged is never lost. (In practice,
+    // with a loopback replica, nothing is lost: the count is printed, not
+    // asserted, since a test cannot make the replication race go one way.)
     let ambiguous = tally.fallbacks(FallbackReason::Timeout);
     let held = charged(&store, &policy, &keys).await;
     let mut lost = 0;
@@ -405,7 +417,7 @@ async fn a_killed_primary_is_replaced_by_its_replica() {
         let a = tally.admitted.get(key).copied().unwrap_or(0);
         let after_kill = a - before.get(key).copied().unwrap_or(0);
         assert!(
-            held[key] <= a + ambiguous,
+            held[key] <= a + tally.timed_out(key),
             "{key:?} doubled: admitted {a}, held {}",
             held[key]
         );
@@ -416,7 +428,13 @@ async fn a_killed_primary_is_replaced_by_its_replica() {
         );
         lost += a.saturating_sub(held[key]);
     }
-    eprintln!("lost with the dead primary (unreplicated): {lost}; ambiguous {ambiguous}");
+    let admitted: u64 = tally.admitted.values().sum();
+    let charged: u64 = held.values().sum();
+    eprintln!(
+        "admitted by the store {admitted}, held by Redis {charged}, \
+         lost with the dead primary (unreplicated) {lost}, ambiguous {ambiguous}"
+    );
+    assert!(charged <= admitted + ambiguous);
 }
 
 /// A write on a replica answers READONLY; a key on a node that does not
