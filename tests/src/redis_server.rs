@@ -6,7 +6,7 @@
 //! The system Redis on 6379 is never touched.
 
 use std::io;
-use std::net::TcpListener;
+use std::net::{TcpListener, UdpSocket};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
@@ -46,8 +46,8 @@ struct Ports {
     high: u16,
     /// How many candidates have been tried since `start`.
     tried: u32,
-    /// Lock files (one per handed-out port) held until the process exits.
-    leases: Vec<std::fs::File>,
+    /// Leases (one per handed-out port) held until the process exits.
+    leases: Vec<UdpSocket>,
 }
 
 static PORTS: Mutex<Option<Ports>> = Mutex::new(None);
@@ -63,10 +63,10 @@ fn port_high() -> u16 {
 }
 
 /// A loopback port that is free now and that nothing else will be given:
-/// never returned twice in this process, leased across processes (an
-/// exclusive lock on a file under the temp dir, held until this process
-/// exits, so concurrent `cargo test` runs stay apart), and outside the
-/// kernel's ephemeral range.
+/// never returned twice in this process, leased across processes (a UDP
+/// socket bound to the same port number, held until this process exits,
+/// so concurrent `cargo test` runs stay apart), and outside the kernel's
+/// ephemeral range.
 ///
 /// The port stays reserved after the server on it is dropped or killed: a
 /// restart may take it again, and nothing else can. A port reserved and
@@ -84,13 +84,11 @@ pub fn reserve_port() -> u16 {
         }
     });
     let span = u32::from(ports.high - PORT_LOW);
-    let dir = std::env::temp_dir().join("tower-window-ports");
-    let _ = std::fs::create_dir_all(&dir);
     while ports.tried < span {
         let offset = (u32::from(ports.start - PORT_LOW) + ports.tried) % span;
         ports.tried += 1;
         let port = PORT_LOW + offset as u16;
-        let Some(lease) = lease(&dir, port) else {
+        let Some(lease) = lease(port) else {
             continue; // another process holds it
         };
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
@@ -104,17 +102,12 @@ pub fn reserve_port() -> u16 {
     );
 }
 
-/// An exclusive lock on `dir/<port>.lock`, or `None` if another process
-/// holds it. The lock dies with the process, so no stale lease survives.
-fn lease(dir: &Path, port: u16) -> Option<std::fs::File> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join(format!("{port}.lock")))
-        .ok()?;
-    file.try_lock().ok()?;
-    Some(file)
+/// A cross-process lease on `port`: a UDP socket bound to the same port
+/// number (UDP ports are a namespace of their own, so the TCP server is
+/// unaffected). Only one process can hold it, and the kernel releases it
+/// when the process exits, so no stale lease survives a crashed run.
+fn lease(port: u16) -> Option<UdpSocket> {
+    UdpSocket::bind(("127.0.0.1", port)).ok()
 }
 
 /// A reserved port nothing ever listens on: connecting to it is refused.
