@@ -15,9 +15,20 @@ fn hello(user: &str) -> Request<Body> {
         .unwrap()
 }
 
+/// A gateway node on `redis_url`. The test is about shared windows, not the
+/// time budget: a generous budget keeps a slow first call (connect, script
+/// load) on a loaded machine from turning into a local fallback decision.
 fn node(redis_url: &str) -> axum::Router {
-    let args =
-        Args::try_parse_from(["gateway", "--limit", "3/1h", "--redis-url", redis_url]).unwrap();
+    let args = Args::try_parse_from([
+        "gateway",
+        "--limit",
+        "3/1h",
+        "--redis-url",
+        redis_url,
+        "--redis-timeout-ms",
+        "5000",
+    ])
+    .unwrap();
     build_app(args.into_config().unwrap())
 }
 

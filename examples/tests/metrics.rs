@@ -19,6 +19,7 @@ use tower_window::{
 };
 use tower_window_examples::gateway::metrics::install_recorder;
 use tower_window_examples::gateway::{build_app, Args, GatewayConfig};
+use tower_window_tests::redis_server::closed_port;
 
 const DASHBOARD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/tower-window.json");
 
@@ -46,12 +47,6 @@ async fn text(app: &Router, path: &str) -> (StatusCode, Option<String>, String) 
         content_type,
         String::from_utf8(body.to_vec()).unwrap(),
     )
-}
-
-/// A loopback address nothing listens on.
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 /// Every `expr` string anywhere in the dashboard.

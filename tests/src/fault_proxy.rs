@@ -1,8 +1,8 @@
 //! A TCP proxy that injects network faults between a client and a server.
 //!
-//! [`FaultProxy::start`] listens on a random loopback port and forwards each
-//! connection to a target. [`FaultProxy::set_mode`] switches, at any time,
-//! between:
+//! [`FaultProxy::start`] listens on a reserved loopback port (see
+//! [`reserve_port`]) and forwards each connection to a target.
+//! [`FaultProxy::set_mode`] switches, at any time, between:
 //! - [`Mode::PassThrough`]: forward both ways;
 //! - [`Mode::Latency`]: forward, delaying every chunk by a base latency plus
 //!   a random jitter;
@@ -29,6 +29,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+
+use crate::redis_server::reserve_port;
 
 /// What the proxy does with traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,9 +105,11 @@ impl std::fmt::Debug for FaultProxy {
 }
 
 impl FaultProxy {
-    /// Starts a pass-through proxy to `target` on a random loopback port.
+    /// Starts a pass-through proxy to `target` on a loopback port from
+    /// [`reserve_port`], so nothing else can take the port while the proxy
+    /// is in `Refuse` mode (or after it is dropped).
     pub async fn start(target: SocketAddr) -> io::Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let listener = TcpListener::bind(("127.0.0.1", reserve_port())).await?;
         let addr = listener.local_addr()?;
         let (mode, _) = watch::channel(Mode::PassThrough);
         let (kill, _) = watch::channel(0);
@@ -383,6 +387,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+    use crate::redis_server::closed_port;
 
     /// A loopback echo server; returns its address.
     async fn echo_server() -> SocketAddr {
@@ -539,12 +544,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_unreachable_target_resets_clients() {
-        // Bind then drop a listener to get a port with nothing behind it.
-        let dead = TcpListener::bind(("127.0.0.1", 0))
-            .await
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        // A reserved port nothing ever listens on.
+        let dead = SocketAddr::from(([127, 0, 0, 1], closed_port()));
         let proxy = FaultProxy::start(dead).await.unwrap();
         let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
         let result = tokio::time::timeout(WAIT, roundtrip(&mut s, b"x"))

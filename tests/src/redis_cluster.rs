@@ -6,8 +6,6 @@ use std::time::{Duration, Instant};
 
 use crate::redis_server::{require, RedisServer};
 
-/// The cluster bus listens on `port + 10000`, so node ports stay below 45535.
-const BUS_OFFSET: u16 = 10_000;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Three primaries owning all 16384 slots ([`start`](RedisCluster::start)),
@@ -50,9 +48,7 @@ impl RedisCluster {
                         "--cluster-node-timeout",
                         "2000",
                     ],
-                    20_000,
-                    45_535,
-                    Some(BUS_OFFSET),
+                    true,
                 )
             })
             .collect();

@@ -1,11 +1,12 @@
 //! A throwaway `redis-server` on loopback, killed on drop.
 //!
-//! Each server gets a random port below 55535 (retried when taken), its own
-//! temporary directory, and no persistence (`--save "" --appendonly no`).
+//! Each server gets a port from [`reserve_port`] (never handed out twice,
+//! retried with a new one when taken), its own temporary directory, and no
+//! persistence (`--save "" --appendonly no`).
 //! The system Redis on 6379 is never touched.
 
 use std::io;
-use std::net::TcpListener;
+use std::net::{TcpListener, UdpSocket};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
@@ -31,16 +32,89 @@ pub(crate) fn require(program: &str) {
     );
 }
 
-/// A random port in `[low, high)` that is free right now (and, with
-/// `bus_offset`, so is `port + bus_offset`).
-pub(crate) fn free_port(low: u16, high: u16, bus_offset: Option<u16>) -> u16 {
-    loop {
-        let port = low + (random() % u64::from(high - low)) as u16;
-        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
-        if free(port) && bus_offset.is_none_or(|offset| free(port + offset)) {
+/// Lowest port the allocator hands out.
+const PORT_LOW: u16 = 20_000;
+/// Highest port (exclusive) the allocator hands out, unless the kernel's
+/// ephemeral range starts lower (see [`port_high`]).
+const PORT_HIGH: u16 = 32_768;
+
+/// The process-wide port allocator: a cursor over `[PORT_LOW, high)` that
+/// starts at a per-process random offset and only moves forward, so no port
+/// is handed out twice in one process, plus the cross-process leases held.
+struct Ports {
+    start: u16,
+    high: u16,
+    /// How many candidates have been tried since `start`.
+    tried: u32,
+    /// Leases (one per handed-out port) held until the process exits.
+    leases: Vec<UdpSocket>,
+}
+
+static PORTS: Mutex<Option<Ports>> = Mutex::new(None);
+
+/// The upper bound of the allocator's range: below the kernel's ephemeral
+/// range, so an outgoing connection (or a `bind(0)`) never lands on a
+/// port the allocator handed out, e.g. while a server restarts on it.
+fn port_high() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .map_or(PORT_HIGH, |low| low.clamp(PORT_LOW + 1_000, PORT_HIGH))
+}
+
+/// A loopback port that is free now and that nothing else will be given:
+/// never returned twice in this process, leased across processes (a UDP
+/// socket bound to the same port number, held until this process exits,
+/// so concurrent `cargo test` runs stay apart), and outside the kernel's
+/// ephemeral range.
+///
+/// The port stays reserved after the server on it is dropped or killed: a
+/// restart may take it again, and nothing else can. A port reserved and
+/// never started on is a closed port that refuses connections (see
+/// [`closed_port`]).
+pub fn reserve_port() -> u16 {
+    let mut guard = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let ports = guard.get_or_insert_with(|| {
+        let high = port_high();
+        Ports {
+            start: PORT_LOW + (random() % u64::from(high - PORT_LOW)) as u16,
+            high,
+            tried: 0,
+            leases: Vec::new(),
+        }
+    });
+    let span = u32::from(ports.high - PORT_LOW);
+    while ports.tried < span {
+        let offset = (u32::from(ports.start - PORT_LOW) + ports.tried) % span;
+        ports.tried += 1;
+        let port = PORT_LOW + offset as u16;
+        let Some(lease) = lease(port) else {
+            continue; // another process holds it
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.leases.push(lease);
             return port;
         }
     }
+    panic!(
+        "no free loopback port left in {PORT_LOW}..{} for this process",
+        ports.high
+    );
+}
+
+/// A cross-process lease on `port`: a UDP socket bound to the same port
+/// number (UDP ports are a namespace of their own, so the TCP server is
+/// unaffected). Only one process can hold it, and the kernel releases it
+/// when the process exits, so no stale lease survives a crashed run.
+fn lease(port: u16) -> Option<UdpSocket> {
+    UdpSocket::bind(("127.0.0.1", port)).ok()
+}
+
+/// A reserved port nothing ever listens on: connecting to it is refused.
+/// Unlike a port found by binding and dropping a listener, no other test
+/// (in this process or a concurrent run) can start a server on it.
+pub fn closed_port() -> u16 {
+    reserve_port()
 }
 
 /// A pseudo-random number (std's randomly keyed hasher; no extra dependency).
@@ -71,7 +145,7 @@ impl RedisServer {
     /// Starts a standalone server on a random loopback port and waits until
     /// it answers `PING`.
     pub fn start() -> Self {
-        Self::start_with(&[], 20_000, 55_535, None)
+        Self::start_with(&[], false)
     }
 
     /// One server shared by every caller holding it; a new one is started
@@ -87,12 +161,20 @@ impl RedisServer {
         server
     }
 
-    /// Starts a server with extra arguments on a port in `[low, high)`.
-    pub(crate) fn start_with(extra: &[&str], low: u16, high: u16, bus_offset: Option<u16>) -> Self {
+    /// Starts a server with extra arguments on a reserved port; with
+    /// `cluster_bus`, the cluster bus gets a reserved port of its own
+    /// (`--cluster-port`, kept across restarts).
+    pub(crate) fn start_with(extra: &[&str], cluster_bus: bool) -> Self {
         require("redis-server");
         let mut last_error = String::new();
         for _ in 0..START_ATTEMPTS {
-            let port = free_port(low, high, bus_offset);
+            let port = reserve_port();
+            let bus = cluster_bus.then(|| reserve_port().to_string());
+            let mut extra: Vec<&str> = extra.to_vec();
+            if let Some(bus) = &bus {
+                extra.extend(["--cluster-port", bus.as_str()]);
+            }
+            let extra = extra.as_slice();
             let dir = tempfile::Builder::new()
                 .prefix("tower-window-redis-")
                 .tempdir()

@@ -15,7 +15,7 @@
 //! `ManualClock`; Redis decides with its own `TIME`.
 #![allow(clippy::unwrap_used)]
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -60,11 +60,7 @@ impl Redis {
             dir,
         };
         for _ in 0..20 {
-            redis.port = TcpListener::bind(("127.0.0.1", 0))
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
+            redis.port = tower_window_tests::redis_server::reserve_port();
             if redis.spawn() {
                 return redis;
             }
