@@ -209,14 +209,9 @@ async fn drive(store: RedisStore, policy: &str, budget: Duration) -> Vec<(Level,
     scenario
 }
 
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_refused_logs_no_secret() {
-    let port = closed_port();
+    let port = tower_window_tests::redis_server::closed_port();
     let url = format!("redis://:{PASSWORD}@127.0.0.1:{port}/");
     let store = RedisStore::from_url(&url).unwrap();
     drive(store, "refused-single", Duration::from_secs(2)).await;
@@ -224,7 +219,10 @@ async fn connection_refused_logs_no_secret() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_connection_refused_logs_no_secret() {
-    let url = format!("redis://{ACL_USER}:{PASSWORD}@127.0.0.1:{}/", closed_port());
+    let url = format!(
+        "redis://{ACL_USER}:{PASSWORD}@127.0.0.1:{}/",
+        tower_window_tests::redis_server::closed_port()
+    );
     let store = RedisStore::cluster([url]).unwrap();
     drive(store, "refused-cluster", Duration::from_secs(2)).await;
 }
