@@ -316,10 +316,12 @@ where
     // a retry must never charge twice), so it may take one more cooldown.
     heal(&proxy);
     let mut failed_probes = 0;
+    // On a loaded machine a reconnect can also outlast the budget; each
+    // failed probe reopens the breaker for one more cooldown. Bounded.
     let d = loop {
         clock.advance(COOLDOWN);
         let d = check(&limiter, &key).await;
-        if d.source == DecisionSource::Store || failed_probes == 1 {
+        if d.source == DecisionSource::Store || failed_probes == 4 {
             break d;
         }
         failed_probes += 1;
@@ -619,7 +621,10 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
     }
     let key = WindowKey::for_subject("bound");
     let mut store_admitted = 0u32;
-    let mut local_admitted = 0u32;
+    let mut local_admitted = [0u32; NODES];
+    // Healthy-node calls that ran out of the budget (a stalled machine):
+    // each may or may not have reached Redis.
+    let mut healthy_timeouts = 0u32;
     for round in 0..40 {
         // Faults come and go on nodes 1 and 2 while node 0 stays healthy.
         match round {
@@ -637,23 +642,40 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
             let key = key.clone();
             tokio::spawn(async move { node.check(&key, 1).await.unwrap() })
         });
-        for task in checks.collect::<Vec<_>>() {
+        for (node, task) in checks.collect::<Vec<_>>().into_iter().enumerate() {
             let d = task.await.unwrap();
             match (d.allowed, d.source) {
                 (true, DecisionSource::Store) => store_admitted += 1,
-                (true, DecisionSource::Fallback(_)) => local_admitted += 1,
+                (true, DecisionSource::Fallback(_)) => local_admitted[node] += 1,
                 _ => {}
+            }
+            if node == 0 && d.source == DecisionSource::Fallback(FallbackReason::Timeout) {
+                healthy_timeouts += 1;
             }
         }
     }
     // Nodes 0 and 2 fill the window (15 + 10 + 15 requests reach Redis by
     // round 14, all before node 1's held requests are released at round 25):
-    // Redis reported exactly the limit, never more.
-    assert_eq!(store_admitted, LIMIT, "admitted by Redis");
-    // Two nodes in an outage (20 and 15 degraded decisions), each filling
-    // its own local window of ceil(30 / 3) = 10 (one window of its clock:
-    // the clock moved 5 s of a 1 min window) and no more.
-    assert_eq!(local_admitted, 2 * LIMIT.div_ceil(NODES as u32));
+    // Redis reported the limit, never more. A healthy call that timed out on
+    // a stalled machine may have been admitted without its caller hearing
+    // of it, so the count is exact only when there was none.
+    assert!(
+        store_admitted <= LIMIT,
+        "{store_admitted} admitted by Redis"
+    );
+    assert!(
+        store_admitted + healthy_timeouts >= LIMIT,
+        "{store_admitted} admitted by Redis, {healthy_timeouts} healthy timeouts"
+    );
+    // Each node in an outage fills its own local window of ceil(30 / 3) = 10
+    // (one window of its clock: the clock moved 5 s of a 1 min window) and
+    // no more; the two faulty nodes (20 and 15 degraded decisions) fill it.
+    let share = LIMIT.div_ceil(NODES as u32);
+    assert!(
+        local_admitted.iter().all(|&n| n <= share),
+        "{local_admitted:?}"
+    );
+    assert_eq!(local_admitted[1..], [share, share], "{local_admitted:?}");
     // Redis recorded every admission it reported (and possibly requests
     // that reached it after their callers had given up), and never more
     // than the limit: count the units in the sliding log itself (members
