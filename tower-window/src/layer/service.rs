@@ -8,7 +8,7 @@ use tower_service::Service;
 
 use super::future::{DecisionFuture, ResponseFuture};
 use super::{MissingKey, Rejection, RequestCost, Respond};
-use crate::{KeyExtractor, Limiter};
+use crate::{Decision, KeyExtractor, LimitError, Limiter};
 
 /// What every clone of one [`SlidingWindow`] shares.
 pub(super) struct Shared<K, C, M> {
@@ -118,43 +118,62 @@ where
             // Free requests are neither checked nor counted.
             return ResponseFuture::calling(self.inner.call(request), None, &shared.mode);
         }
-        let limiter = shared.limiter.clone();
         let degraded_status = shared.degraded_status;
-        let mut decision: DecisionFuture = Box::pin(async move {
-            match limiter.check(&key, cost).await {
-                Ok(decision) if decision.allowed => Ok(decision),
-                Ok(decision) => Err(Rejection::for_denial(decision, degraded_status)),
-                Err(error) => {
-                    tracing::warn!(%error, "rate limiter could not decide; rejecting");
-                    Err(Rejection::Unavailable {
-                        message: Arc::from(error.to_string()),
-                    })
+        // An in-process store decides here, without a future or a box.
+        let ready = match shared.limiter.check_sync(&key, cost) {
+            Some(result) => admission(result, degraded_status),
+            None => {
+                let limiter = shared.limiter.clone();
+                let mut decision: DecisionFuture =
+                    Box::pin(
+                        async move { admission(limiter.check(&key, cost).await, degraded_status) },
+                    );
+                // Most decisions over a network store still need no I/O
+                // (local tier, open breaker) and are ready at the first
+                // poll. Polling with a no-op waker is sound: a pending
+                // future is polled again, with the task's waker, by
+                // `ResponseFuture::poll` before anything waits on it.
+                let mut cx = Context::from_waker(Waker::noop());
+                match decision.as_mut().poll(&mut cx) {
+                    Poll::Ready(ready) => ready,
+                    Poll::Pending => {
+                        // The readied service goes with the request; a fresh clone stays.
+                        let clone = self.inner.clone();
+                        let inner = std::mem::replace(&mut self.inner, clone);
+                        return ResponseFuture::deciding(decision, inner, request, &shared.mode);
+                    }
                 }
             }
-        });
-        // Most decisions need no I/O (memory store, local tier, open
-        // breaker) and are ready at the first poll: then the readied inner
-        // service takes the request at once, without the clone-and-swap and
-        // the extra state. Polling with a no-op waker is sound: a pending
-        // future is polled again, with the task's waker, by
-        // `ResponseFuture::poll` before anything waits on it.
-        let mut cx = Context::from_waker(Waker::noop());
-        match decision.as_mut().poll(&mut cx) {
-            Poll::Ready(Ok(decision)) => {
+        };
+        // The readied inner service takes the request at once, without the
+        // clone-and-swap and the extra state.
+        match ready {
+            Ok(decision) => {
                 let mut request = request;
                 shared.mode.on_request(&mut request, &decision);
                 ResponseFuture::calling(self.inner.call(request), Some(decision), &shared.mode)
             }
             // The readied inner service stays ready for the next request.
-            Poll::Ready(Err(rejection)) => {
-                ResponseFuture::ready(shared.mode.on_rejection(rejection))
-            }
-            Poll::Pending => {
-                // The readied service goes with the request; a fresh clone stays.
-                let clone = self.inner.clone();
-                let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::deciding(decision, inner, request, &shared.mode)
-            }
+            Err(rejection) => ResponseFuture::ready(shared.mode.on_rejection(rejection)),
+        }
+    }
+}
+
+/// The limiter's answer as the layer acts on it: an admission, or the
+/// rejection to answer with.
+#[allow(clippy::result_large_err)] // both sides are moved once, into the response future
+fn admission(
+    result: Result<Decision, LimitError>,
+    degraded_status: http::StatusCode,
+) -> Result<Decision, Rejection> {
+    match result {
+        Ok(decision) if decision.allowed => Ok(decision),
+        Ok(decision) => Err(Rejection::for_denial(decision, degraded_status)),
+        Err(error) => {
+            tracing::warn!(%error, "rate limiter could not decide; rejecting");
+            Err(Rejection::Unavailable {
+                message: Arc::from(error.to_string()),
+            })
         }
     }
 }

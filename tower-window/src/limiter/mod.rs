@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -151,6 +152,9 @@ impl Limiter {
         policy: &Policy,
         cost: u32,
     ) -> Result<Decision, LimitError> {
+        if let Some(result) = self.check_policy_sync(key, policy, cost) {
+            return result;
+        }
         if cost == 0 {
             return Err(LimitError::ZeroCost);
         }
@@ -201,6 +205,168 @@ impl Limiter {
         result
     }
 
+    /// Decides at once, without a future, when no I/O is needed: the
+    /// store decides in-process ([`Store::decides_in_process`], e.g.
+    /// [`MemoryStore`](crate::MemoryStore)). Returns `None` otherwise, and
+    /// then nothing has been checked or charged: call
+    /// [`check`](Self::check).
+    ///
+    /// This is the per-message path of a WebSocket loop or the layer on the
+    /// embedded store: it decides exactly as `check` would (local tier,
+    /// store, fallback; metrics recorded) but skips the future. It also
+    /// answers `None` while a subscriber wants the `tower_window.check`
+    /// span, which `check` records.
+    ///
+    /// ```
+    /// use tower_window::{Limiter, MemoryStore, Quota, WindowKey};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new(), "1/1m".parse::<Quota>()?);
+    /// let key = WindowKey::for_subject("alice");
+    /// let first = limiter.check_sync(&key, 1).expect("in-process").expect("decided");
+    /// assert!(first.allowed);
+    /// let second = limiter.check_sync(&key, 1).expect("in-process").expect("decided");
+    /// assert!(!second.allowed);
+    /// # Ok::<(), tower_window::QuotaError>(())
+    /// ```
+    pub fn check_sync(&self, key: &WindowKey, cost: u32) -> Option<Result<Decision, LimitError>> {
+        self.check_policy_sync(key, &self.inner.policy, cost)
+    }
+
+    /// Like [`check_sync`](Self::check_sync), against another policy in the
+    /// same store (see [`check_policy`](Self::check_policy)).
+    pub fn check_policy_sync(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: u32,
+    ) -> Option<Result<Decision, LimitError>> {
+        if !self.inner.store.decides_in_process() {
+            return None;
+        }
+        if cost == 0 {
+            return Some(Err(LimitError::ZeroCost));
+        }
+        if tracing::enabled!(target: "tower_window::limiter", tracing::Level::DEBUG) {
+            // The span belongs to `check`.
+            return None;
+        }
+        let result = self.decide_in_process(key, policy, cost)?;
+        if let Ok(decision) = &result {
+            self.inner.metrics.decision(key, decision);
+        }
+        Some(result)
+    }
+
+    /// [`decide`](Self::decide) without a future, for an in-process store:
+    /// `None` (before anything is charged) if some step would have to wait.
+    fn decide_in_process(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: u32,
+    ) -> Option<Result<Decision, LimitError>> {
+        let inner = &*self.inner;
+        let mut stale = false;
+        if let Some(local) = &inner.local {
+            match local.lookup(key, policy, cost) {
+                Lookup::Hit(decision) => {
+                    inner.stats.local_cache.fetch_add(1, Ordering::Relaxed);
+                    return Some(Ok(decision));
+                }
+                Lookup::Miss { stale: s } => stale = s,
+            }
+        }
+        let breaker = inner
+            .breaker
+            .as_ref()
+            .map(|breakers| breakers.get(inner.store.failure_domain(key, policy)));
+        let mut guard = TicketGuard {
+            breaker,
+            ticket: None,
+        };
+        if let Some(breaker) = breaker {
+            // An open breaker sends the check to the fallback, which may
+            // wait: leave that to `check`.
+            guard.ticket = Some(breaker.acquire()?);
+        }
+        let quota = policy.first();
+        let timer = StoreTimer::start();
+        let result = inner
+            .store
+            .check_sync(CheckRequest::new(key, policy, cost))?;
+        inner
+            .metrics
+            .store_call(quota, timer, result.as_ref().err());
+        match result {
+            Ok(decision) => {
+                // An in-process call has no latency worth a slow-call trip.
+                guard.success(Duration::ZERO);
+                Some(Ok(self.stored(key, policy, cost, stale, decision)))
+            }
+            Err(error) => {
+                let failure = Failure {
+                    reason: reason_for(&error),
+                    error: Some(error),
+                };
+                let Some(fallback) = &inner.fallback else {
+                    guard.failure_for(failure.error.as_ref());
+                    inner.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    return Some(Err(LimitError::Store(failure.into_error())));
+                };
+                let now = inner.clock.now_micros();
+                let request = FallbackRequest::new(key, policy, cost, failure.reason, now)
+                    .with_error(failure.error.as_ref());
+                let mut future = fallback.decide(request);
+                let mut cx = Context::from_waker(Waker::noop());
+                // A fallback that must wait: the guard releases the ticket
+                // unreported and `check` tries again from the start.
+                let Poll::Ready(decision) = future.as_mut().poll(&mut cx) else {
+                    return None;
+                };
+                guard.failure_for(failure.error.as_ref());
+                Some(Ok(self.degraded(decision, failure.reason, now)))
+            }
+        }
+    }
+
+    /// Bookkeeping after the store decided: counts it and updates the local
+    /// tier (remembers a denial; drops a stale one after an admission).
+    fn stored(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: u32,
+        stale: bool,
+        decision: Decision,
+    ) -> Decision {
+        let inner = &*self.inner;
+        inner.stats.store.fetch_add(1, Ordering::Relaxed);
+        if let Some(local) = &inner.local {
+            if !decision.allowed {
+                local.remember(key, policy, cost, &decision);
+            } else if stale {
+                local.forget(key, policy);
+            }
+        }
+        decision
+    }
+
+    /// A fallback policy's decision, marked degraded and counted.
+    fn degraded(&self, mut decision: Decision, reason: FallbackReason, now: u64) -> Decision {
+        // No silent success: whatever the policy said, this is degraded.
+        decision.source = DecisionSource::Fallback(reason);
+        if decision.timestamp_micros == 0 {
+            decision.timestamp_micros = now;
+        }
+        self.inner.stats.fallback[reason_index(reason)].fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            reason = reason.as_str(),
+            allowed = decision.allowed,
+            "rate-limit decision from the fallback policy"
+        );
+        decision
+    }
+
     /// The decision itself: local tier, store, fallback.
     async fn decide(
         &self,
@@ -220,17 +386,7 @@ impl Limiter {
             }
         }
         match self.check_store(key, policy, cost).await {
-            Ok(decision) => {
-                inner.stats.store.fetch_add(1, Ordering::Relaxed);
-                if let Some(local) = &inner.local {
-                    if !decision.allowed {
-                        local.remember(key, policy, cost, &decision);
-                    } else if stale {
-                        local.forget(key, policy);
-                    }
-                }
-                Ok(decision)
-            }
+            Ok(decision) => Ok(self.stored(key, policy, cost, stale, decision)),
             Err(failure) => self.fall_back(key, policy, cost, failure).await,
         }
     }
@@ -337,12 +493,7 @@ impl Limiter {
                     %error,
                     "rate-limit store call failed"
                 );
-                match error.kind() {
-                    // The caller's fault or our own overload (a pool wait),
-                    // not the store's health.
-                    StoreErrorKind::InvalidRequest | StoreErrorKind::Overloaded => guard.release(),
-                    _ => guard.failure(),
-                }
+                guard.failure_for(Some(&error));
                 Err(Failure {
                     reason: reason_for(&error),
                     error: Some(error),
@@ -366,19 +517,8 @@ impl Limiter {
         let now = inner.clock.now_micros();
         let request = FallbackRequest::new(key, policy, cost, failure.reason, now)
             .with_error(failure.error.as_ref());
-        let mut decision = fallback.decide(request).await;
-        // No silent success: whatever the policy said, this is degraded.
-        decision.source = DecisionSource::Fallback(failure.reason);
-        if decision.timestamp_micros == 0 {
-            decision.timestamp_micros = now;
-        }
-        inner.stats.fallback[reason_index(failure.reason)].fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(
-            reason = failure.reason.as_str(),
-            allowed = decision.allowed,
-            "rate-limit decision from the fallback policy"
-        );
-        Ok(decision)
+        let decision = fallback.decide(request).await;
+        Ok(self.degraded(decision, failure.reason, now))
     }
 
     /// The circuit breaker's state, if the limiter has one.
@@ -487,6 +627,16 @@ impl TicketGuard<'_> {
     fn failure(&mut self) {
         if let (Some(b), Some(t)) = (self.breaker, self.ticket.take()) {
             b.failure(t);
+        }
+    }
+
+    /// Reports a failed call: a store failure, unless `error` is the
+    /// caller's fault or our own overload (a pool wait), which say nothing
+    /// of the store's health.
+    fn failure_for(&mut self, error: Option<&StoreError>) {
+        match error.map(StoreError::kind) {
+            Some(StoreErrorKind::InvalidRequest | StoreErrorKind::Overloaded) => self.release(),
+            _ => self.failure(),
         }
     }
 

@@ -62,6 +62,17 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Whether this store decides in-process, so that
+    /// [`check_sync`](Self::check_sync) always answers `Some` (the default
+    /// is `false`: a store behind a network).
+    ///
+    /// [`Limiter::check_sync`](crate::Limiter::check_sync) asks this before
+    /// anything else, so a limiter over a networked store skips the
+    /// synchronous attempt at no cost.
+    fn decides_in_process(&self) -> bool {
+        false
+    }
+
     /// Which independent failure domain the keys of `key` under `policy` live
     /// in (for example the Redis Cluster primary serving their hash slot),
     /// or `None` when the store is one failure domain (the default) or the
@@ -88,6 +99,10 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
 
     fn check_sync(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
         (**self).check_sync(request)
+    }
+
+    fn decides_in_process(&self) -> bool {
+        (**self).decides_in_process()
     }
 
     fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {

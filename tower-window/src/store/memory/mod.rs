@@ -295,6 +295,10 @@ impl Store for MemoryStore {
     fn check_sync(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
         Some(self.check_now(request))
     }
+
+    fn decides_in_process(&self) -> bool {
+        true
+    }
 }
 
 /// Builds a [`MemoryStore`].
