@@ -97,6 +97,7 @@ use crate::{Clock, Decision, Policy, WindowKey};
 
 mod connection;
 mod keys;
+mod peek;
 mod scripts;
 mod topology;
 #[doc(hidden)]
@@ -356,6 +357,10 @@ impl Store for RedisStore {
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(self.decide(request))
+    }
+
+    fn peek<'a>(&'a self, request: CheckRequest<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(self.peek_policy(request))
     }
 
     /// On a cluster store, the primary that serves the hash slot of every
