@@ -99,6 +99,7 @@ mod connection;
 mod keys;
 mod peek;
 mod scripts;
+pub(crate) mod tenants;
 mod topology;
 #[doc(hidden)]
 pub use topology::__test_support;

@@ -1,0 +1,243 @@
+//! The control channel on Redis: lifecycle changes written with their
+//! records in one script, and a background reader per registry that
+//! follows the control stream on a connection of its own.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::task::JoinHandle;
+
+use super::registry::{Change, Inner, Record};
+use super::{stream_id, TenantError, TenantRegistry, TenantSpec, TenantsConfig};
+use crate::store::redis::tenants::{Entry, Loaded};
+use crate::store::{StoreError, StoreErrorKind};
+use crate::RedisStore;
+
+/// How the registry uses Redis; see [`TenantRegistry::redis`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ControlConfig {
+    /// Approximate length the control stream is trimmed to (`MAXLEN ~`).
+    pub max_len: u64,
+    /// TTL of the records, generations and stream, refreshed by every
+    /// change and every node's load (default 30 days).
+    pub ttl: Duration,
+    /// How long one `XREAD` blocks (default 500 ms; an entry ends it at once).
+    pub block: Duration,
+    /// How long a lifecycle call may take, retries included (default 2 s).
+    pub timeout: Duration,
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        Self {
+            max_len: 1000,
+            ttl: Duration::from_secs(30 * 24 * 3600),
+            block: Duration::from_millis(500),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+pub(crate) struct Control {
+    store: Arc<RedisStore>,
+    config: ControlConfig,
+    reader: JoinHandle<()>,
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Control {
+    /// Records `change` and announces it; the tenant's generation after it.
+    /// Retried (with backoff, within the timeout) only when Redis certainly
+    /// did not run the script.
+    pub(crate) async fn publish(&self, tenant: &str, change: &Change) -> Result<u64, TenantError> {
+        let (op, spec) = match change {
+            Change::Init(spec) => ("init", spec.encode()),
+            Change::Reset => ("reset", String::new()),
+            Change::Close => ("close", String::new()),
+        };
+        let attempt = || async {
+            self.store
+                .tenant_change(op, tenant, &spec, self.config.max_len, millis(self.config.ttl))
+                .await
+        };
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(10))
+            .with_max_delay(Duration::from_millis(200))
+            .with_max_times(5)
+            .build();
+        let work = async {
+            loop {
+                match attempt().await {
+                    Err(error) if error.is_retryable() => match delays.next() {
+                        Some(delay) => tokio::time::sleep(delay).await,
+                        None => return Err(error),
+                    },
+                    other => return other,
+                }
+            }
+        };
+        match tokio::time::timeout(self.config.timeout, work).await {
+            Ok(result) => result.map_err(TenantError::Store),
+            Err(_) => Err(TenantError::Store(StoreError::new(
+                StoreErrorKind::Timeout,
+                "tenant lifecycle change timed out",
+            ))),
+        }
+    }
+}
+
+impl TenantRegistry {
+    /// A registry of `config` whose lifecycle changes persist in `store`'s
+    /// Redis and reach every registry on it: see the [module docs](super).
+    ///
+    /// Spawns the control-stream reader on the current Tokio runtime; it
+    /// first loads the whole runtime state ([`loaded`](Self::loaded) waits
+    /// for that), then follows the stream. Dropping the last clone of the
+    /// registry stops it.
+    pub fn redis(config: TenantsConfig, store: Arc<RedisStore>) -> Self {
+        Self::redis_with(config, store, ControlConfig::default())
+    }
+
+    /// [`redis`](Self::redis) with explicit settings.
+    pub fn redis_with(config: TenantsConfig, store: Arc<RedisStore>, control: ControlConfig) -> Self {
+        Self::with_parts(config, |weak| {
+            let reader = tokio::spawn(follow(weak.clone(), Arc::clone(&store), control.clone()));
+            Some(Control {
+                store,
+                config: control,
+                reader,
+            })
+        })
+    }
+}
+
+/// The reader: load everything, then follow the stream from the loaded
+/// id; after any error reconnect (with backoff) and load everything again,
+/// which also covers a last id trimmed from the stream meanwhile.
+async fn follow(registry: Weak<Inner>, store: Arc<RedisStore>, config: ControlConfig) {
+    let mut backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(20))
+        .with_max_delay(Duration::from_secs(1))
+        .without_max_times()
+        .build();
+    loop {
+        match follow_once(&registry, &store, &config).await {
+            Ok(()) => return, // the registry is gone
+            Err(error) => {
+                tracing::warn!(%error, "tenant control stream: reconnecting");
+                if let Some(delay) = backoff.next() {
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+}
+
+async fn follow_once(
+    registry: &Weak<Inner>,
+    store: &RedisStore,
+    config: &ControlConfig,
+) -> Result<(), StoreError> {
+    let mut reader = store.tenant_reader().await?;
+    let mut last_id = load(registry, &mut reader, config).await?;
+    let Some(mut last_id_value) = last_id.take() else {
+        return Ok(());
+    };
+    loop {
+        let first = reader.first_id().await?;
+        if last_id_value != "0-0" && stream_id(&first) > stream_id(&last_id_value) {
+            // Entries after our last id may have been trimmed: start over
+            // from the whole state.
+            tracing::info!("tenant control stream trimmed past this node: reloading");
+            match load(registry, &mut reader, config).await? {
+                Some(id) => last_id_value = id,
+                None => return Ok(()),
+            }
+        }
+        let entries = reader
+            .read(&last_id_value, millis(config.block), 100)
+            .await?;
+        let Some(inner) = registry.upgrade() else {
+            return Ok(());
+        };
+        let registry = TenantRegistry { inner };
+        for entry in entries {
+            apply_entry(&registry, &entry);
+            last_id_value = entry.id;
+        }
+    }
+}
+
+/// Loads the whole runtime state into the registry; the stream id to
+/// follow from, or `None` once the registry is gone.
+async fn load(
+    registry: &Weak<Inner>,
+    reader: &mut crate::store::redis::tenants::TenantReader,
+    config: &ControlConfig,
+) -> Result<Option<String>, StoreError> {
+    let Loaded {
+        last_id,
+        records,
+        generations,
+    } = reader.load(millis(config.ttl)).await?;
+    let Some(inner) = registry.upgrade() else {
+        return Ok(None);
+    };
+    let registry = TenantRegistry { inner };
+    let mut runtime = HashMap::new();
+    for (tenant, record) in records {
+        match decode_record(&record) {
+            Ok(record) => {
+                runtime.insert(tenant, record);
+            }
+            Err(error) => tracing::warn!(%error, "skipping an unreadable tenant record"),
+        }
+    }
+    registry.replace_runtime(runtime, generations.into_iter().collect());
+    registry.inner.loaded.send_modify(|n| *n += 1);
+    Ok(Some(last_id))
+}
+
+fn decode_record(record: &str) -> Result<Record, TenantError> {
+    match record.split_once('\n') {
+        Some(("A", spec)) => TenantSpec::decode(spec).map(Record::Active),
+        None if record == "C" => Ok(Record::Closed),
+        _ => Err(TenantError::Record(record.chars().take(80).collect())),
+    }
+}
+
+fn apply_entry(registry: &TenantRegistry, entry: &Entry) {
+    let (Some(op), Some(tenant), Some(generation)) = (
+        entry.field("op"),
+        entry.field("tenant"),
+        entry.field("gen").and_then(|g| g.parse::<u64>().ok()),
+    ) else {
+        tracing::warn!("skipping a malformed tenant control entry");
+        return;
+    };
+    let change = match op {
+        "init" => match TenantSpec::decode(entry.field("spec").unwrap_or("")) {
+            Ok(spec) => Change::Init(spec),
+            Err(error) => {
+                tracing::warn!(%error, "skipping an unreadable tenant control entry");
+                return;
+            }
+        },
+        "reset" => Change::Reset,
+        "close" => Change::Close,
+        _ => return,
+    };
+    registry.apply(tenant, change, Some(generation));
+}
