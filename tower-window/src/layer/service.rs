@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use super::future::{DecisionFuture, ResponseFuture};
 use super::{MissingKey, Rejection, RequestCost, Respond};
+use crate::tenant::{Resolution, TenantRegistry};
 use crate::{KeyExtractor, Limiter};
 
 /// What every clone of one [`SlidingWindow`] shares.
@@ -18,6 +19,7 @@ pub(super) struct Shared<K, C, M> {
     pub(super) missing_key: MissingKey,
     pub(super) degraded_status: http::StatusCode,
     pub(super) mode: Arc<M>,
+    pub(super) tenants: Option<TenantRegistry>,
 }
 
 /// Checks each request against a [`Limiter`] before calling `S`.
@@ -118,10 +120,32 @@ where
             // Free requests are neither checked nor counted.
             return ResponseFuture::calling(self.inner.call(request), None, &shared.mode);
         }
+        // With a registry, the tenant's own policy (one atomic load and a
+        // lookup); without one, the limiter's policy as always.
+        let policy = match &shared.tenants {
+            None => None,
+            Some(registry) => match registry.resolve(key.tenant()) {
+                Resolution::Limited(policy) => Some(policy),
+                Resolution::Unlimited => {
+                    return ResponseFuture::calling(self.inner.call(request), None, &shared.mode)
+                }
+                Resolution::Unknown => {
+                    return ResponseFuture::ready(
+                        shared.mode.on_rejection(Rejection::UnknownTenant {
+                            status: http::StatusCode::FORBIDDEN,
+                        }),
+                    )
+                }
+            },
+        };
         let limiter = shared.limiter.clone();
         let degraded_status = shared.degraded_status;
         let mut decision: DecisionFuture = Box::pin(async move {
-            match limiter.check(&key, cost).await {
+            let checked = match &policy {
+                None => limiter.check(&key, cost).await,
+                Some(policy) => limiter.check_policy(&key, policy, cost).await,
+            };
+            match checked {
                 Ok(decision) if decision.allowed => Ok(decision),
                 Ok(decision) => Err(Rejection::for_denial(decision, degraded_status)),
                 Err(error) => {

@@ -105,6 +105,7 @@ impl std::error::Error for TenantError {
 
 impl TenantError {
     /// The same error, naming `tenant`.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
     pub(crate) fn for_tenant(self, name: &str) -> Self {
         let named = Some(name.to_owned());
         match self {

@@ -153,7 +153,7 @@ impl TenantRegistry {
         #[allow(unused_variables)] control: impl FnOnce(&std::sync::Weak<Inner>) -> ControlSlot,
     ) -> Self {
         let (loaded, _) = watch::channel(0);
-        let inner = Arc::new_cyclic(|weak| Inner {
+        let inner = Arc::new_cyclic(|_weak| Inner {
             view: ArcSwap::from_pointee(View::default()),
             sources: Mutex::new(Sources {
                 file: config,
@@ -161,7 +161,7 @@ impl TenantRegistry {
             }),
             loaded,
             #[cfg(feature = "redis")]
-            control: control(weak),
+            control: control(_weak),
         });
         let registry = Self { inner };
         registry.rebuild(&lock(&registry.inner.sources));
@@ -296,6 +296,7 @@ impl TenantRegistry {
     }
 
     /// Replaces the runtime records and generations with a full load.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn replace_runtime(
         &self,
         runtime: HashMap<String, Record>,

@@ -83,6 +83,7 @@ impl TenantSpec {
 
     /// The record text kept in Redis: `U` (unlimited), or `Q` then one
     /// line per quota, `name\tscope\tshadow(0/1)\tdsl`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn encode(&self) -> String {
         if self.unlimited {
             return "U".to_owned();
@@ -102,6 +103,7 @@ impl TenantSpec {
     }
 
     /// Parses [`encode`](Self::encode)'s text.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn decode(text: &str) -> Result<Self, TenantError> {
         let bad = || TenantError::Record(text.chars().take(80).collect());
         let mut lines = text.split('\n');
