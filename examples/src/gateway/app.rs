@@ -26,6 +26,18 @@ pub const RATELIMIT_SOURCE: HeaderName = HeaderName::from_static("x-ratelimit-so
 pub fn build_app(config: GatewayConfig) -> Router {
     let limiter = config.limiter();
     let degraded_status = config.degraded_status();
+    let registry = super::tenants::registry(&config);
+    if let (Some(registry), Some(file)) = (&registry, &config.tenants) {
+        super::tenants::watch(registry.clone(), file.path.clone());
+    }
+    let admin = match (&registry, &config.admin_token) {
+        (Some(registry), Some(token)) => Some(axum_window_ext::admin::router(
+            registry.clone(),
+            limiter.clone(),
+            token,
+        )),
+        _ => None,
+    };
     let key = Header::from_name(config.user_header.clone())
         .with_tenant(Header::from_name(config.tenant_header.clone()).or(Constant::new("public")));
     let state = AppState {
@@ -40,17 +52,22 @@ pub fn build_app(config: GatewayConfig) -> Router {
         // Inside the limiter: sees the admitted request's `Decision`.
         router = router.route_layer(middleware::from_fn(admitted_source));
     }
-    router =
-        router.route_layer(axum_window_ext::layer(limiter, key).degraded_status(degraded_status));
+    let mut layer = axum_window_ext::layer(limiter, key).degraded_status(degraded_status);
+    if let Some(registry) = registry {
+        layer = layer.tenants(registry);
+    }
+    router = router.route_layer(layer);
     if config.debug_headers {
         // Outside the limiter: sees the denial's `Rejection`.
         router = router.route_layer(middleware::map_response(denied_source));
     }
 
     // Unlimited routes.
+    let mut router = router.route("/healthz", get(healthz)).with_state(state);
+    if let Some(admin) = admin {
+        router = router.nest("/admin", admin);
+    }
     router
-        .route("/healthz", get(healthz))
-        .with_state(state)
         .merge(super::metrics::metrics_router(
             super::metrics::install_recorder(),
         ))

@@ -22,6 +22,7 @@
 mod app;
 mod config;
 pub mod metrics;
+pub mod tenants;
 mod ws;
 
 pub use app::{build_app, RATELIMIT_SOURCE};
