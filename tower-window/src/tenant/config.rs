@@ -312,3 +312,96 @@ mod file {
         }
     }
 }
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::Scope;
+
+    #[test]
+    fn the_shipped_example_parses_in_order() {
+        let config =
+            TenantsConfig::from_toml(include_str!("../../../examples/tenants.toml")).unwrap();
+        let names = |t: &str| -> Vec<String> {
+            config.tenants[t]
+                .quotas()
+                .iter()
+                .map(|q| q.name().to_owned())
+                .collect()
+        };
+        assert_eq!(names("acme"), ["burst", "sustained"]);
+        assert_eq!(names("bigco"), ["burst", "org"]);
+        assert_eq!(config.tenants["bigco"].quotas()[1].scope(), Scope::Tenant);
+        assert!(config.tenants["trial"].quotas()[0].is_shadow());
+        assert_eq!(config.default.as_ref().unwrap().quotas()[0].limit(), 60);
+        // Order is the file's, not alphabetical.
+        let config = TenantsConfig::from_toml(
+            "[tenants.x]\nquotas = { zeta = \"1/s\", alpha = \"2/s\", mid = \"3/s\" }",
+        )
+        .unwrap();
+        let order: Vec<&str> = config.tenants["x"].quotas().iter().map(|q| q.name()).collect();
+        assert_eq!(order, ["zeta", "alpha", "mid"]);
+    }
+
+    #[test]
+    fn every_problem_names_its_tenant_and_quota() {
+        let err = TenantsConfig::from_toml(
+            r#"
+            [default]
+            quotas = { minute = "60/1x" }
+            [tenants.acme]
+            quotas = { burst = "0/1s", ok = "1/s" }
+            [tenants.bigco]
+            quotas = { org = { limit = "5/1m", scope = "planet" } }
+            [tenants.trial]
+            quotas = { minute = "5/1m" }
+            shadow = ["hour"]
+            [tenants."a b"]
+            quotas = { x = "1/s" }
+            [tenants.empty]
+            quotas = {}
+            [tenants.both]
+            unlimited = true
+            quotas = { x = "1/s" }
+            "#,
+        )
+        .unwrap_err()
+        .to_string();
+        for needle in [
+            r#"tenant "[default]": quota "minute""#,
+            r#"tenant "acme": quota "burst""#,
+            r#"tenant "bigco": quota "org""#,
+            "planet",
+            r#"tenant "trial": quota "hour""#,
+            r#"invalid tenant name "a b""#,
+            r#"tenant "empty""#,
+            r#"tenant "both""#,
+        ] {
+            assert!(err.contains(needle), "{needle:?} in {err}");
+        }
+        for bad in ["[tenants.x]\nquotas = 3", "[tenants.x]\nlimits = {}", "nonsense = ["] {
+            assert!(matches!(
+                TenantsConfig::from_toml(bad),
+                Err(TenantError::Syntax(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn specs_serialize_as_the_admin_api_shows_them() {
+        let config = TenantsConfig::from_toml(include_str!("../../../examples/tenants.toml")).unwrap();
+        let json = serde_json::to_value(&config.tenants["bigco"]).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"quotas": {"burst": "100/1s gcra", "org": {"limit": "5000/1m", "scope": "tenant"}}})
+        );
+        let json = serde_json::to_value(&config.tenants["trial"]).unwrap();
+        assert_eq!(json, serde_json::json!({"quotas": {"minute": "5/1m"}, "shadow": ["minute"]}));
+        let back: TenantSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(back, config.tenants["trial"]);
+        let unlimited = serde_json::to_value(TenantSpec::unlimited()).unwrap();
+        assert_eq!(serde_json::from_value::<TenantSpec>(unlimited).unwrap(), TenantSpec::unlimited());
+    }
+}

@@ -400,3 +400,101 @@ impl fmt::Debug for TenantRegistry {
         s.finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::{Limiter, MemoryStore, Quota, WindowKey};
+
+    fn spec(quotas: &[(&str, &str)]) -> TenantSpec {
+        let mut builder = TenantSpec::builder();
+        for (name, dsl) in quotas {
+            builder = builder.quota(name, dsl).unwrap();
+        }
+        builder.build().unwrap()
+    }
+
+    fn policy(registry: &TenantRegistry, tenant: &str) -> Policy {
+        match registry.resolve(tenant.as_bytes()) {
+            Resolution::Limited(policy) => policy,
+            other => panic!("{tenant}: {other:?}"),
+        }
+    }
+
+    fn file() -> TenantsConfig {
+        TenantsConfig::new()
+            .with_tenant("acme", spec(&[("burst", "2/1m")]))
+            .unwrap()
+            .with_tenant("free", TenantSpec::unlimited())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn resolves_file_default_unlimited_and_unknown() {
+        let registry = TenantRegistry::new(file());
+        assert_eq!(policy(&registry, "acme").first().limit(), 2);
+        assert_eq!(registry.resolve(b"free"), Resolution::Unlimited);
+        assert_eq!(registry.resolve(b"other"), Resolution::Unknown);
+        registry.set_config(file().with_default(spec(&[("minute", "60/1m")])));
+        assert_eq!(policy(&registry, "other").first().name(), "minute");
+        assert_eq!(registry.tenants().len(), 2);
+        assert_eq!(registry.effective("other").unwrap().source, TenantSource::Default);
+    }
+
+    #[tokio::test]
+    async fn runtime_records_win_over_the_file_until_replaced() {
+        let registry = TenantRegistry::new(file());
+        registry.init("acme", spec(&[("burst", "5/1m")])).await.unwrap();
+        let reloaded = TenantsConfig::new()
+            .with_tenant("acme", spec(&[("burst", "7/1m")]))
+            .unwrap();
+        registry.set_config(reloaded);
+        assert_eq!(policy(&registry, "acme").first().limit(), 5);
+        assert_eq!(registry.tenant("acme").unwrap().source, TenantSource::Runtime);
+        // A close is a tombstone: the file's entry does not come back.
+        assert!(registry.close("acme").await.unwrap());
+        registry.set_config(file());
+        assert_eq!(registry.resolve(b"acme"), Resolution::Unknown);
+        assert!(registry.tenant("acme").is_none());
+        assert!(!registry.close("acme").await.unwrap());
+        // Until another runtime change.
+        registry.init("acme", spec(&[("burst", "3/1m")])).await.unwrap();
+        assert_eq!(policy(&registry, "acme").first().limit(), 3);
+        assert!(matches!(
+            registry.init("a/b", TenantSpec::unlimited()).await,
+            Err(TenantError::InvalidName(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn reset_starts_every_window_afresh_and_a_limit_change_keeps_them() {
+        let registry = TenantRegistry::new(file());
+        let limiter = Limiter::builder(MemoryStore::new(), "1/1m".parse::<Quota>().unwrap())
+            .local_capacity(100)
+            .build();
+        let key = WindowKey::new("acme", "alice");
+        let check = || async {
+            let policy = policy(&registry, "acme");
+            limiter.check_policy(&key, &policy, 1).await.unwrap()
+        };
+        assert!(check().await.allowed);
+        assert!(check().await.allowed);
+        // Denied, and remembered by the local tier.
+        assert!(!check().await.allowed);
+        assert!(!check().await.allowed);
+        assert!(limiter.stats().local_cache > 0);
+        assert!(registry.reset("acme").await.unwrap());
+        assert_eq!(registry.tenant("acme").unwrap().generation, 1);
+        assert!(check().await.allowed, "a reset tenant starts afresh");
+        // A raised limit keeps the (new) window: 1 used of 3.
+        registry.set_config(
+            TenantsConfig::new()
+                .with_tenant("acme", spec(&[("burst", "3/1m")]))
+                .unwrap(),
+        );
+        assert_eq!(check().await.remaining, 1);
+        assert!(!registry.reset("nobody").await.unwrap());
+    }
+}
