@@ -10,7 +10,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::task::JoinHandle;
 
 use super::registry::{Change, Inner, Record};
-use super::{stream_id, TenantError, TenantRegistry, TenantSpec, TenantsConfig};
+use super::{TenantError, TenantRegistry, TenantSpec, TenantsConfig};
 use crate::store::redis::tenants::{Entry, Loaded};
 use crate::store::{StoreError, StoreErrorKind};
 use crate::RedisStore;
@@ -38,6 +38,36 @@ impl Default for ControlConfig {
             block: Duration::from_millis(500),
             timeout: Duration::from_secs(2),
         }
+    }
+}
+
+impl ControlConfig {
+    /// Sets [`max_len`](Self::max_len).
+    #[must_use]
+    pub fn max_len(mut self, max_len: u64) -> Self {
+        self.max_len = max_len;
+        self
+    }
+
+    /// Sets [`ttl`](Self::ttl).
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets [`block`](Self::block).
+    #[must_use]
+    pub fn block(mut self, block: Duration) -> Self {
+        self.block = block;
+        self
+    }
+
+    /// Sets [`timeout`](Self::timeout).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 }
 
@@ -124,20 +154,28 @@ impl TenantRegistry {
 }
 
 /// The reader: load everything, then follow the stream from the loaded
-/// id; after any error reconnect (with backoff) and load everything again,
-/// which also covers a last id trimmed from the stream meanwhile.
+/// id. After an error it reconnects (with backoff) and reads on from its
+/// last id, so a node that was cut off catches up with what it missed;
+/// if that id was trimmed from the stream meanwhile, it loads everything
+/// again instead.
 async fn follow(registry: Weak<Inner>, store: Arc<RedisStore>, config: ControlConfig) {
-    let mut backoff = ExponentialBuilder::default()
+    let backoff = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(20))
         .with_max_delay(Duration::from_secs(1))
-        .without_max_times()
-        .build();
+        .with_jitter()
+        .without_max_times();
+    let mut delays = backoff.build();
+    let mut position = Position::default();
     loop {
-        match follow_once(&registry, &store, &config).await {
+        match follow_once(&registry, &store, &config, &mut position, &mut || {
+            delays = backoff.build();
+        })
+        .await
+        {
             Ok(()) => return, // the registry is gone
             Err(error) => {
                 tracing::warn!(%error, "tenant control stream: reconnecting");
-                if let Some(delay) = backoff.next() {
+                if let Some(delay) = delays.next() {
                     tokio::time::sleep(delay).await;
                 }
             }
@@ -149,46 +187,64 @@ async fn follow_once(
     registry: &Weak<Inner>,
     store: &RedisStore,
     config: &ControlConfig,
+    position: &mut Position,
+    connected: &mut (dyn FnMut() + Send),
 ) -> Result<(), StoreError> {
     let mut reader = store.tenant_reader().await?;
-    let mut last_id = load(registry, &mut reader, config).await?;
-    let Some(mut last_id_value) = last_id.take() else {
-        return Ok(());
-    };
     loop {
-        let first = reader.first_id().await?;
-        if last_id_value != "0-0" && stream_id(&first) > stream_id(&last_id_value) {
-            // Entries after our last id may have been trimmed: start over
-            // from the whole state.
-            tracing::info!("tenant control stream trimmed past this node: reloading");
+        let reload = match position.last_id.as_deref() {
+            None => true,
+            Some(last) => {
+                let trimmed = reader.trimmed_past(last, position.seen).await?;
+                if trimmed {
+                    tracing::info!("tenant control stream trimmed past this node: reloading");
+                }
+                trimmed
+            }
+        };
+        if reload {
             match load(registry, &mut reader, config).await? {
-                Some(id) => last_id_value = id,
+                Some(loaded) => *position = loaded,
                 None => return Ok(()),
             }
         }
-        let entries = reader
-            .read(&last_id_value, millis(config.block), 100)
-            .await?;
+        connected();
+        let from = position
+            .last_id
+            .clone()
+            .unwrap_or_else(|| "0-0".to_owned());
+        let entries = reader.read(&from, millis(config.block), 100).await?;
         let Some(inner) = registry.upgrade() else {
             return Ok(());
         };
         let registry = TenantRegistry { inner };
         for entry in entries {
             apply_entry(&registry, &entry);
-            last_id_value = entry.id;
+            position.last_id = Some(entry.id);
+            position.seen = position.seen.map(|n| n + 1);
         }
     }
 }
 
-/// Loads the whole runtime state into the registry; the stream id to
+/// Where a reader is in the control stream.
+#[derive(Default)]
+struct Position {
+    /// The last entry applied (or the last at the load); `None`: load first.
+    last_id: Option<String>,
+    /// Entries ever added to the stream up to `last_id`, when known.
+    seen: Option<u64>,
+}
+
+/// Loads the whole runtime state into the registry; the position to
 /// follow from, or `None` once the registry is gone.
 async fn load(
     registry: &Weak<Inner>,
     reader: &mut crate::store::redis::tenants::TenantReader,
     config: &ControlConfig,
-) -> Result<Option<String>, StoreError> {
+) -> Result<Option<Position>, StoreError> {
     let Loaded {
         last_id,
+        entries_added,
         records,
         generations,
     } = reader.load(millis(config.ttl)).await?;
@@ -207,7 +263,10 @@ async fn load(
     }
     registry.replace_runtime(runtime, generations.into_iter().collect());
     registry.inner.loaded.send_modify(|n| *n += 1);
-    Ok(Some(last_id))
+    Ok(Some(Position {
+        last_id: Some(last_id),
+        seen: entries_added,
+    }))
 }
 
 fn decode_record(record: &str) -> Result<Record, TenantError> {

@@ -54,9 +54,11 @@
 //! on a connection of its own: it loads the whole state atomically with the
 //! stream's last id, then follows with `XREAD BLOCK` from that id. A reader
 //! whose connection breaks reconnects with backoff and loads the whole
-//! state again (so a node that was cut off catches up); a reader that finds
-//! the stream's first entry newer than its last id (its position was
-//! trimmed) reloads the whole state too. Generations only grow, so a stale
+//! reads on from its last id (so a node that was cut off catches up with
+//! exactly what it missed). Before each read it checks whether entries
+//! after its position were trimmed away (`MAXLEN` trims the oldest: with
+//! Redis 7's `XINFO STREAM`, more entries were trimmed, `entries-added -
+//! length`, than it had seen); if so it loads the whole state again. Generations only grow, so a stale
 //! load never moves a tenant back. Without Redis ([`TenantRegistry::new`]),
 //! changes apply in-process.
 //!

@@ -9,6 +9,7 @@ use super::connection::{is_connection_error, map_error, Conn, Dedicated};
 use super::keys::prefixed_key;
 use super::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
+use crate::tenant::stream_id;
 
 static LIFECYCLE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../tenant/scripts/lifecycle.lua")));
@@ -27,6 +28,8 @@ fn keys(prefix: &str) -> [Vec<u8>; 3] {
 /// The runtime state as one atomic read.
 pub(crate) struct Loaded {
     pub(crate) last_id: String,
+    /// Entries ever added to the stream up to `last_id` (`None` before Redis 7).
+    pub(crate) entries_added: Option<u64>,
     pub(crate) records: Vec<(String, String)>,
     pub(crate) generations: Vec<(String, u64)>,
 }
@@ -151,7 +154,7 @@ impl TenantReader {
         }
         .map_err(map_error)?;
         let parts = items(&reply).ok_or_else(|| protocol("load"))?;
-        let [last, _first, records, generations] = parts[..] else {
+        let [last, _first, records, generations, added] = parts[..] else {
             return Err(protocol("load arity"));
         };
         let generations = pairs(generations)
@@ -161,23 +164,57 @@ impl TenantReader {
             .collect::<Result<_, StoreError>>()?;
         Ok(Loaded {
             last_id: text(last).ok_or_else(|| protocol("last id"))?,
+            entries_added: match added {
+                Value::Int(n) => u64::try_from(*n).ok(),
+                _ => None,
+            },
             records: pairs(records).ok_or_else(|| protocol("records"))?,
             generations,
         })
     }
 
-    /// The id of the stream's oldest entry (`0-0` when empty).
-    pub(crate) async fn first_id(&mut self) -> Result<String, StoreError> {
-        let mut cmd = redis::cmd("XRANGE");
-        cmd.arg(&self.keys[2]).arg("-").arg("+").arg("COUNT").arg(1);
-        let reply = query(&self.conn.conn, &cmd).await.map_err(map_error)?;
-        let entries = items(&reply).ok_or_else(|| protocol("xrange"))?;
-        match entries.first() {
-            None => Ok("0-0".to_owned()),
-            Some(entry) => items(entry)
-                .and_then(|e| e.first().and_then(|id| text(id)))
-                .ok_or_else(|| protocol("xrange entry")),
+    /// Whether an entry after our position was trimmed from the stream.
+    ///
+    /// `seen` counts the entries ever added up to our position (`None`
+    /// when unknown). `MAXLEN` trims from the oldest end, so the trimmed
+    /// entries are the first `entries-added - length` ever added: some of
+    /// them come after our position exactly when there are more of them
+    /// than `seen` (`XINFO STREAM`, Redis 7). Before Redis 7: whether the
+    /// oldest entry left is newer than a position other than the start.
+    pub(crate) async fn trimmed_past(
+        &mut self,
+        last_id: &str,
+        seen: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("XINFO");
+        cmd.arg("STREAM").arg(&self.keys[2]);
+        let reply = match query(&self.conn.conn, &cmd).await {
+            Ok(reply) => reply,
+            // No stream (yet, or it expired): nothing after us was trimmed.
+            Err(error)
+                if error.kind()
+                    == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+            {
+                return Ok(false)
+            }
+            Err(error) => return Err(map_error(error)),
+        };
+        let info = items(&reply).ok_or_else(|| protocol("xinfo"))?;
+        let field = |name: &str| {
+            info.chunks_exact(2)
+                .find(|pair| text(pair[0]).as_deref() == Some(name))
+                .map(|pair| pair[1])
+        };
+        let number = |name: &str| field(name).and_then(text).and_then(|n| n.parse::<u64>().ok());
+        if let (Some(added), Some(length), Some(seen)) =
+            (number("entries-added"), number("length"), seen)
+        {
+            return Ok(added.saturating_sub(length) > seen);
         }
+        let first = field("first-entry")
+            .and_then(items)
+            .and_then(|entry| entry.first().and_then(|id| text(id)));
+        Ok(last_id != "0-0" && first.is_some_and(|first| stream_id(&first) > stream_id(last_id)))
     }
 
     /// Entries after `last_id`, waiting up to `block_ms` for one.

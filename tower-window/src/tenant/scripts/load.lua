@@ -6,7 +6,8 @@
 -- (a running node keeps the records alive).
 --
 -- Reply: {last id ("0-0" for none), first id ("0-0" for none),
--- records as a flat HGETALL, generations as a flat HGETALL}.
+-- records as a flat HGETALL, generations as a flat HGETALL, entries ever
+-- added to the stream (XINFO's entries-added, Redis 7; -1 before)}.
 
 local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
 local first = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)
@@ -22,4 +23,15 @@ for i = 1, 3 do
     redis.call('PEXPIRE', KEYS[i], ARGV[1])
   end
 end
-return {last_id, first_id, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2])}
+local added = -1
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local info = redis.call('XINFO', 'STREAM', KEYS[3])
+  for i = 1, #info, 2 do
+    if info[i] == 'entries-added' then
+      added = info[i + 1]
+    end
+  end
+else
+  added = 0
+end
+return {last_id, first_id, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]), added}
