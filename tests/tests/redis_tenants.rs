@@ -251,3 +251,132 @@ async fn policies_stay_atomic_and_bounded_across_two_nodes() {
     assert_eq!(flood("org", 10, 3).await, 6, "the tenant's bound holds across nodes");
     assert_eq!(usage("org", "s0").await[1], 0);
 }
+
+/// Reset on Redis Cluster: the tenant's subjects live on every primary;
+/// one reset on A starts all of their windows afresh on B, without a
+/// cross-slot delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_works_on_redis_cluster() {
+    let cluster = tower_window_tests::redis_cluster::RedisCluster::shared();
+    let prefix = prefix("cluster");
+    let cluster_node = |config: TenantsConfig| {
+        let urls = cluster.urls();
+        let prefix = prefix.clone();
+        async move {
+            let store = Arc::new(RedisStore::cluster(&urls).unwrap().prefix(&prefix));
+            let registry = TenantRegistry::redis(config, Arc::clone(&store));
+            let limiter = Limiter::builder(store, "1000/1m".parse::<tower_window::Quota>().unwrap())
+                .build();
+            tokio::time::timeout(Duration::from_secs(10), registry.loaded())
+                .await
+                .expect("the registry loads its state");
+            Node { registry, limiter }
+        }
+    };
+    let a = cluster_node(file()).await;
+    let b = cluster_node(file()).await;
+    let subjects: Vec<String> = (0..24).map(|i| format!("user-{i}")).collect();
+    let slots: std::collections::BTreeSet<usize> = subjects
+        .iter()
+        .map(|s| {
+            let key = WindowKey::new("acme", s.clone());
+            let redis_key =
+                tower_window::store::redis_key(&prefix, &key, &a.policy("acme"), a.policy("acme").first());
+            tower_window_tests::redis_cluster::primary_of(tower_window_tests::redis_cluster::key_slot(
+                &redis_key,
+            ))
+        })
+        .collect();
+    assert!(slots.len() > 1, "the subjects live on several primaries");
+    for subject in &subjects {
+        assert!(b.check("acme", subject).await);
+        assert!(b.check("acme", subject).await);
+        assert!(!b.check("acme", subject).await);
+    }
+    a.registry.reset("acme").await.unwrap();
+    eventually("B sees the reset", || generation(&b, "acme") == Some(1)).await;
+    for subject in &subjects {
+        assert!(b.check("acme", subject).await, "{subject} starts afresh");
+    }
+}
+
+/// Point 3: a tenant flooding at 100 times its limit never changes another
+/// tenant's admissions, whatever the names (separators, braces, unicode).
+#[test]
+fn tenants_are_isolated_whatever_their_names() {
+    use proptest::prelude::*;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = RedisServer::shared();
+    let prefix = prefix("isolation");
+    let store = Arc::new(RedisStore::from_url(&redis.url()).unwrap().prefix(&prefix));
+    let limiter = Limiter::new(Arc::clone(&store), "1/1m".parse::<tower_window::Quota>().unwrap());
+    let name = proptest::collection::vec(
+        prop_oneof![
+            Just(':'), Just('{'), Just('}'), Just('|'), Just('%'), Just('#'), Just('@'),
+            Just('a'), Just('b'), Just('é'), Just('テ'), Just('\u{1F600}'),
+        ],
+        1..10,
+    )
+    .prop_map(|chars| chars.into_iter().collect::<String>());
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    runner
+        .run(&(name.clone(), name), |(a, b)| {
+            prop_assume!(a != b);
+            // Fresh names per case (a case may repeat a pair).
+            let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (a, b) = (format!("{a}{n}"), format!("{b}{n}"));
+            let config = TenantsConfig::new()
+                .with_tenant(&a, spec(&[("burst", "2/1m")]))
+                .unwrap()
+                .with_tenant(
+                    &b,
+                    TenantSpec::builder()
+                        .quota("burst", "3/1m")
+                        .unwrap()
+                        .tenant_quota("org", "4/1m")
+                        .unwrap()
+                        .build()
+                        .unwrap(),
+                )
+                .unwrap();
+            let registry = TenantRegistry::new(config);
+            let seen = runtime.block_on(async {
+                let check = |tenant: &str, subject: &str| {
+                    let policy = match registry.resolve(tenant.as_bytes()) {
+                        Resolution::Limited(policy) => policy,
+                        other => panic!("{other:?}"),
+                    };
+                    let key = WindowKey::new(tenant.to_owned(), subject.to_owned());
+                    let limiter = limiter.clone();
+                    async move { limiter.check_policy(&key, &policy, 1).await.unwrap().allowed }
+                };
+                let mut seen = Vec::new();
+                seen.push(check(&b, "u").await);
+                seen.push(check(&b, "u").await);
+                // A floods at 100x its limit, with B's subject names too.
+                for i in 0..200 {
+                    check(&a, if i % 2 == 0 { "u" } else { "v" }).await;
+                }
+                for _ in 0..2 {
+                    seen.push(check(&b, "u").await);
+                }
+                seen.push(check(&b, "v").await);
+                seen.push(check(&b, "v").await);
+                seen
+            });
+            // burst 3 per subject, org 4 per tenant: exactly as if A had
+            // never sent a thing.
+            prop_assert_eq!(seen, vec![true, true, true, false, true, false]);
+            Ok(())
+        })
+        .unwrap();
+}

@@ -53,14 +53,16 @@
 //! same script that records them. Each registry runs a background reader
 //! on a connection of its own: it loads the whole state atomically with the
 //! stream's last id, then follows with `XREAD BLOCK` from that id. A reader
-//! whose connection breaks reconnects with backoff and loads the whole
-//! reads on from its last id (so a node that was cut off catches up with
-//! exactly what it missed). Before each read it checks whether entries
-//! after its position were trimmed away (`MAXLEN` trims the oldest: with
-//! Redis 7's `XINFO STREAM`, more entries were trimmed, `entries-added -
-//! length`, than it had seen); if so it loads the whole state again. Generations only grow, so a stale
-//! load never moves a tenant back. Without Redis ([`TenantRegistry::new`]),
-//! changes apply in-process.
+//! whose connection breaks reconnects with backoff and reads on from its
+//! last id, so a node that was cut off catches up with exactly what it
+//! missed. Before each read it checks whether entries after its position
+//! were trimmed away (`MAXLEN` trims the oldest entries; with Redis 7's
+//! `XINFO STREAM`, whether more were trimmed, `entries-added - length`,
+//! than it had seen); if so it loads the whole state again. Generations
+//! only grow, so a stale load never moves a tenant back. The records, the
+//! generations and the stream carry a TTL (30 days by default) that every
+//! change and every node's load refreshes. Without Redis
+//! ([`TenantRegistry::new`]), changes apply in-process.
 //!
 //! # Shadow quotas
 //!
