@@ -107,12 +107,19 @@ async fn denied_source(mut response: Response) -> Response {
 async fn hello(
     axum::extract::State(state): axum::extract::State<AppState>,
     headers: HeaderMap,
-    RateLimitInfo(decision): RateLimitInfo,
+    info: Option<RateLimitInfo>,
 ) -> Json<Value> {
     let user = headers
         .get(&state.user_header)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("?");
+    let Some(RateLimitInfo(decision)) = info else {
+        // An unlimited tenant (`--tenants`): never checked.
+        return Json(json!({
+            "message": format!("hello, {user}"),
+            "unlimited": true,
+        }));
+    };
     tracing::debug!(remaining = decision.remaining, source = %decision.source, "hello");
     Json(json!({
         "message": format!("hello, {user}"),
