@@ -96,6 +96,8 @@ pub(crate) struct Inner {
     sources: Mutex<Sources>,
     /// Counts full loads from the store (0 until the first).
     pub(crate) loaded: watch::Sender<u64>,
+    /// Counts view rebuilds (every change, reload and load).
+    version: watch::Sender<u64>,
     #[cfg(feature = "redis")]
     pub(crate) control: Option<super::control::Control>,
 }
@@ -153,7 +155,9 @@ impl TenantRegistry {
         #[allow(unused_variables)] control: impl FnOnce(&std::sync::Weak<Inner>) -> ControlSlot,
     ) -> Self {
         let (loaded, _) = watch::channel(0);
+        let (version, _) = watch::channel(0);
         let inner = Arc::new_cyclic(|_weak| Inner {
+            version,
             view: ArcSwap::from_pointee(View::default()),
             sources: Mutex::new(Sources {
                 file: config,
@@ -360,6 +364,15 @@ impl TenantRegistry {
         }
         let default = default_spec.map(|_| resolve("default", None, 0));
         self.inner.view.store(Arc::new(View { tenants, default }));
+        self.inner.version.send_modify(|v| *v += 1);
+    }
+
+    /// A receiver that sees a new value after every change of what the
+    /// registry resolves (a lifecycle change from this or another node, a
+    /// reload, a load from the store): for tests, benches and caches of
+    /// their own.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.version.subscribe()
     }
 }
 
