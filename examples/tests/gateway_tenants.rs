@@ -100,7 +100,10 @@ async fn statuses(app: &Router, tenant: &str, user: &str, n: usize) -> Vec<u16> 
 async fn tenants_get_their_own_policies() {
     let dir = tempfile::tempdir().unwrap();
     let (app, _) = gateway(&dir, FILE);
-    assert_eq!(statuses(&app, "acme", "alice", 4).await, [200, 200, 200, 429]);
+    assert_eq!(
+        statuses(&app, "acme", "alice", 4).await,
+        [200, 200, 200, 429]
+    );
     // Unlimited: never limited, no headers.
     let (status, headers, _) = call(&app, hello("internal", "bob")).await;
     assert_eq!(status, 200);
@@ -133,12 +136,20 @@ async fn shadow_quotas_never_deny_but_show_in_headers_and_metrics() {
         .await
         .unwrap();
     let text = String::from_utf8(
-        response.into_body().collect().await.unwrap().to_bytes().to_vec(),
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
     )
     .unwrap();
     let denials: u64 = text
         .lines()
-        .filter(|l| l.starts_with("tower_window_shadow_denials_total{") && l.contains(r#"quota="minute""#))
+        .filter(|l| {
+            l.starts_with("tower_window_shadow_denials_total{") && l.contains(r#"quota="minute""#)
+        })
         .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
         .sum();
     assert!(denials >= 4, "4 would-be denials counted: {text}");
@@ -151,7 +162,13 @@ async fn reloads(app: &Router, result: &str) -> u64 {
         .await
         .unwrap();
     let text = String::from_utf8(
-        response.into_body().collect().await.unwrap().to_bytes().to_vec(),
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
     )
     .unwrap();
     text.lines()
@@ -167,13 +184,15 @@ async fn reloads(app: &Router, result: &str) -> u64 {
 async fn hot_reload_changes_limits_and_refuses_broken_files() {
     let dir = tempfile::tempdir().unwrap();
     let (app, path) = gateway(&dir, FILE);
-    let policy = |headers: &axum::http::HeaderMap| {
-        headers["ratelimit-policy"].to_str().unwrap().to_owned()
-    };
+    let policy =
+        |headers: &axum::http::HeaderMap| headers["ratelimit-policy"].to_str().unwrap().to_owned();
     let (_, headers, _) = call(&app, hello("acme", "reload")).await;
     assert!(policy(&headers).contains(r#""burst";q=3;w=60"#));
     let ok_before = reloads(&app, "ok").await;
-    write(&path, &FILE.replace(r#"burst = "3/1m""#, r#"burst = "5/1m""#));
+    write(
+        &path,
+        &FILE.replace(r#"burst = "3/1m""#, r#"burst = "5/1m""#),
+    );
     // Bounded wait for the watcher (no restart): at most 1000 × 10 ms.
     let mut seen = String::new();
     for _ in 0..1000 {
@@ -188,7 +207,10 @@ async fn hot_reload_changes_limits_and_refuses_broken_files() {
     assert!(reloads(&app, "ok").await > ok_before);
     // The window was kept: "reload" used 1 of 5.
     let (_, headers, _) = call(&app, hello("acme", "reload")).await;
-    assert!(headers["ratelimit"].to_str().unwrap().contains("r=3"), "{headers:?}");
+    assert!(
+        headers["ratelimit"].to_str().unwrap().contains("r=3"),
+        "{headers:?}"
+    );
 
     // A broken file is refused; the old limits stay.
     let errors_before = reloads(&app, "error").await;
@@ -232,7 +254,12 @@ async fn the_admin_api_needs_the_token() {
         }
     }
     // Nothing was reset or closed.
-    assert_eq!(call(&app, admin("GET", "/admin/tenants/acme", bearer(), None)).await.0, 200);
+    assert_eq!(
+        call(&app, admin("GET", "/admin/tenants/acme", bearer(), None))
+            .await
+            .0,
+        200
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,7 +280,12 @@ async fn the_admin_api_manages_tenants() {
         acme,
         json!({"name": "acme", "quotas": {"burst": "3/1m", "sustained": "1000/1h sliding-counter(1m)"}, "source": "file"})
     );
-    assert_eq!(call(&app, admin("GET", "/admin/tenants/nobody", bearer(), None)).await.0, 404);
+    assert_eq!(
+        call(&app, admin("GET", "/admin/tenants/nobody", bearer(), None))
+            .await
+            .0,
+        404
+    );
 
     // Usage reads the store and consumes nothing.
     assert_eq!(statuses(&app, "acme", "dave", 2).await, [200, 200]);
@@ -268,22 +300,44 @@ async fn the_admin_api_manages_tenants() {
         assert!(reset > 0 && reset <= 60_000, "{body}");
     }
     let (_, headers, _) = call(&app, hello("acme", "dave")).await;
-    assert!(headers["ratelimit"].to_str().unwrap().starts_with(r#""burst";r=0"#));
+    assert!(headers["ratelimit"]
+        .to_str()
+        .unwrap()
+        .starts_with(r#""burst";r=0"#));
 
     // Reset: dave starts afresh.
-    assert_eq!(call(&app, admin("POST", "/admin/tenants/acme/reset", bearer(), None)).await.0, 204);
+    assert_eq!(
+        call(
+            &app,
+            admin("POST", "/admin/tenants/acme/reset", bearer(), None)
+        )
+        .await
+        .0,
+        204
+    );
     let (_, _, body) = call(&app, usage()).await;
     assert_eq!(body["quotas"]["burst"]["remaining"], 3);
 
     // PUT a new tenant (init), then replace it.
     let (status, _, body) = call(
         &app,
-        admin("PUT", "/admin/tenants/newco", bearer(), Some(json!({"quotas": {"burst": "5/10s"}}))),
+        admin(
+            "PUT",
+            "/admin/tenants/newco",
+            bearer(),
+            Some(json!({"quotas": {"burst": "5/10s"}})),
+        ),
     )
     .await;
     assert_eq!(status, 200);
-    assert_eq!(body, json!({"name": "newco", "quotas": {"burst": "5/10s"}, "source": "runtime"}));
-    assert_eq!(statuses(&app, "newco", "erin", 6).await, [200, 200, 200, 200, 200, 429]);
+    assert_eq!(
+        body,
+        json!({"name": "newco", "quotas": {"burst": "5/10s"}, "source": "runtime"})
+    );
+    assert_eq!(
+        statuses(&app, "newco", "erin", 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
     let (status, _, _) = call(
         &app,
         admin(
@@ -297,9 +351,25 @@ async fn the_admin_api_manages_tenants() {
     assert_eq!(status, 200);
 
     // Close: 403 from then on; closing again is 404.
-    assert_eq!(call(&app, admin("DELETE", "/admin/tenants/newco", bearer(), None)).await.0, 204);
+    assert_eq!(
+        call(
+            &app,
+            admin("DELETE", "/admin/tenants/newco", bearer(), None)
+        )
+        .await
+        .0,
+        204
+    );
     assert_eq!(call(&app, hello("newco", "erin")).await.0, 403);
-    assert_eq!(call(&app, admin("DELETE", "/admin/tenants/newco", bearer(), None)).await.0, 404);
+    assert_eq!(
+        call(
+            &app,
+            admin("DELETE", "/admin/tenants/newco", bearer(), None)
+        )
+        .await
+        .0,
+        404
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,18 +378,64 @@ async fn bad_admin_input_is_400_with_a_problem() {
     let (app, _) = gateway(&dir, FILE);
     let long = "x".repeat(129);
     let cases: Vec<(&str, String, Option<Value>, &str)> = vec![
-        ("PUT", "/admin/tenants/newco".into(), Some(json!({"quotas": {"burst": "0/1s"}})), "burst"),
-        ("PUT", "/admin/tenants/newco".into(), Some(json!({"quotas": {"burst": "10/1parsec"}})), "burst"),
-        ("PUT", "/admin/tenants/newco".into(), Some(json!({"quotas": {}})), "at least one quota"),
-        ("PUT", "/admin/tenants/newco".into(), Some(json!({"quotas": {"a": "1/s"}, "shadow": ["b"]})), "\"b\""),
-        ("PUT", "/admin/tenants/newco".into(), Some(json!({"limits": {}})), "limits"),
-        ("PUT", "/admin/tenants/newco".into(), Some(json!({"quotas": {"bad name": "1/s"}})), "bad name"),
-        ("PUT", "/admin/tenants/a%20b".into(), Some(json!({"quotas": {"a": "1/s"}})), "invalid tenant name"),
-        ("GET", format!("/admin/tenants/{long}"), None, "invalid tenant name"),
-        ("POST", "/admin/tenants/a%0Ab/reset".into(), None, "invalid tenant name"),
+        (
+            "PUT",
+            "/admin/tenants/newco".into(),
+            Some(json!({"quotas": {"burst": "0/1s"}})),
+            "burst",
+        ),
+        (
+            "PUT",
+            "/admin/tenants/newco".into(),
+            Some(json!({"quotas": {"burst": "10/1parsec"}})),
+            "burst",
+        ),
+        (
+            "PUT",
+            "/admin/tenants/newco".into(),
+            Some(json!({"quotas": {}})),
+            "at least one quota",
+        ),
+        (
+            "PUT",
+            "/admin/tenants/newco".into(),
+            Some(json!({"quotas": {"a": "1/s"}, "shadow": ["b"]})),
+            "\"b\"",
+        ),
+        (
+            "PUT",
+            "/admin/tenants/newco".into(),
+            Some(json!({"limits": {}})),
+            "limits",
+        ),
+        (
+            "PUT",
+            "/admin/tenants/newco".into(),
+            Some(json!({"quotas": {"bad name": "1/s"}})),
+            "bad name",
+        ),
+        (
+            "PUT",
+            "/admin/tenants/a%20b".into(),
+            Some(json!({"quotas": {"a": "1/s"}})),
+            "invalid tenant name",
+        ),
+        (
+            "GET",
+            format!("/admin/tenants/{long}"),
+            None,
+            "invalid tenant name",
+        ),
+        (
+            "POST",
+            "/admin/tenants/a%0Ab/reset".into(),
+            None,
+            "invalid tenant name",
+        ),
     ];
     for (method, path, body, needle) in cases {
-        let (status, headers, problem) = call(&app, admin(method, &path, bearer(), body.clone())).await;
+        let (status, headers, problem) =
+            call(&app, admin(method, &path, bearer(), body.clone())).await;
         assert_eq!(status, 400, "{method} {path} {body:?}: {problem}");
         assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
         assert_eq!(problem["type"], "urn:tower-window:problem:invalid-input");
@@ -332,7 +448,12 @@ async fn bad_admin_input_is_400_with_a_problem() {
         .body(Body::from("quotas = nope"))
         .unwrap();
     assert_eq!(call(&app, request).await.0, 400);
-    assert!(call(&app, admin("GET", "/admin/tenants/newco", bearer(), None)).await.0 == 404);
+    assert!(
+        call(&app, admin("GET", "/admin/tenants/newco", bearer(), None))
+            .await
+            .0
+            == 404
+    );
 }
 
 #[tokio::test]
@@ -389,14 +510,44 @@ async fn lifecycle_changes_on_one_gateway_reach_the_other() {
     // B does not know newco yet; A defines it.
     assert_eq!(call(&b, hello("newco", "frank")).await.0, 403);
     let body = json!({"quotas": {"burst": "2/1m"}});
-    assert_eq!(call(&a, admin("PUT", "/admin/tenants/newco", bearer(), Some(body))).await.0, 200);
+    assert_eq!(
+        call(
+            &a,
+            admin("PUT", "/admin/tenants/newco", bearer(), Some(body))
+        )
+        .await
+        .0,
+        200
+    );
     until(b.clone(), "newco", 200).await;
     assert_eq!(call(&a, hello("newco", "frank")).await.0, 200);
-    assert_eq!(call(&b, hello("newco", "frank")).await.0, 429, "one window: 2 of 2 used");
-    assert_eq!(call(&a, admin("POST", "/admin/tenants/newco/reset", bearer(), None)).await.0, 204);
+    assert_eq!(
+        call(&b, hello("newco", "frank")).await.0,
+        429,
+        "one window: 2 of 2 used"
+    );
+    assert_eq!(
+        call(
+            &a,
+            admin("POST", "/admin/tenants/newco/reset", bearer(), None)
+        )
+        .await
+        .0,
+        204
+    );
     until(b.clone(), "newco", 200).await;
-    assert_eq!(call(&a, admin("DELETE", "/admin/tenants/newco", bearer(), None)).await.0, 204);
+    assert_eq!(
+        call(&a, admin("DELETE", "/admin/tenants/newco", bearer(), None))
+            .await
+            .0,
+        204
+    );
     until(b.clone(), "newco", 403).await;
     // B's admin API sees what A did.
-    assert_eq!(call(&b, admin("GET", "/admin/tenants/newco", bearer(), None)).await.0, 404);
+    assert_eq!(
+        call(&b, admin("GET", "/admin/tenants/newco", bearer(), None))
+            .await
+            .0,
+        404
+    );
 }

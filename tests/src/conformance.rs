@@ -1096,7 +1096,10 @@ pub async fn shadow_quota_never_denies_and_records_only_what_fits<F: StoreFactor
     let run = Run::start(factory, "shadow_quota_never_denies").await;
     let p = policy(
         "p",
-        [named("3/1m", "burst"), named("2/1m", "trial").shadowed(true)],
+        [
+            named("3/1m", "burst"),
+            named("2/1m", "trial").shadowed(true),
+        ],
     );
     let k = run.key("user");
     let d = run.check_policy(&k, &p, 1).await;
@@ -1112,7 +1115,10 @@ pub async fn shadow_quota_never_denies_and_records_only_what_fits<F: StoreFactor
     run.at(START + 30 * S);
     let d = run.check_policy(&k, &p, 1).await;
     assert!(d.allowed, "a shadow quota never denies: {d:?}");
-    assert_eq!((d.quota.name(), Seen::from(&d)), ("burst", allow(0, 60 * S)));
+    assert_eq!(
+        (d.quota.name(), Seen::from(&d)),
+        ("burst", allow(0, 60 * S))
+    );
     assert_eq!(
         states(&d),
         want(&[
@@ -1174,7 +1180,10 @@ pub async fn peek_reads_every_quota_and_consumes_nothing<F: StoreFactory>(factor
     }
     let peek = run.peek_policy(&k, &p, 2).await;
     assert!(!peek.allowed, "2 more do not fit the log: {peek:?}");
-    assert_eq!(states(&peek)[0], ("log".to_owned(), deny(1, 60 * S, 60 * S)));
+    assert_eq!(
+        states(&peek)[0],
+        ("log".to_owned(), deny(1, 60 * S, 60 * S))
+    );
     // The next admission takes exactly its cost from what the check left.
     let d = run.check_policy(&k, &p, 1).await;
     assert_eq!(

@@ -145,7 +145,10 @@ async fn a_node_started_later_sees_the_changes() {
         .with_tenant("newco", spec(&[("burst", "99/1m")]))
         .unwrap();
     let c = node(&redis.url(), &prefix, other_file).await;
-    assert_eq!(c.registry.tenant("newco").unwrap().spec, spec(&[("burst", "3/1m")]));
+    assert_eq!(
+        c.registry.tenant("newco").unwrap().spec,
+        spec(&[("burst", "3/1m")])
+    );
     assert_eq!(generation(&c, "acme"), Some(2));
     assert_eq!(c.registry.resolve(b"trial"), Resolution::Unknown);
     assert_eq!(c.policy("acme"), a.policy("acme"));
@@ -155,7 +158,9 @@ async fn a_node_started_later_sees_the_changes() {
 async fn a_cut_off_node_catches_up_and_a_trimmed_one_reloads() {
     let redis = RedisServer::shared();
     let prefix = prefix("cut");
-    let proxy = FaultProxy::start(redis.addr().parse().unwrap()).await.unwrap();
+    let proxy = FaultProxy::start(redis.addr().parse().unwrap())
+        .await
+        .unwrap();
     let a = node(&redis.url(), &prefix, file()).await;
     let b = node(&proxy.redis_url(), &prefix, file()).await;
     assert_eq!(b.registry.loads(), 1);
@@ -172,7 +177,11 @@ async fn a_cut_off_node_catches_up_and_a_trimmed_one_reloads() {
         generation(&b, "acme") == Some(1) && b.registry.tenant("trial").is_none()
     })
     .await;
-    assert_eq!(b.registry.loads(), 1, "caught up from the stream, no reload");
+    assert_eq!(
+        b.registry.loads(),
+        1,
+        "caught up from the stream, no reload"
+    );
 
     // Cut off again while the stream is trimmed far past B's position.
     let small = ControlConfig::default().max_len(1);
@@ -188,7 +197,11 @@ async fn a_cut_off_node_catches_up_and_a_trimmed_one_reloads() {
         generation(&b, "acme") == Some(251)
     })
     .await;
-    assert_eq!(b.registry.loads(), 2, "a trimmed position reloads everything");
+    assert_eq!(
+        b.registry.loads(),
+        2,
+        "a trimmed position reloads everything"
+    );
 }
 
 /// Point 2: one decision per policy, all-or-nothing, across two nodes.
@@ -204,7 +217,10 @@ async fn policies_stay_atomic_and_bounded_across_two_nodes() {
         .unwrap()
         .with_tenant(
             "sustained-binds",
-            spec(&[("burst", "10/1m"), ("sustained", "4/1h sliding-counter(1m)")]),
+            spec(&[
+                ("burst", "10/1m"),
+                ("sustained", "4/1h sliding-counter(1m)"),
+            ]),
         )
         .unwrap()
         .with_tenant(
@@ -225,9 +241,15 @@ async fn policies_stay_atomic_and_bounded_across_two_nodes() {
         async move {
             let mut tasks = Vec::new();
             for i in 0..subjects * per {
-                let node = if i % 2 == 0 { Arc::clone(&a) } else { Arc::clone(&b) };
+                let node = if i % 2 == 0 {
+                    Arc::clone(&a)
+                } else {
+                    Arc::clone(&b)
+                };
                 let subject = format!("s{}", i % subjects);
-                tasks.push(tokio::spawn(async move { node.check(tenant, &subject).await }));
+                tasks.push(tokio::spawn(
+                    async move { node.check(tenant, &subject).await },
+                ));
             }
             let mut admitted = 0;
             for task in tasks {
@@ -240,15 +262,31 @@ async fn policies_stay_atomic_and_bounded_across_two_nodes() {
         let a = Arc::clone(&a);
         async move {
             let key = WindowKey::new(tenant, subject);
-            let d = a.limiter.peek_policy(&key, &a.policy(tenant), 1).await.unwrap();
+            let d = a
+                .limiter
+                .peek_policy(&key, &a.policy(tenant), 1)
+                .await
+                .unwrap();
             d.quotas().iter().map(|q| q.remaining).collect::<Vec<_>>()
         }
     };
     assert_eq!(flood("burst-binds", 1, 20).await, 3);
-    assert_eq!(usage("burst-binds", "s0").await, [0, 2], "burst's denials took nothing from sustained");
+    assert_eq!(
+        usage("burst-binds", "s0").await,
+        [0, 2],
+        "burst's denials took nothing from sustained"
+    );
     assert_eq!(flood("sustained-binds", 1, 20).await, 4);
-    assert_eq!(usage("sustained-binds", "s0").await, [6, 0], "sustained's denials took nothing from burst");
-    assert_eq!(flood("org", 10, 3).await, 6, "the tenant's bound holds across nodes");
+    assert_eq!(
+        usage("sustained-binds", "s0").await,
+        [6, 0],
+        "sustained's denials took nothing from burst"
+    );
+    assert_eq!(
+        flood("org", 10, 3).await,
+        6,
+        "the tenant's bound holds across nodes"
+    );
     assert_eq!(usage("org", "s0").await[1], 0);
 }
 
@@ -265,8 +303,8 @@ async fn reset_works_on_redis_cluster() {
         async move {
             let store = Arc::new(RedisStore::cluster(&urls).unwrap().prefix(&prefix));
             let registry = TenantRegistry::redis(config, Arc::clone(&store));
-            let limiter = Limiter::builder(store, "1000/1m".parse::<tower_window::Quota>().unwrap())
-                .build();
+            let limiter =
+                Limiter::builder(store, "1000/1m".parse::<tower_window::Quota>().unwrap()).build();
             tokio::time::timeout(Duration::from_secs(10), registry.loaded())
                 .await
                 .expect("the registry loads its state");
@@ -280,11 +318,15 @@ async fn reset_works_on_redis_cluster() {
         .iter()
         .map(|s| {
             let key = WindowKey::new("acme", s.clone());
-            let redis_key =
-                tower_window::store::redis_key(&prefix, &key, &a.policy("acme"), a.policy("acme").first());
-            tower_window_tests::redis_cluster::primary_of(tower_window_tests::redis_cluster::key_slot(
-                &redis_key,
-            ))
+            let redis_key = tower_window::store::redis_key(
+                &prefix,
+                &key,
+                &a.policy("acme"),
+                a.policy("acme").first(),
+            );
+            tower_window_tests::redis_cluster::primary_of(
+                tower_window_tests::redis_cluster::key_slot(&redis_key),
+            )
         })
         .collect();
     assert!(slots.len() > 1, "the subjects live on several primaries");
@@ -314,11 +356,24 @@ fn tenants_are_isolated_whatever_their_names() {
     let redis = RedisServer::shared();
     let prefix = prefix("isolation");
     let store = Arc::new(RedisStore::from_url(&redis.url()).unwrap().prefix(&prefix));
-    let limiter = Limiter::new(Arc::clone(&store), "1/1m".parse::<tower_window::Quota>().unwrap());
+    let limiter = Limiter::new(
+        Arc::clone(&store),
+        "1/1m".parse::<tower_window::Quota>().unwrap(),
+    );
     let name = proptest::collection::vec(
         prop_oneof![
-            Just(':'), Just('{'), Just('}'), Just('|'), Just('%'), Just('#'), Just('@'),
-            Just('a'), Just('b'), Just('é'), Just('テ'), Just('\u{1F600}'),
+            Just(':'),
+            Just('{'),
+            Just('}'),
+            Just('|'),
+            Just('%'),
+            Just('#'),
+            Just('@'),
+            Just('a'),
+            Just('b'),
+            Just('é'),
+            Just('テ'),
+            Just('\u{1F600}'),
         ],
         1..10,
     )
@@ -357,7 +412,13 @@ fn tenants_are_isolated_whatever_their_names() {
                     };
                     let key = WindowKey::new(tenant.to_owned(), subject.to_owned());
                     let limiter = limiter.clone();
-                    async move { limiter.check_policy(&key, &policy, 1).await.unwrap().allowed }
+                    async move {
+                        limiter
+                            .check_policy(&key, &policy, 1)
+                            .await
+                            .unwrap()
+                            .allowed
+                    }
                 };
                 let mut seen = Vec::new();
                 seen.push(check(&b, "u").await);

@@ -243,7 +243,9 @@ async fn usage(
     }
     let policy = match admin.registry.resolve(tenant.as_bytes()) {
         Resolution::Limited(policy) => policy,
-        Resolution::Unlimited => return Json(json!({"quotas": {}, "unlimited": true})).into_response(),
+        Resolution::Unlimited => {
+            return Json(json!({"quotas": {}, "unlimited": true})).into_response()
+        }
         _ => return not_found(&tenant),
     };
     let key = WindowKey::new(tenant, subject);

@@ -64,8 +64,14 @@ async fn measure(label: &str, store: impl Fn() -> RedisStore) {
 async fn main() {
     let server = RedisServer::start();
     let url = server.url();
-    measure("single", || RedisStore::from_url(&url).unwrap().prefix("bench:")).await;
+    measure("single", || {
+        RedisStore::from_url(&url).unwrap().prefix("bench:")
+    })
+    .await;
     let cluster = RedisCluster::start();
     let urls = cluster.urls();
-    measure("cluster", || RedisStore::cluster(&urls).unwrap().prefix("bench:")).await;
+    measure("cluster", || {
+        RedisStore::cluster(&urls).unwrap().prefix("bench:")
+    })
+    .await;
 }

@@ -67,10 +67,9 @@ pub fn build_app(config: GatewayConfig) -> Router {
     if let Some(admin) = admin {
         router = router.nest("/admin", admin);
     }
-    router
-        .merge(super::metrics::metrics_router(
-            super::metrics::install_recorder(),
-        ))
+    router.merge(super::metrics::metrics_router(
+        super::metrics::install_recorder(),
+    ))
 }
 
 /// What handlers share.

@@ -105,7 +105,12 @@ pub struct Args {
 
     /// Serve the tenant admin API at `/admin`, guarded by this bearer
     /// token. Without it there are no admin routes.
-    #[arg(long, env = "TW_ADMIN_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "TW_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
     pub admin_token: Option<String>,
 }
 
@@ -231,7 +236,9 @@ impl Args {
         };
         let redis = redis.map(Arc::new);
         let tenants = match &self.tenants {
-            Some(path) => Some(super::tenants::TenantsFile::load(path).map_err(ConfigError::Tenants)?),
+            Some(path) => {
+                Some(super::tenants::TenantsFile::load(path).map_err(ConfigError::Tenants)?)
+            }
             None => None,
         };
         let (store, resilience): (Arc<dyn Store>, _) = match redis.clone() {

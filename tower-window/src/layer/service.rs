@@ -130,11 +130,11 @@ where
                     return ResponseFuture::calling(self.inner.call(request), None, &shared.mode)
                 }
                 Resolution::Unknown => {
-                    return ResponseFuture::ready(
-                        shared.mode.on_rejection(Rejection::UnknownTenant {
+                    return ResponseFuture::ready(shared.mode.on_rejection(
+                        Rejection::UnknownTenant {
                             status: http::StatusCode::FORBIDDEN,
-                        }),
-                    )
+                        },
+                    ))
                 }
             },
         };

@@ -69,7 +69,10 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// The default answers [`StoreErrorKind::InvalidRequest`]: a store that
     /// cannot peek says so.
-    fn peek<'a>(&'a self, request: CheckRequest<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+    fn peek<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         let _ = request;
         Box::pin(async {
             Err(StoreError::new(
@@ -107,7 +110,10 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         (**self).check_sync(request)
     }
 
-    fn peek<'a>(&'a self, request: CheckRequest<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+    fn peek<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         (**self).peek(request)
     }
 

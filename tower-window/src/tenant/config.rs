@@ -143,7 +143,9 @@ mod file {
                 if !self.quotas.0.is_empty() || !self.shadow.is_empty() {
                     return Err(vec![TenantError::Syntax(format!(
                         "{}an unlimited tenant has no quotas or shadow quotas",
-                        tenant.map(|t| format!("tenant {t:?}: ")).unwrap_or_default()
+                        tenant
+                            .map(|t| format!("tenant {t:?}: "))
+                            .unwrap_or_default()
                     ))]);
                 }
                 return Ok(TenantSpec::unlimited());
@@ -178,10 +180,12 @@ mod file {
             for name in &self.shadow {
                 match quotas.iter_mut().find(|q| q.name() == name) {
                     Some(quota) => *quota = quota.clone().shadowed(true),
-                    None if problems.is_empty() => problems.push(named(TenantError::UnknownShadow {
-                        tenant: None,
-                        quota: name.clone(),
-                    })),
+                    None if problems.is_empty() => {
+                        problems.push(named(TenantError::UnknownShadow {
+                            tenant: None,
+                            quota: name.clone(),
+                        }))
+                    }
                     None => {}
                 }
             }
@@ -341,7 +345,11 @@ mod tests {
             "[tenants.x]\nquotas = { zeta = \"1/s\", alpha = \"2/s\", mid = \"3/s\" }",
         )
         .unwrap();
-        let order: Vec<&str> = config.tenants["x"].quotas().iter().map(|q| q.name()).collect();
+        let order: Vec<&str> = config.tenants["x"]
+            .quotas()
+            .iter()
+            .map(|q| q.name())
+            .collect();
         assert_eq!(order, ["zeta", "alpha", "mid"]);
     }
 
@@ -381,7 +389,11 @@ mod tests {
         ] {
             assert!(err.contains(needle), "{needle:?} in {err}");
         }
-        for bad in ["[tenants.x]\nquotas = 3", "[tenants.x]\nlimits = {}", "nonsense = ["] {
+        for bad in [
+            "[tenants.x]\nquotas = 3",
+            "[tenants.x]\nlimits = {}",
+            "nonsense = [",
+        ] {
             assert!(matches!(
                 TenantsConfig::from_toml(bad),
                 Err(TenantError::Syntax(_))
@@ -391,17 +403,24 @@ mod tests {
 
     #[test]
     fn specs_serialize_as_the_admin_api_shows_them() {
-        let config = TenantsConfig::from_toml(include_str!("../../../examples/tenants.toml")).unwrap();
+        let config =
+            TenantsConfig::from_toml(include_str!("../../../examples/tenants.toml")).unwrap();
         let json = serde_json::to_value(&config.tenants["bigco"]).unwrap();
         assert_eq!(
             json,
             serde_json::json!({"quotas": {"burst": "100/1s gcra", "org": {"limit": "5000/1m", "scope": "tenant"}}})
         );
         let json = serde_json::to_value(&config.tenants["trial"]).unwrap();
-        assert_eq!(json, serde_json::json!({"quotas": {"minute": "5/1m"}, "shadow": ["minute"]}));
+        assert_eq!(
+            json,
+            serde_json::json!({"quotas": {"minute": "5/1m"}, "shadow": ["minute"]})
+        );
         let back: TenantSpec = serde_json::from_value(json).unwrap();
         assert_eq!(back, config.tenants["trial"]);
         let unlimited = serde_json::to_value(TenantSpec::unlimited()).unwrap();
-        assert_eq!(serde_json::from_value::<TenantSpec>(unlimited).unwrap(), TenantSpec::unlimited());
+        assert_eq!(
+            serde_json::from_value::<TenantSpec>(unlimited).unwrap(),
+            TenantSpec::unlimited()
+        );
     }
 }

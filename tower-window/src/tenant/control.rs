@@ -99,7 +99,13 @@ impl Control {
         };
         let attempt = || async {
             self.store
-                .tenant_change(op, tenant, &spec, self.config.max_len, millis(self.config.ttl))
+                .tenant_change(
+                    op,
+                    tenant,
+                    &spec,
+                    self.config.max_len,
+                    millis(self.config.ttl),
+                )
                 .await
         };
         let mut delays = ExponentialBuilder::default()
@@ -141,7 +147,11 @@ impl TenantRegistry {
     }
 
     /// [`redis`](Self::redis) with explicit settings.
-    pub fn redis_with(config: TenantsConfig, store: Arc<RedisStore>, control: ControlConfig) -> Self {
+    pub fn redis_with(
+        config: TenantsConfig,
+        store: Arc<RedisStore>,
+        control: ControlConfig,
+    ) -> Self {
         Self::with_parts(config, |weak| {
             let reader = tokio::spawn(follow(weak.clone(), Arc::clone(&store), control.clone()));
             Some(Control {
@@ -209,10 +219,7 @@ async fn follow_once(
             }
         }
         connected();
-        let from = position
-            .last_id
-            .clone()
-            .unwrap_or_else(|| "0-0".to_owned());
+        let from = position.last_id.clone().unwrap_or_else(|| "0-0".to_owned());
         let entries = reader.read(&from, millis(config.block), 100).await?;
         let Some(inner) = registry.upgrade() else {
             return Ok(());

@@ -333,15 +333,14 @@ impl TenantRegistry {
 
     fn rebuild(&self, sources: &Sources) {
         let default_spec = sources.file.default.as_ref();
-        let resolve = |name: &str, spec: Option<&TenantSpec>, generation: u64| {
-            match spec.or(default_spec) {
+        let resolve =
+            |name: &str, spec: Option<&TenantSpec>, generation: u64| match spec.or(default_spec) {
                 None => Resolution::Unknown,
                 Some(spec) => match spec.policy(name, generation) {
                     Some(policy) => Resolution::Limited(policy),
                     None => Resolution::Unlimited,
                 },
-            }
-        };
+            };
         let mut tenants = HashMap::new();
         let names: BTreeSet<&String> = sources
             .file
@@ -357,10 +356,7 @@ impl TenantRegistry {
                 Some(Record::Closed) => None,
                 None => sources.file.tenants.get(name),
             };
-            tenants.insert(
-                Box::from(name.as_bytes()),
-                resolve(name, spec, generation),
-            );
+            tenants.insert(Box::from(name.as_bytes()), resolve(name, spec, generation));
         }
         let default = default_spec.map(|_| resolve("default", None, 0));
         self.inner.view.store(Arc::new(View { tenants, default }));
@@ -453,19 +449,28 @@ mod tests {
         registry.set_config(file().with_default(spec(&[("minute", "60/1m")])));
         assert_eq!(policy(&registry, "other").first().name(), "minute");
         assert_eq!(registry.tenants().len(), 2);
-        assert_eq!(registry.effective("other").unwrap().source, TenantSource::Default);
+        assert_eq!(
+            registry.effective("other").unwrap().source,
+            TenantSource::Default
+        );
     }
 
     #[tokio::test]
     async fn runtime_records_win_over_the_file_until_replaced() {
         let registry = TenantRegistry::new(file());
-        registry.init("acme", spec(&[("burst", "5/1m")])).await.unwrap();
+        registry
+            .init("acme", spec(&[("burst", "5/1m")]))
+            .await
+            .unwrap();
         let reloaded = TenantsConfig::new()
             .with_tenant("acme", spec(&[("burst", "7/1m")]))
             .unwrap();
         registry.set_config(reloaded);
         assert_eq!(policy(&registry, "acme").first().limit(), 5);
-        assert_eq!(registry.tenant("acme").unwrap().source, TenantSource::Runtime);
+        assert_eq!(
+            registry.tenant("acme").unwrap().source,
+            TenantSource::Runtime
+        );
         // A close is a tombstone: the file's entry does not come back.
         assert!(registry.close("acme").await.unwrap());
         registry.set_config(file());
@@ -473,7 +478,10 @@ mod tests {
         assert!(registry.tenant("acme").is_none());
         assert!(!registry.close("acme").await.unwrap());
         // Until another runtime change.
-        registry.init("acme", spec(&[("burst", "3/1m")])).await.unwrap();
+        registry
+            .init("acme", spec(&[("burst", "3/1m")]))
+            .await
+            .unwrap();
         assert_eq!(policy(&registry, "acme").first().limit(), 3);
         assert!(matches!(
             registry.init("a/b", TenantSpec::unlimited()).await,

@@ -239,14 +239,24 @@ mod tests {
         assert_eq!(TenantSpec::decode(&spec.encode()).unwrap(), spec);
         let unlimited = TenantSpec::unlimited();
         assert_eq!(TenantSpec::decode(&unlimited.encode()).unwrap(), unlimited);
-        for bad in ["", "X", "Q\nburst\tsubject", "Q\nb\tplanet\t0\t1/s", "Q\nb\tsubject\t0\t0/s"] {
+        for bad in [
+            "",
+            "X",
+            "Q\nburst\tsubject",
+            "Q\nb\tplanet\t0\t1/s",
+            "Q\nb\tsubject\t0\t0/s",
+        ] {
             assert!(TenantSpec::decode(bad).is_err(), "{bad:?}");
         }
     }
 
     #[test]
     fn policies_carry_the_generation() {
-        let spec = TenantSpec::builder().quota("a", "1/s").unwrap().build().unwrap();
+        let spec = TenantSpec::builder()
+            .quota("a", "1/s")
+            .unwrap()
+            .build()
+            .unwrap();
         let p0 = spec.policy("acme", 0).unwrap();
         let p1 = spec.policy("acme", 1).unwrap();
         assert_ne!(p0.first().state_id(), p1.first().state_id());

@@ -305,7 +305,10 @@ impl Store for MemoryStore {
         Some(self.check_now(request))
     }
 
-    fn peek<'a>(&'a self, request: CheckRequest<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+    fn peek<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move { self.peek_now(request) })
     }
 }

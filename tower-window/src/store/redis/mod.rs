@@ -360,7 +360,10 @@ impl Store for RedisStore {
         Box::pin(self.decide(request))
     }
 
-    fn peek<'a>(&'a self, request: CheckRequest<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+    fn peek<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(self.peek_policy(request))
     }
 

@@ -205,7 +205,11 @@ impl TenantReader {
                 .find(|pair| text(pair[0]).as_deref() == Some(name))
                 .map(|pair| pair[1])
         };
-        let number = |name: &str| field(name).and_then(text).and_then(|n| n.parse::<u64>().ok());
+        let number = |name: &str| {
+            field(name)
+                .and_then(text)
+                .and_then(|n| n.parse::<u64>().ok())
+        };
         if let (Some(added), Some(length), Some(seen)) =
             (number("entries-added"), number("length"), seen)
         {
