@@ -169,8 +169,11 @@ fn tenant_json(info: &TenantInfo) -> Value {
     Value::Object(object)
 }
 
-fn checked(tenant: &str) -> Result<(), Response> {
-    validate_tenant_name(tenant).map_err(|e| bad_request(e.to_string()))
+/// The 400 for an invalid tenant name, if it is one.
+fn invalid(tenant: &str) -> Option<Response> {
+    validate_tenant_name(tenant)
+        .err()
+        .map(|e| bad_request(e.to_string()))
 }
 
 async fn list(State(admin): State<Admin>) -> Response {
@@ -179,7 +182,7 @@ async fn list(State(admin): State<Admin>) -> Response {
 }
 
 async fn show(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
-    if let Err(response) = checked(&tenant) {
+    if let Some(response) = invalid(&tenant) {
         return response;
     }
     match admin.registry.tenant(&tenant) {
@@ -193,7 +196,7 @@ async fn put(
     Path(tenant): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    if let Err(response) = checked(&tenant) {
+    if let Some(response) = invalid(&tenant) {
         return response;
     }
     let spec: TenantSpec = match serde_json::from_slice(&body) {
@@ -210,7 +213,7 @@ async fn put(
 }
 
 async fn reset(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
-    if let Err(response) = checked(&tenant) {
+    if let Some(response) = invalid(&tenant) {
         return response;
     }
     match admin.registry.reset(&tenant).await {
@@ -221,7 +224,7 @@ async fn reset(State(admin): State<Admin>, Path(tenant): Path<String>) -> Respon
 }
 
 async fn close(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
-    if let Err(response) = checked(&tenant) {
+    if let Some(response) = invalid(&tenant) {
         return response;
     }
     match admin.registry.close(&tenant).await {
@@ -235,7 +238,7 @@ async fn usage(
     State(admin): State<Admin>,
     Path((tenant, subject)): Path<(String, String)>,
 ) -> Response {
-    if let Err(response) = checked(&tenant) {
+    if let Some(response) = invalid(&tenant) {
         return response;
     }
     if subject.is_empty() || subject.len() > 1024 {
