@@ -152,14 +152,26 @@ impl TenantRegistry {
         store: Arc<RedisStore>,
         control: ControlConfig,
     ) -> Self {
-        Self::with_parts(config, |weak| {
-            let reader = tokio::spawn(follow(weak.clone(), Arc::clone(&store), control.clone()));
+        // The reader starts once the registry exists: upgrading its weak
+        // handle before that would read as "the registry is gone".
+        let (start, started) = tokio::sync::oneshot::channel();
+        let registry = Self::with_parts(config, |weak| {
+            let reader = tokio::spawn({
+                let (weak, store, control) = (weak.clone(), Arc::clone(&store), control.clone());
+                async move {
+                    if started.await.is_ok() {
+                        follow(weak, store, control).await;
+                    }
+                }
+            });
             Some(Control {
                 store,
                 config: control,
                 reader,
             })
-        })
+        });
+        let _ = start.send(());
+        registry
     }
 }
 
