@@ -189,6 +189,24 @@ async fn hot_reload_changes_limits_and_refuses_broken_files() {
     let (_, headers, _) = call(&app, hello("acme", "reload")).await;
     assert!(policy(&headers).contains(r#""burst";q=3;w=60"#));
     let ok_before = reloads(&app, "ok").await;
+    // Requests keep flowing during the swap: every one is answered by the
+    // old or the new configuration, none fails.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = tokio::spawn({
+        let (app, stop) = (app.clone(), std::sync::Arc::clone(&stop));
+        async move {
+            let mut answered = Vec::new();
+            for i in 0..5000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let user = format!("during-{}", i % 50);
+                answered.push(call(&app, hello("acme", &user)).await.0.as_u16());
+                tokio::task::yield_now().await;
+            }
+            answered
+        }
+    });
     write(
         &path,
         &FILE.replace(r#"burst = "3/1m""#, r#"burst = "5/1m""#),
@@ -205,6 +223,13 @@ async fn hot_reload_changes_limits_and_refuses_broken_files() {
     }
     assert!(seen.contains(r#""burst";q=5;w=60"#), "{seen}");
     assert!(reloads(&app, "ok").await > ok_before);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered = traffic.await.unwrap();
+    assert!(!answered.is_empty());
+    assert!(
+        answered.iter().all(|s| *s == 200 || *s == 429),
+        "every request during the reload was answered: {answered:?}"
+    );
     // The window was kept: "reload" used 1 of 5.
     let (_, headers, _) = call(&app, hello("acme", "reload")).await;
     assert!(
