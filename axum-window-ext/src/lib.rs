@@ -37,6 +37,7 @@
 //!
 //! [axum]: https://docs.rs/axum
 
+pub mod admin;
 mod extract;
 mod key;
 mod problem;
@@ -45,7 +46,7 @@ pub use extract::{MissingRateLimitInfo, RateLimitInfo};
 pub use key::{ConnectInfoIp, PathParam};
 pub use problem::{
     ProblemJson, RejectionResponse, PROBLEM_JSON, TYPE_DEGRADED, TYPE_MISSING_KEY,
-    TYPE_RATE_LIMITED, TYPE_UNAVAILABLE,
+    TYPE_RATE_LIMITED, TYPE_UNAVAILABLE, TYPE_UNKNOWN_TENANT,
 };
 
 pub use tower_window::layer::Rejection;

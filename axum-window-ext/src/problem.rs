@@ -18,6 +18,8 @@ pub const TYPE_RATE_LIMITED: &str = "urn:tower-window:problem:rate-limited";
 pub const TYPE_MISSING_KEY: &str = "urn:tower-window:problem:missing-key";
 /// The `type` of a limiter that could not decide (503).
 pub const TYPE_UNAVAILABLE: &str = "urn:tower-window:problem:unavailable";
+/// The `type` of a request whose tenant is unknown (403).
+pub const TYPE_UNKNOWN_TENANT: &str = "urn:tower-window:problem:unknown-tenant";
 /// Problem type of a denial by the fallback policy while the store cannot
 /// decide (`503` by default, or the policy's status).
 pub const TYPE_DEGRADED: &str = "urn:tower-window:problem:degraded";
@@ -92,6 +94,7 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
         Rejection::MissingKey { .. } => TYPE_MISSING_KEY,
         Rejection::Unavailable { .. } => TYPE_UNAVAILABLE,
         Rejection::Degraded { .. } => TYPE_DEGRADED,
+        Rejection::UnknownTenant { .. } => TYPE_UNKNOWN_TENANT,
         // A kind this version does not know: RFC 9457's "no further semantics".
         _ => "about:blank",
     };

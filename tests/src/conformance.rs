@@ -101,6 +101,8 @@ macro_rules! conformance_tests {
             a_denial_moves_no_quota,
             tenant_quota_is_shared_by_subjects,
             rolling_limit_change_keeps_the_window,
+            shadow_quota_never_denies_and_records_only_what_fits,
+            peek_reads_every_quota_and_consumes_nothing,
         );
     };
     (@each $factory:expr; $($scenario:ident),* $(,)?) => {
@@ -270,8 +272,27 @@ impl<S: Store> Run<S> {
         );
         assert_eq!(
             decision.allowed,
-            decision.quotas().iter().all(|q| q.allowed),
-            "{}: admitted only if every quota admits",
+            decision
+                .quotas()
+                .iter()
+                .all(|q| q.allowed || q.quota.is_shadow()),
+            "{}: admitted only if every enforced quota admits",
+            self.scenario
+        );
+        decision
+    }
+
+    /// Peeks at a whole policy (records nothing).
+    async fn peek_policy(&self, key: &WindowKey, policy: &Policy, cost: u32) -> Decision {
+        let decision = self
+            .store
+            .peek(CheckRequest::new(key, policy, cost))
+            .await
+            .unwrap_or_else(|e| panic!("{}: peek {policy}: store error: {e}", self.scenario));
+        assert_eq!(
+            decision.timestamp_micros,
+            self.clock.now_micros(),
+            "{}: a peek carries the store clock's time",
             self.scenario
         );
         decision
@@ -1064,4 +1085,114 @@ pub async fn rolling_limit_change_keeps_the_window<F: StoreFactory>(factory: &F)
             "{algorithm}: another window starts afresh: {d:?}"
         );
     }
+}
+
+/// A shadow quota never denies: its would-be denial admits (reported as
+/// the quota's `allowed = false`), records nothing in the shadow window
+/// (it keeps counting only what it would itself have admitted), and never
+/// decides while an enforced quota exists; an enforced denial records
+/// nothing in either.
+pub async fn shadow_quota_never_denies_and_records_only_what_fits<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "shadow_quota_never_denies").await;
+    let p = policy(
+        "p",
+        [
+            named("3/1m", "burst"),
+            named("2/1m", "trial").shadowed(true),
+        ],
+    );
+    let k = run.key("user");
+    let d = run.check_policy(&k, &p, 1).await;
+    assert_eq!(
+        states(&d),
+        want(&[("burst", allow(2, 60 * S)), ("trial", allow(1, 60 * S))])
+    );
+    let d = run.check_policy(&k, &p, 1).await;
+    assert_eq!(
+        states(&d),
+        want(&[("burst", allow(1, 60 * S)), ("trial", allow(0, 60 * S))])
+    );
+    run.at(START + 30 * S);
+    let d = run.check_policy(&k, &p, 1).await;
+    assert!(d.allowed, "a shadow quota never denies: {d:?}");
+    assert_eq!(
+        (d.quota.name(), Seen::from(&d)),
+        ("burst", allow(0, 60 * S))
+    );
+    assert_eq!(
+        states(&d),
+        want(&[
+            ("burst", allow(0, 60 * S)),
+            ("trial", deny(0, 30 * S, 30 * S))
+        ])
+    );
+    assert_eq!(d.shadow_denials().count(), 1);
+    // The enforced quota denies: the decision is its, nothing is recorded.
+    let d = run.check_policy(&k, &p, 1).await;
+    assert!(!d.allowed);
+    assert_eq!(
+        (d.quota.name(), Seen::from(&d)),
+        ("burst", deny(0, 60 * S, 30 * S))
+    );
+    // The entries of START expire: had the shadow quota recorded the
+    // admission at START + 30 s, it would have 1 left, not 2.
+    run.at(START + 60 * S);
+    let d = run.check_policy(&k, &p, 1).await;
+    assert_eq!(
+        states(&d),
+        want(&[("burst", allow(1, 60 * S)), ("trial", allow(1, 60 * S))]),
+        "shadow_quota_never_denies: the shadow window holds what it admitted"
+    );
+}
+
+/// A peek reports every quota's state as it stands (remaining before any
+/// cost) and whether the cost would fit, and records nothing, for every
+/// algorithm: peeks in between change no later decision.
+pub async fn peek_reads_every_quota_and_consumes_nothing<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "peek_consumes_nothing").await;
+    let p = policy(
+        "p",
+        [
+            named("3/1m", "log"),
+            named("5/1m fixed-window", "fixed"),
+            named("10/1m gcra", "gcra"),
+            named("10/1m sliding-counter(10s)", "counter"),
+        ],
+    );
+    let fresh = run.peek_policy(&run.key("nobody"), &p, 1).await;
+    assert!(fresh.allowed);
+    let left: Vec<u32> = fresh.quotas().iter().map(|q| q.remaining).collect();
+    assert_eq!(left, [3, 5, 10, 10], "a key never checked is full");
+    let k = run.key("user");
+    let d = run.check_policy(&k, &p, 2).await;
+    let after = want(&[
+        ("log", allow(1, 60 * S)),
+        ("fixed", allow(3, 40 * S)),
+        // T = 6 s: tat = START + 12 s.
+        ("gcra", allow(8, 12 * S)),
+        ("counter", allow(8, 70 * S)),
+    ]);
+    assert_eq!(states(&d), after);
+    for _ in 0..3 {
+        let peek = run.peek_policy(&k, &p, 1).await;
+        assert!(peek.allowed);
+        assert_eq!(states(&peek), after, "peek_consumes_nothing: as it stands");
+    }
+    let peek = run.peek_policy(&k, &p, 2).await;
+    assert!(!peek.allowed, "2 more do not fit the log: {peek:?}");
+    assert_eq!(
+        states(&peek)[0],
+        ("log".to_owned(), deny(1, 60 * S, 60 * S))
+    );
+    // The next admission takes exactly its cost from what the check left.
+    let d = run.check_policy(&k, &p, 1).await;
+    assert_eq!(
+        states(&d),
+        want(&[
+            ("log", allow(0, 60 * S)),
+            ("fixed", allow(2, 40 * S)),
+            ("gcra", allow(7, 18 * S)),
+            ("counter", allow(7, 70 * S)),
+        ])
+    );
 }

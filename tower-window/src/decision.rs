@@ -130,10 +130,23 @@ impl QuotaDecision {
         }
     }
 
-    /// Whether `self` binds tighter than `other`: a denial over an
-    /// admission; between denials the longer wait (never fitting is the
-    /// longest); between admissions the smaller share of the capacity left.
+    /// Whether this is a [shadow](Quota::shadowed) quota's would-be
+    /// denial: the quota does not admit the cost, yet (being a shadow
+    /// quota) it did not deny the request.
+    pub fn is_shadow_denial(&self) -> bool {
+        self.quota.is_shadow() && !self.allowed
+    }
+
+    /// Whether `self` binds tighter than `other`: an enforced quota over a
+    /// [shadow](Quota::shadowed) one; a denial over an admission; between
+    /// denials the longer wait (never fitting is the longest); between
+    /// admissions the smaller share of the capacity left.
     fn is_tighter_than(&self, other: &Self) -> bool {
+        match (self.quota.is_shadow(), other.quota.is_shadow()) {
+            (false, true) => return true,
+            (true, false) => return false,
+            _ => {}
+        }
         match (self.allowed, other.allowed) {
             (false, true) => true,
             (true, false) => false,
@@ -169,7 +182,8 @@ type QuotaStates = SmallVec<[QuotaDecision; 1]>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Decision {
-    /// Whether the request may proceed: every quota admitted it.
+    /// Whether the request may proceed: every quota admitted it
+    /// ([shadow](Quota::shadowed) quotas never deny).
     pub allowed: bool,
     /// The deciding quota.
     pub quota: Quota,
@@ -250,7 +264,8 @@ impl Decision {
     }
 
     fn from_states(quotas: QuotaStates, decider: usize) -> Self {
-        let allowed = quotas.iter().all(|q| q.allowed);
+        // Shadow quotas never deny.
+        let allowed = quotas.iter().all(|q| q.allowed || q.quota.is_shadow());
         let d = &quotas[decider];
         Self {
             allowed,
@@ -271,6 +286,12 @@ impl Decision {
     /// Every quota's state, in policy order (the deciding one included).
     pub fn quotas(&self) -> &[QuotaDecision] {
         &self.quotas
+    }
+
+    /// The [shadow](Quota::shadowed) quotas that would have denied this
+    /// request had they been enforced.
+    pub fn shadow_denials(&self) -> impl Iterator<Item = &QuotaDecision> {
+        self.quotas.iter().filter(|q| q.is_shadow_denial())
     }
 
     /// Sets who decided.
@@ -362,5 +383,30 @@ mod tests {
         assert_eq!((d.quota.name(), d.retry_after), ("e", None));
         assert_eq!(d.quotas().len(), 2);
         assert!(Decision::from_quotas([]).is_none());
+    }
+
+    #[test]
+    fn shadow_quotas_never_deny_nor_decide() {
+        let s = Duration::from_secs;
+        let shadow = q("1/m", "trial").shadowed(true);
+        let d = Decision::from_quotas([
+            QuotaDecision::allow(q("10/1s", "burst"), 9, s(1)),
+            QuotaDecision::deny(shadow.clone(), 0, s(60), Some(s(30))),
+        ])
+        .unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.quota.name(), "burst");
+        assert_eq!(d.retry_after, Some(s(0)));
+        assert_eq!(d.shadow_denials().count(), 1);
+        let d = Decision::from_quotas([
+            QuotaDecision::deny(shadow.clone(), 0, s(60), Some(s(30))),
+            QuotaDecision::deny(q("10/1s", "burst"), 0, s(1), Some(s(1))),
+        ])
+        .unwrap();
+        assert!(!d.allowed);
+        assert_eq!((d.quota.name(), d.retry_after), ("burst", Some(s(1))));
+        let only = Decision::from_quotas([QuotaDecision::deny(shadow, 0, s(60), None)]).unwrap();
+        assert!(only.allowed);
+        assert_eq!(only.retry_after, Some(s(0)));
     }
 }

@@ -39,6 +39,7 @@ mod limiter;
 pub mod metrics;
 pub mod quota;
 pub mod store;
+pub mod tenant;
 
 /// The `bytes` crate this one is built with ([`WindowKey`] parts are `Bytes`).
 pub use bytes;

@@ -24,6 +24,13 @@
 //! | `tower_window_local_cache_entries` | gauge | keys | `quota` |
 //! | `tower_window_local_cache_hits_total` | counter | lookups | `quota` |
 //! | `tower_window_local_cache_misses_total` | counter | lookups | `quota` |
+//! | `tower_window_shadow_denials_total` | counter | decisions | `quota`, (`tenant`) |
+//! | `tower_window_config_reload_total` | counter | reloads | `result` |
+//!
+//! A shadow denial is a [shadow quota](crate::Quota::shadowed)'s would-be
+//! denial of a request that was admitted anyway (labelled with the shadow
+//! quota). Config reloads (`result` = `ok` or `error`) are recorded by
+//! whoever reloads a tenants file (see [`crate::tenant`]).
 //!
 //! Label values:
 //! - `outcome`: `allowed`, `denied` (decisions); `ok`, `error` (store calls).
@@ -94,6 +101,11 @@ pub const LOCAL_CACHE_HITS_TOTAL: &str = "tower_window_local_cache_hits_total";
 /// Local-tier lookups that went on to the store.
 pub const LOCAL_CACHE_MISSES_TOTAL: &str = "tower_window_local_cache_misses_total";
 
+/// Would-be denials of shadow quotas, by `quota`.
+pub const SHADOW_DENIALS_TOTAL: &str = "tower_window_shadow_denials_total";
+/// Tenants-file reloads, by `result` (`ok`, `error`).
+pub const CONFIG_RELOAD_TOTAL: &str = "tower_window_config_reload_total";
+
 /// Every metric name above.
 pub const ALL: &[&str] = &[
     DECISIONS_TOTAL,
@@ -109,6 +121,8 @@ pub const ALL: &[&str] = &[
     LOCAL_CACHE_ENTRIES,
     LOCAL_CACHE_HITS_TOTAL,
     LOCAL_CACHE_MISSES_TOTAL,
+    SHADOW_DENIALS_TOTAL,
+    CONFIG_RELOAD_TOTAL,
 ];
 
 /// Suggested histogram buckets (seconds) for
@@ -187,6 +201,16 @@ pub fn describe() {
         LOCAL_CACHE_HITS_TOTAL,
         Unit::Count,
         "Local-tier lookups answered without the store."
+    );
+    describe_counter!(
+        SHADOW_DENIALS_TOTAL,
+        Unit::Count,
+        "Requests a shadow quota would have denied (admitted anyway), by the shadow quota."
+    );
+    describe_counter!(
+        CONFIG_RELOAD_TOTAL,
+        Unit::Count,
+        "Tenants-file reloads by result (ok, error: the old configuration stays)."
     );
     describe_counter!(
         LOCAL_CACHE_MISSES_TOTAL,
@@ -477,6 +501,11 @@ mod imp {
 
         /// Records a decision returned to the caller.
         pub(crate) fn decision(&self, key: &WindowKey, decision: &Decision) {
+            for shadow in decision.shadow_denials() {
+                self.labels_for(&shadow.quota, Some(key))
+                    .counter(SHADOW_DENIALS_TOTAL, &[])
+                    .increment(1);
+            }
             if !self.tenant_label && self.is_own(&decision.quota) {
                 self.handles().decisions.record(decision);
             } else {

@@ -137,6 +137,21 @@ fn main() {
         "layer, HTTP mode (headers + `Decision` extension), key cloned",
         per_request(|| serve(&mut http, &user)),
     ));
+    // The same, with a tenant registry resolving the key's tenant (the
+    // default tenant "" gets the file's `[default]`, its own policy name).
+    let spec = tower_window::tenant::TenantSpec::new([quota()]).unwrap();
+    let registry = tower_window::tenant::TenantRegistry::new(
+        tower_window::tenant::TenantsConfig::new().with_default(spec),
+    );
+    let fixed = key.clone();
+    let tenanted = layer(move |_: &Request<()>| Some(fixed.clone()))
+        .typed_errors()
+        .tenants(registry);
+    let mut tenanted = tower_layer::Layer::layer(&tenanted, Ok200);
+    rows.push((
+        "layer, `Typed` mode, key cloned, policy from a `TenantRegistry`",
+        per_request(|| serve(&mut tenanted, &user)),
+    ));
     let header = SlidingWindowLayer::new(
         Limiter::new(MemoryStore::new(), quota()),
         Header::new("x-user-id").unwrap(),

@@ -26,6 +26,18 @@ pub const RATELIMIT_SOURCE: HeaderName = HeaderName::from_static("x-ratelimit-so
 pub fn build_app(config: GatewayConfig) -> Router {
     let limiter = config.limiter();
     let degraded_status = config.degraded_status();
+    let registry = super::tenants::registry(&config);
+    if let (Some(registry), Some(file)) = (&registry, &config.tenants) {
+        super::tenants::watch(registry.clone(), file.path.clone());
+    }
+    let admin = match (&registry, &config.admin_token) {
+        (Some(registry), Some(token)) => Some(axum_window_ext::admin::router(
+            registry.clone(),
+            limiter.clone(),
+            token,
+        )),
+        _ => None,
+    };
     let key = Header::from_name(config.user_header.clone())
         .with_tenant(Header::from_name(config.tenant_header.clone()).or(Constant::new("public")));
     let state = AppState {
@@ -40,20 +52,24 @@ pub fn build_app(config: GatewayConfig) -> Router {
         // Inside the limiter: sees the admitted request's `Decision`.
         router = router.route_layer(middleware::from_fn(admitted_source));
     }
-    router =
-        router.route_layer(axum_window_ext::layer(limiter, key).degraded_status(degraded_status));
+    let mut layer = axum_window_ext::layer(limiter, key).degraded_status(degraded_status);
+    if let Some(registry) = registry {
+        layer = layer.tenants(registry);
+    }
+    router = router.route_layer(layer);
     if config.debug_headers {
         // Outside the limiter: sees the denial's `Rejection`.
         router = router.route_layer(middleware::map_response(denied_source));
     }
 
     // Unlimited routes.
-    router
-        .route("/healthz", get(healthz))
-        .with_state(state)
-        .merge(super::metrics::metrics_router(
-            super::metrics::install_recorder(),
-        ))
+    let mut router = router.route("/healthz", get(healthz)).with_state(state);
+    if let Some(admin) = admin {
+        router = router.nest("/admin", admin);
+    }
+    router.merge(super::metrics::metrics_router(
+        super::metrics::install_recorder(),
+    ))
 }
 
 /// What handlers share.
@@ -90,12 +106,19 @@ async fn denied_source(mut response: Response) -> Response {
 async fn hello(
     axum::extract::State(state): axum::extract::State<AppState>,
     headers: HeaderMap,
-    RateLimitInfo(decision): RateLimitInfo,
+    info: Option<RateLimitInfo>,
 ) -> Json<Value> {
     let user = headers
         .get(&state.user_header)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("?");
+    let Some(RateLimitInfo(decision)) = info else {
+        // An unlimited tenant (`--tenants`): never checked.
+        return Json(json!({
+            "message": format!("hello, {user}"),
+            "unlimited": true,
+        }));
+    };
     tracing::debug!(remaining = decision.remaining, source = %decision.source, "hello");
     Json(json!({
         "message": format!("hello, {user}"),

@@ -96,6 +96,22 @@ pub struct Args {
     /// operators can see degradation.
     #[arg(long, env = "TW_DEBUG_HEADERS")]
     pub debug_headers: bool,
+
+    /// A tenants file (TOML, see `examples/tenants.toml`): per-tenant
+    /// policies, watched and hot-reloaded. Without it every tenant gets
+    /// the `--limit` policy.
+    #[arg(long, env = "TW_TENANTS", value_name = "FILE")]
+    pub tenants: Option<std::path::PathBuf>,
+
+    /// Serve the tenant admin API at `/admin`, guarded by this bearer
+    /// token. Without it there are no admin routes.
+    #[arg(
+        long,
+        env = "TW_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
 }
 
 /// `--fallback` values.
@@ -218,10 +234,17 @@ impl Args {
         } else {
             None
         };
-        let (store, resilience): (Arc<dyn Store>, _) = match redis {
+        let redis = redis.map(Arc::new);
+        let tenants = match &self.tenants {
+            Some(path) => {
+                Some(super::tenants::TenantsFile::load(path).map_err(ConfigError::Tenants)?)
+            }
+            None => None,
+        };
+        let (store, resilience): (Arc<dyn Store>, _) = match redis.clone() {
             // The limiter's one time budget bounds every Redis call.
             Some(redis) => (
-                Arc::new(redis),
+                redis,
                 Some(Resilience {
                     fallback: self.fallback,
                     expected_nodes: self.expected_nodes,
@@ -237,6 +260,9 @@ impl Args {
             user_header: self.user_header,
             resilience,
             debug_headers: self.debug_headers,
+            redis,
+            tenants,
+            admin_token: self.admin_token.filter(|t| !t.is_empty()),
         })
     }
 }
@@ -260,6 +286,13 @@ pub struct GatewayConfig {
     pub resilience: Option<Resilience>,
     /// Add the `x-ratelimit-source` header (`--debug-headers`).
     pub debug_headers: bool,
+    /// The Redis store when there is one (the tenant registry's control
+    /// channel lives there too).
+    pub redis: Option<Arc<RedisStore>>,
+    /// The tenants file (`--tenants`), watched and hot-reloaded.
+    pub tenants: Option<super::tenants::TenantsFile>,
+    /// The admin API's bearer token (`--admin-token`); `None`: no admin routes.
+    pub admin_token: Option<String>,
 }
 
 impl GatewayConfig {
@@ -278,6 +311,9 @@ impl GatewayConfig {
             user_header: HeaderName::from_static("x-user-id"),
             resilience: None,
             debug_headers: false,
+            redis: None,
+            tenants: None,
+            admin_token: None,
         }
     }
 
@@ -345,6 +381,8 @@ pub enum ConfigError {
     Policy(PolicyError),
     /// `--redis-url` / `--redis-cluster` do not make a store.
     Store(RedisConfigError),
+    /// The `--tenants` file cannot be read or is invalid.
+    Tenants(String),
 }
 
 impl fmt::Display for ConfigError {
@@ -353,6 +391,7 @@ impl fmt::Display for ConfigError {
             Self::Quota(error) => write!(f, "invalid --limit/--algorithm: {error}"),
             Self::Policy(error) => write!(f, "invalid --limit: {error}"),
             Self::Store(error) => write!(f, "invalid --redis-url/--redis-cluster: {error}"),
+            Self::Tenants(error) => write!(f, "invalid --tenants: {error}"),
         }
     }
 }
@@ -363,6 +402,7 @@ impl std::error::Error for ConfigError {
             Self::Quota(error) => Some(error),
             Self::Policy(error) => Some(error),
             Self::Store(error) => Some(error),
+            Self::Tenants(_) => None,
         }
     }
 }

@@ -15,6 +15,11 @@
 //! `fail-open` or `fail-closed` (503). `--debug-headers` adds
 //! [`RATELIMIT_SOURCE`] (`x-ratelimit-source`) naming who decided.
 //!
+//! With `--tenants FILE` each tenant (the tenant header) gets its own
+//! policy from the file, hot-reloaded on change (see [`tenants`]); with
+//! `--admin-token TOKEN` the tenant admin API of
+//! [`axum_window_ext::admin`] is mounted at `/admin`.
+//!
 //! [`Args`] are the command-line flags (each also read from a `TW_*`
 //! environment variable); [`Args::into_config`] turns them into a
 //! [`GatewayConfig`]; [`build_app`] turns that into a [`Router`](axum::Router).
@@ -22,6 +27,7 @@
 mod app;
 mod config;
 pub mod metrics;
+pub mod tenants;
 mod ws;
 
 pub use app::{build_app, RATELIMIT_SOURCE};

@@ -87,16 +87,30 @@ impl Evaluation {
     }
 }
 
+/// Whether `policy` admits a request whose quotas evaluated to
+/// `evaluations` (in policy order): every enforced quota's cost fits
+/// ([shadow](crate::Quota::shadowed) quotas never deny). When it does, a
+/// store commits the cost to every quota it fits, and to no other: a
+/// shadow quota that would deny records nothing.
+pub(crate) fn policy_admits(policy: &Policy, evaluations: &[Evaluation]) -> bool {
+    policy
+        .quotas()
+        .iter()
+        .zip(evaluations)
+        .all(|(quota, e)| e.fits() || quota.is_shadow())
+}
+
 /// The [`Decision`] of `policy` from each quota's evaluation (in policy
 /// order), decided at `now`: admitted (and by then committed) only if every
-/// quota's cost fits. A quota that fits while another denies reports its
-/// state unchanged.
+/// enforced quota's cost fits (see [`policy_admits`]). A quota that fits
+/// while another denies reports its state unchanged; a shadow quota that
+/// does not fit reports its would-be denial.
 pub(crate) fn policy_decision(
     policy: &Policy,
     evaluations: &[Evaluation],
     now: u64,
 ) -> Option<Decision> {
-    let admitted = evaluations.iter().all(Evaluation::fits);
+    let admitted = policy_admits(policy, evaluations);
     let states = policy.quotas().iter().zip(evaluations).map(|(quota, e)| {
         let o = e.outcome;
         let micros = Duration::from_micros;

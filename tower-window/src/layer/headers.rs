@@ -53,6 +53,9 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// to the shortest whole-second span holding whole windows (`250/500ms`
 /// is `q=500;w=1`), and a GCRA quota adds its burst as `burst` when it
 /// differs from the limit (`10/s gcra(burst=20)` is `q=10;w=1;burst=20`).
+/// A [shadow](crate::Quota::shadowed) quota adds the boolean parameter
+/// `shadow` (`"trial";q=5;w=60;shadow`): it is counted, never enforced,
+/// and never the deciding quota of `RateLimit` while an enforced one exists.
 ///
 /// ```
 /// use std::time::Duration;
@@ -153,6 +156,14 @@ fn policy_item(quota: &Quota) -> Option<HeaderValue> {
             ),
             None => item(quota.name(), &[(b"q", q), (b"w", w)]),
         }?;
+        let value = if quota.is_shadow() {
+            // A boolean parameter: checked and reported, never enforced.
+            let mut bytes = value.as_bytes().to_vec();
+            bytes.extend_from_slice(b";shadow");
+            HeaderValue::from_bytes(&bytes).ok()?
+        } else {
+            value
+        };
         if last.len() == POLICY_CACHE {
             last.remove(0);
         }

@@ -8,6 +8,7 @@ use tower_layer::Layer;
 
 use super::service::{Shared, SlidingWindow};
 use super::{Http, Typed, UnitCost};
+use crate::tenant::TenantRegistry;
 use crate::Limiter;
 
 /// What to do with a request from which the key extractor gets no key.
@@ -53,6 +54,7 @@ pub struct SlidingWindowLayer<K, C = UnitCost, M = Http> {
     pub(super) missing_key: MissingKey,
     pub(super) degraded_status: StatusCode,
     pub(super) mode: M,
+    pub(super) tenants: Option<TenantRegistry>,
 }
 
 impl<K> SlidingWindowLayer<K> {
@@ -66,6 +68,7 @@ impl<K> SlidingWindowLayer<K> {
             missing_key: MissingKey::default(),
             degraded_status: StatusCode::SERVICE_UNAVAILABLE,
             mode: Http::default(),
+            tenants: None,
         }
     }
 }
@@ -81,6 +84,7 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
             missing_key: self.missing_key,
             degraded_status: self.degraded_status,
             mode: self.mode,
+            tenants: self.tenants,
         }
     }
 
@@ -115,7 +119,48 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
             missing_key: self.missing_key,
             degraded_status: self.degraded_status,
             mode,
+            tenants: self.tenants,
         }
+    }
+
+    /// Resolves each request's tenant (the key's tenant) in `registry`
+    /// and checks the request against that tenant's policy instead of the
+    /// limiter's own: an [unlimited](crate::tenant::TenantSpec::unlimited)
+    /// tenant passes without reaching the store (and without rate-limit
+    /// headers), an unknown one is rejected with
+    /// [`Rejection::UnknownTenant`](super::Rejection::UnknownTenant)
+    /// (`403`). Without a registry (the default) every request is checked
+    /// against the limiter's policy, exactly as before.
+    ///
+    /// ```
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tower_window::key::{Header, KeyExtractorExt};
+    /// use tower_window::tenant::{TenantRegistry, TenantSpec, TenantsConfig};
+    /// use tower_window::{Limiter, MemoryStore, Quota, SlidingWindowLayer};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let config = TenantsConfig::new()
+    ///     .with_tenant("acme", TenantSpec::builder().quota("burst", "1/1m")?.build()?)?;
+    /// let registry = TenantRegistry::new(config);
+    /// let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse::<Quota>()?);
+    /// let key = Header::new("x-user")?.with_tenant(Header::new("x-tenant")?);
+    /// let service = ServiceBuilder::new()
+    ///     .layer(SlidingWindowLayer::new(limiter, key).tenants(registry))
+    ///     .service_fn(|_req: http::Request<String>| async {
+    ///         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    ///     });
+    /// let request = |tenant: &str| {
+    ///     http::Request::builder().header("x-tenant", tenant).header("x-user", "u").body(String::new())
+    /// };
+    /// assert_eq!(service.clone().oneshot(request("acme")?).await?.status(), 200);
+    /// assert_eq!(service.clone().oneshot(request("acme")?).await?.status(), 429);
+    /// assert_eq!(service.oneshot(request("nobody")?).await?.status(), 403);
+    /// # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn tenants(mut self, registry: TenantRegistry) -> Self {
+        self.tenants = Some(registry);
+        self
     }
 
     /// The limiter shared by every service of this layer.
@@ -142,6 +187,7 @@ impl<K, C, R> SlidingWindowLayer<K, C, Http<R>> {
             missing_key: self.missing_key,
             degraded_status: self.degraded_status,
             mode: self.mode.rejection(rejection),
+            tenants: self.tenants,
         }
     }
 }
@@ -155,6 +201,7 @@ impl<K, C, M: Clone> Clone for SlidingWindowLayer<K, C, M> {
             missing_key: self.missing_key,
             degraded_status: self.degraded_status,
             mode: self.mode.clone(),
+            tenants: self.tenants.clone(),
         }
     }
 }
@@ -185,6 +232,7 @@ impl<S, K, C, M: Clone> Layer<S> for SlidingWindowLayer<K, C, M> {
                 missing_key: self.missing_key,
                 degraded_status: self.degraded_status,
                 mode: Arc::new(self.mode.clone()),
+                tenants: self.tenants.clone(),
             }),
         )
     }

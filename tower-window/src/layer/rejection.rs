@@ -41,6 +41,13 @@ pub enum Rejection {
         /// layer's [`degraded_status`](super::SlidingWindowLayer::degraded_status).
         status: StatusCode,
     },
+    /// The request's tenant is neither defined nor covered by a default
+    /// policy in the layer's [tenant registry](crate::tenant::TenantRegistry)
+    /// (or was closed).
+    UnknownTenant {
+        /// The status to answer with (`403 Forbidden`).
+        status: StatusCode,
+    },
     /// The limiter could not decide (store failure without a fallback).
     Unavailable {
         /// What failed, for logs; never shown to clients by the built-in bodies.
@@ -87,7 +94,9 @@ impl Rejection {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            Self::MissingKey { status } | Self::Degraded { status, .. } => *status,
+            Self::MissingKey { status }
+            | Self::UnknownTenant { status }
+            | Self::Degraded { status, .. } => *status,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -112,6 +121,7 @@ impl Rejection {
             Self::RateLimited(_) => "Too Many Requests",
             Self::MissingKey { .. } => "Missing rate-limit key",
             Self::Degraded { .. } => "Rate limiter degraded",
+            Self::UnknownTenant { .. } => "Unknown tenant",
             Self::Unavailable { .. } => "Rate limiter unavailable",
         }
     }
@@ -154,6 +164,9 @@ impl Rejection {
             }
             Self::Unavailable { .. } => {
                 "the rate limiter could not decide; try again later".to_owned()
+            }
+            Self::UnknownTenant { .. } => {
+                "the request's tenant is not known to this service".to_owned()
             }
         }
     }

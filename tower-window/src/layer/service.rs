@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use super::future::{DecisionFuture, ResponseFuture};
 use super::{MissingKey, Rejection, RequestCost, Respond};
+use crate::tenant::{Resolution, TenantRegistry};
 use crate::{Decision, KeyExtractor, LimitError, Limiter};
 
 /// What every clone of one [`SlidingWindow`] shares.
@@ -18,6 +19,7 @@ pub(super) struct Shared<K, C, M> {
     pub(super) missing_key: MissingKey,
     pub(super) degraded_status: http::StatusCode,
     pub(super) mode: Arc<M>,
+    pub(super) tenants: Option<TenantRegistry>,
 }
 
 /// Checks each request against a [`Limiter`] before calling `S`.
@@ -118,16 +120,42 @@ where
             // Free requests are neither checked nor counted.
             return ResponseFuture::calling(self.inner.call(request), None, &shared.mode);
         }
+        // With a registry, the tenant's own policy (one atomic load and a
+        // lookup); without one, the limiter's policy as always.
+        let policy = match &shared.tenants {
+            None => None,
+            Some(registry) => match registry.resolve(key.tenant()) {
+                Resolution::Limited(policy) => Some(policy),
+                Resolution::Unlimited => {
+                    return ResponseFuture::calling(self.inner.call(request), None, &shared.mode)
+                }
+                Resolution::Unknown => {
+                    return ResponseFuture::ready(shared.mode.on_rejection(
+                        Rejection::UnknownTenant {
+                            status: http::StatusCode::FORBIDDEN,
+                        },
+                    ))
+                }
+            },
+        };
         let degraded_status = shared.degraded_status;
         // An in-process store decides here, without a future or a box.
-        let ready = match shared.limiter.check_sync(&key, cost) {
+        let now = shared.limiter.check_policy_sync(
+            &key,
+            policy.as_ref().unwrap_or(shared.limiter.policy()),
+            cost,
+        );
+        let ready = match now {
             Some(result) => admission(result, degraded_status),
             None => {
                 let limiter = shared.limiter.clone();
-                let mut decision: DecisionFuture =
-                    Box::pin(
-                        async move { admission(limiter.check(&key, cost).await, degraded_status) },
-                    );
+                let mut decision: DecisionFuture = Box::pin(async move {
+                    let checked = match &policy {
+                        None => limiter.check(&key, cost).await,
+                        Some(policy) => limiter.check_policy(&key, policy, cost).await,
+                    };
+                    admission(checked, degraded_status)
+                });
                 // Most decisions over a network store still need no I/O
                 // (local tier, open breaker) and are ready at the first
                 // poll. Polling with a no-op waker is sound: a pending

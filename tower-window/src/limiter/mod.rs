@@ -21,6 +21,7 @@ use crate::{Clock, Decision, DecisionSource, FallbackReason, Policy, SystemClock
 pub(crate) mod breaker;
 mod builder;
 pub(crate) mod local;
+mod peek;
 pub(crate) mod resilience;
 
 pub use builder::LimiterBuilder;
@@ -126,6 +127,16 @@ impl Limiter {
     /// The policy this limiter enforces.
     pub fn policy(&self) -> &Policy {
         &self.inner.policy
+    }
+
+    /// The store every check goes to.
+    pub(crate) fn store(&self) -> &dyn Store {
+        &*self.inner.store
+    }
+
+    /// Whether the limiter keeps circuit breakers.
+    pub(crate) fn has_breaker(&self) -> bool {
+        self.inner.breaker.is_some()
     }
 
     /// Checks `cost` units for `key` against every quota of the limiter's
@@ -591,7 +602,7 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
-    fn into_error(self) -> StoreError {
+    pub(crate) fn into_error(self) -> StoreError {
         self.error.unwrap_or_else(|| match self.reason {
             FallbackReason::CircuitOpen => {
                 StoreError::new(StoreErrorKind::Unavailable, "circuit breaker open")

@@ -76,6 +76,10 @@ pub struct Quota {
     algorithm: Algorithm,
     burst: Option<NonZeroU32>,
     scope: Scope,
+    /// Checked and counted, never denies (see [`Quota::shadowed`]).
+    shadow: bool,
+    /// The tenant's state generation (see [`Quota::with_generation`]).
+    generation: u64,
 }
 
 impl Quota {
@@ -134,6 +138,63 @@ impl Quota {
     /// Whose window this quota counts: per subject or per tenant.
     pub fn scope(&self) -> Scope {
         self.scope
+    }
+
+    /// The same quota as a *shadow* quota (or enforced again with `false`):
+    /// checked and counted like any other, reported in `RateLimit-Policy`
+    /// (with a `shadow` parameter) and in the metrics, but it never denies.
+    /// For trying a new limit safely.
+    ///
+    /// Precisely: a policy admits a request when every enforced quota
+    /// admits it. A shadow quota that the cost fits records it like an
+    /// enforced one (when the request is admitted); a shadow quota that the
+    /// cost does not fit records nothing (its window keeps counting what
+    /// it would itself have admitted) and reports the would-be denial in
+    /// [`QuotaDecision::allowed`](crate::QuotaDecision::allowed) = `false`
+    /// and [`QuotaDecision::is_shadow_denial`](crate::QuotaDecision::is_shadow_denial),
+    /// counted in `tower_window_shadow_denials_total`. The flag is not
+    /// part of the [state id](Self::state_id): turning a shadow quota into
+    /// an enforced one keeps its windows.
+    ///
+    /// ```
+    /// use tower_window::Quota;
+    ///
+    /// let trial = "5/1m".parse::<Quota>()?.shadowed(true);
+    /// assert!(trial.is_shadow());
+    /// assert_eq!(trial.state_id(), "5/1m".parse::<Quota>()?.state_id());
+    /// # Ok::<(), tower_window::QuotaError>(())
+    /// ```
+    #[must_use]
+    pub fn shadowed(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        let name = self.name().to_owned();
+        self.set_ids(&name);
+        self
+    }
+
+    /// Whether this is a shadow quota (see [`shadowed`](Self::shadowed)).
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// The same quota in state generation `generation` (default 0): the
+    /// generation is part of the [state id](Self::state_id), so windows of
+    /// one generation are never read by another. A
+    /// [`TenantRegistry`](crate::tenant::TenantRegistry) bumps a tenant's
+    /// generation to reset it: on every node and every Redis Cluster
+    /// primary at once, without deleting a key (the old windows expire by
+    /// their TTLs).
+    #[must_use]
+    pub fn with_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        let name = self.name().to_owned();
+        self.set_ids(&name);
+        self
+    }
+
+    /// The state generation (see [`with_generation`](Self::with_generation)).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The quota's name; `"default"` unless set.
@@ -239,9 +300,17 @@ impl Quota {
             Algorithm::Gcra => "gcra".to_owned(),
             other => other.to_string(),
         };
-        self.id = Arc::from(format!("{name}|{self}{scope}"));
+        // The generation is part of both ids (a reset tenant's windows are
+        // new keys everywhere); the shadow flag only of the id (switching a
+        // quota from shadow to enforced keeps its windows).
+        let generation = match self.generation {
+            0 => String::new(),
+            g => format!("|g{g}"),
+        };
+        let shadow = if self.shadow { "|shadow" } else { "" };
+        self.id = Arc::from(format!("{name}|{self}{scope}{generation}{shadow}"));
         self.state_id = Arc::from(format!(
-            "{name}|{}|{shape}{scope}",
+            "{name}|{}|{shape}{scope}{generation}",
             FormatDuration(self.window())
         ));
     }
@@ -498,6 +567,8 @@ impl QuotaBuilder {
             algorithm,
             burst,
             scope: self.scope,
+            shadow: false,
+            generation: 0,
         };
         quota.set_ids(name);
         Ok(quota)

@@ -73,6 +73,26 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Evaluates `request` against every quota of its policy and records
+    /// nothing: each quota's state as it stands (`remaining` before the
+    /// cost, `reset_after` now), `allowed` whether the cost would fit. For
+    /// usage reports ([`Limiter::peek_policy`](crate::Limiter::peek_policy)).
+    ///
+    /// The default answers [`StoreErrorKind::InvalidRequest`]: a store that
+    /// cannot peek says so.
+    fn peek<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let _ = request;
+        Box::pin(async {
+            Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "this store cannot peek",
+            ))
+        })
+    }
+
     /// Which independent failure domain the keys of `key` under `policy` live
     /// in (for example the Redis Cluster primary serving their hash slot),
     /// or `None` when the store is one failure domain (the default) or the
@@ -103,6 +123,13 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
 
     fn decides_in_process(&self) -> bool {
         (**self).decides_in_process()
+    }
+
+    fn peek<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        (**self).peek(request)
     }
 
     fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {

@@ -46,10 +46,12 @@ use quick_cache::{DefaultHashBuilder, Lifecycle, UnitWeighter};
 use smallvec::SmallVec;
 
 use super::{CheckRequest, Store, StoreError, StoreErrorKind};
-use crate::algorithm::outcome::{policy_decision, Evaluation};
+use crate::algorithm::outcome::{policy_admits, policy_decision, Evaluation};
 use crate::algorithm::State;
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
 use crate::{Clock, Decision, Policy, Quota, SystemClock, WindowKey};
+
+mod peek;
 
 type SlotCache = Cache<StateKey, Arc<Slot>, UnitWeighter, DefaultHashBuilder, MarkEvicted>;
 
@@ -199,9 +201,15 @@ impl MemoryStore {
                     evaluations.push(inner.state.evaluate(quota, now, cost));
                 }
             }
-            if evaluations.iter().all(Evaluation::fits) {
-                for (quota, guard) in policy.quotas().iter().zip(guards.iter_mut()) {
-                    if let Some(inner) = guard {
+            if policy_admits(policy, &evaluations) {
+                for ((quota, guard), evaluation) in policy
+                    .quotas()
+                    .iter()
+                    .zip(guards.iter_mut())
+                    .zip(&evaluations)
+                {
+                    // A shadow quota the cost does not fit records nothing.
+                    if let (Some(inner), true) = (guard, evaluation.fits()) {
                         inner.state.commit(quota, now, cost);
                     }
                 }
@@ -232,6 +240,7 @@ impl MemoryStore {
             let now = self.clock.now_micros();
             inner.last_check = now;
             let evaluation = inner.state.evaluate(quota, now, cost);
+            // A lone shadow quota admits anyway, but records only what fits.
             if evaluation.fits() {
                 inner.state.commit(quota, now, cost);
             }
@@ -298,6 +307,13 @@ impl Store for MemoryStore {
 
     fn decides_in_process(&self) -> bool {
         true
+    }
+
+    fn peek<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move { self.peek_now(request) })
     }
 }
 

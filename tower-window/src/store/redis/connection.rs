@@ -37,6 +37,12 @@ pub(crate) enum Conn {
     Cluster(ClusterConnection),
 }
 
+/// A connection of its own (see [`Connection::dedicated`]).
+pub(crate) struct Dedicated {
+    pub(crate) conn: Conn,
+    _keeper: Keeper,
+}
+
 /// Keeps a pooled connection checked out while its handle is in use.
 #[allow(dead_code)] // held only for its Drop, which returns the connection to the pool
 enum Keeper {
@@ -170,6 +176,25 @@ impl Connection {
 
     /// Drops the connection of `generation` after a connection-level error,
     /// so the next call connects again. Cluster connections heal themselves.
+    /// A connection of its own, never shared with the store's calls (for
+    /// a reader that blocks, such as the tenant registry's `XREAD BLOCK`);
+    /// from a pool, one checked out for as long as it is held.
+    pub(crate) async fn dedicated(&self) -> Result<Dedicated, StoreError> {
+        let timeout = self.connect_timeout;
+        let (conn, keeper) = tokio::time::timeout(timeout, connect(&self.connector, timeout))
+            .await
+            .map_err(|_| {
+                StoreError::new(
+                    StoreErrorKind::Timeout,
+                    format!("connecting to redis took longer than {timeout:?}"),
+                )
+            })??;
+        Ok(Dedicated {
+            conn,
+            _keeper: keeper,
+        })
+    }
+
     pub(crate) fn invalidate(&self, generation: u64) {
         if self.is_cluster() {
             return;

@@ -182,6 +182,17 @@ pub fn redis_key(prefix: &str, key: &WindowKey, policy: &Policy, quota: &Quota) 
     out
 }
 
+/// `<prefix><suffix>`, the prefix escaped as [`redis_key`] escapes it
+/// (for keys of the library's own, such as the tenant registry's).
+pub(crate) fn prefixed_key(prefix: &str, suffix: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + suffix.len());
+    escape_into(&mut out, prefix.as_bytes(), |b| {
+        b != b':' && b != b'#' && needs_escape(b)
+    });
+    out.extend_from_slice(suffix);
+    out
+}
+
 /// The Redis Cluster hash slot of every key [`redis_key`] makes for `key`
 /// under `policy` (any prefix, any quota of it): CRC-16/XMODEM of the hash
 /// tag, `<tenant>:<subject>` or, for a policy with a tenant-scoped quota,

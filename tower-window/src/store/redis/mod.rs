@@ -97,7 +97,9 @@ use crate::{Clock, Decision, Policy, WindowKey};
 
 mod connection;
 mod keys;
+mod peek;
 mod scripts;
+pub(crate) mod tenants;
 mod topology;
 #[doc(hidden)]
 pub use topology::__test_support;
@@ -356,6 +358,13 @@ impl Store for RedisStore {
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(self.decide(request))
+    }
+
+    fn peek<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(self.peek_policy(request))
     }
 
     /// On a cluster store, the primary that serves the hash slot of every

@@ -52,6 +52,9 @@ fn code(algorithm: Algorithm) -> u8 {
     }
 }
 
+/// Added to a shadow quota's algorithm code (`SHADOW_FLAG` in the prelude).
+const SHADOW_FLAG: u8 = 16;
+
 /// Where an invocation's keys and arguments go (the script call, or a
 /// test's record of them).
 trait Parts {
@@ -81,7 +84,21 @@ pub(crate) fn invocation(
     now_micros: Option<u64>,
     min_ttl_ms: u64,
 ) -> ScriptInvocation<'static> {
-    let mut call = SCRIPT.prepare_invoke();
+    invocation_of(&SCRIPT, prefix, key, policy, cost, now_micros, min_ttl_ms)
+}
+
+/// Like [`invocation`], for another script of the same KEYS/ARGV layout
+/// (the peek script).
+pub(crate) fn invocation_of(
+    script: &'static Script,
+    prefix: &str,
+    key: &WindowKey,
+    policy: &Policy,
+    cost: u32,
+    now_micros: Option<u64>,
+    min_ttl_ms: u64,
+) -> ScriptInvocation<'static> {
+    let mut call = script.prepare_invoke();
     lay_out(&mut call, prefix, key, policy, cost, now_micros, min_ttl_ms);
     call
 }
@@ -114,7 +131,8 @@ fn lay_out(
         } else {
             call.key(window_key);
         }
-        call.arg(code(algorithm));
+        let shadow = if quota.is_shadow() { SHADOW_FLAG } else { 0 };
+        call.arg(code(algorithm) + shadow);
         let (p1, p2, p3) = match algorithm {
             Algorithm::SlidingLog | Algorithm::FixedWindow => {
                 (quota.window_micros(), quota.limit(), 0)

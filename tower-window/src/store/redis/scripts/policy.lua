@@ -7,7 +7,8 @@
 -- ARGV[2] = cost c (>= 1)
 -- ARGV[3] = lowest TTL in ms (0 in production; padded when the caller's clock is used)
 -- ARGV[4] = number of quotas
--- then 4 slots per quota i = 0, 1, ...: ARGV[5 + 4i] = algorithm code,
+-- then 4 slots per quota i = 0, 1, ...: ARGV[5 + 4i] = algorithm code
+-- (plus SHADOW_FLAG, 16, for a shadow quota: it never denies),
 -- ARGV[6 + 4i .. 8 + 4i] = its parameters p1, p2, p3 (0 when unused):
 --   1 sliding log      W (µs), L, 0
 --   2 sliding counter  W (µs), L, G (bucket width, µs)
@@ -15,12 +16,15 @@
 --   4 GCRA             T (emission interval, µs), B (burst), 0
 --
 -- Every quota is evaluated (reads; expired state may be dropped; nothing is
--- recorded). Only if every quota fits is the cost committed to all of them.
+-- recorded). Only if every enforced quota fits is the cost committed, to
+-- every quota it fits (a shadow quota that would deny records nothing).
 --
 -- Reply: {allowed (0/1), now_us, then per quota in policy order: allowed
 -- (0/1), remaining, reset_after_us, retry_after_us (-1 = never)}. A quota
 -- that fits while another denies reports allowed = 1 and its state as it
--- stands (remaining before the cost, reset before), retry_after 0.
+-- stands (remaining before the cost, reset before), retry_after 0. A shadow
+-- quota that does not fit reports allowed = 0 (its would-be denial) even
+-- when the request is admitted.
 -- remaining may be negative after a limit was lowered; the caller clamps.
 
 local count = tonumber(ARGV[4])
@@ -28,12 +32,14 @@ local quotas = {}
 local next_key = 1
 for i = 1, count do
   local base = 4 + (i - 1) * 4
-  local algorithm = ALGORITHMS[tonumber(ARGV[base + 1])]
+  local code, shadow = quota_code(ARGV[base + 1])
+  local algorithm = ALGORITHMS[code]
   if not algorithm then
     return redis.error_reply('ERR tower-window: unknown algorithm code')
   end
   quotas[i] = {
     algorithm = algorithm,
+    shadow = shadow,
     key = KEYS[next_key],
     key2 = KEYS[next_key + 1],
     p1 = tonumber(ARGV[base + 2]),
@@ -50,7 +56,7 @@ local admitted = true
 for i = 1, count do
   local q = quotas[i]
   q.algorithm.evaluate(q)
-  if not q.fits then
+  if not q.fits and not q.shadow then
     admitted = false
   end
 end
@@ -58,7 +64,7 @@ end
 local reply = {admitted and 1 or 0, t}
 for i = 1, count do
   local q = quotas[i]
-  if admitted then
+  if admitted and q.fits then
     q.algorithm.commit(q)
   elseif q.dirty and q.algorithm.settle then
     q.algorithm.settle(q)

@@ -81,3 +81,14 @@ local function denied(q, remaining, reset, retry)
   q.remaining, q.reset, q.retry = remaining, reset, retry
   q.remaining0, q.reset0 = remaining, reset
 end
+
+-- An algorithm code argument: the code, and whether SHADOW_FLAG (16) is
+-- added to it (a shadow quota, which never denies).
+local SHADOW_FLAG = 16
+local function quota_code(arg)
+  local code = tonumber(arg) or 0
+  if code >= SHADOW_FLAG then
+    return code - SHADOW_FLAG, true
+  end
+  return code, false
+end

@@ -1,0 +1,278 @@
+//! The tenant admin API: a [`Router`] to mount (the gateway mounts it at
+//! `/admin`), guarded by a bearer token.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /tenants` | `{"tenants":[{"name":"acme","quotas":{"burst":"10/1s"},"source":"file"}]}` |
+//! | `GET /tenants/{tenant}` | that object; 404 if not listed |
+//! | `PUT /tenants/{tenant}` with `{"quotas":{"burst":"5/10s"}}` | init or replace; 200 with the object |
+//! | `POST /tenants/{tenant}/reset` | 204 (every window starts afresh, on every node) |
+//! | `DELETE /tenants/{tenant}` | close; 204, 404 if not listed |
+//! | `GET /tenants/{tenant}/usage/{subject}` | `{"quotas":{"burst":{"limit":10,"remaining":7,"reset_after_ms":800}}}`, read from the store consuming nothing |
+//!
+//! A tenant object is `{"name", "quotas", "source": "file" | "runtime"}`,
+//! plus `"shadow": [...]` when some quota is a shadow one and
+//! `"unlimited": true` for an unlimited tenant; a tenant-scoped quota is
+//! `{"limit": "5000/1m", "scope": "tenant"}`. A `PUT` body has the shape of
+//! a tenant in the tenants file (`quotas`, `shadow`, `unlimited`).
+//!
+//! Every request needs `Authorization: Bearer <token>`, compared in constant
+//! time (SHA-256 digests compared with `subtle`); without it, with another
+//! scheme or another token the answer is `401` with `WWW-Authenticate:
+//! Bearer`. Bad input — a tenant name outside the registry's rules
+//! ([`validate_tenant_name`]), a body that is not JSON of that shape, an
+//! invalid quota — is `400` with an `application/problem+json` body that
+//! names the problem. Store failures are `503`.
+
+use axum::extract::{Path, Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tower_window::tenant::{
+    validate_tenant_name, Resolution, TenantError, TenantInfo, TenantRegistry, TenantSpec,
+};
+use tower_window::{Limiter, WindowKey};
+
+use crate::PROBLEM_JSON;
+
+/// The problem `type` of invalid admin input (400).
+pub const TYPE_INVALID_INPUT: &str = "urn:tower-window:problem:invalid-input";
+
+#[derive(Clone)]
+struct Admin {
+    registry: TenantRegistry,
+    limiter: Limiter,
+    token_digest: [u8; 32],
+}
+
+/// The admin routes over `registry`, with usage read through `limiter`'s
+/// store (and resilience stack), guarded by `token` (an empty token
+/// refuses every request).
+///
+/// ```
+/// use axum::Router;
+/// use tower_window::tenant::{TenantRegistry, TenantsConfig};
+/// use tower_window::{Limiter, MemoryStore, Quota};
+///
+/// let registry = TenantRegistry::new(TenantsConfig::new());
+/// let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse::<Quota>()?);
+/// let app: Router = Router::new().nest("/admin", axum_window_ext::admin::router(registry, limiter, "s3cret"));
+/// # Ok::<(), tower_window::QuotaError>(())
+/// ```
+pub fn router(registry: TenantRegistry, limiter: Limiter, token: &str) -> Router {
+    let admin = Admin {
+        registry,
+        limiter,
+        token_digest: Sha256::digest(token.as_bytes()).into(),
+    };
+    let empty_token = token.is_empty();
+    Router::new()
+        .route("/tenants", get(list))
+        .route("/tenants/{tenant}", get(show).put(put).delete(close))
+        .route("/tenants/{tenant}/reset", post(reset))
+        .route("/tenants/{tenant}/usage/{subject}", get(usage))
+        .route_layer(middleware::from_fn_with_state(
+            (admin.clone(), empty_token),
+            authorize,
+        ))
+        .with_state(admin)
+}
+
+async fn authorize(
+    State((admin, empty_token)): State<(Admin, bool)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        });
+    let ok = match presented {
+        Some(token) if !empty_token => {
+            let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+            bool::from(digest.ct_eq(&admin.token_digest))
+        }
+        _ => false,
+    };
+    if !ok {
+        let mut response = problem(
+            StatusCode::UNAUTHORIZED,
+            "urn:tower-window:problem:unauthorized",
+            "Unauthorized",
+            "a valid `Authorization: Bearer <token>` header is required".to_owned(),
+        );
+        response
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return response;
+    }
+    next.run(request).await
+}
+
+fn problem(status: StatusCode, kind: &str, title: &str, detail: String) -> Response {
+    let body = json!({"type": kind, "title": title, "status": status.as_u16(), "detail": detail});
+    let mut response = (status, Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
+}
+
+fn bad_request(detail: String) -> Response {
+    problem(
+        StatusCode::BAD_REQUEST,
+        TYPE_INVALID_INPUT,
+        "Invalid input",
+        detail,
+    )
+}
+
+fn not_found(tenant: &str) -> Response {
+    problem(
+        StatusCode::NOT_FOUND,
+        "urn:tower-window:problem:not-found",
+        "Not found",
+        format!("tenant {tenant:?} is not listed"),
+    )
+}
+
+fn failed(error: TenantError) -> Response {
+    if error.is_invalid_input() {
+        return bad_request(error.to_string());
+    }
+    tracing::warn!(%error, "tenant admin call failed");
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "urn:tower-window:problem:unavailable",
+        "Store unavailable",
+        "the tenant registry's store could not be reached; try again".to_owned(),
+    )
+}
+
+fn tenant_json(info: &TenantInfo) -> Value {
+    let mut object = match serde_json::to_value(&info.spec) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    object.insert("name".to_owned(), Value::from(info.name.clone()));
+    object.insert("source".to_owned(), Value::from(info.source.as_str()));
+    Value::Object(object)
+}
+
+/// The 400 for an invalid tenant name, if it is one.
+fn invalid(tenant: &str) -> Option<Response> {
+    validate_tenant_name(tenant)
+        .err()
+        .map(|e| bad_request(e.to_string()))
+}
+
+async fn list(State(admin): State<Admin>) -> Response {
+    let tenants: Vec<Value> = admin.registry.tenants().iter().map(tenant_json).collect();
+    Json(json!({ "tenants": tenants })).into_response()
+}
+
+async fn show(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
+    if let Some(response) = invalid(&tenant) {
+        return response;
+    }
+    match admin.registry.tenant(&tenant) {
+        Some(info) => Json(tenant_json(&info)).into_response(),
+        None => not_found(&tenant),
+    }
+}
+
+async fn put(
+    State(admin): State<Admin>,
+    Path(tenant): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Some(response) = invalid(&tenant) {
+        return response;
+    }
+    let spec: TenantSpec = match serde_json::from_slice(&body) {
+        Ok(spec) => spec,
+        Err(error) => return bad_request(format!("tenant {tenant:?}: {error}")),
+    };
+    if let Err(error) = admin.registry.init(&tenant, spec).await {
+        return failed(error);
+    }
+    match admin.registry.tenant(&tenant) {
+        Some(info) => Json(tenant_json(&info)).into_response(),
+        None => not_found(&tenant),
+    }
+}
+
+async fn reset(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
+    if let Some(response) = invalid(&tenant) {
+        return response;
+    }
+    match admin.registry.reset(&tenant).await {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => not_found(&tenant),
+        Err(error) => failed(error),
+    }
+}
+
+async fn close(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
+    if let Some(response) = invalid(&tenant) {
+        return response;
+    }
+    match admin.registry.close(&tenant).await {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => not_found(&tenant),
+        Err(error) => failed(error),
+    }
+}
+
+async fn usage(
+    State(admin): State<Admin>,
+    Path((tenant, subject)): Path<(String, String)>,
+) -> Response {
+    if let Some(response) = invalid(&tenant) {
+        return response;
+    }
+    if subject.is_empty() || subject.len() > 1024 {
+        return bad_request("the subject must be 1 to 1024 bytes".to_owned());
+    }
+    let policy = match admin.registry.resolve(tenant.as_bytes()) {
+        Resolution::Limited(policy) => policy,
+        Resolution::Unlimited => {
+            return Json(json!({"quotas": {}, "unlimited": true})).into_response()
+        }
+        _ => return not_found(&tenant),
+    };
+    let key = WindowKey::new(tenant, subject);
+    match admin.limiter.peek_policy(&key, &policy, 1).await {
+        Ok(decision) => {
+            let mut quotas = Map::new();
+            for q in decision.quotas() {
+                quotas.insert(
+                    q.quota.name().to_owned(),
+                    json!({
+                        "limit": q.quota.capacity(),
+                        "remaining": q.remaining,
+                        "reset_after_ms": u64::try_from(q.reset_after.as_millis()).unwrap_or(u64::MAX),
+                    }),
+                );
+            }
+            Json(json!({ "quotas": quotas })).into_response()
+        }
+        Err(error) => failed(TenantError::Store(match error {
+            tower_window::LimitError::Store(error) => error,
+            other => tower_window::StoreError::new(
+                tower_window::StoreErrorKind::InvalidRequest,
+                other.to_string(),
+            ),
+        })),
+    }
+}

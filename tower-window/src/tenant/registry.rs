@@ -1,0 +1,521 @@
+//! [`TenantRegistry`]: tenant → policy, hot-swappable, with a lifecycle.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+
+use super::{validate_tenant_name, TenantError, TenantSpec, TenantsConfig};
+use crate::Policy;
+
+/// What a registry says about one tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resolution {
+    /// Check requests against this policy.
+    Limited(Policy),
+    /// Never limited: requests do not reach the store.
+    Unlimited,
+    /// Neither defined nor covered by a default: reject (403 over HTTP).
+    Unknown,
+}
+
+/// Where a tenant's definition comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TenantSource {
+    /// The tenants file.
+    File,
+    /// A lifecycle call ([`TenantRegistry::init`]), persisted in the store.
+    Runtime,
+    /// Not listed: the file's `[default]`.
+    Default,
+}
+
+impl TenantSource {
+    /// `file`, `runtime` or `default`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::File => "file",
+            Self::Runtime => "runtime",
+            Self::Default => "default",
+        }
+    }
+}
+
+/// One tenant as a registry knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TenantInfo {
+    /// The tenant's name.
+    pub name: String,
+    /// Its definition.
+    pub spec: TenantSpec,
+    /// Where the definition comes from.
+    pub source: TenantSource,
+    /// Its state generation: how many times it was reset or closed. Part
+    /// of every window key of the tenant.
+    pub generation: u64,
+}
+
+/// A runtime record: set by `init`, or a tombstone left by `close`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Record {
+    Active(TenantSpec),
+    Closed,
+}
+
+/// A lifecycle change, as applied to a registry (locally, or read from the
+/// control stream).
+#[derive(Debug, Clone)]
+pub(crate) enum Change {
+    Init(TenantSpec),
+    Reset,
+    Close,
+}
+
+/// Everything a registry's view is built from.
+#[derive(Default)]
+pub(crate) struct Sources {
+    pub(crate) file: TenantsConfig,
+    pub(crate) runtime: HashMap<String, Record>,
+    pub(crate) generations: HashMap<String, u64>,
+}
+
+/// The resolved view the hot path reads (swapped whole on every change).
+#[derive(Default)]
+struct View {
+    tenants: HashMap<Box<[u8]>, Resolution>,
+    default: Option<Resolution>,
+}
+
+pub(crate) struct Inner {
+    view: ArcSwap<View>,
+    sources: Mutex<Sources>,
+    /// Counts full loads from the store (0 until the first).
+    pub(crate) loaded: watch::Sender<u64>,
+    /// Counts view rebuilds (every change, reload and load).
+    version: watch::Sender<u64>,
+    #[cfg(feature = "redis")]
+    pub(crate) control: Option<super::control::Control>,
+}
+
+/// Resolves tenants to their [`Policy`], and carries their lifecycle
+/// (`init`, `reset`, `close`) to every node.
+///
+/// Cheap to clone (one `Arc`); clones share everything. See the [module
+/// docs](super) for the sources (file, runtime), which wins, and how
+/// changes reach other nodes.
+///
+/// ```
+/// use tower_window::tenant::{Resolution, TenantRegistry, TenantSpec, TenantsConfig};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let config = TenantsConfig::new()
+///     .with_tenant("acme", TenantSpec::builder().quota("burst", "10/1s")?.build()?)?;
+/// let registry = TenantRegistry::new(config);
+/// assert!(matches!(registry.resolve(b"acme"), Resolution::Limited(_)));
+/// assert_eq!(registry.resolve(b"nobody"), Resolution::Unknown);
+///
+/// registry.init("nobody", TenantSpec::unlimited()).await?;
+/// assert_eq!(registry.resolve(b"nobody"), Resolution::Unlimited);
+/// registry.close("nobody").await?;
+/// assert_eq!(registry.resolve(b"nobody"), Resolution::Unknown);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct TenantRegistry {
+    pub(crate) inner: Arc<Inner>,
+}
+
+fn lock(sources: &Mutex<Sources>) -> MutexGuard<'_, Sources> {
+    sources.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl TenantRegistry {
+    /// An in-process registry of `config`: lifecycle calls apply to this
+    /// process only (with a [`MemoryStore`](crate::MemoryStore), that is
+    /// every node there is).
+    pub fn new(config: TenantsConfig) -> Self {
+        let registry = Self::with_parts(config, |_| {
+            #[cfg(feature = "redis")]
+            {
+                None
+            }
+        });
+        registry.inner.loaded.send_replace(1);
+        registry
+    }
+
+    pub(crate) fn with_parts(
+        config: TenantsConfig,
+        #[allow(unused_variables)] control: impl FnOnce(&std::sync::Weak<Inner>) -> ControlSlot,
+    ) -> Self {
+        let (loaded, _) = watch::channel(0);
+        let (version, _) = watch::channel(0);
+        let inner = Arc::new_cyclic(|_weak| Inner {
+            version,
+            view: ArcSwap::from_pointee(View::default()),
+            sources: Mutex::new(Sources {
+                file: config,
+                ..Sources::default()
+            }),
+            loaded,
+            #[cfg(feature = "redis")]
+            control: control(_weak),
+        });
+        let registry = Self { inner };
+        registry.rebuild(&lock(&registry.inner.sources));
+        registry
+    }
+
+    /// What `tenant` gets: its policy, unlimited, or unknown. One atomic
+    /// load and one hash lookup; never blocks, never allocates (a policy
+    /// is cloned by reference count).
+    pub fn resolve(&self, tenant: &[u8]) -> Resolution {
+        let view = self.inner.view.load();
+        view.tenants
+            .get(tenant)
+            .or(view.default.as_ref())
+            .cloned()
+            .unwrap_or(Resolution::Unknown)
+    }
+
+    /// Replaces the file's configuration (a hot reload), atomically: a
+    /// request sees the old or the new configuration, never a mix. Runtime
+    /// records keep winning over it (see the [module docs](super)).
+    /// Unchanged limits keep their windows; a changed limit keeps them too
+    /// (windows are keyed by name, window and algorithm, not by limit).
+    pub fn set_config(&self, config: TenantsConfig) {
+        let mut sources = lock(&self.inner.sources);
+        sources.file = config;
+        self.rebuild(&sources);
+    }
+
+    /// The file's configuration now in force.
+    pub fn config(&self) -> TenantsConfig {
+        lock(&self.inner.sources).file.clone()
+    }
+
+    /// Every listed tenant (from the file or runtime, closed ones left
+    /// out), by name.
+    pub fn tenants(&self) -> Vec<TenantInfo> {
+        let sources = lock(&self.inner.sources);
+        let names: BTreeSet<&String> = sources
+            .file
+            .tenants
+            .keys()
+            .chain(sources.runtime.keys())
+            .collect();
+        names
+            .into_iter()
+            .filter_map(|name| listed(&sources, name))
+            .collect()
+    }
+
+    /// The tenant `name`, if listed (from the file or runtime, not closed).
+    pub fn tenant(&self, name: &str) -> Option<TenantInfo> {
+        listed(&lock(&self.inner.sources), name)
+    }
+
+    /// The definition `name` is served with: listed, or the default for a
+    /// tenant not listed; `None` when it is unknown.
+    pub fn effective(&self, name: &str) -> Option<TenantInfo> {
+        let sources = lock(&self.inner.sources);
+        listed(&sources, name).or_else(|| {
+            sources.file.default.clone().map(|spec| TenantInfo {
+                name: name.to_owned(),
+                spec,
+                source: TenantSource::Default,
+                generation: sources.generations.get(name).copied().unwrap_or(0),
+            })
+        })
+    }
+
+    /// Defines (or replaces) tenant `name` at runtime, on every node. A
+    /// replaced limit keeps its windows, like a reloaded file's.
+    pub async fn init(&self, name: &str, spec: TenantSpec) -> Result<(), TenantError> {
+        validate_tenant_name(name)?;
+        self.change(name, Change::Init(spec)).await
+    }
+
+    /// Starts every window of tenant `name` afresh, in the store and in
+    /// every node's local tier, by moving it to a new state generation.
+    /// The tenant must be listed or covered by the default.
+    pub async fn reset(&self, name: &str) -> Result<bool, TenantError> {
+        validate_tenant_name(name)?;
+        if self.effective(name).is_none() {
+            return Ok(false);
+        }
+        self.change(name, Change::Reset).await.map(|()| true)
+    }
+
+    /// Closes tenant `name` on every node: later requests get the
+    /// unknown-tenant behaviour (the default policy, or a rejection), and
+    /// its windows are left to expire (a new generation is never the old
+    /// one). `Ok(false)` if it was not listed.
+    pub async fn close(&self, name: &str) -> Result<bool, TenantError> {
+        validate_tenant_name(name)?;
+        if self.tenant(name).is_none() {
+            return Ok(false);
+        }
+        self.change(name, Change::Close).await.map(|()| true)
+    }
+
+    async fn change(&self, name: &str, change: Change) -> Result<(), TenantError> {
+        #[cfg(feature = "redis")]
+        if let Some(control) = &self.inner.control {
+            let generation = control.publish(name, &change).await?;
+            self.apply(name, change, Some(generation));
+            return Ok(());
+        }
+        self.apply(name, change, None);
+        Ok(())
+    }
+
+    /// Applies one change; `generation` is the store's (`None`: count here).
+    pub(crate) fn apply(&self, name: &str, change: Change, generation: Option<u64>) {
+        let mut sources = lock(&self.inner.sources);
+        let current = sources.generations.get(name).copied().unwrap_or(0);
+        let bumped = generation.unwrap_or(current + 1);
+        match change {
+            Change::Init(spec) => {
+                sources
+                    .runtime
+                    .insert(name.to_owned(), Record::Active(spec));
+                if let Some(generation) = generation {
+                    bump(&mut sources, name, generation);
+                }
+            }
+            Change::Reset => bump(&mut sources, name, bumped),
+            Change::Close => {
+                sources.runtime.insert(name.to_owned(), Record::Closed);
+                bump(&mut sources, name, bumped);
+            }
+        }
+        self.rebuild(&sources);
+    }
+
+    /// Replaces the runtime records and generations with a full load.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn replace_runtime(
+        &self,
+        runtime: HashMap<String, Record>,
+        generations: HashMap<String, u64>,
+    ) {
+        let mut sources = lock(&self.inner.sources);
+        sources.runtime = runtime;
+        // Generations only grow: a load older than a change applied here
+        // must not move a tenant back to windows it left.
+        for (name, generation) in generations {
+            bump(&mut sources, &name, generation);
+        }
+        self.rebuild(&sources);
+    }
+
+    /// Waits until the registry has loaded the runtime state from the store
+    /// at least once (at once for an in-process registry). A node serving
+    /// before that serves the file's configuration.
+    pub async fn loaded(&self) {
+        let mut rx = self.inner.loaded.subscribe();
+        // The sender lives as long as `self`: this cannot fail.
+        let _ = rx.wait_for(|n| *n > 0).await;
+    }
+
+    /// How many full loads of the runtime state from the store happened
+    /// (start, reconnects, a trimmed control stream).
+    pub fn loads(&self) -> u64 {
+        *self.inner.loaded.borrow()
+    }
+
+    fn rebuild(&self, sources: &Sources) {
+        let default_spec = sources.file.default.as_ref();
+        let resolve =
+            |name: &str, spec: Option<&TenantSpec>, generation: u64| match spec.or(default_spec) {
+                None => Resolution::Unknown,
+                Some(spec) => match spec.policy(name, generation) {
+                    Some(policy) => Resolution::Limited(policy),
+                    None => Resolution::Unlimited,
+                },
+            };
+        let mut tenants = HashMap::new();
+        let names: BTreeSet<&String> = sources
+            .file
+            .tenants
+            .keys()
+            .chain(sources.runtime.keys())
+            .chain(sources.generations.keys())
+            .collect();
+        for name in names {
+            let generation = sources.generations.get(name).copied().unwrap_or(0);
+            let spec = match sources.runtime.get(name) {
+                Some(Record::Active(spec)) => Some(spec),
+                Some(Record::Closed) => None,
+                None => sources.file.tenants.get(name),
+            };
+            tenants.insert(Box::from(name.as_bytes()), resolve(name, spec, generation));
+        }
+        let default = default_spec.map(|_| resolve("default", None, 0));
+        self.inner.view.store(Arc::new(View { tenants, default }));
+        self.inner.version.send_modify(|v| *v += 1);
+    }
+
+    /// A receiver that sees a new value after every change of what the
+    /// registry resolves (a lifecycle change from this or another node, a
+    /// reload, a load from the store): for tests, benches and caches of
+    /// their own.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.version.subscribe()
+    }
+}
+
+fn bump(sources: &mut Sources, name: &str, generation: u64) {
+    let entry = sources.generations.entry(name.to_owned()).or_insert(0);
+    *entry = (*entry).max(generation);
+}
+
+fn listed(sources: &Sources, name: &str) -> Option<TenantInfo> {
+    let generation = sources.generations.get(name).copied().unwrap_or(0);
+    let (spec, source) = match sources.runtime.get(name) {
+        Some(Record::Active(spec)) => (spec.clone(), TenantSource::Runtime),
+        Some(Record::Closed) => return None,
+        None => (sources.file.tenants.get(name)?.clone(), TenantSource::File),
+    };
+    Some(TenantInfo {
+        name: name.to_owned(),
+        spec,
+        source,
+        generation,
+    })
+}
+
+#[cfg(feature = "redis")]
+pub(crate) type ControlSlot = Option<super::control::Control>;
+#[cfg(not(feature = "redis"))]
+pub(crate) type ControlSlot = ();
+
+impl fmt::Debug for TenantRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sources = lock(&self.inner.sources);
+        let mut s = f.debug_struct("TenantRegistry");
+        s.field("file_tenants", &sources.file.tenants.len())
+            .field("runtime_records", &sources.runtime.len())
+            .field("default", &sources.file.default.is_some());
+        #[cfg(feature = "redis")]
+        s.field("redis", &self.inner.control.is_some());
+        s.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::{Limiter, MemoryStore, Quota, WindowKey};
+
+    fn spec(quotas: &[(&str, &str)]) -> TenantSpec {
+        let mut builder = TenantSpec::builder();
+        for (name, dsl) in quotas {
+            builder = builder.quota(name, dsl).unwrap();
+        }
+        builder.build().unwrap()
+    }
+
+    fn policy(registry: &TenantRegistry, tenant: &str) -> Policy {
+        match registry.resolve(tenant.as_bytes()) {
+            Resolution::Limited(policy) => policy,
+            other => panic!("{tenant}: {other:?}"),
+        }
+    }
+
+    fn file() -> TenantsConfig {
+        TenantsConfig::new()
+            .with_tenant("acme", spec(&[("burst", "2/1m")]))
+            .unwrap()
+            .with_tenant("free", TenantSpec::unlimited())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn resolves_file_default_unlimited_and_unknown() {
+        let registry = TenantRegistry::new(file());
+        assert_eq!(policy(&registry, "acme").first().limit(), 2);
+        assert_eq!(registry.resolve(b"free"), Resolution::Unlimited);
+        assert_eq!(registry.resolve(b"other"), Resolution::Unknown);
+        registry.set_config(file().with_default(spec(&[("minute", "60/1m")])));
+        assert_eq!(policy(&registry, "other").first().name(), "minute");
+        assert_eq!(registry.tenants().len(), 2);
+        assert_eq!(
+            registry.effective("other").unwrap().source,
+            TenantSource::Default
+        );
+    }
+
+    #[tokio::test]
+    async fn runtime_records_win_over_the_file_until_replaced() {
+        let registry = TenantRegistry::new(file());
+        registry
+            .init("acme", spec(&[("burst", "5/1m")]))
+            .await
+            .unwrap();
+        let reloaded = TenantsConfig::new()
+            .with_tenant("acme", spec(&[("burst", "7/1m")]))
+            .unwrap();
+        registry.set_config(reloaded);
+        assert_eq!(policy(&registry, "acme").first().limit(), 5);
+        assert_eq!(
+            registry.tenant("acme").unwrap().source,
+            TenantSource::Runtime
+        );
+        // A close is a tombstone: the file's entry does not come back.
+        assert!(registry.close("acme").await.unwrap());
+        registry.set_config(file());
+        assert_eq!(registry.resolve(b"acme"), Resolution::Unknown);
+        assert!(registry.tenant("acme").is_none());
+        assert!(!registry.close("acme").await.unwrap());
+        // Until another runtime change.
+        registry
+            .init("acme", spec(&[("burst", "3/1m")]))
+            .await
+            .unwrap();
+        assert_eq!(policy(&registry, "acme").first().limit(), 3);
+        assert!(matches!(
+            registry.init("a/b", TenantSpec::unlimited()).await,
+            Err(TenantError::InvalidName(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn reset_starts_every_window_afresh_and_a_limit_change_keeps_them() {
+        let registry = TenantRegistry::new(file());
+        let limiter = Limiter::builder(MemoryStore::new(), "1/1m".parse::<Quota>().unwrap())
+            .local_capacity(100)
+            .build();
+        let key = WindowKey::new("acme", "alice");
+        let check = || async {
+            let policy = policy(&registry, "acme");
+            limiter.check_policy(&key, &policy, 1).await.unwrap()
+        };
+        assert!(check().await.allowed);
+        assert!(check().await.allowed);
+        // Denied, and remembered by the local tier.
+        assert!(!check().await.allowed);
+        assert!(!check().await.allowed);
+        assert!(limiter.stats().local_cache > 0);
+        assert!(registry.reset("acme").await.unwrap());
+        assert_eq!(registry.tenant("acme").unwrap().generation, 1);
+        assert!(check().await.allowed, "a reset tenant starts afresh");
+        // A raised limit keeps the (new) window: 1 used of 3.
+        registry.set_config(
+            TenantsConfig::new()
+                .with_tenant("acme", spec(&[("burst", "3/1m")]))
+                .unwrap(),
+        );
+        assert_eq!(check().await.remaining, 1);
+        assert!(!registry.reset("nobody").await.unwrap());
+    }
+}

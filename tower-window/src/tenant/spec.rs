@@ -1,0 +1,267 @@
+//! [`TenantSpec`]: what a tenant gets — quotas (some shadow) or unlimited.
+
+use std::fmt;
+
+use super::TenantError;
+use crate::{Policy, Quota, Scope};
+
+/// A tenant's definition: its named quotas (each per subject or per
+/// tenant, some possibly [shadow](Quota::shadowed)), or unlimited.
+///
+/// ```
+/// use tower_window::tenant::TenantSpec;
+///
+/// let spec = TenantSpec::builder()
+///     .quota("burst", "10/1s")?
+///     .tenant_quota("org", "5000/1m")?
+///     .quota("trial", "5/1m")?
+///     .shadow("trial")?
+///     .build()?;
+/// assert_eq!(spec.quotas().len(), 3);
+/// assert!(spec.quotas()[2].is_shadow());
+/// assert!(TenantSpec::unlimited().is_unlimited());
+/// # Ok::<(), tower_window::tenant::TenantError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct TenantSpec {
+    quotas: Vec<Quota>,
+    unlimited: bool,
+}
+
+impl TenantSpec {
+    /// A builder adding quotas one by one.
+    pub fn builder() -> TenantSpecBuilder {
+        TenantSpecBuilder::default()
+    }
+
+    /// A spec of `quotas` (named, unique, at most
+    /// [`MAX_QUOTAS`](crate::quota::MAX_QUOTAS)).
+    pub fn new(quotas: impl IntoIterator<Item = Quota>) -> Result<Self, TenantError> {
+        let quotas: Vec<Quota> = quotas.into_iter().collect();
+        // The same checks a policy makes.
+        Policy::new("tenant", quotas.iter().cloned()).map_err(|error| TenantError::Policy {
+            tenant: None,
+            error,
+        })?;
+        Ok(Self {
+            quotas,
+            unlimited: false,
+        })
+    }
+
+    /// An unlimited tenant: its requests never reach the store.
+    pub fn unlimited() -> Self {
+        Self {
+            quotas: Vec::new(),
+            unlimited: true,
+        }
+    }
+
+    /// Whether the tenant is unlimited.
+    pub fn is_unlimited(&self) -> bool {
+        self.unlimited
+    }
+
+    /// The quotas, in order (empty for an unlimited tenant).
+    pub fn quotas(&self) -> &[Quota] {
+        &self.quotas
+    }
+
+    /// The policy of tenant `tenant` in state generation `generation`
+    /// (`None` for an unlimited tenant).
+    pub(crate) fn policy(&self, tenant: &str, generation: u64) -> Option<Policy> {
+        if self.unlimited {
+            return None;
+        }
+        let name = policy_name(tenant);
+        let quotas = self
+            .quotas
+            .iter()
+            .map(|q| q.clone().with_generation(generation));
+        Policy::new(name, quotas).ok()
+    }
+
+    /// The record text kept in Redis: `U` (unlimited), or `Q` then one
+    /// line per quota, `name\tscope\tshadow(0/1)\tdsl`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn encode(&self) -> String {
+        if self.unlimited {
+            return "U".to_owned();
+        }
+        let mut out = String::from("Q");
+        for q in &self.quotas {
+            out.push('\n');
+            out.push_str(q.name());
+            out.push('\t');
+            out.push_str(q.scope().as_str());
+            out.push('\t');
+            out.push(if q.is_shadow() { '1' } else { '0' });
+            out.push('\t');
+            out.push_str(&q.to_string());
+        }
+        out
+    }
+
+    /// Parses [`encode`](Self::encode)'s text.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn decode(text: &str) -> Result<Self, TenantError> {
+        let bad = || TenantError::Record(text.chars().take(80).collect());
+        let mut lines = text.split('\n');
+        match lines.next() {
+            Some("U") => Ok(Self::unlimited()),
+            Some("Q") => {
+                let mut quotas = Vec::new();
+                for line in lines {
+                    let mut parts = line.splitn(4, '\t');
+                    let (Some(name), Some(scope), Some(shadow), Some(dsl)) =
+                        (parts.next(), parts.next(), parts.next(), parts.next())
+                    else {
+                        return Err(bad());
+                    };
+                    let scope: Scope = scope.parse().map_err(|_| bad())?;
+                    let quota = dsl
+                        .parse::<Quota>()
+                        .and_then(|q| q.named(name))
+                        .map_err(|_| bad())?
+                        .scoped(scope)
+                        .shadowed(shadow == "1");
+                    quotas.push(quota);
+                }
+                Self::new(quotas)
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// A policy name for `tenant`: the name itself when it is a valid policy
+/// name, else `tenant` (policy names appear in logs; the tenant's own name
+/// may hold any character).
+fn policy_name(tenant: &str) -> &str {
+    let ok = !tenant.is_empty()
+        && tenant.len() <= 64
+        && tenant
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        tenant
+    } else {
+        "tenant"
+    }
+}
+
+impl fmt::Debug for TenantSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.unlimited {
+            return f.write_str("TenantSpec(unlimited)");
+        }
+        f.debug_tuple("TenantSpec").field(&self.quotas).finish()
+    }
+}
+
+/// Builds a [`TenantSpec`]; see [`TenantSpec::builder`].
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct TenantSpecBuilder {
+    quotas: Vec<Quota>,
+}
+
+impl TenantSpecBuilder {
+    /// Adds the per-subject quota `dsl` (see [`crate::quota`]) as `name`.
+    pub fn quota(self, name: &str, dsl: &str) -> Result<Self, TenantError> {
+        self.scoped(name, dsl, Scope::Subject)
+    }
+
+    /// Adds the per-tenant quota `dsl` as `name` (one window shared by
+    /// every subject of the tenant).
+    pub fn tenant_quota(self, name: &str, dsl: &str) -> Result<Self, TenantError> {
+        self.scoped(name, dsl, Scope::Tenant)
+    }
+
+    fn scoped(mut self, name: &str, dsl: &str, scope: Scope) -> Result<Self, TenantError> {
+        let quota = dsl
+            .parse::<Quota>()
+            .and_then(|q| q.named(name))
+            .map_err(|error| TenantError::Quota {
+                tenant: None,
+                quota: name.chars().take(80).collect(),
+                error,
+            })?;
+        self.quotas.push(quota.scoped(scope));
+        Ok(self)
+    }
+
+    /// Adds a quota as it is.
+    pub fn with(mut self, quota: Quota) -> Self {
+        self.quotas.push(quota);
+        self
+    }
+
+    /// Makes the quota `name` (added before) a shadow quota.
+    pub fn shadow(mut self, name: &str) -> Result<Self, TenantError> {
+        let quota = self
+            .quotas
+            .iter_mut()
+            .find(|q| q.name() == name)
+            .ok_or_else(|| TenantError::UnknownShadow {
+                tenant: None,
+                quota: name.chars().take(80).collect(),
+            })?;
+        *quota = quota.clone().shadowed(true);
+        Ok(self)
+    }
+
+    /// Checks the quotas and builds the spec.
+    pub fn build(self) -> Result<TenantSpec, TenantError> {
+        TenantSpec::new(self.quotas)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn records_round_trip() {
+        let spec = TenantSpec::builder()
+            .quota("burst", "100/1s gcra")
+            .unwrap()
+            .tenant_quota("org", "5000/1m")
+            .unwrap()
+            .quota("sustained", "1000/1h sliding-counter(1m)")
+            .unwrap()
+            .shadow("sustained")
+            .unwrap()
+            .build()
+            .unwrap();
+        assert_eq!(TenantSpec::decode(&spec.encode()).unwrap(), spec);
+        let unlimited = TenantSpec::unlimited();
+        assert_eq!(TenantSpec::decode(&unlimited.encode()).unwrap(), unlimited);
+        for bad in [
+            "",
+            "X",
+            "Q\nburst\tsubject",
+            "Q\nb\tplanet\t0\t1/s",
+            "Q\nb\tsubject\t0\t0/s",
+        ] {
+            assert!(TenantSpec::decode(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn policies_carry_the_generation() {
+        let spec = TenantSpec::builder()
+            .quota("a", "1/s")
+            .unwrap()
+            .build()
+            .unwrap();
+        let p0 = spec.policy("acme", 0).unwrap();
+        let p1 = spec.policy("acme", 1).unwrap();
+        assert_ne!(p0.first().state_id(), p1.first().state_id());
+        assert_eq!(p0.name(), "acme");
+        assert_eq!(spec.policy("a{b}", 0).unwrap().name(), "tenant");
+        assert!(TenantSpec::unlimited().policy("x", 3).is_none());
+    }
+}
