@@ -144,9 +144,12 @@ fn main() {
         tower_window::tenant::TenantsConfig::new().with_default(spec),
     );
     let fixed = key.clone();
-    let tenanted = layer(move |_: &Request<()>| Some(fixed.clone()))
-        .typed_errors()
-        .tenants(registry);
+    let tenanted = SlidingWindowLayer::new(
+        Limiter::new(MemoryStore::new(), quota()),
+        move |_: &Request<()>| Some(fixed.clone()),
+    )
+    .typed_errors()
+    .tenants(registry);
     let mut tenanted = tower_layer::Layer::layer(&tenanted, Ok200);
     rows.push((
         "layer, `Typed` mode, key cloned, policy from a `TenantRegistry`",
