@@ -578,3 +578,26 @@ async fn lifecycle_changes_on_one_gateway_reach_the_other() {
         404
     );
 }
+
+/// `--admin-token` without `--tenants`: every tenant starts on the
+/// `--limit` policy, and the admin API defines others at runtime.
+#[tokio::test]
+async fn admin_without_a_tenants_file_starts_from_the_limit_policy() {
+    let args =
+        Args::try_parse_from(["gateway", "--limit", "2/1m", "--admin-token", TOKEN]).unwrap();
+    let app = build_app(args.into_config().unwrap());
+    assert_eq!(statuses(&app, "anyone", "gina", 3).await, [200, 200, 429]);
+    let (_, _, body) = call(&app, admin("GET", "/admin/tenants", bearer(), None)).await;
+    assert_eq!(body, json!({"tenants": []}));
+    let body = json!({"quotas": {"burst": "3/1m"}});
+    assert_eq!(
+        call(
+            &app,
+            admin("PUT", "/admin/tenants/vip", bearer(), Some(body))
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(statuses(&app, "vip", "gina", 4).await, [200, 200, 200, 429]);
+}
