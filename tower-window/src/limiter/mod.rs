@@ -340,7 +340,9 @@ impl Limiter {
                 match error.kind() {
                     // The caller's fault or our own overload (a pool wait),
                     // not the store's health.
-                    StoreErrorKind::InvalidRequest | StoreErrorKind::Overloaded => guard.release(),
+                    StoreErrorKind::InvalidRequest
+                    | StoreErrorKind::Unsupported
+                    | StoreErrorKind::Overloaded => guard.release(),
                     _ => guard.failure(),
                 }
                 Err(Failure {

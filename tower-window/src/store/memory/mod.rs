@@ -45,6 +45,8 @@ use quick_cache::{DefaultHashBuilder, Lifecycle, UnitWeighter};
 
 use smallvec::SmallVec;
 
+mod lease;
+
 use super::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::algorithm::outcome::{policy_decision, Evaluation};
 use crate::algorithm::State;
@@ -86,6 +88,8 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     max_keys: u64,
     grace_micros: u64,
+    /// The id of the next lease.
+    next_lease: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl MemoryStore {
@@ -295,6 +299,20 @@ impl Store for MemoryStore {
     fn check_sync(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
         Some(self.check_now(request))
     }
+
+    fn reserve<'a>(
+        &'a self,
+        request: super::ReserveRequest<'a>,
+    ) -> BoxFuture<'a, Result<super::Reservation, StoreError>> {
+        Box::pin(async move { self.reserve_now(request) })
+    }
+
+    fn refund<'a>(
+        &'a self,
+        request: super::RefundRequest<'a>,
+    ) -> BoxFuture<'a, Result<u32, StoreError>> {
+        Box::pin(async move { self.refund_now(request) })
+    }
 }
 
 /// Builds a [`MemoryStore`].
@@ -375,6 +393,7 @@ impl MemoryStoreBuilder {
             clock: self.clock,
             max_keys: self.max_keys,
             grace_micros: u64::try_from(self.expiry_grace.as_micros()).unwrap_or(u64::MAX),
+            next_lease: Arc::new(std::sync::atomic::AtomicU64::new(1)),
         }
     }
 }
@@ -396,6 +415,9 @@ struct SlotInner {
     /// Set, under this lock, once the cache has dropped the slot: a check
     /// that then gets the lock looks the key up again.
     evicted: bool,
+    /// Quota leases whose units still count here (empty, and never
+    /// allocated, unless leases are used).
+    leases: Vec<lease::Record>,
 }
 
 impl Slot {
@@ -405,6 +427,7 @@ impl Slot {
                 state: State::empty(quota.algorithm()),
                 last_check: 0,
                 evicted: false,
+                leases: Vec::new(),
             }),
             lifetime_micros: u64::try_from(quota.max_state_lifetime().as_micros())
                 .unwrap_or(u64::MAX),
