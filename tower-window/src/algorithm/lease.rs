@@ -33,6 +33,21 @@ pub(crate) fn ttl_fits(quota: &Quota, ttl_micros: u64) -> bool {
     ttl_micros.saturating_add(interval) <= tolerance
 }
 
+/// Refuses a lease TTL that no GCRA quota of `policy` could ever grant
+/// (see [`ttl_fits`]), with a typed error naming the quota.
+pub(crate) fn check_ttl(policy: &crate::Policy, ttl_micros: u64) -> Result<(), crate::StoreError> {
+    match policy.quotas().iter().find(|q| !ttl_fits(q, ttl_micros)) {
+        None => Ok(()),
+        Some(quota) => Err(crate::StoreError::new(
+            crate::StoreErrorKind::InvalidRequest,
+            format!(
+                "a lease TTL this long leaves no room in gcra quota `{}`: it must be below (burst - 1) x the emission interval",
+                quota.name()
+            ),
+        )),
+    }
+}
+
 /// Units of `quota` a lease reserved at `now` with deadline `deadline` may
 /// take (dropping state that no longer counts).
 pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) -> u64 {
@@ -53,20 +68,21 @@ pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) ->
 
 /// Records `units` of a lease reserved at `now` with deadline `deadline`
 /// (after [`room`] allowed them); answers where they were counted (the
-/// anchor a refund names) and when they stop counting.
+/// anchor a refund names), when they stop counting, and (GCRA) the arrival
+/// time before the grant, which a refund of every unit restores.
 pub(crate) fn commit(
     state: &mut State,
     quota: &Quota,
     now: u64,
     deadline: u64,
     units: u32,
-) -> (u64, u64) {
+) -> (u64, u64, u64) {
     match state {
         State::FixedWindow(_) => {
             state.commit(quota, now, units);
             let window = quota.window_micros().max(1);
             let k = now / window;
-            (k, deadline_cap(quota, now).unwrap_or(u64::MAX))
+            (k, deadline_cap(quota, now).unwrap_or(u64::MAX), 0)
         }
         State::SlidingCounter(_) => {
             state.commit(quota, now, units);
@@ -81,29 +97,39 @@ pub(crate) fn commit(
                 .and_then(|j| j.checked_add(1))
                 .and_then(|j| j.checked_mul(g))
                 .unwrap_or(u64::MAX);
-            (b, end)
+            (b, end, 0)
         }
         State::SlidingLog(s) => {
             s.add(deadline, u64::from(units));
             (
                 deadline,
                 deadline.saturating_add(quota.window_micros()),
+                0,
             )
         }
         State::Gcra(s) => {
             let interval = quota.emission_interval_micros().max(1);
+            let prior = s.tat;
             s.tat = s
                 .tat
                 .max(deadline)
                 .saturating_add(u64::from(units).saturating_mul(interval));
-            (s.tat, s.tat)
+            (s.tat, s.tat, prior)
         }
     }
 }
 
-/// Takes back up to `units` of a lease counted at `anchor`, where they
-/// still count; answers how many.
-pub(crate) fn refund(state: &mut State, quota: &Quota, anchor: u64, units: u32) -> u32 {
+/// Takes back up to `units` of a lease of `granted` counted at `anchor`,
+/// where they still count; answers how many. `prior` is what [`commit`]
+/// answered third.
+pub(crate) fn refund(
+    state: &mut State,
+    quota: &Quota,
+    anchor: u64,
+    prior: u64,
+    granted: u32,
+    units: u32,
+) -> u32 {
     let units = u64::from(units);
     let taken = match state {
         State::FixedWindow(s) => {
@@ -119,8 +145,14 @@ pub(crate) fn refund(state: &mut State, quota: &Quota, anchor: u64, units: u32) 
         State::Gcra(s) => {
             // Only while no later grant was computed from this arrival time.
             if s.tat == anchor {
+                // Every unit back: as if the lease never was. Fewer: the
+                // grant of the rest, still dated at the deadline.
                 let interval = quota.emission_interval_micros().max(1);
-                s.tat = s.tat.saturating_sub(units.saturating_mul(interval));
+                s.tat = if units >= u64::from(granted) {
+                    prior
+                } else {
+                    s.tat.saturating_sub(units.saturating_mul(interval))
+                };
                 units
             } else {
                 0

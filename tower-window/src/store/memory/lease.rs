@@ -25,6 +25,8 @@ pub(super) struct Record {
     /// Where the units count (window index, bucket, log timestamp, or the
     /// arrival time the grant left).
     anchor: u64,
+    /// GCRA: the arrival time before the grant.
+    prior: u64,
     /// Units that a refund may still return.
     units: u32,
     /// The lease's deadline (store clock, µs).
@@ -89,6 +91,7 @@ impl MemoryStore {
                 "a lease needs a TTL of at least 1 microsecond",
             ));
         }
+        algo::check_ttl(policy, ttl)?;
         if policy.len() == 0 {
             return Err(StoreError::new(
                 StoreErrorKind::InvalidRequest,
@@ -102,19 +105,6 @@ impl MemoryStore {
                 .iter()
                 .filter_map(|quota| algo::deadline_cap(quota, now))
                 .fold(now.saturating_add(ttl), u64::min);
-            if let Some(quota) = policy
-                .quotas()
-                .iter()
-                .find(|quota| !algo::ttl_fits(quota, deadline - now))
-            {
-                return Err(StoreError::new(
-                    StoreErrorKind::InvalidRequest,
-                    format!(
-                        "a lease TTL this long leaves no room in gcra quota `{}`",
-                        quota.name()
-                    ),
-                ));
-            }
             let mut rooms: SmallVec<[u64; 4]> = SmallVec::new();
             for (quota, inner) in policy.quotas().iter().zip(locked.guards.iter_mut()) {
                 inner.last_check = now;
@@ -148,11 +138,12 @@ impl MemoryStore {
                 .zip(locked.guards.iter_mut())
                 .zip(rooms.iter())
             {
-                let (anchor, expires) =
+                let (anchor, expires, prior) =
                     algo::commit(&mut inner.state, quota, now, deadline, granted);
                 inner.leases.push(Record {
                     id,
                     anchor,
+                    prior,
                     units: granted,
                     deadline,
                     expires,
@@ -197,6 +188,8 @@ impl MemoryStore {
                     &mut inner.state,
                     quota,
                     record.anchor,
+                    record.prior,
+                    record.units,
                     unused.min(record.units),
                 );
                 returned = Some(returned.map_or(taken, |r| r.min(taken)));

@@ -54,7 +54,7 @@ fn code(algorithm: Algorithm) -> u8 {
 
 /// Where an invocation's keys and arguments go (the script call, or a
 /// test's record of them).
-trait Parts {
+pub(super) trait Parts {
     fn key(&mut self, key: Vec<u8>);
     fn arg(&mut self, arg: impl ToRedisArgs);
 }
@@ -86,7 +86,7 @@ pub(crate) fn invocation(
     call
 }
 
-fn lay_out(
+pub(super) fn lay_out(
     call: &mut impl Parts,
     prefix: &str,
     key: &WindowKey,
@@ -132,7 +132,7 @@ fn lay_out(
     }
 }
 
-fn micros(value: i64) -> Duration {
+pub(super) fn micros(value: i64) -> Duration {
     Duration::from_micros(u64::try_from(value).unwrap_or(0))
 }
 
