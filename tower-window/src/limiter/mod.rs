@@ -19,10 +19,12 @@ use crate::{Clock, Decision, DecisionSource, FallbackReason, Policy, SystemClock
 
 pub(crate) mod breaker;
 mod builder;
+pub(crate) mod lease;
 pub(crate) mod local;
 pub(crate) mod resilience;
 
 pub use builder::LimiterBuilder;
+pub use lease::{LeaseConfig, LeaseStats};
 
 /// Checks keys against a [`Policy`] (one or more quotas) in a store.
 ///
@@ -59,6 +61,8 @@ struct Inner {
     policy: Policy,
     clock: Arc<dyn Clock>,
     local: Option<LocalTier>,
+    /// Quota leases per key (`None`: off, and checks never look for one).
+    leases: Option<lease::LeaseTier>,
     fallback: Option<Box<dyn FallbackPolicy>>,
     breaker: Option<Breakers>,
     resilience: Resilience,
@@ -89,6 +93,7 @@ impl Limiter {
                 policy,
                 clock: Arc::new(SystemClock),
                 local: None,
+                leases: None,
                 fallback: None,
                 breaker: None,
                 resilience: Resilience::bare(),
@@ -209,6 +214,9 @@ impl Limiter {
         cost: u32,
     ) -> Result<Decision, LimitError> {
         let inner = &*self.inner;
+        if let Some(tier) = &inner.leases {
+            return self.decide_leased(tier, key, policy, cost).await;
+        }
         let mut stale = false;
         if let Some(local) = &inner.local {
             match local.lookup(key, policy, cost) {
@@ -424,6 +432,7 @@ impl Limiter {
         LimiterStats {
             store: s.store.load(Ordering::Relaxed),
             local_cache: s.local_cache.load(Ordering::Relaxed),
+            lease: s.lease.load(Ordering::Relaxed),
             fallback: REASONS.map(|r| s.fallback[reason_index(r)].load(Ordering::Relaxed)),
             errors: s.errors.load(Ordering::Relaxed),
         }
@@ -515,6 +524,7 @@ fn reason_index(reason: FallbackReason) -> usize {
 struct Counters {
     store: AtomicU64,
     local_cache: AtomicU64,
+    lease: AtomicU64,
     fallback: [AtomicU64; 5],
     errors: AtomicU64,
 }
@@ -527,6 +537,8 @@ pub struct LimiterStats {
     pub store: u64,
     /// Denials answered by the local tier.
     pub local_cache: u64,
+    /// Admissions spent from a quota lease this node held (no store call).
+    pub lease: u64,
     fallback: [u64; 5],
     /// Checks that returned a store error (no fallback configured).
     pub errors: u64,
