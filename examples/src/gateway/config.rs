@@ -11,7 +11,7 @@ use clap::{Parser, ValueEnum};
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
 use tower_window::{
-    Algorithm, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError, RedisConfigError,
+    Algorithm, LeaseConfig, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError, RedisConfigError,
     RedisStore, Store,
 };
 
@@ -96,6 +96,40 @@ pub struct Args {
     /// operators can see degradation.
     #[arg(long, env = "TW_DEBUG_HEADERS")]
     pub debug_headers: bool,
+
+    /// The largest quota lease, in units: each node takes up to this many
+    /// units of a hot key's window in one store call and admits from them
+    /// locally, with the limit still exact across nodes. 0 (the default)
+    /// turns leases off.
+    #[arg(long, env = "TW_LEASE", default_value = "0")]
+    pub lease: u32,
+
+    /// How long a lease may be spent (`250ms`, `1s`; a bare number is
+    /// milliseconds). Default: a tenth of the shortest window, at most 1 s.
+    #[arg(long, env = "TW_LEASE_TTL", value_parser = parse_lease_ttl)]
+    pub lease_ttl: Option<Duration>,
+}
+
+/// `--lease-ttl`: `<n>ms`, `<n>s`, `<n>m`, or `<n>` milliseconds; above zero.
+fn parse_lease_ttl(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, "ms"),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 250ms or 1s"))?;
+    let ttl = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(format!("{text:?}: the unit must be ms, s or m")),
+    };
+    if ttl.is_zero() || ttl > Duration::from_secs(3600) {
+        return Err(format!("{text:?}: a lease TTL is above 0 and at most 1h"));
+    }
+    Ok(ttl)
 }
 
 /// `--fallback` values.
@@ -230,6 +264,16 @@ impl Args {
             ),
             None => (Arc::new(MemoryStore::new()), None),
         };
+        let leases = (self.lease > 0).then(|| {
+            let config = LeaseConfig::new(self.lease);
+            match self.lease_ttl {
+                Some(ttl) => config.ttl(ttl),
+                None => config,
+            }
+        });
+        if let Some(leases) = &leases {
+            leases.validate(&policy).map_err(ConfigError::Lease)?;
+        }
         Ok(GatewayConfig {
             policy,
             store,
@@ -237,6 +281,7 @@ impl Args {
             user_header: self.user_header,
             resilience,
             debug_headers: self.debug_headers,
+            leases,
         })
     }
 }
@@ -260,6 +305,8 @@ pub struct GatewayConfig {
     pub resilience: Option<Resilience>,
     /// Add the `x-ratelimit-source` header (`--debug-headers`).
     pub debug_headers: bool,
+    /// Quota leases (`--lease`, `--lease-ttl`); `None`: off.
+    pub leases: Option<LeaseConfig>,
 }
 
 impl GatewayConfig {
@@ -278,7 +325,14 @@ impl GatewayConfig {
             user_header: HeaderName::from_static("x-user-id"),
             resilience: None,
             debug_headers: false,
+            leases: None,
         }
+    }
+
+    /// Leases quota (see [`LimiterBuilder::leases`](tower_window::LimiterBuilder::leases)).
+    pub fn leases(mut self, leases: LeaseConfig) -> Self {
+        self.leases = Some(leases);
+        self
     }
 
     /// Makes the limiter resilient (see [`resilience`](Self::resilience)).
@@ -299,10 +353,20 @@ impl GatewayConfig {
     /// the time budget and the fallback policy.
     pub fn limiter(&self) -> Limiter {
         let Some(resilience) = self.resilience else {
-            return Limiter::from_shared_store(self.store.clone(), self.policy.clone());
+            let Some(leases) = self.leases else {
+                return Limiter::from_shared_store(self.store.clone(), self.policy.clone());
+            };
+            return Limiter::builder(self.store.clone(), self.policy.clone())
+                .leases(leases)
+                .without_timeout()
+                .without_breaker()
+                .build();
         };
-        let builder =
+        let mut builder =
             Limiter::builder(self.store.clone(), self.policy.clone()).timeout(resilience.timeout);
+        if let Some(leases) = self.leases {
+            builder = builder.leases(leases);
+        }
         match resilience.fallback {
             FallbackArg::FailOpen => builder.fallback(FailOpen),
             FallbackArg::FailClosed => builder.fallback(FailClosed::new()),
@@ -331,6 +395,7 @@ impl fmt::Debug for GatewayConfig {
             .field("user_header", &self.user_header)
             .field("resilience", &self.resilience)
             .field("debug_headers", &self.debug_headers)
+            .field("leases", &self.leases)
             .finish_non_exhaustive()
     }
 }
@@ -345,6 +410,8 @@ pub enum ConfigError {
     Policy(PolicyError),
     /// `--redis-url` / `--redis-cluster` do not make a store.
     Store(RedisConfigError),
+    /// `--lease-ttl` leaves no room for a lease in a quota of the policy.
+    Lease(tower_window::StoreError),
 }
 
 impl fmt::Display for ConfigError {
@@ -353,6 +420,7 @@ impl fmt::Display for ConfigError {
             Self::Quota(error) => write!(f, "invalid --limit/--algorithm: {error}"),
             Self::Policy(error) => write!(f, "invalid --limit: {error}"),
             Self::Store(error) => write!(f, "invalid --redis-url/--redis-cluster: {error}"),
+            Self::Lease(error) => write!(f, "invalid --lease/--lease-ttl: {error}"),
         }
     }
 }
@@ -363,6 +431,7 @@ impl std::error::Error for ConfigError {
             Self::Quota(error) => Some(error),
             Self::Policy(error) => Some(error),
             Self::Store(error) => Some(error),
+            Self::Lease(error) => Some(error),
         }
     }
 }
@@ -521,6 +590,37 @@ mod tests {
         assert_eq!(config.degraded_status(), 503);
         let limiter = config.limiter();
         assert!(limiter.breaker_state().is_some());
+    }
+
+    #[test]
+    fn lease_flags() {
+        let off = args(&[]).into_config().unwrap();
+        assert!(off.leases.is_none());
+        let on = args(&["--lease", "100"]).into_config().unwrap();
+        let leases = on.leases.unwrap();
+        assert_eq!(leases.max_units(), 100);
+        assert_eq!(leases.ttl_for(&on.policy), Duration::from_secs(1));
+        let ttl = args(&["--lease", "8", "--lease-ttl", "250ms"])
+            .into_config()
+            .unwrap();
+        assert_eq!(
+            ttl.leases.unwrap().ttl_for(&ttl.policy),
+            Duration::from_millis(250)
+        );
+        assert_eq!(args(&["--lease-ttl", "2s"]).lease_ttl, Some(Duration::from_secs(2)));
+        assert_eq!(args(&["--lease-ttl", "40"]).lease_ttl, Some(Duration::from_millis(40)));
+        for bad in ["0", "1h", "x", "-1s", "2d"] {
+            assert!(
+                Args::try_parse_from(["gateway", "--lease-ttl", bad]).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(Args::try_parse_from(["gateway", "--lease", "-1"]).is_err());
+        // A GCRA quota too small for the TTL is refused, not approximated.
+        let error = args(&["--limit", "5/1s", "--algorithm", "gcra", "--lease", "4", "--lease-ttl", "900ms"])
+            .into_config()
+            .unwrap_err();
+        assert!(matches!(error, ConfigError::Lease(_)), "{error}");
     }
 
     #[test]

@@ -14,6 +14,9 @@
 //! (default; a window on this node with `limit / --expected-nodes`),
 //! `fail-open` or `fail-closed` (503). `--debug-headers` adds
 //! [`RATELIMIT_SOURCE`] (`x-ratelimit-source`) naming who decided.
+//! `--lease N` turns quota leases on (each node spends up to `N` units of a
+//! hot key locally per store call; `--lease-ttl`), and the binary refunds
+//! what its leases left on graceful shutdown.
 //!
 //! [`Args`] are the command-line flags (each also read from a `TW_*`
 //! environment variable); [`Args::into_config`] turns them into a
@@ -24,5 +27,5 @@ mod config;
 pub mod metrics;
 mod ws;
 
-pub use app::{build_app, RATELIMIT_SOURCE};
+pub use app::{build_app, build_app_with_limiter, RATELIMIT_SOURCE};
 pub use config::{AlgorithmArg, Args, ConfigError, FallbackArg, GatewayConfig, Resilience};
