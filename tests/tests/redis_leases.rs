@@ -408,3 +408,33 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
         eprintln!("{quota}: {admitted} admitted beside the dead lease, {again} after it freed");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_an_outage_held_leases_are_spent_then_the_fallback_decides() {
+    let mut server = RedisServer::start();
+    let quota: Quota = "1000/1m".parse().unwrap();
+    let store = RedisStore::from_url(&server.url()).unwrap().prefix("lease-outage:");
+    let limiter = Limiter::builder(store, quota.clone())
+        .leases(LeaseConfig::new(8).ttl(Duration::from_secs(30)))
+        .timeout(Duration::from_millis(200))
+        .fallback(tower_window::fallback::FailClosed::new())
+        .build();
+    let key = WindowKey::for_subject("outage");
+    // Leases of 1, 2, 4, 8: after 8 checks the last lease holds 7 units.
+    for _ in 0..8 {
+        assert!(limiter.check(&key, 1).await.unwrap().allowed);
+    }
+    let stats = limiter.lease_stats().unwrap();
+    let held = stats.granted - stats.spent;
+    assert_eq!(held, 7);
+    server.stop();
+    for _ in 0..held {
+        let d = limiter.check(&key, 1).await.unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.source, DecisionSource::Lease, "held units are spent during the outage");
+    }
+    // Nothing beyond them but the fallback's own decision, which says so.
+    let d = limiter.check(&key, 1).await.unwrap();
+    assert!(!d.allowed);
+    assert!(matches!(d.source, DecisionSource::Fallback(_)), "{:?}", d.source);
+}
