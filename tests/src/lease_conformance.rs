@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tower_window::store::{Lease, RefundRequest, Reservation, ReserveRequest};
-use tower_window::{CheckRequest, Decision, ManualClock, Policy, Quota, Store, StoreErrorKind, WindowKey};
+use tower_window::{
+    CheckRequest, Decision, ManualClock, Policy, Quota, Store, StoreErrorKind, WindowKey,
+};
 
 use crate::conformance::{StoreFactory, START};
 
@@ -54,7 +56,8 @@ struct Run<S> {
 }
 
 fn quota(text: &str) -> Quota {
-    text.parse().unwrap_or_else(|e| panic!("quota {text:?}: {e}"))
+    text.parse()
+        .unwrap_or_else(|e| panic!("quota {text:?}: {e}"))
 }
 
 impl<S: Store> Run<S> {
@@ -94,7 +97,12 @@ impl<S: Store> Run<S> {
             ))
             .await
             .unwrap_or_else(|e| panic!("{}: reserve: {e}", self.scenario));
-        assert_eq!(reservation.now_micros, self.clock_now(), "{}: store time", self.scenario);
+        assert_eq!(
+            reservation.now_micros,
+            self.clock_now(),
+            "{}: store time",
+            self.scenario
+        );
         reservation
     }
 
@@ -136,7 +144,11 @@ pub async fn fixed_window_lease_stays_in_its_window<F: StoreFactory>(factory: &F
     assert!(!denied.allowed);
     assert_eq!(denied.retry_after, Some(Duration::from_secs(40)));
     assert_eq!(run.refund(&policy, &lease, 3).await, 3);
-    assert_eq!(run.refund(&policy, &lease, 3).await, 0, "a second refund is a no-op");
+    assert_eq!(
+        run.refund(&policy, &lease, 3).await,
+        0,
+        "a second refund is a no-op"
+    );
     assert!(run.check(&policy, 3).await.allowed);
     assert!(!run.check(&policy, 1).await.allowed);
     // A refund after the window rolled returns nothing to the new window.
@@ -203,7 +215,11 @@ pub async fn gcra_lease_dates_tokens_at_the_deadline<F: StoreFactory>(factory: &
     let d = run.check(&policy, 1).await;
     assert!(d.allowed);
     assert!(!run.check(&policy, 1).await.allowed);
-    assert_eq!(run.refund(&policy, &lease, 2).await, 0, "a later grant moved tat");
+    assert_eq!(
+        run.refund(&policy, &lease, 2).await,
+        0,
+        "a later grant moved tat"
+    );
     run.at(START + 120 * S);
     let lease = lease_of(&run.reserve(&policy, 5, 24).await);
     assert_eq!(lease.granted, 2);
@@ -211,7 +227,13 @@ pub async fn gcra_lease_dates_tokens_at_the_deadline<F: StoreFactory>(factory: &
     assert!(run.check(&policy, 4).await.allowed, "both tokens came back");
     let error = run
         .store
-        .reserve(ReserveRequest::new(&run.key, &policy, 1, 1, Duration::from_secs(49)))
+        .reserve(ReserveRequest::new(
+            &run.key,
+            &policy,
+            1,
+            1,
+            Duration::from_secs(49),
+        ))
         .await
         .expect_err("a TTL of (B - 1) T + 1 s leaves no room");
     assert_eq!(error.kind(), StoreErrorKind::InvalidRequest);
@@ -272,7 +294,11 @@ pub async fn invalid_leases_are_typed_errors<F: StoreFactory>(factory: &F) {
             ))
             .await
             .expect_err("invalid");
-        assert_eq!(error.kind(), StoreErrorKind::InvalidRequest, "{want} {at_least} {ttl}");
+        assert_eq!(
+            error.kind(),
+            StoreErrorKind::InvalidRequest,
+            "{want} {at_least} {ttl}"
+        );
     }
     assert!(run.check(&policy, 5).await.allowed, "nothing was taken");
 }

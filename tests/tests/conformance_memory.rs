@@ -3,5 +3,7 @@
 tower_window_tests::conformance_tests!(tower_window_tests::conformance::MemoryStoreFactory);
 
 mod lease {
-    tower_window_tests::lease_conformance_tests!(tower_window_tests::conformance::MemoryStoreFactory);
+    tower_window_tests::lease_conformance_tests!(
+        tower_window_tests::conformance::MemoryStoreFactory
+    );
 }

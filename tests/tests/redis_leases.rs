@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use tower_window::store::ReserveRequest;
 use tower_window::{
-    Algorithm, DecisionSource, LeaseConfig, Limiter, ManualClock, Policy, Quota, RedisStore,
-    Store, WindowKey,
+    Algorithm, DecisionSource, LeaseConfig, Limiter, ManualClock, Policy, Quota, RedisStore, Store,
+    WindowKey,
 };
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::RedisServer;
@@ -122,7 +122,10 @@ fn check_bound(quota: &Quota, run: &Run) -> String {
     let ts = &run.admitted;
     assert_eq!(run.errors, 0, "{quota}: store errors");
     assert!(ts.len() as u64 > l, "{quota}: only {} admitted", ts.len());
-    assert!(run.from_leases > 0, "{quota}: no admission came from a lease");
+    assert!(
+        run.from_leases > 0,
+        "{quota}: no admission came from a lease"
+    );
     match quota.algorithm() {
         Algorithm::SlidingLog | Algorithm::SlidingCounter { .. } => {
             // Never more than L in any window (t - W, t]: any L + 1
@@ -141,7 +144,10 @@ fn check_bound(quota: &Quota, run: &Run) -> String {
             while i < ts.len() {
                 let k = ts[i] / w;
                 let n = ts[i..].iter().take_while(|&&t| t / w == k).count();
-                assert!(n as u64 <= l, "{quota}: {n} admissions in aligned window {k}");
+                assert!(
+                    n as u64 <= l,
+                    "{quota}: {n} admissions in aligned window {k}"
+                );
                 i += n;
             }
         }
@@ -182,7 +188,11 @@ async fn refund_all(nodes: &[Limiter], quota: &Quota) {
             "{quota}: {stats:?}"
         );
         assert!(stats.returned <= stats.refunded + stats.expired_unspent);
-        assert_eq!(node.refund_leases().await, 0, "{quota}: a lease was still held");
+        assert_eq!(
+            node.refund_leases().await,
+            0,
+            "{quota}: a lease was still held"
+        );
     }
 }
 
@@ -192,7 +202,9 @@ async fn global_bound_with_leases_on_single_redis() {
     for (i, quota) in quotas().into_iter().enumerate() {
         let nodes: Vec<Limiter> = (0..NODES)
             .map(|_| {
-                let store = RedisStore::from_url(&server.url()).unwrap().prefix("lease:");
+                let store = RedisStore::from_url(&server.url())
+                    .unwrap()
+                    .prefix("lease:");
                 leased(store, &quota, LeaseConfig::new(MAX_LEASE))
             })
             .collect();
@@ -209,7 +221,9 @@ async fn global_bound_with_leases_on_cluster() {
     for (i, quota) in quotas().into_iter().enumerate() {
         let nodes: Vec<Limiter> = (0..NODES)
             .map(|_| {
-                let store = RedisStore::cluster(cluster.urls()).unwrap().prefix("lease:");
+                let store = RedisStore::cluster(cluster.urls())
+                    .unwrap()
+                    .prefix("lease:");
                 leased(store, &quota, LeaseConfig::new(MAX_LEASE))
             })
             .collect();
@@ -223,9 +237,14 @@ async fn global_bound_with_leases_on_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_return_every_unspent_unit() {
     let server = RedisServer::shared();
-    for (i, text) in ["100/1m", "100/1m sliding-counter(10s)", "100/1m fixed-window", "100/1m gcra"]
-        .iter()
-        .enumerate()
+    for (i, text) in [
+        "100/1m",
+        "100/1m sliding-counter(10s)",
+        "100/1m fixed-window",
+        "100/1m gcra",
+    ]
+    .iter()
+    .enumerate()
     {
         let quota: Quota = text.parse().unwrap();
         // Stopped time: no lease expires, so every leftover comes back by refund.
@@ -277,7 +296,10 @@ async fn refunds_return_every_unspent_unit() {
                 "{quota}: lost more than the leases held"
             );
         } else {
-            assert_eq!(counted, admitted, "{quota}: the store counts exactly what was admitted");
+            assert_eq!(
+                counted, admitted,
+                "{quota}: the store counts exactly what was admitted"
+            );
         }
     }
 }
@@ -290,7 +312,14 @@ fn script_calls(server: &RedisServer) -> u64 {
         .unwrap();
     info.lines()
         .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
         .sum()
 }
 
@@ -359,9 +388,17 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
         let policy = Policy::from(quota.clone());
         let key = WindowKey::new(format!("dead-{}", std::process::id()), format!("k{i}"));
         // The dead node: it reserves, spends nothing, never refunds.
-        let dead = RedisStore::from_url(&server.url()).unwrap().prefix("lease-dead:");
+        let dead = RedisStore::from_url(&server.url())
+            .unwrap()
+            .prefix("lease-dead:");
         let lease = dead
-            .reserve(ReserveRequest::new(&key, &policy, 10, 1, Duration::from_secs(10)))
+            .reserve(ReserveRequest::new(
+                &key,
+                &policy,
+                10,
+                1,
+                Duration::from_secs(10),
+            ))
             .await
             .unwrap()
             .lease
@@ -369,7 +406,9 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
         drop(dead);
         assert_eq!(lease.granted, 10);
         let other = leased(
-            RedisStore::from_url(&server.url()).unwrap().prefix("lease-dead:"),
+            RedisStore::from_url(&server.url())
+                .unwrap()
+                .prefix("lease-dead:"),
             &quota,
             LeaseConfig::new(4),
         );
@@ -382,7 +421,10 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
             admitted += 1;
             assert!(admitted <= 20, "{quota}: admitted beyond the limit");
         };
-        assert!(admitted <= 10, "{quota}: the dead node's 10 units were used twice");
+        assert!(
+            admitted <= 10,
+            "{quota}: the dead node's 10 units were used twice"
+        );
         // Told to come back no later than the dead node's lease deadline.
         let retry = denial.retry_after.expect("a wait");
         assert!(
@@ -404,7 +446,10 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
             again += 1;
             assert!(again <= 20);
         }
-        assert!(again >= 10, "{quota}: only {again} admitted after the units came back");
+        assert!(
+            again >= 10,
+            "{quota}: only {again} admitted after the units came back"
+        );
         eprintln!("{quota}: {admitted} admitted beside the dead lease, {again} after it freed");
     }
 }
@@ -413,7 +458,9 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
 async fn during_an_outage_held_leases_are_spent_then_the_fallback_decides() {
     let mut server = RedisServer::start();
     let quota: Quota = "1000/1m".parse().unwrap();
-    let store = RedisStore::from_url(&server.url()).unwrap().prefix("lease-outage:");
+    let store = RedisStore::from_url(&server.url())
+        .unwrap()
+        .prefix("lease-outage:");
     let limiter = Limiter::builder(store, quota.clone())
         .leases(LeaseConfig::new(8).ttl(Duration::from_secs(30)))
         .timeout(Duration::from_millis(200))
@@ -431,10 +478,18 @@ async fn during_an_outage_held_leases_are_spent_then_the_fallback_decides() {
     for _ in 0..held {
         let d = limiter.check(&key, 1).await.unwrap();
         assert!(d.allowed);
-        assert_eq!(d.source, DecisionSource::Lease, "held units are spent during the outage");
+        assert_eq!(
+            d.source,
+            DecisionSource::Lease,
+            "held units are spent during the outage"
+        );
     }
     // Nothing beyond them but the fallback's own decision, which says so.
     let d = limiter.check(&key, 1).await.unwrap();
     assert!(!d.allowed);
-    assert!(matches!(d.source, DecisionSource::Fallback(_)), "{:?}", d.source);
+    assert!(
+        matches!(d.source, DecisionSource::Fallback(_)),
+        "{:?}",
+        d.source
+    );
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use tower_window::{
-    CheckRequest, Decision, DecisionSource, LeaseConfig, Limiter, ManualClock, MemoryStore,
-    Policy, Quota, Store, StoreError, StoreErrorKind, WindowKey,
+    CheckRequest, Decision, DecisionSource, LeaseConfig, Limiter, ManualClock, MemoryStore, Policy,
+    Quota, Store, StoreError, StoreErrorKind, WindowKey,
 };
 
 const START: u64 = 1_700_000_000_000_000;
@@ -45,7 +45,9 @@ async fn leases_double_while_hot_and_are_spent_without_the_store() {
         .map(|(i, _)| i + 1)
         .collect();
     assert_eq!(store_checks, [1, 2, 4, 8, 16, 24]);
-    assert!(sources.iter().all(|s| matches!(s, DecisionSource::Store | DecisionSource::Lease)));
+    assert!(sources
+        .iter()
+        .all(|s| matches!(s, DecisionSource::Store | DecisionSource::Lease)));
     let stats = limiter.lease_stats().unwrap();
     assert_eq!((stats.granted, stats.spent), (31, 30));
     assert_eq!(limiter.stats().lease, 24);
@@ -65,7 +67,10 @@ async fn an_expired_lease_is_refunded_and_the_next_one_is_smaller() {
     let key = WindowKey::for_subject("cooling");
     limiter.check(&key, 1).await.unwrap();
     // A lease of 2: one admitted with it, one held.
-    assert_eq!(limiter.check(&key, 1).await.unwrap().source, DecisionSource::Store);
+    assert_eq!(
+        limiter.check(&key, 1).await.unwrap().source,
+        DecisionSource::Store
+    );
     assert_eq!(limiter.lease_stats().unwrap().granted, 3);
     // Past the 1 s deadline (a tenth of the window, at most 1 s).
     clock.advance(Duration::from_secs(2));
@@ -73,7 +78,10 @@ async fn an_expired_lease_is_refunded_and_the_next_one_is_smaller() {
     assert_eq!(d.source, DecisionSource::Store);
     let stats = limiter.lease_stats().unwrap();
     assert_eq!(stats.expired_unspent, 1);
-    assert_eq!(stats.returned, 1, "a late refund still returns unspent units");
+    assert_eq!(
+        stats.returned, 1,
+        "a late refund still returns unspent units"
+    );
     assert_eq!(stats.granted, 4, "the next lease halved to 1");
     let probe = Limiter::new(store.clone(), "1000/1m".parse::<Quota>().unwrap());
     assert_eq!(probe.check(&key, 1).await.unwrap().remaining, 1000 - 3 - 1);
@@ -107,7 +115,11 @@ async fn multi_quota_leases_take_from_every_quota() {
     let policy = Policy::new(
         "p",
         [
-            "100/1m fixed-window".parse::<Quota>().unwrap().named("minute").unwrap(),
+            "100/1m fixed-window"
+                .parse::<Quota>()
+                .unwrap()
+                .named("minute")
+                .unwrap(),
             "6/1h".parse::<Quota>().unwrap().named("hour").unwrap(),
         ],
     )
@@ -126,14 +138,21 @@ async fn multi_quota_leases_take_from_every_quota() {
     let probe = Limiter::new(store.clone(), policy);
     let d = probe.check(&key, 1).await.unwrap();
     assert!(!d.allowed);
-    assert_eq!(d.quotas()[0].remaining, 100 - 6, "the minute counts the same 6");
+    assert_eq!(
+        d.quotas()[0].remaining,
+        100 - 6,
+        "the minute counts the same 6"
+    );
 }
 
 /// A store without leases: only checks.
 struct ChecksOnly(MemoryStore);
 
 impl Store for ChecksOnly {
-    fn check<'a>(&'a self, request: CheckRequest<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         self.0.check(request)
     }
 }
@@ -159,7 +178,10 @@ async fn a_store_without_leases_decides_every_check() {
 fn a_gcra_ttl_that_leaves_no_room_is_refused() {
     let policy = Policy::from("5/1s gcra".parse::<Quota>().unwrap());
     // T = 200 ms, B T = 1 s: a TTL up to 800 ms leaves room for a token.
-    assert!(LeaseConfig::new(4).ttl(Duration::from_millis(800)).validate(&policy).is_ok());
+    assert!(LeaseConfig::new(4)
+        .ttl(Duration::from_millis(800))
+        .validate(&policy)
+        .is_ok());
     let error = LeaseConfig::new(4)
         .ttl(Duration::from_millis(801))
         .validate(&policy)
@@ -219,7 +241,11 @@ mod metrics {
                 seen.insert(format!("{} {}", key.name(), labels.join(",")), n);
             }
         }
-        let get = |k: &str| *seen.get(k).unwrap_or_else(|| panic!("{k} missing: {seen:?}"));
+        let get = |k: &str| {
+            *seen
+                .get(k)
+                .unwrap_or_else(|| panic!("{k} missing: {seen:?}"))
+        };
         assert_eq!(get(&format!("{LEASE_UNITS_TOTAL} event=granted")), 31 + 4);
         assert_eq!(get(&format!("{LEASE_UNITS_TOTAL} event=spent")), 31);
         assert_eq!(get(&format!("{LEASE_UNITS_TOTAL} event=expired")), 1);

@@ -11,8 +11,8 @@ use clap::{Parser, ValueEnum};
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
 use tower_window::{
-    Algorithm, LeaseConfig, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError, RedisConfigError,
-    RedisStore, Store,
+    Algorithm, LeaseConfig, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError,
+    RedisConfigError, RedisStore, Store,
 };
 
 /// The gateway's flags. Every flag can also be set from the environment
@@ -607,8 +607,14 @@ mod tests {
             ttl.leases.unwrap().ttl_for(&ttl.policy),
             Duration::from_millis(250)
         );
-        assert_eq!(args(&["--lease-ttl", "2s"]).lease_ttl, Some(Duration::from_secs(2)));
-        assert_eq!(args(&["--lease-ttl", "40"]).lease_ttl, Some(Duration::from_millis(40)));
+        assert_eq!(
+            args(&["--lease-ttl", "2s"]).lease_ttl,
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            args(&["--lease-ttl", "40"]).lease_ttl,
+            Some(Duration::from_millis(40))
+        );
         for bad in ["0", "1h", "x", "-1s", "2d"] {
             assert!(
                 Args::try_parse_from(["gateway", "--lease-ttl", bad]).is_err(),
@@ -617,9 +623,18 @@ mod tests {
         }
         assert!(Args::try_parse_from(["gateway", "--lease", "-1"]).is_err());
         // A GCRA quota too small for the TTL is refused, not approximated.
-        let error = args(&["--limit", "5/1s", "--algorithm", "gcra", "--lease", "4", "--lease-ttl", "900ms"])
-            .into_config()
-            .unwrap_err();
+        let error = args(&[
+            "--limit",
+            "5/1s",
+            "--algorithm",
+            "gcra",
+            "--lease",
+            "4",
+            "--lease-ttl",
+            "900ms",
+        ])
+        .into_config()
+        .unwrap_err();
         assert!(matches!(error, ConfigError::Lease(_)), "{error}");
     }
 

@@ -101,11 +101,7 @@ pub(crate) fn commit(
         }
         State::SlidingLog(s) => {
             s.add(deadline, u64::from(units));
-            (
-                deadline,
-                deadline.saturating_add(quota.window_micros()),
-                0,
-            )
+            (deadline, deadline.saturating_add(quota.window_micros()), 0)
         }
         State::Gcra(s) => {
             let interval = quota.emission_interval_micros().max(1);

@@ -12,10 +12,10 @@ use std::time::Duration;
 
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
+pub(crate) mod lease;
 pub(crate) mod outcome;
 pub(crate) mod sliding_counter;
 pub(crate) mod sliding_log;
-pub(crate) mod lease;
 mod timeline;
 /// For the Redis scripts' test that they walk as far.
 #[cfg(all(test, feature = "redis"))]

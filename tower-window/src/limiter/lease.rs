@@ -286,7 +286,9 @@ impl super::Limiter {
                 .spent
                 .fetch_add(u64::from(cost), Ordering::Relaxed);
             inner.stats.lease.fetch_add(1, Ordering::Relaxed);
-            inner.metrics.lease_units(policy.first(), "spent", u64::from(cost));
+            inner
+                .metrics
+                .lease_units(policy.first(), "spent", u64::from(cost));
             return Ok(decision);
         }
         if let Some(local) = &inner.local {
@@ -346,12 +348,14 @@ impl super::Limiter {
             tier.counters
                 .spent
                 .fetch_add(u64::from(cost), Ordering::Relaxed);
-            inner.metrics.lease_units(policy.first(), "granted", u64::from(granted));
-            inner.metrics.lease_units(policy.first(), "spent", u64::from(cost));
+            inner
+                .metrics
+                .lease_units(policy.first(), "granted", u64::from(granted));
+            inner
+                .metrics
+                .lease_units(policy.first(), "spent", u64::from(cost));
             inner.stats.store.fetch_add(1, Ordering::Relaxed);
-            let length = lease
-                .deadline_micros
-                .saturating_sub(reservation.now_micros);
+            let length = lease.deadline_micros.saturating_sub(reservation.now_micros);
             let local_deadline = sent.saturating_add(length);
             guard.last_deadline = local_deadline;
             let left = granted.saturating_sub(cost);

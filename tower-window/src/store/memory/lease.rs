@@ -76,7 +76,10 @@ impl MemoryStore {
         }
     }
 
-    pub(super) fn reserve_now(&self, request: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
+    pub(super) fn reserve_now(
+        &self,
+        request: ReserveRequest<'_>,
+    ) -> Result<Reservation, StoreError> {
         let policy = request.policy;
         if request.at_least == 0 || request.want < request.at_least {
             return Err(StoreError::new(

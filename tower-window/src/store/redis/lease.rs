@@ -24,9 +24,7 @@ use super::connection::{is_connection_error, is_topology_change, map_error, Conn
 use super::keys::redis_key;
 use super::scripts::{self, lay_out, micros, Parts};
 use super::RedisStore;
-use crate::store::{
-    Lease, RefundRequest, Reservation, ReserveRequest, StoreError, StoreErrorKind,
-};
+use crate::store::{Lease, RefundRequest, Reservation, ReserveRequest, StoreError, StoreErrorKind};
 use crate::{Decision, Policy, QuotaDecision, WindowKey};
 
 /// The lease script: the check script's prelude and algorithms, then
@@ -180,7 +178,10 @@ impl RedisStore {
             [returned] => Ok(u32::try_from((*returned).max(0)).unwrap_or(u32::MAX)),
             other => Err(StoreError::new(
                 StoreErrorKind::Protocol,
-                format!("redis lease refund replied {} values, expected 1", other.len()),
+                format!(
+                    "redis lease refund replied {} values, expected 1",
+                    other.len()
+                ),
             )),
         }
     }
@@ -255,7 +256,10 @@ mod tests {
         let policy = Policy::from("10/1s".parse::<crate::Quota>().unwrap());
         let r = reservation(&policy, &[3, 100, 200, 7, 200, 5, 1_000_000]).unwrap();
         let lease = r.lease.unwrap();
-        assert_eq!((lease.granted, lease.id, lease.deadline_micros), (3, 7, 200));
+        assert_eq!(
+            (lease.granted, lease.id, lease.deadline_micros),
+            (3, 7, 200)
+        );
         assert_eq!(r.decision.unwrap().remaining, 5);
         let none = reservation(&policy, &[0, 100, 0, 0, 150]).unwrap();
         assert!(none.lease.is_none());
