@@ -206,6 +206,9 @@ pub(crate) struct LeaseTier {
     slots: SlotCache,
     pub(crate) config: LeaseConfig,
     pub(crate) counters: LeaseCounters,
+    /// Set once the store answered that it does not support leases:
+    /// checks then go to the store directly, without asking again.
+    unsupported: std::sync::atomic::AtomicBool,
 }
 
 impl LeaseTier {
@@ -219,7 +222,21 @@ impl LeaseTier {
             ),
             config,
             counters: LeaseCounters::default(),
+            unsupported: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether checks of `policy` lease: the store supports leases and the
+    /// TTL leaves room in every quota (else checks decide directly).
+    pub(crate) fn applies(&self, policy: &Policy) -> bool {
+        if self.unsupported.load(Ordering::Relaxed) {
+            return false;
+        }
+        let ttl = u64::try_from(self.config.ttl_for(policy).as_micros()).unwrap_or(u64::MAX);
+        policy
+            .quotas()
+            .iter()
+            .all(|quota| crate::algorithm::lease::ttl_fits(quota, ttl))
     }
 
     /// The lease slot of `key` under `policy`, made on first use.
@@ -319,12 +336,19 @@ impl super::Limiter {
         let reservation = match reserved {
             Ok(reservation) => reservation,
             Err(failure) => {
-                let refused = failure.error.as_ref().is_some_and(|e| {
-                    matches!(
-                        e.kind(),
+                let kind = failure.error.as_ref().map(crate::StoreError::kind);
+                if kind == Some(crate::StoreErrorKind::Unsupported) {
+                    tracing::warn!(
+                        "the store does not support quota leases: checks go to it directly"
+                    );
+                    tier.unsupported.store(true, Ordering::Relaxed);
+                }
+                let refused = matches!(
+                    kind,
+                    Some(
                         crate::StoreErrorKind::Unsupported | crate::StoreErrorKind::InvalidRequest
                     )
-                });
+                );
                 if !refused {
                     drop(guard);
                     return self.fall_back(key, policy, cost, failure).await;

@@ -214,7 +214,7 @@ impl Limiter {
         cost: u32,
     ) -> Result<Decision, LimitError> {
         let inner = &*self.inner;
-        if let Some(tier) = &inner.leases {
+        if let Some(tier) = inner.leases.as_ref().filter(|tier| tier.applies(policy)) {
             return self.decide_leased(tier, key, policy, cost).await;
         }
         let mut stale = false;
