@@ -256,3 +256,20 @@ mod metrics {
         );
     }
 }
+
+#[tokio::test]
+async fn discarded_leases_are_not_spent_nor_refunded() {
+    let (store, clock) = setup();
+    let limiter = limiter(&store, &clock, "1000/1m", 8);
+    let key = WindowKey::for_subject("reset");
+    for _ in 0..2 {
+        limiter.check(&key, 1).await.unwrap();
+    }
+    assert_eq!(limiter.discard_leases().await, 1);
+    assert_eq!(limiter.refund_leases().await, 0);
+    // The next check reserves afresh instead of spending the dropped unit.
+    assert_eq!(
+        limiter.check(&key, 1).await.unwrap().source,
+        DecisionSource::Store
+    );
+}

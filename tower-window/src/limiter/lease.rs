@@ -488,6 +488,25 @@ impl super::Limiter {
             .saturating_sub(before)
     }
 
+    /// Drops every lease this limiter holds without refunding it, and
+    /// answers how many units were dropped: for a reset of the windows
+    /// (a tenant's `reset`, say), after which held units must not be spent
+    /// against the fresh windows. The store's records of those leases are
+    /// left to expire (a reset that deletes the windows' keys should delete
+    /// the policy's `:lr`/`:lx` lease keys with them).
+    pub async fn discard_leases(&self) -> u64 {
+        let Some(tier) = &self.inner.leases else {
+            return 0;
+        };
+        let mut dropped = 0;
+        for slot in tier.all() {
+            if let Some(held) = slot.lock().await.held.take() {
+                dropped += u64::from(held.left);
+            }
+        }
+        dropped
+    }
+
     /// Counts of leased units since the limiter was built (`None` without
     /// leases).
     pub fn lease_stats(&self) -> Option<LeaseStats> {

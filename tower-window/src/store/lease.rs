@@ -35,6 +35,20 @@
 //!   ([`StoreErrorKind::InvalidRequest`](super::StoreErrorKind::InvalidRequest)):
 //!   no lease could ever be granted.
 //!
+//! # A node that dies holding a lease
+//!
+//! Its refund never comes, so the store keeps counting the lease's units as
+//! above: as spent at the latest moment the node could have spent them.
+//! Nothing earlier is possible without over-admitting (the node may have
+//! spent them all just before it died). So the others can use them again
+//! when an admission made at the deadline would free them: for the fixed
+//! window at the window's end, which is the deadline itself when the lease
+//! TTL reaches it; for the sliding log and counter one window after the
+//! deadline (or its bucket); for GCRA as the bucket drains. Meanwhile a
+//! denial reports a `retry_after` no later than the deadline of the leases
+//! still outstanding ([`Reservation::held_until_micros`]), when live nodes
+//! refund theirs.
+//!
 //! A refund returns units that were reserved and never spent; removing them
 //! from the count can only make the store's count closer to what was
 //! admitted, so a refund is safe at any time, late ones included, as long
