@@ -363,7 +363,7 @@ impl super::Limiter {
                 }
             }
         };
-        let held_for = reservation.held_for();
+        let held_until = reservation.held_until_micros;
         if let (Some(lease), Some(decision)) = (reservation.lease, reservation.decision) {
             let granted = lease.granted;
             tier.counters
@@ -406,9 +406,14 @@ impl super::Limiter {
         match self.check_store(key, policy, cost).await {
             Ok(mut decision) => {
                 inner.stats.store.fetch_add(1, Ordering::Relaxed);
-                if !decision.allowed && !held_for.is_zero() {
-                    if let Some(retry) = decision.retry_after {
-                        decision.retry_after = Some(retry.min(held_for));
+                // On the store's clock: the latest outstanding deadline,
+                // from this decision's time.
+                if let (false, Some(held_until), Some(retry)) =
+                    (decision.allowed, held_until, decision.retry_after)
+                {
+                    let left = held_until.saturating_sub(decision.timestamp_micros);
+                    if left > 0 {
+                        decision.retry_after = Some(retry.min(Duration::from_micros(left)));
                     }
                 }
                 if let Some(local) = &inner.local {
