@@ -22,7 +22,7 @@ pub(crate) fn deadline_cap(quota: &Quota, now: u64) -> Option<u64> {
 }
 
 /// Whether a lease of `ttl_micros` can ever be granted under `quota`: a
-/// GCRA lease dates its tokens at the deadline, so it needs a TTL below
+/// GCRA lease dates its tokens at the deadline, so its TTL must be at most
 /// `(B - 1) T` to leave room for one token.
 pub(crate) fn ttl_fits(quota: &Quota, ttl_micros: u64) -> bool {
     if quota.algorithm() != crate::Algorithm::Gcra {
@@ -41,7 +41,7 @@ pub(crate) fn check_ttl(policy: &crate::Policy, ttl_micros: u64) -> Result<(), c
         Some(quota) => Err(crate::StoreError::new(
             crate::StoreErrorKind::InvalidRequest,
             format!(
-                "a lease TTL this long leaves no room in gcra quota `{}`: it must be below (burst - 1) x the emission interval",
+                "a lease TTL this long leaves no room in gcra quota `{}`: it must be at most (burst - 1) x the emission interval",
                 quota.name()
             ),
         )),

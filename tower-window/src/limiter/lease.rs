@@ -102,7 +102,7 @@ impl LeaseConfig {
     }
 
     /// Checks that leases of this TTL can be granted under `policy`: a
-    /// GCRA quota dates leased tokens at the deadline, so a TTL of at least
+    /// GCRA quota dates leased tokens at the deadline, so a TTL above
     /// `(burst - 1)` emission intervals could never be granted and is
     /// refused with a typed error.
     pub fn validate(&self, policy: &Policy) -> Result<(), crate::StoreError> {

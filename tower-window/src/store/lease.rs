@@ -31,7 +31,7 @@
 //!   bound (admissions in `[a, b]` push `tat` from at least `a` by `N T`, to
 //!   at most `b + B T`) holds unchanged, since a lease spent in `[a, b]` has
 //!   `d >= a`. The price is `(d - t) / T` tokens of room per lease, so a
-//!   lease TTL of at least `(B - 1) T` is refused
+//!   lease TTL above `(B - 1) T` is refused
 //!   ([`StoreErrorKind::InvalidRequest`](super::StoreErrorKind::InvalidRequest)):
 //!   no lease could ever be granted.
 //!
