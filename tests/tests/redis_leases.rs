@@ -413,13 +413,20 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
             .expect("a lease");
         drop(dead);
         assert_eq!(lease.granted, 10);
-        let other = leased(
+        // Without the local tier of denials: it would repeat the denial
+        // until the local clock's "now + retry_after", a round trip later
+        // than the store's deadline.
+        let other = Limiter::builder(
             RedisStore::from_url(&server.url())
                 .unwrap()
                 .prefix("lease-dead:"),
-            &quota,
-            LeaseConfig::new(4),
-        );
+            quota.clone(),
+        )
+        .leases(LeaseConfig::new(4))
+        .local_capacity(0)
+        .without_timeout()
+        .without_breaker()
+        .build();
         let mut admitted = 0;
         let denial = loop {
             let d = other.check(&key, 1).await.unwrap();
@@ -475,7 +482,7 @@ async fn during_an_outage_held_leases_are_spent_then_the_fallback_decides() {
         .prefix("lease-outage:");
     let limiter = Limiter::builder(store, quota.clone())
         .leases(LeaseConfig::new(8).ttl(Duration::from_secs(30)))
-        .timeout(Duration::from_millis(200))
+        .timeout(Duration::from_secs(1))
         .fallback(tower_window::fallback::FailClosed::new())
         .build();
     let key = WindowKey::for_subject("outage");
