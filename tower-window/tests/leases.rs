@@ -273,3 +273,29 @@ async fn discarded_leases_are_not_spent_nor_refunded() {
         DecisionSource::Store
     );
 }
+
+#[tokio::test]
+async fn a_sliding_log_lease_outlives_idle_expiry_until_w_after_its_deadline() {
+    let (store, clock) = setup();
+    let quota: Quota = "2/1m".parse().unwrap();
+    let policy = Policy::from(quota.clone());
+    let key = WindowKey::for_subject("idle");
+    // A lease TTL of 10 s: its units are dated START + 10 s.
+    let lease = store
+        .reserve(tower_window::store::ReserveRequest::new(
+            &key,
+            &policy,
+            2,
+            1,
+            Duration::from_secs(10),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(lease.granted(), 1);
+    // Past W + the grace after the reservation, but before W after the deadline.
+    clock.advance(Duration::from_secs(65));
+    store.run_pending_tasks();
+    let probe = Limiter::new(store.clone(), quota);
+    let d = probe.check(&key, 1).await.unwrap();
+    assert_eq!(d.remaining, 0, "the leased unit still counts");
+}

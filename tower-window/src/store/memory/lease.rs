@@ -110,7 +110,7 @@ impl MemoryStore {
                 .fold(now.saturating_add(ttl), u64::min);
             let mut rooms: SmallVec<[u64; 4]> = SmallVec::new();
             for (quota, inner) in policy.quotas().iter().zip(locked.guards.iter_mut()) {
-                inner.last_check = now;
+                inner.last_check = inner.last_check.max(now);
                 inner.leases.retain(|record| record.expires > now);
                 rooms.push(algo::room(&mut inner.state, quota, now, deadline));
             }
@@ -143,6 +143,9 @@ impl MemoryStore {
             {
                 let (anchor, expires, prior) =
                     algo::commit(&mut inner.state, quota, now, deadline, granted);
+                // Idle expiry counts from here: a sliding log's leased units
+                // are dated at the deadline and count W after it.
+                inner.last_check = inner.last_check.max(deadline);
                 inner.leases.push(Record {
                     id,
                     anchor,

@@ -199,7 +199,7 @@ impl MemoryStore {
             let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
             for (quota, guard) in policy.quotas().iter().zip(guards.iter_mut()) {
                 if let Some(inner) = guard {
-                    inner.last_check = now;
+                    inner.last_check = inner.last_check.max(now);
                     evaluations.push(inner.state.evaluate(quota, now, cost));
                 }
             }
@@ -234,7 +234,7 @@ impl MemoryStore {
                 continue;
             }
             let now = self.clock.now_micros();
-            inner.last_check = now;
+            inner.last_check = inner.last_check.max(now);
             let evaluation = inner.state.evaluate(quota, now, cost);
             if evaluation.fits() {
                 inner.state.commit(quota, now, cost);
