@@ -355,12 +355,7 @@ impl super::Limiter {
                 }
                 // No lease for this store or policy (a GCRA quota too
                 // small for the TTL, say): decide directly.
-                crate::store::Reservation {
-                    lease: None,
-                    now_micros: 0,
-                    held_until_micros: None,
-                    decision: None,
-                }
+                crate::store::Reservation::empty(0, None)
             }
         };
         let held_until = reservation.held_until_micros;

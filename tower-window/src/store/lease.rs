@@ -119,6 +119,18 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// A lease of `granted` units taken at `reserved_at_micros`, spendable
+    /// until `deadline_micros` (store clock), named `id` by its store (for
+    /// stores outside this crate).
+    pub fn new(id: u64, granted: u32, reserved_at_micros: u64, deadline_micros: u64) -> Self {
+        Self {
+            id,
+            granted,
+            reserved_at_micros,
+            deadline_micros,
+        }
+    }
+
     /// How long after the reservation the lease may be spent.
     pub fn ttl(&self) -> Duration {
         Duration::from_micros(self.deadline_micros.saturating_sub(self.reserved_at_micros))
@@ -143,6 +155,32 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// A reservation that granted `lease`, with `decision` the policy's
+    /// state once it was taken (for stores outside this crate).
+    pub fn with_lease(
+        lease: Lease,
+        decision: Decision,
+        now_micros: u64,
+        held_until_micros: Option<u64>,
+    ) -> Self {
+        Self {
+            lease: Some(lease),
+            now_micros,
+            held_until_micros,
+            decision: Some(decision),
+        }
+    }
+
+    /// A reservation that granted nothing.
+    pub fn empty(now_micros: u64, held_until_micros: Option<u64>) -> Self {
+        Self {
+            lease: None,
+            now_micros,
+            held_until_micros,
+            decision: None,
+        }
+    }
+
     /// Units granted (0 without a lease).
     pub fn granted(&self) -> u32 {
         self.lease.as_ref().map_or(0, |lease| lease.granted)
