@@ -17,7 +17,9 @@
 # gateway, gateway-sliding-log, gateway-fixed-window and gateway-gcra run the
 # examples' `gateway` binary itself on the embedded store, metrics and
 # headers on, `--limit 1000000000/1s` (admits everything) with the sliding
-# counter or the named algorithm, loaded at /api/hello), LUA (the wrk script,
+# counter or the named algorithm, loaded at /api/hello; gateway-redis and
+# gateway-redis-lease run it on the script's redis-server, the latter with
+# `--lease $LEASE` (default 100), optionally followed by -ALGORITHM), LUA (the wrk script,
 # default users.lua; rotate.lua cycles through the users in turn).
 # gateway_table.sh runs the issue's table (one hot user, 10 000 rotating
 # users) with this script.
@@ -133,12 +135,19 @@ start_server() {
     local variant=$1 log="$tmp/server-$1.log" args
     case $variant in
     gateway*)
-        local algorithm=${variant#gateway}
+        # gateway[-redis|-redis-lease][-ALGORITHM]: on the embedded store, on
+        # our redis-server, or on it with `--lease $LEASE` (default 100).
+        local algorithm=${variant#gateway} store=()
+        algorithm=${algorithm#-}
+        case $algorithm in
+        redis-lease*) store=(--redis-url "$redis_url" --lease "${LEASE:-100}"); algorithm=${algorithm#redis-lease} ;;
+        redis*) store=(--redis-url "$redis_url"); algorithm=${algorithm#redis} ;;
+        esac
         algorithm=${algorithm#-}
         # The gateway logs `listening address=ADDR`; its runtime has one
         # worker per CPU, like bench_server's $WORKERS on this machine.
         TOKIO_WORKER_THREADS=$WORKERS RUST_LOG=info "$gateway" --listen 127.0.0.1:0 \
-            --limit 1000000000/1s --algorithm "${algorithm:-sliding-counter}" >"$log" 2>&1 &
+            --limit 1000000000/1s --algorithm "${algorithm:-sliding-counter}" "${store[@]}" >"$log" 2>&1 &
         server_pid=$!
         pids+=("$server_pid")
         server_addr=
@@ -240,6 +249,8 @@ letter() {
     redis-down) echo "(e) tower-window, Redis down, breaker open" ;;
     local-flood) echo "(f) tower-window, one over-limit user, local tier" ;;
     gateway) echo "(g) gateway binary, sliding counter" ;;
+    gateway-redis-lease*) echo "(h) gateway binary, Redis, --lease ${LEASE:-100}${1#gateway-redis-lease}" ;;
+    gateway-redis*) echo "(h) gateway binary, Redis${1#gateway-redis}" ;;
     gateway-*) echo "(g) gateway binary, ${1#gateway-}" ;;
     *) echo "$1" ;;
     esac
@@ -283,7 +294,13 @@ check "(b) ≥ 1.0 × (c)" "$(ratio memory governor)" "r >= 1.0"
 check "(f) ≥ (b)" "$(ratio local-flood memory)" "r >= 1.0"
 check "(e) within 10% of (b)" "$(ratio redis-down memory)" "r >= 0.9 && r <= 1.1"
 for variant in $VARIANTS; do
-    case $variant in gateway*) ;; *) continue ;; esac
+    case $variant in gateway-redis-lease*) ;; *) continue ;; esac
+    # Issue 14: leases bring the gateway on Redis near the embedded store.
+    embedded=gateway${variant#gateway-redis-lease}
+    check "$variant ≥ 0.8 × $embedded" "$(ratio "$variant" "$embedded")" "r >= 0.8"
+done
+for variant in $VARIANTS; do
+    case $variant in gateway-redis*) continue ;; gateway*) ;; *) continue ;; esac
     check "$variant ≥ 0.9 × (a)" "$(ratio "$variant" none)" "r >= 0.9"
     check "$variant ≥ 1.0 × (c)" "$(ratio "$variant" governor)" "r >= 1.0"
 done

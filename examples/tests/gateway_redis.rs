@@ -76,3 +76,57 @@ fn bad_redis_url_is_a_config_error() {
     let error = args.into_config().unwrap_err().to_string();
     assert!(error.contains("--redis-url"), "{error}");
 }
+
+/// Two nodes with `--lease 8` on one Redis: admissions spent from leases
+/// say so (`x-ratelimit-source: lease`), and together the nodes admit
+/// exactly the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leasing_nodes_still_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let leasing = || {
+        let args = Args::try_parse_from([
+            "gateway",
+            "--limit",
+            "20/1h",
+            "--redis-url",
+            &redis.url(),
+            "--redis-timeout-ms",
+            "5000",
+            "--lease",
+            "8",
+            "--debug-headers",
+        ])
+        .unwrap();
+        tower_window_examples::gateway::build_app_with_limiter(args.into_config().unwrap())
+    };
+    let ((a, limiter_a), (b, limiter_b)) = (leasing(), leasing());
+    let (mut ok, mut from_leases) = (0, 0);
+    for i in 0..40 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let response = app.clone().oneshot(hello("erin")).await.unwrap();
+        if response.status() == StatusCode::OK {
+            ok += 1;
+            let source = response.headers().get("x-ratelimit-source").unwrap();
+            from_leases += usize::from(source == "lease");
+        } else {
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        }
+    }
+    assert!(ok <= 20, "{ok} admitted, limit 20");
+    assert!(from_leases > 0, "no admission came from a lease");
+    // Shutdown: each node gives back what it holds; then every unit not
+    // admitted is available again.
+    limiter_a.refund_leases().await;
+    limiter_b.refund_leases().await;
+    let mut more = 0;
+    for _ in 0..40 {
+        if a.clone().oneshot(hello("erin")).await.unwrap().status() == StatusCode::OK {
+            more += 1;
+        }
+    }
+    assert_eq!(
+        ok + more,
+        20,
+        "{ok} + {more}: refunds returned every unspent unit"
+    );
+}

@@ -179,6 +179,17 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
         allowed += u32::from(resilient.check(&key, 1).await.unwrap().allowed);
     }
     assert_eq!(allowed, 3);
+    // One with quota leases: leased units granted and spent.
+    let leased = Limiter::builder(
+        MemoryStore::new(),
+        "100/1m".parse::<Quota>().unwrap().named("leased").unwrap(),
+    )
+    .leases(tower_window::LeaseConfig::new(4))
+    .build();
+    for _ in 0..6 {
+        assert!(leased.check(&key, 1).await.unwrap().allowed);
+    }
+    leased.refund_leases().await;
     // One on the unreachable Redis: a store error opens the breaker, then
     // fail-open admits without the store.
     let broken_store_limiter = {

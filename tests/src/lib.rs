@@ -5,5 +5,6 @@
 
 pub mod conformance;
 pub mod fault_proxy;
+pub mod lease_conformance;
 pub mod redis_cluster;
 pub mod redis_server;

@@ -65,3 +65,11 @@ mod single {
 mod cluster {
     tower_window_tests::conformance_tests!(super::ClusterRedis::new());
 }
+
+mod lease_single {
+    tower_window_tests::lease_conformance_tests!(super::SingleRedis::new());
+}
+
+mod lease_cluster {
+    tower_window_tests::lease_conformance_tests!(super::ClusterRedis::new());
+}

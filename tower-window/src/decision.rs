@@ -15,6 +15,9 @@ pub enum DecisionSource {
     Store,
     /// The node's local tier answered from a remembered denial.
     LocalCache,
+    /// The node admitted from a quota lease it holds: units the store
+    /// granted it earlier, spent without a store call.
+    Lease,
     /// The store could not decide; the fallback policy did.
     Fallback(FallbackReason),
 }
@@ -25,6 +28,7 @@ impl DecisionSource {
         match self {
             Self::Store => "store",
             Self::LocalCache => "local_cache",
+            Self::Lease => "lease",
             Self::Fallback(_) => "fallback",
         }
     }

@@ -100,6 +100,11 @@ pub const LOCAL_CACHE_ENTRIES: &str = "tower_window_local_cache_entries";
 pub const LOCAL_CACHE_HITS_TOTAL: &str = "tower_window_local_cache_hits_total";
 /// Local-tier lookups that went on to the store.
 pub const LOCAL_CACHE_MISSES_TOTAL: &str = "tower_window_local_cache_misses_total";
+/// Counter: units of quota leases, by `event`: `granted` (taken from the
+/// store), `spent` (admitted locally or with the reservation), `refunded`
+/// (given back before the deadline), `expired` (left unspent at the
+/// deadline; given back then where the store still counts them).
+pub const LEASE_UNITS_TOTAL: &str = "tower_window_lease_units_total";
 
 /// Would-be denials of shadow quotas, by `quota`.
 pub const SHADOW_DENIALS_TOTAL: &str = "tower_window_shadow_denials_total";
@@ -123,6 +128,7 @@ pub const ALL: &[&str] = &[
     LOCAL_CACHE_MISSES_TOTAL,
     SHADOW_DENIALS_TOTAL,
     CONFIG_RELOAD_TOTAL,
+    LEASE_UNITS_TOTAL,
 ];
 
 /// Suggested histogram buckets (seconds) for
@@ -217,6 +223,11 @@ pub fn describe() {
         Unit::Count,
         "Local-tier lookups that went on to the store."
     );
+    describe_counter!(
+        LEASE_UNITS_TOTAL,
+        Unit::Count,
+        "Units of quota leases: granted, spent, refunded, expired unspent."
+    );
 }
 
 pub(crate) use imp::{LimiterMetrics, Parts as MetricParts, StoreTimer};
@@ -232,9 +243,10 @@ mod imp {
     use crate::{BreakerState, Decision, DecisionSource, FallbackReason, Quota, WindowKey};
     use crate::{StoreError, StoreErrorKind};
 
-    const SOURCES: [DecisionSource; 3] = [
+    const SOURCES: [DecisionSource; 4] = [
         DecisionSource::Store,
         DecisionSource::LocalCache,
+        DecisionSource::Lease,
         DecisionSource::Fallback(FallbackReason::Error),
     ];
     const REASONS: [FallbackReason; 5] = FallbackReason::ALL;
@@ -263,7 +275,8 @@ mod imp {
         match source {
             DecisionSource::Store => 0,
             DecisionSource::LocalCache => 1,
-            _ => 2,
+            DecisionSource::Lease => 2,
+            _ => 3,
         }
     }
 
@@ -316,7 +329,7 @@ mod imp {
     /// Decision-level series of one (quota, tenant).
     struct DecisionHandles {
         /// `[allowed][source]`.
-        decisions: [[Counter; 3]; 2],
+        decisions: [[Counter; 4]; 2],
         near_limit: Counter,
         /// `[reason][allowed]`; `None` without a fallback policy.
         fallback: Option<FallbackHandles>,
@@ -589,6 +602,17 @@ mod imp {
         }
 
         /// Records one retried store attempt.
+        /// Counts `units` of leases of the limiter's policy for `event`
+        /// (`granted`, `spent`, `refunded`, `expired`); off the hot path of
+        /// a check without leases.
+        pub(crate) fn lease_units(&self, quota: &Quota, event: &'static str, units: u64) {
+            if units > 0 {
+                self.labels_for(quota, None)
+                    .counter(LEASE_UNITS_TOTAL, &[("event", event)])
+                    .increment(units);
+            }
+        }
+
         pub(crate) fn store_retry(&self, quota: &Quota) {
             if self.is_own(quota) {
                 self.handles().store.retries.increment(1);
@@ -672,6 +696,8 @@ mod imp {
         pub(crate) fn breaker_transition(&self, _: BreakerState, _: BreakerState, _: usize) {}
         #[inline(always)]
         pub(crate) fn store_retry(&self, _: &Quota) {}
+
+        pub(crate) fn lease_units(&self, _: &Quota, _: &'static str, _: u64) {}
         #[inline(always)]
         pub(crate) fn store_call(&self, _: &Quota, _: StoreTimer, _: Option<&StoreError>) {}
     }

@@ -8,7 +8,7 @@ use std::io::IsTerminal;
 use std::net::SocketAddr;
 
 use clap::Parser;
-use tower_window_examples::gateway::{build_app, Args};
+use tower_window_examples::gateway::{build_app_with_limiter, Args};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -33,7 +33,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             "redis fallback"
         );
     }
-    let app = build_app(config);
+    if let Some(leases) = &config.leases {
+        tracing::info!(
+            max_units = leases.max_units(),
+            ttl_ms = leases.ttl_for(&config.policy).as_millis(),
+            "quota leases"
+        );
+    }
+    let (app, limiter) = build_app_with_limiter(config);
 
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(address = %listener.local_addr()?, "listening");
@@ -43,7 +50,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     )
     .with_graceful_shutdown(shutdown_signal())
     .await?;
-    tracing::info!("stopped");
+    // Give back what this node's leases did not spend, so other nodes can
+    // use it now rather than when the leases' records expire.
+    let returned = limiter.refund_leases().await;
+    tracing::info!(returned, "stopped");
     Ok(())
 }
 

@@ -24,7 +24,14 @@ pub const RATELIMIT_SOURCE: HeaderName = HeaderName::from_static("x-ratelimit-so
 /// routes added after the `route_layer`s (`/healthz`, `/metrics`) are never
 /// limited.
 pub fn build_app(config: GatewayConfig) -> Router {
+    build_app_with_limiter(config).0
+}
+
+/// [`build_app`], and the limiter its routes share (to
+/// [refund its leases](tower_window::Limiter::refund_leases) on shutdown).
+pub fn build_app_with_limiter(config: GatewayConfig) -> (Router, tower_window::Limiter) {
     let limiter = config.limiter();
+    let shared = limiter.clone();
     let degraded_status = config.degraded_status();
     let registry = super::tenants::registry(&config);
     if let (Some(registry), Some(file)) = (&registry, &config.tenants) {
@@ -67,9 +74,10 @@ pub fn build_app(config: GatewayConfig) -> Router {
     if let Some(admin) = admin {
         router = router.nest("/admin", admin);
     }
-    router.merge(super::metrics::metrics_router(
+    let router = router.merge(super::metrics::metrics_router(
         super::metrics::install_recorder(),
-    ))
+    ));
+    (router, shared)
 }
 
 /// What handlers share.

@@ -11,8 +11,8 @@ use clap::{Parser, ValueEnum};
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
 use tower_window::{
-    Algorithm, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError, RedisConfigError,
-    RedisStore, Store,
+    Algorithm, LeaseConfig, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError,
+    RedisConfigError, RedisStore, Store,
 };
 
 /// The gateway's flags. Every flag can also be set from the environment
@@ -112,6 +112,40 @@ pub struct Args {
         hide_env_values = true
     )]
     pub admin_token: Option<String>,
+
+    /// The largest quota lease, in units: each node takes up to this many
+    /// units of a hot key's window in one store call and admits from them
+    /// locally, with the limit still exact across nodes. 0 (the default)
+    /// turns leases off.
+    #[arg(long, env = "TW_LEASE", default_value = "0")]
+    pub lease: u32,
+
+    /// How long a lease may be spent (`250ms`, `1s`; a bare number is
+    /// milliseconds). Default: a tenth of the shortest window, at most 1 s.
+    #[arg(long, env = "TW_LEASE_TTL", value_parser = parse_lease_ttl)]
+    pub lease_ttl: Option<Duration>,
+}
+
+/// `--lease-ttl`: `<n>ms`, `<n>s`, `<n>m`, or `<n>` milliseconds; above zero.
+fn parse_lease_ttl(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, "ms"),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 250ms or 1s"))?;
+    let ttl = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(format!("{text:?}: the unit must be ms, s or m")),
+    };
+    if ttl.is_zero() || ttl > Duration::from_secs(3600) {
+        return Err(format!("{text:?}: a lease TTL is above 0 and at most 1h"));
+    }
+    Ok(ttl)
 }
 
 /// `--fallback` values.
@@ -253,6 +287,16 @@ impl Args {
             ),
             None => (Arc::new(MemoryStore::new()), None),
         };
+        let leases = (self.lease > 0).then(|| {
+            let config = LeaseConfig::new(self.lease);
+            match self.lease_ttl {
+                Some(ttl) => config.ttl(ttl),
+                None => config,
+            }
+        });
+        if let Some(leases) = &leases {
+            leases.validate(&policy).map_err(ConfigError::Lease)?;
+        }
         Ok(GatewayConfig {
             policy,
             store,
@@ -263,6 +307,7 @@ impl Args {
             redis,
             tenants,
             admin_token: self.admin_token.filter(|t| !t.is_empty()),
+            leases,
         })
     }
 }
@@ -293,6 +338,8 @@ pub struct GatewayConfig {
     pub tenants: Option<super::tenants::TenantsFile>,
     /// The admin API's bearer token (`--admin-token`); `None`: no admin routes.
     pub admin_token: Option<String>,
+    /// Quota leases (`--lease`, `--lease-ttl`); `None`: off.
+    pub leases: Option<LeaseConfig>,
 }
 
 impl GatewayConfig {
@@ -314,7 +361,14 @@ impl GatewayConfig {
             redis: None,
             tenants: None,
             admin_token: None,
+            leases: None,
         }
+    }
+
+    /// Leases quota (see [`LimiterBuilder::leases`](tower_window::LimiterBuilder::leases)).
+    pub fn leases(mut self, leases: LeaseConfig) -> Self {
+        self.leases = Some(leases);
+        self
     }
 
     /// Makes the limiter resilient (see [`resilience`](Self::resilience)).
@@ -335,10 +389,20 @@ impl GatewayConfig {
     /// the time budget and the fallback policy.
     pub fn limiter(&self) -> Limiter {
         let Some(resilience) = self.resilience else {
-            return Limiter::from_shared_store(self.store.clone(), self.policy.clone());
+            let Some(leases) = self.leases else {
+                return Limiter::from_shared_store(self.store.clone(), self.policy.clone());
+            };
+            return Limiter::builder(self.store.clone(), self.policy.clone())
+                .leases(leases)
+                .without_timeout()
+                .without_breaker()
+                .build();
         };
-        let builder =
+        let mut builder =
             Limiter::builder(self.store.clone(), self.policy.clone()).timeout(resilience.timeout);
+        if let Some(leases) = self.leases {
+            builder = builder.leases(leases);
+        }
         match resilience.fallback {
             FallbackArg::FailOpen => builder.fallback(FailOpen),
             FallbackArg::FailClosed => builder.fallback(FailClosed::new()),
@@ -367,6 +431,7 @@ impl fmt::Debug for GatewayConfig {
             .field("user_header", &self.user_header)
             .field("resilience", &self.resilience)
             .field("debug_headers", &self.debug_headers)
+            .field("leases", &self.leases)
             .finish_non_exhaustive()
     }
 }
@@ -383,6 +448,8 @@ pub enum ConfigError {
     Store(RedisConfigError),
     /// The `--tenants` file cannot be read or is invalid.
     Tenants(String),
+    /// `--lease-ttl` leaves no room for a lease in a quota of the policy.
+    Lease(tower_window::StoreError),
 }
 
 impl fmt::Display for ConfigError {
@@ -392,6 +459,7 @@ impl fmt::Display for ConfigError {
             Self::Policy(error) => write!(f, "invalid --limit: {error}"),
             Self::Store(error) => write!(f, "invalid --redis-url/--redis-cluster: {error}"),
             Self::Tenants(error) => write!(f, "invalid --tenants: {error}"),
+            Self::Lease(error) => write!(f, "invalid --lease/--lease-ttl: {error}"),
         }
     }
 }
@@ -403,6 +471,7 @@ impl std::error::Error for ConfigError {
             Self::Policy(error) => Some(error),
             Self::Store(error) => Some(error),
             Self::Tenants(_) => None,
+            Self::Lease(error) => Some(error),
         }
     }
 }
@@ -561,6 +630,52 @@ mod tests {
         assert_eq!(config.degraded_status(), 503);
         let limiter = config.limiter();
         assert!(limiter.breaker_state().is_some());
+    }
+
+    #[test]
+    fn lease_flags() {
+        let off = args(&[]).into_config().unwrap();
+        assert!(off.leases.is_none());
+        let on = args(&["--lease", "100"]).into_config().unwrap();
+        let leases = on.leases.unwrap();
+        assert_eq!(leases.max_units(), 100);
+        assert_eq!(leases.ttl_for(&on.policy), Duration::from_secs(1));
+        let ttl = args(&["--lease", "8", "--lease-ttl", "250ms"])
+            .into_config()
+            .unwrap();
+        assert_eq!(
+            ttl.leases.unwrap().ttl_for(&ttl.policy),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            args(&["--lease-ttl", "2s"]).lease_ttl,
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            args(&["--lease-ttl", "40"]).lease_ttl,
+            Some(Duration::from_millis(40))
+        );
+        for bad in ["0", "1h", "x", "-1s", "2d"] {
+            assert!(
+                Args::try_parse_from(["gateway", "--lease-ttl", bad]).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(Args::try_parse_from(["gateway", "--lease", "-1"]).is_err());
+        // A GCRA quota too small for the TTL is refused, not approximated.
+        let error = args(&[
+            "--limit",
+            "5/1s",
+            "--algorithm",
+            "gcra",
+            "--lease",
+            "4",
+            "--lease-ttl",
+            "900ms",
+        ])
+        .into_config()
+        .unwrap_err();
+        assert!(matches!(error, ConfigError::Lease(_)), "{error}");
     }
 
     #[test]

@@ -14,6 +14,9 @@
 //! (default; a window on this node with `limit / --expected-nodes`),
 //! `fail-open` or `fail-closed` (503). `--debug-headers` adds
 //! [`RATELIMIT_SOURCE`] (`x-ratelimit-source`) naming who decided.
+//! `--lease N` turns quota leases on (each node spends up to `N` units of a
+//! hot key locally per store call; `--lease-ttl`), and the binary refunds
+//! what its leases left on graceful shutdown.
 //!
 //! With `--tenants FILE` each tenant (the tenant header) gets its own
 //! policy from the file, hot-reloaded on change (see [`tenants`]); with
@@ -30,5 +33,5 @@ pub mod metrics;
 pub mod tenants;
 mod ws;
 
-pub use app::{build_app, RATELIMIT_SOURCE};
+pub use app::{build_app, build_app_with_limiter, RATELIMIT_SOURCE};
 pub use config::{AlgorithmArg, Args, ConfigError, FallbackArg, GatewayConfig, Resilience};

@@ -30,8 +30,8 @@ use crate::Quota;
 /// The counter of one key: which window, and how many units it admitted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct State {
-    window_index: u64,
-    count: u64,
+    pub(super) window_index: u64,
+    pub(super) count: u64,
 }
 
 /// Evaluates `cost` units of `quota` at `now` against `state`, recording

@@ -38,7 +38,7 @@ use crate::Quota;
 /// The theoretical arrival time of one key (0 = none; `max(0, t) = t`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct State {
-    tat: u64,
+    pub(super) tat: u64,
 }
 
 /// Evaluates `cost` units of `quota` at `now` against `state`, recording

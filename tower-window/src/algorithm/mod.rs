@@ -12,6 +12,7 @@ use std::time::Duration;
 
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
+pub(crate) mod lease;
 pub(crate) mod outcome;
 pub(crate) mod sliding_counter;
 pub(crate) mod sliding_log;

@@ -30,7 +30,23 @@ impl Timeline {
 
     /// Adds `units` to slot `at`, keeping slots ascending. A slot older than
     /// the newest one only appears when the clock stepped back.
-    fn add(&mut self, at: u64, units: u64) {
+    /// Takes up to `units` back from the slot at `at`, if it is still
+    /// kept; answers how many were taken.
+    pub(crate) fn take_back(&mut self, at: u64, units: u64) -> u64 {
+        let i = self.slots.partition_point(|&(slot, _)| slot < at);
+        let Some((slot, c)) = self.slots.get_mut(i) else {
+            return 0;
+        };
+        if *slot != at {
+            return 0;
+        }
+        let taken = units.min(*c);
+        *c -= taken;
+        self.total = self.total.saturating_sub(taken);
+        taken
+    }
+
+    pub(crate) fn add(&mut self, at: u64, units: u64) {
         self.total = self.total.saturating_add(units);
         match self.slots.back_mut() {
             Some((newest, c)) if *newest == at => *c = c.saturating_add(units),

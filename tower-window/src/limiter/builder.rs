@@ -34,6 +34,7 @@ pub struct LimiterBuilder {
     breaker: Option<BreakerConfig>,
     max_in_flight: Option<usize>,
     metrics_tenant_label: bool,
+    leases: Option<super::LeaseConfig>,
 }
 
 impl LimiterBuilder {
@@ -56,6 +57,7 @@ impl LimiterBuilder {
             breaker: Some(BreakerConfig::default()),
             max_in_flight: Some(DEFAULT_MAX_IN_FLIGHT),
             metrics_tenant_label: false,
+            leases: None,
         }
     }
 
@@ -131,6 +133,21 @@ impl LimiterBuilder {
         self
     }
 
+    /// Leases quota from the store ([`Store::reserve`](crate::Store::reserve)):
+    /// a node takes blocks of units (up to `config.max_units()`) in one
+    /// store call and admits from them locally until the lease's deadline,
+    /// with the global bound still exact (see [`crate::store::lease`]).
+    /// `max_units = 0` leaves leases off (the default). The lease tier holds
+    /// as many keys as the local tier (at least 1 000).
+    ///
+    /// Call [`Limiter::refund_leases`] on graceful shutdown. The store must
+    /// support leases (the embedded store and Redis do); a store that does
+    /// not makes every check fall back to a direct check.
+    pub fn leases(mut self, config: super::LeaseConfig) -> Self {
+        self.leases = (config.max_units() > 0).then_some(config);
+        self
+    }
+
     /// Adds a `tenant` label (the key's tenant) to the decision metrics
     /// (default off: one series per tenant can be many series). The subject
     /// is never a label. With the label on, each record looks its series up
@@ -171,6 +188,9 @@ impl LimiterBuilder {
                 policy: self.policy,
                 clock,
                 local,
+                leases: self.leases.map(|config| {
+                    super::lease::LeaseTier::new(config, self.local_capacity.max(1_000))
+                }),
                 fallback,
                 breaker,
                 resilience: Resilience {

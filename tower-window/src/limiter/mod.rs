@@ -20,11 +20,13 @@ use crate::{Clock, Decision, DecisionSource, FallbackReason, Policy, SystemClock
 
 pub(crate) mod breaker;
 mod builder;
+pub(crate) mod lease;
 pub(crate) mod local;
 mod peek;
 pub(crate) mod resilience;
 
 pub use builder::LimiterBuilder;
+pub use lease::{LeaseConfig, LeaseStats};
 
 /// Checks keys against a [`Policy`] (one or more quotas) in a store.
 ///
@@ -61,6 +63,8 @@ struct Inner {
     policy: Policy,
     clock: Arc<dyn Clock>,
     local: Option<LocalTier>,
+    /// Quota leases per key (`None`: off, and checks never look for one).
+    leases: Option<lease::LeaseTier>,
     fallback: Option<Box<dyn FallbackPolicy>>,
     breaker: Option<Breakers>,
     resilience: Resilience,
@@ -91,6 +95,7 @@ impl Limiter {
                 policy,
                 clock: Arc::new(SystemClock),
                 local: None,
+                leases: None,
                 fallback: None,
                 breaker: None,
                 resilience: Resilience::bare(),
@@ -261,6 +266,13 @@ impl Limiter {
             // The span belongs to `check`.
             return None;
         }
+        if let Some(leases) = &self.inner.leases {
+            // Leases are reserved and refunded through the time budget,
+            // which needs the async path.
+            if leases.applies(policy) {
+                return None;
+            }
+        }
         let result = self.decide_in_process(key, policy, cost)?;
         if let Ok(decision) = &result {
             self.inner.metrics.decision(key, decision);
@@ -386,6 +398,9 @@ impl Limiter {
         cost: u32,
     ) -> Result<Decision, LimitError> {
         let inner = &*self.inner;
+        if let Some(tier) = inner.leases.as_ref().filter(|tier| tier.applies(policy)) {
+            return self.decide_leased(tier, key, policy, cost).await;
+        }
         let mut stale = false;
         if let Some(local) = &inner.local {
             match local.lookup(key, policy, cost) {
@@ -573,6 +588,7 @@ impl Limiter {
         LimiterStats {
             store: s.store.load(Ordering::Relaxed),
             local_cache: s.local_cache.load(Ordering::Relaxed),
+            lease: s.lease.load(Ordering::Relaxed),
             fallback: REASONS.map(|r| s.fallback[reason_index(r)].load(Ordering::Relaxed)),
             errors: s.errors.load(Ordering::Relaxed),
         }
@@ -646,7 +662,11 @@ impl TicketGuard<'_> {
     /// of the store's health.
     fn failure_for(&mut self, error: Option<&StoreError>) {
         match error.map(StoreError::kind) {
-            Some(StoreErrorKind::InvalidRequest | StoreErrorKind::Overloaded) => self.release(),
+            Some(
+                StoreErrorKind::InvalidRequest
+                | StoreErrorKind::Unsupported
+                | StoreErrorKind::Overloaded,
+            ) => self.release(),
             _ => self.failure(),
         }
     }
@@ -674,6 +694,7 @@ fn reason_index(reason: FallbackReason) -> usize {
 struct Counters {
     store: AtomicU64,
     local_cache: AtomicU64,
+    lease: AtomicU64,
     fallback: [AtomicU64; 5],
     errors: AtomicU64,
 }
@@ -686,6 +707,8 @@ pub struct LimiterStats {
     pub store: u64,
     /// Denials answered by the local tier.
     pub local_cache: u64,
+    /// Admissions spent from a quota lease this node held (no store call).
+    pub lease: u64,
     fallback: [u64; 5],
     /// Checks that returned a store error (no fallback configured).
     pub errors: u64,

@@ -7,12 +7,14 @@ use futures_util::future::BoxFuture;
 
 use crate::{Decision, Policy, WindowKey};
 
+pub mod lease;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{redis_key, RedisConfigError, RedisStore, RedisStoreBuilder};
+pub use lease::{Lease, RefundRequest, Reservation, ReserveRequest};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 
 /// One check to run against a store: a cost against every quota of a policy.
@@ -107,6 +109,31 @@ pub trait Store: Send + Sync + 'static {
         let _ = (key, policy);
         None
     }
+
+    /// Atomically takes up to `request.want` units (at least
+    /// `request.at_least`, else none) from every quota of the policy, as a
+    /// [`Lease`] to spend locally until its deadline; see the
+    /// [lease module](lease) for why the global bound stays exact.
+    ///
+    /// The default refuses with [`StoreErrorKind::Unsupported`].
+    fn reserve<'a>(
+        &'a self,
+        request: ReserveRequest<'a>,
+    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
+        let _ = request;
+        Box::pin(async { Err(StoreError::unsupported("quota leases")) })
+    }
+
+    /// Returns `request.unused` units of a lease that were never spent
+    /// (capped at what it granted), where they still count; answers the
+    /// units returned. A second refund of the same lease, or one after its
+    /// units stopped counting, returns 0 and changes nothing.
+    ///
+    /// The default refuses with [`StoreErrorKind::Unsupported`].
+    fn refund<'a>(&'a self, request: RefundRequest<'a>) -> BoxFuture<'a, Result<u32, StoreError>> {
+        let _ = request;
+        Box::pin(async { Err(StoreError::unsupported("quota leases")) })
+    }
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
@@ -135,6 +162,17 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
         (**self).failure_domain(key, policy)
     }
+
+    fn reserve<'a>(
+        &'a self,
+        request: ReserveRequest<'a>,
+    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
+        (**self).reserve(request)
+    }
+
+    fn refund<'a>(&'a self, request: RefundRequest<'a>) -> BoxFuture<'a, Result<u32, StoreError>> {
+        (**self).refund(request)
+    }
 }
 
 type Source = Box<dyn StdError + Send + Sync + 'static>;
@@ -153,6 +191,8 @@ pub enum StoreErrorKind {
     Protocol,
     /// The request itself is invalid for this store.
     InvalidRequest,
+    /// The store does not implement this operation.
+    Unsupported,
 }
 
 impl StoreErrorKind {
@@ -164,6 +204,7 @@ impl StoreErrorKind {
             Self::Overloaded => "overloaded",
             Self::Protocol => "protocol",
             Self::InvalidRequest => "invalid_request",
+            Self::Unsupported => "unsupported",
         }
     }
 }
@@ -192,6 +233,14 @@ impl StoreError {
             source: None,
             not_applied: false,
         }
+    }
+
+    /// The store does not implement `operation`.
+    pub fn unsupported(operation: &str) -> Self {
+        Self::new(
+            StoreErrorKind::Unsupported,
+            format!("this store does not support {operation}"),
+        )
     }
 
     /// Marks the error as one where the store certainly did not apply the

@@ -45,6 +45,8 @@ use quick_cache::{DefaultHashBuilder, Lifecycle, UnitWeighter};
 
 use smallvec::SmallVec;
 
+mod lease;
+
 use super::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::algorithm::outcome::{policy_admits, policy_decision, Evaluation};
 use crate::algorithm::State;
@@ -88,6 +90,8 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     max_keys: u64,
     grace_micros: u64,
+    /// The id of the next lease.
+    next_lease: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl MemoryStore {
@@ -197,7 +201,7 @@ impl MemoryStore {
             let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
             for (quota, guard) in policy.quotas().iter().zip(guards.iter_mut()) {
                 if let Some(inner) = guard {
-                    inner.last_check = now;
+                    inner.last_check = inner.last_check.max(now);
                     evaluations.push(inner.state.evaluate(quota, now, cost));
                 }
             }
@@ -238,7 +242,7 @@ impl MemoryStore {
                 continue;
             }
             let now = self.clock.now_micros();
-            inner.last_check = now;
+            inner.last_check = inner.last_check.max(now);
             let evaluation = inner.state.evaluate(quota, now, cost);
             // A lone shadow quota admits anyway, but records only what fits.
             if evaluation.fits() {
@@ -314,6 +318,20 @@ impl Store for MemoryStore {
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move { self.peek_now(request) })
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        request: super::ReserveRequest<'a>,
+    ) -> BoxFuture<'a, Result<super::Reservation, StoreError>> {
+        Box::pin(async move { self.reserve_now(request) })
+    }
+
+    fn refund<'a>(
+        &'a self,
+        request: super::RefundRequest<'a>,
+    ) -> BoxFuture<'a, Result<u32, StoreError>> {
+        Box::pin(async move { self.refund_now(request) })
     }
 }
 
@@ -395,6 +413,7 @@ impl MemoryStoreBuilder {
             clock: self.clock,
             max_keys: self.max_keys,
             grace_micros: u64::try_from(self.expiry_grace.as_micros()).unwrap_or(u64::MAX),
+            next_lease: Arc::new(std::sync::atomic::AtomicU64::new(1)),
         }
     }
 }
@@ -416,6 +435,9 @@ struct SlotInner {
     /// Set, under this lock, once the cache has dropped the slot: a check
     /// that then gets the lock looks the key up again.
     evicted: bool,
+    /// Quota leases whose units still count here (empty, and never
+    /// allocated, unless leases are used).
+    leases: Vec<lease::Record>,
 }
 
 impl Slot {
@@ -425,6 +447,7 @@ impl Slot {
                 state: State::empty(quota.algorithm()),
                 last_check: 0,
                 evicted: false,
+                leases: Vec::new(),
             }),
             lifetime_micros: u64::try_from(quota.max_state_lifetime().as_micros())
                 .unwrap_or(u64::MAX),

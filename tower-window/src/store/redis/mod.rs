@@ -97,6 +97,7 @@ use crate::{Clock, Decision, Policy, WindowKey};
 
 mod connection;
 mod keys;
+mod lease;
 mod peek;
 mod scripts;
 pub(crate) mod tenants;
@@ -365,6 +366,20 @@ impl Store for RedisStore {
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(self.peek_policy(request))
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        request: crate::store::ReserveRequest<'a>,
+    ) -> BoxFuture<'a, Result<crate::store::Reservation, StoreError>> {
+        Box::pin(self.reserve_lease(request))
+    }
+
+    fn refund<'a>(
+        &'a self,
+        request: crate::store::RefundRequest<'a>,
+    ) -> BoxFuture<'a, Result<u32, StoreError>> {
+        Box::pin(self.refund_lease(request))
     }
 
     /// On a cluster store, the primary that serves the hash slot of every

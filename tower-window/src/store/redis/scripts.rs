@@ -57,7 +57,7 @@ const SHADOW_FLAG: u8 = 16;
 
 /// Where an invocation's keys and arguments go (the script call, or a
 /// test's record of them).
-trait Parts {
+pub(super) trait Parts {
     fn key(&mut self, key: Vec<u8>);
     fn arg(&mut self, arg: impl ToRedisArgs);
 }
@@ -103,7 +103,7 @@ pub(crate) fn invocation_of(
     call
 }
 
-fn lay_out(
+pub(super) fn lay_out(
     call: &mut impl Parts,
     prefix: &str,
     key: &WindowKey,
@@ -150,7 +150,7 @@ fn lay_out(
     }
 }
 
-fn micros(value: i64) -> Duration {
+pub(super) fn micros(value: i64) -> Duration {
     Duration::from_micros(u64::try_from(value).unwrap_or(0))
 }
 

@@ -1,0 +1,304 @@
+//! The conformance suite for quota leases: [`Store::reserve`] and
+//! [`Store::refund`] give the same answers on every store, with numbers
+//! worked out by hand from the lease contract (`tower_window::store::lease`).
+//!
+//! Plug a store in with the [`StoreFactory`] of the check suite:
+//!
+//! ```text
+//! tower_window_tests::lease_conformance_tests!(MyStoreFactory::new());
+//! ```
+//!
+//! Times are those of the check suite: the clock starts at [`START`], a
+//! multiple of 10 s and 20 s into a minute.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tower_window::store::{Lease, RefundRequest, Reservation, ReserveRequest};
+use tower_window::{
+    CheckRequest, Decision, ManualClock, Policy, Quota, Store, StoreErrorKind, WindowKey,
+};
+
+use crate::conformance::{StoreFactory, START};
+
+const S: u64 = 1_000_000;
+
+/// Expands to one `#[tokio::test]` per lease scenario.
+#[macro_export]
+macro_rules! lease_conformance_tests {
+    ($factory:expr) => {
+        $crate::lease_conformance_tests!(@each $factory;
+            fixed_window_lease_stays_in_its_window,
+            sliding_log_lease_counts_at_its_deadline,
+            sliding_counter_lease_stays_in_its_bucket,
+            gcra_lease_dates_tokens_at_the_deadline,
+            policy_lease_is_all_or_nothing,
+            empty_reservation_reports_outstanding_leases,
+            invalid_leases_are_typed_errors,
+        );
+    };
+    (@each $factory:expr; $($scenario:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $scenario() {
+                let factory = $factory;
+                $crate::lease_conformance::$scenario(&factory).await;
+            }
+        )*
+    };
+}
+
+struct Run<S> {
+    store: S,
+    clock: ManualClock,
+    key: WindowKey,
+    scenario: &'static str,
+}
+
+fn quota(text: &str) -> Quota {
+    text.parse()
+        .unwrap_or_else(|e| panic!("quota {text:?}: {e}"))
+}
+
+impl<S: Store> Run<S> {
+    async fn start<F: StoreFactory<Store = S>>(factory: &F, scenario: &'static str) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let clock = ManualClock::new(START);
+        let store = factory.make(clock.clone()).await;
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let tenant = format!(
+            "lease:{scenario}:{}:{nanos}:{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        Self {
+            store,
+            clock,
+            key: WindowKey::new(tenant, "s".to_owned()),
+            scenario,
+        }
+    }
+
+    fn at(&self, t: u64) {
+        self.clock.set(t);
+    }
+
+    async fn reserve(&self, policy: &Policy, want: u32, ttl_secs: u64) -> Reservation {
+        let reservation = self
+            .store
+            .reserve(ReserveRequest::new(
+                &self.key,
+                policy,
+                want,
+                1,
+                Duration::from_secs(ttl_secs),
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{}: reserve: {e}", self.scenario));
+        assert_eq!(
+            reservation.now_micros,
+            self.clock_now(),
+            "{}: store time",
+            self.scenario
+        );
+        reservation
+    }
+
+    fn clock_now(&self) -> u64 {
+        tower_window::Clock::now_micros(&self.clock)
+    }
+
+    async fn refund(&self, policy: &Policy, lease: &Lease, unused: u32) -> u32 {
+        self.store
+            .refund(RefundRequest::new(&self.key, policy, lease, unused))
+            .await
+            .unwrap_or_else(|e| panic!("{}: refund: {e}", self.scenario))
+    }
+
+    async fn check(&self, policy: &Policy, cost: u32) -> Decision {
+        self.store
+            .check(CheckRequest::new(&self.key, policy, cost))
+            .await
+            .unwrap_or_else(|e| panic!("{}: check: {e}", self.scenario))
+    }
+}
+
+fn lease_of(r: &Reservation) -> Lease {
+    r.lease.clone().expect("a lease was granted")
+}
+
+/// "10/1m fixed-window": a lease takes half the room, ends with the window,
+/// refunds return units to that window only, once.
+pub async fn fixed_window_lease_stays_in_its_window<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "fixed_window_lease_stays_in_its_window").await;
+    let policy = Policy::from(quota("10/1m fixed-window"));
+    let r = run.reserve(&policy, 8, 60).await;
+    let lease = lease_of(&r);
+    assert_eq!(lease.granted, 5, "half the room of 10");
+    assert_eq!(lease.deadline_micros, START + 40 * S, "the window's end");
+    assert_eq!(r.decision.as_ref().map(|d| d.remaining), Some(5));
+    assert!(run.check(&policy, 5).await.allowed);
+    let denied = run.check(&policy, 1).await;
+    assert!(!denied.allowed);
+    assert_eq!(denied.retry_after, Some(Duration::from_secs(40)));
+    assert_eq!(run.refund(&policy, &lease, 3).await, 3);
+    assert_eq!(
+        run.refund(&policy, &lease, 3).await,
+        0,
+        "a second refund is a no-op"
+    );
+    assert!(run.check(&policy, 3).await.allowed);
+    assert!(!run.check(&policy, 1).await.allowed);
+    // A refund after the window rolled returns nothing to the new window.
+    run.at(START + 40 * S);
+    let late = lease_of(&run.reserve(&policy, 2, 60).await);
+    assert_eq!(late.granted, 2);
+    run.at(START + 100 * S);
+    assert!(run.check(&policy, 10).await.allowed);
+    assert_eq!(run.refund(&policy, &late, 2).await, 0);
+    assert!(!run.check(&policy, 1).await.allowed, "nothing came back");
+}
+
+/// "4/1m" sliding log: leased units are recorded at the deadline and count
+/// until W after it; a refund (even after the deadline) takes them back.
+pub async fn sliding_log_lease_counts_at_its_deadline<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "sliding_log_lease_counts_at_its_deadline").await;
+    let policy = Policy::from(quota("4/1m"));
+    let lease = lease_of(&run.reserve(&policy, 4, 10).await);
+    assert_eq!(lease.granted, 2);
+    assert_eq!(lease.deadline_micros, START + 10 * S);
+    assert!(run.check(&policy, 2).await.allowed);
+    assert!(!run.check(&policy, 1).await.allowed);
+    // The direct admissions at START left at START + 60 s; the lease's
+    // units, dated START + 10 s, count until START + 70 s.
+    run.at(START + 61 * S);
+    let d = run.check(&policy, 3).await;
+    assert!(!d.allowed);
+    assert_eq!(d.remaining, 2);
+    assert_eq!(d.retry_after, Some(Duration::from_secs(9)));
+    assert_eq!(run.refund(&policy, &lease, 2).await, 2);
+    assert!(run.check(&policy, 4).await.allowed);
+    assert_eq!(run.refund(&policy, &lease, 2).await, 0);
+}
+
+/// "4/1m sliding-counter(10s)": a lease ends with its bucket and its units
+/// go back into that bucket.
+pub async fn sliding_counter_lease_stays_in_its_bucket<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "sliding_counter_lease_stays_in_its_bucket").await;
+    let policy = Policy::from(quota("4/1m sliding-counter(10s)"));
+    run.at(START + 3 * S);
+    let lease = lease_of(&run.reserve(&policy, 4, 20).await);
+    assert_eq!(lease.granted, 2);
+    assert_eq!(lease.deadline_micros, START + 10 * S, "the bucket's end");
+    assert!(run.check(&policy, 2).await.allowed);
+    assert!(!run.check(&policy, 1).await.allowed);
+    assert_eq!(run.refund(&policy, &lease, 1).await, 1);
+    let d = run.check(&policy, 1).await;
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 0);
+    assert_eq!(run.refund(&policy, &lease, 1).await, 0);
+}
+
+/// "5/1m gcra" (T = 12 s, B T = 60 s): tokens dated at the deadline; a
+/// refund only while no later grant moved the arrival time; a TTL that
+/// leaves no room is refused.
+pub async fn gcra_lease_dates_tokens_at_the_deadline<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "gcra_lease_dates_tokens_at_the_deadline").await;
+    let policy = Policy::from(quota("5/1m gcra"));
+    // Room: (START + 60 s - (START + 24 s)) / 12 s = 3; half, rounded up: 2.
+    let lease = lease_of(&run.reserve(&policy, 5, 24).await);
+    assert_eq!(lease.granted, 2);
+    assert_eq!(lease.deadline_micros, START + 24 * S);
+    // tat = START + 48 s: one more token fits now (60 s ahead), not two.
+    let d = run.check(&policy, 1).await;
+    assert!(d.allowed);
+    assert!(!run.check(&policy, 1).await.allowed);
+    assert_eq!(
+        run.refund(&policy, &lease, 2).await,
+        0,
+        "a later grant moved tat"
+    );
+    run.at(START + 120 * S);
+    let lease = lease_of(&run.reserve(&policy, 5, 24).await);
+    assert_eq!(lease.granted, 2);
+    assert_eq!(run.refund(&policy, &lease, 2).await, 2);
+    assert!(run.check(&policy, 4).await.allowed, "both tokens came back");
+    let error = run
+        .store
+        .reserve(ReserveRequest::new(
+            &run.key,
+            &policy,
+            1,
+            1,
+            Duration::from_secs(49),
+        ))
+        .await
+        .expect_err("a TTL of (B - 1) T + 1 s leaves no room");
+    assert_eq!(error.kind(), StoreErrorKind::InvalidRequest);
+}
+
+/// A policy of two quotas: the lease takes the same units from both, the
+/// smaller room decides, and a refund returns them to both.
+pub async fn policy_lease_is_all_or_nothing<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "policy_lease_is_all_or_nothing").await;
+    let a = quota("5/1m fixed-window").named("a").expect("name");
+    let b = quota("3/1m").named("b").expect("name");
+    let policy = Policy::new("ab", [a.clone(), b.clone()]).expect("policy");
+    let lease = lease_of(&run.reserve(&policy, 10, 5).await);
+    assert_eq!(lease.granted, 2, "half of the smaller room (3), rounded up");
+    let only_a = Policy::from(a);
+    let only_b = Policy::from(b);
+    assert_eq!(run.check(&only_a, 1).await.remaining, 2);
+    assert_eq!(run.check(&only_b, 1).await.remaining, 0);
+    assert_eq!(run.refund(&policy, &lease, 2).await, 2);
+    assert_eq!(run.check(&only_a, 1).await.remaining, 3);
+    assert_eq!(run.check(&only_b, 1).await.remaining, 1);
+}
+
+/// When nothing fits, no lease, and the latest deadline of the leases
+/// still outstanding.
+pub async fn empty_reservation_reports_outstanding_leases<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "empty_reservation_reports_outstanding_leases").await;
+    let policy = Policy::from(quota("2/1m fixed-window"));
+    assert_eq!(run.reserve(&policy, 2, 1).await.granted(), 1);
+    run.at(START + S / 2);
+    let second = run.reserve(&policy, 2, 1).await;
+    assert_eq!(second.granted(), 1);
+    assert_eq!(second.held_until_micros, Some(START + 3 * S / 2));
+    let none = run.reserve(&policy, 2, 1).await;
+    assert_eq!(none.granted(), 0);
+    assert!(none.decision.is_none());
+    assert_eq!(none.held_until_micros, Some(START + 3 * S / 2));
+    assert_eq!(none.held_for(), Duration::from_secs(1));
+    run.at(START + 2 * S);
+    let after = run.reserve(&policy, 2, 1).await;
+    assert_eq!(after.granted(), 0);
+    assert_eq!(after.held_until_micros, None, "every lease has ended");
+}
+
+/// Bad reservations are typed errors, never a lease.
+pub async fn invalid_leases_are_typed_errors<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "invalid_leases_are_typed_errors").await;
+    let policy = Policy::from(quota("5/1m"));
+    for (want, at_least, ttl) in [(0, 0, 1_000), (1, 0, 1_000), (1, 2, 1_000), (1, 1, 0)] {
+        let error = run
+            .store
+            .reserve(ReserveRequest::new(
+                &run.key,
+                &policy,
+                want,
+                at_least,
+                Duration::from_micros(ttl),
+            ))
+            .await
+            .expect_err("invalid");
+        assert_eq!(
+            error.kind(),
+            StoreErrorKind::InvalidRequest,
+            "{want} {at_least} {ttl}"
+        );
+    }
+    assert!(run.check(&policy, 5).await.allowed, "nothing was taken");
+}

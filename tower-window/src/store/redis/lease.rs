@@ -1,0 +1,270 @@
+//! Quota leases on Redis: [`Store::reserve`](crate::Store::reserve) and
+//! [`Store::refund`](crate::Store::refund) for [`RedisStore`].
+//!
+//! Each is one `EVALSHA` of one script (`scripts/lease.lua` after the
+//! shared prelude and the algorithm fragments, so the lease reads and
+//! writes the very state a check does), on Redis's own `TIME`. Besides the
+//! quotas' keys it touches two keys of its own beside the policy's first
+//! quota key, in the same hash slot: `<key>:lr` (a hash of the outstanding
+//! leases, the lease counter and the latest deadline) and `<key>:lx` (the
+//! leases by the time their units stop counting, so that a reservation
+//! drops dead records in amortized O(1)). Both carry a TTL: the time the
+//! last recorded lease stops mattering.
+//!
+//! A lease is named by the store time of its reservation and a counter
+//! (`<t>:<seq>`), so a refund that arrives after its record was dropped
+//! (or twice) finds nothing and changes nothing. See
+//! [`crate::store::lease`] for why the bound stays exact per algorithm.
+
+use std::sync::LazyLock;
+
+use redis::{Script, ScriptInvocation};
+
+use super::connection::{is_connection_error, is_topology_change, map_error, Conn};
+use super::keys::redis_key;
+use super::scripts::{self, lay_out, micros, Parts};
+use super::RedisStore;
+use crate::store::{Lease, RefundRequest, Reservation, ReserveRequest, StoreError, StoreErrorKind};
+use crate::{Decision, Policy, QuotaDecision, WindowKey};
+
+/// The lease script: the check script's prelude and algorithms, then
+/// `lease.lua`.
+const SOURCE: &str = concat!(
+    include_str!("scripts/prelude.lua"),
+    include_str!("scripts/sliding_log.lua"),
+    include_str!("scripts/sliding_counter.lua"),
+    include_str!("scripts/fixed_window.lua"),
+    include_str!("scripts/gcra.lua"),
+    include_str!("scripts/lease.lua"),
+);
+
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
+
+/// Suffixes of the lease keys, after the policy's first quota key.
+const RECORDS_SUFFIX: &[u8] = b":lr";
+const EXPIRY_SUFFIX: &[u8] = b":lx";
+
+/// A lease's name in the store: reservation time and counter.
+fn field(lease: &Lease) -> String {
+    format!("{}:{}", lease.reserved_at_micros, lease.id)
+}
+
+impl RedisStore {
+    /// The SHA1 of the lease script (reserve and refund), as `EVALSHA`
+    /// names it.
+    pub fn lease_script_sha() -> &'static str {
+        SCRIPT.get_hash()
+    }
+
+    fn lease_call(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        units: u32,
+        now: Option<u64>,
+    ) -> Result<ScriptInvocation<'static>, StoreError> {
+        let Some(first) = policy.quotas().first() else {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "a policy without quotas",
+            ));
+        };
+        let min_ttl_ms = if now.is_some() {
+            super::EXPLICIT_CLOCK_MIN_TTL_MS
+        } else {
+            0
+        };
+        let mut call = SCRIPT.prepare_invoke();
+        lay_out(&mut call, &self.prefix, key, policy, units, now, min_ttl_ms);
+        let base = redis_key(&self.prefix, key, policy, first);
+        for suffix in [RECORDS_SUFFIX, EXPIRY_SUFFIX] {
+            let mut lease_key = Vec::with_capacity(base.len() + suffix.len());
+            lease_key.extend_from_slice(&base);
+            lease_key.extend_from_slice(suffix);
+            Parts::key(&mut call, lease_key);
+        }
+        Ok(call)
+    }
+
+    fn explicit_now(&self) -> Result<Option<u64>, StoreError> {
+        match &self.clock {
+            Some(clock) => {
+                let now = clock.now_micros();
+                if now > scripts::MAX_EXPLICIT_MICROS {
+                    return Err(StoreError::new(
+                        StoreErrorKind::InvalidRequest,
+                        "clock reading beyond 2^52 microseconds",
+                    ));
+                }
+                Ok(Some(now))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Runs one lease script call on the store's connection (as a check
+    /// runs: one `EVALSHA`, reloading the script on `NOSCRIPT`).
+    async fn run_lease(&self, call: ScriptInvocation<'static>) -> Result<Vec<i64>, StoreError> {
+        const NOSCRIPT_ATTEMPTS: u32 = 3;
+        let (conn, generation) = self.connection.get().await?;
+        if let Conn::Cluster(cluster) = &conn {
+            self.refresh_topology_if_due(cluster);
+        }
+        let mut attempts = 0;
+        let reply: Result<Vec<i64>, _> = loop {
+            attempts += 1;
+            let reply = match conn.clone() {
+                Conn::Single(mut conn) => call.invoke_async(&mut conn).await,
+                Conn::Cluster(mut conn) => call.invoke_async(&mut conn).await,
+            };
+            match reply {
+                Err(error)
+                    if error.kind()
+                        == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                        && attempts < NOSCRIPT_ATTEMPTS => {}
+                other => break other,
+            }
+        };
+        reply.map_err(|error| {
+            if is_connection_error(&error) {
+                self.connection.invalidate(generation);
+            }
+            if let Conn::Cluster(cluster) = &conn {
+                if is_topology_change(&error) {
+                    self.topology.mark_stale();
+                    self.refresh_topology_if_due(cluster);
+                }
+            }
+            map_error(error)
+        })
+    }
+
+    pub(super) async fn reserve_lease(
+        &self,
+        request: ReserveRequest<'_>,
+    ) -> Result<Reservation, StoreError> {
+        if request.at_least == 0 || request.want < request.at_least {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "a lease must want at least 1 unit, and at least what it needs",
+            ));
+        }
+        let ttl = u64::try_from(request.ttl.as_micros()).unwrap_or(u64::MAX);
+        // Beyond 2^40 µs (12 days) a lease is no lease; keeps Lua exact.
+        if ttl == 0 || ttl > 1 << 40 {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "a lease needs a TTL between 1 microsecond and 2^40 microseconds",
+            ));
+        }
+        crate::algorithm::lease::check_ttl(request.policy, ttl)?;
+        let now = self.explicit_now()?;
+        let mut call = self.lease_call(request.key, request.policy, request.want, now)?;
+        call.arg("reserve").arg(ttl).arg(request.at_least);
+        let reply = self.run_lease(call).await?;
+        reservation(request.policy, &reply)
+    }
+
+    pub(super) async fn refund_lease(&self, request: RefundRequest<'_>) -> Result<u32, StoreError> {
+        let unused = request.unused.min(request.lease.granted);
+        if unused == 0 {
+            return Ok(0);
+        }
+        let now = self.explicit_now()?;
+        let mut call = self.lease_call(request.key, request.policy, unused, now)?;
+        call.arg("refund").arg(field(request.lease));
+        let reply = self.run_lease(call).await?;
+        match reply.as_slice() {
+            [returned] => Ok(u32::try_from((*returned).max(0)).unwrap_or(u32::MAX)),
+            other => Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                format!(
+                    "redis lease refund replied {} values, expected 1",
+                    other.len()
+                ),
+            )),
+        }
+    }
+}
+
+/// Turns the reserve reply `{granted, now, deadline, seq, latest deadline,
+/// then per quota remaining, reset_after}` into a [`Reservation`].
+fn reservation(policy: &Policy, reply: &[i64]) -> Result<Reservation, StoreError> {
+    let Some((&[granted, now, deadline, seq, held], per_quota)) = reply.split_first_chunk::<5>()
+    else {
+        return Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            format!("redis lease reserve replied {} values", reply.len()),
+        ));
+    };
+    let positive = |v: i64| u64::try_from(v).unwrap_or(0);
+    let now = positive(now);
+    let held_until_micros = (held > 0).then(|| positive(held));
+    if granted <= 0 {
+        return Ok(Reservation {
+            lease: None,
+            now_micros: now,
+            held_until_micros,
+            decision: None,
+        });
+    }
+    if per_quota.len() != 2 * policy.len() {
+        return Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            format!("redis lease reserve replied {} values", reply.len()),
+        ));
+    }
+    let states = policy
+        .quotas()
+        .iter()
+        .zip(per_quota.chunks_exact(2))
+        .map(|(quota, values)| {
+            let remaining = u32::try_from(values[0].max(0)).unwrap_or(u32::MAX);
+            QuotaDecision::allow(quota.clone(), remaining, micros(values[1]))
+        });
+    let decision = Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now));
+    Ok(Reservation {
+        lease: Some(Lease {
+            id: positive(seq),
+            granted: u32::try_from(granted).unwrap_or(u32::MAX),
+            reserved_at_micros: now,
+            deadline_micros: positive(deadline),
+        }),
+        now_micros: now,
+        held_until_micros,
+        decision,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_lease_script_reuses_the_check_fragments() {
+        assert!(SOURCE.starts_with(include_str!("scripts/prelude.lua")));
+        assert!(SOURCE.ends_with(include_str!("scripts/lease.lua")));
+        assert_ne!(RedisStore::lease_script_sha(), RedisStore::script_sha());
+    }
+
+    #[test]
+    fn replies_become_reservations() {
+        let policy = Policy::from("10/1s".parse::<crate::Quota>().unwrap());
+        let r = reservation(&policy, &[3, 100, 200, 7, 200, 5, 1_000_000]).unwrap();
+        let lease = r.lease.unwrap();
+        assert_eq!(
+            (lease.granted, lease.id, lease.deadline_micros),
+            (3, 7, 200)
+        );
+        assert_eq!(r.decision.unwrap().remaining, 5);
+        let none = reservation(&policy, &[0, 100, 0, 0, 150]).unwrap();
+        assert!(none.lease.is_none());
+        assert_eq!(none.held_for(), Duration::from_micros(50));
+        assert!(reservation(&policy, &[3, 100, 200, 7, 200]).is_err());
+        assert!(reservation(&policy, &[]).is_err());
+    }
+}
