@@ -95,7 +95,9 @@ use redis::IntoConnectionInfo;
 use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::{Clock, Decision, Policy, WindowKey};
 
+mod call;
 mod connection;
+mod dedup;
 mod keys;
 mod scripts;
 mod topology;
