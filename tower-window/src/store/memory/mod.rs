@@ -51,6 +51,7 @@ use crate::algorithm::State;
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
 use crate::{Clock, Decision, Policy, Quota, SystemClock, WindowKey};
 
+mod conn;
 mod dedup;
 
 type SlotCache = Cache<StateKey, Arc<Slot>, UnitWeighter, DefaultHashBuilder, MarkEvicted>;
@@ -90,6 +91,8 @@ pub struct MemoryStore {
     grace_micros: u64,
     /// Message ids of [`DedupWindow`](crate::dedup::DedupWindow)s (`dedup.rs`).
     dedup: Arc<dedup::DedupIds>,
+    /// Connection leases (`conn.rs`).
+    conns: Arc<conn::ConnLeases>,
 }
 
 impl MemoryStore {
@@ -394,6 +397,7 @@ impl MemoryStoreBuilder {
             max_keys: self.max_keys,
             grace_micros: u64::try_from(self.expiry_grace.as_micros()).unwrap_or(u64::MAX),
             dedup: Arc::new(dedup::DedupIds::new(self.max_dedup_ids)),
+            conns: Arc::default(),
         }
     }
 }
