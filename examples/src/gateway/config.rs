@@ -8,12 +8,16 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, StatusCode};
 use clap::{Parser, ValueEnum};
+use tower_window::conn::ConnectionStore;
+use tower_window::dedup::DedupStore;
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
 use tower_window::{
     Algorithm, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError, RedisConfigError,
     RedisStore, Store,
 };
+
+use super::ws::{WsArgs, WsConfig};
 
 /// The gateway's flags. Every flag can also be set from the environment
 /// variable shown in `--help`.
@@ -96,6 +100,10 @@ pub struct Args {
     /// operators can see degradation.
     #[arg(long, env = "TW_DEBUG_HEADERS")]
     pub debug_headers: bool,
+
+    /// The WebSocket flags (`/ws`, `/presence`; see `ws.rs`).
+    #[command(flatten)]
+    pub ws: WsArgs,
 }
 
 /// `--fallback` values.
@@ -218,18 +226,27 @@ impl Args {
         } else {
             None
         };
-        let (store, resilience): (Arc<dyn Store>, _) = match redis {
+        let ws_args = self.ws.clone();
+        let (store, resilience, ws): (Arc<dyn Store>, _, _) = match redis {
             // The limiter's one time budget bounds every Redis call.
-            Some(redis) => (
-                Arc::new(redis),
-                Some(Resilience {
-                    fallback: self.fallback,
-                    expected_nodes: self.expected_nodes,
-                    timeout,
-                }),
-            ),
-            None => (Arc::new(MemoryStore::new()), None),
+            Some(redis) => {
+                let redis = Arc::new(redis);
+                (
+                    redis.clone(),
+                    Some(Resilience {
+                        fallback: self.fallback,
+                        expected_nodes: self.expected_nodes,
+                        timeout,
+                    }),
+                    ws_args.into_config(redis),
+                )
+            }
+            None => {
+                let memory = Arc::new(MemoryStore::new());
+                (memory.clone(), None, ws_args.into_config(memory))
+            }
         };
+        ws.validate().map_err(ConfigError::Ws)?;
         Ok(GatewayConfig {
             policy,
             store,
@@ -237,6 +254,7 @@ impl Args {
             user_header: self.user_header,
             resilience,
             debug_headers: self.debug_headers,
+            ws,
         })
     }
 }
@@ -260,16 +278,33 @@ pub struct GatewayConfig {
     pub resilience: Option<Resilience>,
     /// Add the `x-ratelimit-source` header (`--debug-headers`).
     pub debug_headers: bool,
+    /// `/ws` and `/presence`: connection cap, message limits, dedup.
+    pub ws: WsConfig,
 }
 
 impl GatewayConfig {
     /// `policy` (or one quota) on a fresh embedded store, with the default
     /// headers.
     pub fn new(policy: impl Into<Policy>) -> Self {
-        Self::with_store(policy, Arc::new(MemoryStore::new()))
+        Self::with_shared_store(policy, Arc::new(MemoryStore::new()))
     }
 
-    /// `policy` (or one quota) on `store`, with the default headers.
+    /// `policy` on `store`, which also keeps the WebSocket connection
+    /// leases and dedup ids, with the default headers.
+    pub fn with_shared_store<S>(policy: impl Into<Policy>, store: Arc<S>) -> Self
+    where
+        S: Store + ConnectionStore + DedupStore,
+    {
+        let ws = WsConfig::new(store.clone());
+        Self {
+            ws,
+            ..Self::with_store(policy, store)
+        }
+    }
+
+    /// `policy` (or one quota) on `store`, with the default headers. The
+    /// WebSocket leases and dedup ids then live in a store of this process
+    /// only ([`WsConfig::local`]); see [`with_shared_store`](Self::with_shared_store).
     pub fn with_store(policy: impl Into<Policy>, store: Arc<dyn Store>) -> Self {
         Self {
             policy: policy.into(),
@@ -278,6 +313,7 @@ impl GatewayConfig {
             user_header: HeaderName::from_static("x-user-id"),
             resilience: None,
             debug_headers: false,
+            ws: WsConfig::local(),
         }
     }
 
@@ -331,6 +367,7 @@ impl fmt::Debug for GatewayConfig {
             .field("user_header", &self.user_header)
             .field("resilience", &self.resilience)
             .field("debug_headers", &self.debug_headers)
+            .field("ws", &self.ws)
             .finish_non_exhaustive()
     }
 }
@@ -345,6 +382,8 @@ pub enum ConfigError {
     Policy(PolicyError),
     /// `--redis-url` / `--redis-cluster` do not make a store.
     Store(RedisConfigError),
+    /// A WebSocket flag is out of range.
+    Ws(String),
 }
 
 impl fmt::Display for ConfigError {
@@ -353,6 +392,7 @@ impl fmt::Display for ConfigError {
             Self::Quota(error) => write!(f, "invalid --limit/--algorithm: {error}"),
             Self::Policy(error) => write!(f, "invalid --limit: {error}"),
             Self::Store(error) => write!(f, "invalid --redis-url/--redis-cluster: {error}"),
+            Self::Ws(error) => f.write_str(error),
         }
     }
 }
@@ -363,6 +403,7 @@ impl std::error::Error for ConfigError {
             Self::Quota(error) => Some(error),
             Self::Policy(error) => Some(error),
             Self::Store(error) => Some(error),
+            Self::Ws(_) => None,
         }
     }
 }
