@@ -10,6 +10,9 @@ use super::limiter::{ConnectionLimiter, Shared};
 use super::store::LeaseRef;
 use crate::WindowKey;
 
+/// Renewal calls of one tick in flight at once.
+const HEARTBEAT_CONCURRENCY: usize = 16;
+
 /// What one heartbeat tick did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -83,7 +86,7 @@ impl ConnectionLimiter {
     /// One heartbeat tick: renews every live lease of this node, one store
     /// call per partition (Redis Cluster hash slot) and batch of
     /// [`max_renew_batch`](super::ConnectionStore::max_renew_batch),
-    /// concurrently, each through the limiter's resilience stack. Leases
+    /// 16 at a time, each through the limiter's resilience stack. Leases
     /// found gone are removed and reported lost to their holders.
     pub async fn heartbeat(&self) -> HeartbeatReport {
         let shared = &*self.shared;
@@ -109,15 +112,15 @@ impl ConnectionLimiter {
             }
         }
         let ttl = shared.ttl;
-        let calls = groups.iter().map(|(partition, members)| {
+        let renew = |partition: u16, members: &'_ [usize]| {
             let refs: Vec<LeaseRef<'_>> = members
                 .iter()
                 .map(|&i| LeaseRef::new(&snapshot[i].1, &snapshot[i].2, tenant_form))
                 .collect();
-            let domain = store.partition_failure_domain(*partition);
+            let domain = store.partition_failure_domain(partition);
             async move {
                 let refs = &refs;
-                let result = shared
+                shared
                     .limiter
                     .run(
                         domain,
@@ -125,11 +128,21 @@ impl ConnectionLimiter {
                         || store.renew_sync(refs, ttl),
                         move || store.renew(refs, ttl),
                     )
-                    .await;
-                (members, result)
+                    .await
             }
-        });
-        let results = join_all(calls).await;
+        };
+        // A bounded number at once: a cluster node may hold leases in
+        // thousands of slots, and the heartbeat must not crowd out (or be
+        // refused by) the limiter's in-flight bound.
+        let mut results = Vec::with_capacity(groups.len());
+        for wave in groups.chunks(HEARTBEAT_CONCURRENCY) {
+            let answers = join_all(
+                wave.iter()
+                    .map(|(partition, members)| renew(*partition, members)),
+            )
+            .await;
+            results.extend(wave.iter().map(|(_, members)| *members).zip(answers));
+        }
         let mut report = HeartbeatReport {
             calls: groups.len(),
             ..HeartbeatReport::default()
