@@ -243,31 +243,29 @@ impl GuardedSocket {
 
 /// Charges one message of `len` bytes (borrows no socket: the future stays `Send`).
 async fn charge(limits: &MessageLimits, key: &WindowKey, len: usize) -> Charge {
-    {
-        let inner = &*limits.inner;
-        let bytes = u32::try_from(len).unwrap_or(u32::MAX);
-        let charges: [(Option<&Policy>, u32); 2] =
-            [(inner.messages.as_ref(), 1), (inner.bytes.as_ref(), bytes)];
-        for (policy, cost) in charges {
-            let Some(policy) = policy else { continue };
-            if cost == 0 {
-                continue; // an empty message costs no bytes
-            }
-            match inner.limiter.check_policy(key, policy, cost).await {
-                Ok(decision) if decision.allowed => {}
-                Ok(decision) => {
-                    return Charge::Exceeded {
-                        quota: decision.quota.name().to_owned(),
-                        retry_after: decision.retry_after,
-                    }
-                }
-                // No fallback configured and the store failed: a store
-                // outage never stalls or closes a socket.
-                Err(error) => tracing::debug!(%error, "message limit check failed; admitted"),
-            }
+    let inner = &*limits.inner;
+    let bytes = u32::try_from(len).unwrap_or(u32::MAX);
+    let charges: [(Option<&Policy>, u32); 2] =
+        [(inner.messages.as_ref(), 1), (inner.bytes.as_ref(), bytes)];
+    for (policy, cost) in charges {
+        let Some(policy) = policy else { continue };
+        if cost == 0 {
+            continue; // an empty message costs no bytes
         }
-        Charge::Admitted
+        match inner.limiter.check_policy(key, policy, cost).await {
+            Ok(decision) if decision.allowed => {}
+            Ok(decision) => {
+                return Charge::Exceeded {
+                    quota: decision.quota.name().to_owned(),
+                    retry_after: decision.retry_after,
+                }
+            }
+            // No fallback configured and the store failed: a store
+            // outage never stalls or closes a socket.
+            Err(error) => tracing::debug!(%error, "message limit check failed; admitted"),
+        }
     }
+    Charge::Admitted
 }
 
 impl fmt::Debug for GuardedSocket {

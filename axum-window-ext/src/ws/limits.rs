@@ -109,6 +109,11 @@ impl MessageLimitsBuilder {
     }
 
     /// The policy charged the payload's bytes per message (none by default).
+    ///
+    /// The message policy is charged first, then this one (their costs
+    /// differ, so they are two store calls): a message the message quota
+    /// admits and this quota refuses still counts as one message. An empty
+    /// message charges no bytes.
     pub fn bytes(mut self, policy: impl Into<Policy>) -> Self {
         self.inner.bytes = Some(policy.into());
         self

@@ -131,13 +131,14 @@ async fn run(
     let started = Instant::now();
     let mut held: Vec<ConnectionLease> = Vec::with_capacity(args.connections);
     let per_worker = args.connections.div_ceil(args.concurrency);
+    let total = args.connections;
     let tasks: Vec<_> = (0..args.concurrency)
         .map(|w| {
             let connections = connections.clone();
             let label = label.to_owned();
             tokio::spawn(async move {
                 let mut leases = Vec::new();
-                for i in w * per_worker..((w + 1) * per_worker) {
+                for i in w * per_worker..((w + 1) * per_worker).min(total) {
                     let key = WindowKey::new(format!("{label}-{run}"), format!("user-{i}"));
                     match connections.acquire(&key).await.expect("store answers") {
                         Acquire::Granted(lease) => leases.push(lease),
@@ -151,7 +152,6 @@ async fn run(
     for task in tasks {
         held.extend(task.await.expect("task"));
     }
-    held.truncate(args.connections);
     let grants_per_sec = held.len() as f64 / started.elapsed().as_secs_f64();
     assert!(
         held.iter().all(|l| !l.is_degraded()),

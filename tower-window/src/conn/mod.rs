@@ -17,7 +17,10 @@
 //!   leases every `ttl / 3`, in one call per store partition (one per
 //!   Redis Cluster hash slot, at most
 //!   [`max_renew_batch`](ConnectionStore::max_renew_batch) leases each): on
-//!   one Redis, 10,000 connections cost 4 calls per tick.
+//!   one Redis, 10,000 connections cost 10 calls per tick. On a Redis
+//!   Cluster it is one call per hash slot holding leases of the node
+//!   (thousands for 10,000 users; 10 when a per-tenant cap puts a tenant's
+//!   leases in one slot): see `benches/README.md`.
 //! * **Lost means lost.** A renewal that finds its lease gone (expired
 //!   while the node was partitioned, or reset by an operator) reports it to
 //!   the lease ([`ConnectionLease::lost`]); the lease is never re-acquired.
