@@ -114,3 +114,62 @@ async fn server_clock_leases_carry_ttls_and_expire() {
     assert!(lease.is_lost());
     drop(lease);
 }
+
+/// Redis unreachable: each `GrantFallback` answers as configured within
+/// the limiter's budget; a degraded lease is not renewed, never lost, and
+/// its release is a no-op; presence is an error, not a guess.
+#[tokio::test]
+async fn outage_grants_by_the_fallback() {
+    use tower_window::conn::{ConnectionError, GrantFallback, LeaseSource};
+    let url = format!(
+        "redis://127.0.0.1:{}",
+        tower_window_tests::redis_server::closed_port()
+    );
+    for fallback in [
+        GrantFallback::Admit,
+        GrantFallback::Deny,
+        GrantFallback::Error,
+    ] {
+        let store = Arc::new(
+            RedisStore::builder()
+                .url(&url)
+                .connect_timeout(Duration::from_millis(200))
+                .build()
+                .expect("valid url"),
+        );
+        let quota: Quota = "1/1s".parse().expect("quota");
+        let limiter = Limiter::builder(Arc::clone(&store) as Arc<dyn Store>, quota)
+            .timeout(Duration::from_millis(300))
+            .build();
+        let connections = ConnectionLimiter::builder(limiter, Arc::clone(&store))
+            .max_per_subject(1)
+            .on_store_failure(fallback)
+            .build()
+            .expect("valid ttl");
+        let key = WindowKey::for_subject("u");
+        let answer = connections.acquire(&key).await;
+        match fallback {
+            GrantFallback::Admit => {
+                let Ok(Acquire::Granted(lease)) = answer else {
+                    panic!("not admitted: {answer:?}");
+                };
+                assert!(lease.is_degraded());
+                assert!(matches!(lease.source(), LeaseSource::Fallback(_)));
+                assert_eq!(lease.fence(), 0);
+                assert_eq!(connections.live_leases(), 0, "not renewed");
+                let report = connections.heartbeat().await;
+                assert_eq!((report.calls, report.lost), (0, 0));
+                assert!(!lease.is_lost());
+                lease.release().await.expect("nothing to release");
+            }
+            GrantFallback::Deny => {
+                let Ok(Acquire::Denied(denied)) = answer else {
+                    panic!("not denied: {answer:?}");
+                };
+                assert!(denied.fallback.is_some());
+            }
+            _ => assert!(matches!(answer, Err(ConnectionError::Store(_)))),
+        }
+        assert!(connections.presence(&key).await.is_err());
+    }
+}
