@@ -25,6 +25,20 @@
 //! | `tower_window_local_cache_hits_total` | counter | lookups | `quota` |
 //! | `tower_window_local_cache_misses_total` | counter | lookups | `quota` |
 //!
+//! Recorded by [`DedupWindow`](crate::dedup::DedupWindow)s and
+//! [`ConnectionLimiter`](crate::conn::ConnectionLimiter)s (not in [`ALL`],
+//! which lists a limiter's own series; see [`WS_ALL`]):
+//!
+//! | name | type | unit | labels |
+//! |------|------|------|--------|
+//! | `tower_window_dedup_checks_total` | counter | checks | `outcome`: `first_seen`, `duplicate`, `fallback_first_seen`, `fallback_duplicate`, `error` |
+//! | `tower_window_connection_grants_total` | counter | grants | `outcome`: `granted`, `denied`, `fallback_granted`, `fallback_denied`, `error` |
+//! | `tower_window_connection_releases_total` | counter | releases | |
+//! | `tower_window_connection_leases_lost_total` | counter | leases | |
+//! | `tower_window_connection_renew_failures_total` | counter | leases | |
+//! | `tower_window_connection_heartbeat_calls_total` | counter | store calls | |
+//! | `tower_window_connection_live_leases` | gauge | leases | |
+//!
 //! Label values:
 //! - `outcome`: `allowed`, `denied` (decisions); `ok`, `error` (store calls).
 //! - `source`: `store`, `local_cache`, `lease`, `fallback`
@@ -192,6 +206,41 @@ pub fn describe() {
         LOCAL_CACHE_MISSES_TOTAL,
         Unit::Count,
         "Local-tier lookups that went on to the store."
+    );
+    describe_counter!(
+        DEDUP_CHECKS_TOTAL,
+        Unit::Count,
+        "Dedup-window answers by outcome."
+    );
+    describe_counter!(
+        CONNECTION_GRANTS_TOTAL,
+        Unit::Count,
+        "Connection lease grants by outcome."
+    );
+    describe_counter!(
+        CONNECTION_RELEASES_TOTAL,
+        Unit::Count,
+        "Connection leases released."
+    );
+    describe_counter!(
+        CONNECTION_LEASES_LOST_TOTAL,
+        Unit::Count,
+        "Connection leases a heartbeat found gone (expired or reset) and reported lost."
+    );
+    describe_counter!(
+        CONNECTION_RENEW_FAILURES_TOTAL,
+        Unit::Count,
+        "Connection leases whose heartbeat renewal call failed."
+    );
+    describe_counter!(
+        CONNECTION_HEARTBEAT_CALLS_TOTAL,
+        Unit::Count,
+        "Store calls made by connection heartbeats."
+    );
+    describe_gauge!(
+        CONNECTION_LIVE_LEASES,
+        Unit::Count,
+        "Connection leases this node holds and renews."
     );
 }
 
@@ -663,6 +712,17 @@ mod imp {
 /// Dedup answers by `outcome`: `first_seen`, `duplicate`, `fallback_first_seen`,
 /// `fallback_duplicate`, `error`.
 pub const DEDUP_CHECKS_TOTAL: &str = "tower_window_dedup_checks_total";
+
+/// Every dedup and connection-lease metric name.
+pub const WS_ALL: &[&str] = &[
+    DEDUP_CHECKS_TOTAL,
+    CONNECTION_GRANTS_TOTAL,
+    CONNECTION_RELEASES_TOTAL,
+    CONNECTION_LEASES_LOST_TOTAL,
+    CONNECTION_RENEW_FAILURES_TOTAL,
+    CONNECTION_HEARTBEAT_CALLS_TOTAL,
+    CONNECTION_LIVE_LEASES,
+];
 
 /// Counts one dedup answer.
 pub(crate) fn dedup_outcome(outcome: &'static str) {

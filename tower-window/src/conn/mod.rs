@@ -36,7 +36,9 @@
 //! resilience stack (breakers per failure domain, in-flight bound, time
 //! budget, retries). When the store cannot answer a grant, the
 //! [`GrantFallback`] decides: admit (a *degraded* lease, not counted and not
-//! renewed; [`ConnectionLease::is_degraded`]) or refuse. A failed renewal
+//! renewed; [`ConnectionLease::is_degraded`]) or refuse. A grant that timed
+//! out may still have been applied by the store: that lease is renewed by
+//! nobody and expires within one TTL. A failed renewal
 //! call declares nothing lost: if the store stays away past the TTL, the
 //! leases expire there and the first renewal after it reports them lost.
 //!
