@@ -41,6 +41,7 @@ pub mod admin;
 mod extract;
 mod key;
 mod problem;
+pub mod ws;
 
 pub use extract::{MissingRateLimitInfo, RateLimitInfo};
 pub use key::{ConnectInfoIp, PathParam};

@@ -30,7 +30,9 @@
 
 pub mod algorithm;
 mod clock;
+pub mod conn;
 mod decision;
+pub mod dedup;
 pub mod fallback;
 pub mod key;
 #[cfg(feature = "http")]
@@ -50,7 +52,9 @@ pub use http;
 
 pub use algorithm::Algorithm;
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use conn::{ConnectionLease, ConnectionLimiter, ConnectionStore};
 pub use decision::{Decision, DecisionSource, FallbackReason, QuotaDecision};
+pub use dedup::{DedupStore, DedupWindow};
 pub use fallback::FallbackPolicy;
 pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
 #[cfg(feature = "http")]

@@ -32,6 +32,20 @@
 //! quota). Config reloads (`result` = `ok` or `error`) are recorded by
 //! whoever reloads a tenants file (see [`crate::tenant`]).
 //!
+//! Recorded by [`DedupWindow`](crate::dedup::DedupWindow)s and
+//! [`ConnectionLimiter`](crate::conn::ConnectionLimiter)s (not in [`ALL`],
+//! which lists a limiter's own series; see [`WS_ALL`]):
+//!
+//! | name | type | unit | labels |
+//! |------|------|------|--------|
+//! | `tower_window_dedup_checks_total` | counter | checks | `outcome`: `first_seen`, `duplicate`, `fallback_first_seen`, `fallback_duplicate`, `error` |
+//! | `tower_window_connection_grants_total` | counter | grants | `outcome`: `granted`, `denied`, `fallback_granted`, `fallback_denied`, `error` |
+//! | `tower_window_connection_releases_total` | counter | releases | |
+//! | `tower_window_connection_leases_lost_total` | counter | leases | |
+//! | `tower_window_connection_renew_failures_total` | counter | leases | |
+//! | `tower_window_connection_heartbeat_calls_total` | counter | store calls | |
+//! | `tower_window_connection_live_leases` | gauge | leases | |
+//!
 //! Label values:
 //! - `outcome`: `allowed`, `denied` (decisions); `ok`, `error` (store calls).
 //! - `source`: `store`, `local_cache`, `lease`, `fallback`
@@ -227,6 +241,41 @@ pub fn describe() {
         LEASE_UNITS_TOTAL,
         Unit::Count,
         "Units of quota leases: granted, spent, refunded, expired unspent."
+    );
+    describe_counter!(
+        DEDUP_CHECKS_TOTAL,
+        Unit::Count,
+        "Dedup-window answers by outcome."
+    );
+    describe_counter!(
+        CONNECTION_GRANTS_TOTAL,
+        Unit::Count,
+        "Connection lease grants by outcome."
+    );
+    describe_counter!(
+        CONNECTION_RELEASES_TOTAL,
+        Unit::Count,
+        "Connection leases released."
+    );
+    describe_counter!(
+        CONNECTION_LEASES_LOST_TOTAL,
+        Unit::Count,
+        "Connection leases a heartbeat found gone (expired or reset) and reported lost."
+    );
+    describe_counter!(
+        CONNECTION_RENEW_FAILURES_TOTAL,
+        Unit::Count,
+        "Connection leases whose heartbeat renewal call failed."
+    );
+    describe_counter!(
+        CONNECTION_HEARTBEAT_CALLS_TOTAL,
+        Unit::Count,
+        "Store calls made by connection heartbeats."
+    );
+    describe_gauge!(
+        CONNECTION_LIVE_LEASES,
+        Unit::Count,
+        "Connection leases this node holds and renews."
     );
 }
 
@@ -711,4 +760,72 @@ mod imp {
             Self
         }
     }
+}
+
+// Dedup windows (`crate::dedup`): recorded by every `DedupWindow`.
+
+/// Dedup answers by `outcome`: `first_seen`, `duplicate`, `fallback_first_seen`,
+/// `fallback_duplicate`, `error`.
+pub const DEDUP_CHECKS_TOTAL: &str = "tower_window_dedup_checks_total";
+
+/// Every dedup and connection-lease metric name.
+pub const WS_ALL: &[&str] = &[
+    DEDUP_CHECKS_TOTAL,
+    CONNECTION_GRANTS_TOTAL,
+    CONNECTION_RELEASES_TOTAL,
+    CONNECTION_LEASES_LOST_TOTAL,
+    CONNECTION_RENEW_FAILURES_TOTAL,
+    CONNECTION_HEARTBEAT_CALLS_TOTAL,
+    CONNECTION_LIVE_LEASES,
+];
+
+/// Counts one dedup answer.
+pub(crate) fn dedup_outcome(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(DEDUP_CHECKS_TOTAL, "outcome" => outcome).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = outcome;
+}
+
+// Connection leases (`crate::conn`): recorded by every `ConnectionLimiter`.
+
+/// Connection grants by `outcome`: `granted`, `denied`, `fallback_granted`,
+/// `fallback_denied`, `error`.
+pub const CONNECTION_GRANTS_TOTAL: &str = "tower_window_connection_grants_total";
+/// Connection leases released.
+pub const CONNECTION_RELEASES_TOTAL: &str = "tower_window_connection_releases_total";
+/// Leases a heartbeat found gone (expired or reset) and reported lost.
+pub const CONNECTION_LEASES_LOST_TOTAL: &str = "tower_window_connection_leases_lost_total";
+/// Leases whose heartbeat renewal call failed.
+pub const CONNECTION_RENEW_FAILURES_TOTAL: &str = "tower_window_connection_renew_failures_total";
+/// Store calls made by heartbeats.
+pub const CONNECTION_HEARTBEAT_CALLS_TOTAL: &str = "tower_window_connection_heartbeat_calls_total";
+/// Live leases this node renews.
+pub const CONNECTION_LIVE_LEASES: &str = "tower_window_connection_live_leases";
+
+/// Counts one grant.
+pub(crate) fn connection_grant(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(CONNECTION_GRANTS_TOTAL, "outcome" => outcome).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = outcome;
+}
+
+/// Counts one release.
+pub(crate) fn connection_released() {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(CONNECTION_RELEASES_TOTAL).increment(1);
+}
+
+/// Records one heartbeat tick.
+pub(crate) fn connection_heartbeat(report: &crate::conn::HeartbeatReport, live: usize) {
+    #[cfg(feature = "metrics")]
+    {
+        ::metrics::counter!(CONNECTION_LEASES_LOST_TOTAL).increment(report.lost as u64);
+        ::metrics::counter!(CONNECTION_RENEW_FAILURES_TOTAL).increment(report.failed as u64);
+        ::metrics::counter!(CONNECTION_HEARTBEAT_CALLS_TOTAL).increment(report.calls as u64);
+        ::metrics::gauge!(CONNECTION_LIVE_LEASES).set(live as f64);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (report, live);
 }

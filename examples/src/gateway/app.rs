@@ -1,6 +1,5 @@
 //! The router.
 
-use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::middleware::{self, Next};
@@ -9,7 +8,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use axum_window_ext::RateLimitInfo;
 use serde_json::{json, Value};
-use tower_window::key::{Constant, Header, KeyExtractorExt};
+use tower_window::key::{Constant, Header, KeyExtractorExt, Query};
 use tower_window::layer::Rejection;
 use tower_window::{Decision, DecisionSource};
 
@@ -24,12 +23,33 @@ pub const RATELIMIT_SOURCE: HeaderName = HeaderName::from_static("x-ratelimit-so
 /// routes added after the `route_layer`s (`/healthz`, `/metrics`) are never
 /// limited.
 pub fn build_app(config: GatewayConfig) -> Router {
-    build_app_with_limiter(config).0
+    build_gateway(config).router
 }
 
 /// [`build_app`], and the limiter its routes share (to
 /// [refund its leases](tower_window::Limiter::refund_leases) on shutdown).
 pub fn build_app_with_limiter(config: GatewayConfig) -> (Router, tower_window::Limiter) {
+    let gateway = build_gateway(config);
+    (gateway.router, gateway.limiter)
+}
+
+/// A built gateway: its routes, the limiter they share and its node's
+/// WebSocket machinery.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Gateway {
+    /// The routes (what [`build_app`] returns).
+    pub router: Router,
+    /// The limiter the routes share (to
+    /// [refund its leases](tower_window::Limiter::refund_leases) on shutdown).
+    pub limiter: tower_window::Limiter,
+    /// The node's connection limiter and heartbeat.
+    pub ws: ws::WsHandles,
+}
+
+/// Like [`build_app`], also handing out the limiter and the node's
+/// WebSocket machinery (its connection limiter and heartbeat task).
+pub fn build_gateway(config: GatewayConfig) -> Gateway {
     let limiter = config.limiter();
     let shared = limiter.clone();
     let degraded_status = config.degraded_status();
@@ -47,14 +67,43 @@ pub fn build_app_with_limiter(config: GatewayConfig) -> (Router, tower_window::L
     };
     let key = Header::from_name(config.user_header.clone())
         .with_tenant(Header::from_name(config.tenant_header.clone()).or(Constant::new("public")));
+    let fallback_closed = matches!(
+        config.resilience.map(|r| r.fallback),
+        Some(super::FallbackArg::FailClosed)
+    );
+    let (ws_state, ws_handles) = ws::WsState::new(
+        &config.ws,
+        &limiter,
+        fallback_closed,
+        config.tenant_header.clone(),
+        config.user_header.clone(),
+    );
+    let ws_state = std::sync::Arc::new(ws_state);
+    // `/ws` is limited like `/api/hello`, keyed by the headers or (browsers
+    // cannot set headers on a WebSocket; demo only) the query parameters.
+    let ws_key = Header::from_name(config.user_header.clone())
+        .or(Query::new("user"))
+        .with_tenant(
+            Header::from_name(config.tenant_header.clone())
+                .or(Query::new("tenant"))
+                .or(Constant::new("public")),
+        );
+    let mut ws_layer =
+        axum_window_ext::layer(limiter.clone(), ws_key).degraded_status(degraded_status);
+    if let Some(registry) = &registry {
+        ws_layer = ws_layer.tenants(registry.clone());
+    }
+    let ws_router = Router::new()
+        .route("/ws", get(ws::handler))
+        .route_layer(ws_layer)
+        .route("/presence", get(ws::presence))
+        .with_state(ws_state);
     let state = AppState {
         user_header: config.user_header,
     };
 
     // Limited routes.
-    let mut router = Router::new()
-        .route("/api/hello", get(hello))
-        .route("/ws", get(websocket));
+    let mut router = Router::new().route("/api/hello", get(hello));
     if config.debug_headers {
         // Inside the limiter: sees the admitted request's `Decision`.
         router = router.route_layer(middleware::from_fn(admitted_source));
@@ -70,14 +119,21 @@ pub fn build_app_with_limiter(config: GatewayConfig) -> (Router, tower_window::L
     }
 
     // Unlimited routes.
-    let mut router = router.route("/healthz", get(healthz)).with_state(state);
+    let mut router = router
+        .route("/healthz", get(healthz))
+        .with_state(state)
+        .merge(ws_router);
     if let Some(admin) = admin {
         router = router.nest("/admin", admin);
     }
     let router = router.merge(super::metrics::metrics_router(
         super::metrics::install_recorder(),
     ));
-    (router, shared)
+    Gateway {
+        router,
+        limiter: shared,
+        ws: ws_handles,
+    }
 }
 
 /// What handlers share.
@@ -134,10 +190,6 @@ async fn hello(
         "limit": decision.limit(),
         "degraded": decision.is_degraded(),
     }))
-}
-
-async fn websocket(upgrade: WebSocketUpgrade) -> Response {
-    upgrade.on_upgrade(ws::echo)
 }
 
 async fn healthz() -> &'static str {

@@ -8,12 +8,16 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, StatusCode};
 use clap::{Parser, ValueEnum};
+use tower_window::conn::ConnectionStore;
+use tower_window::dedup::DedupStore;
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
 use tower_window::{
     Algorithm, LeaseConfig, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError,
     RedisConfigError, RedisStore, Store,
 };
+
+use super::ws::{WsArgs, WsConfig};
 
 /// The gateway's flags. Every flag can also be set from the environment
 /// variable shown in `--help`.
@@ -124,6 +128,10 @@ pub struct Args {
     /// milliseconds). Default: a tenth of the shortest window, at most 1 s.
     #[arg(long, env = "TW_LEASE_TTL", value_parser = parse_lease_ttl)]
     pub lease_ttl: Option<Duration>,
+
+    /// The WebSocket flags (`/ws`, `/presence`; see `ws.rs`).
+    #[command(flatten)]
+    pub ws: WsArgs,
 }
 
 /// `--lease-ttl`: `<n>ms`, `<n>s`, `<n>m`, or `<n>` milliseconds; above zero.
@@ -275,18 +283,24 @@ impl Args {
             }
             None => None,
         };
-        let (store, resilience): (Arc<dyn Store>, _) = match redis.clone() {
+        let ws_args = self.ws.clone();
+        let (store, resilience, ws): (Arc<dyn Store>, _, _) = match redis.clone() {
             // The limiter's one time budget bounds every Redis call.
             Some(redis) => (
-                redis,
+                redis.clone(),
                 Some(Resilience {
                     fallback: self.fallback,
                     expected_nodes: self.expected_nodes,
                     timeout,
                 }),
+                ws_args.into_config(redis),
             ),
-            None => (Arc::new(MemoryStore::new()), None),
+            None => {
+                let memory = Arc::new(MemoryStore::new());
+                (memory.clone(), None, ws_args.into_config(memory))
+            }
         };
+        ws.validate().map_err(ConfigError::Ws)?;
         let leases = (self.lease > 0).then(|| {
             let config = LeaseConfig::new(self.lease);
             match self.lease_ttl {
@@ -308,6 +322,7 @@ impl Args {
             tenants,
             admin_token: self.admin_token.filter(|t| !t.is_empty()),
             leases,
+            ws,
         })
     }
 }
@@ -340,16 +355,33 @@ pub struct GatewayConfig {
     pub admin_token: Option<String>,
     /// Quota leases (`--lease`, `--lease-ttl`); `None`: off.
     pub leases: Option<LeaseConfig>,
+    /// `/ws` and `/presence`: connection cap, message limits, dedup.
+    pub ws: WsConfig,
 }
 
 impl GatewayConfig {
     /// `policy` (or one quota) on a fresh embedded store, with the default
     /// headers.
     pub fn new(policy: impl Into<Policy>) -> Self {
-        Self::with_store(policy, Arc::new(MemoryStore::new()))
+        Self::with_shared_store(policy, Arc::new(MemoryStore::new()))
     }
 
-    /// `policy` (or one quota) on `store`, with the default headers.
+    /// `policy` on `store`, which also keeps the WebSocket connection
+    /// leases and dedup ids, with the default headers.
+    pub fn with_shared_store<S>(policy: impl Into<Policy>, store: Arc<S>) -> Self
+    where
+        S: Store + ConnectionStore + DedupStore,
+    {
+        let ws = WsConfig::new(store.clone());
+        Self {
+            ws,
+            ..Self::with_store(policy, store)
+        }
+    }
+
+    /// `policy` (or one quota) on `store`, with the default headers. The
+    /// WebSocket leases and dedup ids then live in a store of this process
+    /// only ([`WsConfig::local`]); see [`with_shared_store`](Self::with_shared_store).
     pub fn with_store(policy: impl Into<Policy>, store: Arc<dyn Store>) -> Self {
         Self {
             policy: policy.into(),
@@ -362,6 +394,7 @@ impl GatewayConfig {
             tenants: None,
             admin_token: None,
             leases: None,
+            ws: WsConfig::local(),
         }
     }
 
@@ -432,6 +465,7 @@ impl fmt::Debug for GatewayConfig {
             .field("resilience", &self.resilience)
             .field("debug_headers", &self.debug_headers)
             .field("leases", &self.leases)
+            .field("ws", &self.ws)
             .finish_non_exhaustive()
     }
 }
@@ -450,6 +484,8 @@ pub enum ConfigError {
     Tenants(String),
     /// `--lease-ttl` leaves no room for a lease in a quota of the policy.
     Lease(tower_window::StoreError),
+    /// A WebSocket flag is out of range.
+    Ws(String),
 }
 
 impl fmt::Display for ConfigError {
@@ -460,6 +496,7 @@ impl fmt::Display for ConfigError {
             Self::Store(error) => write!(f, "invalid --redis-url/--redis-cluster: {error}"),
             Self::Tenants(error) => write!(f, "invalid --tenants: {error}"),
             Self::Lease(error) => write!(f, "invalid --lease/--lease-ttl: {error}"),
+            Self::Ws(error) => f.write_str(error),
         }
     }
 }
@@ -472,6 +509,7 @@ impl std::error::Error for ConfigError {
             Self::Store(error) => Some(error),
             Self::Tenants(_) => None,
             Self::Lease(error) => Some(error),
+            Self::Ws(_) => None,
         }
     }
 }

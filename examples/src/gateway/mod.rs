@@ -3,7 +3,14 @@
 //! - `GET /api/hello`: limited per tenant + user (tenant header, default
 //!   `"public"`; user header required, 400 problem+json without it).
 //! - `GET /ws`: a WebSocket echo; the upgrade request is limited by the same
-//!   layer and window as `/api/hello`.
+//!   layer and window as `/api/hello` (tenant and user also from the
+//!   `tenant` / `user` query parameters, demo only), then by a cluster-wide
+//!   cap of connections per user (`--max-connections-per-user`); messages
+//!   are limited (`--message-limit`, `--byte-limit`, `--on-message-limit`,
+//!   `--max-message-bytes`) and deduplicated by `id` (`--dedup-window`).
+//!   See [`ws`] and `examples/README.md`.
+//! - `GET /presence?tenant=T&user=U`: `{"online":true,"connections":2}`,
+//!   never limited.
 //! - `GET /healthz`: never limited.
 //! - `GET /metrics`: Prometheus text of tower-window's metrics, never limited
 //!   (see [`metrics`]).
@@ -31,7 +38,7 @@ mod app;
 mod config;
 pub mod metrics;
 pub mod tenants;
-mod ws;
+pub mod ws;
 
-pub use app::{build_app, build_app_with_limiter, RATELIMIT_SOURCE};
+pub use app::{build_app, build_app_with_limiter, build_gateway, Gateway, RATELIMIT_SOURCE};
 pub use config::{AlgorithmArg, Args, ConfigError, FallbackArg, GatewayConfig, Resilience};

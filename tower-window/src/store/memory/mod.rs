@@ -53,6 +53,8 @@ use crate::algorithm::State;
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
 use crate::{Clock, Decision, Policy, Quota, SystemClock, WindowKey};
 
+mod conn;
+mod dedup;
 mod peek;
 
 type SlotCache = Cache<StateKey, Arc<Slot>, UnitWeighter, DefaultHashBuilder, MarkEvicted>;
@@ -92,6 +94,10 @@ pub struct MemoryStore {
     grace_micros: u64,
     /// The id of the next lease.
     next_lease: Arc<std::sync::atomic::AtomicU64>,
+    /// Message ids of [`DedupWindow`](crate::dedup::DedupWindow)s (`dedup.rs`).
+    dedup: Arc<dedup::DedupIds>,
+    /// Connection leases (`conn.rs`).
+    conns: Arc<conn::ConnLeases>,
 }
 
 impl MemoryStore {
@@ -100,6 +106,9 @@ impl MemoryStore {
 
     /// The default [`expiry_grace`](MemoryStoreBuilder::expiry_grace).
     pub const DEFAULT_EXPIRY_GRACE: Duration = Duration::from_secs(1);
+
+    /// The default bound on dedup ids kept ([`MemoryStoreBuilder::max_dedup_ids`]).
+    pub const DEFAULT_MAX_DEDUP_IDS: u64 = 100_000;
 
     /// A store with default settings: the system clock and at most
     /// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys.
@@ -351,6 +360,7 @@ pub struct MemoryStoreBuilder {
     clock: Arc<dyn Clock>,
     max_keys: u64,
     expiry_grace: Duration,
+    max_dedup_ids: u64,
 }
 
 impl Default for MemoryStoreBuilder {
@@ -359,6 +369,7 @@ impl Default for MemoryStoreBuilder {
             clock: Arc::new(SystemClock),
             max_keys: MemoryStore::DEFAULT_MAX_KEYS,
             expiry_grace: MemoryStore::DEFAULT_EXPIRY_GRACE,
+            max_dedup_ids: MemoryStore::DEFAULT_MAX_DEDUP_IDS,
         }
     }
 }
@@ -400,6 +411,15 @@ impl MemoryStoreBuilder {
         self
     }
 
+    /// The most message ids kept for
+    /// [`DedupWindow`](crate::dedup::DedupWindow)s (default
+    /// [`MemoryStore::DEFAULT_MAX_DEDUP_IDS`]; at least 1). Beyond it the
+    /// oldest-used ids are forgotten and read as first seen again.
+    pub fn max_dedup_ids(mut self, max: u64) -> Self {
+        self.max_dedup_ids = max.max(1);
+        self
+    }
+
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
         let cache = Cache::with_options(
@@ -414,6 +434,8 @@ impl MemoryStoreBuilder {
             max_keys: self.max_keys,
             grace_micros: u64::try_from(self.expiry_grace.as_micros()).unwrap_or(u64::MAX),
             next_lease: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+            dedup: Arc::new(dedup::DedupIds::new(self.max_dedup_ids)),
+            conns: Arc::default(),
         }
     }
 }

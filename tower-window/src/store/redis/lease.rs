@@ -22,7 +22,7 @@ use redis::{Script, ScriptInvocation};
 
 use super::connection::{is_connection_error, is_topology_change, map_error, Conn};
 use super::keys::redis_key;
-use super::scripts::{self, lay_out, micros, Parts};
+use super::scripts::{lay_out, micros, Parts};
 use super::RedisStore;
 use crate::store::{Lease, RefundRequest, Reservation, ReserveRequest, StoreError, StoreErrorKind};
 use crate::{Decision, Policy, QuotaDecision, WindowKey};
@@ -84,22 +84,6 @@ impl RedisStore {
             Parts::key(&mut call, lease_key);
         }
         Ok(call)
-    }
-
-    fn explicit_now(&self) -> Result<Option<u64>, StoreError> {
-        match &self.clock {
-            Some(clock) => {
-                let now = clock.now_micros();
-                if now > scripts::MAX_EXPLICIT_MICROS {
-                    return Err(StoreError::new(
-                        StoreErrorKind::InvalidRequest,
-                        "clock reading beyond 2^52 microseconds",
-                    ));
-                }
-                Ok(Some(now))
-            }
-            None => Ok(None),
-        }
     }
 
     /// Runs one lease script call on the store's connection (as a check

@@ -95,7 +95,10 @@ use redis::IntoConnectionInfo;
 use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::{Clock, Decision, Policy, WindowKey};
 
+mod call;
+mod conn;
 mod connection;
+mod dedup;
 mod keys;
 mod lease;
 mod peek;
