@@ -8,7 +8,7 @@ use redis::{FromRedisValue, ScriptInvocation};
 use super::connection::{is_connection_error, is_topology_change, map_error, Conn};
 use super::keys::{encode_component, Crc16, Sink, CLUSTER_SLOTS};
 use super::RedisStore;
-use crate::store::StoreError;
+use crate::store::{CheckRequest, StoreError};
 use crate::WindowKey;
 
 /// What to send.
@@ -27,6 +27,9 @@ impl RedisStore {
         if let Conn::Cluster(cluster) = &conn {
             self.refresh_topology_if_due(cluster);
         }
+        // redis-rs answers NOSCRIPT by loading the script and retrying once;
+        // a `SCRIPT FLUSH` (or a failover) landing between that load and the
+        // retry surfaces a second NOSCRIPT, so go round again, boundedly.
         let mut attempts = 0;
         let reply: Result<T, redis::RedisError> = loop {
             attempts += 1;
@@ -65,6 +68,38 @@ impl RedisStore {
             return None;
         }
         self.topology.domain_of(slot)
+    }
+
+    /// Runs `script` (the check script or one of the same KEYS/ARGV layout,
+    /// such as the peek script) for a policy request: one `EVALSHA` in the
+    /// policy's slot, on the explicit clock when the store has one.
+    pub(crate) async fn policy_script(
+        &self,
+        script: &'static redis::Script,
+        request: CheckRequest<'_>,
+    ) -> Result<Vec<i64>, StoreError> {
+        if request.cost == 0 {
+            return Err(StoreError::new(
+                crate::StoreErrorKind::InvalidRequest,
+                "a request must cost at least 1 unit",
+            ));
+        }
+        let now = self.explicit_now()?;
+        let min_ttl_ms = if now.is_some() {
+            super::EXPLICIT_CLOCK_MIN_TTL_MS
+        } else {
+            0
+        };
+        let call = super::scripts::invocation_of(
+            script,
+            &self.prefix,
+            request.key,
+            request.policy,
+            request.cost,
+            now,
+            min_ttl_ms,
+        );
+        self.call(Call::Script(&call)).await
     }
 
     /// The explicit clock's reading, if the store has one (tests), checked

@@ -20,7 +20,7 @@ use std::sync::LazyLock;
 
 use redis::{Script, ScriptInvocation};
 
-use super::connection::{is_connection_error, is_topology_change, map_error, Conn};
+use super::call::Call;
 use super::keys::redis_key;
 use super::scripts::{lay_out, micros, Parts};
 use super::RedisStore;
@@ -89,38 +89,7 @@ impl RedisStore {
     /// Runs one lease script call on the store's connection (as a check
     /// runs: one `EVALSHA`, reloading the script on `NOSCRIPT`).
     async fn run_lease(&self, call: ScriptInvocation<'static>) -> Result<Vec<i64>, StoreError> {
-        const NOSCRIPT_ATTEMPTS: u32 = 3;
-        let (conn, generation) = self.connection.get().await?;
-        if let Conn::Cluster(cluster) = &conn {
-            self.refresh_topology_if_due(cluster);
-        }
-        let mut attempts = 0;
-        let reply: Result<Vec<i64>, _> = loop {
-            attempts += 1;
-            let reply = match conn.clone() {
-                Conn::Single(mut conn) => call.invoke_async(&mut conn).await,
-                Conn::Cluster(mut conn) => call.invoke_async(&mut conn).await,
-            };
-            match reply {
-                Err(error)
-                    if error.kind()
-                        == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                        && attempts < NOSCRIPT_ATTEMPTS => {}
-                other => break other,
-            }
-        };
-        reply.map_err(|error| {
-            if is_connection_error(&error) {
-                self.connection.invalidate(generation);
-            }
-            if let Conn::Cluster(cluster) = &conn {
-                if is_topology_change(&error) {
-                    self.topology.mark_stale();
-                    self.refresh_topology_if_due(cluster);
-                }
-            }
-            map_error(error)
-        })
+        self.call(Call::Script(&call)).await
     }
 
     pub(super) async fn reserve_lease(

@@ -92,7 +92,7 @@ use futures_util::future::BoxFuture;
 use redis::cluster::ClusterClient;
 use redis::IntoConnectionInfo;
 
-use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
+use crate::store::{CheckRequest, Store, StoreError};
 use crate::{Clock, Decision, Policy, WindowKey};
 
 mod call;
@@ -115,7 +115,7 @@ pub use deadpool_redis;
 /// The `redis` crate this crate is built with.
 pub use redis;
 
-use connection::{is_connection_error, is_topology_change, map_error, Conn, Connection, Connector};
+use connection::{is_connection_error, map_error, Conn, Connection, Connector};
 pub use keys::redis_key;
 use redis::cluster_async::ClusterConnection;
 
@@ -269,73 +269,7 @@ impl RedisStore {
     }
 
     async fn decide(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
-        if request.cost == 0 {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "a request must cost at least 1 unit",
-            ));
-        }
-        let now = match &self.clock {
-            Some(clock) => {
-                let now = clock.now_micros();
-                if now > scripts::MAX_EXPLICIT_MICROS {
-                    return Err(StoreError::new(
-                        StoreErrorKind::InvalidRequest,
-                        "clock reading beyond 2^52 microseconds",
-                    ));
-                }
-                Some(now)
-            }
-            None => None,
-        };
-        const NOSCRIPT_ATTEMPTS: u32 = 3;
-        let min_ttl_ms = if now.is_some() {
-            EXPLICIT_CLOCK_MIN_TTL_MS
-        } else {
-            0
-        };
-        let call = scripts::invocation(
-            &self.prefix,
-            request.key,
-            request.policy,
-            request.cost,
-            now,
-            min_ttl_ms,
-        );
-        let (conn, generation) = self.connection.get().await?;
-        if let Conn::Cluster(cluster) = &conn {
-            self.refresh_topology_if_due(cluster);
-        }
-        // redis-rs answers NOSCRIPT by loading the script and retrying once;
-        // a `SCRIPT FLUSH` (or a failover) landing between that load and the
-        // retry surfaces a second NOSCRIPT, so go round again, boundedly.
-        let mut attempts = 0;
-        let reply: Result<Vec<i64>, _> = loop {
-            attempts += 1;
-            let reply = match conn.clone() {
-                Conn::Single(mut conn) => call.invoke_async(&mut conn).await,
-                Conn::Cluster(mut conn) => call.invoke_async(&mut conn).await,
-            };
-            match reply {
-                Err(error)
-                    if error.kind()
-                        == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                        && attempts < NOSCRIPT_ATTEMPTS => {}
-                other => break other,
-            }
-        };
-        let reply = reply.map_err(|error| {
-            if is_connection_error(&error) {
-                self.connection.invalidate(generation);
-            }
-            if let Conn::Cluster(cluster) = &conn {
-                if is_topology_change(&error) {
-                    self.topology.mark_stale();
-                    self.refresh_topology_if_due(cluster);
-                }
-            }
-            map_error(error)
-        })?;
+        let reply = self.policy_script(scripts::script(), request).await?;
         scripts::decision(request.policy, &reply)
     }
 

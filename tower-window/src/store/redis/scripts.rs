@@ -72,23 +72,11 @@ impl Parts for ScriptInvocation<'static> {
     }
 }
 
-/// Builds the `EVALSHA` call deciding `cost` of every quota of `policy` for
-/// `key`, with keys under `prefix` (see `policy.lua` for the layout).
-///
-/// `now_micros` is `None` to let the script read Redis `TIME`.
-pub(crate) fn invocation(
-    prefix: &str,
-    key: &WindowKey,
-    policy: &Policy,
-    cost: u32,
-    now_micros: Option<u64>,
-    min_ttl_ms: u64,
-) -> ScriptInvocation<'static> {
-    invocation_of(&SCRIPT, prefix, key, policy, cost, now_micros, min_ttl_ms)
-}
-
-/// Like [`invocation`], for another script of the same KEYS/ARGV layout
-/// (the peek script).
+/// The call of `script` (the check script, [`script`], or another of the
+/// same KEYS/ARGV layout such as the peek script) for `cost` units of
+/// every quota of `policy` for `key`, with keys under `prefix` (see
+/// `policy.lua` for the layout). `now_micros` is `None` to let the script
+/// read Redis `TIME`.
 pub(crate) fn invocation_of(
     script: &'static Script,
     prefix: &str,
