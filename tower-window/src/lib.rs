@@ -31,6 +31,7 @@
 pub mod algorithm;
 mod clock;
 mod decision;
+pub mod events;
 pub mod fallback;
 pub mod key;
 #[cfg(feature = "http")]

@@ -51,6 +51,8 @@ use crate::algorithm::State;
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
 use crate::{Clock, Decision, Policy, Quota, SystemClock, WindowKey};
 
+mod events;
+
 type SlotCache = Cache<StateKey, Arc<Slot>, UnitWeighter, DefaultHashBuilder, MarkEvicted>;
 
 /// How often a check retries on a key's new entry after finding the one it
@@ -86,6 +88,8 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     max_keys: u64,
     grace_micros: u64,
+    /// Event windows (see `events.rs`).
+    events: Arc<events::EventLogs>,
 }
 
 impl MemoryStore {
@@ -375,6 +379,7 @@ impl MemoryStoreBuilder {
             clock: self.clock,
             max_keys: self.max_keys,
             grace_micros: u64::try_from(self.expiry_grace.as_micros()).unwrap_or(u64::MAX),
+            events: Arc::new(events::EventLogs::new(self.max_keys)),
         }
     }
 }

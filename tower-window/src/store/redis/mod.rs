@@ -96,6 +96,7 @@ use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::{Clock, Decision, Policy, WindowKey};
 
 mod connection;
+mod events;
 mod keys;
 mod scripts;
 mod topology;
