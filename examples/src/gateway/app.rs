@@ -1,9 +1,12 @@
 //! The router.
 
+use std::collections::HashMap;
+
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::extract::{Query, Request};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
+use axum::response::IntoResponse;
 use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -13,6 +16,9 @@ use tower_window::key::{Constant, Header, KeyExtractorExt};
 use tower_window::layer::Rejection;
 use tower_window::{Decision, DecisionSource};
 
+use tower_window::events::{EventWindow, Position};
+
+use super::rooms::{valid_room, RoomHub};
 use super::{ws, GatewayConfig};
 
 /// The debug header naming who decided (`--debug-headers`).
@@ -28,8 +34,23 @@ pub fn build_app(config: GatewayConfig) -> Router {
     let degraded_status = config.degraded_status();
     let key = Header::from_name(config.user_header.clone())
         .with_tenant(Header::from_name(config.tenant_header.clone()).or(Constant::new("public")));
+    let events = EventWindow::from_shared_store(
+        limiter.clone(),
+        config.rooms.store.clone(),
+        config.rooms.retention,
+    );
+    let tail = config
+        .rooms
+        .redis
+        .as_ref()
+        .and_then(|redis| redis.event_tail().ok());
+    let rooms = match tail {
+        Some(tail) => RoomHub::tailing(events, tail),
+        None => RoomHub::polling(events),
+    };
     let state = AppState {
         user_header: config.user_header,
+        rooms,
     };
 
     // Limited routes.
@@ -60,6 +81,7 @@ pub fn build_app(config: GatewayConfig) -> Router {
 #[derive(Debug, Clone)]
 struct AppState {
     user_header: HeaderName,
+    rooms: RoomHub,
 }
 
 fn source_value(source: DecisionSource) -> Option<HeaderValue> {
@@ -105,8 +127,40 @@ async fn hello(
     }))
 }
 
-async fn websocket(upgrade: WebSocketUpgrade) -> Response {
-    upgrade.on_upgrade(ws::echo)
+/// `/ws`: the echo, or with `?room=R` (and optionally `epoch` and
+/// `last_event_id` to resume) a room. Bad room names and positions are
+/// answered 400 before the upgrade.
+async fn websocket(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let Some(room) = query.get("room") else {
+        return upgrade.on_upgrade(ws::echo);
+    };
+    if !valid_room(room) {
+        return bad_request("room: 1 to 64 characters of [A-Za-z0-9_.-]");
+    }
+    let resume = match (query.get("epoch"), query.get("last_event_id")) {
+        (Some(epoch), last) => match Position::parse(epoch, last.map_or("", String::as_str)) {
+            Ok(position) => Some(position),
+            Err(error) => return bad_request(&error.to_string()),
+        },
+        (None, Some(_)) => return bad_request("last_event_id needs its epoch"),
+        (None, None) => None,
+    };
+    let user = headers
+        .get(&state.user_header)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let (hub, room) = (state.rooms, room.clone());
+    upgrade.on_upgrade(move |socket| ws::room(socket, hub, room, user, resume))
+}
+
+fn bad_request(detail: &str) -> Response {
+    (StatusCode::BAD_REQUEST, detail.to_owned()).into_response()
 }
 
 async fn healthz() -> &'static str {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, StatusCode};
 use clap::{Parser, ValueEnum};
+use tower_window::events::{EventStore, InvalidRetention, Retention};
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
 use tower_window::{
@@ -96,6 +97,88 @@ pub struct Args {
     /// operators can see degradation.
     #[arg(long, env = "TW_DEBUG_HEADERS")]
     pub debug_headers: bool,
+
+    /// How long each room (`/ws?room=R`) keeps its events for clients that
+    /// resume: `500ms`, `30s`, `10m`, `1h`.
+    #[arg(long, env = "TW_HISTORY", default_value = "10m", value_parser = parse_duration)]
+    pub history: Duration,
+
+    /// The most events each room keeps for resumes (the newest ones).
+    #[arg(long, env = "TW_HISTORY_MAX", default_value = "10000")]
+    pub history_max: u64,
+}
+
+/// Parses `--history`: a whole number and `ms`, `s`, `m` or `h`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?}: a number and a unit (ms, s, m, h)"))?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: a whole number first"))?;
+    let millis = match unit {
+        "ms" => Some(number),
+        "s" => number.checked_mul(1_000),
+        "m" => number.checked_mul(60_000),
+        "h" => number.checked_mul(3_600_000),
+        _ => return Err(format!("{text:?}: the unit is ms, s, m or h")),
+    };
+    millis
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?}: too long"))
+}
+
+/// Where rooms keep their events (`--history`, `--history-max`).
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct RoomsConfig {
+    /// What each room keeps.
+    pub retention: Retention,
+    /// The event store (the limiter's store, when it is Redis).
+    pub store: Arc<dyn EventStore>,
+    /// The Redis store, for the live reader's own blocking `XREAD`
+    /// connection (single node only; otherwise rooms are polled).
+    pub redis: Option<Arc<RedisStore>>,
+}
+
+impl RoomsConfig {
+    /// Rooms in `store`, keeping `retention`; polled for live events.
+    pub fn new(retention: Retention, store: Arc<dyn EventStore>) -> Self {
+        Self {
+            retention,
+            store,
+            redis: None,
+        }
+    }
+
+    /// Rooms on `redis`, read live with a blocking `XREAD`.
+    pub fn redis(retention: Retention, redis: Arc<RedisStore>) -> Self {
+        Self {
+            retention,
+            store: redis.clone(),
+            redis: Some(redis),
+        }
+    }
+}
+
+impl Default for RoomsConfig {
+    /// The flags' defaults (10 minutes, 10000 events) in an embedded store.
+    fn default() -> Self {
+        let retention = Retention::new(Duration::from_secs(600), 10_000)
+            .unwrap_or_else(|_| unreachable!("the default retention is valid"));
+        Self::new(retention, Arc::new(MemoryStore::new()))
+    }
+}
+
+impl fmt::Debug for RoomsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RoomsConfig")
+            .field("retention", &self.retention)
+            .field("redis", &self.redis.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// `--fallback` values.
@@ -218,17 +301,35 @@ impl Args {
         } else {
             None
         };
+        let retention =
+            Retention::new(self.history, self.history_max).map_err(ConfigError::History)?;
+        let cluster = !self.redis_cluster.is_empty();
+        let rooms;
         let (store, resilience): (Arc<dyn Store>, _) = match redis {
             // The limiter's one time budget bounds every Redis call.
             Some(redis) => (
-                Arc::new(redis),
+                {
+                    let redis = Arc::new(redis);
+                    // A cluster cannot XREAD keys of several slots at
+                    // once: its rooms are polled.
+                    rooms = if cluster {
+                        RoomsConfig::new(retention, redis.clone())
+                    } else {
+                        RoomsConfig::redis(retention, redis.clone())
+                    };
+                    redis
+                },
                 Some(Resilience {
                     fallback: self.fallback,
                     expected_nodes: self.expected_nodes,
                     timeout,
                 }),
             ),
-            None => (Arc::new(MemoryStore::new()), None),
+            None => {
+                let memory = MemoryStore::new();
+                rooms = RoomsConfig::new(retention, Arc::new(memory.clone()));
+                (Arc::new(memory), None)
+            }
         };
         Ok(GatewayConfig {
             policy,
@@ -237,6 +338,7 @@ impl Args {
             user_header: self.user_header,
             resilience,
             debug_headers: self.debug_headers,
+            rooms,
         })
     }
 }
@@ -260,6 +362,8 @@ pub struct GatewayConfig {
     pub resilience: Option<Resilience>,
     /// Add the `x-ratelimit-source` header (`--debug-headers`).
     pub debug_headers: bool,
+    /// Where `/ws?room=R` keeps its events (`--history`, `--history-max`).
+    pub rooms: RoomsConfig,
 }
 
 impl GatewayConfig {
@@ -278,7 +382,14 @@ impl GatewayConfig {
             user_header: HeaderName::from_static("x-user-id"),
             resilience: None,
             debug_headers: false,
+            rooms: RoomsConfig::default(),
         }
+    }
+
+    /// Where rooms keep their events.
+    pub fn rooms(mut self, rooms: RoomsConfig) -> Self {
+        self.rooms = rooms;
+        self
     }
 
     /// Makes the limiter resilient (see [`resilience`](Self::resilience)).
@@ -345,6 +456,8 @@ pub enum ConfigError {
     Policy(PolicyError),
     /// `--redis-url` / `--redis-cluster` do not make a store.
     Store(RedisConfigError),
+    /// `--history` / `--history-max` out of bounds.
+    History(InvalidRetention),
 }
 
 impl fmt::Display for ConfigError {
@@ -353,6 +466,7 @@ impl fmt::Display for ConfigError {
             Self::Quota(error) => write!(f, "invalid --limit/--algorithm: {error}"),
             Self::Policy(error) => write!(f, "invalid --limit: {error}"),
             Self::Store(error) => write!(f, "invalid --redis-url/--redis-cluster: {error}"),
+            Self::History(error) => write!(f, "invalid --history/--history-max: {error}"),
         }
     }
 }
@@ -363,6 +477,7 @@ impl std::error::Error for ConfigError {
             Self::Quota(error) => Some(error),
             Self::Policy(error) => Some(error),
             Self::Store(error) => Some(error),
+            Self::History(error) => Some(error),
         }
     }
 }

@@ -3,7 +3,8 @@
 //! - `GET /api/hello`: limited per tenant + user (tenant header, default
 //!   `"public"`; user header required, 400 problem+json without it).
 //! - `GET /ws`: a WebSocket echo; the upgrade request is limited by the same
-//!   layer and window as `/api/hello`.
+//!   layer and window as `/api/hello`. `GET /ws?room=R` joins room R
+//!   instead (see [`rooms`] and `examples/README.md`).
 //! - `GET /healthz`: never limited.
 //! - `GET /metrics`: Prometheus text of tower-window's metrics, never limited
 //!   (see [`metrics`]).
@@ -22,7 +23,10 @@
 mod app;
 mod config;
 pub mod metrics;
+pub mod rooms;
 mod ws;
 
 pub use app::{build_app, RATELIMIT_SOURCE};
-pub use config::{AlgorithmArg, Args, ConfigError, FallbackArg, GatewayConfig, Resilience};
+pub use config::{
+    AlgorithmArg, Args, ConfigError, FallbackArg, GatewayConfig, Resilience, RoomsConfig,
+};

@@ -41,6 +41,9 @@ mod id;
 mod store;
 mod window;
 
+/// Live reads of many windows with one blocking `XREAD` (Redis only).
+#[cfg(feature = "redis")]
+pub use crate::store::redis::{EventTail, TailBatch};
 pub use id::{Epoch, EventId, InvalidPosition, Position, MAX_ID_PART};
 pub use store::{
     Appended, Event, EventRequest, EventStore, InvalidRetention, Resume, ResyncReason, Retention,

@@ -25,8 +25,9 @@ use crate::store::{StoreError, StoreErrorKind};
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/events.lua")));
 
-/// Our own fields at the head of every entry (`p`, prev id, `n`, number).
-const OWN_FIELDS: usize = 4;
+/// Our own fields at the head of every entry (`p` prev id, `n` number,
+/// `e` epoch), as name-value pairs.
+const OWN_FIELDS: usize = 6;
 
 /// The stream key and the meta key of the window `key`.
 pub(crate) fn event_keys(prefix: &str, key: &[u8]) -> (Vec<u8>, Vec<u8>) {
@@ -49,11 +50,11 @@ fn event_slot(key: &[u8]) -> u16 {
     crc.value() % CLUSTER_SLOTS
 }
 
-fn protocol(message: &'static str) -> StoreError {
+pub(crate) fn protocol(message: &'static str) -> StoreError {
     StoreError::new(StoreErrorKind::Protocol, message)
 }
 
-fn text(value: &Value) -> Result<&[u8], StoreError> {
+pub(crate) fn text(value: &Value) -> Result<&[u8], StoreError> {
     match value {
         Value::BulkString(bytes) => Ok(bytes),
         Value::SimpleString(text) => Ok(text.as_bytes()),
@@ -61,7 +62,7 @@ fn text(value: &Value) -> Result<&[u8], StoreError> {
     }
 }
 
-fn id(value: &Value) -> Result<EventId, StoreError> {
+pub(crate) fn id(value: &Value) -> Result<EventId, StoreError> {
     std::str::from_utf8(text(value)?)
         .ok()
         .and_then(|t| t.parse().ok())
@@ -75,15 +76,20 @@ fn epoch(value: &Value) -> Result<Epoch, StoreError> {
         .ok_or_else(|| protocol("redis event script: not an epoch"))
 }
 
-fn array(value: &Value) -> Result<&[Value], StoreError> {
+pub(crate) fn array(value: &Value) -> Result<&[Value], StoreError> {
     match value {
         Value::Array(items) => Ok(items),
         _ => Err(protocol("redis event script: expected an array")),
     }
 }
 
-/// One `XRANGE` entry: `[id, [p, prev, n, number, name, value, ...]]`.
+/// One `XRANGE` entry: `[id, [p, prev, n, number, e, epoch, name, value, ...]]`.
 fn event(value: &Value) -> Result<Event, StoreError> {
+    tagged_event(value).map(|(_, event)| event)
+}
+
+/// An entry and the epoch it was appended in.
+pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> {
     let [id_value, fields] = array(value)? else {
         return Err(protocol("redis event script: an entry is [id, fields]"));
     };
@@ -91,6 +97,7 @@ fn event(value: &Value) -> Result<Event, StoreError> {
     if fields.len() < OWN_FIELDS || fields.len() % 2 != 0 {
         return Err(protocol("redis event script: bad entry fields"));
     }
+    let fields_epoch = fields[5].clone();
     let fields = fields[OWN_FIELDS..]
         .chunks_exact(2)
         .map(|pair| {
@@ -99,7 +106,7 @@ fn event(value: &Value) -> Result<Event, StoreError> {
             Ok((name, Bytes::copy_from_slice(text(&pair[1])?)))
         })
         .collect::<Result<_, StoreError>>()?;
-    Ok(Event::new(id(id_value)?, fields))
+    Ok((epoch(&fields_epoch)?, Event::new(id(id_value)?, fields)))
 }
 
 impl RedisStore {

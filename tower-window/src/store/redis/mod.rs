@@ -99,6 +99,7 @@ mod connection;
 mod events;
 mod keys;
 mod scripts;
+mod tail;
 mod topology;
 #[doc(hidden)]
 pub use topology::__test_support;
@@ -113,6 +114,7 @@ pub use redis;
 use connection::{is_connection_error, is_topology_change, map_error, Conn, Connection, Connector};
 pub use keys::redis_key;
 use redis::cluster_async::ClusterConnection;
+pub use tail::{EventTail, TailBatch};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tw:";

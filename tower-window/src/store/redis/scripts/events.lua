@@ -3,9 +3,10 @@
 -- KEYS[1] the stream; KEYS[2] its meta hash, in the same slot:
 --   e = epoch, r = replication id of the primary the epoch was made on,
 --   l = last id generated in this epoch, n = events appended so far.
--- Every stream entry starts with two fields of ours: p = the id generated
--- before it (so a gap before the first kept event is seen exactly) and
--- n = its number; the caller's fields follow.
+-- Every stream entry starts with three fields of ours: p = the id generated
+-- before it (so a gap before the first kept event is seen exactly),
+-- n = its number and e = the epoch it was appended in (for live readers
+-- of XREAD); the caller's fields follow.
 --
 -- ARGV[1] op: 'a' append, 'h' head, 'r' read, 'l' len
 -- ARGV[2] now in ms, or '' for Redis TIME
@@ -112,6 +113,8 @@ if op == 'a' then
   table.insert(args, last)
   table.insert(args, 'n')
   table.insert(args, n + 1)
+  table.insert(args, 'e')
+  table.insert(args, epoch)
   for i = 7, #ARGV do
     table.insert(args, ARGV[i])
   end
