@@ -5,6 +5,7 @@
 
 pub mod conformance;
 pub mod event_conformance;
+pub mod dedup_conformance;
 pub mod fault_proxy;
 pub mod redis_cluster;
 pub mod redis_server;

@@ -32,6 +32,7 @@ pub mod algorithm;
 mod clock;
 mod decision;
 pub mod events;
+pub mod dedup;
 pub mod fallback;
 pub mod key;
 #[cfg(feature = "http")]
@@ -51,6 +52,7 @@ pub use http;
 pub use algorithm::Algorithm;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, DecisionSource, FallbackReason, QuotaDecision};
+pub use dedup::{DedupStore, DedupWindow};
 pub use fallback::FallbackPolicy;
 pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
 #[cfg(feature = "http")]

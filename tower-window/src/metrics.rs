@@ -657,3 +657,17 @@ mod imp {
         }
     }
 }
+
+// Dedup windows (`crate::dedup`): recorded by every `DedupWindow`.
+
+/// Dedup answers by `outcome`: `first_seen`, `duplicate`, `fallback_first_seen`,
+/// `fallback_duplicate`, `error`.
+pub const DEDUP_CHECKS_TOTAL: &str = "tower_window_dedup_checks_total";
+
+/// Counts one dedup answer.
+pub(crate) fn dedup_outcome(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(DEDUP_CHECKS_TOTAL, "outcome" => outcome).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = outcome;
+}

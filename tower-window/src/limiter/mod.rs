@@ -451,7 +451,7 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
-    fn into_error(self) -> StoreError {
+    pub(crate) fn into_error(self) -> StoreError {
         self.error.unwrap_or_else(|| match self.reason {
             FallbackReason::CircuitOpen => {
                 StoreError::new(StoreErrorKind::Unavailable, "circuit breaker open")

@@ -52,6 +52,7 @@ use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
 use crate::{Clock, Decision, Policy, Quota, SystemClock, WindowKey};
 
 mod events;
+mod dedup;
 
 type SlotCache = Cache<StateKey, Arc<Slot>, UnitWeighter, DefaultHashBuilder, MarkEvicted>;
 
@@ -90,6 +91,8 @@ pub struct MemoryStore {
     grace_micros: u64,
     /// Event windows (see `events.rs`).
     events: Arc<events::EventLogs>,
+    /// Message ids of [`DedupWindow`](crate::dedup::DedupWindow)s (`dedup.rs`).
+    dedup: Arc<dedup::DedupIds>,
 }
 
 impl MemoryStore {
@@ -98,6 +101,9 @@ impl MemoryStore {
 
     /// The default [`expiry_grace`](MemoryStoreBuilder::expiry_grace).
     pub const DEFAULT_EXPIRY_GRACE: Duration = Duration::from_secs(1);
+
+    /// The default bound on dedup ids kept ([`MemoryStoreBuilder::max_dedup_ids`]).
+    pub const DEFAULT_MAX_DEDUP_IDS: u64 = 100_000;
 
     /// A store with default settings: the system clock and at most
     /// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys.
@@ -317,6 +323,7 @@ pub struct MemoryStoreBuilder {
     clock: Arc<dyn Clock>,
     max_keys: u64,
     expiry_grace: Duration,
+    max_dedup_ids: u64,
 }
 
 impl Default for MemoryStoreBuilder {
@@ -325,6 +332,7 @@ impl Default for MemoryStoreBuilder {
             clock: Arc::new(SystemClock),
             max_keys: MemoryStore::DEFAULT_MAX_KEYS,
             expiry_grace: MemoryStore::DEFAULT_EXPIRY_GRACE,
+            max_dedup_ids: MemoryStore::DEFAULT_MAX_DEDUP_IDS,
         }
     }
 }
@@ -366,6 +374,15 @@ impl MemoryStoreBuilder {
         self
     }
 
+    /// The most message ids kept for
+    /// [`DedupWindow`](crate::dedup::DedupWindow)s (default
+    /// [`MemoryStore::DEFAULT_MAX_DEDUP_IDS`]; at least 1). Beyond it the
+    /// oldest-used ids are forgotten and read as first seen again.
+    pub fn max_dedup_ids(mut self, max: u64) -> Self {
+        self.max_dedup_ids = max.max(1);
+        self
+    }
+
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
         let cache = Cache::with_options(
@@ -380,6 +397,7 @@ impl MemoryStoreBuilder {
             max_keys: self.max_keys,
             grace_micros: u64::try_from(self.expiry_grace.as_micros()).unwrap_or(u64::MAX),
             events: Arc::new(events::EventLogs::new(self.max_keys)),
+            dedup: Arc::new(dedup::DedupIds::new(self.max_dedup_ids)),
         }
     }
 }

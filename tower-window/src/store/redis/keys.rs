@@ -160,9 +160,7 @@ pub(crate) fn encode_component(out: &mut impl Sink, bytes: &[u8]) {
 /// ```
 pub fn redis_key(prefix: &str, key: &WindowKey, policy: &Policy, quota: &Quota) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + 64);
-    escape_into(&mut out, prefix.as_bytes(), |b| {
-        b != b':' && b != b'#' && needs_escape(b)
-    });
+    write_prefix(&mut out, prefix);
     out.push(b'{');
     if policy.has_tenant_scope() {
         out.push(b'@');
@@ -180,6 +178,13 @@ pub fn redis_key(prefix: &str, key: &WindowKey, policy: &Policy, quota: &Quota) 
     }
     encode_component(&mut out, quota.state_id().as_bytes());
     out
+}
+
+/// Appends the escaped key prefix (which may contain `:` and `#`).
+pub(crate) fn write_prefix(out: &mut Vec<u8>, prefix: &str) {
+    escape_into(out, prefix.as_bytes(), |b| {
+        b != b':' && b != b'#' && needs_escape(b)
+    });
 }
 
 /// The Redis Cluster hash slot of every key [`redis_key`] makes for `key`

@@ -95,8 +95,10 @@ use redis::IntoConnectionInfo;
 use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::{Clock, Decision, Policy, WindowKey};
 
+mod call;
 mod connection;
 mod events;
+mod dedup;
 mod keys;
 mod scripts;
 mod tail;
