@@ -4,8 +4,8 @@
 //! throwaway `redis-server` processes on loopback for the `redis_*` tests.
 
 pub mod conformance;
-pub mod event_conformance;
 pub mod dedup_conformance;
+pub mod event_conformance;
 pub mod fault_proxy;
 pub mod redis_cluster;
 pub mod redis_server;

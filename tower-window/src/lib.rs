@@ -31,8 +31,8 @@
 pub mod algorithm;
 mod clock;
 mod decision;
-pub mod events;
 pub mod dedup;
+pub mod events;
 pub mod fallback;
 pub mod key;
 #[cfg(feature = "http")]

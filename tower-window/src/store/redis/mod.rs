@@ -97,8 +97,8 @@ use crate::{Clock, Decision, Policy, WindowKey};
 
 mod call;
 mod connection;
-mod events;
 mod dedup;
+mod events;
 mod keys;
 mod scripts;
 mod tail;
