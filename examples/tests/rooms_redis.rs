@@ -298,3 +298,45 @@ async fn bad_rooms_and_positions_are_400_before_the_upgrade() {
     assert_eq!(status_of(a, &edge).await, 101);
     assert_eq!(status_of(a, "room=ok&epoch=e").await, 101);
 }
+
+/// With `--inbound-stream`, room messages from every node also go to one
+/// inbound stream, which `inbound-worker` consumes: each counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_messages_reach_the_inbound_worker() {
+    let redis = RedisServer::start();
+    let flags = ["--inbound-stream", "tw:inbound"];
+    let a = node(&redis.url(), &flags).await;
+    let b = node(&redis.url(), &flags).await;
+    let mut on_a = connect(a, "ann", "room=counted").await;
+    let mut on_b = connect(b, "bob", "room=counted").await;
+    recv(&mut on_a).await;
+    recv(&mut on_b).await;
+    for i in 0..4 {
+        send(&mut on_b, &format!("b{i}")).await;
+    }
+    for i in 0..2 {
+        send(&mut on_a, &format!("a{i}")).await;
+    }
+    assert_eq!(events(&mut on_a, "counted", 6).await.len(), 6);
+    let mut conn = redis.async_connection().await;
+    let queued: u64 = tower_window::store::redis::redis::cmd("XLEN")
+        .arg("tw:inbound")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(queued, 6);
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_inbound-worker"))
+        .args([
+            "--redis-url",
+            &redis.url(),
+            "--consumer",
+            "w1",
+            "--exit-when-idle",
+        ])
+        .stderr(std::process::Stdio::null())
+        .status();
+    let status = tokio::time::timeout(WAIT, status).await.unwrap().unwrap();
+    assert!(status.success());
+    let count: u64 = conn.get("tw:room-count:{counted}:count").await.unwrap();
+    assert_eq!(count, 6);
+}

@@ -44,10 +44,13 @@ pub fn build_app(config: GatewayConfig) -> Router {
         .redis
         .as_ref()
         .and_then(|redis| redis.event_tail().ok());
-    let rooms = match tail {
+    let mut rooms = match tail {
         Some(tail) => RoomHub::tailing(events, tail),
         None => RoomHub::polling(events),
     };
+    if let Some((client, stream)) = config.rooms.inbound.clone() {
+        rooms = rooms.inbound(client, stream);
+    }
     let state = AppState {
         user_header: config.user_header,
         rooms,

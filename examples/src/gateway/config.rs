@@ -11,6 +11,7 @@ use clap::{Parser, ValueEnum};
 use tower_window::events::{EventStore, InvalidRetention, Retention};
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
+use tower_window::store::redis::redis;
 use tower_window::{
     Algorithm, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError, RedisConfigError,
     RedisStore, Store,
@@ -106,6 +107,11 @@ pub struct Args {
     /// The most events each room keeps for resumes (the newest ones).
     #[arg(long, env = "TW_HISTORY_MAX", default_value = "10000")]
     pub history_max: u64,
+
+    /// Also append every room message to this Redis stream (fields `id`,
+    /// `room`, `from`, `data`) for `inbound-worker` (with `--redis-url`).
+    #[arg(long, env = "TW_INBOUND_STREAM", requires = "redis_url")]
+    pub inbound_stream: Option<String>,
 }
 
 /// Parses `--history`: a whole number and `ms`, `s`, `m` or `h`.
@@ -141,6 +147,8 @@ pub struct RoomsConfig {
     /// The Redis store, for the live reader's own blocking `XREAD`
     /// connection (single node only; otherwise rooms are polled).
     pub redis: Option<Arc<RedisStore>>,
+    /// `--inbound-stream`: a client of the Redis and the stream name.
+    pub inbound: Option<(redis::Client, String)>,
 }
 
 impl RoomsConfig {
@@ -150,6 +158,7 @@ impl RoomsConfig {
             retention,
             store,
             redis: None,
+            inbound: None,
         }
     }
 
@@ -159,6 +168,7 @@ impl RoomsConfig {
             retention,
             store: redis.clone(),
             redis: Some(redis),
+            inbound: None,
         }
     }
 }
@@ -177,6 +187,7 @@ impl fmt::Debug for RoomsConfig {
         f.debug_struct("RoomsConfig")
             .field("retention", &self.retention)
             .field("redis", &self.redis.is_some())
+            .field("inbound", &self.inbound.as_ref().map(|(_, stream)| stream))
             .finish_non_exhaustive()
     }
 }
@@ -331,6 +342,12 @@ impl Args {
                 (Arc::new(memory), None)
             }
         };
+        let mut rooms = rooms;
+        if let (Some(url), Some(stream)) = (&self.redis_url, &self.inbound_stream) {
+            let client = redis::Client::open(url.as_str())
+                .map_err(|e| ConfigError::Store(RedisConfigError::InvalidUrl(e)))?;
+            rooms.inbound = Some((client, stream.clone()));
+        }
         Ok(GatewayConfig {
             policy,
             store,

@@ -27,6 +27,7 @@ use axum::extract::ws::Utf8Bytes;
 use serde_json::json;
 use tokio::sync::{mpsc, Notify};
 use tower_window::events::{Epoch, Event, EventId, EventTail, EventWindow, Position, Resume};
+use tower_window::store::redis::redis;
 use tower_window::StoreError;
 
 /// How long one blocking `XREAD` waits: a room joined meanwhile is read
@@ -80,6 +81,8 @@ impl std::fmt::Debug for RoomHub {
 
 struct Inner {
     events: EventWindow,
+    /// Where published messages also go, for the inbound worker.
+    inbound: Option<Inbound>,
     live: Live,
     rooms: Mutex<HashMap<String, Room>>,
     /// Wakes the polling reader after a local append.
@@ -99,6 +102,40 @@ struct Room {
 struct Socket {
     queue: mpsc::Sender<LiveEvent>,
     overflowed: Arc<AtomicBool>,
+}
+
+/// The inbound stream of published messages.
+struct Inbound {
+    client: redis::Client,
+    stream: String,
+    conn: tokio::sync::OnceCell<redis::aio::MultiplexedConnection>,
+}
+
+impl Inbound {
+    async fn send(&self, id: &str, room: &str, user: &str, data: &str) -> redis::RedisResult<()> {
+        let conn = self
+            .conn
+            .get_or_try_init(|| self.client.get_multiplexed_async_connection())
+            .await?;
+        let mut conn = conn.clone();
+        let _: String = redis::cmd("XADD")
+            .arg(&self.stream)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(1_000_000)
+            .arg("*")
+            .arg("id")
+            .arg(id)
+            .arg("room")
+            .arg(room)
+            .arg("from")
+            .arg(user)
+            .arg("data")
+            .arg(data)
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
 }
 
 /// A live event, serialised once for every socket.
@@ -158,11 +195,25 @@ impl RoomHub {
                 live,
                 rooms: Mutex::new(HashMap::new()),
                 wake: Notify::new(),
+                inbound: None,
                 started: AtomicBool::new(false),
                 next_socket: AtomicU64::new(0),
                 queue_capacity: DEFAULT_QUEUE,
             }),
         }
+    }
+
+    /// Also appends every published message to the Redis stream `stream`
+    /// (fields `id`, `room`, `from`, `data`) for the inbound worker.
+    pub fn inbound(mut self, client: redis::Client, stream: String) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.inbound = Some(Inbound {
+                client,
+                stream,
+                conn: tokio::sync::OnceCell::new(),
+            });
+        }
+        self
     }
 
     /// Sets the bound of every socket's live queue (at least 1).
@@ -250,7 +301,15 @@ impl RoomHub {
 
     /// Appends a message from `user` to `room` and wakes the reader; every
     /// socket in the room on every node gets it (the sender included).
-    pub async fn publish(&self, room: &str, user: &str, data: &str) -> Result<EventId, StoreError> {
+    /// With an inbound stream, the message also goes there, under
+    /// `message_id` (the client's id) or else the event's id.
+    pub async fn publish(
+        &self,
+        room: &str,
+        user: &str,
+        data: &str,
+        message_id: Option<&str>,
+    ) -> Result<EventId, StoreError> {
         let appended = self
             .inner
             .events
@@ -260,6 +319,12 @@ impl RoomHub {
             )
             .await?;
         self.inner.wake.notify_one();
+        if let Some(inbound) = &self.inner.inbound {
+            let id = message_id.map_or_else(|| appended.id.to_string(), str::to_owned);
+            if let Err(error) = inbound.send(&id, room, user, data).await {
+                tracing::warn!(%error, "appending to the inbound stream failed");
+            }
+        }
         Ok(appended.id)
     }
 
@@ -527,9 +592,15 @@ impl RoomSession {
         }
     }
 
-    /// Publishes `data` from `user` to the room.
-    pub async fn publish(&self, user: &str, data: &str) -> Result<EventId, StoreError> {
-        self.hub.publish(&self.room, user, data).await
+    /// Publishes `data` from `user` to the room (`message_id`: the
+    /// client's id of the message, if it gave one).
+    pub async fn publish(
+        &self,
+        user: &str,
+        data: &str,
+        message_id: Option<&str>,
+    ) -> Result<EventId, StoreError> {
+        self.hub.publish(&self.room, user, data, message_id).await
     }
 }
 
@@ -575,7 +646,7 @@ mod tests {
         assert_eq!(json(next(&mut fast).await)["type"], "joined");
         assert_eq!(json(next(&mut slow).await)["type"], "joined");
         for i in 0..10 {
-            hub.publish("r", "u", &i.to_string()).await.unwrap();
+            hub.publish("r", "u", &i.to_string(), None).await.unwrap();
             let event = json(next(&mut fast).await);
             assert_eq!(
                 (event["type"].as_str(), event["data"].as_str()),

@@ -69,7 +69,7 @@ pub(super) async fn room(
             },
             message = socket.recv() => match message {
                 Some(Ok(Message::Text(text))) => {
-                    if let Err(error) = session.publish(&user, text.as_str()).await {
+                    if let Err(error) = session.publish(&user, text.as_str(), None).await {
                         tracing::warn!(%error, "publishing to a room failed");
                         let notice = serde_json::json!({
                             "type": "error",
