@@ -369,6 +369,19 @@ impl RoomHub {
     }
 }
 
+impl RoomHub {
+    /// Moves `room`'s cursor to `last` (past entries that were not events).
+    fn skip_to(&self, room: &str, last: EventId) {
+        if let Some(state) = lock(&self.inner.rooms).get_mut(room) {
+            if let Some((_, cursor)) = &mut state.cursor {
+                if *cursor < last {
+                    *cursor = last;
+                }
+            }
+        }
+    }
+}
+
 /// The node's one reader: fetches new events of every room with sockets
 /// and delivers them, until the hub is dropped.
 async fn reader(hub: Weak<Inner>) {
@@ -420,6 +433,9 @@ async fn read_tail(
     for batch in batches {
         if let Some((name, _, _)) = rooms.get(batch.index) {
             hub.deliver(name, batch.events);
+            if let Some(last) = batch.last_id {
+                hub.skip_to(name, last);
+            }
         }
     }
     Ok(())

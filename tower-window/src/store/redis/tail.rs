@@ -7,7 +7,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 
 use super::connection::map_error;
-use super::events::{array, event_keys, tagged_event, text};
+use super::events::{array, event_keys, id, tagged_event, text};
 use super::RedisStore;
 use crate::events::{Epoch, Event, EventId};
 use crate::store::{StoreError, StoreErrorKind};
@@ -19,8 +19,11 @@ pub struct TailBatch {
     /// The index of the window in the `read` call's list.
     pub index: usize,
     /// The events after the given id, in order, each with the epoch it
-    /// was appended in.
+    /// was appended in (entries not written by an event window are
+    /// skipped).
     pub events: Vec<(Epoch, Event)>,
+    /// The id of the last entry read, skipped or not: read on from here.
+    pub last_id: Option<EventId>,
 }
 
 /// Reads new events of many event windows at once with one blocking
@@ -140,11 +143,22 @@ impl EventTail {
             let Some(index) = keys.iter().position(|k| k.as_slice() == name) else {
                 continue;
             };
-            let events = array(entries)?
-                .iter()
-                .map(tagged_event)
-                .collect::<Result<_, _>>()?;
-            batches.push(TailBatch { index, events });
+            let mut events = Vec::new();
+            let mut last_id = None;
+            for entry in array(entries)? {
+                if let Some(Ok(entry_id)) = array(entry).ok().and_then(|e| e.first()).map(id) {
+                    last_id = Some(entry_id);
+                }
+                match tagged_event(entry) {
+                    Ok(event) => events.push(event),
+                    Err(error) => tracing::debug!(%error, "skipping a foreign stream entry"),
+                }
+            }
+            batches.push(TailBatch {
+                index,
+                events,
+                last_id,
+            });
         }
         Ok(batches)
     }
