@@ -61,6 +61,11 @@ async fn connect(address: SocketAddr, user: &str, room: &str) -> Ws {
 
 /// Receives `n` events and returns, per `data`, when it arrived.
 async fn receive(mut ws: Ws, n: usize) -> (Ws, HashMap<String, Instant>) {
+    let seen = receive_on(&mut ws, n).await;
+    (ws, seen)
+}
+
+async fn receive_on(ws: &mut Ws, n: usize) -> HashMap<String, Instant> {
     let mut seen = HashMap::with_capacity(n);
     while seen.len() < n {
         let message = tokio::time::timeout(Duration::from_secs(60), ws.next())
@@ -75,7 +80,15 @@ async fn receive(mut ws: Ws, n: usize) -> (Ws, HashMap<String, Instant>) {
             }
         }
     }
-    (ws, seen)
+    seen
+}
+
+/// Sends one message until both sockets have it.
+async fn warm_up(mut receiver: Ws, sender: &mut Ws) -> Ws {
+    sender.send(Message::text("warm-up")).await.unwrap();
+    receive_on(&mut receiver, 1).await;
+    receive_on(sender, 1).await;
+    receiver
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -99,6 +112,9 @@ async fn main() {
     // 1. Latency: one message every 2 ms from B, received on A.
     let receiver = connect(a, "reader", "latency").await;
     let mut sender = connect(b, "writer", "latency").await;
+    // Warm up: node A's reader has the room in its XREAD before measuring
+    // (a room new to a node is picked up within one 100 ms XREAD block).
+    let receiver = warm_up(receiver, &mut sender).await;
     let reading = tokio::spawn(receive(receiver, paced));
     let mut sent = HashMap::with_capacity(paced);
     let mut tick = tokio::time::interval(Duration::from_millis(2));
@@ -120,7 +136,8 @@ async fn main() {
     // 2. Throughput: one room, one sender on B sending as fast as it can,
     // one receiver on A; from the first send to the last receipt.
     let receiver = connect(a, "reader", "burst").await;
-    let sender = connect(b, "writer", "burst").await;
+    let mut sender = connect(b, "writer", "burst").await;
+    let receiver = warm_up(receiver, &mut sender).await;
     let (mut sink, mut echo) = sender.split();
     let drain = tokio::spawn(async move {
         let mut n = 0;

@@ -85,7 +85,7 @@ struct Inner {
     inbound: Option<Inbound>,
     live: Live,
     rooms: Mutex<HashMap<String, Room>>,
-    /// Wakes the polling reader after a local append.
+    /// Wakes the reader: after a local append (polling) or a new room.
     wake: Notify,
     started: AtomicBool,
     next_socket: AtomicU64,
@@ -277,13 +277,20 @@ impl RoomHub {
         };
         // Subscribed first: every event after this point reaches the queue.
         let head = inner.events.position(window_key(room)).await?;
-        {
+        let new_room = {
             let mut rooms = lock(&inner.rooms);
-            if let Some(state) = rooms.get_mut(room) {
-                if state.cursor.is_none() {
+            match rooms.get_mut(room) {
+                Some(state) if state.cursor.is_none() => {
                     state.cursor = Some((head.epoch.clone(), head.after()));
+                    true
                 }
+                _ => false,
             }
+        };
+        if new_room {
+            // A reader waiting with no room starts at once; one blocked in
+            // XREAD picks the room up within READ_BLOCK.
+            inner.wake.notify_one();
         }
         session.opened(head, resume);
         Ok(session)
@@ -397,9 +404,20 @@ async fn reader(hub: Weak<Inner>) {
                     .map(|(epoch, id)| (name.clone(), epoch.clone(), *id))
             })
             .collect();
-        let result = match &hub_ref.inner.live {
-            Live::Tail(tail) => read_tail(&hub_ref, tail, &rooms).await,
-            Live::Poll => read_poll(&hub_ref, &rooms).await,
+        let result = if rooms.is_empty() {
+            // Nothing to read: wait for a join (or look again soon).
+            let inner = Arc::clone(&hub_ref.inner);
+            drop(hub_ref);
+            tokio::select! {
+                () = inner.wake.notified() => {}
+                () = tokio::time::sleep(READ_BLOCK) => {}
+            }
+            continue;
+        } else {
+            match &hub_ref.inner.live {
+                Live::Tail(tail) => read_tail(&hub_ref, tail, &rooms).await,
+                Live::Poll => read_poll(&hub_ref, &rooms).await,
+            }
         };
         match result {
             Ok(()) => failures = 0,
