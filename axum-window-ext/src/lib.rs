@@ -40,6 +40,7 @@
 mod extract;
 mod key;
 mod problem;
+pub mod ws;
 
 pub use extract::{MissingRateLimitInfo, RateLimitInfo};
 pub use key::{ConnectInfoIp, PathParam};

@@ -340,3 +340,40 @@ async fn room_messages_reach_the_inbound_worker() {
     let count: u64 = conn.get("tw:room-count:{counted}:count").await.unwrap();
     assert_eq!(count, 6);
 }
+
+/// Room messages pass the `/ws` message limits and dedup first: a repeated
+/// JSON `id` is answered `duplicate` and published once; a message over
+/// `--message-limit` is dropped with `rate_limited` and not published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_messages_pass_the_limits_and_dedup_first() {
+    let redis = RedisServer::start();
+    let flags = ["--message-limit", "3/1h"];
+    let a = node(&redis.url(), &flags).await;
+    let b = node(&redis.url(), &flags).await;
+    let mut reader = connect(a, "rita", "room=guarded").await;
+    recv(&mut reader).await;
+    let mut writer = connect(b, "will", "room=guarded").await;
+    recv(&mut writer).await;
+    send(&mut writer, r#"{"id":"x1","text":"once"}"#).await;
+    send(&mut writer, r#"{"id":"x1","text":"once"}"#).await; // a client retry
+    send(&mut writer, "plain").await;
+    send(&mut writer, "over the limit").await; // the 4th message of 3/1h
+    let mut types = Vec::new();
+    let mut published = Vec::new();
+    while types.len() < 4 {
+        let message = recv(&mut writer).await;
+        let kind = s(&message, "type");
+        if kind == "event" {
+            published.push(s(&message, "data"));
+        }
+        types.push(kind);
+    }
+    types.sort();
+    assert_eq!(types, ["duplicate", "event", "event", "rate_limited"]);
+    assert_eq!(published, [r#"{"id":"x1","text":"once"}"#, "plain"]);
+    // The other node saw exactly the two published events.
+    let seen = events(&mut reader, "guarded", 2).await;
+    assert_eq!(data(&seen), published);
+    send(&mut writer, "still over").await;
+    assert_eq!(s(&recv(&mut writer).await, "type"), "rate_limited");
+}

@@ -4,6 +4,7 @@
 //! throwaway `redis-server` processes on loopback for the `redis_*` tests.
 
 pub mod conformance;
+pub mod conn_conformance;
 pub mod dedup_conformance;
 pub mod event_conformance;
 pub mod fault_proxy;

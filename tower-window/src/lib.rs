@@ -30,6 +30,7 @@
 
 pub mod algorithm;
 mod clock;
+pub mod conn;
 mod decision;
 pub mod dedup;
 pub mod events;
@@ -51,6 +52,7 @@ pub use http;
 
 pub use algorithm::Algorithm;
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use conn::{ConnectionLease, ConnectionLimiter, ConnectionStore};
 pub use decision::{Decision, DecisionSource, FallbackReason, QuotaDecision};
 pub use dedup::{DedupStore, DedupWindow};
 pub use fallback::FallbackPolicy;

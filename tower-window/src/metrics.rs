@@ -671,3 +671,46 @@ pub(crate) fn dedup_outcome(outcome: &'static str) {
     #[cfg(not(feature = "metrics"))]
     let _ = outcome;
 }
+
+// Connection leases (`crate::conn`): recorded by every `ConnectionLimiter`.
+
+/// Connection grants by `outcome`: `granted`, `denied`, `fallback_granted`,
+/// `fallback_denied`, `error`.
+pub const CONNECTION_GRANTS_TOTAL: &str = "tower_window_connection_grants_total";
+/// Connection leases released.
+pub const CONNECTION_RELEASES_TOTAL: &str = "tower_window_connection_releases_total";
+/// Leases a heartbeat found gone (expired or reset) and reported lost.
+pub const CONNECTION_LEASES_LOST_TOTAL: &str = "tower_window_connection_leases_lost_total";
+/// Leases whose heartbeat renewal call failed.
+pub const CONNECTION_RENEW_FAILURES_TOTAL: &str = "tower_window_connection_renew_failures_total";
+/// Store calls made by heartbeats.
+pub const CONNECTION_HEARTBEAT_CALLS_TOTAL: &str = "tower_window_connection_heartbeat_calls_total";
+/// Live leases this node renews.
+pub const CONNECTION_LIVE_LEASES: &str = "tower_window_connection_live_leases";
+
+/// Counts one grant.
+pub(crate) fn connection_grant(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(CONNECTION_GRANTS_TOTAL, "outcome" => outcome).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = outcome;
+}
+
+/// Counts one release.
+pub(crate) fn connection_released() {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(CONNECTION_RELEASES_TOTAL).increment(1);
+}
+
+/// Records one heartbeat tick.
+pub(crate) fn connection_heartbeat(report: &crate::conn::HeartbeatReport, live: usize) {
+    #[cfg(feature = "metrics")]
+    {
+        ::metrics::counter!(CONNECTION_LEASES_LOST_TOTAL).increment(report.lost as u64);
+        ::metrics::counter!(CONNECTION_RENEW_FAILURES_TOTAL).increment(report.failed as u64);
+        ::metrics::counter!(CONNECTION_HEARTBEAT_CALLS_TOTAL).increment(report.calls as u64);
+        ::metrics::gauge!(CONNECTION_LIVE_LEASES).set(live as f64);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (report, live);
+}

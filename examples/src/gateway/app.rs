@@ -1,24 +1,20 @@
 //! The router.
 
-use std::collections::HashMap;
-
-use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Query, Request};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::middleware::{self, Next};
-use axum::response::IntoResponse;
 use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
 use axum_window_ext::RateLimitInfo;
 use serde_json::{json, Value};
-use tower_window::key::{Constant, Header, KeyExtractorExt};
+use tower_window::key::{Constant, Header, KeyExtractorExt, Query};
 use tower_window::layer::Rejection;
 use tower_window::{Decision, DecisionSource};
 
-use tower_window::events::{EventWindow, Position};
+use tower_window::events::EventWindow;
 
-use super::rooms::{valid_room, RoomHub};
+use super::rooms::RoomHub;
 use super::{ws, GatewayConfig};
 
 /// The debug header naming who decided (`--debug-headers`).
@@ -30,10 +26,31 @@ pub const RATELIMIT_SOURCE: HeaderName = HeaderName::from_static("x-ratelimit-so
 /// routes added after the `route_layer`s (`/healthz`, `/metrics`) are never
 /// limited.
 pub fn build_app(config: GatewayConfig) -> Router {
+    build_gateway(config).router
+}
+
+/// A built gateway: its routes and its node's WebSocket machinery.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Gateway {
+    /// The routes (what [`build_app`] returns).
+    pub router: Router,
+    /// The node's connection limiter and heartbeat.
+    pub ws: ws::WsHandles,
+}
+
+/// Like [`build_app`], also handing out the node's WebSocket machinery
+/// (its connection limiter and heartbeat task).
+pub fn build_gateway(config: GatewayConfig) -> Gateway {
     let limiter = config.limiter();
     let degraded_status = config.degraded_status();
     let key = Header::from_name(config.user_header.clone())
         .with_tenant(Header::from_name(config.tenant_header.clone()).or(Constant::new("public")));
+    let fallback_closed = matches!(
+        config.resilience.map(|r| r.fallback),
+        Some(super::FallbackArg::FailClosed)
+    );
+    // Rooms (`/ws?room=R`): event windows through the same limiter.
     let events = EventWindow::from_shared_store(
         limiter.clone(),
         config.rooms.store.clone(),
@@ -51,15 +68,37 @@ pub fn build_app(config: GatewayConfig) -> Router {
     if let Some((client, stream)) = config.rooms.inbound.clone() {
         rooms = rooms.inbound(client, stream);
     }
+    let (ws_state, ws_handles) = ws::WsState::new(
+        &config.ws,
+        &limiter,
+        fallback_closed,
+        config.tenant_header.clone(),
+        config.user_header.clone(),
+    );
+    let ws_state = ws_state.with_rooms(rooms);
+    let ws_state = std::sync::Arc::new(ws_state);
+    // `/ws` is limited like `/api/hello`, keyed by the headers or (browsers
+    // cannot set headers on a WebSocket; demo only) the query parameters.
+    let ws_key = Header::from_name(config.user_header.clone())
+        .or(Query::new("user"))
+        .with_tenant(
+            Header::from_name(config.tenant_header.clone())
+                .or(Query::new("tenant"))
+                .or(Constant::new("public")),
+        );
+    let ws_router = Router::new()
+        .route("/ws", get(ws::handler))
+        .route_layer(
+            axum_window_ext::layer(limiter.clone(), ws_key).degraded_status(degraded_status),
+        )
+        .route("/presence", get(ws::presence))
+        .with_state(ws_state);
     let state = AppState {
         user_header: config.user_header,
-        rooms,
     };
 
     // Limited routes.
-    let mut router = Router::new()
-        .route("/api/hello", get(hello))
-        .route("/ws", get(websocket));
+    let mut router = Router::new().route("/api/hello", get(hello));
     if config.debug_headers {
         // Inside the limiter: sees the admitted request's `Decision`.
         router = router.route_layer(middleware::from_fn(admitted_source));
@@ -72,19 +111,23 @@ pub fn build_app(config: GatewayConfig) -> Router {
     }
 
     // Unlimited routes.
-    router
+    let router = router
         .route("/healthz", get(healthz))
         .with_state(state)
+        .merge(ws_router)
         .merge(super::metrics::metrics_router(
             super::metrics::install_recorder(),
-        ))
+        ));
+    Gateway {
+        router,
+        ws: ws_handles,
+    }
 }
 
 /// What handlers share.
 #[derive(Debug, Clone)]
 struct AppState {
     user_header: HeaderName,
-    rooms: RoomHub,
 }
 
 fn source_value(source: DecisionSource) -> Option<HeaderValue> {
@@ -128,42 +171,6 @@ async fn hello(
         "limit": decision.limit(),
         "degraded": decision.is_degraded(),
     }))
-}
-
-/// `/ws`: the echo, or with `?room=R` (and optionally `epoch` and
-/// `last_event_id` to resume) a room. Bad room names and positions are
-/// answered 400 before the upgrade.
-async fn websocket(
-    axum::extract::State(state): axum::extract::State<AppState>,
-    headers: HeaderMap,
-    Query(query): Query<HashMap<String, String>>,
-    upgrade: WebSocketUpgrade,
-) -> Response {
-    let Some(room) = query.get("room") else {
-        return upgrade.on_upgrade(ws::echo);
-    };
-    if !valid_room(room) {
-        return bad_request("room: 1 to 64 characters of [A-Za-z0-9_.-]");
-    }
-    let resume = match (query.get("epoch"), query.get("last_event_id")) {
-        (Some(epoch), last) => match Position::parse(epoch, last.map_or("", String::as_str)) {
-            Ok(position) => Some(position),
-            Err(error) => return bad_request(&error.to_string()),
-        },
-        (None, Some(_)) => return bad_request("last_event_id needs its epoch"),
-        (None, None) => None,
-    };
-    let user = headers
-        .get(&state.user_header)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let (hub, room) = (state.rooms, room.clone());
-    upgrade.on_upgrade(move |socket| ws::room(socket, hub, room, user, resume))
-}
-
-fn bad_request(detail: &str) -> Response {
-    (StatusCode::BAD_REQUEST, detail.to_owned()).into_response()
 }
 
 async fn healthz() -> &'static str {

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, StatusCode};
 use clap::{Parser, ValueEnum};
+use tower_window::conn::ConnectionStore;
+use tower_window::dedup::DedupStore;
 use tower_window::events::{EventStore, InvalidRetention, Retention};
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
@@ -16,6 +18,8 @@ use tower_window::{
     Algorithm, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError, RedisConfigError,
     RedisStore, Store,
 };
+
+use super::ws::{WsArgs, WsConfig};
 
 /// The gateway's flags. Every flag can also be set from the environment
 /// variable shown in `--help`.
@@ -98,6 +102,10 @@ pub struct Args {
     /// operators can see degradation.
     #[arg(long, env = "TW_DEBUG_HEADERS")]
     pub debug_headers: bool,
+
+    /// The WebSocket flags (`/ws`, `/presence`; see `ws.rs`).
+    #[command(flatten)]
+    pub ws: WsArgs,
 
     /// How long each room (`/ws?room=R`) keeps its events for clients that
     /// resume: `500ms`, `30s`, `10m`, `1h`.
@@ -315,34 +323,36 @@ impl Args {
         let retention =
             Retention::new(self.history, self.history_max).map_err(ConfigError::History)?;
         let cluster = !self.redis_cluster.is_empty();
-        let rooms;
-        let (store, resilience): (Arc<dyn Store>, _) = match redis {
+        let ws_args = self.ws.clone();
+        let (store, resilience, ws, mut rooms): (Arc<dyn Store>, _, _, _) = match redis {
             // The limiter's one time budget bounds every Redis call.
-            Some(redis) => (
-                {
-                    let redis = Arc::new(redis);
-                    // A cluster cannot XREAD keys of several slots at
-                    // once: its rooms are polled.
-                    rooms = if cluster {
-                        RoomsConfig::new(retention, redis.clone())
-                    } else {
-                        RoomsConfig::redis(retention, redis.clone())
-                    };
-                    redis
-                },
-                Some(Resilience {
-                    fallback: self.fallback,
-                    expected_nodes: self.expected_nodes,
-                    timeout,
-                }),
-            ),
+            Some(redis) => {
+                let redis = Arc::new(redis);
+                // A cluster cannot XREAD keys of several slots at once: its
+                // rooms are polled.
+                let rooms = if cluster {
+                    RoomsConfig::new(retention, redis.clone())
+                } else {
+                    RoomsConfig::redis(retention, redis.clone())
+                };
+                (
+                    redis.clone(),
+                    Some(Resilience {
+                        fallback: self.fallback,
+                        expected_nodes: self.expected_nodes,
+                        timeout,
+                    }),
+                    ws_args.into_config(redis),
+                    rooms,
+                )
+            }
             None => {
-                let memory = MemoryStore::new();
-                rooms = RoomsConfig::new(retention, Arc::new(memory.clone()));
-                (Arc::new(memory), None)
+                let memory = Arc::new(MemoryStore::new());
+                let rooms = RoomsConfig::new(retention, memory.clone());
+                (memory.clone(), None, ws_args.into_config(memory), rooms)
             }
         };
-        let mut rooms = rooms;
+        ws.validate().map_err(ConfigError::Ws)?;
         if let (Some(url), Some(stream)) = (&self.redis_url, &self.inbound_stream) {
             let client = redis::Client::open(url.as_str())
                 .map_err(|e| ConfigError::Store(RedisConfigError::InvalidUrl(e)))?;
@@ -356,6 +366,7 @@ impl Args {
             resilience,
             debug_headers: self.debug_headers,
             rooms,
+            ws,
         })
     }
 }
@@ -381,16 +392,33 @@ pub struct GatewayConfig {
     pub debug_headers: bool,
     /// Where `/ws?room=R` keeps its events (`--history`, `--history-max`).
     pub rooms: RoomsConfig,
+    /// `/ws` and `/presence`: connection cap, message limits, dedup.
+    pub ws: WsConfig,
 }
 
 impl GatewayConfig {
     /// `policy` (or one quota) on a fresh embedded store, with the default
     /// headers.
     pub fn new(policy: impl Into<Policy>) -> Self {
-        Self::with_store(policy, Arc::new(MemoryStore::new()))
+        Self::with_shared_store(policy, Arc::new(MemoryStore::new()))
     }
 
-    /// `policy` (or one quota) on `store`, with the default headers.
+    /// `policy` on `store`, which also keeps the WebSocket connection
+    /// leases and dedup ids, with the default headers.
+    pub fn with_shared_store<S>(policy: impl Into<Policy>, store: Arc<S>) -> Self
+    where
+        S: Store + ConnectionStore + DedupStore,
+    {
+        let ws = WsConfig::new(store.clone());
+        Self {
+            ws,
+            ..Self::with_store(policy, store)
+        }
+    }
+
+    /// `policy` (or one quota) on `store`, with the default headers. The
+    /// WebSocket leases and dedup ids then live in a store of this process
+    /// only ([`WsConfig::local`]); see [`with_shared_store`](Self::with_shared_store).
     pub fn with_store(policy: impl Into<Policy>, store: Arc<dyn Store>) -> Self {
         Self {
             policy: policy.into(),
@@ -400,6 +428,7 @@ impl GatewayConfig {
             resilience: None,
             debug_headers: false,
             rooms: RoomsConfig::default(),
+            ws: WsConfig::local(),
         }
     }
 
@@ -459,6 +488,7 @@ impl fmt::Debug for GatewayConfig {
             .field("user_header", &self.user_header)
             .field("resilience", &self.resilience)
             .field("debug_headers", &self.debug_headers)
+            .field("ws", &self.ws)
             .finish_non_exhaustive()
     }
 }
@@ -475,6 +505,8 @@ pub enum ConfigError {
     Store(RedisConfigError),
     /// `--history` / `--history-max` out of bounds.
     History(InvalidRetention),
+    /// A WebSocket flag is out of range.
+    Ws(String),
 }
 
 impl fmt::Display for ConfigError {
@@ -484,6 +516,7 @@ impl fmt::Display for ConfigError {
             Self::Policy(error) => write!(f, "invalid --limit: {error}"),
             Self::Store(error) => write!(f, "invalid --redis-url/--redis-cluster: {error}"),
             Self::History(error) => write!(f, "invalid --history/--history-max: {error}"),
+            Self::Ws(error) => f.write_str(error),
         }
     }
 }
@@ -495,6 +528,7 @@ impl std::error::Error for ConfigError {
             Self::Policy(error) => Some(error),
             Self::Store(error) => Some(error),
             Self::History(error) => Some(error),
+            Self::Ws(_) => None,
         }
     }
 }

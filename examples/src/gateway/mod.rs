@@ -3,8 +3,15 @@
 //! - `GET /api/hello`: limited per tenant + user (tenant header, default
 //!   `"public"`; user header required, 400 problem+json without it).
 //! - `GET /ws`: a WebSocket echo; the upgrade request is limited by the same
-//!   layer and window as `/api/hello`. `GET /ws?room=R` joins room R
-//!   instead (see [`rooms`] and `examples/README.md`).
+//!   layer and window as `/api/hello` (tenant and user also from the
+//!   `tenant` / `user` query parameters, demo only), then by a cluster-wide
+//!   cap of connections per user (`--max-connections-per-user`); messages
+//!   are limited (`--message-limit`, `--byte-limit`, `--on-message-limit`,
+//!   `--max-message-bytes`) and deduplicated by `id` (`--dedup-window`).
+//!   See [`ws`] and `examples/README.md`.
+//! - `GET /presence?tenant=T&user=U`: `{"online":true,"connections":2}`,
+//!   never limited.
+//!   `GET /ws?room=R` joins room R instead of the echo (see [`rooms`]).
 //! - `GET /healthz`: never limited.
 //! - `GET /metrics`: Prometheus text of tower-window's metrics, never limited
 //!   (see [`metrics`]).
@@ -24,9 +31,9 @@ mod app;
 mod config;
 pub mod metrics;
 pub mod rooms;
-mod ws;
+pub mod ws;
 
-pub use app::{build_app, RATELIMIT_SOURCE};
+pub use app::{build_app, build_gateway, Gateway, RATELIMIT_SOURCE};
 pub use config::{
     AlgorithmArg, Args, ConfigError, FallbackArg, GatewayConfig, Resilience, RoomsConfig,
 };

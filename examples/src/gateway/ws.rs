@@ -1,52 +1,513 @@
-//! The WebSocket echo behind `GET /ws`, and rooms behind `GET /ws?room=R`.
+//! `GET /ws` and `GET /presence`: the gateway's WebSocket protocol (see
+//! `examples/README.md`).
+//!
+//! One socket is one connection lease (a cluster-wide cap per user), every
+//! inbound message is charged to the message and byte quotas, and the
+//! socket's *mode* decides what a message does. Today there is one mode,
+//! `echo`: messages come back unchanged, except that a text message which
+//! is a JSON object with a string `id` is deduplicated by
+//! `(tenant, user, id)` across all nodes. With `?room=R` the socket is in
+//! room R instead ([`room`], on [`RoomHub`]): every admitted, non-duplicate
+//! text message is appended to the room and fanned out to every socket in
+//! it on every node.
 
-use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocketUpgrade};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use axum_window_ext::ws::{ConnectionRefused, ExceedAction, GuardedSocket, MessageLimits};
+use clap::{Args as ClapArgs, ValueEnum};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tower_window::conn::{
+    Acquire, ConnectionLease, ConnectionLimiter, ConnectionStore, GrantFallback, HeartbeatHandle,
+};
+use tower_window::dedup::{DedupFallback, DedupStore, DedupWindow};
 use tower_window::events::Position;
+use tower_window::{Limiter, MemoryStore, Policy, Quota, WindowKey};
 
-use super::rooms::{Outgoing, RoomHub};
+use super::rooms::{valid_room, Outgoing, RoomHub};
 
-/// Sends every text and binary message back until the client closes.
-pub(super) async fn echo(mut socket: WebSocket) {
-    while let Some(message) = socket.recv().await {
-        let message = match message {
-            Ok(message) => message,
-            Err(error) => {
-                tracing::debug!(%error, "websocket receive failed");
-                return;
-            }
-        };
-        match message {
-            Message::Text(_) | Message::Binary(_) => {
-                if let Err(error) = socket.send(message).await {
-                    tracing::debug!(%error, "websocket send failed");
-                    return;
-                }
-            }
-            Message::Close(_) => return,
-            // axum answers pings itself.
-            Message::Ping(_) | Message::Pong(_) => {}
+/// The WebSocket flags (flattened into the gateway's `Args`).
+#[derive(Debug, Clone, ClapArgs)]
+pub struct WsArgs {
+    /// Concurrent WebSocket connections per tenant and user across every
+    /// gateway sharing the store (0 = no cap). Past it the upgrade is
+    /// answered 429 with `Retry-After`.
+    #[arg(long, env = "TW_MAX_CONNECTIONS_PER_USER", default_value = "0")]
+    pub max_connections_per_user: u32,
+
+    /// How long a connection lease lives without a heartbeat (renewed
+    /// every third of it): a crashed gateway's connections are freed
+    /// within it. `<n>ms`, `<n>s`, `<n>m` or `<n>h`.
+    #[arg(long, env = "TW_CONNECTION_LEASE_TTL", default_value = "15s", value_parser = parse_duration)]
+    pub connection_lease_ttl: Duration,
+
+    /// Inbound messages per tenant and user, all sockets on all nodes
+    /// together, in the quota DSL (`5/10s`); none by default.
+    #[arg(long, env = "TW_MESSAGE_LIMIT")]
+    pub message_limit: Option<Quota>,
+
+    /// Inbound payload bytes per tenant and user (`65536/10s`; cost =
+    /// payload bytes); none by default.
+    #[arg(long, env = "TW_BYTE_LIMIT")]
+    pub byte_limit: Option<Quota>,
+
+    /// What a message over `--message-limit` / `--byte-limit` does: `drop`
+    /// (discarded, answered with a `rate_limited` notice), `close` (close
+    /// 1008) or `pause` (reading stops until the retry-after; nothing lost).
+    #[arg(long, env = "TW_ON_MESSAGE_LIMIT", value_enum, default_value_t = OnMessageLimit::Drop)]
+    pub on_message_limit: OnMessageLimit,
+
+    /// With `--on-message-limit drop`, close (1008) after this many
+    /// consecutive drops (0 = never).
+    #[arg(long, env = "TW_CLOSE_AFTER_DROPS", default_value = "0")]
+    pub close_after_drops: u32,
+
+    /// The largest inbound message payload; larger ones close the socket
+    /// with 1009.
+    #[arg(
+        long,
+        env = "TW_MAX_MESSAGE_BYTES",
+        default_value = "65536",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_message_bytes: u32,
+
+    /// How long a message `id` is remembered for deduplication.
+    #[arg(long, env = "TW_DEDUP_WINDOW", default_value = "2m", value_parser = parse_duration)]
+    pub dedup_window: Duration,
+}
+
+/// `--on-message-limit` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum OnMessageLimit {
+    /// Discard the message and send the notice.
+    #[default]
+    Drop,
+    /// Close with 1008.
+    Close,
+    /// Stop reading until the retry-after.
+    Pause,
+}
+
+/// Parses `<n>ms`, `<n>s`, `<n>m` or `<n>h` (positive).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("expected <n><unit>, e.g. 15s: {text:?}"))?;
+    let duration = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(format!("unknown unit {unit:?}: use ms, s, m or h")),
+    };
+    if duration.is_zero() {
+        return Err("must be positive".to_owned());
+    }
+    Ok(duration)
+}
+
+/// The WebSocket part of a [`GatewayConfig`](super::GatewayConfig).
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct WsConfig {
+    /// `--max-connections-per-user`.
+    pub max_connections_per_user: u32,
+    /// `--connection-lease-ttl`.
+    pub connection_lease_ttl: Duration,
+    /// `--message-limit`.
+    pub message_limit: Option<Quota>,
+    /// `--byte-limit`.
+    pub byte_limit: Option<Quota>,
+    /// `--on-message-limit`.
+    pub on_message_limit: OnMessageLimit,
+    /// `--close-after-drops`.
+    pub close_after_drops: u32,
+    /// `--max-message-bytes`.
+    pub max_message_bytes: u32,
+    /// `--dedup-window`.
+    pub dedup_window: Duration,
+    /// Where connection leases live (the gateway's store).
+    pub connections: Arc<dyn ConnectionStore>,
+    /// Where dedup ids live (the gateway's store).
+    pub dedup: Arc<dyn DedupStore>,
+}
+
+impl WsConfig {
+    /// The flags' defaults on `store`.
+    pub fn new<S: ConnectionStore + DedupStore>(store: Arc<S>) -> Self {
+        Self {
+            max_connections_per_user: 0,
+            connection_lease_ttl: Duration::from_secs(15),
+            message_limit: None,
+            byte_limit: None,
+            on_message_limit: OnMessageLimit::Drop,
+            close_after_drops: 0,
+            max_message_bytes: 65_536,
+            dedup_window: Duration::from_secs(120),
+            connections: store.clone(),
+            dedup: store,
+        }
+    }
+
+    /// Defaults on a store of this process only: for configurations built
+    /// from a `dyn Store` (leases and dedup then do not span nodes).
+    pub fn local() -> Self {
+        Self::new(Arc::new(MemoryStore::new()))
+    }
+}
+
+impl WsArgs {
+    /// The flags on `store`.
+    pub(super) fn into_config<S: ConnectionStore + DedupStore>(self, store: Arc<S>) -> WsConfig {
+        WsConfig {
+            max_connections_per_user: self.max_connections_per_user,
+            connection_lease_ttl: self.connection_lease_ttl,
+            message_limit: self.message_limit,
+            byte_limit: self.byte_limit,
+            on_message_limit: self.on_message_limit,
+            close_after_drops: self.close_after_drops,
+            max_message_bytes: self.max_message_bytes,
+            dedup_window: self.dedup_window,
+            ..WsConfig::new(store)
         }
     }
 }
 
-/// A socket in a room: the session's frames (welcome, history, live
-/// events) out, every text message in as an event of the room.
-pub(super) async fn room(
-    mut socket: WebSocket,
-    hub: RoomHub,
+impl fmt::Debug for WsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WsConfig")
+            .field("max_connections_per_user", &self.max_connections_per_user)
+            .field("connection_lease_ttl", &self.connection_lease_ttl)
+            .field("message_limit", &self.message_limit)
+            .field("byte_limit", &self.byte_limit)
+            .field("on_message_limit", &self.on_message_limit)
+            .field("close_after_drops", &self.close_after_drops)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("dedup_window", &self.dedup_window)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WsConfig {
+    /// Checks the ranges the limiters accept: a lease TTL of 30 ms to 1 h,
+    /// a dedup window of 1 ms to 7 days.
+    pub fn validate(&self) -> Result<(), String> {
+        let ttl = self.connection_lease_ttl;
+        if ttl < Duration::from_millis(30) || ttl > Duration::from_secs(3600) {
+            return Err(format!(
+                "--connection-lease-ttl {ttl:?} is not within 30ms..=1h"
+            ));
+        }
+        let window = self.dedup_window;
+        if window > DedupWindow::MAX_WINDOW {
+            return Err(format!("--dedup-window {window:?} is longer than 7 days"));
+        }
+        Ok(())
+    }
+}
+
+/// What `/ws` and `/presence` share on one node.
+pub(super) struct WsState {
+    pub(super) connections: ConnectionLimiter,
+    limits: MessageLimits,
+    dedup: DedupWindow,
+    tenant_header: HeaderName,
+    user_header: HeaderName,
+    /// Rooms (`?room=R`), when the gateway serves them.
+    rooms: Option<RoomHub>,
+}
+
+/// The node's WebSocket machinery, for tests and operators.
+#[derive(Debug, Clone)]
+pub struct WsHandles {
+    /// The node's connection limiter (presence, live leases).
+    pub connections: ConnectionLimiter,
+    /// The node's heartbeat, when a Tokio runtime was running at build time.
+    pub heartbeat: Option<Arc<HeartbeatHandle>>,
+}
+
+impl WsState {
+    /// Builds the state on `limiter` (the gateway's one resilience stack).
+    pub(super) fn new(
+        config: &WsConfig,
+        limiter: &Limiter,
+        fallback_closed: bool,
+        tenant_header: HeaderName,
+        user_header: HeaderName,
+    ) -> (Self, WsHandles) {
+        // `validate` refused out-of-range flags; a hand-built config is clamped.
+        let ttl = config
+            .connection_lease_ttl
+            .clamp(Duration::from_millis(30), Duration::from_secs(3600));
+        let window = config
+            .dedup_window
+            .clamp(Duration::from_millis(1), DedupWindow::MAX_WINDOW);
+        let connections = ConnectionLimiter::builder(limiter.clone(), config.connections.clone())
+            .max_per_subject(config.max_connections_per_user)
+            .ttl(ttl)
+            .on_store_failure(if fallback_closed {
+                GrantFallback::Deny
+            } else {
+                GrantFallback::Admit
+            })
+            .build()
+            .expect("a clamped ttl is valid");
+        let mut limits = MessageLimits::builder(limiter.clone())
+            .on_exceed(match config.on_message_limit {
+                OnMessageLimit::Drop => ExceedAction::Drop,
+                OnMessageLimit::Close => ExceedAction::Close,
+                OnMessageLimit::Pause => ExceedAction::Pause,
+            })
+            .close_after_drops(config.close_after_drops)
+            .max_message_bytes(config.max_message_bytes as usize);
+        if let Some(quota) = &config.message_limit {
+            let quota = quota
+                .clone()
+                .named("messages")
+                .unwrap_or_else(|_| quota.clone());
+            limits = limits.messages(Policy::from(quota));
+        }
+        if let Some(quota) = &config.byte_limit {
+            let quota = quota
+                .clone()
+                .named("bytes")
+                .unwrap_or_else(|_| quota.clone());
+            limits = limits.bytes(Policy::from(quota));
+        }
+        let dedup = DedupWindow::builder(limiter.clone(), config.dedup.clone())
+            .window(window)
+            .on_store_failure(DedupFallback::FirstSeen)
+            .build()
+            .expect("a clamped window is valid");
+        let heartbeat = tokio::runtime::Handle::try_current()
+            .ok()
+            .map(|_| Arc::new(connections.start_heartbeat()));
+        let handles = WsHandles {
+            connections: connections.clone(),
+            heartbeat,
+        };
+        (
+            Self {
+                connections,
+                limits: limits.build(),
+                dedup,
+                tenant_header,
+                user_header,
+                rooms: None,
+            },
+            handles,
+        )
+    }
+
+    /// Serves `?room=R` on `rooms`.
+    pub(super) fn with_rooms(mut self, rooms: RoomHub) -> Self {
+        self.rooms = Some(rooms);
+        self
+    }
+
+    /// The socket's key: the tenant and user headers, else (browsers
+    /// cannot set headers on a WebSocket; demo only) the `tenant` and
+    /// `user` query parameters. Tenant `public` when neither names one.
+    fn key(&self, headers: &HeaderMap, query: &Who) -> Option<WindowKey> {
+        let header = |name: &HeaderName| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        let user =
+            header(&self.user_header).or_else(|| query.user.clone().filter(|u| !u.is_empty()))?;
+        let tenant = header(&self.tenant_header)
+            .or_else(|| query.tenant.clone().filter(|t| !t.is_empty()))
+            .unwrap_or_else(|| "public".to_owned());
+        Some(WindowKey::new(tenant, user))
+    }
+}
+
+/// The `tenant` / `user` query parameters, and the room to join
+/// (`room`, with `epoch` and `last_event_id` to resume).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Who {
+    tenant: Option<String>,
+    user: Option<String>,
+    room: Option<String>,
+    epoch: Option<String>,
+    last_event_id: Option<String>,
+}
+
+/// A room to join: its name and the client's position, if it resumes.
+#[derive(Debug)]
+struct RoomJoin {
     room: String,
-    user: String,
     resume: Option<Position>,
+}
+
+impl Who {
+    /// The room to join, checked: 1 to 64 characters of `[A-Za-z0-9_.-]`,
+    /// and a well-formed position (`last_event_id` needs its `epoch`).
+    fn room(&self) -> Result<Option<RoomJoin>, &'static str> {
+        let Some(room) = &self.room else {
+            return Ok(None);
+        };
+        if !valid_room(room) {
+            return Err("room: 1 to 64 characters of [A-Za-z0-9_.-]");
+        }
+        let resume = match (&self.epoch, &self.last_event_id) {
+            (Some(epoch), last) => Some(
+                Position::parse(epoch, last.as_deref().unwrap_or(""))
+                    .map_err(|_| "epoch or last_event_id: malformed")?,
+            ),
+            (None, Some(_)) => return Err("last_event_id needs its epoch"),
+            (None, None) => None,
+        };
+        Ok(Some(RoomJoin {
+            room: room.clone(),
+            resume,
+        }))
+    }
+}
+
+fn problem(status: StatusCode, detail: &str) -> Response {
+    (
+        status,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum_window_ext::PROBLEM_JSON,
+        )],
+        json!({ "title": detail, "status": status.as_u16() }).to_string(),
+    )
+        .into_response()
+}
+
+/// `GET /ws`: the upgrade, after the rate limit (the route's layer) and
+/// the connection cap. axum's extractor has already refused anything that
+/// is not a WebSocket upgrade (HTTP/1.1 `GET` + `Upgrade`, or HTTP/2
+/// extended `CONNECT`), so no lease is taken for those.
+pub(super) async fn handler(
+    State(state): State<Arc<WsState>>,
+    headers: HeaderMap,
+    Query(who): Query<Who>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let Some(key) = state.key(&headers, &who) else {
+        return problem(StatusCode::BAD_REQUEST, "missing user (header or ?user=)");
+    };
+    // A bad room or position is refused before any lease is taken.
+    let join = match who.room() {
+        Ok(join) => join,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, detail),
+    };
+    if join.is_some() && state.rooms.is_none() {
+        return problem(StatusCode::NOT_FOUND, "this gateway serves no rooms");
+    }
+    let lease = match state.connections.acquire(&key).await {
+        Ok(Acquire::Granted(lease)) => lease,
+        Ok(Acquire::Denied(denied)) => return ConnectionRefused::new(denied).into_response(),
+        Err(error) => {
+            tracing::warn!(%error, "connection lease grant failed");
+            return problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "connection limiter unavailable",
+            );
+        }
+    };
+    let limits = state.limits.clone();
+    limits
+        .configure(upgrade)
+        .on_upgrade(move |socket| async move {
+            let socket =
+                GuardedSocket::new(socket, state.limits.clone(), key.clone()).with_lease(&lease);
+            serve(&state, socket, &key, lease, join).await;
+        })
+}
+
+/// Runs one socket in its mode until it closes, then releases its lease.
+async fn serve(
+    state: &WsState,
+    socket: GuardedSocket,
+    key: &WindowKey,
+    lease: ConnectionLease,
+    join: Option<RoomJoin>,
 ) {
-    let mut session = match hub.join(&room, resume).await {
+    match (join, &state.rooms) {
+        (Some(join), Some(rooms)) => room(state, rooms, socket, key, join).await,
+        _ => echo(state, socket, key).await,
+    }
+    if let Err(error) = lease.release().await {
+        tracing::debug!(%error, "connection lease release failed; it expires after its ttl");
+    }
+}
+
+/// The echo mode: each admitted message back unchanged; a repeated `id`
+/// inside the dedup window is answered `{"type":"duplicate","id":...}`.
+async fn echo(state: &WsState, mut socket: GuardedSocket, key: &WindowKey) {
+    while let Some(message) = socket.recv().await {
+        if let Message::Text(text) = &message {
+            if let Some(id) = message_id(text.as_str()) {
+                match state.dedup.first_seen(key, id.as_bytes()).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        let notice = json!({ "type": "duplicate", "id": id });
+                        if socket
+                            .send(Message::Text(notice.to_string().into()))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        continue;
+                    }
+                    // An id the window refuses (empty, too long) is not
+                    // deduplicated; the message is echoed.
+                    Err(error) => tracing::debug!(%error, "message id not deduplicated"),
+                }
+            }
+        }
+        if socket.send(message).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The room mode: the session's frames (welcome, history, live events)
+/// out; every admitted text message in, deduplicated by its JSON `id` like
+/// the echo (a repeat is answered `{"type":"duplicate","id":...}` and not
+/// published), then appended to the room as
+/// `{"type":"event","room":R,"id":..,"epoch":..,"from":<user>,"data":<text>}`
+/// for every socket in the room on every node, the sender included.
+async fn room(
+    state: &WsState,
+    rooms: &RoomHub,
+    mut socket: GuardedSocket,
+    key: &WindowKey,
+    join: RoomJoin,
+) {
+    let mut session = match rooms.join(&join.room, join.resume).await {
         Ok(session) => session,
         Err(error) => {
             tracing::warn!(%error, "joining a room failed");
-            close(socket, close_code::ERROR, "store unavailable").await;
+            socket.close_with(CLOSE_ERROR, "store unavailable").await;
             return;
         }
     };
+    let user = String::from_utf8_lossy(key.subject()).into_owned();
     loop {
+        // `GuardedSocket::recv` is cancel-safe: a message read but not yet
+        // admitted is kept for the next call.
         tokio::select! {
             frame = session.next() => match frame {
                 Ok(Some(Outgoing::Text(text))) => {
@@ -55,23 +516,34 @@ pub(super) async fn room(
                     }
                 }
                 Ok(Some(Outgoing::Overflow(text))) => {
-                    // Too slow for the room: tell it to resync, and go.
+                    // Too slow for the room: told to resync, and closed.
                     let _ = socket.send(Message::Text(text)).await;
-                    close(socket, close_code::AGAIN, "too slow").await;
+                    socket.close_with(CLOSE_AGAIN, "too slow").await;
                     return;
                 }
                 Ok(None) => return,
                 Err(error) => {
                     tracing::warn!(%error, "reading a room failed");
-                    close(socket, close_code::ERROR, "store unavailable").await;
+                    socket.close_with(CLOSE_ERROR, "store unavailable").await;
                     return;
                 }
             },
             message = socket.recv() => match message {
-                Some(Ok(Message::Text(text))) => {
-                    if let Err(error) = session.publish(&user, text.as_str(), None).await {
+                None => return,
+                Some(Message::Text(text)) => {
+                    let id = message_id(text.as_str());
+                    if let Some(id) = &id {
+                        if let Ok(false) = state.dedup.first_seen(key, id.as_bytes()).await {
+                            let notice = json!({ "type": "duplicate", "id": id });
+                            if socket.send(Message::Text(notice.to_string().into())).await.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
+                    if let Err(error) = session.publish(&user, text.as_str(), id.as_deref()).await {
                         tracing::warn!(%error, "publishing to a room failed");
-                        let notice = serde_json::json!({
+                        let notice = json!({
                             "type": "error",
                             "room": session.room(),
                             "reason": "unavailable",
@@ -81,21 +553,87 @@ pub(super) async fn room(
                         }
                     }
                 }
-                Some(Ok(Message::Binary(_))) => {
-                    close(socket, close_code::UNSUPPORTED, "rooms take text messages").await;
+                Some(Message::Binary(_)) => {
+                    socket.close_with(CLOSE_UNSUPPORTED, "rooms take text messages").await;
                     return;
                 }
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                Some(_) => {}
             },
         }
     }
 }
 
-async fn close(mut socket: WebSocket, code: u16, reason: &'static str) {
-    let frame = CloseFrame {
-        code,
-        reason: reason.into(),
+/// Close codes of the room mode.
+const CLOSE_UNSUPPORTED: u16 = 1003;
+const CLOSE_ERROR: u16 = 1011;
+const CLOSE_AGAIN: u16 = 1013;
+
+/// The string `id` of a text message that is a JSON object.
+fn message_id(text: &str) -> Option<String> {
+    if !text.trim_start().starts_with('{') {
+        return None;
+    }
+    match serde_json::from_str::<Value>(text).ok()? {
+        Value::Object(mut object) => match object.remove("id")? {
+            Value::String(id) => Some(id),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `GET /presence?tenant=T&user=U` → `{"online":true,"connections":2}`.
+pub(super) async fn presence(
+    State(state): State<Arc<WsState>>,
+    Query(who): Query<Who>,
+) -> Response {
+    let Some(user) = who.user.filter(|u| !u.is_empty()) else {
+        return problem(StatusCode::BAD_REQUEST, "missing ?user=");
     };
-    let _ = socket.send(Message::Close(Some(frame))).await;
+    let tenant = who
+        .tenant
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| "public".to_owned());
+    match state
+        .connections
+        .presence(&WindowKey::new(tenant, user))
+        .await
+    {
+        Ok(presence) => Json(json!({
+            "online": presence.online,
+            "connections": presence.connections,
+        }))
+        .into_response(),
+        Err(error) => {
+            tracing::warn!(%error, "presence failed");
+            problem(StatusCode::SERVICE_UNAVAILABLE, "presence unavailable")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "s", "0s", "15", "15x", "-1s", "1.5s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ids() {
+        assert_eq!(message_id(r#"{"id":"a1","x":1}"#).as_deref(), Some("a1"));
+        assert_eq!(message_id(r#"{"id":1}"#), None);
+        assert_eq!(message_id(r#"["id"]"#), None);
+        assert_eq!(message_id("hello"), None);
+        assert_eq!(message_id("{broken"), None);
+    }
 }

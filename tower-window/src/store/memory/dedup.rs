@@ -101,3 +101,25 @@ impl DedupStore for MemoryStore {
         Some(Ok(self.dedup.first_seen(&request, self.clock.now_micros())))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::WindowKey;
+
+    #[test]
+    fn the_id_cache_is_bounded() {
+        let ids = DedupIds::new(256);
+        let key = WindowKey::new("t", "u");
+        for i in 0..10_000u32 {
+            let id = i.to_be_bytes();
+            assert!(ids.first_seen(&DedupRequest::new(&key, &id, Duration::from_secs(60)), 1));
+        }
+        assert!(ids.len() <= 512, "{} ids kept", ids.len());
+        // The most recent id is still remembered.
+        let last = 9_999u32.to_be_bytes();
+        assert!(!ids.first_seen(&DedupRequest::new(&key, &last, Duration::from_secs(60)), 2));
+    }
+}

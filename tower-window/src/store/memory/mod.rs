@@ -51,6 +51,7 @@ use crate::algorithm::State;
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
 use crate::{Clock, Decision, Policy, Quota, SystemClock, WindowKey};
 
+mod conn;
 mod dedup;
 mod events;
 
@@ -93,6 +94,8 @@ pub struct MemoryStore {
     events: Arc<events::EventLogs>,
     /// Message ids of [`DedupWindow`](crate::dedup::DedupWindow)s (`dedup.rs`).
     dedup: Arc<dedup::DedupIds>,
+    /// Connection leases (`conn.rs`).
+    conns: Arc<conn::ConnLeases>,
 }
 
 impl MemoryStore {
@@ -398,6 +401,7 @@ impl MemoryStoreBuilder {
             grace_micros: u64::try_from(self.expiry_grace.as_micros()).unwrap_or(u64::MAX),
             events: Arc::new(events::EventLogs::new(self.max_keys)),
             dedup: Arc::new(dedup::DedupIds::new(self.max_dedup_ids)),
+            conns: Arc::default(),
         }
     }
 }

@@ -96,6 +96,7 @@ use crate::store::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::{Clock, Decision, Policy, WindowKey};
 
 mod call;
+mod conn;
 mod connection;
 mod dedup;
 mod events;

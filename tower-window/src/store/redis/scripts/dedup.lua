@@ -10,5 +10,5 @@ local seen = redis.call('GET', KEYS[1])
 if seen and tonumber(seen) > now then
   return 0
 end
-redis.call('SET', KEYS[1], now + tonumber(ARGV[2]), 'PX', ARGV[3])
+redis.call('SET', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), 'PX', ARGV[3])
 return 1

@@ -1,0 +1,172 @@
+//! [`ConnectionLease`]: the guard one connection holds.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::limiter::{ConnectionError, Shared};
+use crate::{FallbackReason, WindowKey};
+
+/// Who granted a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseSource {
+    /// The store: the lease counts against the caps and is renewed.
+    Store,
+    /// The store could not answer and [`GrantFallback::Admit`](super::GrantFallback::Admit)
+    /// admitted: not counted, not renewed, never lost.
+    Fallback(FallbackReason),
+}
+
+/// Resolves when a lease is reported lost (cheap to clone; hand it to the
+/// task serving the connection).
+#[derive(Debug, Clone)]
+pub struct LeaseLost {
+    receiver: watch::Receiver<bool>,
+}
+
+impl LeaseLost {
+    /// Whether the lease was reported lost.
+    pub fn is_lost(&self) -> bool {
+        *self.receiver.borrow()
+    }
+
+    /// Waits until the lease is reported lost; pending forever for a lease
+    /// that is released or degraded (those are never lost).
+    pub async fn wait(&mut self) {
+        loop {
+            if *self.receiver.borrow_and_update() {
+                return;
+            }
+            if self.receiver.changed().await.is_err() {
+                // The sender is gone: released, or never renewed.
+                if *self.receiver.borrow() {
+                    return;
+                }
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// One connection's lease: released explicitly with
+/// [`release`](Self::release) or when dropped (a spawned release on the
+/// current Tokio runtime; without one, the lease expires after its TTL).
+///
+/// Close the connection when [`lost`](Self::lost) fires: the store no
+/// longer counts it, and it is never silently re-acquired.
+pub struct ConnectionLease {
+    shared: Arc<Shared>,
+    seq: u64,
+    key: WindowKey,
+    id: Vec<u8>,
+    fence: u64,
+    source: LeaseSource,
+    lost: LeaseLost,
+    released: bool,
+}
+
+impl ConnectionLease {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        seq: u64,
+        key: WindowKey,
+        id: Vec<u8>,
+        fence: u64,
+        source: LeaseSource,
+        lost: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            shared,
+            seq,
+            key,
+            id,
+            fence,
+            source,
+            lost: LeaseLost { receiver: lost },
+            // A degraded lease has nothing to release.
+            released: matches!(source, LeaseSource::Fallback(_)),
+        }
+    }
+
+    /// The fencing token: larger than every token granted earlier to this
+    /// subject. 0 for a degraded lease.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// Who granted it.
+    pub fn source(&self) -> LeaseSource {
+        self.source
+    }
+
+    /// Whether the store could not answer and the fallback admitted.
+    pub fn is_degraded(&self) -> bool {
+        matches!(self.source, LeaseSource::Fallback(_))
+    }
+
+    /// The subject holding it.
+    pub fn key(&self) -> &WindowKey {
+        &self.key
+    }
+
+    /// The lease's id in the store (`<node>:<sequence>`).
+    pub fn id(&self) -> &[u8] {
+        &self.id
+    }
+
+    /// Whether a renewal found the lease gone.
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_lost()
+    }
+
+    /// A handle that resolves when the lease is lost.
+    pub fn lost(&self) -> LeaseLost {
+        self.lost.clone()
+    }
+
+    /// Releases the lease now (through the limiter's resilience stack).
+    /// On a store error the lease still expires after its TTL.
+    pub async fn release(mut self) -> Result<(), ConnectionError> {
+        if self.released {
+            return Ok(());
+        }
+        self.released = true;
+        self.shared.live().remove(&self.seq);
+        self.shared.release(&self.key, &self.id).await?;
+        Ok(())
+    }
+}
+
+impl Drop for ConnectionLease {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.shared.live().remove(&self.seq);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to release on: the lease expires after its TTL.
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        let key = self.key.clone();
+        let id = std::mem::take(&mut self.id);
+        runtime.spawn(async move {
+            if let Err(error) = shared.release(&key, &id).await {
+                tracing::debug!(%error, "connection lease release failed; it expires after its ttl");
+            }
+        });
+    }
+}
+
+impl fmt::Debug for ConnectionLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The key names a user: keep it out of debug output.
+        f.debug_struct("ConnectionLease")
+            .field("fence", &self.fence)
+            .field("source", &self.source)
+            .field("lost", &self.is_lost())
+            .finish_non_exhaustive()
+    }
+}

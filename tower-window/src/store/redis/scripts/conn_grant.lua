@@ -1,0 +1,43 @@
+-- Grants one connection lease.
+-- KEYS[1]  the subject's lease set (ZSET: lease id -> expiry µs)
+-- KEYS[2]  the subject's fencing counter
+-- KEYS[3]  (tenant form only) the tenant's lease set
+-- ARGV[1]  now (µs) or '' (Redis TIME)
+-- ARGV[2]  lease TTL (µs)
+-- ARGV[3]  cap per subject (0: none)
+-- ARGV[4]  cap per tenant (0: none)
+-- ARGV[5]  the lease id
+-- ARGV[6]  key TTL (ms): longer than the lease TTL
+-- Reply: {1, fence, count, 0} granted, or {0, scope (1 subject, 2 tenant),
+-- count, µs until the oldest lease expires}.
+local ttl = tonumber(ARGV[2])
+local key_ttl = tonumber(ARGV[6])
+local function full(key, cap)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+  local count = redis.call('ZCARD', key)
+  if cap > 0 and count >= cap then
+    local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    return count, math.max(tonumber(oldest[2]) - now, 0)
+  end
+  return count, nil
+end
+local count, wait = full(KEYS[1], tonumber(ARGV[3]))
+if wait then
+  return {0, 1, count, wait}
+end
+if KEYS[3] then
+  local tenant_count, tenant_wait = full(KEYS[3], tonumber(ARGV[4]))
+  if tenant_wait then
+    return {0, 2, tenant_count, tenant_wait}
+  end
+  redis.call('ZADD', KEYS[3], int(now + ttl), ARGV[5])
+  redis.call('PEXPIRE', KEYS[3], int(key_ttl))
+end
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
+if fence < now then
+  fence = now
+end
+redis.call('SET', KEYS[2], int(fence), 'PX', int(key_ttl))
+redis.call('ZADD', KEYS[1], int(now + ttl), ARGV[5])
+redis.call('PEXPIRE', KEYS[1], int(key_ttl))
+return {1, fence, count + 1, 0}
