@@ -377,3 +377,38 @@ async fn room_messages_pass_the_limits_and_dedup_first() {
     send(&mut writer, "still over").await;
     assert_eq!(s(&recv(&mut writer).await, "type"), "rate_limited");
 }
+
+/// A room socket reads its messages while live events keep arriving for
+/// it: with every message charged to Redis (`--message-limit`), reading is
+/// interrupted by outgoing frames all the time, and no message may be lost
+/// or doubled by that (the guard's `recv` is cancel-safe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_room_socket_loses_no_inbound_message() {
+    let redis = RedisServer::start();
+    let a = node(&redis.url(), &["--message-limit", "1000000/1h"]).await;
+    let mut writer = connect(a, "will", "room=busy").await;
+    recv(&mut writer).await;
+    let expected = numbered(0..300);
+    let (mut sink, mut stream) = writer.split();
+    let sending = tokio::spawn(async move {
+        for text in numbered(0..300) {
+            sink.send(Message::text(text)).await.unwrap();
+        }
+        sink
+    });
+    let mut got = Vec::new();
+    while got.len() < 300 {
+        let message = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .expect("every message comes back as an event")
+            .unwrap()
+            .unwrap();
+        if let Message::Text(text) = message {
+            let value: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(s(&value, "type"), "event", "{value}");
+            got.push(s(&value, "data"));
+        }
+    }
+    assert_eq!(got, expected);
+    drop(sending.await.unwrap());
+}
