@@ -5,3 +5,4 @@
 //! `tower::ServiceExt::oneshot`.
 
 pub mod gateway;
+pub mod inbound;

@@ -33,6 +33,7 @@ mod clock;
 pub mod conn;
 mod decision;
 pub mod dedup;
+pub mod events;
 pub mod fallback;
 pub mod key;
 #[cfg(feature = "http")]

@@ -42,6 +42,10 @@ pub struct GuardedSocket {
     lost: Option<LeaseLost>,
     drops: u32,
     closed: Option<CloseCause>,
+    /// A message read but not yet admitted: kept across a cancelled
+    /// [`recv`](GuardedSocket::recv), so the next call charges it again
+    /// instead of losing it.
+    held: Option<Message>,
 }
 
 /// The outcome of charging one message.
@@ -63,6 +67,7 @@ impl GuardedSocket {
             lost: None,
             drops: 0,
             closed: None,
+            held: None,
         }
     }
 
@@ -81,11 +86,21 @@ impl GuardedSocket {
     /// closed (by the peer, or by the guard: see [`close_cause`](Self::close_cause)).
     /// Pings are answered by axum; dropped messages are answered with the
     /// notice and never yielded.
+    ///
+    /// Cancel-safe: a message read but not yet admitted is kept and
+    /// charged again by the next call (so it may be counted twice), never
+    /// lost; `select!` it with other work freely.
     pub async fn recv(&mut self) -> Option<Message> {
         if self.closed.is_some() {
             return None;
         }
         loop {
+            if let Some(len) = self.held.as_ref().map(message_len) {
+                match self.admit(len).await {
+                    Some(admitted) => return admitted,
+                    None => continue,
+                }
+            }
             let next = tokio::select! {
                 biased;
                 () = lost(&mut self.lost) => {
@@ -133,78 +148,91 @@ impl GuardedSocket {
                     .await;
                 return None;
             }
-            loop {
-                match charge(&self.limits, &self.key, len).await {
-                    Charge::Admitted => {
-                        self.drops = 0;
-                        return Some(message);
+            // Held until admitted or dropped: cancel-safe from here on.
+            self.held = Some(message);
+            if let Some(admitted) = self.admit(len).await {
+                return admitted;
+            }
+        }
+    }
+
+    /// Charges the held message of `len` bytes: `Some(Some(message))` when
+    /// admitted, `Some(None)` when the socket closed, `None` when it was
+    /// dropped (read the next one).
+    async fn admit(&mut self, len: usize) -> Option<Option<Message>> {
+        loop {
+            match charge(&self.limits, &self.key, len).await {
+                Charge::Admitted => {
+                    self.drops = 0;
+                    return Some(self.held.take());
+                }
+                Charge::Exceeded {
+                    retry_after: None, ..
+                } => {
+                    // More bytes than the byte quota can ever admit.
+                    self.close(
+                        CloseCause::TooBig,
+                        CLOSE_TOO_BIG,
+                        "message exceeds the quota",
+                    )
+                    .await;
+                    self.held = None;
+                    return Some(None);
+                }
+                Charge::Exceeded {
+                    quota,
+                    retry_after: Some(wait),
+                } => match self.limits.inner.on_exceed {
+                    ExceedAction::Close => {
+                        self.close(CloseCause::RateLimited, CLOSE_POLICY, "rate limit exceeded")
+                            .await;
+                        self.held = None;
+                        return Some(None);
                     }
-                    Charge::Exceeded {
-                        retry_after: None, ..
-                    } => {
-                        // More bytes than the byte quota can ever admit.
-                        self.close(
-                            CloseCause::TooBig,
-                            CLOSE_TOO_BIG,
-                            "message exceeds the quota",
-                        )
-                        .await;
-                        return None;
+                    ExceedAction::Pause => {
+                        // Not reading is the backpressure; the message is kept.
+                        tokio::select! {
+                            biased;
+                            () = lost(&mut self.lost) => {
+                                self.close(CloseCause::LeaseLost, CLOSE_POLICY, "connection lease lost").await;
+                                self.held = None;
+                                return Some(None);
+                            }
+                            () = tokio::time::sleep(wait) => {}
+                        }
                     }
-                    Charge::Exceeded {
-                        quota,
-                        retry_after: Some(wait),
-                    } => match self.limits.inner.on_exceed {
-                        ExceedAction::Close => {
+                    ExceedAction::Drop => {
+                        self.drops = self.drops.saturating_add(1);
+                        let ladder = self.limits.inner.close_after_drops;
+                        if ladder > 0 && self.drops >= ladder {
                             self.close(
-                                CloseCause::RateLimited,
+                                CloseCause::DropLadder,
                                 CLOSE_POLICY,
-                                "rate limit exceeded",
+                                "rate limit exceeded repeatedly",
                             )
                             .await;
-                            return None;
+                            self.held = None;
+                            return Some(None);
                         }
-                        ExceedAction::Pause => {
-                            // Not reading is the backpressure; the message is kept.
-                            tokio::select! {
-                                biased;
-                                () = lost(&mut self.lost) => {
-                                    self.close(CloseCause::LeaseLost, CLOSE_POLICY, "connection lease lost").await;
-                                    return None;
-                                }
-                                () = tokio::time::sleep(wait) => {}
-                            }
+                        let notice = json!({
+                            "type": "rate_limited",
+                            "quota": quota,
+                            "retry_after_ms": ceil_millis(wait),
+                        });
+                        if self
+                            .socket
+                            .send(Message::Text(notice.to_string().into()))
+                            .await
+                            .is_err()
+                        {
+                            self.closed = Some(CloseCause::Error);
+                            self.held = None;
+                            return Some(None);
                         }
-                        ExceedAction::Drop => {
-                            self.drops = self.drops.saturating_add(1);
-                            let ladder = self.limits.inner.close_after_drops;
-                            if ladder > 0 && self.drops >= ladder {
-                                self.close(
-                                    CloseCause::DropLadder,
-                                    CLOSE_POLICY,
-                                    "rate limit exceeded repeatedly",
-                                )
-                                .await;
-                                return None;
-                            }
-                            let notice = json!({
-                                "type": "rate_limited",
-                                "quota": quota,
-                                "retry_after_ms": ceil_millis(wait),
-                            });
-                            if self
-                                .socket
-                                .send(Message::Text(notice.to_string().into()))
-                                .await
-                                .is_err()
-                            {
-                                self.closed = Some(CloseCause::Error);
-                                return None;
-                            }
-                            break;
-                        }
-                    },
-                }
+                        self.held = None;
+                        return None;
+                    }
+                },
             }
         }
     }
@@ -289,6 +317,15 @@ async fn lost(lost: &mut Option<LeaseLost>) {
 fn ceil_millis(wait: Duration) -> u64 {
     let micros = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
     micros.div_ceil(1_000)
+}
+
+/// The payload length of a text or binary message (0 otherwise).
+fn message_len(message: &Message) -> usize {
+    match message {
+        Message::Text(text) => text.len(),
+        Message::Binary(bytes) => bytes.len(),
+        _ => 0,
+    }
 }
 
 /// Which read errors the guard answers with a close code.

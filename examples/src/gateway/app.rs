@@ -12,6 +12,9 @@ use tower_window::key::{Constant, Header, KeyExtractorExt, Query};
 use tower_window::layer::Rejection;
 use tower_window::{Decision, DecisionSource};
 
+use tower_window::events::EventWindow;
+
+use super::rooms::RoomHub;
 use super::{ws, GatewayConfig};
 
 /// The debug header naming who decided (`--debug-headers`).
@@ -71,6 +74,24 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         config.resilience.map(|r| r.fallback),
         Some(super::FallbackArg::FailClosed)
     );
+    // Rooms (`/ws?room=R`): event windows through the same limiter.
+    let events = EventWindow::from_shared_store(
+        limiter.clone(),
+        config.rooms.store.clone(),
+        config.rooms.retention,
+    );
+    let tail = config
+        .rooms
+        .redis
+        .as_ref()
+        .and_then(|redis| redis.event_tail().ok());
+    let mut rooms = match tail {
+        Some(tail) => RoomHub::tailing(events, tail),
+        None => RoomHub::polling(events),
+    };
+    if let Some((client, stream)) = config.rooms.inbound.clone() {
+        rooms = rooms.inbound(client, stream);
+    }
     let (ws_state, ws_handles) = ws::WsState::new(
         &config.ws,
         &limiter,
@@ -78,6 +99,7 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         config.tenant_header.clone(),
         config.user_header.clone(),
     );
+    let ws_state = ws_state.with_rooms(rooms);
     let ws_state = std::sync::Arc::new(ws_state);
     // `/ws` is limited like `/api/hello`, keyed by the headers or (browsers
     // cannot set headers on a WebSocket; demo only) the query parameters.

@@ -10,8 +10,10 @@ use axum::http::{HeaderName, StatusCode};
 use clap::{Parser, ValueEnum};
 use tower_window::conn::ConnectionStore;
 use tower_window::dedup::DedupStore;
+use tower_window::events::{EventStore, InvalidRetention, Retention};
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
+use tower_window::store::redis::redis;
 use tower_window::{
     Algorithm, LeaseConfig, Limiter, MemoryStore, Policy, PolicyError, Quota, QuotaError,
     RedisConfigError, RedisStore, Store,
@@ -132,6 +134,98 @@ pub struct Args {
     /// The WebSocket flags (`/ws`, `/presence`; see `ws.rs`).
     #[command(flatten)]
     pub ws: WsArgs,
+
+    /// How long each room (`/ws?room=R`) keeps its events for clients that
+    /// resume: `500ms`, `30s`, `10m`, `1h`.
+    #[arg(long, env = "TW_HISTORY", default_value = "10m", value_parser = parse_duration)]
+    pub history: Duration,
+
+    /// The most events each room keeps for resumes (the newest ones).
+    #[arg(long, env = "TW_HISTORY_MAX", default_value = "10000")]
+    pub history_max: u64,
+
+    /// Also append every room message to this Redis stream (fields `id`,
+    /// `room`, `from`, `data`) for `inbound-worker` (with `--redis-url`).
+    #[arg(long, env = "TW_INBOUND_STREAM", requires = "redis_url")]
+    pub inbound_stream: Option<String>,
+}
+
+/// Parses `--history`: a whole number and `ms`, `s`, `m` or `h`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?}: a number and a unit (ms, s, m, h)"))?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: a whole number first"))?;
+    let millis = match unit {
+        "ms" => Some(number),
+        "s" => number.checked_mul(1_000),
+        "m" => number.checked_mul(60_000),
+        "h" => number.checked_mul(3_600_000),
+        _ => return Err(format!("{text:?}: the unit is ms, s, m or h")),
+    };
+    millis
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?}: too long"))
+}
+
+/// Where rooms keep their events (`--history`, `--history-max`).
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct RoomsConfig {
+    /// What each room keeps.
+    pub retention: Retention,
+    /// The event store (the limiter's store, when it is Redis).
+    pub store: Arc<dyn EventStore>,
+    /// The Redis store, for the live reader's own blocking `XREAD`
+    /// connection (single node only; otherwise rooms are polled).
+    pub redis: Option<Arc<RedisStore>>,
+    /// `--inbound-stream`: a client of the Redis and the stream name.
+    pub inbound: Option<(redis::Client, String)>,
+}
+
+impl RoomsConfig {
+    /// Rooms in `store`, keeping `retention`; polled for live events.
+    pub fn new(retention: Retention, store: Arc<dyn EventStore>) -> Self {
+        Self {
+            retention,
+            store,
+            redis: None,
+            inbound: None,
+        }
+    }
+
+    /// Rooms on `redis`, read live with a blocking `XREAD`.
+    pub fn redis(retention: Retention, redis: Arc<RedisStore>) -> Self {
+        Self {
+            retention,
+            store: redis.clone(),
+            redis: Some(redis),
+            inbound: None,
+        }
+    }
+}
+
+impl Default for RoomsConfig {
+    /// The flags' defaults (10 minutes, 10000 events) in an embedded store.
+    fn default() -> Self {
+        let retention = Retention::new(Duration::from_secs(600), 10_000)
+            .unwrap_or_else(|_| unreachable!("the default retention is valid"));
+        Self::new(retention, Arc::new(MemoryStore::new()))
+    }
+}
+
+impl fmt::Debug for RoomsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RoomsConfig")
+            .field("retention", &self.retention)
+            .field("redis", &self.redis.is_some())
+            .field("inbound", &self.inbound.as_ref().map(|(_, stream)| stream))
+            .finish_non_exhaustive()
+    }
 }
 
 /// `--lease-ttl`: `<n>ms`, `<n>s`, `<n>m`, or `<n>` milliseconds; above zero.
@@ -283,21 +377,35 @@ impl Args {
             }
             None => None,
         };
+        let retention =
+            Retention::new(self.history, self.history_max).map_err(ConfigError::History)?;
+        let cluster = !self.redis_cluster.is_empty();
         let ws_args = self.ws.clone();
-        let (store, resilience, ws): (Arc<dyn Store>, _, _) = match redis.clone() {
+        let (store, resilience, ws, mut rooms): (Arc<dyn Store>, _, _, _) = match redis.clone() {
             // The limiter's one time budget bounds every Redis call.
-            Some(redis) => (
-                redis.clone(),
-                Some(Resilience {
-                    fallback: self.fallback,
-                    expected_nodes: self.expected_nodes,
-                    timeout,
-                }),
-                ws_args.into_config(redis),
-            ),
+            Some(redis) => {
+                // A cluster cannot XREAD keys of several slots at once: its
+                // rooms are polled.
+                let rooms = if cluster {
+                    RoomsConfig::new(retention, redis.clone())
+                } else {
+                    RoomsConfig::redis(retention, redis.clone())
+                };
+                (
+                    redis.clone(),
+                    Some(Resilience {
+                        fallback: self.fallback,
+                        expected_nodes: self.expected_nodes,
+                        timeout,
+                    }),
+                    ws_args.into_config(redis),
+                    rooms,
+                )
+            }
             None => {
                 let memory = Arc::new(MemoryStore::new());
-                (memory.clone(), None, ws_args.into_config(memory))
+                let rooms = RoomsConfig::new(retention, memory.clone());
+                (memory.clone(), None, ws_args.into_config(memory), rooms)
             }
         };
         ws.validate().map_err(ConfigError::Ws)?;
@@ -311,6 +419,11 @@ impl Args {
         if let Some(leases) = &leases {
             leases.validate(&policy).map_err(ConfigError::Lease)?;
         }
+        if let (Some(url), Some(stream)) = (&self.redis_url, &self.inbound_stream) {
+            let client = redis::Client::open(url.as_str())
+                .map_err(|e| ConfigError::Store(RedisConfigError::InvalidUrl(e)))?;
+            rooms.inbound = Some((client, stream.clone()));
+        }
         Ok(GatewayConfig {
             policy,
             store,
@@ -322,6 +435,7 @@ impl Args {
             tenants,
             admin_token: self.admin_token.filter(|t| !t.is_empty()),
             leases,
+            rooms,
             ws,
         })
     }
@@ -355,6 +469,8 @@ pub struct GatewayConfig {
     pub admin_token: Option<String>,
     /// Quota leases (`--lease`, `--lease-ttl`); `None`: off.
     pub leases: Option<LeaseConfig>,
+    /// Where `/ws?room=R` keeps its events (`--history`, `--history-max`).
+    pub rooms: RoomsConfig,
     /// `/ws` and `/presence`: connection cap, message limits, dedup.
     pub ws: WsConfig,
 }
@@ -394,6 +510,7 @@ impl GatewayConfig {
             tenants: None,
             admin_token: None,
             leases: None,
+            rooms: RoomsConfig::default(),
             ws: WsConfig::local(),
         }
     }
@@ -401,6 +518,12 @@ impl GatewayConfig {
     /// Leases quota (see [`LimiterBuilder::leases`](tower_window::LimiterBuilder::leases)).
     pub fn leases(mut self, leases: LeaseConfig) -> Self {
         self.leases = Some(leases);
+        self
+    }
+
+    /// Where rooms keep their events.
+    pub fn rooms(mut self, rooms: RoomsConfig) -> Self {
+        self.rooms = rooms;
         self
     }
 
@@ -484,6 +607,8 @@ pub enum ConfigError {
     Tenants(String),
     /// `--lease-ttl` leaves no room for a lease in a quota of the policy.
     Lease(tower_window::StoreError),
+    /// `--history` / `--history-max` out of bounds.
+    History(InvalidRetention),
     /// A WebSocket flag is out of range.
     Ws(String),
 }
@@ -496,6 +621,7 @@ impl fmt::Display for ConfigError {
             Self::Store(error) => write!(f, "invalid --redis-url/--redis-cluster: {error}"),
             Self::Tenants(error) => write!(f, "invalid --tenants: {error}"),
             Self::Lease(error) => write!(f, "invalid --lease/--lease-ttl: {error}"),
+            Self::History(error) => write!(f, "invalid --history/--history-max: {error}"),
             Self::Ws(error) => f.write_str(error),
         }
     }
@@ -509,6 +635,7 @@ impl std::error::Error for ConfigError {
             Self::Store(error) => Some(error),
             Self::Tenants(_) => None,
             Self::Lease(error) => Some(error),
+            Self::History(error) => Some(error),
             Self::Ws(_) => None,
         }
     }

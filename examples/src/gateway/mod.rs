@@ -11,6 +11,7 @@
 //!   See [`ws`] and `examples/README.md`.
 //! - `GET /presence?tenant=T&user=U`: `{"online":true,"connections":2}`,
 //!   never limited.
+//!   `GET /ws?room=R` joins room R instead of the echo (see [`rooms`]).
 //! - `GET /healthz`: never limited.
 //! - `GET /metrics`: Prometheus text of tower-window's metrics, never limited
 //!   (see [`metrics`]).
@@ -37,8 +38,11 @@
 mod app;
 mod config;
 pub mod metrics;
+pub mod rooms;
 pub mod tenants;
 pub mod ws;
 
 pub use app::{build_app, build_app_with_limiter, build_gateway, Gateway, RATELIMIT_SOURCE};
-pub use config::{AlgorithmArg, Args, ConfigError, FallbackArg, GatewayConfig, Resilience};
+pub use config::{
+    AlgorithmArg, Args, ConfigError, FallbackArg, GatewayConfig, Resilience, RoomsConfig,
+};

@@ -6,8 +6,10 @@
 //! socket's *mode* decides what a message does. Today there is one mode,
 //! `echo`: messages come back unchanged, except that a text message which
 //! is a JSON object with a string `id` is deduplicated by
-//! `(tenant, user, id)` across all nodes. New modes (rooms: `/ws?room=R`)
-//! go beside [`echo`] in [`serve`].
+//! `(tenant, user, id)` across all nodes. With `?room=R` the socket is in
+//! room R instead ([`room`], on [`RoomHub`]): every admitted, non-duplicate
+//! text message is appended to the room and fanned out to every socket in
+//! it on every node.
 
 use std::fmt;
 use std::sync::Arc;
@@ -26,7 +28,10 @@ use tower_window::conn::{
     Acquire, ConnectionLease, ConnectionLimiter, ConnectionStore, GrantFallback, HeartbeatHandle,
 };
 use tower_window::dedup::{DedupFallback, DedupStore, DedupWindow};
+use tower_window::events::Position;
 use tower_window::{Limiter, MemoryStore, Policy, Quota, WindowKey};
+
+use super::rooms::{valid_room, Outgoing, RoomHub};
 
 /// The WebSocket flags (flattened into the gateway's `Args`).
 #[derive(Debug, Clone, ClapArgs)]
@@ -221,6 +226,8 @@ pub(super) struct WsState {
     dedup: DedupWindow,
     tenant_header: HeaderName,
     user_header: HeaderName,
+    /// Rooms (`?room=R`), when the gateway serves them.
+    rooms: Option<RoomHub>,
 }
 
 /// The node's WebSocket machinery, for tests and operators.
@@ -299,9 +306,16 @@ impl WsState {
                 dedup,
                 tenant_header,
                 user_header,
+                rooms: None,
             },
             handles,
         )
+    }
+
+    /// Serves `?room=R` on `rooms`.
+    pub(super) fn with_rooms(mut self, rooms: RoomHub) -> Self {
+        self.rooms = Some(rooms);
+        self
     }
 
     /// The socket's key: the tenant and user headers, else (browsers
@@ -324,11 +338,47 @@ impl WsState {
     }
 }
 
-/// The `tenant` / `user` query parameters (and, later, `room`).
+/// The `tenant` / `user` query parameters, and the room to join
+/// (`room`, with `epoch` and `last_event_id` to resume).
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct Who {
     tenant: Option<String>,
     user: Option<String>,
+    room: Option<String>,
+    epoch: Option<String>,
+    last_event_id: Option<String>,
+}
+
+/// A room to join: its name and the client's position, if it resumes.
+#[derive(Debug)]
+struct RoomJoin {
+    room: String,
+    resume: Option<Position>,
+}
+
+impl Who {
+    /// The room to join, checked: 1 to 64 characters of `[A-Za-z0-9_.-]`,
+    /// and a well-formed position (`last_event_id` needs its `epoch`).
+    fn room(&self) -> Result<Option<RoomJoin>, &'static str> {
+        let Some(room) = &self.room else {
+            return Ok(None);
+        };
+        if !valid_room(room) {
+            return Err("room: 1 to 64 characters of [A-Za-z0-9_.-]");
+        }
+        let resume = match (&self.epoch, &self.last_event_id) {
+            (Some(epoch), last) => Some(
+                Position::parse(epoch, last.as_deref().unwrap_or(""))
+                    .map_err(|_| "epoch or last_event_id: malformed")?,
+            ),
+            (None, Some(_)) => return Err("last_event_id needs its epoch"),
+            (None, None) => None,
+        };
+        Ok(Some(RoomJoin {
+            room: room.clone(),
+            resume,
+        }))
+    }
 }
 
 fn problem(status: StatusCode, detail: &str) -> Response {
@@ -356,6 +406,14 @@ pub(super) async fn handler(
     let Some(key) = state.key(&headers, &who) else {
         return problem(StatusCode::BAD_REQUEST, "missing user (header or ?user=)");
     };
+    // A bad room or position is refused before any lease is taken.
+    let join = match who.room() {
+        Ok(join) => join,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, detail),
+    };
+    if join.is_some() && state.rooms.is_none() {
+        return problem(StatusCode::NOT_FOUND, "this gateway serves no rooms");
+    }
     let lease = match state.connections.acquire(&key).await {
         Ok(Acquire::Granted(lease)) => lease,
         Ok(Acquire::Denied(denied)) => return ConnectionRefused::new(denied).into_response(),
@@ -373,13 +431,22 @@ pub(super) async fn handler(
         .on_upgrade(move |socket| async move {
             let socket =
                 GuardedSocket::new(socket, state.limits.clone(), key.clone()).with_lease(&lease);
-            serve(&state, socket, &key, lease).await;
+            serve(&state, socket, &key, lease, join).await;
         })
 }
 
 /// Runs one socket in its mode until it closes, then releases its lease.
-async fn serve(state: &WsState, socket: GuardedSocket, key: &WindowKey, lease: ConnectionLease) {
-    echo(state, socket, key).await;
+async fn serve(
+    state: &WsState,
+    socket: GuardedSocket,
+    key: &WindowKey,
+    lease: ConnectionLease,
+    join: Option<RoomJoin>,
+) {
+    match (join, &state.rooms) {
+        (Some(join), Some(rooms)) => room(state, rooms, socket, key, join).await,
+        _ => echo(state, socket, key).await,
+    }
     if let Err(error) = lease.release().await {
         tracing::debug!(%error, "connection lease release failed; it expires after its ttl");
     }
@@ -415,6 +482,91 @@ async fn echo(state: &WsState, mut socket: GuardedSocket, key: &WindowKey) {
         }
     }
 }
+
+/// The room mode: the session's frames (welcome, history, live events)
+/// out; every admitted text message in, deduplicated by its JSON `id` like
+/// the echo (a repeat is answered `{"type":"duplicate","id":...}` and not
+/// published), then appended to the room as
+/// `{"type":"event","room":R,"id":..,"epoch":..,"from":<user>,"data":<text>}`
+/// for every socket in the room on every node, the sender included.
+async fn room(
+    state: &WsState,
+    rooms: &RoomHub,
+    mut socket: GuardedSocket,
+    key: &WindowKey,
+    join: RoomJoin,
+) {
+    let mut session = match rooms.join(&join.room, join.resume).await {
+        Ok(session) => session,
+        Err(error) => {
+            tracing::warn!(%error, "joining a room failed");
+            socket.close_with(CLOSE_ERROR, "store unavailable").await;
+            return;
+        }
+    };
+    let user = String::from_utf8_lossy(key.subject()).into_owned();
+    loop {
+        // `GuardedSocket::recv` is cancel-safe: a message read but not yet
+        // admitted is kept for the next call.
+        tokio::select! {
+            frame = session.next() => match frame {
+                Ok(Some(Outgoing::Text(text))) => {
+                    if socket.send(Message::Text(text)).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Some(Outgoing::Overflow(text))) => {
+                    // Too slow for the room: told to resync, and closed.
+                    let _ = socket.send(Message::Text(text)).await;
+                    socket.close_with(CLOSE_AGAIN, "too slow").await;
+                    return;
+                }
+                Ok(None) => return,
+                Err(error) => {
+                    tracing::warn!(%error, "reading a room failed");
+                    socket.close_with(CLOSE_ERROR, "store unavailable").await;
+                    return;
+                }
+            },
+            message = socket.recv() => match message {
+                None => return,
+                Some(Message::Text(text)) => {
+                    let id = message_id(text.as_str());
+                    if let Some(id) = &id {
+                        if let Ok(false) = state.dedup.first_seen(key, id.as_bytes()).await {
+                            let notice = json!({ "type": "duplicate", "id": id });
+                            if socket.send(Message::Text(notice.to_string().into())).await.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
+                    if let Err(error) = session.publish(&user, text.as_str(), id.as_deref()).await {
+                        tracing::warn!(%error, "publishing to a room failed");
+                        let notice = json!({
+                            "type": "error",
+                            "room": session.room(),
+                            "reason": "unavailable",
+                        });
+                        if socket.send(Message::Text(notice.to_string().into())).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Some(Message::Binary(_)) => {
+                    socket.close_with(CLOSE_UNSUPPORTED, "rooms take text messages").await;
+                    return;
+                }
+                Some(_) => {}
+            },
+        }
+    }
+}
+
+/// Close codes of the room mode.
+const CLOSE_UNSUPPORTED: u16 = 1003;
+const CLOSE_ERROR: u16 = 1011;
+const CLOSE_AGAIN: u16 = 1013;
 
 /// The string `id` of a text message that is a JSON object.
 fn message_id(text: &str) -> Option<String> {

@@ -55,6 +55,7 @@ use crate::{Clock, Decision, Policy, Quota, SystemClock, WindowKey};
 
 mod conn;
 mod dedup;
+mod events;
 mod peek;
 
 type SlotCache = Cache<StateKey, Arc<Slot>, UnitWeighter, DefaultHashBuilder, MarkEvicted>;
@@ -94,6 +95,8 @@ pub struct MemoryStore {
     grace_micros: u64,
     /// The id of the next lease.
     next_lease: Arc<std::sync::atomic::AtomicU64>,
+    /// Event windows (see `events.rs`).
+    events: Arc<events::EventLogs>,
     /// Message ids of [`DedupWindow`](crate::dedup::DedupWindow)s (`dedup.rs`).
     dedup: Arc<dedup::DedupIds>,
     /// Connection leases (`conn.rs`).
@@ -434,6 +437,7 @@ impl MemoryStoreBuilder {
             max_keys: self.max_keys,
             grace_micros: u64::try_from(self.expiry_grace.as_micros()).unwrap_or(u64::MAX),
             next_lease: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+            events: Arc::new(events::EventLogs::new(self.max_keys)),
             dedup: Arc::new(dedup::DedupIds::new(self.max_dedup_ids)),
             conns: Arc::default(),
         }

@@ -94,6 +94,15 @@ impl Connection {
         self.connect_timeout = timeout;
     }
 
+    /// The client of a store made from a URL (to open a dedicated
+    /// connection, e.g. for blocking reads), `None` otherwise.
+    pub(crate) fn client(&self) -> Option<redis::Client> {
+        match &*self.connector {
+            Connector::Client(client) => Some(client.clone()),
+            _ => None,
+        }
+    }
+
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(
             *self.connector,

@@ -37,7 +37,7 @@ pub(crate) const META_SUFFIX: &[u8] = b":m";
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 /// Whether `byte` is written as `%XX`.
-fn needs_escape(byte: u8) -> bool {
+pub(crate) fn needs_escape(byte: u8) -> bool {
     matches!(byte, b'%' | b'{' | b'}' | b':' | b'#') || byte <= b' ' || byte >= 0x7f
 }
 
@@ -81,7 +81,7 @@ impl Sink for Crc16 {
 /// The number of Redis Cluster hash slots.
 pub(crate) const CLUSTER_SLOTS: u16 = 16_384;
 
-fn escape_into(out: &mut impl Sink, bytes: &[u8], escape: impl Fn(u8) -> bool) {
+pub(crate) fn escape_into(out: &mut impl Sink, bytes: &[u8], escape: impl Fn(u8) -> bool) {
     for &byte in bytes {
         if escape(byte) {
             out.put(&[

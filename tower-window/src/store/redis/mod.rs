@@ -99,10 +99,12 @@ mod call;
 mod conn;
 mod connection;
 mod dedup;
+mod events;
 mod keys;
 mod lease;
 mod peek;
 mod scripts;
+mod tail;
 pub(crate) mod tenants;
 mod topology;
 #[doc(hidden)]
@@ -118,6 +120,7 @@ pub use redis;
 use connection::{is_connection_error, map_error, Conn, Connection, Connector};
 pub use keys::redis_key;
 use redis::cluster_async::ClusterConnection;
+pub use tail::{EventTail, TailBatch};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tw:";

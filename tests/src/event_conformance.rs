@@ -1,0 +1,454 @@
+//! The event-window conformance suite: one set of scenarios that every
+//! [`EventStore`] must pass with the same answers (memory, Redis, Redis
+//! Cluster).
+//!
+//! Scenarios drive an [`EventWindow`] with a [`ManualClock`] (the store
+//! must take its time from it) and check ids, order, fields, pages and
+//! every resume verdict against what the contract in
+//! `tower_window::events` says. Windows are short on the manual clock but
+//! every TTL the stores set is at least a minute of real time, so a store
+//! that expires keys in real time (Redis) loses nothing while a scenario
+//! runs. Plug a store in with:
+//!
+//! ```text
+//! tower_window_tests::event_conformance_tests!(MyFactory::new());
+//! ```
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tower_window::events::{
+    Event, EventId, EventStore, EventWindow, Position, Resume, ResyncReason, Retention,
+};
+use tower_window::{Limiter, ManualClock, MemoryStore, Quota, Store, StoreErrorKind};
+
+use crate::conformance::START;
+
+/// Makes the store under test, one per scenario.
+pub trait EventStoreFactory {
+    /// The store under test.
+    type Store: EventStore + Store;
+
+    /// A store whose "now" is `clock`.
+    fn make(&self, clock: ManualClock) -> impl Future<Output = Self::Store> + Send;
+}
+
+/// Makes [`MemoryStore`]s with the given clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryEventFactory;
+
+impl EventStoreFactory for MemoryEventFactory {
+    type Store = MemoryStore;
+
+    fn make(&self, clock: ManualClock) -> impl Future<Output = MemoryStore> + Send {
+        std::future::ready(MemoryStore::builder().clock(clock).build())
+    }
+}
+
+/// Expands to one `#[tokio::test]` per event-window scenario.
+#[macro_export]
+macro_rules! event_conformance_tests {
+    ($factory:expr) => {
+        $crate::event_conformance_tests!(@each $factory;
+            appended_events_come_back_in_order_with_their_fields,
+            reads_page_with_an_exclusive_start,
+            a_reader_that_never_received_an_event_resumes,
+            events_past_the_window_make_a_resume_too_old,
+            events_beyond_max_len_make_a_resume_too_old,
+            another_epoch_is_never_recovered,
+            a_position_beyond_the_history_changes_the_epoch,
+            windows_are_independent,
+            invalid_requests_are_typed_errors,
+            trimming_keeps_the_length_bounded_in_a_long_run,
+        );
+    };
+    (@each $factory:expr; $($scenario:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $scenario() {
+                let factory = $factory;
+                $crate::event_conformance::$scenario(&factory).await;
+            }
+        )*
+    };
+}
+
+fn unique(scenario: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "evconf:{scenario}:{}:{nanos}:{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+struct Run {
+    events: EventWindow,
+    clock: ManualClock,
+    key: String,
+}
+
+impl Run {
+    async fn start<F: EventStoreFactory>(
+        factory: &F,
+        scenario: &str,
+        window: Duration,
+        max_len: u64,
+    ) -> Self {
+        let clock = ManualClock::new(START);
+        let store = Arc::new(factory.make(clock.clone()).await);
+        let quota: Quota = "1000/1s".parse().expect("a quota");
+        let limiter = Limiter::new(Arc::clone(&store), quota);
+        let retention = Retention::new(window, max_len).expect("a retention");
+        Self {
+            events: EventWindow::new(limiter, store, retention),
+            clock,
+            key: unique(scenario),
+        }
+    }
+
+    async fn append(&self, data: &str) -> EventId {
+        self.append_to(&self.key, data).await
+    }
+
+    async fn append_to(&self, key: &str, data: &str) -> EventId {
+        self.events
+            .append(key, &[("data", data.as_bytes())])
+            .await
+            .expect("append")
+            .id
+    }
+
+    async fn head(&self) -> Position {
+        self.events.position(&self.key).await.expect("position")
+    }
+
+    async fn since(&self, from: &Position, limit: u32) -> Resume {
+        self.events
+            .since(&self.key, from, limit)
+            .await
+            .expect("since")
+    }
+
+    async fn resume(&self, from: &Position) -> Resume {
+        self.events
+            .resume(&self.key, from, 3)
+            .await
+            .expect("resume")
+    }
+}
+
+fn at(position: &Position, id: EventId) -> Position {
+    Position::new(position.epoch.clone(), Some(id))
+}
+
+fn data(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| String::from_utf8_lossy(e.field("data").expect("a data field")).into_owned())
+        .collect()
+}
+
+fn recovered(resume: Resume) -> Vec<Event> {
+    match resume {
+        Resume::Recovered(events) => events,
+        Resume::Resync(reason) => panic!("expected recovered, got resync {reason}"),
+    }
+}
+
+/// Ids grow; fields come back as appended (binary and empty values too).
+pub async fn appended_events_come_back_in_order_with_their_fields<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "order", Duration::from_secs(60), 1000).await;
+    let start = run.head().await;
+    assert_eq!(start.last_id, None, "a new window has no last event");
+    let a = run.append("a").await;
+    run.clock.advance(Duration::from_millis(5));
+    let b = run.append("b").await;
+    let c = run.append("c").await; // same millisecond: next sequence
+    assert!(a < b && b < c, "{a} {b} {c}");
+    assert_eq!(a.millis(), START / 1000, "ids come from the store's clock");
+    assert_eq!(
+        (b.millis(), c.millis(), c.seq()),
+        (a.millis() + 5, a.millis() + 5, b.seq() + 1)
+    );
+    let rich = run
+        .events
+        .append(
+            &run.key,
+            &[("bin", &[0u8, 255, 10][..]), ("empty", b""), ("k", b"v")],
+        )
+        .await
+        .expect("append");
+    assert_eq!(rich.epoch, start.epoch, "appends keep the epoch");
+    let all = recovered(run.since(&start, 100).await);
+    assert_eq!(
+        all.iter().map(|e| e.id).collect::<Vec<_>>(),
+        vec![a, b, c, rich.id]
+    );
+    assert_eq!(data(&all[..3]), ["a", "b", "c"]);
+    let fields: Vec<(&str, &[u8])> = all[3]
+        .fields
+        .iter()
+        .map(|(n, v)| (n.as_str(), &v[..]))
+        .collect();
+    assert_eq!(
+        fields,
+        vec![
+            ("bin", &[0u8, 255, 10][..]),
+            ("empty", &b""[..]),
+            ("k", &b"v"[..])
+        ]
+    );
+    let head = run.head().await;
+    assert_eq!((head.epoch, head.last_id), (start.epoch, Some(rich.id)));
+}
+
+/// `since` starts after the position (exclusive) and pages; `resume`
+/// gathers every page.
+pub async fn reads_page_with_an_exclusive_start<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "pages", Duration::from_secs(60), 1000).await;
+    let start = run.head().await;
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        ids.push(run.append(&i.to_string()).await);
+    }
+    let mut at_ = start.clone();
+    let mut sizes = Vec::new();
+    let mut seen = Vec::new();
+    loop {
+        let page = recovered(run.since(&at_, 3).await);
+        sizes.push(page.len());
+        if page.is_empty() {
+            break;
+        }
+        at_ = at(&start, page.last().expect("a page").id);
+        seen.extend(page.iter().map(|e| e.id));
+    }
+    assert_eq!(sizes, [3, 3, 1, 0]);
+    assert_eq!(seen, ids);
+    assert_eq!(
+        data(&recovered(run.resume(&start).await)),
+        ["0", "1", "2", "3", "4", "5", "6"]
+    );
+    assert_eq!(
+        data(&recovered(run.since(&at(&start, ids[4]), 10).await)),
+        ["5", "6"]
+    );
+    assert!(recovered(run.since(&at(&start, ids[6]), 10).await).is_empty());
+}
+
+/// A reader given only the welcome position (no event yet) gets every
+/// event appended since.
+pub async fn a_reader_that_never_received_an_event_resumes<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "fresh", Duration::from_secs(60), 1000).await;
+    let joined = run.head().await;
+    assert!(recovered(run.since(&joined, 10).await).is_empty());
+    run.append("x").await;
+    run.append("y").await;
+    assert_eq!(data(&recovered(run.resume(&joined).await)), ["x", "y"]);
+    // A join after events: positioned at the last one.
+    let later = run.head().await;
+    run.append("z").await;
+    assert_eq!(data(&recovered(run.resume(&later).await)), ["z"]);
+}
+
+/// A position whose next event is past the window is too old; later
+/// positions still recover, without the events past the window.
+pub async fn events_past_the_window_make_a_resume_too_old<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "time", Duration::from_secs(10), 1000).await;
+    let start = run.head().await;
+    let a = run.append("a").await; // t = 0
+    run.clock.advance(Duration::from_secs(5));
+    let b = run.append("b").await; // t = 5
+    run.clock.advance(Duration::from_secs(6));
+    let c = run.append("c").await; // t = 11: a is past the window
+    assert_eq!(
+        run.since(&start, 10).await,
+        Resume::Resync(ResyncReason::TooOld)
+    );
+    assert_eq!(
+        data(&recovered(run.since(&at(&start, a), 10).await)),
+        ["b", "c"]
+    );
+    // Time alone (no append) moves the window too.
+    run.clock.advance(Duration::from_secs(9)); // t = 20: b is past it
+    assert_eq!(
+        run.since(&at(&start, a), 10).await,
+        Resume::Resync(ResyncReason::TooOld)
+    );
+    assert_eq!(data(&recovered(run.since(&at(&start, b), 10).await)), ["c"]);
+    assert!(recovered(run.since(&at(&start, c), 10).await).is_empty());
+    run.clock.advance(Duration::from_secs(30)); // everything is past it
+    assert_eq!(
+        run.since(&at(&start, b), 10).await,
+        Resume::Resync(ResyncReason::TooOld)
+    );
+    assert!(
+        recovered(run.since(&at(&start, c), 10).await).is_empty(),
+        "nothing after c was lost"
+    );
+}
+
+/// Only the newest `max_len` events are given; a position before them is
+/// too old.
+pub async fn events_beyond_max_len_make_a_resume_too_old<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "len", Duration::from_secs(3600), 5).await;
+    let start = run.head().await;
+    let mut ids = Vec::new();
+    for i in 0..300 {
+        ids.push(run.append(&i.to_string()).await);
+    }
+    assert_eq!(
+        run.since(&start, 10).await,
+        Resume::Resync(ResyncReason::TooOld)
+    );
+    assert_eq!(
+        run.since(&at(&start, ids[293]), 10).await,
+        Resume::Resync(ResyncReason::TooOld)
+    );
+    assert_eq!(
+        data(&recovered(run.since(&at(&start, ids[294]), 10).await)),
+        ["295", "296", "297", "298", "299"]
+    );
+    let len = run.events.len(&run.key).await.expect("len");
+    assert!((5..=105).contains(&len), "kept {len} events for max_len 5");
+}
+
+/// A position of another epoch resyncs with `epoch_changed`, whatever its id.
+pub async fn another_epoch_is_never_recovered<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "epoch", Duration::from_secs(60), 1000).await;
+    let head = run.head().await;
+    let a = run.append("a").await;
+    let stranger = Position::parse("not-this-one", "").expect("a position");
+    assert_eq!(
+        run.since(&stranger, 10).await,
+        Resume::Resync(ResyncReason::EpochChanged)
+    );
+    let stranger = Position::parse("not-this-one", &a.to_string()).expect("a position");
+    assert_eq!(
+        run.resume(&stranger).await,
+        Resume::Resync(ResyncReason::EpochChanged)
+    );
+    assert_eq!(
+        run.head().await.epoch,
+        head.epoch,
+        "a stranger changes nothing"
+    );
+}
+
+/// A position after the last event this window ever had (the reader saw
+/// history the store lost) resyncs, and starts a new epoch.
+pub async fn a_position_beyond_the_history_changes_the_epoch<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "beyond", Duration::from_secs(60), 1000).await;
+    let head = run.head().await;
+    let a = run.append("a").await;
+    let ahead = EventId::new(a.millis() + 1000, 0).expect("an id");
+    assert_eq!(
+        run.since(&at(&head, ahead), 10).await,
+        Resume::Resync(ResyncReason::EpochChanged)
+    );
+    let now = run.head().await;
+    assert_ne!(now.epoch, head.epoch, "history is not what the reader saw");
+    assert_eq!(
+        run.since(&at(&head, a), 10).await,
+        Resume::Resync(ResyncReason::EpochChanged)
+    );
+    assert!(recovered(run.since(&at(&now, a), 10).await).is_empty());
+}
+
+/// Two keys: two windows, two epochs.
+pub async fn windows_are_independent<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "independent", Duration::from_secs(60), 1000).await;
+    let other = format!("{}:other", run.key);
+    let mine = run.head().await;
+    let theirs = run.events.position(&other).await.expect("position");
+    assert_ne!(mine.epoch, theirs.epoch);
+    run.append("mine").await;
+    run.append_to(&other, "theirs").await;
+    assert_eq!(data(&recovered(run.resume(&mine).await)), ["mine"]);
+    let theirs_events = recovered(
+        run.events
+            .resume(&other, &theirs, 10)
+            .await
+            .expect("resume"),
+    );
+    assert_eq!(data(&theirs_events), ["theirs"]);
+    assert_eq!(
+        run.since(&theirs, 10).await,
+        Resume::Resync(ResyncReason::EpochChanged)
+    );
+}
+
+fn kind<T>(result: Result<T, tower_window::StoreError>) -> Result<(), StoreErrorKind> {
+    result.map(|_| ()).map_err(|e| e.kind())
+}
+
+/// Bad requests are typed errors and change nothing.
+pub async fn invalid_requests_are_typed_errors<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "invalid", Duration::from_secs(60), 1000).await;
+    let head = run.head().await;
+    assert_eq!(
+        kind(run.events.append(&run.key, &[]).await),
+        Err(StoreErrorKind::InvalidRequest)
+    );
+    assert_eq!(
+        kind(run.events.append(&run.key, &[("", b"x")]).await),
+        Err(StoreErrorKind::InvalidRequest)
+    );
+    let many: Vec<(&str, &[u8])> = (0..33).map(|_| ("f", &b"x"[..])).collect();
+    assert_eq!(
+        kind(run.events.append(&run.key, &many).await),
+        Err(StoreErrorKind::InvalidRequest)
+    );
+    assert_eq!(
+        kind(run.events.since(&run.key, &head, 0).await),
+        Err(StoreErrorKind::InvalidRequest)
+    );
+    assert_eq!(
+        kind(run.events.since(&run.key, &head, 10_001).await),
+        Err(StoreErrorKind::InvalidRequest)
+    );
+    assert_eq!(run.head().await, head, "nothing was appended");
+    // Keys with any bytes are fine (and distinct).
+    let odd = format!("{}:{{}}\u{0}\u{e9}", run.key);
+    run.append_to(&odd, "odd").await;
+    assert_eq!(run.events.len(&odd).await.expect("len"), 1);
+    assert_eq!(run.events.len(&run.key).await.expect("len"), 0);
+}
+
+/// A long run with a short window: the stored length stays bounded by the
+/// events inside the window (plus the lazy trimming's slack), and the
+/// newest events are all there.
+pub async fn trimming_keeps_the_length_bounded_in_a_long_run<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "long", Duration::from_secs(1), 100_000).await;
+    let start = run.head().await;
+    let mut max_len = 0;
+    let mut last = Vec::new();
+    for i in 0..3000 {
+        last.push(run.append(&i.to_string()).await);
+        run.clock.advance(Duration::from_millis(10));
+        if i % 100 == 99 {
+            max_len = max_len.max(run.events.len(&run.key).await.expect("len"));
+        }
+    }
+    // 100 events per second of window; trimming with `~` drops whole
+    // stream nodes (100 entries each by default), so at most ~2 windows.
+    assert!(max_len >= 100, "the window held {max_len} events");
+    assert!(
+        max_len <= 250,
+        "XLEN reached {max_len} with 100 events per window"
+    );
+    assert_eq!(
+        run.since(&start, 10).await,
+        Resume::Resync(ResyncReason::TooOld)
+    );
+    // The last 100 appends are inside the window (now = last + 10 ms).
+    let newest = recovered(run.resume(&at(&start, last[2899])).await);
+    assert_eq!(newest.len(), 100);
+    assert_eq!(newest.last().map(|e| e.id), last.last().copied());
+}

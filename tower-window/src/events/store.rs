@@ -1,0 +1,332 @@
+//! [`EventStore`]: where event windows live.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+
+use super::id::{Epoch, EventId, Position};
+use crate::store::StoreError;
+
+/// How much history an event window keeps: events of the last `window` of
+/// the store's clock, and at most about `max_len` of them.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_window::events::Retention;
+///
+/// let retention = Retention::new(Duration::from_secs(600), 10_000)?;
+/// assert_eq!(retention.window_millis(), 600_000);
+/// assert!(Retention::new(Duration::ZERO, 10).is_err());
+/// assert!(Retention::new(Duration::from_secs(1), 0).is_err());
+/// # Ok::<(), tower_window::events::InvalidRetention>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    window_millis: u64,
+    max_len: u64,
+}
+
+impl Retention {
+    /// The longest window: 30 days.
+    pub const MAX_WINDOW: Duration = Duration::from_secs(30 * 24 * 3600);
+    /// The largest `max_len`.
+    pub const MAX_LEN: u64 = 10_000_000;
+    /// How long an idle window's keys outlive its window: a key is dropped
+    /// (its TTL runs out) only once every event in it is past the window,
+    /// plus this grace.
+    pub const IDLE_GRACE: Duration = Duration::from_secs(60);
+
+    /// Events of the last `window` (at least 1 ms, at most
+    /// [`MAX_WINDOW`](Self::MAX_WINDOW)), at most `max_len` of them (1 to
+    /// [`MAX_LEN`](Self::MAX_LEN)).
+    pub fn new(window: Duration, max_len: u64) -> Result<Self, InvalidRetention> {
+        let window_millis = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+        if window_millis == 0 || window > Self::MAX_WINDOW {
+            return Err(InvalidRetention::Window);
+        }
+        if max_len == 0 || max_len > Self::MAX_LEN {
+            return Err(InvalidRetention::MaxLen);
+        }
+        Ok(Self {
+            window_millis,
+            max_len,
+        })
+    }
+
+    /// The window in milliseconds.
+    pub fn window_millis(&self) -> u64 {
+        self.window_millis
+    }
+
+    /// The most events kept (the newest ones).
+    pub fn max_len(&self) -> u64 {
+        self.max_len
+    }
+
+    /// The TTL every write sets on a window's keys: the window plus
+    /// [`IDLE_GRACE`](Self::IDLE_GRACE).
+    pub fn ttl_millis(&self) -> u64 {
+        self.window_millis + Self::IDLE_GRACE.as_millis() as u64
+    }
+}
+
+/// A [`Retention`] out of bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidRetention {
+    /// The window is zero or longer than [`Retention::MAX_WINDOW`].
+    #[error("an event window is between 1 ms and 30 days")]
+    Window,
+    /// `max_len` is zero or above [`Retention::MAX_LEN`].
+    #[error("an event window keeps between 1 and 10000000 events")]
+    MaxLen,
+}
+
+/// One event: its id and its fields, in the order they were appended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Event {
+    /// Its id (orders the window's events).
+    pub id: EventId,
+    /// Its fields (name, value).
+    pub fields: Vec<(String, Bytes)>,
+}
+
+impl Event {
+    /// An event of `id` with `fields`.
+    pub fn new(id: EventId, fields: Vec<(String, Bytes)>) -> Self {
+        Self { id, fields }
+    }
+
+    /// The value of the first field named `name`.
+    pub fn field(&self, name: &str) -> Option<&Bytes> {
+        self.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+}
+
+/// Where an appended event went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Appended {
+    /// The window's epoch when the event was appended.
+    pub epoch: Epoch,
+    /// The event's id.
+    pub id: EventId,
+}
+
+impl Appended {
+    /// `id` in `epoch`.
+    pub fn new(epoch: Epoch, id: EventId) -> Self {
+        Self { epoch, id }
+    }
+}
+
+/// Why a resume cannot be recovered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ResyncReason {
+    /// An event after the position is no longer kept (past the window, or
+    /// beyond the newest `max_len`).
+    TooOld,
+    /// The position is of another epoch: the history it counted on may be
+    /// lost.
+    EpochChanged,
+}
+
+impl ResyncReason {
+    /// `too_old` or `epoch_changed`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::TooOld => "too_old",
+            Self::EpochChanged => "epoch_changed",
+        }
+    }
+}
+
+impl fmt::Display for ResyncReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The answer to "what came after this position?".
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Resume {
+    /// Every event after the position is still kept: here they are (or
+    /// the first ones of them, for a page), in order.
+    Recovered(Vec<Event>),
+    /// Events after the position may be lost: start again from the
+    /// window's current position.
+    Resync(ResyncReason),
+}
+
+/// One operation's target: the window's key, its retention and a random
+/// value the store may use to make a new [`Epoch`] unique.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct EventRequest<'a> {
+    /// The window's key (any bytes; the store escapes them).
+    pub key: &'a [u8],
+    /// What the window keeps.
+    pub retention: Retention,
+    /// Random bits for a new epoch, should one be made.
+    pub nonce: u64,
+}
+
+impl<'a> EventRequest<'a> {
+    /// An operation on the window `key`.
+    pub fn new(key: &'a [u8], retention: Retention, nonce: u64) -> Self {
+        Self {
+            key,
+            retention,
+            nonce,
+        }
+    }
+}
+
+/// An append-only, time-bounded log per key with epochs: the storage of an
+/// [`EventWindow`](super::EventWindow).
+///
+/// Implemented by [`MemoryStore`](crate::MemoryStore) and (feature
+/// `redis`) [`RedisStore`](crate::RedisStore) (Redis Streams). Every
+/// implementation keeps the same contract, checked by the conformance
+/// suite in `tower-window-tests`:
+///
+/// * ids of one window grow; an event's fields come back as appended;
+/// * an operation finding the window gone (never made, expired, deleted,
+///   evicted) or moved to another primary starts a new [`Epoch`];
+/// * [`read`](Self::read) answers [`Resume::Recovered`] only if the
+///   position's epoch is current and no event after it has been dropped
+///   (trimmed by time or length): the events after it, at most `limit`;
+///   else [`Resume::Resync`];
+/// * every write refreshes the window's expiry
+///   ([`Retention::ttl_millis`]).
+pub trait EventStore: Send + Sync + 'static {
+    /// Appends one event with `fields`, trimming what the retention no
+    /// longer keeps.
+    fn append<'a>(
+        &'a self,
+        request: EventRequest<'a>,
+        fields: &'a [(&'a str, &'a [u8])],
+    ) -> BoxFuture<'a, Result<Appended, StoreError>>;
+
+    /// The window's current position (its epoch, made if needed, and its
+    /// last event's id), refreshing its expiry.
+    fn head<'a>(&'a self, request: EventRequest<'a>)
+        -> BoxFuture<'a, Result<Position, StoreError>>;
+
+    /// At most `limit` events after `from`, or why they cannot be given.
+    fn read<'a>(
+        &'a self,
+        request: EventRequest<'a>,
+        from: &'a Position,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Resume, StoreError>>;
+
+    /// How many events the window holds (trimming may lag behind the
+    /// window and `max_len` by a little in a store that trims lazily).
+    fn len<'a>(&'a self, request: EventRequest<'a>) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// [`append`](Self::append) at once, if this store works in-process
+    /// (`None`, the default: await it).
+    fn append_sync(
+        &self,
+        request: EventRequest<'_>,
+        fields: &[(&str, &[u8])],
+    ) -> Option<Result<Appended, StoreError>> {
+        let _ = (request, fields);
+        None
+    }
+
+    /// [`head`](Self::head) at once, if this store works in-process.
+    fn head_sync(&self, request: EventRequest<'_>) -> Option<Result<Position, StoreError>> {
+        let _ = request;
+        None
+    }
+
+    /// [`read`](Self::read) at once, if this store works in-process.
+    fn read_sync(
+        &self,
+        request: EventRequest<'_>,
+        from: &Position,
+        limit: u32,
+    ) -> Option<Result<Resume, StoreError>> {
+        let _ = (request, from, limit);
+        None
+    }
+
+    /// [`len`](Self::len) at once, if this store works in-process.
+    fn len_sync(&self, request: EventRequest<'_>) -> Option<Result<u64, StoreError>> {
+        let _ = request;
+        None
+    }
+
+    /// The failure domain (cluster primary) of the window `key`, as for
+    /// [`Store::failure_domain`](crate::Store::failure_domain).
+    fn failure_domain(&self, key: &[u8]) -> Option<u16> {
+        let _ = key;
+        None
+    }
+}
+
+impl<S: EventStore + ?Sized> EventStore for std::sync::Arc<S> {
+    fn append<'a>(
+        &'a self,
+        request: EventRequest<'a>,
+        fields: &'a [(&'a str, &'a [u8])],
+    ) -> BoxFuture<'a, Result<Appended, StoreError>> {
+        (**self).append(request, fields)
+    }
+
+    fn head<'a>(
+        &'a self,
+        request: EventRequest<'a>,
+    ) -> BoxFuture<'a, Result<Position, StoreError>> {
+        (**self).head(request)
+    }
+
+    fn read<'a>(
+        &'a self,
+        request: EventRequest<'a>,
+        from: &'a Position,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Resume, StoreError>> {
+        (**self).read(request, from, limit)
+    }
+
+    fn len<'a>(&'a self, request: EventRequest<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
+        (**self).len(request)
+    }
+
+    fn append_sync(
+        &self,
+        request: EventRequest<'_>,
+        fields: &[(&str, &[u8])],
+    ) -> Option<Result<Appended, StoreError>> {
+        (**self).append_sync(request, fields)
+    }
+
+    fn head_sync(&self, request: EventRequest<'_>) -> Option<Result<Position, StoreError>> {
+        (**self).head_sync(request)
+    }
+
+    fn read_sync(
+        &self,
+        request: EventRequest<'_>,
+        from: &Position,
+        limit: u32,
+    ) -> Option<Result<Resume, StoreError>> {
+        (**self).read_sync(request, from, limit)
+    }
+
+    fn len_sync(&self, request: EventRequest<'_>) -> Option<Result<u64, StoreError>> {
+        (**self).len_sync(request)
+    }
+
+    fn failure_domain(&self, key: &[u8]) -> Option<u16> {
+        (**self).failure_domain(key)
+    }
+}

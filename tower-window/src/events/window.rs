@@ -1,0 +1,235 @@
+//! [`EventWindow`]: an event store behind the limiter's resilience stack.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::id::Position;
+use super::store::{Appended, Event, EventRequest, EventStore, Resume, Retention};
+use crate::limiter::Failure;
+use crate::store::{StoreError, StoreErrorKind};
+use crate::Limiter;
+
+/// The most fields one event may have.
+pub const MAX_FIELDS: usize = 32;
+/// The longest field name, in bytes.
+pub const MAX_FIELD_NAME: usize = 64;
+/// The largest page [`EventWindow::since`] reads at once.
+pub const MAX_PAGE: u32 = 10_000;
+
+/// An append-only, time-bounded log of events per key, with epochs, so
+/// that a reader resuming from a [`Position`] gets exactly the events it
+/// missed, in order, or is told to resync — never a false "recovered".
+///
+/// Every operation is one store call that runs through the given
+/// [`Limiter`]'s resilience stack (its breaker for the key's failure
+/// domain, in-flight bound, time budget and retries of calls the store
+/// certainly did not apply), so one set of breakers describes the store's
+/// health for rate limits and events alike. Cheap to clone.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_window::events::{EventWindow, Resume, Retention};
+/// use tower_window::{Limiter, MemoryStore, Quota};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let store = MemoryStore::new();
+/// let limiter = Limiter::new(store.clone(), "100/1m".parse::<Quota>()?);
+/// let events = EventWindow::new(limiter, store, Retention::new(Duration::from_secs(600), 1000)?);
+///
+/// let start = events.position("room-1").await?; // a reader joins
+/// let first = events.append("room-1", &[("data", b"hello".as_slice())]).await?;
+/// events.append("room-1", &[("data", b"world".as_slice())]).await?;
+/// match events.resume("room-1", &start, 100).await? {
+///     Resume::Recovered(missed) => {
+///         assert_eq!(missed.len(), 2);
+///         assert_eq!(missed[0].id, first.id);
+///         assert_eq!(missed[1].field("data").map(|v| &v[..]), Some(&b"world"[..]));
+///     }
+///     Resume::Resync(reason) => unreachable!("{reason}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct EventWindow {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    limiter: Limiter,
+    store: Arc<dyn EventStore>,
+    retention: Retention,
+}
+
+impl EventWindow {
+    /// Event windows in `store`, keeping what `retention` says, with every
+    /// store call through `limiter`'s resilience stack.
+    pub fn new(limiter: Limiter, store: impl EventStore, retention: Retention) -> Self {
+        Self::from_shared_store(limiter, Arc::new(store), retention)
+    }
+
+    /// Like [`new`](Self::new), over a store shared with others.
+    pub fn from_shared_store(
+        limiter: Limiter,
+        store: Arc<dyn EventStore>,
+        retention: Retention,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                limiter,
+                store,
+                retention,
+            }),
+        }
+    }
+
+    /// What each window keeps.
+    pub fn retention(&self) -> Retention {
+        self.inner.retention
+    }
+
+    fn request<'a>(&self, key: &'a [u8]) -> EventRequest<'a> {
+        EventRequest::new(key, self.inner.retention, fastrand::u64(..))
+    }
+
+    /// Appends an event with `fields` (1 to [`MAX_FIELDS`], names of 1 to
+    /// [`MAX_FIELD_NAME`] bytes) to the window `key`, trimming what is past
+    /// the window or beyond its `max_len`.
+    pub async fn append(
+        &self,
+        key: impl AsRef<[u8]>,
+        fields: &[(&str, &[u8])],
+    ) -> Result<Appended, StoreError> {
+        if fields.is_empty() || fields.len() > MAX_FIELDS {
+            return Err(invalid("an event has 1 to 32 fields"));
+        }
+        if fields
+            .iter()
+            .any(|(name, _)| name.is_empty() || name.len() > MAX_FIELD_NAME)
+        {
+            return Err(invalid("a field name has 1 to 64 bytes"));
+        }
+        let key = key.as_ref();
+        let request = self.request(key);
+        let store = &*self.inner.store;
+        self.run(
+            key,
+            || store.append_sync(request, fields),
+            move || store.append(request, fields),
+        )
+        .await
+    }
+
+    /// The window's current position: its epoch (a new one if the window
+    /// was gone) and its last event's id. A reader that starts here and
+    /// resumes later gets every event appended in between. Refreshes the
+    /// window's expiry.
+    pub async fn position(&self, key: impl AsRef<[u8]>) -> Result<Position, StoreError> {
+        let key = key.as_ref();
+        let request = self.request(key);
+        let store = &*self.inner.store;
+        self.run(
+            key,
+            || store.head_sync(request),
+            move || store.head(request),
+        )
+        .await
+    }
+
+    /// One page: at most `limit` (1 to [`MAX_PAGE`]) events after `from`,
+    /// in order, if none after it was dropped and its epoch is current;
+    /// else why not. A full page may have more after it: read on from its
+    /// last id.
+    pub async fn since(
+        &self,
+        key: impl AsRef<[u8]>,
+        from: &Position,
+        limit: u32,
+    ) -> Result<Resume, StoreError> {
+        if limit == 0 || limit > MAX_PAGE {
+            return Err(invalid("a page holds 1 to 10000 events"));
+        }
+        let key = key.as_ref();
+        let request = self.request(key);
+        let store = &*self.inner.store;
+        self.run(
+            key,
+            || store.read_sync(request, from, limit),
+            move || store.read(request, from, limit),
+        )
+        .await
+    }
+
+    /// Every event after `from`, read in pages of `page` events: each page
+    /// is checked again, so events dropped while paging make it a resync.
+    pub async fn resume(
+        &self,
+        key: impl AsRef<[u8]>,
+        from: &Position,
+        page: u32,
+    ) -> Result<Resume, StoreError> {
+        let key = key.as_ref();
+        let mut all: Vec<Event> = Vec::new();
+        let mut at = from.clone();
+        loop {
+            match self.since(key, &at, page).await? {
+                Resume::Resync(reason) => return Ok(Resume::Resync(reason)),
+                Resume::Recovered(events) => {
+                    let full = events.len() >= page as usize;
+                    if let Some(last) = events.last() {
+                        at.last_id = Some(last.id);
+                    }
+                    all.extend(events);
+                    if !full {
+                        return Ok(Resume::Recovered(all));
+                    }
+                }
+            }
+        }
+    }
+
+    /// How many events the window `key` holds (see [`EventStore::len`]).
+    pub async fn len(&self, key: impl AsRef<[u8]>) -> Result<u64, StoreError> {
+        let key = key.as_ref();
+        let request = self.request(key);
+        let store = &*self.inner.store;
+        self.run(key, || store.len_sync(request), move || store.len(request))
+            .await
+    }
+
+    async fn run<'a, T: Send + 'a>(
+        &'a self,
+        key: &[u8],
+        sync: impl FnOnce() -> Option<Result<T, StoreError>>,
+        operation: impl Fn() -> futures_util::future::BoxFuture<'a, Result<T, StoreError>>
+            + Send
+            + Sync
+            + 'a,
+    ) -> Result<T, StoreError> {
+        let limiter = &self.inner.limiter;
+        let domain = self.inner.store.failure_domain(key);
+        limiter
+            .run(domain, limiter.policy(), sync, operation)
+            .await
+            .map_err(failure_error)
+    }
+}
+
+fn invalid(message: &'static str) -> StoreError {
+    StoreError::new(StoreErrorKind::InvalidRequest, message)
+}
+
+fn failure_error(failure: Failure) -> StoreError {
+    failure.error.unwrap_or_else(|| {
+        StoreError::new(StoreErrorKind::Unavailable, failure.reason.as_str()).not_applied()
+    })
+}
+
+impl fmt::Debug for EventWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventWindow")
+            .field("retention", &self.inner.retention)
+            .field("limiter", &self.inner.limiter)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,155 @@
+-- One operation on one event window (see events.rs and crate::events).
+--
+-- KEYS[1] the stream; KEYS[2] its meta hash, in the same slot:
+--   e = epoch, r = replication id of the primary the epoch was made on,
+--   l = last id generated in this epoch, n = events appended so far.
+-- Every stream entry starts with three fields of ours: p = the id generated
+-- before it (so a gap before the first kept event is seen exactly),
+-- n = its number and e = the epoch it was appended in (for live readers
+-- of XREAD); the caller's fields follow.
+--
+-- ARGV[1] op: 'a' append, 'h' head, 'r' read, 'l' len
+-- ARGV[2] now in ms, or '' for Redis TIME
+-- ARGV[3] window ms, ARGV[4] max_len, ARGV[5] ttl ms, ARGV[6] nonce (hex)
+-- append: ARGV[7..] field, value pairs     -> {epoch, id}
+-- head:                                    -> {epoch, last id}
+-- read: ARGV[7] epoch, ARGV[8] after id, ARGV[9] limit
+--   -> {0, entries...} | {1} too old | {2} epoch changed
+-- len:                                     -> XLEN
+local stream, meta = KEYS[1], KEYS[2]
+local op = ARGV[1]
+if op == 'l' then
+  return redis.call('XLEN', stream)
+end
+
+local t = redis.call('TIME')
+local now
+if ARGV[2] == '' then
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+else
+  now = tonumber(ARGV[2])
+end
+local window, max_len, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+
+local function num(x)
+  return string.format('%.0f', x)
+end
+
+local function split(id)
+  local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+
+-- a > b, for stream ids
+local function later(a, b)
+  local am, as = split(a)
+  local bm, bs = split(b)
+  if am ~= bm then
+    return am > bm
+  end
+  return as > bs
+end
+
+local function touch()
+  redis.call('PEXPIRE', stream, ttl)
+  redis.call('PEXPIRE', meta, ttl)
+end
+
+local function rotate(rid)
+  local epoch = string.format('%x%05x', tonumber(t[1]), tonumber(t[2])) .. ARGV[6]
+  redis.call('HSET', meta, 'e', epoch, 'r', rid)
+  return epoch
+end
+
+-- The current epoch, last id and count. A new epoch, with a new empty
+-- stream, when either key vanished (expiry, DEL, flush: the history left
+-- cannot be trusted); a new epoch over the same stream when another
+-- primary holds it now (failover, restart).
+local function current()
+  local m = redis.call('HMGET', meta, 'e', 'r', 'l', 'n')
+  local rid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
+  local exists = redis.call('EXISTS', stream) == 1
+  if m[1] and exists and m[2] == rid then
+    return m[1], m[3] or '0-0', tonumber(m[4] or '0')
+  end
+  if not (m[1] and exists) then
+    redis.call('DEL', stream)
+    redis.call('XGROUP', 'CREATE', stream, 'tw-init', '$', 'MKSTREAM')
+    redis.call('XGROUP', 'DESTROY', stream, 'tw-init')
+    redis.call('HSET', meta, 'l', '0-0', 'n', 0)
+    local epoch = rotate(rid)
+    touch()
+    return epoch, '0-0', 0
+  end
+  return rotate(rid), m[3] or '0-0', tonumber(m[4] or '0')
+end
+
+local epoch, last, n = current()
+
+if op == 'h' then
+  touch()
+  return {epoch, last}
+end
+
+if op == 'a' then
+  local id = '*'
+  if ARGV[2] ~= '' then
+    local lm = split(last)
+    if now > lm then
+      id = num(now) .. '-*'
+    else
+      id = num(lm) .. '-*'
+    end
+  end
+  local args = {'XADD', stream}
+  local horizon = now - window
+  if horizon > 0 then
+    table.insert(args, 'MINID')
+    table.insert(args, '~')
+    table.insert(args, num(horizon))
+  end
+  table.insert(args, id)
+  table.insert(args, 'p')
+  table.insert(args, last)
+  table.insert(args, 'n')
+  table.insert(args, n + 1)
+  table.insert(args, 'e')
+  table.insert(args, epoch)
+  for i = 7, #ARGV do
+    table.insert(args, ARGV[i])
+  end
+  local new = redis.call(unpack(args))
+  redis.call('XTRIM', stream, 'MAXLEN', '~', max_len)
+  redis.call('HSET', meta, 'l', new, 'n', n + 1)
+  touch()
+  return {epoch, new}
+end
+
+if op == 'r' then
+  if epoch ~= ARGV[7] then
+    return {2}
+  end
+  local after = ARGV[8]
+  if later(after, last) then
+    -- The reader saw events this stream never had (lost in a failover or
+    -- a flush that kept the keys): history is not what it was.
+    rotate(redis.call('HGET', meta, 'r') or '')
+    return {2}
+  end
+  local entries = redis.call('XRANGE', stream, '(' .. after, '+', 'COUNT', tonumber(ARGV[9]))
+  local first = entries[1]
+  if not first then
+    if later(last, after) then
+      return {1}
+    end
+    return {0}
+  end
+  local fields = first[2]
+  local fm = split(first[1])
+  if later(fields[2], after) or fm < now - window or n - tonumber(fields[4]) >= max_len then
+    return {1}
+  end
+  return {0, entries}
+end
+
+return redis.error_reply('unknown event op')
