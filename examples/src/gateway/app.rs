@@ -25,6 +25,12 @@ pub const RATELIMIT_SOURCE: HeaderName = HeaderName::from_static("x-ratelimit-so
 /// limited.
 pub fn build_app(config: GatewayConfig) -> Router {
     let limiter = config.limiter();
+    let demo = super::demo::router(
+        limiter.clone(),
+        vec![config.policy.clone()],
+        config.tenant_header.clone(),
+        config.user_header.clone(),
+    );
     let degraded_status = config.degraded_status();
     let key = Header::from_name(config.user_header.clone())
         .with_tenant(Header::from_name(config.tenant_header.clone()).or(Constant::new("public")));
@@ -54,6 +60,8 @@ pub fn build_app(config: GatewayConfig) -> Router {
         .merge(super::metrics::metrics_router(
             super::metrics::install_recorder(),
         ))
+        .merge(demo)
+        .layer(middleware::from_fn(super::demo::cross_origin_reads))
 }
 
 /// What handlers share.

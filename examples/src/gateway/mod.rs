@@ -5,6 +5,8 @@
 //! - `GET /ws`: a WebSocket echo; the upgrade request is limited by the same
 //!   layer and window as `/api/hello`.
 //! - `GET /healthz`: never limited.
+//! - `GET /`: the demo page, and `GET /api/quota`: the quotas it shows,
+//!   peeked without consuming them (see [`demo`]).
 //! - `GET /metrics`: Prometheus text of tower-window's metrics, never limited
 //!   (see [`metrics`]).
 //!
@@ -21,6 +23,7 @@
 
 mod app;
 mod config;
+pub mod demo;
 pub mod metrics;
 mod ws;
 
