@@ -36,6 +36,7 @@
     attempt: 0,
     reconnectTimer: null,
     pollTimer: null,
+    polling: false,
     tenant: "",
     user: "",
     room: "",
@@ -389,17 +390,23 @@
   }
 
   async function poll() {
+    if (!state.wanted || state.polling) return; // one poll loop at a time
+    state.polling = true;
     clearTimeout(state.pollTimer);
-    if (!state.wanted) return;
-    // Ask the node we are connected to (or would connect to next).
-    const node = document.body.dataset.node || currentNode();
     try {
-      await pollQuota(node);
-    } catch (error) {
-      $("quota-source").dataset.error = String(error);
+      // Ask the node we are connected to (or would connect to next).
+      const node = document.body.dataset.node || currentNode();
+      try {
+        await pollQuota(node);
+        delete $("quota-source").dataset.error;
+      } catch (error) {
+        $("quota-source").dataset.error = String(error);
+      }
+      await pollPresence(node);
+    } finally {
+      state.polling = false;
     }
-    await pollPresence(node);
-    state.pollTimer = setTimeout(poll, POLL_MS);
+    if (state.wanted) state.pollTimer = setTimeout(poll, POLL_MS);
   }
 
   // ---- wiring
@@ -436,6 +443,7 @@
     $("disconnect").disabled = false;
     document.title = `${user} in ${room} · tower-window demo`;
     connect();
+    poll();
   }
 
   function stop() {
