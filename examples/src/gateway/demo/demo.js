@@ -198,6 +198,7 @@
           remaining: 0,
           resetMs: retry,
           at: Date.now(),
+          fromNotice: true,
         });
         renderQuotas();
         break;
@@ -331,15 +332,19 @@
     body.replaceChildren();
     for (const [name, q] of [...state.quotas.entries()].sort()) {
       const tr = document.createElement("tr");
-      tr.dataset.quota = name;
-      tr.dataset.remaining = String(q.remaining);
-      if (q.limit !== null && q.limit !== undefined) tr.dataset.limit = String(q.limit);
-      tr.dataset.exhausted = q.remaining === 0 ? "true" : "false";
       const left = Math.max(0, (q.resetMs || 0) - (Date.now() - q.at));
+      // A quota known only from a rate_limited notice: past its retry time
+      // its state is unknown until the next notice.
+      const unknown = q.fromNotice && left === 0;
+      tr.dataset.quota = name;
+      tr.dataset.remaining = unknown ? "" : String(q.remaining);
+      if (q.limit !== null && q.limit !== undefined) tr.dataset.limit = String(q.limit);
+      tr.dataset.exhausted = !unknown && q.remaining === 0 ? "true" : "false";
       const pct = q.limit ? Math.round((100 * q.remaining) / q.limit) : 0;
       tr.innerHTML = "<td></td><td></td><td></td>";
       tr.cells[0].textContent = name;
-      tr.cells[1].textContent = q.limit ? `${q.remaining} / ${q.limit}` : `${q.remaining}`;
+      const shown = unknown ? "–" : q.remaining;
+      tr.cells[1].textContent = q.limit ? `${shown} / ${q.limit}` : `${shown}`;
       const bar = document.createElement("span");
       bar.className = "bar";
       const fill = document.createElement("i");
