@@ -5,7 +5,9 @@
 //! Two pages as two users in one room on two nodes: a message typed in one
 //! appears in the other; flooding shows the rate-limit notice; stopping
 //! node A makes page A reconnect to node B and show the messages it missed,
-//! in order. Screenshots go to `target/demo-screenshots/`.
+//! in order; when the room's history is lost in Redis, the page's resume
+//! shows "history lost: resynced". Screenshots go to
+//! `target/demo-screenshots/`.
 //!
 //! Needs `node`, `/usr/bin/chromium` and `npm ci` in `tests/browser`
 //! (`.ci/test` installs them); without them the test fails and says what
@@ -79,6 +81,7 @@ fn two_users_chat_hit_the_limit_and_fail_over_in_chromium() {
             .arg("demo.mjs")
             .args(["--node-a", &a.url(), "--node-b", &b.url()])
             .args(["--node-a-pid", &a.pid().to_string()])
+            .args(["--redis-port", &redis.port().to_string()])
             .args(["--chromium", CHROMIUM, "--flood", "15"])
             .arg("--screenshots")
             .arg(&shots),
@@ -132,9 +135,20 @@ fn two_users_chat_hit_the_limit_and_fail_over_in_chromium() {
     assert_eq!(tail, ["missed 1", "missed 2", "missed 3"], "{context}");
     assert_eq!(result["chatAfterFailover"], true, "{context}");
 
+    // History lost (the room's keys deleted): the resume is a resync,
+    // never "recovered", and live messages flow again.
+    assert!(result["deletedRoomKeys"].as_u64().unwrap() >= 1, "{context}");
+    assert_eq!(result["resync"]["state"], "resync", "{context}");
+    let reason = result["resync"]["reason"].as_str().unwrap();
+    assert!(
+        ["epoch_changed", "too_old"].contains(&reason),
+        "{context}"
+    );
+    assert_eq!(result["liveAfterResync"], true, "{context}");
+
     // The screenshots exist and are PNGs.
     let screenshots = result["screenshots"].as_array().unwrap();
-    assert_eq!(screenshots.len(), 5, "{context}");
+    assert_eq!(screenshots.len(), 6, "{context}");
     for path in screenshots {
         let bytes = std::fs::read(path.as_str().unwrap()).unwrap();
         assert!(bytes.starts_with(b"\x89PNG"), "{path}");

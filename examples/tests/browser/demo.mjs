@@ -3,7 +3,7 @@
 // one redis-server and two gateway processes and asserts on the JSON this
 // prints as its last stdout line.
 //
-//   node demo.mjs --node-a URL --node-a-pid PID --node-b URL \
+//   node demo.mjs --node-a URL --node-a-pid PID --node-b URL --redis-port PORT \
 //        --screenshots DIR [--chromium /usr/bin/chromium] [--flood N]
 //
 // Scenario:
@@ -16,9 +16,12 @@
 //   5. alice's page reconnects to node B with last_event_id and epoch and
 //      shows "recovered N messages": the missed ones, in order; bob's next
 //      message reaches her live through node B.
+//   6. The room's keys are deleted in Redis and alice's socket dropped: her
+//      resume gets "history lost: resynced", then live messages again.
 // Every wait is bounded; any failure prints {"ok":false,"error":...}.
 
 import { chromium } from "playwright-core";
+import { execFileSync } from "node:child_process";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -31,7 +34,7 @@ function args() {
     const key = argv[i].replace(/^--/, "").replace(/-([a-z])/g, (_, c) => c.toUpperCase());
     out[key] = argv[i + 1];
   }
-  for (const required of ["nodeA", "nodeAPid", "nodeB", "screenshots"]) {
+  for (const required of ["nodeA", "nodeAPid", "nodeB", "redisPort", "screenshots"]) {
     if (!out[required]) throw new Error(`missing --${required}`);
   }
   out.flood = Number(out.flood);
@@ -68,6 +71,18 @@ async function waitForCount(page, n) {
     n,
     { timeout: STEP_MS },
   );
+}
+
+// Deletes every key whose name holds `room` (the room's stream and its
+// epoch, whatever the gateway names them); the count deleted.
+function deleteRoomKeys(port, room) {
+  const cli = (...args) =>
+    execFileSync("redis-cli", ["-p", String(port), ...args], { encoding: "utf8", timeout: 10_000 });
+  const keys = cli("--scan", "--pattern", `*${room}*`)
+    .split("\n")
+    .filter((k) => k.length > 0);
+  for (const key of keys) cli("del", key);
+  return keys.length;
 }
 
 async function main() {
@@ -221,6 +236,25 @@ async function main() {
     await waitForText(alice, "welcome back, alice");
     result.chatAfterFailover = true;
     await shoot(bob, "5-bob-after-failover");
+
+    // 6. History lost: the room's keys vanish from Redis (as a failover
+    //    that lost data would), alice's socket drops, and her resume is
+    //    answered with resync, never "recovered".
+    step("history-lost");
+    const deleted = deleteRoomKeys(opts.redisPort, "lobby");
+    result.deletedRoomKeys = deleted;
+    await alice.evaluate(() => window.towerWindowDemo.socket.close(4000, "test: drop"));
+    await alice.waitForSelector('#recovery[data-state="resync"]', { timeout: STEP_MS });
+    result.resync = await alice.$eval("#recovery", (el) => ({
+      state: el.dataset.state,
+      reason: el.dataset.reason ?? null,
+      text: el.textContent,
+    }));
+    await alice.waitForSelector('#status[data-state="open"]', { timeout: STEP_MS });
+    await say(bob, "after the history was lost");
+    await waitForText(alice, "after the history was lost");
+    result.liveAfterResync = true;
+    await shoot(alice, "6-alice-history-lost");
     result.ok = true;
   } catch (error) {
     result.error = String(error && error.stack ? error.stack : error);
