@@ -87,8 +87,10 @@ fn run_sh_starts_a_cluster_serves_on_each_node_and_stops_everything() {
     let gateway_ports = ports(3);
     // The same policy with or without `--tenants`: a tenants file whose
     // default is the `--limit` the script falls back to.
-    let tenants = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("cluster-script-tenants-{}.toml", std::process::id()));
+    let tenants = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "cluster-script-tenants-{}.toml",
+        std::process::id()
+    ));
     std::fs::write(&tenants, "[default]\nquotas = { minute = \"3/1m\" }\n").unwrap();
     let mut child = Command::new("bash")
         .arg(SCRIPT)

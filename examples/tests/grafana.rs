@@ -76,7 +76,9 @@ fn dashboard_queries_parse_and_the_configs_are_valid() {
     let rules: Vec<Value> = queries
         .iter()
         .enumerate()
-        .map(|(i, expr)| serde_json::json!({"record": format!("dashboard:query_{i}"), "expr": expr}))
+        .map(
+            |(i, expr)| serde_json::json!({"record": format!("dashboard:query_{i}"), "expr": expr}),
+        )
         .collect();
     let file = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("dashboard-rules-{}.yml", std::process::id()));
@@ -142,7 +144,10 @@ fn query(url: &str, expr: &str) -> Result<String, String> {
     if output.status.success() {
         Ok(stdout)
     } else {
-        Err(format!("{stdout}{}", String::from_utf8_lossy(&output.stderr)))
+        Err(format!(
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        ))
     }
 }
 
@@ -186,8 +191,14 @@ fn real_prometheus_scrapes_a_gateway_and_runs_every_dashboard_query() {
     let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
     let _prometheus = Prometheus(
         Command::new("prometheus")
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{web}"))
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())

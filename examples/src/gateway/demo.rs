@@ -97,10 +97,7 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
         [
             (header::CONTENT_TYPE, content_type),
             (header::CACHE_CONTROL, "no-cache"),
-            (
-                HeaderName::from_static("x-content-type-options"),
-                "nosniff",
-            ),
+            (HeaderName::from_static("x-content-type-options"), "nosniff"),
         ],
         body,
     )
@@ -150,10 +147,7 @@ fn request_key(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
     };
-    let user = query
-        .user
-        .clone()
-        .or_else(|| header(&state.user_header))?;
+    let user = query.user.clone().or_else(|| header(&state.user_header))?;
     let tenant = query
         .tenant
         .clone()
@@ -201,9 +195,7 @@ async fn quota(
                 degraded |= decision.is_degraded();
                 quotas.extend(decision.quotas().iter().cloned());
             }
-            Err(error) => {
-                return RejectionResponse::unavailable(error.to_string()).into_response()
-            }
+            Err(error) => return RejectionResponse::unavailable(error.to_string()).into_response(),
         }
     }
     let body = quota_body(&tenant, &user, &quotas, degraded);

@@ -90,7 +90,9 @@ impl Drop for GatewayProcess {
 pub(crate) fn http_get(port: u16, path: &str) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    stream.set_write_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .ok()?;
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nx-user-id: probe\r\nconnection: close\r\n\r\n"
