@@ -25,9 +25,10 @@ pub const RATELIMIT_SOURCE: HeaderName = HeaderName::from_static("x-ratelimit-so
 /// limited.
 pub fn build_app(config: GatewayConfig) -> Router {
     let limiter = config.limiter();
+    let http_policy = config.policy.clone();
     let demo = super::demo::router(
         limiter.clone(),
-        vec![config.policy.clone()],
+        std::sync::Arc::new(move |_tenant: &str| vec![http_policy.clone()]),
         config.tenant_header.clone(),
         config.user_header.clone(),
     );

@@ -20,6 +20,7 @@
 //! and change nothing.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
@@ -46,11 +47,17 @@ pub const MAX_NAME_LEN: usize = 256;
 /// Paths any origin may read (see the module docs).
 const CROSS_ORIGIN_PATHS: &[&str] = &["/api/quota", "/presence"];
 
+/// The policies `/api/quota` reports for a tenant: the gateway's HTTP
+/// policy for that tenant, and its per-message and per-byte policies where
+/// it has them. An empty list reports no quota (an unknown or unlimited
+/// tenant).
+pub type PolicySource = Arc<dyn Fn(&str) -> Vec<Policy> + Send + Sync>;
+
 /// What `/api/quota` needs.
 #[derive(Clone)]
 struct QuotaState {
     limiter: Limiter,
-    policies: Vec<Policy>,
+    policies: PolicySource,
     poll: Option<Policy>,
     tenant_header: HeaderName,
     user_header: HeaderName,
@@ -60,12 +67,11 @@ struct QuotaState {
 /// layer; `/api/quota` has its own [`POLL_QUOTA`]).
 ///
 /// `limiter` is the gateway's limiter (same store, breakers and fallback);
-/// `policies` are the policies whose quotas `/api/quota` reports (the
-/// HTTP `--limit` policy, and the per-message and per-byte policies where
-/// the gateway has them).
+/// `policies` names, per tenant, the policies whose quotas `/api/quota`
+/// reports.
 pub fn router(
     limiter: Limiter,
-    policies: Vec<Policy>,
+    policies: PolicySource,
     tenant_header: HeaderName,
     user_header: HeaderName,
 ) -> Router {
@@ -189,7 +195,7 @@ async fn quota(
     // denial consumes nothing.
     let mut quotas = Vec::new();
     let mut degraded = false;
-    for policy in &state.policies {
+    for policy in &(state.policies)(&tenant) {
         match state.limiter.check_policy(&key, policy, u32::MAX).await {
             Ok(decision) => {
                 degraded |= decision.is_degraded();
