@@ -151,6 +151,17 @@ fn run_sh_starts_a_cluster_serves_on_each_node_and_stops_everything() {
         .map(|p| p.parse().unwrap())
         .collect();
     let logs = field("logs:");
+    // `--tenants` is passed exactly when the gateway has the flag.
+    let help = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let has_tenants = String::from_utf8_lossy(&help.stdout).contains("--tenants");
+    assert_eq!(
+        field("policy:").starts_with("tenants from"),
+        has_tenants,
+        "{printed:?}"
+    );
     assert_eq!(pids.len(), 6, "{printed:?}");
     assert!(pids.iter().all(|&p| exists(p)), "{printed:?}");
     let gateway_ports: Vec<u16> = gateway_ports
