@@ -64,9 +64,11 @@ stop_all() {
     [ "$stopping" -eq 1 ] && return
     stopping=1
     trap - INT TERM EXIT
+    # A closed stdout/stderr (e.g. `run.sh | tee` after Ctrl-C) must not stop
+    # the cleanup: no SIGPIPE, and messages only after it, never fatal.
+    trap '' PIPE
     [ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null
     if [ "${#pids[@]}" -gt 0 ]; then
-        echo "run.sh: stopping ${#pids[@]} processes" >&2
         kill -TERM "${pids[@]}" 2>/dev/null || true
         # Gateways stop gracefully; give everything 5 s, then SIGKILL.
         for _ in $(seq 50); do
@@ -81,7 +83,7 @@ stop_all() {
         wait "${pids[@]}" 2>/dev/null || true
     fi
     rm -rf "$work"
-    echo "run.sh: stopped" >&2
+    echo "run.sh: stopped ${#pids[@]} processes" >&2 || true
 }
 trap 'stop_all; exit 130' INT
 trap 'stop_all; exit 143' TERM
