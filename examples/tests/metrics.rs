@@ -80,6 +80,49 @@ fn metric_names(expr: &str) -> Vec<String> {
     names
 }
 
+/// Metrics the dashboard charts that are recorded by code on another
+/// branch (connection leases and dedup: issue 12). Each one is excused
+/// from the scrape check only while no source file of this tree names it:
+/// once its recording code is merged, it must be in the scrape like any
+/// other (so the traffic above must then record it).
+const RECORDED_ON_OTHER_BRANCHES: &[&str] = &[
+    "tower_window_connection_grants_total",
+    "tower_window_connection_live_leases",
+    "tower_window_connection_heartbeat_calls_total",
+    "tower_window_connection_leases_lost_total",
+    "tower_window_connection_renew_failures_total",
+    "tower_window_connection_releases_total",
+    "tower_window_dedup_checks_total",
+];
+
+/// Whether some `.rs` file under `dir` contains `needle`.
+fn mentioned_in(dir: &std::path::Path, needle: &str) -> bool {
+    std::fs::read_dir(dir).unwrap().any(|entry| {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            mentioned_in(&path, needle)
+        } else {
+            path.extension().is_some_and(|e| e == "rs")
+                && std::fs::read_to_string(&path).is_ok_and(|text| text.contains(needle))
+        }
+    })
+}
+
+/// Whether the dashboard may name `metric` although the scrape lacks it:
+/// listed above and not yet recorded by any source in this tree.
+fn awaiting_merge(metric: &str) -> bool {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let quoted = format!("\"{metric}\"");
+    let recorded = ["tower-window/src", "axum-window-ext/src", "examples/src"]
+        .iter()
+        .any(|dir| mentioned_in(&root.join(dir), &quoted));
+    let awaiting = RECORDED_ON_OTHER_BRANCHES.contains(&metric) && !recorded;
+    if awaiting {
+        eprintln!("dashboard metric {metric} is recorded by code not merged yet");
+    }
+    awaiting
+}
+
 /// A scrape: sample names (as written on sample lines) and `# TYPE`s.
 struct Scrape {
     samples: BTreeSet<String>,
@@ -233,6 +276,7 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
     let missing: Vec<_> = used
         .iter()
         .filter(|name| !scrape.samples.contains(name.as_str()))
+        .filter(|name| !awaiting_merge(name))
         .collect();
     assert!(missing.is_empty(), "missing {missing:?} in\n{body}");
     // The latency panel uses a real histogram, not a summary.

@@ -68,6 +68,31 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         )),
         _ => None,
     };
+    // `/api/quota` reports the tenant's policy (from the registry when there
+    // is one; an unknown or unlimited tenant has none) and the per-message
+    // and per-byte quotas of `/ws`.
+    let ws_policies: Vec<tower_window::Policy> = super::ws::message_policies(&config.ws)
+        .into_iter()
+        .flatten()
+        .collect();
+    let http_policy = config.policy.clone();
+    let tenants = registry.clone();
+    let demo = super::demo::router(
+        limiter.clone(),
+        std::sync::Arc::new(move |tenant: &str| {
+            let mut policies = match &tenants {
+                Some(registry) => match registry.resolve(tenant.as_bytes()) {
+                    tower_window::tenant::Resolution::Limited(policy) => vec![policy],
+                    _ => Vec::new(),
+                },
+                None => vec![http_policy.clone()],
+            };
+            policies.extend(ws_policies.iter().cloned());
+            policies
+        }),
+        config.tenant_header.clone(),
+        config.user_header.clone(),
+    );
     let key = Header::from_name(config.user_header.clone())
         .with_tenant(Header::from_name(config.tenant_header.clone()).or(Constant::new("public")));
     let fallback_closed = matches!(
@@ -148,9 +173,12 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
     if let Some(admin) = admin {
         router = router.nest("/admin", admin);
     }
-    let router = router.merge(super::metrics::metrics_router(
-        super::metrics::install_recorder(),
-    ));
+    let router = router
+        .merge(super::metrics::metrics_router(
+            super::metrics::install_recorder(),
+        ))
+        .merge(demo)
+        .layer(middleware::from_fn(super::demo::cross_origin_reads));
     Gateway {
         router,
         limiter: shared,

@@ -13,6 +13,8 @@
 //!   never limited.
 //!   `GET /ws?room=R` joins room R instead of the echo (see [`rooms`]).
 //! - `GET /healthz`: never limited.
+//! - `GET /`: the demo page, and `GET /api/quota`: the quotas it shows,
+//!   peeked without consuming them (see [`demo`]).
 //! - `GET /metrics`: Prometheus text of tower-window's metrics, never limited
 //!   (see [`metrics`]).
 //!
@@ -37,6 +39,7 @@
 
 mod app;
 mod config;
+pub mod demo;
 pub mod metrics;
 pub mod rooms;
 pub mod tenants;

@@ -273,19 +273,12 @@ impl WsState {
             })
             .close_after_drops(config.close_after_drops)
             .max_message_bytes(config.max_message_bytes as usize);
-        if let Some(quota) = &config.message_limit {
-            let quota = quota
-                .clone()
-                .named("messages")
-                .unwrap_or_else(|_| quota.clone());
-            limits = limits.messages(Policy::from(quota));
+        let [messages, bytes] = message_policies(config);
+        if let Some(policy) = messages {
+            limits = limits.messages(policy);
         }
-        if let Some(quota) = &config.byte_limit {
-            let quota = quota
-                .clone()
-                .named("bytes")
-                .unwrap_or_else(|_| quota.clone());
-            limits = limits.bytes(Policy::from(quota));
+        if let Some(policy) = bytes {
+            limits = limits.bytes(policy);
         }
         let dedup = DedupWindow::builder(limiter.clone(), config.dedup.clone())
             .window(window)
@@ -611,6 +604,21 @@ pub(super) async fn presence(
     }
 }
 
+/// The per-message and per-byte policies of `/ws` (`--message-limit` named
+/// `messages`, `--byte-limit` named `bytes`), as the guard charges them.
+pub(super) fn message_policies(config: &WsConfig) -> [Option<Policy>; 2] {
+    [
+        (&config.message_limit, "messages"),
+        (&config.byte_limit, "bytes"),
+    ]
+    .map(|(quota, name)| {
+        quota.as_ref().map(|quota| {
+            let named = quota.clone().named(name).unwrap_or_else(|_| quota.clone());
+            Policy::from(named)
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -637,3 +645,4 @@ mod tests {
         assert_eq!(message_id("{broken"), None);
     }
 }
+

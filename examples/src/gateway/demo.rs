@@ -1,0 +1,288 @@
+//! The demo page and the quota peek it polls.
+//!
+//! - `GET /`, `GET /demo/demo.css`, `GET /demo/demo.js`: a static page
+//!   (`demo/` beside this file, embedded with `include_str!`; no build step,
+//!   nothing fetched from elsewhere) that speaks the `/ws` room protocol.
+//! - `GET /api/quota?tenant=T&user=U` (or the tenant and user headers):
+//!   every quota the gateway enforces for that key, as JSON and as
+//!   `RateLimit` / `RateLimit-Policy` headers, **consuming none of them**.
+//!   Each policy is peeked ([`Limiter::peek_policy`]): the store reads every
+//!   quota's window and records nothing (the store conformance suite checks
+//!   it, on the embedded store and on Redis). The route is limited by a quota of its own,
+//!   [`POLL_QUOTA`] per tenant and user, so polling costs a store call
+//!   that is bounded, and never a message or a request from the user's
+//!   quotas.
+//!
+//! The page may poll another node than the one that served it (after a
+//! failover), so [`cross_origin_reads`] lets any origin read the two JSON
+//! routes it polls (`/api/quota`, `/presence`): they take no credentials
+//! and change nothing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use axum_window_ext::RejectionResponse;
+use serde_json::{json, Value};
+use tower_window::layer::{insert_rate_limit_headers, Rejection};
+use tower_window::{Decision, Limiter, Policy, Quota, QuotaDecision, WindowKey};
+
+const INDEX_HTML: &str = include_str!("demo/index.html");
+const DEMO_CSS: &str = include_str!("demo/demo.css");
+const DEMO_JS: &str = include_str!("demo/demo.js");
+
+/// The quota of `GET /api/quota` itself, per tenant and user: the page
+/// polls every 2 s, so two tabs of one user fit.
+pub const POLL_QUOTA: &str = "quota-poll=60/1m";
+
+/// The longest tenant or user name `/api/quota` accepts, in bytes.
+pub const MAX_NAME_LEN: usize = 256;
+
+/// Paths any origin may read (see the module docs).
+const CROSS_ORIGIN_PATHS: &[&str] = &["/api/quota", "/presence"];
+
+/// The policies `/api/quota` reports for a tenant: the gateway's HTTP
+/// policy for that tenant, and its per-message and per-byte policies where
+/// it has them. An empty list reports no quota (an unknown or unlimited
+/// tenant).
+pub type PolicySource = Arc<dyn Fn(&str) -> Vec<Policy> + Send + Sync>;
+
+/// What `/api/quota` needs.
+#[derive(Clone)]
+struct QuotaState {
+    limiter: Limiter,
+    policies: PolicySource,
+    poll: Option<Policy>,
+    tenant_header: HeaderName,
+    user_header: HeaderName,
+}
+
+/// The demo page's routes (none of them rate limited by the gateway's
+/// layer; `/api/quota` has its own [`POLL_QUOTA`]).
+///
+/// `limiter` is the gateway's limiter (same store, breakers and fallback);
+/// `policies` names, per tenant, the policies whose quotas `/api/quota`
+/// reports.
+pub fn router(
+    limiter: Limiter,
+    policies: PolicySource,
+    tenant_header: HeaderName,
+    user_header: HeaderName,
+) -> Router {
+    let poll = poll_policy();
+    let state = QuotaState {
+        limiter,
+        policies,
+        poll,
+        tenant_header,
+        user_header,
+    };
+    Router::new()
+        .route("/", get(index))
+        .route("/demo/demo.css", get(css))
+        .route("/demo/demo.js", get(js))
+        .route("/api/quota", get(quota).with_state(state))
+}
+
+/// [`POLL_QUOTA`] as a policy (`None` only if the constant were invalid,
+/// which the unit test below rules out).
+fn poll_policy() -> Option<Policy> {
+    let (name, dsl) = POLL_QUOTA.split_once('=')?;
+    let quota = dsl.parse::<Quota>().ok()?.named(name).ok()?;
+    Some(Policy::from(quota))
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-cache"),
+            (HeaderName::from_static("x-content-type-options"), "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn index() -> Response {
+    let mut response = asset("text/html; charset=utf-8", INDEX_HTML);
+    // Everything the page loads comes from the node that served it; its
+    // sockets and polls may go to any node the user lists.
+    response.headers_mut().insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'self'; connect-src *; img-src 'self' data:; frame-ancestors 'none'",
+        ),
+    );
+    response
+}
+
+async fn css() -> Response {
+    asset("text/css; charset=utf-8", DEMO_CSS)
+}
+
+async fn js() -> Response {
+    asset("text/javascript; charset=utf-8", DEMO_JS)
+}
+
+/// `GET /api/quota` query parameters: the demo-only fallback for the
+/// headers, as on `/ws` (browsers cannot set headers on every request the
+/// page makes cross-origin without a preflight).
+#[derive(Debug, Default, serde::Deserialize)]
+struct KeyQuery {
+    tenant: Option<String>,
+    user: Option<String>,
+}
+
+/// The key of a request: query parameters first, then the headers; the
+/// tenant defaults to `public` as on the limited routes.
+fn request_key(
+    state: &QuotaState,
+    query: &KeyQuery,
+    headers: &HeaderMap,
+) -> Option<(String, String)> {
+    let header = |name: &HeaderName| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let user = query.user.clone().or_else(|| header(&state.user_header))?;
+    let tenant = query
+        .tenant
+        .clone()
+        .or_else(|| header(&state.tenant_header))
+        .unwrap_or_else(|| "public".to_owned());
+    let valid = |s: &str| !s.is_empty() && s.len() <= MAX_NAME_LEN;
+    (valid(&user) && valid(&tenant)).then_some((tenant, user))
+}
+
+async fn quota(
+    State(state): State<QuotaState>,
+    Query(query): Query<KeyQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let Some((tenant, user)) = request_key(&state, &query, &headers) else {
+        return RejectionResponse::missing_key(StatusCode::BAD_REQUEST).into_response();
+    };
+    let key = WindowKey::new(tenant.clone(), user.clone());
+
+    // The route's own quota: one unit per poll.
+    let poll = match &state.poll {
+        Some(poll) => state.limiter.check_policy(&key, poll, 1).await.map(Some),
+        None => Ok(None),
+    };
+    match poll {
+        Ok(None) => {}
+        Ok(Some(decision)) if decision.allowed => {}
+        Ok(Some(decision)) => {
+            return RejectionResponse(Rejection::for_denial(
+                decision,
+                StatusCode::SERVICE_UNAVAILABLE,
+            ))
+            .into_response()
+        }
+        Err(error) => return RejectionResponse::unavailable(error.to_string()).into_response(),
+    }
+
+    // The peek: the store reads the windows and records nothing (no
+    // decision metric either).
+    let mut quotas = Vec::new();
+    let mut degraded = false;
+    for policy in &(state.policies)(&tenant) {
+        match state.limiter.peek_policy(&key, policy, 1).await {
+            Ok(decision) => {
+                degraded |= decision.is_degraded();
+                quotas.extend(decision.quotas().iter().cloned());
+            }
+            Err(error) => return RejectionResponse::unavailable(error.to_string()).into_response(),
+        }
+    }
+    let body = quota_body(&tenant, &user, &quotas, degraded);
+    let mut response = Json(body).into_response();
+    if let Some(mut decision) = Decision::from_quotas(quotas) {
+        // The headers describe the state, not a denial of this request.
+        decision.allowed = true;
+        insert_rate_limit_headers(response.headers_mut(), &decision, false);
+    }
+    response
+}
+
+/// `{"tenant","user","degraded","quotas":{name:{limit,remaining,reset_after_ms}}}`,
+/// the same per-quota shape as the admin API's usage.
+fn quota_body(tenant: &str, user: &str, quotas: &[QuotaDecision], degraded: bool) -> Value {
+    let quotas: BTreeMap<&str, Value> = quotas
+        .iter()
+        .map(|q| {
+            let reset_ms = u64::try_from(q.reset_after.as_millis()).unwrap_or(u64::MAX);
+            (
+                q.quota.name(),
+                json!({
+                    "limit": q.quota.capacity(),
+                    "remaining": q.remaining,
+                    "reset_after_ms": reset_ms,
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "tenant": tenant,
+        "user": user,
+        "degraded": degraded,
+        "quotas": quotas,
+    })
+}
+
+/// Lets any origin read the read-only JSON routes the demo page polls
+/// (`/api/quota`, `/presence`), and their `RateLimit` headers. Other
+/// routes are untouched. No credentials are involved: the browser sends
+/// none cross-origin without `Access-Control-Allow-Credentials`.
+pub async fn cross_origin_reads(request: Request, next: Next) -> Response {
+    let readable =
+        request.method() == Method::GET && CROSS_ORIGIN_PATHS.contains(&request.uri().path());
+    let mut response = next.run(request).await;
+    if readable {
+        let headers = response.headers_mut();
+        headers.insert(
+            header::ACCESS_CONTROL_ALLOW_ORIGIN,
+            HeaderValue::from_static("*"),
+        );
+        headers.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("ratelimit, ratelimit-policy, retry-after"),
+        );
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn poll_quota_parses() {
+        let policy = poll_policy().unwrap();
+        let quota = policy.first();
+        assert_eq!(quota.name(), "quota-poll");
+        assert_eq!((quota.limit(), quota.window_micros()), (60, 60_000_000));
+    }
+
+    #[test]
+    fn assets_are_self_contained() {
+        // Nothing is fetched from outside: no absolute URL in a src/href.
+        for asset in [INDEX_HTML, DEMO_CSS, DEMO_JS] {
+            for needle in ["src=\"http", "href=\"http", "@import", "url(http", "//cdn"] {
+                assert!(!asset.contains(needle), "{needle}");
+            }
+        }
+        assert!(INDEX_HTML.contains("src=\"/demo/demo.js\""));
+        assert!(INDEX_HTML.contains("href=\"/demo/demo.css\""));
+    }
+}
