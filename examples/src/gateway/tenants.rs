@@ -96,31 +96,40 @@ pub fn watch(registry: TenantRegistry, path: PathBuf) {
             // Let a burst of events (write, rename, chmod) settle.
             tokio::time::sleep(Duration::from_millis(50)).await;
             while rx.try_recv().is_ok() {}
-            let text = match std::fs::read_to_string(&path) {
-                Ok(text) => text,
-                Err(error) => {
-                    reloaded(false);
-                    tracing::warn!(%error, path = %path.display(), "tenants file unreadable; keeping the old configuration");
-                    continue;
-                }
-            };
-            if last.as_deref() == Some(text.as_str()) {
-                continue;
-            }
-            match TenantsConfig::from_toml(&text) {
-                Ok(config) => {
-                    registry.set_config(config);
-                    last = Some(text);
-                    reloaded(true);
-                    tracing::info!(path = %path.display(), "tenants file reloaded");
-                }
-                Err(error) => {
-                    reloaded(false);
-                    tracing::warn!(%error, path = %path.display(), "invalid tenants file refused; keeping the old configuration");
-                }
-            }
+            reload(&registry, &path, &mut last);
         }
     });
+}
+
+/// Reloads `registry` from the tenants file at `path` if its text changed
+/// since `last` (which it then becomes): a valid file is swapped in as a
+/// whole, an unreadable or invalid one is refused and the old configuration
+/// stays. Each attempt is logged and counted in
+/// `tower_window_config_reload_total{result="ok"|"error"}`.
+pub fn reload(registry: &TenantRegistry, path: &Path, last: &mut Option<String>) {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(error) => {
+            reloaded(false);
+            tracing::warn!(%error, path = %path.display(), "tenants file unreadable; keeping the old configuration");
+            return;
+        }
+    };
+    if last.as_deref() == Some(text.as_str()) {
+        return;
+    }
+    match TenantsConfig::from_toml(&text) {
+        Ok(config) => {
+            registry.set_config(config);
+            *last = Some(text);
+            reloaded(true);
+            tracing::info!(path = %path.display(), "tenants file reloaded");
+        }
+        Err(error) => {
+            reloaded(false);
+            tracing::warn!(%error, path = %path.display(), "invalid tenants file refused; keeping the old configuration");
+        }
+    }
 }
 
 fn reloaded(ok: bool) {

@@ -645,4 +645,3 @@ mod tests {
         assert_eq!(message_id("{broken"), None);
     }
 }
-
