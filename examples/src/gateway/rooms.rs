@@ -30,6 +30,8 @@ use tower_window::events::{Epoch, Event, EventId, EventTail, EventWindow, Positi
 use tower_window::store::redis::redis;
 use tower_window::StoreError;
 
+use super::room_metrics;
+
 /// How long one blocking `XREAD` waits: a room joined meanwhile is read
 /// from the next one on.
 pub const READ_BLOCK: Duration = Duration::from_millis(100);
@@ -189,6 +191,7 @@ impl RoomHub {
     }
 
     fn new(events: EventWindow, live: Live) -> Self {
+        room_metrics::register();
         Self {
             inner: Arc::new(Inner {
                 events,
@@ -264,6 +267,7 @@ impl RoomHub {
                     overflowed: Arc::clone(&overflowed),
                 },
             );
+        room_metrics::sockets(1.0);
         let mut session = RoomSession {
             hub: self.clone(),
             room: room.to_owned(),
@@ -299,7 +303,9 @@ impl RoomHub {
     fn leave(&self, room: &str, socket: u64) {
         let mut rooms = lock(&self.inner.rooms);
         if let Some(state) = rooms.get_mut(room) {
-            state.sockets.remove(&socket);
+            if state.sockets.remove(&socket).is_some() {
+                room_metrics::sockets(-1.0);
+            }
             if state.sockets.is_empty() {
                 rooms.remove(room);
             }
@@ -325,6 +331,7 @@ impl RoomHub {
                 &[("from", user.as_bytes()), ("data", data.as_bytes())],
             )
             .await?;
+        room_metrics::published();
         self.inner.wake.notify_one();
         if let Some(inbound) = &self.inner.inbound {
             let id = message_id.map_or_else(|| appended.id.to_string(), str::to_owned);
@@ -364,12 +371,20 @@ impl RoomHub {
             state
                 .sockets
                 .retain(|_, socket| match socket.queue.try_send(live.clone()) {
-                    Ok(()) => true,
+                    Ok(()) => {
+                        room_metrics::delivered(1);
+                        true
+                    }
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         socket.overflowed.store(true, Ordering::Release);
+                        room_metrics::overflowed();
+                        room_metrics::sockets(-1.0);
                         false
                     }
-                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        room_metrics::sockets(-1.0);
+                        false
+                    }
                 });
             state.cursor = Some((epoch, event.id));
         }
@@ -552,8 +567,9 @@ impl RoomSession {
         self.pending.push_back(welcome.to_string().into());
         self.last_sent = Some((head.epoch.clone(), head.after()));
         self.head = Some(head);
-        if let Some(from) = resume {
-            self.phase = Phase::History { from, count: 0 };
+        match resume {
+            Some(from) => self.phase = Phase::History { from, count: 0 },
+            None => room_metrics::joined("live"),
         }
     }
 
@@ -576,6 +592,7 @@ impl RoomSession {
                 .await?;
             match page {
                 Resume::Resync(reason) => {
+                    room_metrics::joined(reason.as_str());
                     self.pending
                         .push_back(resync_text(&self.room, reason.as_str()));
                     self.phase = Phase::Live;
@@ -598,6 +615,7 @@ impl RoomSession {
                                 self.last_sent = Some((epoch.clone(), from.after()));
                             }
                         }
+                        room_metrics::joined("recovered");
                         let recovered =
                             json!({"type": "recovered", "room": self.room, "count": count});
                         self.pending.push_back(recovered.to_string().into());

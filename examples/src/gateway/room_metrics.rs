@@ -1,0 +1,79 @@
+//! What the rooms of `/ws?room=R` record, for the dashboard's rooms row.
+//!
+//! Every series is registered at zero when a node's room hub is built, so
+//! `rate()` and `increase()` work from the first scrape on and a node with
+//! no room traffic yet still shows its rooms row.
+
+use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
+
+/// Room messages appended to their event window by this node.
+pub const ROOM_PUBLISHED_TOTAL: &str = "tower_window_room_published_total";
+/// Live room events queued to this node's sockets.
+pub const ROOM_DELIVERED_TOTAL: &str = "tower_window_room_delivered_total";
+/// Room joins by how they started: `live` (no position given), `recovered`
+/// (the gap was sent), `too_old` or `epoch_changed` (told to resync).
+pub const ROOM_JOINS_TOTAL: &str = "tower_window_room_joins_total";
+/// Sockets dropped because their queue overflowed (told to resync).
+pub const ROOM_OVERFLOWS_TOTAL: &str = "tower_window_room_overflows_total";
+/// Sockets in a room on this node.
+pub const ROOM_SOCKETS: &str = "tower_window_room_sockets";
+
+/// Every `result` of [`ROOM_JOINS_TOTAL`].
+const JOIN_RESULTS: [&str; 4] = ["live", "recovered", "too_old", "epoch_changed"];
+
+/// Describes every room metric and registers it at zero.
+pub(super) fn register() {
+    describe_counter!(
+        ROOM_PUBLISHED_TOTAL,
+        Unit::Count,
+        "Room messages appended to their event window by this node."
+    );
+    describe_counter!(
+        ROOM_DELIVERED_TOTAL,
+        Unit::Count,
+        "Live room events queued to this node's sockets."
+    );
+    describe_counter!(
+        ROOM_JOINS_TOTAL,
+        Unit::Count,
+        "Room joins by result: live, recovered, too_old, epoch_changed."
+    );
+    describe_counter!(
+        ROOM_OVERFLOWS_TOTAL,
+        Unit::Count,
+        "Room sockets dropped because their queue overflowed."
+    );
+    describe_gauge!(ROOM_SOCKETS, Unit::Count, "Sockets in a room on this node.");
+    counter!(ROOM_PUBLISHED_TOTAL).increment(0);
+    counter!(ROOM_DELIVERED_TOTAL).increment(0);
+    for result in JOIN_RESULTS {
+        counter!(ROOM_JOINS_TOTAL, "result" => result).increment(0);
+    }
+    counter!(ROOM_OVERFLOWS_TOTAL).increment(0);
+    gauge!(ROOM_SOCKETS).increment(0.0);
+}
+
+/// A message was appended.
+pub(super) fn published() {
+    counter!(ROOM_PUBLISHED_TOTAL).increment(1);
+}
+
+/// `n` live events were queued to sockets.
+pub(super) fn delivered(n: u64) {
+    counter!(ROOM_DELIVERED_TOTAL).increment(n);
+}
+
+/// A join started as `result` (one of [`JOIN_RESULTS`]).
+pub(super) fn joined(result: &'static str) {
+    counter!(ROOM_JOINS_TOTAL, "result" => result).increment(1);
+}
+
+/// A socket's queue overflowed.
+pub(super) fn overflowed() {
+    counter!(ROOM_OVERFLOWS_TOTAL).increment(1);
+}
+
+/// A socket entered (`+1`) or left (`-1`) a room.
+pub(super) fn sockets(delta: f64) {
+    gauge!(ROOM_SOCKETS).increment(delta);
+}
