@@ -41,7 +41,7 @@ mod app;
 mod config;
 pub mod demo;
 pub mod metrics;
-mod room_metrics;
+pub mod room_metrics;
 pub mod rooms;
 pub mod tenants;
 pub mod ws;
