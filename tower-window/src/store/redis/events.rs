@@ -15,7 +15,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use redis::{Script, ScriptInvocation, Value};
 
-use super::connection::{is_connection_error, is_topology_change, map_error, Conn};
+use super::call::Call;
 use super::keys::{encode_component, escape_into, needs_escape, Crc16, CLUSTER_SLOTS};
 use super::RedisStore;
 use crate::events::{
@@ -131,38 +131,7 @@ impl RedisStore {
             .arg(retention.ttl_millis())
             .arg(format!("{:016x}", request.nonce));
         extra(&mut call);
-        let (conn, generation) = self.connection.get().await?;
-        if let Conn::Cluster(cluster) = &conn {
-            self.refresh_topology_if_due(cluster);
-        }
-        const NOSCRIPT_ATTEMPTS: u32 = 3;
-        let mut attempts = 0;
-        let reply: Result<Value, _> = loop {
-            attempts += 1;
-            let reply = match conn.clone() {
-                Conn::Single(mut conn) => call.invoke_async(&mut conn).await,
-                Conn::Cluster(mut conn) => call.invoke_async(&mut conn).await,
-            };
-            match reply {
-                Err(error)
-                    if error.kind()
-                        == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                        && attempts < NOSCRIPT_ATTEMPTS => {}
-                other => break other,
-            }
-        };
-        reply.map_err(|error| {
-            if is_connection_error(&error) {
-                self.connection.invalidate(generation);
-            }
-            if let Conn::Cluster(cluster) = &conn {
-                if is_topology_change(&error) {
-                    self.topology.mark_stale();
-                    self.refresh_topology_if_due(cluster);
-                }
-            }
-            map_error(error)
-        })
+        self.call(Call::Script(&call)).await
     }
 
     async fn event_append(
