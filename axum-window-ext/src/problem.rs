@@ -99,8 +99,8 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
         _ => "about:blank",
     };
     let limit = rejection.decision().map(|decision| LimitMembers {
-        policy: decision.quota.name(),
-        quota: decision.quota.to_string(),
+        policy: decision.quota().name(),
+        quota: decision.quota().to_string(),
         limit: decision.limit(),
         remaining: decision.remaining,
         reset_after: ceil_secs(decision.reset_after),

@@ -233,7 +233,7 @@ impl<S: Store> Run<S> {
         let decision = self
             .check_policy(key, &Policy::from(quota.clone()), cost)
             .await;
-        assert_eq!(&decision.quota, quota, "{}: decision quota", self.scenario);
+        assert_eq!(decision.quota(), quota, "{}: decision quota", self.scenario);
         decision
     }
 
@@ -958,7 +958,7 @@ pub async fn a_denial_moves_no_quota<F: StoreFactory>(factory: &F) {
             let d = run.check_policy(&k, &p, cost).await;
             assert!(!d.allowed, "round {round}: {d:?}");
             assert_eq!(
-                (d.quota.name(), Seen::from(&d)),
+                (d.quota().name(), Seen::from(&d)),
                 ("tight", deny(0, 39 * S, 39 * S)),
                 "a_denial_moves_no_quota: the deciding quota"
             );
@@ -1017,7 +1017,7 @@ pub async fn tenant_quota_is_shared_by_subjects<F: StoreFactory>(factory: &F) {
     let d = run.check_policy(&alice, &p, 1).await;
     assert!(!d.allowed);
     assert_eq!(
-        (d.quota.name(), Seen::from(&d)),
+        (d.quota().name(), Seen::from(&d)),
         ("org", deny(0, 40 * S, 40 * S))
     );
     assert_eq!(
@@ -1116,7 +1116,7 @@ pub async fn shadow_quota_never_denies_and_records_only_what_fits<F: StoreFactor
     let d = run.check_policy(&k, &p, 1).await;
     assert!(d.allowed, "a shadow quota never denies: {d:?}");
     assert_eq!(
-        (d.quota.name(), Seen::from(&d)),
+        (d.quota().name(), Seen::from(&d)),
         ("burst", allow(0, 60 * S))
     );
     assert_eq!(
@@ -1131,7 +1131,7 @@ pub async fn shadow_quota_never_denies_and_records_only_what_fits<F: StoreFactor
     let d = run.check_policy(&k, &p, 1).await;
     assert!(!d.allowed);
     assert_eq!(
-        (d.quota.name(), Seen::from(&d)),
+        (d.quota().name(), Seen::from(&d)),
         ("burst", deny(0, 60 * S, 30 * S))
     );
     // The entries of START expire: had the shadow quota recorded the

@@ -189,8 +189,6 @@ pub struct Decision {
     /// Whether the request may proceed: every quota admitted it
     /// ([shadow](Quota::shadowed) quotas never deny).
     pub allowed: bool,
-    /// The deciding quota.
-    pub quota: Quota,
     /// Units left in the deciding quota's window after this decision.
     pub remaining: u32,
     /// Time until the deciding quota's window is full again.
@@ -205,6 +203,8 @@ pub struct Decision {
     /// (the Redis server's `TIME` for `RedisStore`).
     pub timestamp_micros: u64,
     quotas: QuotaStates,
+    /// The deciding quota's index in `quotas` (below `MAX_QUOTAS`).
+    decider: u8,
 }
 
 impl Decision {
@@ -229,7 +229,8 @@ impl Decision {
         ))
     }
 
-    fn single(state: QuotaDecision) -> Self {
+    /// The decision of a one-quota policy.
+    pub(crate) fn single(state: QuotaDecision) -> Self {
         let mut quotas = QuotaStates::new();
         quotas.push(state);
         Self::from_states(quotas, 0)
@@ -251,7 +252,7 @@ impl Decision {
     /// ])
     /// .unwrap();
     /// assert!(!decision.allowed);
-    /// assert_eq!(decision.quota.name(), "hourly");
+    /// assert_eq!(decision.quota().name(), "hourly");
     /// assert_eq!(decision.retry_after, Some(Duration::from_secs(60)));
     /// assert_eq!(decision.quotas().len(), 2);
     /// # Ok::<(), tower_window::QuotaError>(())
@@ -273,7 +274,6 @@ impl Decision {
         let d = &quotas[decider];
         Self {
             allowed,
-            quota: d.quota.clone(),
             remaining: d.remaining,
             reset_after: d.reset_after,
             retry_after: if allowed {
@@ -284,7 +284,16 @@ impl Decision {
             source: DecisionSource::Store,
             timestamp_micros: 0,
             quotas,
+            // A policy holds at most `MAX_QUOTAS` (16) quotas.
+            decider: u8::try_from(decider).unwrap_or(u8::MAX),
         }
+    }
+
+    /// The deciding quota: the tightest one of the policy (see the type's
+    /// docs). Its state is also in [`quotas`](Self::quotas).
+    pub fn quota(&self) -> &Quota {
+        let decider = &self.quotas[usize::from(self.decider).min(self.quotas.len() - 1)];
+        &decider.quota
     }
 
     /// Every quota's state, in policy order (the deciding one included).
@@ -312,7 +321,7 @@ impl Decision {
 
     /// The limit of the deciding quota (the burst for GCRA).
     pub fn limit(&self) -> u32 {
-        self.quota.capacity()
+        self.quota().capacity()
     }
 
     /// Whether the decision was made without the store (fallback).
@@ -324,9 +333,6 @@ impl Decision {
     /// names; a fallback decides on scaled copies of them).
     pub(crate) fn reported_as(mut self, policy: &crate::Policy) -> Self {
         for (state, quota) in self.quotas.iter_mut().zip(policy.quotas()) {
-            if state.quota.name() == self.quota.name() {
-                self.quota = quota.clone();
-            }
             state.quota = quota.clone();
         }
         self
@@ -366,7 +372,7 @@ mod tests {
         .unwrap();
         assert!(d.allowed);
         assert_eq!(
-            (d.quota.name(), d.remaining, d.retry_after),
+            (d.quota().name(), d.remaining, d.retry_after),
             ("b", 2, Some(s(0)))
         );
         // The longer wait decides; never fitting is longest; ties keep order.
@@ -378,13 +384,13 @@ mod tests {
         ])
         .unwrap();
         assert!(!d.allowed);
-        assert_eq!((d.quota.name(), d.retry_after), ("c", Some(s(50))));
+        assert_eq!((d.quota().name(), d.retry_after), ("c", Some(s(50))));
         let d = Decision::from_quotas([
             QuotaDecision::deny(q("1/m", "c"), 0, s(60), Some(s(50))),
             QuotaDecision::deny(q("1/s", "e"), 1, s(0), None),
         ])
         .unwrap();
-        assert_eq!((d.quota.name(), d.retry_after), ("e", None));
+        assert_eq!((d.quota().name(), d.retry_after), ("e", None));
         assert_eq!(d.quotas().len(), 2);
         assert!(Decision::from_quotas([]).is_none());
     }
@@ -399,7 +405,7 @@ mod tests {
         ])
         .unwrap();
         assert!(d.allowed);
-        assert_eq!(d.quota.name(), "burst");
+        assert_eq!(d.quota().name(), "burst");
         assert_eq!(d.retry_after, Some(s(0)));
         assert_eq!(d.shadow_denials().count(), 1);
         let d = Decision::from_quotas([
@@ -408,7 +414,7 @@ mod tests {
         ])
         .unwrap();
         assert!(!d.allowed);
-        assert_eq!((d.quota.name(), d.retry_after), ("burst", Some(s(1))));
+        assert_eq!((d.quota().name(), d.retry_after), ("burst", Some(s(1))));
         let only = Decision::from_quotas([QuotaDecision::deny(shadow, 0, s(60), None)]).unwrap();
         assert!(only.allowed);
         assert_eq!(only.retry_after, Some(s(0)));

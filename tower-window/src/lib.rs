@@ -62,8 +62,8 @@ pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
 pub use layer::{MissingKey, Rejection, SlidingWindow, SlidingWindowLayer};
 pub use limiter::breaker::{BreakerConfig, BreakerState};
 pub use limiter::resilience::RetryConfig;
+pub use limiter::{Check, LimitError, Limiter};
 pub use limiter::{LeaseConfig, LeaseStats, LimiterBuilder, LimiterStats};
-pub use limiter::{LimitError, Limiter};
 pub use quota::{Policy, PolicyError, Quota, QuotaBuilder, QuotaError, Scope};
 pub use store::{CheckRequest, MemoryStore, Store, StoreError, StoreErrorKind};
 #[cfg(feature = "redis")]

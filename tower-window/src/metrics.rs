@@ -95,6 +95,10 @@ pub const FALLBACK_DECISIONS_TOTAL: &str = "tower_window_fallback_decisions_tota
 /// Admissions made without the store, by `reason`.
 pub const FALLBACK_ADMISSIONS_TOTAL: &str = "tower_window_fallback_admissions_total";
 /// Duration of one decision's store call (retries included), by `outcome`.
+/// Recorded for stores that do I/O (Redis); a store that decides in process
+/// ([`Store::decides_in_process`](crate::Store::decides_in_process), the
+/// embedded `MemoryStore`) is not timed: its call takes well under the
+/// smallest bucket, and timing it would cost more than the call.
 pub const STORE_CALL_DURATION_SECONDS: &str = "tower_window_store_call_duration_seconds";
 /// Failed store calls by error `kind`.
 pub const STORE_ERRORS_TOTAL: &str = "tower_window_store_errors_total";
@@ -568,12 +572,12 @@ mod imp {
                     .counter(SHADOW_DENIALS_TOTAL, &[])
                     .increment(1);
             }
-            if !self.tenant_label && self.is_own(&decision.quota) {
+            if !self.tenant_label && self.is_own(&decision.quota()) {
                 self.handles().decisions.record(decision);
             } else {
                 // Make sure the limiter-wide series exist too.
                 let _ = self.handles();
-                let labels = self.labels_for(&decision.quota, Some(key));
+                let labels = self.labels_for(&decision.quota(), Some(key));
                 let outcome = outcome(decision.allowed);
                 labels
                     .counter(
@@ -679,22 +683,34 @@ mod imp {
             timer: StoreTimer,
             error: Option<&StoreError>,
         ) {
-            let seconds = timer.0.elapsed().as_secs_f64();
+            if timer.0.is_none() && error.is_none() {
+                // An untimed success records nothing.
+                return;
+            }
+            let seconds = timer.0.map(|started| started.elapsed().as_secs_f64());
             if self.is_own(quota) {
                 let store = &self.handles().store;
                 match error {
-                    None => store.ok.record(seconds),
+                    None => {
+                        if let Some(seconds) = seconds {
+                            store.ok.record(seconds);
+                        }
+                    }
                     Some(error) => {
-                        store.error.record(seconds);
+                        if let Some(seconds) = seconds {
+                            store.error.record(seconds);
+                        }
                         store.errors[kind_index(error.kind())].increment(1);
                     }
                 }
             } else {
                 let labels = self.labels_for(quota, None);
                 let outcome = if error.is_some() { "error" } else { "ok" };
-                labels
-                    .histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", outcome)])
-                    .record(seconds);
+                if let Some(seconds) = seconds {
+                    labels
+                        .histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", outcome)])
+                        .record(seconds);
+                }
                 if let Some(error) = error {
                     labels
                         .counter(STORE_ERRORS_TOTAL, &[("kind", error.kind().as_str())])
@@ -704,12 +720,15 @@ mod imp {
         }
     }
 
-    /// When a store call started.
-    pub(crate) struct StoreTimer(Instant);
+    /// When a store call started; `None` for a call that is not timed.
+    pub(crate) struct StoreTimer(Option<Instant>);
 
     impl StoreTimer {
-        pub(crate) fn start() -> Self {
-            Self(Instant::now())
+        /// Starts timing a store call, if `timed`. An in-process store
+        /// decides in well under the histogram's smallest bucket; two clock
+        /// readings would cost more than its whole call, so it is not timed.
+        pub(crate) fn start(timed: bool) -> Self {
+            Self(timed.then(Instant::now))
         }
     }
 }
@@ -756,7 +775,7 @@ mod imp {
 
     impl StoreTimer {
         #[inline(always)]
-        pub(crate) fn start() -> Self {
+        pub(crate) fn start(_: bool) -> Self {
             Self
         }
     }

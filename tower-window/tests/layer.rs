@@ -37,8 +37,16 @@ impl Store for ScriptedStore {
         &'a self,
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        let mut decision = self.0.clone();
-        decision.quota = request.policy.first().clone();
+        // The scripted answer, reported against the request's quota.
+        let d = &self.0;
+        let quota = request.policy.first().clone();
+        let decision = if d.allowed {
+            Decision::allow(quota, d.remaining, d.reset_after)
+        } else {
+            Decision::deny(quota, d.remaining, d.reset_after, d.retry_after)
+        }
+        .with_source(d.source)
+        .with_timestamp_micros(d.timestamp_micros);
         Box::pin(async move { Ok(decision) })
     }
 }
@@ -1272,7 +1280,7 @@ async fn nested_layers_an_inner_denial_has_consumed_the_outer_quota() {
             assert_eq!(names, ["inner", "outer"]);
             assert!(matches!(
                 response.extensions().get::<Rejection>(),
-                Some(Rejection::RateLimited(decision)) if decision.quota.name() == "inner"
+                Some(Rejection::RateLimited(decision)) if decision.quota().name() == "inner"
             ));
         }
     }

@@ -865,7 +865,7 @@ async fn local_window_admits_a_share_per_window() {
         for _ in 0..10 {
             let d = limiter.check(&key(), 1).await.unwrap();
             assert_eq!(d.source, fallback(FallbackReason::Unavailable));
-            assert_eq!(d.quota, quota(), "reported against the caller's quota");
+            assert_eq!(*d.quota(), quota(), "reported against the caller's quota");
             admitted += u32::from(d.allowed);
         }
         assert_eq!(admitted, 3, "second {second}");

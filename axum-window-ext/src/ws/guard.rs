@@ -284,7 +284,7 @@ async fn charge(limits: &MessageLimits, key: &WindowKey, len: usize) -> Charge {
             Ok(decision) if decision.allowed => {}
             Ok(decision) => {
                 return Charge::Exceeded {
-                    quota: decision.quota.name().to_owned(),
+                    quota: decision.quota().name().to_owned(),
                     retry_after: decision.retry_after,
                 }
             }

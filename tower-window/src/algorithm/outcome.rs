@@ -110,10 +110,22 @@ pub(crate) fn policy_decision(
     evaluations: &[Evaluation],
     now: u64,
 ) -> Option<Decision> {
+    let micros = Duration::from_micros;
+    if let ([quota], [e]) = (policy.quotas(), evaluations) {
+        // One quota (the common case): its own outcome, without collecting.
+        let o = e.outcome;
+        let state = QuotaDecision {
+            quota: quota.clone(),
+            allowed: o.allowed,
+            remaining: o.remaining,
+            reset_after: micros(o.reset_after),
+            retry_after: o.retry_after.map(micros),
+        };
+        return Some(Decision::single(state).with_timestamp_micros(now));
+    }
     let admitted = policy_admits(policy, evaluations);
     let states = policy.quotas().iter().zip(evaluations).map(|(quota, e)| {
         let o = e.outcome;
-        let micros = Duration::from_micros;
         if admitted || !o.allowed {
             QuotaDecision {
                 quota: quota.clone(),

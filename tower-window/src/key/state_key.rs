@@ -23,6 +23,8 @@ pub(crate) struct StateKey {
     tenant: Bytes,
     subject: Bytes,
     quota: Arc<str>,
+    /// `quota`'s hash, computed once per quota (see [`id_hash`]).
+    quota_hash: u64,
 }
 
 impl StateKey {
@@ -39,6 +41,7 @@ impl StateKey {
                 Scope::Tenant => Bytes::new(),
             },
             quota: quota.shared_state_id(),
+            quota_hash: quota.state_id_hash(),
         }
     }
 
@@ -49,11 +52,17 @@ impl StateKey {
             tenant: tenant.clone(),
             subject: subject.clone(),
             quota: policy.shared_id(),
+            quota_hash: policy.id_hash(),
         }
     }
 
-    fn parts(&self) -> (&[u8], &[u8], &str) {
-        (&self.tenant, &self.subject, &self.quota)
+    fn parts(&self) -> Parts<'_> {
+        Parts {
+            tenant: &self.tenant,
+            subject: &self.subject,
+            quota: &self.quota,
+            quota_hash: self.quota_hash,
+        }
     }
 }
 
@@ -63,6 +72,7 @@ pub(crate) struct StateKeyRef<'a> {
     tenant: &'a [u8],
     subject: &'a [u8],
     quota: &'a str,
+    quota_hash: u64,
 }
 
 impl<'a> StateKeyRef<'a> {
@@ -75,6 +85,7 @@ impl<'a> StateKeyRef<'a> {
                 Scope::Tenant => &[],
             },
             quota: quota.state_id(),
+            quota_hash: quota.state_id_hash(),
         }
     }
 
@@ -84,12 +95,55 @@ impl<'a> StateKeyRef<'a> {
             tenant: key.tenant(),
             subject: key.subject(),
             quota: policy.id(),
+            quota_hash: policy.id_hash(),
         }
     }
 
-    fn parts(&self) -> (&'a [u8], &'a [u8], &'a str) {
-        (self.tenant, self.subject, self.quota)
+    fn parts(&self) -> Parts<'a> {
+        Parts {
+            tenant: self.tenant,
+            subject: self.subject,
+            quota: self.quota,
+            quota_hash: self.quota_hash,
+        }
     }
+}
+
+/// What both key forms hash and compare by.
+struct Parts<'a> {
+    tenant: &'a [u8],
+    subject: &'a [u8],
+    quota: &'a str,
+    quota_hash: u64,
+}
+
+impl Hash for Parts<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The quota's id hashed once, not its text on every lookup; the
+        // cache's own seeded hasher still mixes everything.
+        state.write_u64(self.quota_hash);
+        self.tenant.hash(state);
+        self.subject.hash(state);
+    }
+}
+
+impl PartialEq for Parts<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.quota_hash == other.quota_hash
+            && self.tenant == other.tenant
+            && self.subject == other.subject
+            // Keys of one quota share its id's allocation: compare the
+            // pointers before the text.
+            && (std::ptr::eq(self.quota, other.quota) || self.quota == other.quota)
+    }
+}
+
+/// A quota's or policy's id hashed with a fixed hasher, once when it is
+/// built: the state keys hash this instead of the id's text.
+pub(crate) fn id_hash(id: &str) -> u64 {
+    use std::hash::BuildHasher;
+    std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+        .hash_one(id)
 }
 
 // `StateKey` and `StateKeyRef` hash and compare alike, as `Equivalent`

@@ -88,7 +88,7 @@ pub fn insert_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision, l
         }
     }
     let state = item(
-        decision.quota.name(),
+        decision.quota().name(),
         &[(b"r", u64::from(decision.remaining)), (b"t", reset)],
     );
     if let Some(state) = state {
@@ -97,7 +97,7 @@ pub fn insert_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision, l
     if legacy {
         headers.insert(
             X_RATELIMIT_LIMIT,
-            HeaderValue::from(decision.quota.capacity()),
+            HeaderValue::from(decision.quota().capacity()),
         );
         headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
         headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));

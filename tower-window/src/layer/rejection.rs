@@ -132,14 +132,14 @@ impl Rejection {
             Self::RateLimited(decision) => match decision.retry_after {
                 Some(wait) => format!(
                     "quota {:?} ({}) exhausted; retry in {} s",
-                    decision.quota.name(),
-                    decision.quota,
+                    decision.quota().name(),
+                    decision.quota(),
                     crate::layer::headers::ceil_secs(wait)
                 ),
                 None => format!(
                     "request cost exceeds quota {:?} ({}) and can never be admitted",
-                    decision.quota.name(),
-                    decision.quota
+                    decision.quota().name(),
+                    decision.quota()
                 ),
             },
             Self::MissingKey { .. } => {

@@ -20,12 +20,14 @@ use crate::{Clock, Decision, DecisionSource, FallbackReason, Policy, SystemClock
 
 pub(crate) mod breaker;
 mod builder;
+mod check;
 pub(crate) mod lease;
 pub(crate) mod local;
 mod peek;
 pub(crate) mod resilience;
 
 pub use builder::LimiterBuilder;
+pub use check::Check;
 pub use lease::{LeaseConfig, LeaseStats};
 
 /// Checks keys against a [`Policy`] (one or more quotas) in a store.
@@ -150,8 +152,8 @@ impl Limiter {
     ///
     /// With a fallback policy, a store failure yields `Ok` with a degraded
     /// decision (`source = Fallback(reason)`); without one, an error.
-    pub async fn check(&self, key: &WindowKey, cost: u32) -> Result<Decision, LimitError> {
-        self.check_policy(key, &self.inner.policy, cost).await
+    pub fn check<'a>(&'a self, key: &'a WindowKey, cost: u32) -> Check<'a> {
+        Check::new(self, key, &self.inner.policy, cost)
     }
 
     /// Like [`check`](Self::check), against another policy in the same
@@ -162,15 +164,23 @@ impl Limiter {
     /// the policy's name and the cost, and records `quota` (the deciding
     /// one), `outcome`, `source`, `remaining` and `duration_us` when it ends
     /// (never the key), and is counted in the [metrics](crate::metrics).
-    pub async fn check_policy(
+    pub fn check_policy<'a>(
+        &'a self,
+        key: &'a WindowKey,
+        policy: &'a Policy,
+        cost: u32,
+    ) -> Check<'a> {
+        Check::new(self, key, policy, cost)
+    }
+
+    /// What [`Check`] awaits when [`check_policy_sync`](Self::check_policy_sync)
+    /// cannot decide at once.
+    async fn check_policy_async(
         &self,
         key: &WindowKey,
         policy: &Policy,
         cost: u32,
     ) -> Result<Decision, LimitError> {
-        if let Some(result) = self.check_policy_sync(key, policy, cost) {
-            return result;
-        }
         if cost == 0 {
             return Err(LimitError::ZeroCost);
         }
@@ -208,7 +218,7 @@ impl Limiter {
                         },
                     );
                     span.record("source", decision.source.as_str());
-                    span.record("quota", decision.quota.name());
+                    span.record("quota", decision.quota().name());
                     span.record("remaining", decision.remaining);
                 }
                 Err(_) => {
@@ -313,7 +323,7 @@ impl Limiter {
             guard.ticket = Some(breaker.acquire()?);
         }
         let quota = policy.first();
-        let timer = StoreTimer::start();
+        let timer = StoreTimer::start(false);
         let result = inner
             .store
             .check_sync(CheckRequest::new(key, policy, cost))?;
@@ -482,7 +492,7 @@ impl Limiter {
             }
         }
         let quota = policy.first();
-        let timer = StoreTimer::start();
+        let timer = StoreTimer::start(!inner.store.decides_in_process());
         let started = inner.clock.now_micros();
         let result = match sync() {
             // Decided in-process: there is nothing to time out, retry or bound.

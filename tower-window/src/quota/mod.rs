@@ -63,10 +63,19 @@ pub(crate) const DEFAULT_NAME: &str = "default";
 /// # Ok::<(), tower_window::QuotaError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Quota {
+pub struct Quota(Arc<QuotaData>);
+
+/// A quota's values, behind one reference count: a decision names its
+/// quota on every check, and cloning one pointer is what keeps that cheap.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct QuotaData {
     /// `"<name>|<definition>"` (plus `|tenant` for a tenant-scoped quota),
     /// computed once. The name is read from it (names hold no `|`).
     id: Arc<str>,
+    /// The name's length: `id[..name_len]` is the name.
+    name_len: usize,
+    /// `state_id`'s hash (see `crate::key::state_key::id_hash`).
+    state_id_hash: u64,
     /// `"<name>|<window>|<shape>[|tenant]"`: what a store keys the state by.
     /// It leaves out the limit (and the GCRA burst), so changing only the
     /// limit keeps every window; see [`Quota::state_id`].
@@ -129,7 +138,7 @@ impl Quota {
     /// ```
     #[must_use]
     pub fn scoped(mut self, scope: Scope) -> Self {
-        self.scope = scope;
+        Arc::make_mut(&mut self.0).scope = scope;
         let name = self.name().to_owned();
         self.set_ids(&name);
         self
@@ -137,7 +146,7 @@ impl Quota {
 
     /// Whose window this quota counts: per subject or per tenant.
     pub fn scope(&self) -> Scope {
-        self.scope
+        self.0.scope
     }
 
     /// The same quota as a *shadow* quota (or enforced again with `false`):
@@ -166,7 +175,7 @@ impl Quota {
     /// ```
     #[must_use]
     pub fn shadowed(mut self, shadow: bool) -> Self {
-        self.shadow = shadow;
+        Arc::make_mut(&mut self.0).shadow = shadow;
         let name = self.name().to_owned();
         self.set_ids(&name);
         self
@@ -174,7 +183,7 @@ impl Quota {
 
     /// Whether this is a shadow quota (see [`shadowed`](Self::shadowed)).
     pub fn is_shadow(&self) -> bool {
-        self.shadow
+        self.0.shadow
     }
 
     /// The same quota in state generation `generation` (default 0): the
@@ -186,7 +195,7 @@ impl Quota {
     /// their TTLs).
     #[must_use]
     pub fn with_generation(mut self, generation: u64) -> Self {
-        self.generation = generation;
+        Arc::make_mut(&mut self.0).generation = generation;
         let name = self.name().to_owned();
         self.set_ids(&name);
         self
@@ -194,53 +203,52 @@ impl Quota {
 
     /// The state generation (see [`with_generation`](Self::with_generation)).
     pub fn generation(&self) -> u64 {
-        self.generation
+        self.0.generation
     }
 
     /// The quota's name; `"default"` unless set.
     pub fn name(&self) -> &str {
-        let end = self.id.bytes().position(|b| b == b'|');
-        // `|` is ASCII, so `end` is a character boundary.
-        end.and_then(|end| self.id.get(..end)).unwrap_or(&self.id)
+        // The id starts with the name and `|`, an ASCII character boundary.
+        self.0.id.get(..self.0.name_len).unwrap_or(&self.0.id)
     }
 
     /// Units admitted per window.
     pub fn limit(&self) -> u32 {
-        self.limit.get()
+        self.0.limit.get()
     }
 
     /// The window length.
     pub fn window(&self) -> Duration {
-        Duration::from_micros(self.window_micros)
+        Duration::from_micros(self.0.window_micros)
     }
 
     /// The window length in microseconds.
     pub fn window_micros(&self) -> u64 {
-        self.window_micros
+        self.0.window_micros
     }
 
     /// The counting algorithm.
     pub fn algorithm(&self) -> Algorithm {
-        self.algorithm
+        self.0.algorithm
     }
 
     /// The GCRA burst, if one was set.
     pub fn burst(&self) -> Option<u32> {
-        self.burst.map(NonZeroU32::get)
+        self.0.burst.map(NonZeroU32::get)
     }
 
     /// The most units one key can be admitted at once: the burst for GCRA
     /// (default `limit`), otherwise the limit. A cost above it never fits.
     pub fn capacity(&self) -> u32 {
-        match self.algorithm {
-            Algorithm::Gcra => self.burst.unwrap_or(self.limit).get(),
-            _ => self.limit.get(),
+        match self.0.algorithm {
+            Algorithm::Gcra => self.0.burst.unwrap_or(self.0.limit).get(),
+            _ => self.0.limit.get(),
         }
     }
 
     /// The sliding counter's bucket width in microseconds, if that is the algorithm.
     pub fn granularity_micros(&self) -> Option<u64> {
-        match self.algorithm {
+        match self.0.algorithm {
             Algorithm::SlidingCounter { granularity } => Some(duration_micros(granularity)),
             _ => None,
         }
@@ -249,19 +257,19 @@ impl Quota {
     /// GCRA emission interval in microseconds: `ceil(window / limit)`.
     /// Rounding up means the rate is never faster than `limit / window`.
     pub fn emission_interval_micros(&self) -> u64 {
-        self.window_micros.div_ceil(u64::from(self.limit.get()))
+        self.0.window_micros.div_ceil(u64::from(self.0.limit.get()))
     }
 
     /// A stable identifier of this quota's definition and name
     /// (`"<name>|<definition>"`), used to keep the state of different quotas
     /// apart in a store.
     pub fn id(&self) -> &str {
-        &self.id
+        &self.0.id
     }
 
     /// The same identifier as a cheaply cloned shared string.
     pub fn shared_id(&self) -> Arc<str> {
-        Arc::clone(&self.id)
+        Arc::clone(&self.0.id)
     }
 
     /// The identity of this quota's state in a store:
@@ -282,20 +290,25 @@ impl Quota {
     /// # Ok::<(), tower_window::QuotaError>(())
     /// ```
     pub fn state_id(&self) -> &str {
-        &self.state_id
+        &self.0.state_id
     }
 
     /// The same identifier as a cheaply cloned shared string.
+    /// [`state_id`](Self::state_id)'s hash, computed once.
+    pub(crate) fn state_id_hash(&self) -> u64 {
+        self.0.state_id_hash
+    }
+
     pub(crate) fn shared_state_id(&self) -> Arc<str> {
-        Arc::clone(&self.state_id)
+        Arc::clone(&self.0.state_id)
     }
 
     fn set_ids(&mut self, name: &str) {
-        let scope = match self.scope {
+        let scope = match self.0.scope {
             Scope::Subject => "",
             Scope::Tenant => "|tenant",
         };
-        let shape = match self.algorithm {
+        let shape = match self.0.algorithm {
             // The burst is GCRA's other limit: it may change like the limit.
             Algorithm::Gcra => "gcra".to_owned(),
             other => other.to_string(),
@@ -303,16 +316,21 @@ impl Quota {
         // The generation is part of both ids (a reset tenant's windows are
         // new keys everywhere); the shadow flag only of the id (switching a
         // quota from shadow to enforced keeps its windows).
-        let generation = match self.generation {
+        let generation = match self.0.generation {
             0 => String::new(),
             g => format!("|g{g}"),
         };
-        let shadow = if self.shadow { "|shadow" } else { "" };
-        self.id = Arc::from(format!("{name}|{self}{scope}{generation}{shadow}"));
-        self.state_id = Arc::from(format!(
+        let shadow = if self.0.shadow { "|shadow" } else { "" };
+        let id = Arc::from(format!("{name}|{self}{scope}{generation}{shadow}"));
+        let state_id = Arc::from(format!(
             "{name}|{}|{shape}{scope}{generation}",
             FormatDuration(self.window())
         ));
+        let data = Arc::make_mut(&mut self.0);
+        data.name_len = name.len();
+        data.state_id_hash = crate::key::state_key::id_hash(&state_id);
+        data.id = id;
+        data.state_id = state_id;
     }
 
     /// The longest a key's state can matter after its last write: past it,
@@ -320,14 +338,15 @@ impl Quota {
     /// expiry. (`W` for the log and the fixed window, `W + G` for the
     /// sliding counter, `burst × emission interval` for GCRA.)
     pub fn max_state_lifetime(&self) -> Duration {
-        let micros = match self.algorithm {
-            Algorithm::SlidingLog | Algorithm::FixedWindow => self.window_micros,
+        let micros = match self.0.algorithm {
+            Algorithm::SlidingLog | Algorithm::FixedWindow => self.0.window_micros,
             Algorithm::SlidingCounter { granularity } => self
+                .0
                 .window_micros
                 .saturating_add(duration_micros(granularity)),
             Algorithm::Gcra => u64::from(self.capacity())
                 .saturating_mul(self.emission_interval_micros())
-                .max(self.window_micros),
+                .max(self.0.window_micros),
         };
         Duration::from_micros(micros)
     }
@@ -341,8 +360,8 @@ impl fmt::Debug for Quota {
 
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.limit, FormatDuration(self.window()))?;
-        match (self.algorithm, self.burst) {
+        write!(f, "{}/{}", self.0.limit, FormatDuration(self.window()))?;
+        match (self.0.algorithm, self.0.burst) {
             (Algorithm::SlidingLog, _) => Ok(()),
             (Algorithm::Gcra, Some(burst)) => write!(f, " gcra(burst={burst})"),
             (algorithm, _) => write!(f, " {algorithm}"),
@@ -559,8 +578,10 @@ impl QuotaBuilder {
         }
         let name = self.name.as_deref().unwrap_or(DEFAULT_NAME);
         validate_name(name)?;
-        let mut quota = Quota {
+        let mut quota = Quota(Arc::new(QuotaData {
             id: Arc::from(""),
+            name_len: 0,
+            state_id_hash: 0,
             state_id: Arc::from(""),
             limit,
             window_micros,
@@ -569,7 +590,7 @@ impl QuotaBuilder {
             scope: self.scope,
             shadow: false,
             generation: 0,
-        };
+        }));
         quota.set_ids(name);
         Ok(quota)
     }

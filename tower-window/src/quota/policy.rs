@@ -44,6 +44,8 @@ struct Inner {
     quotas: Box<[Quota]>,
     /// `"<name>:<quota id>,<quota id>..."`: equal for equal policies.
     id: Arc<str>,
+    /// `id`'s hash (see `crate::key::state_key::id_hash`).
+    id_hash: u64,
     tenant_scoped: bool,
 }
 
@@ -83,6 +85,7 @@ impl Policy {
             inner: Arc::new(Inner {
                 name: name.into(),
                 quotas: quotas.into_boxed_slice(),
+                id_hash: crate::key::state_key::id_hash(&id),
                 id: Arc::from(id),
                 tenant_scoped,
             }),
@@ -133,6 +136,11 @@ impl Policy {
     /// A stable identifier of the policy (its name and every quota's id).
     pub fn id(&self) -> &str {
         &self.inner.id
+    }
+
+    /// [`id`](Self::id)'s hash, computed once.
+    pub(crate) fn id_hash(&self) -> u64 {
+        self.inner.id_hash
     }
 
     /// The same identifier as a cheaply cloned shared string.

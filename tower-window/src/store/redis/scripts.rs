@@ -252,7 +252,7 @@ mod tests {
         let policy = Policy::new("p", [q("5/1s", "burst"), q("100/1h gcra", "hourly")]).unwrap();
         let d = decision(&policy, &[0, 7, 1, 4, 1_000_000, 0, 0, 0, 36, 12]).unwrap();
         assert!(!d.allowed);
-        assert_eq!(d.quota.name(), "hourly");
+        assert_eq!(d.quota().name(), "hourly");
         assert_eq!(d.retry_after, Some(Duration::from_micros(12)));
         assert_eq!(d.quotas()[0].remaining, 4);
         assert!(decision(&policy, &[0, 7, 1, 4, 1_000_000, 0]).is_err());
