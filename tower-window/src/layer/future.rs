@@ -49,8 +49,7 @@ pin_project! {
         Calling {
             #[pin]
             future: S::Future,
-            decision: Option<Decision>,
-            mode: Arc<M>,
+            admitted: Option<M::Admitted>,
         },
         // Answered without the inner service (missing key).
         Ready {
@@ -79,13 +78,9 @@ where
         }
     }
 
-    pub(super) fn calling(future: S::Future, decision: Option<Decision>, mode: &Arc<M>) -> Self {
+    pub(super) fn calling(future: S::Future, admitted: Option<M::Admitted>) -> Self {
         Self {
-            state: State::Calling {
-                future,
-                decision,
-                mode: Arc::clone(mode),
-            },
+            state: State::Calling { future, admitted },
         }
     }
 
@@ -120,13 +115,11 @@ where
                     };
                     let rejection = match result {
                         Ok(decision) => {
-                            mode.on_request(&mut request, &decision);
+                            let admitted = mode.on_request(&mut request, decision);
                             let future = service.call(request);
-                            let mode = Arc::clone(mode);
                             state.set(State::Calling {
                                 future,
-                                decision: Some(decision),
-                                mode,
+                                admitted: Some(admitted),
                             });
                             continue;
                         }
@@ -136,19 +129,15 @@ where
                     state.set(State::Ready { output: None });
                     return Poll::Ready(output);
                 }
-                StateProj::Calling {
-                    future,
-                    decision,
-                    mode,
-                } => {
+                StateProj::Calling { future, admitted } => {
                     let output = match ready!(future.poll(cx)) {
                         Ok(mut response) => {
-                            if let Some(decision) = decision.take() {
-                                mode.on_response(&mut response, &decision);
+                            if let Some(admitted) = admitted.take() {
+                                M::on_response(admitted, &mut response);
                             }
                             Ok(response)
                         }
-                        Err(error) => Err(mode.map_error(error)),
+                        Err(error) => Err(M::map_error(error)),
                     };
                     state.set(State::Ready { output: None });
                     return Poll::Ready(output);

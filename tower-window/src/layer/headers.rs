@@ -70,37 +70,68 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// # Ok::<(), tower_window::QuotaError>(())
 /// ```
 pub fn insert_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision, legacy: bool) {
-    let reset = ceil_secs(decision.reset_after);
-    match decision.quotas() {
-        [only] => {
-            if let Some(policy) = policy_item(&only.quota) {
-                headers.append(RATELIMIT_POLICY, policy);
+    RateLimitHeaders::new(decision, legacy).append_to(headers);
+}
+
+/// The rate-limit headers of one decision, built when it is made, added to
+/// the response later (see [`insert_rate_limit_headers`] for what they
+/// hold). The HTTP layer builds them before the request moves on, so the
+/// [`Decision`] itself can move into the request's extensions.
+#[derive(Debug, Clone)]
+pub struct RateLimitHeaders {
+    policy: Option<HeaderValue>,
+    state: Option<HeaderValue>,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    legacy: Option<[HeaderValue; 3]>,
+}
+
+impl RateLimitHeaders {
+    /// The headers of `decision`; with `legacy`, the `X-RateLimit-*` ones too.
+    pub fn new(decision: &Decision, legacy: bool) -> Self {
+        let reset = ceil_secs(decision.reset_after);
+        let policy = match decision.quotas() {
+            [only] => policy_item(&only.quota),
+            quotas => {
+                let items: Vec<HeaderValue> = quotas
+                    .iter()
+                    .filter_map(|q| policy_item(&q.quota))
+                    .collect();
+                join_list(&items)
             }
-        }
-        quotas => {
-            let items: Vec<HeaderValue> = quotas
-                .iter()
-                .filter_map(|q| policy_item(&q.quota))
-                .collect();
-            if let Some(list) = join_list(&items) {
-                headers.append(RATELIMIT_POLICY, list);
-            }
-        }
-    }
-    let state = item(
-        decision.quota().name(),
-        &[(b"r", u64::from(decision.remaining)), (b"t", reset)],
-    );
-    if let Some(state) = state {
-        headers.append(RATELIMIT, state);
-    }
-    if legacy {
-        headers.insert(
-            X_RATELIMIT_LIMIT,
-            HeaderValue::from(decision.quota().capacity()),
+        };
+        let state = item(
+            decision.quota().name(),
+            &[(b"r", u64::from(decision.remaining)), (b"t", reset)],
         );
-        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
-        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+        let legacy = legacy.then(|| {
+            [
+                HeaderValue::from(decision.limit()),
+                HeaderValue::from(decision.remaining),
+                HeaderValue::from(reset),
+            ]
+        });
+        Self {
+            policy,
+            state,
+            legacy,
+        }
+    }
+
+    /// Adds them to `headers`: `RateLimit-Policy` and `RateLimit` are
+    /// appended (nested limiters each contribute their members), the legacy
+    /// headers replaced.
+    pub fn append_to(self, headers: &mut HeaderMap) {
+        if let Some(policy) = self.policy {
+            headers.append(RATELIMIT_POLICY, policy);
+        }
+        if let Some(state) = self.state {
+            headers.append(RATELIMIT, state);
+        }
+        if let Some([limit, remaining, reset]) = self.legacy {
+            headers.insert(X_RATELIMIT_LIMIT, limit);
+            headers.insert(X_RATELIMIT_REMAINING, remaining);
+            headers.insert(X_RATELIMIT_RESET, reset);
+        }
     }
 }
 
@@ -141,7 +172,11 @@ thread_local! {
 fn policy_item(quota: &Quota) -> Option<HeaderValue> {
     LAST_POLICY.with(|last| {
         let mut last = last.borrow_mut();
-        if let Some((_, value)) = last.iter().find(|(id, _)| **id == *quota.id()) {
+        // Clones of one quota share its id: compare pointers before text.
+        let id = quota.id();
+        let same =
+            |cached: &Arc<str>| std::ptr::eq(cached.as_ptr(), id.as_ptr()) || **cached == *id;
+        if let Some((_, value)) = last.iter().find(|(cached, _)| same(cached)) {
             return Some(value.clone());
         }
         let (q, w) = sustained_rate(quota);

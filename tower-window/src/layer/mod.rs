@@ -94,7 +94,7 @@ mod service;
 
 pub use cost::{RequestCost, UnitCost};
 pub use future::ResponseFuture;
-pub use headers::{ceil_secs, insert_rate_limit_headers, insert_retry_after};
+pub use headers::{ceil_secs, insert_rate_limit_headers, insert_retry_after, RateLimitHeaders};
 pub use layer::{MissingKey, SlidingWindowLayer};
 pub use rejection::{DefaultRejection, OnRejection, Rejection};
 pub use respond::{BoxError, Http, Respond, Typed};

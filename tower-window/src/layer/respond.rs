@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::layer::headers::{insert_rate_limit_headers, insert_retry_after};
+use crate::layer::headers::{insert_rate_limit_headers, insert_retry_after, RateLimitHeaders};
 use crate::layer::{DefaultRejection, OnRejection, Rejection};
 use crate::Decision;
 
@@ -20,17 +20,23 @@ pub trait Respond<Req, Res, E>: Send + Sync + 'static {
     /// The service's error type.
     type Error;
 
-    /// Called with an admitted request before the inner service sees it.
-    fn on_request(&self, request: &mut Req, decision: &Decision);
+    /// What the response of an admitted request needs from its decision
+    /// ([`Http`]: the rate-limit headers, built at decision time).
+    type Admitted: Send + 'static;
+
+    /// Called with an admitted request before the inner service sees it;
+    /// takes the decision (to hand it to the request, say) and returns what
+    /// [`on_response`](Self::on_response) needs.
+    fn on_request(&self, request: &mut Req, decision: Decision) -> Self::Admitted;
 
     /// Called with the inner service's response to an admitted request.
-    fn on_response(&self, response: &mut Res, decision: &Decision);
+    fn on_response(admitted: Self::Admitted, response: &mut Res);
 
     /// The service's output for a request that the layer did not let through.
     fn on_rejection(&self, rejection: Rejection) -> Result<Res, Self::Error>;
 
     /// Converts an error of the inner service.
-    fn map_error(&self, error: E) -> Self::Error;
+    fn map_error(error: E) -> Self::Error;
 }
 
 /// HTTP mode (the default): decisions become headers, rejections responses.
@@ -93,13 +99,17 @@ where
     R: OnRejection<ResB>,
 {
     type Error = E;
+    type Admitted = RateLimitHeaders;
 
-    fn on_request(&self, request: &mut http::Request<B>, decision: &Decision) {
-        request.extensions_mut().insert(decision.clone());
+    fn on_request(&self, request: &mut http::Request<B>, decision: Decision) -> RateLimitHeaders {
+        // The headers now, so the decision itself moves into the request.
+        let headers = RateLimitHeaders::new(&decision, self.legacy_headers);
+        request.extensions_mut().insert(decision);
+        headers
     }
 
-    fn on_response(&self, response: &mut http::Response<ResB>, decision: &Decision) {
-        insert_rate_limit_headers(response.headers_mut(), decision, self.legacy_headers);
+    fn on_response(headers: RateLimitHeaders, response: &mut http::Response<ResB>) {
+        headers.append_to(response.headers_mut());
     }
 
     fn on_rejection(&self, rejection: Rejection) -> Result<http::Response<ResB>, E> {
@@ -115,7 +125,7 @@ where
         Ok(response)
     }
 
-    fn map_error(&self, error: E) -> E {
+    fn map_error(error: E) -> E {
         error
     }
 }
@@ -133,16 +143,17 @@ where
     E: Into<BoxError>,
 {
     type Error = BoxError;
+    type Admitted = ();
 
-    fn on_request(&self, _request: &mut Req, _decision: &Decision) {}
+    fn on_request(&self, _request: &mut Req, _decision: Decision) {}
 
-    fn on_response(&self, _response: &mut Res, _decision: &Decision) {}
+    fn on_response((): (), _response: &mut Res) {}
 
     fn on_rejection(&self, rejection: Rejection) -> Result<Res, BoxError> {
         Err(Box::new(rejection))
     }
 
-    fn map_error(&self, error: E) -> BoxError {
+    fn map_error(error: E) -> BoxError {
         error.into()
     }
 }

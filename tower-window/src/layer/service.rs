@@ -98,7 +98,7 @@ where
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         match self.inner.poll_ready(cx) {
             Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
-            Poll::Ready(Err(error)) => Poll::Ready(Err(self.shared.mode.map_error(error))),
+            Poll::Ready(Err(error)) => Poll::Ready(Err(M::map_error(error))),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -107,9 +107,7 @@ where
         let shared = &*self.shared;
         let Some(key) = shared.key.extract(&request) else {
             return match shared.missing_key {
-                MissingKey::Skip => {
-                    ResponseFuture::calling(self.inner.call(request), None, &shared.mode)
-                }
+                MissingKey::Skip => ResponseFuture::calling(self.inner.call(request), None),
                 MissingKey::Reject(status) => ResponseFuture::ready(
                     shared.mode.on_rejection(Rejection::MissingKey { status }),
                 ),
@@ -118,7 +116,7 @@ where
         let cost = shared.cost.cost(&request);
         if cost == 0 {
             // Free requests are neither checked nor counted.
-            return ResponseFuture::calling(self.inner.call(request), None, &shared.mode);
+            return ResponseFuture::calling(self.inner.call(request), None);
         }
         // With a registry, the tenant's own policy (one atomic load and a
         // lookup); without one, the limiter's policy as always.
@@ -127,7 +125,7 @@ where
             Some(registry) => match registry.resolve(key.tenant()) {
                 Resolution::Limited(policy) => Some(policy),
                 Resolution::Unlimited => {
-                    return ResponseFuture::calling(self.inner.call(request), None, &shared.mode)
+                    return ResponseFuture::calling(self.inner.call(request), None)
                 }
                 Resolution::Unknown => {
                     return ResponseFuture::ready(shared.mode.on_rejection(
@@ -178,8 +176,8 @@ where
         match ready {
             Ok(decision) => {
                 let mut request = request;
-                shared.mode.on_request(&mut request, &decision);
-                ResponseFuture::calling(self.inner.call(request), Some(decision), &shared.mode)
+                let admitted = shared.mode.on_request(&mut request, decision);
+                ResponseFuture::calling(self.inner.call(request), Some(admitted))
             }
             // The readied inner service stays ready for the next request.
             Err(rejection) => ResponseFuture::ready(shared.mode.on_rejection(rejection)),
