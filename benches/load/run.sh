@@ -14,13 +14,17 @@
 # WARMUP (s, 2), WORKERS (server tokio workers, 2), ROUNDS (3),
 # VARIANTS (default "none memory governor memory-gcra redis redis-down
 # local-flood"; memory-gcra is (b) with tower_governor's algorithm, GCRA;
+# memory-open[-ALGORITHM] is (b) with a limit it never reaches, sliding
+# counter unless named, and governor-open tower_governor likewise;
 # gateway, gateway-sliding-log, gateway-fixed-window and gateway-gcra run the
 # examples' `gateway` binary itself on the embedded store, metrics and
 # headers on, `--limit 1000000000/1s` (admits everything; governor-open is
 # tower_governor admitting everything too) with the sliding
 # counter or the named algorithm, loaded at /api/hello; gateway-redis and
 # gateway-redis-lease run it on the script's redis-server, the latter with
-# `--lease $LEASE` (default 100), optionally followed by -ALGORITHM), LUA (the wrk script,
+# `--lease $LEASE` (default 100), optionally followed by -ALGORITHM;
+# gateway-unlimited runs it with every tenant unlimited, the same route with
+# no check), LUA (the wrk script,
 # default users.lua; rotate.lua cycles through the users in turn).
 # gateway_table.sh runs the issue's table (one hot user, 10 000 rotating
 # users) with this script.
@@ -143,6 +147,12 @@ start_server() {
         case $algorithm in
         redis-lease*) store=(--redis-url "$redis_url" --lease "${LEASE:-100}"); algorithm=${algorithm#redis-lease} ;;
         redis*) store=(--redis-url "$redis_url"); algorithm=${algorithm#redis} ;;
+        unlimited)
+            # The same binary and route with every tenant unlimited: the
+            # layer resolves the tenant and lets the request through
+            # unchecked, so this row is the gateway without rate limiting.
+            printf '[default]\nunlimited = true\n' >"$tmp/unlimited.toml"
+            store=(--tenants "$tmp/unlimited.toml"); algorithm= ;;
         esac
         algorithm=${algorithm#-}
         # The gateway logs `listening address=ADDR`; its runtime has one
@@ -163,6 +173,14 @@ start_server() {
         ;;
     # tower-window with tower_governor's algorithm (GCRA, same rate and burst).
     memory-gcra) args=(--variant memory --quota "1000/1s gcra") ;;
+    # (b) with a limit it never reaches, like the gateway's and
+    # governor-open's: memory-open is the sliding counter (the gateway's
+    # default), memory-open-ALGORITHM another algorithm.
+    memory-open*)
+        local algorithm=${variant#memory-open}
+        algorithm=${algorithm#-}
+        args=(--variant memory --quota "1000000000/1s ${algorithm:-sliding-counter}")
+        ;;
     # tower_governor with a limit it never reaches (one token a microsecond,
     # bursts of a million): the gateway variants' "admits everything".
     governor-open) args=(--variant governor --governor-period-us 1 --governor-burst 1000000) ;;
@@ -254,6 +272,9 @@ letter() {
     redis-down) echo "(e) tower-window, Redis down, breaker open" ;;
     local-flood) echo "(f) tower-window, one over-limit user, local tier" ;;
     gateway) echo "(g) gateway binary, sliding counter" ;;
+    memory-open) echo "(b'') tower-window, MemoryStore, sliding counter, admits everything" ;;
+    memory-open-*) echo "(b'') tower-window, MemoryStore, ${1#memory-open-}, admits everything" ;;
+    gateway-unlimited) echo "(a') gateway binary, every tenant unlimited (no check)" ;;
     gateway-redis-lease*) echo "(h) gateway binary, Redis, --lease ${LEASE:-100}${1#gateway-redis-lease}" ;;
     gateway-redis*) echo "(h) gateway binary, Redis${1#gateway-redis}" ;;
     gateway-*) echo "(g) gateway binary, ${1#gateway-}" ;;
@@ -305,8 +326,18 @@ for variant in $VARIANTS; do
     check "$variant ≥ 0.8 × $embedded" "$(ratio "$variant" "$embedded")" "r >= 0.8"
 done
 for variant in $VARIANTS; do
-    case $variant in gateway-redis*) continue ;; gateway*) ;; *) continue ;; esac
+    # The library alone, like for like: the same bench_server route with
+    # tower-window or tower_governor, neither of them denying.
+    case $variant in memory-open*) ;; *) continue ;; esac
     check "$variant ≥ 0.9 × (a)" "$(ratio "$variant" none)" "r >= 0.9"
+    check "$variant ≥ 1.0 × (c')" "$(ratio "$variant" governor-open)" "r >= 1.0"
+done
+for variant in $VARIANTS; do
+    case $variant in gateway-redis* | gateway-unlimited) continue ;; gateway*) ;; *) continue ;; esac
+    check "$variant ≥ 0.9 × (a)" "$(ratio "$variant" none)" "r >= 0.9"
+    case " $VARIANTS " in
+    *" gateway-unlimited "*) check "$variant ≥ 0.9 × (a')" "$(ratio "$variant" gateway-unlimited)" "r >= 0.9" ;;
+    esac
     case " $VARIANTS " in
     *" governor-open "*) check "$variant ≥ 1.0 × (c')" "$(ratio "$variant" governor-open)" "r >= 1.0" ;;
     *) check "$variant ≥ 1.0 × (c)" "$(ratio "$variant" governor)" "r >= 1.0" ;;

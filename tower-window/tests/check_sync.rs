@@ -228,3 +228,48 @@ async fn a_fallback_that_must_wait_leaves_the_check_to_check() {
     );
     assert_eq!(limiter.stats().fallback_total(), 1);
 }
+
+/// A future polled with a waker that does nothing.
+fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+    Pin::new(future).poll(&mut Context::from_waker(std::task::Waker::noop()))
+}
+
+#[test]
+fn a_check_does_nothing_until_polled_and_decides_at_its_first_poll() {
+    let limiter = Limiter::new(MemoryStore::new(), quota("1/1m"));
+    let key = alice();
+    // Built and dropped unpolled: nothing charged.
+    for _ in 0..3 {
+        drop(limiter.check(&key, 1));
+    }
+    assert_eq!(limiter.stats().store, 0);
+    // On the embedded store the first poll decides; a named future a few
+    // words wide, whatever the slow path holds.
+    let mut check = limiter.check(&key, 1);
+    assert!(std::mem::size_of_val(&check) <= 64);
+    match poll_once(&mut check) {
+        Poll::Ready(Ok(decision)) => assert!(decision.allowed),
+        other => panic!("the embedded store decides at the first poll: {other:?}"),
+    }
+    let mut denied = limiter.check(&key, 1);
+    assert!(matches!(poll_once(&mut denied), Poll::Ready(Ok(d)) if !d.allowed));
+    assert_eq!(limiter.stats().store, 2);
+}
+
+#[tokio::test]
+async fn a_check_that_must_wait_is_pending_then_decides_once() {
+    let limiter = Limiter::builder(Broken, quota("1/1m"))
+        .fallback(Slow {
+            decisions: AtomicUsize::new(0),
+        })
+        .build();
+    let key = alice();
+    let mut check = limiter.check(&key, 1);
+    // The fallback's answer is not ready at the first poll ...
+    assert!(poll_once(&mut check).is_pending());
+    assert_eq!(limiter.stats().fallback_total(), 0);
+    // ... and the same future finishes the check: one decision, counted once.
+    let decision = check.await.unwrap();
+    assert!(decision.allowed);
+    assert_eq!(limiter.stats().fallback_total(), 1);
+}

@@ -264,6 +264,41 @@ async fn decision_is_visible_to_the_inner_handler() {
 }
 
 #[tokio::test]
+async fn without_the_decision_extension_the_headers_stay() {
+    let clock = clock_at(Duration::ZERO);
+    let layer = SlidingWindowLayer::new(
+        fixed_limiter("2/1m fixed-window", &clock),
+        Header::new("x-user-id").unwrap(),
+    )
+    .decision_extension(false);
+    let mut service = layer.layer(service_fn(handler));
+    for remaining in [1, 0] {
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(Some("bob")))
+            .await
+            .unwrap();
+        // The handler sees no decision; the response still says where
+        // the window stands, and the window still counts.
+        assert_eq!(response.body(), "no decision");
+        assert_eq!(
+            parse_list(response.headers(), "ratelimit"),
+            vec![("api".to_owned(), params(&[("r", remaining), ("t", 60)]))]
+        );
+    }
+    let denied = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some("bob")))
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
 async fn denial_is_429_with_retry_after_rounded_up() {
     // Exhaust the window, then stand 1.2 s before its end.
     let clock = clock_at(Duration::ZERO);

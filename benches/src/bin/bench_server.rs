@@ -98,6 +98,11 @@ struct Args {
     /// Tokio worker threads (the same for every variant).
     #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// tower-window variants: whether an admitted request carries its
+    /// `Decision` in its extensions (`--decision-extension false`: the
+    /// headers only, as tower_governor does).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    decision_extension: bool,
 }
 
 /// tower_governor key: the `x-user-id` header's value.
@@ -131,13 +136,14 @@ fn redis_limiter(url: &str, quota: Quota, fallback: Fallback) -> Result<Limiter,
     Ok(builder.build())
 }
 
-fn tower_window_app(limiter: Limiter) -> Router {
-    Router::new()
-        .route("/", get(ok))
-        .layer(SlidingWindowLayer::new(
+fn tower_window_app(limiter: Limiter, decision_extension: bool) -> Router {
+    Router::new().route("/", get(ok)).layer(
+        SlidingWindowLayer::new(
             limiter,
             Header::from_name(http::HeaderName::from_static(USER_HEADER)),
-        ))
+        )
+        .decision_extension(decision_extension),
+    )
 }
 
 /// A loopback port nothing listens on (bound, then released).
@@ -167,7 +173,10 @@ async fn open_breaker(limiter: &Limiter) -> Result<(), String> {
 async fn app(args: &Args) -> Result<Router, String> {
     Ok(match args.variant {
         Variant::None => Router::new().route("/", get(ok)),
-        Variant::Memory => tower_window_app(Limiter::new(MemoryStore::new(), args.quota.clone())),
+        Variant::Memory => tower_window_app(
+            Limiter::new(MemoryStore::new(), args.quota.clone()),
+            args.decision_extension,
+        ),
         Variant::Governor => {
             let config = GovernorConfigBuilder::default()
                 .key_extractor(UserHeader)
@@ -180,21 +189,19 @@ async fn app(args: &Args) -> Result<Router, String> {
                 .route("/", get(ok))
                 .layer(GovernorLayer::new(config))
         }
-        Variant::Redis => tower_window_app(redis_limiter(
-            &args.redis_url,
-            args.quota.clone(),
-            args.fallback,
-        )?),
-        Variant::LocalFlood => tower_window_app(redis_limiter(
-            &args.redis_url,
-            args.flood_quota.clone(),
-            args.fallback,
-        )?),
+        Variant::Redis => tower_window_app(
+            redis_limiter(&args.redis_url, args.quota.clone(), args.fallback)?,
+            args.decision_extension,
+        ),
+        Variant::LocalFlood => tower_window_app(
+            redis_limiter(&args.redis_url, args.flood_quota.clone(), args.fallback)?,
+            args.decision_extension,
+        ),
         Variant::RedisDown => {
             let url = format!("redis://127.0.0.1:{}", closed_port()?);
             let limiter = redis_limiter(&url, args.quota.clone(), args.fallback)?;
             open_breaker(&limiter).await?;
-            tower_window_app(limiter)
+            tower_window_app(limiter, args.decision_extension)
         }
     })
 }

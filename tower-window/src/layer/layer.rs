@@ -177,6 +177,13 @@ impl<K, C, R> SlidingWindowLayer<K, C, Http<R>> {
         self
     }
 
+    /// Whether an admitted request carries its [`Decision`](crate::Decision)
+    /// in its extensions (on by default); see [`Http::decision_extension`].
+    pub fn decision_extension(mut self, enabled: bool) -> Self {
+        self.mode = self.mode.decision_extension(enabled);
+        self
+    }
+
     /// Builds rejection responses (status and body) with `rejection`, an
     /// [`OnRejection`](super::OnRejection) for the service's response body.
     pub fn rejection<R2>(self, rejection: R2) -> SlidingWindowLayer<K, C, Http<R2>> {

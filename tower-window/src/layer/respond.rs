@@ -55,10 +55,17 @@ pub trait Respond<Req, Res, E>: Send + Sync + 'static {
 ///   ([`Decision::is_degraded`]).
 /// - Errors of the inner service pass through unchanged, so an infallible
 ///   service stays infallible.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub struct Http<R = DefaultRejection> {
     rejection: R,
     legacy_headers: bool,
+    decision_extension: bool,
+}
+
+impl<R: Default> Default for Http<R> {
+    fn default() -> Self {
+        Self::new(R::default())
+    }
 }
 
 impl<R> Http<R> {
@@ -67,6 +74,7 @@ impl<R> Http<R> {
         Self {
             rejection,
             legacy_headers: false,
+            decision_extension: true,
         }
     }
 
@@ -76,11 +84,21 @@ impl<R> Http<R> {
         self
     }
 
+    /// Whether an admitted request carries its [`Decision`] in its
+    /// extensions (on by default). Off, handlers cannot read it (axum's
+    /// `RateLimitInfo` extractor finds none), and each admitted request
+    /// saves the two allocations `http::Extensions` makes to hold it.
+    pub fn decision_extension(mut self, enabled: bool) -> Self {
+        self.decision_extension = enabled;
+        self
+    }
+
     /// Answer rejections with `rejection` instead.
     pub fn rejection<R2>(self, rejection: R2) -> Http<R2> {
         Http {
             rejection,
             legacy_headers: self.legacy_headers,
+            decision_extension: self.decision_extension,
         }
     }
 }
@@ -90,6 +108,7 @@ impl<R> fmt::Debug for Http<R> {
         f.debug_struct("Http")
             .field("rejection", &std::any::type_name::<R>())
             .field("legacy_headers", &self.legacy_headers)
+            .field("decision_extension", &self.decision_extension)
             .finish()
     }
 }
@@ -104,7 +123,9 @@ where
     fn on_request(&self, request: &mut http::Request<B>, decision: Decision) -> RateLimitHeaders {
         // The headers now, so the decision itself moves into the request.
         let headers = RateLimitHeaders::new(&decision, self.legacy_headers);
-        request.extensions_mut().insert(decision);
+        if self.decision_extension {
+            request.extensions_mut().insert(decision);
+        }
         headers
     }
 
