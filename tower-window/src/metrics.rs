@@ -572,12 +572,12 @@ mod imp {
                     .counter(SHADOW_DENIALS_TOTAL, &[])
                     .increment(1);
             }
-            if !self.tenant_label && self.is_own(&decision.quota()) {
+            if !self.tenant_label && self.is_own(decision.quota()) {
                 self.handles().decisions.record(decision);
             } else {
                 // Make sure the limiter-wide series exist too.
                 let _ = self.handles();
-                let labels = self.labels_for(&decision.quota(), Some(key));
+                let labels = self.labels_for(decision.quota(), Some(key));
                 let outcome = outcome(decision.allowed);
                 labels
                     .counter(

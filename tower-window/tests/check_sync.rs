@@ -247,6 +247,8 @@ fn a_check_does_nothing_until_polled_and_decides_at_its_first_poll() {
     // words wide, whatever the slow path holds.
     let mut check = limiter.check(&key, 1);
     assert!(std::mem::size_of_val(&check) <= 64);
+    // A decision moves in a few registers' worth, not through `memcpy`.
+    assert!(std::mem::size_of::<Decision>() <= 128);
     match poll_once(&mut check) {
         Poll::Ready(Ok(decision)) => assert!(decision.allowed),
         other => panic!("the embedded store decides at the first poll: {other:?}"),

@@ -132,10 +132,16 @@ fn main() {
         "layer, `Typed` mode (no headers, no extension), key cloned",
         per_request(|| serve(&mut typed, &user)),
     ));
-    let mut http = tower_layer::Layer::layer(&layer(no_copy), Ok200);
+    let mut http = tower_layer::Layer::layer(&layer(no_copy.clone()), Ok200);
     rows.push((
         "layer, HTTP mode (headers + `Decision` extension), key cloned",
         per_request(|| serve(&mut http, &user)),
+    ));
+    let mut headers_only =
+        tower_layer::Layer::layer(&layer(no_copy).decision_extension(false), Ok200);
+    rows.push((
+        "layer, HTTP mode, headers only (`decision_extension(false)`), key cloned",
+        per_request(|| serve(&mut headers_only, &user)),
     ));
     // The same, with a tenant registry resolving the key's tenant (the
     // default tenant "" gets the file's `[default]`, its own policy name).

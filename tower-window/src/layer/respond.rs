@@ -87,7 +87,8 @@ impl<R> Http<R> {
     /// Whether an admitted request carries its [`Decision`] in its
     /// extensions (on by default). Off, handlers cannot read it (axum's
     /// `RateLimitInfo` extractor finds none), and each admitted request
-    /// saves the two allocations `http::Extensions` makes to hold it.
+    /// saves the allocations `http::Extensions` makes to hold it (its map
+    /// and the boxed value).
     pub fn decision_extension(mut self, enabled: bool) -> Self {
         self.decision_extension = enabled;
         self
