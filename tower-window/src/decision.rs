@@ -231,9 +231,30 @@ impl Decision {
 
     /// The decision of a one-quota policy.
     pub(crate) fn single(state: QuotaDecision) -> Self {
-        let mut quotas = QuotaStates::new();
-        quotas.push(state);
-        Self::from_states(quotas, 0)
+        Self::single_at(state, 0)
+    }
+
+    /// The decision of a one-quota policy, decided at `timestamp_micros`:
+    /// [`from_states`](Self::from_states) for one state, built in place
+    /// (every in-memory check of a one-quota policy builds one).
+    #[inline]
+    pub(crate) fn single_at(state: QuotaDecision, timestamp_micros: u64) -> Self {
+        // A shadow quota never denies.
+        let allowed = state.allowed || state.quota.is_shadow();
+        Self {
+            allowed,
+            remaining: state.remaining,
+            reset_after: state.reset_after,
+            retry_after: if allowed {
+                Some(Duration::ZERO)
+            } else {
+                state.retry_after
+            },
+            source: DecisionSource::Store,
+            timestamp_micros,
+            quotas: QuotaStates::from_buf([state]),
+            decider: 0,
+        }
     }
 
     /// The decision of a policy from every quota's state, in policy order:

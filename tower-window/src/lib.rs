@@ -52,7 +52,7 @@ pub use bytes;
 pub use http;
 
 pub use algorithm::Algorithm;
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use conn::{ConnectionLease, ConnectionLimiter, ConnectionStore};
 pub use decision::{Decision, DecisionSource, FallbackReason, QuotaDecision};
 pub use dedup::{DedupStore, DedupWindow};

@@ -489,6 +489,8 @@ mod imp {
 
     /// The metrics of one limiter.
     pub(crate) struct LimiterMetrics {
+        /// The limiter's own quota: its decisions use the cached handles.
+        own: Quota,
         quota: SharedString,
         tenant_label: bool,
         parts: Parts,
@@ -498,6 +500,7 @@ mod imp {
     impl LimiterMetrics {
         pub(crate) fn new(quota: &Quota, tenant_label: bool, parts: Parts) -> Self {
             Self {
+                own: quota.clone(),
                 quota: SharedString::from(String::from(quota.name())),
                 tenant_label,
                 parts,
@@ -550,7 +553,9 @@ mod imp {
 
         /// Whether `quota` is the limiter's own: its handles are cached.
         fn is_own(&self, quota: &Quota) -> bool {
-            quota.name() == &*self.quota
+            // Decisions of the limiter's own policy share its quota's
+            // allocation: no text compared on the hot path.
+            quota.same_allocation(&self.own) || quota.name() == &*self.quota
         }
 
         fn labels_for(&self, quota: &Quota, key: Option<&WindowKey>) -> Labels {

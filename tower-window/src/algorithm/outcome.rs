@@ -121,7 +121,7 @@ pub(crate) fn policy_decision(
             reset_after: micros(o.reset_after),
             retry_after: o.retry_after.map(micros),
         };
-        return Some(Decision::single(state).with_timestamp_micros(now));
+        return Some(Decision::single_at(state, now));
     }
     let admitted = policy_admits(policy, evaluations);
     let states = policy.quotas().iter().zip(evaluations).map(|(quota, e)| {

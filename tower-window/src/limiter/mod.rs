@@ -283,11 +283,12 @@ impl Limiter {
                 return None;
             }
         }
-        let result = self.decide_in_process(key, policy, cost)?;
-        if let Ok(decision) = &result {
+        // Not `?` and re-wrapped: that moves the 112-byte decision once more.
+        let result = self.decide_in_process(key, policy, cost);
+        if let Some(Ok(decision)) = &result {
             self.inner.metrics.decision(key, decision);
         }
-        Some(result)
+        result
     }
 
     /// [`decide`](Self::decide) without a future, for an in-process store:
@@ -324,19 +325,22 @@ impl Limiter {
         }
         let quota = policy.first();
         let timer = StoreTimer::start(false);
-        let result = inner
+        // Matched in place, not moved through helpers: a `Decision` is
+        // 112 bytes, and each copy of one just written costs a
+        // store-forwarding stall.
+        match inner
             .store
-            .check_sync(CheckRequest::new(key, policy, cost))?;
-        inner
-            .metrics
-            .store_call(quota, timer, result.as_ref().err());
-        match result {
+            .check_sync(CheckRequest::new(key, policy, cost))?
+        {
             Ok(decision) => {
+                inner.metrics.store_call(quota, timer, None);
                 // An in-process call has no latency worth a slow-call trip.
                 guard.success(Duration::ZERO);
-                Some(Ok(self.stored(key, policy, cost, stale, decision)))
+                self.note_stored(key, policy, cost, stale, &decision);
+                Some(Ok(decision))
             }
             Err(error) => {
+                inner.metrics.store_call(quota, timer, Some(&error));
                 let failure = Failure {
                     reason: reason_for(&error),
                     error: Some(error),
@@ -364,24 +368,23 @@ impl Limiter {
 
     /// Bookkeeping after the store decided: counts it and updates the local
     /// tier (remembers a denial; drops a stale one after an admission).
-    fn stored(
+    fn note_stored(
         &self,
         key: &WindowKey,
         policy: &Policy,
         cost: u32,
         stale: bool,
-        decision: Decision,
-    ) -> Decision {
+        decision: &Decision,
+    ) {
         let inner = &*self.inner;
         inner.stats.store.fetch_add(1, Ordering::Relaxed);
         if let Some(local) = &inner.local {
             if !decision.allowed {
-                local.remember(key, policy, cost, &decision);
+                local.remember(key, policy, cost, decision);
             } else if stale {
                 local.forget(key, policy);
             }
         }
-        decision
     }
 
     /// A fallback policy's decision, marked degraded and counted.
@@ -422,7 +425,10 @@ impl Limiter {
             }
         }
         match self.check_store(key, policy, cost).await {
-            Ok(decision) => Ok(self.stored(key, policy, cost, stale, decision)),
+            Ok(decision) => {
+                self.note_stored(key, policy, cost, stale, &decision);
+                Ok(decision)
+            }
             Err(failure) => self.fall_back(key, policy, cost, failure).await,
         }
     }

@@ -186,6 +186,12 @@ impl Quota {
         self.0.shadow
     }
 
+    /// Whether `other` is a clone of this very quota (one allocation): a
+    /// cheap first test before comparing ids.
+    pub(crate) fn same_allocation(&self, other: &Quota) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// The same quota in state generation `generation` (default 0): the
     /// generation is part of the [state id](Self::state_id), so windows of
     /// one generation are never read by another. A

@@ -51,7 +51,7 @@ use super::{CheckRequest, Store, StoreError, StoreErrorKind};
 use crate::algorithm::outcome::{policy_admits, policy_decision, Evaluation};
 use crate::algorithm::State;
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
-use crate::{Clock, Decision, Policy, Quota, SystemClock, WindowKey};
+use crate::{Clock, Decision, MonotonicClock, Policy, Quota, WindowKey};
 
 mod conn;
 mod dedup;
@@ -113,7 +113,7 @@ impl MemoryStore {
     /// The default bound on dedup ids kept ([`MemoryStoreBuilder::max_dedup_ids`]).
     pub const DEFAULT_MAX_DEDUP_IDS: u64 = 100_000;
 
-    /// A store with default settings: the system clock and at most
+    /// A store with default settings: the [`MonotonicClock`] and at most
     /// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys.
     pub fn new() -> Self {
         Self::builder().build()
@@ -369,7 +369,7 @@ pub struct MemoryStoreBuilder {
 impl Default for MemoryStoreBuilder {
     fn default() -> Self {
         Self {
-            clock: Arc::new(SystemClock),
+            clock: Arc::new(MonotonicClock),
             max_keys: MemoryStore::DEFAULT_MAX_KEYS,
             expiry_grace: MemoryStore::DEFAULT_EXPIRY_GRACE,
             max_dedup_ids: MemoryStore::DEFAULT_MAX_DEDUP_IDS,
@@ -387,7 +387,8 @@ impl fmt::Debug for MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
-    /// The time source for all decisions (default [`SystemClock`]).
+    /// The time source for all decisions (default [`MonotonicClock`]; give
+    /// [`SystemClock`](crate::SystemClock) to follow wall-clock adjustments).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
