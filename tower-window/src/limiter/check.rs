@@ -63,9 +63,10 @@ impl Future for Check<'_> {
             cost,
         } = this.state
         {
-            if let Some(result) = limiter.check_policy_sync(key, policy, cost) {
+            let decided = limiter.poll_in_process(key, policy, cost);
+            if decided.is_ready() {
                 this.state = State::Done;
-                return Poll::Ready(result);
+                return decided;
             }
             this.state = State::Waiting(Box::pin(limiter.check_policy_async(key, policy, cost)));
         }

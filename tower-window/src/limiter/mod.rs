@@ -266,46 +266,63 @@ impl Limiter {
         policy: &Policy,
         cost: u32,
     ) -> Option<Result<Decision, LimitError>> {
+        match self.poll_in_process(key, policy, cost) {
+            Poll::Ready(result) => Some(result),
+            Poll::Pending => None,
+        }
+    }
+
+    /// [`check_policy_sync`](Self::check_policy_sync) as [`Check`]'s first
+    /// poll wants it: `Pending` (before anything is charged) where that
+    /// answers `None`. Returning the poll itself saves `Check` moving the
+    /// 112-byte decision out of an `Option`.
+    pub(crate) fn poll_in_process(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: u32,
+    ) -> Poll<Result<Decision, LimitError>> {
         if !self.inner.store.decides_in_process() {
-            return None;
+            return Poll::Pending;
         }
         if cost == 0 {
-            return Some(Err(LimitError::ZeroCost));
+            return Poll::Ready(Err(LimitError::ZeroCost));
         }
         if tracing::enabled!(target: "tower_window::limiter", tracing::Level::DEBUG) {
             // The span belongs to `check`.
-            return None;
+            return Poll::Pending;
         }
         if let Some(leases) = &self.inner.leases {
             // Leases are reserved and refunded through the time budget,
             // which needs the async path.
             if leases.applies(policy) {
-                return None;
+                return Poll::Pending;
             }
         }
         // Not `?` and re-wrapped: that moves the 112-byte decision once more.
         let result = self.decide_in_process(key, policy, cost);
-        if let Some(Ok(decision)) = &result {
+        if let Poll::Ready(Ok(decision)) = &result {
             self.inner.metrics.decision(key, decision);
         }
         result
     }
 
     /// [`decide`](Self::decide) without a future, for an in-process store:
-    /// `None` (before anything is charged) if some step would have to wait.
+    /// `Pending` (before anything is charged) if some step would have to
+    /// wait.
     fn decide_in_process(
         &self,
         key: &WindowKey,
         policy: &Policy,
         cost: u32,
-    ) -> Option<Result<Decision, LimitError>> {
+    ) -> Poll<Result<Decision, LimitError>> {
         let inner = &*self.inner;
         let mut stale = false;
         if let Some(local) = &inner.local {
             match local.lookup(key, policy, cost) {
                 Lookup::Hit(decision) => {
                     inner.stats.local_cache.fetch_add(1, Ordering::Relaxed);
-                    return Some(Ok(decision));
+                    return Poll::Ready(Ok(decision));
                 }
                 Lookup::Miss { stale: s } => stale = s,
             }
@@ -321,23 +338,26 @@ impl Limiter {
         if let Some(breaker) = breaker {
             // An open breaker sends the check to the fallback, which may
             // wait: leave that to `check`.
-            guard.ticket = Some(breaker.acquire()?);
+            let Some(ticket) = breaker.acquire() else {
+                return Poll::Pending;
+            };
+            guard.ticket = Some(ticket);
         }
         let quota = policy.first();
         let timer = StoreTimer::start(false);
         // Matched in place, not moved through helpers: a `Decision` is
         // 112 bytes, and each copy of one just written costs a
         // store-forwarding stall.
-        match inner
-            .store
-            .check_sync(CheckRequest::new(key, policy, cost))?
-        {
+        let Some(result) = inner.store.check_sync(CheckRequest::new(key, policy, cost)) else {
+            return Poll::Pending;
+        };
+        match result {
             Ok(decision) => {
                 inner.metrics.store_call(quota, timer, None);
                 // An in-process call has no latency worth a slow-call trip.
                 guard.success(Duration::ZERO);
                 self.note_stored(key, policy, cost, stale, &decision);
-                Some(Ok(decision))
+                Poll::Ready(Ok(decision))
             }
             Err(error) => {
                 inner.metrics.store_call(quota, timer, Some(&error));
@@ -348,7 +368,7 @@ impl Limiter {
                 let Some(fallback) = &inner.fallback else {
                     guard.failure_for(failure.error.as_ref());
                     inner.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    return Some(Err(LimitError::Store(failure.into_error())));
+                    return Poll::Ready(Err(LimitError::Store(failure.into_error())));
                 };
                 let now = inner.clock.now_micros();
                 let request = FallbackRequest::new(key, policy, cost, failure.reason, now)
@@ -358,10 +378,10 @@ impl Limiter {
                 // A fallback that must wait: the guard releases the ticket
                 // unreported and `check` tries again from the start.
                 let Poll::Ready(decision) = future.as_mut().poll(&mut cx) else {
-                    return None;
+                    return Poll::Pending;
                 };
                 guard.failure_for(failure.error.as_ref());
-                Some(Ok(self.degraded(decision, failure.reason, now)))
+                Poll::Ready(Ok(self.degraded(decision, failure.reason, now)))
             }
         }
     }
