@@ -299,7 +299,6 @@ impl Limiter {
                 return Poll::Pending;
             }
         }
-        // Not `?` and re-wrapped: that moves the 112-byte decision once more.
         let result = self.decide_in_process(key, policy, cost);
         if let Poll::Ready(Ok(decision)) = &result {
             self.inner.metrics.decision(key, decision);
