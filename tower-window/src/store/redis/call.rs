@@ -1,12 +1,13 @@
 //! One Redis call (a command or a script) with the store's connection
 //! handling: reconnect after a connection error, slot-map refresh after a
-//! topology change, `NOSCRIPT` reloads. Shared by the store operations
-//! beside the policy check (dedup, connection leases, ...).
+//! topology change, `NOSCRIPT` answered by one `EVAL` (see
+//! [`script`](super::script)). Shared by every store operation.
 
-use redis::{FromRedisValue, ScriptInvocation};
+use redis::FromRedisValue;
 
 use super::connection::{is_connection_error, is_topology_change, map_error, Conn};
 use super::keys::{encode_component, Crc16, Sink, CLUSTER_SLOTS};
+use super::script::ScriptCall;
 use super::RedisStore;
 use crate::store::{CheckRequest, StoreError};
 use crate::WindowKey;
@@ -15,38 +16,18 @@ use crate::WindowKey;
 pub(crate) enum Call<'a> {
     /// A plain command.
     Cmd(&'a redis::Cmd),
-    /// A script, by `EVALSHA` (loaded on `NOSCRIPT`).
-    Script(&'a ScriptInvocation<'a>),
+    /// A script, by `EVALSHA` (by `EVAL` on `NOSCRIPT`).
+    Script(&'a ScriptCall),
 }
 
 impl RedisStore {
     /// Sends `call` on the store's connection and parses the reply.
     pub(crate) async fn call<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, StoreError> {
-        const NOSCRIPT_ATTEMPTS: u32 = 3;
         let (conn, generation) = self.connection.get().await?;
         if let Conn::Cluster(cluster) = &conn {
             self.refresh_topology_if_due(cluster);
         }
-        // redis-rs answers NOSCRIPT by loading the script and retrying once;
-        // a `SCRIPT FLUSH` (or a failover) landing between that load and the
-        // retry surfaces a second NOSCRIPT, so go round again, boundedly.
-        let mut attempts = 0;
-        let reply: Result<T, redis::RedisError> = loop {
-            attempts += 1;
-            let reply = match (&call, conn.clone()) {
-                (Call::Cmd(cmd), Conn::Single(mut c)) => cmd.query_async(&mut c).await,
-                (Call::Cmd(cmd), Conn::Cluster(mut c)) => cmd.query_async(&mut c).await,
-                (Call::Script(s), Conn::Single(mut c)) => s.invoke_async(&mut c).await,
-                (Call::Script(s), Conn::Cluster(mut c)) => s.invoke_async(&mut c).await,
-            };
-            match reply {
-                Err(error)
-                    if error.kind()
-                        == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                        && attempts < NOSCRIPT_ATTEMPTS => {}
-                other => break other,
-            }
-        };
+        let reply = send(&conn, &call).await;
         reply.map_err(|error| {
             if is_connection_error(&error) {
                 self.connection.invalidate(generation);
@@ -75,7 +56,7 @@ impl RedisStore {
     /// policy's slot, on the explicit clock when the store has one.
     pub(crate) async fn policy_script(
         &self,
-        script: &'static redis::Script,
+        script: &'static super::script::LuaScript,
         request: CheckRequest<'_>,
     ) -> Result<Vec<i64>, StoreError> {
         if request.cost == 0 {
@@ -118,6 +99,36 @@ impl RedisStore {
             }
             None => Ok(None),
         }
+    }
+}
+
+/// Sends `call` on `conn`: a command as it is; a script by `EVALSHA`, and
+/// when the node answers `NOSCRIPT` (a restart, a promoted replica, a
+/// `SCRIPT FLUSH`) by one `EVAL` of its source to the same node, which runs
+/// it and caches it there. `NOSCRIPT` means the script did not run, so the
+/// `EVAL` cannot apply it twice.
+pub(crate) async fn send<T: FromRedisValue>(
+    conn: &Conn,
+    call: &Call<'_>,
+) -> Result<T, redis::RedisError> {
+    let script = match call {
+        Call::Cmd(cmd) => return query(conn, cmd).await,
+        Call::Script(script) => script,
+    };
+    match query(conn, &script.evalsha()).await {
+        Err(error)
+            if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+        {
+            query(conn, &script.eval()).await
+        }
+        other => other,
+    }
+}
+
+async fn query<T: FromRedisValue>(conn: &Conn, cmd: &redis::Cmd) -> Result<T, redis::RedisError> {
+    match conn.clone() {
+        Conn::Single(mut c) => cmd.query_async(&mut c).await,
+        Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
     }
 }
 

@@ -21,31 +21,31 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use redis::{Script, ScriptInvocation};
 
 use super::call::{subject_slot, subject_tag, Call};
 use super::keys::{encode_component, write_prefix, Crc16, Sink, CLUSTER_SLOTS};
+use super::script::{LuaScript, ScriptCall};
 use super::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
 use crate::conn::{CapScope, ConnectionStore, GrantReply, GrantRequest, LeaseRef};
 use crate::store::{StoreError, StoreErrorKind};
 use crate::WindowKey;
 
-static GRANT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+static GRANT: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
         include_str!("scripts/conn_now.lua"),
         include_str!("scripts/conn_grant.lua")
     ))
 });
-static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+static RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
         include_str!("scripts/conn_now.lua"),
         include_str!("scripts/conn_renew.lua")
     ))
 });
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/conn_release.lua")));
-static PRESENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+static RELEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/conn_release.lua")));
+static PRESENCE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
         include_str!("scripts/conn_now.lua"),
         include_str!("scripts/conn_presence.lua")
     ))
@@ -137,7 +137,7 @@ impl RedisStore {
         let lease = request.lease;
         let keys = lease_keys(&self.prefix, lease.key, lease.tenant_form);
         let (now, key_ttl) = self.lease_clock(request.ttl)?;
-        let mut invocation: ScriptInvocation<'_> = GRANT.key(keys.subject);
+        let mut invocation: ScriptCall = GRANT.key(keys.subject);
         invocation.key(keys.fence);
         if let Some(tenant) = keys.tenant {
             invocation.key(tenant);

@@ -14,17 +14,17 @@
 use std::sync::LazyLock;
 
 use futures_util::future::BoxFuture;
-use redis::Script;
 
 use super::call::{subject_slot, subject_tag, Call};
 use super::keys::encode_component;
+use super::script::LuaScript;
 use super::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
 use crate::dedup::{DedupRequest, DedupStore};
 use crate::store::StoreError;
 use crate::WindowKey;
 
-static EXPLICIT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/dedup.lua")));
+static EXPLICIT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/dedup.lua")));
 
 /// The key remembering `id` of `key` under `prefix`.
 pub(crate) fn dedup_key(prefix: &str, key: &WindowKey, id: &[u8]) -> Vec<u8> {

@@ -13,17 +13,19 @@ use std::sync::LazyLock;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use redis::{Script, ScriptInvocation, Value};
+use redis::Value;
 
 use super::call::Call;
 use super::keys::{encode_component, escape_into, needs_escape, Crc16, CLUSTER_SLOTS};
+use super::script::{LuaScript, ScriptCall};
 use super::RedisStore;
 use crate::events::{
     Appended, Epoch, Event, EventId, EventRequest, EventStore, Position, Resume, ResyncReason,
 };
 use crate::store::{StoreError, StoreErrorKind};
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/events.lua")));
+static SCRIPT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/events.lua")));
 
 /// Our own fields at the head of every entry (`p` prev id, `n` number,
 /// `e` epoch), as name-value pairs.
@@ -116,7 +118,7 @@ impl RedisStore {
         &self,
         request: &EventRequest<'_>,
         op: &str,
-        extra: impl FnOnce(&mut ScriptInvocation<'static>),
+        extra: impl FnOnce(&mut ScriptCall),
     ) -> Result<Value, StoreError> {
         let (stream, meta) = event_keys(&self.prefix, request.key);
         let mut call = SCRIPT.prepare_invoke();

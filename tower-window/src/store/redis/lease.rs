@@ -18,10 +18,9 @@
 
 use std::sync::LazyLock;
 
-use redis::{Script, ScriptInvocation};
-
 use super::call::Call;
 use super::keys::redis_key;
+use super::script::{LuaScript, ScriptCall};
 use super::scripts::{lay_out, micros, Parts};
 use super::RedisStore;
 use crate::store::{Lease, RefundRequest, Reservation, ReserveRequest, StoreError, StoreErrorKind};
@@ -38,7 +37,7 @@ const SOURCE: &str = concat!(
     include_str!("scripts/lease.lua"),
 );
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
+static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
 
 /// Suffixes of the lease keys, after the policy's first quota key.
 const RECORDS_SUFFIX: &[u8] = b":lr";
@@ -53,7 +52,7 @@ impl RedisStore {
     /// The SHA1 of the lease script (reserve and refund), as `EVALSHA`
     /// names it.
     pub fn lease_script_sha() -> &'static str {
-        SCRIPT.get_hash()
+        SCRIPT.sha()
     }
 
     fn lease_call(
@@ -62,7 +61,7 @@ impl RedisStore {
         policy: &Policy,
         units: u32,
         now: Option<u64>,
-    ) -> Result<ScriptInvocation<'static>, StoreError> {
+    ) -> Result<ScriptCall, StoreError> {
         let Some(first) = policy.quotas().first() else {
             return Err(StoreError::new(
                 StoreErrorKind::InvalidRequest,
@@ -88,7 +87,7 @@ impl RedisStore {
 
     /// Runs one lease script call on the store's connection (as a check
     /// runs: one `EVALSHA`, reloading the script on `NOSCRIPT`).
-    async fn run_lease(&self, call: ScriptInvocation<'static>) -> Result<Vec<i64>, StoreError> {
+    async fn run_lease(&self, call: ScriptCall) -> Result<Vec<i64>, StoreError> {
         self.call(Call::Script(&call)).await
     }
 

@@ -103,6 +103,7 @@ mod events;
 mod keys;
 mod lease;
 mod peek;
+mod script;
 mod scripts;
 mod tail;
 pub(crate) mod tenants;
@@ -244,16 +245,18 @@ impl RedisStore {
     /// Connects now and loads the script, instead of on the first check.
     pub async fn connect(&self) -> Result<(), StoreError> {
         let (conn, generation) = self.connection.get().await?;
-        let script = scripts::script();
-        let loaded = match conn {
-            Conn::Single(mut conn) => script.prepare_invoke().load_async(&mut conn).await,
+        let load = scripts::script().load_cmd();
+        let loaded: Result<String, _> = match conn {
+            Conn::Single(mut conn) => load.query_async(&mut conn).await,
             Conn::Cluster(mut conn) => {
                 // The slot map now too, so breakers are per primary from
                 // the first check.
                 if let Err(error) = self.topology.refresh(&mut conn).await {
                     tracing::debug!(%error, "redis cluster topology load failed");
                 }
-                script.prepare_invoke().load_async(&mut conn).await
+                // To every primary; a node that misses it later (a
+                // promoted replica) gets it by `EVAL` on first use.
+                load.query_async(&mut conn).await
             }
         };
         if let Err(error) = loaded {

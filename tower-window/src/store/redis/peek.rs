@@ -3,16 +3,15 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
-
+use super::script::LuaScript;
 use super::{scripts, RedisStore};
 use crate::store::{CheckRequest, StoreError};
 use crate::Decision;
 
 /// The prelude and the algorithm fragments, then `peek.lua` in place of
 /// `policy.lua`: the same KEYS and ARGV, no commit.
-static PEEK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+static PEEK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
         include_str!("scripts/prelude.lua"),
         include_str!("scripts/sliding_log.lua"),
         include_str!("scripts/sliding_counter.lua"),

@@ -5,18 +5,19 @@
 //! `crate::algorithm` line by line), and `policy.lua`, which evaluates every
 //! quota and commits only if all fit. `policy.lua` documents the KEYS/ARGV
 //! layout and the reply. Scripts run with `EVALSHA`; a `NOSCRIPT` reply
-//! makes redis-rs load the script and retry once.
+//! is answered by one `EVAL` (see [`super::script`]).
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation, ToRedisArgs};
+use redis::ToRedisArgs;
 
 use super::keys::{redis_key, META_SUFFIX};
+use super::script::{LuaScript, ScriptCall};
 use crate::store::{StoreError, StoreErrorKind};
 use crate::{Algorithm, Decision, Policy, QuotaDecision, WindowKey};
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
+static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
 
 /// The whole script's source.
 const SOURCE: &str = concat!(
@@ -33,13 +34,13 @@ const SOURCE: &str = concat!(
 pub(crate) const MAX_EXPLICIT_MICROS: u64 = 1 << 52;
 
 /// The script deciding every policy.
-pub(crate) fn script() -> &'static Script {
+pub(crate) fn script() -> &'static LuaScript {
     &SCRIPT
 }
 
 /// The SHA1 of the script (what `EVALSHA` names).
 pub(crate) fn sha() -> &'static str {
-    SCRIPT.get_hash()
+    SCRIPT.sha()
 }
 
 /// The algorithm's code in `ALGORITHMS` (see the fragments).
@@ -62,13 +63,13 @@ pub(super) trait Parts {
     fn arg(&mut self, arg: impl ToRedisArgs);
 }
 
-impl Parts for ScriptInvocation<'static> {
+impl Parts for ScriptCall {
     fn key(&mut self, key: Vec<u8>) {
-        ScriptInvocation::key(self, key);
+        ScriptCall::key(self, key);
     }
 
     fn arg(&mut self, arg: impl ToRedisArgs) {
-        ScriptInvocation::arg(self, arg);
+        ScriptCall::arg(self, arg);
     }
 }
 
@@ -78,14 +79,14 @@ impl Parts for ScriptInvocation<'static> {
 /// `policy.lua` for the layout). `now_micros` is `None` to let the script
 /// read Redis `TIME`.
 pub(crate) fn invocation_of(
-    script: &'static Script,
+    script: &'static LuaScript,
     prefix: &str,
     key: &WindowKey,
     policy: &Policy,
     cost: u32,
     now_micros: Option<u64>,
     min_ttl_ms: u64,
-) -> ScriptInvocation<'static> {
+) -> ScriptCall {
     let mut call = script.prepare_invoke();
     lay_out(&mut call, prefix, key, policy, cost, now_micros, min_ttl_ms);
     call
@@ -209,10 +210,10 @@ mod tests {
             assert!(fragment.ends_with('\n'), "fragment {i} ends mid-line");
         }
         assert_eq!(SOURCE, fragments.concat());
-        assert_eq!(sha(), Script::new(&fragments.concat()).get_hash());
-        assert_eq!(script().get_hash(), sha());
+        assert_eq!(sha(), redis::Script::new(&fragments.concat()).get_hash());
+        assert_eq!(script().sha(), sha());
         // A one-byte change names another script.
-        assert_ne!(sha(), Script::new(&format!("{SOURCE} ")).get_hash());
+        assert_ne!(sha(), redis::Script::new(&format!("{SOURCE} ")).get_hash());
     }
 
     #[test]

@@ -3,18 +3,20 @@
 
 use std::sync::LazyLock;
 
-use redis::{Script, Value};
+use redis::Value;
 
+use super::call::{send, Call};
 use super::connection::{is_connection_error, map_error, Conn, Dedicated};
 use super::keys::prefixed_key;
+use super::script::LuaScript;
 use super::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
 use crate::tenant::stream_id;
 
-static LIFECYCLE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../tenant/scripts/lifecycle.lua")));
-static LOAD: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../tenant/scripts/load.lua")));
+static LIFECYCLE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../tenant/scripts/lifecycle.lua")));
+static LOAD: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../tenant/scripts/load.lua")));
 
 /// The registry's three keys: records, generations, control stream.
 fn keys(prefix: &str) -> [Vec<u8>; 3] {
@@ -81,10 +83,7 @@ fn pairs(value: &Value) -> Option<Vec<(String, String)>> {
 }
 
 async fn query(conn: &Conn, cmd: &redis::Cmd) -> Result<Value, redis::RedisError> {
-    match conn.clone() {
-        Conn::Single(mut c) => cmd.query_async(&mut c).await,
-        Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
-    }
+    send(conn, &Call::Cmd(cmd)).await
 }
 
 impl RedisStore {
@@ -109,10 +108,7 @@ impl RedisStore {
             .arg(max_len)
             .arg(ttl_ms);
         let (conn, generation) = self.connection.get().await?;
-        let reply: Result<(String, String), _> = match conn {
-            Conn::Single(mut c) => call.invoke_async(&mut c).await,
-            Conn::Cluster(mut c) => call.invoke_async(&mut c).await,
-        };
+        let reply: Result<(String, String), _> = send(&conn, &Call::Script(&call)).await;
         let (_, tenant_generation) = reply.map_err(|error| {
             if is_connection_error(&error) {
                 self.connection.invalidate(generation);
@@ -148,11 +144,9 @@ impl TenantReader {
             call.key(key.clone());
         }
         call.arg(ttl_ms);
-        let reply: Value = match self.conn.conn.clone() {
-            Conn::Single(mut c) => call.invoke_async(&mut c).await,
-            Conn::Cluster(mut c) => call.invoke_async(&mut c).await,
-        }
-        .map_err(map_error)?;
+        let reply: Value = send(&self.conn.conn, &Call::Script(&call))
+            .await
+            .map_err(map_error)?;
         let parts = items(&reply).ok_or_else(|| protocol("load"))?;
         let [last, _first, records, generations, added] = parts[..] else {
             return Err(protocol("load arity"));
