@@ -110,6 +110,14 @@ impl Connection {
         )
     }
 
+    /// The current connection, if one is made (never connects).
+    pub(crate) fn ready(&self) -> Option<Conn> {
+        match &*lock(&self.state) {
+            State::Ready { conn, .. } => Some(conn.clone()),
+            _ => None,
+        }
+    }
+
     /// The current connection and its generation, connecting if needed.
     pub(crate) async fn get(&self) -> Result<(Conn, u64), StoreError> {
         let pending = {
@@ -142,7 +150,8 @@ impl Connection {
         let task_state = Arc::clone(&state);
         let task = tokio::spawn(async move {
             let state = task_state;
-            let result = match tokio::time::timeout(timeout, connect(&connector, timeout)).await {
+            let connecting = connect(&connector, timeout, Use::Shared);
+            let result = match tokio::time::timeout(timeout, connecting).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::new(
                     StoreErrorKind::Timeout,
@@ -190,7 +199,8 @@ impl Connection {
     /// from a pool, one checked out for as long as it is held.
     pub(crate) async fn dedicated(&self) -> Result<Dedicated, StoreError> {
         let timeout = self.connect_timeout;
-        let (conn, keeper) = tokio::time::timeout(timeout, connect(&self.connector, timeout))
+        let connecting = connect(&self.connector, timeout, Use::Dedicated);
+        let (conn, keeper) = tokio::time::timeout(timeout, connecting)
             .await
             .map_err(|_| {
                 StoreError::new(
@@ -215,7 +225,32 @@ impl Connection {
     }
 }
 
-async fn connect(connector: &Connector, timeout: Duration) -> Result<(Conn, Keeper), StoreError> {
+/// What a connection is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Use {
+    /// The store's shared connection: calls with a time budget each.
+    Shared,
+    /// A connection of its own that may block (`XREAD BLOCK`).
+    Dedicated,
+}
+
+/// How often the cluster client retries a call itself: enough to follow a
+/// `MOVED` and then an `ASK` redirect. Everything else (`CLUSTERDOWN`,
+/// `TRYAGAIN`, a refused connection) comes back to the limiter, whose
+/// retries fit its time budget and never repeat a call that may have run.
+/// redis-rs's default (16 retries, waits from 1.28 s) outlasts any budget,
+/// so during a failover every call used to time out instead of failing.
+const CLUSTER_RETRIES: u32 = 2;
+/// The cluster client's wait before its own retry: 1 ms up to
+/// `2 * 2^retry` ms (4, 8), at most 10 ms.
+const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 1;
+const CLUSTER_RETRY_WAIT_MAX_MS: u64 = 10;
+
+async fn connect(
+    connector: &Connector,
+    timeout: Duration,
+    usage: Use,
+) -> Result<(Conn, Keeper), StoreError> {
     match connector {
         Connector::Client(client) => {
             let config = AsyncConnectionConfig::new()
@@ -233,10 +268,20 @@ async fn connect(connector: &Connector, timeout: Duration) -> Result<(Conn, Keep
             Ok((Conn::Single((*pooled).clone()), Keeper::Pooled(pooled)))
         }
         Connector::Cluster(nodes) => {
-            let client = ClusterClient::builder(nodes.clone())
+            let mut builder = ClusterClient::builder(nodes.clone())
                 .connection_timeout(timeout)
-                .build()
-                .map_err(map_error)?;
+                .retries(CLUSTER_RETRIES)
+                .min_retry_wait(CLUSTER_RETRY_WAIT_MIN_MS)
+                .max_retry_wait(CLUSTER_RETRY_WAIT_MAX_MS)
+                .retry_wait_formula(2, 2);
+            if usage == Use::Shared {
+                // Bounds the client's own commands too (its slot refresh
+                // asks every known node in turn, holding its routing table
+                // meanwhile): a primary that vanished without closing its
+                // sockets would otherwise stall every call for good.
+                builder = builder.response_timeout(timeout);
+            }
+            let client = builder.build().map_err(map_error)?;
             let conn = client.get_async_connection().await.map_err(map_error)?;
             Ok((Conn::Cluster(conn), Keeper::None))
         }

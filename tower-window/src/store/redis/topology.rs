@@ -11,10 +11,12 @@
 //! A [`TopologyCache`] holds the current table behind an [`ArcSwapOption`]
 //! (lock-free reads on the hot path) and refreshes it on demand: after a
 //! topology change is seen ([`TopologyCache::mark_stale`]), at most once per
-//! [`MIN_REFRESH_INTERVAL`].
-
-// RedisStore starts using this with the limiter rewrite; until then only
-// the tests do.
+//! [`MIN_REFRESH_INTERVAL`], and otherwise once the table is
+//! [`MAX_AGE`] old. The age matters because a failover is often seen by
+//! no error of ours: the dead primary's keys go to the fallback without a
+//! call while its breaker is open, and the promoted replica answers them
+//! without a redirect. Only a fresh `CLUSTER SLOTS` tells that those slots
+//! have a new primary, and so a new, closed breaker.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,7 +36,10 @@ const MAX_DOMAINS: usize = SLOTS;
 /// A slot no primary serves.
 const UNASSIGNED: u16 = u16::MAX;
 /// The least time between two `CLUSTER SLOTS` queries of one cache.
-pub(crate) const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const MIN_REFRESH_INTERVAL: Duration = Duration::from_millis(250);
+/// How old the table may grow while the store is in use: once a second,
+/// a call that finds it this old refreshes it in the background.
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(1);
 
 /// Hash slot → failure-domain id, from one `CLUSTER SLOTS` reply.
 #[derive(Debug, Clone)]
@@ -278,15 +283,25 @@ impl TopologyCache {
         self.stale.store(true, Ordering::Relaxed);
     }
 
-    /// Whether a refresh is due: the cache is stale or was never loaded, and
-    /// the last refresh started at least [`MIN_REFRESH_INTERVAL`] ago.
+    /// Whether a refresh is due: the cache is stale or was never loaded and
+    /// the last refresh started at least [`MIN_REFRESH_INTERVAL`] ago, or
+    /// it started at least [`MAX_AGE`] ago.
     pub(crate) fn needs_refresh(&self) -> bool {
-        self.due(Instant::now())
+        self.due(self.last_attempt.load(Ordering::Relaxed), Instant::now())
     }
 
-    fn due(&self, now: Instant) -> bool {
+    fn due(&self, last: u64, now: Instant) -> bool {
+        if last == 0 {
+            return true;
+        }
         let wanted = self.stale.load(Ordering::Relaxed) || self.current.load().is_none();
-        wanted && self.interval_passed(self.last_attempt.load(Ordering::Relaxed), now)
+        let wait = if wanted {
+            MIN_REFRESH_INTERVAL
+        } else {
+            MAX_AGE
+        };
+        let wait = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        self.stamp(now).saturating_sub(last) >= wait
     }
 
     fn stamp(&self, now: Instant) -> u64 {
@@ -295,18 +310,12 @@ impl TopologyCache {
             .saturating_add(1)
     }
 
-    fn interval_passed(&self, last: u64, now: Instant) -> bool {
-        let min = u64::try_from(MIN_REFRESH_INTERVAL.as_millis()).unwrap_or(u64::MAX);
-        last == 0 || self.stamp(now).saturating_sub(last) >= min
-    }
-
     /// Claims the refresh that is due at `now`; of any number of callers at
     /// once, one wins. Clears the stale flag, so a topology change seen
     /// while the query runs marks it stale again.
     fn claim(&self, now: Instant) -> bool {
         let last = self.last_attempt.load(Ordering::Relaxed);
-        let wanted = self.stale.load(Ordering::Relaxed) || self.current.load().is_none();
-        if !wanted || !self.interval_passed(last, now) {
+        if !self.due(last, now) {
             return false;
         }
         let won = self
@@ -578,13 +587,20 @@ mod tests {
             cache.mark_stale();
         }
         assert!(!cache.needs_refresh(), "within the interval");
-        tokio::time::advance(Duration::from_millis(999)).await;
+        tokio::time::advance(MIN_REFRESH_INTERVAL - Duration::from_millis(1)).await;
         assert!(!cache.needs_refresh());
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(cache.needs_refresh());
         assert!(cache.claim(Instant::now()));
         assert!(!cache.claim(Instant::now()));
         assert!(!cache.needs_refresh(), "claimed: the stale flag is cleared");
+        // Fresh, it still refreshes once it is MAX_AGE old, never sooner.
+        tokio::time::advance(MAX_AGE - Duration::from_millis(1)).await;
+        assert!(!cache.needs_refresh(), "not stale and younger than MAX_AGE");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(cache.needs_refresh(), "MAX_AGE old");
+        assert!(cache.claim(Instant::now()));
+        assert!(!cache.needs_refresh());
         // A bad reply keeps the old map.
         assert!(cache.install(&Value::Okay).is_err());
         assert_eq!(cache.domain_of(0), Some(1));
