@@ -681,9 +681,16 @@ async fn one_failing_shard_opens_only_its_own_breaker() {
     );
     assert_eq!(store.calls(0) - before, 5);
 
-    // Shard 0 heals: after the default 5 s cooldown one probe closes it.
+    // Shard 0 heals: after the default cooldown (1 s), not before, one
+    // probe closes it.
     store.shard0_down.store(false, Ordering::SeqCst);
-    clock.advance(Duration::from_secs(5));
+    clock.advance(Duration::from_millis(999));
+    assert_eq!(
+        limiter.check(&down(0), 1).await.unwrap().source,
+        fallback(FallbackReason::CircuitOpen)
+    );
+    assert_eq!(store.calls(0) - before, 5, "no probe before the cooldown");
+    clock.advance(Duration::from_millis(1));
     assert_eq!(
         limiter.check(&down(0), 1).await.unwrap().source,
         DecisionSource::Store

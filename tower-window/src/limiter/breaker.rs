@@ -73,7 +73,13 @@ const RATIO_SCALE: u64 = 1_000_000;
 /// Defaults: open after 5 consecutive failures, when at least 50 % of at
 /// least 20 calls in the last 10 s failed, or when at least 50 % of at least
 /// 20 calls in the last 10 s were successes slower than 25 ms; cool down
-/// 5 s; 1 probe at a time while half-open.
+/// 1 s; 1 probe at a time while half-open.
+///
+/// The cooldown is short because an open breaker only saves the store one
+/// probe per cooldown, while every second of it is a second of degraded
+/// decisions after the store is back (a restarted Redis, a promoted
+/// replica): with 1 s, keys are decided by the store again within about a
+/// second of its recovery.
 ///
 /// A limiter over a store that names failure domains
 /// ([`Store::failure_domain`](crate::Store::failure_domain); a Redis Cluster's primaries)
@@ -148,7 +154,7 @@ impl Default for BreakerConfig {
                 ratio_ppm: RATIO_SCALE / 2,
                 min_calls: 20,
             }),
-            cooldown: Duration::from_secs(5),
+            cooldown: Duration::from_secs(1),
             half_open_probes: 1,
             hook: None,
         }
@@ -206,7 +212,7 @@ impl BreakerConfig {
         self
     }
 
-    /// How long the breaker stays open before probing (default 5 s).
+    /// How long the breaker stays open before probing (default 1 s).
     pub fn cooldown(mut self, cooldown: Duration) -> Self {
         self.cooldown = cooldown;
         self
