@@ -7,6 +7,7 @@ pub mod conformance;
 pub mod conn_conformance;
 pub mod dedup_conformance;
 pub mod event_conformance;
+pub mod fault_load;
 pub mod fault_proxy;
 pub mod lease_conformance;
 pub mod redis_cluster;

@@ -20,7 +20,7 @@ impl RedisCluster {
     /// `redis-cli --cluster create`, and waits until every node reports
     /// `cluster_state:ok` and a routed `EVAL` succeeds on every primary.
     pub fn start() -> Self {
-        Self::create(3, 0)
+        Self::create(3, 0, &[])
     }
 
     /// Starts six cluster-enabled servers, joins them with
@@ -31,25 +31,31 @@ impl RedisCluster {
     /// (`master_link_status:up`). Which node replicates which primary is
     /// `redis-cli`'s choice: ask `ROLE` or `CLUSTER NODES`.
     pub fn start_with_replicas() -> Self {
-        Self::create(6, 1)
+        Self::create(6, 1, &[])
     }
 
-    fn create(count: usize, replicas: u8) -> Self {
+    /// Like [`start_with_replicas`](Self::start_with_replicas), with extra
+    /// `redis-server` arguments for every node (kept across restarts), e.g.
+    /// `["--cluster-require-full-coverage", "no"]`.
+    pub fn start_with_replicas_and(extra: &[&str]) -> Self {
+        Self::create(6, 1, extra)
+    }
+
+    fn create(count: usize, replicas: u8, extra: &[&str]) -> Self {
         require("redis-server");
         require("redis-cli");
         let nodes: Vec<RedisServer> = (0..count)
             .map(|_| {
-                RedisServer::start_with(
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "2000",
-                    ],
-                    true,
-                )
+                let mut args = vec![
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ];
+                args.extend_from_slice(extra);
+                RedisServer::start_with(&args, true)
             })
             .collect();
         let cluster = Self { nodes };
