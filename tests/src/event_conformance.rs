@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tower_window::events::{
-    Event, EventId, EventStore, EventWindow, Position, Resume, ResyncReason, Retention,
+    Event, EventId, EventRequest, EventStore, EventWindow, Position, Resume, ResyncReason,
+    Retention, MAX_ID_PART, MAX_PAGE,
 };
 use tower_window::{Limiter, ManualClock, MemoryStore, Quota, Store, StoreErrorKind};
 
@@ -58,7 +59,9 @@ macro_rules! event_conformance_tests {
             events_past_the_window_make_a_resume_too_old,
             events_beyond_max_len_make_a_resume_too_old,
             another_epoch_is_never_recovered,
-            a_position_beyond_the_history_changes_the_epoch,
+            a_position_ahead_of_the_head_is_answered_alone,
+            a_position_absent_from_the_history_is_never_recovered,
+            hostile_positions_change_nothing,
             windows_are_independent,
             invalid_requests_are_typed_errors,
             trimming_keeps_the_length_bounded_in_a_long_run,
@@ -89,6 +92,8 @@ fn unique(scenario: &str) -> String {
 
 struct Run {
     events: EventWindow,
+    /// The same store, for calls that bypass the window's checks.
+    store: Arc<dyn EventStore>,
     clock: ManualClock,
     key: String,
 }
@@ -106,6 +111,7 @@ impl Run {
         let limiter = Limiter::new(Arc::clone(&store), quota);
         let retention = Retention::new(window, max_len).expect("a retention");
         Self {
+            store: Arc::clone(&store) as Arc<dyn EventStore>,
             events: EventWindow::new(limiter, store, retention),
             clock,
             key: unique(scenario),
@@ -341,24 +347,172 @@ pub async fn another_epoch_is_never_recovered<F: EventStoreFactory>(f: &F) {
     );
 }
 
-/// A position after the last event this window ever had (the reader saw
-/// history the store lost) resyncs, and starts a new epoch.
-pub async fn a_position_beyond_the_history_changes_the_epoch<F: EventStoreFactory>(f: &F) {
-    let run = Run::start(f, "beyond", Duration::from_secs(60), 1000).await;
+/// A position after the window's last event (a reader that claims events
+/// the window never had, or had and lost in a restore) is answered
+/// `ahead` for that reader alone: the window keeps its epoch, and an
+/// honest reader still recovers exactly its gap, however often such
+/// positions are sent (issue 22, defect 3).
+pub async fn a_position_ahead_of_the_head_is_answered_alone<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "ahead", Duration::from_secs(60), 1000).await;
     let head = run.head().await;
     let a = run.append("a").await;
-    let ahead = EventId::new(a.millis() + 1000, 0).expect("an id");
+    let reader = at(&head, a);
+    let id = |ms: u64, seq: u64| EventId::new(ms, seq).expect("an id");
+    for round in 0..3 {
+        let last = run.head().await.after();
+        let hostile = [
+            id(last.millis(), last.seq() + 1),
+            id(last.millis() + 1000, 0),
+            id(last.millis(), MAX_ID_PART),
+            id(MAX_ID_PART, 0),
+            id(MAX_ID_PART, MAX_ID_PART),
+        ];
+        for ahead in hostile {
+            assert_eq!(
+                run.since(&at(&head, ahead), 10).await,
+                Resume::Resync(ResyncReason::Ahead),
+                "round {round}: {ahead} is ahead of {last}"
+            );
+            assert_eq!(
+                run.resume(&at(&head, ahead)).await,
+                Resume::Resync(ResyncReason::Ahead),
+                "round {round}: {ahead}"
+            );
+        }
+        assert_eq!(
+            run.head().await,
+            Position::new(head.epoch.clone(), Some(last)),
+            "round {round}: the window is as it was"
+        );
+        run.append(&round.to_string()).await;
+    }
     assert_eq!(
-        run.since(&at(&head, ahead), 10).await,
-        Resume::Resync(ResyncReason::EpochChanged)
+        data(&recovered(run.resume(&reader).await)),
+        ["0", "1", "2"],
+        "the honest reader recovers exactly its gap"
     );
+    assert_eq!(run.head().await.epoch, head.epoch);
+}
+
+/// A position the window's history does not hold where the reader says
+/// (an id between two events: the reader's event was lost in a restore or
+/// rollback that kept the epoch, or never existed) is never `recovered`,
+/// also once events follow it: the first kept event after it followed
+/// another event, so events after the position may be lost (issue 22,
+/// defect 4; invariant 10). Real positions around it still recover.
+pub async fn a_position_absent_from_the_history_is_never_recovered<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "absent", Duration::from_secs(60), 1000).await;
+    let head = run.head().await;
+    let a = run.append("a").await;
+    run.clock.advance(Duration::from_millis(10));
+    let b = run.append("b").await;
+    assert!(b.millis() >= a.millis() + 10, "{a} {b}");
+    let absent = [
+        EventId::new(a.millis() + 5, 0).expect("an id"),
+        EventId::new(a.millis(), a.seq() + 1).expect("an id"),
+        EventId::new(b.millis() - 1, 7).expect("an id"),
+    ];
+    for position in absent {
+        assert_eq!(
+            run.since(&at(&head, position), 10).await,
+            Resume::Resync(ResyncReason::TooOld),
+            "b followed {a}, not {position}: never recovered"
+        );
+        assert_eq!(
+            run.resume(&at(&head, position)).await,
+            Resume::Resync(ResyncReason::TooOld),
+            "{position}"
+        );
+    }
+    assert_eq!(data(&recovered(run.since(&at(&head, a), 10).await)), ["b"]);
+    assert_eq!(data(&recovered(run.since(&head, 10).await)), ["a", "b"]);
+    let zero = at(&head, EventId::ZERO);
+    assert_eq!(
+        data(&recovered(run.since(&zero, 10).await)),
+        ["a", "b"],
+        "0-0 is the position before the first event"
+    );
+    assert!(recovered(run.since(&at(&head, b), 10).await).is_empty());
     let now = run.head().await;
-    assert_ne!(now.epoch, head.epoch, "history is not what the reader saw");
+    assert_eq!((now.epoch, now.last_id), (head.epoch, Some(b)));
+}
+
+/// Every hostile position gets its own typed answer and changes nothing:
+/// ids at the largest parts, `0-0` once events before it are trimmed, the
+/// epoch of another window, ids of another epoch. After all of them the
+/// window's epoch and head are unchanged and a reader recovers its gap.
+pub async fn hostile_positions_change_nothing<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "hostile", Duration::from_secs(60), 3).await;
+    let other = format!("{}:other", run.key);
+    let theirs = run.events.position(&other).await.expect("position");
+    run.append_to(&other, "theirs").await;
+    let head = run.head().await;
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        ids.push(run.append(&i.to_string()).await);
+    }
+    let reader = at(&head, ids[3]);
+    let max = EventId::new(MAX_ID_PART, MAX_ID_PART).expect("an id");
+    let cases = [
+        (at(&head, max), Resume::Resync(ResyncReason::Ahead)),
+        // 0-0 and "no event yet": the first events are trimmed (max_len 3).
+        (
+            at(&head, EventId::ZERO),
+            Resume::Resync(ResyncReason::TooOld),
+        ),
+        (head.clone(), Resume::Resync(ResyncReason::TooOld)),
+        // Another window's epoch, with ids of either window.
+        (
+            at(&theirs, ids[3]),
+            Resume::Resync(ResyncReason::EpochChanged),
+        ),
+        (at(&theirs, max), Resume::Resync(ResyncReason::EpochChanged)),
+        (
+            Position::new(theirs.epoch.clone(), None),
+            Resume::Resync(ResyncReason::EpochChanged),
+        ),
+        (
+            Position::parse("0", "0-0").expect("a position"),
+            Resume::Resync(ResyncReason::EpochChanged),
+        ),
+        (
+            Position::parse(&"z".repeat(64), &format!("{MAX_ID_PART}-0")).expect("a position"),
+            Resume::Resync(ResyncReason::EpochChanged),
+        ),
+    ];
+    for round in 0..2 {
+        for (position, expected) in &cases {
+            assert_eq!(
+                &run.since(position, 10).await,
+                expected,
+                "round {round}: {position:?}"
+            );
+            assert_eq!(
+                &run.resume(position).await,
+                expected,
+                "round {round}: {position:?}"
+            );
+        }
+    }
     assert_eq!(
-        run.since(&at(&head, a), 10).await,
-        Resume::Resync(ResyncReason::EpochChanged)
+        run.head().await,
+        Position::new(head.epoch.clone(), Some(ids[5]))
     );
-    assert!(recovered(run.since(&at(&now, a), 10).await).is_empty());
+    assert_eq!(data(&recovered(run.resume(&reader).await)), ["4", "5"]);
+    let theirs_now = run.events.position(&other).await.expect("position");
+    assert_eq!(
+        theirs_now.epoch, theirs.epoch,
+        "the other window is untouched"
+    );
+    assert_eq!(
+        data(&recovered(
+            run.events
+                .resume(&other, &theirs, 10)
+                .await
+                .expect("resume")
+        )),
+        ["theirs"]
+    );
 }
 
 /// Two keys: two windows, two epochs.
@@ -413,6 +567,27 @@ pub async fn invalid_requests_are_typed_errors<F: EventStoreFactory>(f: &F) {
         kind(run.events.since(&run.key, &head, 10_001).await),
         Err(StoreErrorKind::InvalidRequest)
     );
+    // The store itself refuses the same, for callers that bypass the
+    // window: every backend alike, and no script sees a page or an event
+    // it cannot handle in bounded work.
+    let request = EventRequest::new(run.key.as_bytes(), run.events.retention(), 7);
+    for limit in [0, MAX_PAGE + 1, u32::MAX] {
+        assert_eq!(
+            kind(run.store.read(request, &head, limit).await),
+            Err(StoreErrorKind::InvalidRequest),
+            "limit {limit}"
+        );
+    }
+    let lots: Vec<(&str, &[u8])> = (0..5000).map(|_| ("f", &b"x"[..])).collect();
+    let long_name = "n".repeat(65);
+    for fields in [&lots[..], &[][..], &[(long_name.as_str(), &b"x"[..])][..]] {
+        assert_eq!(
+            kind(run.store.append(request, fields).await),
+            Err(StoreErrorKind::InvalidRequest),
+            "{} fields",
+            fields.len()
+        );
+    }
     assert_eq!(run.head().await, head, "nothing was appended");
     // Keys with any bytes are fine (and distinct).
     let odd = format!("{}:{{}}\u{0}\u{e9}", run.key);

@@ -1,15 +1,20 @@
 //! The event-window conformance suite on `RedisStore` (a real
 //! `redis-server` and a real 3-primary Redis Cluster), and what only Redis
-//! can show: keys that vanish start a new epoch, every key has a TTL, and
-//! both keys of a window share one slot.
+//! can show: keys that vanish start a new epoch, every key has a TTL, both
+//! keys of a window share one slot, and history lost while the epoch stayed
+//! (a restore, a rollback) is never `recovered` and changes nothing for
+//! other readers (issue 22, defects 3 and 4).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use redis::aio::ConnectionLike;
 use redis::AsyncCommands;
-use tower_window::events::{EventWindow, Resume, ResyncReason, Retention};
+use tower_window::events::{EventId, EventWindow, Position, Resume, ResyncReason, Retention};
 use tower_window::{Limiter, ManualClock, Quota, RedisStore};
+use tower_window_tests::conformance::START;
 use tower_window_tests::event_conformance::EventStoreFactory;
 use tower_window_tests::redis_cluster::{key_slot, RedisCluster};
 use tower_window_tests::redis_server::RedisServer;
@@ -145,4 +150,353 @@ async fn both_keys_carry_a_ttl_and_share_a_slot() {
         assert!(ttl > 100_000, "{key}: the append refreshed the ttl ({ttl})");
     }
     assert_eq!(key_slot(keys[0].as_bytes()), key_slot(keys[1].as_bytes()));
+}
+
+/// How a test takes history away from a window while its epoch stays: a
+/// real restore (`DUMP` both keys after the first event, `RESTORE` them
+/// over the window later, as restoring a backup or rolling a replica back
+/// would), or the stream's newest entries deleted and the meta rolled
+/// back to match.
+#[derive(Debug, Clone, Copy)]
+enum Loss {
+    Restore,
+    Rollback,
+}
+
+/// What a loss leaves: the window holds `a` (and its epoch, on the same
+/// primary) but not `b` and `c`, which a reader received.
+struct Lost {
+    events: EventWindow,
+    clock: ManualClock,
+    key: String,
+    head: Position,
+    a: EventId,
+    b: EventId,
+    c: EventId,
+}
+
+fn unique_key(name: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{name}-{}-{nanos}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Appends `a`, `b`, `c` to a fresh window (10 ms apart on `clock`) and
+/// takes `b` and `c` away by `loss`, keeping the epoch; `conn` reaches the
+/// window's keys (a plain or a cluster connection).
+async fn lose_history<C: ConnectionLike + Send>(
+    store: Arc<RedisStore>,
+    clock: ManualClock,
+    conn: &mut C,
+    loss: Loss,
+) -> Lost {
+    let key = unique_key("loss");
+    let events = window(store);
+    let stream = format!("evloss:ev:{{{key}}}:s");
+    let meta = format!("evloss:ev:{{{key}}}:m");
+    let head = events.position(&key).await.expect("position");
+    let a = events
+        .append(&key, &[("data", b"a")])
+        .await
+        .expect("append");
+    let dump = |k: &str| redis::cmd("DUMP").arg(k).to_owned();
+    let snapshot: (Vec<u8>, Vec<u8>) = (
+        dump(&stream).query_async(conn).await.expect("DUMP"),
+        dump(&meta).query_async(conn).await.expect("DUMP"),
+    );
+    clock.advance(Duration::from_millis(10));
+    let b = events
+        .append(&key, &[("data", b"b")])
+        .await
+        .expect("append");
+    clock.advance(Duration::from_millis(10));
+    let c = events
+        .append(&key, &[("data", b"c")])
+        .await
+        .expect("append");
+    assert_eq!(
+        (b.epoch.clone(), c.epoch.clone()),
+        (a.epoch.clone(), a.epoch.clone())
+    );
+    match loss {
+        Loss::Restore => {
+            for (k, payload) in [(&stream, snapshot.0), (&meta, snapshot.1)] {
+                let _: () = redis::cmd("RESTORE")
+                    .arg(k)
+                    .arg(600_000)
+                    .arg(payload)
+                    .arg("REPLACE")
+                    .query_async(conn)
+                    .await
+                    .expect("RESTORE");
+            }
+        }
+        Loss::Rollback => {
+            let deleted: i64 = redis::cmd("XDEL")
+                .arg(&stream)
+                .arg(b.id.to_string())
+                .arg(c.id.to_string())
+                .query_async(conn)
+                .await
+                .expect("XDEL");
+            assert_eq!(deleted, 2);
+            let _: () = redis::cmd("HSET")
+                .arg(&meta)
+                .arg("l")
+                .arg(a.id.to_string())
+                .arg("n")
+                .arg(1)
+                .query_async(conn)
+                .await
+                .expect("HSET");
+        }
+    }
+    let now = events.position(&key).await.expect("position");
+    assert_eq!(
+        (now.epoch.clone(), now.last_id),
+        (head.epoch.clone(), Some(a.id)),
+        "{loss:?} kept the epoch and took b and c away"
+    );
+    clock.advance(Duration::from_millis(10));
+    Lost {
+        events,
+        clock,
+        key,
+        head,
+        a: a.id,
+        b: b.id,
+        c: c.id,
+    }
+}
+
+fn at(position: &Position, id: EventId) -> Position {
+    Position::new(position.epoch.clone(), Some(id))
+}
+
+fn data(resume: Resume) -> Vec<String> {
+    match resume {
+        Resume::Recovered(events) => events
+            .iter()
+            .map(|e| String::from_utf8_lossy(e.field("data").expect("data")).into_owned())
+            .collect(),
+        Resume::Resync(reason) => panic!("expected recovered, got resync {reason}"),
+    }
+}
+
+/// Issue 22, defect 4: after a loss that kept the epoch, the window goes
+/// on (`d` follows `a`). A reader that had received `c` (or `b`) lost
+/// what came after it and must resync, never `recovered` with `d`; a
+/// reader at `a` misses nothing and recovers `d`.
+async fn lost_events_are_never_recovered<C: ConnectionLike + Send>(
+    store: Arc<RedisStore>,
+    clock: ManualClock,
+    conn: &mut C,
+) {
+    for loss in [Loss::Restore, Loss::Rollback] {
+        let lost = lose_history(Arc::clone(&store), clock.clone(), conn, loss).await;
+        let (events, key) = (&lost.events, &lost.key);
+        let d = events.append(key, &[("data", b"d")]).await.expect("append");
+        assert_eq!(d.epoch, lost.head.epoch, "{loss:?}: the epoch stayed");
+        for reader in [lost.c, lost.b] {
+            let got = events
+                .resume(key, &at(&lost.head, reader), 10)
+                .await
+                .expect("resume");
+            assert_eq!(
+                got,
+                Resume::Resync(ResyncReason::TooOld),
+                "{loss:?}: a reader at {reader} lost events after it"
+            );
+        }
+        let honest = events
+            .resume(key, &at(&lost.head, lost.a), 10)
+            .await
+            .expect("resume");
+        assert_eq!(data(honest), ["d"], "{loss:?}");
+        assert_eq!(
+            events.position(key).await.expect("position"),
+            Position::new(lost.head.epoch.clone(), Some(d.id))
+        );
+    }
+}
+
+/// Issue 22, defect 3 with a real loss: the reader at `c` is ahead of the
+/// window's head; it is told `ahead`, however often it asks, and the
+/// window keeps its epoch, so the others' resumes still recover.
+async fn a_reader_ahead_after_a_loss_changes_nothing<C: ConnectionLike + Send>(
+    store: Arc<RedisStore>,
+    clock: ManualClock,
+    conn: &mut C,
+) {
+    for loss in [Loss::Restore, Loss::Rollback] {
+        let lost = lose_history(Arc::clone(&store), clock.clone(), conn, loss).await;
+        let (events, key) = (&lost.events, &lost.key);
+        for _ in 0..3 {
+            let got = events
+                .resume(key, &at(&lost.head, lost.c), 10)
+                .await
+                .expect("resume");
+            assert_eq!(got, Resume::Resync(ResyncReason::Ahead), "{loss:?}");
+        }
+        assert_eq!(
+            events.position(key).await.expect("position"),
+            Position::new(lost.head.epoch.clone(), Some(lost.a)),
+            "{loss:?}: the window is as the loss left it"
+        );
+        lost.clock.advance(Duration::from_millis(10));
+        events.append(key, &[("data", b"d")]).await.expect("append");
+        let honest = events
+            .resume(key, &at(&lost.head, lost.a), 10)
+            .await
+            .expect("resume");
+        assert_eq!(data(honest), ["d"], "{loss:?}");
+        let fresh = events.resume(key, &lost.head, 10).await.expect("resume");
+        assert_eq!(data(fresh), ["a", "d"], "{loss:?}");
+    }
+}
+
+/// An entry deleted from the middle of the stream (by hand: the stores
+/// only ever trim from the front): a page that spans the hole is never
+/// `recovered`, though its first event followed the position. The memory
+/// store cannot have such a hole (its entries leave only from the front).
+async fn a_hole_inside_a_page_is_never_recovered<C: ConnectionLike + Send>(
+    store: Arc<RedisStore>,
+    clock: ManualClock,
+    conn: &mut C,
+) {
+    let key = unique_key("hole");
+    let events = window(store);
+    let head = events.position(&key).await.expect("position");
+    let mut ids = Vec::new();
+    for data in ["a", "b", "c", "d"] {
+        clock.advance(Duration::from_millis(1));
+        let appended = events.append(&key, &[("data", data.as_bytes())]).await;
+        ids.push(appended.expect("append").id);
+    }
+    let deleted: i64 = redis::cmd("XDEL")
+        .arg(format!("evloss:ev:{{{key}}}:s"))
+        .arg(ids[2].to_string())
+        .query_async(conn)
+        .await
+        .expect("XDEL");
+    assert_eq!(deleted, 1);
+    for from in [head.clone(), at(&head, ids[0])] {
+        assert_eq!(
+            events.since(&key, &from, 10).await.expect("since"),
+            Resume::Resync(ResyncReason::TooOld),
+            "{from:?}: c is missing between b and d"
+        );
+    }
+    let after_hole = events.since(&key, &at(&head, ids[2]), 10).await;
+    assert_eq!(
+        data(after_hole.expect("since")),
+        ["d"],
+        "nothing after c is lost"
+    );
+    let before_hole = events.since(&key, &at(&head, ids[0]), 1).await;
+    assert_eq!(
+        data(before_hole.expect("since")),
+        ["b"],
+        "a page that ends before it"
+    );
+}
+
+fn single_store(server: &RedisServer, clock: ManualClock) -> Arc<RedisStore> {
+    Arc::new(
+        RedisStore::builder()
+            .url(server.url())
+            .prefix("evloss:")
+            .clock(clock)
+            .build()
+            .expect("valid url"),
+    )
+}
+
+fn cluster_store(cluster: &RedisCluster, clock: ManualClock) -> Arc<RedisStore> {
+    Arc::new(
+        RedisStore::builder()
+            .cluster(cluster.urls())
+            .prefix("evloss:")
+            .clock(clock)
+            .build()
+            .expect("valid urls"),
+    )
+}
+
+async fn cluster_connection(cluster: &RedisCluster) -> redis::cluster_async::ClusterConnection {
+    redis::cluster::ClusterClient::new(cluster.urls())
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("cluster connection")
+}
+
+#[tokio::test]
+async fn lost_events_are_never_recovered_single() {
+    let server = RedisServer::shared();
+    let clock = ManualClock::new(START);
+    let mut conn = server.async_connection().await;
+    lost_events_are_never_recovered(single_store(&server, clock.clone()), clock, &mut conn).await;
+}
+
+#[tokio::test]
+async fn lost_events_are_never_recovered_cluster() {
+    let cluster = RedisCluster::shared();
+    let clock = ManualClock::new(START);
+    let mut conn = cluster_connection(&cluster).await;
+    lost_events_are_never_recovered(cluster_store(&cluster, clock.clone()), clock, &mut conn).await;
+}
+
+#[tokio::test]
+async fn a_reader_ahead_after_a_loss_changes_nothing_single() {
+    let server = RedisServer::shared();
+    let clock = ManualClock::new(START);
+    let mut conn = server.async_connection().await;
+    a_reader_ahead_after_a_loss_changes_nothing(
+        single_store(&server, clock.clone()),
+        clock,
+        &mut conn,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_reader_ahead_after_a_loss_changes_nothing_cluster() {
+    let cluster = RedisCluster::shared();
+    let clock = ManualClock::new(START);
+    let mut conn = cluster_connection(&cluster).await;
+    a_reader_ahead_after_a_loss_changes_nothing(
+        cluster_store(&cluster, clock.clone()),
+        clock,
+        &mut conn,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_hole_inside_a_page_is_never_recovered_single() {
+    let server = RedisServer::shared();
+    let clock = ManualClock::new(START);
+    let mut conn = server.async_connection().await;
+    a_hole_inside_a_page_is_never_recovered(single_store(&server, clock.clone()), clock, &mut conn)
+        .await;
+}
+
+#[tokio::test]
+async fn a_hole_inside_a_page_is_never_recovered_cluster() {
+    let cluster = RedisCluster::shared();
+    let clock = ManualClock::new(START);
+    let mut conn = cluster_connection(&cluster).await;
+    a_hole_inside_a_page_is_never_recovered(
+        cluster_store(&cluster, clock.clone()),
+        clock,
+        &mut conn,
+    )
+    .await;
 }

@@ -720,6 +720,47 @@ mod tests {
         assert_eq!(hub.sockets_in("r"), 0);
     }
 
+    /// A position ahead of the room (issue 22, defect 3) is answered
+    /// `resync` `ahead` to that socket alone, on the polling reader too:
+    /// the room keeps its epoch and an honest resume recovers its gap.
+    #[tokio::test]
+    async fn a_position_ahead_is_answered_to_that_socket_alone() {
+        let hub = hub(16);
+        let mut alice = hub.join("r", None).await.unwrap();
+        let joined = json(next(&mut alice).await);
+        let epoch: Epoch = joined["epoch"].as_str().unwrap().parse().unwrap();
+        let first = hub.publish("r", "u", "m0", None).await.unwrap();
+        assert_eq!(json(next(&mut alice).await)["data"], "m0");
+        drop(alice);
+        let ahead = EventId::new(tower_window::events::MAX_ID_PART, 0).unwrap();
+        for i in 0..3 {
+            let position = Position::new(epoch.clone(), Some(ahead));
+            let mut mallory = hub.join("r", Some(position)).await.unwrap();
+            assert_eq!(json(next(&mut mallory).await)["epoch"], epoch.as_str());
+            let resync = json(next(&mut mallory).await);
+            assert_eq!(
+                (resync["type"].as_str(), resync["reason"].as_str()),
+                (Some("resync"), Some("ahead"))
+            );
+            hub.publish("r", "u", &format!("m{}", i + 1), None)
+                .await
+                .unwrap();
+        }
+        let mut alice = hub
+            .join("r", Some(Position::new(epoch.clone(), Some(first))))
+            .await
+            .unwrap();
+        assert_eq!(json(next(&mut alice).await)["epoch"], epoch.as_str());
+        for data in ["m1", "m2", "m3"] {
+            assert_eq!(json(next(&mut alice).await)["data"], data);
+        }
+        let recovered = json(next(&mut alice).await);
+        assert_eq!(
+            (recovered["type"].as_str(), recovered["count"].as_u64()),
+            (Some("recovered"), Some(3))
+        );
+    }
+
     #[test]
     fn room_names() {
         for good in ["a", "A-z_0.9", &"x".repeat(64)] {

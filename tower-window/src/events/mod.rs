@@ -16,16 +16,31 @@
 //! # Positions and epochs
 //!
 //! A [`Position`] is an [`Epoch`] and the last [`EventId`] received. The
-//! epoch changes whenever history may have been lost: the window's keys
-//! vanished (expired, deleted, flushed, evicted) and were made again, or
-//! another Redis primary now holds them (a failover or restart changes the
-//! primary's replication id, which the epoch records). A resume answers
-//! [`Resume::Recovered`] only when no event can have been lost between the
-//! position and now: same epoch, and the next event after the position
-//! still kept (each event records the id of the one before it, so a gap
-//! made by trimming is seen exactly). Otherwise [`Resume::Resync`] says
-//! why: [`TooOld`](ResyncReason::TooOld) or
-//! [`EpochChanged`](ResyncReason::EpochChanged).
+//! epoch changes whenever the store can tell that history may have been
+//! lost: the window's keys vanished (expired, deleted, flushed, evicted)
+//! and were made again, or another Redis primary now holds them (a
+//! failover or restart changes the primary's replication id, which the
+//! epoch records). A resume answers [`Resume::Recovered`] only when no
+//! event can have been lost between the position and now: same epoch, and
+//! the first kept event after the position is the one that followed it
+//! (each event records the id of the one before it, so a gap made by
+//! trimming, or a reader's own event lost by a restore or rollback that
+//! kept the epoch, is seen exactly; a reader whose position is older than
+//! everything such a restore took away is given the history that is
+//! kept, which has no trace of the events it never saw). Otherwise
+//! [`Resume::Resync`] says why:
+//!
+//! | reason | [`as_str`](ResyncReason::as_str) | when |
+//! |---|---|---|
+//! | [`TooOld`](ResyncReason::TooOld) | `too_old` | an event after the position is no longer kept (trimmed, or lost) |
+//! | [`EpochChanged`](ResyncReason::EpochChanged) | `epoch_changed` | the position is of another epoch |
+//! | [`Ahead`](ResyncReason::Ahead) | `ahead` | the position is after the window's last event |
+//!
+//! Positions come from clients and are not to be trusted. Whatever a
+//! reader sends (an id at `2^53 - 1`, `0-0`, an id between two events, the
+//! epoch of another window), the answer is for that reader alone: a read
+//! never changes the window's epoch or events, so no reader can make
+//! another one resync.
 //!
 //! # Retention
 //!
@@ -48,4 +63,5 @@ pub use id::{Epoch, EventId, InvalidPosition, Position, MAX_ID_PART};
 pub use store::{
     Appended, Event, EventRequest, EventStore, InvalidRetention, Resume, ResyncReason, Retention,
 };
+pub(crate) use window::{check_fields, check_limit};
 pub use window::{EventWindow, MAX_FIELDS, MAX_FIELD_NAME, MAX_PAGE};

@@ -127,20 +127,29 @@ impl Appended {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ResyncReason {
-    /// An event after the position is no longer kept (past the window, or
-    /// beyond the newest `max_len`).
+    /// An event after the position is no longer kept: past the window,
+    /// beyond the newest `max_len`, or lost (the first kept event after
+    /// the position followed another one: history was restored or rolled
+    /// back past the position, or the position was never an event).
     TooOld,
     /// The position is of another epoch: the history it counted on may be
     /// lost.
     EpochChanged,
+    /// The position is after the window's last event: the reader claims
+    /// events this window does not have (lost in a restore or rollback
+    /// that kept the epoch, or never there). Answered to that reader
+    /// alone: the window and every other reader's position stay as they
+    /// were.
+    Ahead,
 }
 
 impl ResyncReason {
-    /// `too_old` or `epoch_changed`.
+    /// `too_old`, `epoch_changed` or `ahead`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::TooOld => "too_old",
             Self::EpochChanged => "epoch_changed",
+            Self::Ahead => "ahead",
         }
     }
 }
@@ -199,9 +208,20 @@ impl<'a> EventRequest<'a> {
 /// * an operation finding the window gone (never made, expired, deleted,
 ///   evicted) or moved to another primary starts a new [`Epoch`];
 /// * [`read`](Self::read) answers [`Resume::Recovered`] only if the
-///   position's epoch is current and no event after it has been dropped
-///   (trimmed by time or length): the events after it, at most `limit`;
-///   else [`Resume::Resync`];
+///   position's epoch is current and the first kept event after the
+///   position is the one that followed it (nothing after it trimmed by
+///   time or length, or lost with the position's own event in a restore
+///   or rollback), and each event of the answer followed the one before
+///   it: the events after it, at most `limit`; a position of
+///   another epoch is [`ResyncReason::EpochChanged`], one after the
+///   window's last event [`ResyncReason::Ahead`], any other
+///   [`ResyncReason::TooOld`];
+/// * no read changes the window, whatever position it is given: what one
+///   reader sends never changes what another one gets;
+/// * fields outside 1 to [`MAX_FIELDS`](super::MAX_FIELDS) (names of 1
+///   to [`MAX_FIELD_NAME`](super::MAX_FIELD_NAME) bytes) and a `limit`
+///   outside 1 to [`MAX_PAGE`](super::MAX_PAGE) are
+///   [`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest);
 /// * every write refreshes the window's expiry
 ///   ([`Retention::ttl_millis`]).
 pub trait EventStore: Send + Sync + 'static {

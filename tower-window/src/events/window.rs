@@ -100,15 +100,7 @@ impl EventWindow {
         key: impl AsRef<[u8]>,
         fields: &[(&str, &[u8])],
     ) -> Result<Appended, StoreError> {
-        if fields.is_empty() || fields.len() > MAX_FIELDS {
-            return Err(invalid("an event has 1 to 32 fields"));
-        }
-        if fields
-            .iter()
-            .any(|(name, _)| name.is_empty() || name.len() > MAX_FIELD_NAME)
-        {
-            return Err(invalid("a field name has 1 to 64 bytes"));
-        }
+        check_fields(fields)?;
         let key = key.as_ref();
         let request = self.request(key);
         let store = &*self.inner.store;
@@ -146,9 +138,7 @@ impl EventWindow {
         from: &Position,
         limit: u32,
     ) -> Result<Resume, StoreError> {
-        if limit == 0 || limit > MAX_PAGE {
-            return Err(invalid("a page holds 1 to 10000 events"));
-        }
+        check_limit(limit)?;
         let key = key.as_ref();
         let request = self.request(key);
         let store = &*self.inner.store;
@@ -217,6 +207,32 @@ impl EventWindow {
 
 fn invalid(message: &'static str) -> StoreError {
     StoreError::new(StoreErrorKind::InvalidRequest, message)
+}
+
+/// Whether `fields` can be an event: 1 to [`MAX_FIELDS`], names of 1 to
+/// [`MAX_FIELD_NAME`] bytes. Checked by the window and again by every
+/// store, so a direct [`EventStore`] caller gets the same typed error and
+/// a store's work per append stays bounded.
+pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
+    if fields.is_empty() || fields.len() > MAX_FIELDS {
+        return Err(invalid("an event has 1 to 32 fields"));
+    }
+    if fields
+        .iter()
+        .any(|(name, _)| name.is_empty() || name.len() > MAX_FIELD_NAME)
+    {
+        return Err(invalid("a field name has 1 to 64 bytes"));
+    }
+    Ok(())
+}
+
+/// Whether `limit` is a page size (1 to [`MAX_PAGE`]); checked like
+/// [`check_fields`].
+pub(crate) fn check_limit(limit: u32) -> Result<(), StoreError> {
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(invalid("a page holds 1 to 10000 events"));
+    }
+    Ok(())
 }
 
 fn failure_error(failure: Failure) -> StoreError {

@@ -14,8 +14,8 @@ use quick_cache::sync::Cache;
 
 use super::MemoryStore;
 use crate::events::{
-    Appended, Epoch, Event, EventId, EventRequest, EventStore, Position, Resume, ResyncReason,
-    Retention,
+    check_fields, check_limit, Appended, Epoch, Event, EventId, EventRequest, EventStore, Position,
+    Resume, ResyncReason, Retention,
 };
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -129,6 +129,7 @@ impl MemoryStore {
         request: EventRequest<'_>,
         fields: &[(&str, &[u8])],
     ) -> Result<Appended, StoreError> {
+        check_fields(fields)?;
         let (now_us, now_ms) = self.now();
         let log = self.events.log(request.key);
         let mut log = lock(&log);
@@ -156,41 +157,50 @@ impl MemoryStore {
         Position::new(epoch, (last != EventId::ZERO).then_some(last))
     }
 
-    fn read_now(&self, request: EventRequest<'_>, from: &Position, limit: u32) -> Resume {
+    fn read_now(
+        &self,
+        request: EventRequest<'_>,
+        from: &Position,
+        limit: u32,
+    ) -> Result<Resume, StoreError> {
+        check_limit(limit)?;
         let (now_us, now_ms) = self.now();
         let log = self.events.log(request.key);
         let mut log = lock(&log);
         let epoch = log.live(now_us, &request);
         if epoch != from.epoch {
-            return Resume::Resync(ResyncReason::EpochChanged);
+            return Ok(Resume::Resync(ResyncReason::EpochChanged));
         }
         let after = from.after();
         if after > log.last {
-            // The reader saw events this window never had.
-            log.rotate(now_us, request.nonce);
-            return Resume::Resync(ResyncReason::EpochChanged);
+            // The reader claims events this window never had (or lost):
+            // told so alone; a position never changes the window.
+            return Ok(Resume::Resync(ResyncReason::Ahead));
         }
         log.trim(now_ms, request.retention);
         let start = log.entries.partition_point(|entry| entry.id <= after);
         let Some(first) = log.entries.get(start) else {
-            return if log.last > after {
+            return Ok(if log.last > after {
                 Resume::Resync(ResyncReason::TooOld)
             } else {
                 Resume::Recovered(Vec::new())
-            };
+            });
         };
-        if first.prev > after {
-            return Resume::Resync(ResyncReason::TooOld);
+        // Recovered only if the first kept event after the position is the
+        // one that followed it. Entries leave only from the front, so the
+        // kept ones are a chain and the first one is all there is to check.
+        if first.prev != after {
+            return Ok(Resume::Resync(ResyncReason::TooOld));
         }
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        Resume::Recovered(
+        Ok(Resume::Recovered(
             log.entries
                 .iter()
                 .skip(start)
                 .take(limit)
                 .map(|entry| Event::new(entry.id, entry.fields.clone()))
                 .collect(),
-        )
+        ))
     }
 
     fn len_now(&self, request: EventRequest<'_>) -> u64 {
@@ -228,7 +238,7 @@ impl EventStore for MemoryStore {
         from: &'a Position,
         limit: u32,
     ) -> BoxFuture<'a, Result<Resume, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.read_now(request, from, limit))))
+        Box::pin(std::future::ready(self.read_now(request, from, limit)))
     }
 
     fn len<'a>(&'a self, request: EventRequest<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
@@ -253,7 +263,7 @@ impl EventStore for MemoryStore {
         from: &Position,
         limit: u32,
     ) -> Option<Result<Resume, StoreError>> {
-        Some(Ok(self.read_now(request, from, limit)))
+        Some(self.read_now(request, from, limit))
     }
 
     fn len_sync(&self, request: EventRequest<'_>) -> Option<Result<u64, StoreError>> {

@@ -20,7 +20,8 @@ use super::keys::{encode_component, escape_into, needs_escape, Crc16, CLUSTER_SL
 use super::script::{LuaScript, ScriptCall};
 use super::RedisStore;
 use crate::events::{
-    Appended, Epoch, Event, EventId, EventRequest, EventStore, Position, Resume, ResyncReason,
+    check_fields, check_limit, Appended, Epoch, Event, EventId, EventRequest, EventStore, Position,
+    Resume, ResyncReason,
 };
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -141,6 +142,7 @@ impl RedisStore {
         request: EventRequest<'_>,
         fields: &[(&str, &[u8])],
     ) -> Result<Appended, StoreError> {
+        check_fields(fields)?;
         let reply = self
             .event_call(&request, "a", |call| {
                 for (name, value) in fields {
@@ -174,6 +176,7 @@ impl RedisStore {
         from: &Position,
         limit: u32,
     ) -> Result<Resume, StoreError> {
+        check_limit(limit)?;
         let reply = self
             .event_call(&request, "r", |call| {
                 call.arg(from.epoch.as_str())
@@ -191,6 +194,7 @@ impl RedisStore {
             )),
             [Value::Int(1)] => Ok(Resume::Resync(ResyncReason::TooOld)),
             [Value::Int(2)] => Ok(Resume::Resync(ResyncReason::EpochChanged)),
+            [Value::Int(3)] => Ok(Resume::Resync(ResyncReason::Ahead)),
             _ => Err(protocol("redis event script: unexpected read reply")),
         }
     }

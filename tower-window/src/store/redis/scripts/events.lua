@@ -13,9 +13,25 @@
 -- ARGV[3] window ms, ARGV[4] max_len, ARGV[5] ttl ms, ARGV[6] nonce (hex)
 -- append: ARGV[7..] field, value pairs     -> {epoch, id}
 -- head:                                    -> {epoch, last id}
--- read: ARGV[7] epoch, ARGV[8] after id, ARGV[9] limit
---   -> {0, entries...} | {1} too old | {2} epoch changed
+-- read: ARGV[7] epoch, ARGV[8] after id, ARGV[9] limit (1 to 10000)
+--   -> {0, entries...} | {1} too old | {2} epoch changed | {3} ahead
 -- len:                                     -> XLEN
+--
+-- Nothing a reader sends changes the window: a read writes only what any
+-- operation would (a new epoch when the keys vanished or another primary
+-- holds them), whatever its position.
+--
+-- Work per call is bounded by the call, never by the history or by the
+-- distance between two ids or times:
+-- * XRANGE reads at most `limit` (<= 10000) entries;
+-- * XADD's MINID ~ and XTRIM MAXLEN ~ drop whole stream nodes, at most
+--   Redis's default LIMIT per call (100 * stream-node-max-entries: 10000
+--   entries, measured on Redis 7.0), so a window whose retention shrank,
+--   or whose clock jumped, is trimmed over several appends; the read's own
+--   checks never return what the retention no longer keeps meanwhile;
+-- * a stream dropped with its meta is UNLINKed (freed off the main thread);
+-- * unpack() spreads at most 13 + 2 * 32 values (the stores refuse more
+--   fields before calling).
 local stream, meta = KEYS[1], KEYS[2]
 local op = ARGV[1]
 if op == 'l' then
@@ -38,6 +54,13 @@ end
 local function split(id)
   local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
   return tonumber(ms), tonumber(seq)
+end
+
+-- a == b, for stream ids
+local function same(a, b)
+  local am, as = split(a)
+  local bm, bs = split(b)
+  return am == bm and as == bs
 end
 
 -- a > b, for stream ids
@@ -73,7 +96,7 @@ local function current()
     return m[1], m[3] or '0-0', tonumber(m[4] or '0')
   end
   if not (m[1] and exists) then
-    redis.call('DEL', stream)
+    redis.call('UNLINK', stream)
     redis.call('XGROUP', 'CREATE', stream, 'tw-init', '$', 'MKSTREAM')
     redis.call('XGROUP', 'DESTROY', stream, 'tw-init')
     redis.call('HSET', meta, 'l', '0-0', 'n', 0)
@@ -131,12 +154,13 @@ if op == 'r' then
   end
   local after = ARGV[8]
   if later(after, last) then
-    -- The reader saw events this stream never had (lost in a failover or
-    -- a flush that kept the keys): history is not what it was.
-    rotate(redis.call('HGET', meta, 'r') or '')
-    return {2}
+    -- The reader claims events this window does not have (lost in a
+    -- restore or rollback that kept the epoch, or never there). Told so
+    -- alone: a position a client sends never changes the window.
+    return {3}
   end
-  local entries = redis.call('XRANGE', stream, '(' .. after, '+', 'COUNT', tonumber(ARGV[9]))
+  local limit = math.min(math.max(tonumber(ARGV[9]) or 1, 1), 10000)
+  local entries = redis.call('XRANGE', stream, '(' .. after, '+', 'COUNT', limit)
   local first = entries[1]
   if not first then
     if later(last, after) then
@@ -144,10 +168,21 @@ if op == 'r' then
     end
     return {0}
   end
+  -- Recovered only if the first kept event after the position is the one
+  -- that followed it (a gap made by trimming, or history lost with the
+  -- position's own event, shows as another `p`), it is inside the window,
+  -- and among the newest max_len.
   local fields = first[2]
   local fm = split(first[1])
-  if later(fields[2], after) or fm < now - window or n - tonumber(fields[4]) >= max_len then
+  if not same(fields[2], after) or fm < now - window or n - tonumber(fields[4]) >= max_len then
     return {1}
+  end
+  -- And every event of the page followed the one before it (no entry
+  -- deleted in between).
+  for i = 2, #entries do
+    if not same(entries[i][2][2], entries[i - 1][1]) then
+      return {1}
+    end
   end
   return {0, entries}
 end
