@@ -53,6 +53,10 @@ pub struct Gateway {
 /// Like [`build_app`], also handing out the limiter and the node's
 /// WebSocket machinery (its connection limiter and heartbeat task).
 pub fn build_gateway(config: GatewayConfig) -> Gateway {
+    // First: what is built below registers series (the room hub at once,
+    // the rest at zero further down), and a series registered before the
+    // recorder exists is lost.
+    let recorder = super::metrics::install_recorder();
     let limiter = config.limiter();
     let shared = limiter.clone();
     let degraded_status = config.degraded_status();
@@ -125,6 +129,19 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         config.user_header.clone(),
     );
     let ws_state = ws_state.with_rooms(rooms);
+    // Every quota this gateway checks charts zero before its first decision.
+    let mut quotas: std::collections::BTreeSet<String> = config
+        .policy
+        .quotas()
+        .iter()
+        .chain(ws_policies_for_metrics(&config.ws).iter())
+        .map(|quota| quota.name().to_owned())
+        .collect();
+    quotas.extend(super::demo::poll_quota_name());
+    if let Some(registry) = &registry {
+        quotas.extend(super::tenants::quota_names(registry));
+    }
+    super::metrics::register_at_zero(quotas.iter().map(String::as_str));
     let ws_state = std::sync::Arc::new(ws_state);
     // `/ws` is limited like `/api/hello`, keyed by the headers or (browsers
     // cannot set headers on a WebSocket; demo only) the query parameters.
@@ -174,9 +191,7 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         router = router.nest("/admin", admin);
     }
     let router = router
-        .merge(super::metrics::metrics_router(
-            super::metrics::install_recorder(),
-        ))
+        .merge(super::metrics::metrics_router(recorder))
         .merge(demo)
         .layer(middleware::from_fn(super::demo::cross_origin_reads));
     Gateway {
@@ -184,6 +199,15 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         limiter: shared,
         ws: ws_handles,
     }
+}
+
+/// The quotas of `/ws`'s message and byte policies.
+fn ws_policies_for_metrics(config: &ws::WsConfig) -> Vec<tower_window::Quota> {
+    ws::message_policies(config)
+        .into_iter()
+        .flatten()
+        .flat_map(|policy| policy.quotas().to_vec())
+        .collect()
 }
 
 /// What handlers share.

@@ -89,6 +89,11 @@ pub fn router(
         .route("/api/quota", get(quota).with_state(state))
 }
 
+/// The name of [`POLL_QUOTA`] (for its metrics).
+pub(super) fn poll_quota_name() -> Option<String> {
+    poll_policy().map(|policy| policy.first().name().to_owned())
+}
+
 /// [`POLL_QUOTA`] as a policy (`None` only if the constant were invalid,
 /// which the unit test below rules out).
 fn poll_policy() -> Option<Policy> {
