@@ -401,26 +401,26 @@ fn series(text: &str) -> Vec<Series> {
 /// reads PromQL matchers, returning `k` → `(op, value)` through
 /// [`matchers`].
 fn parse_labels(text: &str) -> BTreeMap<String, String> {
-    matchers(text)
-        .into_iter()
-        .map(|(k, _, v)| (k, v))
-        .collect()
+    matchers(text).into_iter().map(|(k, _, v)| (k, v)).collect()
 }
 
+/// A label matcher: the label, the operator, the quoted value.
+type Matcher = (String, String, String);
+
 /// The `name op "value"` pairs of a label list (`=`, `!=`, `=~`, `!~`).
-fn matchers(text: &str) -> Vec<(String, String, String)> {
+fn matchers(text: &str) -> Vec<Matcher> {
     let mut out = Vec::new();
     let mut rest = text.trim();
     while !rest.is_empty() {
         let op_start = rest.find(['=', '!']).unwrap();
         let key = rest[..op_start].trim().to_owned();
         let after = &rest[op_start..];
-        let op_len = if after.starts_with("=~") || after.starts_with("!=") || after.starts_with("!~")
-        {
-            2
-        } else {
-            1
-        };
+        let op_len =
+            if after.starts_with("=~") || after.starts_with("!=") || after.starts_with("!~") {
+                2
+            } else {
+                1
+            };
         let op = after[..op_len].to_owned();
         let after = after[op_len..].trim_start();
         assert!(after.starts_with('"'), "unquoted label value in {text}");
@@ -445,14 +445,17 @@ fn matchers(text: &str) -> Vec<(String, String, String)> {
             }
         }
         out.push((key, op, value));
-        rest = after[consumed..].trim_start().trim_start_matches(',').trim_start();
+        rest = after[consumed..]
+            .trim_start()
+            .trim_start_matches(',')
+            .trim_start();
     }
     out
 }
 
 /// Every `tower_window_*` selector of every dashboard query: the metric
 /// name and its label matchers.
-fn dashboard_selectors() -> Vec<(String, Vec<(String, String, String)>)> {
+fn dashboard_selectors() -> Vec<(String, Vec<Matcher>)> {
     let dashboard: Value =
         serde_json::from_str(&std::fs::read_to_string(DASHBOARD).unwrap()).unwrap();
     let mut all = Vec::new();
