@@ -161,17 +161,10 @@ impl Drop for Prometheus {
     }
 }
 
-#[test]
-fn real_prometheus_scrapes_a_gateway_and_runs_every_dashboard_query() {
-    require("promtool");
-    require("prometheus");
-    let gateway = GatewayProcess::start(&["--limit", "3/1m"]);
-    let port: u16 = gateway.url().rsplit(':').next().unwrap().parse().unwrap();
-    // Admissions and denials, so the decision series exist.
-    for _ in 0..5 {
-        assert!(http_get(port, "/api/hello").is_some());
-    }
-
+/// A real Prometheus scraping the gateway on `port` every second with the
+/// shipped config, once it holds `ready` (a query with a result); its URL
+/// and data folder (removed by the caller).
+fn prometheus_for(port: u16, ready: &str) -> (Prometheus, String, PathBuf) {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("prometheus-{}-{port}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -189,7 +182,7 @@ fn real_prometheus_scrapes_a_gateway_and_runs_every_dashboard_query() {
     let web = reserve_port();
     let url = format!("http://127.0.0.1:{web}");
     let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-    let _prometheus = Prometheus(
+    let prometheus = Prometheus(
         Command::new("prometheus")
             .arg(format!(
                 "--config.file={}",
@@ -207,10 +200,10 @@ fn real_prometheus_scrapes_a_gateway_and_runs_every_dashboard_query() {
             .unwrap(),
     );
 
-    // Wait (bounded) until the gateway's decisions are in Prometheus.
+    // Wait (bounded) until `ready` has a result.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let answer = query(&url, "tower_window_decisions_total");
+        let answer = query(&url, ready);
         if answer.as_ref().is_ok_and(|a| a.contains("=>")) {
             break;
         }
@@ -221,6 +214,21 @@ fn real_prometheus_scrapes_a_gateway_and_runs_every_dashboard_query() {
         );
         std::thread::sleep(Duration::from_millis(250));
     }
+    (prometheus, url, dir)
+}
+
+#[test]
+fn real_prometheus_scrapes_a_gateway_and_runs_every_dashboard_query() {
+    require("promtool");
+    require("prometheus");
+    let gateway = GatewayProcess::start(&["--limit", "3/1m"]);
+    let port: u16 = gateway.url().rsplit(':').next().unwrap().parse().unwrap();
+    // Admissions and denials, so the decision series exist.
+    for _ in 0..5 {
+        assert!(http_get(port, "/api/hello").is_some());
+    }
+
+    let (_prometheus, url, dir) = prometheus_for(port, "tower_window_decisions_total");
     let up = query(&url, "up").unwrap();
     assert!(up.contains("=> 1 @"), "{up}");
 
@@ -240,5 +248,46 @@ fn real_prometheus_scrapes_a_gateway_and_runs_every_dashboard_query() {
         "{per_node}"
     );
     drop(gateway);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn real_prometheus_charts_every_dashboard_query_of_a_fresh_gateway() {
+    require("promtool");
+    require("prometheus");
+    // Every row's feature on, and nothing asked of the gateway: a fresh
+    // node's dashboard must chart zeros, not "No data".
+    let tenants = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("fresh-tenants-{}.toml", std::process::id()));
+    std::fs::write(
+        &tenants,
+        "[default]\nquotas = { minute = \"60/1m\" }\n\n[tenants.trial]\nquotas = { minute = \"5/1m\" }\nshadow = [\"minute\"]\n",
+    )
+    .unwrap();
+    let gateway = GatewayProcess::start(&[
+        "--tenants",
+        tenants.to_str().unwrap(),
+        "--message-limit",
+        "10/10s",
+        "--byte-limit",
+        "65536/10s",
+    ]);
+    let port: u16 = gateway.url().rsplit(':').next().unwrap().parse().unwrap();
+    // `rate()` needs two samples in its window: wait for three scrapes.
+    let (_prometheus, url, dir) = prometheus_for(port, "count_over_time(up[1m]) >= 3");
+    let mut empty = Vec::new();
+    for expr in dashboard_queries() {
+        let answer = query(&url, &expr).unwrap_or_else(|e| panic!("{expr}: {e}"));
+        if !answer.contains("=>") {
+            empty.push(expr);
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "{} dashboard queries have no data on a fresh gateway: {empty:#?}",
+        empty.len()
+    );
+    drop(gateway);
+    let _ = std::fs::remove_file(&tenants);
     let _ = std::fs::remove_dir_all(&dir);
 }

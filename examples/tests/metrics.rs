@@ -344,3 +344,263 @@ async fn install_recorder_is_idempotent_and_metrics_is_not_limited() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// A fresh gateway process: every series the dashboard charts is exported
+// from the start, at zero, so no panel of a new node says "No data".
+// ---------------------------------------------------------------------------
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use support::{http_get, GatewayProcess};
+use tower_window_tests::redis_server::RedisServer;
+
+/// A tenants file with a shadow quota and a tenant-scoped one, as
+/// `examples/tenants.toml` has.
+const TENANTS: &str = r#"
+[default]
+quotas = { minute = "60/1m" }
+
+[tenants.acme]
+quotas = { burst = "10/1s", org = { limit = "5000/1m", scope = "tenant" } }
+
+[tenants.trial]
+quotas = { minute = "5/1m" }
+shadow = ["minute"]
+"#;
+
+/// One sample line of a Prometheus text page: name and labels.
+#[derive(Debug)]
+struct Series {
+    name: String,
+    labels: BTreeMap<String, String>,
+}
+
+/// The sample lines of a scrape (comments skipped).
+fn series(text: &str) -> Vec<Series> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let end = line.find(['{', ' ']).unwrap_or(line.len());
+        let name = line[..end].to_owned();
+        let mut labels = BTreeMap::new();
+        if line[end..].starts_with('{') {
+            let close = line.rfind('}').unwrap();
+            labels = parse_labels(&line[end + 1..close]);
+        }
+        out.push(Series { name, labels });
+    }
+    out
+}
+
+/// `k="v",k2="v2"` (values with `\"` and `\\` escapes) as a map; also
+/// reads PromQL matchers, returning `k` → `(op, value)` through
+/// [`matchers`].
+fn parse_labels(text: &str) -> BTreeMap<String, String> {
+    matchers(text).into_iter().map(|(k, _, v)| (k, v)).collect()
+}
+
+/// A label matcher: the label, the operator, the quoted value.
+type Matcher = (String, String, String);
+
+/// The `name op "value"` pairs of a label list (`=`, `!=`, `=~`, `!~`).
+fn matchers(text: &str) -> Vec<Matcher> {
+    let mut out = Vec::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        let op_start = rest.find(['=', '!']).unwrap();
+        let key = rest[..op_start].trim().to_owned();
+        let after = &rest[op_start..];
+        let op_len =
+            if after.starts_with("=~") || after.starts_with("!=") || after.starts_with("!~") {
+                2
+            } else {
+                1
+            };
+        let op = after[..op_len].to_owned();
+        let after = after[op_len..].trim_start();
+        assert!(after.starts_with('"'), "unquoted label value in {text}");
+        let mut value = String::new();
+        let mut chars = after[1..].char_indices();
+        let mut consumed = 0;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, next)) = chars.next() {
+                        value.push(match next {
+                            'n' => '\n',
+                            other => other,
+                        });
+                    }
+                }
+                '"' => {
+                    consumed = i + 2;
+                    break;
+                }
+                other => value.push(other),
+            }
+        }
+        out.push((key, op, value));
+        rest = after[consumed..]
+            .trim_start()
+            .trim_start_matches(',')
+            .trim_start();
+    }
+    out
+}
+
+/// Every `tower_window_*` selector of every dashboard query: the metric
+/// name and its label matchers.
+fn dashboard_selectors() -> Vec<(String, Vec<Matcher>)> {
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(DASHBOARD).unwrap()).unwrap();
+    let mut all = Vec::new();
+    exprs(&dashboard, &mut all);
+    let mut selectors = Vec::new();
+    for expr in &all {
+        let mut rest = expr.as_str();
+        while let Some(start) = rest.find("tower_window_") {
+            let tail = &rest[start..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(tail.len());
+            let name = tail[..end].to_owned();
+            let mut found = Vec::new();
+            if tail[end..].starts_with('{') {
+                let close = tail[end..].find('}').unwrap() + end;
+                found = matchers(&tail[end + 1..close]);
+                rest = &tail[close..];
+            } else {
+                rest = &tail[end..];
+            }
+            selectors.push((name, found));
+        }
+    }
+    assert!(selectors.len() >= 30, "{selectors:?}");
+    selectors
+}
+
+/// Whether a label value satisfies a dashboard matcher, with the
+/// dashboard's variables at their defaults (`$quota`: All; `$message_quota`:
+/// `.*(message|byte).*`).
+fn satisfies(op: &str, pattern: &str, value: Option<&String>) -> bool {
+    match (op, pattern) {
+        ("=", _) => value.map(String::as_str) == Some(pattern),
+        ("=~", "$quota") => true,
+        ("=~", "$message_quota") => {
+            value.is_some_and(|v| v.contains("message") || v.contains("byte"))
+        }
+        _ => panic!("extend the test for the matcher {op}{pattern:?}"),
+    }
+}
+
+/// The dashboard selectors no series of `scrape` satisfies: the panels
+/// that would say "No data".
+fn missing_selectors(scrape: &str) -> Vec<String> {
+    let series = series(scrape);
+    let mut missing = BTreeSet::new();
+    for (name, matchers) in dashboard_selectors() {
+        let found = series.iter().any(|s| {
+            s.name == name
+                && matchers
+                    .iter()
+                    .all(|(key, op, pattern)| satisfies(op, pattern, s.labels.get(key)))
+        });
+        if !found {
+            let shown: Vec<String> = matchers
+                .iter()
+                .map(|(k, op, v)| format!("{k}{op}{v:?}"))
+                .collect();
+            missing.insert(if shown.is_empty() {
+                name
+            } else {
+                format!("{name}{{{}}}", shown.join(","))
+            });
+        }
+    }
+    missing.into_iter().collect()
+}
+
+/// `GET /metrics` of a gateway process: the body.
+fn scrape_process(gateway: &GatewayProcess) -> String {
+    let port: u16 = gateway.url().rsplit(':').next().unwrap().parse().unwrap();
+    let response = http_get(port, "/metrics").unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
+/// A gateway with every feature the dashboard has a row for, on `store`
+/// flags, fresh: nothing but `/healthz` (the start-up probe) was asked.
+fn fresh_gateway(store: &[&str], dir: &tempfile::TempDir) -> GatewayProcess {
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(&tenants, TENANTS).unwrap();
+    let mut flags = vec![
+        "--tenants",
+        tenants.to_str().unwrap(),
+        "--admin-token",
+        "fresh-token",
+        "--message-limit",
+        "10/10s",
+        "--byte-limit",
+        "65536/10s",
+        "--lease",
+        "4",
+    ];
+    flags.extend_from_slice(store);
+    GatewayProcess::start(&flags)
+}
+
+fn assert_fresh_scrape_is_complete(store: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = fresh_gateway(store, &dir);
+    let body = scrape_process(&gateway);
+    let missing = missing_selectors(&body);
+    assert!(
+        missing.is_empty(),
+        "a fresh gateway ({store:?}) exports no series for {} dashboard selectors: {missing:#?}\n{body}",
+        missing.len()
+    );
+    // Nothing was decided yet: every decision series is at zero.
+    let decisions: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("tower_window_decisions_total{"))
+        .collect();
+    assert!(!decisions.is_empty());
+    for line in decisions {
+        assert!(line.ends_with(" 0"), "not zero on a fresh gateway: {line}");
+    }
+    assert!(!gateway.log().contains("panicked"), "{}", gateway.log());
+}
+
+#[test]
+fn fresh_gateway_exports_every_dashboard_series_at_zero_on_the_embedded_store() {
+    assert_fresh_scrape_is_complete(&[]);
+}
+
+#[test]
+fn fresh_gateway_exports_every_dashboard_series_at_zero_on_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    assert_fresh_scrape_is_complete(&["--redis-url", &url]);
+}
+
+#[test]
+fn fresh_gateway_with_default_flags_exports_every_dashboard_metric() {
+    // No tenants, no message quotas: the names are there all the same
+    // (the message-quota panels filter on quotas this node does not have).
+    let gateway = GatewayProcess::start(&[]);
+    let body = scrape_process(&gateway);
+    let scrape = Scrape::parse(&body);
+    let missing: Vec<String> = dashboard_selectors()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .filter(|name| !scrape.samples.contains(name))
+        .collect();
+    assert!(missing.is_empty(), "missing {missing:#?}\n{body}");
+}

@@ -283,6 +283,67 @@ pub fn describe() {
     );
 }
 
+/// Registers, at zero, every series a limiter records for the quota named
+/// `quota` (without a tenant label): decisions by every outcome and source,
+/// fallback decisions and admissions by every reason, store-call durations
+/// and errors by every kind, retries, the breaker and local-tier series,
+/// shadow denials and lease units by every event.
+///
+/// A limiter registers its own quota's series on its first record, and
+/// other quotas' series when they first occur; call this after installing
+/// the recorder, for every quota an application knows it will check, so a
+/// dashboard charts zero rather than "No data" before the first decision
+/// (and `rate()` sees the start). Adding zero never changes a value, so
+/// calling it again, or after records, is harmless.
+#[cfg(feature = "metrics")]
+pub fn register_quota(quota: &str) {
+    imp::register_quota(quota);
+}
+
+/// Registers, at zero, every series dedup windows and connection limiters
+/// record (every `outcome`; see the second table above). Harmless to call
+/// again.
+#[cfg(feature = "metrics")]
+pub fn register_ws() {
+    for outcome in DEDUP_OUTCOMES {
+        ::metrics::counter!(DEDUP_CHECKS_TOTAL, "outcome" => outcome).increment(0);
+    }
+    for outcome in CONNECTION_GRANT_OUTCOMES {
+        ::metrics::counter!(CONNECTION_GRANTS_TOTAL, "outcome" => outcome).increment(0);
+    }
+    for name in [
+        CONNECTION_RELEASES_TOTAL,
+        CONNECTION_LEASES_LOST_TOTAL,
+        CONNECTION_RENEW_FAILURES_TOTAL,
+        CONNECTION_HEARTBEAT_CALLS_TOTAL,
+    ] {
+        ::metrics::counter!(name).increment(0);
+    }
+    ::metrics::gauge!(CONNECTION_LIVE_LEASES).increment(0.0);
+}
+
+/// Every `event` of [`LEASE_UNITS_TOTAL`].
+#[cfg(feature = "metrics")]
+const LEASE_EVENTS: [&str; 4] = ["granted", "spent", "refunded", "expired"];
+/// Every `outcome` of [`DEDUP_CHECKS_TOTAL`].
+#[cfg(feature = "metrics")]
+const DEDUP_OUTCOMES: [&str; 5] = [
+    "first_seen",
+    "duplicate",
+    "fallback_first_seen",
+    "fallback_duplicate",
+    "error",
+];
+/// Every `outcome` of [`CONNECTION_GRANTS_TOTAL`].
+#[cfg(feature = "metrics")]
+const CONNECTION_GRANT_OUTCOMES: [&str; 5] = [
+    "granted",
+    "denied",
+    "fallback_granted",
+    "fallback_denied",
+    "error",
+];
+
 pub(crate) use imp::{LimiterMetrics, Parts as MetricParts, StoreTimer};
 
 #[cfg(feature = "metrics")]
@@ -722,6 +783,49 @@ mod imp {
                         .increment(1);
                 }
             }
+        }
+    }
+
+    /// See [`super::register_quota`]: the same label sets the records use
+    /// (built by the same handles), each incremented by zero.
+    pub(crate) fn register_quota(quota: &str) {
+        let labels = Labels {
+            quota: SharedString::from(String::from(quota)),
+            tenant: None,
+        };
+        let decisions = DecisionHandles::new(&labels, true);
+        let fallback = decisions.fallback.iter();
+        let counters = decisions
+            .decisions
+            .iter()
+            .flatten()
+            .chain(std::iter::once(&decisions.near_limit))
+            .chain(fallback.clone().flat_map(|f| f.decisions.iter().flatten()))
+            .chain(fallback.flat_map(|f| f.admissions.iter()));
+        counters.for_each(|c| c.increment(0));
+        // Histograms are exported from their registration on.
+        let store = StoreHandles::new(&labels);
+        store.errors.iter().for_each(|c| c.increment(0));
+        store.retries.increment(0);
+        for gauge in [BREAKER_STATE, BREAKER_OPEN_SHARDS, LOCAL_CACHE_ENTRIES] {
+            labels.gauge(gauge).increment(0.0);
+        }
+        for state in STATES {
+            labels
+                .counter(BREAKER_TRANSITIONS_TOTAL, &[("to", state.as_str())])
+                .increment(0);
+        }
+        for name in [
+            LOCAL_CACHE_HITS_TOTAL,
+            LOCAL_CACHE_MISSES_TOTAL,
+            SHADOW_DENIALS_TOTAL,
+        ] {
+            labels.counter(name, &[]).increment(0);
+        }
+        for event in LEASE_EVENTS {
+            labels
+                .counter(LEASE_UNITS_TOTAL, &[("event", event)])
+                .increment(0);
         }
     }
 

@@ -9,7 +9,12 @@ use tower_window::conn::{ConnectionLease, LeaseLost};
 use tower_window::{Policy, WindowKey};
 
 use super::limits::MessageLimits;
-use super::{ExceedAction, CLOSE_INVALID_PAYLOAD, CLOSE_POLICY, CLOSE_TOO_BIG};
+use super::{
+    ExceedAction, CLOSE_INVALID_PAYLOAD, CLOSE_POLICY, CLOSE_PROTOCOL_ERROR, CLOSE_TOO_BIG,
+};
+
+/// How long the reply to a peer's close may take to be written.
+const CLOSE_REPLY_WAIT: Duration = Duration::from_secs(1);
 
 /// Why a [`GuardedSocket`] stopped yielding messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +26,10 @@ pub enum CloseCause {
     Error,
     /// Invalid UTF-8 text: closed with 1007.
     InvalidUtf8,
+    /// A WebSocket protocol violation (an unmasked or reserved-bit frame,
+    /// an unknown opcode, a stray continuation, an oversized control
+    /// frame, a malformed close): closed with 1002.
+    ProtocolError,
     /// A message over the size limit (or one the byte quota can never
     /// admit): closed with 1009.
     TooBig,
@@ -128,6 +137,14 @@ impl GuardedSocket {
                             self.close(CloseCause::TooBig, CLOSE_TOO_BIG, "message too big")
                                 .await;
                         }
+                        Some(CloseCause::ProtocolError) => {
+                            self.close(
+                                CloseCause::ProtocolError,
+                                CLOSE_PROTOCOL_ERROR,
+                                "protocol error",
+                            )
+                            .await;
+                        }
                         _ => self.closed = Some(CloseCause::Error),
                     }
                     return None;
@@ -139,6 +156,11 @@ impl GuardedSocket {
                 Message::Binary(bytes) => bytes.len(),
                 Message::Close(_) => {
                     self.closed = Some(CloseCause::Peer);
+                    // The reply (RFC 6455 5.5.1: a close is answered with a
+                    // close) is queued, not sent: reading once more writes
+                    // it and ends the stream. Bounded: a peer that stops
+                    // reading does not hold the socket.
+                    let _ = tokio::time::timeout(CLOSE_REPLY_WAIT, self.socket.recv()).await;
                     return None;
                 }
                 Message::Ping(_) | Message::Pong(_) => continue,
@@ -336,6 +358,7 @@ fn classify(error: &axum::Error) -> Option<CloseCause> {
             return match error {
                 tungstenite::Error::Utf8(_) => Some(CloseCause::InvalidUtf8),
                 tungstenite::Error::Capacity(_) => Some(CloseCause::TooBig),
+                tungstenite::Error::Protocol(_) => Some(CloseCause::ProtocolError),
                 _ => None,
             };
         }

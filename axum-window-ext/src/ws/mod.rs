@@ -10,7 +10,9 @@
 //!   1008, `Pause` stops reading until the retry-after (TCP backpressure
 //!   reaches the client; nothing is lost). A message over the size limit
 //!   closes with 1009 before being charged; invalid UTF-8 text closes with
-//!   1007; a lost [connection lease](tower_window::conn) closes with 1008.
+//!   1007; a protocol violation (unmasked or reserved-bit frames, unknown
+//!   opcodes, a malformed close) closes with 1002; a lost
+//!   [connection lease](tower_window::conn) closes with 1008.
 //! * [`ConnectionRefused`]: the answer to an upgrade request refused by a
 //!   connection cap — `429` with `Retry-After` and `RateLimit` headers,
 //!   sent instead of the `101`, so no upgrade happens. Extract axum's
@@ -58,6 +60,8 @@ pub use guard::{CloseCause, GuardedSocket};
 pub use limits::{ExceedAction, MessageLimits, MessageLimitsBuilder};
 pub use refused::ConnectionRefused;
 
+/// Close code 1002: protocol error (a frame RFC 6455 forbids).
+pub const CLOSE_PROTOCOL_ERROR: u16 = 1002;
 /// Close code 1007: invalid frame payload data (invalid UTF-8 text).
 pub const CLOSE_INVALID_PAYLOAD: u16 = 1007;
 /// Close code 1008: policy violation (rate limit, lost lease).

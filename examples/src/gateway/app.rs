@@ -8,12 +8,12 @@ use axum::routing::get;
 use axum::{Json, Router};
 use axum_window_ext::RateLimitInfo;
 use serde_json::{json, Value};
-use tower_window::key::{Constant, Header, KeyExtractorExt, Query};
 use tower_window::layer::Rejection;
 use tower_window::{Decision, DecisionSource};
 
 use tower_window::events::EventWindow;
 
+use super::identity::{Identity, Sources};
 use super::rooms::RoomHub;
 use super::{ws, GatewayConfig};
 
@@ -53,6 +53,10 @@ pub struct Gateway {
 /// Like [`build_app`], also handing out the limiter and the node's
 /// WebSocket machinery (its connection limiter and heartbeat task).
 pub fn build_gateway(config: GatewayConfig) -> Gateway {
+    // First: what is built below registers series (the room hub at once,
+    // the rest at zero further down), and a series registered before the
+    // recorder exists is lost.
+    let recorder = super::metrics::install_recorder();
     let limiter = config.limiter();
     let shared = limiter.clone();
     let degraded_status = config.degraded_status();
@@ -79,9 +83,9 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
     let tenants = registry.clone();
     let demo = super::demo::router(
         limiter.clone(),
-        std::sync::Arc::new(move |tenant: &str| {
+        std::sync::Arc::new(move |tenant: &[u8]| {
             let mut policies = match &tenants {
-                Some(registry) => match registry.resolve(tenant.as_bytes()) {
+                Some(registry) => match registry.resolve(tenant) {
                     tower_window::tenant::Resolution::Limited(policy) => vec![policy],
                     _ => Vec::new(),
                 },
@@ -93,8 +97,18 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         config.tenant_header.clone(),
         config.user_header.clone(),
     );
-    let key = Header::from_name(config.user_header.clone())
-        .with_tenant(Header::from_name(config.tenant_header.clone()).or(Constant::new("public")));
+    // One key rule for every route (see `identity`): what a route limits
+    // is what it leases, deduplicates and reports.
+    let key = Identity::new(
+        config.tenant_header.clone(),
+        config.user_header.clone(),
+        Sources::Headers,
+    );
+    let ws_key = Identity::new(
+        config.tenant_header.clone(),
+        config.user_header.clone(),
+        Sources::HeadersThenQuery,
+    );
     let fallback_closed = matches!(
         config.resilience.map(|r| r.fallback),
         Some(super::FallbackArg::FailClosed)
@@ -117,24 +131,25 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
     if let Some((client, stream)) = config.rooms.inbound.clone() {
         rooms = rooms.inbound(client, stream);
     }
-    let (ws_state, ws_handles) = ws::WsState::new(
-        &config.ws,
-        &limiter,
-        fallback_closed,
-        config.tenant_header.clone(),
-        config.user_header.clone(),
-    );
+    let (ws_state, ws_handles) =
+        ws::WsState::new(&config.ws, &limiter, fallback_closed, ws_key.clone());
     let ws_state = ws_state.with_rooms(rooms);
+    // Every quota this gateway checks charts zero before its first decision.
+    let mut quotas: std::collections::BTreeSet<String> = config
+        .policy
+        .quotas()
+        .iter()
+        .chain(ws_policies_for_metrics(&config.ws).iter())
+        .map(|quota| quota.name().to_owned())
+        .collect();
+    quotas.extend(super::demo::poll_quota_name());
+    if let Some(registry) = &registry {
+        quotas.extend(super::tenants::quota_names(registry));
+    }
+    super::metrics::register_at_zero(quotas.iter().map(String::as_str));
     let ws_state = std::sync::Arc::new(ws_state);
     // `/ws` is limited like `/api/hello`, keyed by the headers or (browsers
     // cannot set headers on a WebSocket; demo only) the query parameters.
-    let ws_key = Header::from_name(config.user_header.clone())
-        .or(Query::new("user"))
-        .with_tenant(
-            Header::from_name(config.tenant_header.clone())
-                .or(Query::new("tenant"))
-                .or(Constant::new("public")),
-        );
     let mut ws_layer =
         axum_window_ext::layer(limiter.clone(), ws_key).degraded_status(degraded_status);
     if let Some(registry) = &registry {
@@ -174,9 +189,7 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         router = router.nest("/admin", admin);
     }
     let router = router
-        .merge(super::metrics::metrics_router(
-            super::metrics::install_recorder(),
-        ))
+        .merge(super::metrics::metrics_router(recorder))
         .merge(demo)
         .layer(middleware::from_fn(super::demo::cross_origin_reads));
     Gateway {
@@ -184,6 +197,15 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         limiter: shared,
         ws: ws_handles,
     }
+}
+
+/// The quotas of `/ws`'s message and byte policies.
+fn ws_policies_for_metrics(config: &ws::WsConfig) -> Vec<tower_window::Quota> {
+    ws::message_policies(config)
+        .into_iter()
+        .flatten()
+        .flat_map(|policy| policy.quotas().to_vec())
+        .collect()
 }
 
 /// What handlers share.

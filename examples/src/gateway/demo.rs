@@ -21,8 +21,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Query, Request, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -30,7 +30,9 @@ use axum::{Json, Router};
 use axum_window_ext::RejectionResponse;
 use serde_json::{json, Value};
 use tower_window::layer::{insert_rate_limit_headers, Rejection};
-use tower_window::{Decision, Limiter, Policy, Quota, QuotaDecision, WindowKey};
+use tower_window::{Decision, Limiter, Policy, Quota, QuotaDecision};
+
+use super::identity::{Identity, Sources};
 
 const INDEX_HTML: &str = include_str!("demo/index.html");
 const DEMO_CSS: &str = include_str!("demo/demo.css");
@@ -46,11 +48,11 @@ pub const MAX_NAME_LEN: usize = 256;
 /// Paths any origin may read (see the module docs).
 const CROSS_ORIGIN_PATHS: &[&str] = &["/api/quota", "/presence"];
 
-/// The policies `/api/quota` reports for a tenant: the gateway's HTTP
-/// policy for that tenant, and its per-message and per-byte policies where
-/// it has them. An empty list reports no quota (an unknown or unlimited
-/// tenant).
-pub type PolicySource = Arc<dyn Fn(&str) -> Vec<Policy> + Send + Sync>;
+/// The policies `/api/quota` reports for a tenant (its bytes, as the
+/// limited routes resolve it): the gateway's HTTP policy for that tenant,
+/// and its per-message and per-byte policies where it has them. An empty
+/// list reports no quota (an unknown or unlimited tenant).
+pub type PolicySource = Arc<dyn Fn(&[u8]) -> Vec<Policy> + Send + Sync>;
 
 /// What `/api/quota` needs.
 #[derive(Clone)]
@@ -58,8 +60,8 @@ struct QuotaState {
     limiter: Limiter,
     policies: PolicySource,
     poll: Option<Policy>,
-    tenant_header: HeaderName,
-    user_header: HeaderName,
+    /// Query parameters first, then the headers; [`MAX_NAME_LEN`].
+    identity: Identity,
 }
 
 /// The demo page's routes (none of them rate limited by the gateway's
@@ -79,14 +81,19 @@ pub fn router(
         limiter,
         policies,
         poll,
-        tenant_header,
-        user_header,
+        identity: Identity::new(tenant_header, user_header, Sources::QueryThenHeaders)
+            .max_len(MAX_NAME_LEN),
     };
     Router::new()
         .route("/", get(index))
         .route("/demo/demo.css", get(css))
         .route("/demo/demo.js", get(js))
         .route("/api/quota", get(quota).with_state(state))
+}
+
+/// The name of [`POLL_QUOTA`] (for its metrics).
+pub(super) fn poll_quota_name() -> Option<String> {
+    poll_policy().map(|policy| policy.first().name().to_owned())
 }
 
 /// [`POLL_QUOTA`] as a policy (`None` only if the constant were invalid,
@@ -130,47 +137,17 @@ async fn js() -> Response {
     asset("text/javascript; charset=utf-8", DEMO_JS)
 }
 
-/// `GET /api/quota` query parameters: the demo-only fallback for the
-/// headers, as on `/ws` (browsers cannot set headers on every request the
-/// page makes cross-origin without a preflight).
-#[derive(Debug, Default, serde::Deserialize)]
-struct KeyQuery {
-    tenant: Option<String>,
-    user: Option<String>,
-}
-
-/// The key of a request: query parameters first, then the headers; the
-/// tenant defaults to `public` as on the limited routes.
-fn request_key(
-    state: &QuotaState,
-    query: &KeyQuery,
-    headers: &HeaderMap,
-) -> Option<(String, String)> {
-    let header = |name: &HeaderName| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    let user = query.user.clone().or_else(|| header(&state.user_header))?;
-    let tenant = query
-        .tenant
-        .clone()
-        .or_else(|| header(&state.tenant_header))
-        .unwrap_or_else(|| "public".to_owned());
-    let valid = |s: &str| !s.is_empty() && s.len() <= MAX_NAME_LEN;
-    (valid(&user) && valid(&tenant)).then_some((tenant, user))
-}
-
-async fn quota(
-    State(state): State<QuotaState>,
-    Query(query): Query<KeyQuery>,
-    headers: HeaderMap,
-) -> Response {
-    let Some((tenant, user)) = request_key(&state, &query, &headers) else {
+/// `GET /api/quota`. The key is the query parameters `tenant` and `user`
+/// first (the demo-only fallback for the headers, as on `/ws`: browsers
+/// cannot set headers on every request the page makes cross-origin without
+/// a preflight), then the headers, by the gateway's one rule
+/// ([`Identity`]: raw bytes; too long is `400`, never `public`).
+async fn quota(State(state): State<QuotaState>, uri: Uri, headers: HeaderMap) -> Response {
+    let Ok(key) = state.identity.key(&headers, &uri) else {
         return RejectionResponse::missing_key(StatusCode::BAD_REQUEST).into_response();
     };
-    let key = WindowKey::new(tenant.clone(), user.clone());
+    let tenant = String::from_utf8_lossy(key.tenant()).into_owned();
+    let user = String::from_utf8_lossy(key.subject()).into_owned();
 
     // The route's own quota: one unit per poll.
     let poll = match &state.poll {
@@ -194,7 +171,7 @@ async fn quota(
     // decision metric either).
     let mut quotas = Vec::new();
     let mut degraded = false;
-    for policy in &(state.policies)(&tenant) {
+    for policy in &(state.policies)(key.tenant()) {
         match state.limiter.peek_policy(&key, policy, 1).await {
             Ok(decision) => {
                 degraded |= decision.is_degraded();

@@ -3,7 +3,13 @@
 //! [`install_recorder`] installs a `metrics-exporter-prometheus` recorder as
 //! the process's global `metrics` recorder (once; later calls return the
 //! same handle) and describes tower-window's metrics;
-//! [`metrics_router`] serves what it holds. The route is not rate limited.
+//! [`register_at_zero`] exports every series the bundled dashboard charts
+//! at zero from the start; [`metrics_router`] serves what the recorder
+//! holds. The route is not rate limited.
+//!
+//! A series exists only once something registered it, and a registration
+//! made before the recorder is installed is lost: the gateway installs the
+//! recorder before it builds anything that records.
 
 use std::sync::OnceLock;
 
@@ -43,6 +49,22 @@ pub fn install_recorder() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+/// Registers, at zero, every series the dashboard
+/// (`examples/grafana/tower-window.json`) charts: every limiter series of
+/// each quota in `quotas` (the quotas the gateway checks: its policy, each
+/// tenant's, `/api/quota`'s own and `/ws`'s message and byte quotas), every
+/// dedup and connection-lease series, and the tenants-file reloads. The
+/// rooms' series are registered by the room hub. Call it after
+/// [`install_recorder`]; adding zero changes no value, so calling it again
+/// (after a reload) is harmless.
+pub fn register_at_zero<'a>(quotas: impl IntoIterator<Item = &'a str>) {
+    for quota in quotas {
+        tower_window::metrics::register_quota(quota);
+    }
+    tower_window::metrics::register_ws();
+    super::tenants::register_reloads();
 }
 
 /// `GET /metrics` answering with the Prometheus text exposition format.

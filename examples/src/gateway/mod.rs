@@ -40,6 +40,7 @@
 mod app;
 mod config;
 pub mod demo;
+mod identity;
 pub mod metrics;
 pub mod room_metrics;
 pub mod rooms;

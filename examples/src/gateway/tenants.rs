@@ -123,6 +123,9 @@ pub fn reload(registry: &TenantRegistry, path: &Path, last: &mut Option<String>)
             registry.set_config(config);
             *last = Some(text);
             reloaded(true);
+            // Quotas new in this file chart zero until their first decision.
+            let names = quota_names(registry);
+            super::metrics::register_at_zero(names.iter().map(String::as_str));
             tracing::info!(path = %path.display(), "tenants file reloaded");
         }
         Err(error) => {
@@ -135,4 +138,24 @@ pub fn reload(registry: &TenantRegistry, path: &Path, last: &mut Option<String>)
 fn reloaded(ok: bool) {
     let result = if ok { "ok" } else { "error" };
     metrics::counter!(CONFIG_RELOAD_TOTAL, "result" => result).increment(1);
+}
+
+/// Registers both `result`s of the reload counter at zero.
+pub(super) fn register_reloads() {
+    for result in ["ok", "error"] {
+        metrics::counter!(CONFIG_RELOAD_TOTAL, "result" => result).increment(0);
+    }
+}
+
+/// The names of every quota `registry` may check: its default's and every
+/// listed tenant's (from the file or defined at runtime).
+pub(super) fn quota_names(registry: &TenantRegistry) -> Vec<String> {
+    let default = registry.config().default;
+    let tenants = registry.tenants();
+    default
+        .iter()
+        .chain(tenants.iter().map(|info| &info.spec))
+        .flat_map(TenantSpec::quotas)
+        .map(|quota| quota.name().to_owned())
+        .collect()
 }

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocketUpgrade};
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::http::header::SEC_WEBSOCKET_KEY;
+use axum::http::{HeaderMap, StatusCode, Uri, Version};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use axum_window_ext::ws::{ConnectionRefused, ExceedAction, GuardedSocket, MessageLimits};
@@ -31,6 +32,7 @@ use tower_window::dedup::{DedupFallback, DedupStore, DedupWindow};
 use tower_window::events::Position;
 use tower_window::{Limiter, MemoryStore, Policy, Quota, WindowKey};
 
+use super::identity::{BadIdentity, Identity};
 use super::rooms::{valid_room, Outgoing, RoomHub};
 
 /// The WebSocket flags (flattened into the gateway's `Args`).
@@ -224,8 +226,11 @@ pub(super) struct WsState {
     pub(super) connections: ConnectionLimiter,
     limits: MessageLimits,
     dedup: DedupWindow,
-    tenant_header: HeaderName,
-    user_header: HeaderName,
+    /// The key rule of `/ws`: the one its rate-limit layer uses, so a
+    /// socket's lease and dedup ids are the key the upgrade was limited by.
+    identity: Identity,
+    /// The key rule of `/presence`: the query parameters.
+    presence: Identity,
     /// Rooms (`?room=R`), when the gateway serves them.
     rooms: Option<RoomHub>,
 }
@@ -245,8 +250,7 @@ impl WsState {
         config: &WsConfig,
         limiter: &Limiter,
         fallback_closed: bool,
-        tenant_header: HeaderName,
-        user_header: HeaderName,
+        identity: Identity,
     ) -> (Self, WsHandles) {
         // `validate` refused out-of-range flags; a hand-built config is clamped.
         let ttl = config
@@ -297,8 +301,8 @@ impl WsState {
                 connections,
                 limits: limits.build(),
                 dedup,
-                tenant_header,
-                user_header,
+                presence: Identity::query_only(),
+                identity,
                 rooms: None,
             },
             handles,
@@ -310,33 +314,12 @@ impl WsState {
         self.rooms = Some(rooms);
         self
     }
-
-    /// The socket's key: the tenant and user headers, else (browsers
-    /// cannot set headers on a WebSocket; demo only) the `tenant` and
-    /// `user` query parameters. Tenant `public` when neither names one.
-    fn key(&self, headers: &HeaderMap, query: &Who) -> Option<WindowKey> {
-        let header = |name: &HeaderName| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .filter(|v| !v.is_empty())
-                .map(str::to_owned)
-        };
-        let user =
-            header(&self.user_header).or_else(|| query.user.clone().filter(|u| !u.is_empty()))?;
-        let tenant = header(&self.tenant_header)
-            .or_else(|| query.tenant.clone().filter(|t| !t.is_empty()))
-            .unwrap_or_else(|| "public".to_owned());
-        Some(WindowKey::new(tenant, user))
-    }
 }
 
-/// The `tenant` / `user` query parameters, and the room to join
-/// (`room`, with `epoch` and `last_event_id` to resume).
+/// The room to join (`room`, with `epoch` and `last_event_id` to resume).
+/// The tenant and user are read by [`Identity`], as raw bytes.
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct Who {
-    tenant: Option<String>,
-    user: Option<String>,
     room: Option<String>,
     epoch: Option<String>,
     last_event_id: Option<String>,
@@ -393,12 +376,21 @@ fn problem(status: StatusCode, detail: &str) -> Response {
 pub(super) async fn handler(
     State(state): State<Arc<WsState>>,
     headers: HeaderMap,
+    uri: Uri,
+    version: Version,
     Query(who): Query<Who>,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    let Some(key) = state.key(&headers, &who) else {
-        return problem(StatusCode::BAD_REQUEST, "missing user (header or ?user=)");
+    let key = match state.identity.key(&headers, &uri) {
+        Ok(key) => key,
+        Err(error) => return problem(StatusCode::BAD_REQUEST, &error.detail()),
     };
+    if !valid_handshake_key(version, &headers) {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "sec-websocket-key: not a base64-encoded 16-byte value",
+        );
+    }
     // A bad room or position is refused before any lease is taken.
     let join = match who.room() {
         Ok(join) => join,
@@ -561,6 +553,23 @@ const CLOSE_UNSUPPORTED: u16 = 1003;
 const CLOSE_ERROR: u16 = 1011;
 const CLOSE_AGAIN: u16 = 1013;
 
+/// Whether an HTTP/1 upgrade's `Sec-WebSocket-Key` is what RFC 6455
+/// (4.2.1) requires, a base64-encoded 16-byte value (24 characters, the
+/// last two `=`), which axum does not check; a handshake without it is
+/// answered `400` before any lease is taken. HTTP/2 extended `CONNECT`
+/// (RFC 8441) has no key.
+fn valid_handshake_key(version: Version, headers: &HeaderMap) -> bool {
+    if version > Version::HTTP_11 {
+        return true;
+    }
+    let Some(key) = headers.get(SEC_WEBSOCKET_KEY) else {
+        return false;
+    };
+    let key = key.as_bytes();
+    let base64 = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/');
+    key.len() == 24 && key[..22].iter().all(base64) && &key[22..] == b"=="
+}
+
 /// The string `id` of a text message that is a JSON object.
 fn message_id(text: &str) -> Option<String> {
     if !text.trim_start().starts_with('{') {
@@ -576,22 +585,13 @@ fn message_id(text: &str) -> Option<String> {
 }
 
 /// `GET /presence?tenant=T&user=U` → `{"online":true,"connections":2}`.
-pub(super) async fn presence(
-    State(state): State<Arc<WsState>>,
-    Query(who): Query<Who>,
-) -> Response {
-    let Some(user) = who.user.filter(|u| !u.is_empty()) else {
-        return problem(StatusCode::BAD_REQUEST, "missing ?user=");
+pub(super) async fn presence(State(state): State<Arc<WsState>>, uri: Uri) -> Response {
+    let key = match state.presence.key(&HeaderMap::new(), &uri) {
+        Ok(key) => key,
+        Err(BadIdentity::MissingUser) => return problem(StatusCode::BAD_REQUEST, "missing ?user="),
+        Err(error) => return problem(StatusCode::BAD_REQUEST, &error.detail()),
     };
-    let tenant = who
-        .tenant
-        .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| "public".to_owned());
-    match state
-        .connections
-        .presence(&WindowKey::new(tenant, user))
-        .await
-    {
+    match state.connections.presence(&key).await {
         Ok(presence) => Json(json!({
             "online": presence.online,
             "connections": presence.connections,
@@ -634,6 +634,38 @@ mod tests {
         for bad in ["", "s", "0s", "15", "15x", "-1s", "1.5s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn handshake_keys() {
+        let with = |key: &[u8]| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                SEC_WEBSOCKET_KEY,
+                axum::http::HeaderValue::from_bytes(key).unwrap(),
+            );
+            headers
+        };
+        // RFC 6455's example key.
+        let good = with(b"dGhlIHNhbXBsZSBub25jZQ==");
+        assert!(valid_handshake_key(Version::HTTP_11, &good));
+        for bad in [
+            &b""[..],
+            b"dGhlIHNhbXBsZSBub25jZQ",
+            b"dGhlIHNhbXBsZSBub25jZQ=",
+            b"dGhlIHNhbXBsZSBub25jZQ===",
+            b"dGhlIHNhbXBsZSBub25jZ*==",
+            b"\xff\xfeIHNhbXBsZSBub25jZQ==",
+            b"-1",
+        ] {
+            assert!(
+                !valid_handshake_key(Version::HTTP_11, &with(bad)),
+                "{bad:?}"
+            );
+        }
+        assert!(!valid_handshake_key(Version::HTTP_11, &HeaderMap::new()));
+        // HTTP/2 extended CONNECT carries no key.
+        assert!(valid_handshake_key(Version::HTTP_2, &HeaderMap::new()));
     }
 
     #[test]
