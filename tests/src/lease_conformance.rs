@@ -348,13 +348,26 @@ pub async fn shadow_quota_in_a_lease_is_counted_not_enforced<F: StoreFactory>(fa
         let first = run.reserve(&policy, 8, 5).await;
         let lease = lease_of(&first);
         assert_eq!(lease.granted, 5, "{text}: half the enforced room of 10");
+        assert_eq!(lease.held, [5, 2], "{text}: the shadow holds its room");
         assert_eq!(lease.deadline_micros, START + 5 * S, "{text}");
         let decision = first.decision.as_ref().expect("a decision");
         assert!(decision.allowed, "{text}");
-        assert_eq!(decision.quota().name(), "e", "{text}: the enforced quota decides");
+        assert_eq!(
+            decision.quota().name(),
+            "e",
+            "{text}: the enforced quota decides"
+        );
         assert_eq!(decision.remaining, 5, "{text}");
-        assert_eq!(decision.shadow_denials().count(), 0, "{text}: it holds 2 >= 1");
-        assert_eq!(shadow_state(decision).remaining, 0, "{text}: it holds its room");
+        assert_eq!(
+            decision.shadow_denials().count(),
+            0,
+            "{text}: it holds 2 >= 1"
+        );
+        assert_eq!(
+            shadow_state(decision).remaining,
+            0,
+            "{text}: it holds its room"
+        );
         assert_eq!(peek_remaining(&run, &enforced).await, 5, "{text}");
         assert_eq!(peek_remaining(&run, &shadow).await, 0, "{text}: 2 held");
         // The shadow quota is full: a lease is granted all the same, and
@@ -362,10 +375,15 @@ pub async fn shadow_quota_in_a_lease_is_counted_not_enforced<F: StoreFactory>(fa
         let second = run.reserve(&policy, 8, 5).await;
         let full = lease_of(&second);
         assert_eq!(full.granted, 3, "{text}: half the enforced room of 5");
+        assert_eq!(full.held, [3, 0], "{text}");
         let decision = second.decision.as_ref().expect("a decision");
         assert!(decision.allowed, "{text}: a shadow quota never denies");
         assert_eq!(decision.remaining, 2, "{text}");
-        assert_eq!(decision.shadow_denials().count(), 1, "{text}: it holds 0 < 1");
+        assert_eq!(
+            decision.shadow_denials().count(),
+            1,
+            "{text}: it holds 0 < 1"
+        );
         assert_eq!(peek_remaining(&run, &enforced).await, 2, "{text}");
         // One unit of the first lease spent, four back: the shadow quota
         // held the first two units, keeps the one spent.
@@ -384,6 +402,22 @@ pub async fn shadow_quota_in_a_lease_is_counted_not_enforced<F: StoreFactory>(fa
         assert_eq!(direct.shadow_denials().count(), 1, "{text}");
         assert_eq!(peek_remaining(&run, &enforced).await, 6, "{text}");
         assert_eq!(peek_remaining(&run, &shadow).await, 1, "{text}");
+        // The refund names what the shadow quota still holds (as the
+        // limiter does): every enforced unit spent, the shadow's one unit
+        // back all the same.
+        let third = lease_of(&run.reserve(&policy, 8, 5).await);
+        assert_eq!(third.held, [3, 1], "{text}");
+        assert_eq!(peek_remaining(&run, &shadow).await, 0, "{text}");
+        let named = [0, 1];
+        let returned = run
+            .store
+            .refund(RefundRequest::new(&run.key, &policy, &third, 0).with_shadow_unused(&named))
+            .await
+            .unwrap_or_else(|e| panic!("{text}: refund: {e}"));
+        assert_eq!(returned, 0, "{text}: nothing enforced came back");
+        assert_eq!(peek_remaining(&run, &enforced).await, 3, "{text}");
+        assert_eq!(peek_remaining(&run, &shadow).await, 1, "{text}");
+        assert_eq!(run.refund(&policy, &third, 3).await, 0, "{text}: once");
     }
 }
 
@@ -396,6 +430,7 @@ pub async fn lease_of_only_shadow_quotas_grants_what_is_wanted<F: StoreFactory>(
     let first = run.reserve(&policy, 8, 5).await;
     let lease = lease_of(&first);
     assert_eq!(lease.granted, 8, "nothing enforced: what was wanted");
+    assert_eq!(lease.held, [3]);
     let decision = first.decision.as_ref().expect("a decision");
     assert!(decision.allowed);
     assert_eq!(decision.shadow_denials().count(), 0);
@@ -424,7 +459,11 @@ pub async fn shadow_quotas_bound_the_lease_like_enforced_ones<F: StoreFactory>(f
         .shadowed(true);
     let policy = Policy::new("es", [enforced.clone(), counter]).expect("policy");
     let lease = lease_of(&run.reserve(&policy, 4, 30).await);
-    assert_eq!(lease.deadline_micros, START + 10 * S, "the shadow's bucket end");
+    assert_eq!(
+        lease.deadline_micros,
+        START + 10 * S,
+        "the shadow's bucket end"
+    );
     let gcra = quota("2/1m gcra").named("g").expect("name").shadowed(true);
     let policy = Policy::new("eg", [enforced, gcra]).expect("policy");
     let error = run
