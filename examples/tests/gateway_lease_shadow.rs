@@ -97,6 +97,10 @@ fn leases_on_redis_count_shadow_quotas_and_never_fall_back() {
         "8",
         "--redis-url",
         &redis.url(),
+        // The test is about what the store decides, not the time budget: a
+        // slow call on a loaded machine must not become a fallback answer.
+        "--redis-timeout-ms",
+        "5000",
         "--fallback",
         "fail-closed",
         "--debug-headers",
