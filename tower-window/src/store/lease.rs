@@ -222,7 +222,10 @@ pub struct Reservation {
     pub now_micros: u64,
     /// The latest deadline of the leases of this key and policy still
     /// outstanding in the store (this one included), if any is later than
-    /// now: the units they hold may come back by then.
+    /// now: the units they hold may come back by then. Precisely, on both
+    /// stores of this crate: the latest deadline of the leases recorded
+    /// beside the policy's first quota while their records live (a
+    /// refunded lease's included: an early hint, never a late one).
     pub held_until_micros: Option<u64>,
     /// With a lease: the policy's state once it was taken, as an admission
     /// of the `at_least` units (every quota's remaining and reset; a shadow
