@@ -35,6 +35,9 @@ macro_rules! lease_conformance_tests {
             policy_lease_is_all_or_nothing,
             empty_reservation_reports_outstanding_leases,
             invalid_leases_are_typed_errors,
+            shadow_quota_in_a_lease_is_counted_not_enforced,
+            lease_of_only_shadow_quotas_grants_what_is_wanted,
+            shadow_quotas_bound_the_lease_like_enforced_ones,
         );
     };
     (@each $factory:expr; $($scenario:ident),* $(,)?) => {
@@ -301,4 +304,178 @@ pub async fn invalid_leases_are_typed_errors<F: StoreFactory>(factory: &F) {
         );
     }
     assert!(run.check(&policy, 5).await.allowed, "nothing was taken");
+}
+
+/// The shadow quotas of the shadow scenarios, one per algorithm: each has
+/// room for exactly 2 units when a lease with a 5 s TTL is taken at
+/// [`START`] (the GCRA one: T = 30 s, B T = 90 s, the tokens dated at the
+/// deadline, so `(90 s - 5 s) / 30 s = 2`).
+const SHADOWS: [&str; 4] = [
+    "2/1m",
+    "2/1m sliding-counter(10s)",
+    "2/1m fixed-window",
+    "2/1m gcra(burst=3)",
+];
+
+async fn peek_remaining<S: Store>(run: &Run<S>, quota: &Quota) -> u32 {
+    run.store
+        .peek(CheckRequest::new(&run.key, &Policy::from(quota.clone()), 1))
+        .await
+        .unwrap_or_else(|e| panic!("{}: peek: {e}", run.scenario))
+        .remaining
+}
+
+fn shadow_state(decision: &Decision) -> &tower_window::QuotaDecision {
+    decision
+        .quotas()
+        .iter()
+        .find(|q| q.quota.is_shadow())
+        .expect("a shadow quota")
+}
+
+/// An enforced "10/1m fixed-window" and a shadow "2/1m" quota of each
+/// algorithm (issue 22, defect 1): the grant is sized by the enforced
+/// quota alone; the shadow quota holds what it has room for (never more
+/// than the grant), reports its would-be denial when it holds less than
+/// the request that reserved, and a refund gives it back what it held
+/// beyond the units spent.
+pub async fn shadow_quota_in_a_lease_is_counted_not_enforced<F: StoreFactory>(factory: &F) {
+    for text in SHADOWS {
+        let run = Run::start(factory, "shadow_quota_in_a_lease_is_counted_not_enforced").await;
+        let enforced = quota("10/1m fixed-window").named("e").expect("name");
+        let shadow = quota(text).named("s").expect("name").shadowed(true);
+        let policy = Policy::new("es", [enforced.clone(), shadow.clone()]).expect("policy");
+        let first = run.reserve(&policy, 8, 5).await;
+        let lease = lease_of(&first);
+        assert_eq!(lease.granted, 5, "{text}: half the enforced room of 10");
+        assert_eq!(lease.held, [5, 2], "{text}: the shadow holds its room");
+        assert_eq!(lease.deadline_micros, START + 5 * S, "{text}");
+        let decision = first.decision.as_ref().expect("a decision");
+        assert!(decision.allowed, "{text}");
+        assert_eq!(
+            decision.quota().name(),
+            "e",
+            "{text}: the enforced quota decides"
+        );
+        assert_eq!(decision.remaining, 5, "{text}");
+        assert_eq!(
+            decision.shadow_denials().count(),
+            0,
+            "{text}: it holds 2 >= 1"
+        );
+        assert_eq!(
+            shadow_state(decision).remaining,
+            0,
+            "{text}: it holds its room"
+        );
+        assert_eq!(peek_remaining(&run, &enforced).await, 5, "{text}");
+        assert_eq!(peek_remaining(&run, &shadow).await, 0, "{text}: 2 held");
+        // The shadow quota is full: a lease is granted all the same, and
+        // reports the shadow's would-be denial.
+        let second = run.reserve(&policy, 8, 5).await;
+        let full = lease_of(&second);
+        assert_eq!(full.granted, 3, "{text}: half the enforced room of 5");
+        assert_eq!(full.held, [3, 0], "{text}");
+        let decision = second.decision.as_ref().expect("a decision");
+        assert!(decision.allowed, "{text}: a shadow quota never denies");
+        assert_eq!(decision.remaining, 2, "{text}");
+        assert_eq!(
+            decision.shadow_denials().count(),
+            1,
+            "{text}: it holds 0 < 1"
+        );
+        assert_eq!(peek_remaining(&run, &enforced).await, 2, "{text}");
+        // One unit of the first lease spent, four back: the shadow quota
+        // held the first two units, keeps the one spent.
+        assert_eq!(run.refund(&policy, &lease, 4).await, 4, "{text}");
+        assert_eq!(peek_remaining(&run, &enforced).await, 6, "{text}");
+        assert_eq!(peek_remaining(&run, &shadow).await, 1, "{text}");
+        assert_eq!(run.refund(&policy, &lease, 4).await, 0, "{text}: once");
+        // The second lease's shadow held nothing: nothing comes back to it.
+        assert_eq!(run.refund(&policy, &full, 2).await, 2, "{text}");
+        assert_eq!(peek_remaining(&run, &enforced).await, 8, "{text}");
+        assert_eq!(peek_remaining(&run, &shadow).await, 1, "{text}");
+        // A direct check beside the leases: as ever, the shadow quota that
+        // the cost does not fit reports it and records nothing.
+        let direct = run.check(&policy, 2).await;
+        assert!(direct.allowed, "{text}");
+        assert_eq!(direct.shadow_denials().count(), 1, "{text}");
+        assert_eq!(peek_remaining(&run, &enforced).await, 6, "{text}");
+        assert_eq!(peek_remaining(&run, &shadow).await, 1, "{text}");
+        // The refund names what the shadow quota still holds (as the
+        // limiter does): every enforced unit spent, the shadow's one unit
+        // back all the same.
+        let third = lease_of(&run.reserve(&policy, 8, 5).await);
+        assert_eq!(third.held, [3, 1], "{text}");
+        assert_eq!(peek_remaining(&run, &shadow).await, 0, "{text}");
+        let named = [0, 1];
+        let returned = run
+            .store
+            .refund(RefundRequest::new(&run.key, &policy, &third, 0).with_shadow_unused(&named))
+            .await
+            .unwrap_or_else(|e| panic!("{text}: refund: {e}"));
+        assert_eq!(returned, 0, "{text}: nothing enforced came back");
+        assert_eq!(peek_remaining(&run, &enforced).await, 3, "{text}");
+        assert_eq!(peek_remaining(&run, &shadow).await, 1, "{text}");
+        assert_eq!(run.refund(&policy, &third, 3).await, 0, "{text}: once");
+    }
+}
+
+/// A policy of shadow quotas only: nothing enforced bounds a lease, so it
+/// grants what was wanted; the shadow quota holds what it has room for.
+pub async fn lease_of_only_shadow_quotas_grants_what_is_wanted<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "lease_of_only_shadow_quotas_grants_what_is_wanted").await;
+    let shadow = quota("3/1m").named("trial").expect("name").shadowed(true);
+    let policy = Policy::from(shadow.clone());
+    let first = run.reserve(&policy, 8, 5).await;
+    let lease = lease_of(&first);
+    assert_eq!(lease.granted, 8, "nothing enforced: what was wanted");
+    assert_eq!(lease.held, [3]);
+    let decision = first.decision.as_ref().expect("a decision");
+    assert!(decision.allowed);
+    assert_eq!(decision.shadow_denials().count(), 0);
+    assert_eq!(peek_remaining(&run, &shadow).await, 0, "3 held");
+    let second = run.reserve(&policy, 8, 5).await;
+    assert_eq!(second.granted(), 8);
+    let decision = second.decision.as_ref().expect("a decision");
+    assert!(decision.allowed, "a shadow quota never denies");
+    assert_eq!(decision.shadow_denials().count(), 1, "it holds nothing");
+    // Nothing of the first lease spent: its 3 held units come back; every
+    // unit of the lease is returned (nothing enforced held them).
+    assert_eq!(run.refund(&policy, &lease, 8).await, 8);
+    assert_eq!(peek_remaining(&run, &shadow).await, 3);
+    assert_eq!(run.refund(&policy, &lease, 8).await, 0, "once");
+}
+
+/// A shadow quota is counted like an enforced one, so it bounds a lease's
+/// deadline (its bucket's end) and refuses a GCRA TTL that leaves it no
+/// room, exactly as if it were enforced.
+pub async fn shadow_quotas_bound_the_lease_like_enforced_ones<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "shadow_quotas_bound_the_lease_like_enforced_ones").await;
+    let enforced = quota("10/1m").named("e").expect("name");
+    let counter = quota("2/1m sliding-counter(10s)")
+        .named("s")
+        .expect("name")
+        .shadowed(true);
+    let policy = Policy::new("es", [enforced.clone(), counter]).expect("policy");
+    let lease = lease_of(&run.reserve(&policy, 4, 30).await);
+    assert_eq!(
+        lease.deadline_micros,
+        START + 10 * S,
+        "the shadow's bucket end"
+    );
+    let gcra = quota("2/1m gcra").named("g").expect("name").shadowed(true);
+    let policy = Policy::new("eg", [enforced, gcra]).expect("policy");
+    let error = run
+        .store
+        .reserve(ReserveRequest::new(
+            &run.key,
+            &policy,
+            1,
+            1,
+            Duration::from_secs(45),
+        ))
+        .await
+        .expect_err("(B - 1) T = 30 s < 45 s");
+    assert_eq!(error.kind(), StoreErrorKind::InvalidRequest);
 }

@@ -145,6 +145,150 @@ async fn multi_quota_leases_take_from_every_quota() {
     );
 }
 
+/// An enforced quota and a shadow one (issue 22, defect 1).
+fn with_shadow(shadow: &str) -> Policy {
+    Policy::new(
+        "p",
+        [
+            "20/1m fixed-window"
+                .parse::<Quota>()
+                .unwrap()
+                .named("burst")
+                .unwrap(),
+            shadow
+                .parse::<Quota>()
+                .unwrap()
+                .named("trial")
+                .unwrap()
+                .shadowed(true),
+        ],
+    )
+    .unwrap()
+}
+
+/// Checks of `cost`: the decisions, and the units the shadow quota
+/// admitted (would have).
+async fn leased_checks(
+    limiter: &Limiter,
+    key: &WindowKey,
+    n: usize,
+    cost: u32,
+) -> (Vec<Decision>, u32) {
+    let mut decisions = Vec::new();
+    let mut shadow_admitted = 0;
+    for _ in 0..n {
+        let d = limiter.check(key, cost).await.unwrap();
+        if d.allowed && d.quotas()[1].allowed {
+            shadow_admitted += cost;
+        }
+        decisions.push(d);
+    }
+    (decisions, shadow_admitted)
+}
+
+#[tokio::test]
+async fn leased_admissions_report_a_shadow_quotas_would_be_denials() {
+    let (store, clock) = setup();
+    let policy = with_shadow("3/1m");
+    let limiter = Limiter::builder(store.clone(), policy.clone())
+        .clock(clock.clone())
+        .leases(LeaseConfig::new(8))
+        .build();
+    let key = WindowKey::for_subject("trial");
+    let (decisions, shadow_admitted) = leased_checks(&limiter, &key, 10, 1).await;
+    assert!(
+        decisions.iter().all(|d| d.allowed),
+        "the shadow never denies"
+    );
+    assert_eq!(
+        shadow_admitted, 3,
+        "the shadow quota admits its limit, leased or not"
+    );
+    let denials: Vec<(usize, DecisionSource)> = decisions
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.shadow_denials().count() == 1)
+        .map(|(i, d)| (i, d.source))
+        .collect();
+    assert_eq!(denials.len(), 7, "{denials:?}");
+    assert!(
+        denials.iter().any(|(_, s)| *s == DecisionSource::Lease),
+        "leased admissions report them: {denials:?}"
+    );
+    // The enforced quota alone sized the leases: 1, 2, 4, then 7 (half of
+    // the 13 left, rounded up); the full shadow quota shrank none.
+    assert_eq!(limiter.lease_stats().unwrap().granted, 14);
+    limiter.refund_leases().await;
+    let probe = Limiter::new(store.clone(), policy);
+    let d = probe.check(&key, 1).await.unwrap();
+    assert_eq!(
+        d.quotas()[0].remaining,
+        20 - 10 - 1,
+        "the enforced quota counts 10"
+    );
+    assert_eq!(d.quotas()[1].remaining, 0, "the shadow counts its 3");
+}
+
+#[tokio::test]
+async fn a_shadow_quota_keeps_only_the_spends_it_would_have_admitted() {
+    // Costs of 2 against a shadow hold of 3: one spend fits, the unit left
+    // never does. The limiter names what each shadow quota still holds when
+    // it refunds, so the window counts exactly the spends that fit.
+    let (store, clock) = setup();
+    let policy = with_shadow("3/1m");
+    let limiter = Limiter::builder(store.clone(), policy.clone())
+        .clock(clock.clone())
+        .leases(LeaseConfig::new(8))
+        .build();
+    let key = WindowKey::for_subject("straddle");
+    let (decisions, shadow_admitted) = leased_checks(&limiter, &key, 8, 2).await;
+    assert_eq!(decisions.iter().filter(|d| d.allowed).count(), 8);
+    assert_eq!(shadow_admitted, 2);
+    limiter.refund_leases().await;
+    let peek = store
+        .peek(CheckRequest::new(&key, &policy, 1))
+        .await
+        .unwrap();
+    assert_eq!(peek.quotas()[0].remaining, 20 - 16);
+    assert_eq!(
+        peek.quotas()[1].remaining,
+        3 - 2,
+        "exactly the spend that fit"
+    );
+}
+
+#[tokio::test]
+async fn leases_of_shadow_quotas_only_admit_everything_and_count_exactly() {
+    let (store, clock) = setup();
+    let trial = "5/1m"
+        .parse::<Quota>()
+        .unwrap()
+        .named("trial")
+        .unwrap()
+        .shadowed(true);
+    let policy = Policy::from(trial.clone());
+    let limiter = Limiter::builder(store.clone(), policy.clone())
+        .clock(clock.clone())
+        .leases(LeaseConfig::new(8))
+        .build();
+    let key = WindowKey::for_subject("only");
+    let mut shadow_admitted = 0;
+    for _ in 0..50 {
+        let d = limiter.check(&key, 1).await.unwrap();
+        assert!(d.allowed);
+        assert_ne!(d.source, DecisionSource::LocalCache);
+        shadow_admitted += u32::from(d.quotas()[0].allowed);
+    }
+    assert_eq!(shadow_admitted, 5);
+    assert!(limiter.stats().lease > 0, "leases were spent");
+    limiter.refund_leases().await;
+    let peek = store
+        .peek(CheckRequest::new(&key, &policy, 1))
+        .await
+        .unwrap();
+    assert_eq!(peek.remaining, 0, "the shadow counts its 5");
+}
+
 /// A store without leases: only checks.
 struct ChecksOnly(MemoryStore);
 
@@ -202,7 +346,7 @@ fn zero_units_turns_leases_off() {
 #[cfg(feature = "metrics")]
 mod metrics {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    use tower_window::metrics::{DECISIONS_TOTAL, LEASE_UNITS_TOTAL};
+    use tower_window::metrics::{DECISIONS_TOTAL, LEASE_UNITS_TOTAL, SHADOW_DENIALS_TOTAL};
 
     use super::*;
 
@@ -254,6 +398,47 @@ mod metrics {
             get(&format!("{DECISIONS_TOTAL} outcome=allowed,source=lease")),
             24
         );
+    }
+
+    #[test]
+    fn shadow_denials_of_leased_admissions_are_counted() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        ::metrics::with_local_recorder(&recorder, || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let (store, clock) = setup();
+                let limiter = Limiter::builder(store, with_shadow("3/1m"))
+                    .clock(clock)
+                    .leases(LeaseConfig::new(8))
+                    .build();
+                let key = WindowKey::for_subject("m");
+                for _ in 0..10 {
+                    assert!(limiter.check(&key, 1).await.unwrap().allowed);
+                }
+            });
+        });
+        let denials: u64 = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(key, _, _, value)| {
+                let (_, key) = key.into_parts();
+                let trial = key
+                    .labels()
+                    .any(|l| l.key() == "quota" && l.value() == "trial");
+                match value {
+                    DebugValue::Counter(n) if key.name() == SHADOW_DENIALS_TOTAL && trial => {
+                        Some(n)
+                    }
+                    _ => None,
+                }
+            })
+            .sum();
+        assert_eq!(denials, 7, "10 admitted, 3 fit the shadow quota");
     }
 }
 

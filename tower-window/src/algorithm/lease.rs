@@ -2,8 +2,10 @@
 //! script `lease.lua` mirrors it). Why the global bound stays exact is
 //! written down in [`crate::store::lease`].
 
+use std::time::Duration;
+
 use super::State;
-use crate::Quota;
+use crate::{Quota, QuotaDecision};
 
 /// The latest deadline a lease reserved at `now` may have for `quota`:
 /// the end of the window (fixed window) or bucket (sliding counter) that
@@ -49,20 +51,58 @@ pub(crate) fn check_ttl(policy: &crate::Policy, ttl_micros: u64) -> Result<(), c
 }
 
 /// Units of `quota` a lease reserved at `now` with deadline `deadline` may
-/// take (dropping state that no longer counts).
-pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) -> u64 {
+/// take (dropping state that no longer counts), and the quota's
+/// `reset_after` (µs) as it stands, which a quota that holds nothing of the
+/// lease reports.
+pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) -> (u64, u64) {
     // Evaluating one unit resets a state of another algorithm and drops
     // what expired; `unchanged.0` is the limit minus what counts at `now`
     // (entries dated in the future included).
     let evaluation = state.evaluate(quota, now, 1);
+    let reset = evaluation.unchanged.1;
     match state {
         State::Gcra(s) => {
             let interval = quota.emission_interval_micros().max(1);
             let tolerance = u64::from(quota.capacity()).saturating_mul(interval);
             let from = s.tat.max(deadline);
-            now.saturating_add(tolerance).saturating_sub(from) / interval
+            (
+                now.saturating_add(tolerance).saturating_sub(from) / interval,
+                reset,
+            )
         }
-        _ => u64::from(evaluation.unchanged.0),
+        _ => (u64::from(evaluation.unchanged.0), reset),
+    }
+}
+
+/// The units of a lease of `granted` that `quota` holds, with `room` for
+/// it: all of them for an enforced quota (the grant fits its room), what
+/// it has room for for a shadow quota (see [`crate::store::lease`]).
+pub(crate) fn held(quota: &Quota, room: u64, granted: u32) -> u32 {
+    if quota.is_shadow() {
+        u32::try_from(room.min(u64::from(granted))).unwrap_or(granted)
+    } else {
+        granted
+    }
+}
+
+/// One quota's state in a reservation's decision (an admission of the
+/// `at_least` units that reserved): `remaining` once it holds `held` units,
+/// `reset_after` (µs). A shadow quota that holds fewer than `at_least`
+/// reports its would-be denial, with its reset as the wait (a bound: what
+/// it counts has stopped counting by then).
+pub(crate) fn quota_decision(
+    quota: &Quota,
+    remaining: u64,
+    reset_after: u64,
+    held: u32,
+    at_least: u32,
+) -> QuotaDecision {
+    let remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
+    let reset_after = Duration::from_micros(reset_after);
+    if quota.is_shadow() && held < at_least {
+        QuotaDecision::deny(quota.clone(), remaining, reset_after, Some(reset_after))
+    } else {
+        QuotaDecision::allow(quota.clone(), remaining, reset_after)
     }
 }
 

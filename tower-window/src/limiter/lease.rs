@@ -22,6 +22,15 @@
 //! The tier is bounded like the local tier: a bounded cache of keys, one
 //! small entry per key; a key evicted with a live lease loses its unspent
 //! units until the store's records expire (under-admission, never over).
+//!
+//! A [shadow](crate::Quota::shadowed) quota of a leased policy is counted,
+//! never enforced (see [`crate::store::lease`]): it holds part of each
+//! lease (what it had room for), and a spend is its would-be admission
+//! while that hold has the spend's units, its would-be denial otherwise —
+//! reported in the admission's [`Decision::quotas`] and
+//! [`Decision::shadow_denials`], so in `tower_window_shadow_denials_total`
+//! and the `RateLimit-Policy` header as for a check that reached the store.
+//! What a shadow quota still holds goes back with the lease's refund.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +39,7 @@ use std::time::Duration;
 
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, UnitWeighter};
+use smallvec::SmallVec;
 use tokio::sync::Mutex;
 
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
@@ -142,6 +152,10 @@ pub(crate) struct Held {
     pub(crate) lease: Lease,
     /// Units not spent yet.
     pub(crate) left: u32,
+    /// Per quota of the policy (policy order), the units a shadow quota
+    /// still holds unspent (entries of enforced quotas unused); empty for a
+    /// policy without shadow quotas.
+    pub(crate) shadow_left: SmallVec<[u32; 4]>,
     /// The limiter's clock (µs) from which the lease may not be spent.
     pub(crate) local_deadline: u64,
     /// The limiter's clock (µs) when the reservation was sent.
@@ -151,6 +165,69 @@ pub(crate) struct Held {
     /// Whose lease, for refunds that do not come from a check.
     pub(crate) key: WindowKey,
     pub(crate) policy: Policy,
+}
+
+impl Held {
+    /// Spends `cost` of every shadow quota's hold that has it (its
+    /// would-be admission); a shadow quota whose hold has less reports its
+    /// would-be denial instead. The decision is rebuilt only when a shadow
+    /// quota's answer changes.
+    fn spend_shadows(&mut self, cost: u32) {
+        let mut fits: SmallVec<[bool; 4]> = SmallVec::new();
+        let mut changed = false;
+        for (state, left) in self.decision.quotas().iter().zip(&mut self.shadow_left) {
+            let fit = if state.quota.is_shadow() && *left >= cost {
+                *left -= cost;
+                true
+            } else {
+                !state.quota.is_shadow()
+            };
+            changed |= fit != state.allowed;
+            fits.push(fit);
+        }
+        if !changed {
+            return;
+        }
+        let states = self.decision.quotas().iter().zip(fits).map(|(state, fit)| {
+            let mut state = state.clone();
+            state.allowed = fit;
+            state.retry_after = Some(if fit {
+                Duration::ZERO
+            } else {
+                state.reset_after
+            });
+            state
+        });
+        if let Some(decision) = Decision::from_quotas(states) {
+            self.decision = decision;
+        }
+    }
+
+    /// Whether a refund would give anything back.
+    fn holds_anything(&self) -> bool {
+        self.left > 0 || self.shadow_left.iter().any(|units| *units > 0)
+    }
+}
+
+/// What each shadow quota of `policy` holds unspent once `cost` of `lease`
+/// was spent by the check that reserved it (empty without shadow quotas).
+fn shadow_holds(policy: &Policy, lease: &Lease, cost: u32) -> SmallVec<[u32; 4]> {
+    if !policy.quotas().iter().any(crate::Quota::is_shadow) {
+        return SmallVec::new();
+    }
+    policy
+        .quotas()
+        .iter()
+        .enumerate()
+        .map(|(i, quota)| {
+            let held = lease.held_by(i);
+            match (quota.is_shadow(), held >= cost) {
+                (true, true) => held - cost,
+                (true, false) => held,
+                (false, _) => 0,
+            }
+        })
+        .collect()
 }
 
 /// One key's lease state.
@@ -170,6 +247,9 @@ impl Slot {
             return None;
         }
         held.left -= cost;
+        if !held.shadow_left.is_empty() {
+            held.spend_shadows(cost);
+        }
         let elapsed = Duration::from_micros(now.saturating_sub(held.sent));
         let mut decision = held
             .decision
@@ -314,7 +394,8 @@ impl super::Limiter {
                 return Ok(decision);
             }
         }
-        // The lease is empty, too small or over: give back what it left.
+        // The lease is empty, too small or over: give back what it left
+        // (a shadow quota's leftover too).
         let mut leftover_expired = false;
         if let Some(held) = guard.held.take() {
             leftover_expired = held.left > 0 && now >= held.local_deadline;
@@ -378,16 +459,21 @@ impl super::Limiter {
             let local_deadline = sent.saturating_add(length);
             guard.last_deadline = local_deadline;
             let left = granted.saturating_sub(cost);
-            if left > 0 {
-                guard.held = Some(Held {
-                    lease,
-                    left,
-                    local_deadline,
-                    sent,
-                    decision: decision.clone(),
-                    key: key.clone(),
-                    policy: policy.clone(),
-                });
+            let shadow_left = shadow_holds(policy, &lease, cost);
+            let held = Held {
+                lease,
+                left,
+                shadow_left,
+                local_deadline,
+                sent,
+                decision: decision.clone(),
+                key: key.clone(),
+                policy: policy.clone(),
+            };
+            // Kept while it holds anything: a shadow quota's leftover goes
+            // back with the refund even when nothing else is left.
+            if held.holds_anything() {
+                guard.held = Some(held);
             }
             if let Some(local) = &inner.local {
                 local.forget(key, policy);
@@ -425,7 +511,7 @@ impl super::Limiter {
     /// Refunds what `held` left, through the resilience stack; a failed
     /// refund leaves the units counted until the store's records expire.
     async fn refund_held(&self, tier: &LeaseTier, held: &Held, expired: bool) {
-        if held.left == 0 {
+        if !held.holds_anything() {
             return;
         }
         let inner = &*self.inner;
@@ -439,8 +525,11 @@ impl super::Limiter {
         inner
             .metrics
             .lease_units(held.policy.first(), event, u64::from(held.left));
-        let request =
+        let mut request =
             crate::store::RefundRequest::new(&held.key, &held.policy, &held.lease, held.left);
+        if !held.shadow_left.is_empty() {
+            request = request.with_shadow_unused(&held.shadow_left);
+        }
         let domain = inner
             .breaker
             .as_ref()

@@ -58,7 +58,54 @@
 //! stop counting; a refund applies to that record once and only where the
 //! units are still counted (the same window, bucket or log entry; for GCRA
 //! only while no later grant moved the arrival time, because a later grant
-//! may have been computed from it). A second or late refund is a no-op.
+//! may have been computed from it). A second or late refund is a no-op,
+//! and so is a refund of a lease whose units all stopped counting (its
+//! record may still be waiting to be dropped: see below).
+//!
+//! # Shadow quotas
+//!
+//! A [shadow](crate::Quota::shadowed) quota is counted, never enforced,
+//! leased or not. In a lease that means, exactly (`g` the units granted):
+//!
+//! * **The grant is sized by the enforced quotas only**: the least room of
+//!   the enforced quotas decides `g` (at most half of it, as above). A
+//!   policy of shadow quotas only has nothing to bound it: its leases get
+//!   the units wanted.
+//! * **A shadow quota holds what it has room for**: `h = min(g, room)`
+//!   units, recorded like an enforced quota's (the same window, bucket,
+//!   log entry or arrival time), `h = 0` when it is full. The shadow's
+//!   hold is reported per quota in [`Lease::held`].
+//! * **A spend is a shadow quota's would-be admission when its hold still
+//!   has the spend's units**, which the hold then loses; otherwise it is
+//!   the shadow's would-be denial (reported in the decision, counted in
+//!   `tower_window_shadow_denials_total`) and the hold keeps them: as a
+//!   direct check, a shadow quota records only what fits. The reservation
+//!   itself spends its `at_least` units first, and its
+//!   [decision](Reservation::decision) reports the shadow's would-be
+//!   denial when `h < at_least`.
+//! * **A refund gives each shadow quota back what it still holds**: the
+//!   units the caller names in [`RefundRequest::shadow_unused`] (the
+//!   limiter tracks them), or, when it names none, what the shadow held
+//!   beyond the `g - unused` units spent (as if it had admitted the first
+//!   units spent): `h - min(h, g - unused)`. What a refund returns is the
+//!   enforced quotas' count; with shadow quotas only, `unused` when the
+//!   lease was still known.
+//! * Everything else is as for an enforced quota: a shadow quota bounds the
+//!   deadline (fixed window, sliding counter) and a GCRA shadow quota
+//!   refuses a TTL that leaves it no room, so that it counts exactly what
+//!   it would have admitted had it been enforced.
+//!
+//! So a shadow quota's would-be admissions obey its own bound, exactly as
+//! the enforced quotas' admissions obey theirs, and a shadow quota never
+//! changes what a lease grants or what the enforced quotas admit.
+//!
+//! # Bounded work
+//!
+//! Every lease call does work bounded by constants, whatever the history of
+//! the key: a reservation or refund drops at most a fixed batch of records
+//! whose units stopped counting (the rest go with later calls or with the
+//! keys' TTL), and a refund reads at most a fixed number of log entries at
+//! the lease's timestamp. Records still needed are never dropped.
 
 use std::time::Duration;
 
@@ -116,19 +163,47 @@ pub struct Lease {
     pub reserved_at_micros: u64,
     /// The store's clock (µs) from which no unit of the lease may be spent.
     pub deadline_micros: u64,
+    /// Per quota of the policy, in policy order, the units of the lease
+    /// that quota holds: `granted` for an enforced quota, at most that for
+    /// a [shadow](crate::Quota::shadowed) one (see the [module](self)).
+    /// Empty when every quota holds `granted` (a policy without shadow
+    /// quotas): read it with [`held_by`](Self::held_by).
+    pub held: Vec<u32>,
 }
 
 impl Lease {
     /// A lease of `granted` units taken at `reserved_at_micros`, spendable
     /// until `deadline_micros` (store clock), named `id` by its store (for
-    /// stores outside this crate).
+    /// stores outside this crate); every quota holds `granted`.
     pub fn new(id: u64, granted: u32, reserved_at_micros: u64, deadline_micros: u64) -> Self {
         Self {
             id,
             granted,
             reserved_at_micros,
             deadline_micros,
+            held: Vec::new(),
         }
+    }
+
+    /// The same lease with the units each quota holds, in policy order
+    /// (see [`held`](Self::held)).
+    #[must_use]
+    pub fn with_held(mut self, held: Vec<u32>) -> Self {
+        self.held = held;
+        self
+    }
+
+    /// The units of the lease that the policy's quota at `index` holds.
+    ///
+    /// ```
+    /// use tower_window::store::Lease;
+    ///
+    /// let lease = Lease::new(1, 5, 0, 1_000).with_held(vec![5, 2]);
+    /// assert_eq!((lease.held_by(0), lease.held_by(1)), (5, 2));
+    /// assert_eq!(Lease::new(1, 5, 0, 1_000).held_by(1), 5);
+    /// ```
+    pub fn held_by(&self, index: usize) -> u32 {
+        self.held.get(index).copied().unwrap_or(self.granted)
     }
 
     /// How long after the reservation the lease may be spent.
@@ -147,10 +222,15 @@ pub struct Reservation {
     pub now_micros: u64,
     /// The latest deadline of the leases of this key and policy still
     /// outstanding in the store (this one included), if any is later than
-    /// now: the units they hold may come back by then.
+    /// now: the units they hold may come back by then. Precisely, on both
+    /// stores of this crate: the latest deadline of the leases recorded
+    /// beside the policy's first quota while their records live (a
+    /// refunded lease's included: an early hint, never a late one).
     pub held_until_micros: Option<u64>,
     /// With a lease: the policy's state once it was taken, as an admission
-    /// of the `at_least` units (every quota's remaining and reset).
+    /// of the `at_least` units (every quota's remaining and reset; a shadow
+    /// quota that holds fewer than `at_least` units reports its would-be
+    /// denial).
     pub decision: Option<Decision>,
 }
 
@@ -209,6 +289,12 @@ pub struct RefundRequest<'a> {
     pub lease: &'a Lease,
     /// Units of the lease never spent (capped at what it granted).
     pub unused: u32,
+    /// Per quota of the policy, in policy order, the units a
+    /// [shadow](crate::Quota::shadowed) quota still holds unspent (capped
+    /// at what it held; entries of enforced quotas are ignored: they get
+    /// `unused`). `None`: each shadow quota gets back what it held beyond
+    /// the `granted - unused` units spent (see the [module](self)).
+    pub shadow_unused: Option<&'a [u32]>,
 }
 
 impl<'a> RefundRequest<'a> {
@@ -219,6 +305,41 @@ impl<'a> RefundRequest<'a> {
             policy,
             lease,
             unused,
+            shadow_unused: None,
         }
+    }
+
+    /// The same refund, naming what each shadow quota still holds unspent
+    /// (one entry per quota of the policy, in policy order).
+    #[must_use]
+    pub fn with_shadow_unused(mut self, units: &'a [u32]) -> Self {
+        self.shadow_unused = Some(units);
+        self
+    }
+
+    /// Units to give back to the policy's quota at `index`, of the `held`
+    /// it holds, for a lease of `granted`: `unused` for an enforced quota;
+    /// for a shadow quota what the request names, else what it held
+    /// beyond the units spent.
+    pub(crate) fn unused_of(&self, index: usize, shadow: bool, granted: u32, held: u32) -> u32 {
+        let unused = self.unused.min(granted);
+        if !shadow {
+            return unused.min(held);
+        }
+        match self.shadow_unused.and_then(|units| units.get(index)) {
+            Some(units) => (*units).min(held),
+            None => held.saturating_sub(granted - unused),
+        }
+    }
+
+    /// Whether the refund gives anything back to any quota.
+    pub(crate) fn returns_anything(&self) -> bool {
+        self.unused.min(self.lease.granted) > 0
+            || self.shadow_unused.is_some_and(|units| {
+                units
+                    .iter()
+                    .zip(self.policy.quotas())
+                    .any(|(units, quota)| quota.is_shadow() && *units > 0)
+            })
     }
 }

@@ -2,11 +2,14 @@
 //! and [`Store::refund`](crate::Store::refund) for [`MemoryStore`].
 //!
 //! A reservation locks every quota's slot of the policy (in the same global
-//! order as a check), takes the same number of units from all of them or
-//! none, and keeps a record of the lease in each slot until its units stop
-//! counting; a refund applies to those records once. See
-//! [`crate::store::lease`] for why the bound stays exact.
+//! order as a check), takes units from all of them or none (a shadow quota
+//! what it has room for), and keeps a record of the lease in each slot
+//! until its units stop counting; a refund applies to those records once.
+//! Every call drops a bounded batch of dead records, as the Redis script
+//! does. See [`crate::store::lease`] for why the bound stays exact and
+//! what a lease means for a shadow quota.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
@@ -18,21 +21,72 @@ use crate::algorithm::lease as algo;
 use crate::store::{Lease, RefundRequest, Reservation, ReserveRequest, StoreError, StoreErrorKind};
 use crate::{Decision, Policy, QuotaDecision, WindowKey};
 
+/// The most records of leases whose units stopped counting that one call
+/// drops (as `MAX_DEAD` in `lease.lua`): the work of a call stays bounded
+/// whatever the history; the rest go with later calls (a dead record is
+/// never used: a refund of it finds its units stopped counting).
+const MAX_DEAD: usize = 128;
+
 /// One lease as one slot knows it.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Record {
-    id: u64,
+struct Record {
     /// Where the units count (window index, bucket, log timestamp, or the
     /// arrival time the grant left).
     anchor: u64,
     /// GCRA: the arrival time before the grant.
     prior: u64,
-    /// Units that a refund may still return.
+    /// Units the lease granted.
+    granted: u32,
+    /// Units of it this slot's quota holds (fewer than `granted` for a
+    /// shadow quota).
     units: u32,
-    /// The lease's deadline (store clock, µs).
-    deadline: u64,
-    /// When the units stop counting anyway: the record is dropped then.
+    /// When the last of the lease's units (in any quota of its policy)
+    /// stops counting: the record is dropped then.
     expires: u64,
+}
+
+/// The quota leases one slot keeps records of: by id, and by when they
+/// stop counting, so that dropping dead ones is cheap and bounded. Empty,
+/// and never allocated, unless leases are used.
+#[derive(Debug, Default)]
+pub(super) struct Records {
+    by_id: BTreeMap<u64, Record>,
+    by_expiry: BTreeSet<(u64, u64)>,
+    /// The latest deadline of a lease recorded here (as the Redis store's
+    /// `ld`: refunds do not lower it).
+    latest_deadline: u64,
+}
+
+impl Records {
+    /// Drops at most [`MAX_DEAD`] records whose units stopped counting.
+    fn drop_dead(&mut self, now: u64) {
+        for _ in 0..MAX_DEAD {
+            match self.by_expiry.first() {
+                Some(&(expires, id)) if expires <= now => {
+                    self.by_expiry.pop_first();
+                    self.by_id.remove(&id);
+                }
+                _ => break,
+            }
+        }
+    }
+
+    fn insert(&mut self, id: u64, record: Record, deadline: u64) {
+        self.by_expiry.insert((record.expires, id));
+        self.by_id.insert(id, record);
+        self.latest_deadline = self.latest_deadline.max(deadline);
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Record> {
+        let record = self.by_id.remove(&id)?;
+        self.by_expiry.remove(&(record.expires, id));
+        Some(record)
+    }
+
+    /// The latest deadline of the leases recorded here, if later than now.
+    fn held_until(&self, now: u64) -> Option<u64> {
+        (self.latest_deadline > now).then_some(self.latest_deadline)
+    }
 }
 
 /// The policy's slots, locked in one global order.
@@ -108,69 +162,94 @@ impl MemoryStore {
                 .iter()
                 .filter_map(|quota| algo::deadline_cap(quota, now))
                 .fold(now.saturating_add(ttl), u64::min);
-            let mut rooms: SmallVec<[u64; 4]> = SmallVec::new();
+            let mut rooms: SmallVec<[(u64, u64); 4]> = SmallVec::new();
             for (quota, inner) in policy.quotas().iter().zip(locked.guards.iter_mut()) {
                 inner.last_check = inner.last_check.max(now);
-                inner.leases.retain(|record| record.expires > now);
+                inner.leases.drop_dead(now);
                 rooms.push(algo::room(&mut inner.state, quota, now, deadline));
             }
-            let room = rooms.iter().copied().min().unwrap_or(0);
-            let granted = grant(room, request.want, request.at_least);
-            let held = |locked: &Locked<'_>| {
+            // Only the enforced quotas size the grant; with none, nothing
+            // bounds it.
+            let room = policy
+                .quotas()
+                .iter()
+                .zip(&rooms)
+                .filter(|(quota, _)| !quota.is_shadow())
+                .map(|(_, (room, _))| *room)
+                .min();
+            let granted = match room {
+                Some(room) => grant(room, request.want, request.at_least),
+                None => request.want,
+            };
+            // The latest deadline of the leases recorded beside the
+            // policy's first quota (where the Redis store keeps them).
+            let held_until = |locked: &Locked<'_>| {
                 locked
                     .guards
-                    .iter()
-                    .flat_map(|inner| inner.leases.iter())
-                    .map(|record| record.deadline)
-                    .filter(|deadline| *deadline > now)
-                    .max()
+                    .first()
+                    .and_then(|inner| inner.leases.held_until(now))
             };
             if granted == 0 {
                 return Ok(Reservation {
                     lease: None,
                     now_micros: now,
-                    held_until_micros: held(locked),
+                    held_until_micros: held_until(locked),
                     decision: None,
                 });
             }
             let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
+            let shadows = policy.quotas().iter().any(crate::Quota::is_shadow);
+            let mut holds = Vec::with_capacity(if shadows { policy.len() } else { 0 });
             let mut states: SmallVec<[QuotaDecision; 4]> = SmallVec::new();
-            for ((quota, inner), room) in policy
+            let mut records: SmallVec<[Record; 4]> = SmallVec::new();
+            for ((quota, inner), (room, reset)) in policy
                 .quotas()
                 .iter()
                 .zip(locked.guards.iter_mut())
                 .zip(rooms.iter())
             {
-                let (anchor, expires, prior) =
-                    algo::commit(&mut inner.state, quota, now, deadline, granted);
+                let units = algo::held(quota, *room, granted);
+                let (anchor, expires, prior, reset_after) = if units == 0 {
+                    // A full shadow quota holds nothing: as it stands.
+                    (0, deadline, 0, *reset)
+                } else {
+                    let (anchor, expires, prior) =
+                        algo::commit(&mut inner.state, quota, now, deadline, units);
+                    (anchor, expires, prior, expires.saturating_sub(now))
+                };
                 // Idle expiry counts from here: a sliding log's leased units
                 // are dated at the deadline and count W after it.
                 inner.last_check = inner.last_check.max(deadline);
-                inner.leases.push(Record {
-                    id,
+                records.push(Record {
                     anchor,
                     prior,
-                    units: granted,
-                    deadline,
+                    granted,
+                    units,
                     expires,
                 });
-                let remaining = u32::try_from(room - u64::from(granted)).unwrap_or(u32::MAX);
-                states.push(QuotaDecision::allow(
-                    quota.clone(),
-                    remaining,
-                    Duration::from_micros(expires.saturating_sub(now)),
+                states.push(algo::quota_decision(
+                    quota,
+                    room - u64::from(units),
+                    reset_after,
+                    units,
+                    request.at_least,
                 ));
+                if shadows {
+                    holds.push(units);
+                }
+            }
+            // The lease matters until the last of its units stops counting,
+            // in every slot alike (as the Redis store's one record).
+            let last = records.iter().map(|r| r.expires).fold(deadline, u64::max);
+            for (inner, mut record) in locked.guards.iter_mut().zip(records) {
+                record.expires = last;
+                inner.leases.insert(id, record, deadline);
             }
             let decision = Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now));
             Ok(Reservation {
-                lease: Some(Lease {
-                    id,
-                    granted,
-                    reserved_at_micros: now,
-                    deadline_micros: deadline,
-                }),
+                lease: Some(Lease::new(id, granted, now, deadline).with_held(holds)),
                 now_micros: now,
-                held_until_micros: held(locked),
+                held_until_micros: held_until(locked),
                 decision,
             })
         })
@@ -178,29 +257,67 @@ impl MemoryStore {
 
     pub(super) fn refund_now(&self, request: RefundRequest<'_>) -> Result<u32, StoreError> {
         let lease = request.lease;
-        let unused = request.unused.min(lease.granted);
-        if unused == 0 {
+        if !request.returns_anything() {
             return Ok(0);
         }
         Ok(self.with_locked(request.key, request.policy, |locked| {
-            let mut returned: Option<u32> = None;
-            for (quota, inner) in request.policy.quotas().iter().zip(locked.guards.iter_mut()) {
-                let Some(i) = inner.leases.iter().position(|r| r.id == lease.id) else {
-                    returned = Some(0);
-                    continue;
-                };
-                let record = inner.leases.swap_remove(i);
-                let taken = algo::refund(
-                    &mut inner.state,
-                    quota,
-                    record.anchor,
-                    record.prior,
-                    record.units,
-                    unused.min(record.units),
-                );
-                returned = Some(returned.map_or(taken, |r| r.min(taken)));
+            let now = self.clock.now_micros();
+            for inner in locked.guards.iter_mut() {
+                inner.leases.drop_dead(now);
             }
-            returned.unwrap_or(0)
+            // A refund applies once: the records go whatever it returns.
+            let found: SmallVec<[Option<Record>; 4]> = locked
+                .guards
+                .iter_mut()
+                .map(|inner| inner.leases.remove(lease.id))
+                .collect();
+            // Nothing to give back once every unit of the lease stopped
+            // counting (every record of it says when).
+            let alive = found.iter().flatten().any(|record| record.expires > now);
+            if !alive {
+                return 0;
+            }
+            let mut returned: Option<u32> = None;
+            let mut granted = 0;
+            for (index, ((quota, inner), record)) in request
+                .policy
+                .quotas()
+                .iter()
+                .zip(locked.guards.iter_mut())
+                .zip(&found)
+                .enumerate()
+            {
+                let taken = match record {
+                    Some(record) => {
+                        granted = record.granted;
+                        let units = request.unused_of(
+                            index,
+                            quota.is_shadow(),
+                            record.granted,
+                            record.units,
+                        );
+                        if units == 0 {
+                            0
+                        } else {
+                            algo::refund(
+                                &mut inner.state,
+                                quota,
+                                record.anchor,
+                                record.prior,
+                                record.units,
+                                units,
+                            )
+                        }
+                    }
+                    None => 0,
+                };
+                if !quota.is_shadow() {
+                    returned = Some(returned.map_or(taken, |r| r.min(taken)));
+                }
+            }
+            // With shadow quotas only, nothing enforced held the units: all
+            // of those named come back.
+            returned.unwrap_or(request.unused.min(granted))
         }))
     }
 }

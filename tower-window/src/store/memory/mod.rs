@@ -464,7 +464,7 @@ struct SlotInner {
     evicted: bool,
     /// Quota leases whose units still count here (empty, and never
     /// allocated, unless leases are used).
-    leases: Vec<lease::Record>,
+    leases: lease::Records,
 }
 
 impl Slot {
@@ -474,7 +474,7 @@ impl Slot {
                 state: State::empty(quota.algorithm()),
                 last_check: 0,
                 evicted: false,
-                leases: Vec::new(),
+                leases: lease::Records::default(),
             }),
             lifetime_micros: u64::try_from(quota.max_state_lifetime().as_micros())
                 .unwrap_or(u64::MAX),

@@ -7,9 +7,17 @@
 //! quotas' keys it touches two keys of its own beside the policy's first
 //! quota key, in the same hash slot: `<key>:lr` (a hash of the outstanding
 //! leases, the lease counter and the latest deadline) and `<key>:lx` (the
-//! leases by the time their units stop counting, so that a reservation
-//! drops dead records in amortized O(1)). Both carry a TTL: the time the
-//! last recorded lease stops mattering.
+//! leases by the time their units stop counting, so that every call drops
+//! dead records in bounded batches: at most `MAX_DEAD` (128) per call, so
+//! that no amount of history makes a call fail or take long; each
+//! reservation adds one record, so the dead ones never pile up faster than
+//! they go). Both carry a TTL: the time the last recorded lease stops
+//! mattering.
+//!
+//! Shadow quotas are read from the algorithm code as the check script
+//! reads them (`quota_code` in the prelude); each record keeps the units
+//! each quota holds, so a refund gives a shadow quota back only what it
+//! held (see [`crate::store::lease`]).
 //!
 //! A lease is named by the store time of its reservation and a counter
 //! (`<t>:<seq>`), so a refund that arrives after its record was dropped
@@ -21,10 +29,10 @@ use std::sync::LazyLock;
 use super::call::Call;
 use super::keys::redis_key;
 use super::script::{LuaScript, ScriptCall};
-use super::scripts::{lay_out, micros, Parts};
+use super::scripts::{lay_out, Parts};
 use super::RedisStore;
 use crate::store::{Lease, RefundRequest, Reservation, ReserveRequest, StoreError, StoreErrorKind};
-use crate::{Decision, Policy, QuotaDecision, WindowKey};
+use crate::{Decision, Policy, WindowKey};
 
 /// The lease script: the check script's prelude and algorithms, then
 /// `lease.lua`.
@@ -114,17 +122,23 @@ impl RedisStore {
         let mut call = self.lease_call(request.key, request.policy, request.want, now)?;
         call.arg("reserve").arg(ttl).arg(request.at_least);
         let reply = self.run_lease(call).await?;
-        reservation(request.policy, &reply)
+        reservation(request.policy, request.at_least, &reply)
     }
 
     pub(super) async fn refund_lease(&self, request: RefundRequest<'_>) -> Result<u32, StoreError> {
-        let unused = request.unused.min(request.lease.granted);
-        if unused == 0 {
+        if !request.returns_anything() {
             return Ok(0);
         }
+        let unused = request.unused.min(request.lease.granted);
         let now = self.explicit_now()?;
         let mut call = self.lease_call(request.key, request.policy, unused, now)?;
         call.arg("refund").arg(field(request.lease));
+        if let Some(units) = request.shadow_unused {
+            // One value per quota; the script reads them for shadow quotas.
+            for i in 0..request.policy.len() {
+                call.arg(units.get(i).copied().unwrap_or(0));
+            }
+        }
         let reply = self.run_lease(call).await?;
         match reply.as_slice() {
             [returned] => Ok(u32::try_from((*returned).max(0)).unwrap_or(u32::MAX)),
@@ -140,8 +154,9 @@ impl RedisStore {
 }
 
 /// Turns the reserve reply `{granted, now, deadline, seq, latest deadline,
-/// then per quota remaining, reset_after}` into a [`Reservation`].
-fn reservation(policy: &Policy, reply: &[i64]) -> Result<Reservation, StoreError> {
+/// then per quota remaining, reset_after, units held}` into a
+/// [`Reservation`] (the decision an admission of `at_least` units).
+fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservation, StoreError> {
     let Some((&[granted, now, deadline, seq, held], per_quota)) = reply.split_first_chunk::<5>()
     else {
         return Err(StoreError::new(
@@ -153,35 +168,38 @@ fn reservation(policy: &Policy, reply: &[i64]) -> Result<Reservation, StoreError
     let now = positive(now);
     let held_until_micros = (held > 0).then(|| positive(held));
     if granted <= 0 {
-        return Ok(Reservation {
-            lease: None,
-            now_micros: now,
-            held_until_micros,
-            decision: None,
-        });
+        return Ok(Reservation::empty(now, held_until_micros));
     }
-    if per_quota.len() != 2 * policy.len() {
+    if per_quota.len() != 3 * policy.len() {
         return Err(StoreError::new(
             StoreErrorKind::Protocol,
             format!("redis lease reserve replied {} values", reply.len()),
         ));
     }
+    let granted = u32::try_from(granted).unwrap_or(u32::MAX);
+    let units = |v: i64| u32::try_from(v.max(0)).unwrap_or(u32::MAX).min(granted);
     let states = policy
         .quotas()
         .iter()
-        .zip(per_quota.chunks_exact(2))
+        .zip(per_quota.chunks_exact(3))
         .map(|(quota, values)| {
-            let remaining = u32::try_from(values[0].max(0)).unwrap_or(u32::MAX);
-            QuotaDecision::allow(quota.clone(), remaining, micros(values[1]))
+            crate::algorithm::lease::quota_decision(
+                quota,
+                positive(values[0]),
+                positive(values[1]),
+                units(values[2]),
+                at_least,
+            )
         });
     let decision = Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now));
+    let holds = if policy.quotas().iter().any(crate::Quota::is_shadow) {
+        per_quota.chunks_exact(3).map(|v| units(v[2])).collect()
+    } else {
+        Vec::new()
+    };
+    let lease = Lease::new(positive(seq), granted, now, positive(deadline)).with_held(holds);
     Ok(Reservation {
-        lease: Some(Lease {
-            id: positive(seq),
-            granted: u32::try_from(granted).unwrap_or(u32::MAX),
-            reserved_at_micros: now,
-            deadline_micros: positive(deadline),
-        }),
+        lease: Some(lease),
         now_micros: now,
         held_until_micros,
         decision,
@@ -206,17 +224,39 @@ mod tests {
     #[test]
     fn replies_become_reservations() {
         let policy = Policy::from("10/1s".parse::<crate::Quota>().unwrap());
-        let r = reservation(&policy, &[3, 100, 200, 7, 200, 5, 1_000_000]).unwrap();
+        let r = reservation(&policy, 1, &[3, 100, 200, 7, 200, 5, 1_000_000, 3]).unwrap();
         let lease = r.lease.unwrap();
         assert_eq!(
             (lease.granted, lease.id, lease.deadline_micros),
             (3, 7, 200)
         );
+        assert!(lease.held.is_empty(), "no shadow quota");
         assert_eq!(r.decision.unwrap().remaining, 5);
-        let none = reservation(&policy, &[0, 100, 0, 0, 150]).unwrap();
+        let none = reservation(&policy, 1, &[0, 100, 0, 0, 150]).unwrap();
         assert!(none.lease.is_none());
         assert_eq!(none.held_for(), Duration::from_micros(50));
-        assert!(reservation(&policy, &[3, 100, 200, 7, 200]).is_err());
-        assert!(reservation(&policy, &[]).is_err());
+        assert!(reservation(&policy, 1, &[3, 100, 200, 7, 200, 5, 1_000_000]).is_err());
+        assert!(reservation(&policy, 1, &[3, 100, 200, 7, 200]).is_err());
+        assert!(reservation(&policy, 1, &[]).is_err());
+    }
+
+    #[test]
+    fn a_shadow_quota_reports_what_it_holds() {
+        let enforced = "10/1s".parse::<crate::Quota>().unwrap().named("e").unwrap();
+        let shadow = "2/1s"
+            .parse::<crate::Quota>()
+            .unwrap()
+            .named("s")
+            .unwrap()
+            .shadowed(true);
+        let policy = Policy::new("es", [enforced, shadow]).unwrap();
+        let reply = [3, 100, 200, 7, 200, 2, 1_000_000, 3, 0, 900, 1];
+        let r = reservation(&policy, 2, &reply).unwrap();
+        assert_eq!(r.lease.as_ref().unwrap().held, [3, 1]);
+        let decision = r.decision.unwrap();
+        assert!(decision.allowed);
+        assert_eq!(decision.shadow_denials().count(), 1, "it holds 1 < 2");
+        let r = reservation(&policy, 1, &reply).unwrap();
+        assert_eq!(r.decision.unwrap().shadow_denials().count(), 0);
     }
 }

@@ -1,36 +1,55 @@
 -- tower-window: quota leases, reserve or refund, for a whole policy at once.
 -- Loaded after the prelude and the algorithm fragments (not policy.lua);
--- see store/lease.rs for why the bound stays exact per algorithm.
+-- see store/lease.rs for why the bound stays exact per algorithm, and what
+-- a lease means for a shadow quota.
 --
 -- KEYS: each quota's keys in policy order (as policy.lua), then
 --   LR = HASH {seq = last lease number, ld = latest deadline of a lease
 --        taken, exp = when the last record stops mattering,
---        "<t>:<seq>" = "<units>,<deadline>,<anchor 1>,..,<anchor n>,<prior 1>,..,<prior n>"}
---   (prior: the GCRA arrival time before the grant, 0 for the others)
+--        "<t>:<seq>" = "<units>,<deadline>,<anchor 1>,..,<anchor n>,<prior 1>,..,<prior n>,<held 1>,..,<held n>"}
+--   (prior: the GCRA arrival time before the grant, 0 for the others;
+--   held: the units quota i holds, fewer than <units> for a shadow quota;
+--   a record without them, written by an older version, holds <units> in
+--   every quota)
 --   LX = ZSET {"<t>:<seq>" scored by when the lease's units stop counting}
--- ARGV[1..4] and the 4 slots per quota as policy.lua, with ARGV[2] = the
--- most units wanted (reserve) or the units unused (refund); then
+-- ARGV[1..4] and the 4 slots per quota as policy.lua (a shadow quota's code
+-- carries SHADOW_FLAG), with ARGV[2] = the most units wanted (reserve) or
+-- the units unused (refund); then
 --   'reserve', ttl (µs), at_least
---   'refund', "<t>:<seq>" (the lease)
+--   'refund', "<t>:<seq>" (the lease)[, then per quota the units it still
+--     holds unspent, read for shadow quotas; without them a shadow quota
+--     gets back what it held beyond the units spent]
 --
 -- Reserve reply: {granted, now, deadline, seq, latest outstanding deadline
--- (0 if none is later than now), then per quota: remaining, reset_after}
--- (granted 0: no lease, nothing recorded but expired state dropped).
--- Refund reply: {units returned (0 when the lease is unknown or already
--- refunded)}.
+-- (0 if none is later than now), then per quota: remaining, reset_after,
+-- units held} (granted 0: no lease, nothing recorded but expired state
+-- dropped). Only the enforced quotas size the grant (with none, it is the
+-- units wanted); a shadow quota holds what it has room for.
+-- Refund reply: {units returned to the enforced quotas (the least of
+-- them; with shadow quotas only, the units unused), 0 when the lease is
+-- unknown, already refunded, or its units all stopped counting}.
+--
+-- Bounded work whatever the history: each call drops at most MAX_DEAD
+-- records that stopped counting, and a refund reads at most MAX_MEMBERS
+-- log entries at the lease's timestamp.
+
+local MAX_DEAD = 128
+local MAX_MEMBERS = 128
 
 local count = tonumber(ARGV[4])
 local quotas = {}
 local next_key = 1
+local enforced = 0
 for i = 1, count do
   local base = 4 + (i - 1) * 4
-  local code = tonumber(ARGV[base + 1])
+  local code, shadow = quota_code(ARGV[base + 1])
   local algorithm = ALGORITHMS[code]
   if not algorithm then
     return redis.error_reply('ERR tower-window: unknown algorithm code')
   end
   quotas[i] = {
     code = code,
+    shadow = shadow,
     algorithm = algorithm,
     key = KEYS[next_key],
     key2 = KEYS[next_key + 1],
@@ -38,6 +57,9 @@ for i = 1, count do
     p2 = tonumber(ARGV[base + 3]),
     p3 = tonumber(ARGV[base + 4]),
   }
+  if not shadow then
+    enforced = enforced + 1
+  end
   next_key = next_key + algorithm.keys
 end
 if next_key + 1 ~= #KEYS then
@@ -47,77 +69,142 @@ local LR, LX = KEYS[next_key], KEYS[next_key + 1]
 local extra = 5 + 4 * count
 local mode = ARGV[extra]
 
+-- Drops a bounded batch of the records whose units stopped counting (the
+-- oldest first); the rest go with later calls, or with the keys' TTL.
+local function drop_dead()
+  local dead = redis.call('ZRANGEBYSCORE', LX, '-inf', int(t), 'LIMIT', 0, MAX_DEAD)
+  if #dead > 0 then
+    redis.call('HDEL', LR, unpack(dead))
+    redis.call('ZREM', LX, unpack(dead))
+  end
+end
+
+-- Sliding log: takes back up to `units` of the entries at `at`. There is
+-- one entry per timestamp by construction; a log written otherwise is read
+-- in at most MAX_MEMBERS of them (giving back less is always safe).
+local function log_take_back(q, at, units)
+  local same = redis.call('ZRANGEBYSCORE', q.key, at, at, 'LIMIT', 0, MAX_MEMBERS)
+  local found = 0
+  for _, member in ipairs(same) do
+    found = found + log_units(member)
+  end
+  if found == 0 then
+    return 0
+  end
+  local taken = math.min(units, found)
+  redis.call('ZREM', q.key, unpack(same))
+  -- The rest as one entry. An entry of that name among those not read
+  -- merges in (its units are the rest's, so the rest doubles: a few rounds
+  -- at most).
+  local rest = found - taken
+  for _ = 1, 64 do
+    if rest <= 0 then
+      break
+    end
+    local member = at .. ':' .. int(rest)
+    if not redis.call('ZSCORE', q.key, member) then
+      redis.call('ZADD', q.key, at, member)
+      break
+    end
+    redis.call('ZREM', q.key, member)
+    rest = rest * 2
+  end
+  if redis.call('HEXISTS', q.key2, 'sum') == 1 then
+    redis.call('HINCRBY', q.key2, 'sum', int(-taken))
+  end
+  return taken
+end
+
+-- Takes back up to `u` of the `held` units quota q holds of a lease,
+-- where they still count; answers how many.
+local function take_back(q, anchor, prior, held, u)
+  if q.code == 3 then
+    local state = redis.call('HMGET', q.key, 'k', 'n')
+    if tonumber(state[1] or '') == anchor then
+      local taken = math.min(u, tonumber(state[2] or '') or 0)
+      redis.call('HSET', q.key, 'n', int((tonumber(state[2]) or 0) - taken))
+      return taken
+    end
+    return 0
+  elseif q.code == 2 then
+    local state = redis.call('HMGET', q.key, int(anchor), 's')
+    local units = tonumber(state[1] or '')
+    if units and state[2] then
+      local taken = math.min(u, units)
+      redis.call('HSET', q.key, int(anchor), int(units - taken), 's', int(tonumber(state[2]) - taken))
+      return taken
+    end
+    return 0
+  elseif q.code == 1 then
+    return log_take_back(q, int(anchor), u)
+  end
+  -- GCRA: only while no later grant was computed from this arrival time.
+  local tat = tonumber(redis.call('GET', q.key) or '')
+  if not (tat and tat == anchor) then
+    return 0
+  end
+  local ttl = redis.call('PTTL', q.key)
+  -- Every unit back: as if the lease never was; fewer: the grant of the
+  -- rest, still dated at the deadline.
+  local value = int(tat - u * q.p1)
+  if u >= held then
+    value = int(prior)
+  end
+  if ttl > 0 then
+    redis.call('SET', q.key, value, 'PX', ttl)
+  else
+    redis.call('SET', q.key, value)
+    expire(q.key, tat - t)
+  end
+  return u
+end
+
 if mode == 'refund' then
+  drop_dead()
   local field = ARGV[extra + 1]
   local record = redis.call('HGET', LR, field)
   if not record then
     return {0}
   end
+  local stops = tonumber(redis.call('ZSCORE', LX, field) or '')
   redis.call('HDEL', LR, field)
   redis.call('ZREM', LX, field)
+  if stops and stops <= t then
+    -- Its units all stopped counting: nothing to give back.
+    return {0}
+  end
   local parts = {}
   for value in string.gmatch(record, '[^,]+') do
     parts[#parts + 1] = tonumber(value)
   end
-  local u = math.min(c, parts[1])
+  local granted = parts[1]
+  local u = math.min(c, granted)
   local returned = nil
   for i = 1, count do
     local q = quotas[i]
     local anchor = parts[2 + i]
-    local taken = 0
-    if q.code == 3 then
-      local state = redis.call('HMGET', q.key, 'k', 'n')
-      if tonumber(state[1] or '') == anchor then
-        taken = math.min(u, tonumber(state[2] or '') or 0)
-        redis.call('HSET', q.key, 'n', int((tonumber(state[2]) or 0) - taken))
-      end
-    elseif q.code == 2 then
-      local state = redis.call('HMGET', q.key, int(anchor), 's')
-      local units = tonumber(state[1] or '')
-      if units and state[2] then
-        taken = math.min(u, units)
-        redis.call('HSET', q.key, int(anchor), int(units - taken), 's', int(tonumber(state[2]) - taken))
-      end
-    elseif q.code == 1 then
-      local at = int(anchor)
-      local same = redis.call('ZRANGEBYSCORE', q.key, at, at)
-      local units = 0
-      for _, member in ipairs(same) do
-        units = units + log_units(member)
-      end
-      if units > 0 then
-        taken = math.min(u, units)
-        redis.call('ZREM', q.key, unpack(same))
-        if units > taken then
-          redis.call('ZADD', q.key, at, at .. ':' .. int(units - taken))
-        end
-        if redis.call('HEXISTS', q.key2, 'sum') == 1 then
-          redis.call('HINCRBY', q.key2, 'sum', int(-taken))
-        end
-      end
-    else
-      -- GCRA: only while no later grant was computed from this arrival time.
-      local tat = tonumber(redis.call('GET', q.key) or '')
-      if tat and tat == anchor then
-        taken = u
-        local ttl = redis.call('PTTL', q.key)
-        -- Every unit back: as if the lease never was; fewer: the grant of
-        -- the rest, still dated at the deadline.
-        local value = int(tat - u * q.p1)
-        if u >= parts[1] then
-          value = int(parts[2 + count + i])
-        end
-        if ttl > 0 then
-          redis.call('SET', q.key, value, 'PX', ttl)
-        else
-          redis.call('SET', q.key, value)
-          expire(q.key, tat - t)
-        end
+    local prior = parts[2 + count + i] or 0
+    local held = parts[2 + 2 * count + i] or granted
+    local units = math.min(u, held)
+    if q.shadow then
+      local named = tonumber(ARGV[extra + 1 + i] or '')
+      if named then
+        units = math.min(math.max(named, 0), held)
+      else
+        -- It held the first units spent.
+        units = held - math.min(held, granted - u)
       end
     end
-    if not returned or taken < returned then
+    local taken = 0
+    if units > 0 and anchor then
+      taken = take_back(q, anchor, prior, held, units)
+    end
+    if not q.shadow and (not returned or taken < returned) then
       returned = taken
     end
+  end
+  if enforced == 0 then
+    returned = u
   end
   return {returned or 0}
 end
@@ -134,7 +221,8 @@ if not ttl or ttl < 1 or not at_least or at_least < 1 or want < at_least then
 end
 
 -- The deadline: at most the end of the window (fixed window) or bucket
--- (sliding counter) that will count the units.
+-- (sliding counter) that will count the units, shadow quotas included (so
+-- they count as they would enforced).
 local d = t + ttl
 for i = 1, count do
   local q = quotas[i]
@@ -160,7 +248,8 @@ end
 
 -- Room in every quota: evaluate a cost of 0 (drops expired state; the
 -- remaining before is the limit minus what counts now, future log entries
--- included); GCRA dates the tokens at the deadline.
+-- included); GCRA dates the tokens at the deadline. Only the enforced
+-- quotas' room bounds the grant.
 c = 0
 local room = nil
 for i = 1, count do
@@ -174,6 +263,10 @@ for i = 1, count do
       from = tat
     end
     q.from = from
+    q.reset0 = 0
+    if tat and tat > t then
+      q.reset0 = tat - t
+    end
     r = idiv(t + B * T - from, T)
   else
     q.algorithm.evaluate(q)
@@ -183,25 +276,23 @@ for i = 1, count do
     r = 0
   end
   q.room = r
-  if not room or r < room then
+  if not q.shadow and (not room or r < room) then
     room = r
   end
 end
 
--- Records whose units stopped counting.
-local dead = redis.call('ZRANGEBYSCORE', LX, '-inf', int(t))
-if #dead > 0 then
-  redis.call('HDEL', LR, unpack(dead))
-  redis.call('ZREMRANGEBYSCORE', LX, '-inf', int(t))
-end
+drop_dead()
 
 -- At most half the room (rounded up) unless that is below at_least: one
 -- lease cannot take the whole remaining budget while other nodes wait.
-local share = idiv(room + 1, 2)
-if share < at_least then
-  share = at_least
+local g = want
+if room then
+  local share = idiv(room + 1, 2)
+  if share < at_least then
+    share = at_least
+  end
+  g = math.min(room, share, want)
 end
-local g = math.min(room, share, want)
 local ld = tonumber(redis.call('HGET', LR, 'ld') or '')
 if g < at_least then
   for i = 1, count do
@@ -217,57 +308,76 @@ if g < at_least then
   return {0, t, 0, 0, held}
 end
 
-c = g
 local anchors = {}
 local priors = {}
+local holds = {}
 local reply_tail = {}
-local last = 0
+local last = d
 for i = 1, count do
   local q = quotas[i]
+  -- An enforced quota holds the grant; a shadow quota what it has room for.
+  local h = g
+  if q.shadow and q.room < g then
+    h = q.room
+  end
   local anchor, stops
   local prior = 0
-  if q.code == 3 then
-    q.algorithm.commit(q)
-    anchor = q.window
-    stops = (q.window + 1) * q.p1
-  elseif q.code == 2 then
-    q.algorithm.commit(q)
-    anchor = q.b
-    stops = (q.b + idiv(q.p1, q.p3) + 1) * q.p3
-  elseif q.code == 1 then
-    -- Recorded at the deadline: commit as if now were d.
-    local real = t
-    local newest = d
-    if q.newest and q.newest > d then
-      newest = q.newest
+  local reset
+  if h == 0 then
+    -- A full shadow quota holds nothing, and reads as it stands.
+    if q.dirty and q.algorithm.settle then
+      q.algorithm.settle(q)
     end
-    q.newest_after = newest
-    q.reset = newest + q.p1 - real
-    t = d
-    q.algorithm.commit(q)
-    t = real
-    anchor = d
-    stops = d + q.p1
+    anchor = 0
+    reset = q.reset0
   else
-    local tat = q.from + g * q.p1
-    prior = tonumber(redis.call('GET', q.key) or '') or 0
-    redis.call('SET', q.key, int(tat))
-    expire(q.key, tat - t)
-    anchor = tat
-    stops = tat
+    c = h
+    if q.code == 3 then
+      q.algorithm.commit(q)
+      anchor = q.window
+      stops = (q.window + 1) * q.p1
+    elseif q.code == 2 then
+      q.algorithm.commit(q)
+      anchor = q.b
+      stops = (q.b + idiv(q.p1, q.p3) + 1) * q.p3
+    elseif q.code == 1 then
+      -- Recorded at the deadline: commit as if now were d.
+      local real = t
+      local newest = d
+      if q.newest and q.newest > d then
+        newest = q.newest
+      end
+      q.newest_after = newest
+      q.reset = newest + q.p1 - real
+      t = d
+      q.algorithm.commit(q)
+      t = real
+      anchor = d
+      stops = d + q.p1
+    else
+      local tat = q.from + h * q.p1
+      prior = tonumber(redis.call('GET', q.key) or '') or 0
+      redis.call('SET', q.key, int(tat))
+      expire(q.key, tat - t)
+      anchor = tat
+      stops = tat
+    end
+    reset = stops - t
+    if stops > last then
+      last = stops
+    end
   end
   anchors[#anchors + 1] = int(anchor)
   priors[#priors + 1] = int(prior)
-  reply_tail[#reply_tail + 1] = q.room - g
-  reply_tail[#reply_tail + 1] = stops - t
-  if stops > last then
-    last = stops
-  end
+  holds[#holds + 1] = int(h)
+  reply_tail[#reply_tail + 1] = q.room - h
+  reply_tail[#reply_tail + 1] = reset
+  reply_tail[#reply_tail + 1] = h
 end
 
 local seq = redis.call('HINCRBY', LR, 'seq', 1)
 local field = int(t) .. ':' .. int(seq)
-redis.call('HSET', LR, field, int(g) .. ',' .. int(d) .. ',' .. table.concat(anchors, ',') .. ',' .. table.concat(priors, ','))
+redis.call('HSET', LR, field, int(g) .. ',' .. int(d) .. ',' .. table.concat(anchors, ',') .. ',' .. table.concat(priors, ',') .. ',' .. table.concat(holds, ','))
 redis.call('ZADD', LX, int(last), field)
 if not ld or ld < d then
   ld = d
