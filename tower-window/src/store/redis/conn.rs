@@ -13,8 +13,11 @@
 //! `#conn` cannot be spelled by an escaped component (a leading `#` is
 //! only ever followed by 64 upper-case hex digits), so these keys never
 //! meet a window's or a dedup id's. Every script reads `TIME` itself (or
-//! the explicit test clock), writes a TTL longer than the lease TTL on every
-//! key it writes, and touches keys of one slot. A heartbeat renews all of a
+//! the explicit test clock), gives every key it writes a TTL longer than
+//! the lease TTL, and touches keys of one slot. A TTL is only ever extended,
+//! never shortened: nodes with different lease TTLs (a rolling change of
+//! the setting) write the same keys, and a key must outlive the longest
+//! lease in it, whichever node wrote last. A heartbeat renews all of a
 //! node's leases of one slot in one `EVALSHA` (`conn_renew.lua`).
 
 use std::sync::LazyLock;
@@ -52,7 +55,8 @@ static PRESENCE: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Extra life of lease keys beyond the lease TTL (ms): a key outlives the
-/// newest lease in it, so expiry of the key never cuts a live lease.
+/// latest lease in it (the scripts only ever extend a key's TTL), so expiry
+/// of the key never cuts a live lease.
 const KEY_TTL_MARGIN_MS: u64 = 1_000;
 
 /// The keys of one lease's sets: the subject's set, its fencing counter,
