@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_window::conn::{
-    Acquire, CapScope, ConnectionLease, ConnectionLimiter, ConnectionStore, LeaseRef,
+    Acquire, CapScope, ConnectionLease, ConnectionLimiter, ConnectionStore, GrantReply,
+    GrantRequest, LeaseRef,
 };
 use tower_window::{Limiter, ManualClock, Quota, Store, WindowKey};
 
@@ -33,6 +34,7 @@ macro_rules! conn_conformance_tests {
             concurrent_grants_never_exceed_the_cap,
             mixed_ttls_keep_the_longest_lease,
             fence_survives_clock_steps,
+            fence_is_above_the_floor,
         );
     };
     (@each $factory:expr; $($scenario:ident),* $(,)?) => {
@@ -474,5 +476,46 @@ where
     }
     for lease in held {
         std::mem::forget(lease);
+    }
+}
+
+/// A grant's fence is above the caller's floor (the highest token a node
+/// was granted, which it keeps itself), above the subject's last token and
+/// above the store's clock: exactly the largest of the three, plus one.
+pub async fn fence_is_above_the_floor<F: StoreFactory>(factory: &F)
+where
+    F::Store: ConnectionStore,
+{
+    let setup = setup(factory).await;
+    let store = &*setup.store;
+    let k = key("floor");
+    let floor = START * 2;
+    let grant = |id: &'static [u8], floor: u64| {
+        let lease = LeaseRef::new(&k, id, false);
+        store.grant(GrantRequest::new(lease, TTL, 0, 0).with_fence_floor(floor))
+    };
+    let fence = |reply: GrantReply| match reply {
+        GrantReply::Granted { fence, .. } => fence,
+        other => panic!("not granted: {other:?}"),
+    };
+    // Above the clock: the floor decides.
+    assert_eq!(fence(grant(b"a", floor).await.expect("grant")), floor + 1);
+    // No floor: the subject's last token decides.
+    assert_eq!(fence(grant(b"b", 0).await.expect("grant")), floor + 2);
+    // A floor below the last token changes nothing.
+    assert_eq!(fence(grant(b"c", START).await.expect("grant")), floor + 3);
+    // A fresh subject without a floor: the clock.
+    let fresh = key("floor-fresh");
+    let lease = LeaseRef::new(&fresh, b"d", false);
+    let reply = store
+        .grant(GrantRequest::new(lease, TTL, 0, 0))
+        .await
+        .expect("grant");
+    assert_eq!(fence(reply), START);
+    for (subject, id) in [(&k, &b"a"[..]), (&k, b"b"), (&k, b"c"), (&fresh, b"d")] {
+        store
+            .release(LeaseRef::new(subject, id, false))
+            .await
+            .expect("released");
     }
 }

@@ -3,7 +3,7 @@
 //! The same semantics as the Redis scripts (`store/redis/conn.rs`), on the
 //! store's clock: per subject (and, in the tenant form, per tenant) a map
 //! of lease id to expiry; a grant purges expired leases and admits below
-//! the caps; the fencing token is `max(previous + 1, now)`. Like a Redis
+//! the caps; the fencing token is `max(previous + 1, now, floor + 1)`. Like a Redis
 //! key, a set lives until a second past the latest expiry any grant or
 //! renewal gave a lease in it (so its token survives releases, and a node
 //! with a shorter TTL never shortens it); a sweep every 64 grants drops sets past that
@@ -144,7 +144,11 @@ impl ConnLeases {
             tenant.extend(key_expiry);
         }
         let subject = sets.entry(subject_key).or_default();
-        let fence = subject.fence.saturating_add(1).max(now);
+        let fence = subject
+            .fence
+            .saturating_add(1)
+            .max(now)
+            .max(request.fence_floor.saturating_add(1));
         subject.fence = fence;
         subject.leases.insert(lease.id.to_vec(), until);
         subject.extend(key_expiry);

@@ -111,6 +111,11 @@ fn lease_slot(key: &WindowKey, tenant_form: bool) -> u16 {
     }
 }
 
+/// The highest floor sent to the grant script: floor + 1 must stay an
+/// exact integer in Lua's doubles (the store's clock reaches 2^52 µs in
+/// 2112; a larger floor could only come from a misbehaving store).
+const MAX_FENCE_FLOOR: u64 = (1 << 53) - 2;
+
 fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
@@ -152,7 +157,8 @@ impl RedisStore {
             .arg(request.max_per_subject)
             .arg(request.max_per_tenant)
             .arg(lease.id)
-            .arg(key_ttl);
+            .arg(key_ttl)
+            .arg(request.fence_floor.min(MAX_FENCE_FLOOR));
         let reply: Vec<i64> = self.call(Call::Script(&invocation)).await?;
         let [granted, second, count, wait] = reply[..] else {
             return Err(protocol("lease grant reply is not 4 integers"));
