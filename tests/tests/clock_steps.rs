@@ -99,7 +99,8 @@ fn seen(d: &Decision) -> (bool, u32, Duration, Option<Duration>, u64) {
 }
 
 struct Bench {
-    server: RedisServer,
+    /// Its own server (the command counts are per server); killed on drop.
+    _server: RedisServer,
     clock: ManualClock,
     redis: RedisStore,
     memory: MemoryStore,
@@ -127,7 +128,7 @@ impl Bench {
         // The fail-safe for scripts called directly on this connection.
         conn.set_read_timeout(Some(DEADLINE)).unwrap();
         Self {
-            server,
+            _server: server,
             clock,
             redis,
             memory,
@@ -227,7 +228,7 @@ async fn steps_of_hours_and_days_do_bounded_work_and_match_the_twin() {
             bench.step(&key, &policy, now, 1, true).await;
         }
     }
-    println!(
+    eprintln!(
         "fixed steps: {} script calls, at most {} Redis commands in one, {} whole-hash reads",
         bench.calls, bench.most, bench.whole_hash_reads
     );
@@ -286,7 +287,7 @@ async fn a_full_counter_across_day_steps_does_work_bounded_by_its_buckets() {
         most = most.max(bench.most);
         bench.most = before.max(bench.most);
     }
-    println!("a full counter across day steps: at most {most} Redis commands in one call (bound {bound})");
+    eprintln!("a full counter across day steps: at most {most} Redis commands in one call (bound {bound})");
 }
 
 fn big_step() -> impl Strategy<Value = i64> {
@@ -307,7 +308,7 @@ fn random_clock_steps_do_bounded_work_and_match_the_twin() {
         .enable_all()
         .build()
         .unwrap();
-    let bench = std::cell::RefCell::new(runtime.block_on(Bench::new()));
+    let bench = tokio::sync::Mutex::new(runtime.block_on(Bench::new()));
     let case = std::cell::Cell::new(0u64);
     let config = ProptestConfig {
         cases: 128,
@@ -322,7 +323,7 @@ fn random_clock_steps_do_bounded_work_and_match_the_twin() {
         let key = WindowKey::new("steps", format!("random-{}", case.get()));
         let mut now = START;
         runtime.block_on(async {
-            let mut bench = bench.borrow_mut();
+            let mut bench = bench.lock().await;
             for &(step, cost, peek) in &ops {
                 // Keep far from 0 and from the script's 2^52 limit.
                 now = now.saturating_add_signed(step).clamp(START / 2, START * 2);
@@ -330,8 +331,8 @@ fn random_clock_steps_do_bounded_work_and_match_the_twin() {
             }
         });
     });
-    let bench = bench.borrow();
-    println!(
+    let bench = bench.into_inner();
+    eprintln!(
         "random steps: {} runs, {} script calls, at most {} Redis commands in one, \
          {} whole-hash reads",
         case.get(),

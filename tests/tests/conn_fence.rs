@@ -181,7 +181,7 @@ async fn fences_never_go_back_after_a_lossy_failover_to_a_clock_behind() {
     assert!(a_other > a_next, "node A's tokens grow across subjects too");
     let b_after = granted(&b, &user).await.fence();
     assert!(b_after > a_next, "once the counter is back, for every node");
-    println!(
+    eprintln!(
         "lost tokens up to {a_seen} (the new primary kept {kept}); after the failover \
          B got {b_next} (below the lost ones: {}), then A {a_next}, then B {b_after}",
         b_next < a_seen
