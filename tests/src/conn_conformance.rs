@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_window::conn::{
-    Acquire, CapScope, ConnectionLease, ConnectionLimiter, ConnectionStore, LeaseRef,
+    Acquire, CapScope, ConnectionLease, ConnectionLimiter, ConnectionStore, GrantReply,
+    GrantRequest, LeaseRef,
 };
 use tower_window::{Limiter, ManualClock, Quota, Store, WindowKey};
 
@@ -31,6 +32,9 @@ macro_rules! conn_conformance_tests {
             tenant_cap_counts_every_subject,
             keys_are_independent,
             concurrent_grants_never_exceed_the_cap,
+            mixed_ttls_keep_the_longest_lease,
+            fence_survives_clock_steps,
+            fence_is_above_the_floor,
         );
     };
     (@each $factory:expr; $($scenario:ident),* $(,)?) => {
@@ -73,14 +77,34 @@ where
 
 impl<S: Store + ConnectionStore> Setup<S> {
     fn limiter(&self, per_subject: u32, per_tenant: u32) -> ConnectionLimiter {
+        self.limiter_with_ttl(per_subject, per_tenant, TTL)
+    }
+
+    fn limiter_with_ttl(
+        &self,
+        per_subject: u32,
+        per_tenant: u32,
+        ttl: Duration,
+    ) -> ConnectionLimiter {
         let quota: Quota = "1/1s".parse().expect("valid quota");
         let limiter = Limiter::new(Arc::clone(&self.store) as Arc<dyn Store>, quota);
         ConnectionLimiter::builder(limiter, Arc::clone(&self.store))
             .max_per_subject(per_subject)
             .max_per_tenant(per_tenant)
-            .ttl(TTL)
+            .ttl(ttl)
             .build()
             .expect("valid ttl")
+    }
+
+    /// Grants and releases `n` leases of other subjects: a store may forget
+    /// sets past their life on any grant (the memory store sweeps every 64),
+    /// so this gives it every chance to forget one too early.
+    async fn churn(&self, n: usize) {
+        let other = self.limiter(0, 0);
+        for i in 0..n {
+            let k = key(&format!("churn-{i}"));
+            granted(&other, &k).await.release().await.expect("released");
+        }
     }
 }
 
@@ -361,4 +385,137 @@ where
         lease.release().await.expect("released");
     }
     assert_eq!(connections(&limiter, &k).await, 0);
+}
+
+/// Issue 22, defect 5: nodes with different lease TTLs on one store (a
+/// rolling change of the TTL). A subject's set must live as long as its
+/// longest live lease: a node with a short TTL granting, renewing or
+/// releasing in it never cuts a longer lease of another node, so the cap
+/// holds and the long lease survives.
+pub async fn mixed_ttls_keep_the_longest_lease<F: StoreFactory>(factory: &F)
+where
+    F::Store: ConnectionStore,
+{
+    let setup = setup(factory).await;
+    let long = setup.limiter_with_ttl(2, 0, Duration::from_secs(60));
+    let short = setup.limiter_with_ttl(2, 0, Duration::from_secs(1));
+    let k = key("mixed-ttl");
+    let a = granted(&long, &k).await;
+    // A grant and a release by the short-TTL node.
+    granted(&short, &k).await.release().await.expect("released");
+    setup.clock.advance(Duration::from_millis(2_500));
+    setup.churn(64).await;
+    let b1 = granted(&short, &k).await;
+    match short.acquire(&k).await.expect("answer") {
+        Acquire::Denied(denied) => {
+            assert_eq!(denied.scope, CapScope::Subject);
+            assert_eq!(denied.count, 2, "the long lease still counts");
+        }
+        Acquire::Granted(_) => panic!("a third connection under a cap of 2"),
+    }
+    assert_eq!(connections(&long, &k).await, 2);
+    // Renewals by both nodes: the short one renews last.
+    let report = long.heartbeat().await;
+    assert_eq!(
+        (report.renewed, report.lost),
+        (1, 0),
+        "the long lease lives"
+    );
+    assert_eq!(short.heartbeat().await.renewed, 1);
+    setup.clock.advance(Duration::from_millis(2_500));
+    setup.churn(64).await;
+    // b1 expired (1 s); the long lease, renewed 2.5 s ago for 60 s, did not.
+    assert_eq!(connections(&long, &k).await, 1);
+    let b2 = granted(&short, &k).await;
+    assert!(
+        matches!(short.acquire(&k).await.expect("answer"), Acquire::Denied(_)),
+        "a third connection under a cap of 2 after renewals"
+    );
+    let report = long.heartbeat().await;
+    assert_eq!(
+        (report.renewed, report.lost),
+        (1, 0),
+        "the long lease lives"
+    );
+    assert!(!a.is_lost());
+    assert_eq!(short.heartbeat().await.lost, 1, "b1 expired: reported lost");
+    assert!(b1.is_lost());
+    std::mem::forget(b1);
+    b2.release().await.expect("released");
+    a.release().await.expect("released");
+    assert_eq!(connections(&long, &k).await, 0);
+}
+
+/// Fencing tokens of a subject keep growing when the store's clock steps
+/// back or forward by days, while the store keeps the subject's token
+/// (issue 22: a clock step, an NTP correction).
+pub async fn fence_survives_clock_steps<F: StoreFactory>(factory: &F)
+where
+    F::Store: ConnectionStore,
+{
+    const DAY: Duration = Duration::from_secs(86_400);
+    let setup = setup(factory).await;
+    let limiter = setup.limiter(0, 0);
+    let k = key("fence-steps");
+    let mut last = 0;
+    let mut held = Vec::new();
+    for step in 0..6 {
+        let lease = granted(&limiter, &k).await;
+        assert!(
+            lease.fence() > last,
+            "step {step}: {} after {last}",
+            lease.fence()
+        );
+        last = lease.fence();
+        held.push(lease);
+        if step % 2 == 0 {
+            setup.clock.set(START - DAY.as_micros() as u64 * (step + 1));
+        } else {
+            setup.clock.set(START + DAY.as_micros() as u64 / 2 * step);
+        }
+    }
+    for lease in held {
+        std::mem::forget(lease);
+    }
+}
+
+/// A grant's fence is above the caller's floor (the highest token a node
+/// was granted, which it keeps itself), above the subject's last token and
+/// above the store's clock: exactly the largest of the three, plus one.
+pub async fn fence_is_above_the_floor<F: StoreFactory>(factory: &F)
+where
+    F::Store: ConnectionStore,
+{
+    let setup = setup(factory).await;
+    let store = &*setup.store;
+    let k = key("floor");
+    let floor = START * 2;
+    let grant = |id: &'static [u8], floor: u64| {
+        let lease = LeaseRef::new(&k, id, false);
+        store.grant(GrantRequest::new(lease, TTL, 0, 0).with_fence_floor(floor))
+    };
+    let fence = |reply: GrantReply| match reply {
+        GrantReply::Granted { fence, .. } => fence,
+        other => panic!("not granted: {other:?}"),
+    };
+    // Above the clock: the floor decides.
+    assert_eq!(fence(grant(b"a", floor).await.expect("grant")), floor + 1);
+    // No floor: the subject's last token decides.
+    assert_eq!(fence(grant(b"b", 0).await.expect("grant")), floor + 2);
+    // A floor below the last token changes nothing.
+    assert_eq!(fence(grant(b"c", START).await.expect("grant")), floor + 3);
+    // A fresh subject without a floor: the clock.
+    let fresh = key("floor-fresh");
+    let lease = LeaseRef::new(&fresh, b"d", false);
+    let reply = store
+        .grant(GrantRequest::new(lease, TTL, 0, 0))
+        .await
+        .expect("grant");
+    assert_eq!(fence(reply), START);
+    for (subject, id) in [(&k, &b"a"[..]), (&k, b"b"), (&k, b"c"), (&fresh, b"d")] {
+        store
+            .release(LeaseRef::new(subject, id, false))
+            .await
+            .expect("released");
+    }
 }

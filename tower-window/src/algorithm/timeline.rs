@@ -12,6 +12,24 @@ use std::collections::VecDeque;
 
 use super::outcome::{saturate_u32, Evaluation, Outcome};
 
+// Loop iterations of `evaluate` on this thread, for the tests that bound
+// the work of a check by the state held (never by how far the clock moved).
+#[cfg(test)]
+thread_local! {
+    static STEPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+#[cfg(test)]
+fn count_step() {
+    STEPS.with(|steps| steps.set(steps.get() + 1));
+}
+
+/// The loop iterations counted so far on this thread.
+#[cfg(test)]
+pub(crate) fn steps() -> u64 {
+    STEPS.with(std::cell::Cell::get)
+}
+
 /// Slots `(at, units)`, ascending by `at`, and their sum (kept beside them
 /// so a check costs O(expired slots), not O(all slots): a sliding log near a
 /// high limit holds many entries).
@@ -87,6 +105,8 @@ pub(crate) fn evaluate(
 
     // Slots are ascending, so the expired ones are a prefix.
     while let Some(&(slot, units)) = timeline.slots.front() {
+        #[cfg(test)]
+        count_step();
         if expires_at(slot).is_none_or(|end| end > now) {
             break;
         }
@@ -116,6 +136,8 @@ pub(crate) fn evaluate(
     let mut freed = 0u64;
     let mut retry = reset_after;
     for &(slot, c) in timeline.slots.iter().take(MAX_RETRY_WALK) {
+        #[cfg(test)]
+        count_step();
         freed = freed.saturating_add(c);
         if used.saturating_sub(freed).saturating_add(cost) <= limit {
             retry = wait_for(slot);
@@ -128,4 +150,77 @@ pub(crate) fn evaluate(
 /// Records `cost` units in slot `at` (after [`evaluate`] said they fit).
 pub(crate) fn commit(timeline: &mut Timeline, at: u64, cost: u32) {
     timeline.add(at, u64::from(cost));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{steps, MAX_RETRY_WALK};
+    use crate::algorithm::test_support::{quota, T0};
+    use crate::algorithm::{sliding_counter, sliding_log};
+
+    const HOUR: i64 = 3_600_000_000;
+    const DAY: i64 = 24 * HOUR;
+    const P40: i64 = 1 << 40;
+
+    /// Steps of an hour, a day and 2^40 µs, back and forward, between
+    /// admissions: each check's loop iterations stay within the slots it
+    /// holds (one per slot dropped or walked, plus the one that stops),
+    /// whatever the distance the clock moved (issue 22, defect 6).
+    #[test]
+    fn work_is_bounded_by_the_slots_held_across_clock_steps() {
+        let run = [
+            0,
+            1_000,
+            1_000,
+            -HOUR,
+            0,
+            3_000,
+            HOUR,
+            1_000,
+            -DAY,
+            1_000,
+            0,
+            DAY,
+            P40,
+            -P40,
+            -P40,
+            1_000,
+            2 * P40,
+            -3 * DAY,
+            7_000,
+            3 * DAY,
+            HOUR,
+        ];
+        for text in [
+            "5/1s sliding-counter(1ms)",
+            "8/3600ms sliding-counter(1ms)",
+            "5/1s",
+            "7/1d",
+        ] {
+            let q = quota(text);
+            let log = !text.contains("counter");
+            let mut state = super::Timeline::default();
+            let mut now = T0;
+            let mut most = 0;
+            for (i, step) in run.iter().enumerate() {
+                now = now.checked_add_signed(*step).unwrap_or(now);
+                for cost in [1, 3, 9] {
+                    let held = state.len() as u64;
+                    let before = steps();
+                    if log {
+                        sliding_log::check(&mut state, &q, now, cost);
+                    } else {
+                        sliding_counter::check(&mut state, &q, now, cost);
+                    }
+                    let work = steps() - before;
+                    most = most.max(work);
+                    assert!(
+                        work <= held + 1 + held.min(MAX_RETRY_WALK as u64),
+                        "{text} step {i} cost {cost}: {work} iterations over {held} slots"
+                    );
+                }
+            }
+            assert!(most > 0, "{text}: the loops ran");
+        }
+    }
 }

@@ -90,8 +90,28 @@ impl ConnectionLease {
         }
     }
 
-    /// The fencing token: larger than every token granted earlier to this
-    /// subject. 0 for a degraded lease.
+    /// The fencing token (0 for a degraded lease): the store grants
+    /// `max(the subject's last token + 1, its clock in µs, the highest
+    /// token this limiter was granted + 1)`. What that guarantees:
+    ///
+    /// * **While the store keeps the subject's counter** (at least one
+    ///   lease TTL + 1 s past the subject's last grant, the longest TTL any
+    ///   node granted with counting): larger than every token granted earlier
+    ///   to the subject, by any node, whatever the store's clock does
+    ///   (steps back or forward by days).
+    /// * **Per limiter (node), always**: larger than every token this
+    ///   limiter was granted before, for any subject, also when the store
+    ///   lost the counter (a failover that lost the last grants under
+    ///   asynchronous replication, a restart without persistence) and its
+    ///   clock is behind: the floor is kept by the node, not in the store.
+    /// * **Across nodes, after the counter was lost**: at least the new
+    ///   primary's clock, so larger than every lost token as long as that
+    ///   clock reads later than the old primary's did at the lost grants —
+    ///   true unless it is behind by more than the failover took (at
+    ///   least `cluster-node-timeout`, or Sentinel's
+    ///   `down-after-milliseconds`). A token another node was handed by the
+    ///   lost primary cannot be known otherwise: that would need
+    ///   synchronous replication (`WAIT`) on every grant.
     pub fn fence(&self) -> u64 {
         self.fence
     }

@@ -99,6 +99,10 @@ pub(super) struct Shared {
     /// This node's random id: lease ids are `<node>:<sequence>`.
     node: String,
     seq: AtomicU64,
+    /// The highest fencing token this node was granted (any subject): every
+    /// grant asks for a larger one, so this node's tokens never go back even
+    /// when the store lost what it knew (see `ConnectionLease::fence`).
+    fence_floor: AtomicU64,
     /// Leases granted by the store and not yet released or lost.
     pub(super) live: Mutex<HashMap<u64, Live>>,
 }
@@ -191,7 +195,8 @@ impl ConnectionLimiter {
             shared.ttl,
             shared.max_per_subject,
             shared.max_per_tenant,
-        );
+        )
+        .with_fence_floor(shared.fence_floor.load(Ordering::Acquire));
         let store = &*shared.store;
         let domain = store.partition_failure_domain(store.lease_partition(key, tenant_form));
         let result = shared
@@ -205,6 +210,7 @@ impl ConnectionLimiter {
             .await;
         match result {
             Ok(GrantReply::Granted { fence, .. }) => {
+                shared.fence_floor.fetch_max(fence, Ordering::AcqRel);
                 let (sender, receiver) = watch::channel(false);
                 shared.live().insert(
                     seq,
@@ -382,6 +388,7 @@ impl ConnectionLimiterBuilder {
                 fallback: self.fallback,
                 node,
                 seq: AtomicU64::new(0),
+                fence_floor: AtomicU64::new(0),
                 live: Mutex::new(HashMap::new()),
             }),
         })

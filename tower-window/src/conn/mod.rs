@@ -11,7 +11,13 @@
 //!   ids scored by expiry on Redis `TIME`; a grant purges expired leases in
 //!   the same script and admits below the cap. Node clocks play no part.
 //! * **Fencing.** A grant returns a token larger than every earlier one of
-//!   the subject ([`ConnectionLease::fence`]).
+//!   the subject while the store keeps its counter, and larger than every
+//!   token the same limiter was granted before even when the store lost it
+//!   (a failover under asynchronous replication, a clock behind); exactly
+//!   what holds across nodes is in [`ConnectionLease::fence`].
+//! * **Mixed TTLs.** Nodes may use different TTLs on one store (a rolling
+//!   change of the setting): a subject's set lives at least as long as its
+//!   longest live lease, whichever node wrote it last.
 //! * **Batched heartbeats.** One task per node
 //!   ([`ConnectionLimiter::start_heartbeat`]) renews all of the node's live
 //!   leases every `ttl / 3`, in one call per store partition (one per

@@ -45,6 +45,12 @@ pub struct GrantRequest<'a> {
     pub max_per_subject: u32,
     /// The most live leases per tenant (0: no cap; needs `tenant_form`).
     pub max_per_tenant: u32,
+    /// The fence must be larger than this: the highest token the caller
+    /// (a node's [`ConnectionLimiter`](super::ConnectionLimiter)) was
+    /// granted before, for any subject (0: none). It is kept by the caller,
+    /// not by the store, so it survives a store that lost the subject's
+    /// counter (a failover under asynchronous replication, a restart).
+    pub fence_floor: u64,
 }
 
 impl<'a> GrantRequest<'a> {
@@ -60,7 +66,15 @@ impl<'a> GrantRequest<'a> {
             ttl,
             max_per_subject,
             max_per_tenant,
+            fence_floor: 0,
         }
+    }
+
+    /// The same grant, with a fence above `floor` (see
+    /// [`fence_floor`](Self::fence_floor)).
+    pub fn with_fence_floor(mut self, floor: u64) -> Self {
+        self.fence_floor = floor;
+        self
     }
 }
 
@@ -90,9 +104,10 @@ impl CapScope {
 pub enum GrantReply {
     /// Granted; expired leases were purged first.
     Granted {
-        /// The fencing token: larger than every token granted before for
-        /// this subject (it never goes back, even after the subject's keys
-        /// expired: it is at least the store's clock in µs).
+        /// The fencing token: `max(the subject's last token + 1, the
+        /// store's clock in µs, request.fence_floor + 1)`; see
+        /// [`ConnectionLease::fence`](super::ConnectionLease::fence) for
+        /// what that guarantees.
         fence: u64,
         /// Live leases of the subject, this one included.
         count: u32,
@@ -119,7 +134,12 @@ pub enum GrantReply {
 /// [`Limiter`](crate::Limiter)'s resilience stack.
 pub trait ConnectionStore: Send + Sync + 'static {
     /// Purges the subject's expired leases, then grants `request.lease`
-    /// if every cap admits it, atomically.
+    /// if every cap admits it, atomically, with a fence larger than the
+    /// subject's last one, than the store's clock (µs) and than
+    /// `request.fence_floor`. Grants, renewals and releases only ever
+    /// extend how long a subject's set (and its counter) is kept: it lives
+    /// at least as long as its longest live lease, whatever TTLs the
+    /// callers use.
     fn grant<'a>(
         &'a self,
         request: GrantRequest<'a>,

@@ -3,9 +3,10 @@
 //! The same semantics as the Redis scripts (`store/redis/conn.rs`), on the
 //! store's clock: per subject (and, in the tenant form, per tenant) a map
 //! of lease id to expiry; a grant purges expired leases and admits below
-//! the caps; the fencing token is `max(previous + 1, now)`. Like a Redis
-//! key, a set lives until a second past its newest lease's expiry (so its
-//! token survives releases); a sweep every 64 grants drops sets past that
+//! the caps; the fencing token is `max(previous + 1, now, floor + 1)`. Like a Redis
+//! key, a set lives until a second past the latest expiry any grant or
+//! renewal gave a lease in it (so its token survives releases, and a node
+//! with a shorter TTL never shortens it); a sweep every 64 grants drops sets past that
 //! (a token then restarts from the clock, which has moved past every
 //! earlier token), so memory follows the number of live leases.
 
@@ -53,6 +54,13 @@ impl LeaseSet {
 
     fn count(&self) -> u32 {
         u32::try_from(self.leases.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Keeps the set until at least `key_expiry`, never shorter than it
+    /// was: nodes with different lease TTLs (a rolling change) write one
+    /// set, which must outlive its longest lease, not the last writer's.
+    fn extend(&mut self, key_expiry: u64) {
+        self.key_expiry = self.key_expiry.max(key_expiry);
     }
 
     /// The wait until the oldest lease expires.
@@ -133,13 +141,17 @@ impl ConnLeases {
                 };
             }
             tenant.leases.insert(lease.id.to_vec(), until);
-            tenant.key_expiry = key_expiry;
+            tenant.extend(key_expiry);
         }
         let subject = sets.entry(subject_key).or_default();
-        let fence = subject.fence.saturating_add(1).max(now);
+        let fence = subject
+            .fence
+            .saturating_add(1)
+            .max(now)
+            .max(request.fence_floor.saturating_add(1));
         subject.fence = fence;
         subject.leases.insert(lease.id.to_vec(), until);
-        subject.key_expiry = key_expiry;
+        subject.extend(key_expiry);
         GrantReply::Granted {
             fence,
             count: subject.count(),
@@ -156,7 +168,7 @@ impl ConnLeases {
             let alive = match set.leases.get_mut(id) {
                 Some(expiry) if *expiry > now => {
                     *expiry = until;
-                    set.key_expiry = until.saturating_add(KEY_TTL_MARGIN);
+                    set.extend(until.saturating_add(KEY_TTL_MARGIN));
                     true
                 }
                 Some(_) => {

@@ -12,9 +12,12 @@ use crate::store::{CheckRequest, StoreError, StoreErrorKind};
 use crate::{Decision, QuotaDecision};
 
 impl MemoryStore {
-    /// Evaluates every quota of the request's policy on a copy of its
-    /// state (a key never checked reads as empty, and is not created), so
-    /// nothing is recorded and no entry is added or touched.
+    /// Evaluates every quota of the request's policy on its state (a key
+    /// never checked reads as empty, and is not created): nothing is
+    /// recorded and no entry is added. Like the Redis peek script, the
+    /// evaluation drops state that has expired (it no longer counts either
+    /// way), so both stores hold the same state after a peek even when the
+    /// clock later steps back to before that expiry.
     pub(crate) fn peek_now(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
         if request.cost == 0 {
             return Err(StoreError::new(
@@ -25,11 +28,11 @@ impl MemoryStore {
         let now = self.clock.now_micros();
         let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
         for quota in request.policy.quotas() {
-            let mut state = match self.cache.get(&StateKeyRef::new(request.key, quota)) {
-                Some(slot) => lock(&slot.inner).state.clone(),
-                None => State::empty(quota.algorithm()),
+            let evaluation = match self.cache.get(&StateKeyRef::new(request.key, quota)) {
+                Some(slot) => lock(&slot.inner).state.evaluate(quota, now, request.cost),
+                None => State::empty(quota.algorithm()).evaluate(quota, now, request.cost),
             };
-            evaluations.push(state.evaluate(quota, now, request.cost));
+            evaluations.push(evaluation);
         }
         peek_decision(request, &evaluations, now)
     }

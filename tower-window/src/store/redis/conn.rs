@@ -13,8 +13,11 @@
 //! `#conn` cannot be spelled by an escaped component (a leading `#` is
 //! only ever followed by 64 upper-case hex digits), so these keys never
 //! meet a window's or a dedup id's. Every script reads `TIME` itself (or
-//! the explicit test clock), writes a TTL longer than the lease TTL on every
-//! key it writes, and touches keys of one slot. A heartbeat renews all of a
+//! the explicit test clock), gives every key it writes a TTL longer than
+//! the lease TTL, and touches keys of one slot. A TTL is only ever extended,
+//! never shortened: nodes with different lease TTLs (a rolling change of
+//! the setting) write the same keys, and a key must outlive the longest
+//! lease in it, whichever node wrote last. A heartbeat renews all of a
 //! node's leases of one slot in one `EVALSHA` (`conn_renew.lua`).
 
 use std::sync::LazyLock;
@@ -52,7 +55,8 @@ static PRESENCE: LazyLock<LuaScript> = LazyLock::new(|| {
 });
 
 /// Extra life of lease keys beyond the lease TTL (ms): a key outlives the
-/// newest lease in it, so expiry of the key never cuts a live lease.
+/// latest lease in it (the scripts only ever extend a key's TTL), so expiry
+/// of the key never cuts a live lease.
 const KEY_TTL_MARGIN_MS: u64 = 1_000;
 
 /// The keys of one lease's sets: the subject's set, its fencing counter,
@@ -107,6 +111,11 @@ fn lease_slot(key: &WindowKey, tenant_form: bool) -> u16 {
     }
 }
 
+/// The highest floor sent to the grant script: floor + 1 must stay an
+/// exact integer in Lua's doubles (the store's clock reaches 2^52 µs in
+/// 2112; a larger floor could only come from a misbehaving store).
+const MAX_FENCE_FLOOR: u64 = (1 << 53) - 2;
+
 fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
@@ -148,7 +157,8 @@ impl RedisStore {
             .arg(request.max_per_subject)
             .arg(request.max_per_tenant)
             .arg(lease.id)
-            .arg(key_ttl);
+            .arg(key_ttl)
+            .arg(request.fence_floor.min(MAX_FENCE_FLOOR));
         let reply: Vec<i64> = self.call(Call::Script(&invocation)).await?;
         let [granted, second, count, wait] = reply[..] else {
             return Err(protocol("lease grant reply is not 4 integers"));

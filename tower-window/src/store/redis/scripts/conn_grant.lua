@@ -7,7 +7,11 @@
 -- ARGV[3]  cap per subject (0: none)
 -- ARGV[4]  cap per tenant (0: none)
 -- ARGV[5]  the lease id
--- ARGV[6]  key TTL (ms): longer than the lease TTL
+-- ARGV[6]  key TTL (ms): longer than the lease TTL; a key's TTL is only
+--          ever extended (another node's lease in it may live longer)
+-- ARGV[7]  the fence floor: the fence is larger (the highest token the
+--          calling node was granted: kept by the node, so it holds even
+--          when this store lost the subject's counter)
 -- Reply: {1, fence, count, 0} granted, or {0, scope (1 subject, 2 tenant),
 -- count, µs until the oldest lease expires}.
 local ttl = tonumber(ARGV[2])
@@ -31,13 +35,11 @@ if KEYS[3] then
     return {0, 2, tenant_count, tenant_wait}
   end
   redis.call('ZADD', KEYS[3], int(now + ttl), ARGV[5])
-  redis.call('PEXPIRE', KEYS[3], int(key_ttl))
+  extend(KEYS[3], key_ttl)
 end
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
-if fence < now then
-  fence = now
-end
-redis.call('SET', KEYS[2], int(fence), 'PX', int(key_ttl))
+-- max(last + 1, now, floor + 1): see ConnectionLease::fence for what holds.
+local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now, (tonumber(ARGV[7]) or 0) + 1)
+redis.call('SET', KEYS[2], int(fence), 'PX', int(math.max(key_ttl, redis.call('PTTL', KEYS[2]))))
 redis.call('ZADD', KEYS[1], int(now + ttl), ARGV[5])
-redis.call('PEXPIRE', KEYS[1], int(key_ttl))
+extend(KEYS[1], key_ttl)
 return {1, fence, count + 1, 0}

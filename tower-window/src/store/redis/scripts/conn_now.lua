@@ -11,3 +11,12 @@ else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+-- Gives `key` a TTL of at least `ms`, never a shorter one than it has:
+-- nodes with different lease TTLs (a rolling change) write the same keys,
+-- and a key must outlive the longest lease in it, not the last writer's.
+-- PTTL is -1 for a key without a TTL (gets one) and -2 for none (no-op).
+local function extend(key, ms)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, int(ms))
+  end
+end

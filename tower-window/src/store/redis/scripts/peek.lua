@@ -5,7 +5,9 @@
 --
 -- Every quota is evaluated; nothing is committed. State that evaluate
 -- dropped because it expired is written back as settle would after a
--- denial (it no longer counts either way), so a peek changes no decision.
+-- denial (it no longer counts either way), so a peek changes no decision
+-- while the clock moves forward; MemoryStore's peek drops it alike, so the
+-- stores still agree if the clock later steps back before that expiry.
 --
 -- Reply: {admitted (0/1, whether the cost would fit every enforced quota),
 -- now_us, then per quota in policy order: fits (0/1), remaining as it

@@ -6,8 +6,13 @@
 -- buckets j >= floor(t / G) - n.
 --
 -- Amortized O(1): a call reads s, l and h, and deletes only the buckets that
--- expired since the last call (the whole key when even h has), never the
--- whole hash.
+-- expired since the last call (the whole key when even h has).
+--
+-- Bounded by the state held, never by the distance between two times: a
+-- range of bucket indices is read field by field (128 per HMGET) only while
+-- it is no wider than the hash; a wider one (after the clock stepped back
+-- and forward again, kept buckets can be days of buckets apart) is read
+-- from the whole hash at once (HGETALL), which holds the live buckets only.
 
 -- Field names of the buckets first..last.
 local function bucket_fields(first, last)
@@ -16,6 +21,67 @@ local function bucket_fields(first, last)
     fields[#fields + 1] = int(j)
   end
   return fields
+end
+
+-- Whether the buckets first..last are cheaper to read from the whole hash
+-- than one by one: the range is wider than one batch and than the hash.
+local function sparse(key, first, last)
+  local width = last - first + 1
+  return width > 128 and width > redis.call('HLEN', key)
+end
+
+-- The buckets first..last that exist, ascending: {{j, field, units}, ...},
+-- from the whole hash (see sparse).
+local function buckets_in(key, first, last)
+  local raw = redis.call('HGETALL', key)
+  local found = {}
+  for i = 1, #raw, 2 do
+    -- s, l and h are not numbers.
+    local j = tonumber(raw[i])
+    if j and j >= first and j <= last then
+      found[#found + 1] = {j, raw[i], tonumber(raw[i + 1]) or 0}
+    end
+  end
+  table.sort(found, function(x, y)
+    return x[1] < y[1]
+  end)
+  return found
+end
+
+-- HDEL of `fields`, 128 at a time (unpack takes a bounded number).
+local function delete_fields(key, fields)
+  for first = 1, #fields, 128 do
+    redis.call('HDEL', key, unpack(fields, first, math.min(first + 127, #fields)))
+  end
+end
+
+-- Deletes the buckets first..last that exist; answers the units they held.
+local function drop_buckets(key, first, last)
+  local freed = 0
+  local dead = {}
+  if sparse(key, first, last) then
+    for _, bucket in ipairs(buckets_in(key, first, last)) do
+      freed = freed + bucket[3]
+      dead[#dead + 1] = bucket[2]
+    end
+    delete_fields(key, dead)
+    return freed
+  end
+  while first <= last do
+    local stop = math.min(first + 127, last)
+    local fields = bucket_fields(first, stop)
+    local counts = redis.call('HMGET', key, unpack(fields))
+    for i = 1, #fields do
+      if counts[i] then
+        freed = freed + (tonumber(counts[i]) or 0)
+        dead[#dead + 1] = fields[i]
+      end
+    end
+    delete_fields(key, dead)
+    dead = {}
+    first = stop + 1
+  end
+  return freed
 end
 
 ALGORITHMS[2] = {
@@ -62,23 +128,7 @@ ALGORITHMS[2] = {
       q.dirty = false
     elseif lo and lo < lowest then
       -- Drop the buckets that expired since the last call.
-      local first = lo
-      while first < lowest do
-        local last = math.min(first + 127, lowest - 1)
-        local fields = bucket_fields(first, last)
-        local counts = redis.call('HMGET', key, unpack(fields))
-        local dead = {}
-        for i = 1, #fields do
-          if counts[i] then
-            used = used - (tonumber(counts[i]) or 0)
-            dead[#dead + 1] = fields[i]
-          end
-        end
-        if #dead > 0 then
-          redis.call('HDEL', key, unpack(dead))
-        end
-        first = last + 1
-      end
+      used = used - drop_buckets(key, lo, lowest - 1)
       lo = lowest
       q.dirty = true
     end
@@ -106,12 +156,13 @@ ALGORITHMS[2] = {
     if not lo then
       return denied(q, L - used, reset, reset)
     end
-    -- Denied: walk the non-empty buckets upward from the lowest kept one,
-    -- at most MAX_RETRY_WALK of them and n + 1 bucket reads in all.
-    -- Buckets are read in doubling batches: a small cost is usually freed
-    -- by the first few.
+    -- Denied: walk the kept buckets upward from the lowest kept one to the
+    -- highest (past b only after the clock stepped back), at most
+    -- MAX_RETRY_WALK of them, like the Rust twin. Buckets are read in
+    -- doubling batches (a small cost is usually freed by the first few),
+    -- or all at once when the range is sparse.
     local freed, seen = 0, 0
-    local stop = math.min(hi, lo + n)
+    local stop = hi
     local first, size = lo, 4
     if lo == lowest then
       if state[4] then
@@ -121,6 +172,19 @@ ALGORITHMS[2] = {
         end
       end
       first = lowest + 1
+    end
+    if first <= stop and sparse(key, first, stop) then
+      for _, bucket in ipairs(buckets_in(key, first, stop)) do
+        if seen >= MAX_RETRY_WALK then
+          break
+        end
+        seen = seen + 1
+        freed = freed + bucket[3]
+        if used - freed + c <= L then
+          return denied(q, L - used, reset, (bucket[1] + n + 1) * G - t)
+        end
+      end
+      return denied(q, L - used, reset, reset)
     end
     while first <= stop and seen < MAX_RETRY_WALK do
       local last = math.min(first + size - 1, stop)

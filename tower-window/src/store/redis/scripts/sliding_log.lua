@@ -118,7 +118,9 @@ ALGORITHMS[1] = {
         for _, member in ipairs(same) do
           units = units + log_units(member)
         end
-        redis.call('ZREM', log, unpack(same))
+        -- Exactly the members just read, without unpack (bounded only by
+        -- construction: one member per microsecond).
+        redis.call('ZREMRANGEBYSCORE', log, now, now)
       end
     end
     redis.call('ZADD', log, now, now .. ':' .. int(units))
