@@ -12,6 +12,7 @@
 //! seeds, replays and the long run.
 
 pub mod backends;
+pub mod conn;
 pub mod dedup;
 pub mod events;
 pub mod runner;
