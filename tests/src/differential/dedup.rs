@@ -48,12 +48,23 @@ pub enum Op {
     /// The clock moves by this many µs (negative: back).
     Step(i64),
     /// `node` asks whether `id` of `subject` is new.
-    Ask { node: usize, subject: u8, id: usize },
+    Ask {
+        /// The node (its window).
+        node: usize,
+        /// The subject.
+        subject: u8,
+        /// The id (index in the hostile list).
+        id: usize,
+    },
     /// `count` concurrent asks of one id.
     Burst {
+        /// The node (its window).
         node: usize,
+        /// The subject.
         subject: u8,
+        /// The id (index in the hostile list).
         id: usize,
+        /// How many at once.
         count: usize,
     },
 }
@@ -141,7 +152,7 @@ async fn burst(
 impl Capability for Dedup {
     type Case = Case;
     const NAME: &'static str = "dedup";
-    const CI_CASES: u64 = 48;
+    const CI_CASES: u64 = 96;
 
     fn strategy() -> BoxedStrategy<Case> {
         (

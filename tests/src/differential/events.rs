@@ -845,7 +845,7 @@ impl Capability for Events {
                     for s in 1..3 {
                         let mut admin = backends.admin(s);
                         for (key, payload) in r.redis_keys(room).iter().zip(&dumps[s - 1]) {
-                            let mut cmd = match payload {
+                            let cmd = match payload {
                                 Some(payload) => {
                                     let mut cmd = redis::cmd("RESTORE");
                                     cmd.arg(key)
@@ -860,8 +860,7 @@ impl Capability for Events {
                                     cmd
                                 }
                             };
-                            let done: redis::RedisResult<redis::Value> =
-                                admin.query(&mut cmd).await;
+                            let done: redis::RedisResult<redis::Value> = admin.query(&cmd).await;
                             done.map_err(|e| format!("{at}: restore: {e}"))?;
                         }
                     }

@@ -81,7 +81,7 @@ pub trait Capability {
 
 /// The most shrink steps tried after a failure, and for how long.
 const MAX_SHRINK_STEPS: u32 = 400;
-const MAX_SHRINK_TIME: Duration = Duration::from_secs(120);
+const MAX_SHRINK_TIME: Duration = Duration::from_secs(90);
 
 fn env_u64(name: &str) -> Option<u64> {
     let text = std::env::var(name).ok()?;
