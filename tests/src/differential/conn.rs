@@ -34,7 +34,7 @@ use tower_window::conn::{CapScope, ConnectionStore, GrantReply, GrantRequest, Le
 use tower_window::{Clock, WindowKey};
 
 use super::backends::{Backends, STORES};
-use super::runner::{Capability, Outcome, Tally};
+use super::runner::{skipped, Capability, Outcome, Tally};
 use crate::conformance::START;
 
 const S: u64 = 1_000_000;
@@ -445,7 +445,7 @@ impl Capability for Conn {
             // down in real time; skipped while the clock is behind its
             // high-water mark: no key TTL can follow a clock going back).
             let now = clock.now_micros();
-            if now < high_water {
+            if now < high_water || skipped("set-ttl") {
                 continue;
             }
             let slack_ms = real_start.elapsed().as_millis() as i64 + 250;

@@ -113,6 +113,13 @@ fn tree_of<S: Strategy>(strategy: &S, seed: u64) -> S::Tree {
         .unwrap_or_else(|e| panic!("the strategy cannot draw a case: {e}"))
 }
 
+/// Whether the checks of `family` are left out of this run: a comma list
+/// in `TW_DIFF_SKIP`, for triage only (to see what else a run finds while a
+/// known defect is open; see tests/README.md). CI never sets it.
+pub fn skipped(family: &str) -> bool {
+    std::env::var("TW_DIFF_SKIP").is_ok_and(|list| list.split(',').any(|f| f.trim() == family))
+}
+
 /// Writes a line to stderr even when the test harness captures output
 /// (the harness captures `print!`/`eprint!`, not writes to the handle), so
 /// CI logs show the counts of passing runs too.
@@ -193,8 +200,11 @@ pub fn run_capability<C: Capability>() {
         .iter()
         .map(|(what, n)| format!("{what} {n}"))
         .collect();
+    let skip = std::env::var("TW_DIFF_SKIP")
+        .map(|s| format!(" (TW_DIFF_SKIP={s})"))
+        .unwrap_or_default();
     report(&format!(
-        "differential {}: {cases} cases passed on every store ({}) in {:.1?} (+{:.1?} startup); \
+        "differential {}{skip}: {cases} cases passed on every store ({}) in {:.1?} (+{:.1?} startup); \
          base seed {base:#018x}; seen: {}",
         C::NAME,
         per_store.join(", "),
@@ -202,7 +212,9 @@ pub fn run_capability<C: Capability>() {
         startup,
         seen.join(", ")
     ));
-    if replay.is_none() {
+    // A replay runs one case, and a triage run leaves checks out: neither
+    // is expected to cover everything.
+    if replay.is_none() && std::env::var("TW_DIFF_SKIP").is_err() {
         if let Err(missing) = C::coverage(&tally, cases) {
             panic!(
                 "differential {}: the cases did not cover {missing}",
