@@ -736,18 +736,12 @@ impl Exec<'_> {
                 .fold(now + ttl, u64::min)
         };
         let deadlines = [cap(false), cap(true)];
-        for (k, p, shadow) in &quotas {
-            self.windows.entry(*k).or_default().expire(p, now);
-            if *shadow {
-                self.unknown.insert(*k);
-            }
-        }
-        let grant_for = |d: u64| -> u64 {
+        let grant_for = |windows: &HashMap<StateKey, Window>, d: u64| -> u64 {
             let room = quotas
                 .iter()
                 .filter(|(_, _, shadow)| !shadow)
                 .map(|(k, p, _)| {
-                    self.windows
+                    windows
                         .get(k)
                         .map_or_else(|| Window::default().room(p, now, d), |w| w.room(p, now, d))
                 })
@@ -792,6 +786,13 @@ impl Exec<'_> {
             // grant): allowed, changes nothing.
             return Ok(());
         }
+        // The script ran (the ttl was fine): it dropped what no longer counts.
+        for (k, p, shadow) in &quotas {
+            self.windows.entry(*k).or_default().expire(p, now);
+            if *shadow {
+                self.unknown.insert(*k);
+            }
+        }
         let mut reservations = Vec::new();
         for (s, r) in replies.into_iter().enumerate() {
             reservations.push(r.map_err(|e| format!("{at}: {} failed: {e}", STORES[s]))?);
@@ -809,10 +810,14 @@ impl Exec<'_> {
             ));
         }
         let g = match &reservations[0].lease {
-            Some(_) => grant_for(d),
+            Some(_) => grant_for(&self.windows, d),
             // No lease: consistent with either deadline the model allows.
-            None if grant_for(deadlines[0]) == 0 || grant_for(deadlines[1]) == 0 => 0,
-            None => grant_for(d),
+            None if grant_for(&self.windows, deadlines[0]) == 0
+                || grant_for(&self.windows, deadlines[1]) == 0 =>
+            {
+                0
+            }
+            None => grant_for(&self.windows, d),
         };
         for (s, r) in reservations.iter().enumerate() {
             let lease_ok = r

@@ -117,7 +117,14 @@ fn tree_of<S: Strategy>(strategy: &S, seed: u64) -> S::Tree {
 /// in `TW_DIFF_SKIP`, for triage only (to see what else a run finds while a
 /// known defect is open; see tests/README.md). CI never sets it.
 pub fn skipped(family: &str) -> bool {
-    std::env::var("TW_DIFF_SKIP").is_ok_and(|list| list.split(',').any(|f| f.trim() == family))
+    skip_list().is_some_and(|list| list.split(',').any(|f| f.trim() == family))
+}
+
+/// `TW_DIFF_SKIP`, if set and not empty.
+fn skip_list() -> Option<String> {
+    std::env::var("TW_DIFF_SKIP")
+        .ok()
+        .filter(|list| !list.trim().is_empty())
 }
 
 /// Writes a line to stderr even when the test harness captures output
@@ -200,7 +207,7 @@ pub fn run_capability<C: Capability>() {
         .iter()
         .map(|(what, n)| format!("{what} {n}"))
         .collect();
-    let skip = std::env::var("TW_DIFF_SKIP")
+    let skip = skip_list()
         .map(|s| format!(" (TW_DIFF_SKIP={s})"))
         .unwrap_or_default();
     report(&format!(
@@ -214,7 +221,7 @@ pub fn run_capability<C: Capability>() {
     ));
     // A replay runs one case, and a triage run leaves checks out: neither
     // is expected to cover everything.
-    if replay.is_none() && std::env::var("TW_DIFF_SKIP").is_err() {
+    if replay.is_none() && skip_list().is_none() {
         if let Err(missing) = C::coverage(&tally, cases) {
             panic!(
                 "differential {}: the cases did not cover {missing}",
