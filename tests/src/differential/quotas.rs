@@ -314,7 +314,7 @@ pub fn lease_ops() -> impl Strategy<Value = Vec<Op>> {
         3 => (0..16usize, unused).prop_map(|(lease, unused)| Op::Refund { lease, unused }),
         1 => Just(Op::ChangeLimits),
         1 => (0..2u8).prop_map(Op::Reset),
-        1 => prop_oneof![15 => Just(32usize), 1 => Just(8_200)].prop_map(Op::History),
+        1 => prop_oneof![7 => Just(32usize), 1 => Just(8_200)].prop_map(Op::History),
         1 => excursion(),
     ];
     proptest::collection::vec(op, 1..50)
