@@ -6,6 +6,7 @@
 pub mod conformance;
 pub mod conn_conformance;
 pub mod dedup_conformance;
+pub mod differential;
 pub mod event_conformance;
 pub mod fault_load;
 pub mod fault_proxy;

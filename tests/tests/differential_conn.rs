@@ -1,0 +1,8 @@
+//! Differential test of connection leases on memory, Redis and the
+//! cluster against the model (see `tower_window_tests::differential::conn`).
+
+#[test]
+fn connection_leases_match_the_model_on_every_store() {
+    tower_window_tests::differential::run_capability::<tower_window_tests::differential::conn::Conn>(
+    );
+}
