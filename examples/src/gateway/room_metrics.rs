@@ -11,7 +11,8 @@ pub const ROOM_PUBLISHED_TOTAL: &str = "tower_window_room_published_total";
 /// Live room events queued to this node's sockets.
 pub const ROOM_DELIVERED_TOTAL: &str = "tower_window_room_delivered_total";
 /// Room joins by how they started: `live` (no position given), `recovered`
-/// (the gap was sent), `too_old` or `epoch_changed` (told to resync).
+/// (the gap was sent), `too_old`, `epoch_changed` or `ahead` (told to
+/// resync).
 pub const ROOM_JOINS_TOTAL: &str = "tower_window_room_joins_total";
 /// Sockets dropped because their queue overflowed (told to resync).
 pub const ROOM_OVERFLOWS_TOTAL: &str = "tower_window_room_overflows_total";
@@ -19,7 +20,7 @@ pub const ROOM_OVERFLOWS_TOTAL: &str = "tower_window_room_overflows_total";
 pub const ROOM_SOCKETS: &str = "tower_window_room_sockets";
 
 /// Every `result` of [`ROOM_JOINS_TOTAL`].
-const JOIN_RESULTS: [&str; 4] = ["live", "recovered", "too_old", "epoch_changed"];
+const JOIN_RESULTS: [&str; 5] = ["live", "recovered", "too_old", "epoch_changed", "ahead"];
 
 /// Describes every room metric and registers it at zero.
 pub(super) fn register() {
@@ -36,7 +37,7 @@ pub(super) fn register() {
     describe_counter!(
         ROOM_JOINS_TOTAL,
         Unit::Count,
-        "Room joins by result: live, recovered, too_old, epoch_changed."
+        "Room joins by result: live, recovered, too_old, epoch_changed, ahead."
     );
     describe_counter!(
         ROOM_OVERFLOWS_TOTAL,

@@ -230,7 +230,7 @@ impl RedisStore {
     /// it, so the pool's recycle `PING` is not paid per decision; it returns
     /// the connection and takes another only after a connection error. The
     /// pool's wait timeout bounds that checkout; an exhausted pool is
-    /// [`StoreErrorKind::Overloaded`].
+    /// [`StoreErrorKind::Overloaded`](crate::StoreErrorKind::Overloaded).
     pub fn from_pool(pool: deadpool_redis::Pool) -> Self {
         Self::new(Connector::Pool(pool))
     }
