@@ -255,6 +255,20 @@ fn step() -> impl Strategy<Value = Op> {
     .prop_map(Op::Step)
 }
 
+/// Steps forward only (the lease capability's clock): with leases
+/// outstanding, a step back leaves undecided which of their records a store
+/// had already dropped at the later time (dropping is safe, and stores do
+/// it in bounded batches), so the model could only guess; steps back and
+/// excursions are the policy capability's (and `tests/tests/clock_steps.rs`).
+fn forward_step() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => 0i64..(S / 2),
+        4 => 0i64..(5 * S),
+        1 => prop_oneof![Just(60 * S), Just(600 * S), Just(3600 * S)],
+    ]
+    .prop_map(Op::Step)
+}
+
 fn excursion() -> impl Strategy<Value = Op> {
     (
         prop_oneof![Just(60 * S), Just(600 * S), Just(3600 * S)],
@@ -300,7 +314,7 @@ pub fn lease_ops() -> impl Strategy<Value = Vec<Op>> {
         1 => Just(Unused::Zero),
     ];
     let op = prop_oneof![
-        5 => step(),
+        5 => forward_step(),
         3 => check(),
         5 => (0..2u8, 0..3u8, 1..10u32, 1..3u32, prop_oneof![Just(50u64), Just(300), Just(1_000), Just(5_000)])
             .prop_map(|(tenant, subject, want, at_least, ttl_ms)| Op::Reserve {
@@ -315,7 +329,6 @@ pub fn lease_ops() -> impl Strategy<Value = Vec<Op>> {
         1 => Just(Op::ChangeLimits),
         1 => (0..2u8).prop_map(Op::Reset),
         1 => prop_oneof![7 => Just(32usize), 1 => Just(8_200)].prop_map(Op::History),
-        1 => excursion(),
     ];
     proptest::collection::vec(op, 1..50)
 }
@@ -389,6 +402,8 @@ struct Exec<'a> {
     leases: Vec<LeaseM>,
     monotone: bool,
     limits_changed: bool,
+    /// The latest time any call of the case ran at.
+    high_water: u64,
 }
 
 /// `INFO commandstats`: commands Redis ran, those of the test's own
@@ -953,7 +968,10 @@ impl Exec<'_> {
             Unused::Zero => 0,
         };
         let u = asked.min(granted);
-        // The model: once, where the units still count.
+        // The model: once, where the units still count. Worked out on a
+        // copy of the windows: where it is not exact, what the stores
+        // return (the same on all three) is what is applied.
+        let before = self.windows.clone();
         let (lo, hi, applies) = if u == 0 || self.leases[i].refunded {
             (0, 0, false)
         } else {
@@ -962,7 +980,12 @@ impl Exec<'_> {
             for (k, j, anchor) in self.leases[i].anchors.clone() {
                 let p = Params::of(&self.leases[i].policy.quotas()[j]);
                 let w = self.windows.entry(k).or_default();
-                let counts = w.still_counts(&p, anchor, now);
+                // A store drops a lease's record once its units stop
+                // counting at some call's time: if that happened at the
+                // latest time seen, a clock stepped back since may find the
+                // record gone (returning less is always safe).
+                let counts =
+                    w.still_counts(&p, anchor, now) && w.still_counts(&p, anchor, self.high_water);
                 let moved = matches!(anchor, Anchor::Tat(tat, _) if w.tat_moved(tat));
                 if !counts && !moved {
                     exact = false;
@@ -977,6 +1000,7 @@ impl Exec<'_> {
                 (0, taken, true)
             }
         };
+        let mut answers = [0u32; 3];
         for s in 0..3 {
             tally.op(STORES[s]);
             let l = &self.leases[i];
@@ -990,6 +1014,25 @@ impl Exec<'_> {
                     "{at}: {} returned {got} of lease {i} ({granted} granted, {spent} spent, {asked} asked back), the model {lo}..={hi}",
                     STORES[s]
                 ));
+            }
+            answers[s] = got;
+        }
+        if lo < hi && !self.leases[i].has_shadow {
+            if answers.iter().any(|a| *a != answers[0]) {
+                return Err(format!(
+                    "{at}: the stores returned different amounts of lease {i}: {answers:?} (memory, redis, cluster)"
+                ));
+            }
+            if u64::from(answers[0]) != hi {
+                // Apply only what was returned.
+                self.windows = before;
+                let got = u64::from(answers[0]);
+                if got > 0 {
+                    for (k, j, anchor) in self.leases[i].anchors.clone() {
+                        let p = Params::of(&self.leases[i].policy.quotas()[j]);
+                        self.windows.entry(k).or_default().refund(&p, anchor, granted, got);
+                    }
+                }
             }
         }
         if applies {
@@ -1093,10 +1136,12 @@ pub async fn run(case: &Case, backends: &Backends, run: u64, tally: &mut Tally) 
         leases: Vec::new(),
         monotone: true,
         limits_changed: false,
+        high_water: START,
     };
     let mut variant = 0;
     for (i, op) in case.ops.iter().enumerate() {
         let now = clock.now_micros();
+        exec.high_water = exec.high_water.max(now);
         let at = format!("op {i} {op:?} at START + {} µs", now as i64 - START as i64);
         match *op {
             Op::Step(us) => {
@@ -1158,7 +1203,8 @@ pub async fn run(case: &Case, backends: &Backends, run: u64, tally: &mut Tally) 
             Op::History(n) if n > 8_000 && skipped("history") => {}
             Op::History(n) => {
                 exec.monotone = false;
-                exec.history(&at, n, tally).await?
+                exec.history(&at, n, tally).await?;
+                exec.high_water = exec.high_water.max(clock.now_micros());
             }
             Op::Excursion {
                 by,
