@@ -1,0 +1,93 @@
+//! What rooms record, through the [`metrics`](https://docs.rs/metrics)
+//! facade (nothing happens until a recorder is installed).
+//!
+//! Every series is described and registered at zero when a
+//! [`RoomHub`](super::RoomHub) is built, so `rate()` and `increase()` work
+//! from the first scrape on and a node with no room traffic yet still
+//! shows every series: install the recorder before building the hub.
+
+use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
+
+/// Counter: room messages this node appended to their event window.
+pub const ROOM_PUBLISHED_TOTAL: &str = "tower_window_room_published_total";
+/// Counter: live room events this node queued to its sockets.
+pub const ROOM_DELIVERED_TOTAL: &str = "tower_window_room_delivered_total";
+/// Counter: room joins, by label `result`: how they started —
+/// [`JOIN_RESULTS`].
+pub const ROOM_JOINS_TOTAL: &str = "tower_window_room_joins_total";
+/// Counter: sockets dropped from their room because their queue
+/// overflowed (told to resync).
+pub const ROOM_OVERFLOWS_TOTAL: &str = "tower_window_room_overflows_total";
+/// Gauge: sockets in a room on this node.
+pub const ROOM_SOCKETS: &str = "tower_window_room_sockets";
+
+/// Every room metric name.
+pub const ROOM_ALL: &[&str] = &[
+    ROOM_PUBLISHED_TOTAL,
+    ROOM_DELIVERED_TOTAL,
+    ROOM_JOINS_TOTAL,
+    ROOM_OVERFLOWS_TOTAL,
+    ROOM_SOCKETS,
+];
+
+/// Every `result` of [`ROOM_JOINS_TOTAL`]: `live` (no position given),
+/// `recovered` (the gap was sent), and the resync reasons `too_old`,
+/// `epoch_changed` and `ahead`.
+pub const JOIN_RESULTS: [&str; 5] = ["live", "recovered", "too_old", "epoch_changed", "ahead"];
+
+/// Describes every room metric and registers it at zero.
+pub(super) fn register() {
+    describe_counter!(
+        ROOM_PUBLISHED_TOTAL,
+        Unit::Count,
+        "Room messages appended to their event window by this node."
+    );
+    describe_counter!(
+        ROOM_DELIVERED_TOTAL,
+        Unit::Count,
+        "Live room events queued to this node's sockets."
+    );
+    describe_counter!(
+        ROOM_JOINS_TOTAL,
+        Unit::Count,
+        "Room joins by result: live, recovered, too_old, epoch_changed, ahead."
+    );
+    describe_counter!(
+        ROOM_OVERFLOWS_TOTAL,
+        Unit::Count,
+        "Room sockets dropped because their queue overflowed."
+    );
+    describe_gauge!(ROOM_SOCKETS, Unit::Count, "Sockets in a room on this node.");
+    counter!(ROOM_PUBLISHED_TOTAL).increment(0);
+    counter!(ROOM_DELIVERED_TOTAL).increment(0);
+    for result in JOIN_RESULTS {
+        counter!(ROOM_JOINS_TOTAL, "result" => result).increment(0);
+    }
+    counter!(ROOM_OVERFLOWS_TOTAL).increment(0);
+    gauge!(ROOM_SOCKETS).increment(0.0);
+}
+
+/// A message was appended.
+pub(super) fn published() {
+    counter!(ROOM_PUBLISHED_TOTAL).increment(1);
+}
+
+/// `n` live events were queued to sockets.
+pub(super) fn delivered(n: u64) {
+    counter!(ROOM_DELIVERED_TOTAL).increment(n);
+}
+
+/// A join started as `result` (one of [`JOIN_RESULTS`]).
+pub(super) fn joined(result: &'static str) {
+    counter!(ROOM_JOINS_TOTAL, "result" => result).increment(1);
+}
+
+/// A socket's queue overflowed.
+pub(super) fn overflowed() {
+    counter!(ROOM_OVERFLOWS_TOTAL).increment(1);
+}
+
+/// A socket entered (`+1`) or left (`-1`) a room.
+pub(super) fn sockets(delta: f64) {
+    gauge!(ROOM_SOCKETS).increment(delta);
+}
