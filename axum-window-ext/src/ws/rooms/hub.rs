@@ -285,7 +285,10 @@ impl RoomHub {
             .events
             .append(
                 window_key(room),
-                &[(frame::FROM, from.as_bytes()), (frame::DATA, data.as_bytes())],
+                &[
+                    (frame::FROM, from.as_bytes()),
+                    (frame::DATA, data.as_bytes()),
+                ],
             )
             .await?;
         metrics::published();

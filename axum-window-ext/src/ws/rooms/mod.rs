@@ -40,50 +40,63 @@
 //! use tower_window::events::{EventWindow, Retention};
 //! use tower_window::{Limiter, MemoryStore, Quota};
 //!
-//! type Error = Box<dyn std::error::Error + Send + Sync>;
-//!
-//! /// `GET /rooms/{room}`: a WebSocket in that room. Every text message is
-//! /// appended to the room and delivered to every socket in it.
-//! async fn room(State(hub): State<RoomHub>, Path(room): Path<RoomName>, ws: WebSocketUpgrade) -> Response {
+//! /// `GET /rooms/{room}`: a WebSocket in that room; text messages go to everyone in it.
+//! async fn room(
+//!     State(hub): State<RoomHub>,
+//!     Path(room): Path<RoomName>,
+//!     ws: WebSocketUpgrade,
+//! ) -> Response {
 //!     ws.on_upgrade(move |socket| async move { hub.serve(socket, &room, None, "guest").await })
 //! }
 //!
-//! fn app() -> Result<Router, Error> {
+//! fn app() -> Result<Router, Box<dyn std::error::Error>> {
 //!     let store = MemoryStore::new(); // or a RedisStore shared by every node
 //!     let limiter = Limiter::new(store.clone(), "1000/1s".parse::<Quota>()?);
-//!     let events = EventWindow::new(limiter, store, Retention::new(Duration::from_secs(600), 1000)?);
-//!     Ok(Router::new().route("/rooms/{room}", get(room)).with_state(RoomHub::new(events)))
+//!     let retention = Retention::new(Duration::from_secs(600), 1000)?;
+//!     let hub = RoomHub::new(EventWindow::new(limiter, store, retention));
+//!     Ok(Router::new().route("/rooms/{room}", get(room)).with_state(hub))
 //! }
 //!
-//! /// Serves the rooms on `listener` (`TcpListener::bind("0.0.0.0:3000")`).
-//! async fn serve(listener: tokio::net::TcpListener) -> Result<(), Error> {
+//! async fn serve(listener: tokio::net::TcpListener) -> Result<(), Box<dyn std::error::Error>> {
 //!     Ok(axum::serve(listener, app()?).await?)
 //! }
-//! # type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+//! # type Ws = tokio_tungstenite::WebSocketStream<
+//! #     tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+//! # >;
 //! # async fn frame(ws: &mut Ws) -> serde_json::Value {
 //! #     use futures_util::StreamExt;
 //! #     let next = tokio::time::timeout(Duration::from_secs(10), ws.next());
 //! #     match next.await.expect("a frame in time").expect("open").expect("a frame") {
-//! #         tokio_tungstenite::tungstenite::Message::Text(text) => serde_json::from_str(&text).expect("json"),
+//! #         tokio_tungstenite::tungstenite::Message::Text(text) => {
+//! #             serde_json::from_str(&text).expect("json")
+//! #         }
 //! #         other => panic!("{other:?}"),
 //! #     }
 //! # }
-//! # fn main() -> Result<(), Error> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # use futures_util::SinkExt;
-//! # tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
+//! # use tokio_tungstenite::tungstenite::Message;
+//! # let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! # runtime.block_on(async {
 //! #     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! #     let url = format!("ws://{}/rooms/lobby", listener.local_addr()?);
-//! #     tokio::spawn(async move { serve(listener).await.expect("serving") });
-//! #     let (mut alice, _) = tokio_tungstenite::connect_async(url.as_str()).await?;
-//! #     let (mut bob, _) = tokio_tungstenite::connect_async(url.as_str()).await?;
-//! #     assert_eq!(frame(&mut alice).await["type"], "joined");
-//! #     assert_eq!(frame(&mut bob).await["type"], "joined");
-//! #     alice.send(tokio_tungstenite::tungstenite::Message::text("hello")).await?;
-//! #     for ws in [&mut alice, &mut bob] {
-//! #         let event = frame(ws).await;
-//! #         assert_eq!((event["type"].as_str(), event["data"].as_str()), (Some("event"), Some("hello")));
+//! #     let clients = async {
+//! #         let (mut alice, _) = tokio_tungstenite::connect_async(url.as_str()).await?;
+//! #         let (mut bob, _) = tokio_tungstenite::connect_async(url.as_str()).await?;
+//! #         assert_eq!(frame(&mut alice).await["type"], "joined");
+//! #         assert_eq!(frame(&mut bob).await["type"], "joined");
+//! #         alice.send(Message::text("hello")).await?;
+//! #         for ws in [&mut alice, &mut bob] {
+//! #             let event = frame(ws).await;
+//! #             assert_eq!(event["type"], "event");
+//! #             assert_eq!(event["data"], "hello");
+//! #         }
+//! #         Ok::<(), Box<dyn std::error::Error>>(())
+//! #     };
+//! #     tokio::select! {
+//! #         served = serve(listener) => panic!("the server stopped: {served:?}"),
+//! #         checked = clients => checked,
 //! #     }
-//! #     Ok(())
 //! # })
 //! # }
 //! ```

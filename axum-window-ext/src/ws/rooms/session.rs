@@ -15,8 +15,11 @@ use super::name::RoomName;
 use super::{frame, metrics, HISTORY_PAGE};
 
 /// What a session sends next: a text frame of the room protocol.
+///
+/// Exhaustive on purpose: each variant asks the socket loop for its own
+/// action, so a new one is a breaking change a loop must handle, not a
+/// wildcard arm that would guess.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Outgoing {
     /// A text frame to send (`joined`, `event`, `recovered`, `resync`).
     Text(Utf8Bytes),

@@ -111,3 +111,35 @@ async fn a_position_ahead_is_answered_to_that_socket_alone() {
         (Some("recovered"), Some(3))
     );
 }
+
+/// Events appended after the join read the room's position but before the
+/// history is read are in both the history and the live queue: they are
+/// sent once, in history, and the first live event after `recovered` is
+/// the next new one.
+#[tokio::test]
+async fn history_past_the_welcome_is_not_sent_again_live() {
+    let hub = hub(16);
+    let r = room("r");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(hub.publish(&r, "u", &format!("m{i}")).await.unwrap());
+    }
+    let epoch = hub.events().position("room:r").await.unwrap().epoch;
+    let from = Position::new(epoch, Some(ids[0]));
+    let mut session = hub.join(&r, Some(from)).await.unwrap();
+    // Subscribed and welcomed at m2; these two come after the welcome.
+    hub.publish(&r, "u", "m3").await.unwrap();
+    hub.publish(&r, "u", "m4").await.unwrap();
+    let welcome = json(next(&mut session).await);
+    assert_eq!(welcome["last_event_id"], ids[2].to_string());
+    for data in ["m1", "m2", "m3", "m4"] {
+        assert_eq!(json(next(&mut session).await)["data"], data);
+    }
+    let recovered = json(next(&mut session).await);
+    assert_eq!(
+        (recovered["type"].as_str(), recovered["count"].as_u64()),
+        (Some("recovered"), Some(4))
+    );
+    hub.publish(&r, "u", "m5").await.unwrap();
+    assert_eq!(json(next(&mut session).await)["data"], "m5");
+}
