@@ -6,14 +6,13 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
+use axum_window_ext::ws::rooms::RoomHub;
 use axum_window_ext::RateLimitInfo;
 use serde_json::{json, Value};
 use tower_window::layer::Rejection;
 use tower_window::{Decision, DecisionSource};
 
 use tower_window::events::EventWindow;
-
-use axum_window_ext::ws::rooms::RoomHub;
 
 use super::identity::{Identity, Sources};
 use super::inbound_stream::InboundStream;
