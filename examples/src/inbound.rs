@@ -28,11 +28,10 @@
 
 use std::time::Duration;
 
+use axum_window_ext::ws::rooms::RoomName;
 use backon::{ExponentialBuilder, Retryable};
 use clap::Parser;
 use tower_window::store::redis::redis::{self, aio::MultiplexedConnection, Script, Value};
-
-use crate::gateway::rooms::valid_room;
 
 /// The worker's flags (each also read from a `TW_*` environment variable).
 #[derive(Debug, Clone, Parser)]
@@ -413,7 +412,7 @@ impl Worker {
     /// with exponential backoff and jitter. `Ok(false)`: a duplicate.
     async fn apply(&self, entry: &Entry) -> Result<bool, Failure> {
         let room = entry.field("room").ok_or(Failure::Invalid("no room"))?;
-        if !valid_room(room) {
+        if !RoomName::is_valid(room) {
             return Err(Failure::Invalid("invalid room"));
         }
         let id = entry.field("id").ok_or(Failure::Invalid("no message id"))?;

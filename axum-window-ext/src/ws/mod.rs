@@ -19,6 +19,9 @@
 //!   `WebSocketUpgrade` first (it recognises HTTP/1.1 `GET` upgrades and
 //!   HTTP/2 extended `CONNECT`, and refuses anything else), then acquire
 //!   the lease, then upgrade.
+//! * [`rooms`]: rooms on event windows — one reader per node, bounded
+//!   per-socket queues, history then live with no gap, resume on any node
+//!   ([`rooms::RoomHub`]).
 //!
 //! ```no_run
 //! use axum::extract::ws::WebSocketUpgrade;
@@ -55,6 +58,7 @@
 mod guard;
 mod limits;
 mod refused;
+pub mod rooms;
 
 pub use guard::{CloseCause, GuardedSocket};
 pub use limits::{ExceedAction, MessageLimits, MessageLimitsBuilder};

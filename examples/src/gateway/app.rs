@@ -6,6 +6,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
+use axum_window_ext::ws::rooms::RoomHub;
 use axum_window_ext::RateLimitInfo;
 use serde_json::{json, Value};
 use tower_window::layer::Rejection;
@@ -14,7 +15,7 @@ use tower_window::{Decision, DecisionSource};
 use tower_window::events::EventWindow;
 
 use super::identity::{Identity, Sources};
-use super::rooms::RoomHub;
+use super::inbound_stream::InboundStream;
 use super::{ws, GatewayConfig};
 
 /// The debug header naming who decided (`--debug-headers`).
@@ -119,21 +120,25 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         config.rooms.store.clone(),
         config.rooms.retention,
     );
-    let tail = config
+    // One hub per node: a single Redis is read live with one blocking
+    // XREAD (its own connection); the embedded store and a cluster are polled.
+    let mut rooms = RoomHub::builder(events);
+    if let Some(tail) = config
         .rooms
         .redis
         .as_ref()
-        .and_then(|redis| redis.event_tail().ok());
-    let mut rooms = match tail {
-        Some(tail) => RoomHub::tailing(events, tail),
-        None => RoomHub::polling(events),
-    };
-    if let Some((client, stream)) = config.rooms.inbound.clone() {
-        rooms = rooms.inbound(client, stream);
+        .and_then(|redis| redis.event_tail().ok())
+    {
+        rooms = rooms.tail(tail);
     }
+    let inbound = config
+        .rooms
+        .inbound
+        .clone()
+        .map(|(client, stream)| InboundStream::new(client, stream));
     let (ws_state, ws_handles) =
         ws::WsState::new(&config.ws, &limiter, fallback_closed, ws_key.clone());
-    let ws_state = ws_state.with_rooms(rooms);
+    let ws_state = ws_state.with_rooms(rooms.build(), inbound);
     // Every quota this gateway checks charts zero before its first decision.
     let mut quotas: std::collections::BTreeSet<String> = config
         .policy

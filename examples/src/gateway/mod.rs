@@ -11,7 +11,8 @@
 //!   See [`ws`] and `examples/README.md`.
 //! - `GET /presence?tenant=T&user=U`: `{"online":true,"connections":2}`,
 //!   never limited.
-//!   `GET /ws?room=R` joins room R instead of the echo (see [`rooms`]).
+//!   `GET /ws?room=R` joins room R instead of the echo, on the library's
+//!   rooms ([`axum_window_ext::ws::rooms`]).
 //! - `GET /healthz`: never limited.
 //! - `GET /`: the demo page, and `GET /api/quota`: the quotas it shows,
 //!   peeked without consuming them (see [`demo`]).
@@ -41,9 +42,8 @@ mod app;
 mod config;
 pub mod demo;
 mod identity;
+mod inbound_stream;
 pub mod metrics;
-pub mod room_metrics;
-pub mod rooms;
 pub mod tenants;
 pub mod ws;
 

@@ -7,9 +7,9 @@
 //! `echo`: messages come back unchanged, except that a text message which
 //! is a JSON object with a string `id` is deduplicated by
 //! `(tenant, user, id)` across all nodes. With `?room=R` the socket is in
-//! room R instead ([`room`], on [`RoomHub`]): every admitted, non-duplicate
-//! text message is appended to the room and fanned out to every socket in
-//! it on every node.
+//! room R instead ([`room`], on the library's [`RoomHub`]): every admitted,
+//! non-duplicate text message is appended to the room and fanned out to
+//! every socket in it on every node.
 
 use std::fmt;
 use std::sync::Arc;
@@ -21,6 +21,7 @@ use axum::http::header::SEC_WEBSOCKET_KEY;
 use axum::http::{HeaderMap, StatusCode, Uri, Version};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use axum_window_ext::ws::rooms::{self, Outgoing, RoomHub, RoomName};
 use axum_window_ext::ws::{ConnectionRefused, ExceedAction, GuardedSocket, MessageLimits};
 use clap::{Args as ClapArgs, ValueEnum};
 use serde::Deserialize;
@@ -33,7 +34,7 @@ use tower_window::events::Position;
 use tower_window::{Limiter, MemoryStore, Policy, Quota, WindowKey};
 
 use super::identity::{BadIdentity, Identity};
-use super::rooms::{valid_room, Outgoing, RoomHub};
+use super::inbound_stream::InboundStream;
 
 /// The WebSocket flags (flattened into the gateway's `Args`).
 #[derive(Debug, Clone, ClapArgs)]
@@ -233,6 +234,8 @@ pub(super) struct WsState {
     presence: Identity,
     /// Rooms (`?room=R`), when the gateway serves them.
     rooms: Option<RoomHub>,
+    /// `--inbound-stream`: where room messages also go.
+    inbound: Option<InboundStream>,
 }
 
 /// The node's WebSocket machinery, for tests and operators.
@@ -304,14 +307,17 @@ impl WsState {
                 presence: Identity::query_only(),
                 identity,
                 rooms: None,
+                inbound: None,
             },
             handles,
         )
     }
 
-    /// Serves `?room=R` on `rooms`.
-    pub(super) fn with_rooms(mut self, rooms: RoomHub) -> Self {
+    /// Serves `?room=R` on `rooms`, also appending every message to
+    /// `inbound` if given.
+    pub(super) fn with_rooms(mut self, rooms: RoomHub, inbound: Option<InboundStream>) -> Self {
         self.rooms = Some(rooms);
+        self.inbound = inbound;
         self
     }
 }
@@ -328,7 +334,7 @@ pub(super) struct Who {
 /// A room to join: its name and the client's position, if it resumes.
 #[derive(Debug)]
 struct RoomJoin {
-    room: String,
+    room: RoomName,
     resume: Option<Position>,
 }
 
@@ -339,9 +345,9 @@ impl Who {
         let Some(room) = &self.room else {
             return Ok(None);
         };
-        if !valid_room(room) {
+        let Ok(room) = RoomName::new(room.as_str()) else {
             return Err("room: 1 to 64 characters of [A-Za-z0-9_.-]");
-        }
+        };
         let resume = match (&self.epoch, &self.last_event_id) {
             (Some(epoch), last) => Some(
                 Position::parse(epoch, last.as_deref().unwrap_or(""))
@@ -350,10 +356,7 @@ impl Who {
             (None, Some(_)) => return Err("last_event_id needs its epoch"),
             (None, None) => None,
         };
-        Ok(Some(RoomJoin {
-            room: room.clone(),
-            resume,
-        }))
+        Ok(Some(RoomJoin { room, resume }))
     }
 }
 
@@ -526,15 +529,18 @@ async fn room(
                             continue;
                         }
                     }
-                    if let Err(error) = session.publish(&user, text.as_str(), id.as_deref()).await {
-                        tracing::warn!(%error, "publishing to a room failed");
-                        let notice = json!({
-                            "type": "error",
-                            "room": session.room(),
-                            "reason": "unavailable",
-                        });
-                        if socket.send(Message::Text(notice.to_string().into())).await.is_err() {
-                            return;
+                    match session.publish(&user, text.as_str()).await {
+                        Ok(event) => {
+                            if let Some(inbound) = &state.inbound {
+                                let room = session.room().as_str();
+                                inbound.forward(id.as_deref(), event, room, &user, text.as_str()).await;
+                            }
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, "publishing to a room failed");
+                            if socket.send(Message::Text(session.unavailable())).await.is_err() {
+                                return;
+                            }
                         }
                     }
                 }
@@ -548,10 +554,10 @@ async fn room(
     }
 }
 
-/// Close codes of the room mode.
-const CLOSE_UNSUPPORTED: u16 = 1003;
-const CLOSE_ERROR: u16 = 1011;
-const CLOSE_AGAIN: u16 = 1013;
+/// Close codes of the room mode: the room protocol's (1003, 1011, 1013).
+const CLOSE_UNSUPPORTED: u16 = rooms::CLOSE_UNSUPPORTED;
+const CLOSE_ERROR: u16 = rooms::CLOSE_STORE_ERROR;
+const CLOSE_AGAIN: u16 = rooms::CLOSE_OVERFLOW;
 
 /// Whether an HTTP/1 upgrade's `Sec-WebSocket-Key` is what RFC 6455
 /// (4.2.1) requires, a base64-encoded 16-byte value (24 characters, the

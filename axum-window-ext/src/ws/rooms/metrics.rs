@@ -1,26 +1,39 @@
-//! What the rooms of `/ws?room=R` record, for the dashboard's rooms row.
+//! What rooms record, through the [`metrics`](https://docs.rs/metrics)
+//! facade (nothing happens until a recorder is installed).
 //!
-//! Every series is registered at zero when a node's room hub is built, so
-//! `rate()` and `increase()` work from the first scrape on and a node with
-//! no room traffic yet still shows its rooms row.
+//! Every series is described and registered at zero when a
+//! [`RoomHub`](super::RoomHub) is built, so `rate()` and `increase()` work
+//! from the first scrape on and a node with no room traffic yet still
+//! shows every series: install the recorder before building the hub.
 
 use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 
-/// Room messages appended to their event window by this node.
+/// Counter: room messages this node appended to their event window.
 pub const ROOM_PUBLISHED_TOTAL: &str = "tower_window_room_published_total";
-/// Live room events queued to this node's sockets.
+/// Counter: live room events this node queued to its sockets.
 pub const ROOM_DELIVERED_TOTAL: &str = "tower_window_room_delivered_total";
-/// Room joins by how they started: `live` (no position given), `recovered`
-/// (the gap was sent), `too_old`, `epoch_changed` or `ahead` (told to
-/// resync).
+/// Counter: room joins, by label `result`: how they started —
+/// [`JOIN_RESULTS`].
 pub const ROOM_JOINS_TOTAL: &str = "tower_window_room_joins_total";
-/// Sockets dropped because their queue overflowed (told to resync).
+/// Counter: sockets dropped from their room because their queue
+/// overflowed (told to resync).
 pub const ROOM_OVERFLOWS_TOTAL: &str = "tower_window_room_overflows_total";
-/// Sockets in a room on this node.
+/// Gauge: sockets in a room on this node.
 pub const ROOM_SOCKETS: &str = "tower_window_room_sockets";
 
-/// Every `result` of [`ROOM_JOINS_TOTAL`].
-const JOIN_RESULTS: [&str; 5] = ["live", "recovered", "too_old", "epoch_changed", "ahead"];
+/// Every room metric name.
+pub const ROOM_ALL: &[&str] = &[
+    ROOM_PUBLISHED_TOTAL,
+    ROOM_DELIVERED_TOTAL,
+    ROOM_JOINS_TOTAL,
+    ROOM_OVERFLOWS_TOTAL,
+    ROOM_SOCKETS,
+];
+
+/// Every `result` of [`ROOM_JOINS_TOTAL`]: `live` (no position given),
+/// `recovered` (the gap was sent), and the resync reasons `too_old`,
+/// `epoch_changed` and `ahead`.
+pub const JOIN_RESULTS: [&str; 5] = ["live", "recovered", "too_old", "epoch_changed", "ahead"];
 
 /// Describes every room metric and registers it at zero.
 pub(super) fn register() {

@@ -1,0 +1,358 @@
+//! [`RoomHub`]: one node's rooms — who is in which room, and the one
+//! reader that feeds them.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use axum::extract::ws::{Utf8Bytes, WebSocket};
+use tokio::sync::{mpsc, Notify};
+#[cfg(feature = "redis")]
+use tower_window::events::EventTail;
+use tower_window::events::{Epoch, Event, EventId, EventWindow, Position};
+use tower_window::StoreError;
+
+use super::name::RoomName;
+use super::session::{Phase, RoomSession};
+use super::{frame, metrics, reader, DEFAULT_QUEUE};
+
+/// One node's rooms on an [`EventWindow`]; see the [module docs](super).
+///
+/// Cheap to clone (every clone is the same hub). Build one per node and
+/// share it (axum `State`): its one reader task serves every room the
+/// node's sockets are in. The reader starts on the first
+/// [`join`](Self::join) and ends when the last clone is dropped.
+#[derive(Clone)]
+pub struct RoomHub {
+    pub(super) inner: Arc<Inner>,
+}
+
+/// How the reader learns of new events.
+pub(super) enum Live {
+    /// One blocking `XREAD` for all rooms (single-node Redis).
+    #[cfg(feature = "redis")]
+    Tail(Box<tokio::sync::Mutex<EventTail>>),
+    /// Polling the event window, woken at once by local appends.
+    Poll,
+}
+
+pub(super) struct Inner {
+    pub(super) events: EventWindow,
+    pub(super) live: Live,
+    pub(super) rooms: Mutex<HashMap<RoomName, Room>>,
+    /// Wakes the reader: after a local append (polling) or a new room.
+    pub(super) wake: Notify,
+    started: AtomicBool,
+    next_socket: AtomicU64,
+    queue_capacity: usize,
+}
+
+pub(super) struct Room {
+    /// The last event the reader delivered (its epoch and id); `None`
+    /// until the first join told where the room stands.
+    pub(super) cursor: Option<(Epoch, EventId)>,
+    sockets: HashMap<u64, Socket>,
+}
+
+struct Socket {
+    queue: mpsc::Sender<LiveEvent>,
+    overflowed: Arc<AtomicBool>,
+}
+
+/// A live event, serialised once for every socket.
+#[derive(Debug, Clone)]
+pub(super) struct LiveEvent {
+    pub(super) epoch: Epoch,
+    pub(super) id: EventId,
+    pub(super) text: Utf8Bytes,
+}
+
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The event-window key of `room` (rooms have a namespace of their own).
+pub(super) fn window_key(room: &RoomName) -> String {
+    format!("room:{room}")
+}
+
+/// Builds a [`RoomHub`]: [`RoomHub::builder`].
+pub struct RoomHubBuilder {
+    events: EventWindow,
+    live: Live,
+    queue_capacity: usize,
+}
+
+impl fmt::Debug for RoomHubBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RoomHubBuilder")
+            .field("events", &self.events)
+            .field("tail", &!matches!(self.live, Live::Poll))
+            .field("queue_capacity", &self.queue_capacity)
+            .finish()
+    }
+}
+
+impl RoomHubBuilder {
+    /// The bound of every socket's queue of live events (at least 1;
+    /// default [`DEFAULT_QUEUE`]). A socket whose queue is full when an
+    /// event arrives is dropped from its room and told to resync
+    /// ([`Outgoing::Overflow`](super::Outgoing::Overflow)): one slow
+    /// socket never blocks the others.
+    pub fn queue_capacity(mut self, capacity: usize) -> Self {
+        self.queue_capacity = capacity.max(1);
+        self
+    }
+
+    /// Reads live events with one blocking `XREAD` over every room the
+    /// node serves, on `tail`'s own connection
+    /// ([`RedisStore::event_tail`](tower_window::RedisStore::event_tail)),
+    /// instead of polling. Single-node Redis only: a cluster cannot
+    /// `XREAD` keys of several slots at once (its rooms are polled).
+    /// `tail` must be of the store `events` lives in.
+    #[cfg(feature = "redis")]
+    pub fn tail(mut self, tail: EventTail) -> Self {
+        self.live = Live::Tail(Box::new(tokio::sync::Mutex::new(tail)));
+        self
+    }
+
+    /// The hub. Describes the [room metrics](super::metrics) and
+    /// registers them at zero.
+    pub fn build(self) -> RoomHub {
+        metrics::register();
+        RoomHub {
+            inner: Arc::new(Inner {
+                events: self.events,
+                live: self.live,
+                rooms: Mutex::new(HashMap::new()),
+                wake: Notify::new(),
+                started: AtomicBool::new(false),
+                next_socket: AtomicU64::new(0),
+                queue_capacity: self.queue_capacity,
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for RoomHub {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RoomHub")
+            .field("rooms", &lock(&self.inner.rooms).len())
+            .field("tail", &!matches!(self.inner.live, Live::Poll))
+            .field("queue_capacity", &self.inner.queue_capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RoomHub {
+    /// Rooms on `events`, read live by polling, with the default queue
+    /// bound: `RoomHub::builder(events).build()`.
+    pub fn new(events: EventWindow) -> Self {
+        Self::builder(events).build()
+    }
+
+    /// A builder of rooms on `events` (set the queue bound, or a Redis
+    /// tail with the `redis` feature).
+    pub fn builder(events: EventWindow) -> RoomHubBuilder {
+        RoomHubBuilder {
+            events,
+            live: Live::Poll,
+            queue_capacity: DEFAULT_QUEUE,
+        }
+    }
+
+    /// The event window rooms live in (each room is the window
+    /// `room:<name>`).
+    pub fn events(&self) -> &EventWindow {
+        &self.inner.events
+    }
+
+    /// How many sockets of this node are in `room`.
+    pub fn sockets_in(&self, room: &RoomName) -> usize {
+        lock(&self.inner.rooms)
+            .get(room)
+            .map_or(0, |r| r.sockets.len())
+    }
+
+    /// Joins `room`: subscribes to its live events first, then reads
+    /// where the room stands. `resume` is the client's position, if it
+    /// has one (it is the client's word: whatever it is, the answer is
+    /// for this session alone). [`RoomSession::next`] then yields the
+    /// welcome, the history after `resume` and `recovered` or `resync`,
+    /// then live events. The session leaves the room when dropped.
+    pub async fn join(
+        &self,
+        room: &RoomName,
+        resume: Option<Position>,
+    ) -> Result<RoomSession, StoreError> {
+        self.start_reader();
+        let inner = &self.inner;
+        let id = inner.next_socket.fetch_add(1, Ordering::Relaxed);
+        let (queue, receiver) = mpsc::channel(inner.queue_capacity);
+        let overflowed = Arc::new(AtomicBool::new(false));
+        lock(&inner.rooms)
+            .entry(room.clone())
+            .or_insert_with(|| Room {
+                cursor: None,
+                sockets: HashMap::new(),
+            })
+            .sockets
+            .insert(
+                id,
+                Socket {
+                    queue,
+                    overflowed: Arc::clone(&overflowed),
+                },
+            );
+        metrics::sockets(1.0);
+        let mut session = RoomSession {
+            hub: self.clone(),
+            room: room.clone(),
+            socket: id,
+            receiver,
+            overflowed,
+            head: None,
+            phase: Phase::Live,
+            pending: VecDeque::new(),
+            last_sent: None,
+        };
+        // Subscribed first: every event after this point reaches the queue.
+        // (A failure here drops the session, which leaves the room.)
+        let head = inner.events.position(window_key(room)).await?;
+        let new_room = {
+            let mut rooms = lock(&inner.rooms);
+            match rooms.get_mut(room) {
+                Some(state) if state.cursor.is_none() => {
+                    state.cursor = Some((head.epoch.clone(), head.after()));
+                    true
+                }
+                _ => false,
+            }
+        };
+        if new_room {
+            // A reader waiting with no room starts at once; one blocked in
+            // XREAD picks the room up within READ_BLOCK.
+            inner.wake.notify_one();
+        }
+        session.opened(head, resume);
+        Ok(session)
+    }
+
+    /// Joins `room` and serves it on `socket` until either side closes:
+    /// [`join`](Self::join), then [`RoomSession::serve`]. A failed join
+    /// closes the socket with [`CLOSE_STORE_ERROR`](super::CLOSE_STORE_ERROR).
+    pub async fn serve(
+        &self,
+        mut socket: WebSocket,
+        room: &RoomName,
+        resume: Option<Position>,
+        from: &str,
+    ) {
+        match self.join(room, resume).await {
+            Ok(session) => session.serve(socket, from).await,
+            Err(error) => {
+                tracing::warn!(%error, "joining a room failed");
+                super::serve::close(&mut socket, super::CLOSE_STORE_ERROR, "store unavailable")
+                    .await;
+            }
+        }
+    }
+
+    pub(super) fn leave(&self, room: &RoomName, socket: u64) {
+        let mut rooms = lock(&self.inner.rooms);
+        if let Some(state) = rooms.get_mut(room) {
+            if state.sockets.remove(&socket).is_some() {
+                metrics::sockets(-1.0);
+            }
+            if state.sockets.is_empty() {
+                rooms.remove(room);
+            }
+        }
+    }
+
+    /// Appends a message `data` from `from` to `room` and wakes the
+    /// reader: every socket in the room on every node gets it (the
+    /// sender's own session included). Returns the event's id.
+    pub async fn publish(
+        &self,
+        room: &RoomName,
+        from: &str,
+        data: &str,
+    ) -> Result<EventId, StoreError> {
+        let appended = self
+            .inner
+            .events
+            .append(
+                window_key(room),
+                &[
+                    (frame::FROM, from.as_bytes()),
+                    (frame::DATA, data.as_bytes()),
+                ],
+            )
+            .await?;
+        metrics::published();
+        self.inner.wake.notify_one();
+        Ok(appended.id)
+    }
+
+    fn start_reader(&self) {
+        if self.inner.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(reader::run(weak));
+    }
+
+    /// Delivers `events` of `room` (in `epoch` order) to its sockets, never
+    /// waiting: a full queue drops that socket (it is told to resync).
+    pub(super) fn deliver(&self, room: &RoomName, events: Vec<(Epoch, Event)>) {
+        let mut rooms = lock(&self.inner.rooms);
+        let Some(state) = rooms.get_mut(room) else {
+            return;
+        };
+        for (epoch, event) in events {
+            if let Some((cursor_epoch, cursor)) = &state.cursor {
+                if *cursor_epoch == epoch && event.id <= *cursor {
+                    continue; // already delivered
+                }
+            }
+            let live = LiveEvent {
+                text: frame::event(room, &epoch, &event),
+                id: event.id,
+                epoch: epoch.clone(),
+            };
+            state
+                .sockets
+                .retain(|_, socket| match socket.queue.try_send(live.clone()) {
+                    Ok(()) => {
+                        metrics::delivered(1);
+                        true
+                    }
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        socket.overflowed.store(true, Ordering::Release);
+                        metrics::overflowed();
+                        metrics::sockets(-1.0);
+                        false
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        metrics::sockets(-1.0);
+                        false
+                    }
+                });
+            state.cursor = Some((epoch, event.id));
+        }
+    }
+
+    /// Moves `room`'s cursor to `last` (past entries that were not events).
+    #[cfg(feature = "redis")]
+    pub(super) fn skip_to(&self, room: &RoomName, last: EventId) {
+        if let Some(state) = lock(&self.inner.rooms).get_mut(room) {
+            if let Some((_, cursor)) = &mut state.cursor {
+                if *cursor < last {
+                    *cursor = last;
+                }
+            }
+        }
+    }
+}

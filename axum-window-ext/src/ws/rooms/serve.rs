@@ -1,0 +1,118 @@
+//! [`RoomSession::serve`]: a ready-made room socket loop over a plain
+//! axum `WebSocket`.
+
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+
+use super::session::{Outgoing, RoomSession};
+use super::{CLOSE_OVERFLOW, CLOSE_STORE_ERROR, CLOSE_UNSUPPORTED};
+
+/// How long the peer may take to answer a close (its close frame, or the
+/// end of the connection) before the socket is dropped anyway.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+impl RoomSession {
+    /// Serves this session on `socket` until either side closes: the
+    /// session's frames out; every text message in, published to the room
+    /// as sent by `from` (a failed append is answered with
+    /// [`unavailable`](Self::unavailable) and the socket stays open).
+    ///
+    /// Closes as the room protocol says: a binary message with
+    /// [`CLOSE_UNSUPPORTED`] (1003), a store failure while reading with
+    /// [`CLOSE_STORE_ERROR`] (1011), an overflow (after its `resync`) with
+    /// [`CLOSE_OVERFLOW`] (1013); each close is sent, then the peer's
+    /// answer awaited for at most a second.
+    ///
+    /// No limits apply to inbound messages here. For per-message and
+    /// per-byte limits, a connection cap or deduplication, write the loop
+    /// over a [`GuardedSocket`](crate::ws::GuardedSocket) with
+    /// [`next`](Self::next) and [`publish`](Self::publish) instead (as the
+    /// example gateway does).
+    pub async fn serve(mut self, mut socket: WebSocket, from: &str) {
+        let (code, reason) = loop {
+            // Both arms are cancel-safe: a frame or message not taken now
+            // is taken by the next turn.
+            tokio::select! {
+                frame = self.next() => match frame {
+                    Ok(Some(Outgoing::Text(text))) => {
+                        if socket.send(Message::Text(text)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Some(Outgoing::Overflow(text))) => {
+                        if socket.send(Message::Text(text)).await.is_err() {
+                            return;
+                        }
+                        break (CLOSE_OVERFLOW, "too slow");
+                    }
+                    Ok(None) => break (CLOSE_GOING_AWAY, "left the room"),
+                    Err(error) => {
+                        tracing::warn!(%error, "reading a room failed");
+                        break (CLOSE_STORE_ERROR, "store unavailable");
+                    }
+                },
+                message = socket.recv() => match message {
+                    Some(Ok(Message::Text(text))) => {
+                        if let Err(error) = self.publish(from, text.as_str()).await {
+                            tracing::warn!(%error, "publishing to a room failed");
+                            if socket.send(Message::Text(self.unavailable())).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Some(Ok(Message::Binary(_))) => {
+                        break (CLOSE_UNSUPPORTED, "rooms take text messages");
+                    }
+                    Some(Ok(Message::Close(_))) => {
+                        // The reply is queued; reading once more writes it.
+                        drain(&mut socket).await;
+                        return;
+                    }
+                    // Pings are answered by axum.
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                    None | Some(Err(_)) => return,
+                },
+            }
+        };
+        // Out of the room before the (bounded) close handshake.
+        drop(self);
+        close(&mut socket, code, reason).await;
+    }
+}
+
+/// Close code 1001 (going away): the session ended without a reason of
+/// the protocol's own.
+const CLOSE_GOING_AWAY: u16 = 1001;
+
+/// Sends a close with `code` and `reason`, then reads until the peer's
+/// close or the end of the connection, for at most [`CLOSE_WAIT`], so the
+/// close reaches the client before the socket is dropped.
+pub(super) async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
+    let frame = CloseFrame {
+        code,
+        reason: reason.into(),
+    };
+    if let Err(error) = socket.send(Message::Close(Some(frame))).await {
+        tracing::debug!(%error, "websocket close failed");
+        return;
+    }
+    drain(socket).await;
+}
+
+/// Reads (and discards) until the peer's close or the end of the
+/// connection, for at most [`CLOSE_WAIT`]; bounded in time, so a peer
+/// that never answers does not hold the socket.
+async fn drain(socket: &mut WebSocket) {
+    let _ = tokio::time::timeout(CLOSE_WAIT, async {
+        while let Some(Ok(message)) = socket.recv().await {
+            if matches!(message, Message::Close(_)) {
+                // Reading once more writes the queued reply, if any, and
+                // ends the stream.
+                let _ = socket.recv().await;
+                return;
+            }
+        }
+    })
+    .await;
+}

@@ -1,0 +1,145 @@
+//! The hub and sessions without sockets (moved with the hub from the
+//! example gateway's `rooms.rs`).
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use tower_window::events::{Epoch, EventId, EventWindow, Position, Retention};
+use tower_window::{Limiter, MemoryStore, Quota};
+
+use super::{Outgoing, RoomHub, RoomName, RoomSession};
+
+/// The one place these tests make an event window.
+fn hub(capacity: usize) -> RoomHub {
+    let store = MemoryStore::new();
+    let limiter = Limiter::new(store.clone(), "1000/1s".parse::<Quota>().unwrap());
+    let retention = Retention::new(Duration::from_secs(600), 1000).unwrap();
+    RoomHub::builder(EventWindow::new(limiter, store, retention))
+        .queue_capacity(capacity)
+        .build()
+}
+
+fn room(name: &str) -> RoomName {
+    RoomName::new(name).unwrap()
+}
+
+async fn next(session: &mut RoomSession) -> Outgoing {
+    tokio::time::timeout(Duration::from_secs(10), session.next())
+        .await
+        .expect("a frame in time")
+        .unwrap()
+        .expect("the hub is alive")
+}
+
+fn json(frame: Outgoing) -> serde_json::Value {
+    match frame {
+        Outgoing::Text(text) => serde_json::from_str(text.as_str()).unwrap(),
+        Outgoing::Overflow(text) => panic!("overflow: {}", text.as_str()),
+    }
+}
+
+/// A socket that does not read fills its queue and is dropped from the
+/// room with a resync; the socket that reads gets every event, and the
+/// publisher never waits.
+#[tokio::test]
+async fn a_full_queue_drops_only_that_socket() {
+    let hub = hub(2);
+    let r = room("r");
+    let mut slow = hub.join(&r, None).await.unwrap();
+    let mut fast = hub.join(&r, None).await.unwrap();
+    assert_eq!(json(next(&mut fast).await)["type"], "joined");
+    assert_eq!(json(next(&mut slow).await)["type"], "joined");
+    for i in 0..10 {
+        hub.publish(&r, "u", &i.to_string()).await.unwrap();
+        let event = json(next(&mut fast).await);
+        assert_eq!(
+            (event["type"].as_str(), event["data"].as_str()),
+            (Some("event"), Some(&*i.to_string()))
+        );
+    }
+    assert_eq!(hub.sockets_in(&r), 1, "the slow socket left the room");
+    assert_eq!(json(next(&mut slow).await)["data"], "0");
+    assert_eq!(json(next(&mut slow).await)["data"], "1");
+    match next(&mut slow).await {
+        Outgoing::Overflow(text) => {
+            let resync: serde_json::Value = serde_json::from_str(text.as_str()).unwrap();
+            assert_eq!(resync["type"], "resync");
+            assert_eq!(resync["reason"], "overflow");
+        }
+        Outgoing::Text(text) => panic!("expected the overflow, got {}", text.as_str()),
+    }
+    drop(fast);
+    assert_eq!(hub.sockets_in(&r), 0);
+}
+
+/// A position ahead of the room (issue 22, defect 3) is answered
+/// `resync` `ahead` to that socket alone, on the polling reader too:
+/// the room keeps its epoch and an honest resume recovers its gap.
+#[tokio::test]
+async fn a_position_ahead_is_answered_to_that_socket_alone() {
+    let hub = hub(16);
+    let r = room("r");
+    let mut alice = hub.join(&r, None).await.unwrap();
+    let joined = json(next(&mut alice).await);
+    let epoch: Epoch = joined["epoch"].as_str().unwrap().parse().unwrap();
+    let first = hub.publish(&r, "u", "m0").await.unwrap();
+    assert_eq!(json(next(&mut alice).await)["data"], "m0");
+    drop(alice);
+    let ahead = EventId::new(tower_window::events::MAX_ID_PART, 0).unwrap();
+    for i in 0..3 {
+        let position = Position::new(epoch.clone(), Some(ahead));
+        let mut mallory = hub.join(&r, Some(position)).await.unwrap();
+        assert_eq!(json(next(&mut mallory).await)["epoch"], epoch.as_str());
+        let resync = json(next(&mut mallory).await);
+        assert_eq!(
+            (resync["type"].as_str(), resync["reason"].as_str()),
+            (Some("resync"), Some("ahead"))
+        );
+        hub.publish(&r, "u", &format!("m{}", i + 1)).await.unwrap();
+    }
+    let mut alice = hub
+        .join(&r, Some(Position::new(epoch.clone(), Some(first))))
+        .await
+        .unwrap();
+    assert_eq!(json(next(&mut alice).await)["epoch"], epoch.as_str());
+    for data in ["m1", "m2", "m3"] {
+        assert_eq!(json(next(&mut alice).await)["data"], data);
+    }
+    let recovered = json(next(&mut alice).await);
+    assert_eq!(
+        (recovered["type"].as_str(), recovered["count"].as_u64()),
+        (Some("recovered"), Some(3))
+    );
+}
+
+/// Events appended after the join read the room's position but before the
+/// history is read are in both the history and the live queue: they are
+/// sent once, in history, and the first live event after `recovered` is
+/// the next new one.
+#[tokio::test]
+async fn history_past_the_welcome_is_not_sent_again_live() {
+    let hub = hub(16);
+    let r = room("r");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(hub.publish(&r, "u", &format!("m{i}")).await.unwrap());
+    }
+    let epoch = hub.events().position("room:r").await.unwrap().epoch;
+    let from = Position::new(epoch, Some(ids[0]));
+    let mut session = hub.join(&r, Some(from)).await.unwrap();
+    // Subscribed and welcomed at m2; these two come after the welcome.
+    hub.publish(&r, "u", "m3").await.unwrap();
+    hub.publish(&r, "u", "m4").await.unwrap();
+    let welcome = json(next(&mut session).await);
+    assert_eq!(welcome["last_event_id"], ids[2].to_string());
+    for data in ["m1", "m2", "m3", "m4"] {
+        assert_eq!(json(next(&mut session).await)["data"], data);
+    }
+    let recovered = json(next(&mut session).await);
+    assert_eq!(
+        (recovered["type"].as_str(), recovered["count"].as_u64()),
+        (Some("recovered"), Some(4))
+    );
+    hub.publish(&r, "u", "m5").await.unwrap();
+    assert_eq!(json(next(&mut session).await)["data"], "m5");
+}
