@@ -40,6 +40,7 @@
 mod app;
 mod config;
 pub mod demo;
+pub mod flags;
 mod identity;
 pub mod metrics;
 pub mod room_metrics;
