@@ -1019,7 +1019,13 @@ mod tests {
             args(&["--lease-ttl", "40"]).lease_ttl,
             Some(Duration::from_millis(40))
         );
-        for bad in ["0", "1h", "x", "-1s", "2d"] {
+        // At most 1h, as documented (`1h` itself was refused when the
+        // parser knew no `h`).
+        assert_eq!(
+            args(&["--lease-ttl", "1h"]).lease_ttl,
+            Some(Duration::from_secs(3600))
+        );
+        for bad in ["0", "61m", "x", "-1s", "2d"] {
             assert!(
                 Args::try_parse_from(["gateway", "--lease-ttl", bad]).is_err(),
                 "{bad}"

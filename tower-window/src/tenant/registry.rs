@@ -534,6 +534,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn close_takes_the_default_and_revert_hands_back_to_the_file() {
+        let registry = TenantRegistry::new(file().with_default(spec(&[("minute", "60/1m")])));
+        // Covered by the default: closed (a new generation), still on it.
+        assert!(registry.close("other").await.unwrap());
+        assert_eq!(policy(&registry, "other").first().name(), "minute");
+        assert_eq!(registry.effective("other").unwrap().generation, 1);
+        // The tombstone keeps a later file entry from applying...
+        registry.set_config(
+            file()
+                .with_tenant("other", spec(&[("burst", "4/1m")]))
+                .unwrap()
+                .with_default(spec(&[("minute", "60/1m")])),
+        );
+        assert_eq!(policy(&registry, "other").first().name(), "minute");
+        // ...until it is reverted: the file's entry, generation kept.
+        assert!(registry.revert("other").await.unwrap());
+        assert_eq!(policy(&registry, "other").first().limit(), 4);
+        let info = registry.tenant("other").unwrap();
+        assert_eq!((info.source, info.generation), (TenantSource::File, 1));
+        assert!(!registry.revert("other").await.unwrap());
+        // A runtime definition goes back to the file's too.
+        registry
+            .init("acme", spec(&[("burst", "9/1m")]))
+            .await
+            .unwrap();
+        assert!(registry.revert("acme").await.unwrap());
+        assert_eq!(policy(&registry, "acme").first().limit(), 2);
+        // Without a default, an unknown tenant is not closed.
+        let bare = TenantRegistry::new(file());
+        assert!(!bare.close("other").await.unwrap());
+        assert!(matches!(
+            bare.revert("a b").await,
+            Err(TenantError::InvalidName(_))
+        ));
+    }
+
+    #[tokio::test]
     async fn reset_starts_every_window_afresh_and_a_limit_change_keeps_them() {
         let registry = TenantRegistry::new(file());
         let limiter = Limiter::builder(MemoryStore::new(), "1/1m".parse::<Quota>().unwrap())
