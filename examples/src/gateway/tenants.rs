@@ -215,7 +215,10 @@ fn is_new_version(event: &notify::Event, name: &std::ffi::OsStr) -> bool {
 pub fn watch(registry: TenantRegistry, file: &TenantsFile) -> Option<TenantsWatch> {
     let path = file.path.clone();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let name = path.file_name().map(ToOwned::to_owned)?;
+    let Some(name) = path.file_name().map(ToOwned::to_owned) else {
+        tracing::warn!(path = %path.display(), "the tenants file has no file name to watch; hot reload is off");
+        return None;
+    };
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         match event {
             Ok(event) if is_new_version(&event, &name) => {
