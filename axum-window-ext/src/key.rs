@@ -9,9 +9,9 @@ use tower_window::key::{KeyExtractor, PeerIp, TrustedProxies, WindowKey};
 
 /// Limits per value of a path parameter, e.g. per `{id}` of `/users/{id}`.
 ///
-/// axum routes first and then runs the route's layers, so both
-/// `Router::layer` and `Router::route_layer` see the matched route's
-/// template ([`MatchedPath`]); `PathParam` finds the parameter's segment in
+/// axum routes first and then runs the route's layers, so
+/// `Router::layer`, `Router::route_layer` and a method router's
+/// `route_layer` all see the matched route's template ([`MatchedPath`]); `PathParam` finds the parameter's segment in
 /// it and takes the same segment of the request path, percent-decoded. A
 /// catch-all parameter (`{*rest}`) takes the rest of the path. Requests
 /// without a matched route (the fallback) or without the parameter have no
@@ -23,9 +23,9 @@ use tower_window::key::{KeyExtractor, PeerIp, TrustedProxies, WindowKey};
 /// use tower_window::{Limiter, MemoryStore, Quota};
 ///
 /// let limiter = Limiter::new(MemoryStore::new(), "10/1m".parse::<Quota>().unwrap());
+/// let user = get(|| async { "user" });
 /// let app: Router = Router::new()
-///     .route("/users/{id}", get(|| async { "user" }))
-///     .route_layer(axum_window_ext::layer(limiter, PathParam::new("id")));
+///     .route("/users/{id}", user.route_layer(axum_window_ext::layer(limiter, PathParam::new("id"))));
 /// # let _ = app;
 /// ```
 #[derive(Debug, Clone)]

@@ -2,8 +2,11 @@
 //!
 //! - [`layer`] / [`AxumSlidingWindowLayer`]: a
 //!   [`SlidingWindowLayer`] whose rejections are RFC 9457
-//!   `application/problem+json` bodies ([`ProblemJson`]), for
-//!   `Router::layer` and `Router::route_layer`.
+//!   `application/problem+json` bodies ([`ProblemJson`]). Put it on a
+//!   route's method router (`get(handler).route_layer(layer)`) so that only
+//!   requests the route serves are charged: `Router::route_layer` also
+//!   wraps axum's `405` for a method the route does not serve (and so
+//!   charges it), `Router::layer` every request, `404`s included.
 //! - [`RateLimitInfo`]: an extractor that gives handlers the layer's
 //!   [`Decision`](tower_window::Decision) (also as `Option<RateLimitInfo>`).
 //! - [`RejectionResponse`]: a [`Rejection`] handlers can return
@@ -22,15 +25,21 @@
 //! let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse::<Quota>()?);
 //! // Per user, within the tenant named by `x-tenant-id` (default "public").
 //! let key = Header::new("x-user-id")?.with_tenant(Header::new("x-tenant-id")?.or(Constant::new("public")));
-//! let app: Router = Router::new()
-//!     .route("/hello", get(|RateLimitInfo(d): RateLimitInfo| async move {
-//!         format!("hello, {} left", d.remaining)
-//!     }))
-//!     .route_layer(axum_window_ext::layer(limiter, key));
-//! # use tower::ServiceExt;
-//! # let request = http::Request::get("/hello").header("x-user-id", "alice").body(axum::body::Body::empty())?;
-//! # let response = app.oneshot(request).await?;
-//! # assert_eq!(response.status(), 200);
+//! let hello = get(|RateLimitInfo(d): RateLimitInfo| async move {
+//!     format!("hello, {} left", d.remaining)
+//! });
+//! let app: Router = Router::new().route("/hello", hello.route_layer(axum_window_ext::layer(limiter, key)));
+//!
+//! use tower::ServiceExt; // `oneshot`
+//! let request = http::Request::get("/hello").header("x-user-id", "alice").body(axum::body::Body::empty())?;
+//! let response = app.clone().oneshot(request).await?;
+//! assert_eq!(response.status(), 200);
+//! assert_eq!(response.headers()["ratelimit"], "\"default\";r=99;t=60");
+//! // A method the route does not serve is axum's 405, and costs nothing.
+//! let request = http::Request::post("/hello").header("x-user-id", "alice").body(axum::body::Body::empty())?;
+//! assert_eq!(app.clone().oneshot(request).await?.status(), 405);
+//! let request = http::Request::get("/hello").header("x-user-id", "alice").body(axum::body::Body::empty())?;
+//! assert_eq!(app.oneshot(request).await?.headers()["ratelimit"], "\"default\";r=98;t=60");
 //! # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
 //! # }).unwrap();
 //! ```

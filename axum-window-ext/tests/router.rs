@@ -253,6 +253,75 @@ async fn layer_covers_the_fallback_route_layer_does_not() {
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
+/// The pattern of the READMEs: the layer on the method router
+/// (`get(handler).route_layer(layer)`). A method the route does not serve
+/// (axum's 405) and a path no route has (404) are then not charged.
+#[tokio::test]
+async fn the_method_route_layer_charges_neither_405_nor_404() {
+    let (limiter, _clock) = limiter("2/1m");
+    let app = Router::new().route(
+        "/hello",
+        get(|| async { "hello" }).route_layer(axum_window_ext::layer(
+            limiter,
+            Header::new("x-user-id").unwrap(),
+        )),
+    );
+    let call = |method: &str, path: &str| {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("x-user-id", "u")
+            .body(Body::empty())
+            .unwrap();
+        app.clone().oneshot(request)
+    };
+    for _ in 0..3 {
+        for method in ["POST", "PUT", "DELETE", "PATCH"] {
+            let response = call(method, "/hello").await.unwrap();
+            assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+            assert_eq!(response.headers()[header::ALLOW], "GET,HEAD");
+            assert!(!response.headers().contains_key("ratelimit"), "{method}");
+        }
+        let response = call("GET", "/nope").await.unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    }
+    let response = call("GET", "/hello").await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["ratelimit"], r#""default";r=1;t=60"#);
+    // HEAD is served (by the GET handler) and so charged.
+    assert_eq!(
+        call("HEAD", "/hello").await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        call("GET", "/hello").await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // Why the READMEs do not use `Router::route_layer`: it layers each
+    // route's method router whole, axum's 405 answer included, so a
+    // refused method is charged (404s, which no route has, are not).
+    let (limiter, _clock) = self::limiter("2/1m");
+    let routed = Router::new()
+        .route("/hello", get(|| async { "hello" }))
+        .route_layer(axum_window_ext::layer(
+            limiter,
+            Header::new("x-user-id").unwrap(),
+        ));
+    let post = Request::post("/hello")
+        .header("x-user-id", "u")
+        .body(Body::empty())
+        .unwrap();
+    let response = routed.clone().oneshot(post).await.unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let response = routed.oneshot(request("/hello", Some("u"))).await.unwrap();
+    assert_eq!(
+        response.headers()["ratelimit"],
+        r#""default";r=0;t=60"#,
+        "the 405 was charged"
+    );
+}
+
 #[tokio::test]
 async fn rate_limit_info_without_layer() {
     async fn optional(info: Option<RateLimitInfo>) -> &'static str {

@@ -225,3 +225,69 @@ async fn several_limits_are_one_policy() {
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(denied.headers()["ratelimit"], r#""sustained";r=0;t=3600"#);
 }
+
+/// Requests the router refuses — a method a route does not serve (405) or
+/// a path it does not have (404) — are not charged: afterwards the user
+/// still has the whole quota, with and without `--debug-headers` (whose
+/// middleware sits inside and outside the limit) and with `--tenants`.
+#[tokio::test]
+async fn refused_requests_are_not_charged() {
+    use clap::Parser;
+    let dir = tempfile::tempdir().unwrap();
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(
+        &tenants,
+        "[default]\nquotas = { default = \"100/1m\" }\n[tenants.acme]\nquotas = { default = \"100/1m\" }\n",
+    )
+    .unwrap();
+    let variants: [&[&str]; 3] = [
+        &[],
+        &["--debug-headers"],
+        &["--tenants", tenants.to_str().unwrap()],
+    ];
+    for flags in variants {
+        let mut argv = vec!["gateway", "--limit", "100/1m"];
+        argv.extend_from_slice(flags);
+        let args = tower_window_examples::gateway::Args::try_parse_from(argv).unwrap();
+        let app = build_app(args.into_config().unwrap());
+        let request = |method: &str, path: &str| {
+            Request::builder()
+                .method(method)
+                .uri(path)
+                .header("x-user-id", "refused")
+                .header("x-tenant-id", "acme")
+                .body(Body::empty())
+                .unwrap()
+        };
+        for (method, path, status) in [
+            ("POST", "/api/hello", StatusCode::METHOD_NOT_ALLOWED),
+            ("PUT", "/api/hello", StatusCode::METHOD_NOT_ALLOWED),
+            ("DELETE", "/api/hello", StatusCode::METHOD_NOT_ALLOWED),
+            ("POST", "/ws", StatusCode::METHOD_NOT_ALLOWED),
+            ("GET", "/api/hello/extra", StatusCode::NOT_FOUND),
+            ("GET", "/api/nope", StatusCode::NOT_FOUND),
+            ("POST", "/api/nope", StatusCode::NOT_FOUND),
+        ] {
+            for _ in 0..3 {
+                let response = app.clone().oneshot(request(method, path)).await.unwrap();
+                assert_eq!(response.status(), status, "{flags:?}: {method} {path}");
+                assert!(
+                    !response.headers().contains_key("ratelimit"),
+                    "{flags:?}: {method} {path} was checked"
+                );
+            }
+        }
+        let response = app
+            .clone()
+            .oneshot(request("GET", "/api/hello"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers()["ratelimit"],
+            r#""default";r=99;t=60"#,
+            "{flags:?}: 21 refused requests charged nothing"
+        );
+        assert_eq!(json(response).await["remaining"], 99, "{flags:?}");
+    }
+}

@@ -588,7 +588,10 @@ async fn admin_without_a_tenants_file_starts_from_the_limit_policy() {
     let app = build_app(args.into_config().unwrap());
     assert_eq!(statuses(&app, "anyone", "gina", 3).await, [200, 200, 429]);
     let (_, _, body) = call(&app, admin("GET", "/admin/tenants", bearer(), None)).await;
-    assert_eq!(body, json!({"tenants": []}));
+    assert_eq!(
+        body,
+        json!({"tenants": [], "default": {"quotas": {"default": "2/1m"}, "source": "default"}})
+    );
     let body = json!({"quotas": {"burst": "3/1m"}});
     assert_eq!(
         call(
@@ -600,4 +603,247 @@ async fn admin_without_a_tenants_file_starts_from_the_limit_policy() {
         200
     );
     assert_eq!(statuses(&app, "vip", "gina", 4).await, [200, 200, 200, 429]);
+}
+
+/// Without `--tenants` every tenant is on the `--limit` default: `DELETE`
+/// takes the tenants `usage` and `reset` take (a 204, not a 404), and the
+/// tenant stays on the default with fresh windows.
+#[tokio::test]
+async fn without_a_tenants_file_delete_takes_what_usage_and_reset_take() {
+    let args =
+        Args::try_parse_from(["gateway", "--limit", "2/1m", "--admin-token", TOKEN]).unwrap();
+    let app = build_app(args.into_config().unwrap());
+    assert_eq!(statuses(&app, "anyone", "gina", 3).await, [200, 200, 429]);
+    let usage = || admin("GET", "/admin/tenants/anyone/usage/gina", bearer(), None);
+    let (status, _, body) = call(&app, usage()).await;
+    assert_eq!(
+        (
+            status.as_u16(),
+            body["quotas"]["default"]["remaining"].clone()
+        ),
+        (200, json!(0))
+    );
+    let delete = || admin("DELETE", "/admin/tenants/anyone", bearer(), None);
+    assert_eq!(call(&app, delete()).await.0, 204);
+    assert_eq!(statuses(&app, "anyone", "gina", 3).await, [200, 200, 429]);
+    assert_eq!(
+        call(
+            &app,
+            admin("POST", "/admin/tenants/anyone/reset", bearer(), None)
+        )
+        .await
+        .0,
+        204
+    );
+    assert_eq!(call(&app, delete()).await.0, 204);
+    // And back to the file (here: its default) when asked.
+    let revert = admin("DELETE", "/admin/tenants/anyone/runtime", bearer(), None);
+    assert_eq!(call(&app, revert).await.0, 204);
+    assert_eq!(call(&app, usage()).await.0, 200);
+}
+
+/// A tenant changed at runtime wins over reloads of the file until it is
+/// handed back (`DELETE /admin/tenants/{tenant}/runtime`); then the file as
+/// it stands decides, with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_change_is_handed_back_to_the_reloaded_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, path) = gateway(&dir, FILE);
+    let policy =
+        |headers: &axum::http::HeaderMap| headers["ratelimit-policy"].to_str().unwrap().to_owned();
+    let body = json!({"quotas": {"burst": "9/1m"}});
+    assert_eq!(
+        call(
+            &app,
+            admin("PUT", "/admin/tenants/acme", bearer(), Some(body))
+        )
+        .await
+        .0,
+        200
+    );
+    write(
+        &path,
+        &FILE.replace(r#"burst = "3/1m""#, r#"burst = "4/1m""#),
+    );
+    // The reload happens (trial's quota is new) but acme stays runtime.
+    let mut seen = 0;
+    for _ in 0..500 {
+        seen = reloads(&app, "ok").await;
+        if seen > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen > 0, "the file was reloaded");
+    let (_, headers, _) = call(&app, hello("acme", "hand-back")).await;
+    assert!(
+        policy(&headers).contains(r#""burst";q=9;w=60"#),
+        "{headers:?}"
+    );
+    let revert = || admin("DELETE", "/admin/tenants/acme/runtime", bearer(), None);
+    assert_eq!(call(&app, revert()).await.0, 204);
+    let (_, headers, _) = call(&app, hello("acme", "hand-back")).await;
+    assert!(
+        policy(&headers).contains(r#""burst";q=4;w=60"#),
+        "{headers:?}"
+    );
+    let (_, _, acme) = call(&app, admin("GET", "/admin/tenants/acme", bearer(), None)).await;
+    assert_eq!(acme["source"], "file");
+    let (status, headers, body) = call(&app, revert()).await;
+    assert_eq!(status, 404);
+    assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+    assert_eq!(body["type"], "urn:tower-window:problem:not-found");
+}
+
+/// Handing a tenant back on one gateway reaches the other (Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_back_on_one_gateway_reaches_the_other() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tenants.toml");
+    write(&path, FILE);
+    let node = || {
+        let args = Args::try_parse_from([
+            "gateway",
+            "--redis-url",
+            &redis.url(),
+            "--tenants",
+            path.to_str().unwrap(),
+            "--admin-token",
+            TOKEN,
+        ])
+        .unwrap();
+        build_app(args.into_config().unwrap())
+    };
+    let (a, b) = (node(), node());
+    let burst_on = |app: Router, want: &'static str| async move {
+        let mut last = String::new();
+        for _ in 0..1000 {
+            let (_, headers, _) = call(&app, hello("acme", "hand-back-b")).await;
+            last = headers["ratelimit-policy"].to_str().unwrap().to_owned();
+            if last.contains(want) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("never {want}: {last}");
+    };
+    let body = json!({"quotas": {"burst": "50/1m"}});
+    assert_eq!(
+        call(
+            &a,
+            admin("PUT", "/admin/tenants/acme", bearer(), Some(body))
+        )
+        .await
+        .0,
+        200
+    );
+    burst_on(b.clone(), r#""burst";q=50;w=60"#).await;
+    assert_eq!(
+        call(
+            &a,
+            admin("DELETE", "/admin/tenants/acme/runtime", bearer(), None)
+        )
+        .await
+        .0,
+        204
+    );
+    burst_on(b.clone(), r#""burst";q=3;w=60"#).await;
+    let (_, _, acme) = call(&b, admin("GET", "/admin/tenants/acme", bearer(), None)).await;
+    assert_eq!(acme["source"], "file");
+    // A gateway started later loads no record for it either.
+    let c = node();
+    burst_on(c, r#""burst";q=3;w=60"#).await;
+}
+
+/// Every problem body of the gateway has a `type`: the 400s of
+/// `/presence` and `/ws?room=`, unknown routes (admin or not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_problem_body_has_a_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, _) = gateway(&dir, FILE);
+    let problem = |(status, headers, body): (StatusCode, axum::http::HeaderMap, Value),
+                   want: u16| {
+        assert_eq!(status.as_u16(), want, "{body}");
+        assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+        assert!(
+            body["type"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("urn:tower-window:problem:")),
+            "{body}"
+        );
+        assert_eq!(body["status"], want, "{body}");
+        assert!(body["detail"].is_string(), "{body}");
+    };
+    let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+    problem(call(&app, get("/presence")).await, 400);
+    problem(call(&app, get("/presence?user=a&user=b")).await, 400);
+    problem(call(&app, get("/nope")).await, 404);
+    problem(
+        call(&app, admin("GET", "/admin/nope", bearer(), None)).await,
+        404,
+    );
+    problem(
+        call(&app, admin("GET", "/admin/", bearer(), None)).await,
+        404,
+    );
+    problem(
+        call(&app, admin("PATCH", "/admin/tenants/acme", bearer(), None)).await,
+        405,
+    );
+
+    // `/ws` refuses before the upgrade, so it needs a real connection.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    for query in [
+        "room=bad%20name",
+        "room=ok&last_event_id=1-0",
+        "room=ok&epoch=zz!&last_event_id=1-0",
+    ] {
+        let (status, body) = upgrade(address, &format!("/ws?{query}")).await;
+        assert_eq!(status, 400, "{query}: {body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            body["type"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("urn:tower-window:problem:")),
+            "{query}: {body}"
+        );
+        assert!(body["detail"].is_string(), "{query}: {body}");
+    }
+    server.abort();
+}
+
+/// A WebSocket upgrade of `path` over a fresh connection: the status and
+/// body of a refusal.
+async fn upgrade(address: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nhost: {address}\r\nx-user-id: u\r\nx-tenant-id: internal\r\n\
+         connection: upgrade\r\n\
+         upgrade: websocket\r\nsec-websocket-version: 13\r\n\
+         sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = stream.read(&mut buf).await.unwrap();
+            response.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&response);
+            if n == 0 || text.contains("}") {
+                break;
+            }
+        }
+    });
+    read.await.unwrap();
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    (status, body)
 }

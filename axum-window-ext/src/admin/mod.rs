@@ -3,18 +3,26 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /tenants` | `{"tenants":[{"name":"acme","quotas":{"burst":"10/1s"},"source":"file"}]}` |
+//! | `GET /tenants` | `{"tenants":[{"name":"acme","quotas":{"burst":"10/1s"},"source":"file"}],"default":{"quotas":{"minute":"60/1m"},"source":"default"}}` (`"default": null` without a `[default]`) |
 //! | `GET /tenants/{tenant}` | that object; 404 if not listed |
-//! | `PUT /tenants/{tenant}` with `{"quotas":{"burst":"5/10s"}}` | init or replace; 200 with the object |
-//! | `POST /tenants/{tenant}/reset` | 204 (every window starts afresh, on every node) |
-//! | `DELETE /tenants/{tenant}` | close; 204, 404 if not listed |
+//! | `PUT /tenants/{tenant}` with `{"quotas":{"burst":"5/10s"}}` | init or replace at runtime; 200 with the object |
+//! | `POST /tenants/{tenant}/reset` | 204 (every window starts afresh, on every node); 404 if neither listed nor covered by `[default]` |
+//! | `DELETE /tenants/{tenant}` | close; 204; 404 if neither listed nor covered by `[default]` (a tenant on `[default]` stays on it, with fresh windows) |
+//! | `DELETE /tenants/{tenant}/runtime` | hand it back to the file ([`TenantRegistry::revert`]): 204, then it is served as the file says (its entry, `[default]`, or unknown); 404 if it has no runtime record (no `PUT` or `DELETE` since the file) |
 //! | `GET /tenants/{tenant}/usage/{subject}` | `{"quotas":{"burst":{"limit":10,"remaining":7,"reset_after_ms":800}}}`, read from the store consuming nothing |
 //!
 //! A tenant object is `{"name", "quotas", "source": "file" | "runtime"}`,
 //! plus `"shadow": [...]` when some quota is a shadow one and
 //! `"unlimited": true` for an unlimited tenant; a tenant-scoped quota is
 //! `{"limit": "5000/1m", "scope": "tenant"}`. A `PUT` body has the shape of
-//! a tenant in the tenants file (`quotas`, `shadow`, `unlimited`).
+//! a tenant in the tenants file (`quotas`, `shadow`, `unlimited`). The
+//! listing's `default` is the file's `[default]`, what every tenant not
+//! listed gets, in the same shape without a name and with
+//! `"source": "default"`.
+//!
+//! A runtime change (`PUT`, `DELETE`) wins over the file until the next
+//! runtime change: a reload does not undo it. `DELETE /tenants/{tenant}/runtime`
+//! is that next change when the file should decide again.
 //!
 //! Every request needs `Authorization: Bearer <token>`, compared in constant
 //! time (SHA-256 digests compared with `subtle`); without it, with another
@@ -22,20 +30,24 @@
 //! Bearer`. Bad input — a tenant name outside the registry's rules
 //! ([`validate_tenant_name`]), a body that is not JSON of that shape, an
 //! invalid quota — is `400` with an `application/problem+json` body that
-//! names the problem. Store failures are `503`.
+//! names the problem. Store failures are `503`. A path that is not one of
+//! these routes is `404`, a method a route does not serve `405` (with
+//! `Allow`), both with a problem+json body. Every problem body has `type`,
+//! `title`, `status` and `detail`.
 
 use axum::extract::{Path, Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tower_window::tenant::{
-    validate_tenant_name, Resolution, TenantError, TenantInfo, TenantRegistry, TenantSpec,
+    validate_tenant_name, Resolution, TenantError, TenantInfo, TenantRegistry, TenantSource,
+    TenantSpec,
 };
 use tower_window::{Limiter, WindowKey};
 
@@ -43,6 +55,11 @@ use crate::PROBLEM_JSON;
 
 /// The problem `type` of invalid admin input (400).
 pub const TYPE_INVALID_INPUT: &str = "urn:tower-window:problem:invalid-input";
+/// The problem `type` of a tenant, runtime record or route that does not
+/// exist (404).
+pub const TYPE_NOT_FOUND: &str = "urn:tower-window:problem:not-found";
+/// The problem `type` of a method a route does not serve (405).
+pub const TYPE_METHOD_NOT_ALLOWED: &str = "urn:tower-window:problem:method-not-allowed";
 
 #[derive(Clone)]
 struct Admin {
@@ -75,13 +92,40 @@ pub fn router(registry: TenantRegistry, limiter: Limiter, token: &str) -> Router
     Router::new()
         .route("/tenants", get(list))
         .route("/tenants/{tenant}", get(show).put(put).delete(close))
+        .route("/tenants/{tenant}/runtime", delete(revert))
         .route("/tenants/{tenant}/reset", post(reset))
         .route("/tenants/{tenant}/usage/{subject}", get(usage))
+        // Before the guard: a 405 without the token is a 401 like the rest.
+        .method_not_allowed_fallback(method_not_allowed)
         .route_layer(middleware::from_fn_with_state(
             (admin.clone(), empty_token),
             authorize,
         ))
+        .fallback(no_route)
         .with_state(admin)
+}
+
+/// Any path that is not an admin route (no token needed to learn that:
+/// the routes are documented).
+async fn no_route() -> Response {
+    problem(
+        StatusCode::NOT_FOUND,
+        TYPE_NOT_FOUND,
+        "Not found",
+        "no admin route has this path; the routes are tenants, tenants/{tenant}, \
+         tenants/{tenant}/runtime, tenants/{tenant}/reset and tenants/{tenant}/usage/{subject}"
+            .to_owned(),
+    )
+}
+
+/// A method an admin route does not serve (axum adds `Allow`).
+async fn method_not_allowed(method: axum::http::Method) -> Response {
+    problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        TYPE_METHOD_NOT_ALLOWED,
+        "Method not allowed",
+        format!("this admin route does not serve {method}; the `Allow` header lists what it does"),
+    )
 }
 
 async fn authorize(
@@ -137,13 +181,13 @@ fn bad_request(detail: String) -> Response {
     )
 }
 
-fn not_found(tenant: &str) -> Response {
-    problem(
-        StatusCode::NOT_FOUND,
-        "urn:tower-window:problem:not-found",
-        "Not found",
-        format!("tenant {tenant:?} is not listed"),
-    )
+fn not_found(admin: &Admin, tenant: &str) -> Response {
+    let detail = if admin.registry.effective(tenant).is_some() {
+        format!("tenant {tenant:?} is not listed: it is served by [default]")
+    } else {
+        format!("tenant {tenant:?} is not listed and there is no [default]")
+    };
+    problem(StatusCode::NOT_FOUND, TYPE_NOT_FOUND, "Not found", detail)
 }
 
 fn failed(error: TenantError) -> Response {
@@ -153,19 +197,15 @@ fn failed(error: TenantError) -> Response {
     tracing::warn!(%error, "tenant admin call failed");
     problem(
         StatusCode::SERVICE_UNAVAILABLE,
-        "urn:tower-window:problem:unavailable",
+        crate::TYPE_UNAVAILABLE,
         "Store unavailable",
         "the tenant registry's store could not be reached; try again".to_owned(),
     )
 }
 
 fn tenant_json(info: &TenantInfo) -> Value {
-    let mut object = match serde_json::to_value(&info.spec) {
-        Ok(Value::Object(map)) => map,
-        _ => Map::new(),
-    };
+    let mut object = spec_json(&info.spec, info.source.as_str());
     object.insert("name".to_owned(), Value::from(info.name.clone()));
-    object.insert("source".to_owned(), Value::from(info.source.as_str()));
     Value::Object(object)
 }
 
@@ -176,9 +216,24 @@ fn invalid(tenant: &str) -> Option<Response> {
         .map(|e| bad_request(e.to_string()))
 }
 
+/// A spec as JSON with its source (and, for a tenant, its name).
+fn spec_json(spec: &TenantSpec, source: &str) -> Map<String, Value> {
+    let mut object = match serde_json::to_value(spec) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    object.insert("source".to_owned(), Value::from(source));
+    object
+}
+
 async fn list(State(admin): State<Admin>) -> Response {
     let tenants: Vec<Value> = admin.registry.tenants().iter().map(tenant_json).collect();
-    Json(json!({ "tenants": tenants })).into_response()
+    let default = admin
+        .registry
+        .config()
+        .default
+        .map(|spec| Value::Object(spec_json(&spec, TenantSource::Default.as_str())));
+    Json(json!({ "tenants": tenants, "default": default })).into_response()
 }
 
 async fn show(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
@@ -187,7 +242,7 @@ async fn show(State(admin): State<Admin>, Path(tenant): Path<String>) -> Respons
     }
     match admin.registry.tenant(&tenant) {
         Some(info) => Json(tenant_json(&info)).into_response(),
-        None => not_found(&tenant),
+        None => not_found(&admin, &tenant),
     }
 }
 
@@ -208,7 +263,7 @@ async fn put(
     }
     match admin.registry.tenant(&tenant) {
         Some(info) => Json(tenant_json(&info)).into_response(),
-        None => not_found(&tenant),
+        None => not_found(&admin, &tenant),
     }
 }
 
@@ -218,7 +273,7 @@ async fn reset(State(admin): State<Admin>, Path(tenant): Path<String>) -> Respon
     }
     match admin.registry.reset(&tenant).await {
         Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => not_found(&tenant),
+        Ok(false) => not_found(&admin, &tenant),
         Err(error) => failed(error),
     }
 }
@@ -229,7 +284,23 @@ async fn close(State(admin): State<Admin>, Path(tenant): Path<String>) -> Respon
     }
     match admin.registry.close(&tenant).await {
         Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => not_found(&tenant),
+        Ok(false) => not_found(&admin, &tenant),
+        Err(error) => failed(error),
+    }
+}
+
+async fn revert(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
+    if let Some(response) = invalid(&tenant) {
+        return response;
+    }
+    match admin.registry.revert(&tenant).await {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => problem(
+            StatusCode::NOT_FOUND,
+            TYPE_NOT_FOUND,
+            "Not found",
+            format!("tenant {tenant:?} has no runtime record: the file already decides it"),
+        ),
         Err(error) => failed(error),
     }
 }
@@ -249,7 +320,7 @@ async fn usage(
         Resolution::Unlimited => {
             return Json(json!({"quotas": {}, "unlimited": true})).into_response()
         }
-        _ => return not_found(&tenant),
+        _ => return not_found(&admin, &tenant),
     };
     let key = WindowKey::new(tenant, subject);
     match admin.limiter.peek_policy(&key, &policy, 1).await {

@@ -6,13 +6,32 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use clap::Parser;
 use tower_window_examples::gateway::{build_app_with_limiter, Args};
 use tracing_subscriber::EnvFilter;
 
+/// The exit code of a configuration the gateway refuses (clap's, for a
+/// flag it cannot parse).
+const EXIT_CONFIG: u8 = 2;
+/// The exit code of a failure after the configuration was accepted.
+const EXIT_RUNTIME: u8 = 1;
+
+/// Prints `message` as `error: ...`, one line per line of it (never the
+/// `Debug` form `main` returning an error would print).
+fn fail(message: &dyn std::fmt::Display, code: u8) -> ExitCode {
+    let text = message.to_string();
+    let mut lines = text.lines();
+    eprintln!("error: {}", lines.next().unwrap_or_default());
+    for line in lines {
+        eprintln!("{line}");
+    }
+    ExitCode::from(code)
+}
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
@@ -23,8 +42,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 
     let args = Args::parse();
     let listen = args.listen;
-    let config = args.into_config()?;
-    tracing::info!(policy = %config.policy, tenant_header = %config.tenant_header, user_header = %config.user_header, "configured");
+    let config = match args.into_config() {
+        Ok(config) => config,
+        Err(error) => return fail(&error, EXIT_CONFIG),
+    };
+    match &config.tenants {
+        // The `--limit` policy serves no tenant then: name what does.
+        Some(file) => {
+            let (tenants, default) = file.summary();
+            tracing::info!(
+                file = %file.path.display(),
+                %tenants,
+                %default,
+                tenant_header = %config.tenant_header,
+                user_header = %config.user_header,
+                "configured: per-tenant policies from the tenants file"
+            );
+        }
+        None => tracing::info!(
+            limit = %config
+                .policy
+                .quotas()
+                .iter()
+                .map(|q| format!("{}={q}", q.name()))
+                .collect::<Vec<_>>()
+                .join(" "),
+            tenant_header = %config.tenant_header,
+            user_header = %config.user_header,
+            "configured: one policy for every tenant and user"
+        ),
+    }
     if let Some(resilience) = &config.resilience {
         tracing::info!(
             fallback = %resilience.fallback,
@@ -42,19 +89,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     let (app, limiter) = build_app_with_limiter(config);
 
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    tracing::info!(address = %listener.local_addr()?, "listening");
-    axum::serve(
+    let listener = match tokio::net::TcpListener::bind(listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            let fix = match error.kind() {
+                std::io::ErrorKind::AddrInUse => {
+                    "another process listens there: stop it, or give another --listen (e.g. 127.0.0.1:3001)"
+                }
+                std::io::ErrorKind::PermissionDenied => {
+                    "ports below 1024 need privileges: give a port above 1023 (e.g. --listen 127.0.0.1:3000)"
+                }
+                _ => "give an address of this machine, e.g. --listen 127.0.0.1:3000 or 0.0.0.0:3000",
+            };
+            return fail(
+                &format!("--listen {listen}: cannot listen there: {error}\n  fix: {fix}"),
+                EXIT_RUNTIME,
+            );
+        }
+    };
+    match listener.local_addr() {
+        Ok(address) => tracing::info!(%address, "listening"),
+        Err(error) => tracing::warn!(%error, "listening, on an address the system does not tell"),
+    }
+    let served = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(shutdown_signal())
-    .await?;
+    .await;
+    if let Err(error) = served {
+        return fail(&format!("serving failed: {error}"), EXIT_RUNTIME);
+    }
     // Give back what this node's leases did not spend, so other nodes can
     // use it now rather than when the leases' records expire.
     let returned = limiter.refund_leases().await;
     tracing::info!(returned, "stopped");
-    Ok(())
+    ExitCode::SUCCESS
 }
 
 /// Resolves on Ctrl-C (and SIGTERM on Unix).

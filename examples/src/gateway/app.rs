@@ -24,8 +24,9 @@ pub const RATELIMIT_SOURCE: HeaderName = HeaderName::from_static("x-ratelimit-so
 /// The gateway's routes, limited as `config` says.
 ///
 /// `/api/hello` and `/ws` share one [`Limiter`](tower_window::Limiter) and key (tenant + user);
-/// routes added after the `route_layer`s (`/healthz`, `/metrics`) are never
-/// limited.
+/// the other routes (`/healthz`, `/metrics`, ...) are never limited, and
+/// neither is a request the router refuses (404, or 405 for a method a
+/// route does not serve): the limits wrap each route's method router.
 pub fn build_app(config: GatewayConfig) -> Router {
     build_gateway(config).router
 }
@@ -49,6 +50,9 @@ pub struct Gateway {
     pub limiter: tower_window::Limiter,
     /// The node's connection limiter and heartbeat.
     pub ws: ws::WsHandles,
+    /// The watch of the `--tenants` file (`None` without one, or when it
+    /// cannot be watched).
+    pub tenants_watch: Option<super::tenants::TenantsWatch>,
 }
 
 /// Like [`build_app`], also handing out the limiter and the node's
@@ -62,9 +66,10 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
     let shared = limiter.clone();
     let degraded_status = config.degraded_status();
     let registry = super::tenants::registry(&config);
-    if let (Some(registry), Some(file)) = (&registry, &config.tenants) {
-        super::tenants::watch(registry.clone(), file.path.clone());
-    }
+    let tenants_watch = match (&registry, &config.tenants) {
+        (Some(registry), Some(file)) => super::tenants::watch(registry.clone(), file),
+        _ => None,
+    };
     let admin = match (&registry, &config.admin_token) {
         (Some(registry), Some(token)) => Some(axum_window_ext::admin::router(
             registry.clone(),
@@ -160,33 +165,38 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
     if let Some(registry) = &registry {
         ws_layer = ws_layer.tenants(registry.clone());
     }
+    // The layers go on the method router, not the `Router`: axum's 405 for
+    // another method is the method router's fallback, which
+    // `Router::route_layer` wraps too, so `POST /ws` would be charged.
     let ws_router = Router::new()
-        .route("/ws", get(ws::handler))
-        .route_layer(ws_layer)
+        .route("/ws", get(ws::handler).route_layer(ws_layer))
         .route("/presence", get(ws::presence))
         .with_state(ws_state);
     let state = AppState {
         user_header: config.user_header,
     };
 
-    // Limited routes.
-    let mut router = Router::new().route("/api/hello", get(hello));
+    // Limited routes. The layers wrap the method router (`get(..)`), so
+    // only requests it serves are charged: a 405 (`POST /api/hello`, the
+    // method router's fallback) is not, and a 404 never reaches them.
+    let mut hello_route = get(hello);
     if config.debug_headers {
         // Inside the limiter: sees the admitted request's `Decision`.
-        router = router.route_layer(middleware::from_fn(admitted_source));
+        hello_route = hello_route.route_layer(middleware::from_fn(admitted_source));
     }
     let mut layer = axum_window_ext::layer(limiter, key).degraded_status(degraded_status);
     if let Some(registry) = registry {
         layer = layer.tenants(registry);
     }
-    router = router.route_layer(layer);
+    hello_route = hello_route.route_layer(layer);
     if config.debug_headers {
         // Outside the limiter: sees the denial's `Rejection`.
-        router = router.route_layer(middleware::map_response(denied_source));
+        hello_route = hello_route.route_layer(middleware::map_response(denied_source));
     }
 
     // Unlimited routes.
-    let mut router = router
+    let mut router = Router::new()
+        .route("/api/hello", hello_route)
         .route("/healthz", get(healthz))
         .with_state(state)
         .merge(ws_router);
@@ -196,11 +206,13 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
     let router = router
         .merge(super::metrics::metrics_router(recorder))
         .merge(demo)
+        .fallback(no_route)
         .layer(middleware::from_fn(super::demo::cross_origin_reads));
     Gateway {
         router,
         limiter: shared,
         ws: ws_handles,
+        tenants_watch,
     }
 }
 
@@ -271,4 +283,22 @@ async fn hello(
 
 async fn healthz() -> &'static str {
     "ok"
+}
+
+/// A path no route has: a problem+json 404 like every other refusal (and,
+/// like them, never charged).
+async fn no_route() -> Response {
+    use axum::response::IntoResponse;
+    let body = json!({
+        "type": axum_window_ext::admin::TYPE_NOT_FOUND,
+        "title": "Not found",
+        "status": 404,
+        "detail": "no route has this path (the routes: examples/README.md)",
+    });
+    let mut response = (axum::http::StatusCode::NOT_FOUND, Json(body)).into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        HeaderValue::from_static(axum_window_ext::PROBLEM_JSON),
+    );
+    response
 }

@@ -41,6 +41,7 @@
 mod app;
 mod config;
 pub mod demo;
+pub mod flags;
 mod identity;
 mod inbound_stream;
 pub mod metrics;

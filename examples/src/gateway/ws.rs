@@ -33,6 +33,7 @@ use tower_window::dedup::{DedupFallback, DedupStore, DedupWindow};
 use tower_window::events::Position;
 use tower_window::{Limiter, MemoryStore, Policy, Quota, WindowKey};
 
+use super::flags;
 use super::identity::{BadIdentity, Identity};
 use super::inbound_stream::InboundStream;
 
@@ -42,23 +43,24 @@ pub struct WsArgs {
     /// Concurrent WebSocket connections per tenant and user across every
     /// gateway sharing the store (0 = no cap). Past it the upgrade is
     /// answered 429 with `Retry-After`.
-    #[arg(long, env = "TW_MAX_CONNECTIONS_PER_USER", default_value = "0")]
+    #[arg(long, env = "TW_MAX_CONNECTIONS_PER_USER", default_value = "0", value_parser = flags::count, allow_negative_numbers = true)]
     pub max_connections_per_user: u32,
 
     /// How long a connection lease lives without a heartbeat (renewed
     /// every third of it): a crashed gateway's connections are freed
-    /// within it. `<n>ms`, `<n>s`, `<n>m` or `<n>h`.
-    #[arg(long, env = "TW_CONNECTION_LEASE_TTL", default_value = "15s", value_parser = parse_duration)]
+    /// within it. From 30ms to 1h, in the quota DSL's units (`500ms`,
+    /// `15s`, `1m`, `1h`).
+    #[arg(long, env = "TW_CONNECTION_LEASE_TTL", default_value = "15s", value_name = "DURATION", value_parser = flags::connection_lease_ttl, allow_hyphen_values = true)]
     pub connection_lease_ttl: Duration,
 
     /// Inbound messages per tenant and user, all sockets on all nodes
     /// together, in the quota DSL (`5/10s`); none by default.
-    #[arg(long, env = "TW_MESSAGE_LIMIT")]
+    #[arg(long, env = "TW_MESSAGE_LIMIT", value_parser = flags::quota)]
     pub message_limit: Option<Quota>,
 
     /// Inbound payload bytes per tenant and user (`65536/10s`; cost =
     /// payload bytes); none by default.
-    #[arg(long, env = "TW_BYTE_LIMIT")]
+    #[arg(long, env = "TW_BYTE_LIMIT", value_parser = flags::quota)]
     pub byte_limit: Option<Quota>,
 
     /// What a message over `--message-limit` / `--byte-limit` does: `drop`
@@ -69,7 +71,7 @@ pub struct WsArgs {
 
     /// With `--on-message-limit drop`, close (1008) after this many
     /// consecutive drops (0 = never).
-    #[arg(long, env = "TW_CLOSE_AFTER_DROPS", default_value = "0")]
+    #[arg(long, env = "TW_CLOSE_AFTER_DROPS", default_value = "0", value_parser = flags::count, allow_negative_numbers = true)]
     pub close_after_drops: u32,
 
     /// The largest inbound message payload; larger ones close the socket
@@ -78,12 +80,14 @@ pub struct WsArgs {
         long,
         env = "TW_MAX_MESSAGE_BYTES",
         default_value = "65536",
-        value_parser = clap::value_parser!(u32).range(1..)
+        value_parser = flags::positive_count,
+        allow_negative_numbers = true
     )]
     pub max_message_bytes: u32,
 
-    /// How long a message `id` is remembered for deduplication.
-    #[arg(long, env = "TW_DEDUP_WINDOW", default_value = "2m", value_parser = parse_duration)]
+    /// How long a message `id` is remembered for deduplication, from 1ms
+    /// to 7d, in the quota DSL's units (`500ms`, `30s`, `2m`, `1h`, `7d`).
+    #[arg(long, env = "TW_DEDUP_WINDOW", default_value = "2m", value_name = "DURATION", value_parser = flags::dedup_window, allow_hyphen_values = true)]
     pub dedup_window: Duration,
 }
 
@@ -97,29 +101,6 @@ pub enum OnMessageLimit {
     Close,
     /// Stop reading until the retry-after.
     Pause,
-}
-
-/// Parses `<n>ms`, `<n>s`, `<n>m` or `<n>h` (positive).
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("expected <n><unit>, e.g. 15s: {text:?}"))?;
-    let duration = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(format!("unknown unit {unit:?}: use ms, s, m or h")),
-    };
-    if duration.is_zero() {
-        return Err("must be positive".to_owned());
-    }
-    Ok(duration)
 }
 
 /// The WebSocket part of a [`GatewayConfig`](super::GatewayConfig).
@@ -360,14 +341,22 @@ impl Who {
     }
 }
 
+/// A problem+json answer with a `type` for each status these routes use
+/// (`detail` says what exactly).
 fn problem(status: StatusCode, detail: &str) -> Response {
+    let (kind, title) = match status {
+        StatusCode::BAD_REQUEST => (axum_window_ext::admin::TYPE_INVALID_INPUT, "Invalid input"),
+        StatusCode::NOT_FOUND => (axum_window_ext::admin::TYPE_NOT_FOUND, "Not found"),
+        _ => (axum_window_ext::TYPE_UNAVAILABLE, "Unavailable"),
+    };
     (
         status,
         [(
             axum::http::header::CONTENT_TYPE,
             axum_window_ext::PROBLEM_JSON,
         )],
-        json!({ "title": detail, "status": status.as_u16() }).to_string(),
+        json!({ "type": kind, "title": title, "status": status.as_u16(), "detail": detail })
+            .to_string(),
     )
         .into_response()
 }
@@ -630,17 +619,6 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "s", "0s", "15", "15x", "-1s", "1.5s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn handshake_keys() {

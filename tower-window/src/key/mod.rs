@@ -53,16 +53,33 @@ impl WindowKey {
     pub const DEFAULT_TENANT: &'static [u8] = b"default";
 
     /// A key for `subject` within `tenant`.
-    pub fn new(tenant: impl Into<Bytes>, subject: impl Into<Bytes>) -> Self {
+    ///
+    /// Each part is anything [`KeyPart`] covers: owned buffers (`Bytes`,
+    /// `String`, `Vec<u8>`) are moved in without a copy, borrowed ones
+    /// (`&str`, `&String`, `&[u8]`) are copied, so a key can be made from a
+    /// request's borrowed strings:
+    ///
+    /// ```
+    /// use tower_window::WindowKey;
+    ///
+    /// fn key_of(user: &str) -> WindowKey {
+    ///     WindowKey::new("public", user)
+    /// }
+    /// let owned = String::from("alice");
+    /// assert_eq!(key_of(&owned), WindowKey::new("public", owned.clone()));
+    /// assert_eq!(key_of("alice").subject(), b"alice");
+    /// assert_eq!(WindowKey::new(b"t".to_vec(), &b"\xff"[..]).subject(), b"\xff");
+    /// ```
+    pub fn new(tenant: impl KeyPart, subject: impl KeyPart) -> Self {
         Self {
-            tenant: tenant.into(),
-            subject: subject.into(),
+            tenant: tenant.into_key_bytes(),
+            subject: subject.into_key_bytes(),
         }
     }
 
     /// A key for `subject` in the default tenant.
     pub fn for_subject(subject: impl Into<Bytes>) -> Self {
-        Self::new(Bytes::from_static(Self::DEFAULT_TENANT), subject)
+        Self::new(Bytes::from_static(Self::DEFAULT_TENANT), subject.into())
     }
 
     /// One key shared by every request (a global limit).
@@ -92,6 +109,73 @@ impl WindowKey {
     /// The subject's bytes.
     pub fn subject(&self) -> &[u8] {
         &self.subject
+    }
+}
+
+/// What a [`WindowKey`] part ([`WindowKey::new`]'s tenant or subject) can
+/// be made from: owned buffers are moved in, borrowed ones copied.
+pub trait KeyPart {
+    /// The part's bytes.
+    fn into_key_bytes(self) -> Bytes;
+}
+
+impl KeyPart for Bytes {
+    fn into_key_bytes(self) -> Bytes {
+        self
+    }
+}
+
+impl KeyPart for &Bytes {
+    fn into_key_bytes(self) -> Bytes {
+        self.clone()
+    }
+}
+
+impl KeyPart for String {
+    fn into_key_bytes(self) -> Bytes {
+        Bytes::from(self)
+    }
+}
+
+impl KeyPart for Vec<u8> {
+    fn into_key_bytes(self) -> Bytes {
+        Bytes::from(self)
+    }
+}
+
+impl KeyPart for Box<[u8]> {
+    fn into_key_bytes(self) -> Bytes {
+        Bytes::from(self)
+    }
+}
+
+impl KeyPart for &str {
+    fn into_key_bytes(self) -> Bytes {
+        Bytes::copy_from_slice(self.as_bytes())
+    }
+}
+
+impl KeyPart for &String {
+    fn into_key_bytes(self) -> Bytes {
+        Bytes::copy_from_slice(self.as_bytes())
+    }
+}
+
+impl KeyPart for &[u8] {
+    fn into_key_bytes(self) -> Bytes {
+        Bytes::copy_from_slice(self)
+    }
+}
+
+impl<const N: usize> KeyPart for &[u8; N] {
+    fn into_key_bytes(self) -> Bytes {
+        Bytes::copy_from_slice(self)
+    }
+}
+
+impl KeyPart for &Vec<u8> {
+    fn into_key_bytes(self) -> Bytes {
+        Bytes::copy_from_slice(self)
     }
 }
 

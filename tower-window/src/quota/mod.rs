@@ -640,8 +640,27 @@ fn validate_name(name: &str) -> Result<(), QuotaError> {
     }
 }
 
-/// Parses `<n><unit>` or `<unit>` (meaning 1) into a duration.
-fn parse_duration(text: &str) -> Result<Duration, QuotaError> {
+/// Parses a duration as the DSL writes it: `<n><unit>`, or `<unit>`
+/// meaning 1, with the units `ms`, `s`, `m`, `h` and `d`.
+///
+/// The quota DSL's own parser, public so that programs reading durations
+/// elsewhere (flags, config files) accept exactly what a quota does. It
+/// checks only the form: no surrounding whitespace, a whole number, a known
+/// unit, and a result that fits in `u64` microseconds; bounds (zero, a
+/// maximum) are the caller's.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_window::quota::{parse_duration, QuotaError};
+///
+/// assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+/// assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+/// assert_eq!(parse_duration("m"), Ok(Duration::from_secs(60)));
+/// assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+/// assert!(matches!(parse_duration("15"), Err(QuotaError::UnknownUnit(_))));
+/// assert!(matches!(parse_duration("1.5s"), Err(QuotaError::UnknownUnit(_))));
+/// ```
+pub fn parse_duration(text: &str) -> Result<Duration, QuotaError> {
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());

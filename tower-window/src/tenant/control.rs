@@ -96,6 +96,7 @@ impl Control {
             Change::Init(spec) => ("init", spec.encode()),
             Change::Reset => ("reset", String::new()),
             Change::Close => ("close", String::new()),
+            Change::Revert => ("revert", String::new()),
         };
         let attempt = || async {
             self.store
@@ -315,6 +316,7 @@ fn apply_entry(registry: &TenantRegistry, entry: &Entry) {
         },
         "reset" => Change::Reset,
         "close" => Change::Close,
+        "revert" => Change::Revert,
         _ => return,
     };
     registry.apply(tenant, change, Some(generation));

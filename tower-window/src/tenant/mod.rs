@@ -16,9 +16,10 @@
 //!   in whole by [`TenantRegistry::set_config`] (a hot reload). A file is
 //!   validated as a whole; an invalid one is refused and the old one stays.
 //! * **Runtime** changes: [`init`](TenantRegistry::init) (define or replace
-//!   a tenant), [`reset`](TenantRegistry::reset) and
-//!   [`close`](TenantRegistry::close). With Redis they persist there (under
-//!   the hash tag `{tw-tenants}`), so a node started later loads them.
+//!   a tenant), [`reset`](TenantRegistry::reset),
+//!   [`close`](TenantRegistry::close) and [`revert`](TenantRegistry::revert)
+//!   (hand the tenant back to the file). With Redis they persist there
+//!   (under the hash tag `{tw-tenants}`), so a node started later loads them.
 //!
 //! **A runtime record wins over the file, always, until another runtime
 //! change replaces it**: a tenant `init`ed at runtime keeps its runtime
@@ -26,7 +27,9 @@
 //! closed (a tombstone) even if the file lists it. Every node therefore
 //! agrees on a tenant whatever file version each one has loaded, and an
 //! operator's runtime action is never silently undone by a deploy. To change
-//! such a tenant, `init` it again (for example with the file's quotas).
+//! such a tenant, `init` it again; to hand it back to the file (its entry,
+//! or the default), [`revert`](TenantRegistry::revert) it, which drops the
+//! runtime record on every node.
 //!
 //! # Reset and close on Redis Cluster: state generations
 //!

@@ -74,6 +74,8 @@ pub(crate) enum Change {
     Init(TenantSpec),
     Reset,
     Close,
+    /// Drops the runtime record: the file decides again.
+    Revert,
 }
 
 /// Everything a registry's view is built from.
@@ -256,13 +258,49 @@ impl TenantRegistry {
     /// Closes tenant `name` on every node: later requests get the
     /// unknown-tenant behaviour (the default policy, or a rejection), and
     /// its windows are left to expire (a new generation is never the old
-    /// one). `Ok(false)` if it was not listed.
+    /// one). The tenant must be listed or covered by the default, as for
+    /// [`reset`](Self::reset); `Ok(false)` otherwise. A tenant served by the
+    /// default stays on it, with fresh windows, and the close (a tombstone)
+    /// keeps a later file entry for it from applying, until
+    /// [`revert`](Self::revert).
     pub async fn close(&self, name: &str) -> Result<bool, TenantError> {
         validate_tenant_name(name)?;
-        if self.tenant(name).is_none() {
+        if self.effective(name).is_none() {
             return Ok(false);
         }
         self.change(name, Change::Close).await.map(|()| true)
+    }
+
+    /// Hands tenant `name` back to the file, on every node: its runtime
+    /// record (a definition from [`init`](Self::init) or the tombstone of
+    /// [`close`](Self::close)) is dropped, so the file's entry applies
+    /// again, or the default (or the unknown-tenant behaviour) when the
+    /// file does not list it. The generation is kept: windows go on as
+    /// after a reload (a closed tenant's are already fresh). `Ok(false)` if
+    /// the tenant has no runtime record.
+    ///
+    /// ```
+    /// use tower_window::tenant::{Resolution, TenantRegistry, TenantSource, TenantSpec, TenantsConfig};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let file = TenantsConfig::new()
+    ///     .with_tenant("acme", TenantSpec::builder().quota("burst", "10/1s")?.build()?)?;
+    /// let registry = TenantRegistry::new(file);
+    /// registry.init("acme", TenantSpec::unlimited()).await?;
+    /// assert_eq!(registry.resolve(b"acme"), Resolution::Unlimited);
+    /// // The file would not win on a reload: hand it back explicitly.
+    /// assert!(registry.revert("acme").await?);
+    /// assert_eq!(registry.tenant("acme").unwrap().source, TenantSource::File);
+    /// assert!(!registry.revert("acme").await?); // nothing left to revert
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn revert(&self, name: &str) -> Result<bool, TenantError> {
+        validate_tenant_name(name)?;
+        if !lock(&self.inner.sources).runtime.contains_key(name) {
+            return Ok(false);
+        }
+        self.change(name, Change::Revert).await.map(|()| true)
     }
 
     async fn change(&self, name: &str, change: Change) -> Result<(), TenantError> {
@@ -294,6 +332,12 @@ impl TenantRegistry {
             Change::Close => {
                 sources.runtime.insert(name.to_owned(), Record::Closed);
                 bump(&mut sources, name, bumped);
+            }
+            Change::Revert => {
+                sources.runtime.remove(name);
+                if let Some(generation) = generation {
+                    bump(&mut sources, name, generation);
+                }
             }
         }
         self.rebuild(&sources);
@@ -485,6 +529,43 @@ mod tests {
         assert_eq!(policy(&registry, "acme").first().limit(), 3);
         assert!(matches!(
             registry.init("a/b", TenantSpec::unlimited()).await,
+            Err(TenantError::InvalidName(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn close_takes_the_default_and_revert_hands_back_to_the_file() {
+        let registry = TenantRegistry::new(file().with_default(spec(&[("minute", "60/1m")])));
+        // Covered by the default: closed (a new generation), still on it.
+        assert!(registry.close("other").await.unwrap());
+        assert_eq!(policy(&registry, "other").first().name(), "minute");
+        assert_eq!(registry.effective("other").unwrap().generation, 1);
+        // The tombstone keeps a later file entry from applying...
+        registry.set_config(
+            file()
+                .with_tenant("other", spec(&[("burst", "4/1m")]))
+                .unwrap()
+                .with_default(spec(&[("minute", "60/1m")])),
+        );
+        assert_eq!(policy(&registry, "other").first().name(), "minute");
+        // ...until it is reverted: the file's entry, generation kept.
+        assert!(registry.revert("other").await.unwrap());
+        assert_eq!(policy(&registry, "other").first().limit(), 4);
+        let info = registry.tenant("other").unwrap();
+        assert_eq!((info.source, info.generation), (TenantSource::File, 1));
+        assert!(!registry.revert("other").await.unwrap());
+        // A runtime definition goes back to the file's too.
+        registry
+            .init("acme", spec(&[("burst", "9/1m")]))
+            .await
+            .unwrap();
+        assert!(registry.revert("acme").await.unwrap());
+        assert_eq!(policy(&registry, "acme").first().limit(), 2);
+        // Without a default, an unknown tenant is not closed.
+        let bare = TenantRegistry::new(file());
+        assert!(!bare.close("other").await.unwrap());
+        assert!(matches!(
+            bare.revert("a b").await,
             Err(TenantError::InvalidName(_))
         ));
     }
