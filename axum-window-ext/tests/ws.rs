@@ -340,7 +340,16 @@ async fn notices_name_unnamed_quotas_messages_and_bytes() {
 /// with a FIN, not a reset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_closes_reach_a_client_that_keeps_sending() {
-    let cases: [(&str, MessageLimits, Vec<Vec<u8>>, u16, &str, CloseCause); 4] = [
+    /// What is configured, what the client sends, what it must get.
+    type Case = (
+        &'static str,
+        MessageLimits,
+        Vec<Vec<u8>>,
+        u16,
+        &'static str,
+        CloseCause,
+    );
+    let cases: [Case; 4] = [
         (
             "over --max-message-bytes",
             limits(|b| b.max_message_bytes(10)),

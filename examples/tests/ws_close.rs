@@ -174,7 +174,16 @@ async fn too_big_close_reaches_a_client_sending_back_to_back() {
 /// room's 1003 for a binary message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_embedded_store_close_reaches_a_client_that_keeps_sending() {
-    let cases: [(&str, &[&str], &str, Vec<Vec<u8>>, u16, &str); 4] = [
+    /// Name, flags, query, what the client sends, the close it must get.
+    type Case = (
+        &'static str,
+        &'static [&'static str],
+        &'static str,
+        Vec<Vec<u8>>,
+        u16,
+        &'static str,
+    );
+    let cases: [Case; 4] = [
         (
             "--on-message-limit close",
             &["--message-limit", "1/1m", "--on-message-limit", "close"],
