@@ -16,6 +16,12 @@ use tower_window::Decision;
 /// misconfiguration and fails with [`MissingRateLimitInfo`] (500); extract
 /// `Option<RateLimitInfo>` where the layer is optional.
 ///
+/// Its `remaining`, `reset_after` and `limit()` are the deciding quota's,
+/// which is a [shadow](tower_window::Quota::shadowed) quota only when every
+/// quota of the policy is (`decision.quota().is_shadow()`): nothing is
+/// enforced then, and like the layer's `RateLimit` header (left out then),
+/// a handler should not present them as a limit.
+///
 /// ```
 /// use axum::{routing::get, Router};
 /// use axum_window_ext::RateLimitInfo;

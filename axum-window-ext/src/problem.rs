@@ -26,25 +26,55 @@ pub const TYPE_DEGRADED: &str = "urn:tower-window:problem:degraded";
 
 /// Answers rejections with an RFC 9457 `application/problem+json` body.
 ///
-/// Every body has `type`, `title`, `status` and `detail`. A rate-limit denial
-/// (429) also has `policy` (the quota's name), `quota` (its DSL text),
-/// `limit`, `remaining`, `reset_after` (whole seconds, rounded up) and
-/// `retry_after` (whole seconds, rounded up and at least 1, as in
-/// `Retry-After`; `null` when the request's cost can never fit). Store failure messages are never shown to clients.
+/// Every body has `type`, `title`, `status` and `detail`. A rate-limit
+/// denial (429, and a degraded denial) also has
+///
+/// | member | holds |
+/// |---|---|
+/// | `policy` | the name of the policy that denied ([`Decision::policy_name`](tower_window::Decision::policy_name): the limiter's policy, or the tenant's); `null` for a decision built by hand without [`with_policy`](tower_window::Decision::with_policy) |
+/// | `quota` | the name of the deciding quota within it ([`Decision::quota`](tower_window::Decision::quota)) |
+/// | `definition` | that quota in the quota DSL (`100/1m`) |
+/// | `limit` | its limit (the burst for GCRA) |
+/// | `remaining` | units left in its window |
+/// | `reset_after` | seconds until its window is full again, rounded up |
+/// | `retry_after` | seconds until the same request could be admitted, rounded up and at least 1, as in `Retry-After`; `null` when the request's cost can never fit |
+///
+/// Store failure messages are never shown to clients.
 ///
 /// ```json
 /// {
 ///   "type": "urn:tower-window:problem:rate-limited",
 ///   "title": "Too Many Requests",
 ///   "status": 429,
-///   "detail": "quota \"default\" (100/1m) exhausted; retry in 17 s",
-///   "policy": "default",
-///   "quota": "100/1m",
-///   "limit": 100,
+///   "detail": "quota \"burst\" (20/1s) exhausted; retry in 1 s",
+///   "policy": "api",
+///   "quota": "burst",
+///   "definition": "20/1s",
+///   "limit": 20,
 ///   "remaining": 0,
-///   "reset_after": 60,
-///   "retry_after": 17
+///   "reset_after": 1,
+///   "retry_after": 1
 /// }
+/// ```
+///
+/// ```
+/// use axum_window_ext::ProblemJson;
+/// use tower_window::layer::{OnRejection, Rejection};
+/// use tower_window::{Limiter, MemoryStore, Policy, WindowKey};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let policy = Policy::builder("api").quota("burst", "1/1s")?.quota("daily", "100/1d")?.build()?;
+/// let limiter = Limiter::new(MemoryStore::new(), policy);
+/// let key = WindowKey::for_subject("alice");
+/// limiter.check(&key, 1).await?;
+/// let denied = limiter.check(&key, 1).await?;
+/// let response = ProblemJson::new().response(&Rejection::RateLimited(denied));
+/// let body = axum::body::to_bytes(response.into_body(), 4096).await?;
+/// let problem: serde_json::Value = serde_json::from_slice(&body)?;
+/// assert_eq!((&problem["policy"], &problem["quota"]), (&"api".into(), &"burst".into()));
+/// assert_eq!(problem["definition"], "1/1s");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
 /// ```
 ///
 /// Use it as the layer's rejection (see [`layer`](crate::layer)), or
@@ -79,8 +109,12 @@ struct Problem<'a> {
 
 #[derive(Serialize)]
 struct LimitMembers<'a> {
-    policy: &'a str,
-    quota: String,
+    /// The policy's name (`null` when the decision does not say).
+    policy: Option<&'a str>,
+    /// The deciding quota's name.
+    quota: &'a str,
+    /// The deciding quota in the DSL.
+    definition: String,
     limit: u32,
     remaining: u32,
     reset_after: u64,
@@ -99,8 +133,9 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
         _ => "about:blank",
     };
     let limit = rejection.decision().map(|decision| LimitMembers {
-        policy: decision.quota().name(),
-        quota: decision.quota().to_string(),
+        policy: decision.policy_name(),
+        quota: decision.quota().name(),
+        definition: decision.quota().to_string(),
         limit: decision.limit(),
         remaining: decision.remaining,
         reset_after: ceil_secs(decision.reset_after),

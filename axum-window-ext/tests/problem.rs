@@ -37,8 +37,78 @@ async fn cost_that_never_fits_has_null_retry_after() {
     assert_eq!(problem["retry_after"], Value::Null);
     assert_eq!(problem["remaining"], 3);
     assert_eq!(problem["reset_after"], 60);
-    assert_eq!(problem["policy"], "api");
+    // Built by hand, without `with_policy`: the policy is not known.
+    assert_eq!(problem["policy"], Value::Null);
+    assert_eq!(problem["quota"], "api");
+    assert_eq!(problem["definition"], "10/1m");
     assert!(problem["detail"].as_str().unwrap().contains("never"));
+}
+
+/// Issue 26: the body's `policy` is the policy's name and `quota` the
+/// deciding quota's name (it was `"policy":"burst"`, the quota's name, and
+/// `"quota":"1/1h"`, its DSL text, now `definition`), through the layer and
+/// through `RejectionResponse` after a handler's own check, for the
+/// limiter's policy and for another one given to `check_policy`.
+#[tokio::test]
+async fn the_body_names_the_policy_and_the_deciding_quota() {
+    use axum::routing::get;
+    use tower::ServiceExt;
+    use tower_window::key::Header;
+    use tower_window::{Limiter, MemoryStore, Policy, WindowKey};
+
+    let policy = Policy::builder("api")
+        .quota("burst", "1/1h")
+        .unwrap()
+        .quota("daily", "100/1d")
+        .unwrap()
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(MemoryStore::new(), policy);
+    let app = axum::Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(axum_window_ext::layer(
+            limiter.clone(),
+            Header::new("x-user-id").unwrap(),
+        ));
+    let request = || {
+        axum::http::Request::get("/")
+            .header("x-user-id", "ann")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(app.clone().oneshot(request()).await.unwrap().status(), 200);
+    let denied = app.oneshot(request()).await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    let problem = json(denied.into_body()).await;
+    assert_eq!(problem["policy"], "api", "{problem}");
+    assert_eq!(problem["quota"], "burst", "{problem}");
+    assert_eq!(problem["definition"], "1/1h", "{problem}");
+    assert_eq!(problem["limit"], 1, "{problem}");
+
+    // A handler's own check against another policy.
+    let exports = Policy::builder("exports")
+        .quota("hourly", "1/1h")
+        .unwrap()
+        .build()
+        .unwrap();
+    let key = WindowKey::for_subject("ann");
+    assert!(
+        limiter
+            .check_policy(&key, &exports, 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    let decision = limiter.check_policy(&key, &exports, 1).await.unwrap();
+    let response = RejectionResponse(Rejection::for_denial(
+        decision,
+        StatusCode::SERVICE_UNAVAILABLE,
+    ))
+    .into_response();
+    let problem = json(response.into_body()).await;
+    assert_eq!(problem["policy"], "exports", "{problem}");
+    assert_eq!(problem["quota"], "hourly", "{problem}");
+    assert_eq!(problem["definition"], "1/1h", "{problem}");
 }
 
 #[tokio::test]

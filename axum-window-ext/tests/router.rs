@@ -148,8 +148,10 @@ async fn layer_allows_with_headers_then_429_problem() {
     assert_eq!(problem["retry_after"], 50);
     assert_eq!(problem["limit"], 2);
     assert_eq!(problem["remaining"], 0);
+    // An unnamed quota is a one-quota policy of its name, `default`.
     assert_eq!(problem["policy"], "default");
-    assert_eq!(problem["quota"], "2/1m");
+    assert_eq!(problem["quota"], "default");
+    assert_eq!(problem["definition"], "2/1m");
     assert!(problem["detail"].as_str().unwrap().contains("exhausted"));
 
     // Other users are unaffected; the same user is admitted once a slot frees.

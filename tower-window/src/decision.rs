@@ -205,6 +205,10 @@ pub struct Decision {
     quotas: QuotaStates,
     /// The deciding quota's index in `quotas` (below `MAX_QUOTAS`).
     decider: u8,
+    /// The policy a [`Limiter`](crate::Limiter) denied against (see
+    /// [`policy_name`](Self::policy_name)); recorded on denials only, so an
+    /// admission pays no reference count for it.
+    policy: Option<crate::Policy>,
 }
 
 impl Decision {
@@ -254,6 +258,7 @@ impl Decision {
             timestamp_micros,
             quotas: QuotaStates::from_buf([state]),
             decider: 0,
+            policy: None,
         }
     }
 
@@ -307,6 +312,7 @@ impl Decision {
             quotas,
             // A policy holds at most `MAX_QUOTAS` (16) quotas.
             decider: u8::try_from(decider).unwrap_or(u8::MAX),
+            policy: None,
         }
     }
 
@@ -326,6 +332,49 @@ impl Decision {
     /// request had they been enforced.
     pub fn shadow_denials(&self) -> impl Iterator<Item = &QuotaDecision> {
         self.quotas.iter().filter(|q| q.is_shadow_denial())
+    }
+
+    /// The name of the policy that denied the request, when known: a
+    /// [`Limiter`](crate::Limiter) records it on every denial it returns
+    /// (the policy it checked: its own, or the one given to
+    /// [`check_policy`](crate::Limiter::check_policy), a tenant's say), and
+    /// [`with_policy`](Self::with_policy) sets it. `None` for admissions
+    /// and for decisions built by hand. The deciding quota within that
+    /// policy is [`quota`](Self::quota).
+    ///
+    /// ```
+    /// use tower_window::{Limiter, MemoryStore, Policy, WindowKey};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let policy = Policy::builder("api").quota("burst", "1/1s")?.quota("daily", "100/1d")?.build()?;
+    /// let limiter = Limiter::new(MemoryStore::new(), policy);
+    /// let key = WindowKey::for_subject("alice");
+    /// assert_eq!(limiter.check(&key, 1).await?.policy_name(), None);
+    /// let denied = limiter.check(&key, 1).await?;
+    /// assert_eq!((denied.policy_name(), denied.quota().name()), (Some("api"), "burst"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn policy_name(&self) -> Option<&str> {
+        self.policy.as_ref().map(crate::Policy::name)
+    }
+
+    /// Records `policy` as the policy this decision was made against (see
+    /// [`policy_name`](Self::policy_name)).
+    pub fn with_policy(mut self, policy: &crate::Policy) -> Self {
+        self.policy = Some(policy.clone());
+        self
+    }
+
+    /// [`with_policy`](Self::with_policy) for a denial; an admission is
+    /// left as it is (what the limiter's hot path returns).
+    #[inline]
+    pub(crate) fn record_denial_policy(self, policy: &crate::Policy) -> Self {
+        if self.allowed {
+            self
+        } else {
+            self.with_policy(policy)
+        }
     }
 
     /// Sets who decided.

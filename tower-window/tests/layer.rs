@@ -1395,3 +1395,75 @@ async fn one_layer_with_a_two_quota_policy_is_all_or_nothing() {
     assert!(decision.allowed);
     assert_eq!(decision.remaining, 3);
 }
+
+// ---------------------------------------------------------------- shadow quotas
+
+/// Issue 26, bug 3: a shadow quota is never advertised as spent. A policy
+/// whose only quota is shadow keeps admitting past its limit; its
+/// responses list it in `RateLimit-Policy` with the `shadow` marker and
+/// carry no `RateLimit` (nor legacy) header, so a client honouring the
+/// header never backs off from a limit that is not enforced. Beside an
+/// enforced quota, `RateLimit` describes the enforced one, also once the
+/// shadow quota is spent.
+#[tokio::test]
+async fn shadow_quotas_are_never_advertised_in_ratelimit() {
+    let clock = clock_at(Duration::ZERO);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let trial = Policy::new("trial", [named("5/1m", "minute").shadowed(true)]).unwrap();
+    let service = SlidingWindowLayer::new(
+        Limiter::new(store.clone(), trial),
+        Header::new("x-user-id").unwrap(),
+    )
+    .legacy_headers(true)
+    .layer(service_fn(handler));
+    for n in 1..=7 {
+        let response = service.clone().oneshot(request(Some("tia"))).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "request {n}");
+        let headers = response.headers();
+        assert_eq!(
+            headers["ratelimit-policy"], r#""minute";q=5;w=60;shadow"#,
+            "request {n}"
+        );
+        for name in [
+            "ratelimit",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ] {
+            assert!(
+                !headers.contains_key(name),
+                "request {n} advertises {name}: {headers:?}"
+            );
+        }
+    }
+
+    let mixed = Policy::new(
+        "mixed",
+        [
+            named("100/1m", "sustained"),
+            named("2/1m", "minute").shadowed(true),
+        ],
+    )
+    .unwrap();
+    let service = SlidingWindowLayer::new(
+        Limiter::new(store, mixed),
+        Header::new("x-user-id").unwrap(),
+    )
+    .legacy_headers(true)
+    .layer(service_fn(handler));
+    for n in 1..=4 {
+        let response = service.clone().oneshot(request(Some("max"))).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "request {n}");
+        let headers = response.headers();
+        assert_eq!(
+            headers["ratelimit-policy"],
+            r#""sustained";q=100;w=60, "minute";q=2;w=60;shadow"#
+        );
+        assert_eq!(
+            parse_list(headers, "ratelimit"),
+            [("sustained".to_owned(), params(&[("r", 100 - n), ("t", 60)]))],
+            "request {n}"
+        );
+        assert_eq!(headers["x-ratelimit-limit"], "100");
+    }
+}

@@ -13,8 +13,31 @@ use super::{
     ExceedAction, CLOSE_INVALID_PAYLOAD, CLOSE_POLICY, CLOSE_PROTOCOL_ERROR, CLOSE_TOO_BIG,
 };
 
-/// How long the reply to a peer's close may take to be written.
-const CLOSE_REPLY_WAIT: Duration = Duration::from_secs(1);
+/// The most frames discarded while waiting for the peer's close.
+const MAX_DISCARDED: usize = 10_000;
+
+/// What the connection still needs once a close was sent, before it may be
+/// dropped (done by a task spawned when the [`GuardedSocket`] is dropped,
+/// so neither a cancelled [`recv`](GuardedSocket::recv) nor the caller's
+/// own cleanup cuts it short).
+///
+/// A connection dropped while the peer's frames sit unread in it is reset
+/// (TCP RST), and a peer that is still writing then sees the reset instead
+/// of the close; RFC 6455 7.1.1 has the server close the TCP connection
+/// after the closing handshake instead. Bounded by
+/// [`close_timeout`](super::MessageLimitsBuilder::close_timeout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    /// Read and discard until the peer's close (or the end): after the
+    /// guard's close, and after the peer's (reading once more writes the
+    /// queued reply).
+    Discard,
+    /// Hold the connection without reading: after a read error axum's
+    /// socket yields nothing more, so the peer's frames cannot be
+    /// discarded; holding it lets the close be transmitted and read before
+    /// the reset.
+    Hold,
+}
 
 /// Why a [`GuardedSocket`] stopped yielding messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +68,8 @@ pub enum CloseCause {
 /// [`MessageLimits`] before [`recv`](Self::recv) yields them; see the
 /// [module docs](super).
 pub struct GuardedSocket {
-    socket: WebSocket,
+    /// Present until [`into_inner`](Self::into_inner) or the drop.
+    socket: Option<WebSocket>,
     limits: MessageLimits,
     key: WindowKey,
     lost: Option<LeaseLost>,
@@ -55,6 +79,11 @@ pub struct GuardedSocket {
     /// [`recv`](GuardedSocket::recv), so the next call charges it again
     /// instead of losing it.
     held: Option<Message>,
+    /// The socket can no longer be read: it ended, or a read failed
+    /// (after an error axum's socket yields nothing more).
+    unreadable: bool,
+    /// What the connection needs after a close, before it is dropped.
+    closing: Option<Closing>,
 }
 
 /// The outcome of charging one message.
@@ -70,13 +99,15 @@ impl GuardedSocket {
     /// Guards `socket` of the subject `key` with `limits`.
     pub fn new(socket: WebSocket, limits: MessageLimits, key: WindowKey) -> Self {
         Self {
-            socket,
+            socket: Some(socket),
             limits,
             key,
             lost: None,
             drops: 0,
             closed: None,
             held: None,
+            unreadable: false,
+            closing: None,
         }
     }
 
@@ -116,14 +147,16 @@ impl GuardedSocket {
                     self.close(CloseCause::LeaseLost, CLOSE_POLICY, "connection lease lost").await;
                     return None;
                 }
-                next = self.socket.recv() => next,
+                next = present(&mut self.socket).recv() => next,
             };
             let message = match next {
                 None => {
                     self.closed = Some(CloseCause::Peer);
+                    self.unreadable = true;
                     return None;
                 }
                 Some(Err(error)) => {
+                    self.unreadable = true;
                     match classify(&error) {
                         Some(CloseCause::InvalidUtf8) => {
                             self.close(
@@ -156,11 +189,11 @@ impl GuardedSocket {
                 Message::Binary(bytes) => bytes.len(),
                 Message::Close(_) => {
                     self.closed = Some(CloseCause::Peer);
+                    self.unreadable = true;
                     // The reply (RFC 6455 5.5.1: a close is answered with a
                     // close) is queued, not sent: reading once more writes
-                    // it and ends the stream. Bounded: a peer that stops
-                    // reading does not hold the socket.
-                    let _ = tokio::time::timeout(CLOSE_REPLY_WAIT, self.socket.recv()).await;
+                    // it and ends the stream (when the socket is dropped).
+                    self.closing = Some(Closing::Discard);
                     return None;
                 }
                 Message::Ping(_) | Message::Pong(_) => continue,
@@ -241,8 +274,7 @@ impl GuardedSocket {
                             "quota": quota,
                             "retry_after_ms": ceil_millis(wait),
                         });
-                        if self
-                            .socket
+                        if present(&mut self.socket)
                             .send(Message::Text(notice.to_string().into()))
                             .await
                             .is_err()
@@ -261,33 +293,105 @@ impl GuardedSocket {
 
     /// Sends a message (unlimited: limits apply to inbound messages).
     pub async fn send(&mut self, message: Message) -> Result<(), axum::Error> {
-        self.socket.send(message).await
+        present(&mut self.socket).send(message).await
     }
 
-    /// Closes with `code` and `reason` (best effort) and stops reading.
+    /// Closes with `code` and `reason` and stops yielding messages, the way
+    /// the guard's own closes do (see [`close_timeout`]): the close is
+    /// sent, and once the `GuardedSocket` is dropped, what the peer still
+    /// sends is read and discarded until its close arrives, so the close
+    /// reaches a peer that keeps writing instead of a TCP reset. A no-op
+    /// once the socket is closed.
+    ///
+    /// [`close_timeout`]: super::MessageLimitsBuilder::close_timeout
     pub async fn close_with(&mut self, code: u16, reason: &str) {
+        if self.closed.is_some() || self.unreadable {
+            return;
+        }
         self.close(CloseCause::Peer, code, reason).await;
     }
 
     /// The socket itself.
     pub fn get_mut(&mut self) -> &mut WebSocket {
-        &mut self.socket
+        present(&mut self.socket)
     }
 
-    /// Unwraps the socket.
-    pub fn into_inner(self) -> WebSocket {
-        self.socket
+    /// Unwraps the socket. The guard's closing handshake (see
+    /// [`close_with`](Self::close_with)) is then the caller's: a closed
+    /// socket should be read until the peer's close before it is dropped.
+    pub fn into_inner(mut self) -> WebSocket {
+        self.closing = None;
+        match self.socket.take() {
+            Some(socket) => socket,
+            None => unreachable!("the socket is present until the guard is consumed"),
+        }
     }
 
+    /// Sends the close; the connection is then finished when the guard is
+    /// dropped (see [`Closing`]).
     async fn close(&mut self, cause: CloseCause, code: u16, reason: &str) {
         self.closed = Some(cause);
+        self.held = None;
         let frame = CloseFrame {
             code,
             reason: reason.into(),
         };
-        if let Err(error) = self.socket.send(Message::Close(Some(frame))).await {
+        if let Err(error) = present(&mut self.socket)
+            .send(Message::Close(Some(frame)))
+            .await
+        {
             tracing::debug!(%error, "websocket close failed");
+            return;
         }
+        self.closing = Some(if self.unreadable {
+            Closing::Hold
+        } else {
+            Closing::Discard
+        });
+        self.unreadable = true;
+    }
+}
+
+impl Drop for GuardedSocket {
+    fn drop(&mut self) {
+        let (Some(closing), Some(socket)) = (self.closing.take(), self.socket.take()) else {
+            return;
+        };
+        // Without a runtime (never under axum) the connection just drops.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(finish_close(
+                socket,
+                closing,
+                self.limits.inner.close_timeout,
+            ));
+        }
+    }
+}
+
+/// Finishes a closed connection (see [`Closing`]), for at most `wait`.
+async fn finish_close(mut socket: WebSocket, closing: Closing, wait: Duration) {
+    match closing {
+        Closing::Hold => tokio::time::sleep(wait).await,
+        Closing::Discard => {
+            let discard = async {
+                for _ in 0..MAX_DISCARDED {
+                    match socket.recv().await {
+                        // The peer's close: the handshake is complete.
+                        Some(Ok(Message::Close(_)) | Err(_)) | None => return,
+                        Some(Ok(_)) => {}
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(wait, discard).await;
+        }
+    }
+}
+
+/// The socket of a guard that has not been consumed.
+fn present(socket: &mut Option<WebSocket>) -> &mut WebSocket {
+    match socket {
+        Some(socket) => socket,
+        None => unreachable!("the socket is present until the guard is consumed"),
     }
 }
 

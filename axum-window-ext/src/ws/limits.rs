@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::ws::WebSocketUpgrade;
 use tower_window::{Limiter, Policy};
@@ -20,6 +21,10 @@ pub enum ExceedAction {
     Pause,
 }
 
+/// How far past the size limit a message is still read whole (see
+/// [`MessageLimits::read_limit`]).
+const READ_SLACK: usize = 64 * 1024;
+
 /// The per-message and per-byte limits of guarded sockets; cheap to clone.
 #[derive(Clone)]
 pub struct MessageLimits {
@@ -33,11 +38,15 @@ pub(super) struct Inner {
     pub(super) on_exceed: ExceedAction,
     pub(super) close_after_drops: u32,
     pub(super) max_message_bytes: usize,
+    pub(super) close_timeout: Duration,
 }
 
 impl MessageLimits {
     /// The default size limit (64 KiB).
     pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 65_536;
+
+    /// The default [close timeout](MessageLimitsBuilder::close_timeout) (1 s).
+    pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
     /// Limits charged to `limiter` (its store, resilience stack and
     /// fallback); add quotas with the builder.
@@ -50,6 +59,7 @@ impl MessageLimits {
                 on_exceed: ExceedAction::default(),
                 close_after_drops: 0,
                 max_message_bytes: Self::DEFAULT_MAX_MESSAGE_BYTES,
+                close_timeout: Self::DEFAULT_CLOSE_TIMEOUT,
             },
         }
     }
@@ -64,14 +74,40 @@ impl MessageLimits {
         self.inner.on_exceed
     }
 
+    /// The policy charged one unit per message, if any.
+    pub fn messages_policy(&self) -> Option<&Policy> {
+        self.inner.messages.as_ref()
+    }
+
+    /// The policy charged the payload's bytes, if any.
+    pub fn bytes_policy(&self) -> Option<&Policy> {
+        self.inner.bytes.as_ref()
+    }
+
+    /// The largest frame and message the socket reads at all
+    /// ([`configure`](Self::configure) sets it): twice
+    /// [`max_message_bytes`](Self::max_message_bytes), and at least 64 KiB
+    /// more than it.
+    ///
+    /// A message over `max_message_bytes` but within this is read whole,
+    /// then refused by the guard, which closes with 1009 and reads on
+    /// (discarding) until the peer's close, so the close reaches a client
+    /// that keeps sending. A frame over this is refused by its header,
+    /// before its payload is buffered; the socket cannot be read after
+    /// that, so the guard sends the 1009 and holds the connection for 1 s
+    /// before dropping it.
+    pub fn read_limit(&self) -> usize {
+        let max = self.inner.max_message_bytes;
+        max.saturating_add(max.max(READ_SLACK))
+    }
+
     /// Sets the upgrade's frame and message size limits to
-    /// [`max_message_bytes`](Self::max_message_bytes), so an oversized
-    /// frame is refused by its header, before its payload is buffered (the
-    /// guard then closes with 1009).
+    /// [`read_limit`](Self::read_limit) (the guard itself closes with 1009
+    /// past [`max_message_bytes`](Self::max_message_bytes)).
     pub fn configure<F>(&self, upgrade: WebSocketUpgrade<F>) -> WebSocketUpgrade<F> {
         upgrade
-            .max_message_size(self.inner.max_message_bytes)
-            .max_frame_size(self.inner.max_message_bytes)
+            .max_message_size(self.read_limit())
+            .max_frame_size(self.read_limit())
     }
 }
 
@@ -84,6 +120,7 @@ impl fmt::Debug for MessageLimits {
             .field("on_exceed", &inner.on_exceed)
             .field("close_after_drops", &inner.close_after_drops)
             .field("max_message_bytes", &inner.max_message_bytes)
+            .field("close_timeout", &inner.close_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -103,19 +140,41 @@ impl fmt::Debug for MessageLimitsBuilder {
 
 impl MessageLimitsBuilder {
     /// The policy charged one unit per message (none by default).
+    ///
+    /// A quota left with the default name (`default`, a quota parsed or
+    /// built without [`named`](tower_window::Quota::named)) is named
+    /// `messages`, as the `rate_limited` notice and the metrics show it
+    /// (and a policy of that default name too); named quotas keep their
+    /// names. The name is part of the quota's windows in the store.
+    ///
+    /// ```
+    /// use axum_window_ext::ws::MessageLimits;
+    /// use tower_window::{Limiter, MemoryStore, Quota};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new(), "100/1m".parse::<Quota>()?);
+    /// let limits = MessageLimits::builder(limiter)
+    ///     .messages("5/10s".parse::<Quota>()?)
+    ///     .bytes("65536/10s".parse::<Quota>()?)
+    ///     .build();
+    /// assert_eq!(limits.messages_policy().unwrap().first().name(), "messages");
+    /// assert_eq!(limits.bytes_policy().unwrap().first().name(), "bytes");
+    /// # Ok::<(), tower_window::QuotaError>(())
+    /// ```
     pub fn messages(mut self, policy: impl Into<Policy>) -> Self {
-        self.inner.messages = Some(policy.into());
+        self.inner.messages = Some(named_by_default(policy.into(), "messages"));
         self
     }
 
     /// The policy charged the payload's bytes per message (none by default).
+    /// A quota left with the default name is named `bytes` (see
+    /// [`messages`](Self::messages)).
     ///
     /// The message policy is charged first, then this one (their costs
     /// differ, so they are two store calls): a message the message quota
     /// admits and this quota refuses still counts as one message. An empty
     /// message charges no bytes.
     pub fn bytes(mut self, policy: impl Into<Policy>) -> Self {
-        self.inner.bytes = Some(policy.into());
+        self.inner.bytes = Some(named_by_default(policy.into(), "bytes"));
         self
     }
 
@@ -140,10 +199,83 @@ impl MessageLimitsBuilder {
         self
     }
 
+    /// How long a closing socket waits for the peer (default
+    /// [`MessageLimits::DEFAULT_CLOSE_TIMEOUT`]): after the guard's close,
+    /// for the peer's close, reading and discarding what the peer still
+    /// sends (a connection dropped with unread data is reset, and the peer
+    /// would see the reset instead of the close); after the peer's close,
+    /// for the reply to be written. The connection is dropped when it ends
+    /// or the peer's close arrives, whichever is first.
+    pub fn close_timeout(mut self, timeout: Duration) -> Self {
+        self.inner.close_timeout = timeout;
+        self
+    }
+
     /// Builds the limits.
     pub fn build(self) -> MessageLimits {
         MessageLimits {
             inner: Arc::new(self.inner),
         }
+    }
+}
+
+/// The name a quota (and a policy) gets when none was given.
+const DEFAULT_NAME: &str = "default";
+
+/// `policy` with its quota of the default name (and the policy itself, if
+/// of the default name) named `name` instead; unchanged when it has no such
+/// quota or already has one named `name`.
+fn named_by_default(policy: Policy, name: &str) -> Policy {
+    if policy.quota(DEFAULT_NAME).is_none() || policy.quota(name).is_some() {
+        return policy;
+    }
+    let quotas = policy.quotas().iter().map(|quota| {
+        if quota.name() == DEFAULT_NAME {
+            quota.clone().named(name).unwrap_or_else(|_| quota.clone())
+        } else {
+            quota.clone()
+        }
+    });
+    let policy_name = if policy.name() == DEFAULT_NAME {
+        name
+    } else {
+        policy.name()
+    };
+    // Same quotas, one renamed to a valid name no other quota has.
+    Policy::new(policy_name, quotas).unwrap_or(policy)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use tower_window::{MemoryStore, Quota};
+
+    #[test]
+    fn unnamed_quotas_are_named_for_what_they_charge() {
+        let quota = |dsl: &str| dsl.parse::<Quota>().unwrap();
+        let renamed = named_by_default(quota("5/10s").into(), "messages");
+        assert_eq!(
+            (renamed.name(), renamed.first().name()),
+            ("messages", "messages")
+        );
+        assert_eq!(renamed.first().to_string(), "5/10s");
+        // Named quotas and policies keep their names.
+        let named = named_by_default(quota("5/10s").named("chat").unwrap().into(), "messages");
+        assert_eq!((named.name(), named.first().name()), ("chat", "chat"));
+        let policy =
+            Policy::new("p", [quota("1/s"), quota("9/m").named("messages").unwrap()]).unwrap();
+        let kept = named_by_default(policy.clone(), "messages");
+        assert_eq!(kept, policy);
+        let policy = Policy::new("p", [quota("1/s"), quota("9/m").named("slow").unwrap()]).unwrap();
+        let renamed = named_by_default(policy, "bytes");
+        let names: Vec<&str> = renamed.quotas().iter().map(|q| q.name()).collect();
+        assert_eq!((renamed.name(), names), ("p", vec!["bytes", "slow"]));
+        let limits = MessageLimits::builder(Limiter::new(MemoryStore::new(), quota("1/s")))
+            .bytes(quota("64/s"))
+            .build();
+        assert!(limits.messages_policy().is_none());
+        assert_eq!(limits.bytes_policy().unwrap().first().name(), "bytes");
     }
 }

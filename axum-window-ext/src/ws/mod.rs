@@ -6,52 +6,104 @@
 //!   all of a subject's sockets on all nodes. On exceed, as configured
 //!   ([`ExceedAction`]): `Drop` discards it and sends the notice
 //!   `{"type":"rate_limited","quota":"<name>","retry_after_ms":<n>}`
-//!   (optionally closing after N consecutive drops), `Close` closes with
-//!   1008, `Pause` stops reading until the retry-after (TCP backpressure
-//!   reaches the client; nothing is lost). A message over the size limit
-//!   closes with 1009 before being charged; invalid UTF-8 text closes with
-//!   1007; a protocol violation (unmasked or reserved-bit frames, unknown
-//!   opcodes, a malformed close) closes with 1002; a lost
+//!   (`messages` or `bytes` for quotas built without a name; optionally
+//!   closing after N consecutive drops), `Close` closes with 1008, `Pause`
+//!   stops reading until the retry-after (TCP backpressure reaches the
+//!   client; nothing is lost). A message over the size limit closes with
+//!   1009 before being charged; invalid UTF-8 text closes with 1007; a
+//!   protocol violation (unmasked or reserved-bit frames, unknown opcodes,
+//!   a malformed close) closes with 1002; a lost
 //!   [connection lease](tower_window::conn) closes with 1008.
+//! * Every close reaches the client with its code and reason, whatever the
+//!   client is sending: the guard's closes, [`GuardedSocket::close_with`]
+//!   and the answer to the client's own close leave the connection, when
+//!   the `GuardedSocket` is dropped, to a task that reads and discards
+//!   until the client's close (at most
+//!   [`close_timeout`](MessageLimitsBuilder::close_timeout), 1 s), then
+//!   drops it. Dropped with the client's frames unread, the connection
+//!   would be reset and a client still writing would see the reset instead
+//!   of the close. After a read error (1002, 1007, or a frame past
+//!   [`read_limit`](MessageLimits::read_limit)) axum's socket yields
+//!   nothing more, so the connection is only held for that time.
 //! * [`ConnectionRefused`]: the answer to an upgrade request refused by a
 //!   connection cap — `429` with `Retry-After` and `RateLimit` headers,
 //!   sent instead of the `101`, so no upgrade happens. Extract axum's
-//!   `WebSocketUpgrade` first (it recognises HTTP/1.1 `GET` upgrades and
-//!   HTTP/2 extended `CONNECT`, and refuses anything else), then acquire
-//!   the lease, then upgrade.
+//!   `WebSocketUpgrade` (it recognises HTTP/1.1 `GET` upgrades and HTTP/2
+//!   extended `CONNECT`, and refuses anything else), then acquire the
+//!   lease, then upgrade.
 //! * [`rooms`]: rooms on event windows — one reader per node, bounded
 //!   per-socket queues, history then live with no gap, resume on any node
 //!   ([`rooms::RoomHub`]).
 //!
+//! A complete `/ws` route: the state every socket shares, the node's
+//! heartbeat (it renews every lease of the node and reports the lost ones;
+//! without it a lease expires after its TTL while its socket lives on, and
+//! the cap stops counting it), the lease, the guard, an echo:
+//!
 //! ```no_run
+//! use std::sync::Arc;
+//!
 //! use axum::extract::ws::WebSocketUpgrade;
+//! use axum::extract::State;
+//! use axum::http::{HeaderMap, StatusCode};
 //! use axum::response::{IntoResponse, Response};
+//! use axum::routing::get;
+//! use axum::Router;
 //! use axum_window_ext::ws::{ConnectionRefused, GuardedSocket, MessageLimits};
 //! use tower_window::conn::{Acquire, ConnectionLimiter};
-//! use tower_window::WindowKey;
+//! use tower_window::{Limiter, MemoryStore, Quota, WindowKey};
 //!
-//! async fn ws(
-//!     upgrade: WebSocketUpgrade,
+//! /// What every socket of this node shares.
+//! #[derive(Clone)]
+//! struct Sockets {
 //!     connections: ConnectionLimiter,
 //!     limits: MessageLimits,
-//!     key: WindowKey,
-//! ) -> Response {
-//!     let lease = match connections.acquire(&key).await {
+//! }
+//!
+//! async fn ws(State(sockets): State<Sockets>, headers: HeaderMap, upgrade: WebSocketUpgrade) -> Response {
+//!     // Who: a header here; authenticate it for real.
+//!     let Some(user) = headers.get("x-user-id").map(|v| v.as_bytes().to_vec()) else {
+//!         return StatusCode::BAD_REQUEST.into_response();
+//!     };
+//!     let key = WindowKey::for_subject(user);
+//!     let lease = match sockets.connections.acquire(&key).await {
 //!         Ok(Acquire::Granted(lease)) => lease,
 //!         Ok(Acquire::Denied(denied)) => return ConnectionRefused::new(denied).into_response(),
-//!         Err(_) => return http::StatusCode::SERVICE_UNAVAILABLE.into_response(),
+//!         Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
 //!     };
-//!     limits
-//!         .configure(upgrade)
-//!         .on_upgrade(move |socket| async move {
-//!             let mut socket = GuardedSocket::new(socket, limits, key).with_lease(&lease);
-//!             while let Some(message) = socket.recv().await {
-//!                 if socket.send(message).await.is_err() {
-//!                     break;
-//!                 }
+//!     let limits = sockets.limits.clone();
+//!     limits.configure(upgrade).on_upgrade(move |socket| async move {
+//!         let mut socket = GuardedSocket::new(socket, sockets.limits, key).with_lease(&lease);
+//!         while let Some(message) = socket.recv().await {
+//!             if socket.send(message).await.is_err() {
+//!                 break;
 //!             }
-//!             let _ = lease.release().await;
-//!         })
+//!         }
+//!         drop(socket); // the closing handshake finishes in the background
+//!         let _ = lease.release().await;
+//!     })
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // One store behind the limiter and the leases (an `Arc<RedisStore>` for a cluster).
+//!     let store = Arc::new(MemoryStore::new());
+//!     let limiter = Limiter::new(store.clone(), "100/1m".parse::<Quota>()?);
+//!     let connections = ConnectionLimiter::builder(limiter.clone(), store)
+//!         .max_per_subject(3)
+//!         .build()?;
+//!     // One heartbeat per node; it runs until every clone of the limiter is gone.
+//!     let _heartbeat = connections.start_heartbeat();
+//!     let limits = MessageLimits::builder(limiter)
+//!         .messages("20/10s".parse::<Quota>()?)
+//!         .bytes("65536/10s".parse::<Quota>()?)
+//!         .build();
+//!     let app = Router::new()
+//!         .route("/ws", get(ws))
+//!         .with_state(Sockets { connections, limits });
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//!     axum::serve(listener, app).await?;
+//!     Ok(())
 //! }
 //! ```
 

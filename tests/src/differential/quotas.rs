@@ -1030,7 +1030,10 @@ impl Exec<'_> {
                 if got > 0 {
                     for (k, j, anchor) in self.leases[i].anchors.clone() {
                         let p = Params::of(&self.leases[i].policy.quotas()[j]);
-                        self.windows.entry(k).or_default().refund(&p, anchor, granted, got);
+                        self.windows
+                            .entry(k)
+                            .or_default()
+                            .refund(&p, anchor, granted, got);
                     }
                 }
             }

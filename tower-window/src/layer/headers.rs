@@ -44,7 +44,7 @@ pub fn ceil_secs(d: Duration) -> u64 {
 ///
 /// `RateLimit-Policy` lists every quota of the decision's policy;
 /// `RateLimit` (and the legacy headers) describe the deciding quota, the
-/// tightest one. Both are appended, so nested limiters each contribute
+/// tightest enforced one. Both are appended, so nested limiters each contribute
 /// their own list members; the legacy headers are replaced. `Retry-After`
 /// is not added here (see [`insert_retry_after`]).
 ///
@@ -55,7 +55,11 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// differs from the limit (`10/s gcra(burst=20)` is `q=10;w=1;burst=20`).
 /// A [shadow](crate::Quota::shadowed) quota adds the boolean parameter
 /// `shadow` (`"trial";q=5;w=60;shadow`): it is counted, never enforced,
-/// and never the deciding quota of `RateLimit` while an enforced one exists.
+/// and never described by `RateLimit`: that header (and the legacy ones)
+/// names the tightest *enforced* quota, and a policy whose quotas are all
+/// shadow sends no `RateLimit` (nor `X-RateLimit-*`) header at all, only
+/// its `RateLimit-Policy`: nothing is enforced, so there is no limit a
+/// client should back off from.
 ///
 /// ```
 /// use std::time::Duration;
@@ -99,11 +103,19 @@ impl RateLimitHeaders {
                 join_list(&items)
             }
         };
-        let state = item(
-            decision.quota().name(),
-            &[(b"r", u64::from(decision.remaining)), (b"t", reset)],
-        );
-        let legacy = legacy.then(|| {
+        // The deciding quota is a shadow one only when every quota of the
+        // policy is: then nothing is enforced and there is no limit to
+        // advertise (a client honouring `r=0` would back off for nothing).
+        let enforced = !decision.quota().is_shadow();
+        let state = enforced
+            .then(|| {
+                item(
+                    decision.quota().name(),
+                    &[(b"r", u64::from(decision.remaining)), (b"t", reset)],
+                )
+            })
+            .flatten();
+        let legacy = (legacy && enforced).then(|| {
             [
                 HeaderValue::from(decision.limit()),
                 HeaderValue::from(decision.remaining),
@@ -339,6 +351,47 @@ mod tests {
         assert_eq!(headers[RATELIMIT_POLICY], r#""a";q=10;w=1, "b";q=100;w=60"#);
         assert_eq!(headers[RATELIMIT], r#""b";r=5;t=60"#);
         assert_eq!(headers[X_RATELIMIT_LIMIT], "100");
+    }
+
+    #[test]
+    fn shadow_quotas_are_never_advertised_in_ratelimit() {
+        let shadow: Quota = "5/1m"
+            .parse::<Quota>()
+            .unwrap()
+            .named("minute")
+            .unwrap()
+            .shadowed(true);
+        // Spent, yet admitting: every quota of the policy is shadow.
+        let only = Decision::from_quotas([crate::QuotaDecision::deny(
+            shadow.clone(),
+            0,
+            Duration::from_secs(60),
+            Some(Duration::from_secs(60)),
+        )])
+        .unwrap();
+        assert!(only.allowed);
+        let mut headers = HeaderMap::new();
+        insert_rate_limit_headers(&mut headers, &only, true);
+        assert_eq!(headers[RATELIMIT_POLICY], r#""minute";q=5;w=60;shadow"#);
+        assert!(!headers.contains_key(RATELIMIT), "{headers:?}");
+        assert!(!headers.contains_key(X_RATELIMIT_LIMIT), "{headers:?}");
+        assert!(!headers.contains_key(X_RATELIMIT_REMAINING), "{headers:?}");
+        assert!(!headers.contains_key(X_RATELIMIT_RESET), "{headers:?}");
+        // Beside an enforced quota, the enforced one is described.
+        let burst: Quota = "10/1s".parse::<Quota>().unwrap().named("burst").unwrap();
+        let mixed = Decision::from_quotas([
+            crate::QuotaDecision::allow(burst, 9, Duration::from_secs(1)),
+            crate::QuotaDecision::deny(shadow, 0, Duration::from_secs(60), None),
+        ])
+        .unwrap();
+        let mut headers = HeaderMap::new();
+        insert_rate_limit_headers(&mut headers, &mixed, true);
+        assert_eq!(
+            headers[RATELIMIT_POLICY],
+            r#""burst";q=10;w=1, "minute";q=5;w=60;shadow"#
+        );
+        assert_eq!(headers[RATELIMIT], r#""burst";r=9;t=1"#);
+        assert_eq!(headers[X_RATELIMIT_LIMIT], "10");
     }
 
     #[test]

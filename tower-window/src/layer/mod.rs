@@ -12,6 +12,9 @@
 //!   `RateLimit-Policy` headers (draft-ietf-httpapi-ratelimit-headers;
 //!   legacy `X-RateLimit-*` ones with
 //!   [`legacy_headers(true)`](SlidingWindowLayer::legacy_headers)).
+//!   `RateLimit` describes the tightest enforced quota: shadow quotas are
+//!   only listed in `RateLimit-Policy`, and a policy of shadow quotas only
+//!   sends no `RateLimit` (see [`insert_rate_limit_headers`]).
 //! - Denied: `429 Too Many Requests` built by an [`OnRejection`] (by default
 //!   [`DefaultRejection`], an empty body), with `Retry-After` in whole
 //!   seconds rounded up (absent when the cost can never fit), the same

@@ -43,7 +43,8 @@ pub trait Respond<Req, Res, E>: Send + Sync + 'static {
 ///
 /// - An admitted request gets its [`Decision`] in its extensions; the inner
 ///   service's response gets `RateLimit` and `RateLimit-Policy` headers (and
-///   the legacy `X-RateLimit-*` ones when enabled).
+///   the legacy `X-RateLimit-*` ones when enabled; neither `RateLimit` nor
+///   those for a policy of shadow quotas only).
 /// - A rejection is answered with the response of the [`OnRejection`] `R`
 ///   (status 429, 400/401 or 503), with `Retry-After` and the `RateLimit`
 ///   headers when the quota is exhausted, and the [`Rejection`] in the

@@ -203,6 +203,8 @@ impl Limiter {
         } else {
             self.decide(key, policy, cost).await
         };
+        // A denial names its policy (problem bodies say which one denied).
+        let result = result.map(|decision| decision.record_denial_policy(policy));
         if let Ok(decision) = &result {
             self.inner.metrics.decision(key, decision);
         }
@@ -299,7 +301,9 @@ impl Limiter {
                 return Poll::Pending;
             }
         }
-        let result = self.decide_in_process(key, policy, cost);
+        let result = self
+            .decide_in_process(key, policy, cost)
+            .map(|result| result.map(|decision| decision.record_denial_policy(policy)));
         if let Poll::Ready(Ok(decision)) = &result {
             self.inner.metrics.decision(key, decision);
         }
