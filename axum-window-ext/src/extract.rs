@@ -27,7 +27,7 @@ use tower_window::Decision;
 /// use axum_window_ext::RateLimitInfo;
 ///
 /// async fn hello(RateLimitInfo(decision): RateLimitInfo) -> String {
-///     format!("hello; {} requests left", decision.remaining)
+///     format!("hello; {} requests left", decision.remaining())
 /// }
 ///
 /// async fn maybe(info: Option<RateLimitInfo>) -> &'static str {

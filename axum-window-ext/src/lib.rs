@@ -26,7 +26,7 @@
 //! // Per user, within the tenant named by `x-tenant-id` (default "public").
 //! let key = Header::new("x-user-id")?.with_tenant(Header::new("x-tenant-id")?.or(Constant::new("public")));
 //! let hello = get(|RateLimitInfo(d): RateLimitInfo| async move {
-//!     format!("hello, {} left", d.remaining)
+//!     format!("hello, {} left", d.remaining())
 //! });
 //! let app: Router = Router::new().route("/hello", hello.route_layer(axum_window_ext::layer(limiter, key)));
 //!
@@ -46,6 +46,7 @@
 //!
 //! [axum]: https://docs.rs/axum
 
+#[cfg(feature = "admin")]
 pub mod admin;
 mod extract;
 mod key;

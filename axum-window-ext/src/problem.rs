@@ -3,7 +3,7 @@
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::header::CONTENT_TYPE;
-use http::{HeaderValue, StatusCode};
+use http::HeaderValue;
 use serde::Serialize;
 use tower_window::layer::{
     ceil_secs, insert_rate_limit_headers, insert_retry_after, OnRejection, Rejection,
@@ -137,10 +137,10 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
         quota: decision.quota().name(),
         definition: decision.quota().to_string(),
         limit: decision.limit(),
-        remaining: decision.remaining,
-        reset_after: ceil_secs(decision.reset_after),
+        remaining: decision.remaining(),
+        reset_after: ceil_secs(decision.reset_after()),
         // Like `Retry-After`: rounded up, and at least 1 for a denial.
-        retry_after: decision.retry_after.map(|wait| ceil_secs(wait).max(1)),
+        retry_after: decision.retry_after().map(|wait| ceil_secs(wait).max(1)),
     });
     let problem = Problem {
         kind,
@@ -156,7 +156,7 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
 
 fn problem_response(rejection: &Rejection) -> http::Response<Body> {
     let mut response = http::Response::new(Body::from(problem_body(rejection)));
-    *response.status_mut() = rejection.status();
+    *response.status_mut() = rejection.status().into();
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
@@ -179,7 +179,7 @@ fn problem_response(rejection: &Rejection) -> http::Response<Body> {
 ///
 /// async fn handler(limiter: Limiter) -> Response {
 ///     match limiter.check(&WindowKey::for_subject("exports"), 1).await {
-///         Ok(decision) if decision.allowed => "exported".into_response(),
+///         Ok(decision) if decision.allowed() => "exported".into_response(),
 ///         // `for_denial` answers a fallback (degraded) denial with the given status.
 ///         Ok(decision) => {
 ///             let rejection = Rejection::for_denial(decision, http::StatusCode::SERVICE_UNAVAILABLE);
@@ -203,8 +203,10 @@ impl RejectionResponse {
     }
 
     /// A missing-key rejection answered with `status` (400 or 401 are usual).
-    pub fn missing_key(status: StatusCode) -> Self {
-        Self(Rejection::MissingKey { status })
+    pub fn missing_key(status: impl Into<tower_window::layer::Status>) -> Self {
+        Self(Rejection::MissingKey {
+            status: status.into(),
+        })
     }
 }
 
@@ -220,7 +222,7 @@ impl IntoResponse for RejectionResponse {
         if let Some(decision) = self.0.decision() {
             let headers = response.headers_mut();
             insert_rate_limit_headers(headers, decision, false);
-            if let Some(wait) = decision.retry_after {
+            if let Some(wait) = decision.retry_after() {
                 insert_retry_after(headers, wait);
             }
         }

@@ -92,13 +92,11 @@ async fn the_body_names_the_policy_and_the_deciding_quota() {
         .build()
         .unwrap();
     let key = WindowKey::for_subject("ann");
-    assert!(
-        limiter
-            .check_policy(&key, &exports, 1)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(limiter
+        .check_policy(&key, &exports, 1)
+        .await
+        .unwrap()
+        .allowed());
     let decision = limiter.check_policy(&key, &exports, 1).await.unwrap();
     let response = RejectionResponse(Rejection::for_denial(
         decision,
@@ -148,7 +146,7 @@ async fn degraded_denial_has_its_own_type_and_the_policy_status() {
         .with_source(DecisionSource::Fallback(FallbackReason::Timeout));
     let rejection = Rejection::Degraded {
         decision,
-        status: StatusCode::SERVICE_UNAVAILABLE,
+        status: StatusCode::SERVICE_UNAVAILABLE.into(),
     };
     let response = RejectionResponse(rejection).into_response();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);

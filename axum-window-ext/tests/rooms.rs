@@ -8,8 +8,6 @@
 
 mod rooms_support;
 
-use std::sync::Arc;
-
 use axum_window_ext::ws::rooms::{RoomName, CLOSE_OVERFLOW, CLOSE_UNSUPPORTED, HISTORY_PAGE};
 use tokio_tungstenite::tungstenite::Message;
 use tower_window::MemoryStore;
@@ -19,7 +17,7 @@ use rooms_support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sockets_join_and_every_message_reaches_everyone_in_the_room() {
-    let hub = hub(Arc::new(MemoryStore::new())).build();
+    let hub = hub(MemoryStore::new()).build();
     let address = serve(hub.clone(), None).await;
     let mut alice = connect(address, "/rooms/lobby?user=alice", None).await;
     let mut bob = connect(address, "/rooms/lobby?user=bob", None).await;
@@ -65,7 +63,7 @@ async fn sockets_join_and_every_message_reaches_everyone_in_the_room() {
 /// then live events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_gets_the_gap_then_live_events_with_no_gap_and_no_duplicate() {
-    let hub = hub(Arc::new(MemoryStore::new())).build();
+    let hub = hub(MemoryStore::new()).build();
     let address = serve(hub.clone(), None).await;
     let room = RoomName::new("lobby").unwrap();
     let mut alice = connect(address, "/rooms/lobby?user=alice", None).await;
@@ -120,7 +118,7 @@ async fn a_resume_gets_the_gap_then_live_events_with_no_gap_and_no_duplicate() {
 /// with exactly its gap, then gets live events published on either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_on_another_node_is_recovered() {
-    let store = Arc::new(MemoryStore::new());
+    let store = MemoryStore::new();
     let (a, b) = (hub(store.clone()).build(), hub(store).build());
     let (node_a, node_b) = (serve(a, None).await, serve(b, None).await);
     let mut alice = connect(node_a, "/rooms/r?user=alice", None).await;
@@ -167,7 +165,7 @@ async fn a_resume_on_another_node_is_recovered() {
 /// `overflow`, then the close 1013. The publisher never waits for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_too_slow_for_its_queue_is_told_to_resync_and_closed_with_1013() {
-    let hub = hub(Arc::new(MemoryStore::new())).queue_capacity(2).build();
+    let hub = hub(MemoryStore::new()).queue_capacity(2).build();
     let address = serve(hub.clone(), Some(4096)).await;
     let room = RoomName::new("busy").unwrap();
     let mut slow = connect(address, "/rooms/busy?user=slow", Some(4096)).await;
@@ -215,7 +213,7 @@ async fn a_socket_too_slow_for_its_queue_is_told_to_resync_and_closed_with_1013(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_names_positions_and_binary_messages_are_refused() {
-    let hub = hub(Arc::new(MemoryStore::new())).build();
+    let hub = hub(MemoryStore::new()).build();
     let address = serve(hub, None).await;
     for path in [
         "/rooms/a%20b",

@@ -76,7 +76,7 @@ fn param(params: &[(String, i64)], key: &str) -> i64 {
 }
 
 async fn remaining(RateLimitInfo(decision): RateLimitInfo) -> String {
-    decision.remaining.to_string()
+    decision.remaining().to_string()
 }
 
 fn hello_app(limiter: Limiter) -> Router {

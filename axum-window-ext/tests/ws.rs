@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 use tower_window::conn::{Acquire, ConnectionLimiter};
-use tower_window::{Limiter, ManualClock, MemoryStore, Quota, WindowKey};
+use tower_window::{Limiter, ManualClock, MemoryStore, Quota, Store, WindowKey};
 
 /// Every read waits at most this long (a bound, never asserted as a speed).
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -62,7 +62,7 @@ async fn ws(State(app): State<App>, upgrade: WebSocketUpgrade) -> Response {
         .on_upgrade(move |socket| async move {
             let mut socket = GuardedSocket::new(socket, app.limits.clone(), key);
             if let Some(lease) = &lease {
-                socket = socket.with_lease(lease);
+                socket = socket.with_seat(lease);
             }
             while let Some(message) = socket.recv().await {
                 if let Some((code, reason)) = app.close_after_first {
@@ -417,9 +417,9 @@ async fn application_closes_reach_a_client_that_keeps_sending() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lease_close_reaches_a_client_that_keeps_sending() {
     let clock = ManualClock::new(1_700_000_000_000_000);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = Store::from(MemoryStore::builder().clock(clock.clone()).build());
     let limiter = Limiter::new(store.clone(), "1000000/1m".parse::<Quota>().unwrap());
-    let connections = ConnectionLimiter::builder(limiter.clone(), store)
+    let connections = ConnectionLimiter::builder(store)
         .ttl(Duration::from_secs(15))
         .build()
         .unwrap();

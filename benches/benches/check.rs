@@ -48,7 +48,7 @@ fn bench(c: &mut Criterion) {
         ("hot/gcra", "1000000000/1s gcra"),
     ] {
         let limiter = limiter(dsl);
-        assert!(now(limiter.check(&key, 1)).unwrap().allowed);
+        assert!(now(limiter.check(&key, 1)).unwrap().allowed());
         group.bench_function(name, |b| {
             b.iter(|| black_box(now(limiter.check(black_box(&key), 1)).unwrap()));
         });
@@ -58,7 +58,7 @@ fn bench(c: &mut Criterion) {
         .collect();
     let limiter = limiter("1000000000/1s");
     for key in &keys {
-        assert!(now(limiter.check(key, 1)).unwrap().allowed);
+        assert!(now(limiter.check(key, 1)).unwrap().allowed());
     }
     let mut i = 0;
     group.bench_function("rotating_10000/sliding_log", |b| {

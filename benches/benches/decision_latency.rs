@@ -2,8 +2,9 @@
 //! all in one run:
 //!
 //! - `redis_round_trip`: a resilient limiter (`Limiter::builder`) on a
-//!   `RedisStore` against a spawned `redis-server`; every check admits, so
-//!   every check is one `EVALSHA` round trip.
+//!   store on a `RedisStore` (`Store::builder`, the Redis budget) against a
+//!   spawned `redis-server`; every check admits, so every check is one
+//!   `EVALSHA` round trip.
 //! - `local_cache_hit`: the same kind of limiter, a key Redis already denied:
 //!   the local tier answers without Redis.
 //! - `breaker_open_fail_open` / `breaker_open_local_window`: Redis killed,
@@ -30,7 +31,7 @@ use tokio::runtime::Runtime;
 use tower_window::fallback::{FailOpen, LocalWindow};
 use tower_window::{
     BreakerConfig, BreakerState, Decision, DecisionSource, Limiter, MemoryStore, Quota, RedisStore,
-    WindowKey,
+    Store, StoreBuilder, WindowKey,
 };
 use tower_window_tests::redis_server::RedisServer;
 
@@ -63,8 +64,19 @@ fn quota(dsl: &str) -> Quota {
 }
 
 fn redis_limiter(server: &RedisServer, dsl: &str) -> tower_window::LimiterBuilder {
-    let store = RedisStore::from_url(&server.url()).expect("redis url");
-    Limiter::builder(store, quota(dsl)).timeout(REDIS_BUDGET)
+    redis_limiter_with(server, dsl, |store| store)
+}
+
+/// A limiter on a store of its own on `server` (its own pool and
+/// breakers), with the Redis budget and what `store` adds.
+fn redis_limiter_with(
+    server: &RedisServer,
+    dsl: &str,
+    store: impl FnOnce(StoreBuilder) -> StoreBuilder,
+) -> tower_window::LimiterBuilder {
+    let redis = RedisStore::from_url(&server.url()).expect("redis url");
+    let store = store(Store::builder(redis).timeout(REDIS_BUDGET)).build();
+    Limiter::builder(store, quota(dsl))
 }
 
 async fn check(limiter: &Limiter, key: &WindowKey) -> Decision {
@@ -82,17 +94,21 @@ fn cases(rt: &Runtime, server: &RedisServer) -> (Vec<Case>, Vec<Case>) {
         let hot = WindowKey::for_subject("hot");
         let first = check(&cached, &hot).await;
         let second = check(&cached, &hot).await;
-        assert!(first.allowed && !second.allowed, "setup: admit then deny");
+        assert!(
+            first.allowed() && !second.allowed(),
+            "setup: admit then deny"
+        );
         assert_eq!(
-            check(&cached, &hot).await.source,
+            check(&cached, &hot).await.source(),
             DecisionSource::LocalCache
         );
 
         // Limiters that are talking to Redis when it dies; the breaker stays
         // open for an hour once it opens.
         let open_breaker = || {
-            redis_limiter(server, ADMIT_ALL)
-                .breaker(BreakerConfig::default().cooldown(Duration::from_secs(3600)))
+            redis_limiter_with(server, ADMIT_ALL, |store| {
+                store.breaker(BreakerConfig::default().cooldown(Duration::from_secs(3600)))
+            })
         };
         let fail_open = open_breaker().fallback(FailOpen).build();
         let local_window = open_breaker()
@@ -100,7 +116,7 @@ fn cases(rt: &Runtime, server: &RedisServer) -> (Vec<Case>, Vec<Case>) {
             .build();
         for limiter in [&fail_open, &local_window] {
             let warm = WindowKey::for_subject("warm");
-            assert_eq!(check(limiter, &warm).await.source, DecisionSource::Store);
+            assert_eq!(check(limiter, &warm).await.source(), DecisionSource::Store);
         }
 
         let memory = Limiter::new(MemoryStore::new(), quota(ADMIT_ALL));
@@ -182,7 +198,7 @@ fn sample(rt: &Runtime, case: &Case, samples: usize) -> Percentiles {
             let t0 = Instant::now();
             let decision = check(&case.limiter, key).await;
             times.push(t0.elapsed());
-            let source = decision.source.to_string();
+            let source = decision.source().to_string();
             match sources.iter_mut().find(|(s, _)| *s == source) {
                 Some((_, n)) => *n += 1,
                 None => sources.push((source, 1)),

@@ -2,8 +2,6 @@
 //! and `GET /api/quota` peeking without consuming.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::response::Response;
@@ -19,7 +17,7 @@ fn app(policy: Policy) -> Router {
     let store = MemoryStore::builder()
         .clock(ManualClock::new(1_700_000_000_000_000))
         .build();
-    build_app(GatewayConfig::with_store(policy, Arc::new(store)))
+    build_app(GatewayConfig::with_store(policy, store))
 }
 
 async fn get(app: &Router, uri: &str, headers: &[(&str, &str)]) -> Response {

@@ -1,8 +1,6 @@
 //! The example gateway, driven through `build_app`.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
@@ -22,7 +20,7 @@ fn app(limit: &str) -> Router {
         .build();
     build_app(GatewayConfig::with_store(
         limit.parse::<Quota>().unwrap(),
-        Arc::new(store),
+        store,
     ))
 }
 
@@ -198,7 +196,7 @@ async fn several_limits_are_one_policy() {
     .unwrap();
     let clock = ManualClock::new(1_700_000_000_000_000);
     let store = MemoryStore::builder().clock(clock.clone()).build();
-    let config = GatewayConfig::with_store(args.policy().unwrap(), Arc::new(store));
+    let config = GatewayConfig::with_store(args.policy().unwrap(), store);
     let app = build_app(config);
     let call = || app.clone().oneshot(get("/api/hello", Some("sam")));
     let response = call().await.unwrap();

@@ -259,7 +259,7 @@ async fn reset_lease_closes_the_socket_with_1008() {
     let mut ws = connected(a.addr, &u).await;
     ws.send(Message::text("before")).await.unwrap();
     assert_eq!(next_text(&mut ws).await, "before");
-    assert_eq!(a.ws.connections.live_leases(), 1);
+    assert_eq!(a.ws.connections.live_seats(), 1);
     let mut conn = redis.connection();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("*{u}*#conn"))
@@ -268,7 +268,7 @@ async fn reset_lease_closes_the_socket_with_1008() {
     assert_eq!(keys.len(), 1, "{keys:?}");
     let _: i64 = redis::cmd("DEL").arg(&keys).query(&mut conn).unwrap();
     assert_eq!(close_code(&mut ws).await, 1008);
-    assert_eq!(a.ws.connections.live_leases(), 0);
+    assert_eq!(a.ws.connections.live_seats(), 0);
     assert_eq!(presence(a.addr, &u).await, (false, 0), "not re-acquired");
 }
 
@@ -485,7 +485,7 @@ async fn upgrade_floods_and_connection_churn_leak_nothing() {
         assert!((400..500).contains(&status) && status != 429, "{status}");
     }
     assert_eq!(
-        a.ws.connections.live_leases() + b.ws.connections.live_leases(),
+        a.ws.connections.live_seats() + b.ws.connections.live_seats(),
         0
     );
     // 10,000 connects and disconnects, 32 at a time, over both nodes.
@@ -522,13 +522,13 @@ async fn upgrade_floods_and_connection_churn_leak_nothing() {
     assert!(refused < total / 10, "{refused} refusals");
     await_presence(a.addr, &u, 0).await;
     for _ in 0..200 {
-        if a.ws.connections.live_leases() + b.ws.connections.live_leases() == 0 {
+        if a.ws.connections.live_seats() + b.ws.connections.live_seats() == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(
-        a.ws.connections.live_leases() + b.ws.connections.live_leases(),
+        a.ws.connections.live_seats() + b.ws.connections.live_seats(),
         0
     );
     // Every key of the user carries a TTL, and only a bounded few remain.

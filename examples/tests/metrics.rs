@@ -3,7 +3,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -15,7 +14,7 @@ use serde_json::Value;
 use tower::ServiceExt;
 use tower_window::fallback::FailOpen;
 use tower_window::{
-    BreakerConfig, Limiter, ManualClock, MemoryStore, Quota, RetryConfig, WindowKey,
+    BreakerConfig, Limiter, ManualClock, MemoryStore, Quota, RetryConfig, Store, WindowKey,
 };
 use tower_window_examples::gateway::metrics::install_recorder;
 use tower_window_examples::gateway::{build_app, Args, GatewayConfig};
@@ -133,7 +132,7 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
         .build();
     let app = build_app(GatewayConfig::with_store(
         "3/1m".parse::<Quota>().unwrap(),
-        Arc::new(store),
+        store,
     ));
     let mut statuses = Vec::new();
     for _ in 0..5 {
@@ -176,7 +175,7 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
     let key = WindowKey::for_subject("bob");
     let mut allowed = 0;
     for _ in 0..5 {
-        allowed += u32::from(resilient.check(&key, 1).await.unwrap().allowed);
+        allowed += u32::from(resilient.check(&key, 1).await.unwrap().allowed());
     }
     assert_eq!(allowed, 3);
     // One with quota leases: leased units granted and spent.
@@ -187,7 +186,7 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
     .leases(tower_window::LeaseConfig::new(4))
     .build();
     for _ in 0..6 {
-        assert!(leased.check(&key, 1).await.unwrap().allowed);
+        assert!(leased.check(&key, 1).await.unwrap().allowed());
     }
     leased.refund_leases().await;
     // A shadow quota that would deny: admitted, counted as a shadow denial.
@@ -201,7 +200,7 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
             .shadowed(true),
     );
     for _ in 0..2 {
-        assert!(shadowed.check(&key, 1).await.unwrap().allowed);
+        assert!(shadowed.check(&key, 1).await.unwrap().allowed());
     }
     // A tenants file that cannot be reloaded: refused and counted.
     let dir = tempfile::tempdir().unwrap();
@@ -214,12 +213,11 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
     let registry =
         tower_window::tenant::TenantRegistry::new(tower_window::tenant::TenantsConfig::new());
     tower_window_examples::gateway::tenants::reload(&registry, &tenants_path, &mut None);
-    // Connection leases and dedup on the embedded store: a grant, a
+    // Connection seats and dedup on the embedded store: a grant, a
     // heartbeat tick, a release, and a first and repeated message id.
     {
-        let store = MemoryStore::new();
-        let limiter = Limiter::new(store.clone(), "100/1m".parse::<Quota>().unwrap());
-        let connections = tower_window::ConnectionLimiter::builder(limiter.clone(), store.clone())
+        let store = Store::from(MemoryStore::new());
+        let connections = tower_window::ConnectionLimiter::builder(store.clone())
             .max_per_subject(2)
             .build()
             .unwrap();
@@ -230,9 +228,7 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
         let report = connections.heartbeat().await;
         assert_eq!(report.lost, 0);
         lease.release().await.unwrap();
-        let dedup = tower_window::DedupWindow::builder(limiter, store)
-            .build()
-            .unwrap();
+        let dedup = tower_window::DedupWindow::builder(store).build().unwrap();
         assert!(dedup.first_seen(&key, b"m1").await.unwrap());
         assert!(!dedup.first_seen(&key, b"m1").await.unwrap());
     }
@@ -242,7 +238,8 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
         let args =
             Args::try_parse_from(["gateway", "--limit", "3/1m", "--redis-url", &url]).unwrap();
         let config = args.into_config().unwrap();
-        Limiter::builder(config.store, quota.named("degraded-redis").unwrap())
+        let redis = config.store.redis().expect("the gateway's store is Redis");
+        let store = Store::builder(redis.clone())
             .retry(RetryConfig::none())
             .timeout(Duration::from_secs(5))
             .breaker(
@@ -250,12 +247,14 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
                     .consecutive_failures(1)
                     .cooldown(Duration::from_secs(3600)),
             )
+            .build();
+        Limiter::builder(store, quota.named("degraded-redis").unwrap())
             .fallback(FailOpen::new())
             .build()
     };
     for _ in 0..3 {
         let decision = broken_store_limiter.check(&key, 1).await.unwrap();
-        assert!(decision.allowed && decision.is_degraded());
+        assert!(decision.allowed() && decision.is_degraded());
     }
 
     let (status, content_type, body) = text(&app, "/metrics").await;

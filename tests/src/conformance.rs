@@ -1,5 +1,6 @@
 //! The store conformance suite: one set of scenarios, written once, that
-//! every [`Store`] must pass with the same decisions.
+//! every window backend ([`limit::Backend`]) must pass with the same
+//! decisions.
 //!
 //! Each scenario drives a store through an exact sequence with a
 //! [`ManualClock`] and compares every field of every decision (allowed,
@@ -33,10 +34,16 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::sync::Arc;
+
+use tower_window::limit::{self, Backend as _};
+use tower_window::store::{self, Guard};
 use tower_window::{
-    CheckRequest, Clock, Decision, DecisionSource, ManualClock, MemoryStore, Policy, Quota, Scope,
-    Store, StoreErrorKind, WindowKey,
+    CheckRequest, Clock, Cost, Decision, DecisionSource, LimitError, Limiter, ManualClock,
+    MemoryStore, Policy, Quota, Scope, Store, WindowKey,
 };
+
+use crate::shared::Shared;
 
 /// The clock's reading when every scenario starts (µs since the epoch):
 /// 1_700_000_000 s, a multiple of 10 s and 20 s into a minute.
@@ -49,7 +56,7 @@ const MINUTE_END: u64 = START + 40 * S;
 /// Makes the store under test, one per scenario.
 pub trait StoreFactory {
     /// The store under test.
-    type Store: Store;
+    type Store: limit::Backend;
 
     /// A store whose decisions use `clock` as "now". Panic if the store
     /// cannot be made (the scenario then fails with that message).
@@ -155,6 +162,13 @@ fn never(remaining: u32, reset_after: u64) -> Seen {
     }
 }
 
+/// A scenario's cost as the backends take it (every scenario cost is at
+/// least 1; a zero cost cannot be built, see
+/// [`zero_cost_is_an_invalid_request`]).
+fn cost_of(units: u32) -> Cost {
+    Cost::new(units).unwrap_or_else(|| panic!("a scenario cost of {units}"))
+}
+
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
@@ -162,10 +176,10 @@ fn micros(d: Duration) -> u64 {
 impl From<&Decision> for Seen {
     fn from(d: &Decision) -> Self {
         Self {
-            allowed: d.allowed,
-            remaining: d.remaining,
-            reset_after: micros(d.reset_after),
-            retry_after: d.retry_after.map(micros),
+            allowed: d.allowed(),
+            remaining: d.remaining(),
+            reset_after: micros(d.reset_after()),
+            retry_after: d.retry_after().map(micros),
         }
     }
 }
@@ -192,15 +206,16 @@ fn quota(text: &str) -> Quota {
 /// One scenario's store, clock and key space.
 struct Run<S> {
     scenario: &'static str,
-    store: S,
+    /// Shared so that a [`Limiter`] can be made on the same backend.
+    store: Arc<S>,
     clock: ManualClock,
     tenant: String,
 }
 
-impl<S: Store> Run<S> {
+impl<S: limit::Backend> Run<S> {
     async fn start<F: StoreFactory<Store = S>>(factory: &F, scenario: &'static str) -> Self {
         let clock = ManualClock::new(START);
-        let store = factory.make(clock.clone()).await;
+        let store = Arc::new(factory.make(clock.clone()).await);
         Self {
             scenario,
             store,
@@ -243,7 +258,10 @@ impl<S: Store> Run<S> {
         let now = self.clock.now_micros();
         let decision = self
             .store
-            .check(CheckRequest::new(key, policy, cost))
+            .check(
+                &mut Guard::bare(),
+                CheckRequest::new(key, policy, cost_of(cost)),
+            )
             .await
             .unwrap_or_else(|e| {
                 panic!(
@@ -253,17 +271,18 @@ impl<S: Store> Run<S> {
                 )
             });
         assert_eq!(
-            decision.timestamp_micros, now,
+            decision.timestamp_micros(),
+            now,
             "{}: a decision carries the store clock's time",
             self.scenario
         );
         assert_eq!(
-            decision.source,
+            decision.source(),
             DecisionSource::Store,
             "{}: decision source",
             self.scenario
         );
-        let names: Vec<&str> = decision.quotas().iter().map(|q| q.quota.name()).collect();
+        let names: Vec<&str> = decision.quotas().iter().map(|q| q.quota().name()).collect();
         let want: Vec<&str> = policy.quotas().iter().map(Quota::name).collect();
         assert_eq!(
             names, want,
@@ -271,11 +290,11 @@ impl<S: Store> Run<S> {
             self.scenario
         );
         assert_eq!(
-            decision.allowed,
+            decision.allowed(),
             decision
                 .quotas()
                 .iter()
-                .all(|q| q.allowed || q.quota.is_shadow()),
+                .all(|q| q.allowed() || q.quota().is_shadow()),
             "{}: admitted only if every enforced quota admits",
             self.scenario
         );
@@ -286,11 +305,14 @@ impl<S: Store> Run<S> {
     async fn peek_policy(&self, key: &WindowKey, policy: &Policy, cost: u32) -> Decision {
         let decision = self
             .store
-            .peek(CheckRequest::new(key, policy, cost))
+            .peek(
+                &mut Guard::bare(),
+                CheckRequest::new(key, policy, cost_of(cost)),
+            )
             .await
             .unwrap_or_else(|e| panic!("{}: peek {policy}: store error: {e}", self.scenario));
         assert_eq!(
-            decision.timestamp_micros,
+            decision.timestamp_micros(),
             self.clock.now_micros(),
             "{}: a peek carries the store clock's time",
             self.scenario
@@ -663,7 +685,7 @@ pub async fn denial_consumes_nothing<F: StoreFactory>(factory: &F) {
         run.at(START + S + waits[0]);
         let after = run.check(&k, &q, 1).await;
         assert!(
-            after.allowed && after.remaining == remaining_after,
+            after.allowed() && after.remaining() == remaining_after,
             "denial_consumes_nothing: {text}: after the wait: {after:?}"
         );
     }
@@ -683,9 +705,9 @@ pub async fn keys_tenants_and_quotas_are_independent<F: StoreFactory>(factory: &
         let q = quota(text);
         let k = run.key("user");
         let used = run.check(&k, &q, 1).await;
-        assert!(used.allowed, "{text}: first use of the key: {used:?}");
+        assert!(used.allowed(), "{text}: first use of the key: {used:?}");
         let full = run.check(&k, &q, 1).await;
-        assert!(!full.allowed, "{text}: key is full: {full:?}");
+        assert!(!full.allowed(), "{text}: key is full: {full:?}");
         let others = [
             ("another subject", run.key("user2")),
             ("another tenant", run.key_in("-b", "user")),
@@ -697,7 +719,7 @@ pub async fn keys_tenants_and_quotas_are_independent<F: StoreFactory>(factory: &
         ];
         for (what, other) in &others {
             let d = run.check(other, &q, 1).await;
-            assert!(d.allowed, "{text}: {what} is independent: {d:?}");
+            assert!(d.allowed(), "{text}: {what} is independent: {d:?}");
         }
         let renamed = q
             .clone()
@@ -705,14 +727,14 @@ pub async fn keys_tenants_and_quotas_are_independent<F: StoreFactory>(factory: &
             .unwrap_or_else(|e| panic!("{e}"));
         let d = run.check(&k, &renamed, 1).await;
         assert!(
-            d.allowed,
+            d.allowed(),
             "{text}: another quota name is independent: {d:?}"
         );
         let longer = quota(&text.replacen("/1m", "/2m", 1));
         let d = run.check(&k, &longer, 1).await;
-        assert!(d.allowed, "{text}: another window is independent: {d:?}");
+        assert!(d.allowed(), "{text}: another window is independent: {d:?}");
         let d = run.check(&k, &q, 1).await;
-        assert!(!d.allowed, "{text}: the first key is still full: {d:?}");
+        assert!(!d.allowed(), "{text}: the first key is still full: {d:?}");
     }
 }
 
@@ -746,10 +768,13 @@ pub async fn huge_costs_do_not_overflow<F: StoreFactory>(factory: &F) {
     }
 }
 
-/// A cost of 0 is an invalid request (the [`Limiter`](tower_window::Limiter)
-/// never sends one) and records nothing.
+/// A cost of 0 is an invalid request and records nothing. A backend can no
+/// longer be sent one (a [`Cost`] is never 0); the [`Limiter`] on the
+/// backend refuses it with a typed error before any store call.
 pub async fn zero_cost_is_an_invalid_request<F: StoreFactory>(factory: &F) {
     let run = Run::start(factory, "zero_cost_is_an_invalid_request").await;
+    assert_eq!(Cost::new(0), None, "a zero cost cannot be built");
+    let store = Store::bare(store::Backend::windows(Shared::of(&run.store)));
     for (text, reset) in [
         ("2/1m", 60 * S),
         ("2/1m sliding-counter(10s)", 70 * S),
@@ -758,12 +783,9 @@ pub async fn zero_cost_is_an_invalid_request<F: StoreFactory>(factory: &F) {
     ] {
         let q = quota(text);
         let k = run.key(text);
-        match run
-            .store
-            .check(CheckRequest::new(&k, &Policy::from(q.clone()), 0))
-            .await
-        {
-            Err(e) => assert_eq!(e.kind(), StoreErrorKind::InvalidRequest, "{text}: {e}"),
+        let limiter = Limiter::new(store.clone(), q.clone());
+        match limiter.check(&k, 0).await {
+            Err(e) => assert!(matches!(e, LimitError::ZeroCost), "{text}: {e}"),
             Ok(d) => panic!("{text}: a zero cost was decided: {d:?}"),
         }
         run.expect("after the invalid request", &k, &q, 1, allow(1, reset))
@@ -830,12 +852,12 @@ fn states(d: &Decision) -> Vec<(String, Seen)> {
         .iter()
         .map(|q| {
             let seen = Seen {
-                allowed: q.allowed,
-                remaining: q.remaining,
-                reset_after: micros(q.reset_after),
-                retry_after: q.retry_after.map(micros),
+                allowed: q.allowed(),
+                remaining: q.remaining(),
+                reset_after: micros(q.reset_after()),
+                retry_after: q.retry_after().map(micros),
             };
-            (q.quota.name().to_owned(), seen)
+            (q.quota().name().to_owned(), seen)
         })
         .collect()
 }
@@ -901,7 +923,7 @@ pub async fn policy_shapes_match_the_memory_store<F: StoreFactory>(factory: &F) 
             let cost = 1 + ((r >> 12) % 3) as u32;
             let got = run.check_policy(key, p, cost).await;
             let expected = memory
-                .check(CheckRequest::new(key, p, cost))
+                .check(&mut Guard::bare(), CheckRequest::new(key, p, cost_of(cost)))
                 .await
                 .unwrap_or_else(|e| panic!("memory store: {e}"));
             assert_eq!(
@@ -911,7 +933,7 @@ pub async fn policy_shapes_match_the_memory_store<F: StoreFactory>(factory: &F) 
                 p.name(),
                 now - START
             );
-            if got.allowed {
+            if got.allowed() {
                 admitted += 1;
             } else {
                 denied += 1;
@@ -940,7 +962,7 @@ pub async fn a_denial_moves_no_quota<F: StoreFactory>(factory: &F) {
     );
     let k = run.key("user");
     let d = run.check_policy(&k, &p, 2).await;
-    assert!(d.allowed, "a_denial_moves_no_quota: {d:?}");
+    assert!(d.allowed(), "a_denial_moves_no_quota: {d:?}");
     assert_eq!(
         states(&d),
         want(&[
@@ -956,7 +978,7 @@ pub async fn a_denial_moves_no_quota<F: StoreFactory>(factory: &F) {
     for round in 0..5 {
         for cost in [1, 2] {
             let d = run.check_policy(&k, &p, cost).await;
-            assert!(!d.allowed, "round {round}: {d:?}");
+            assert!(!d.allowed(), "round {round}: {d:?}");
             assert_eq!(
                 (d.quota().name(), Seen::from(&d)),
                 ("tight", deny(0, 39 * S, 39 * S)),
@@ -1015,7 +1037,7 @@ pub async fn tenant_quota_is_shared_by_subjects<F: StoreFactory>(factory: &F) {
         "tenant_quota_is_shared_by_subjects: bob"
     );
     let d = run.check_policy(&alice, &p, 1).await;
-    assert!(!d.allowed);
+    assert!(!d.allowed());
     assert_eq!(
         (d.quota().name(), Seen::from(&d)),
         ("org", deny(0, 40 * S, 40 * S))
@@ -1081,7 +1103,7 @@ pub async fn rolling_limit_change_keeps_the_window<F: StoreFactory>(factory: &F)
         let fresh = named(&format!("200/2m{algorithm}"), "api");
         let d = run.check(&k, &fresh, 1).await;
         assert!(
-            d.allowed && d.remaining == 199,
+            d.allowed() && d.remaining() == 199,
             "{algorithm}: another window starts afresh: {d:?}"
         );
     }
@@ -1114,7 +1136,7 @@ pub async fn shadow_quota_never_denies_and_records_only_what_fits<F: StoreFactor
     );
     run.at(START + 30 * S);
     let d = run.check_policy(&k, &p, 1).await;
-    assert!(d.allowed, "a shadow quota never denies: {d:?}");
+    assert!(d.allowed(), "a shadow quota never denies: {d:?}");
     assert_eq!(
         (d.quota().name(), Seen::from(&d)),
         ("burst", allow(0, 60 * S))
@@ -1129,7 +1151,7 @@ pub async fn shadow_quota_never_denies_and_records_only_what_fits<F: StoreFactor
     assert_eq!(d.shadow_denials().count(), 1);
     // The enforced quota denies: the decision is its, nothing is recorded.
     let d = run.check_policy(&k, &p, 1).await;
-    assert!(!d.allowed);
+    assert!(!d.allowed());
     assert_eq!(
         (d.quota().name(), Seen::from(&d)),
         ("burst", deny(0, 60 * S, 30 * S))
@@ -1160,8 +1182,8 @@ pub async fn peek_reads_every_quota_and_consumes_nothing<F: StoreFactory>(factor
         ],
     );
     let fresh = run.peek_policy(&run.key("nobody"), &p, 1).await;
-    assert!(fresh.allowed);
-    let left: Vec<u32> = fresh.quotas().iter().map(|q| q.remaining).collect();
+    assert!(fresh.allowed());
+    let left: Vec<u32> = fresh.quotas().iter().map(|q| q.remaining()).collect();
     assert_eq!(left, [3, 5, 10, 10], "a key never checked is full");
     let k = run.key("user");
     let d = run.check_policy(&k, &p, 2).await;
@@ -1175,11 +1197,11 @@ pub async fn peek_reads_every_quota_and_consumes_nothing<F: StoreFactory>(factor
     assert_eq!(states(&d), after);
     for _ in 0..3 {
         let peek = run.peek_policy(&k, &p, 1).await;
-        assert!(peek.allowed);
+        assert!(peek.allowed());
         assert_eq!(states(&peek), after, "peek_consumes_nothing: as it stands");
     }
     let peek = run.peek_policy(&k, &p, 2).await;
-    assert!(!peek.allowed, "2 more do not fit the log: {peek:?}");
+    assert!(!peek.allowed(), "2 more do not fit the log: {peek:?}");
     assert_eq!(
         states(&peek)[0],
         ("log".to_owned(), deny(1, 60 * S, 60 * S))

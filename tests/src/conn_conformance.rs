@@ -1,5 +1,5 @@
-//! The connection-lease conformance suite: one set of scenarios every
-//! [`ConnectionStore`] must pass with the same answers (memory, single
+//! The connection-seat conformance suite: one set of scenarios every
+//! connection backend ([`conn::Backend`]) must pass with the same answers (memory, single
 //! Redis, Redis Cluster), driven by a [`ManualClock`] through a
 //! [`ConnectionLimiter`] and directly.
 //!
@@ -12,12 +12,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_window::conn::{
-    Acquire, CapScope, ConnectionLease, ConnectionLimiter, ConnectionStore, GrantReply,
-    GrantRequest, LeaseRef,
+    self, Acquire, Backend as _, CapScope, ConnectionLimiter, ConnectionSeat, GrantReply,
+    GrantRequest, SeatRef,
 };
-use tower_window::{Limiter, ManualClock, Quota, Store, WindowKey};
+use tower_window::store::{self, Guard};
+use tower_window::{limit, ManualClock, Store, WindowKey};
 
 use crate::conformance::{StoreFactory, START};
+use crate::shared::Shared;
 
 /// Expands to one `#[tokio::test]` per connection-lease scenario.
 #[macro_export]
@@ -68,14 +70,14 @@ struct Setup<S> {
 async fn setup<F>(factory: &F) -> Setup<F::Store>
 where
     F: StoreFactory,
-    F::Store: ConnectionStore,
+    F::Store: conn::Backend,
 {
     let clock = ManualClock::new(START);
     let store = Arc::new(factory.make(clock.clone()).await);
     Setup { store, clock }
 }
 
-impl<S: Store + ConnectionStore> Setup<S> {
+impl<S: limit::Backend + conn::Backend> Setup<S> {
     fn limiter(&self, per_subject: u32, per_tenant: u32) -> ConnectionLimiter {
         self.limiter_with_ttl(per_subject, per_tenant, TTL)
     }
@@ -86,9 +88,11 @@ impl<S: Store + ConnectionStore> Setup<S> {
         per_tenant: u32,
         ttl: Duration,
     ) -> ConnectionLimiter {
-        let quota: Quota = "1/1s".parse().expect("valid quota");
-        let limiter = Limiter::new(Arc::clone(&self.store) as Arc<dyn Store>, quota);
-        ConnectionLimiter::builder(limiter, Arc::clone(&self.store))
+        let store = Store::bare(
+            store::Backend::windows(Shared::of(&self.store))
+                .with_connections(Shared::of(&self.store)),
+        );
+        ConnectionLimiter::builder(store)
             .max_per_subject(per_subject)
             .max_per_tenant(per_tenant)
             .ttl(ttl)
@@ -108,7 +112,7 @@ impl<S: Store + ConnectionStore> Setup<S> {
     }
 }
 
-async fn granted(limiter: &ConnectionLimiter, key: &WindowKey) -> ConnectionLease {
+async fn granted(limiter: &ConnectionLimiter, key: &WindowKey) -> ConnectionSeat {
     match limiter.acquire(key).await.expect("store answers") {
         Acquire::Granted(lease) => {
             assert!(!lease.is_degraded());
@@ -129,7 +133,7 @@ async fn connections(limiter: &ConnectionLimiter, key: &WindowKey) -> u32 {
 /// after a release.
 pub async fn cap_admits_below_and_refuses_at<F: StoreFactory>(factory: &F)
 where
-    F::Store: ConnectionStore,
+    F::Store: conn::Backend,
 {
     let setup = setup(factory).await;
     let limiter = setup.limiter(3, 0);
@@ -171,7 +175,7 @@ where
 /// exactly: still counted 1 µs before, gone at it.
 pub async fn expired_leases_free_their_place<F: StoreFactory>(factory: &F)
 where
-    F::Store: ConnectionStore,
+    F::Store: conn::Backend,
 {
     let setup = setup(factory).await;
     let limiter = setup.limiter(1, 0);
@@ -196,7 +200,7 @@ where
 /// released or expired lease answers false and is not revived.
 pub async fn renewal_extends_and_reports_gone<F: StoreFactory>(factory: &F)
 where
-    F::Store: ConnectionStore,
+    F::Store: conn::Backend,
 {
     let setup = setup(factory).await;
     let limiter = setup.limiter(0, 0);
@@ -206,25 +210,49 @@ where
     let b = granted(&limiter, &k).await;
     setup.clock.advance(TTL / 2);
     let both = [
-        LeaseRef::new(&k, a.id(), false),
-        LeaseRef::new(&k, b.id(), false),
+        SeatRef::new(&k, a.id(), false),
+        SeatRef::new(&k, b.id(), false),
     ];
-    assert_eq!(store.renew(&both, TTL).await.expect("renew"), [true, true]);
+    assert_eq!(
+        store
+            .renew(&mut Guard::bare(), &both, TTL)
+            .await
+            .expect("renew"),
+        [true, true]
+    );
     // Past the grant's expiry, inside the renewal's.
     setup.clock.advance(TTL * 3 / 4);
     assert_eq!(connections(&limiter, &k).await, 2);
     let b_id = b.id().to_vec();
     b.release().await.expect("released");
     let both = [
-        LeaseRef::new(&k, a.id(), false),
-        LeaseRef::new(&k, &b_id, false),
+        SeatRef::new(&k, a.id(), false),
+        SeatRef::new(&k, &b_id, false),
     ];
-    assert_eq!(store.renew(&both, TTL).await.expect("renew"), [true, false]);
+    assert_eq!(
+        store
+            .renew(&mut Guard::bare(), &both, TTL)
+            .await
+            .expect("renew"),
+        [true, false]
+    );
     assert_eq!(connections(&limiter, &k).await, 1);
     setup.clock.advance(TTL);
-    let only_a = [LeaseRef::new(&k, a.id(), false)];
-    assert_eq!(store.renew(&only_a, TTL).await.expect("renew"), [false]);
-    assert_eq!(store.renew(&only_a, TTL).await.expect("renew"), [false]);
+    let only_a = [SeatRef::new(&k, a.id(), false)];
+    assert_eq!(
+        store
+            .renew(&mut Guard::bare(), &only_a, TTL)
+            .await
+            .expect("renew"),
+        [false]
+    );
+    assert_eq!(
+        store
+            .renew(&mut Guard::bare(), &only_a, TTL)
+            .await
+            .expect("renew"),
+        [false]
+    );
     assert_eq!(connections(&limiter, &k).await, 0, "never revived");
     std::mem::forget(a);
 }
@@ -233,7 +261,7 @@ where
 /// the lease's holder, once; the lost lease is not re-acquired.
 pub async fn heartbeat_reports_lost_and_never_reacquires<F: StoreFactory>(factory: &F)
 where
-    F::Store: ConnectionStore,
+    F::Store: conn::Backend,
 {
     let setup = setup(factory).await;
     let limiter = setup.limiter(2, 0);
@@ -261,7 +289,7 @@ where
     assert_eq!((report.renewed, report.lost), (0, 1));
     assert!(foreign.is_lost());
     signal.wait().await; // resolves: reported
-    assert_eq!(other.live_leases(), 0);
+    assert_eq!(other.live_seats(), 0);
     assert_eq!(other.heartbeat().await, Default::default(), "reported once");
     assert_eq!(connections(&limiter, &k).await, 1, "not re-acquired");
     assert!(!kept.is_lost());
@@ -274,7 +302,7 @@ where
 /// expiry of the subject's keys.
 pub async fn fence_only_grows<F: StoreFactory>(factory: &F)
 where
-    F::Store: ConnectionStore,
+    F::Store: conn::Backend,
 {
     let setup = setup(factory).await;
     let limiter = setup.limiter(0, 0);
@@ -296,7 +324,7 @@ where
 /// A tenant cap counts the leases of every subject of the tenant.
 pub async fn tenant_cap_counts_every_subject<F: StoreFactory>(factory: &F)
 where
-    F::Store: ConnectionStore,
+    F::Store: conn::Backend,
 {
     let setup = setup(factory).await;
     let limiter = setup.limiter(2, 3);
@@ -330,7 +358,7 @@ where
 /// Subjects and tenants with hostile bytes do not share leases.
 pub async fn keys_are_independent<F: StoreFactory>(factory: &F)
 where
-    F::Store: ConnectionStore,
+    F::Store: conn::Backend,
 {
     let setup = setup(factory).await;
     let limiter = setup.limiter(1, 0);
@@ -357,7 +385,7 @@ where
 /// Many concurrent grants for one subject admit exactly the cap.
 pub async fn concurrent_grants_never_exceed_the_cap<F: StoreFactory>(factory: &F)
 where
-    F::Store: ConnectionStore,
+    F::Store: conn::Backend,
 {
     let setup = setup(factory).await;
     let limiter = setup.limiter(5, 0);
@@ -376,7 +404,7 @@ where
         }
     }
     assert_eq!(leases.len(), 5);
-    let mut fences: Vec<u64> = leases.iter().map(ConnectionLease::fence).collect();
+    let mut fences: Vec<u64> = leases.iter().map(ConnectionSeat::fence).collect();
     fences.sort_unstable();
     fences.dedup();
     assert_eq!(fences.len(), 5, "fences are unique");
@@ -394,7 +422,7 @@ where
 /// holds and the long lease survives.
 pub async fn mixed_ttls_keep_the_longest_lease<F: StoreFactory>(factory: &F)
 where
-    F::Store: ConnectionStore,
+    F::Store: conn::Backend,
 {
     let setup = setup(factory).await;
     let long = setup.limiter_with_ttl(2, 0, Duration::from_secs(60));
@@ -451,7 +479,7 @@ where
 /// (issue 22: a clock step, an NTP correction).
 pub async fn fence_survives_clock_steps<F: StoreFactory>(factory: &F)
 where
-    F::Store: ConnectionStore,
+    F::Store: conn::Backend,
 {
     const DAY: Duration = Duration::from_secs(86_400);
     let setup = setup(factory).await;
@@ -484,15 +512,18 @@ where
 /// above the store's clock: exactly the largest of the three, plus one.
 pub async fn fence_is_above_the_floor<F: StoreFactory>(factory: &F)
 where
-    F::Store: ConnectionStore,
+    F::Store: conn::Backend,
 {
     let setup = setup(factory).await;
     let store = &*setup.store;
     let k = key("floor");
     let floor = START * 2;
     let grant = |id: &'static [u8], floor: u64| {
-        let lease = LeaseRef::new(&k, id, false);
-        store.grant(GrantRequest::new(lease, TTL, 0, 0).with_fence_floor(floor))
+        let lease = SeatRef::new(&k, id, false);
+        store.grant(
+            &mut Guard::bare(),
+            GrantRequest::new(lease, TTL, 0, 0).with_fence_floor(floor),
+        )
     };
     let fence = |reply: GrantReply| match reply {
         GrantReply::Granted { fence, .. } => fence,
@@ -506,15 +537,15 @@ where
     assert_eq!(fence(grant(b"c", START).await.expect("grant")), floor + 3);
     // A fresh subject without a floor: the clock.
     let fresh = key("floor-fresh");
-    let lease = LeaseRef::new(&fresh, b"d", false);
+    let lease = SeatRef::new(&fresh, b"d", false);
     let reply = store
-        .grant(GrantRequest::new(lease, TTL, 0, 0))
+        .grant(&mut Guard::bare(), GrantRequest::new(lease, TTL, 0, 0))
         .await
         .expect("grant");
     assert_eq!(fence(reply), START);
     for (subject, id) in [(&k, &b"a"[..]), (&k, b"b"), (&k, b"c"), (&fresh, b"d")] {
         store
-            .release(LeaseRef::new(subject, id, false))
+            .release(&mut Guard::bare(), SeatRef::new(subject, id, false))
             .await
             .expect("released");
     }

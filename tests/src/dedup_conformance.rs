@@ -1,9 +1,9 @@
 //! The dedup conformance suite: one set of scenarios every
-//! [`DedupStore`] must pass with the same answers (memory, single Redis,
-//! Redis Cluster), on a [`ManualClock`].
+//! dedup backend ([`dedup::Backend`]) must pass with the same answers
+//! (memory, single Redis, Redis Cluster), on a [`ManualClock`].
 //!
 //! Plug a store in with a [`StoreFactory`] whose store is also a
-//! [`DedupStore`], then:
+//! [`dedup::Backend`], then:
 //!
 //! ```text
 //! tower_window_tests::dedup_conformance_tests!(MyFactory::new());
@@ -13,10 +13,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_window::dedup::{DedupError, DedupStore, DedupWindow};
-use tower_window::{Limiter, ManualClock, Quota, Store, WindowKey};
+use tower_window::dedup::{self, DedupError, DedupWindow};
+use tower_window::store;
+use tower_window::{ManualClock, Store, WindowKey};
 
 use crate::conformance::{StoreFactory, START};
+use crate::shared::Shared;
 
 /// Expands to one `#[tokio::test]` per dedup scenario.
 #[macro_export]
@@ -53,12 +55,12 @@ fn key(scenario: &str) -> WindowKey {
 async fn window<F>(factory: &F, clock: ManualClock, window: Duration) -> DedupWindow
 where
     F: StoreFactory,
-    F::Store: DedupStore,
+    F::Store: dedup::Backend,
 {
-    let store = Arc::new(factory.make(clock).await);
-    let quota: Quota = "1/1s".parse().expect("valid quota");
-    let limiter = Limiter::new(Arc::clone(&store) as Arc<dyn Store>, quota);
-    DedupWindow::builder(limiter, store)
+    let backend = Arc::new(factory.make(clock).await);
+    let store =
+        Store::bare(store::Backend::windows(Shared::of(&backend)).with_dedup(Shared::of(&backend)));
+    DedupWindow::builder(store)
         .window(window)
         .build()
         .expect("valid window")
@@ -71,7 +73,7 @@ async fn seen(dedup: &DedupWindow, key: &WindowKey, id: &[u8]) -> bool {
 /// The first ask is new, every repeat inside the window is not.
 pub async fn first_then_repeat<F: StoreFactory>(factory: &F)
 where
-    F::Store: DedupStore,
+    F::Store: dedup::Backend,
 {
     let dedup = window(factory, ManualClock::new(START), Duration::from_secs(120)).await;
     let k = key("first_then_repeat");
@@ -84,7 +86,7 @@ where
 /// Ids are per (tenant, subject): the same id elsewhere is new.
 pub async fn keys_and_ids_are_independent<F: StoreFactory>(factory: &F)
 where
-    F::Store: DedupStore,
+    F::Store: dedup::Backend,
 {
     let dedup = window(factory, ManualClock::new(START), Duration::from_secs(120)).await;
     let k = key("independent");
@@ -103,7 +105,7 @@ where
 /// new again (and remembered again).
 pub async fn window_expiry_on_the_store_clock<F: StoreFactory>(factory: &F)
 where
-    F::Store: DedupStore,
+    F::Store: dedup::Backend,
 {
     let clock = ManualClock::new(START);
     let dedup = window(factory, clock.clone(), Duration::from_secs(10)).await;
@@ -121,7 +123,7 @@ where
 /// Of many concurrent callers with one id, exactly one is first.
 pub async fn concurrent_callers_have_one_first<F: StoreFactory>(factory: &F)
 where
-    F::Store: DedupStore,
+    F::Store: dedup::Backend,
 {
     let dedup = window(factory, ManualClock::new(START), Duration::from_secs(120)).await;
     let k = key("concurrent");
@@ -149,7 +151,7 @@ where
 /// (hashed) id, are distinct.
 pub async fn hostile_and_long_ids_are_distinct<F: StoreFactory>(factory: &F)
 where
-    F::Store: DedupStore,
+    F::Store: dedup::Backend,
 {
     let dedup = window(factory, ManualClock::new(START), Duration::from_secs(120)).await;
     let k = key("hostile");
@@ -177,7 +179,7 @@ where
 /// Empty and over-long ids are typed errors, never a store call.
 pub async fn invalid_ids_are_typed_errors<F: StoreFactory>(factory: &F)
 where
-    F::Store: DedupStore,
+    F::Store: dedup::Backend,
 {
     let dedup = window(factory, ManualClock::new(START), Duration::from_secs(120)).await;
     let k = key("invalid");

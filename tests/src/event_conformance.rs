@@ -1,5 +1,5 @@
 //! The event-window conformance suite: one set of scenarios that every
-//! [`EventStore`] must pass with the same answers (memory, Redis, Redis
+//! event backend ([`events::Backend`]) must pass with the same answers (memory, Redis, Redis
 //! Cluster).
 //!
 //! Scenarios drive an [`EventWindow`] with a [`ManualClock`] (the store
@@ -20,17 +20,19 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tower_window::events::{
-    Event, EventId, EventRequest, EventStore, EventWindow, Position, Resume, ResyncReason,
-    Retention, MAX_ID_PART, MAX_PAGE,
+    self, Event, EventId, EventRequest, EventWindow, Position, Resume, ResyncReason, Retention,
+    MAX_ID_PART, MAX_PAGE,
 };
-use tower_window::{Limiter, ManualClock, MemoryStore, Quota, Store, StoreErrorKind};
+use tower_window::store::{self, Guard};
+use tower_window::{limit, ManualClock, MemoryStore, Store, StoreErrorKind};
 
 use crate::conformance::START;
+use crate::shared::Shared;
 
 /// Makes the store under test, one per scenario.
 pub trait EventStoreFactory {
     /// The store under test.
-    type Store: EventStore + Store;
+    type Store: events::Backend + limit::Backend;
 
     /// A store whose "now" is `clock`.
     fn make(&self, clock: ManualClock) -> impl Future<Output = Self::Store> + Send;
@@ -93,7 +95,7 @@ fn unique(scenario: &str) -> String {
 struct Run {
     events: EventWindow,
     /// The same store, for calls that bypass the window's checks.
-    store: Arc<dyn EventStore>,
+    store: Arc<dyn events::Backend>,
     clock: ManualClock,
     key: String,
 }
@@ -106,13 +108,14 @@ impl Run {
         max_len: u64,
     ) -> Self {
         let clock = ManualClock::new(START);
-        let store = Arc::new(factory.make(clock.clone()).await);
-        let quota: Quota = "1000/1s".parse().expect("a quota");
-        let limiter = Limiter::new(Arc::clone(&store), quota);
+        let backend = Arc::new(factory.make(clock.clone()).await);
+        let store = Store::bare(
+            store::Backend::windows(Shared::of(&backend)).with_events(Shared::of(&backend)),
+        );
         let retention = Retention::new(window, max_len).expect("a retention");
         Self {
-            store: Arc::clone(&store) as Arc<dyn EventStore>,
-            events: EventWindow::new(limiter, store, retention),
+            store: Arc::clone(&backend) as Arc<dyn events::Backend>,
+            events: EventWindow::new(store, retention),
             clock,
             key: unique(scenario),
         }
@@ -573,7 +576,11 @@ pub async fn invalid_requests_are_typed_errors<F: EventStoreFactory>(f: &F) {
     let request = EventRequest::new(run.key.as_bytes(), run.events.retention(), 7);
     for limit in [0, MAX_PAGE + 1, u32::MAX] {
         assert_eq!(
-            kind(run.store.read(request, &head, limit).await),
+            kind(
+                run.store
+                    .read(&mut Guard::bare(), request, &head, limit)
+                    .await
+            ),
             Err(StoreErrorKind::InvalidRequest),
             "limit {limit}"
         );
@@ -582,7 +589,7 @@ pub async fn invalid_requests_are_typed_errors<F: EventStoreFactory>(f: &F) {
     let long_name = "n".repeat(65);
     for fields in [&lots[..], &[][..], &[(long_name.as_str(), &b"x"[..])][..]] {
         assert_eq!(
-            kind(run.store.append(request, fields).await),
+            kind(run.store.append(&mut Guard::bare(), request, fields).await),
             Err(StoreErrorKind::InvalidRequest),
             "{} fields",
             fields.len()

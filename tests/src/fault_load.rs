@@ -106,9 +106,9 @@ impl Load {
                             latency: began.elapsed(),
                             node,
                             key: index,
-                            source: decision.source,
-                            allowed: decision.allowed,
-                            remaining: decision.remaining,
+                            source: decision.source(),
+                            allowed: decision.allowed(),
+                            remaining: decision.remaining(),
                         });
                         tokio::time::sleep(PAUSE).await;
                     }

@@ -1,6 +1,6 @@
-//! The conformance suite for quota leases: [`Store::reserve`] and
-//! [`Store::refund`] give the same answers on every store, with numbers
-//! worked out by hand from the lease contract (`tower_window::store::lease`).
+//! The conformance suite for quota leases: [`lease::Backend::reserve`] and
+//! [`lease::Backend::refund`] give the same answers on every store, with
+//! numbers worked out by hand from the lease contract (`tower_window::lease`).
 //!
 //! Plug a store in with the [`StoreFactory`] of the check suite:
 //!
@@ -14,9 +14,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tower_window::store::{Lease, RefundRequest, Reservation, ReserveRequest};
+use tower_window::lease::{self, Backend as _, Lease, RefundRequest, Reservation, ReserveRequest};
+use tower_window::limit;
+use tower_window::store::Guard;
 use tower_window::{
-    CheckRequest, Decision, ManualClock, Policy, Quota, Store, StoreErrorKind, WindowKey,
+    CheckRequest, Cost, Decision, ManualClock, Policy, Quota, StoreErrorKind, WindowKey,
 };
 
 use crate::conformance::{StoreFactory, START};
@@ -63,7 +65,7 @@ fn quota(text: &str) -> Quota {
         .unwrap_or_else(|e| panic!("quota {text:?}: {e}"))
 }
 
-impl<S: Store> Run<S> {
+impl<S: limit::Backend + lease::Backend> Run<S> {
     async fn start<F: StoreFactory<Store = S>>(factory: &F, scenario: &'static str) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let clock = ManualClock::new(START);
@@ -91,13 +93,10 @@ impl<S: Store> Run<S> {
     async fn reserve(&self, policy: &Policy, want: u32, ttl_secs: u64) -> Reservation {
         let reservation = self
             .store
-            .reserve(ReserveRequest::new(
-                &self.key,
-                policy,
-                want,
-                1,
-                Duration::from_secs(ttl_secs),
-            ))
+            .reserve(
+                &mut Guard::bare(),
+                ReserveRequest::new(&self.key, policy, want, 1, Duration::from_secs(ttl_secs)),
+            )
             .await
             .unwrap_or_else(|e| panic!("{}: reserve: {e}", self.scenario));
         assert_eq!(
@@ -115,14 +114,24 @@ impl<S: Store> Run<S> {
 
     async fn refund(&self, policy: &Policy, lease: &Lease, unused: u32) -> u32 {
         self.store
-            .refund(RefundRequest::new(&self.key, policy, lease, unused))
+            .refund(
+                &mut Guard::bare(),
+                RefundRequest::new(&self.key, policy, lease, unused),
+            )
             .await
             .unwrap_or_else(|e| panic!("{}: refund: {e}", self.scenario))
     }
 
     async fn check(&self, policy: &Policy, cost: u32) -> Decision {
         self.store
-            .check(CheckRequest::new(&self.key, policy, cost))
+            .check(
+                &mut Guard::bare(),
+                CheckRequest::new(
+                    &self.key,
+                    policy,
+                    Cost::new(cost).expect("a cost of at least 1"),
+                ),
+            )
             .await
             .unwrap_or_else(|e| panic!("{}: check: {e}", self.scenario))
     }
@@ -134,80 +143,92 @@ fn lease_of(r: &Reservation) -> Lease {
 
 /// "10/1m fixed-window": a lease takes half the room, ends with the window,
 /// refunds return units to that window only, once.
-pub async fn fixed_window_lease_stays_in_its_window<F: StoreFactory>(factory: &F) {
+pub async fn fixed_window_lease_stays_in_its_window<F: StoreFactory>(factory: &F)
+where
+    F::Store: lease::Backend,
+{
     let run = Run::start(factory, "fixed_window_lease_stays_in_its_window").await;
     let policy = Policy::from(quota("10/1m fixed-window"));
     let r = run.reserve(&policy, 8, 60).await;
     let lease = lease_of(&r);
     assert_eq!(lease.granted, 5, "half the room of 10");
     assert_eq!(lease.deadline_micros, START + 40 * S, "the window's end");
-    assert_eq!(r.decision.as_ref().map(|d| d.remaining), Some(5));
-    assert!(run.check(&policy, 5).await.allowed);
+    assert_eq!(r.decision.as_ref().map(|d| d.remaining()), Some(5));
+    assert!(run.check(&policy, 5).await.allowed());
     let denied = run.check(&policy, 1).await;
-    assert!(!denied.allowed);
-    assert_eq!(denied.retry_after, Some(Duration::from_secs(40)));
+    assert!(!denied.allowed());
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(40)));
     assert_eq!(run.refund(&policy, &lease, 3).await, 3);
     assert_eq!(
         run.refund(&policy, &lease, 3).await,
         0,
         "a second refund is a no-op"
     );
-    assert!(run.check(&policy, 3).await.allowed);
-    assert!(!run.check(&policy, 1).await.allowed);
+    assert!(run.check(&policy, 3).await.allowed());
+    assert!(!run.check(&policy, 1).await.allowed());
     // A refund after the window rolled returns nothing to the new window.
     run.at(START + 40 * S);
     let late = lease_of(&run.reserve(&policy, 2, 60).await);
     assert_eq!(late.granted, 2);
     run.at(START + 100 * S);
-    assert!(run.check(&policy, 10).await.allowed);
+    assert!(run.check(&policy, 10).await.allowed());
     assert_eq!(run.refund(&policy, &late, 2).await, 0);
-    assert!(!run.check(&policy, 1).await.allowed, "nothing came back");
+    assert!(!run.check(&policy, 1).await.allowed(), "nothing came back");
 }
 
 /// "4/1m" sliding log: leased units are recorded at the deadline and count
 /// until W after it; a refund (even after the deadline) takes them back.
-pub async fn sliding_log_lease_counts_at_its_deadline<F: StoreFactory>(factory: &F) {
+pub async fn sliding_log_lease_counts_at_its_deadline<F: StoreFactory>(factory: &F)
+where
+    F::Store: lease::Backend,
+{
     let run = Run::start(factory, "sliding_log_lease_counts_at_its_deadline").await;
     let policy = Policy::from(quota("4/1m"));
     let lease = lease_of(&run.reserve(&policy, 4, 10).await);
     assert_eq!(lease.granted, 2);
     assert_eq!(lease.deadline_micros, START + 10 * S);
-    assert!(run.check(&policy, 2).await.allowed);
-    assert!(!run.check(&policy, 1).await.allowed);
+    assert!(run.check(&policy, 2).await.allowed());
+    assert!(!run.check(&policy, 1).await.allowed());
     // The direct admissions at START left at START + 60 s; the lease's
     // units, dated START + 10 s, count until START + 70 s.
     run.at(START + 61 * S);
     let d = run.check(&policy, 3).await;
-    assert!(!d.allowed);
-    assert_eq!(d.remaining, 2);
-    assert_eq!(d.retry_after, Some(Duration::from_secs(9)));
+    assert!(!d.allowed());
+    assert_eq!(d.remaining(), 2);
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(9)));
     assert_eq!(run.refund(&policy, &lease, 2).await, 2);
-    assert!(run.check(&policy, 4).await.allowed);
+    assert!(run.check(&policy, 4).await.allowed());
     assert_eq!(run.refund(&policy, &lease, 2).await, 0);
 }
 
 /// "4/1m sliding-counter(10s)": a lease ends with its bucket and its units
 /// go back into that bucket.
-pub async fn sliding_counter_lease_stays_in_its_bucket<F: StoreFactory>(factory: &F) {
+pub async fn sliding_counter_lease_stays_in_its_bucket<F: StoreFactory>(factory: &F)
+where
+    F::Store: lease::Backend,
+{
     let run = Run::start(factory, "sliding_counter_lease_stays_in_its_bucket").await;
     let policy = Policy::from(quota("4/1m sliding-counter(10s)"));
     run.at(START + 3 * S);
     let lease = lease_of(&run.reserve(&policy, 4, 20).await);
     assert_eq!(lease.granted, 2);
     assert_eq!(lease.deadline_micros, START + 10 * S, "the bucket's end");
-    assert!(run.check(&policy, 2).await.allowed);
-    assert!(!run.check(&policy, 1).await.allowed);
+    assert!(run.check(&policy, 2).await.allowed());
+    assert!(!run.check(&policy, 1).await.allowed());
     assert_eq!(run.refund(&policy, &lease, 1).await, 1);
     let d = run.check(&policy, 1).await;
-    assert!(d.allowed);
-    assert_eq!(d.remaining, 0);
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 0);
     assert_eq!(run.refund(&policy, &lease, 1).await, 0);
 }
 
 /// "5/1m gcra" (T = 12 s, B T = 60 s): tokens dated at the deadline; a
 /// refund only while no later grant moved the arrival time; a TTL that
 /// leaves no room is refused.
-pub async fn gcra_lease_dates_tokens_at_the_deadline<F: StoreFactory>(factory: &F) {
+pub async fn gcra_lease_dates_tokens_at_the_deadline<F: StoreFactory>(factory: &F)
+where
+    F::Store: lease::Backend,
+{
     let run = Run::start(factory, "gcra_lease_dates_tokens_at_the_deadline").await;
     let policy = Policy::from(quota("5/1m gcra"));
     // Room: (START + 60 s - (START + 24 s)) / 12 s = 3; half, rounded up: 2.
@@ -216,8 +237,8 @@ pub async fn gcra_lease_dates_tokens_at_the_deadline<F: StoreFactory>(factory: &
     assert_eq!(lease.deadline_micros, START + 24 * S);
     // tat = START + 48 s: one more token fits now (60 s ahead), not two.
     let d = run.check(&policy, 1).await;
-    assert!(d.allowed);
-    assert!(!run.check(&policy, 1).await.allowed);
+    assert!(d.allowed());
+    assert!(!run.check(&policy, 1).await.allowed());
     assert_eq!(
         run.refund(&policy, &lease, 2).await,
         0,
@@ -227,16 +248,16 @@ pub async fn gcra_lease_dates_tokens_at_the_deadline<F: StoreFactory>(factory: &
     let lease = lease_of(&run.reserve(&policy, 5, 24).await);
     assert_eq!(lease.granted, 2);
     assert_eq!(run.refund(&policy, &lease, 2).await, 2);
-    assert!(run.check(&policy, 4).await.allowed, "both tokens came back");
+    assert!(
+        run.check(&policy, 4).await.allowed(),
+        "both tokens came back"
+    );
     let error = run
         .store
-        .reserve(ReserveRequest::new(
-            &run.key,
-            &policy,
-            1,
-            1,
-            Duration::from_secs(49),
-        ))
+        .reserve(
+            &mut Guard::bare(),
+            ReserveRequest::new(&run.key, &policy, 1, 1, Duration::from_secs(49)),
+        )
         .await
         .expect_err("a TTL of (B - 1) T + 1 s leaves no room");
     assert_eq!(error.kind(), StoreErrorKind::InvalidRequest);
@@ -244,7 +265,10 @@ pub async fn gcra_lease_dates_tokens_at_the_deadline<F: StoreFactory>(factory: &
 
 /// A policy of two quotas: the lease takes the same units from both, the
 /// smaller room decides, and a refund returns them to both.
-pub async fn policy_lease_is_all_or_nothing<F: StoreFactory>(factory: &F) {
+pub async fn policy_lease_is_all_or_nothing<F: StoreFactory>(factory: &F)
+where
+    F::Store: lease::Backend,
+{
     let run = Run::start(factory, "policy_lease_is_all_or_nothing").await;
     let a = quota("5/1m fixed-window").named("a").expect("name");
     let b = quota("3/1m").named("b").expect("name");
@@ -253,16 +277,19 @@ pub async fn policy_lease_is_all_or_nothing<F: StoreFactory>(factory: &F) {
     assert_eq!(lease.granted, 2, "half of the smaller room (3), rounded up");
     let only_a = Policy::from(a);
     let only_b = Policy::from(b);
-    assert_eq!(run.check(&only_a, 1).await.remaining, 2);
-    assert_eq!(run.check(&only_b, 1).await.remaining, 0);
+    assert_eq!(run.check(&only_a, 1).await.remaining(), 2);
+    assert_eq!(run.check(&only_b, 1).await.remaining(), 0);
     assert_eq!(run.refund(&policy, &lease, 2).await, 2);
-    assert_eq!(run.check(&only_a, 1).await.remaining, 3);
-    assert_eq!(run.check(&only_b, 1).await.remaining, 1);
+    assert_eq!(run.check(&only_a, 1).await.remaining(), 3);
+    assert_eq!(run.check(&only_b, 1).await.remaining(), 1);
 }
 
 /// When nothing fits, no lease, and the latest deadline of the leases
 /// still outstanding.
-pub async fn empty_reservation_reports_outstanding_leases<F: StoreFactory>(factory: &F) {
+pub async fn empty_reservation_reports_outstanding_leases<F: StoreFactory>(factory: &F)
+where
+    F::Store: lease::Backend,
+{
     let run = Run::start(factory, "empty_reservation_reports_outstanding_leases").await;
     let policy = Policy::from(quota("2/1m fixed-window"));
     assert_eq!(run.reserve(&policy, 2, 1).await.granted(), 1);
@@ -282,19 +309,25 @@ pub async fn empty_reservation_reports_outstanding_leases<F: StoreFactory>(facto
 }
 
 /// Bad reservations are typed errors, never a lease.
-pub async fn invalid_leases_are_typed_errors<F: StoreFactory>(factory: &F) {
+pub async fn invalid_leases_are_typed_errors<F: StoreFactory>(factory: &F)
+where
+    F::Store: lease::Backend,
+{
     let run = Run::start(factory, "invalid_leases_are_typed_errors").await;
     let policy = Policy::from(quota("5/1m"));
     for (want, at_least, ttl) in [(0, 0, 1_000), (1, 0, 1_000), (1, 2, 1_000), (1, 1, 0)] {
         let error = run
             .store
-            .reserve(ReserveRequest::new(
-                &run.key,
-                &policy,
-                want,
-                at_least,
-                Duration::from_micros(ttl),
-            ))
+            .reserve(
+                &mut Guard::bare(),
+                ReserveRequest::new(
+                    &run.key,
+                    &policy,
+                    want,
+                    at_least,
+                    Duration::from_micros(ttl),
+                ),
+            )
             .await
             .expect_err("invalid");
         assert_eq!(
@@ -303,7 +336,7 @@ pub async fn invalid_leases_are_typed_errors<F: StoreFactory>(factory: &F) {
             "{want} {at_least} {ttl}"
         );
     }
-    assert!(run.check(&policy, 5).await.allowed, "nothing was taken");
+    assert!(run.check(&policy, 5).await.allowed(), "nothing was taken");
 }
 
 /// The shadow quotas of the shadow scenarios, one per algorithm: each has
@@ -317,19 +350,24 @@ const SHADOWS: [&str; 4] = [
     "2/1m gcra(burst=3)",
 ];
 
-async fn peek_remaining<S: Store>(run: &Run<S>, quota: &Quota) -> u32 {
-    run.store
-        .peek(CheckRequest::new(&run.key, &Policy::from(quota.clone()), 1))
-        .await
-        .unwrap_or_else(|e| panic!("{}: peek: {e}", run.scenario))
-        .remaining
+async fn peek_remaining<S: limit::Backend>(run: &Run<S>, quota: &Quota) -> u32 {
+    let policy = Policy::from(quota.clone());
+    let peek = run
+        .store
+        .peek(
+            &mut Guard::bare(),
+            CheckRequest::new(&run.key, &policy, Cost::ONE),
+        )
+        .await;
+    peek.unwrap_or_else(|e| panic!("{}: peek: {e}", run.scenario))
+        .remaining()
 }
 
 fn shadow_state(decision: &Decision) -> &tower_window::QuotaDecision {
     decision
         .quotas()
         .iter()
-        .find(|q| q.quota.is_shadow())
+        .find(|q| q.quota().is_shadow())
         .expect("a shadow quota")
 }
 
@@ -339,7 +377,10 @@ fn shadow_state(decision: &Decision) -> &tower_window::QuotaDecision {
 /// than the grant), reports its would-be denial when it holds less than
 /// the request that reserved, and a refund gives it back what it held
 /// beyond the units spent.
-pub async fn shadow_quota_in_a_lease_is_counted_not_enforced<F: StoreFactory>(factory: &F) {
+pub async fn shadow_quota_in_a_lease_is_counted_not_enforced<F: StoreFactory>(factory: &F)
+where
+    F::Store: lease::Backend,
+{
     for text in SHADOWS {
         let run = Run::start(factory, "shadow_quota_in_a_lease_is_counted_not_enforced").await;
         let enforced = quota("10/1m fixed-window").named("e").expect("name");
@@ -351,20 +392,20 @@ pub async fn shadow_quota_in_a_lease_is_counted_not_enforced<F: StoreFactory>(fa
         assert_eq!(lease.held, [5, 2], "{text}: the shadow holds its room");
         assert_eq!(lease.deadline_micros, START + 5 * S, "{text}");
         let decision = first.decision.as_ref().expect("a decision");
-        assert!(decision.allowed, "{text}");
+        assert!(decision.allowed(), "{text}");
         assert_eq!(
             decision.quota().name(),
             "e",
             "{text}: the enforced quota decides"
         );
-        assert_eq!(decision.remaining, 5, "{text}");
+        assert_eq!(decision.remaining(), 5, "{text}");
         assert_eq!(
             decision.shadow_denials().count(),
             0,
             "{text}: it holds 2 >= 1"
         );
         assert_eq!(
-            shadow_state(decision).remaining,
+            shadow_state(decision).remaining(),
             0,
             "{text}: it holds its room"
         );
@@ -377,8 +418,8 @@ pub async fn shadow_quota_in_a_lease_is_counted_not_enforced<F: StoreFactory>(fa
         assert_eq!(full.granted, 3, "{text}: half the enforced room of 5");
         assert_eq!(full.held, [3, 0], "{text}");
         let decision = second.decision.as_ref().expect("a decision");
-        assert!(decision.allowed, "{text}: a shadow quota never denies");
-        assert_eq!(decision.remaining, 2, "{text}");
+        assert!(decision.allowed(), "{text}: a shadow quota never denies");
+        assert_eq!(decision.remaining(), 2, "{text}");
         assert_eq!(
             decision.shadow_denials().count(),
             1,
@@ -398,7 +439,7 @@ pub async fn shadow_quota_in_a_lease_is_counted_not_enforced<F: StoreFactory>(fa
         // A direct check beside the leases: as ever, the shadow quota that
         // the cost does not fit reports it and records nothing.
         let direct = run.check(&policy, 2).await;
-        assert!(direct.allowed, "{text}");
+        assert!(direct.allowed(), "{text}");
         assert_eq!(direct.shadow_denials().count(), 1, "{text}");
         assert_eq!(peek_remaining(&run, &enforced).await, 6, "{text}");
         assert_eq!(peek_remaining(&run, &shadow).await, 1, "{text}");
@@ -411,7 +452,10 @@ pub async fn shadow_quota_in_a_lease_is_counted_not_enforced<F: StoreFactory>(fa
         let named = [0, 1];
         let returned = run
             .store
-            .refund(RefundRequest::new(&run.key, &policy, &third, 0).with_shadow_unused(&named))
+            .refund(
+                &mut Guard::bare(),
+                RefundRequest::new(&run.key, &policy, &third, 0).with_shadow_unused(&named),
+            )
             .await
             .unwrap_or_else(|e| panic!("{text}: refund: {e}"));
         assert_eq!(returned, 0, "{text}: nothing enforced came back");
@@ -423,7 +467,10 @@ pub async fn shadow_quota_in_a_lease_is_counted_not_enforced<F: StoreFactory>(fa
 
 /// A policy of shadow quotas only: nothing enforced bounds a lease, so it
 /// grants what was wanted; the shadow quota holds what it has room for.
-pub async fn lease_of_only_shadow_quotas_grants_what_is_wanted<F: StoreFactory>(factory: &F) {
+pub async fn lease_of_only_shadow_quotas_grants_what_is_wanted<F: StoreFactory>(factory: &F)
+where
+    F::Store: lease::Backend,
+{
     let run = Run::start(factory, "lease_of_only_shadow_quotas_grants_what_is_wanted").await;
     let shadow = quota("3/1m").named("trial").expect("name").shadowed(true);
     let policy = Policy::from(shadow.clone());
@@ -432,13 +479,13 @@ pub async fn lease_of_only_shadow_quotas_grants_what_is_wanted<F: StoreFactory>(
     assert_eq!(lease.granted, 8, "nothing enforced: what was wanted");
     assert_eq!(lease.held, [3]);
     let decision = first.decision.as_ref().expect("a decision");
-    assert!(decision.allowed);
+    assert!(decision.allowed());
     assert_eq!(decision.shadow_denials().count(), 0);
     assert_eq!(peek_remaining(&run, &shadow).await, 0, "3 held");
     let second = run.reserve(&policy, 8, 5).await;
     assert_eq!(second.granted(), 8);
     let decision = second.decision.as_ref().expect("a decision");
-    assert!(decision.allowed, "a shadow quota never denies");
+    assert!(decision.allowed(), "a shadow quota never denies");
     assert_eq!(decision.shadow_denials().count(), 1, "it holds nothing");
     // Nothing of the first lease spent: its 3 held units come back; every
     // unit of the lease is returned (nothing enforced held them).
@@ -450,7 +497,10 @@ pub async fn lease_of_only_shadow_quotas_grants_what_is_wanted<F: StoreFactory>(
 /// A shadow quota is counted like an enforced one, so it bounds a lease's
 /// deadline (its bucket's end) and refuses a GCRA TTL that leaves it no
 /// room, exactly as if it were enforced.
-pub async fn shadow_quotas_bound_the_lease_like_enforced_ones<F: StoreFactory>(factory: &F) {
+pub async fn shadow_quotas_bound_the_lease_like_enforced_ones<F: StoreFactory>(factory: &F)
+where
+    F::Store: lease::Backend,
+{
     let run = Run::start(factory, "shadow_quotas_bound_the_lease_like_enforced_ones").await;
     let enforced = quota("10/1m").named("e").expect("name");
     let counter = quota("2/1m sliding-counter(10s)")
@@ -468,13 +518,10 @@ pub async fn shadow_quotas_bound_the_lease_like_enforced_ones<F: StoreFactory>(f
     let policy = Policy::new("eg", [enforced, gcra]).expect("policy");
     let error = run
         .store
-        .reserve(ReserveRequest::new(
-            &run.key,
-            &policy,
-            1,
-            1,
-            Duration::from_secs(45),
-        ))
+        .reserve(
+            &mut Guard::bare(),
+            ReserveRequest::new(&run.key, &policy, 1, 1, Duration::from_secs(45)),
+        )
         .await
         .expect_err("(B - 1) T = 30 s < 45 s");
     assert_eq!(error.kind(), StoreErrorKind::InvalidRequest);

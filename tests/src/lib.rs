@@ -13,3 +13,4 @@ pub mod fault_proxy;
 pub mod lease_conformance;
 pub mod redis_cluster;
 pub mod redis_server;
+pub mod shared;

@@ -19,8 +19,10 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
+use tower_window::limit::Backend as _;
+use tower_window::store::Guard;
 use tower_window::{
-    CheckRequest, Decision, ManualClock, MemoryStore, Policy, Quota, RedisStore, Store, WindowKey,
+    CheckRequest, Cost, Decision, ManualClock, MemoryStore, Policy, Quota, RedisStore, WindowKey,
 };
 use tower_window_tests::redis_server::RedisServer;
 
@@ -90,11 +92,11 @@ fn reset_stats(conn: &mut redis::Connection) {
 
 fn seen(d: &Decision) -> (bool, u32, Duration, Option<Duration>, u64) {
     (
-        d.allowed,
-        d.remaining,
-        d.reset_after,
-        d.retry_after,
-        d.timestamp_micros,
+        d.allowed(),
+        d.remaining(),
+        d.reset_after(),
+        d.retry_after(),
+        d.timestamp_micros(),
     )
 }
 
@@ -157,15 +159,19 @@ impl Bench {
         max_commands: u64,
     ) {
         self.clock.set(now);
-        let request = CheckRequest::new(key, policy, cost);
+        let request = CheckRequest::new(key, policy, Cost::new(cost).unwrap());
         let (want, got) = if peek {
             reset_stats(&mut self.conn);
-            let got = tokio::time::timeout(DEADLINE, self.redis.peek(request)).await;
-            (self.memory.peek(request).await.unwrap(), got)
+            let got =
+                tokio::time::timeout(DEADLINE, self.redis.peek(&mut Guard::bare(), request)).await;
+            let want = self.memory.peek(&mut Guard::bare(), request).await;
+            (want.unwrap(), got)
         } else {
             reset_stats(&mut self.conn);
-            let got = tokio::time::timeout(DEADLINE, self.redis.check(request)).await;
-            (self.memory.check(request).await.unwrap(), got)
+            let got =
+                tokio::time::timeout(DEADLINE, self.redis.check(&mut Guard::bare(), request)).await;
+            let want = self.memory.check(&mut Guard::bare(), request).await;
+            (want.unwrap(), got)
         };
         let what = format!(
             "{} {} cost {cost} at START {:+} µs",
@@ -342,14 +348,14 @@ fn random_clock_steps_do_bounded_work_and_match_the_twin() {
     );
 }
 
-/// The policy script as `RedisStore` assembles it (see `scripts.rs`).
+/// The policy script as `RedisStore` assembles it (see `limit/redis.rs`).
 const POLICY_SCRIPT: &str = concat!(
-    include_str!("../../tower-window/src/store/redis/scripts/prelude.lua"),
-    include_str!("../../tower-window/src/store/redis/scripts/sliding_log.lua"),
-    include_str!("../../tower-window/src/store/redis/scripts/sliding_counter.lua"),
-    include_str!("../../tower-window/src/store/redis/scripts/fixed_window.lua"),
-    include_str!("../../tower-window/src/store/redis/scripts/gcra.lua"),
-    include_str!("../../tower-window/src/store/redis/scripts/policy.lua"),
+    include_str!("../../tower-window/src/algorithm/prelude.lua"),
+    include_str!("../../tower-window/src/algorithm/sliding_log.lua"),
+    include_str!("../../tower-window/src/algorithm/sliding_counter.lua"),
+    include_str!("../../tower-window/src/algorithm/fixed_window.lua"),
+    include_str!("../../tower-window/src/algorithm/gcra.lua"),
+    include_str!("../../tower-window/src/limit/policy.lua"),
 );
 
 /// 1 µs buckets, which no `Quota` can ask for (granularity is whole
@@ -405,7 +411,10 @@ async fn one_microsecond_buckets_do_bounded_work_and_scale_with_the_twin() {
         bench.clock.set(t * 1_000);
         let want = bench
             .memory
-            .check(CheckRequest::new(&key, &policy, cost))
+            .check(
+                &mut Guard::bare(),
+                CheckRequest::new(&key, &policy, Cost::new(cost).unwrap()),
+            )
             .await
             .unwrap();
         let got = (
@@ -419,10 +428,10 @@ async fn one_microsecond_buckets_do_bounded_work_and_scale_with_the_twin() {
         assert_eq!(
             got,
             (
-                want.allowed,
-                want.remaining,
-                want.reset_after,
-                want.retry_after
+                want.allowed(),
+                want.remaining(),
+                want.reset_after(),
+                want.retry_after()
             ),
             "1 µs buckets, cost {cost} at {t}"
         );

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_window::conn::{Acquire, ConnectionLimiter};
-use tower_window::{Limiter, ManualClock, Quota, RedisStore, Store, WindowKey};
+use tower_window::{ManualClock, RedisStore, Store, WindowKey};
 use tower_window_tests::conformance::StoreFactory;
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::RedisServer;
@@ -75,9 +75,7 @@ async fn server_clock_leases_carry_ttls_and_expire() {
             .build()
             .expect("valid url"),
     );
-    let quota: Quota = "1/1s".parse().expect("quota");
-    let limiter = Limiter::new(Arc::clone(&store) as Arc<dyn Store>, quota);
-    let connections = ConnectionLimiter::builder(limiter, Arc::clone(&store))
+    let connections = ConnectionLimiter::builder(Store::bare(store))
         .max_per_subject(1)
         .ttl(Duration::from_millis(300))
         .build()
@@ -115,21 +113,17 @@ async fn server_clock_leases_carry_ttls_and_expire() {
     drop(lease);
 }
 
-/// Redis unreachable: each `GrantFallback` answers as configured within
+/// Redis unreachable: each `OnFailure` answers as configured within
 /// the limiter's budget; a degraded lease is not renewed, never lost, and
 /// its release is a no-op; presence is an error, not a guess.
 #[tokio::test]
 async fn outage_grants_by_the_fallback() {
-    use tower_window::conn::{ConnectionError, GrantFallback, LeaseSource};
+    use tower_window::conn::{ConnectionError, OnFailure, SeatSource};
     let url = format!(
         "redis://127.0.0.1:{}",
         tower_window_tests::redis_server::closed_port()
     );
-    for fallback in [
-        GrantFallback::Admit,
-        GrantFallback::Deny,
-        GrantFallback::Error,
-    ] {
+    for fallback in [OnFailure::FailOpen, OnFailure::FailClosed, OnFailure::Error] {
         let store = Arc::new(
             RedisStore::builder()
                 .url(&url)
@@ -137,11 +131,10 @@ async fn outage_grants_by_the_fallback() {
                 .build()
                 .expect("valid url"),
         );
-        let quota: Quota = "1/1s".parse().expect("quota");
-        let limiter = Limiter::builder(Arc::clone(&store) as Arc<dyn Store>, quota)
+        let store = Store::builder(store)
             .timeout(Duration::from_millis(300))
             .build();
-        let connections = ConnectionLimiter::builder(limiter, Arc::clone(&store))
+        let connections = ConnectionLimiter::builder(store)
             .max_per_subject(1)
             .on_store_failure(fallback)
             .build()
@@ -149,20 +142,20 @@ async fn outage_grants_by_the_fallback() {
         let key = WindowKey::for_subject("u");
         let answer = connections.acquire(&key).await;
         match fallback {
-            GrantFallback::Admit => {
+            OnFailure::FailOpen => {
                 let Ok(Acquire::Granted(lease)) = answer else {
                     panic!("not admitted: {answer:?}");
                 };
                 assert!(lease.is_degraded());
-                assert!(matches!(lease.source(), LeaseSource::Fallback(_)));
+                assert!(matches!(lease.source(), SeatSource::Fallback(_)));
                 assert_eq!(lease.fence(), 0);
-                assert_eq!(connections.live_leases(), 0, "not renewed");
+                assert_eq!(connections.live_seats(), 0, "not renewed");
                 let report = connections.heartbeat().await;
                 assert_eq!((report.calls, report.lost), (0, 0));
                 assert!(!lease.is_lost());
                 lease.release().await.expect("nothing to release");
             }
-            GrantFallback::Deny => {
+            OnFailure::FailClosed => {
                 let Ok(Acquire::Denied(denied)) = answer else {
                     panic!("not denied: {answer:?}");
                 };

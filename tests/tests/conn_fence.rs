@@ -9,7 +9,7 @@
 //! to P's address, now face the promoted replica's data. The stores' clock
 //! (explicit) is set a day behind: the new primary's clock.
 //!
-//! What must hold (`ConnectionLease::fence`): every token a node is
+//! What must hold (`ConnectionSeat::fence`): every token a node is
 //! granted is larger than every token that node was granted before; a
 //! node that never saw a lost token gets one above everything it saw and
 //! everything the new primary kept (whether above the lost ones cannot be
@@ -20,8 +20,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tower_window::conn::{Acquire, ConnectionLease, ConnectionLimiter};
-use tower_window::{Limiter, ManualClock, Quota, RedisStore, Store, WindowKey};
+use tower_window::conn::{Acquire, ConnectionLimiter, ConnectionSeat};
+use tower_window::{ManualClock, RedisStore, Store, WindowKey};
 use tower_window_tests::redis_server::RedisServer;
 
 const START: u64 = 1_700_000_000_000_000;
@@ -90,15 +90,13 @@ fn stored_fence(node: &RedisServer, key: &WindowKey) -> u64 {
 }
 
 fn node_limiter(store: &Arc<RedisStore>) -> ConnectionLimiter {
-    let quota: Quota = "1000/1s".parse().unwrap();
-    let limiter = Limiter::new(Arc::clone(store) as Arc<dyn Store>, quota);
-    ConnectionLimiter::builder(limiter, Arc::clone(store))
+    ConnectionLimiter::builder(Store::bare(Arc::clone(store)))
         .ttl(Duration::from_secs(15))
         .build()
         .unwrap()
 }
 
-async fn granted(limiter: &ConnectionLimiter, key: &WindowKey) -> ConnectionLease {
+async fn granted(limiter: &ConnectionLimiter, key: &WindowKey) -> ConnectionSeat {
     // Bounded: right after the promotion a call may meet a dropped
     // connection or an empty script cache; the limiter's fallback would
     // then hand out a degraded lease (fence 0), which is not the store's.

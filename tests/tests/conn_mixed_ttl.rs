@@ -17,8 +17,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_window::conn::{Acquire, ConnectionLease, ConnectionLimiter};
-use tower_window::{Limiter, Quota, RedisStore, Store, WindowKey};
+use tower_window::conn::{Acquire, ConnectionLimiter, ConnectionSeat};
+use tower_window::{RedisStore, Store, WindowKey};
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::{reserve_port, RedisServer};
 
@@ -67,16 +67,14 @@ impl Target {
 }
 
 fn limiter(store: &Arc<RedisStore>, ttl: Duration) -> ConnectionLimiter {
-    let quota: Quota = "1000/1s".parse().unwrap();
-    let limiter = Limiter::new(Arc::clone(store) as Arc<dyn Store>, quota);
-    ConnectionLimiter::builder(limiter, Arc::clone(store))
+    ConnectionLimiter::builder(Store::bare(Arc::clone(store)))
         .max_per_subject(2)
         .ttl(ttl)
         .build()
         .unwrap()
 }
 
-async fn granted(limiter: &ConnectionLimiter, key: &WindowKey) -> ConnectionLease {
+async fn granted(limiter: &ConnectionLimiter, key: &WindowKey) -> ConnectionSeat {
     match limiter.acquire(key).await.unwrap() {
         Acquire::Granted(lease) => {
             assert!(!lease.is_degraded());

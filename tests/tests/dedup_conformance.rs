@@ -6,8 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_window::dedup::{DedupError, DedupFallback, DedupSource, DedupWindow};
-use tower_window::{Limiter, ManualClock, Quota, RedisStore, Store, WindowKey};
+use tower_window::dedup::{DedupError, DedupSource, DedupWindow, OnFailure};
+use tower_window::{ManualClock, RedisStore, Store, WindowKey};
 use tower_window_tests::conformance::StoreFactory;
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::{closed_port, RedisServer};
@@ -62,17 +62,11 @@ mod cluster {
     ));
 }
 
-fn quota() -> Quota {
-    "1/1s".parse().expect("valid quota")
-}
-
 /// The production path: `SET NX PX` on Redis's clock. A repeat is refused,
 /// the key carries the window as its TTL, and the id is new again once
 /// Redis expired it (polled, bounded: no wall-clock assertion).
 async fn server_clock_path(store: RedisStore, raw: impl Fn(&[u8]) -> i64) {
-    let store = Arc::new(store);
-    let limiter = Limiter::new(Arc::clone(&store) as Arc<dyn Store>, quota());
-    let dedup = DedupWindow::builder(limiter, Arc::clone(&store))
+    let dedup = DedupWindow::builder(Store::bare(store))
         .window(Duration::from_millis(300))
         .build()
         .expect("valid window");
@@ -150,9 +144,9 @@ fn max_pttl(conn: &mut redis::Connection, prefix: &[u8]) -> i64 {
 async fn outage_answers_by_the_fallback() {
     let url = format!("redis://127.0.0.1:{}", closed_port());
     for (fallback, expect) in [
-        (DedupFallback::FirstSeen, Some(true)),
-        (DedupFallback::Duplicate, Some(false)),
-        (DedupFallback::Error, None),
+        (OnFailure::FailOpen, Some(true)),
+        (OnFailure::FailClosed, Some(false)),
+        (OnFailure::Error, None),
     ] {
         let store = Arc::new(
             RedisStore::builder()
@@ -161,10 +155,10 @@ async fn outage_answers_by_the_fallback() {
                 .build()
                 .expect("valid url"),
         );
-        let limiter = Limiter::builder(Arc::clone(&store) as Arc<dyn Store>, quota())
+        let store = Store::builder(store)
             .timeout(Duration::from_millis(300))
             .build();
-        let dedup = DedupWindow::builder(limiter, store)
+        let dedup = DedupWindow::builder(store)
             .on_store_failure(fallback)
             .build()
             .expect("valid window");

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::aio::ConnectionLike;
 use redis::AsyncCommands;
 use tower_window::events::{EventId, EventWindow, Position, Resume, ResyncReason, Retention};
-use tower_window::{Limiter, ManualClock, Quota, RedisStore};
+use tower_window::{ManualClock, RedisStore, Store};
 use tower_window_tests::conformance::START;
 use tower_window_tests::event_conformance::EventStoreFactory;
 use tower_window_tests::redis_cluster::{key_slot, RedisCluster};
@@ -64,10 +64,8 @@ mod cluster {
 }
 
 fn window(store: Arc<RedisStore>) -> EventWindow {
-    let quota: Quota = "1000/1s".parse().expect("a quota");
-    let limiter = Limiter::new(Arc::clone(&store), quota);
     let retention = Retention::new(Duration::from_secs(600), 10_000).expect("a retention");
-    EventWindow::new(limiter, store, retention)
+    EventWindow::new(Store::bare(store), retention)
 }
 
 /// Deleting the stream (as a failover that lost the data or a flush

@@ -22,13 +22,15 @@ use futures_util::StreamExt as _;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tower_window::store::{Lease, RefundRequest, ReserveRequest};
+use tower_window::lease::{Lease, RefundRequest, ReserveRequest};
+use tower_window::store::{Backend as StoreBackend, Guard};
 use tower_window::{
-    Algorithm, CheckRequest, Decision, DecisionSource, LeaseConfig, Limiter, ManualClock,
+    Algorithm, CheckRequest, Cost, Decision, DecisionSource, LeaseConfig, Limiter, ManualClock,
     MemoryStore, Policy, Quota, RedisStore, Scope, Store, WindowKey,
 };
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::RedisServer;
+use tower_window_tests::shared::Quotas;
 
 /// 1_700_000_000 s: a multiple of 10 s (a bucket boundary) and of 1 s.
 const START: u64 = 1_700_000_000_000_000;
@@ -66,25 +68,24 @@ impl Backend {
         }
     }
 
-    fn store(&self, prefix: &str, clock: &ManualClock) -> Arc<dyn Store> {
+    /// The store, to call directly, and the same store as a backend to
+    /// make a [`Store`] handle of.
+    fn store(&self, prefix: &str, clock: &ManualClock) -> (Arc<dyn Quotas>, StoreBackend) {
+        let redis = |builder: tower_window::RedisStoreBuilder| {
+            let store = Arc::new(builder.prefix(prefix).clock(clock.clone()).build().unwrap());
+            (
+                Arc::clone(&store) as Arc<dyn Quotas>,
+                StoreBackend::from(store),
+            )
+        };
         match self {
-            Backend::Memory => Arc::new(MemoryStore::builder().clock(clock.clone()).build()),
-            Backend::Single(server) => Arc::new(
-                RedisStore::builder()
-                    .url(server.url())
-                    .prefix(prefix)
-                    .clock(clock.clone())
-                    .build()
-                    .unwrap(),
-            ),
-            Backend::Cluster(cluster) => Arc::new(
-                RedisStore::builder()
-                    .cluster(cluster.urls())
-                    .prefix(prefix)
-                    .clock(clock.clone())
-                    .build()
-                    .unwrap(),
-            ),
+            Backend::Memory => {
+                // Clones share one state.
+                let store = MemoryStore::builder().clock(clock.clone()).build();
+                (Arc::new(store.clone()), StoreBackend::from(store))
+            }
+            Backend::Single(server) => redis(RedisStore::builder().url(server.url())),
+            Backend::Cluster(cluster) => redis(RedisStore::builder().cluster(cluster.urls())),
         }
     }
 
@@ -191,19 +192,19 @@ fn sequence(seed: u64, steps: usize) -> Vec<Op> {
 fn describe(d: &Decision) -> String {
     let mut out = format!(
         "allowed={} source={} remaining={} retry={:?} at={} |",
-        d.allowed,
-        d.source.as_str(),
-        d.remaining,
-        d.retry_after,
-        d.timestamp_micros - START
+        d.allowed(),
+        d.source().as_str(),
+        d.remaining(),
+        d.retry_after(),
+        d.timestamp_micros() - START
     );
     for q in d.quotas() {
         write!(
             out,
             " {}:{}:{}",
-            q.quota.name(),
-            u8::from(q.allowed),
-            q.remaining
+            q.quota().name(),
+            u8::from(q.allowed()),
+            q.remaining()
         )
         .unwrap();
     }
@@ -228,12 +229,15 @@ async fn run(
     tenant: &str,
 ) -> (Vec<String>, Vec<Admitted>) {
     let clock = ManualClock::new(START);
-    let store = backend.store(&unique("diff"), &clock);
-    let limiter = Limiter::builder(store.clone(), policy.clone())
+    let (store, handle) = backend.store(&unique("diff"), &clock);
+    let handle = Store::builder(handle)
         .clock(clock.clone())
-        .leases(LeaseConfig::new(4).ttl(Duration::from_secs(5)))
         .without_timeout()
         .without_breaker()
+        .build();
+    let limiter = Limiter::builder(handle, policy.clone())
+        .clock(clock.clone())
+        .leases(LeaseConfig::new(4).ttl(Duration::from_secs(5)))
         .build();
     let keys: Vec<WindowKey> = (0..3)
         .map(|i| WindowKey::new(tenant.to_owned(), format!("subject-{i}")))
@@ -256,17 +260,17 @@ async fn run(
                     .await
                     .unwrap_or_else(|e| panic!("{}: step {step}: {e}", backend.name()));
                 assert!(
-                    !matches!(d.source, DecisionSource::Fallback(_)),
+                    !matches!(d.source(), DecisionSource::Fallback(_)),
                     "{} {}: step {step} answered by the fallback: {d:?}",
                     backend.name(),
                     policy.name()
                 );
-                if d.allowed {
+                if d.allowed() {
                     admitted.push(Admitted {
-                        at: d.timestamp_micros,
+                        at: d.timestamp_micros(),
                         cost,
                         subject,
-                        fits: d.quotas().iter().map(|q| q.allowed).collect(),
+                        fits: d.quotas().iter().map(|q| q.allowed()).collect(),
                     });
                 }
                 transcript.push(format!("{step} s{subject} c{cost}: {}", describe(&d)));
@@ -292,17 +296,18 @@ async fn run(
         for q in policy.quotas() {
             // A quota's window is the one the policy's key form names:
             // peek through the whole policy and read that quota's state.
-            let d = store.peek(CheckRequest::new(key, policy, 1)).await.unwrap();
+            let request = CheckRequest::new(key, policy, Cost::ONE);
+            let d = store.peek(&mut Guard::bare(), request).await.unwrap();
             let state = d
                 .quotas()
                 .iter()
-                .find(|s| s.quota.name() == q.name())
+                .find(|s| s.quota().name() == q.name())
                 .unwrap();
             transcript.push(format!(
                 "end {} {}: remaining {}",
                 String::from_utf8_lossy(key.subject()),
                 q.name(),
-                state.remaining
+                state.remaining()
             ));
         }
     }
@@ -479,7 +484,7 @@ async fn many_expired_lease_records_never_fail_a_call() {
         let name = backend.name();
         let prefix = unique("records");
         let clock = ManualClock::new(START);
-        let store = backend.store(&prefix, &clock);
+        let (store, _) = backend.store(&prefix, &clock);
         let mut conns = backend.connections();
         // A window of 1 s from START; each lease of 1 unit ends with it.
         let policy = Policy::from(quota("100000/1s fixed-window", "wide"));
@@ -492,7 +497,10 @@ async fn many_expired_lease_records_never_fail_a_call() {
             .map(|_| {
                 let store = store.clone();
                 let request = reserve(1);
-                async move { store.reserve(request).await.unwrap().lease }
+                async move {
+                    let reserved = store.reserve(&mut Guard::bare(), request).await;
+                    reserved.unwrap().lease
+                }
             })
             .buffer_unordered(64)
             .map(|lease| lease.unwrap_or_else(|| panic!("{name}: a lease")))
@@ -522,14 +530,17 @@ async fn many_expired_lease_records_never_fail_a_call() {
                 // A refund of an expired lease: nothing comes back, nothing fails.
                 let old = &early[calls % early.len()];
                 let returned = store
-                    .refund(RefundRequest::new(&key, &policy, old, 1))
+                    .refund(
+                        &mut Guard::bare(),
+                        RefundRequest::new(&key, &policy, old, 1),
+                    )
                     .await
                     .unwrap_or_else(|e| panic!("{name}: refund after {calls} calls: {e}"));
                 assert_eq!(returned, 0, "{name}: an expired lease returns nothing");
                 0
             } else if calls % 3 == 1 {
                 let r = store
-                    .reserve(reserve(2))
+                    .reserve(&mut Guard::bare(), reserve(2))
                     .await
                     .unwrap_or_else(|e| panic!("{name}: reserve after {calls} calls: {e}"));
                 live.push(r.lease.unwrap_or_else(|| panic!("{name}: a lease")));
@@ -538,7 +549,10 @@ async fn many_expired_lease_records_never_fail_a_call() {
                 // A refund of a live lease: exact.
                 let lease = live.pop().unwrap();
                 let returned = store
-                    .refund(RefundRequest::new(&key, &policy, &lease, lease.granted))
+                    .refund(
+                        &mut Guard::bare(),
+                        RefundRequest::new(&key, &policy, &lease, lease.granted),
+                    )
                     .await
                     .unwrap_or_else(|e| panic!("{name}: refund after {calls} calls: {e}"));
                 assert_eq!(
@@ -577,11 +591,14 @@ async fn many_expired_lease_records_never_fail_a_call() {
         }
         // The window's count is what the live leases hold.
         let d = store
-            .peek(CheckRequest::new(&key, &policy, 1))
+            .peek(
+                &mut Guard::bare(),
+                CheckRequest::new(&key, &policy, Cost::ONE),
+            )
             .await
             .unwrap();
         let held: u32 = live.iter().map(|l| l.granted).sum();
-        assert_eq!(d.remaining, 100_000 - held, "{name}");
+        assert_eq!(d.remaining(), 100_000 - held, "{name}");
     }
 }
 
@@ -595,18 +612,15 @@ async fn a_refund_reads_a_bounded_part_of_a_crowded_log() {
         let name = backend.name();
         let prefix = unique("crowded");
         let clock = ManualClock::new(START);
-        let store = backend.store(&prefix, &clock);
+        let (store, _) = backend.store(&prefix, &clock);
         let mut conns = backend.connections();
         let policy = Policy::from(quota("100000/1m", "log"));
         let key = WindowKey::new("crowded", "hot");
         let lease = store
-            .reserve(ReserveRequest::new(
-                &key,
-                &policy,
-                10,
-                1,
-                Duration::from_secs(1),
-            ))
+            .reserve(
+                &mut Guard::bare(),
+                ReserveRequest::new(&key, &policy, 10, 1, Duration::from_secs(1)),
+            )
             .await
             .unwrap()
             .lease
@@ -655,7 +669,10 @@ async fn a_refund_reads_a_bounded_part_of_a_crowded_log() {
         let (members, before) = units_at(conn);
         assert_eq!(members, 10_001);
         let returned = store
-            .refund(RefundRequest::new(&key, &policy, &lease, 10))
+            .refund(
+                &mut Guard::bare(),
+                RefundRequest::new(&key, &policy, &lease, 10),
+            )
             .await
             .unwrap_or_else(|e| panic!("{name}: refund of a crowded log: {e}"));
         assert_eq!(returned, 10, "{name}");
@@ -666,7 +683,10 @@ async fn a_refund_reads_a_bounded_part_of_a_crowded_log() {
             "{name}: exactly the lease's units came back"
         );
         let again = store
-            .refund(RefundRequest::new(&key, &policy, &lease, 10))
+            .refund(
+                &mut Guard::bare(),
+                RefundRequest::new(&key, &policy, &lease, 10),
+            )
             .await
             .unwrap();
         assert_eq!(again, 0, "{name}: once");

@@ -25,10 +25,12 @@
 
 use std::time::Duration;
 
-use futures_util::FutureExt;
 use proptest::prelude::*;
+use tower_window::limit::Backend as _;
+use tower_window::store::Guard;
 use tower_window::{
-    Algorithm, CheckRequest, ManualClock, MemoryStore, Policy, Quota, Store, WindowKey,
+    Algorithm, CheckRequest, Cost, LimitError, Limiter, ManualClock, MemoryStore, Policy, Quota,
+    WindowKey,
 };
 
 const START: u64 = 1_700_000_000_000_000;
@@ -271,16 +273,18 @@ struct Harness {
 }
 
 fn check(store: &MemoryStore, key: &WindowKey, quota: &Quota, cost: u32) -> Seen {
+    let policy = Policy::from(quota.clone());
+    let request = CheckRequest::new(key, &policy, Cost::new(cost).unwrap());
     let decision = store
-        .check(CheckRequest::new(key, &Policy::from(quota.clone()), cost))
-        .now_or_never()
+        .check(&mut Guard::bare(), request)
+        .into_ready()
         .expect("the memory store decides without waiting")
         .unwrap();
     Seen {
-        allowed: decision.allowed,
-        remaining: u64::from(decision.remaining),
-        reset_after: micros(decision.reset_after),
-        retry_after: decision.retry_after.map(micros),
+        allowed: decision.allowed(),
+        remaining: u64::from(decision.remaining()),
+        reset_after: micros(decision.reset_after()),
+        retry_after: decision.retry_after().map(micros),
     }
 }
 
@@ -588,26 +592,43 @@ proptest! {
         let store = MemoryStore::builder().clock(clock.clone()).max_keys(16).build();
         let key = WindowKey::new("proptest", "arbitrary");
         let policy = Policy::from(quota.clone());
+        // On the same store (clones share it), for the one cost a store can
+        // no longer be asked.
+        let limiter = Limiter::new(store.clone(), policy.clone());
         for (t, cost) in requests {
             clock.set(t);
-            let result = store
-                .check(CheckRequest::new(&key, &policy, cost))
-                .now_or_never()
-                .expect("the memory store decides without waiting");
-            let Ok(decision) = result else {
-                prop_assert_eq!(cost, 0, "only a zero cost is an error");
+            // A zero cost cannot be built, so no store is ever asked one:
+            // the limiter refuses it at once, a typed error.
+            let Some(units) = Cost::new(cost) else {
+                let refused = limiter.check(&key, cost).into_ready();
+                prop_assert!(
+                    matches!(refused, Ok(Err(LimitError::ZeroCost))),
+                    "only a zero cost is an error, refused at once"
+                );
                 continue;
             };
+            let result = store
+                .check(&mut Guard::bare(), CheckRequest::new(&key, &policy, units))
+                .into_ready()
+                .expect("the memory store decides without waiting");
+            let decision = match result {
+                Ok(decision) => decision,
+                Err(e) => {
+                    return Err(TestCaseError::fail(format!(
+                        "only a zero cost is an error: cost {cost}: {e}"
+                    )))
+                }
+            };
             prop_assert!(cost > 0);
-            prop_assert!(decision.remaining <= quota.capacity());
-            prop_assert_eq!(decision.timestamp_micros, t);
-            if decision.allowed {
+            prop_assert!(decision.remaining() <= quota.capacity());
+            prop_assert_eq!(decision.timestamp_micros(), t);
+            if decision.allowed() {
                 prop_assert!(cost <= quota.capacity());
-                prop_assert_eq!(decision.retry_after, Some(Duration::ZERO));
+                prop_assert_eq!(decision.retry_after(), Some(Duration::ZERO));
             } else if cost > quota.capacity() {
-                prop_assert_eq!(decision.retry_after, None);
+                prop_assert_eq!(decision.retry_after(), None);
             } else {
-                prop_assert!(decision.retry_after.is_some());
+                prop_assert!(decision.retry_after().is_some());
             }
         }
     }
@@ -617,8 +638,10 @@ mod concurrent {
     use std::sync::Arc;
 
     use proptest::prelude::*;
+    use tower_window::limit;
+    use tower_window::store::Guard;
     use tower_window::{
-        CheckRequest, ManualClock, MemoryStore, Policy, Quota, RedisStore, Scope, Store, WindowKey,
+        CheckRequest, Cost, ManualClock, MemoryStore, Policy, Quota, RedisStore, Scope, WindowKey,
     };
     use tower_window_tests::redis_server::RedisServer;
 
@@ -667,7 +690,7 @@ mod concurrent {
     /// Runs the plan's tasks at once on `store` (its clock stands still),
     /// then checks every quota's use against the admitted costs.
     async fn run(
-        store: Arc<dyn Store>,
+        store: Arc<dyn limit::Backend>,
         policy: Policy,
         tenant: String,
         plan: Vec<Vec<(usize, u32)>>,
@@ -680,12 +703,10 @@ mod concurrent {
                     let mut admitted = [0u64; SUBJECTS.len()];
                     for (subject, cost) in requests {
                         let key = WindowKey::new(tenant.clone(), SUBJECTS[subject]);
-                        let d = store
-                            .check(CheckRequest::new(&key, &policy, cost))
-                            .await
-                            .unwrap();
-                        assert_eq!(d.allowed, d.quotas().iter().all(|q| q.allowed));
-                        if d.allowed {
+                        let request = CheckRequest::new(&key, &policy, Cost::new(cost).unwrap());
+                        let d = store.check(&mut Guard::bare(), request).await.unwrap();
+                        assert_eq!(d.allowed(), d.quotas().iter().all(|q| q.allowed()));
+                        if d.allowed() {
                             admitted[subject] += u64::from(cost);
                         }
                     }
@@ -703,13 +724,11 @@ mod concurrent {
         for (subject, &mine) in SUBJECTS.iter().zip(&admitted) {
             // A cost that never fits reports every quota's state unchanged.
             let key = WindowKey::new(tenant.clone(), *subject);
-            let probe = store
-                .check(CheckRequest::new(&key, &policy, u32::MAX))
-                .await
-                .unwrap();
-            prop_assert!(!probe.allowed);
+            let request = CheckRequest::new(&key, &policy, Cost::new(u32::MAX).unwrap());
+            let probe = store.check(&mut Guard::bare(), request).await.unwrap();
+            prop_assert!(!probe.allowed());
             for state in probe.quotas() {
-                let quota = &state.quota;
+                let quota = &state.quota();
                 let used = match quota.scope() {
                     Scope::Tenant => all,
                     _ => mine,
@@ -721,7 +740,7 @@ mod concurrent {
                     quota.name()
                 );
                 prop_assert_eq!(
-                    u64::from(state.remaining),
+                    u64::from(state.remaining()),
                     capacity - used,
                     "{} ({}) for {}: remaining after {} admitted",
                     quota.name(),

@@ -5,7 +5,7 @@
 //!
 //! - the cancelled decision is counted once or not at all, never twice
 //!   (read back through `remaining` of later checks);
-//! - nothing leaks: the in-flight bound of `Limiter::builder` is released
+//! - nothing leaks: the in-flight bound of `Store::builder` is released
 //!   by every dropped future, and the limiter's connections keep answering
 //!   the right calls (each later check's `remaining` goes down by one).
 //!
@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use tower_window::{
-    Decision, DecisionSource, LimitError, Limiter, Quota, RedisStore, RetryConfig, StoreErrorKind,
-    WindowKey,
+    Decision, DecisionSource, LimitError, Limiter, Quota, RedisStore, RetryConfig, Store,
+    StoreErrorKind, WindowKey,
 };
 use tower_window_tests::redis_server::RedisServer;
 
@@ -34,13 +34,13 @@ fn limiter(server: &RedisServer, algorithm: &str) -> Limiter {
     // A day: GCRA refills one unit per 86 s, so `remaining` only goes down
     // during the test.
     let quota: Quota = format!("{LIMIT}/1d {algorithm}").trim().parse().unwrap();
-    Limiter::builder(store, quota)
-        .local_capacity(0)
+    let store = Store::builder(store)
         .without_timeout()
         .retry(RetryConfig::none())
         .without_breaker()
         .max_in_flight(MAX_IN_FLIGHT)
-        .build()
+        .build();
+    Limiter::builder(store, quota).local_capacity(0).build()
 }
 
 async fn pause(admin: &mut redis::aio::MultiplexedConnection) {
@@ -63,8 +63,8 @@ async fn unpause(admin: &mut redis::aio::MultiplexedConnection) {
 
 async fn store_check(limiter: &Limiter, key: &WindowKey) -> Decision {
     let decision = limiter.check(key, 1).await.unwrap();
-    assert!(decision.allowed, "{decision:?}");
-    assert_eq!(decision.source, DecisionSource::Store);
+    assert!(decision.allowed(), "{decision:?}");
+    assert_eq!(decision.source(), DecisionSource::Store);
     decision
 }
 
@@ -79,7 +79,7 @@ async fn cancelled_checks_count_at_most_once(algorithm: &str) {
     let limiter = limiter(&server, algorithm);
     let key = WindowKey::for_subject("cancel-me");
     // Warm up: scripts loaded, connection made.
-    let mut last = store_check(&limiter, &key).await.remaining;
+    let mut last = store_check(&limiter, &key).await.remaining();
     assert_eq!(last, LIMIT - 1);
 
     const ROUNDS: u32 = 12;
@@ -96,7 +96,7 @@ async fn cancelled_checks_count_at_most_once(algorithm: &str) {
         }
         cancelled += 1;
         unpause(&mut admin).await;
-        let now = store_check(&limiter, &key).await.remaining;
+        let now = store_check(&limiter, &key).await.remaining();
         // This check took one unit; the cancelled ones at most one each.
         let used = last - now;
         assert!(
@@ -109,7 +109,7 @@ async fn cancelled_checks_count_at_most_once(algorithm: &str) {
     // Two more completed checks, to let any late cancelled call land
     // before the final reading; each costs one unit.
     for _ in 0..2 {
-        let now = store_check(&limiter, &key).await.remaining;
+        let now = store_check(&limiter, &key).await.remaining();
         assert!(last - now >= 1);
         last = now;
     }
@@ -149,7 +149,7 @@ async fn dropped_checks_release_the_in_flight_bound() {
     let mut admin = server.async_connection().await;
     let limiter = limiter(&server, "");
     let key = WindowKey::for_subject("bound");
-    let mut last = store_check(&limiter, &key).await.remaining;
+    let mut last = store_check(&limiter, &key).await.remaining();
 
     const ROUNDS: usize = 10;
     let mut cancelled = 0_u32;
@@ -181,7 +181,7 @@ async fn dropped_checks_release_the_in_flight_bound() {
         drop(past_bound);
         cancelled += 1;
         unpause(&mut admin).await;
-        let now = store_check(&limiter, &key).await.remaining;
+        let now = store_check(&limiter, &key).await.remaining();
         let used = last - now;
         assert!(
             (1..=1 + cancelled).contains(&used),

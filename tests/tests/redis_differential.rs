@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tower_window::{CheckRequest, ManualClock, MemoryStore, Quota, RedisStore, Store, WindowKey};
+use tower_window::limit::Backend as _;
+use tower_window::store::Guard;
+use tower_window::{CheckRequest, Cost, ManualClock, MemoryStore, Quota, RedisStore, WindowKey};
 use tower_window_tests::conformance::START;
 use tower_window_tests::redis_server::RedisServer;
 
@@ -37,11 +39,11 @@ fn ops() -> impl Strategy<Value = Vec<(i64, u32)>> {
 
 fn seen(d: &tower_window::Decision) -> (bool, u32, Duration, Option<Duration>, u64) {
     (
-        d.allowed,
-        d.remaining,
-        d.reset_after,
-        d.retry_after,
-        d.timestamp_micros,
+        d.allowed(),
+        d.remaining(),
+        d.reset_after(),
+        d.retry_after(),
+        d.timestamp_micros(),
     )
 }
 
@@ -74,10 +76,10 @@ fn redis_matches_memory_store() {
             for (i, (step, cost)) in steps.iter().enumerate() {
                 now = now.saturating_add_signed(*step);
                 clock.set(now);
-                let request = CheckRequest::new(&key, &policy, *cost);
-                let want = memory.check(request).await.unwrap();
-                let got = redis.check(request).await.unwrap();
-                let counter = if want.allowed { &ALLOWED } else { &DENIED };
+                let request = CheckRequest::new(&key, &policy, Cost::new(*cost).unwrap());
+                let want = memory.check(&mut Guard::bare(), request).await.unwrap();
+                let got = redis.check(&mut Guard::bare(), request).await.unwrap();
+                let counter = if want.allowed() { &ALLOWED } else { &DENIED };
                 counter.fetch_add(1, Ordering::Relaxed);
                 prop_assert_eq!(
                     seen(&got),

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use tower_window::{LimitError, Limiter, StoreErrorKind, WindowKey};
-use tower_window::{Quota, RedisStore};
+use tower_window::{Quota, RedisStore, Store};
 use tower_window_tests::redis_server::RedisServer;
 
 fn kind(result: Result<tower_window::Decision, LimitError>) -> StoreErrorKind {
@@ -20,20 +20,21 @@ fn quota() -> Quota {
 }
 
 /// A server that does not answer: the call fails as Timeout at the
-/// limiter's deadline.
+/// store handle's deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_server_times_out_at_the_deadline() {
     let server = RedisServer::start();
     let store = RedisStore::from_url(&server.url()).unwrap();
     store.connect().await.unwrap();
-    // The limiter's time budget is the only deadline; no retries, so the
-    // one call meets it.
-    let limiter = Limiter::builder(store, quota())
+    // The store handle's time budget is the only deadline; no retries, so
+    // the one call meets it.
+    let store = Store::builder(store)
         .timeout(Duration::from_millis(100))
         .retry(tower_window::RetryConfig::none())
         .build();
+    let limiter = Limiter::new(store, quota());
     let key = WindowKey::for_subject("slow");
-    assert!(limiter.check(&key, 1).await.unwrap().allowed);
+    assert!(limiter.check(&key, 1).await.unwrap().allowed());
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
         .arg(1500)
@@ -51,7 +52,9 @@ async fn a_silent_server_times_out_at_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_memory_is_unavailable() {
     let server = RedisServer::start();
-    let limiter = Limiter::new(RedisStore::from_url(&server.url()).unwrap(), quota());
+    // Bare (no budget, retries or breaker): the store's own answer.
+    let store = Store::bare(RedisStore::from_url(&server.url()).unwrap());
+    let limiter = Limiter::new(store, quota());
     let mut admin = server.connection();
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
@@ -81,7 +84,8 @@ async fn a_script_error_is_protocol() {
         .arg("x")
         .query(&mut server.connection())
         .unwrap();
-    let limiter = Limiter::new(RedisStore::from_url(&server.url()).unwrap(), quota);
+    let store = Store::bare(RedisStore::from_url(&server.url()).unwrap());
+    let limiter = Limiter::new(store, quota);
     assert_eq!(kind(limiter.check(&key, 1).await), StoreErrorKind::Protocol);
 }
 
@@ -95,11 +99,12 @@ async fn survives_a_redis_restart() {
         .connect_timeout(Duration::from_millis(500))
         .build()
         .unwrap();
-    let limiter = Limiter::builder(store, quota())
+    let store = Store::builder(store)
         .timeout(Duration::from_secs(2))
         .build();
+    let limiter = Limiter::new(store, quota());
     let key = WindowKey::for_subject("restart");
-    assert!(limiter.check(&key, 1).await.unwrap().allowed);
+    assert!(limiter.check(&key, 1).await.unwrap().allowed());
 
     server.stop();
     let down = kind(limiter.check(&key, 1).await);
@@ -121,16 +126,18 @@ async fn survives_a_redis_restart() {
     }
     let decision = back.expect("the store reconnects after a restart");
     // The restarted server has no state (no persistence): a fresh window.
-    assert!(decision.allowed);
-    assert_eq!(decision.remaining, 9);
+    assert!(decision.allowed());
+    assert_eq!(decision.remaining(), 9);
 }
 
-/// The store has no deadline or in-flight bound of its own: the limiter's
-/// resilience stack is the only one, and a store call runs as long as Redis
-/// takes.
+/// The backend has no deadline or in-flight bound of its own: the store
+/// handle's resilience stack is the only one, and a backend call (with a
+/// bare guard) runs as long as Redis takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_itself_waits_for_redis() {
-    use tower_window::{CheckRequest, Policy, Store};
+    use tower_window::limit::Backend as _;
+    use tower_window::store::Guard;
+    use tower_window::{CheckRequest, Cost, Policy};
 
     let server = RedisServer::start();
     let store = RedisStore::from_url(&server.url()).unwrap();
@@ -144,10 +151,16 @@ async fn the_store_itself_waits_for_redis() {
     let policy = Policy::from(quota());
     let key = WindowKey::for_subject("patient");
     let (a, b) = tokio::join!(
-        store.check(CheckRequest::new(&key, &policy, 1)),
-        store.check(CheckRequest::new(&key, &policy, 1)),
+        store.check(
+            &mut Guard::bare(),
+            CheckRequest::new(&key, &policy, Cost::ONE)
+        ),
+        store.check(
+            &mut Guard::bare(),
+            CheckRequest::new(&key, &policy, Cost::ONE)
+        ),
     );
-    assert_eq!(a.unwrap().remaining + b.unwrap().remaining, 9 + 8);
+    assert_eq!(a.unwrap().remaining() + b.unwrap().remaining(), 9 + 8);
 }
 
 /// Configuration errors are typed, apart from store errors.
@@ -181,7 +194,9 @@ fn configuration_errors_are_typed() {
 #[test]
 fn survives_the_connecting_runtime_shutting_down() {
     let server = RedisServer::start();
-    let limiter = Limiter::new(RedisStore::from_url(&server.url()).unwrap(), quota());
+    // Bare: the store recovers by itself, no breaker in between.
+    let store = Store::bare(RedisStore::from_url(&server.url()).unwrap());
+    let limiter = Limiter::new(store, quota());
     let key = WindowKey::for_subject("runtimes");
     for round in 0..3 {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -191,7 +206,7 @@ fn survives_the_connecting_runtime_shutting_down() {
         let allowed = runtime.block_on(async {
             for _ in 0..20 {
                 if let Ok(d) = limiter.check(&key, 1).await {
-                    return d.allowed;
+                    return d.allowed();
                 }
                 tokio::task::yield_now().await;
             }

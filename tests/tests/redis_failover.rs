@@ -25,10 +25,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tower_window::fallback::FailClosed;
+use tower_window::limit::Backend as _;
 use tower_window::store::redis::redis_key;
+use tower_window::store::Guard;
 use tower_window::{
-    CheckRequest, DecisionSource, FallbackReason, Limiter, ManualClock, Policy, Quota, RedisStore,
-    Store, StoreErrorKind, WindowKey,
+    CheckRequest, Cost, DecisionSource, FallbackReason, Limiter, ManualClock, Policy, Quota,
+    RedisStore, Store, StoreErrorKind, WindowKey,
 };
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::RedisServer;
@@ -170,15 +172,15 @@ impl Tally {
             .check(key, 1)
             .await
             .unwrap_or_else(|e| panic!("a decision errored: {e:?}"));
-        match d.source {
+        match d.source() {
             DecisionSource::Store => {
-                assert!(d.allowed, "the quota is never exhausted: {d:?}");
+                assert!(d.allowed(), "the quota is never exhausted: {d:?}");
                 *self.admitted.entry(key.clone()).or_default() += 1;
                 self.store += 1;
                 true
             }
             DecisionSource::Fallback(reason) => {
-                assert!(!d.allowed, "fail-closed admits nothing: {d:?}");
+                assert!(!d.allowed(), "fail-closed admits nothing: {d:?}");
                 *self.fallback.entry(format!("{reason:?}")).or_default() += 1;
                 if reason == FallbackReason::Timeout {
                     *self.timed_out.entry(key.clone()).or_default() += 1;
@@ -239,10 +241,16 @@ async fn charged(
     for key in keys {
         let mut last = None;
         for _ in 0..50 {
-            match store.check(CheckRequest::new(key, policy, 1)).await {
+            match store
+                .check(
+                    &mut Guard::bare(),
+                    CheckRequest::new(key, policy, Cost::ONE),
+                )
+                .await
+            {
                 Ok(d) => {
-                    assert!(d.allowed);
-                    last = Some(limit - 1 - u64::from(d.remaining));
+                    assert!(d.allowed());
+                    last = Some(limit - 1 - u64::from(d.remaining()));
                     break;
                 }
                 Err(e) => {
@@ -281,9 +289,14 @@ async fn resilient(
     );
     store.connect().await.unwrap();
     let clock = ManualClock::new(T0);
-    let limiter = Limiter::builder(store.clone(), quota)
+    // The breakers run on the store handle's clock, the fallback on the
+    // limiter's: both the manual one.
+    let handle = Store::builder(Arc::clone(&store))
         .clock(clock.clone())
         .timeout(BUDGET)
+        .build();
+    let limiter = Limiter::builder(handle, quota)
+        .clock(clock.clone())
         .fallback(FailClosed::new())
         .build();
     (store, limiter, clock)
@@ -463,7 +476,10 @@ async fn readonly_and_moved_are_unavailable_and_not_applied() {
     let key = WindowKey::for_subject("replica");
     let store = RedisStore::from_url(&replica.url()).unwrap();
     let error = store
-        .check(CheckRequest::new(&key, &policy, 1))
+        .check(
+            &mut Guard::bare(),
+            CheckRequest::new(&key, &policy, Cost::ONE),
+        )
         .await
         .unwrap_err();
     eprintln!("replica: {error}");
@@ -497,7 +513,10 @@ async fn readonly_and_moved_are_unavailable_and_not_applied() {
         .unwrap()
         .prefix(prefix);
     let error = store
-        .check(CheckRequest::new(&key, &policy, 1))
+        .check(
+            &mut Guard::bare(),
+            CheckRequest::new(&key, &policy, Cost::ONE),
+        )
         .await
         .unwrap_err();
     eprintln!("wrong node: {error}");

@@ -35,7 +35,9 @@ use std::time::{Duration, Instant};
 
 use tower_window::fallback::FailClosed;
 use tower_window::store::redis::redis_key;
-use tower_window::{DecisionSource, FallbackReason, Limiter, Policy, Quota, RedisStore, WindowKey};
+use tower_window::{
+    DecisionSource, FallbackReason, Limiter, Policy, Quota, RedisStore, Store, WindowKey,
+};
 use tower_window_tests::fault_load::{Load, Record, Run, Target};
 use tower_window_tests::redis_cluster::{key_slot, RedisCluster};
 use tower_window_tests::redis_server::RedisServer;
@@ -91,9 +93,8 @@ fn limit_of(policy: &Policy) -> u32 {
 /// keys that are out of quota (a promoted replica that forgot admissions
 /// would admit them again: the bound check sees it).
 fn node(store: RedisStore, index: usize) -> Limiter {
-    let builder = Limiter::builder(store, free_policy())
-        .timeout(BUDGET)
-        .fallback(FailClosed::new());
+    let store = Store::builder(store).timeout(BUDGET).build();
+    let builder = Limiter::builder(store, free_policy()).fallback(FailClosed::new());
     if index == 1 {
         builder.local_capacity(0).build()
     } else {

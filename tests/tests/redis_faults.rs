@@ -23,7 +23,7 @@ use tempfile::TempDir;
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::{
     BreakerConfig, BreakerState, Decision, DecisionSource, FallbackReason, Limiter, ManualClock,
-    Quota, RedisStore, WindowKey,
+    Quota, RedisStore, Store, WindowKey,
 };
 use tower_window_tests::fault_proxy::{FaultProxy, Mode};
 
@@ -207,7 +207,9 @@ fn node(url: &str, clock: &ManualClock, policy: Policy, prefix: &str) -> Limiter
         .unwrap()
         .prefix(prefix)
         .connect_timeout(Duration::from_millis(500));
-    let builder = Limiter::builder(store, quota())
+    // The breaker runs on the store handle's clock, the fallback on the
+    // limiter's: both the manual one.
+    let store = Store::builder(store)
         .clock(clock.clone())
         .timeout(BUDGET)
         .breaker(
@@ -215,7 +217,9 @@ fn node(url: &str, clock: &ManualClock, policy: Policy, prefix: &str) -> Limiter
                 .consecutive_failures(TRIP)
                 .without_failure_ratio()
                 .cooldown(COOLDOWN),
-        );
+        )
+        .build();
+    let builder = Limiter::builder(store, quota()).clock(clock.clone());
     match policy {
         Policy::FailOpen => builder.fallback(FailOpen).build(),
         Policy::FailClosed => builder.fallback(FailClosed::default()).build(),
@@ -241,7 +245,7 @@ async fn timed_check(limiter: &Limiter, key: &WindowKey) -> Decision {
     assert!(
         elapsed <= BUDGET + SLACK,
         "a decision took {elapsed:?} ({:?})",
-        decision.source
+        decision.source()
     );
     decision
 }
@@ -250,10 +254,10 @@ async fn timed_check(limiter: &Limiter, key: &WindowKey) -> Decision {
 fn assert_policy(policy: Policy, d: &Decision) {
     assert!(d.is_degraded(), "{d:?}");
     match policy {
-        Policy::FailOpen => assert!(d.allowed),
+        Policy::FailOpen => assert!(d.allowed()),
         Policy::FailClosed => {
-            assert!(!d.allowed);
-            assert!(d.retry_after.is_some());
+            assert!(!d.allowed());
+            assert!(d.retry_after().is_some());
         }
         Policy::LocalWindow(_) => {}
     }
@@ -273,8 +277,8 @@ where
 
     for _ in 0..3 {
         let d = check(&limiter, &key).await;
-        assert_eq!(d.source, DecisionSource::Store);
-        assert!(d.allowed);
+        assert_eq!(d.source(), DecisionSource::Store);
+        assert!(d.allowed());
     }
 
     fault(&proxy);
@@ -283,7 +287,7 @@ where
         let d = timed_check(&limiter, &key).await;
         assert_policy(policy, &d);
         assert_ne!(
-            d.source,
+            d.source(),
             DecisionSource::Fallback(FallbackReason::CircuitOpen)
         );
         degraded.push(d);
@@ -296,7 +300,7 @@ where
         let d = timed_check(&limiter, &key).await;
         assert_policy(policy, &d);
         assert_eq!(
-            d.source,
+            d.source(),
             DecisionSource::Fallback(FallbackReason::CircuitOpen)
         );
         degraded.push(d);
@@ -304,7 +308,7 @@ where
     assert!(proxy.stats().is_untouched(), "{:?}", proxy.stats());
     if let Policy::LocalWindow(share) = policy {
         // One node, one window of the limiter's clock.
-        let admitted = degraded.iter().filter(|d| d.allowed).count();
+        let admitted = degraded.iter().filter(|d| d.allowed()).count();
         let bound = (share * f64::from(quota().limit())).ceil() as usize;
         assert_eq!(admitted, bound, "local window admissions");
     }
@@ -321,20 +325,20 @@ where
     let d = loop {
         clock.advance(COOLDOWN);
         let d = check(&limiter, &key).await;
-        if d.source == DecisionSource::Store || failed_probes == 4 {
+        if d.source() == DecisionSource::Store || failed_probes == 4 {
             break d;
         }
         failed_probes += 1;
     };
     assert_eq!(
-        d.source,
+        d.source(),
         DecisionSource::Store,
         "a probe after recovery ({failed_probes} failed first)"
     );
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
     assert!(proxy.stats().bytes_from_clients > 0);
     for _ in 0..3 {
-        assert_eq!(check(&limiter, &key).await.source, DecisionSource::Store);
+        assert_eq!(check(&limiter, &key).await.source(), DecisionSource::Store);
     }
 }
 
@@ -387,14 +391,14 @@ async fn latency_within_and_beyond_the_budget() {
     let clock = ManualClock::new(T0);
     let limiter = node(&proxy.redis_url(), &clock, Policy::FailOpen, "latency:");
     let key = WindowKey::for_subject("latency");
-    assert_eq!(check(&limiter, &key).await.source, DecisionSource::Store);
+    assert_eq!(check(&limiter, &key).await.source(), DecisionSource::Store);
     // A few ms each way: well inside the budget.
     proxy.set_mode(Mode::Latency {
         base: Duration::from_millis(5),
         jitter: Duration::from_millis(5),
     });
     for _ in 0..5 {
-        assert_eq!(check(&limiter, &key).await.source, DecisionSource::Store);
+        assert_eq!(check(&limiter, &key).await.source(), DecisionSource::Store);
     }
     // Slower than the budget: timeouts, then the breaker opens.
     proxy.set_mode(Mode::Latency {
@@ -403,8 +407,11 @@ async fn latency_within_and_beyond_the_budget() {
     });
     for _ in 0..TRIP {
         let d = timed_check(&limiter, &key).await;
-        assert_eq!(d.source, DecisionSource::Fallback(FallbackReason::Timeout));
-        assert!(d.allowed);
+        assert_eq!(
+            d.source(),
+            DecisionSource::Fallback(FallbackReason::Timeout)
+        );
+        assert!(d.allowed());
     }
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
 }
@@ -418,7 +425,7 @@ async fn kill_9_and_restart_on_the_same_port_per_policy() {
         let limiter = node(&proxy.redis_url(), &clock, policy, "restart:");
         let key = WindowKey::for_subject(format!("restart-{policy:?}"));
         for _ in 0..3 {
-            assert_eq!(check(&limiter, &key).await.source, DecisionSource::Store);
+            assert_eq!(check(&limiter, &key).await.source(), DecisionSource::Store);
         }
 
         redis.kill9();
@@ -433,7 +440,7 @@ async fn kill_9_and_restart_on_the_same_port_per_policy() {
         for _ in 0..20 {
             let d = timed_check(&limiter, &key).await;
             assert_eq!(
-                d.source,
+                d.source(),
                 DecisionSource::Fallback(FallbackReason::CircuitOpen)
             );
         }
@@ -443,8 +450,12 @@ async fn kill_9_and_restart_on_the_same_port_per_policy() {
         redis.restart();
         clock.advance(COOLDOWN);
         let d = check(&limiter, &key).await;
-        assert_eq!(d.source, DecisionSource::Store, "first probe after restart");
-        assert!(d.allowed);
+        assert_eq!(
+            d.source(),
+            DecisionSource::Store,
+            "first probe after restart"
+        );
+        assert!(d.allowed());
         assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
     }
 }
@@ -456,17 +467,20 @@ async fn sigstop_and_sigcont() {
     // No proxy: the process itself freezes (the kernel still accepts).
     let limiter = node(&redis.url(), &clock, Policy::FailClosed, "stop:");
     let key = WindowKey::for_subject("stop");
-    assert_eq!(check(&limiter, &key).await.source, DecisionSource::Store);
+    assert_eq!(check(&limiter, &key).await.source(), DecisionSource::Store);
     redis.signal("-STOP");
     for _ in 0..TRIP {
         let d = timed_check(&limiter, &key).await;
-        assert_eq!(d.source, DecisionSource::Fallback(FallbackReason::Timeout));
-        assert!(!d.allowed);
+        assert_eq!(
+            d.source(),
+            DecisionSource::Fallback(FallbackReason::Timeout)
+        );
+        assert!(!d.allowed());
     }
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
     redis.signal("-CONT");
     clock.advance(COOLDOWN);
-    assert_eq!(check(&limiter, &key).await.source, DecisionSource::Store);
+    assert_eq!(check(&limiter, &key).await.source(), DecisionSource::Store);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -475,7 +489,7 @@ async fn debug_sleep_and_client_pause_are_bounded() {
     let clock = ManualClock::new(T0);
     let limiter = node(&redis.url(), &clock, Policy::FailOpen, "sleep:");
     let key = WindowKey::for_subject("sleep");
-    assert_eq!(check(&limiter, &key).await.source, DecisionSource::Store);
+    assert_eq!(check(&limiter, &key).await.source(), DecisionSource::Store);
 
     // DEBUG SLEEP blocks the server for far longer than the budget. No head
     // start is assumed: probe until a decision meets the sleeping server
@@ -495,7 +509,7 @@ async fn debug_sleep_and_client_pause_are_bounded() {
         assert!(probes <= 1_000, "DEBUG SLEEP never took hold");
         let start = Instant::now();
         let d = check(&limiter, &key).await;
-        if d.source == DecisionSource::Store {
+        if d.source() == DecisionSource::Store {
             tokio::time::sleep(Duration::from_millis(5)).await;
             continue;
         }
@@ -506,19 +520,25 @@ async fn debug_sleep_and_client_pause_are_bounded() {
         );
         break d;
     };
-    assert_eq!(d.source, DecisionSource::Fallback(FallbackReason::Timeout));
-    assert!(d.allowed);
+    assert_eq!(
+        d.source(),
+        DecisionSource::Fallback(FallbackReason::Timeout)
+    );
+    assert!(d.allowed());
     tokio::task::spawn_blocking(move || sleeper.join().unwrap())
         .await
         .unwrap();
     // The late reply is discarded; the connection stays usable.
-    assert_eq!(check(&limiter, &key).await.source, DecisionSource::Store);
+    assert_eq!(check(&limiter, &key).await.source(), DecisionSource::Store);
 
     // CLIENT PAUSE is in effect once it returns (and lasts far longer than
     // the budget); a PING returns when it ends.
     redis.cmd(&["CLIENT", "PAUSE", "3000", "ALL"]);
     let d = timed_check(&limiter, &key).await;
-    assert_eq!(d.source, DecisionSource::Fallback(FallbackReason::Timeout));
+    assert_eq!(
+        d.source(),
+        DecisionSource::Fallback(FallbackReason::Timeout)
+    );
     let url = redis.url();
     tokio::task::spawn_blocking(move || {
         let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
@@ -526,7 +546,7 @@ async fn debug_sleep_and_client_pause_are_bounded() {
     })
     .await
     .unwrap();
-    assert_eq!(check(&limiter, &key).await.source, DecisionSource::Store);
+    assert_eq!(check(&limiter, &key).await.source(), DecisionSource::Store);
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
 }
 
@@ -536,22 +556,22 @@ async fn out_of_memory_is_an_unavailable_fallback() {
     let clock = ManualClock::new(T0);
     let limiter = node(&redis.url(), &clock, Policy::FailClosed, "oom:");
     let key = WindowKey::for_subject("oom");
-    assert_eq!(check(&limiter, &key).await.source, DecisionSource::Store);
+    assert_eq!(check(&limiter, &key).await.source(), DecisionSource::Store);
     let filler = "x".repeat(2 << 20);
     redis.cmd(&["SET", "filler", &filler]);
     redis.cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
     redis.cmd(&["CONFIG", "SET", "maxmemory", "1mb"]);
     let d = timed_check(&limiter, &WindowKey::for_subject("oom-new")).await;
-    assert!(!d.allowed);
+    assert!(!d.allowed());
     // Redis out of memory is the store's health (Unavailable, counted by
     // the breaker), not our own overload.
     assert_eq!(
-        d.source,
+        d.source(),
         DecisionSource::Fallback(FallbackReason::Unavailable)
     );
     redis.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
     let d = check(&limiter, &WindowKey::for_subject("oom-new")).await;
-    assert_eq!(d.source, DecisionSource::Store);
+    assert_eq!(d.source(), DecisionSource::Store);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -561,9 +581,12 @@ async fn a_denied_hot_key_costs_redis_one_call_per_node_per_retry_period() {
     let nodes: Vec<Limiter> = (0..3)
         .map(|_| {
             let store = RedisStore::from_url(&redis.url()).unwrap().prefix("hot:");
-            Limiter::builder(store, "5/1m".parse::<Quota>().unwrap())
+            let store = Store::builder(store)
                 .clock(clock.clone())
                 .timeout(Duration::from_secs(2))
+                .build();
+            Limiter::builder(store, "5/1m".parse::<Quota>().unwrap())
+                .clock(clock.clone())
                 .build()
         })
         .collect();
@@ -578,7 +601,7 @@ async fn a_denied_hot_key_costs_redis_one_call_per_node_per_retry_period() {
     let mut admitted = 0;
     for _ in 0..300 {
         for node in &nodes {
-            admitted += u32::from(node.check(&key, 1).await.unwrap().allowed);
+            admitted += u32::from(node.check(&key, 1).await.unwrap().allowed());
         }
     }
     assert_eq!(admitted, 5);
@@ -602,16 +625,19 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
         let store = RedisStore::from_url(&proxy.redis_url())
             .unwrap()
             .prefix("bound:");
+        let store = Store::builder(store)
+            .clock(clock.clone())
+            .timeout(BUDGET)
+            .breaker(
+                BreakerConfig::default()
+                    .consecutive_failures(TRIP)
+                    .cooldown(COOLDOWN),
+            )
+            .build();
         nodes.push(
             Limiter::builder(store, quota.clone())
                 .clock(clock.clone())
-                .timeout(BUDGET)
                 .local_capacity(0)
-                .breaker(
-                    BreakerConfig::default()
-                        .consecutive_failures(TRIP)
-                        .cooldown(COOLDOWN),
-                )
                 .fallback(LocalWindow::per_node(
                     std::num::NonZeroU32::new(NODES as u32).unwrap(),
                 ))
@@ -644,7 +670,7 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
         });
         for (node, task) in checks.collect::<Vec<_>>().into_iter().enumerate() {
             let d = task.await.unwrap();
-            match (d.allowed, d.source) {
+            match (d.allowed(), d.source()) {
                 (true, DecisionSource::Store) => store_admitted += 1,
                 (true, DecisionSource::Fallback(_)) => local_admitted[node] += 1,
                 _ => {}
@@ -656,7 +682,7 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
                 1 => !(5..25).contains(&round),
                 _ => !(10..25).contains(&round),
             };
-            if healthy && d.source == DecisionSource::Fallback(FallbackReason::Timeout) {
+            if healthy && d.source() == DecisionSource::Fallback(FallbackReason::Timeout) {
                 healthy_timeouts += 1;
             }
         }
@@ -712,11 +738,11 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
     // Redis says so.
     assert_eq!(recorded, LIMIT, "units in the log");
     let direct = Limiter::new(
-        RedisStore::from_url(&redis.url()).unwrap().prefix("bound:"),
+        Store::bare(RedisStore::from_url(&redis.url()).unwrap().prefix("bound:")),
         quota,
     );
     let d = direct.check(&key, 1).await.unwrap();
-    assert!(!d.allowed && d.remaining == 0, "{d:?}");
+    assert!(!d.allowed() && d.remaining() == 0, "{d:?}");
 }
 
 // A killed cluster primary: tests/redis_primary_loss.rs.

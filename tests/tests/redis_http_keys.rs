@@ -17,7 +17,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_window::key::{Header, DEFAULT_MAX_LEN};
 use tower_window::{
-    KeyExtractorExt, Limiter, Policy, Quota, RedisStore, Scope, SlidingWindowLayer,
+    KeyExtractorExt, Limiter, Policy, Quota, RedisStore, Scope, SlidingWindowLayer, Store,
 };
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::RedisServer;
@@ -68,11 +68,11 @@ fn hostile_pairs() -> Vec<Pair> {
 }
 
 fn limiter(store: Arc<RedisStore>, policy: impl Into<Policy>) -> Limiter {
-    Limiter::builder(store, policy)
-        .local_capacity(0)
-        // Generous: this test is about keys, not budgets.
+    // Generous: this test is about keys, not budgets.
+    let store = Store::builder(store)
         .timeout(Duration::from_secs(10))
-        .build()
+        .build();
+    Limiter::builder(store, policy).local_capacity(0).build()
 }
 
 /// The layer keyed by `x-user-id` within the tenant `x-tenant-id`, over a
@@ -215,12 +215,13 @@ async fn pairs_have_separate_tenant_windows(store: RedisStore) {
 /// the same windows then admits each of those values once (and 64 KiB
 /// values, differing only in their last byte, once each), then denies them.
 async fn oversized_values(store: RedisStore) {
-    let store = Arc::new(store);
+    let store = Store::builder(store)
+        .timeout(Duration::from_secs(10))
+        .build();
     let quota = "1/1m".parse::<Quota>().unwrap().named("user").unwrap();
     let default = SlidingWindowLayer::new(
         Limiter::builder(store.clone(), quota.clone())
             .local_capacity(0)
-            .timeout(Duration::from_secs(10))
             .build(),
         Header::new("x-user-id")
             .unwrap()
@@ -236,10 +237,7 @@ async fn oversized_values(store: RedisStore) {
 
     let big = 64 * 1024;
     let roomy = SlidingWindowLayer::new(
-        Limiter::builder(store, quota)
-            .local_capacity(0)
-            .timeout(Duration::from_secs(10))
-            .build(),
+        Limiter::builder(store, quota).local_capacity(0).build(),
         Header::new("x-user-id")
             .unwrap()
             .max_len(big)

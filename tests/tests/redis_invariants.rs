@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes_like::subject;
 use tower_window::store::redis_key;
-use tower_window::{Decision, Limiter, Quota, RedisStore, WindowKey};
+use tower_window::{Decision, Limiter, Quota, RedisStore, Store, WindowKey};
 use tower_window_tests::redis_cluster::{key_slot, RedisCluster};
 use tower_window_tests::redis_server::RedisServer;
 
@@ -51,8 +51,10 @@ async fn workload(store: Arc<RedisStore>) -> Vec<Decision> {
         "5/1m fixed-window",
         "5/1m gcra(burst=3)",
     ];
+    // One bare handle (no budget or retries) for every limiter.
+    let store = Store::bare(store);
     for quota in quotas.iter().map(|q| q.parse::<Quota>().unwrap()) {
-        let limiter = Limiter::from_shared_store(store.clone(), quota);
+        let limiter = Limiter::new(store.clone(), quota);
         for i in 0..16 {
             let key = WindowKey::new(subject(i + 3), subject(i));
             for cost in [1, 2, 1, 9] {
@@ -106,8 +108,8 @@ async fn every_key_has_a_ttl() {
     let store = RedisStore::from_url(&server.url()).unwrap().prefix("ttl:");
     let store = Arc::new(store);
     let decisions = workload(store).await;
-    assert!(decisions.iter().any(|d| d.allowed));
-    assert!(decisions.iter().any(|d| !d.allowed));
+    assert!(decisions.iter().any(|d| d.allowed()));
+    assert!(decisions.iter().any(|d| !d.allowed()));
     let keys = assert_all_keys_expire(&mut server.connection(), "ttl:");
     assert!(keys >= 4 * 8, "only {keys} keys");
 }
@@ -178,7 +180,7 @@ async fn ttls_end_when_the_state_stops_mattering() {
         let quota: Quota = text.parse().unwrap();
         let prefix = format!("exact-ttl-{}-{i}:", std::process::id());
         let limiter = Limiter::new(
-            RedisStore::from_url(&server.url()).unwrap().prefix(&prefix),
+            Store::bare(RedisStore::from_url(&server.url()).unwrap().prefix(&prefix)),
             quota.clone(),
         );
         let key = WindowKey::for_subject("ttl");
@@ -193,8 +195,8 @@ async fn ttls_end_when_the_state_stops_mattering() {
             // Admissions a little apart, so the state moves on between them.
             for _ in 0..2 {
                 let d = limiter.check(&key, 1).await.unwrap();
-                assert!(d.allowed, "{quota}: {d:?}");
-                admitted.push(d.timestamp_micros);
+                assert!(d.allowed(), "{quota}: {d:?}");
+                admitted.push(d.timestamp_micros());
             }
             let needed = needed_until(&quota, &admitted);
             let (now, pttls) = time_and_pttls(&mut conn, &keys);
@@ -263,7 +265,7 @@ async fn cluster_slots_and_ttls() {
     store.connect().await.unwrap();
     let store = Arc::new(store);
     let decisions = workload(store).await; // unwraps: no CROSSSLOT or any other error
-    assert!(decisions.iter().any(|d| d.allowed));
+    assert!(decisions.iter().any(|d| d.allowed()));
     let mut total = 0;
     for node in cluster.nodes() {
         total += assert_all_keys_expire(&mut node.connection(), "slots:");
@@ -348,7 +350,8 @@ async fn flush_mid_run(limiter: Limiter, flush: impl Fn()) {
 async fn script_flush_mid_run_fails_nothing() {
     let server = RedisServer::start();
     for quota in all_quotas() {
-        let store = RedisStore::from_url(&server.url()).unwrap();
+        // Bare (no time budget): a reload after NOSCRIPT is never cut short.
+        let store = Store::bare(RedisStore::from_url(&server.url()).unwrap());
         flush_mid_run(Limiter::new(store, quota), || {
             let _: () = redis::cmd("SCRIPT")
                 .arg("FLUSH")
@@ -365,7 +368,7 @@ async fn script_flush_mid_run_fails_nothing() {
     assert!(errors.contains("errorstat_NOSCRIPT:count="), "{errors}");
     let cluster = RedisCluster::shared();
     for quota in all_quotas() {
-        let store = RedisStore::cluster(cluster.urls()).unwrap();
+        let store = Store::bare(RedisStore::cluster(cluster.urls()).unwrap());
         flush_mid_run(Limiter::new(store, quota), || {
             for node in cluster.nodes() {
                 let _: () = redis::cmd("SCRIPT")
@@ -415,14 +418,16 @@ const SCRIPT_COMMANDS: &[&str] = &[
 /// the local tier); returns how many.
 async fn decide_many(store: Arc<RedisStore>, tag: &str) -> u64 {
     let mut decisions = 0u64;
+    // One bare handle (no budget or retries) for every limiter.
+    let store = Store::bare(store);
     for quota in all_quotas() {
-        let limiter = Limiter::from_shared_store(store.clone(), quota);
+        let limiter = Limiter::new(store.clone(), quota);
         for i in 0..50 {
             let d = limiter
                 .check(&WindowKey::for_subject(format!("{tag}-{i}")), 1)
                 .await
                 .unwrap();
-            assert!(d.allowed, "{d:?}");
+            assert!(d.allowed(), "{d:?}");
             decisions += 1;
         }
         let concurrent = futures_util::future::join_all((0..64).map(|i| {
@@ -433,7 +438,7 @@ async fn decide_many(store: Arc<RedisStore>, tag: &str) -> u64 {
         .await;
         assert!(concurrent
             .iter()
-            .all(|d| d.as_ref().is_ok_and(|d| d.allowed)));
+            .all(|d| d.as_ref().is_ok_and(|d| d.allowed())));
         decisions += 64;
     }
     decisions

@@ -19,7 +19,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tower_window::store::ReserveRequest;
+use tower_window::lease::{Backend as _, ReserveRequest};
+use tower_window::store::Guard;
 use tower_window::{
     Algorithm, DecisionSource, LeaseConfig, Limiter, ManualClock, Policy, Quota, RedisStore, Store,
     WindowKey,
@@ -56,11 +57,13 @@ fn server_time(url: &str) -> u64 {
 }
 
 fn leased(store: RedisStore, quota: &Quota, config: LeaseConfig) -> Limiter {
-    Limiter::builder(store, quota.clone())
-        .leases(config)
+    let store = Store::builder(store)
         .without_timeout()
         .without_breaker()
         .unbounded_in_flight()
+        .build();
+    Limiter::builder(store, quota.clone())
+        .leases(config)
         .build()
 }
 
@@ -83,11 +86,11 @@ async fn hammer(nodes: &[Limiter], key: &WindowKey, start: u64) -> Run {
                     assert!(wall.elapsed() < HANG, "the run hung");
                     match limiter.check(&key, 1).await {
                         Ok(d) => {
-                            if d.allowed {
-                                admitted.push(d.timestamp_micros);
-                                from_leases += u64::from(d.source == DecisionSource::Lease);
+                            if d.allowed() {
+                                admitted.push(d.timestamp_micros());
+                                from_leases += u64::from(d.source() == DecisionSource::Lease);
                             }
-                            if d.timestamp_micros >= start + RUN_MICROS {
+                            if d.timestamp_micros() >= start + RUN_MICROS {
                                 break;
                             }
                         }
@@ -258,10 +261,13 @@ async fn refunds_return_every_unspent_unit() {
         };
         let nodes: Vec<Limiter> = (0..NODES)
             .map(|_| {
-                Limiter::builder(store(), quota.clone())
+                let store = Store::builder(store())
+                    .clock(clock.clone())
+                    .without_timeout()
+                    .build();
+                Limiter::builder(store, quota.clone())
                     .clock(clock.clone())
                     .leases(LeaseConfig::new(MAX_LEASE))
-                    .without_timeout()
                     .build()
             })
             .collect();
@@ -269,7 +275,7 @@ async fn refunds_return_every_unspent_unit() {
         for _ in 0..10 {
             for node in &nodes {
                 let d = node.check(&key, 1).await.unwrap();
-                assert!(d.allowed);
+                assert!(d.allowed());
                 admitted += 1;
             }
         }
@@ -284,11 +290,11 @@ async fn refunds_return_every_unspent_unit() {
         for node in &nodes {
             node.refund_leases().await;
         }
-        let probe = Limiter::new(store(), quota.clone());
+        let probe = Limiter::new(Store::bare(store()), quota.clone());
         let d = probe.check(&key, 1).await.unwrap();
-        let counted = quota.limit() - d.remaining - 1;
+        let counted = quota.limit() - d.remaining() - 1;
         if quota.algorithm() == Algorithm::Gcra {
-            // Only the latest grant can be undone (see store::lease); the
+            // Only the latest grant can be undone (see tower_window::lease); the
             // loss is at most what the other leases held.
             assert!(counted >= admitted, "{quota}: {counted} < {admitted}");
             assert!(
@@ -341,7 +347,7 @@ async fn redis_calls_per_admission_at_steady_state() {
                     tokio::spawn(async move {
                         let mut admitted = 0u64;
                         for _ in 0..checks {
-                            admitted += u64::from(limiter.check(&key, 1).await.unwrap().allowed);
+                            admitted += u64::from(limiter.check(&key, 1).await.unwrap().allowed());
                         }
                         admitted
                     })
@@ -400,13 +406,10 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
             .unwrap()
             .prefix("lease-dead:");
         let lease = dead
-            .reserve(ReserveRequest::new(
-                &key,
-                &policy,
-                10,
-                1,
-                Duration::from_millis(*ttl),
-            ))
+            .reserve(
+                &mut Guard::bare(),
+                ReserveRequest::new(&key, &policy, 10, 1, Duration::from_millis(*ttl)),
+            )
             .await
             .unwrap()
             .lease
@@ -416,21 +419,22 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
         // Without the local tier of denials: it would repeat the denial
         // until the local clock's "now + retry_after", a round trip later
         // than the store's deadline.
-        let other = Limiter::builder(
+        let other = Store::builder(
             RedisStore::from_url(&server.url())
                 .unwrap()
                 .prefix("lease-dead:"),
-            quota.clone(),
         )
-        .leases(LeaseConfig::new(4))
-        .local_capacity(0)
         .without_timeout()
         .without_breaker()
         .build();
+        let other = Limiter::builder(other, quota.clone())
+            .leases(LeaseConfig::new(4))
+            .local_capacity(0)
+            .build();
         let mut admitted = 0;
         let denial = loop {
             let d = other.check(&key, 1).await.unwrap();
-            if !d.allowed {
+            if !d.allowed() {
                 break d;
             }
             admitted += 1;
@@ -441,13 +445,13 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
             "{quota}: the dead node's 10 units were used twice"
         );
         // Told to come back no later than the dead node's lease deadline.
-        let retry = denial.retry_after.expect("a wait");
+        let retry = denial.retry_after().expect("a wait");
         assert!(
-            denial.timestamp_micros + retry.as_micros() as u64 <= lease.deadline_micros,
+            denial.timestamp_micros() + retry.as_micros() as u64 <= lease.deadline_micros,
             "{quota}: retry after {retry:?}, beyond the lease deadline"
         );
         // The units count until the algorithm frees an admission made at
-        // the deadline (see tower_window::store::lease): for the fixed
+        // the deadline (see tower_window::lease): for the fixed
         // window the deadline is the window's end, so they are free at the
         // deadline itself; the sliding log dates them at the deadline and
         // frees them W later (earlier would over-admit if the node had
@@ -461,7 +465,7 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
         };
         wait_for_server_time(&server.url(), free_at).await;
         let mut again = 0;
-        while other.check(&key, 1).await.unwrap().allowed {
+        while other.check(&key, 1).await.unwrap().allowed() {
             again += 1;
             assert!(again <= 200, "a bound on the loop");
         }
@@ -480,15 +484,17 @@ async fn during_an_outage_held_leases_are_spent_then_the_fallback_decides() {
     let store = RedisStore::from_url(&server.url())
         .unwrap()
         .prefix("lease-outage:");
+    let store = Store::builder(store)
+        .timeout(Duration::from_secs(1))
+        .build();
     let limiter = Limiter::builder(store, quota.clone())
         .leases(LeaseConfig::new(8).ttl(Duration::from_secs(30)))
-        .timeout(Duration::from_secs(1))
         .fallback(tower_window::fallback::FailClosed::new())
         .build();
     let key = WindowKey::for_subject("outage");
     // Leases of 1, 2, 4, 8: after 8 checks the last lease holds 7 units.
     for _ in 0..8 {
-        assert!(limiter.check(&key, 1).await.unwrap().allowed);
+        assert!(limiter.check(&key, 1).await.unwrap().allowed());
     }
     let stats = limiter.lease_stats().unwrap();
     let held = stats.granted - stats.spent;
@@ -496,19 +502,19 @@ async fn during_an_outage_held_leases_are_spent_then_the_fallback_decides() {
     server.stop();
     for _ in 0..held {
         let d = limiter.check(&key, 1).await.unwrap();
-        assert!(d.allowed);
+        assert!(d.allowed());
         assert_eq!(
-            d.source,
+            d.source(),
             DecisionSource::Lease,
             "held units are spent during the outage"
         );
     }
     // Nothing beyond them but the fallback's own decision, which says so.
     let d = limiter.check(&key, 1).await.unwrap();
-    assert!(!d.allowed);
+    assert!(!d.allowed());
     assert!(
-        matches!(d.source, DecisionSource::Fallback(_)),
+        matches!(d.source(), DecisionSource::Fallback(_)),
         "{:?}",
-        d.source
+        d.source()
     );
 }

@@ -20,7 +20,7 @@ use tower_window::fallback::FailOpen;
 use tower_window::key::Header;
 use tower_window::{
     BreakerConfig, KeyExtractorExt, Limiter, Quota, RedisStore, RetryConfig, SlidingWindowLayer,
-    WindowKey,
+    Store, WindowKey,
 };
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::RedisServer;
@@ -151,10 +151,11 @@ fn quota(policy: &str) -> Quota {
 async fn drive(store: RedisStore, policy: &str, budget: Duration) -> Vec<(Level, String)> {
     lines();
     let store = Arc::new(store);
-    let strict = Limiter::builder(store.clone(), quota(policy))
+    let strict = Store::builder(store.clone())
         .timeout(budget)
         .retry(RetryConfig::default().max_retries(1))
         .build();
+    let strict = Limiter::new(strict, quota(policy));
     let service = SlidingWindowLayer::new(
         strict.clone(),
         Header::new("x-user-id")
@@ -181,9 +182,11 @@ async fn drive(store: RedisStore, policy: &str, budget: Duration) -> Vec<(Level,
     let key = WindowKey::new(TENANT, SUBJECT);
     assert!(strict.check(&key, 1).await.is_err(), "{policy}");
 
-    let open = Limiter::builder(store, quota(policy))
+    let open = Store::builder(store)
         .timeout(budget)
         .breaker(BreakerConfig::default().consecutive_failures(1))
+        .build();
+    let open = Limiter::builder(open, quota(policy))
         .fallback(FailOpen::new())
         .build();
     for _ in 0..3 {

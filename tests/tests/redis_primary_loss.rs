@@ -111,21 +111,27 @@ async fn a_killed_primary_opens_one_breaker_and_recovers() {
     store.connect().await.unwrap();
     let mut domain_ports: BTreeMap<u16, BTreeSet<u16>> = BTreeMap::new();
     for key in &users {
-        let domain = store.failure_domain(key, &policy).expect("a known primary");
+        let domain = tower_window::limit::Backend::failure_domain(&*store, key, &policy)
+            .expect("a known primary");
         domain_ports.entry(domain).or_default().insert(port_of[key]);
     }
     assert_eq!(domain_ports.len(), 3, "one failure domain per primary");
     assert!(domain_ports.values().all(|ports| ports.len() == 1));
 
     let clock = ManualClock::new(T0);
-    let limiter = Limiter::builder(store, quota)
+    // The breakers run on the store handle's clock, the fallback on the
+    // limiter's: both the manual one.
+    let store = Store::builder(store)
         .clock(clock.clone())
         .timeout(BUDGET)
+        .build();
+    let limiter = Limiter::builder(store, quota)
+        .clock(clock.clone())
         .fallback(FailClosed::new())
         .build();
     for key in users.iter().take(30) {
         let d = limiter.check(key, 1).await.unwrap();
-        assert_eq!(d.source, DecisionSource::Store);
+        assert_eq!(d.source(), DecisionSource::Store);
     }
 
     // kill -9 the victim (its pid from INFO server).
@@ -148,15 +154,15 @@ async fn a_killed_primary_opens_one_breaker_and_recovers() {
     for key in &users {
         let d = limiter.check(key, 1).await.unwrap();
         if port_of[key] == victim {
-            assert!(!d.allowed, "fail-closed: {d:?}");
-            match d.source {
+            assert!(!d.allowed(), "fail-closed: {d:?}");
+            match d.source() {
                 DecisionSource::Fallback(FallbackReason::CircuitOpen) => shed += 1,
                 DecisionSource::Fallback(_) => paid += 1,
                 other => panic!("a dead primary's key decided by {other}"),
             }
         } else {
-            assert_eq!(d.source, DecisionSource::Store, "a live primary's key");
-            assert!(d.allowed);
+            assert_eq!(d.source(), DecisionSource::Store, "a live primary's key");
+            assert!(d.allowed());
             live_on_redis += 1;
         }
     }
@@ -183,7 +189,7 @@ async fn a_killed_primary_opens_one_breaker_and_recovers() {
     for _ in 0..50 {
         clock.advance(COOLDOWN + Duration::from_secs(1));
         let d = limiter.check(dead[0], 1).await.unwrap();
-        if d.source == DecisionSource::Store {
+        if d.source() == DecisionSource::Store {
             recovered = true;
             break;
         }
@@ -200,7 +206,7 @@ async fn a_killed_primary_opens_one_breaker_and_recovers() {
     assert_eq!(limiter.open_breakers(), 0);
     for key in dead.iter().take(20) {
         assert_eq!(
-            limiter.check(key, 1).await.unwrap().source,
+            limiter.check(key, 1).await.unwrap().source(),
             DecisionSource::Store
         );
     }

@@ -3,7 +3,9 @@
 //! buckets that expired, and every key it writes keeps a TTL.
 #![allow(clippy::unwrap_used)]
 
-use tower_window::{CheckRequest, ManualClock, MemoryStore, Policy, Quota, RedisStore, Store};
+use tower_window::limit::Backend as _;
+use tower_window::store::Guard;
+use tower_window::{CheckRequest, Cost, ManualClock, MemoryStore, Policy, Quota, RedisStore};
 use tower_window::{Decision, WindowKey};
 use tower_window_tests::redis_server::RedisServer;
 
@@ -29,11 +31,10 @@ async fn both(
     policy: &Policy,
     cost: u32,
 ) -> (Decision, Decision) {
-    let request = CheckRequest::new(key, policy, cost);
-    (
-        redis.check(request).await.unwrap(),
-        memory.check(request).await.unwrap(),
-    )
+    let request = CheckRequest::new(key, policy, Cost::new(cost).unwrap());
+    let from_redis = redis.check(&mut Guard::bare(), request).await.unwrap();
+    let from_memory = memory.check(&mut Guard::bare(), request).await.unwrap();
+    (from_redis, from_memory)
 }
 
 fn key_of(prefix: &str, key: &WindowKey, policy: &Policy) -> Vec<u8> {
@@ -66,7 +67,7 @@ async fn the_sliding_log_survives_losing_its_companion() {
         let cost = 1 + (step % 3) as u32;
         let (got, want) = both(&redis, &memory, &key, &policy, cost).await;
         assert_eq!(got, want, "step {step}, cost {cost}");
-        admitted += u32::from(got.allowed);
+        admitted += u32::from(got.allowed());
         let ttl: i64 = redis::cmd("PTTL").arg(&meta).query(&mut conn).unwrap();
         assert!(ttl > 0 || ttl == -2, "step {step}: companion TTL {ttl}");
         let ttl: i64 = redis::cmd("PTTL").arg(&log).query(&mut conn).unwrap();
@@ -101,7 +102,7 @@ async fn the_sliding_counter_touches_only_expired_buckets() {
         clock.set(START + step * 400_000);
         let (got, want) = both(&redis, &memory, &key, &policy, 1 + (step % 2) as u32).await;
         assert_eq!(got, want, "step {step}");
-        admitted += u32::from(got.allowed);
+        admitted += u32::from(got.allowed());
         let len: usize = redis::cmd("HLEN").arg(&hash).query(&mut conn).unwrap();
         assert!(len <= 61 + 3, "step {step}: {len} fields");
         let ttl: i64 = redis::cmd("PTTL").arg(&hash).query(&mut conn).unwrap();
@@ -137,9 +138,12 @@ async fn an_old_sliding_counter_hash_keeps_counting() {
         .query(&mut server.connection())
         .unwrap();
     let d = redis
-        .check(CheckRequest::new(&key, &policy, 1))
+        .check(
+            &mut Guard::bare(),
+            CheckRequest::new(&key, &policy, Cost::ONE),
+        )
         .await
         .unwrap();
-    assert!(d.allowed);
-    assert_eq!(d.remaining, 1);
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 1);
 }

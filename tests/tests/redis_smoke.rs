@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tower_window::{Limiter, ManualClock, Quota, RedisStore, StoreErrorKind, WindowKey};
+use tower_window::{Limiter, ManualClock, Quota, RedisStore, Store, StoreErrorKind, WindowKey};
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::RedisServer;
 
@@ -11,7 +11,8 @@ const T0: u64 = 1_700_000_000_000_000;
 
 async fn exercise(store: RedisStore) {
     let clock = ManualClock::new(T0);
-    let store = std::sync::Arc::new(store.clock(clock.clone()));
+    // One bare handle (no time budget) shared by every limiter.
+    let store = Store::bare(store.clock(clock.clone()));
     for (text, admitted) in [
         ("3/1m", 3),
         ("3/1m sliding-counter(10s)", 3),
@@ -19,20 +20,20 @@ async fn exercise(store: RedisStore) {
         ("3/1m gcra", 3),
     ] {
         let quota: Quota = text.parse().unwrap();
-        let limiter = Limiter::from_shared_store(store.clone(), quota);
+        let limiter = Limiter::new(store.clone(), quota);
         let key = WindowKey::for_subject(format!("smoke-{text}"));
         let mut allowed = 0;
         for _ in 0..5 {
             let d = limiter.check(&key, 1).await.unwrap();
-            assert_eq!(d.timestamp_micros, T0);
-            allowed += u32::from(d.allowed);
+            assert_eq!(d.timestamp_micros(), T0);
+            allowed += u32::from(d.allowed());
         }
         assert_eq!(allowed, admitted, "{text}");
         let d = limiter.check(&key, 1).await.unwrap();
-        assert!(!d.allowed);
-        assert!(d.retry_after.unwrap() > Duration::ZERO, "{text}: {d:?}");
+        assert!(!d.allowed());
+        assert!(d.retry_after().unwrap() > Duration::ZERO, "{text}: {d:?}");
         let never = limiter.check(&key, 4).await.unwrap();
-        assert_eq!(never.retry_after, None, "{text}");
+        assert_eq!(never.retry_after(), None, "{text}");
     }
 }
 
@@ -53,7 +54,8 @@ async fn server_time_is_used_without_a_clock() {
     let store = RedisStore::from_url(&server.url())
         .unwrap()
         .prefix("smoke-time:");
-    let limiter = Limiter::new(store, "2/1m".parse::<Quota>().unwrap());
+    // Bare: the first call connects, which no time budget should decide.
+    let limiter = Limiter::new(Store::bare(store), "2/1m".parse::<Quota>().unwrap());
     let d = limiter
         .check(&WindowKey::for_subject("x"), 1)
         .await
@@ -62,7 +64,7 @@ async fn server_time_is_used_without_a_clock() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_micros() as u64;
-    assert!(d.timestamp_micros.abs_diff(local) < 5_000_000, "{d:?}");
+    assert!(d.timestamp_micros().abs_diff(local) < 5_000_000, "{d:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tower_window::tenant::{
     ControlConfig, Resolution, TenantRegistry, TenantSource, TenantSpec, TenantsConfig,
 };
-use tower_window::{Limiter, Policy, RedisStore, WindowKey};
+use tower_window::{Limiter, Policy, RedisStore, Store, WindowKey};
 use tower_window_tests::fault_proxy::{FaultProxy, Mode};
 use tower_window_tests::redis_server::RedisServer;
 
@@ -71,7 +71,7 @@ impl Node {
             .check_policy(&key, &policy, 1)
             .await
             .unwrap()
-            .allowed
+            .allowed()
     }
 }
 
@@ -267,7 +267,7 @@ async fn policies_stay_atomic_and_bounded_across_two_nodes() {
                 .peek_policy(&key, &a.policy(tenant), 1)
                 .await
                 .unwrap();
-            d.quotas().iter().map(|q| q.remaining).collect::<Vec<_>>()
+            d.quotas().iter().map(|q| q.remaining()).collect::<Vec<_>>()
         }
     };
     assert_eq!(flood("burst-binds", 1, 20).await, 3);
@@ -357,7 +357,7 @@ fn tenants_are_isolated_whatever_their_names() {
     let prefix = prefix("isolation");
     let store = Arc::new(RedisStore::from_url(&redis.url()).unwrap().prefix(&prefix));
     let limiter = Limiter::new(
-        Arc::clone(&store),
+        Store::bare(Arc::clone(&store)),
         "1/1m".parse::<tower_window::Quota>().unwrap(),
     );
     let name = proptest::collection::vec(
@@ -417,7 +417,7 @@ fn tenants_are_isolated_whatever_their_names() {
                             .check_policy(&key, &policy, 1)
                             .await
                             .unwrap()
-                            .allowed
+                            .allowed()
                     }
                 };
                 let mut seen = Vec::new();

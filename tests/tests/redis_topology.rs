@@ -1,12 +1,14 @@
-//! The cluster topology (hash slot → failure domain) loaded from a live
-//! 3-primary cluster agrees with the cluster's own `CLUSTER KEYSLOT` and
-//! `CLUSTER NODES`.
+//! The cluster topology (hash slot → failure domain) a `RedisStore` loads
+//! from a live 3-primary cluster agrees with the cluster's own
+//! `CLUSTER NODES`: one failure domain per primary.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{HashMap, HashSet};
 
-use tower_window::store::redis::__test_support::cluster_domains;
-use tower_window_tests::redis_cluster::RedisCluster;
+use tower_window::limit::Backend;
+use tower_window::store::redis::{redis_key, DEFAULT_PREFIX};
+use tower_window::{Policy, Quota, RedisStore, WindowKey};
+use tower_window_tests::redis_cluster::{key_slot, RedisCluster};
 
 /// The `host:port` of the primary serving each slot, from `CLUSTER NODES`.
 fn owners(cluster: &RedisCluster) -> HashMap<u16, String> {
@@ -38,32 +40,25 @@ fn owners(cluster: &RedisCluster) -> HashMap<u16, String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn domains_follow_the_primaries() {
     let cluster = RedisCluster::shared();
-    let keys: Vec<String> = (0..64).map(|i| format!("topology-{i}")).collect();
-    let mut conn = cluster.nodes()[0].connection();
-    let slots: Vec<u16> = keys
-        .iter()
-        .map(|key| {
-            redis::cmd("CLUSTER")
-                .arg("KEYSLOT")
-                .arg(key)
-                .query(&mut conn)
-                .unwrap()
-        })
-        .chain([0, 5460, 5461, 10922, 10923, 16383])
+    let policy = Policy::from("10/1s".parse::<Quota>().unwrap());
+    let store = RedisStore::cluster(cluster.urls()).unwrap();
+    // Connecting loads the slot map.
+    store.connect().await.unwrap();
+    let keys: Vec<WindowKey> = (0..256)
+        .map(|i| WindowKey::for_subject(format!("topology-{i}")))
         .collect();
     let owners = owners(&cluster);
     assert_eq!(owners.len(), 16_384, "every slot is served");
-
-    let (domains, count) = cluster_domains(&cluster.urls(), &slots).await.unwrap();
-    assert_eq!(count, 3, "one domain per primary");
 
     // The same primary always has the same domain, and different primaries
     // have different ones.
     let mut by_owner: HashMap<&str, u16> = HashMap::new();
     let mut seen = HashSet::new();
-    for (slot, domain) in slots.iter().zip(&domains) {
-        let domain = domain.unwrap_or_else(|| panic!("slot {slot} has no domain"));
-        let owner = owners[slot].as_str();
+    for key in &keys {
+        let slot = key_slot(&redis_key(DEFAULT_PREFIX, key, &policy, policy.first()));
+        let domain = Backend::failure_domain(&store, key, &policy)
+            .unwrap_or_else(|| panic!("slot {slot} has no domain"));
+        let owner = owners[&slot].as_str();
         let known = *by_owner.entry(owner).or_insert(domain);
         assert_eq!(known, domain, "slot {slot} of {owner}");
         seen.insert(domain);

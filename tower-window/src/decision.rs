@@ -69,6 +69,20 @@ impl FallbackReason {
         Self::Error,
     ];
 
+    /// Why the fallback answers a store operation that failed with `error`:
+    /// the one mapping from [`StoreErrorKind`](crate::StoreErrorKind)s to
+    /// reasons, for every capability.
+    pub fn for_error(error: &crate::StoreError) -> Self {
+        use crate::StoreErrorKind as Kind;
+        match error.kind() {
+            Kind::Unavailable => Self::Unavailable,
+            Kind::Timeout => Self::Timeout,
+            Kind::Overloaded => Self::Overloaded,
+            Kind::CircuitOpen => Self::CircuitOpen,
+            _ => Self::Error,
+        }
+    }
+
     /// A short, stable name for headers, logs and metric labels.
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -91,22 +105,42 @@ impl fmt::Display for FallbackReason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct QuotaDecision {
-    /// The quota.
-    pub quota: Quota,
-    /// Whether this quota admits the request's cost. The request itself is
-    /// admitted only if every quota of its policy admits it.
-    pub allowed: bool,
-    /// Units left in this quota's window after the decision (after the
-    /// cost if the whole request was admitted, else before it).
-    pub remaining: u32,
-    /// Time until everything this quota counts has stopped counting.
-    pub reset_after: Duration,
-    /// `Some(ZERO)` if this quota admits the cost; otherwise how long until
-    /// it would, or `None` when it never can.
-    pub retry_after: Option<Duration>,
+    pub(crate) quota: Quota,
+    pub(crate) allowed: bool,
+    pub(crate) remaining: u32,
+    pub(crate) reset_after: Duration,
+    pub(crate) retry_after: Option<Duration>,
 }
 
 impl QuotaDecision {
+    /// The quota.
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// Whether this quota admits the request's cost. The request itself is
+    /// admitted only if every quota of its policy admits it.
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Units left in this quota's window after the decision (after the
+    /// cost if the whole request was admitted, else before it).
+    pub fn remaining(&self) -> u32 {
+        self.remaining
+    }
+
+    /// Time until everything this quota counts has stopped counting.
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+
+    /// `Some(ZERO)` if this quota admits the cost; otherwise how long until
+    /// it would, or `None` when it never can.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
     /// One quota's admission of the cost.
     pub fn allow(quota: Quota, remaining: u32, reset_after: Duration) -> Self {
         Self {
@@ -175,7 +209,9 @@ type QuotaStates = SmallVec<[QuotaDecision; 1]>;
 /// The outcome of checking one request against a [`Policy`](crate::Policy)
 /// (one or more quotas, decided together).
 ///
-/// The public fields are those of the *deciding* quota: the tightest one
+/// The accessors ([`allowed`](Self::allowed), [`remaining`](Self::remaining),
+/// [`reset_after`](Self::reset_after), [`retry_after`](Self::retry_after))
+/// answer for the *deciding* quota: the tightest one
 /// (a denying quota with the longest wait, else the quota with the least
 /// share of its capacity left). [`quotas`](Self::quotas) has every quota's
 /// state, which the `RateLimit-Policy` header lists.
@@ -186,22 +222,12 @@ type QuotaStates = SmallVec<[QuotaDecision; 1]>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Decision {
-    /// Whether the request may proceed: every quota admitted it
-    /// ([shadow](Quota::shadowed) quotas never deny).
-    pub allowed: bool,
-    /// Units left in the deciding quota's window after this decision.
-    pub remaining: u32,
-    /// Time until the deciding quota's window is full again.
-    pub reset_after: Duration,
-    /// For a denial: how long until the same cost could be admitted by
-    /// every quota, or `None` when it never can (cost larger than a limit).
-    /// For an admission: `Some(Duration::ZERO)`.
-    pub retry_after: Option<Duration>,
-    /// Who decided.
-    pub source: DecisionSource,
-    /// The deciding clock's reading, in microseconds since the Unix epoch
-    /// (the Redis server's `TIME` for `RedisStore`).
-    pub timestamp_micros: u64,
+    pub(crate) allowed: bool,
+    pub(crate) remaining: u32,
+    pub(crate) reset_after: Duration,
+    pub(crate) retry_after: Option<Duration>,
+    pub(crate) source: DecisionSource,
+    pub(crate) timestamp_micros: u64,
     quotas: QuotaStates,
     /// The deciding quota's index in `quotas` (below `MAX_QUOTAS`).
     decider: u8,
@@ -277,9 +303,9 @@ impl Decision {
     ///     QuotaDecision::deny(hourly, 0, Duration::from_secs(3600), Some(Duration::from_secs(60))),
     /// ])
     /// .unwrap();
-    /// assert!(!decision.allowed);
+    /// assert!(!decision.allowed());
     /// assert_eq!(decision.quota().name(), "hourly");
-    /// assert_eq!(decision.retry_after, Some(Duration::from_secs(60)));
+    /// assert_eq!(decision.retry_after(), Some(Duration::from_secs(60)));
     /// assert_eq!(decision.quotas().len(), 2);
     /// # Ok::<(), tower_window::QuotaError>(())
     /// ```
@@ -314,6 +340,40 @@ impl Decision {
             decider: u8::try_from(decider).unwrap_or(u8::MAX),
             policy: None,
         }
+    }
+
+    /// Whether the request may proceed: every quota admitted it
+    /// ([shadow](Quota::shadowed) quotas never deny).
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Units left in the deciding quota's window after this decision.
+    pub fn remaining(&self) -> u32 {
+        self.remaining
+    }
+
+    /// Time until the deciding quota's window is full again.
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+
+    /// For a denial: how long until the same cost could be admitted by
+    /// every quota, or `None` when it never can (cost larger than a limit).
+    /// For an admission: `Some(Duration::ZERO)`.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// Who decided.
+    pub fn source(&self) -> DecisionSource {
+        self.source
+    }
+
+    /// The deciding clock's reading, in microseconds since the Unix epoch
+    /// (the Redis server's `TIME` for `RedisStore`).
+    pub fn timestamp_micros(&self) -> u64 {
+        self.timestamp_micros
     }
 
     /// The deciding quota: the tightest one of the policy (see the type's

@@ -31,14 +31,16 @@
 pub mod algorithm;
 mod clock;
 pub mod conn;
+mod cost;
 mod decision;
 pub mod dedup;
 pub mod events;
-pub mod fallback;
+pub use limit::fallback;
 pub mod key;
-#[cfg(feature = "http")]
+#[cfg(feature = "tower")]
 pub mod layer;
-mod limiter;
+pub mod lease;
+pub mod limit;
 pub mod metrics;
 pub mod quota;
 pub mod store;
@@ -53,18 +55,24 @@ pub use http;
 
 pub use algorithm::Algorithm;
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
-pub use conn::{ConnectionLease, ConnectionLimiter, ConnectionStore};
+pub use conn::{ConnectionLimiter, ConnectionSeat};
+pub use cost::{Cost, IntoCost, ZeroCost};
 pub use decision::{Decision, DecisionSource, FallbackReason, QuotaDecision};
-pub use dedup::{DedupStore, DedupWindow};
+pub use dedup::DedupWindow;
 pub use fallback::FallbackPolicy;
 pub use key::{KeyExtractor, KeyExtractorExt, WindowKey};
-#[cfg(feature = "http")]
+#[cfg(feature = "tower")]
 pub use layer::{MissingKey, Rejection, SlidingWindow, SlidingWindowLayer};
-pub use limiter::breaker::{BreakerConfig, BreakerState};
-pub use limiter::resilience::RetryConfig;
-pub use limiter::{Check, LimitError, Limiter};
-pub use limiter::{LeaseConfig, LeaseStats, LimiterBuilder, LimiterStats};
+pub use limit::{Check, LimitError, Limiter};
+pub use limit::{LeaseConfig, LeaseStats, LimiterBuilder, LimiterStats};
 pub use quota::{Policy, PolicyError, Quota, QuotaBuilder, QuotaError, Scope};
-pub use store::{CheckRequest, MemoryStore, Store, StoreError, StoreErrorKind};
+pub use store::guard::breaker::{BreakerConfig, BreakerState};
+pub use store::guard::retry::RetryConfig;
+pub use store::{CheckRequest, MemoryStore, Store, StoreBuilder, StoreError, StoreErrorKind};
 #[cfg(feature = "redis")]
 pub use store::{RedisConfigError, RedisStore, RedisStoreBuilder};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -1,7 +1,7 @@
 //! End-to-end tests of `SlidingWindowLayer` through `tower::ServiceExt::oneshot`.
 //!
 //! Time is a `ManualClock`; nothing sleeps. The stores are small test-only
-//! `Store` implementations (a fixed-window counter following the crate's
+//! backends (`limit::Backend` implementations) (a fixed-window counter following the crate's
 //! algorithm contract, a scripted store and a failing one) so that these
 //! tests depend only on the layer.
 
@@ -21,45 +21,45 @@ use tower_window::key::{Constant, Header};
 use tower_window::layer::{
     Http, MissingKey, Rejection, ResponseFuture, SlidingWindow, SlidingWindowLayer, Typed, UnitCost,
 };
+use tower_window::store::{Backend, Guard, Op, StoreBuilder};
 use tower_window::{
-    BreakerConfig, CheckRequest, Decision, DecisionSource, FallbackPolicy, FallbackReason, Limiter,
-    ManualClock, MemoryStore, Policy, Quota, RetryConfig, Store, StoreError, StoreErrorKind,
-    WindowKey,
+    limit, BreakerConfig, CheckRequest, Decision, DecisionSource, FallbackPolicy, FallbackReason,
+    Limiter, ManualClock, MemoryStore, Policy, Quota, RetryConfig, Store, StoreError,
+    StoreErrorKind, WindowKey,
 };
 
 // ---------------------------------------------------------------- stores
 
+/// A store on a test backend (behind a network, with the defaults).
+fn networked(backend: impl limit::Backend) -> StoreBuilder {
+    Store::builder(Backend::windows(backend))
+}
+
 /// Answers every check with the same decision (for its quota).
 struct ScriptedStore(Decision);
 
-impl Store for ScriptedStore {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+impl limit::Backend for ScriptedStore {
+    fn check<'a>(&'a self, _: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
         // The scripted answer, reported against the request's quota.
         let d = &self.0;
         let quota = request.policy.first().clone();
-        let decision = if d.allowed {
-            Decision::allow(quota, d.remaining, d.reset_after)
+        let decision = if d.allowed() {
+            Decision::allow(quota, d.remaining(), d.reset_after())
         } else {
-            Decision::deny(quota, d.remaining, d.reset_after, d.retry_after)
+            Decision::deny(quota, d.remaining(), d.reset_after(), d.retry_after())
         }
-        .with_source(d.source)
-        .with_timestamp_micros(d.timestamp_micros);
-        Box::pin(async move { Ok(decision) })
+        .with_source(d.source())
+        .with_timestamp_micros(d.timestamp_micros());
+        Op::ready(Ok(decision))
     }
 }
 
 /// Always fails.
 struct FailingStore;
 
-impl Store for FailingStore {
-    fn check<'a>(
-        &'a self,
-        _request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async {
+impl limit::Backend for FailingStore {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'a, Decision> {
+        guard.run(|| async {
             Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "connection refused",
@@ -72,14 +72,11 @@ impl Store for FailingStore {
 /// the runtime once, so the layer's decision is pending at its first poll.
 struct YieldingStore(MemoryStore);
 
-impl Store for YieldingStore {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async move {
+impl limit::Backend for YieldingStore {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+        guard.run(move || async move {
             tokio::task::yield_now().await;
-            self.0.check(request).await
+            limit::Backend::check(&self.0, &mut Guard::bare(), request).await
         })
     }
 }
@@ -115,7 +112,7 @@ fn request(user: Option<&str>) -> Request<String> {
 /// Echoes `remaining=<n>` from the `Decision` extension, or `no decision`.
 async fn handler(request: Request<String>) -> Result<Response<String>, Infallible> {
     let body = match request.extensions().get::<Decision>() {
-        Some(decision) => format!("remaining={}", decision.remaining),
+        Some(decision) => format!("remaining={}", decision.remaining()),
         None => "no decision".to_owned(),
     };
     Ok(Response::new(body))
@@ -341,8 +338,8 @@ async fn denial_is_429_with_retry_after_rounded_up() {
     );
     match denied.extensions().get::<Rejection>() {
         Some(Rejection::RateLimited(decision)) => {
-            assert!(!decision.allowed);
-            assert_eq!(decision.retry_after, Some(Duration::from_millis(1_200)));
+            assert!(!decision.allowed());
+            assert_eq!(decision.retry_after(), Some(Duration::from_millis(1_200)));
         }
         other => panic!("expected RateLimited, got {other:?}"),
     }
@@ -376,7 +373,7 @@ async fn retry_after_never_rounds_down_to_zero() {
         (Duration::from_secs(3_600), "3600"),
     ] {
         let denial = Decision::deny(quota("1/1h"), 0, wait, Some(wait));
-        let limiter = Limiter::new(ScriptedStore(denial), quota("1/1h"));
+        let limiter = Limiter::new(networked(ScriptedStore(denial)).build(), quota("1/1h"));
         let service =
             SlidingWindowLayer::new(limiter, Constant::global()).layer(service_fn(handler));
         let response = service.oneshot(request(None)).await.unwrap();
@@ -405,7 +402,7 @@ async fn cost_above_the_limit_has_no_retry_after() {
         [("api".to_owned(), params(&[("r", 5), ("t", 60)]))]
     );
     let rejection = response.extensions().get::<Rejection>().unwrap();
-    assert_eq!(rejection.decision().unwrap().retry_after, None);
+    assert_eq!(rejection.decision().unwrap().retry_after(), None);
 }
 
 #[tokio::test]
@@ -541,7 +538,7 @@ async fn missing_key_is_rejected_with_400_by_default() {
         fixed_limiter("5/1m", &clock),
         Header::new("x-user-id").unwrap(),
     )
-    .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
+    .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED.into()));
     let response = layer
         .layer(service_fn(handler))
         .oneshot(request(None))
@@ -584,7 +581,7 @@ async fn missing_key_skip_lets_requests_through_unlimited() {
 #[tokio::test]
 async fn store_failure_is_503_unavailable() {
     let layer = SlidingWindowLayer::new(
-        Limiter::new(FailingStore, quota("5/1m")),
+        Limiter::new(networked(FailingStore).build(), quota("5/1m")),
         Header::new("x-user-id").unwrap(),
     );
     let response = layer
@@ -610,7 +607,7 @@ async fn custom_rejection_response_keeps_the_headers() {
     .legacy_headers(true)
     .rejection(|rejection: &Rejection| {
         let mut response = Response::new(format!("{}: {}", rejection.title(), rejection.detail()));
-        *response.status_mut() = rejection.status();
+        *response.status_mut() = rejection.status().into();
         response
     });
     let mut service = layer.layer(service_fn(handler));
@@ -717,7 +714,10 @@ async fn the_readied_service_is_the_one_called() {
         let clock = clock_at(Duration::ZERO);
         let store = MemoryStore::builder().clock(clock).build();
         let limiter = if yielding {
-            Limiter::new(YieldingStore(store), quota("2/1m fixed-window"))
+            Limiter::new(
+                networked(YieldingStore(store)).build(),
+                quota("2/1m fixed-window"),
+            )
         } else {
             Limiter::new(store, quota("2/1m fixed-window"))
         };
@@ -803,13 +803,13 @@ async fn typed_mode_rejects_with_a_downcastable_error() {
     let error = service.clone().oneshot(Job(3)).await.unwrap_err();
     let rejection = error.downcast_ref::<Rejection>().unwrap();
     assert_eq!(rejection.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(rejection.decision().unwrap().retry_after, None);
+    assert_eq!(rejection.decision().unwrap().retry_after(), None);
     // The last unit, then an exhausted window.
     assert_eq!(service.clone().oneshot(Job(1)).await.unwrap(), 10);
     let error = service.clone().oneshot(Job(1)).await.unwrap_err();
     match error.downcast_ref::<Rejection>() {
         Some(Rejection::RateLimited(decision)) => {
-            assert_eq!(decision.retry_after, Some(Duration::from_secs(60)));
+            assert_eq!(decision.retry_after(), Some(Duration::from_secs(60)));
         }
         other => panic!("expected RateLimited, got {other:?}"),
     }
@@ -840,7 +840,7 @@ async fn typed_mode_missing_key_and_store_failure() {
     ));
 
     let service = SlidingWindowLayer::new(
-        Limiter::new(FailingStore, quota("5/1m")),
+        Limiter::new(networked(FailingStore).build(), quota("5/1m")),
         Constant::global(),
     )
     .typed_errors()
@@ -1029,9 +1029,12 @@ async fn typed_mode_maps_readiness_errors() {
 /// A resilient limiter on the always-failing store: no retries (each check
 /// fails at once), the default breaker, `policy` as the fallback.
 fn degraded_limiter(dsl: &str, policy: impl FallbackPolicy, clock: &ManualClock) -> Limiter {
-    Limiter::builder(FailingStore, quota(dsl))
+    let store = networked(FailingStore)
         .clock(clock.clone())
         .retry(RetryConfig::none())
+        .build();
+    Limiter::builder(store, quota(dsl))
+        .clock(clock.clone())
         .fallback(policy)
         .build()
 }
@@ -1041,7 +1044,7 @@ async fn source_handler(request: Request<String>) -> Result<Response<String>, In
     let body = match request.extensions().get::<Decision>() {
         Some(decision) => format!(
             "source={} degraded={}",
-            decision.source,
+            decision.source(),
             decision.is_degraded()
         ),
         None => "no decision".to_owned(),
@@ -1073,7 +1076,7 @@ async fn fail_closed_denial_is_503_degraded_with_retry_after() {
             assert_eq!(rejection.status(), StatusCode::SERVICE_UNAVAILABLE);
             assert!(rejection.is_degraded());
             assert_eq!(
-                decision.source,
+                decision.source(),
                 DecisionSource::Fallback(FallbackReason::Unavailable)
             );
             assert_eq!(rejection.title(), "Rate limiter degraded");
@@ -1193,10 +1196,13 @@ async fn closure_policy_decides_and_the_limiter_marks_it_degraded() {
 #[tokio::test]
 async fn open_breaker_denials_name_the_reason() {
     let clock = clock_at(Duration::ZERO);
-    let limiter = Limiter::builder(FailingStore, quota("5/1m"))
+    let store = networked(FailingStore)
         .clock(clock.clone())
         .retry(RetryConfig::none())
         .breaker(BreakerConfig::default().consecutive_failures(1))
+        .build();
+    let limiter = Limiter::builder(store, quota("5/1m"))
+        .clock(clock.clone())
         .fallback(FailClosed::default())
         .build();
     let service = degraded_service(limiter.clone());
@@ -1215,7 +1221,7 @@ async fn open_breaker_denials_name_the_reason() {
         .decision()
         .unwrap();
     assert_eq!(
-        decision.source,
+        decision.source(),
         DecisionSource::Fallback(FallbackReason::CircuitOpen)
     );
     assert_eq!(limiter.stats().fallback(FallbackReason::CircuitOpen), 1);
@@ -1239,7 +1245,7 @@ async fn store_denials_stay_429_rate_limited_under_a_fail_closed_limiter() {
         let response = service.clone().oneshot(request(Some("rae"))).await.unwrap();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         match response.extensions().get::<Rejection>() {
-            Some(Rejection::RateLimited(decision)) => assert_eq!(decision.source, source),
+            Some(Rejection::RateLimited(decision)) => assert_eq!(decision.source(), source),
             other => panic!("expected RateLimited, got {other:?}"),
         }
     }
@@ -1262,7 +1268,7 @@ async fn typed_mode_degraded_denial_says_degraded() {
     assert_eq!(rejection.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(error.to_string().contains("degraded"), "{error}");
     assert_eq!(
-        rejection.decision().unwrap().source,
+        rejection.decision().unwrap().source(),
         DecisionSource::Fallback(FallbackReason::Unavailable)
     );
 }
@@ -1327,12 +1333,12 @@ async fn nested_layers_an_inner_denial_has_consumed_the_outer_quota() {
     let key = WindowKey::for_subject("nia");
     // Outer: 5 of 5 used, by 1 admitted and 4 inner-denied requests.
     let outer_now = outer.check(&key, 1).await.unwrap();
-    assert!(!outer_now.allowed);
-    assert_eq!(outer_now.remaining, 0);
+    assert!(!outer_now.allowed());
+    assert_eq!(outer_now.remaining(), 0);
     // Inner: only the one admitted request; its denials consumed nothing.
     let inner_now = inner.check(&key, 1).await.unwrap();
-    assert!(!inner_now.allowed);
-    assert_eq!(inner_now.remaining, 0);
+    assert!(!inner_now.allowed());
+    assert_eq!(inner_now.remaining(), 0);
     // Unit by unit, for a fresh user: one admitted request and one inner
     // denial leave the outer quota at 3 of 5; this direct check takes a
     // third unit, leaving 2.
@@ -1341,7 +1347,7 @@ async fn nested_layers_an_inner_denial_has_consumed_the_outer_quota() {
     let denied = service.clone().oneshot(request(Some("oli"))).await.unwrap();
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     let oli = WindowKey::for_subject("oli");
-    assert_eq!(outer.check(&oli, 1).await.unwrap().remaining, 2);
+    assert_eq!(outer.check(&oli, 1).await.unwrap().remaining(), 2);
 }
 
 /// The all-or-nothing alternative to nesting: one layer with a two-quota
@@ -1392,8 +1398,8 @@ async fn one_layer_with_a_two_quota_policy_is_all_or_nothing() {
         .check_policy(&WindowKey::for_subject("nia"), &wide_only, 1)
         .await
         .unwrap();
-    assert!(decision.allowed);
-    assert_eq!(decision.remaining, 3);
+    assert!(decision.allowed());
+    assert_eq!(decision.remaining(), 3);
 }
 
 // ---------------------------------------------------------------- shadow quotas

@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
+use tower_window::lease::ReserveRequest;
+use tower_window::store::{Backend, Guard, Op};
 use tower_window::{
-    CheckRequest, Decision, DecisionSource, LeaseConfig, Limiter, ManualClock, MemoryStore, Policy,
-    Quota, Store, StoreError, StoreErrorKind, WindowKey,
+    lease, limit, CheckRequest, Cost, Decision, DecisionSource, LeaseConfig, Limiter, ManualClock,
+    MemoryStore, Policy, Quota, Store, StoreErrorKind, WindowKey,
 };
 
 const START: u64 = 1_700_000_000_000_000;
@@ -33,8 +34,8 @@ async fn leases_double_while_hot_and_are_spent_without_the_store() {
     let mut sources = Vec::new();
     for _ in 0..30 {
         let d = limiter.check(&key, 1).await.unwrap();
-        assert!(d.allowed);
-        sources.push(d.source);
+        assert!(d.allowed());
+        sources.push(d.source());
     }
     // Reservations of 1, 2, 4, 8, 8, 8 units admit checks 1, 2, 4, 8, 16
     // and 24; every other check spends a held unit.
@@ -57,7 +58,10 @@ async fn leases_double_while_hot_and_are_spent_without_the_store() {
     assert_eq!(limiter.lease_stats().unwrap().refunded, 1);
     assert_eq!(limiter.refund_leases().await, 0);
     let probe = Limiter::new(store.clone(), "1000/1m".parse::<Quota>().unwrap());
-    assert_eq!(probe.check(&key, 1).await.unwrap().remaining, 1000 - 30 - 1);
+    assert_eq!(
+        probe.check(&key, 1).await.unwrap().remaining(),
+        1000 - 30 - 1
+    );
 }
 
 #[tokio::test]
@@ -68,14 +72,14 @@ async fn an_expired_lease_is_refunded_and_the_next_one_is_smaller() {
     limiter.check(&key, 1).await.unwrap();
     // A lease of 2: one admitted with it, one held.
     assert_eq!(
-        limiter.check(&key, 1).await.unwrap().source,
+        limiter.check(&key, 1).await.unwrap().source(),
         DecisionSource::Store
     );
     assert_eq!(limiter.lease_stats().unwrap().granted, 3);
     // Past the 1 s deadline (a tenth of the window, at most 1 s).
     clock.advance(Duration::from_secs(2));
     let d = limiter.check(&key, 1).await.unwrap();
-    assert_eq!(d.source, DecisionSource::Store);
+    assert_eq!(d.source(), DecisionSource::Store);
     let stats = limiter.lease_stats().unwrap();
     assert_eq!(stats.expired_unspent, 1);
     assert_eq!(
@@ -84,7 +88,10 @@ async fn an_expired_lease_is_refunded_and_the_next_one_is_smaller() {
     );
     assert_eq!(stats.granted, 4, "the next lease halved to 1");
     let probe = Limiter::new(store.clone(), "1000/1m".parse::<Quota>().unwrap());
-    assert_eq!(probe.check(&key, 1).await.unwrap().remaining, 1000 - 3 - 1);
+    assert_eq!(
+        probe.check(&key, 1).await.unwrap().remaining(),
+        1000 - 3 - 1
+    );
 }
 
 #[tokio::test]
@@ -93,20 +100,20 @@ async fn a_denial_waits_no_longer_than_the_leases_others_hold() {
     let a = limiter(&store, &clock, "4/1m", 4);
     let b = limiter(&store, &clock, "4/1m", 4);
     let key = WindowKey::for_subject("shared");
-    assert!(a.check(&key, 1).await.unwrap().allowed);
-    assert!(a.check(&key, 1).await.unwrap().allowed); // a lease of 2, one held
-    assert!(b.check(&key, 1).await.unwrap().allowed);
+    assert!(a.check(&key, 1).await.unwrap().allowed());
+    assert!(a.check(&key, 1).await.unwrap().allowed()); // a lease of 2, one held
+    assert!(b.check(&key, 1).await.unwrap().allowed());
     let denied = b.check(&key, 1).await.unwrap();
-    assert!(!denied.allowed);
-    assert_eq!(denied.source, DecisionSource::Store);
+    assert!(!denied.allowed());
+    assert_eq!(denied.source(), DecisionSource::Store);
     // The log would say 60 s (the oldest entry); a's lease ends in 1 s.
-    assert_eq!(denied.retry_after, Some(Duration::from_secs(1)));
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(1)));
     // a shuts down: its held unit goes back.
     assert_eq!(a.refund_leases().await, 1);
     clock.advance(Duration::from_secs(1));
     let again = b.check(&key, 1).await.unwrap();
-    assert!(again.allowed, "the refunded unit is b's now");
-    assert!(!b.check(&key, 1).await.unwrap().allowed);
+    assert!(again.allowed(), "the refunded unit is b's now");
+    assert!(!b.check(&key, 1).await.unwrap().allowed());
 }
 
 #[tokio::test]
@@ -131,15 +138,15 @@ async fn multi_quota_leases_take_from_every_quota() {
     let key = WindowKey::for_subject("multi");
     let mut admitted = 0;
     for _ in 0..20 {
-        admitted += u32::from(limiter.check(&key, 1).await.unwrap().allowed);
+        admitted += u32::from(limiter.check(&key, 1).await.unwrap().allowed());
     }
     assert_eq!(admitted, 6, "the hour's 6 bound leased units too");
     limiter.refund_leases().await;
     let probe = Limiter::new(store.clone(), policy);
     let d = probe.check(&key, 1).await.unwrap();
-    assert!(!d.allowed);
+    assert!(!d.allowed());
     assert_eq!(
-        d.quotas()[0].remaining,
+        d.quotas()[0].remaining(),
         100 - 6,
         "the minute counts the same 6"
     );
@@ -178,7 +185,7 @@ async fn leased_checks(
     let mut shadow_admitted = 0;
     for _ in 0..n {
         let d = limiter.check(key, cost).await.unwrap();
-        if d.allowed && d.quotas()[1].allowed {
+        if d.allowed() && d.quotas()[1].allowed() {
             shadow_admitted += cost;
         }
         decisions.push(d);
@@ -197,7 +204,7 @@ async fn leased_admissions_report_a_shadow_quotas_would_be_denials() {
     let key = WindowKey::for_subject("trial");
     let (decisions, shadow_admitted) = leased_checks(&limiter, &key, 10, 1).await;
     assert!(
-        decisions.iter().all(|d| d.allowed),
+        decisions.iter().all(|d| d.allowed()),
         "the shadow never denies"
     );
     assert_eq!(
@@ -208,7 +215,7 @@ async fn leased_admissions_report_a_shadow_quotas_would_be_denials() {
         .iter()
         .enumerate()
         .filter(|(_, d)| d.shadow_denials().count() == 1)
-        .map(|(i, d)| (i, d.source))
+        .map(|(i, d)| (i, d.source()))
         .collect();
     assert_eq!(denials.len(), 7, "{denials:?}");
     assert!(
@@ -222,11 +229,11 @@ async fn leased_admissions_report_a_shadow_quotas_would_be_denials() {
     let probe = Limiter::new(store.clone(), policy);
     let d = probe.check(&key, 1).await.unwrap();
     assert_eq!(
-        d.quotas()[0].remaining,
+        d.quotas()[0].remaining(),
         20 - 10 - 1,
         "the enforced quota counts 10"
     );
-    assert_eq!(d.quotas()[1].remaining, 0, "the shadow counts its 3");
+    assert_eq!(d.quotas()[1].remaining(), 0, "the shadow counts its 3");
 }
 
 #[tokio::test]
@@ -242,16 +249,19 @@ async fn a_shadow_quota_keeps_only_the_spends_it_would_have_admitted() {
         .build();
     let key = WindowKey::for_subject("straddle");
     let (decisions, shadow_admitted) = leased_checks(&limiter, &key, 8, 2).await;
-    assert_eq!(decisions.iter().filter(|d| d.allowed).count(), 8);
+    assert_eq!(decisions.iter().filter(|d| d.allowed()).count(), 8);
     assert_eq!(shadow_admitted, 2);
     limiter.refund_leases().await;
-    let peek = store
-        .peek(CheckRequest::new(&key, &policy, 1))
-        .await
-        .unwrap();
-    assert_eq!(peek.quotas()[0].remaining, 20 - 16);
+    let peek = limit::Backend::peek(
+        &store,
+        &mut Guard::bare(),
+        CheckRequest::new(&key, &policy, Cost::ONE),
+    )
+    .await
+    .unwrap();
+    assert_eq!(peek.quotas()[0].remaining(), 20 - 16);
     assert_eq!(
-        peek.quotas()[1].remaining,
+        peek.quotas()[1].remaining(),
         3 - 2,
         "exactly the spend that fit"
     );
@@ -275,46 +285,47 @@ async fn leases_of_shadow_quotas_only_admit_everything_and_count_exactly() {
     let mut shadow_admitted = 0;
     for _ in 0..50 {
         let d = limiter.check(&key, 1).await.unwrap();
-        assert!(d.allowed);
-        assert_ne!(d.source, DecisionSource::LocalCache);
-        shadow_admitted += u32::from(d.quotas()[0].allowed);
+        assert!(d.allowed());
+        assert_ne!(d.source(), DecisionSource::LocalCache);
+        shadow_admitted += u32::from(d.quotas()[0].allowed());
     }
     assert_eq!(shadow_admitted, 5);
     assert!(limiter.stats().lease > 0, "leases were spent");
     limiter.refund_leases().await;
-    let peek = store
-        .peek(CheckRequest::new(&key, &policy, 1))
-        .await
-        .unwrap();
-    assert_eq!(peek.remaining, 0, "the shadow counts its 5");
+    let peek = limit::Backend::peek(
+        &store,
+        &mut Guard::bare(),
+        CheckRequest::new(&key, &policy, Cost::ONE),
+    )
+    .await
+    .unwrap();
+    assert_eq!(peek.remaining(), 0, "the shadow counts its 5");
 }
 
 /// A store without leases: only checks.
 struct ChecksOnly(MemoryStore);
 
-impl Store for ChecksOnly {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
+impl limit::Backend for ChecksOnly {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+        limit::Backend::check(&self.0, guard, request)
     }
 }
 
 #[tokio::test]
 async fn a_store_without_leases_decides_every_check() {
     let (store, clock) = setup();
-    let limiter = Limiter::builder(ChecksOnly(store), "3/1m".parse::<Quota>().unwrap())
+    let checks_only = Store::from(Backend::windows(ChecksOnly(store)));
+    let limiter = Limiter::builder(checks_only, "3/1m".parse::<Quota>().unwrap())
         .clock(clock)
         .leases(LeaseConfig::new(8))
         .build();
     let key = WindowKey::for_subject("plain");
     for _ in 0..3 {
         let d = limiter.check(&key, 1).await.unwrap();
-        assert!(d.allowed);
-        assert_eq!(d.source, DecisionSource::Store);
+        assert!(d.allowed());
+        assert_eq!(d.source(), DecisionSource::Store);
     }
-    assert!(!limiter.check(&key, 1).await.unwrap().allowed);
+    assert!(!limiter.check(&key, 1).await.unwrap().allowed());
     assert_eq!(limiter.lease_stats().unwrap().granted, 0);
 }
 
@@ -417,7 +428,7 @@ mod metrics {
                     .build();
                 let key = WindowKey::for_subject("m");
                 for _ in 0..10 {
-                    assert!(limiter.check(&key, 1).await.unwrap().allowed);
+                    assert!(limiter.check(&key, 1).await.unwrap().allowed());
                 }
             });
         });
@@ -454,7 +465,7 @@ async fn discarded_leases_are_not_spent_nor_refunded() {
     assert_eq!(limiter.refund_leases().await, 0);
     // The next check reserves afresh instead of spending the dropped unit.
     assert_eq!(
-        limiter.check(&key, 1).await.unwrap().source,
+        limiter.check(&key, 1).await.unwrap().source(),
         DecisionSource::Store
     );
 }
@@ -466,21 +477,18 @@ async fn a_sliding_log_lease_outlives_idle_expiry_until_w_after_its_deadline() {
     let policy = Policy::from(quota.clone());
     let key = WindowKey::for_subject("idle");
     // A lease TTL of 10 s: its units are dated START + 10 s.
-    let lease = store
-        .reserve(tower_window::store::ReserveRequest::new(
-            &key,
-            &policy,
-            2,
-            1,
-            Duration::from_secs(10),
-        ))
-        .await
-        .unwrap();
+    let lease = lease::Backend::reserve(
+        &store,
+        &mut Guard::bare(),
+        ReserveRequest::new(&key, &policy, 2, 1, Duration::from_secs(10)),
+    )
+    .await
+    .unwrap();
     assert_eq!(lease.granted(), 1);
     // Past W + the grace after the reservation, but before W after the deadline.
     clock.advance(Duration::from_secs(65));
     store.run_pending_tasks();
     let probe = Limiter::new(store.clone(), quota);
     let d = probe.check(&key, 1).await.unwrap();
-    assert_eq!(d.remaining, 0, "the leased unit still counts");
+    assert_eq!(d.remaining(), 0, "the leased unit still counts");
 }

@@ -8,12 +8,12 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tower_window::fallback::{FailClosed, FailOpen};
 use tower_window::metrics as names;
+use tower_window::store::{Backend, Guard, Op, StoreBuilder};
 use tower_window::{
-    BreakerConfig, CheckRequest, Decision, Limiter, ManualClock, MemoryStore, Policy, Quota,
+    limit, BreakerConfig, CheckRequest, Decision, Limiter, ManualClock, MemoryStore, Policy, Quota,
     RetryConfig, Store, StoreError, StoreErrorKind, WindowKey,
 };
 
@@ -103,20 +103,26 @@ impl ScriptedStore {
         let mut script = self.script.lock().unwrap();
         script.extend(std::iter::repeat_n(Err(kind), times));
     }
+
+    /// A store on this backend, behind a network (its calls are timed and
+    /// bounded), whose breakers run on `clock`.
+    fn store(&self, clock: &ManualClock) -> StoreBuilder {
+        Store::builder(Backend::windows(self.clone())).clock(clock.clone())
+    }
 }
 
-impl Store for ScriptedStore {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        let next = self.script.lock().unwrap().pop_front();
-        match next {
-            Some(Err(kind)) => {
-                Box::pin(async move { Err(StoreError::new(kind, "injected").not_applied()) })
+impl limit::Backend for ScriptedStore {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+        // Each attempt (a retry too) takes the next scripted result.
+        guard.run(move || {
+            let next = self.script.lock().unwrap().pop_front();
+            async move {
+                match next {
+                    Some(Err(kind)) => Err(StoreError::new(kind, "injected").not_applied()),
+                    _ => limit::Backend::check(&*self.inner, &mut Guard::bare(), request).await,
+                }
             }
-            _ => self.inner.check(request),
-        }
+        })
     }
 }
 
@@ -138,13 +144,19 @@ async fn store_and_local_cache_decisions() {
     let _guard = metrics::set_default_local_recorder(&recorder);
     let clock = ManualClock::new(START);
     let store = MemoryStore::builder().clock(clock.clone()).build();
+    // The embedded store has no breaker by default: give it one, to see it
+    // stay closed.
+    let store = Store::builder(store)
+        .breaker(BreakerConfig::default())
+        .clock(clock.clone())
+        .build();
     let limiter = Limiter::builder(store, quota("3/1m"))
         .clock(clock.clone())
         .build();
     let alice = WindowKey::for_subject("alice");
     let mut allowed = 0;
     for _ in 0..6 {
-        allowed += u32::from(limiter.check(&alice, 1).await.unwrap().allowed);
+        allowed += u32::from(limiter.check(&alice, 1).await.unwrap().allowed());
     }
     assert_eq!(allowed, 3);
 
@@ -223,8 +235,8 @@ async fn fail_open_counts_fallback_admissions_and_opens_the_breaker() {
     let clock = ManualClock::new(START);
     let store = ScriptedStore::new(&clock);
     store.fail(StoreErrorKind::Unavailable, 2);
-    let limiter = Limiter::builder(store.clone(), quota("100/1m"))
-        .clock(clock.clone())
+    let store = store
+        .store(&clock)
         .retry(RetryConfig::none())
         .breaker(
             BreakerConfig::default()
@@ -232,12 +244,15 @@ async fn fail_open_counts_fallback_admissions_and_opens_the_breaker() {
                 .without_failure_ratio()
                 .cooldown(Duration::from_secs(10)),
         )
+        .build();
+    let limiter = Limiter::builder(store, quota("100/1m"))
+        .clock(clock.clone())
         .fallback(FailOpen::new())
         .build();
     let key = WindowKey::for_subject("bob");
     for _ in 0..5 {
         let decision = limiter.check(&key, 1).await.unwrap();
-        assert!(decision.allowed && decision.is_degraded());
+        assert!(decision.allowed() && decision.is_degraded());
     }
 
     let s = Snapshot::take(&snapshotter);
@@ -303,7 +318,7 @@ async fn fail_open_counts_fallback_admissions_and_opens_the_breaker() {
     // After the cooldown one probe succeeds and closes the breaker.
     clock.advance(Duration::from_secs(10));
     let decision = limiter.check(&key, 1).await.unwrap();
-    assert!(decision.allowed && !decision.is_degraded());
+    assert!(decision.allowed() && !decision.is_degraded());
     let s = Snapshot::take(&snapshotter);
     assert_eq!(s.gauge(names::BREAKER_STATE, &[Q]), 0.0);
     // Snapshots reset counters: these are the counts since the last one.
@@ -331,14 +346,16 @@ async fn fail_closed_denials_are_not_admissions() {
     let clock = ManualClock::new(START);
     let store = ScriptedStore::new(&clock);
     store.fail(StoreErrorKind::Timeout, 3);
-    let limiter = Limiter::builder(store, quota("100/1m"))
-        .clock(clock.clone())
-        .without_breaker()
-        .fallback(FailClosed::default())
-        .build();
+    let limiter = Limiter::builder(
+        store.store(&clock).without_breaker().build(),
+        quota("100/1m"),
+    )
+    .clock(clock.clone())
+    .fallback(FailClosed::default())
+    .build();
     let key = WindowKey::for_subject("carol");
     for _ in 0..3 {
-        assert!(!limiter.check(&key, 1).await.unwrap().allowed);
+        assert!(!limiter.check(&key, 1).await.unwrap().allowed());
     }
     let s = Snapshot::take(&snapshotter);
     assert_eq!(
@@ -379,14 +396,17 @@ async fn store_errors_by_kind_and_retries() {
     // One retryable failure (retried, then admitted), then two that are not
     // retried, returned as errors without a fallback.
     store.fail(StoreErrorKind::Unavailable, 1);
-    let limiter = Limiter::builder(store.clone(), quota("100/1m"))
-        .clock(clock.clone())
+    let backend = store
+        .store(&clock)
         .retry(RetryConfig::default().delays(Duration::ZERO, Duration::ZERO))
         .without_timeout()
         .without_breaker()
         .build();
+    let limiter = Limiter::builder(backend, quota("100/1m"))
+        .clock(clock.clone())
+        .build();
     let key = WindowKey::for_subject("dave");
-    assert!(limiter.check(&key, 1).await.unwrap().allowed);
+    assert!(limiter.check(&key, 1).await.unwrap().allowed());
     store.fail(StoreErrorKind::Protocol, 1);
     store.fail(StoreErrorKind::Overloaded, 1);
     assert!(limiter.check(&key, 1).await.is_err());
@@ -443,9 +463,9 @@ async fn near_limit_is_below_a_fifth_of_the_limit() {
     let key = WindowKey::for_subject("erin");
     // Remaining 9..=0 after each admission; 5 × remaining < 10 for 1 and 0.
     for _ in 0..10 {
-        assert!(limiter.check(&key, 1).await.unwrap().allowed);
+        assert!(limiter.check(&key, 1).await.unwrap().allowed());
     }
-    assert!(!limiter.check(&key, 1).await.unwrap().allowed);
+    assert!(!limiter.check(&key, 1).await.unwrap().allowed());
     let s = Snapshot::take(&snapshotter);
     assert_eq!(s.counter(names::NEAR_LIMIT_TOTAL, &[Q]), 2);
     assert_eq!(

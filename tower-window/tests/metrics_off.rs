@@ -9,20 +9,21 @@
 
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use metrics_util::debugging::DebuggingRecorder;
 use tower_window::fallback::FailOpen;
+use tower_window::store::{Backend, Guard, Op};
 use tower_window::{
-    CheckRequest, Decision, Limiter, ManualClock, MemoryStore, Quota, RetryConfig, Store,
+    limit, CheckRequest, Decision, Limiter, ManualClock, MemoryStore, Quota, RetryConfig, Store,
     StoreError, StoreErrorKind, WindowKey,
 };
 
-/// A store that always fails, so the fallback, breaker and local tier run.
+/// A store (behind a network) that always fails, so the fallback, breaker
+/// and local tier run.
 struct Down;
 
-impl Store for Down {
-    fn check<'a>(&'a self, _: CheckRequest<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async { Err(StoreError::new(StoreErrorKind::Unavailable, "down")) })
+impl limit::Backend for Down {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'a, Decision> {
+        guard.run(|| async { Err(StoreError::new(StoreErrorKind::Unavailable, "down")) })
     }
 }
 
@@ -43,14 +44,17 @@ async fn metrics_off_records_nothing() {
     let key = WindowKey::for_subject("quiet");
     let mut allowed = 0;
     for _ in 0..5 {
-        allowed += u32::from(memory.check(&key, 1).await.unwrap().allowed);
+        allowed += u32::from(memory.check(&key, 1).await.unwrap().allowed());
     }
     assert_eq!(allowed, 2, "the limiter works; it just records nothing");
 
-    let degraded = Limiter::builder(Down, quota)
+    let down = Store::builder(Backend::windows(Down))
         .clock(clock.clone())
         .retry(RetryConfig::none())
         .timeout(Duration::from_millis(10))
+        .build();
+    let degraded = Limiter::builder(down, quota)
+        .clock(clock.clone())
         .fallback(FailOpen)
         .build();
     for _ in 0..10 {

@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use tokio::time::Instant;
-use tower_window::fallback::{FailClosed, FailOpen, FallbackRequest, LocalWindow};
+use tower_window::fallback::{FailClosed, FailOpen, FallbackPolicy, FallbackRequest, LocalWindow};
+use tower_window::store::{Backend, Guard, Op, StoreBuilder};
 use tower_window::{
-    BreakerConfig, BreakerState, CheckRequest, Clock, Decision, DecisionSource, FallbackReason,
-    LimitError, Limiter, LimiterBuilder, ManualClock, Policy, Quota, RetryConfig, Store,
-    StoreError, StoreErrorKind, WindowKey,
+    limit, BreakerConfig, BreakerState, CheckRequest, Clock, Decision, DecisionSource,
+    FallbackReason, LimitError, Limiter, LimiterBuilder, ManualClock, Policy, Quota, RetryConfig,
+    Store, StoreError, StoreErrorKind, WindowKey,
 };
 
 /// What the test store does with the next calls.
@@ -57,11 +57,19 @@ impl TestStore {
     }
 }
 
-impl Store for TestStore {
-    fn check<'a>(
+/// A backend behind a network: each attempt (a retry too) is one call,
+/// made within the store handle's budget, in-flight bound and breaker.
+impl limit::Backend for TestStore {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+        guard.run(move || self.call(request))
+    }
+}
+
+impl TestStore {
+    fn call<'a>(
         &'a self,
         request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+    ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send + 'a {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let mode = *self.mode.lock().unwrap();
         if let Mode::Slow(took) = mode {
@@ -69,7 +77,7 @@ impl Store for TestStore {
         }
         let now = self.clock.now_micros();
         let quota = request.policy.first().clone();
-        Box::pin(async move {
+        async move {
             match mode {
                 Mode::Allow => Ok(
                     Decision::allow(quota, 1, Duration::from_secs(1)).with_timestamp_micros(now)
@@ -85,7 +93,7 @@ impl Store for TestStore {
                 ),
                 Mode::Hang => std::future::pending().await,
             }
-        })
+        }
     }
 }
 
@@ -112,17 +120,75 @@ fn key() -> WindowKey {
     WindowKey::for_subject("alice")
 }
 
-/// A builder with no breaker, no retries and no local tier, so each test
-/// turns on only what it looks at.
-fn setup() -> (TestStore, ManualClock, LimiterBuilder) {
+/// The store's builder (budget, retries, breaker, in-flight bound) and the
+/// limiter's settings (local tier, fallback) side by side, so a test sets
+/// both in one chain; `build` makes the store, then the limiter on it.
+struct Setup {
+    store: StoreBuilder,
+    clock: ManualClock,
+    limiter: Vec<Box<dyn FnOnce(LimiterBuilder) -> LimiterBuilder>>,
+}
+
+impl Setup {
+    fn timeout(mut self, budget: Duration) -> Self {
+        self.store = self.store.timeout(budget);
+        self
+    }
+
+    fn retry(mut self, retry: RetryConfig) -> Self {
+        self.store = self.store.retry(retry);
+        self
+    }
+
+    fn breaker(mut self, config: BreakerConfig) -> Self {
+        self.store = self.store.breaker(config);
+        self
+    }
+
+    fn max_in_flight(mut self, n: usize) -> Self {
+        self.store = self.store.max_in_flight(n);
+        self
+    }
+
+    fn local_capacity(mut self, capacity: u64) -> Self {
+        self.limiter
+            .push(Box::new(move |b| b.local_capacity(capacity)));
+        self
+    }
+
+    fn fallback(mut self, policy: impl FallbackPolicy) -> Self {
+        self.limiter.push(Box::new(move |b| b.fallback(policy)));
+        self
+    }
+
+    fn build(self) -> Limiter {
+        let builder = Limiter::builder(self.store.build(), quota()).clock(self.clock);
+        self.limiter
+            .into_iter()
+            .fold(builder, |builder, set| set(builder))
+            .build()
+    }
+}
+
+/// A store on `backend` behind a network, its breakers on `clock`.
+fn networked(backend: impl limit::Backend, clock: &ManualClock) -> StoreBuilder {
+    Store::builder(Backend::windows(backend)).clock(clock.clone())
+}
+
+/// A store with no breaker and no retries, and a limiter with no local
+/// tier, so each test turns on only what it looks at.
+fn setup() -> (TestStore, ManualClock, Setup) {
     let clock = ManualClock::new(T0);
     let store = TestStore::new(&clock);
-    let builder = Limiter::builder(store.clone(), quota())
-        .clock(clock.clone())
-        .local_capacity(0)
-        .without_breaker()
-        .retry(RetryConfig::none())
-        .timeout(BUDGET);
+    let builder = Setup {
+        store: networked(store.clone(), &clock)
+            .without_breaker()
+            .retry(RetryConfig::none())
+            .timeout(BUDGET),
+        clock: clock.clone(),
+        limiter: Vec::new(),
+    }
+    .local_capacity(0);
     (store, clock, builder)
 }
 
@@ -135,7 +201,7 @@ async fn without_a_fallback_errors_are_returned() {
     let (store, _clock, builder) = setup();
     let limiter = builder.build();
     assert_eq!(
-        limiter.check(&key(), 1).await.unwrap().source,
+        limiter.check(&key(), 1).await.unwrap().source(),
         DecisionSource::Store
     );
     store.set(Mode::Fail(StoreErrorKind::Unavailable));
@@ -171,16 +237,16 @@ async fn fail_open_admits_and_says_why() {
     ] {
         store.set(Mode::Fail(kind));
         let d = limiter.check(&key(), 3).await.unwrap();
-        assert!(d.allowed);
-        assert_eq!(d.source, fallback(reason));
+        assert!(d.allowed());
+        assert_eq!(d.source(), fallback(reason));
         assert!(d.is_degraded());
-        assert_eq!(d.remaining, 7);
-        assert_eq!(d.timestamp_micros, clock.now_micros());
+        assert_eq!(d.remaining(), 7);
+        assert_eq!(d.timestamp_micros(), clock.now_micros());
     }
     store.set(Mode::Hang);
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert!(d.allowed);
-    assert_eq!(d.source, fallback(FallbackReason::Timeout));
+    assert!(d.allowed());
+    assert_eq!(d.source(), fallback(FallbackReason::Timeout));
     let stats = limiter.stats();
     assert_eq!(stats.fallback(FallbackReason::Timeout), 2);
     assert_eq!(stats.fallback_total(), 5);
@@ -192,10 +258,10 @@ async fn fail_closed_denies_with_its_status() {
     let limiter = builder.fallback(FailClosed::default()).build();
     store.set(Mode::Fail(StoreErrorKind::Unavailable));
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert!(!d.allowed);
-    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
-    assert_eq!(d.retry_after, Some(Duration::from_secs(1)));
-    assert_eq!(d.remaining, 0);
+    assert!(!d.allowed());
+    assert_eq!(d.source(), fallback(FallbackReason::Unavailable));
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
+    assert_eq!(d.remaining(), 0);
 
     let (store, _clock, builder) = setup();
     let limiter = builder
@@ -203,9 +269,9 @@ async fn fail_closed_denies_with_its_status() {
         .build();
     store.set(Mode::Fail(StoreErrorKind::Overloaded));
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert!(!d.allowed);
-    assert_eq!(d.source, fallback(FallbackReason::Overloaded));
-    assert_eq!(d.retry_after, Some(Duration::from_millis(250)));
+    assert!(!d.allowed());
+    assert_eq!(d.source(), fallback(FallbackReason::Overloaded));
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(250)));
 }
 
 #[tokio::test(start_paused = true)]
@@ -217,16 +283,16 @@ async fn closure_policies_are_marked_degraded() {
         .fallback(move |r: &FallbackRequest<'_>| {
             log.lock()
                 .unwrap()
-                .push((r.reason, r.cost, r.error.map(StoreError::kind)));
+                .push((r.reason, r.cost.get(), r.error.map(StoreError::kind)));
             // Claims to be a store decision; the limiter corrects that.
             Decision::allow(r.policy.first().clone(), 0, r.policy.first().window())
         })
         .build();
     store.set(Mode::Fail(StoreErrorKind::Unavailable));
     let d = limiter.check(&key(), 2).await.unwrap();
-    assert!(d.allowed);
-    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
-    assert_eq!(d.timestamp_micros, T0);
+    assert!(d.allowed());
+    assert_eq!(d.source(), fallback(FallbackReason::Unavailable));
+    assert_eq!(d.timestamp_micros(), T0);
     assert_eq!(
         *seen.lock().unwrap(),
         vec![(
@@ -250,7 +316,7 @@ async fn a_hanging_store_returns_by_the_budget() {
         let start = Instant::now();
         let d = limiter.check(&key(), 1).await.unwrap();
         let elapsed = start.elapsed();
-        assert_eq!(d.source, fallback(FallbackReason::Timeout));
+        assert_eq!(d.source(), fallback(FallbackReason::Timeout));
         // Paused time: the timeout fires at the budget exactly.
         assert_eq!(elapsed, BUDGET, "waited {elapsed:?}");
     }
@@ -267,7 +333,7 @@ async fn retries_only_retryable_errors() {
         .build();
     store.set(Mode::Fail(StoreErrorKind::Unavailable));
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+    assert_eq!(d.source(), fallback(FallbackReason::Unavailable));
     assert_eq!(store.calls(), 4, "1 attempt + 3 retries");
     for kind in [
         StoreErrorKind::Protocol,
@@ -294,7 +360,7 @@ async fn a_retry_never_repeats_a_call_that_may_have_applied() {
         .build();
     store.set(Mode::FailApplied(StoreErrorKind::Unavailable));
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+    assert_eq!(d.source(), fallback(FallbackReason::Unavailable));
     assert_eq!(store.calls(), 1, "may have applied: not retried");
     store.set(Mode::Fail(StoreErrorKind::Unavailable));
     limiter.check(&key(), 1).await.unwrap();
@@ -318,7 +384,7 @@ async fn our_own_overload_never_opens_a_breaker() {
     store.set(Mode::Fail(StoreErrorKind::Overloaded));
     for _ in 0..100 {
         let d = limiter.check(&key(), 1).await.unwrap();
-        assert_eq!(d.source, fallback(FallbackReason::Overloaded));
+        assert_eq!(d.source(), fallback(FallbackReason::Overloaded));
     }
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
     assert_eq!(store.calls(), 100, "every call reached the store");
@@ -333,11 +399,11 @@ async fn our_own_overload_never_opens_a_breaker() {
     assert_eq!(store.calls(), 101, "the hung call reached the store");
     for _ in 0..100 {
         let d = limiter.check(&key(), 1).await.unwrap();
-        assert_eq!(d.source, fallback(FallbackReason::Overloaded));
+        assert_eq!(d.source(), fallback(FallbackReason::Overloaded));
     }
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
     assert_eq!(
-        hung.await.unwrap().source,
+        hung.await.unwrap().source(),
         fallback(FallbackReason::Timeout)
     );
 
@@ -367,7 +433,7 @@ async fn slow_calls_open_the_breaker() {
     store.set(Mode::Slow(Duration::from_millis(9)));
     for _ in 0..10 {
         assert_eq!(
-            limiter.check(&key(), 1).await.unwrap().source,
+            limiter.check(&key(), 1).await.unwrap().source(),
             DecisionSource::Store
         );
     }
@@ -381,12 +447,12 @@ async fn slow_calls_open_the_breaker() {
     store.set(Mode::Slow(Duration::from_millis(20)));
     for _ in 0..4 {
         let d = limiter.check(&key(), 1).await.unwrap();
-        assert_eq!(d.source, DecisionSource::Store, "slow, but answered");
-        assert!(d.allowed);
+        assert_eq!(d.source(), DecisionSource::Store, "slow, but answered");
+        assert!(d.allowed());
     }
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+    assert_eq!(d.source(), fallback(FallbackReason::CircuitOpen));
     assert_eq!(store.calls(), 4);
 }
 
@@ -413,8 +479,8 @@ async fn a_retry_recovers_within_the_budget() {
     let d = limiter.check(&key(), 1).await.unwrap();
     let elapsed = start.elapsed();
     flip.await.unwrap();
-    assert!(d.allowed);
-    assert_eq!(d.source, DecisionSource::Store);
+    assert!(d.allowed());
+    assert_eq!(d.source(), DecisionSource::Store);
     assert!(
         (Duration::from_millis(5)..=Duration::from_millis(25)).contains(&elapsed),
         "recovered after {elapsed:?}"
@@ -474,7 +540,7 @@ async fn the_breaker_opens_skips_the_store_and_recovers() {
     store.set(Mode::Fail(StoreErrorKind::Unavailable));
     for _ in 0..3 {
         let d = limiter.check(&key(), 1).await.unwrap();
-        assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+        assert_eq!(d.source(), fallback(FallbackReason::Unavailable));
     }
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
     assert_eq!(store.calls(), 3);
@@ -485,7 +551,7 @@ async fn the_breaker_opens_skips_the_store_and_recovers() {
         let start = Instant::now();
         let d = limiter.check(&key(), 1).await.unwrap();
         assert_eq!(start.elapsed(), Duration::ZERO);
-        assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+        assert_eq!(d.source(), fallback(FallbackReason::CircuitOpen));
     }
     assert_eq!(store.calls(), 3);
     clock.advance(Duration::from_millis(1_999));
@@ -496,7 +562,7 @@ async fn the_breaker_opens_skips_the_store_and_recovers() {
     clock.advance(Duration::from_millis(1));
     store.set(Mode::Fail(StoreErrorKind::Unavailable));
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+    assert_eq!(d.source(), fallback(FallbackReason::Unavailable));
     assert_eq!(store.calls(), 4);
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
     limiter.check(&key(), 1).await.unwrap();
@@ -506,7 +572,7 @@ async fn the_breaker_opens_skips_the_store_and_recovers() {
     clock.advance(Duration::from_secs(2));
     store.set(Mode::Allow);
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert_eq!(d.source, DecisionSource::Store);
+    assert_eq!(d.source(), DecisionSource::Store);
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
     for _ in 0..5 {
         limiter.check(&key(), 1).await.unwrap();
@@ -546,7 +612,7 @@ async fn the_breaker_opens_on_timeouts_and_on_a_failure_ratio() {
     }
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+    assert_eq!(d.source(), fallback(FallbackReason::CircuitOpen));
     assert_eq!(store.calls(), 10);
 }
 
@@ -577,11 +643,11 @@ async fn half_open_lets_only_a_few_probes_through() {
         .collect();
     until("both probes reach the store", || store.calls() >= 3).await;
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+    assert_eq!(d.source(), fallback(FallbackReason::CircuitOpen));
     assert_eq!(store.calls(), 3);
     for probe in probes {
         let d = probe.await.unwrap();
-        assert_eq!(d.source, fallback(FallbackReason::Timeout));
+        assert_eq!(d.source(), fallback(FallbackReason::Timeout));
     }
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
 }
@@ -604,20 +670,19 @@ impl TwoShards {
     }
 }
 
-impl Store for TwoShards {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        let shard = Self::shard_of(request.key);
-        self.calls[usize::from(shard)].fetch_add(1, Ordering::SeqCst);
-        let down = shard == 0 && self.shard0_down.load(Ordering::SeqCst);
-        let quota = request.policy.first().clone();
-        Box::pin(async move {
-            if down {
-                Err(StoreError::new(StoreErrorKind::Unavailable, "shard down"))
-            } else {
-                Ok(Decision::allow(quota, 1, Duration::from_secs(1)))
+impl limit::Backend for TwoShards {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+        guard.run(move || {
+            let shard = Self::shard_of(request.key);
+            self.calls[usize::from(shard)].fetch_add(1, Ordering::SeqCst);
+            let down = shard == 0 && self.shard0_down.load(Ordering::SeqCst);
+            let quota = request.policy.first().clone();
+            async move {
+                if down {
+                    Err(StoreError::new(StoreErrorKind::Unavailable, "shard down"))
+                } else {
+                    Ok(Decision::allow(quota, 1, Duration::from_secs(1)))
+                }
             }
         })
     }
@@ -632,17 +697,19 @@ async fn one_failing_shard_opens_only_its_own_breaker() {
     let clock = ManualClock::new(T0);
     let store = TwoShards::default();
     // The default breaker: 5 consecutive failures, or 50 % of 20 calls.
-    let limiter = Limiter::builder(store.clone(), "1000/1s".parse::<Quota>().unwrap())
+    let shards = networked(store.clone(), &clock)
+        .retry(RetryConfig::none())
+        .build();
+    let limiter = Limiter::builder(shards, "1000/1s".parse::<Quota>().unwrap())
         .clock(clock.clone())
         .local_capacity(0)
-        .retry(RetryConfig::none())
         .fallback(FailClosed::default())
         .build();
     let down = |i: usize| WindowKey::for_subject(format!("a-{i}"));
     let up = |i: usize| WindowKey::for_subject(format!("b-{i}"));
     for i in 0..4 {
         assert_eq!(
-            limiter.check(&down(i), 1).await.unwrap().source,
+            limiter.check(&down(i), 1).await.unwrap().source(),
             DecisionSource::Store
         );
     }
@@ -655,11 +722,15 @@ async fn one_failing_shard_opens_only_its_own_breaker() {
     for i in 0..40 {
         for j in 0..2 {
             let d = limiter.check(&down(i * 2 + j), 1).await.unwrap();
-            assert!(d.is_degraded() && !d.allowed, "{d:?}");
+            assert!(d.is_degraded() && !d.allowed(), "{d:?}");
         }
         let d = limiter.check(&up(i), 1).await.unwrap();
-        assert_eq!(d.source, DecisionSource::Store, "healthy shard, round {i}");
-        assert!(d.allowed);
+        assert_eq!(
+            d.source(),
+            DecisionSource::Store,
+            "healthy shard, round {i}"
+        );
+        assert!(d.allowed());
     }
     // Shard 0's breaker opened after its 5th failure in a row and the
     // store never saw shard 0 again.
@@ -676,7 +747,7 @@ async fn one_failing_shard_opens_only_its_own_breaker() {
         Some(BreakerState::Closed)
     );
     assert_eq!(
-        limiter.check(&down(0), 1).await.unwrap().source,
+        limiter.check(&down(0), 1).await.unwrap().source(),
         fallback(FallbackReason::CircuitOpen)
     );
     assert_eq!(store.calls(0) - before, 5);
@@ -686,13 +757,13 @@ async fn one_failing_shard_opens_only_its_own_breaker() {
     store.shard0_down.store(false, Ordering::SeqCst);
     clock.advance(Duration::from_millis(999));
     assert_eq!(
-        limiter.check(&down(0), 1).await.unwrap().source,
+        limiter.check(&down(0), 1).await.unwrap().source(),
         fallback(FallbackReason::CircuitOpen)
     );
     assert_eq!(store.calls(0) - before, 5, "no probe before the cooldown");
     clock.advance(Duration::from_millis(1));
     assert_eq!(
-        limiter.check(&down(0), 1).await.unwrap().source,
+        limiter.check(&down(0), 1).await.unwrap().source(),
         DecisionSource::Store
     );
     assert_eq!(limiter.open_breakers(), 0);
@@ -718,7 +789,7 @@ async fn an_unsharded_store_has_one_breaker() {
     let other = WindowKey::for_subject("never-checked");
     assert_eq!(limiter.breaker_state_for(&other), Some(BreakerState::Open));
     assert_eq!(
-        limiter.check(&other, 1).await.unwrap().source,
+        limiter.check(&other, 1).await.unwrap().source(),
         fallback(FallbackReason::CircuitOpen)
     );
     assert_eq!(store.calls(), 2);
@@ -742,19 +813,19 @@ async fn the_in_flight_bound_takes_the_overloaded_path() {
     let start = Instant::now();
     let d = limiter.check(&key(), 1).await.unwrap();
     assert_eq!(start.elapsed(), Duration::ZERO);
-    assert!(!d.allowed);
-    assert_eq!(d.source, fallback(FallbackReason::Overloaded));
+    assert!(!d.allowed());
+    assert_eq!(d.source(), fallback(FallbackReason::Overloaded));
     assert_eq!(store.calls(), 2, "no store call beyond the bound");
     for task in hung {
         assert_eq!(
-            task.await.unwrap().source,
+            task.await.unwrap().source(),
             fallback(FallbackReason::Timeout)
         );
     }
     // The slots are free again.
     store.set(Mode::Allow);
     assert_eq!(
-        limiter.check(&key(), 1).await.unwrap().source,
+        limiter.check(&key(), 1).await.unwrap().source(),
         DecisionSource::Store
     );
 
@@ -782,25 +853,25 @@ async fn the_local_tier_answers_a_denied_key_until_retry_after() {
     // memory) cannot interfere on a slow machine.
     store.set(Mode::Deny(Duration::from_secs(30)));
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert!(!d.allowed);
-    assert_eq!(d.source, DecisionSource::Store);
+    assert!(!d.allowed());
+    assert_eq!(d.source(), DecisionSource::Store);
     assert_eq!(store.calls(), 1);
 
     for i in 0..100u64 {
         clock.set(T0 + i * 2_000);
         let d = limiter.check(&key(), 1).await.unwrap();
-        assert!(!d.allowed);
-        assert_eq!(d.source, DecisionSource::LocalCache);
+        assert!(!d.allowed());
+        assert_eq!(d.source(), DecisionSource::LocalCache);
         assert_eq!(
-            d.retry_after,
+            d.retry_after(),
             Some(Duration::from_micros(30_000_000 - i * 2_000))
         );
-        assert_eq!(d.timestamp_micros, T0 + i * 2_000);
+        assert_eq!(d.timestamp_micros(), T0 + i * 2_000);
     }
     assert_eq!(store.calls(), 1, "the store saw one call");
     // A larger cost is denied locally too; other keys go to the store.
     assert_eq!(
-        limiter.check(&key(), 5).await.unwrap().source,
+        limiter.check(&key(), 5).await.unwrap().source(),
         DecisionSource::LocalCache
     );
     limiter
@@ -815,11 +886,11 @@ async fn the_local_tier_answers_a_denied_key_until_retry_after() {
     clock.set(T0 + 30_000_000);
     store.set(Mode::Allow);
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert!(d.allowed);
-    assert_eq!(d.source, DecisionSource::Store);
+    assert!(d.allowed());
+    assert_eq!(d.source(), DecisionSource::Store);
     assert_eq!(store.calls(), 3);
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert_eq!(d.source, DecisionSource::Store);
+    assert_eq!(d.source(), DecisionSource::Store);
     let stats = limiter.stats();
     assert_eq!((stats.store, stats.local_cache), (4, 102));
 }
@@ -833,13 +904,13 @@ async fn the_local_tier_is_bypassed_for_cheaper_requests_and_never_admits() {
     store.set(Mode::Allow);
     // Cost 1 might fit already: the store decides.
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert_eq!(d.source, DecisionSource::Store);
-    assert!(d.allowed);
+    assert_eq!(d.source(), DecisionSource::Store);
+    assert!(d.allowed());
     // Cost 4 is still remembered as denied, even though the store would now
     // admit it: the tier only repeats a denial for its retry_after.
     let d = limiter.check(&key(), 4).await.unwrap();
-    assert!(!d.allowed);
-    assert_eq!(d.source, DecisionSource::LocalCache);
+    assert!(!d.allowed());
+    assert_eq!(d.source(), DecisionSource::LocalCache);
     assert_eq!(store.calls(), 2);
 }
 
@@ -852,7 +923,7 @@ async fn the_local_tier_stays_within_its_capacity() {
     for i in 0..1_000_000u32 {
         let key = WindowKey::for_subject(i.to_string());
         let d = limiter.check(&key, 1).await.unwrap();
-        assert!(!d.allowed);
+        assert!(!d.allowed());
     }
     assert_eq!(store.calls(), 1_000_000);
     let len = limiter.local_cache_len();
@@ -871,20 +942,18 @@ async fn local_window_admits_a_share_per_window() {
         let mut admitted = 0;
         for _ in 0..10 {
             let d = limiter.check(&key(), 1).await.unwrap();
-            assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+            assert_eq!(d.source(), fallback(FallbackReason::Unavailable));
             assert_eq!(*d.quota(), quota(), "reported against the caller's quota");
-            admitted += u32::from(d.allowed);
+            admitted += u32::from(d.allowed());
         }
         assert_eq!(admitted, 3, "second {second}");
     }
     // Keys are separate.
-    assert!(
-        limiter
-            .check(&WindowKey::for_subject("bob"), 1)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(limiter
+        .check(&WindowKey::for_subject("bob"), 1)
+        .await
+        .unwrap()
+        .allowed());
 }
 
 #[tokio::test(start_paused = true)]
@@ -900,24 +969,20 @@ async fn local_window_per_node_rounds_up_and_keeps_the_algorithm() {
     let mut admitted = 0;
     for _ in 0..10 {
         let d = limiter.check_policy(&key(), &gcra, 1).await.unwrap();
-        admitted += u32::from(d.allowed);
+        admitted += u32::from(d.allowed());
     }
     assert_eq!(admitted, 3);
     clock.advance(Duration::from_micros(333_334));
-    assert!(
-        limiter
-            .check_policy(&key(), &gcra, 1)
-            .await
-            .unwrap()
-            .allowed
-    );
-    assert!(
-        !limiter
-            .check_policy(&key(), &gcra, 1)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(limiter
+        .check_policy(&key(), &gcra, 1)
+        .await
+        .unwrap()
+        .allowed());
+    assert!(!limiter
+        .check_policy(&key(), &gcra, 1)
+        .await
+        .unwrap()
+        .allowed());
     // The breaker opened after the first failure; the rest never hit the store.
     assert_eq!(store.calls(), 1);
 }
@@ -926,20 +991,20 @@ async fn local_window_per_node_rounds_up_and_keeps_the_algorithm() {
 async fn builder_defaults_work_end_to_end() {
     let clock = ManualClock::new(T0);
     let store = TestStore::new(&clock);
-    let limiter = Limiter::builder(store.clone(), quota())
+    let limiter = Limiter::builder(networked(store.clone(), &clock).build(), quota())
         .clock(clock.clone())
         .fallback(FailOpen)
         .build();
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
     assert_eq!(
-        limiter.check(&key(), 1).await.unwrap().source,
+        limiter.check(&key(), 1).await.unwrap().source(),
         DecisionSource::Store
     );
     store.set(Mode::Hang);
     let start = Instant::now();
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert_eq!(d.source, fallback(FallbackReason::Timeout));
-    assert_eq!(start.elapsed(), LimiterBuilder::DEFAULT_TIMEOUT);
+    assert_eq!(d.source(), fallback(FallbackReason::Timeout));
+    assert_eq!(start.elapsed(), StoreBuilder::DEFAULT_TIMEOUT);
     // Five consecutive failures open the default breaker.
     for _ in 0..4 {
         limiter.check(&key(), 1).await.unwrap();
@@ -947,7 +1012,7 @@ async fn builder_defaults_work_end_to_end() {
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Open));
     assert_eq!(store.calls(), 6);
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+    assert_eq!(d.source(), fallback(FallbackReason::CircuitOpen));
     assert_eq!(store.calls(), 6);
 }
 
@@ -1004,7 +1069,7 @@ async fn cancelled_and_timed_out_checks_leave_nothing_behind() {
     assert!(probe.await.unwrap_err().is_cancelled());
     store.set(Mode::Allow);
     let d = limiter.check(&key(), 1).await.unwrap();
-    assert_eq!(d.source, DecisionSource::Store, "slots were released");
+    assert_eq!(d.source(), DecisionSource::Store, "slots were released");
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));
 }
 
@@ -1027,17 +1092,17 @@ async fn extreme_settings_do_not_panic() {
         .fallback(FailOpen)
         .build();
     store.set(Mode::Deny(Duration::MAX));
-    assert!(!limiter.check(&key(), u32::MAX).await.unwrap().allowed);
-    assert!(!limiter.check(&key(), u32::MAX).await.unwrap().allowed);
+    assert!(!limiter.check(&key(), u32::MAX).await.unwrap().allowed());
+    assert!(!limiter.check(&key(), u32::MAX).await.unwrap().allowed());
     store.set(Mode::Fail(StoreErrorKind::Unavailable));
     let d = limiter
         .check(&WindowKey::for_subject("x"), 1)
         .await
         .unwrap();
-    assert_eq!(d.source, fallback(FallbackReason::Unavailable));
+    assert_eq!(d.source(), fallback(FallbackReason::Unavailable));
     let d = limiter
         .check(&WindowKey::for_subject("x"), 1)
         .await
         .unwrap();
-    assert_eq!(d.source, fallback(FallbackReason::CircuitOpen));
+    assert_eq!(d.source(), fallback(FallbackReason::CircuitOpen));
 }

@@ -7,10 +7,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use tower_window::fallback::FailOpen;
+use tower_window::store::{Backend, Guard, Op};
 use tower_window::{
-    BreakerConfig, CheckRequest, Decision, Limiter, MemoryStore, Quota, RetryConfig, Store,
+    limit, BreakerConfig, CheckRequest, Decision, Limiter, MemoryStore, Quota, RetryConfig, Store,
     StoreError, StoreErrorKind, WindowKey,
 };
 use tracing::field::{Field, Visit};
@@ -76,12 +76,12 @@ impl Subscriber for Capture {
     fn exit(&self, _: &Id) {}
 }
 
-/// Fails every call with a message that names no key.
+/// Fails every call, behind a network, with a message that names no key.
 struct Down;
 
-impl Store for Down {
-    fn check<'a>(&'a self, _: CheckRequest<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async { Err(StoreError::new(StoreErrorKind::Unavailable, "refused")) })
+impl limit::Backend for Down {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'a, Decision> {
+        guard.run(|| async { Err(StoreError::new(StoreErrorKind::Unavailable, "refused")) })
     }
 }
 
@@ -92,17 +92,19 @@ async fn spans_carry_outcome_and_source_but_never_the_key() {
     let key = WindowKey::new("secret-tenant", "secret-subject");
 
     let limiter = Limiter::builder(MemoryStore::new(), "1/1m".parse::<Quota>().unwrap()).build();
-    assert!(limiter.check(&key, 1).await.unwrap().allowed);
-    assert!(!limiter.check(&key, 1).await.unwrap().allowed);
-    assert!(!limiter.check(&key, 1).await.unwrap().allowed);
+    assert!(limiter.check(&key, 1).await.unwrap().allowed());
+    assert!(!limiter.check(&key, 1).await.unwrap().allowed());
+    assert!(!limiter.check(&key, 1).await.unwrap().allowed());
 
-    let degraded = Limiter::builder(Down, "1/1m".parse::<Quota>().unwrap())
+    let down = Store::builder(Backend::windows(Down))
         .retry(RetryConfig::none())
         .breaker(
             BreakerConfig::default()
                 .consecutive_failures(1)
                 .cooldown(Duration::from_secs(3600)),
         )
+        .build();
+    let degraded = Limiter::builder(down, "1/1m".parse::<Quota>().unwrap())
         .fallback(FailOpen::new())
         .build();
     assert!(degraded.check(&key, 1).await.unwrap().is_degraded());

@@ -328,11 +328,11 @@ async fn usage(
             let mut quotas = Map::new();
             for q in decision.quotas() {
                 quotas.insert(
-                    q.quota.name().to_owned(),
+                    q.quota().name().to_owned(),
                     json!({
-                        "limit": q.quota.capacity(),
-                        "remaining": q.remaining,
-                        "reset_after_ms": u64::try_from(q.reset_after.as_millis()).unwrap_or(u64::MAX),
+                        "limit": q.quota().capacity(),
+                        "remaining": q.remaining(),
+                        "reset_after_ms": u64::try_from(q.reset_after().as_millis()).unwrap_or(u64::MAX),
                     }),
                 );
             }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use serde_json::json;
-use tower_window::conn::{ConnectionLease, LeaseLost};
+use tower_window::conn::{ConnectionSeat, LeaseLost};
 use tower_window::{Policy, WindowKey};
 
 use super::limits::MessageLimits;
@@ -111,9 +111,9 @@ impl GuardedSocket {
         }
     }
 
-    /// Closes the socket with 1008 when `lease` is reported lost.
-    pub fn with_lease(mut self, lease: &ConnectionLease) -> Self {
-        self.lost = Some(lease.lost());
+    /// Closes the socket with 1008 when `seat` is reported lost.
+    pub fn with_seat(mut self, seat: &ConnectionSeat) -> Self {
+        self.lost = Some(seat.lost());
         self
     }
 
@@ -407,11 +407,11 @@ async fn charge(limits: &MessageLimits, key: &WindowKey, len: usize) -> Charge {
             continue; // an empty message costs no bytes
         }
         match inner.limiter.check_policy(key, policy, cost).await {
-            Ok(decision) if decision.allowed => {}
+            Ok(decision) if decision.allowed() => {}
             Ok(decision) => {
                 return Charge::Exceeded {
                     quota: decision.quota().name().to_owned(),
-                    retry_after: decision.retry_after,
+                    retry_after: decision.retry_after(),
                 }
             }
             // No fallback configured and the store failed: a store

@@ -41,8 +41,6 @@
 //! the cap stops counting it), the lease, the guard, an echo:
 //!
 //! ```no_run
-//! use std::sync::Arc;
-//!
 //! use axum::extract::ws::WebSocketUpgrade;
 //! use axum::extract::State;
 //! use axum::http::{HeaderMap, StatusCode};
@@ -51,7 +49,7 @@
 //! use axum::Router;
 //! use axum_window_ext::ws::{ConnectionRefused, GuardedSocket, MessageLimits};
 //! use tower_window::conn::{Acquire, ConnectionLimiter};
-//! use tower_window::{Limiter, MemoryStore, Quota, WindowKey};
+//! use tower_window::{Limiter, MemoryStore, Quota, Store, WindowKey};
 //!
 //! /// What every socket of this node shares.
 //! #[derive(Clone)]
@@ -66,30 +64,31 @@
 //!         return StatusCode::BAD_REQUEST.into_response();
 //!     };
 //!     let key = WindowKey::for_subject(user);
-//!     let lease = match sockets.connections.acquire(&key).await {
-//!         Ok(Acquire::Granted(lease)) => lease,
+//!     let seat = match sockets.connections.acquire(&key).await {
+//!         Ok(Acquire::Granted(seat)) => seat,
 //!         Ok(Acquire::Denied(denied)) => return ConnectionRefused::new(denied).into_response(),
 //!         Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
 //!     };
 //!     let limits = sockets.limits.clone();
 //!     limits.configure(upgrade).on_upgrade(move |socket| async move {
-//!         let mut socket = GuardedSocket::new(socket, sockets.limits, key).with_lease(&lease);
+//!         let mut socket = GuardedSocket::new(socket, sockets.limits, key).with_seat(&seat);
 //!         while let Some(message) = socket.recv().await {
 //!             if socket.send(message).await.is_err() {
 //!                 break;
 //!             }
 //!         }
 //!         drop(socket); // the closing handshake finishes in the background
-//!         let _ = lease.release().await;
+//!         let _ = seat.release().await;
 //!     })
 //! }
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     // One store behind the limiter and the leases (an `Arc<RedisStore>` for a cluster).
-//!     let store = Arc::new(MemoryStore::new());
+//!     // One store for the limiter and the connection caps (`Store::from(RedisStore)`
+//!     // for a cluster of nodes).
+//!     let store = Store::from(MemoryStore::new());
 //!     let limiter = Limiter::new(store.clone(), "100/1m".parse::<Quota>()?);
-//!     let connections = ConnectionLimiter::builder(limiter.clone(), store)
+//!     let connections = ConnectionLimiter::builder(store)
 //!         .max_per_subject(3)
 //!         .build()?;
 //!     // One heartbeat per node; it runs until every clone of the limiter is gone.

@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, dead_code, unreachable_pub)]
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::WebSocketUpgrade;
@@ -22,8 +21,8 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
-use tower_window::events::{EventStore, EventWindow, Position, Retention};
-use tower_window::{Limiter, Quota, Store};
+use tower_window::events::{EventWindow, Position, Retention};
+use tower_window::Store;
 
 pub type Ws = WebSocketStream<TcpStream>;
 
@@ -31,11 +30,10 @@ pub type Ws = WebSocketStream<TcpStream>;
 pub const WAIT: Duration = Duration::from_secs(20);
 
 /// The one place these tests make an event window: rooms in `store`,
-/// through a limiter on the same store, keeping 10 minutes / 10,000 events.
-pub fn hub<S: Store + EventStore>(store: Arc<S>) -> RoomHubBuilder {
-    let limiter = Limiter::new(store.clone(), "100000/1s".parse::<Quota>().unwrap());
+/// keeping 10 minutes / 10,000 events.
+pub fn hub(store: impl Into<Store>) -> RoomHubBuilder {
     let retention = Retention::new(Duration::from_secs(600), 10_000).unwrap();
-    RoomHub::builder(EventWindow::from_shared_store(limiter, store, retention))
+    RoomHub::builder(EventWindow::new(store, retention))
 }
 
 #[derive(Debug, Deserialize)]

@@ -11,8 +11,10 @@
 //! Instruction counts repeat to the instruction on any machine load, where
 //! nanoseconds on a shared VM do not. The first argument picks the quota
 //! (`sliding_log`, `sliding_counter`, `fixed_window`, `gcra`, or `builder`
-//! for a limiter with the local tier and breaker), the second the number of
-//! checks; `SYNC=1` uses `Limiter::check_sync` instead of `Limiter::check`.
+//! for a limiter with the local tier on a store with a breaker), the second
+//! the number of checks; `SYNC=1` takes each answer with `Check::into_ready`
+//! (which replaced `Limiter::check_sync`) instead of polling the `Check`
+//! once.
 //! It prints the checks it made; subtract a run of 0 checks to get the
 //! per-decision cost.
 
@@ -22,7 +24,7 @@ use std::pin::pin;
 use std::process::ExitCode;
 use std::task::{Context, Poll, Waker};
 
-use tower_window::{Limiter, MemoryStore, Quota, WindowKey};
+use tower_window::{BreakerConfig, Limiter, MemoryStore, Quota, Store, WindowKey};
 
 fn now<F: Future>(future: F) -> Option<F::Output> {
     let mut future = pin!(future);
@@ -64,7 +66,11 @@ fn main() -> ExitCode {
         }
     };
     let limiter = if case == "builder" {
-        Limiter::builder(MemoryStore::new(), quota).build()
+        // The embedded store has no breaker by default: this case keeps one.
+        let store = Store::builder(MemoryStore::new())
+            .breaker(BreakerConfig::default())
+            .build();
+        Limiter::builder(store, quota).build()
     } else {
         Limiter::new(MemoryStore::new(), quota)
     };
@@ -75,12 +81,12 @@ fn main() -> ExitCode {
     let mut admitted = 0u64;
     for _ in 0..count {
         let decided = if sync {
-            limiter.check_sync(black_box(&key), 1)
+            limiter.check(black_box(&key), 1).into_ready().ok()
         } else {
             now(limiter.check(black_box(&key), 1))
         };
         match decided {
-            Some(Ok(decision)) => admitted += u64::from(black_box(decision).allowed),
+            Some(Ok(decision)) => admitted += u64::from(black_box(decision).allowed()),
             Some(Err(error)) => {
                 eprintln!("check_instructions: {error}");
                 return ExitCode::FAILURE;

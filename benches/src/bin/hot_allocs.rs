@@ -21,7 +21,9 @@ use std::task::{Context, Poll, Waker};
 use http::{HeaderValue, Request, Response};
 use tower_service::Service;
 use tower_window::key::Header;
-use tower_window::{KeyExtractor, Limiter, MemoryStore, Quota, SlidingWindowLayer, WindowKey};
+use tower_window::{
+    BreakerConfig, KeyExtractor, Limiter, MemoryStore, Quota, SlidingWindowLayer, Store, WindowKey,
+};
 
 /// Counts every allocation (dhat's heap profiler in testing mode: no
 /// unsafe code here, no file written).
@@ -106,12 +108,16 @@ fn main() {
     let bare = Limiter::new(MemoryStore::new(), quota());
     rows.push((
         "`Limiter::check`, `Limiter::new(MemoryStore)`",
-        per_request(|| assert!(now(bare.check(&key, 1)).unwrap().allowed)),
+        per_request(|| assert!(now(bare.check(&key, 1)).unwrap().allowed())),
     ));
-    let built = Limiter::builder(MemoryStore::new(), quota()).build();
+    // The embedded store has no breaker by default: this row keeps one.
+    let store = Store::builder(MemoryStore::new())
+        .breaker(BreakerConfig::default())
+        .build();
+    let built = Limiter::builder(store, quota()).build();
     rows.push((
-        "`Limiter::check`, `Limiter::builder(MemoryStore)` (local tier, breaker)",
-        per_request(|| assert!(now(built.check(&key, 1)).unwrap().allowed)),
+        "`Limiter::check`, `Limiter::builder` on a `MemoryStore` store with a breaker (local tier, breaker)",
+        per_request(|| assert!(now(built.check(&key, 1)).unwrap().allowed())),
     ));
     let gcra = Limiter::new(
         MemoryStore::new(),
@@ -119,7 +125,7 @@ fn main() {
     );
     rows.push((
         "`Limiter::check`, `MemoryStore`, GCRA",
-        per_request(|| assert!(now(gcra.check(&key, 1)).unwrap().allowed)),
+        per_request(|| assert!(now(gcra.check(&key, 1)).unwrap().allowed())),
     ));
 
     let user = HeaderValue::from_static("alice");

@@ -20,8 +20,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tower_window::conn::{Acquire, ConnectionLease, ConnectionLimiter};
-use tower_window::{Limiter, Quota, RedisStore, Store, WindowKey};
+use tower_window::conn::{Acquire, ConnectionLimiter, ConnectionSeat};
+use tower_window::{RedisStore, Store, WindowKey};
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::RedisServer;
 
@@ -113,23 +113,22 @@ async fn run(
     store: Arc<RedisStore>,
     conns: &mut [redis::Connection],
     args: &Args,
-    tenant_form: bool,
+    tenant_capped: bool,
 ) -> Row {
-    let quota: Quota = "1000/1s".parse().expect("quota");
-    let limiter = Limiter::builder(Arc::clone(&store) as Arc<dyn Store>, quota)
+    let handle = Store::builder(Arc::clone(&store))
         .timeout(Duration::from_secs(5))
         .build();
-    let mut builder = ConnectionLimiter::builder(limiter, Arc::clone(&store))
+    let mut builder = ConnectionLimiter::builder(handle)
         .max_per_subject(3)
         .ttl(Duration::from_secs(60));
-    if tenant_form {
+    if tenant_capped {
         builder = builder.max_per_tenant(u32::MAX);
     }
     let connections = builder.build().expect("valid ttl");
     store.connect().await.expect("redis reachable");
     let run = std::process::id();
     let started = Instant::now();
-    let mut held: Vec<ConnectionLease> = Vec::with_capacity(args.connections);
+    let mut held: Vec<ConnectionSeat> = Vec::with_capacity(args.connections);
     let per_worker = args.connections.div_ceil(args.concurrency);
     let total = args.connections;
     let tasks: Vec<_> = (0..args.concurrency)
@@ -163,7 +162,7 @@ async fn run(
     let started = Instant::now();
     for _ in 0..args.ticks {
         let report = connections.heartbeat().await;
-        assert_eq!(report.renewed, connections.live_leases(), "{report:?}");
+        assert_eq!(report.renewed, connections.live_seats(), "{report:?}");
         store_calls += report.calls;
     }
     let tick_ms = started.elapsed().as_secs_f64() * 1e3 / args.ticks as f64;

@@ -76,7 +76,7 @@ async fn main() -> ExitCode {
         tracing::info!(
             fallback = %resilience.fallback,
             expected_nodes = resilience.expected_nodes.get(),
-            timeout_ms = resilience.timeout.as_millis(),
+            timeout_ms = config.store.timeout().unwrap_or_default().as_millis(),
             "redis fallback"
         );
     }

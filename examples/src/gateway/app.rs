@@ -119,19 +119,15 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         config.resilience.map(|r| r.fallback),
         Some(super::FallbackArg::FailClosed)
     );
-    // Rooms (`/ws?room=R`): event windows through the same limiter.
-    let events = EventWindow::from_shared_store(
-        limiter.clone(),
-        config.rooms.store.clone(),
-        config.rooms.retention,
-    );
+    // Rooms (`/ws?room=R`): event windows in the same store.
+    let events = EventWindow::new(config.store.clone(), config.rooms.retention);
     // One hub per node: a single Redis is read live with one blocking
     // XREAD (its own connection); the embedded store and a cluster are polled.
     let mut rooms = RoomHub::builder(events);
     if let Some(tail) = config
-        .rooms
-        .redis
-        .as_ref()
+        .store
+        .redis()
+        .filter(|_| config.rooms.tail)
         .and_then(|redis| redis.event_tail().ok())
     {
         rooms = rooms.tail(tail);
@@ -141,8 +137,13 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         .inbound
         .clone()
         .map(|(client, stream)| InboundStream::new(client, stream));
-    let (ws_state, ws_handles) =
-        ws::WsState::new(&config.ws, &limiter, fallback_closed, ws_key.clone());
+    let (ws_state, ws_handles) = ws::WsState::new(
+        &config.ws,
+        &config.store,
+        &limiter,
+        fallback_closed,
+        ws_key.clone(),
+    );
     let ws_state = ws_state.with_rooms(rooms.build(), inbound);
     // Every quota this gateway checks charts zero before its first decision.
     let mut quotas: std::collections::BTreeSet<String> = config
@@ -236,7 +237,7 @@ fn source_value(source: DecisionSource) -> Option<HeaderValue> {
 }
 
 async fn admitted_source(request: Request, next: Next) -> Response {
-    let source = request.extensions().get::<Decision>().map(|d| d.source);
+    let source = request.extensions().get::<Decision>().map(|d| d.source());
     let mut response = next.run(request).await;
     if let Some(value) = source.and_then(source_value) {
         response.headers_mut().insert(RATELIMIT_SOURCE, value);
@@ -249,7 +250,7 @@ async fn denied_source(mut response: Response) -> Response {
         .extensions()
         .get::<Rejection>()
         .and_then(Rejection::decision)
-        .map(|d| d.source);
+        .map(|d| d.source());
     if let Some(value) = source.and_then(source_value) {
         response.headers_mut().insert(RATELIMIT_SOURCE, value);
     }
@@ -272,10 +273,10 @@ async fn hello(
             "unlimited": true,
         }));
     };
-    tracing::debug!(remaining = decision.remaining, source = %decision.source, "hello");
+    tracing::debug!(remaining = decision.remaining(), source = %decision.source(), "hello");
     Json(json!({
         "message": format!("hello, {user}"),
-        "remaining": decision.remaining,
+        "remaining": decision.remaining(),
         "limit": decision.limit(),
         "degraded": decision.is_degraded(),
     }))

@@ -3,14 +3,11 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderName, StatusCode};
 use clap::{Parser, ValueEnum};
-use tower_window::conn::ConnectionStore;
-use tower_window::dedup::DedupStore;
-use tower_window::events::{EventStore, Retention};
+use tower_window::events::Retention;
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
 use tower_window::store::redis::redis;
@@ -187,49 +184,48 @@ pub struct Args {
     pub inbound_stream: Option<String>,
 }
 
-/// Where rooms keep their events (`--history`, `--history-max`).
+/// How rooms keep their events (`--history`, `--history-max`), in the
+/// gateway's store.
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct RoomsConfig {
     /// What each room keeps.
     pub retention: Retention,
-    /// The event store (the limiter's store, when it is Redis).
-    pub store: Arc<dyn EventStore>,
-    /// The Redis store, for the live reader's own blocking `XREAD`
-    /// connection (single node only; otherwise rooms are polled).
-    pub redis: Option<Arc<RedisStore>>,
+    /// Read the rooms' live events with one blocking `XREAD` on a
+    /// connection of its own: only on a single Redis (the gateway's store
+    /// a `RedisStore` from a URL). Otherwise (the embedded store, a Redis
+    /// Cluster) every room is polled.
+    pub tail: bool,
     /// `--inbound-stream`: a client of the Redis and the stream name.
     pub inbound: Option<(redis::Client, String)>,
 }
 
 impl RoomsConfig {
-    /// Rooms in `store`, keeping `retention`; polled for live events.
-    pub fn new(retention: Retention, store: Arc<dyn EventStore>) -> Self {
+    /// Rooms keeping `retention`, polled for live events.
+    pub fn new(retention: Retention) -> Self {
         Self {
             retention,
-            store,
-            redis: None,
+            tail: false,
             inbound: None,
         }
     }
 
-    /// Rooms on `redis`, read live with a blocking `XREAD`.
-    pub fn redis(retention: Retention, redis: Arc<RedisStore>) -> Self {
+    /// Rooms keeping `retention`, read live with a blocking `XREAD` on the
+    /// gateway's single Redis.
+    pub fn tailed(retention: Retention) -> Self {
         Self {
-            retention,
-            store: redis.clone(),
-            redis: Some(redis),
-            inbound: None,
+            tail: true,
+            ..Self::new(retention)
         }
     }
 }
 
 impl Default for RoomsConfig {
-    /// The flags' defaults (10 minutes, 10000 events) in an embedded store.
+    /// The flags' defaults (10 minutes, 10000 events), polled.
     fn default() -> Self {
         let retention = Retention::new(Duration::from_secs(600), 10_000)
             .unwrap_or_else(|_| unreachable!("the default retention is valid"));
-        Self::new(retention, Arc::new(MemoryStore::new()))
+        Self::new(retention)
     }
 }
 
@@ -237,7 +233,7 @@ impl fmt::Debug for RoomsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RoomsConfig")
             .field("retention", &self.retention)
-            .field("redis", &self.redis.is_some())
+            .field("tail", &self.tail)
             .field("inbound", &self.inbound.as_ref().map(|(_, stream)| stream))
             .finish_non_exhaustive()
     }
@@ -265,7 +261,9 @@ impl fmt::Display for FallbackArg {
     }
 }
 
-/// How a limiter on Redis degrades: its fallback policy and time budget.
+/// How a limiter on Redis degrades: its fallback policy. (The time budget
+/// of each Redis call, `--redis-timeout-ms`, is the store's:
+/// [`GatewayConfig::store`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Resilience {
@@ -273,17 +271,14 @@ pub struct Resilience {
     pub fallback: FallbackArg,
     /// Nodes sharing the store; the `local` share is `1 / expected_nodes`.
     pub expected_nodes: NonZeroU32,
-    /// The time budget of one decision (`--redis-timeout-ms`).
-    pub timeout: Duration,
 }
 
 impl Default for Resilience {
-    /// `local` with one node and a 50 ms budget (the flags' defaults).
+    /// `local` with one node (the flags' defaults).
     fn default() -> Self {
         Self {
             fallback: FallbackArg::Local,
             expected_nodes: NonZeroU32::MIN,
-            timeout: Duration::from_millis(50),
         }
     }
 }
@@ -359,12 +354,14 @@ impl Args {
         builder.build()
     }
 
-    /// Builds the gateway's configuration, including its store.
+    /// Builds the gateway's configuration, including its one store.
     ///
-    /// With `--redis-url` / `--redis-cluster` the limiter is resilient
-    /// ([`GatewayConfig::resilience`] is set from `--fallback`,
-    /// `--expected-nodes` and `--redis-timeout-ms`); the embedded store is
-    /// used bare.
+    /// With `--redis-url` / `--redis-cluster` the store is Redis with a
+    /// time budget of `--redis-timeout-ms` per call (retries included) and
+    /// the default retries, breakers and in-flight bound, and the limiter
+    /// is resilient ([`GatewayConfig::resilience`] is set from
+    /// `--fallback` and `--expected-nodes`); the embedded store has none
+    /// of them.
     pub fn into_config(self) -> Result<GatewayConfig, ConfigError> {
         let policy = self.policy()?;
         if self
@@ -396,7 +393,6 @@ impl Args {
         } else {
             None
         };
-        let redis = redis.map(Arc::new);
         let tenants = match &self.tenants {
             Some(path) => Some(super::tenants::TenantsFile::load(path)?),
             None => None,
@@ -416,33 +412,31 @@ impl Args {
             )
         })?;
         let cluster = !self.redis_cluster.is_empty();
-        let ws_args = self.ws.clone();
-        let (store, resilience, ws, mut rooms): (Arc<dyn Store>, _, _, _) = match redis.clone() {
-            // The limiter's one time budget bounds every Redis call.
+        let ws = self.ws.clone().into_config();
+        // One store: every capability (the limiter, the connection cap,
+        // message limits, dedup, rooms, the demo's peeks) is made from it,
+        // so one time budget and one set of breakers bound every call.
+        let (store, resilience, mut rooms) = match redis {
             Some(redis) => {
+                let store = Store::builder(redis).timeout(timeout).build();
+                let resilience = Resilience {
+                    fallback: self.fallback,
+                    expected_nodes: self.expected_nodes,
+                };
                 // A cluster cannot XREAD keys of several slots at once: its
                 // rooms are polled.
                 let rooms = if cluster {
-                    RoomsConfig::new(retention, redis.clone())
+                    RoomsConfig::new(retention)
                 } else {
-                    RoomsConfig::redis(retention, redis.clone())
+                    RoomsConfig::tailed(retention)
                 };
-                (
-                    redis.clone(),
-                    Some(Resilience {
-                        fallback: self.fallback,
-                        expected_nodes: self.expected_nodes,
-                        timeout,
-                    }),
-                    ws_args.into_config(redis),
-                    rooms,
-                )
+                (store, Some(resilience), rooms)
             }
-            None => {
-                let memory = Arc::new(MemoryStore::new());
-                let rooms = RoomsConfig::new(retention, memory.clone());
-                (memory.clone(), None, ws_args.into_config(memory), rooms)
-            }
+            None => (
+                Store::from(MemoryStore::new()),
+                None,
+                RoomsConfig::new(retention),
+            ),
         };
         ws.validate().map_err(|problem| {
             ConfigError::new(
@@ -488,7 +482,6 @@ impl Args {
             user_header: self.user_header,
             resilience,
             debug_headers: self.debug_headers,
-            redis,
             tenants,
             admin_token: self.admin_token,
             leases,
@@ -504,22 +497,22 @@ impl Args {
 pub struct GatewayConfig {
     /// The policy (one or more quotas) per tenant and user.
     pub policy: Policy,
-    /// Where windows live: the embedded store, or Redis with `--redis-url`
-    /// / `--redis-cluster`.
-    pub store: Arc<dyn Store>,
+    /// The one store every capability is made from (windows, quota leases,
+    /// connection seats, dedup ids, rooms' events): the embedded store, or
+    /// Redis with `--redis-url` / `--redis-cluster` (and then the tenant
+    /// registry's control channel too).
+    pub store: Store,
     /// Header naming the tenant (default tenant: `public`).
     pub tenant_header: HeaderName,
     /// Header naming the user (required).
     pub user_header: HeaderName,
     /// `Some` for a store that can fail (Redis): the limiter gets a local
-    /// tier of recent denials, the default circuit breaker, a time budget and
-    /// a fallback policy. `None`: a bare limiter (the embedded store).
+    /// tier of recent denials and a fallback policy (the store has the
+    /// time budget and the breakers). `None`: a bare limiter (the embedded
+    /// store).
     pub resilience: Option<Resilience>,
     /// Add the `x-ratelimit-source` header (`--debug-headers`).
     pub debug_headers: bool,
-    /// The Redis store when there is one (the tenant registry's control
-    /// channel lives there too).
-    pub redis: Option<Arc<RedisStore>>,
     /// The tenants file (`--tenants`), watched and hot-reloaded.
     pub tenants: Option<super::tenants::TenantsFile>,
     /// The admin API's bearer token (`--admin-token`); `None`: no admin routes.
@@ -536,40 +529,32 @@ impl GatewayConfig {
     /// `policy` (or one quota) on a fresh embedded store, with the default
     /// headers.
     pub fn new(policy: impl Into<Policy>) -> Self {
-        Self::with_shared_store(policy, Arc::new(MemoryStore::new()))
+        Self::with_store(policy, MemoryStore::new())
     }
 
-    /// `policy` on `store`, which also keeps the WebSocket connection
-    /// leases and dedup ids, with the default headers.
-    pub fn with_shared_store<S>(policy: impl Into<Policy>, store: Arc<S>) -> Self
-    where
-        S: Store + ConnectionStore + DedupStore,
-    {
-        let ws = WsConfig::new(store.clone());
-        Self {
-            ws,
-            ..Self::with_store(policy, store)
-        }
-    }
-
-    /// `policy` (or one quota) on `store`, with the default headers. The
-    /// WebSocket leases and dedup ids then live in a store of this process
-    /// only ([`WsConfig::local`]); see [`with_shared_store`](Self::with_shared_store).
-    pub fn with_store(policy: impl Into<Policy>, store: Arc<dyn Store>) -> Self {
+    /// `policy` (or one quota) on `store` (a [`Store`], or a backend made
+    /// into one with its defaults), which also keeps the WebSocket
+    /// connection seats, dedup ids and rooms, with the default headers.
+    pub fn with_store(policy: impl Into<Policy>, store: impl Into<Store>) -> Self {
         Self {
             policy: policy.into(),
-            store,
+            store: store.into(),
             tenant_header: HeaderName::from_static("x-tenant-id"),
             user_header: HeaderName::from_static("x-user-id"),
             resilience: None,
             debug_headers: false,
-            redis: None,
             tenants: None,
             admin_token: None,
             leases: None,
             rooms: RoomsConfig::default(),
-            ws: WsConfig::local(),
+            ws: WsConfig::new(),
         }
+    }
+
+    /// The Redis backend of the store, if it is on Redis (the tenant
+    /// registry's control channel lives there too).
+    pub fn redis(&self) -> Option<&std::sync::Arc<RedisStore>> {
+        self.store.redis()
     }
 
     /// Leases quota (see [`LimiterBuilder::leases`](tower_window::LimiterBuilder::leases)).
@@ -596,23 +581,21 @@ impl GatewayConfig {
         self
     }
 
-    /// The limiter for this configuration: bare on the embedded store;
-    /// with [`resilience`](Self::resilience), built by
-    /// [`Limiter::builder`] with the default local tier and circuit breaker,
-    /// the time budget and the fallback policy.
+    /// The limiter for this configuration, on [`store`](Self::store): bare
+    /// (no local tier, no fallback) without
+    /// [`resilience`](Self::resilience) (with quota leases, the default
+    /// local tier); with it, built by [`Limiter::builder`] with the default
+    /// local tier and the fallback policy.
     pub fn limiter(&self) -> Limiter {
         let Some(resilience) = self.resilience else {
             let Some(leases) = self.leases else {
-                return Limiter::from_shared_store(self.store.clone(), self.policy.clone());
+                return Limiter::new(self.store.clone(), self.policy.clone());
             };
             return Limiter::builder(self.store.clone(), self.policy.clone())
                 .leases(leases)
-                .without_timeout()
-                .without_breaker()
                 .build();
         };
-        let mut builder =
-            Limiter::builder(self.store.clone(), self.policy.clone()).timeout(resilience.timeout);
+        let mut builder = Limiter::builder(self.store.clone(), self.policy.clone());
         if let Some(leases) = self.leases {
             builder = builder.leases(leases);
         }
@@ -988,9 +971,9 @@ mod tests {
             Some(Resilience {
                 fallback: FallbackArg::FailClosed,
                 expected_nodes: NonZeroU32::new(3).unwrap(),
-                timeout: Duration::from_millis(20),
             })
         );
+        assert_eq!(config.store.timeout(), Some(Duration::from_millis(20)));
         assert_eq!(config.degraded_status(), 503);
         let limiter = config.limiter();
         assert!(limiter.breaker_state().is_some());

@@ -156,7 +156,7 @@ async fn quota(State(state): State<QuotaState>, uri: Uri, headers: HeaderMap) ->
     };
     match poll {
         Ok(None) => {}
-        Ok(Some(decision)) if decision.allowed => {}
+        Ok(Some(decision)) if decision.allowed() => {}
         Ok(Some(decision)) => {
             return RejectionResponse(Rejection::for_denial(
                 decision,
@@ -182,9 +182,9 @@ async fn quota(State(state): State<QuotaState>, uri: Uri, headers: HeaderMap) ->
     }
     let body = quota_body(&tenant, &user, &quotas, degraded);
     let mut response = Json(body).into_response();
-    if let Some(mut decision) = Decision::from_quotas(quotas) {
-        // The headers describe the state, not a denial of this request.
-        decision.allowed = true;
+    if let Some(decision) = Decision::from_quotas(quotas) {
+        // The headers describe the state (they read the quotas, never
+        // whether this peek would have been admitted).
         insert_rate_limit_headers(response.headers_mut(), &decision, false);
     }
     response
@@ -196,12 +196,12 @@ fn quota_body(tenant: &str, user: &str, quotas: &[QuotaDecision], degraded: bool
     let quotas: BTreeMap<&str, Value> = quotas
         .iter()
         .map(|q| {
-            let reset_ms = u64::try_from(q.reset_after.as_millis()).unwrap_or(u64::MAX);
+            let reset_ms = u64::try_from(q.reset_after().as_millis()).unwrap_or(u64::MAX);
             (
-                q.quota.name(),
+                q.quota().name(),
                 json!({
-                    "limit": q.quota.capacity(),
-                    "remaining": q.remaining,
+                    "limit": q.quota().capacity(),
+                    "remaining": q.remaining(),
                     "reset_after_ms": reset_ms,
                 }),
             )

@@ -140,10 +140,7 @@ pub fn registry(config: &GatewayConfig) -> Option<TenantRegistry> {
         (None, Some(_)) => TenantsConfig::new().with_default(spec_of(&config.policy)?),
         (None, None) => return None,
     };
-    Some(match &config.redis {
-        Some(redis) => TenantRegistry::redis(file, Arc::clone(redis)),
-        None => TenantRegistry::new(file),
-    })
+    Some(TenantRegistry::on_store(file, &config.store))
 }
 
 fn spec_of(policy: &Policy) -> Option<TenantSpec> {

@@ -26,12 +26,11 @@ use axum_window_ext::ws::{ConnectionRefused, ExceedAction, GuardedSocket, Messag
 use clap::{Args as ClapArgs, ValueEnum};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tower_window::conn::{
-    Acquire, ConnectionLease, ConnectionLimiter, ConnectionStore, GrantFallback, HeartbeatHandle,
-};
-use tower_window::dedup::{DedupFallback, DedupStore, DedupWindow};
+use tower_window::conn::{Acquire, ConnectionLimiter, ConnectionSeat, HeartbeatHandle};
+use tower_window::dedup::DedupWindow;
 use tower_window::events::Position;
-use tower_window::{Limiter, MemoryStore, Policy, Quota, WindowKey};
+use tower_window::fallback::OnFailure;
+use tower_window::{Limiter, Policy, Quota, Store, WindowKey};
 
 use super::flags;
 use super::identity::{BadIdentity, Identity};
@@ -103,7 +102,8 @@ pub enum OnMessageLimit {
     Pause,
 }
 
-/// The WebSocket part of a [`GatewayConfig`](super::GatewayConfig).
+/// The WebSocket part of a [`GatewayConfig`](super::GatewayConfig) (its
+/// connection seats and dedup ids live in the gateway's store).
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct WsConfig {
@@ -123,15 +123,18 @@ pub struct WsConfig {
     pub max_message_bytes: u32,
     /// `--dedup-window`.
     pub dedup_window: Duration,
-    /// Where connection leases live (the gateway's store).
-    pub connections: Arc<dyn ConnectionStore>,
-    /// Where dedup ids live (the gateway's store).
-    pub dedup: Arc<dyn DedupStore>,
+}
+
+impl Default for WsConfig {
+    /// The flags' defaults.
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl WsConfig {
-    /// The flags' defaults on `store`.
-    pub fn new<S: ConnectionStore + DedupStore>(store: Arc<S>) -> Self {
+    /// The flags' defaults.
+    pub fn new() -> Self {
         Self {
             max_connections_per_user: 0,
             connection_lease_ttl: Duration::from_secs(15),
@@ -141,21 +144,13 @@ impl WsConfig {
             close_after_drops: 0,
             max_message_bytes: 65_536,
             dedup_window: Duration::from_secs(120),
-            connections: store.clone(),
-            dedup: store,
         }
-    }
-
-    /// Defaults on a store of this process only: for configurations built
-    /// from a `dyn Store` (leases and dedup then do not span nodes).
-    pub fn local() -> Self {
-        Self::new(Arc::new(MemoryStore::new()))
     }
 }
 
 impl WsArgs {
-    /// The flags on `store`.
-    pub(super) fn into_config<S: ConnectionStore + DedupStore>(self, store: Arc<S>) -> WsConfig {
+    /// The flags.
+    pub(super) fn into_config(self) -> WsConfig {
         WsConfig {
             max_connections_per_user: self.max_connections_per_user,
             connection_lease_ttl: self.connection_lease_ttl,
@@ -165,7 +160,6 @@ impl WsArgs {
             close_after_drops: self.close_after_drops,
             max_message_bytes: self.max_message_bytes,
             dedup_window: self.dedup_window,
-            ..WsConfig::new(store)
         }
     }
 }
@@ -229,9 +223,11 @@ pub struct WsHandles {
 }
 
 impl WsState {
-    /// Builds the state on `limiter` (the gateway's one resilience stack).
+    /// Builds the state on `store` (the gateway's one store, and so its one
+    /// resilience stack), charging messages to `limiter` (on that store).
     pub(super) fn new(
         config: &WsConfig,
+        store: &Store,
         limiter: &Limiter,
         fallback_closed: bool,
         identity: Identity,
@@ -243,13 +239,13 @@ impl WsState {
         let window = config
             .dedup_window
             .clamp(Duration::from_millis(1), DedupWindow::MAX_WINDOW);
-        let connections = ConnectionLimiter::builder(limiter.clone(), config.connections.clone())
+        let connections = ConnectionLimiter::builder(store.clone())
             .max_per_subject(config.max_connections_per_user)
             .ttl(ttl)
             .on_store_failure(if fallback_closed {
-                GrantFallback::Deny
+                OnFailure::FailClosed
             } else {
-                GrantFallback::Admit
+                OnFailure::FailOpen
             })
             .build()
             .expect("a clamped ttl is valid");
@@ -268,9 +264,9 @@ impl WsState {
         if let Some(policy) = bytes {
             limits = limits.bytes(policy);
         }
-        let dedup = DedupWindow::builder(limiter.clone(), config.dedup.clone())
+        let dedup = DedupWindow::builder(store.clone())
             .window(window)
-            .on_store_failure(DedupFallback::FirstSeen)
+            .on_store_failure(OnFailure::FailOpen)
             .build()
             .expect("a clamped window is valid");
         let heartbeat = tokio::runtime::Handle::try_current()
@@ -407,7 +403,7 @@ pub(super) async fn handler(
         .configure(upgrade)
         .on_upgrade(move |socket| async move {
             let socket =
-                GuardedSocket::new(socket, state.limits.clone(), key.clone()).with_lease(&lease);
+                GuardedSocket::new(socket, state.limits.clone(), key.clone()).with_seat(&lease);
             serve(&state, socket, &key, lease, join).await;
         })
 }
@@ -417,7 +413,7 @@ async fn serve(
     state: &WsState,
     socket: GuardedSocket,
     key: &WindowKey,
-    lease: ConnectionLease,
+    lease: ConnectionSeat,
     join: Option<RoomJoin>,
 ) {
     match (join, &state.rooms) {

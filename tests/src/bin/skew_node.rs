@@ -2,7 +2,7 @@
 //! meant to run under libfaketime so its own clock is skewed.
 //!
 //! `skew_node [--caller-clock] <redis-url> <prefix> <quota>...` builds one bare
-//! `Limiter::new(RedisStore::from_url(url)?.prefix(prefix), quota)` per quota
+//! `Limiter::new(Store::bare(RedisStore::from_url(url)?.prefix(prefix)), quota)` per quota
 //! DSL (index 0, 1, … in argument order). With `--caller-clock` the store is
 //! given `.clock(SystemClock)`, i.e. it decides on this process's clock
 //! instead of Redis `TIME` (the anti-pattern the test shows failing).
@@ -17,7 +17,7 @@
 use std::io::{self, BufRead, Write};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tower_window::{Limiter, Quota, RedisStore, SystemClock, WindowKey};
+use tower_window::{Limiter, Quota, RedisStore, Store, SystemClock, WindowKey};
 
 fn now_micros() -> u128 {
     SystemTime::now()
@@ -49,7 +49,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 } else {
                     store
                 };
-                Ok(Limiter::new(store, quota))
+                // Bare: no time budget or breaker (their clocks would be
+                // this process's skewed one).
+                Ok(Limiter::new(Store::bare(store), quota))
             })
             .collect::<Result<Vec<_>, Box<dyn std::error::Error>>>()
     })?;
@@ -67,9 +69,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         match runtime.block_on(limiter.check(&key, 1)) {
                             Ok(d) => format!(
                                 "decision {} {} {} {}",
-                                d.allowed,
-                                d.remaining,
-                                d.timestamp_micros,
+                                d.allowed(),
+                                d.remaining(),
+                                d.timestamp_micros(),
                                 now_micros()
                             ),
                             Err(error) => format!("error {error}"),

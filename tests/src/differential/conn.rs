@@ -1,4 +1,4 @@
-//! Connection leases (the `tower_window::conn::ConnectionStore` trait):
+//! Connection seats (the `tower_window::conn::Backend` trait):
 //! grants under subject and tenant caps, renewals, releases (late and
 //! double ones too), expiries, nodes that stop, presence counts and
 //! fencing tokens, from two "nodes" with different lease TTLs (a rolling
@@ -30,7 +30,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use tower_window::conn::{CapScope, ConnectionStore, GrantReply, GrantRequest, LeaseRef};
+use tower_window::conn::{self, CapScope, GrantReply, GrantRequest, SeatRef};
+use tower_window::store::Guard;
 use tower_window::{Clock, WindowKey};
 
 use super::backends::{Backends, STORES};
@@ -83,7 +84,7 @@ impl fmt::Debug for Op {
 #[derive(Debug, Clone)]
 pub struct Case {
     /// Leases count against a per-tenant cap too (the tenant form).
-    pub tenant_form: bool,
+    pub tenant_capped: bool,
     /// The cap per subject (0: none).
     pub per_subject: u32,
     /// The cap per tenant (0: none; the tenant form only).
@@ -146,10 +147,10 @@ impl Capability for Conn {
             0..TTLS.len(),
             proptest::collection::vec(op(), 1..160),
         )
-            .prop_map(|(tenant_form, per_subject, per_tenant, a, b, ops)| Case {
-                tenant_form,
+            .prop_map(|(tenant_capped, per_subject, per_tenant, a, b, ops)| Case {
+                tenant_capped,
                 per_subject,
-                per_tenant: if tenant_form { per_tenant } else { 0 },
+                per_tenant: if tenant_capped { per_tenant } else { 0 },
                 ttls: [TTLS[a], TTLS[b]],
                 ops,
             })
@@ -160,7 +161,7 @@ impl Capability for Conn {
         let clock = &backends.clock;
         clock.set(START);
         let real_start = Instant::now();
-        let stores: [Arc<dyn ConnectionStore>; 3] = [
+        let stores: [Arc<dyn conn::Backend>; 3] = [
             Arc::new(backends.memory()),
             backends.redis.clone(),
             backends.cluster.clone(),
@@ -169,7 +170,7 @@ impl Capability for Conn {
         let keys: Vec<WindowKey> = (0..SUBJECTS)
             .map(|s| WindowKey::new(tenant.clone(), format!("s{s}")))
             .collect();
-        let form = case.tenant_form;
+        let form = case.tenant_capped;
         let mut leases: Vec<LeaseM> = Vec::new();
         let mut fences: [HashMap<u8, u64>; 3] = Default::default();
         let mut high_water = START;
@@ -226,13 +227,13 @@ impl Capability for Conn {
                     for (s, store) in stores.iter().enumerate() {
                         tally.op(STORES[s]);
                         let request = GrantRequest::new(
-                            LeaseRef::new(key, id.as_bytes(), form),
+                            SeatRef::new(key, id.as_bytes(), form),
                             Duration::from_micros(ttl),
                             case.per_subject,
                             case.per_tenant,
                         );
                         let got = store
-                            .grant(request)
+                            .grant(&mut Guard::bare(), request)
                             .await
                             .map_err(|e| format!("{at}: {}: {e}", STORES[s]))?;
                         match (got, want) {
@@ -322,17 +323,17 @@ impl Capability for Conn {
                         for (k, &j) in held.iter().enumerate() {
                             let key = &keys[usize::from(leases[j].subject)];
                             by_partition
-                                .entry(store.lease_partition(key, form))
+                                .entry(store.seat_partition(key, form))
                                 .or_default()
                                 .push(k);
                         }
                         let mut got = vec![false; held.len()];
                         for batch in by_partition.values() {
-                            let refs: Vec<LeaseRef<'_>> = batch
+                            let refs: Vec<SeatRef<'_>> = batch
                                 .iter()
                                 .map(|&k| {
                                     let l = &leases[held[k]];
-                                    LeaseRef::new(
+                                    SeatRef::new(
                                         &keys[usize::from(l.subject)],
                                         l.id.as_bytes(),
                                         form,
@@ -340,7 +341,7 @@ impl Capability for Conn {
                                 })
                                 .collect();
                             let alive = store
-                                .renew(&refs, Duration::from_micros(ttl))
+                                .renew(&mut Guard::bare(), &refs, Duration::from_micros(ttl))
                                 .await
                                 .map_err(|e| format!("{at}: {}: renew: {e}", STORES[s]))?;
                             if alive.len() != batch.len() {
@@ -389,7 +390,7 @@ impl Capability for Conn {
                     for (s, store) in stores.iter().enumerate() {
                         tally.op(STORES[s]);
                         let got = store
-                            .release(LeaseRef::new(key, l.id.as_bytes(), form))
+                            .release(&mut Guard::bare(), SeatRef::new(key, l.id.as_bytes(), form))
                             .await
                             .map_err(|e| format!("{at}: {}: release: {e}", STORES[s]))?;
                         if !want.contains(&got) {
@@ -418,7 +419,7 @@ impl Capability for Conn {
                     for (s, store) in stores.iter().enumerate() {
                         tally.op(STORES[s]);
                         let got = store
-                            .presence(key, form)
+                            .presence(&mut Guard::bare(), key, form)
                             .await
                             .map_err(|e| format!("{at}: {}: presence: {e}", STORES[s]))?;
                         if got != want {

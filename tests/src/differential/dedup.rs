@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tower_window::dedup::{DedupRequest, DedupStore};
+use tower_window::dedup::{self, DedupRequest};
+use tower_window::store::Guard;
 use tower_window::{Clock, WindowKey};
 
 use super::backends::{Backends, STORES};
@@ -117,19 +118,19 @@ fn op() -> impl Strategy<Value = Op> {
 pub struct Dedup;
 
 async fn ask(
-    store: &dyn DedupStore,
+    store: &dyn dedup::Backend,
     key: &WindowKey,
     id: &[u8],
     window: Duration,
 ) -> Result<bool, String> {
     store
-        .first_seen(DedupRequest::new(key, id, window))
+        .first_seen(&mut Guard::bare(), DedupRequest::new(key, id, window))
         .await
         .map_err(|e| format!("error: {e}"))
 }
 
 async fn burst(
-    store: Arc<dyn DedupStore>,
+    store: Arc<dyn dedup::Backend>,
     key: &WindowKey,
     id: &[u8],
     window: Duration,
@@ -170,7 +171,7 @@ impl Capability for Dedup {
     async fn run(case: &Case, backends: &Backends, run: u64, tally: &mut Tally) -> Outcome {
         let clock = &backends.clock;
         clock.set(crate::conformance::START);
-        let stores: [Arc<dyn DedupStore>; 3] = [
+        let stores: [Arc<dyn dedup::Backend>; 3] = [
             Arc::new(backends.memory()),
             backends.redis.clone(),
             backends.cluster.clone(),

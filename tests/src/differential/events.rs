@@ -1,4 +1,4 @@
-//! Event windows (`tower_window::events`, the `EventStore` trait): appends,
+//! Event windows (`tower_window::events`, the `events::Backend` trait): appends,
 //! trims by age and count, readers that join and resume, resumes from
 //! hostile positions (ahead of the head, at 2^53 - 1, between two events,
 //! of another epoch or room, malformed), and stream loss: the window's keys
@@ -39,8 +39,9 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use tower_window::events::{
-    Epoch, EventId, EventRequest, EventStore, Position, Resume, Retention, MAX_ID_PART,
+    self, Backend as _, Epoch, EventId, EventRequest, Position, Resume, Retention, MAX_ID_PART,
 };
+use tower_window::store::Guard;
 use tower_window::{Clock, MemoryStore, StoreErrorKind};
 
 use super::backends::{Backends, STORES};
@@ -380,7 +381,7 @@ fn got_of(result: Result<Resume, tower_window::StoreError>) -> Got {
 }
 
 impl Run<'_> {
-    fn store(&self, index: usize, room: usize) -> Arc<dyn EventStore> {
+    fn store(&self, index: usize, room: usize) -> Arc<dyn events::Backend> {
         match index {
             0 => Arc::new(self.mem[room].store.clone()),
             1 => self.backends.redis.clone(),
@@ -430,9 +431,8 @@ impl Run<'_> {
             self.mem[room].log.push((now, nonce, Call::Head));
         }
         let s = self.store(store, room);
-        s.head(self.request(room, nonce))
-            .await
-            .map_err(|e| format!("{}: head: {e}", STORES[store]))
+        let head = s.head(&mut Guard::bare(), self.request(room, nonce)).await;
+        head.map_err(|e| format!("{}: head: {e}", STORES[store]))
     }
 
     async fn append(
@@ -449,8 +449,10 @@ impl Run<'_> {
         let s = self.store(store, room);
         let f = fields(data);
         let pairs: Vec<(&str, &[u8])> = f.iter().map(|(n, v)| (*n, &v[..])).collect();
-        s.append(self.request(room, nonce), &pairs)
-            .await
+        let appended = s
+            .append(&mut Guard::bare(), self.request(room, nonce), &pairs)
+            .await;
+        appended
             .map(|a| (a.epoch, a.id))
             .map_err(|e| format!("{}: append: {e}", STORES[store]))
     }
@@ -464,7 +466,10 @@ impl Run<'_> {
                 .push((now, nonce, Call::Read(from.clone(), limit)));
         }
         let s = self.store(store, room);
-        got_of(s.read(self.request(room, nonce), from, limit).await)
+        let got = s
+            .read(&mut Guard::bare(), self.request(room, nonce), from, limit)
+            .await;
+        got_of(got)
     }
 
     /// Rebuilds room `room`'s embedded store from `log` (its calls since
@@ -480,13 +485,13 @@ impl Run<'_> {
                 Call::Append(data) => {
                     let f = fields(*data);
                     let pairs: Vec<(&str, &[u8])> = f.iter().map(|(n, v)| (*n, &v[..])).collect();
-                    let _ = store.append(request, &pairs).await;
+                    let _ = store.append(&mut Guard::bare(), request, &pairs).await;
                 }
                 Call::Head => {
-                    let _ = store.head(request).await;
+                    let _ = store.head(&mut Guard::bare(), request).await;
                 }
                 Call::Read(from, limit) => {
-                    let _ = store.read(request, from, *limit).await;
+                    let _ = store.read(&mut Guard::bare(), request, from, *limit).await;
                 }
             }
         }
@@ -762,7 +767,10 @@ impl Capability for Events {
                     for s in 0..3 {
                         tally.op(STORES[s]);
                         let nonce = r.next_nonce();
-                        let got = r.store(s, room).len(r.request(room, nonce)).await;
+                        let got = r
+                            .store(s, room)
+                            .len(&mut Guard::bare(), r.request(room, nonce))
+                            .await;
                         match got {
                             Ok(n) if (low..=high).contains(&n) => {}
                             other => {

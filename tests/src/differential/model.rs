@@ -1,6 +1,6 @@
 //! The reference model of one quota's window, for checks and quota leases,
 //! written from the algorithms' documented contracts (the module docs of
-//! `tower_window::algorithm::*` and `tower_window::store::lease`) with
+//! `tower_window::algorithm::*` and `tower_window::lease`) with
 //! plain data (every admission kept, nothing merged or dropped), and the
 //! global bound of invariant 1 checked on what was admitted.
 

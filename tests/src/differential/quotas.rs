@@ -8,7 +8,7 @@
 //! same quota names and new limits: windows kept), tenant resets
 //! (`TenantRegistry::reset` moves the tenant to a new state generation, a
 //! part of every key), clock steps of up to an hour either way, and for
-//! leases `Store::reserve`, local spending, refunds (partial, full, late,
+//! leases `lease::Backend::reserve`, local spending, refunds (partial, full, late,
 //! double, more than granted), nodes that die holding a lease, and a long
 //! history of expired leases.
 //!
@@ -34,16 +34,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tower_window::store::{Lease, RefundRequest, ReserveRequest};
+use tower_window::lease::{Lease, RefundRequest, ReserveRequest};
+use tower_window::store::Guard;
 use tower_window::tenant::{Resolution, TenantRegistry, TenantSpec, TenantsConfig};
-use tower_window::{
-    CheckRequest, Clock, Decision, Policy, Quota, Store, StoreErrorKind, WindowKey,
-};
+use tower_window::{CheckRequest, Clock, Cost, Decision, Policy, Quota, StoreErrorKind, WindowKey};
 
 use super::backends::{Admin, Backends, STORES};
 use super::model::{Anchor, Eval, Params, Window};
 use super::runner::{skipped, Outcome, Tally};
 use crate::conformance::START;
+use crate::shared::Quotas;
 
 const S: i64 = 1_000_000;
 
@@ -390,7 +390,7 @@ struct LeaseM {
 
 struct Exec<'a> {
     backends: &'a Backends,
-    stores: [Arc<dyn Store>; 3],
+    stores: [Arc<dyn Quotas>; 3],
     registry: TenantRegistry,
     names: [String; 2],
     picks: Vec<Pick>,
@@ -472,18 +472,18 @@ fn same(
 ) {
     let wait = |r: Option<Duration>| r.map(|r| if waits { micros(r) } else { 0 });
     (
-        d.allowed,
-        d.remaining,
-        wait(d.retry_after),
-        d.timestamp_micros,
+        d.allowed(),
+        d.remaining(),
+        wait(d.retry_after()),
+        d.timestamp_micros(),
         d.quotas()
             .iter()
             .map(|q| {
                 (
-                    q.quota.name().to_owned(),
-                    q.allowed,
-                    q.remaining,
-                    wait(q.retry_after),
+                    q.quota().name().to_owned(),
+                    q.allowed(),
+                    q.remaining(),
+                    wait(q.retry_after()),
                 )
             })
             .collect(),
@@ -495,23 +495,23 @@ fn compare(quotas: &[Expect], d: &Decision) -> Result<(), String> {
         if want.unknown {
             continue;
         }
-        let retry_ok = match (want.retry, got.retry_after) {
+        let retry_ok = match (want.retry, got.retry_after()) {
             (None, None) => true,
             (Some((lo, hi)), Some(r)) => (lo..=hi).contains(&micros(r)),
             _ => false,
         };
-        if got.allowed != want.allowed
-            || u64::from(got.remaining) != want.remaining.min(u64::from(u32::MAX))
-            || !(want.reset.0..=want.reset.1).contains(&micros(got.reset_after))
+        if got.allowed() != want.allowed
+            || u64::from(got.remaining()) != want.remaining.min(u64::from(u32::MAX))
+            || !(want.reset.0..=want.reset.1).contains(&micros(got.reset_after()))
             || !retry_ok
         {
             return Err(format!(
                 "quota {i} ({}) is allowed {} remaining {} reset {} µs retry {:?}, the model {want:?}",
-                got.quota.name(),
-                got.allowed,
-                got.remaining,
-                micros(got.reset_after),
-                got.retry_after.map(micros)
+                got.quota().name(),
+                got.allowed(),
+                got.remaining(),
+                micros(got.reset_after()),
+                got.retry_after().map(micros)
             ));
         }
     }
@@ -654,20 +654,23 @@ impl Exec<'_> {
         for s in 0..3 {
             tally.op(STORES[s]);
             let store = Arc::clone(&self.stores[s]);
+            let cost = Cost::new(cost).ok_or_else(|| format!("{at}: a case with cost 0"))?;
             let request = CheckRequest::new(&key, &policy, cost);
             let got = if peek {
-                self.measured(s, bound, store.peek(request)).await
+                self.measured(s, bound, store.peek(&mut Guard::bare(), request))
+                    .await
             } else {
-                self.measured(s, bound, store.check(request)).await
+                self.measured(s, bound, store.check(&mut Guard::bare(), request))
+                    .await
             }
             .map_err(|e| format!("{at}: {e}"))?;
             let d = got.map_err(|e| format!("{at}: {}: {e}", STORES[s]))?;
-            if d.allowed != allowed || d.timestamp_micros != now {
+            if d.allowed() != allowed || d.timestamp_micros() != now {
                 return Err(format!(
                     "{at}: {} {} at {} µs, the model {}",
                     STORES[s],
-                    if d.allowed { "admitted" } else { "denied" },
-                    d.timestamp_micros,
+                    if d.allowed() { "admitted" } else { "denied" },
+                    d.timestamp_micros(),
                     if allowed { "admits" } else { "denies" }
                 ));
             }
@@ -675,10 +678,12 @@ impl Exec<'_> {
                 compare(&expect, &d).map_err(|e| format!("{at}: {}: {e}", STORES[s]))?;
             } else {
                 for (i, (want, got)) in expect.iter().zip(d.quotas()).enumerate() {
-                    if !want.unknown && u64::from(got.remaining) != want.remaining {
+                    if !want.unknown && u64::from(got.remaining()) != want.remaining {
                         return Err(format!(
                             "{at}: {} peeks {} left in quota {i}, the model {}",
-                            STORES[s], got.remaining, want.remaining
+                            STORES[s],
+                            got.remaining(),
+                            want.remaining
                         ));
                     }
                 }
@@ -778,7 +783,7 @@ impl Exec<'_> {
             let request =
                 ReserveRequest::new(&key, &policy, want, at_least, Duration::from_micros(ttl));
             replies.push(
-                self.measured(s, bound, store.reserve(request))
+                self.measured(s, bound, store.reserve(&mut Guard::bare(), request))
                     .await
                     .map_err(|e| format!("{at}: {e}"))?,
             );
@@ -1006,7 +1011,7 @@ impl Exec<'_> {
             let l = &self.leases[i];
             let request = RefundRequest::new(&l.key, &l.policy, &l.store[s], asked as u32);
             let got = self.stores[s]
-                .refund(request)
+                .refund(&mut Guard::bare(), request)
                 .await
                 .map_err(|e| format!("{at}: {}: refund: {e}", STORES[s]))?;
             if !(lo..=hi).contains(&u64::from(got)) {
@@ -1070,7 +1075,10 @@ impl Exec<'_> {
                         (Arc::clone(&self.stores[s]), key.clone(), policy.clone());
                     tasks.spawn(async move {
                         store
-                            .reserve(ReserveRequest::new(&key, &policy, 1, 1, ttl))
+                            .reserve(
+                                &mut Guard::bare(),
+                                ReserveRequest::new(&key, &policy, 1, 1, ttl),
+                            )
                             .await
                             .map(|r| r.granted())
                     });
@@ -1093,7 +1101,10 @@ impl Exec<'_> {
         for s in 0..3 {
             tally.op(STORES[s]);
             let got = self.stores[s]
-                .reserve(ReserveRequest::new(&key, &policy, 1, 1, ttl))
+                .reserve(
+                    &mut Guard::bare(),
+                    ReserveRequest::new(&key, &policy, 1, 1, ttl),
+                )
                 .await;
             match got {
                 // At least this lease's deadline: a lease taken before the

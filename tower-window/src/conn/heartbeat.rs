@@ -1,4 +1,4 @@
-//! The node's one heartbeat: renews all live leases, batched per partition.
+//! The node's one heartbeat: renews all live seats, batched per partition.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
@@ -6,8 +6,8 @@ use std::sync::{Arc, Weak};
 use futures_util::future::join_all;
 use tokio::task::JoinHandle;
 
+use super::backend::SeatRef;
 use super::limiter::{ConnectionLimiter, Shared};
-use super::store::LeaseRef;
 use crate::WindowKey;
 
 /// Renewal calls of one tick in flight at once.
@@ -17,11 +17,11 @@ const HEARTBEAT_CONCURRENCY: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct HeartbeatReport {
-    /// Leases found live and extended.
+    /// Seats found live and extended.
     pub renewed: usize,
-    /// Leases found gone (expired or reset), reported to their holders.
+    /// Seats found gone (expired or reset), reported to their holders.
     pub lost: usize,
-    /// Leases whose renewal call failed (not declared lost).
+    /// Seats whose renewal call failed (not declared lost).
     pub failed: usize,
     /// Store calls made (one per partition and batch).
     pub calls: usize,
@@ -37,7 +37,7 @@ pub struct HeartbeatHandle {
 }
 
 impl HeartbeatHandle {
-    /// Stops the heartbeat: this node's leases then expire after their TTL
+    /// Stops the heartbeat: this node's seats then expire after their TTL
     /// (what a crashed node looks like to the cluster).
     pub fn abort(&self) {
         self.task.abort();
@@ -83,15 +83,17 @@ impl ConnectionLimiter {
         HeartbeatHandle { task }
     }
 
-    /// One heartbeat tick: renews every live lease of this node, one store
+    /// One heartbeat tick: renews every live seat of this node, one store
     /// call per partition (Redis Cluster hash slot) and batch of
-    /// [`max_renew_batch`](super::ConnectionStore::max_renew_batch),
-    /// 16 at a time, each through the limiter's resilience stack. Leases
+    /// [`max_renew_batch`](super::Backend::max_renew_batch),
+    /// 16 at a time, each through the store's resilience stack. Seats
     /// found gone are removed and reported lost to their holders.
     pub async fn heartbeat(&self) -> HeartbeatReport {
         let shared = &*self.shared;
-        let tenant_form = shared.tenant_form();
-        let store = &*shared.store;
+        let tenant_capped = shared.tenant_capped();
+        let Some(store) = shared.store.inner.connections.as_deref() else {
+            return HeartbeatReport::default();
+        };
         let snapshot: Vec<(u64, WindowKey, Vec<u8>)> = shared
             .live()
             .iter()
@@ -100,7 +102,7 @@ impl ConnectionLimiter {
         let mut partitions: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, (_, key, _)) in snapshot.iter().enumerate() {
             partitions
-                .entry(store.lease_partition(key, tenant_form))
+                .entry(store.seat_partition(key, tenant_capped))
                 .or_default()
                 .push(i);
         }
@@ -113,25 +115,21 @@ impl ConnectionLimiter {
         }
         let ttl = shared.ttl;
         let renew = |partition: u16, members: &'_ [usize]| {
-            let refs: Vec<LeaseRef<'_>> = members
+            let refs: Vec<SeatRef<'_>> = members
                 .iter()
-                .map(|&i| LeaseRef::new(&snapshot[i].1, &snapshot[i].2, tenant_form))
+                .map(|&i| SeatRef::new(&snapshot[i].1, &snapshot[i].2, tenant_capped))
                 .collect();
-            let domain = store.partition_failure_domain(partition);
             async move {
                 let refs = &refs;
                 shared
-                    .limiter
-                    .run(
-                        domain,
-                        shared.limiter.policy(),
-                        || store.renew_sync(refs, ttl),
-                        move || store.renew(refs, ttl),
+                    .call(
+                        |_| partition,
+                        |backend, guard| backend.renew(guard, refs, ttl),
                     )
                     .await
             }
         };
-        // A bounded number at once: a cluster node may hold leases in
+        // A bounded number at once: a cluster node may hold seats in
         // thousands of slots, and the heartbeat must not crowd out (or be
         // refused by) the limiter's in-flight bound.
         let mut results = Vec::with_capacity(groups.len());
@@ -166,13 +164,24 @@ impl ConnectionLimiter {
             let mut live = shared.live();
             for seq in lost {
                 if let Some(entry) = live.remove(&seq) {
-                    // The holder learns it; the lease is never re-acquired.
+                    // The holder learns it; the seat is never re-acquired.
                     entry.lost.send_replace(true);
                     report.lost += 1;
                 }
             }
         }
-        crate::metrics::connection_heartbeat(&report, shared.live().len());
+        let live = i64::try_from(shared.live().len()).unwrap_or(i64::MAX);
+        let before = shared
+            .reported_live
+            .swap(live, std::sync::atomic::Ordering::AcqRel);
+        crate::metrics::connection_heartbeat(
+            crate::metrics::HeartbeatCounts {
+                lost: report.lost,
+                failed: report.failed,
+                calls: report.calls,
+            },
+            live - before,
+        );
         report
     }
 }

@@ -1,4 +1,4 @@
-//! [`ConnectionLimiter`]: grants, presence and the live leases of a node.
+//! [`ConnectionLimiter`]: grants, presence and the live seats of a node.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -8,26 +8,12 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::lease::{ConnectionLease, LeaseSource};
-use super::store::{CapScope, ConnectionStore, GrantReply, GrantRequest, LeaseRef};
-use crate::store::StoreError;
-use crate::{FallbackReason, Limiter, WindowKey};
-
-/// What a grant means when the store cannot answer (down, breaker open,
-/// over the time budget).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum GrantFallback {
-    /// Admit with a degraded lease: not counted in the store, not renewed,
-    /// never reported lost (fail open: the cap does not hold while the
-    /// store is away). The default.
-    #[default]
-    Admit,
-    /// Refuse the connection (fail closed).
-    Deny,
-    /// Return [`ConnectionError::Store`].
-    Error,
-}
+use super::backend::{Backend, CapScope, GrantReply, GrantRequest, SeatRef};
+use super::seat::{ConnectionSeat, SeatSource};
+use crate::metrics::{Calls, LimiterMetrics};
+use crate::store::guard::OnFailure;
+use crate::store::{Guard, Op, Store, StoreError};
+use crate::{FallbackReason, WindowKey};
 
 /// Why a connection was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,12 +23,12 @@ pub struct ConnectionDenied {
     pub scope: CapScope,
     /// The cap.
     pub cap: u32,
-    /// Live leases counted against it.
+    /// Live seats counted against it.
     pub count: u32,
-    /// Until the oldest lease would expire unless renewed: an upper bound
+    /// Until the oldest seat would expire unless renewed: an upper bound
     /// on the wait when its holder died; a release frees a place sooner.
     pub retry_after: Duration,
-    /// `Some` when the store could not answer and [`GrantFallback::Deny`] did.
+    /// `Some` when the store could not answer and [`OnFailure::FailClosed`] did.
     pub fallback: Option<FallbackReason>,
 }
 
@@ -50,8 +36,8 @@ pub struct ConnectionDenied {
 /// connection is admitted or not).
 #[derive(Debug)]
 pub enum Acquire {
-    /// Admitted: hold the lease for the connection's life.
-    Granted(ConnectionLease),
+    /// Admitted: hold the seat for the connection's life.
+    Granted(ConnectionSeat),
     /// Refused: a cap is reached.
     Denied(ConnectionDenied),
 }
@@ -62,7 +48,7 @@ pub enum Acquire {
 pub struct Presence {
     /// At least one live connection.
     pub online: bool,
-    /// Live leases (unexpired on the store's clock).
+    /// Live seats (unexpired on the store's clock).
     pub connections: u32,
 }
 
@@ -70,12 +56,12 @@ pub struct Presence {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectionError {
-    /// The lease TTL must be between 30 ms and 1 hour (a heartbeat every
+    /// The seat TTL must be between 30 ms and 1 hour (a heartbeat every
     /// ttl/3 must stay above 10 ms).
-    #[error("a connection lease ttl must be between 30ms and 1h")]
+    #[error("a connection seat ttl must be between 30ms and 1h")]
     InvalidTtl,
     /// The store failed (and, for a grant, the fallback is
-    /// [`GrantFallback::Error`]).
+    /// [`OnFailure::Error`]).
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -83,31 +69,34 @@ pub enum ConnectionError {
 /// A cluster-wide cap on concurrent connections per subject; see the
 /// [module docs](super).
 ///
-/// Cheap to clone; clones share the node's live leases and heartbeat.
+/// Cheap to clone; clones share the node's live seats and heartbeat.
 #[derive(Clone)]
 pub struct ConnectionLimiter {
     pub(super) shared: Arc<Shared>,
 }
 
 pub(super) struct Shared {
-    pub(super) limiter: Limiter,
-    pub(super) store: Arc<dyn ConnectionStore>,
+    pub(super) store: Store,
+    /// Its store calls, recorded under the name `connections`.
+    metrics: LimiterMetrics,
     pub(super) ttl: Duration,
     max_per_subject: u32,
     max_per_tenant: u32,
-    fallback: GrantFallback,
-    /// This node's random id: lease ids are `<node>:<sequence>`.
+    fallback: OnFailure,
+    /// This node's random id: seat ids are `<node>:<sequence>`.
     node: String,
     seq: AtomicU64,
     /// The highest fencing token this node was granted (any subject): every
     /// grant asks for a larger one, so this node's tokens never go back even
-    /// when the store lost what it knew (see `ConnectionLease::fence`).
+    /// when the store lost what it knew (see `ConnectionSeat::fence`).
     fence_floor: AtomicU64,
-    /// Leases granted by the store and not yet released or lost.
+    /// The live seats this limiter last added to the node's gauge.
+    pub(super) reported_live: std::sync::atomic::AtomicI64,
+    /// Seats granted by the store and not yet released or lost.
     pub(super) live: Mutex<HashMap<u64, Live>>,
 }
 
-/// One live lease, as the heartbeat sees it.
+/// One live seat, as the heartbeat sees it.
 pub(super) struct Live {
     pub(super) key: WindowKey,
     pub(super) id: Vec<u8>,
@@ -115,7 +104,7 @@ pub(super) struct Live {
 }
 
 impl Shared {
-    pub(super) fn tenant_form(&self) -> bool {
+    pub(super) fn tenant_capped(&self) -> bool {
         self.max_per_tenant > 0
     }
 
@@ -123,45 +112,65 @@ impl Shared {
         self.live.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Releases a lease in the store through the resilience stack.
+    /// One operation on the store's connection backend in `partition`,
+    /// through the store's resilience stack.
+    pub(super) fn call<'a, T: Send + 'a>(
+        &'a self,
+        partition: impl FnOnce(&dyn Backend) -> u16,
+        operation: impl FnOnce(&'a dyn Backend, &mut Guard<'a>) -> Op<'a, T>,
+    ) -> Op<'a, T> {
+        let store = &self.store.inner;
+        let Some(backend) = store.connections.as_deref() else {
+            return Op::ready(Err(StoreError::unsupported("connection caps")));
+        };
+        let domain = store
+            .resilience
+            .breakers
+            .as_ref()
+            .and_then(|_| backend.partition_failure_domain(partition(backend)));
+        let calls = Calls::to(&self.metrics, None);
+        store
+            .resilience
+            .call(domain, calls, |guard| operation(backend, guard))
+    }
+
+    /// The partition of `key`'s seats.
+    fn partition_of<'k>(&self, key: &'k WindowKey) -> impl FnOnce(&dyn Backend) -> u16 + 'k {
+        let tenant_capped = self.tenant_capped();
+        move |backend| backend.seat_partition(key, tenant_capped)
+    }
+
+    /// Releases a seat in the store through the resilience stack.
     pub(super) async fn release(&self, key: &WindowKey, id: &[u8]) -> Result<bool, StoreError> {
-        let lease = LeaseRef::new(key, id, self.tenant_form());
-        let store = &*self.store;
-        let domain = store.partition_failure_domain(store.lease_partition(key, self.tenant_form()));
+        let seat = SeatRef::new(key, id, self.tenant_capped());
         let released = self
-            .limiter
-            .run(
-                domain,
-                self.limiter.policy(),
-                || store.release_sync(lease),
-                move || store.release(lease),
-            )
-            .await
-            .map_err(crate::limiter::Failure::into_error)?;
+            .call(self.partition_of(key), |backend, guard| {
+                backend.release(guard, seat)
+            })
+            .await?;
         crate::metrics::connection_released();
         Ok(released)
     }
 }
 
 impl ConnectionLimiter {
-    /// The default lease TTL (15 s).
+    /// The default seat TTL (15 s).
     pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 
-    /// A builder for a limiter keeping leases in `store`, whose calls run
-    /// through `limiter`'s resilience stack (pass the limiter on the same
-    /// store, so one set of breakers describes it).
-    pub fn builder(limiter: Limiter, store: impl ConnectionStore) -> ConnectionLimiterBuilder {
+    /// A builder for a limiter keeping seats in `store`, whose calls run
+    /// through the store's resilience stack (recorded under the name
+    /// `connections`).
+    pub fn builder(store: impl Into<Store>) -> ConnectionLimiterBuilder {
         ConnectionLimiterBuilder {
-            limiter,
-            store: Arc::new(store),
+            store: store.into(),
             ttl: Self::DEFAULT_TTL,
             max_per_subject: 0,
             max_per_tenant: 0,
-            fallback: GrantFallback::default(),
+            fallback: OnFailure::default(),
         }
     }
 
-    /// The lease TTL.
+    /// The seat TTL.
     pub fn ttl(&self) -> Duration {
         self.shared.ttl
     }
@@ -176,37 +185,31 @@ impl ConnectionLimiter {
         self.shared.max_per_tenant
     }
 
-    /// Leases this node holds in the store and renews (degraded leases not
+    /// Seats this node holds in the store and renews (degraded seats not
     /// included).
-    pub fn live_leases(&self) -> usize {
+    pub fn live_seats(&self) -> usize {
         self.shared.live().len()
     }
 
-    /// Grants a lease for one connection of `key`, or refuses it past a
-    /// cap. Hold the lease while the connection lives, and close the
-    /// connection when [`ConnectionLease::lost`] fires.
+    /// Grants a seat for one connection of `key`, or refuses it past a
+    /// cap. Hold the seat while the connection lives, and close the
+    /// connection when [`ConnectionSeat::lost`] fires.
     pub async fn acquire(&self, key: &WindowKey) -> Result<Acquire, ConnectionError> {
         let shared = &*self.shared;
         let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}:{seq:x}", shared.node).into_bytes();
-        let tenant_form = shared.tenant_form();
+        let tenant_capped = shared.tenant_capped();
         let request = GrantRequest::new(
-            LeaseRef::new(key, &id, tenant_form),
+            SeatRef::new(key, &id, tenant_capped),
             shared.ttl,
             shared.max_per_subject,
             shared.max_per_tenant,
         )
         .with_fence_floor(shared.fence_floor.load(Ordering::Acquire));
-        let store = &*shared.store;
-        let domain = store.partition_failure_domain(store.lease_partition(key, tenant_form));
         let result = shared
-            .limiter
-            .run(
-                domain,
-                shared.limiter.policy(),
-                || store.grant_sync(request),
-                move || store.grant(request),
-            )
+            .call(shared.partition_of(key), |backend, guard| {
+                backend.grant(guard, request)
+            })
             .await;
         match result {
             Ok(GrantReply::Granted { fence, .. }) => {
@@ -221,13 +224,13 @@ impl ConnectionLimiter {
                     },
                 );
                 crate::metrics::connection_grant("granted");
-                Ok(Acquire::Granted(ConnectionLease::new(
+                Ok(Acquire::Granted(ConnectionSeat::new(
                     Arc::clone(&self.shared),
                     seq,
                     key.clone(),
                     id,
                     fence,
-                    LeaseSource::Store,
+                    SeatSource::Store,
                     receiver,
                 )))
             }
@@ -248,59 +251,59 @@ impl ConnectionLimiter {
                     fallback: None,
                 }))
             }
-            Err(failure) => match shared.fallback {
-                GrantFallback::Admit => {
+            Err(error) => match shared.fallback {
+                OnFailure::FailOpen => {
                     crate::metrics::connection_grant("fallback_granted");
                     let (_sender, receiver) = watch::channel(false);
-                    Ok(Acquire::Granted(ConnectionLease::new(
+                    Ok(Acquire::Granted(ConnectionSeat::new(
                         Arc::clone(&self.shared),
                         seq,
                         key.clone(),
                         id,
                         0,
-                        LeaseSource::Fallback(failure.reason),
+                        SeatSource::Fallback(FallbackReason::for_error(&error)),
                         receiver,
                     )))
                 }
-                GrantFallback::Deny => {
+                OnFailure::FailClosed => {
                     crate::metrics::connection_grant("fallback_denied");
                     Ok(Acquire::Denied(ConnectionDenied {
                         scope: CapScope::Subject,
                         cap: shared.max_per_subject,
                         count: 0,
                         retry_after: Duration::from_secs(1),
-                        fallback: Some(failure.reason),
+                        fallback: Some(FallbackReason::for_error(&error)),
                     }))
                 }
-                GrantFallback::Error => {
+                OnFailure::Error => {
                     crate::metrics::connection_grant("error");
-                    Err(ConnectionError::Store(failure.into_error()))
+                    Err(ConnectionError::Store(error))
                 }
             },
         }
     }
 
     /// Whether `key` has a live connection anywhere in the cluster, and
-    /// how many (live leases on the store's clock).
+    /// how many (live seats on the store's clock).
     pub async fn presence(&self, key: &WindowKey) -> Result<Presence, ConnectionError> {
         let shared = &*self.shared;
-        let tenant_form = shared.tenant_form();
-        let store = &*shared.store;
-        let domain = store.partition_failure_domain(store.lease_partition(key, tenant_form));
+        let tenant_capped = shared.tenant_capped();
         let connections = shared
-            .limiter
-            .run(
-                domain,
-                shared.limiter.policy(),
-                || store.presence_sync(key, tenant_form),
-                move || store.presence(key, tenant_form),
-            )
-            .await
-            .map_err(|failure| ConnectionError::Store(failure.into_error()))?;
+            .call(shared.partition_of(key), |backend, guard| {
+                backend.presence(guard, key, tenant_capped)
+            })
+            .await?;
         Ok(Presence {
             online: connections > 0,
             connections,
         })
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // This limiter's seats leave the node's gauge with it.
+        crate::metrics::connection_live_change(-*self.reported_live.get_mut());
     }
 }
 
@@ -312,7 +315,7 @@ impl fmt::Debug for ConnectionLimiter {
             .field("max_per_subject", &shared.max_per_subject)
             .field("max_per_tenant", &shared.max_per_tenant)
             .field("fallback", &shared.fallback)
-            .field("live_leases", &self.live_leases())
+            .field("live_seats", &self.live_seats())
             .finish_non_exhaustive()
     }
 }
@@ -320,12 +323,11 @@ impl fmt::Debug for ConnectionLimiter {
 /// Builds a [`ConnectionLimiter`]; see [`ConnectionLimiter::builder`].
 #[must_use]
 pub struct ConnectionLimiterBuilder {
-    limiter: Limiter,
-    store: Arc<dyn ConnectionStore>,
+    store: Store,
     ttl: Duration,
     max_per_subject: u32,
     max_per_tenant: u32,
-    fallback: GrantFallback,
+    fallback: OnFailure,
 }
 
 impl fmt::Debug for ConnectionLimiterBuilder {
@@ -341,21 +343,21 @@ impl fmt::Debug for ConnectionLimiterBuilder {
 
 impl ConnectionLimiterBuilder {
     /// The most concurrent connections per subject (default 0: no cap;
-    /// leases are still kept, for presence).
+    /// seats are still kept, for presence).
     pub fn max_per_subject(mut self, max: u32) -> Self {
         self.max_per_subject = max;
         self
     }
 
     /// The most concurrent connections per tenant (default 0: none). With
-    /// a tenant cap, a tenant's leases live in one slot (one primary) of a
+    /// a tenant cap, a tenant's seats live in one slot (one primary) of a
     /// Redis Cluster, beside the tenant's set.
     pub fn max_per_tenant(mut self, max: u32) -> Self {
         self.max_per_tenant = max;
         self
     }
 
-    /// How long a lease lives without renewal (default
+    /// How long a seat lives without renewal (default
     /// [`ConnectionLimiter::DEFAULT_TTL`], 15 s; 30 ms to 1 h): a dead
     /// node's connections are freed within it, and the heartbeat renews
     /// every `ttl / 3`.
@@ -365,8 +367,8 @@ impl ConnectionLimiterBuilder {
     }
 
     /// What a grant means when the store cannot answer (default
-    /// [`GrantFallback::Admit`]).
-    pub fn on_store_failure(mut self, fallback: GrantFallback) -> Self {
+    /// [`OnFailure::FailOpen`]).
+    pub fn on_store_failure(mut self, fallback: OnFailure) -> Self {
         self.fallback = fallback;
         self
     }
@@ -380,8 +382,8 @@ impl ConnectionLimiterBuilder {
         let node = format!("{:016x}", fastrand::u64(..));
         Ok(ConnectionLimiter {
             shared: Arc::new(Shared {
-                limiter: self.limiter,
                 store: self.store,
+                metrics: LimiterMetrics::named("connections"),
                 ttl: self.ttl,
                 max_per_subject: self.max_per_subject,
                 max_per_tenant: self.max_per_tenant,
@@ -389,6 +391,7 @@ impl ConnectionLimiterBuilder {
                 node,
                 seq: AtomicU64::new(0),
                 fence_floor: AtomicU64::new(0),
+                reported_live: std::sync::atomic::AtomicI64::new(0),
                 live: Mutex::new(HashMap::new()),
             }),
         })

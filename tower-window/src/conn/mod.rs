@@ -1,62 +1,65 @@
-//! Cluster-wide connection caps on server-clock leases, batched heartbeats
+//! Cluster-wide connection caps on server-clock seats, batched heartbeats
 //! and presence.
 //!
-//! A [`ConnectionLimiter`] grants a [`ConnectionLease`] per connection
+//! A [`ConnectionLimiter`] grants a [`ConnectionSeat`] per connection
 //! (a WebSocket, a stream) of a subject, refusing one past the cap
 //! ([`max_per_subject`](ConnectionLimiterBuilder::max_per_subject), and
 //! optionally [`max_per_tenant`](ConnectionLimiterBuilder::max_per_tenant)),
-//! counted across every node sharing the store:
+//! counted across every node sharing the store. A *seat* is a
+//! connection's place under the cap: an expiring grant on the store's
+//! clock, renewed by its node's heartbeat. (In this crate *lease* means a
+//! quota lease, [`crate::lease`]; the metric names
+//! `tower_window_connection_leases_lost_total` and
+//! `tower_window_connection_live_leases` keep their historical word.)
 //!
-//! * **Leases on the store's clock.** Each subject has one set of lease
-//!   ids scored by expiry on Redis `TIME`; a grant purges expired leases in
+//! * **Seats on the store's clock.** Each subject has one set of seat
+//!   ids scored by expiry on Redis `TIME`; a grant purges expired seats in
 //!   the same script and admits below the cap. Node clocks play no part.
 //! * **Fencing.** A grant returns a token larger than every earlier one of
 //!   the subject while the store keeps its counter, and larger than every
 //!   token the same limiter was granted before even when the store lost it
 //!   (a failover under asynchronous replication, a clock behind); exactly
-//!   what holds across nodes is in [`ConnectionLease::fence`].
+//!   what holds across nodes is in [`ConnectionSeat::fence`].
 //! * **Mixed TTLs.** Nodes may use different TTLs on one store (a rolling
 //!   change of the setting): a subject's set lives at least as long as its
-//!   longest live lease, whichever node wrote it last.
+//!   longest live seat, whichever node wrote it last.
 //! * **Batched heartbeats.** One task per node
 //!   ([`ConnectionLimiter::start_heartbeat`]) renews all of the node's live
-//!   leases every `ttl / 3`, in one call per store partition (one per
+//!   seats every `ttl / 3`, in one call per store partition (one per
 //!   Redis Cluster hash slot, at most
-//!   [`max_renew_batch`](ConnectionStore::max_renew_batch) leases each): on
+//!   [`max_renew_batch`](Backend::max_renew_batch) seats each): on
 //!   one Redis, 10,000 connections cost 10 calls per tick. On a Redis
-//!   Cluster it is one call per hash slot holding leases of the node
+//!   Cluster it is one call per hash slot holding seats of the node
 //!   (thousands for 10,000 users; 10 when a per-tenant cap puts a tenant's
-//!   leases in one slot): see `benches/README.md`.
-//! * **Lost means lost.** A renewal that finds its lease gone (expired
+//!   seats in one slot): see `benches/README.md`.
+//! * **Lost means lost.** A renewal that finds its seat gone (expired
 //!   while the node was partitioned, or reset by an operator) reports it to
-//!   the lease ([`ConnectionLease::lost`]); the lease is never re-acquired.
+//!   the seat ([`ConnectionSeat::lost`]); the seat is never re-acquired.
 //!   The holder should close the connection (the WebSocket guard closes
 //!   with 1008).
-//! * **Dead nodes free their leases** within one TTL: nothing renews them.
-//! * **Release** is explicit ([`ConnectionLease::release`]) and on drop (a
+//! * **Dead nodes free their seats** within one TTL: nothing renews them.
+//! * **Release** is explicit ([`ConnectionSeat::release`]) and on drop (a
 //!   spawned release; drop never blocks).
 //! * **Presence**: [`ConnectionLimiter::presence`] counts a subject's live
-//!   leases cluster-wide.
+//!   seats cluster-wide.
 //!
-//! Every store call goes through the [`Limiter`](crate::Limiter)'s one
+//! Every store call goes through the [`Store`](crate::Store)'s one
 //! resilience stack (breakers per failure domain, in-flight bound, time
 //! budget, retries). When the store cannot answer a grant, the
-//! [`GrantFallback`] decides: admit (a *degraded* lease, not counted and not
-//! renewed; [`ConnectionLease::is_degraded`]) or refuse. A grant that timed
-//! out may still have been applied by the store: that lease is renewed by
+//! [`OnFailure`] decides: admit (a *degraded* seat, not counted and not
+//! renewed; [`ConnectionSeat::is_degraded`]) or refuse. A grant that timed
+//! out may still have been applied by the store: that seat is renewed by
 //! nobody and expires within one TTL. A failed renewal
 //! call declares nothing lost: if the store stays away past the TTL, the
-//! leases expire there and the first renewal after it reports them lost.
+//! seats expire there and the first renewal after it reports them lost.
 //!
 //! ```
 //! use std::time::Duration;
 //! use tower_window::conn::{Acquire, ConnectionLimiter};
-//! use tower_window::{Limiter, MemoryStore, Quota, WindowKey};
+//! use tower_window::{Store, WindowKey};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-//! let store = MemoryStore::new();
-//! let limiter = Limiter::new(store.clone(), "100/1m".parse::<Quota>()?);
-//! let connections = ConnectionLimiter::builder(limiter, store)
+//! let connections = ConnectionLimiter::builder(Store::memory())
 //!     .max_per_subject(2)
 //!     .ttl(Duration::from_secs(15))
 //!     .build()?;
@@ -72,15 +75,21 @@
 //! # }).unwrap();
 //! ```
 
+mod backend;
 mod heartbeat;
-mod lease;
 mod limiter;
-mod store;
+pub(crate) mod memory;
+#[cfg(feature = "redis")]
+mod redis;
+mod seat;
 
+/// What a grant answers while the store cannot (the crate's one vocabulary
+/// for yes-or-no fallbacks).
+pub use crate::store::guard::OnFailure;
+pub use backend::{Backend, CapScope, GrantReply, GrantRequest, SeatRef};
 pub use heartbeat::{HeartbeatHandle, HeartbeatReport};
-pub use lease::{ConnectionLease, LeaseLost, LeaseSource};
 pub use limiter::{
     Acquire, ConnectionDenied, ConnectionError, ConnectionLimiter, ConnectionLimiterBuilder,
-    GrantFallback, Presence,
+    Presence,
 };
-pub use store::{CapScope, ConnectionStore, GrantReply, GrantRequest, LeaseRef};
+pub use seat::{ConnectionSeat, LeaseLost, SeatSource};

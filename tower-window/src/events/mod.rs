@@ -6,8 +6,8 @@
 //!   after a position ([`since`](EventWindow::since),
 //!   [`resume`](EventWindow::resume)) and tells the current position
 //!   ([`position`](EventWindow::position)); every call passes the
-//!   [`Limiter`](crate::Limiter)'s resilience stack.
-//! * [`EventStore`] is where windows live: [`MemoryStore`](crate::MemoryStore)
+//!   [`Store`](crate::Store)'s resilience stack.
+//! * the events [`Backend`] is where windows live: [`MemoryStore`](crate::MemoryStore)
 //!   in one process, [`RedisStore`](crate::RedisStore) on Redis Streams
 //!   (`XADD` with `MINID ~` at the store's now minus the window and a
 //!   `MAXLEN ~` cap, `XRANGE` with an exclusive start), in one Lua script
@@ -53,15 +53,20 @@
 //! windows vanish.
 
 mod id;
+pub(crate) mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 mod store;
+#[cfg(feature = "redis")]
+pub(crate) mod tail;
 mod window;
 
-/// Live reads of many windows with one blocking `XREAD` (Redis only).
-#[cfg(feature = "redis")]
-pub use crate::store::redis::{EventTail, TailBatch};
 pub use id::{Epoch, EventId, InvalidPosition, Position, MAX_ID_PART};
 pub use store::{
-    Appended, Event, EventRequest, EventStore, InvalidRetention, Resume, ResyncReason, Retention,
+    Appended, Backend, Event, EventRequest, InvalidRetention, Resume, ResyncReason, Retention,
 };
+/// Live reads of many windows with one blocking `XREAD` (Redis only).
+#[cfg(feature = "redis")]
+pub use tail::{EventTail, TailBatch};
 pub(crate) use window::{check_fields, check_limit};
 pub use window::{EventWindow, MAX_FIELDS, MAX_FIELD_NAME, MAX_PAGE};

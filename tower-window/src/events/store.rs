@@ -1,13 +1,12 @@
-//! [`EventStore`]: where event windows live.
+//! [`events::Backend`](crate::events::Backend): where event windows live.
 
 use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 
 use super::id::{Epoch, EventId, Position};
-use crate::store::StoreError;
+use crate::store::{Guard, Op};
 
 /// How much history an event window keeps: events of the last `window` of
 /// the store's clock, and at most about `max_len` of them.
@@ -224,129 +223,37 @@ impl<'a> EventRequest<'a> {
 ///   [`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest);
 /// * every write refreshes the window's expiry
 ///   ([`Retention::ttl_millis`]).
-pub trait EventStore: Send + Sync + 'static {
+pub trait Backend: Send + Sync + 'static {
     /// Appends one event with `fields`, trimming what the retention no
     /// longer keeps.
     fn append<'a>(
         &'a self,
+        guard: &mut Guard<'a>,
         request: EventRequest<'a>,
         fields: &'a [(&'a str, &'a [u8])],
-    ) -> BoxFuture<'a, Result<Appended, StoreError>>;
+    ) -> Op<'a, Appended>;
 
     /// The window's current position (its epoch, made if needed, and its
     /// last event's id), refreshing its expiry.
-    fn head<'a>(&'a self, request: EventRequest<'a>)
-        -> BoxFuture<'a, Result<Position, StoreError>>;
+    fn head<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position>;
 
     /// At most `limit` events after `from`, or why they cannot be given.
     fn read<'a>(
         &'a self,
+        guard: &mut Guard<'a>,
         request: EventRequest<'a>,
         from: &'a Position,
         limit: u32,
-    ) -> BoxFuture<'a, Result<Resume, StoreError>>;
+    ) -> Op<'a, Resume>;
 
     /// How many events the window holds (trimming may lag behind the
-    /// window and `max_len` by a little in a store that trims lazily).
-    fn len<'a>(&'a self, request: EventRequest<'a>) -> BoxFuture<'a, Result<u64, StoreError>>;
+    /// window and `max_len` by a little in a backend that trims lazily).
+    fn len<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64>;
 
-    /// [`append`](Self::append) at once, if this store works in-process
-    /// (`None`, the default: await it).
-    fn append_sync(
-        &self,
-        request: EventRequest<'_>,
-        fields: &[(&str, &[u8])],
-    ) -> Option<Result<Appended, StoreError>> {
-        let _ = (request, fields);
-        None
-    }
-
-    /// [`head`](Self::head) at once, if this store works in-process.
-    fn head_sync(&self, request: EventRequest<'_>) -> Option<Result<Position, StoreError>> {
-        let _ = request;
-        None
-    }
-
-    /// [`read`](Self::read) at once, if this store works in-process.
-    fn read_sync(
-        &self,
-        request: EventRequest<'_>,
-        from: &Position,
-        limit: u32,
-    ) -> Option<Result<Resume, StoreError>> {
-        let _ = (request, from, limit);
-        None
-    }
-
-    /// [`len`](Self::len) at once, if this store works in-process.
-    fn len_sync(&self, request: EventRequest<'_>) -> Option<Result<u64, StoreError>> {
-        let _ = request;
-        None
-    }
-
-    /// The failure domain (cluster primary) of the window `key`, as for
-    /// [`Store::failure_domain`](crate::Store::failure_domain).
+    /// The failure domain of the window `key` (see
+    /// [`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain)).
     fn failure_domain(&self, key: &[u8]) -> Option<u16> {
         let _ = key;
         None
-    }
-}
-
-impl<S: EventStore + ?Sized> EventStore for std::sync::Arc<S> {
-    fn append<'a>(
-        &'a self,
-        request: EventRequest<'a>,
-        fields: &'a [(&'a str, &'a [u8])],
-    ) -> BoxFuture<'a, Result<Appended, StoreError>> {
-        (**self).append(request, fields)
-    }
-
-    fn head<'a>(
-        &'a self,
-        request: EventRequest<'a>,
-    ) -> BoxFuture<'a, Result<Position, StoreError>> {
-        (**self).head(request)
-    }
-
-    fn read<'a>(
-        &'a self,
-        request: EventRequest<'a>,
-        from: &'a Position,
-        limit: u32,
-    ) -> BoxFuture<'a, Result<Resume, StoreError>> {
-        (**self).read(request, from, limit)
-    }
-
-    fn len<'a>(&'a self, request: EventRequest<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
-        (**self).len(request)
-    }
-
-    fn append_sync(
-        &self,
-        request: EventRequest<'_>,
-        fields: &[(&str, &[u8])],
-    ) -> Option<Result<Appended, StoreError>> {
-        (**self).append_sync(request, fields)
-    }
-
-    fn head_sync(&self, request: EventRequest<'_>) -> Option<Result<Position, StoreError>> {
-        (**self).head_sync(request)
-    }
-
-    fn read_sync(
-        &self,
-        request: EventRequest<'_>,
-        from: &Position,
-        limit: u32,
-    ) -> Option<Result<Resume, StoreError>> {
-        (**self).read_sync(request, from, limit)
-    }
-
-    fn len_sync(&self, request: EventRequest<'_>) -> Option<Result<u64, StoreError>> {
-        (**self).len_sync(request)
-    }
-
-    fn failure_domain(&self, key: &[u8]) -> Option<u16> {
-        (**self).failure_domain(key)
     }
 }

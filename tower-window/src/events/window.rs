@@ -1,13 +1,12 @@
-//! [`EventWindow`]: an event store behind the limiter's resilience stack.
+//! [`EventWindow`]: event windows on a store, through its resilience stack.
 
 use std::fmt;
 use std::sync::Arc;
 
 use super::id::Position;
-use super::store::{Appended, Event, EventRequest, EventStore, Resume, Retention};
-use crate::limiter::Failure;
-use crate::store::{StoreError, StoreErrorKind};
-use crate::Limiter;
+use super::store::{Appended, Backend, Event, EventRequest, Resume, Retention};
+use crate::metrics::{Calls, LimiterMetrics};
+use crate::store::{Guard, Op, Store, StoreError, StoreErrorKind};
 
 /// The most fields one event may have.
 pub const MAX_FIELDS: usize = 32;
@@ -20,21 +19,20 @@ pub const MAX_PAGE: u32 = 10_000;
 /// that a reader resuming from a [`Position`] gets exactly the events it
 /// missed, in order, or is told to resync — never a false "recovered".
 ///
-/// Every operation is one store call that runs through the given
-/// [`Limiter`]'s resilience stack (its breaker for the key's failure
-/// domain, in-flight bound, time budget and retries of calls the store
-/// certainly did not apply), so one set of breakers describes the store's
-/// health for rate limits and events alike. Cheap to clone.
+/// Every operation is one store call that runs through its [`Store`]'s
+/// resilience stack (its breaker for the key's failure domain, in-flight
+/// bound, time budget and retries of calls the store certainly did not
+/// apply), so one set of breakers describes the store's health for rate
+/// limits and events alike; its store calls are recorded under the name
+/// `events`. Cheap to clone.
 ///
 /// ```
 /// use std::time::Duration;
 /// use tower_window::events::{EventWindow, Resume, Retention};
-/// use tower_window::{Limiter, MemoryStore, Quota};
+/// use tower_window::Store;
 ///
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let store = MemoryStore::new();
-/// let limiter = Limiter::new(store.clone(), "100/1m".parse::<Quota>()?);
-/// let events = EventWindow::new(limiter, store, Retention::new(Duration::from_secs(600), 1000)?);
+/// let events = EventWindow::new(Store::memory(), Retention::new(Duration::from_secs(600), 1000)?);
 ///
 /// let start = events.position("room-1").await?; // a reader joins
 /// let first = events.append("room-1", &[("data", b"hello".as_slice())]).await?;
@@ -56,34 +54,30 @@ pub struct EventWindow {
 }
 
 struct Inner {
-    limiter: Limiter,
-    store: Arc<dyn EventStore>,
+    store: Store,
     retention: Retention,
+    /// Its store calls, recorded under the name `events`.
+    metrics: LimiterMetrics,
 }
 
 impl EventWindow {
-    /// Event windows in `store`, keeping what `retention` says, with every
-    /// store call through `limiter`'s resilience stack.
-    pub fn new(limiter: Limiter, store: impl EventStore, retention: Retention) -> Self {
-        Self::from_shared_store(limiter, Arc::new(store), retention)
-    }
-
-    /// Like [`new`](Self::new), over a store shared with others.
-    pub fn from_shared_store(
-        limiter: Limiter,
-        store: Arc<dyn EventStore>,
-        retention: Retention,
-    ) -> Self {
+    /// Event windows in `store`, keeping what `retention` says.
+    pub fn new(store: impl Into<Store>, retention: Retention) -> Self {
         Self {
             inner: Arc::new(Inner {
-                limiter,
-                store,
+                store: store.into(),
                 retention,
+                metrics: LimiterMetrics::named("events"),
             }),
         }
     }
 
-    /// What each window keeps.
+    /// The store the windows live in.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// What the windows keep.
     pub fn retention(&self) -> Retention {
         self.inner.retention
     }
@@ -103,13 +97,8 @@ impl EventWindow {
         check_fields(fields)?;
         let key = key.as_ref();
         let request = self.request(key);
-        let store = &*self.inner.store;
-        self.run(
-            key,
-            || store.append_sync(request, fields),
-            move || store.append(request, fields),
-        )
-        .await
+        self.run(key, |backend, guard| backend.append(guard, request, fields))
+            .await
     }
 
     /// The window's current position: its epoch (a new one if the window
@@ -119,13 +108,8 @@ impl EventWindow {
     pub async fn position(&self, key: impl AsRef<[u8]>) -> Result<Position, StoreError> {
         let key = key.as_ref();
         let request = self.request(key);
-        let store = &*self.inner.store;
-        self.run(
-            key,
-            || store.head_sync(request),
-            move || store.head(request),
-        )
-        .await
+        self.run(key, |backend, guard| backend.head(guard, request))
+            .await
     }
 
     /// One page: at most `limit` (1 to [`MAX_PAGE`]) events after `from`,
@@ -141,12 +125,9 @@ impl EventWindow {
         check_limit(limit)?;
         let key = key.as_ref();
         let request = self.request(key);
-        let store = &*self.inner.store;
-        self.run(
-            key,
-            || store.read_sync(request, from, limit),
-            move || store.read(request, from, limit),
-        )
+        self.run(key, |backend, guard| {
+            backend.read(guard, request, from, limit)
+        })
         .await
     }
 
@@ -178,30 +159,34 @@ impl EventWindow {
         }
     }
 
-    /// How many events the window `key` holds (see [`EventStore::len`]).
+    /// How many events the window `key` holds (see [`Backend::len`]).
     pub async fn len(&self, key: impl AsRef<[u8]>) -> Result<u64, StoreError> {
         let key = key.as_ref();
         let request = self.request(key);
-        let store = &*self.inner.store;
-        self.run(key, || store.len_sync(request), move || store.len(request))
+        self.run(key, |backend, guard| backend.len(guard, request))
             .await
     }
 
-    async fn run<'a, T: Send + 'a>(
+    /// One operation on the window `key`, through the store's resilience
+    /// stack.
+    fn run<'a, T: Send + 'a>(
         &'a self,
         key: &[u8],
-        sync: impl FnOnce() -> Option<Result<T, StoreError>>,
-        operation: impl Fn() -> futures_util::future::BoxFuture<'a, Result<T, StoreError>>
-            + Send
-            + Sync
-            + 'a,
-    ) -> Result<T, StoreError> {
-        let limiter = &self.inner.limiter;
-        let domain = self.inner.store.failure_domain(key);
-        limiter
-            .run(domain, limiter.policy(), sync, operation)
-            .await
-            .map_err(failure_error)
+        operation: impl FnOnce(&'a dyn Backend, &mut Guard<'a>) -> Op<'a, T>,
+    ) -> Op<'a, T> {
+        let store = &self.inner.store.inner;
+        let Some(backend) = store.events.as_deref() else {
+            return Op::ready(Err(StoreError::unsupported("event windows")));
+        };
+        let domain = store
+            .resilience
+            .breakers
+            .as_ref()
+            .and_then(|_| backend.failure_domain(key));
+        let calls = Calls::to(&self.inner.metrics, None);
+        store
+            .resilience
+            .call(domain, calls, |guard| operation(backend, guard))
     }
 }
 
@@ -211,7 +196,7 @@ fn invalid(message: &'static str) -> StoreError {
 
 /// Whether `fields` can be an event: 1 to [`MAX_FIELDS`], names of 1 to
 /// [`MAX_FIELD_NAME`] bytes. Checked by the window and again by every
-/// store, so a direct [`EventStore`] caller gets the same typed error and
+/// store, so a direct [`events::Backend`](crate::events::Backend) caller gets the same typed error and
 /// a store's work per append stays bounded.
 pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
     if fields.is_empty() || fields.len() > MAX_FIELDS {
@@ -235,17 +220,11 @@ pub(crate) fn check_limit(limit: u32) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn failure_error(failure: Failure) -> StoreError {
-    failure.error.unwrap_or_else(|| {
-        StoreError::new(StoreErrorKind::Unavailable, failure.reason.as_str()).not_applied()
-    })
-}
-
 impl fmt::Debug for EventWindow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EventWindow")
             .field("retention", &self.inner.retention)
-            .field("limiter", &self.inner.limiter)
+            .field("store", &self.inner.store)
             .finish_non_exhaustive()
     }
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
+use super::ceil_secs;
 use crate::{Decision, Quota};
 
 /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
@@ -31,12 +32,6 @@ pub(crate) const X_RATELIMIT_REMAINING: HeaderName =
     HeaderName::from_static("x-ratelimit-remaining");
 /// Legacy `X-RateLimit-Reset`.
 pub(crate) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-
-/// Whole seconds, rounded up, as every header and body of this crate writes
-/// durations (`300 ms` → `1`, never `0` for a positive wait).
-pub fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
-}
 
 /// Adds the `RateLimit` and `RateLimit-Policy` headers for `decision` to
 /// `headers`, and with `legacy` also `X-RateLimit-Limit`, `X-RateLimit-Remaining`

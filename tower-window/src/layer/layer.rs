@@ -3,11 +3,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use http::StatusCode;
 use tower_layer::Layer;
 
 use super::service::{Shared, SlidingWindow};
-use super::{Http, Typed, UnitCost};
+use super::{Http, Status, Typed, UnitCost};
 use crate::tenant::TenantRegistry;
 use crate::Limiter;
 
@@ -17,14 +16,14 @@ use crate::Limiter;
 pub enum MissingKey {
     /// Answer with this status (the default: `400 Bad Request`), as a
     /// [`Rejection::MissingKey`](super::Rejection::MissingKey).
-    Reject(StatusCode),
+    Reject(Status),
     /// Let the request through unlimited and without rate-limit headers.
     Skip,
 }
 
 impl Default for MissingKey {
     fn default() -> Self {
-        Self::Reject(StatusCode::BAD_REQUEST)
+        Self::Reject(Status::BAD_REQUEST)
     }
 }
 
@@ -52,7 +51,7 @@ pub struct SlidingWindowLayer<K, C = UnitCost, M = Http> {
     pub(super) key: Arc<K>,
     pub(super) cost: Arc<C>,
     pub(super) missing_key: MissingKey,
-    pub(super) degraded_status: StatusCode,
+    pub(super) degraded_status: Status,
     pub(super) mode: M,
     pub(super) tenants: Option<TenantRegistry>,
 }
@@ -66,7 +65,7 @@ impl<K> SlidingWindowLayer<K> {
             key: Arc::new(key),
             cost: Arc::new(UnitCost),
             missing_key: MissingKey::default(),
-            degraded_status: StatusCode::SERVICE_UNAVAILABLE,
+            degraded_status: Status::SERVICE_UNAVAILABLE,
             mode: Http::default(),
             tenants: None,
         }
@@ -99,8 +98,8 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
     /// could not decide (default `503 Service Unavailable`; `429 Too Many
     /// Requests` makes an outage look like rate limiting to clients), as a
     /// [`Rejection::Degraded`](super::Rejection::Degraded).
-    pub fn degraded_status(mut self, status: StatusCode) -> Self {
-        self.degraded_status = status;
+    pub fn degraded_status(mut self, status: impl Into<Status>) -> Self {
+        self.degraded_status = status.into();
         self
     }
 

@@ -38,9 +38,9 @@
 //! let limiter = Limiter::new(MemoryStore::new(), "2/1m".parse::<Quota>()?);
 //! let layer = SlidingWindowLayer::new(limiter, Header::new("x-api-key")?)
 //!     .cost(|req: &http::Request<String>| if req.method() == "POST" { 2 } else { 1 })
-//!     .on_missing_key(MissingKey::Reject(http::StatusCode::UNAUTHORIZED));
+//!     .on_missing_key(MissingKey::Reject(http::StatusCode::UNAUTHORIZED.into()));
 //! let mut service = ServiceBuilder::new().layer(layer).service_fn(|req: http::Request<String>| async move {
-//!     let remaining = req.extensions().get::<Decision>().map_or(0, |d| d.remaining);
+//!     let remaining = req.extensions().get::<Decision>().map_or(0, |d| d.remaining());
 //!     Ok::<_, Infallible>(http::Response::new(format!("{remaining} left")))
 //! });
 //!
@@ -88,17 +88,25 @@
 
 mod cost;
 mod future;
+#[cfg(feature = "http")]
 mod headers;
 #[allow(clippy::module_inception)]
 mod layer;
 mod rejection;
 mod respond;
+mod seconds;
 mod service;
+mod status;
 
 pub use cost::{RequestCost, UnitCost};
 pub use future::ResponseFuture;
-pub use headers::{ceil_secs, insert_rate_limit_headers, insert_retry_after, RateLimitHeaders};
+#[cfg(feature = "http")]
+pub use headers::{insert_rate_limit_headers, insert_retry_after, RateLimitHeaders};
 pub use layer::{MissingKey, SlidingWindowLayer};
-pub use rejection::{DefaultRejection, OnRejection, Rejection};
+#[cfg(feature = "http")]
+pub use rejection::OnRejection;
+pub use rejection::{DefaultRejection, Rejection};
 pub use respond::{BoxError, Http, Respond, Typed};
+pub use seconds::ceil_secs;
 pub use service::SlidingWindow;
+pub use status::Status;

@@ -3,8 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use http::StatusCode;
-
+use super::Status;
 use crate::Decision;
 
 /// Why the layer answered instead of the inner service.
@@ -29,7 +28,7 @@ pub enum Rejection {
     /// The request carries no key and the missing-key policy rejects it.
     MissingKey {
         /// The status to answer with (400 or 401 are usual).
-        status: StatusCode,
+        status: Status,
     },
     /// The store could not decide and the limiter's fallback policy denied
     /// the request; `decision.source` is `Fallback(reason)`.
@@ -39,14 +38,14 @@ pub enum Rejection {
         decision: Decision,
         /// The status to answer with: the policy's
         /// layer's [`degraded_status`](super::SlidingWindowLayer::degraded_status).
-        status: StatusCode,
+        status: Status,
     },
     /// The request's tenant is neither defined nor covered by a default
     /// policy in the layer's [tenant registry](crate::tenant::TenantRegistry)
     /// (or was closed).
     UnknownTenant {
         /// The status to answer with (`403 Forbidden`).
-        status: StatusCode,
+        status: Status,
     },
     /// The limiter could not decide (store failure without a fallback).
     Unavailable {
@@ -65,24 +64,23 @@ impl Rejection {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use http::StatusCode;
-    /// use tower_window::layer::Rejection;
+    /// use tower_window::layer::{Rejection, Status};
     /// use tower_window::{Decision, DecisionSource, FallbackReason, Quota};
     ///
     /// let wait = Some(Duration::from_secs(1));
     /// let denial = Decision::deny("10/1m".parse::<Quota>()?, 0, Duration::ZERO, wait);
-    /// let store = Rejection::for_denial(denial.clone(), StatusCode::SERVICE_UNAVAILABLE);
+    /// let store = Rejection::for_denial(denial.clone(), Status::SERVICE_UNAVAILABLE);
     /// assert_eq!(store.status(), 429);
     /// let degraded = denial.with_source(DecisionSource::Fallback(FallbackReason::Timeout));
-    /// let degraded = Rejection::for_denial(degraded, StatusCode::SERVICE_UNAVAILABLE);
+    /// let degraded = Rejection::for_denial(degraded, Status::SERVICE_UNAVAILABLE);
     /// assert_eq!(degraded.status(), 503);
     /// assert!(degraded.is_degraded());
     /// # Ok::<(), tower_window::QuotaError>(())
     /// ```
-    pub fn for_denial(decision: Decision, degraded_status: StatusCode) -> Self {
+    pub fn for_denial(decision: Decision, degraded_status: impl Into<Status>) -> Self {
         if decision.is_degraded() {
             Self::Degraded {
-                status: degraded_status,
+                status: degraded_status.into(),
                 decision,
             }
         } else {
@@ -91,13 +89,13 @@ impl Rejection {
     }
 
     /// The HTTP status for this rejection.
-    pub fn status(&self) -> StatusCode {
+    pub fn status(&self) -> Status {
         match self {
-            Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::RateLimited(_) => Status::TOO_MANY_REQUESTS,
             Self::MissingKey { status }
             | Self::UnknownTenant { status }
             | Self::Degraded { status, .. } => *status,
-            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable { .. } => Status::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -134,7 +132,7 @@ impl Rejection {
                     "quota {:?} ({}) exhausted; retry in {} s",
                     decision.quota().name(),
                     decision.quota(),
-                    crate::layer::headers::ceil_secs(wait)
+                    super::ceil_secs(wait)
                 ),
                 None => format!(
                     "request cost exceeds quota {:?} ({}) and can never be admitted",
@@ -154,7 +152,7 @@ impl Rejection {
                     Some(wait) => format!(
                         "the rate limiter is degraded ({reason}) and its fallback policy \
                          denied the request; retry in {} s",
-                        crate::layer::headers::ceil_secs(wait).max(1)
+                        super::ceil_secs(wait).max(1)
                     ),
                     None => format!(
                         "the rate limiter is degraded ({reason}) and its fallback policy \
@@ -188,11 +186,13 @@ impl std::error::Error for Rejection {}
 /// The layer adds `Retry-After` and `RateLimit` headers and the
 /// [`Rejection`] extension afterwards, so implementations only choose a body.
 /// Closures `Fn(&Rejection) -> http::Response<B>` implement it.
+#[cfg(feature = "http")]
 pub trait OnRejection<B>: Clone + Send + Sync + 'static {
     /// The response for `rejection`.
     fn response(&self, rejection: &Rejection) -> http::Response<B>;
 }
 
+#[cfg(feature = "http")]
 impl<F, B> OnRejection<B> for F
 where
     F: Fn(&Rejection) -> http::Response<B> + Clone + Send + Sync + 'static,
@@ -203,15 +203,17 @@ where
 }
 
 /// An empty body (`B::default()`) with the rejection's status.
-/// `axum-window-ext` offers an `application/problem+json` one.
+/// `axum-window-ext` offers an `application/problem+json` one. (Without the
+/// `http` feature it is only the default type parameter of [`Http`](super::Http).)
 #[derive(Debug, Clone, Copy, Default)]
 #[non_exhaustive]
 pub struct DefaultRejection;
 
+#[cfg(feature = "http")]
 impl<B: Default> OnRejection<B> for DefaultRejection {
     fn response(&self, rejection: &Rejection) -> http::Response<B> {
         let mut response = http::Response::new(B::default());
-        *response.status_mut() = rejection.status();
+        *response.status_mut() = rejection.status().into();
         response
     }
 }

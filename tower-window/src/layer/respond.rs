@@ -2,8 +2,11 @@
 
 use std::fmt;
 
+#[cfg(feature = "http")]
 use crate::layer::headers::{insert_rate_limit_headers, insert_retry_after, RateLimitHeaders};
-use crate::layer::{DefaultRejection, OnRejection, Rejection};
+#[cfg(feature = "http")]
+use crate::layer::OnRejection;
+use crate::layer::{DefaultRejection, Rejection};
 use crate::Decision;
 
 /// A boxed error, as returned by [`Typed`] services.
@@ -41,6 +44,10 @@ pub trait Respond<Req, Res, E>: Send + Sync + 'static {
 
 /// HTTP mode (the default): decisions become headers, rejections responses.
 ///
+/// It answers only with the `http` feature; without it `Http` is the
+/// layer's inert default mode, to be switched to
+/// [`typed_errors`](crate::SlidingWindowLayer::typed_errors).
+///
 /// - An admitted request gets its [`Decision`] in its extensions; the inner
 ///   service's response gets `RateLimit` and `RateLimit-Policy` headers (and
 ///   the legacy `X-RateLimit-*` ones when enabled; neither `RateLimit` nor
@@ -58,6 +65,8 @@ pub trait Respond<Req, Res, E>: Send + Sync + 'static {
 ///   service stays infallible.
 #[derive(Clone, Copy)]
 pub struct Http<R = DefaultRejection> {
+    // Read only by the `Respond` impl, which needs the `http` feature.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     rejection: R,
     legacy_headers: bool,
     decision_extension: bool,
@@ -115,6 +124,7 @@ impl<R> fmt::Debug for Http<R> {
     }
 }
 
+#[cfg(feature = "http")]
 impl<B, ResB, E, R> Respond<http::Request<B>, http::Response<ResB>, E> for Http<R>
 where
     R: OnRejection<ResB>,

@@ -7,7 +7,7 @@ use std::task::{Context, Poll, Waker};
 use tower_service::Service;
 
 use super::future::{DecisionFuture, ResponseFuture};
-use super::{MissingKey, Rejection, RequestCost, Respond};
+use super::{MissingKey, Rejection, RequestCost, Respond, Status};
 use crate::tenant::{Resolution, TenantRegistry};
 use crate::{Decision, KeyExtractor, LimitError, Limiter};
 
@@ -17,7 +17,7 @@ pub(super) struct Shared<K, C, M> {
     pub(super) key: Arc<K>,
     pub(super) cost: Arc<C>,
     pub(super) missing_key: MissingKey,
-    pub(super) degraded_status: http::StatusCode,
+    pub(super) degraded_status: Status,
     pub(super) mode: Arc<M>,
     pub(super) tenants: Option<TenantRegistry>,
 }
@@ -130,7 +130,7 @@ where
                 Resolution::Unknown => {
                     return ResponseFuture::ready(shared.mode.on_rejection(
                         Rejection::UnknownTenant {
-                            status: http::StatusCode::FORBIDDEN,
+                            status: Status::FORBIDDEN,
                         },
                     ))
                 }
@@ -138,12 +138,22 @@ where
         };
         let degraded_status = shared.degraded_status;
         // An in-process store decides here, without a future or a box.
-        let now = shared.limiter.check_policy_sync(
-            &key,
-            policy.as_ref().unwrap_or(shared.limiter.policy()),
-            cost,
-        );
-        let ready = match now {
+        let at_once = {
+            let checked = policy.as_ref().unwrap_or(shared.limiter.policy());
+            shared
+                .limiter
+                .answers_at_once(checked)
+                .then(|| {
+                    shared
+                        .limiter
+                        .check_policy(&key, checked, cost)
+                        .into_ready()
+                })
+                // Not answered in its first poll after all: the check is
+                // dropped before it did anything that waits.
+                .and_then(Result::ok)
+        };
+        let ready = match at_once {
             Some(result) => admission(result, degraded_status),
             None => {
                 let limiter = shared.limiter.clone();
@@ -190,7 +200,7 @@ where
 #[allow(clippy::result_large_err)] // both sides are moved once, into the response future
 fn admission(
     result: Result<Decision, LimitError>,
-    degraded_status: http::StatusCode,
+    degraded_status: Status,
 ) -> Result<Decision, Rejection> {
     match result {
         Ok(decision) if decision.allowed => Ok(decision),

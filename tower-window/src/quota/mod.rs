@@ -188,7 +188,6 @@ impl Quota {
 
     /// Whether `other` is a clone of this very quota (one allocation): a
     /// cheap first test before comparing ids (the metrics' own-quota test).
-    #[cfg(feature = "metrics")]
     pub(crate) fn same_allocation(&self, other: &Quota) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }

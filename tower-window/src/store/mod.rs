@@ -1,21 +1,34 @@
-//! Where windows live: the [`Store`] trait and its implementations.
+//! The store: the [`Store`] handle, its backends ([`MemoryStore`],
+//! [`RedisStore`]) and what a backend operation returns ([`Op`]).
+//!
+//! A [`Store`] is one backend and the one resilience stack every operation
+//! on it goes through ([`guard`]); every capability — policies
+//! ([`Limiter`](crate::Limiter)), quota leases, connection slots, dedup
+//! windows, event windows — is made from a store. Each capability defines
+//! the small backend trait it needs in its own module
+//! ([`limit::Backend`](crate::limit::Backend), [`lease::Backend`](crate::lease::Backend),
+//! [`conn::Backend`](crate::conn::Backend), [`dedup::Backend`](crate::dedup::Backend),
+//! [`events::Backend`](crate::events::Backend)); the embedded and the Redis
+//! backend implement each of them.
 
 use std::error::Error as StdError;
 use std::fmt;
 
-use futures_util::future::BoxFuture;
+use crate::{Policy, WindowKey};
 
-use crate::{Decision, Policy, WindowKey};
-
-pub mod lease;
-mod memory;
+pub mod guard;
+mod handle;
+pub(crate) mod memory;
+mod op;
 #[cfg(feature = "redis")]
 pub mod redis;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{redis_key, RedisConfigError, RedisStore, RedisStoreBuilder};
-pub use lease::{Lease, RefundRequest, Reservation, ReserveRequest};
+pub use guard::Guard;
+pub use handle::{Backend, Store, StoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use op::Op;
 
 /// One check to run against a store: a cost against every quota of a policy.
 #[derive(Debug, Clone, Copy)]
@@ -25,153 +38,14 @@ pub struct CheckRequest<'a> {
     pub key: &'a WindowKey,
     /// Which quotas, decided together.
     pub policy: &'a Policy,
-    /// Units this request consumes in every quota if admitted (at least 1).
-    pub cost: u32,
+    /// Units this request consumes in every quota if admitted.
+    pub cost: crate::Cost,
 }
 
 impl<'a> CheckRequest<'a> {
     /// A check of `cost` units of every quota of `policy` for `key`.
-    pub fn new(key: &'a WindowKey, policy: &'a Policy, cost: u32) -> Self {
+    pub fn new(key: &'a WindowKey, policy: &'a Policy, cost: crate::Cost) -> Self {
         Self { key, policy, cost }
-    }
-}
-
-/// An atomic, shared home for rate-limit windows.
-///
-/// One call decides one request against a whole [`Policy`]: it reads every
-/// quota's window, admits only if every quota admits, and then records the
-/// cost in every quota, all atomically. A denied request changes nothing in
-/// any quota (beyond dropping expired state). Every implementation must give
-/// the same decisions for the same inputs and times; the conformance suite
-/// in the `tower-window-tests` package checks that.
-pub trait Store: Send + Sync + 'static {
-    /// Checks `request` and records it if admitted.
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
-
-    /// Checks `request` at once, without awaiting, if this store decides
-    /// in-process (no I/O); `None` (the default) means "await
-    /// [`check`](Self::check)".
-    ///
-    /// A [`Limiter`](crate::Limiter) tries this first: an in-process
-    /// decision skips the time budget, retries and in-flight bound, which
-    /// exist for stores behind a network. A store that returns `Some` must
-    /// decide exactly as `check` would.
-    fn check_sync(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
-        let _ = request;
-        None
-    }
-
-    /// Whether this store decides in-process, so that
-    /// [`check_sync`](Self::check_sync) always answers `Some` (the default
-    /// is `false`: a store behind a network).
-    ///
-    /// [`Limiter::check_sync`](crate::Limiter::check_sync) asks this before
-    /// anything else, so a limiter over a networked store skips the
-    /// synchronous attempt at no cost.
-    fn decides_in_process(&self) -> bool {
-        false
-    }
-
-    /// Evaluates `request` against every quota of its policy and records
-    /// nothing: each quota's state as it stands (`remaining` before the
-    /// cost, `reset_after` now), `allowed` whether the cost would fit. For
-    /// usage reports ([`Limiter::peek_policy`](crate::Limiter::peek_policy)).
-    ///
-    /// The default answers [`StoreErrorKind::InvalidRequest`]: a store that
-    /// cannot peek says so.
-    fn peek<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        let _ = request;
-        Box::pin(async {
-            Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "this store cannot peek",
-            ))
-        })
-    }
-
-    /// Which independent failure domain the keys of `key` under `policy` live
-    /// in (for example the Redis Cluster primary serving their hash slot),
-    /// or `None` when the store is one failure domain (the default) or the
-    /// domain is not known yet.
-    ///
-    /// A [`Limiter`](crate::Limiter) keeps one circuit breaker per domain,
-    /// so failures in one domain send only that domain's keys to the
-    /// fallback. Values should be below 16384; larger ones share the breaker
-    /// of their value modulo 16384. Called once per store call that has a
-    /// breaker: keep it cheap and free of I/O.
-    fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
-        let _ = (key, policy);
-        None
-    }
-
-    /// Atomically takes up to `request.want` units (at least
-    /// `request.at_least`, else none) from every quota of the policy, as a
-    /// [`Lease`] to spend locally until its deadline; see the
-    /// [lease module](lease) for why the global bound stays exact.
-    ///
-    /// The default refuses with [`StoreErrorKind::Unsupported`].
-    fn reserve<'a>(
-        &'a self,
-        request: ReserveRequest<'a>,
-    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        let _ = request;
-        Box::pin(async { Err(StoreError::unsupported("quota leases")) })
-    }
-
-    /// Returns `request.unused` units of a lease that were never spent
-    /// (capped at what it granted), where they still count; answers the
-    /// units returned. A second refund of the same lease, or one after its
-    /// units stopped counting, returns 0 and changes nothing.
-    ///
-    /// The default refuses with [`StoreErrorKind::Unsupported`].
-    fn refund<'a>(&'a self, request: RefundRequest<'a>) -> BoxFuture<'a, Result<u32, StoreError>> {
-        let _ = request;
-        Box::pin(async { Err(StoreError::unsupported("quota leases")) })
-    }
-}
-
-impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        (**self).check(request)
-    }
-
-    fn check_sync(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
-        (**self).check_sync(request)
-    }
-
-    fn decides_in_process(&self) -> bool {
-        (**self).decides_in_process()
-    }
-
-    fn peek<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        (**self).peek(request)
-    }
-
-    fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
-        (**self).failure_domain(key, policy)
-    }
-
-    fn reserve<'a>(
-        &'a self,
-        request: ReserveRequest<'a>,
-    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        (**self).reserve(request)
-    }
-
-    fn refund<'a>(&'a self, request: RefundRequest<'a>) -> BoxFuture<'a, Result<u32, StoreError>> {
-        (**self).refund(request)
     }
 }
 
@@ -193,6 +67,9 @@ pub enum StoreErrorKind {
     InvalidRequest,
     /// The store does not implement this operation.
     Unsupported,
+    /// The store was not called: the circuit breaker of its failure domain
+    /// is open (it failed recently and is cooling down).
+    CircuitOpen,
 }
 
 impl StoreErrorKind {
@@ -205,6 +82,7 @@ impl StoreErrorKind {
             Self::Protocol => "protocol",
             Self::InvalidRequest => "invalid_request",
             Self::Unsupported => "unsupported",
+            Self::CircuitOpen => "circuit_open",
         }
     }
 }
@@ -233,6 +111,12 @@ impl StoreError {
             source: None,
             not_applied: false,
         }
+    }
+
+    /// The circuit breaker of the operation's failure domain is open: the
+    /// store was not called.
+    pub fn circuit_open() -> Self {
+        Self::new(StoreErrorKind::CircuitOpen, "circuit breaker open")
     }
 
     /// The store does not implement `operation`.

@@ -11,8 +11,8 @@ use tokio::task::JoinHandle;
 
 use super::registry::{Change, Inner, Record};
 use super::{TenantError, TenantRegistry, TenantSpec, TenantsConfig};
-use crate::store::redis::tenants::{Entry, Loaded};
 use crate::store::{StoreError, StoreErrorKind};
+use crate::tenant::redis::{Entry, Loaded};
 use crate::RedisStore;
 
 /// How the registry uses Redis; see [`TenantRegistry::redis`].
@@ -259,7 +259,7 @@ struct Position {
 /// follow from, or `None` once the registry is gone.
 async fn load(
     registry: &Weak<Inner>,
-    reader: &mut crate::store::redis::tenants::TenantReader,
+    reader: &mut crate::tenant::redis::TenantReader,
     config: &ControlConfig,
 ) -> Result<Option<Position>, StoreError> {
     let Loaded {

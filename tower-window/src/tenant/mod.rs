@@ -79,6 +79,8 @@ mod config;
 mod control;
 mod error;
 mod name;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
 mod registry;
 mod spec;
 

@@ -138,6 +138,29 @@ fn lock(sources: &Mutex<Sources>) -> MutexGuard<'_, Sources> {
 }
 
 impl TenantRegistry {
+    /// The registry of `config` on `store`, the one every other
+    /// capability of the node is made from: on Redis (or Redis Cluster) its
+    /// lifecycle changes persist there and reach every registry on it
+    /// ([`redis`](Self::redis), which needs a Tokio runtime); on an
+    /// in-process store they apply to this process ([`new`](Self::new)).
+    ///
+    /// ```
+    /// use tower_window::tenant::{TenantRegistry, TenantsConfig};
+    /// use tower_window::Store;
+    ///
+    /// let store = Store::memory();
+    /// let registry = TenantRegistry::on_store(TenantsConfig::new(), &store);
+    /// # let _ = registry;
+    /// ```
+    pub fn on_store(config: TenantsConfig, store: &crate::Store) -> Self {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = store.redis() {
+            return Self::redis(config, std::sync::Arc::clone(redis));
+        }
+        let _ = store;
+        Self::new(config)
+    }
+
     /// An in-process registry of `config`: lifecycle calls apply to this
     /// process only (with a [`MemoryStore`](crate::MemoryStore), that is
     /// every node there is).

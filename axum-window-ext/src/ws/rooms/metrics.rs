@@ -36,7 +36,13 @@ pub const ROOM_ALL: &[&str] = &[
 pub const JOIN_RESULTS: [&str; 5] = ["live", "recovered", "too_old", "epoch_changed", "ahead"];
 
 /// Describes every room metric and registers it at zero.
+/// Whether anything is recorded: the `metrics` feature.
+const ENABLED: bool = cfg!(feature = "metrics");
+
 pub(super) fn register() {
+    if !ENABLED {
+        return;
+    }
     describe_counter!(
         ROOM_PUBLISHED_TOTAL,
         Unit::Count,
@@ -69,25 +75,40 @@ pub(super) fn register() {
 
 /// A message was appended.
 pub(super) fn published() {
+    if !ENABLED {
+        return;
+    }
     counter!(ROOM_PUBLISHED_TOTAL).increment(1);
 }
 
 /// `n` live events were queued to sockets.
 pub(super) fn delivered(n: u64) {
+    if !ENABLED {
+        return;
+    }
     counter!(ROOM_DELIVERED_TOTAL).increment(n);
 }
 
 /// A join started as `result` (one of [`JOIN_RESULTS`]).
 pub(super) fn joined(result: &'static str) {
+    if !ENABLED {
+        return;
+    }
     counter!(ROOM_JOINS_TOTAL, "result" => result).increment(1);
 }
 
 /// A socket's queue overflowed.
 pub(super) fn overflowed() {
+    if !ENABLED {
+        return;
+    }
     counter!(ROOM_OVERFLOWS_TOTAL).increment(1);
 }
 
 /// A socket entered (`+1`) or left (`-1`) a room.
 pub(super) fn sockets(delta: f64) {
+    if !ENABLED {
+        return;
+    }
     gauge!(ROOM_SOCKETS).increment(delta);
 }

@@ -38,7 +38,7 @@
 //! use axum::{response::Response, routing::get, Router};
 //! use axum_window_ext::ws::rooms::{RoomHub, RoomName};
 //! use tower_window::events::{EventWindow, Retention};
-//! use tower_window::{Limiter, MemoryStore, Quota};
+//! use tower_window::MemoryStore;
 //!
 //! /// `GET /rooms/{room}`: a WebSocket in that room; text messages go to everyone in it.
 //! async fn room(
@@ -51,9 +51,8 @@
 //!
 //! fn app() -> Result<Router, Box<dyn std::error::Error>> {
 //!     let store = MemoryStore::new(); // or a RedisStore shared by every node
-//!     let limiter = Limiter::new(store.clone(), "1000/1s".parse::<Quota>()?);
 //!     let retention = Retention::new(Duration::from_secs(600), 1000)?;
-//!     let hub = RoomHub::new(EventWindow::new(limiter, store, retention));
+//!     let hub = RoomHub::new(EventWindow::new(store, retention));
 //!     Ok(Router::new().route("/rooms/{room}", get(room)).with_state(hub))
 //! }
 //!

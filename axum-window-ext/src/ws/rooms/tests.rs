@@ -5,16 +5,14 @@
 use std::time::Duration;
 
 use tower_window::events::{Epoch, EventId, EventWindow, Position, Retention};
-use tower_window::{Limiter, MemoryStore, Quota};
+use tower_window::MemoryStore;
 
 use super::{Outgoing, RoomHub, RoomName, RoomSession};
 
 /// The one place these tests make an event window.
 fn hub(capacity: usize) -> RoomHub {
-    let store = MemoryStore::new();
-    let limiter = Limiter::new(store.clone(), "1000/1s".parse::<Quota>().unwrap());
     let retention = Retention::new(Duration::from_secs(600), 1000).unwrap();
-    RoomHub::builder(EventWindow::new(limiter, store, retention))
+    RoomHub::builder(EventWindow::new(MemoryStore::new(), retention))
         .queue_capacity(capacity)
         .build()
 }

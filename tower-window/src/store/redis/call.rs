@@ -9,8 +9,12 @@ use super::connection::{is_connection_error, is_topology_change, map_error, Conn
 use super::keys::{encode_component, Crc16, Sink, CLUSTER_SLOTS};
 use super::script::ScriptCall;
 use super::RedisStore;
-use crate::store::{CheckRequest, StoreError};
+use crate::store::StoreError;
 use crate::WindowKey;
+
+/// The largest explicit timestamp a script accepts: Lua numbers are
+/// doubles, exact for integers up to 2^53.
+pub(crate) const MAX_EXPLICIT_MICROS: u64 = 1 << 52;
 
 /// What to send.
 pub(crate) enum Call<'a> {
@@ -43,44 +47,21 @@ impl RedisStore {
     }
 
     /// The failure domain of the hash slot `slot` (a cluster primary), or
-    /// `None` on a single node or before the slot map loaded.
+    /// `None` on a single node or before the slot map loaded. Computed
+    /// without I/O; it also has the slot map reloaded in the background
+    /// when it is due, since it is asked for operations whose breaker is
+    /// open and that never reach Redis: a failed primary's slots move to
+    /// their new primary's (closed) breaker without a call first.
     pub(crate) fn slot_domain(&self, slot: u16) -> Option<u16> {
         if !self.connection.is_cluster() {
             return None;
         }
-        self.topology.domain_of(slot)
-    }
-
-    /// Runs `script` (the check script or one of the same KEYS/ARGV layout,
-    /// such as the peek script) for a policy request: one `EVALSHA` in the
-    /// policy's slot, on the explicit clock when the store has one.
-    pub(crate) async fn policy_script(
-        &self,
-        script: &'static super::script::LuaScript,
-        request: CheckRequest<'_>,
-    ) -> Result<Vec<i64>, StoreError> {
-        if request.cost == 0 {
-            return Err(StoreError::new(
-                crate::StoreErrorKind::InvalidRequest,
-                "a request must cost at least 1 unit",
-            ));
+        if self.topology.needs_refresh() {
+            if let Some(Conn::Cluster(cluster)) = self.connection.ready() {
+                self.refresh_topology_if_due(&cluster);
+            }
         }
-        let now = self.explicit_now()?;
-        let min_ttl_ms = if now.is_some() {
-            super::EXPLICIT_CLOCK_MIN_TTL_MS
-        } else {
-            0
-        };
-        let call = super::scripts::invocation_of(
-            script,
-            &self.prefix,
-            request.key,
-            request.policy,
-            request.cost,
-            now,
-            min_ttl_ms,
-        );
-        self.call(Call::Script(&call)).await
+        self.topology.domain_of(slot)
     }
 
     /// The explicit clock's reading, if the store has one (tests), checked
@@ -89,7 +70,7 @@ impl RedisStore {
         match &self.clock {
             Some(clock) => {
                 let now = clock.now_micros();
-                if now > super::scripts::MAX_EXPLICIT_MICROS {
+                if now > MAX_EXPLICIT_MICROS {
                     return Err(StoreError::new(
                         crate::StoreErrorKind::InvalidRequest,
                         "clock reading beyond 2^52 microseconds",

@@ -423,8 +423,8 @@ mod tests {
     /// The policy a quota is checked under: its own (subject form unless
     /// it is tenant-scoped), or one with a tenant-scoped quota beside it
     /// (tenant form).
-    fn policy_for(quota: &Quota, tenant_form: bool) -> Policy {
-        if tenant_form {
+    fn policy_for(quota: &Quota, tenant_capped: bool) -> Policy {
+        if tenant_capped {
             with_org(quota)
         } else {
             single(quota)

@@ -19,7 +19,7 @@
 //! store.connect().await?; // optional: connect and load the script now
 //! let limiter = Limiter::new(store, "100/1m".parse::<Quota>()?);
 //! let decision = limiter.check(&WindowKey::for_subject("alice"), 1).await?;
-//! println!("allowed: {}, remaining: {}", decision.allowed, decision.remaining);
+//! println!("allowed: {}, remaining: {}", decision.allowed(), decision.remaining());
 //! # Ok(())
 //! # }
 //! ```
@@ -51,7 +51,9 @@
 //!
 //! # Failure domains
 //!
-//! On a cluster store, [`Store::failure_domain`] is the primary that serves
+//! On a cluster store, the failure domain
+//! ([`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain))
+//! is the primary that serves
 //! the policy's hash slot, from the cluster's own slot map (`CLUSTER SLOTS`,
 //! loaded on connect and reloaded in the background after `MOVED`, a
 //! failover or a refused node, at most four times a second, and otherwise
@@ -125,28 +127,17 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use redis::cluster::ClusterClient;
 use redis::IntoConnectionInfo;
 
-use crate::store::{CheckRequest, Store, StoreError};
-use crate::{Clock, Decision, Policy, WindowKey};
+use crate::store::StoreError;
+use crate::Clock;
 
-mod call;
-mod conn;
-mod connection;
-mod dedup;
-mod events;
-mod keys;
-mod lease;
-mod peek;
-mod script;
-mod scripts;
-mod tail;
-pub(crate) mod tenants;
+pub(crate) mod call;
+pub(crate) mod connection;
+pub(crate) mod keys;
+pub(crate) mod script;
 mod topology;
-#[doc(hidden)]
-pub use topology::__test_support;
 use topology::TopologyCache;
 
 /// The `deadpool_redis` this crate is built with (for
@@ -155,10 +146,10 @@ pub use deadpool_redis;
 /// The `redis` crate this crate is built with.
 pub use redis;
 
+pub use crate::events::tail::{EventTail, TailBatch};
 use connection::{is_connection_error, map_error, Conn, Connection, Connector};
 pub use keys::redis_key;
 use redis::cluster_async::ClusterConnection;
-pub use tail::{EventTail, TailBatch};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tw:";
@@ -166,9 +157,9 @@ pub const DEFAULT_PREFIX: &str = "tw:";
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The lowest TTL when an explicit clock is used: Redis expires keys by its
 /// own clock, which need not move with the given one.
-const EXPLICIT_CLOCK_MIN_TTL_MS: u64 = 60_000;
+pub(crate) const EXPLICIT_CLOCK_MIN_TTL_MS: u64 = 60_000;
 
-/// A [`Store`] in Redis or Redis Cluster.
+/// The Redis or Redis Cluster backend of a [`Store`](crate::Store).
 ///
 /// Build one with [`builder`](Self::builder), or with the shorthands
 /// [`from_url`](Self::from_url), [`cluster`](Self::cluster),
@@ -179,11 +170,11 @@ const EXPLICIT_CLOCK_MIN_TTL_MS: u64 = 60_000;
 /// See the [module docs](crate::store::redis) for the key layout and how
 /// connections are used.
 pub struct RedisStore {
-    connection: Connection,
-    prefix: String,
-    clock: Option<Arc<dyn Clock>>,
-    /// Hash slot to primary, for [`Store::failure_domain`] on a cluster.
-    topology: Arc<TopologyCache>,
+    pub(crate) connection: Connection,
+    pub(crate) prefix: String,
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+    /// Hash slot to primary, for [`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain) on a cluster.
+    pub(crate) topology: Arc<TopologyCache>,
 }
 
 impl RedisStore {
@@ -282,7 +273,7 @@ impl RedisStore {
     /// Connects now and loads the script, instead of on the first check.
     pub async fn connect(&self) -> Result<(), StoreError> {
         let (conn, generation) = self.connection.get().await?;
-        let load = scripts::script().load_cmd();
+        let load = crate::limit::redis::script().load_cmd();
         let loaded: Result<String, _> = match conn {
             Conn::Single(mut conn) => load.query_async(&mut conn).await,
             Conn::Cluster(mut conn) => {
@@ -305,22 +296,11 @@ impl RedisStore {
         Ok(())
     }
 
-    /// The SHA1 of the one script every decision runs, as used by
-    /// `EVALSHA` (for load tests and operators).
-    pub fn script_sha() -> &'static str {
-        scripts::sha()
-    }
-
-    async fn decide(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
-        let reply = self.policy_script(scripts::script(), request).await?;
-        scripts::decision(request.policy, &reply)
-    }
-
     /// Reloads the slot map (`CLUSTER SLOTS`) in the background when it was
     /// never loaded, a `MOVED`/failover made it stale, or it is a second
     /// old (see [`topology`]); never on the request's own time, and not at
     /// all outside a Tokio runtime.
-    fn refresh_topology_if_due(&self, cluster: &ClusterConnection) {
+    pub(crate) fn refresh_topology_if_due(&self, cluster: &ClusterConnection) {
         if !self.topology.needs_refresh() {
             return;
         }
@@ -334,60 +314,6 @@ impl RedisStore {
                 tracing::debug!(%error, "redis cluster topology refresh failed");
             }
         });
-    }
-}
-
-impl Store for RedisStore {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.decide(request))
-    }
-
-    fn peek<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.peek_policy(request))
-    }
-
-    fn reserve<'a>(
-        &'a self,
-        request: crate::store::ReserveRequest<'a>,
-    ) -> BoxFuture<'a, Result<crate::store::Reservation, StoreError>> {
-        Box::pin(self.reserve_lease(request))
-    }
-
-    fn refund<'a>(
-        &'a self,
-        request: crate::store::RefundRequest<'a>,
-    ) -> BoxFuture<'a, Result<u32, StoreError>> {
-        Box::pin(self.refund_lease(request))
-    }
-
-    /// On a cluster store, the primary that serves the hash slot of every
-    /// key of `key` under `policy` (as `CLUSTER KEYSLOT` computes it), as a
-    /// small stable number from the cluster's own slot map (`CLUSTER
-    /// SLOTS`, reloaded after `MOVED` or a failover). So a limiter keeps one
-    /// breaker per primary: a dead primary opens one breaker after a few
-    /// failures, whichever of its slots they hit. `None` on a single-node
-    /// store, and on a cluster until the slot map has first loaded (the
-    /// store-wide breaker then stands in). Computed without building a key
-    /// or doing I/O.
-    fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
-        if !self.connection.is_cluster() {
-            return None;
-        }
-        // Also asked for checks whose breaker is open and that never reach
-        // Redis: the slot map still ages, so a failed primary's slots move
-        // to their new primary's (closed) breaker without a call first.
-        if self.topology.needs_refresh() {
-            if let Some(Conn::Cluster(cluster)) = self.connection.ready() {
-                self.refresh_topology_if_due(&cluster);
-            }
-        }
-        self.topology.domain_of(keys::policy_slot(key, policy))
     }
 }
 

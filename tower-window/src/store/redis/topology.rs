@@ -46,8 +46,6 @@ pub(crate) const MAX_AGE: Duration = Duration::from_secs(1);
 pub(crate) struct Topology {
     /// `SLOTS` entries: the domain id of each slot, or `UNASSIGNED`.
     table: Box<[u16]>,
-    /// The distinct domains of this reply.
-    domains: usize,
 }
 
 /// Domain ids by primary address, kept across refreshes.
@@ -130,10 +128,7 @@ impl Topology {
             ids.insert(id);
             table[usize::from(range.start)..=usize::from(range.end)].fill(id);
         }
-        Ok(Topology {
-            table,
-            domains: ids.len(),
-        })
+        Ok(Topology { table })
     }
 
     /// The failure domain (primary index) serving `slot`, or `None` when no
@@ -146,8 +141,17 @@ impl Topology {
     }
 
     /// How many distinct primaries serve slots.
-    pub(crate) fn domains(&self) -> usize {
-        self.domains
+    #[cfg(test)]
+    fn domains(&self) -> usize {
+        let mut seen: Vec<u16> = self
+            .table
+            .iter()
+            .copied()
+            .filter(|d| *d != UNASSIGNED)
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.len()
     }
 }
 
@@ -271,7 +275,8 @@ impl TopologyCache {
     }
 
     /// The current topology, if one was loaded.
-    pub(crate) fn current(&self) -> Option<Arc<Topology>> {
+    #[cfg(test)]
+    fn current(&self) -> Option<Arc<Topology>> {
         self.current.load_full()
     }
 
@@ -366,36 +371,6 @@ impl TopologyCache {
         })?;
         self.current.store(Some(Arc::new(topology)));
         Ok(())
-    }
-}
-
-/// Support for the workspace's integration tests (`tests/tests/redis_topology.rs`);
-/// not part of the API, may change in any release.
-#[doc(hidden)]
-pub mod __test_support {
-    use super::TopologyCache;
-
-    /// Loads the topology of the cluster at `urls` with one
-    /// `TopologyCache::refresh`, and returns the failure domain of each of
-    /// `slots` and the number of distinct domains.
-    pub async fn cluster_domains(
-        urls: &[String],
-        slots: &[u16],
-    ) -> Result<(Vec<Option<u16>>, usize), String> {
-        let client =
-            redis::cluster::ClusterClient::new(urls.to_vec()).map_err(|e| e.to_string())?;
-        let mut conn = client
-            .get_async_connection()
-            .await
-            .map_err(|e| e.to_string())?;
-        let cache = TopologyCache::new();
-        if !cache.needs_refresh() {
-            return Err("a new cache does not ask for a refresh".to_owned());
-        }
-        cache.refresh(&mut conn).await.map_err(|e| e.to_string())?;
-        let topology = cache.current().ok_or("no topology after a refresh")?;
-        let domains = slots.iter().map(|&slot| cache.domain_of(slot)).collect();
-        Ok((domains, topology.domains()))
     }
 }
 

@@ -1,0 +1,312 @@
+//! The connection-cap [`Backend`](conn::Backend) of [`RedisStore`]: one sorted set of seat ids per
+//! subject, scored by expiry on Redis `TIME`.
+//!
+//! Keys (user bytes escaped as for windows, see `keys.rs`):
+//!
+//! * subject form: `<prefix>{<tenant>:<subject>}:#conn` (the seat set)
+//!   and `…:#conn:f` (the fencing counter), in the slot of the subject's
+//!   windows;
+//! * tenant form (a per-tenant cap): `<prefix>{@<tenant>}:#conn:<subject>`,
+//!   `…:#conn:<subject>:f` and the tenant's set `<prefix>{@<tenant>}:#conn`,
+//!   all in the tenant's slot, so one script admits against both caps.
+//!
+//! `#conn` cannot be spelled by an escaped component (a leading `#` is
+//! only ever followed by 64 upper-case hex digits), so these keys never
+//! meet a window's or a dedup id's. Every script reads `TIME` itself (or
+//! the explicit test clock), gives every key it writes a TTL longer than
+//! the seat TTL, and touches keys of one slot. A TTL is only ever extended,
+//! never shortened: nodes with different seat TTLs (a rolling change of
+//! the setting) write the same keys, and a key must outlive the longest
+//! seat in it, whichever node wrote last. A heartbeat renews all of a
+//! node's seats of one slot in one `EVALSHA` (`conn_renew.lua`).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use crate::conn::{self, CapScope, GrantReply, GrantRequest, SeatRef};
+use crate::store::redis::call::{subject_slot, subject_tag, Call};
+use crate::store::redis::keys::{encode_component, write_prefix, Crc16, Sink, CLUSTER_SLOTS};
+use crate::store::redis::script::{LuaScript, ScriptCall};
+use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
+use crate::store::{Guard, Op};
+use crate::store::{StoreError, StoreErrorKind};
+use crate::WindowKey;
+
+static GRANT: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
+        include_str!("conn_now.lua"),
+        include_str!("conn_grant.lua")
+    ))
+});
+static RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
+        include_str!("conn_now.lua"),
+        include_str!("conn_renew.lua")
+    ))
+});
+static RELEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("conn_release.lua")));
+static PRESENCE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
+        include_str!("conn_now.lua"),
+        include_str!("conn_presence.lua")
+    ))
+});
+
+/// Extra life of seat keys beyond the seat TTL (ms): a key outlives the
+/// latest seat in it (the scripts only ever extend a key's TTL), so expiry
+/// of the key never cuts a live seat.
+const KEY_TTL_MARGIN_MS: u64 = 1_000;
+
+/// The keys of one seat's sets: the subject's set, its fencing counter,
+/// and in the tenant form the tenant's set.
+pub(crate) struct LeaseKeys {
+    pub(crate) subject: Vec<u8>,
+    pub(crate) fence: Vec<u8>,
+    pub(crate) tenant: Option<Vec<u8>>,
+}
+
+/// The keys of `key`'s seats under `prefix`.
+pub(crate) fn lease_keys(prefix: &str, key: &WindowKey, tenant_capped: bool) -> LeaseKeys {
+    if tenant_capped {
+        let mut tenant = Vec::with_capacity(prefix.len() + 48);
+        write_prefix(&mut tenant, prefix);
+        tenant.extend_from_slice(b"{@");
+        encode_component(&mut tenant, key.tenant());
+        tenant.extend_from_slice(b"}:#conn");
+        let mut subject = tenant.clone();
+        subject.push(b':');
+        encode_component(&mut subject, key.subject());
+        let mut fence = subject.clone();
+        fence.extend_from_slice(b":f");
+        LeaseKeys {
+            subject,
+            fence,
+            tenant: Some(tenant),
+        }
+    } else {
+        let mut subject = Vec::with_capacity(prefix.len() + 64);
+        subject_tag(&mut subject, prefix, key);
+        subject.extend_from_slice(b":#conn");
+        let mut fence = subject.clone();
+        fence.extend_from_slice(b":f");
+        LeaseKeys {
+            subject,
+            fence,
+            tenant: None,
+        }
+    }
+}
+
+/// The hash slot of `key`'s seat keys.
+fn lease_slot(key: &WindowKey, tenant_capped: bool) -> u16 {
+    if tenant_capped {
+        let mut crc = Crc16::default();
+        crc.put(b"@");
+        encode_component(&mut crc, key.tenant());
+        crc.value() % CLUSTER_SLOTS
+    } else {
+        subject_slot(key)
+    }
+}
+
+/// The highest floor sent to the grant script: floor + 1 must stay an
+/// exact integer in Lua's doubles (the store's clock reaches 2^52 µs in
+/// 2112; a larger floor could only come from a misbehaving store).
+const MAX_FENCE_FLOOR: u64 = (1 << 53) - 2;
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn protocol(message: &str) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, message.to_owned())
+}
+
+impl RedisStore {
+    /// `ARGV[1]` of the seat scripts and the key TTL for `ttl`.
+    fn lease_clock(&self, ttl: Duration) -> Result<(String, u64), StoreError> {
+        let ttl_ms = micros(ttl)
+            .div_ceil(1_000)
+            .saturating_add(KEY_TTL_MARGIN_MS);
+        Ok(match self.explicit_now()? {
+            Some(now) => (now.to_string(), ttl_ms.max(EXPLICIT_CLOCK_MIN_TTL_MS)),
+            None => (String::new(), ttl_ms),
+        })
+    }
+
+    async fn lease_grant(&self, request: GrantRequest<'_>) -> Result<GrantReply, StoreError> {
+        if request.ttl.is_zero() {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "a seat TTL must be positive",
+            ));
+        }
+        let seat = request.seat;
+        let keys = lease_keys(&self.prefix, seat.key, seat.tenant_capped);
+        let (now, key_ttl) = self.lease_clock(request.ttl)?;
+        let mut invocation: ScriptCall = GRANT.key(keys.subject);
+        invocation.key(keys.fence);
+        if let Some(tenant) = keys.tenant {
+            invocation.key(tenant);
+        }
+        invocation
+            .arg(now)
+            .arg(micros(request.ttl))
+            .arg(request.max_per_subject)
+            .arg(request.max_per_tenant)
+            .arg(seat.id)
+            .arg(key_ttl)
+            .arg(request.fence_floor.min(MAX_FENCE_FLOOR));
+        let reply: Vec<i64> = self.call(Call::Script(&invocation)).await?;
+        let [granted, second, count, wait] = reply[..] else {
+            return Err(protocol("seat grant reply is not 4 integers"));
+        };
+        let count = u32::try_from(count).unwrap_or(u32::MAX);
+        Ok(if granted == 1 {
+            GrantReply::Granted {
+                fence: u64::try_from(second).map_err(|_| protocol("negative fence"))?,
+                count,
+            }
+        } else {
+            GrantReply::Denied {
+                scope: if second == 2 {
+                    CapScope::Tenant
+                } else {
+                    CapScope::Subject
+                },
+                count,
+                retry_after: Duration::from_micros(u64::try_from(wait).unwrap_or(0)),
+            }
+        })
+    }
+
+    async fn lease_renew(
+        &self,
+        seats: &[SeatRef<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        if seats.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (now, key_ttl) = self.lease_clock(ttl)?;
+        let mut invocation = RENEW.prepare_invoke();
+        invocation.arg(now).arg(micros(ttl)).arg(key_ttl);
+        // Per seat one entry per set it is in: the subject's, then the tenant's.
+        let mut entries = Vec::with_capacity(seats.len());
+        for seat in seats {
+            let keys = lease_keys(&self.prefix, seat.key, seat.tenant_capped);
+            invocation.key(keys.subject).arg(seat.id);
+            let mut n = 1;
+            if let Some(tenant) = keys.tenant {
+                invocation.key(tenant).arg(seat.id);
+                n = 2;
+            }
+            entries.push(n);
+        }
+        let reply: Vec<i64> = self.call(Call::Script(&invocation)).await?;
+        let mut alive = Vec::with_capacity(seats.len());
+        let mut at = 0;
+        for n in entries {
+            let slice = reply
+                .get(at..at + n)
+                .ok_or_else(|| protocol("seat renew reply too short"))?;
+            alive.push(slice.iter().all(|&v| v == 1));
+            at += n;
+        }
+        Ok(alive)
+    }
+
+    async fn lease_release(&self, seat: SeatRef<'_>) -> Result<bool, StoreError> {
+        let keys = lease_keys(&self.prefix, seat.key, seat.tenant_capped);
+        let mut invocation = RELEASE.key(keys.subject);
+        if let Some(tenant) = keys.tenant {
+            invocation.key(tenant);
+        }
+        invocation.arg(seat.id);
+        let removed: i64 = self.call(Call::Script(&invocation)).await?;
+        Ok(removed == 1)
+    }
+
+    async fn lease_presence(
+        &self,
+        key: &WindowKey,
+        tenant_capped: bool,
+    ) -> Result<u32, StoreError> {
+        let keys = lease_keys(&self.prefix, key, tenant_capped);
+        let (now, _) = self.lease_clock(Duration::from_secs(1))?;
+        let mut invocation = PRESENCE.key(keys.subject);
+        invocation.arg(now);
+        let count: i64 = self.call(Call::Script(&invocation)).await?;
+        Ok(u32::try_from(count).unwrap_or(0))
+    }
+}
+
+impl conn::Backend for RedisStore {
+    fn grant<'a>(&'a self, guard: &mut Guard<'a>, request: GrantRequest<'a>) -> Op<'a, GrantReply> {
+        guard.run(move || self.lease_grant(request))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        seats: &'a [SeatRef<'a>],
+        ttl: Duration,
+    ) -> Op<'a, Vec<bool>> {
+        guard.run(move || self.lease_renew(seats, ttl))
+    }
+
+    fn release<'a>(&'a self, guard: &mut Guard<'a>, seat: SeatRef<'a>) -> Op<'a, bool> {
+        guard.run(move || self.lease_release(seat))
+    }
+
+    fn presence<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        key: &'a WindowKey,
+        tenant_capped: bool,
+    ) -> Op<'a, u32> {
+        guard.run(move || self.lease_presence(key, tenant_capped))
+    }
+
+    /// On a cluster, the hash slot of the seat's keys; one partition on a
+    /// single node.
+    fn seat_partition(&self, key: &WindowKey, tenant_capped: bool) -> u16 {
+        if self.connection.is_cluster() {
+            lease_slot(key, tenant_capped)
+        } else {
+            0
+        }
+    }
+
+    fn partition_failure_domain(&self, partition: u16) -> Option<u16> {
+        self.slot_domain(partition)
+    }
+
+    /// 1,000 seats per script call (about 30 ms of Redis time on a busy
+    /// 2-core machine, so one call never blocks Redis for long): 10,000
+    /// seats of one node on one Redis renew in 10 calls.
+    fn max_renew_batch(&self) -> usize {
+        1_000
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn lease_keys_share_a_slot_and_are_escaped() {
+        let key = WindowKey::new("acme", "u:{1}");
+        let subject = lease_keys("tw:", &key, false);
+        assert_eq!(subject.subject, b"tw:{acme:u%3A%7B1%7D}:#conn".to_vec());
+        assert_eq!(subject.fence, b"tw:{acme:u%3A%7B1%7D}:#conn:f".to_vec());
+        assert!(subject.tenant.is_none());
+        let tenant = lease_keys("tw:", &key, true);
+        assert_eq!(tenant.subject, b"tw:{@acme}:#conn:u%3A%7B1%7D".to_vec());
+        assert_eq!(tenant.fence, b"tw:{@acme}:#conn:u%3A%7B1%7D:f".to_vec());
+        assert_eq!(tenant.tenant.unwrap(), b"tw:{@acme}:#conn".to_vec());
+    }
+}

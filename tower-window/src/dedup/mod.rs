@@ -1,0 +1,333 @@
+//! [`DedupWindow`]: "have we seen this message id lately?", across a cluster.
+//!
+//! Clients that retry (a reconnecting WebSocket, an at-least-once queue)
+//! send the same message twice. A [`DedupWindow`] remembers every
+//! `(tenant, subject, id)` it was asked about for a fixed window on the
+//! store's clock and answers [`first_seen`](DedupWindow::first_seen): `true`
+//! the first time, `false` for a repeat inside the window, `true` again once
+//! the window has passed.
+//!
+//! The answer comes from the store's dedup [`Backend`]: Redis (`SET key 1 NX PX window`,
+//! one round trip, expiry on Redis's own clock, so every node agrees) or the
+//! embedded [`MemoryStore`](crate::MemoryStore). Both pass one conformance
+//! suite. Every call goes through the [`Store`]'s resilience stack (its
+//! breakers, in-flight bound, time budget and retries), so a store outage is
+//! seen once, by one set of breakers, and never stalls a caller beyond the
+//! store's time budget; what an unknown answer means is
+//! [explicit](OnFailure). Its store calls are recorded under the name
+//! `dedup` (the `quota` label of `tower_window_store_*`).
+//!
+//! Memory is bounded: ids longer than [`max_id_len`](DedupWindowBuilder::max_id_len)
+//! are refused (a typed error), Redis keys hash long ids (SHA-256) and every
+//! key carries the window as its TTL; the memory store keeps a bounded
+//! number of 128-bit id hashes
+//! ([`max_dedup_ids`](crate::store::MemoryStoreBuilder::max_dedup_ids)).
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_window::dedup::DedupWindow;
+//! use tower_window::{Store, WindowKey};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let store = Store::memory();
+//! let dedup = DedupWindow::builder(store)
+//!     .window(Duration::from_secs(120))
+//!     .build()?;
+//! let alice = WindowKey::new("acme", "alice");
+//! assert!(dedup.first_seen(&alice, b"msg-1").await?);
+//! assert!(!dedup.first_seen(&alice, b"msg-1").await?); // a repeat
+//! assert!(dedup.first_seen(&WindowKey::new("acme", "bob"), b"msg-1").await?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::metrics::{Calls, LimiterMetrics};
+/// What a dedup answer is while the store cannot (the crate's one
+/// vocabulary for yes-or-no fallbacks).
+pub use crate::store::guard::OnFailure;
+use crate::store::{Guard, Op, Store, StoreError};
+
+pub(crate) mod memory;
+#[cfg(feature = "redis")]
+mod redis;
+use crate::{FallbackReason, WindowKey};
+
+/// One dedup question for a dedup [`Backend`].
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct DedupRequest<'a> {
+    /// Whose ids (tenant and subject).
+    pub key: &'a WindowKey,
+    /// The message id (already checked for length by [`DedupWindow`]).
+    pub id: &'a [u8],
+    /// How long a seen id is remembered (at least 1 ms).
+    pub window: Duration,
+}
+
+impl<'a> DedupRequest<'a> {
+    /// Asks whether `id` of `key` is new within `window`.
+    pub fn new(key: &'a WindowKey, id: &'a [u8], window: Duration) -> Self {
+        Self { key, id, window }
+    }
+
+    /// The window in whole milliseconds, rounded up, at least 1.
+    pub fn window_millis(&self) -> u64 {
+        let micros = u64::try_from(self.window.as_micros()).unwrap_or(u64::MAX);
+        micros.div_ceil(1_000).max(1)
+    }
+}
+
+/// What a backend does for dedup windows: answer dedup questions
+/// atomically — the first of any number of concurrent callers asking about
+/// one `(key, id)` gets `true`, all others `false`, until the window has
+/// passed on the backend's clock.
+///
+/// Implemented by [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
+/// [`RedisStore`](crate::RedisStore); the differential suite checks both.
+pub trait Backend: Send + Sync + 'static {
+    /// Records `request.id` for `request.key` if it is not already recorded
+    /// within its window; `true` when it was not (first seen).
+    fn first_seen<'a>(&'a self, guard: &mut Guard<'a>, request: DedupRequest<'a>) -> Op<'a, bool>;
+
+    /// The failure domain (see
+    /// [`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain))
+    /// of `key`'s dedup keys, for the store's per-domain breakers.
+    fn failure_domain(&self, key: &WindowKey) -> Option<u16> {
+        let _ = key;
+        None
+    }
+}
+
+/// Where a [`DedupDecision`] came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DedupSource {
+    /// The store answered.
+    Store,
+    /// The store could not answer; the [`OnFailure`] did.
+    Fallback(FallbackReason),
+}
+
+/// The answer of [`DedupWindow::check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DedupDecision {
+    /// Whether the id is new within the window (deliver it).
+    pub first_seen: bool,
+    /// Who answered.
+    pub source: DedupSource,
+}
+
+/// Why a [`DedupWindow`] could not answer, or could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DedupError {
+    /// An empty id cannot name a message.
+    #[error("an empty message id")]
+    EmptyId,
+    /// The id is longer than the window accepts.
+    #[error("message id of {len} bytes is longer than {max}")]
+    IdTooLong {
+        /// The id's length.
+        len: usize,
+        /// The most the window accepts.
+        max: usize,
+    },
+    /// The window must be between 1 ms and [`DedupWindow::MAX_WINDOW`].
+    #[error("a dedup window must be between 1ms and 7 days")]
+    InvalidWindow,
+    /// The store failed and the fallback is [`OnFailure::Error`].
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Remembers message ids for a window, cluster-wide; see the
+/// [module docs](self).
+///
+/// Cheap to clone; clones share one configuration.
+#[derive(Clone)]
+pub struct DedupWindow {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    /// Its store calls, recorded under the name `dedup`.
+    metrics: LimiterMetrics,
+    window: Duration,
+    max_id_len: usize,
+    fallback: OnFailure,
+}
+
+impl DedupWindow {
+    /// The default window (2 minutes).
+    pub const DEFAULT_WINDOW: Duration = Duration::from_secs(120);
+    /// The default longest id accepted, in bytes.
+    pub const DEFAULT_MAX_ID_LEN: usize = 256;
+    /// The longest window accepted (7 days).
+    pub const MAX_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+
+    /// A builder for a window on `store`, whose calls run through the
+    /// store's resilience stack.
+    pub fn builder(store: impl Into<Store>) -> DedupWindowBuilder {
+        DedupWindowBuilder {
+            store: store.into(),
+            window: Self::DEFAULT_WINDOW,
+            max_id_len: Self::DEFAULT_MAX_ID_LEN,
+            fallback: OnFailure::default(),
+        }
+    }
+
+    /// How long a seen id is remembered.
+    pub fn window(&self) -> Duration {
+        self.inner.window
+    }
+
+    /// The longest id accepted, in bytes.
+    pub fn max_id_len(&self) -> usize {
+        self.inner.max_id_len
+    }
+
+    /// Whether `id` is new for `key` within the window (and records it).
+    /// A store failure answers per the [`OnFailure`].
+    pub async fn first_seen(&self, key: &WindowKey, id: &[u8]) -> Result<bool, DedupError> {
+        Ok(self.check(key, id).await?.first_seen)
+    }
+
+    /// Like [`first_seen`](Self::first_seen), saying who answered.
+    pub async fn check(&self, key: &WindowKey, id: &[u8]) -> Result<DedupDecision, DedupError> {
+        let inner = &*self.inner;
+        if id.is_empty() {
+            return Err(DedupError::EmptyId);
+        }
+        if id.len() > inner.max_id_len {
+            return Err(DedupError::IdTooLong {
+                len: id.len(),
+                max: inner.max_id_len,
+            });
+        }
+        let request = DedupRequest::new(key, id, inner.window);
+        let store = &inner.store.inner;
+        let result = match &store.dedup {
+            Some(backend) => {
+                let domain = store
+                    .resilience
+                    .breakers
+                    .as_ref()
+                    .and_then(|_| backend.failure_domain(key));
+                let calls = Calls::to(&inner.metrics, None);
+                store
+                    .resilience
+                    .call(domain, calls, |guard| backend.first_seen(guard, request))
+                    .await
+            }
+            None => Err(StoreError::unsupported("dedup windows")),
+        };
+        match result {
+            Ok(first_seen) => {
+                crate::metrics::dedup_outcome(if first_seen {
+                    "first_seen"
+                } else {
+                    "duplicate"
+                });
+                Ok(DedupDecision {
+                    first_seen,
+                    source: DedupSource::Store,
+                })
+            }
+            Err(error) => {
+                let reason = FallbackReason::for_error(&error);
+                let first_seen = match inner.fallback {
+                    OnFailure::FailOpen => true,
+                    OnFailure::FailClosed => false,
+                    OnFailure::Error => {
+                        crate::metrics::dedup_outcome("error");
+                        return Err(DedupError::Store(error));
+                    }
+                };
+                crate::metrics::dedup_outcome(if first_seen {
+                    "fallback_first_seen"
+                } else {
+                    "fallback_duplicate"
+                });
+                Ok(DedupDecision {
+                    first_seen,
+                    source: DedupSource::Fallback(reason),
+                })
+            }
+        }
+    }
+}
+
+impl fmt::Debug for DedupWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DedupWindow")
+            .field("window", &self.inner.window)
+            .field("max_id_len", &self.inner.max_id_len)
+            .field("fallback", &self.inner.fallback)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`DedupWindow`]; see [`DedupWindow::builder`].
+#[must_use]
+pub struct DedupWindowBuilder {
+    store: Store,
+    window: Duration,
+    max_id_len: usize,
+    fallback: OnFailure,
+}
+
+impl fmt::Debug for DedupWindowBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DedupWindowBuilder")
+            .field("window", &self.window)
+            .field("max_id_len", &self.max_id_len)
+            .field("fallback", &self.fallback)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DedupWindowBuilder {
+    /// How long a seen id is remembered (default
+    /// [`DedupWindow::DEFAULT_WINDOW`], 2 minutes; 1 ms to 7 days, in whole
+    /// milliseconds rounded up).
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// The longest id accepted, in bytes (default
+    /// [`DedupWindow::DEFAULT_MAX_ID_LEN`]; at least 1). Longer ids are a
+    /// [`DedupError::IdTooLong`].
+    pub fn max_id_len(mut self, max: usize) -> Self {
+        self.max_id_len = max.max(1);
+        self
+    }
+
+    /// What an unknown answer means (default [`OnFailure::FailOpen`]).
+    pub fn on_store_failure(mut self, fallback: OnFailure) -> Self {
+        self.fallback = fallback;
+        self
+    }
+
+    /// Checks the window and builds.
+    pub fn build(self) -> Result<DedupWindow, DedupError> {
+        if self.window < Duration::from_millis(1) || self.window > DedupWindow::MAX_WINDOW {
+            return Err(DedupError::InvalidWindow);
+        }
+        Ok(DedupWindow {
+            inner: Arc::new(Inner {
+                store: self.store,
+                metrics: LimiterMetrics::named("dedup"),
+                window: self.window,
+                max_id_len: self.max_id_len,
+                fallback: self.fallback,
+            }),
+        })
+    }
+}

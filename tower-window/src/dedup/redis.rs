@@ -1,0 +1,86 @@
+//! [`dedup::Backend`](crate::dedup::Backend) for [`RedisStore`]: `SET <key> 1 NX PX <window>`.
+//!
+//! One id is one key, `<prefix>{<tenant>:<subject>}:#dedup:<id>`: the
+//! subject's hash tag (so a subject's ids spread with its windows, one
+//! primary per subject), then a segment no escaped component can spell
+//! (`encode_component` never emits a leading `#` except before 64
+//! upper-case hex digits), then the id escaped, or `#<SHA-256>` when long.
+//! `SET NX PX` answers and records in one command, and the key expires on
+//! Redis's clock after the window: every key has a TTL, and nodes agree.
+//!
+//! With an explicit clock (tests) the same answer comes from a small
+//! script comparing the stored deadline with the given time.
+
+use std::sync::LazyLock;
+
+use crate::dedup::{self, DedupRequest};
+use crate::store::redis::call::{subject_slot, subject_tag, Call};
+use crate::store::redis::keys::encode_component;
+use crate::store::redis::script::LuaScript;
+use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
+use crate::store::{Guard, Op, StoreError};
+use crate::WindowKey;
+
+static EXPLICIT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("dedup.lua")));
+
+/// The key remembering `id` of `key` under `prefix`.
+pub(crate) fn dedup_key(prefix: &str, key: &WindowKey, id: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + 64 + id.len());
+    subject_tag(&mut out, prefix, key);
+    out.extend_from_slice(b":#dedup:");
+    encode_component(&mut out, id);
+    out
+}
+
+impl RedisStore {
+    async fn dedup(&self, request: DedupRequest<'_>) -> Result<bool, StoreError> {
+        let key = dedup_key(&self.prefix, request.key, request.id);
+        let window_ms = request.window_millis();
+        match self.explicit_now()? {
+            None => {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(key).arg(1).arg("NX").arg("PX").arg(window_ms);
+                let reply: redis::Value = self.call(Call::Cmd(&cmd)).await?;
+                Ok(!matches!(reply, redis::Value::Nil))
+            }
+            Some(now) => {
+                let mut invocation = EXPLICIT.key(key);
+                invocation
+                    .arg(now)
+                    .arg(window_ms.saturating_mul(1_000))
+                    .arg(window_ms.max(EXPLICIT_CLOCK_MIN_TTL_MS));
+                let first: i64 = self.call(Call::Script(&invocation)).await?;
+                Ok(first == 1)
+            }
+        }
+    }
+}
+
+impl dedup::Backend for RedisStore {
+    fn first_seen<'a>(&'a self, guard: &mut Guard<'a>, request: DedupRequest<'a>) -> Op<'a, bool> {
+        guard.run(move || self.dedup(request))
+    }
+
+    fn failure_domain(&self, key: &WindowKey) -> Option<u16> {
+        self.slot_domain(subject_slot(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn keys_are_escaped_and_tagged_by_subject() {
+        let key = WindowKey::new("acme", "u:{1}");
+        assert_eq!(
+            dedup_key("tw:", &key, b"m:1}"),
+            b"tw:{acme:u%3A%7B1%7D}:#dedup:m%3A1%7D".to_vec()
+        );
+        let long = dedup_key("tw:", &key, &[b'x'; 300]);
+        assert!(long.len() < 120, "long ids are hashed");
+        assert!(long.windows(9).any(|w| w == b":#dedup:#"), "hashed form");
+    }
+}

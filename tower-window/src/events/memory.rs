@@ -1,0 +1,291 @@
+//! [`events::Backend`](crate::events::Backend) for [`MemoryStore`]: event windows in process memory,
+//! with the same answers as the Redis streams (see `crate::events`).
+//!
+//! Windows live in a bounded cache (at most `max_keys` of them, like the
+//! rate-limit windows); an evicted or expired window is made again with a
+//! new epoch, so a position in the old one resyncs, never recovers.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use bytes::Bytes;
+use quick_cache::sync::Cache;
+
+use crate::events::{
+    self as events, check_fields, check_limit, Appended, Epoch, Event, EventId, EventRequest,
+    Position, Resume, ResyncReason, Retention,
+};
+use crate::store::MemoryStore;
+use crate::store::{Guard, Op, StoreError, StoreErrorKind};
+
+/// Every window of one store.
+pub(crate) struct EventLogs {
+    logs: Cache<Vec<u8>, Arc<Mutex<Log>>>,
+}
+
+impl EventLogs {
+    pub(crate) fn new(max_keys: u64) -> Self {
+        Self {
+            logs: Cache::new(usize::try_from(max_keys.max(1)).unwrap_or(usize::MAX)),
+        }
+    }
+
+    fn log(&self, key: &[u8]) -> Arc<Mutex<Log>> {
+        match self
+            .logs
+            .get_or_insert_with(key, || Ok::<_, std::convert::Infallible>(Arc::default()))
+        {
+            Ok(log) => log,
+            Err(never) => match never {},
+        }
+    }
+}
+
+/// One window.
+#[derive(Default)]
+struct Log {
+    /// `None` until first made.
+    epoch: Option<Epoch>,
+    /// The last id generated in this window (kept or not).
+    last: EventId,
+    /// When the window vanishes if nothing writes (store ms).
+    expires_at: u64,
+    entries: VecDeque<Entry>,
+}
+
+struct Entry {
+    id: EventId,
+    /// The id generated before this one: a gap between a position and the
+    /// first kept event after it is seen exactly.
+    prev: EventId,
+    fields: Vec<(String, Bytes)>,
+}
+
+fn lock(log: &Mutex<Log>) -> MutexGuard<'_, Log> {
+    log.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Log {
+    /// The current epoch, made anew (with an empty window) if the window
+    /// was never made or expired.
+    fn live(&mut self, now_us: u64, request: &EventRequest<'_>) -> Epoch {
+        let now_ms = now_us / 1000;
+        match &self.epoch {
+            Some(epoch) if now_ms < self.expires_at => epoch.clone(),
+            _ => {
+                self.entries.clear();
+                self.last = EventId::ZERO;
+                self.touch(now_ms, request.retention);
+                self.rotate(now_us, request.nonce)
+            }
+        }
+    }
+
+    fn rotate(&mut self, now_us: u64, nonce: u64) -> Epoch {
+        let epoch = Epoch::made(format!("{now_us:x}{nonce:016x}"));
+        self.epoch = Some(epoch.clone());
+        epoch
+    }
+
+    fn touch(&mut self, now_ms: u64, retention: Retention) {
+        self.expires_at = now_ms.saturating_add(retention.ttl_millis());
+    }
+
+    /// Drops what the retention no longer keeps at `now_ms`.
+    fn trim(&mut self, now_ms: u64, retention: Retention) {
+        let horizon = now_ms.saturating_sub(retention.window_millis());
+        while self
+            .entries
+            .front()
+            .is_some_and(|entry| entry.id.millis() < horizon)
+        {
+            self.entries.pop_front();
+        }
+        let max_len = usize::try_from(retention.max_len()).unwrap_or(usize::MAX);
+        while self.entries.len() > max_len {
+            self.entries.pop_front();
+        }
+    }
+
+    fn next_id(&self, now_ms: u64) -> Result<EventId, StoreError> {
+        let next = if now_ms > self.last.millis() {
+            EventId::new(now_ms, 0)
+        } else {
+            EventId::new(self.last.millis(), self.last.seq() + 1)
+        };
+        next.ok_or_else(|| StoreError::new(StoreErrorKind::InvalidRequest, "event ids exhausted"))
+    }
+}
+
+impl MemoryStore {
+    fn now(&self) -> (u64, u64) {
+        let now_us = self.clock.now_micros();
+        (now_us, now_us / 1000)
+    }
+
+    fn append_now(
+        &self,
+        request: EventRequest<'_>,
+        fields: &[(&str, &[u8])],
+    ) -> Result<Appended, StoreError> {
+        check_fields(fields)?;
+        let (now_us, now_ms) = self.now();
+        let log = self.events.log(request.key);
+        let mut log = lock(&log);
+        let epoch = log.live(now_us, &request);
+        let id = log.next_id(now_ms)?;
+        let prev = log.last;
+        let fields = fields
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), Bytes::copy_from_slice(value)))
+            .collect();
+        log.entries.push_back(Entry { id, prev, fields });
+        log.last = id;
+        log.trim(now_ms, request.retention);
+        log.touch(now_ms, request.retention);
+        Ok(Appended::new(epoch, id))
+    }
+
+    fn head_now(&self, request: EventRequest<'_>) -> Position {
+        let (now_us, now_ms) = self.now();
+        let log = self.events.log(request.key);
+        let mut log = lock(&log);
+        let epoch = log.live(now_us, &request);
+        log.touch(now_ms, request.retention);
+        let last = log.last;
+        Position::new(epoch, (last != EventId::ZERO).then_some(last))
+    }
+
+    fn read_now(
+        &self,
+        request: EventRequest<'_>,
+        from: &Position,
+        limit: u32,
+    ) -> Result<Resume, StoreError> {
+        check_limit(limit)?;
+        let (now_us, now_ms) = self.now();
+        let log = self.events.log(request.key);
+        let mut log = lock(&log);
+        let epoch = log.live(now_us, &request);
+        if epoch != from.epoch {
+            return Ok(Resume::Resync(ResyncReason::EpochChanged));
+        }
+        let after = from.after();
+        if after > log.last {
+            // The reader claims events this window never had (or lost):
+            // told so alone; a position never changes the window.
+            return Ok(Resume::Resync(ResyncReason::Ahead));
+        }
+        log.trim(now_ms, request.retention);
+        let start = log.entries.partition_point(|entry| entry.id <= after);
+        let Some(first) = log.entries.get(start) else {
+            return Ok(if log.last > after {
+                Resume::Resync(ResyncReason::TooOld)
+            } else {
+                Resume::Recovered(Vec::new())
+            });
+        };
+        // Recovered only if the first kept event after the position is the
+        // one that followed it. Entries leave only from the front, so the
+        // kept ones are a chain and the first one is all there is to check.
+        if first.prev != after {
+            return Ok(Resume::Resync(ResyncReason::TooOld));
+        }
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        Ok(Resume::Recovered(
+            log.entries
+                .iter()
+                .skip(start)
+                .take(limit)
+                .map(|entry| Event::new(entry.id, entry.fields.clone()))
+                .collect(),
+        ))
+    }
+
+    fn len_now(&self, request: EventRequest<'_>) -> u64 {
+        let (_, now_ms) = self.now();
+        let Some(log) = self.events.logs.get(request.key) else {
+            return 0;
+        };
+        let log = lock(&log);
+        if log.epoch.is_none() || now_ms >= log.expires_at {
+            return 0;
+        }
+        log.entries.len() as u64
+    }
+}
+
+impl events::Backend for MemoryStore {
+    fn append<'a>(
+        &'a self,
+        _: &mut Guard<'a>,
+        request: EventRequest<'a>,
+        fields: &'a [(&'a str, &'a [u8])],
+    ) -> Op<'a, Appended> {
+        Op::ready(self.append_now(request, fields))
+    }
+
+    fn head<'a>(&'a self, _: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {
+        Op::ready(Ok(self.head_now(request)))
+    }
+
+    fn read<'a>(
+        &'a self,
+        _: &mut Guard<'a>,
+        request: EventRequest<'a>,
+        from: &'a Position,
+        limit: u32,
+    ) -> Op<'a, Resume> {
+        Op::ready(self.read_now(request, from, limit))
+    }
+
+    fn len<'a>(&'a self, _: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64> {
+        Op::ready(Ok(self.len_now(request)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use super::*;
+    use crate::events::EventWindow;
+    use crate::ManualClock;
+
+    /// An idle window expires with its TTL (window + grace on the store's
+    /// clock) and comes back with a new epoch: a position in the old one
+    /// resyncs; an evicted one does the same.
+    #[tokio::test]
+    async fn expired_or_evicted_windows_start_a_new_epoch() {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .max_keys(2)
+            .build();
+        let retention = Retention::new(Duration::from_secs(10), 100).unwrap();
+        let events = EventWindow::new(store, retention);
+        let joined = events.position("a").await.unwrap();
+        events.append("a", &[("d", b"1")]).await.unwrap();
+        clock.advance(Duration::from_millis(retention.ttl_millis() - 1));
+        assert_eq!(events.position("a").await.unwrap().epoch, joined.epoch);
+        clock.advance(Duration::from_millis(retention.ttl_millis()));
+        assert_eq!(events.len("a").await.unwrap(), 0);
+        let again = events.position("a").await.unwrap();
+        assert_ne!(again.epoch, joined.epoch);
+        assert_eq!(again.last_id, None);
+        assert_eq!(
+            events.resume("a", &joined, 10).await.unwrap(),
+            Resume::Resync(ResyncReason::EpochChanged)
+        );
+        // A flood of other windows evicts "a" (capacity 2).
+        for i in 0..500 {
+            for _ in 0..3 {
+                events.position(format!("other-{i}")).await.unwrap();
+            }
+        }
+        let evicted = events.resume("a", &again, 10).await.unwrap();
+        assert_eq!(evicted, Resume::Resync(ResyncReason::EpochChanged));
+    }
+}

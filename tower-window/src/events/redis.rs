@@ -1,0 +1,261 @@
+//! [`events::Backend`](crate::events::Backend) for [`RedisStore`]: event windows on Redis Streams.
+//!
+//! A window `key` is two keys in one hash slot: the stream
+//! `<prefix>ev:{<key>}:s` and its meta hash `<prefix>ev:{<key>}:m` (epoch,
+//! the primary's replication id, last id, count), with `<key>` escaped as
+//! every user part of a key is (see `keys.rs`): injective, and no input can
+//! choose the slot. The `ev:` before the brace keeps them apart from
+//! rate-limit windows (whose brace follows the prefix). Each operation is
+//! one `EVALSHA` of `scripts/events.lua`, on Redis `TIME` unless the store
+//! has an explicit clock.
+
+use std::sync::LazyLock;
+
+use bytes::Bytes;
+use redis::Value;
+
+use crate::events::{
+    self as events, check_fields, check_limit, Appended, Epoch, Event, EventId, EventRequest,
+    Position, Resume, ResyncReason,
+};
+use crate::store::redis::call::Call;
+use crate::store::redis::keys::{
+    encode_component, escape_into, needs_escape, Crc16, CLUSTER_SLOTS,
+};
+use crate::store::redis::script::{LuaScript, ScriptCall};
+use crate::store::redis::RedisStore;
+use crate::store::{Guard, Op, StoreError, StoreErrorKind};
+
+static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("events.lua")));
+
+/// Our own fields at the head of every entry (`p` prev id, `n` number,
+/// `e` epoch), as name-value pairs.
+const OWN_FIELDS: usize = 6;
+
+/// The stream key and the meta key of the window `key`.
+pub(crate) fn event_keys(prefix: &str, key: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut stream = Vec::with_capacity(prefix.len() + key.len() + 12);
+    escape_into(&mut stream, prefix.as_bytes(), |b| {
+        b != b':' && b != b'#' && needs_escape(b)
+    });
+    stream.extend_from_slice(b"ev:{");
+    encode_component(&mut stream, key);
+    stream.extend_from_slice(b"}:");
+    let mut meta = stream.clone();
+    stream.push(b's');
+    meta.push(b'm');
+    (stream, meta)
+}
+
+fn event_slot(key: &[u8]) -> u16 {
+    let mut crc = Crc16::default();
+    encode_component(&mut crc, key);
+    crc.value() % CLUSTER_SLOTS
+}
+
+pub(crate) fn protocol(message: &'static str) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, message)
+}
+
+pub(crate) fn text(value: &Value) -> Result<&[u8], StoreError> {
+    match value {
+        Value::BulkString(bytes) => Ok(bytes),
+        Value::SimpleString(text) => Ok(text.as_bytes()),
+        _ => Err(protocol("redis event script: expected a string")),
+    }
+}
+
+pub(crate) fn id(value: &Value) -> Result<EventId, StoreError> {
+    std::str::from_utf8(text(value)?)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| protocol("redis event script: not an event id"))
+}
+
+fn epoch(value: &Value) -> Result<Epoch, StoreError> {
+    std::str::from_utf8(text(value)?)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| protocol("redis event script: not an epoch"))
+}
+
+pub(crate) fn array(value: &Value) -> Result<&[Value], StoreError> {
+    match value {
+        Value::Array(items) => Ok(items),
+        _ => Err(protocol("redis event script: expected an array")),
+    }
+}
+
+/// One `XRANGE` entry: `[id, [p, prev, n, number, e, epoch, name, value, ...]]`.
+fn event(value: &Value) -> Result<Event, StoreError> {
+    tagged_event(value).map(|(_, event)| event)
+}
+
+/// An entry and the epoch it was appended in.
+pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> {
+    let [id_value, fields] = array(value)? else {
+        return Err(protocol("redis event script: an entry is [id, fields]"));
+    };
+    let fields = array(fields)?;
+    if fields.len() < OWN_FIELDS || fields.len() % 2 != 0 {
+        return Err(protocol("redis event script: bad entry fields"));
+    }
+    let fields_epoch = fields[5].clone();
+    let fields = fields[OWN_FIELDS..]
+        .chunks_exact(2)
+        .map(|pair| {
+            let name = String::from_utf8(text(&pair[0])?.to_vec())
+                .map_err(|_| protocol("redis event script: a field name is not UTF-8"))?;
+            Ok((name, Bytes::copy_from_slice(text(&pair[1])?)))
+        })
+        .collect::<Result<_, StoreError>>()?;
+    Ok((epoch(&fields_epoch)?, Event::new(id(id_value)?, fields)))
+}
+
+impl RedisStore {
+    /// Runs the event script's `op` on the window of `request`, with
+    /// `extra` arguments after the common ones.
+    async fn event_call(
+        &self,
+        request: &EventRequest<'_>,
+        op: &str,
+        extra: impl FnOnce(&mut ScriptCall),
+    ) -> Result<Value, StoreError> {
+        let (stream, meta) = event_keys(&self.prefix, request.key);
+        let mut call = SCRIPT.prepare_invoke();
+        call.key(stream).key(meta).arg(op);
+        match &self.clock {
+            Some(clock) => call.arg(clock.now_micros() / 1000),
+            None => call.arg(""),
+        };
+        let retention = request.retention;
+        call.arg(retention.window_millis())
+            .arg(retention.max_len())
+            .arg(retention.ttl_millis())
+            .arg(format!("{:016x}", request.nonce));
+        extra(&mut call);
+        self.call(Call::Script(&call)).await
+    }
+
+    async fn event_append(
+        &self,
+        request: EventRequest<'_>,
+        fields: &[(&str, &[u8])],
+    ) -> Result<Appended, StoreError> {
+        check_fields(fields)?;
+        let reply = self
+            .event_call(&request, "a", |call| {
+                for (name, value) in fields {
+                    call.arg(*name).arg(*value);
+                }
+            })
+            .await?;
+        match array(&reply)? {
+            [e, i] => Ok(Appended::new(epoch(e)?, id(i)?)),
+            _ => Err(protocol("redis event script: append replies [epoch, id]")),
+        }
+    }
+
+    async fn event_head(&self, request: EventRequest<'_>) -> Result<Position, StoreError> {
+        let reply = self.event_call(&request, "h", |_| {}).await?;
+        match array(&reply)? {
+            [e, l] => {
+                let last = id(l)?;
+                Ok(Position::new(
+                    epoch(e)?,
+                    (last != EventId::ZERO).then_some(last),
+                ))
+            }
+            _ => Err(protocol("redis event script: head replies [epoch, id]")),
+        }
+    }
+
+    async fn event_read(
+        &self,
+        request: EventRequest<'_>,
+        from: &Position,
+        limit: u32,
+    ) -> Result<Resume, StoreError> {
+        check_limit(limit)?;
+        let reply = self
+            .event_call(&request, "r", |call| {
+                call.arg(from.epoch.as_str())
+                    .arg(from.after().to_string())
+                    .arg(limit);
+            })
+            .await?;
+        match array(&reply)? {
+            [Value::Int(0)] => Ok(Resume::Recovered(Vec::new())),
+            [Value::Int(0), entries] => Ok(Resume::Recovered(
+                array(entries)?
+                    .iter()
+                    .map(event)
+                    .collect::<Result<_, _>>()?,
+            )),
+            [Value::Int(1)] => Ok(Resume::Resync(ResyncReason::TooOld)),
+            [Value::Int(2)] => Ok(Resume::Resync(ResyncReason::EpochChanged)),
+            [Value::Int(3)] => Ok(Resume::Resync(ResyncReason::Ahead)),
+            _ => Err(protocol("redis event script: unexpected read reply")),
+        }
+    }
+
+    async fn event_len(&self, request: EventRequest<'_>) -> Result<u64, StoreError> {
+        match self.event_call(&request, "l", |_| {}).await? {
+            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+            _ => Err(protocol("redis event script: len replies an integer")),
+        }
+    }
+}
+
+impl events::Backend for RedisStore {
+    fn append<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: EventRequest<'a>,
+        fields: &'a [(&'a str, &'a [u8])],
+    ) -> Op<'a, Appended> {
+        guard.run(move || self.event_append(request, fields))
+    }
+
+    fn head<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {
+        guard.run(move || self.event_head(request))
+    }
+
+    fn read<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: EventRequest<'a>,
+        from: &'a Position,
+        limit: u32,
+    ) -> Op<'a, Resume> {
+        guard.run(move || self.event_read(request, from, limit))
+    }
+
+    fn len<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64> {
+        guard.run(move || self.event_len(request))
+    }
+
+    /// On a cluster store, the primary serving the window's slot.
+    fn failure_domain(&self, key: &[u8]) -> Option<u16> {
+        self.slot_domain(event_slot(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::store::redis::keys::Sink;
+
+    #[test]
+    fn keys_share_one_slot_and_escape_the_key() {
+        let (stream, meta) = event_keys("tw:", b"room:{1}");
+        assert_eq!(stream, b"tw:ev:{room%3A%7B1%7D}:s".to_vec());
+        assert_eq!(meta, b"tw:ev:{room%3A%7B1%7D}:m".to_vec());
+        let mut crc = Crc16::default();
+        crc.put(b"room%3A%7B1%7D");
+        assert_eq!(event_slot(b"room:{1}"), crc.value() % CLUSTER_SLOTS);
+        assert_ne!(event_keys("tw:", b"a").0, event_keys("tw:", b"a:s").0);
+    }
+}

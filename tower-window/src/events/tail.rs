@@ -1,0 +1,165 @@
+//! [`EventTail`]: live events of many windows with one blocking `XREAD`.
+
+use std::fmt;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Value};
+
+use super::redis::{array, event_keys, id, tagged_event, text};
+use crate::events::{Epoch, Event, EventId};
+use crate::store::redis::connection::map_error;
+use crate::store::redis::RedisStore;
+use crate::store::{StoreError, StoreErrorKind};
+
+/// New events of one window, from [`EventTail::read`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TailBatch {
+    /// The index of the window in the `read` call's list.
+    pub index: usize,
+    /// The events after the given id, in order, each with the epoch it
+    /// was appended in (entries not written by an event window are
+    /// skipped).
+    pub events: Vec<(Epoch, Event)>,
+    /// The id of the last entry read, skipped or not: read on from here.
+    pub last_id: Option<EventId>,
+}
+
+/// Reads new events of many event windows at once with one blocking
+/// `XREAD` on a connection of its own (a blocking read would stall every
+/// call multiplexed on the store's shared connection).
+///
+/// Made by [`RedisStore::event_tail`]; one per node is enough: pass every
+/// window the node serves and the last id seen of each. Single-node Redis
+/// only (a cluster cannot `XREAD` keys of several slots at once).
+pub struct EventTail {
+    client: redis::Client,
+    prefix: String,
+    conn: Option<MultiplexedConnection>,
+    connect_timeout: Duration,
+}
+
+impl fmt::Debug for EventTail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventTail")
+            .field("prefix", &self.prefix)
+            .field("connected", &self.conn.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// A live reader of this store's event windows on a connection of its
+    /// own (made on first read). Only for a store built from a URL: a
+    /// pool or a cluster is [`StoreErrorKind::InvalidRequest`].
+    pub fn event_tail(&self) -> Result<EventTail, StoreError> {
+        let client = self.connection.client().ok_or_else(|| {
+            StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "live event reads need a store built from a redis url",
+            )
+        })?;
+        Ok(EventTail {
+            client,
+            prefix: self.prefix.clone(),
+            conn: None,
+            connect_timeout: crate::store::redis::DEFAULT_CONNECT_TIMEOUT,
+        })
+    }
+}
+
+impl EventTail {
+    /// Events after each `(window key, last id seen)`, waiting up to
+    /// `block` for the first; at most `count` per window. An empty answer
+    /// means nothing came in time. A window that does not exist yet is
+    /// simply empty. On a connection error the next call reconnects.
+    pub async fn read(
+        &mut self,
+        windows: &[(&[u8], EventId)],
+        block: Duration,
+        count: usize,
+    ) -> Result<Vec<TailBatch>, StoreError> {
+        if windows.is_empty() {
+            tokio::time::sleep(block).await;
+            return Ok(Vec::new());
+        }
+        let conn = match &self.conn {
+            Some(conn) => conn.clone(),
+            None => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(None);
+                let conn = self
+                    .client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map_err(map_error)?;
+                self.conn = Some(conn.clone());
+                conn
+            }
+        };
+        let keys: Vec<Vec<u8>> = windows
+            .iter()
+            .map(|(key, _)| event_keys(&self.prefix, key).0)
+            .collect();
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT")
+            .arg(count.max(1))
+            .arg("BLOCK")
+            .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX).max(1))
+            .arg("STREAMS");
+        for key in &keys {
+            cmd.arg(key.as_slice());
+        }
+        for (_, after) in windows {
+            cmd.arg(after.to_string());
+        }
+        let mut conn = conn;
+        let reply: Value = match cmd.query_async(&mut conn).await {
+            Ok(reply) => reply,
+            Err(error) => {
+                self.conn = None;
+                return Err(map_error(error));
+            }
+        };
+        let streams = match &reply {
+            Value::Nil => return Ok(Vec::new()),
+            Value::Array(streams) => streams.as_slice(),
+            Value::Map(_) => {
+                return Err(StoreError::new(
+                    StoreErrorKind::Protocol,
+                    "XREAD replied a map (RESP3 is not supported here)",
+                ))
+            }
+            _ => return Err(super::redis::protocol("XREAD: unexpected reply")),
+        };
+        let mut batches = Vec::with_capacity(streams.len());
+        for stream in streams {
+            let [name, entries] = array(stream)? else {
+                return Err(super::redis::protocol("XREAD: a stream is [key, entries]"));
+            };
+            let name = text(name)?;
+            let Some(index) = keys.iter().position(|k| k.as_slice() == name) else {
+                continue;
+            };
+            let mut events = Vec::new();
+            let mut last_id = None;
+            for entry in array(entries)? {
+                if let Some(Ok(entry_id)) = array(entry).ok().and_then(|e| e.first()).map(id) {
+                    last_id = Some(entry_id);
+                }
+                match tagged_event(entry) {
+                    Ok(event) => events.push(event),
+                    Err(error) => tracing::debug!(%error, "skipping a foreign stream entry"),
+                }
+            }
+            batches.push(TailBatch {
+                index,
+                events,
+                last_id,
+            });
+        }
+        Ok(batches)
+    }
+}

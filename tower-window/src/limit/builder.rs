@@ -1,0 +1,144 @@
+//! [`LimiterBuilder`]: a [`Limiter`] with a local tier, a fallback and leases.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::{Counters, Inner, Limiter};
+use crate::fallback::FallbackPolicy;
+use crate::limit::local::{LocalTier, DEFAULT_LOCAL_CAPACITY};
+use crate::metrics::{LimiterMetrics, MetricParts};
+use crate::store::Store;
+use crate::{Clock, Policy, SystemClock};
+
+/// Builds a [`Limiter`]; see [`Limiter::builder`].
+///
+/// Defaults: a local tier of 100 000 keys, the [`SystemClock`], no leases,
+/// and no fallback policy (a store failure is returned as an error). The
+/// time budget, retries, in-flight bound and breakers are the store's
+/// ([`Store::builder`]).
+#[must_use]
+pub struct LimiterBuilder {
+    store: Store,
+    policy: Policy,
+    clock: Arc<dyn Clock>,
+    local_capacity: u64,
+    fallback: Option<Box<dyn FallbackPolicy>>,
+    metrics_tenant_label: bool,
+    leases: Option<super::LeaseConfig>,
+}
+
+impl LimiterBuilder {
+    /// The default capacity of the local tier: 100 000 keys.
+    pub const DEFAULT_LOCAL_CAPACITY: u64 = DEFAULT_LOCAL_CAPACITY;
+
+    pub(super) fn new(store: Store, policy: Policy) -> Self {
+        Self {
+            store,
+            policy,
+            clock: Arc::new(SystemClock),
+            local_capacity: DEFAULT_LOCAL_CAPACITY,
+            fallback: None,
+            metrics_tenant_label: false,
+            leases: None,
+        }
+    }
+
+    /// The clock of the local tier, the lease tier and the fallback policy
+    /// (default [`SystemClock`]). The store's breakers have their own
+    /// ([`StoreBuilder::clock`](crate::StoreBuilder::clock)), and the
+    /// backend keeps its own time.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// How many keys the local tier of recent denials holds (default
+    /// 100 000); `0` turns the local tier off.
+    pub fn local_capacity(mut self, capacity: u64) -> Self {
+        self.local_capacity = capacity;
+        self
+    }
+
+    /// What to answer when the store cannot (default: return the error).
+    pub fn fallback(mut self, policy: impl FallbackPolicy) -> Self {
+        self.fallback = Some(Box::new(policy));
+        self
+    }
+
+    /// Leases quota from the store ([`lease::Backend::reserve`](crate::lease::Backend::reserve)):
+    /// a node takes blocks of units (up to `config.max_units()`) in one
+    /// store call and admits from them locally until the lease's deadline,
+    /// with the global bound still exact (see [`crate::lease`]).
+    /// `max_units = 0` leaves leases off (the default). The lease tier holds
+    /// as many keys as the local tier (at least 1 000).
+    ///
+    /// Call [`Limiter::refund_leases`] on graceful shutdown. The store must
+    /// support leases (the embedded store and Redis do); a store that does
+    /// not makes every check fall back to a direct check.
+    pub fn leases(mut self, config: super::LeaseConfig) -> Self {
+        self.leases = (config.max_units() > 0).then_some(config);
+        self
+    }
+
+    /// Adds a `tenant` label (the key's tenant) to the decision metrics
+    /// (default off: one series per tenant can be many series). The subject
+    /// is never a label. With the label on, each record looks its series up
+    /// in the recorder, which allocates. Without the `metrics` feature this
+    /// does nothing.
+    pub fn metrics_tenant_label(mut self, enabled: bool) -> Self {
+        self.metrics_tenant_label = enabled;
+        self
+    }
+
+    /// Builds the limiter.
+    pub fn build(self) -> Limiter {
+        let clock = self.clock;
+        let fallback = self.fallback.map(|mut policy| {
+            policy.attach_clock(clock.clone());
+            policy
+        });
+        let breakers = self.store.inner.resilience.breakers.as_ref();
+        let parts = MetricParts {
+            fallback: fallback.is_some(),
+            breaker: breakers.is_some(),
+            local: self.local_capacity > 0,
+        };
+        let metrics = Arc::new(LimiterMetrics::new(
+            self.policy.first(),
+            self.metrics_tenant_label,
+            parts,
+        ));
+        if let Some(breakers) = breakers {
+            breakers.observe(&metrics);
+        }
+        let local = (self.local_capacity > 0).then(|| {
+            LocalTier::new(self.local_capacity, clock.clone()).with_metrics(metrics.clone())
+        });
+        Limiter {
+            inner: Arc::new(Inner {
+                metrics,
+                store: self.store,
+                policy: self.policy,
+                clock,
+                local,
+                leases: self.leases.map(|config| {
+                    super::lease_tier::LeaseTier::new(config, self.local_capacity.max(1_000))
+                }),
+                fallback,
+                stats: Counters::default(),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for LimiterBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimiterBuilder")
+            .field("policy", &self.policy)
+            .field("local_capacity", &self.local_capacity)
+            .field("fallback", &self.fallback.is_some())
+            .field("store", &self.store)
+            .field("metrics_tenant_label", &self.metrics_tenant_label)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,265 @@
+//! [`Check`]: the future of [`Limiter::check`] and [`Limiter::check_policy`].
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Waker};
+
+use futures_util::future::BoxFuture;
+
+use crate::limit::local::Lookup;
+use crate::limit::{LimitError, Limiter};
+use crate::store::StoreError;
+use crate::{Cost, Decision, Policy, WindowKey, ZeroCost};
+
+/// The future of one [`Limiter::check`] or [`Limiter::check_policy`].
+///
+/// Like any future it does nothing until polled. There is one path for
+/// every store: its first poll asks the local tier and then the store's
+/// backend, whose answer is ready at once on an in-process backend (the
+/// check then completes in that poll, without allocating) and a future on
+/// a networked one (the backend's one boxed future, holding the time
+/// budget, retries and breaker bookkeeping too). So a `Check` stays a few
+/// words wide whatever the slow path holds, and moving it costs nothing.
+///
+/// [`into_ready`](Self::into_ready) takes the answer when it is available
+/// at once, for loops that decide per message without awaiting:
+///
+/// ```
+/// use tower_window::{Limiter, MemoryStore, Quota, WindowKey};
+///
+/// let limiter = Limiter::new(MemoryStore::new(), "1/1m".parse::<Quota>()?);
+/// let key = WindowKey::for_subject("alice");
+/// let first = limiter.check(&key, 1).into_ready().expect("in-process")?;
+/// assert!(first.allowed());
+/// let second = limiter.check(&key, 1).into_ready().expect("in-process")?;
+/// assert!(!second.allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "futures do nothing unless you `.await` or poll them"]
+pub struct Check<'a> {
+    limiter: &'a Limiter,
+    key: &'a WindowKey,
+    policy: &'a Policy,
+    state: State<'a>,
+}
+
+enum State<'a> {
+    Start(Result<Cost, ZeroCost>),
+    /// The store's answer is on its way. `traced`: the limiter clock's
+    /// reading at the start when a `tower_window.check` span is wanted,
+    /// else 0.
+    Store {
+        future: BoxFuture<'a, Result<Decision, StoreError>>,
+        cost: Cost,
+        stale: bool,
+        traced: u64,
+    },
+    /// A check with quota leases (spend, or reserve).
+    Leased {
+        future: BoxFuture<'a, Result<Decision, LimitError>>,
+        cost: Cost,
+        traced: u64,
+    },
+    Done,
+}
+
+impl<'a> Check<'a> {
+    pub(crate) fn new(
+        limiter: &'a Limiter,
+        key: &'a WindowKey,
+        policy: &'a Policy,
+        cost: Result<Cost, ZeroCost>,
+    ) -> Self {
+        Self {
+            limiter,
+            key,
+            policy,
+            state: State::Start(cost),
+        }
+    }
+
+    /// The decision, if it is available without waiting (an in-process
+    /// store, the local tier, a lease being spent); the check itself
+    /// otherwise, started, to be awaited for its answer.
+    pub fn into_ready(mut self) -> Result<Result<Decision, LimitError>, Self> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match Pin::new(&mut self).poll(&mut cx) {
+            Poll::Ready(result) => Ok(result),
+            Poll::Pending => Err(self),
+        }
+    }
+
+    /// The first step: local tier, then the store (or the lease tier).
+    fn start(&mut self, cx: &mut Context<'_>, cost: Cost) -> Poll<Result<Decision, LimitError>> {
+        let limiter = self.limiter;
+        let inner = &*limiter.inner;
+        let traced = if tracing::enabled!(tracing::Level::DEBUG) {
+            inner.clock.now_micros().max(1)
+        } else {
+            0
+        };
+        if let Some(tier) = inner
+            .leases
+            .as_ref()
+            .filter(|tier| tier.applies(self.policy))
+        {
+            let future = Box::pin(limiter.decide_leased(tier, self.key, self.policy, cost));
+            self.state = State::Leased {
+                future,
+                cost,
+                traced,
+            };
+            return self.poll_state(cx);
+        }
+        let mut stale = false;
+        if let Some(local) = &inner.local {
+            match local.lookup(self.key, self.policy, cost.get()) {
+                Lookup::Hit(decision) => {
+                    inner.stats.local_cache.fetch_add(1, Ordering::Relaxed);
+                    return self.finish(Ok(decision), cost, traced);
+                }
+                Lookup::Miss { stale: s } => stale = s,
+            }
+        }
+        match limiter.check_store(self.key, self.policy, cost).split() {
+            Ok(result) => self.stored(result, cost, stale, traced),
+            Err(future) => {
+                self.state = State::Store {
+                    future,
+                    cost,
+                    stale,
+                    traced,
+                };
+                self.poll_state(cx)
+            }
+        }
+    }
+
+    /// The store answered.
+    fn stored(
+        &mut self,
+        result: Result<Decision, StoreError>,
+        cost: Cost,
+        stale: bool,
+        traced: u64,
+    ) -> Poll<Result<Decision, LimitError>> {
+        match result {
+            Ok(decision) => {
+                self.limiter
+                    .note_stored(self.key, self.policy, cost, stale, &decision);
+                self.finish(Ok(decision), cost, traced)
+            }
+            Err(error) => {
+                let decided = self.limiter.fall_back(self.key, self.policy, cost, error);
+                self.finish(decided, cost, traced)
+            }
+        }
+    }
+
+    /// Polls the future the check waits on.
+    fn poll_state(&mut self, cx: &mut Context<'_>) -> Poll<Result<Decision, LimitError>> {
+        match &mut self.state {
+            State::Store {
+                future,
+                cost,
+                stale,
+                traced,
+            } => {
+                let (cost, stale, traced) = (*cost, *stale, *traced);
+                let result = std::task::ready!(future.as_mut().poll(cx));
+                self.stored(result, cost, stale, traced)
+            }
+            State::Leased {
+                future,
+                cost,
+                traced,
+            } => {
+                let (cost, traced) = (*cost, *traced);
+                let result = std::task::ready!(future.as_mut().poll(cx));
+                self.finish(result, cost, traced)
+            }
+            State::Start(_) | State::Done => panic!("`Check` polled after completion"),
+        }
+    }
+
+    /// The check's answer: counted in the metrics, recorded in a span if
+    /// one is wanted.
+    fn finish(
+        &mut self,
+        result: Result<Decision, LimitError>,
+        cost: Cost,
+        traced: u64,
+    ) -> Poll<Result<Decision, LimitError>> {
+        self.state = State::Done;
+        let inner = &*self.limiter.inner;
+        // A denial names its policy (problem bodies say which one denied).
+        let result = result.map(|decision| decision.record_denial_policy(self.policy));
+        if let Ok(decision) = &result {
+            inner.metrics.decision(self.key, decision);
+        }
+        if traced != 0 {
+            let micros = inner.clock.now_micros().saturating_sub(traced);
+            let span = tracing::debug_span!(
+                "tower_window.check",
+                policy = self.policy.name(),
+                cost = cost.get(),
+                quota = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+                source = tracing::field::Empty,
+                remaining = tracing::field::Empty,
+                duration_us = micros,
+            );
+            match &result {
+                Ok(decision) => {
+                    let outcome = if decision.allowed {
+                        "allowed"
+                    } else {
+                        "denied"
+                    };
+                    span.record("outcome", outcome);
+                    span.record("source", decision.source.as_str());
+                    span.record("quota", decision.quota().name());
+                    span.record("remaining", decision.remaining);
+                }
+                Err(_) => {
+                    span.record("outcome", "error");
+                }
+            }
+        }
+        Poll::Ready(result)
+    }
+}
+
+impl Future for Check<'_> {
+    type Output = Result<Decision, LimitError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // `Check` holds no self-reference: it is `Unpin`.
+        let this = &mut *self;
+        match std::mem::replace(&mut this.state, State::Done) {
+            State::Start(Err(ZeroCost)) => Poll::Ready(Err(LimitError::ZeroCost)),
+            State::Start(Ok(cost)) => this.start(cx, cost),
+            State::Done => panic!("`Check` polled after completion"),
+            waiting => {
+                this.state = waiting;
+                this.poll_state(cx)
+            }
+        }
+    }
+}
+
+impl Unpin for Check<'_> {}
+
+impl fmt::Debug for Check<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::Start(_) => "start",
+            State::Store { .. } => "store",
+            State::Leased { .. } => "leased",
+            State::Done => "done",
+        };
+        f.debug_struct("Check").field("state", &state).finish()
+    }
+}

@@ -1,0 +1,366 @@
+//! Policies on a store: the [`Limiter`], its builder, its [`Check`]
+//! future, the local tier of recent denials, the lease tier, and the
+//! windows' [`Backend`] trait.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::fallback::{FallbackPolicy, FallbackRequest};
+use crate::limit::local::{LocalTier, Lookup};
+use crate::metrics::{Calls, LimiterMetrics};
+use crate::store::{CheckRequest, Op, Store, StoreError};
+use crate::{
+    BreakerState, Clock, Cost, Decision, DecisionSource, FallbackReason, Policy, WindowKey,
+};
+
+mod backend;
+mod builder;
+mod check;
+pub mod fallback;
+pub(crate) mod lease_tier;
+pub(crate) mod local;
+mod memory;
+mod peek;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
+
+pub use backend::Backend;
+pub use builder::LimiterBuilder;
+pub use check::Check;
+pub use lease_tier::{LeaseConfig, LeaseStats};
+
+/// Checks keys against a [`Policy`] (one or more quotas) in a [`Store`].
+///
+/// Cheap to clone; all clones share one configuration, so every clone of a
+/// layer or service limits together. Limiters made from the same store
+/// share its resilience stack (budget, retries, in-flight bound, breakers).
+///
+/// [`Limiter::new`] makes a limiter with no local tier and no fallback: a
+/// store failure is returned as an error. [`Limiter::builder`] adds a local
+/// tier of recent denials, a [`FallbackPolicy`] that answers when the store
+/// cannot, and quota leases.
+///
+/// ```
+/// use tower_window::{Limiter, MemoryStore, Quota, WindowKey};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let limiter = Limiter::new(MemoryStore::new(), "2/1m".parse::<Quota>()?);
+/// let key = WindowKey::for_subject("alice");
+/// assert!(limiter.check(&key, 1).await?.allowed());
+/// assert!(limiter.check(&key, 1).await?.allowed());
+/// let third = limiter.check(&key, 1).await?;
+/// assert!(!third.allowed());
+/// assert!(third.retry_after().is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    policy: Policy,
+    clock: Arc<dyn Clock>,
+    local: Option<LocalTier>,
+    /// Quota leases per key (`None`: off, and checks never look for one).
+    leases: Option<lease_tier::LeaseTier>,
+    fallback: Option<Box<dyn FallbackPolicy>>,
+    stats: Counters,
+    metrics: Arc<LimiterMetrics>,
+}
+
+impl Limiter {
+    /// A limiter enforcing `policy` (or one [`Quota`](crate::Quota)) in
+    /// `store` (a [`Store`], or a backend such as [`MemoryStore`](crate::MemoryStore)
+    /// or [`RedisStore`](crate::RedisStore) made into one with its
+    /// defaults): no local tier, no fallback, no leases.
+    pub fn new(store: impl Into<Store>, policy: impl Into<Policy>) -> Self {
+        LimiterBuilder::new(store.into(), policy.into())
+            .local_capacity(0)
+            .build()
+    }
+
+    /// A builder for a limiter with a local tier, a fallback and quota
+    /// leases, on `store`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_window::fallback::LocalWindow;
+    /// use tower_window::{BreakerConfig, Limiter, MemoryStore, Quota, Store};
+    ///
+    /// let store = Store::builder(MemoryStore::new())
+    ///     .timeout(Duration::from_millis(20))
+    ///     .breaker(BreakerConfig::default().cooldown(Duration::from_secs(1)))
+    ///     .max_in_flight(256)
+    ///     .build();
+    /// let limiter = Limiter::builder(store, "100/1m".parse::<Quota>()?)
+    ///     .local_capacity(10_000)
+    ///     .fallback(LocalWindow::new(0.25).expect("a share in (0, 1]"))
+    ///     .build();
+    /// # let _ = limiter;
+    /// # Ok::<(), tower_window::QuotaError>(())
+    /// ```
+    pub fn builder(store: impl Into<Store>, policy: impl Into<Policy>) -> LimiterBuilder {
+        LimiterBuilder::new(store.into(), policy.into())
+    }
+
+    /// The policy this limiter enforces.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    /// The store every check goes to.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// Checks `cost` units for `key` against every quota of the limiter's
+    /// policy, and records them in every quota if all admit. A denial
+    /// consumes nothing in any quota.
+    ///
+    /// With a fallback policy, a store failure yields `Ok` with a degraded
+    /// decision (`source = Fallback(reason)`); without one, an error. A
+    /// cost of 0 is [`LimitError::ZeroCost`].
+    pub fn check<'a>(&'a self, key: &'a WindowKey, cost: impl crate::IntoCost) -> Check<'a> {
+        Check::new(self, key, &self.inner.policy, cost.into_cost())
+    }
+
+    /// Like [`check`](Self::check), against another policy in the same
+    /// store (a tenant's own, say), with the same local tier, breakers and
+    /// fallback.
+    ///
+    /// Each check records a `tower_window.check` span at debug level with
+    /// the policy's name and the cost, `quota` (the deciding one),
+    /// `outcome`, `source`, `remaining` and `duration_us` (never the key),
+    /// and is counted in the [metrics](crate::metrics).
+    pub fn check_policy<'a>(
+        &'a self,
+        key: &'a WindowKey,
+        policy: &'a Policy,
+        cost: impl crate::IntoCost,
+    ) -> Check<'a> {
+        Check::new(self, key, policy, cost.into_cost())
+    }
+
+    /// Whether a check against `policy` completes in its first poll: the
+    /// store answers in-process and no lease is involved (the lease tier
+    /// waits for its per-key lock).
+    #[cfg(feature = "tower")]
+    pub(crate) fn answers_at_once(&self, policy: &Policy) -> bool {
+        let inner = &*self.inner;
+        inner.store.is_in_process()
+            && !inner
+                .leases
+                .as_ref()
+                .is_some_and(|tier| tier.applies(policy))
+    }
+
+    /// The policy check as one store operation, through the store's
+    /// resilience stack (one boxed future on a networked backend, none on
+    /// an in-process one).
+    fn check_store<'a>(
+        &'a self,
+        key: &'a WindowKey,
+        policy: &'a Policy,
+        cost: Cost,
+    ) -> Op<'a, Decision> {
+        let inner = &*self.inner;
+        let store = &inner.store.inner;
+        let request = CheckRequest::new(key, policy, cost);
+        let domain = self.domain(key, policy);
+        store.resilience.call(domain, self.calls(policy), |guard| {
+            store.windows.check(guard, request)
+        })
+    }
+
+    /// The failure domain of `key` under `policy`, when the store has
+    /// breakers to keep per domain.
+    fn domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
+        let store = &self.inner.store.inner;
+        store
+            .resilience
+            .breakers
+            .as_ref()
+            .and_then(|_| store.windows.failure_domain(key, policy))
+    }
+
+    /// Where the store calls for `policy` are recorded.
+    fn calls<'a>(&'a self, policy: &'a Policy) -> Calls<'a> {
+        Calls::to(&self.inner.metrics, Some(policy.first())).for_policy(policy.name())
+    }
+
+    /// Bookkeeping after the store decided: counts it and updates the local
+    /// tier (remembers a denial; drops a stale one after an admission).
+    fn note_stored(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: Cost,
+        stale: bool,
+        decision: &Decision,
+    ) {
+        let inner = &*self.inner;
+        inner.stats.store.fetch_add(1, Ordering::Relaxed);
+        if let Some(local) = &inner.local {
+            if !decision.allowed {
+                local.remember(key, policy, cost.get(), decision);
+            } else if stale {
+                local.forget(key, policy);
+            }
+        }
+    }
+
+    /// A fallback policy's decision, marked degraded and counted.
+    fn degraded(&self, mut decision: Decision, reason: FallbackReason) -> Decision {
+        // No silent success: whatever the policy said, this is degraded.
+        decision.source = DecisionSource::Fallback(reason);
+        if decision.timestamp_micros == 0 {
+            decision.timestamp_micros = self.inner.clock.now_micros();
+        }
+        self.inner.stats.fallback[reason_index(reason)].fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            reason = reason.as_str(),
+            allowed = decision.allowed,
+            "rate-limit decision from the fallback policy"
+        );
+        decision
+    }
+
+    /// The fallback policy's decision for `error`, marked degraded (or the
+    /// error itself without a fallback).
+    fn fall_back(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: Cost,
+        error: StoreError,
+    ) -> Result<Decision, LimitError> {
+        let inner = &*self.inner;
+        let reason = FallbackReason::for_error(&error);
+        let Some(fallback) = &inner.fallback else {
+            inner.stats.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(LimitError::Store(error));
+        };
+        let now = inner.clock.now_micros();
+        let request = FallbackRequest::new(key, policy, cost, reason, now).with_error(Some(&error));
+        Ok(self.degraded(fallback.decide(request), reason))
+    }
+}
+
+impl Limiter {
+    /// The state of the store's breakers, if it has them (see
+    /// [`Store::breaker_state`]).
+    pub fn breaker_state(&self) -> Option<BreakerState> {
+        self.inner.store.breaker_state()
+    }
+
+    /// The state of the breaker guarding `key` under the limiter's policy
+    /// (its failure domain's), if the store has breakers. A domain no
+    /// check has reached yet is `Closed`.
+    pub fn breaker_state_for(&self, key: &WindowKey) -> Option<BreakerState> {
+        self.inner.store.breaker_state_for(key, &self.inner.policy)
+    }
+
+    /// How many of the store's breakers are open (see
+    /// [`Store::open_breakers`]).
+    pub fn open_breakers(&self) -> usize {
+        self.inner.store.open_breakers()
+    }
+
+    /// Keys currently held by the local tier (0 without one), denials whose
+    /// time is over but that nothing has overwritten yet included.
+    pub fn local_cache_len(&self) -> u64 {
+        self.inner.local.as_ref().map_or(0, LocalTier::len)
+    }
+
+    /// Counts of decisions by source since the limiter was built.
+    pub fn stats(&self) -> LimiterStats {
+        let s = &self.inner.stats;
+        LimiterStats {
+            store: s.store.load(Ordering::Relaxed),
+            local_cache: s.local_cache.load(Ordering::Relaxed),
+            lease: s.lease.load(Ordering::Relaxed),
+            fallback: REASONS.map(|r| s.fallback[reason_index(r)].load(Ordering::Relaxed)),
+            errors: s.errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &*self.inner;
+        f.debug_struct("Limiter")
+            .field("policy", &inner.policy)
+            .field(
+                "local_capacity",
+                &inner.local.as_ref().map(LocalTier::capacity),
+            )
+            .field("store", &inner.store)
+            .field("fallback", &inner.fallback.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+const REASONS: [FallbackReason; 5] = FallbackReason::ALL;
+
+fn reason_index(reason: FallbackReason) -> usize {
+    REASONS.iter().position(|r| *r == reason).unwrap_or(4)
+}
+
+#[derive(Default)]
+struct Counters {
+    store: AtomicU64,
+    local_cache: AtomicU64,
+    lease: AtomicU64,
+    fallback: [AtomicU64; 5],
+    errors: AtomicU64,
+}
+
+/// Counts of a [`Limiter`]'s outcomes since it was built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LimiterStats {
+    /// Decisions made by the store.
+    pub store: u64,
+    /// Denials answered by the local tier.
+    pub local_cache: u64,
+    /// Admissions spent from a quota lease this node held (no store call).
+    pub lease: u64,
+    fallback: [u64; 5],
+    /// Checks that returned a store error (no fallback configured).
+    pub errors: u64,
+}
+
+impl LimiterStats {
+    /// Decisions made by the fallback policy for `reason`.
+    pub fn fallback(&self, reason: FallbackReason) -> u64 {
+        self.fallback[reason_index(reason)]
+    }
+
+    /// Decisions made by the fallback policy, for any reason.
+    pub fn fallback_total(&self) -> u64 {
+        self.fallback.iter().sum()
+    }
+}
+
+/// Why a [`Limiter`] could not decide.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LimitError {
+    /// A request must cost at least one unit.
+    #[error("a request must cost at least 1 unit")]
+    ZeroCost,
+    /// The store failed (or was not called: breaker open, too many calls in
+    /// flight) and no fallback policy is configured.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<crate::ZeroCost> for LimitError {
+    fn from(_: crate::ZeroCost) -> Self {
+        LimitError::ZeroCost
+    }
+}

@@ -1,0 +1,48 @@
+//! [`Limiter::peek_policy`]: a policy's usage read from the store, consuming nothing.
+
+use crate::store::CheckRequest;
+use crate::{Decision, LimitError, Limiter, Policy, WindowKey};
+
+impl Limiter {
+    /// Reads `key`'s windows under `policy` from the store without
+    /// recording anything: every quota's `remaining` and `reset_after` as
+    /// they stand, and `allowed` = whether `cost` would be admitted now.
+    /// For usage reports (the admin API's usage endpoint).
+    ///
+    /// It is one store operation through the store's resilience stack
+    /// (the failure domain's breaker, the in-flight bound, the time budget,
+    /// retries of calls the store certainly did not apply) but it never
+    /// consults the local tier or the fallback policy: when the store
+    /// cannot answer, the error is returned.
+    ///
+    /// ```
+    /// use tower_window::{Limiter, MemoryStore, Quota, WindowKey};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(MemoryStore::new(), "10/1m".parse::<Quota>()?);
+    /// let key = WindowKey::for_subject("alice");
+    /// limiter.check(&key, 3).await?;
+    /// let usage = limiter.peek_policy(&key, limiter.policy(), 1).await?;
+    /// assert_eq!(usage.remaining(), 7);
+    /// assert_eq!(limiter.peek_policy(&key, limiter.policy(), 1).await?.remaining(), 7);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn peek_policy(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: impl crate::IntoCost,
+    ) -> Result<Decision, LimitError> {
+        let cost = cost.into_cost()?;
+        let request = CheckRequest::new(key, policy, cost);
+        let store = &self.store().inner;
+        store
+            .resilience
+            .call(self.domain(key, policy), self.calls(policy), |guard| {
+                store.windows.peek(guard, request)
+            })
+            .await
+            .map_err(LimitError::Store)
+    }
+}

@@ -1,0 +1,382 @@
+//! The windows [`Backend`] of [`RedisStore`]: the policy script, the peek
+//! script, and how to call them.
+//!
+//! One script decides any policy: the shared `prelude.lua`, one fragment per
+//! algorithm (each an evaluate step and a commit step, mirroring
+//! `crate::algorithm` line by line), and `policy.lua`, which evaluates every
+//! quota and commits only if all fit. `policy.lua` documents the KEYS/ARGV
+//! layout and the reply. Scripts run with `EVALSHA`; a `NOSCRIPT` reply
+//! is answered by one `EVAL` (see `store::redis::script`).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::ToRedisArgs;
+
+use super::Backend;
+use crate::store::redis::call::Call;
+use crate::store::redis::keys::{policy_slot, redis_key, META_SUFFIX};
+use crate::store::redis::script::{LuaScript, ScriptCall};
+use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
+use crate::store::{CheckRequest, Guard, Op, StoreError, StoreErrorKind};
+use crate::{Algorithm, Decision, Policy, QuotaDecision, WindowKey};
+
+static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
+
+/// The whole script's source.
+const SOURCE: &str = concat!(
+    include_str!("../algorithm/prelude.lua"),
+    include_str!("../algorithm/sliding_log.lua"),
+    include_str!("../algorithm/sliding_counter.lua"),
+    include_str!("../algorithm/fixed_window.lua"),
+    include_str!("../algorithm/gcra.lua"),
+    include_str!("policy.lua"),
+);
+
+/// The script deciding every policy.
+pub(crate) fn script() -> &'static LuaScript {
+    &SCRIPT
+}
+
+/// The SHA1 of the script (what `EVALSHA` names).
+pub(crate) fn sha() -> &'static str {
+    SCRIPT.sha()
+}
+
+/// The algorithm's code in `ALGORITHMS` (see the fragments).
+fn code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::SlidingLog => 1,
+        Algorithm::SlidingCounter { .. } => 2,
+        Algorithm::FixedWindow => 3,
+        Algorithm::Gcra => 4,
+    }
+}
+
+/// Added to a shadow quota's algorithm code (`SHADOW_FLAG` in the prelude).
+const SHADOW_FLAG: u8 = 16;
+
+/// Where an invocation's keys and arguments go (the script call, or a
+/// test's record of them).
+pub(crate) trait Parts {
+    fn key(&mut self, key: Vec<u8>);
+    fn arg(&mut self, arg: impl ToRedisArgs);
+}
+
+impl Parts for ScriptCall {
+    fn key(&mut self, key: Vec<u8>) {
+        ScriptCall::key(self, key);
+    }
+
+    fn arg(&mut self, arg: impl ToRedisArgs) {
+        ScriptCall::arg(self, arg);
+    }
+}
+
+/// The call of `script` (the check script, [`script`], or another of the
+/// same KEYS/ARGV layout such as the peek script) for `cost` units of
+/// every quota of `policy` for `key`, with keys under `prefix` (see
+/// `policy.lua` for the layout). `now_micros` is `None` to let the script
+/// read Redis `TIME`.
+pub(crate) fn invocation_of(
+    script: &'static LuaScript,
+    prefix: &str,
+    key: &WindowKey,
+    policy: &Policy,
+    cost: u32,
+    now_micros: Option<u64>,
+    min_ttl_ms: u64,
+) -> ScriptCall {
+    let mut call = script.prepare_invoke();
+    lay_out(&mut call, prefix, key, policy, cost, now_micros, min_ttl_ms);
+    call
+}
+
+pub(crate) fn lay_out(
+    call: &mut impl Parts,
+    prefix: &str,
+    key: &WindowKey,
+    policy: &Policy,
+    cost: u32,
+    now_micros: Option<u64>,
+    min_ttl_ms: u64,
+) {
+    match now_micros {
+        Some(now) => call.arg(now),
+        None => call.arg(""),
+    }
+    call.arg(cost);
+    call.arg(min_ttl_ms);
+    call.arg(policy.len());
+    for quota in policy.quotas() {
+        let algorithm = quota.algorithm();
+        let window_key = redis_key(prefix, key, policy, quota);
+        if algorithm == Algorithm::SlidingLog {
+            let mut meta = Vec::with_capacity(window_key.len() + META_SUFFIX.len());
+            meta.extend_from_slice(&window_key);
+            meta.extend_from_slice(META_SUFFIX);
+            call.key(window_key);
+            call.key(meta);
+        } else {
+            call.key(window_key);
+        }
+        let shadow = if quota.is_shadow() { SHADOW_FLAG } else { 0 };
+        call.arg(code(algorithm) + shadow);
+        let (p1, p2, p3) = match algorithm {
+            Algorithm::SlidingLog | Algorithm::FixedWindow => {
+                (quota.window_micros(), quota.limit(), 0)
+            }
+            Algorithm::SlidingCounter { .. } => (
+                quota.window_micros(),
+                quota.limit(),
+                quota.granularity_micros().unwrap_or(quota.window_micros()),
+            ),
+            Algorithm::Gcra => (quota.emission_interval_micros(), quota.capacity(), 0),
+        };
+        call.arg(p1);
+        call.arg(p2);
+        call.arg(p3);
+    }
+}
+
+pub(crate) fn micros(value: i64) -> Duration {
+    Duration::from_micros(u64::try_from(value).unwrap_or(0))
+}
+
+/// Turns the script's reply `{allowed, now, then per quota allowed,
+/// remaining, reset_after, retry_after}` into the decision of `policy`.
+pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, StoreError> {
+    let expected = 2 + 4 * policy.len();
+    let Some((&[allowed, now], per_quota)) = reply.split_first_chunk::<2>() else {
+        return Err(wrong_length(reply.len(), expected));
+    };
+    if reply.len() != expected {
+        return Err(wrong_length(reply.len(), expected));
+    }
+    let mut states = Vec::with_capacity(policy.len());
+    for (quota, values) in policy.quotas().iter().zip(per_quota.chunks_exact(4)) {
+        let [allowed, remaining, reset_after, retry_after] =
+            <[i64; 4]>::try_from(values).map_err(|_| wrong_length(reply.len(), expected))?;
+        let remaining = u32::try_from(remaining.max(0)).unwrap_or(u32::MAX);
+        states.push(if allowed == 1 {
+            QuotaDecision::allow(quota.clone(), remaining, micros(reset_after))
+        } else {
+            let retry_after = (retry_after >= 0).then(|| micros(retry_after));
+            QuotaDecision::deny(quota.clone(), remaining, micros(reset_after), retry_after)
+        });
+    }
+    let decision = Decision::from_quotas(states).ok_or_else(|| {
+        StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas")
+    })?;
+    if decision.allowed != (allowed == 1) {
+        return Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            "the redis script's verdict disagrees with its quotas",
+        ));
+    }
+    Ok(decision.with_timestamp_micros(u64::try_from(now).unwrap_or(0)))
+}
+
+fn wrong_length(got: usize, expected: usize) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        format!("redis script replied {got} values, expected {expected}"),
+    )
+}
+
+/// The prelude and the algorithm fragments, then `peek.lua` in place of
+/// `policy.lua`: the same KEYS and ARGV, no commit.
+static PEEK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
+        include_str!("../algorithm/prelude.lua"),
+        include_str!("../algorithm/sliding_log.lua"),
+        include_str!("../algorithm/sliding_counter.lua"),
+        include_str!("../algorithm/fixed_window.lua"),
+        include_str!("../algorithm/gcra.lua"),
+        include_str!("peek.lua"),
+    ))
+});
+
+impl RedisStore {
+    /// Evaluates the request's policy on the server's clock and records
+    /// nothing (expired state the evaluation drops is written back dropped,
+    /// which changes no decision). One round trip, in the policy's slot.
+    pub(super) async fn peek_policy(
+        &self,
+        request: CheckRequest<'_>,
+    ) -> Result<Decision, StoreError> {
+        let reply = self.policy_script(&PEEK, request).await?;
+        decision(request.policy, &reply)
+    }
+}
+
+impl RedisStore {
+    /// The SHA1 of the one script every decision runs, as used by
+    /// `EVALSHA` (for load tests and operators).
+    pub fn script_sha() -> &'static str {
+        crate::limit::redis::sha()
+    }
+
+    /// Runs `script` (the check script or one of the same KEYS/ARGV layout,
+    /// such as the peek script) for a policy request: one `EVALSHA` in the
+    /// policy's slot, on the explicit clock when the store has one.
+    pub(crate) async fn policy_script(
+        &self,
+        script: &'static LuaScript,
+        request: CheckRequest<'_>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let now = self.explicit_now()?;
+        let min_ttl_ms = if now.is_some() {
+            EXPLICIT_CLOCK_MIN_TTL_MS
+        } else {
+            0
+        };
+        let call = invocation_of(
+            script,
+            &self.prefix,
+            request.key,
+            request.policy,
+            request.cost.get(),
+            now,
+            min_ttl_ms,
+        );
+        self.call(Call::Script(&call)).await
+    }
+
+    async fn decide(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
+        let reply = self.policy_script(script(), request).await?;
+        decision(request.policy, &reply)
+    }
+}
+
+impl Backend for RedisStore {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+        guard.run(move || self.decide(request))
+    }
+
+    fn peek<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+        guard.run(move || self.peek_policy(request))
+    }
+
+    /// On a cluster store, the primary that serves the hash slot of every
+    /// key of `key` under `policy` (as `CLUSTER KEYSLOT` computes it), as a
+    /// small stable number from the cluster's own slot map (`CLUSTER
+    /// SLOTS`, reloaded after `MOVED` or a failover). So a limiter keeps one
+    /// breaker per primary: a dead primary opens one breaker after a few
+    /// failures, whichever of its slots they hit. `None` on a single-node
+    /// store, and on a cluster until the slot map has first loaded (the
+    /// store-wide breaker then stands in). Computed without building a key
+    /// or doing I/O.
+    fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
+        self.slot_domain(policy_slot(key, policy))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::{Quota, Scope};
+
+    /// The script EVALSHA names is the concatenation of the fragments, in
+    /// order, each ending its last line (else two fragments' lines would
+    /// fuse into one, and the script would not parse): the SHA the store
+    /// sends is the hash of exactly that text, so a stale or edited copy
+    /// names another script.
+    #[test]
+    fn the_sha_names_the_fragments_in_order() {
+        let fragments = [
+            include_str!("../algorithm/prelude.lua"),
+            include_str!("../algorithm/sliding_log.lua"),
+            include_str!("../algorithm/sliding_counter.lua"),
+            include_str!("../algorithm/fixed_window.lua"),
+            include_str!("../algorithm/gcra.lua"),
+            include_str!("policy.lua"),
+        ];
+        for (i, fragment) in fragments.iter().enumerate() {
+            assert!(fragment.ends_with('\n'), "fragment {i} ends mid-line");
+        }
+        assert_eq!(SOURCE, fragments.concat());
+        assert_eq!(sha(), redis::Script::new(&fragments.concat()).get_hash());
+        assert_eq!(script().sha(), sha());
+        // A one-byte change names another script.
+        assert_ne!(sha(), redis::Script::new(&format!("{SOURCE} ")).get_hash());
+    }
+
+    #[test]
+    fn the_retry_walk_bound_matches_the_rust_one() {
+        let line = format!(
+            "local MAX_RETRY_WALK = {}\n",
+            crate::algorithm::MAX_RETRY_WALK
+        );
+        assert!(SOURCE.contains(&line), "{line}");
+    }
+
+    fn q(text: &str, name: &str) -> Quota {
+        text.parse::<Quota>().unwrap().named(name).unwrap()
+    }
+
+    #[test]
+    fn replies_become_decisions() {
+        let policy = Policy::from(q("10/1s", "a"));
+        let allowed = decision(&policy, &[1, 42, 1, 9, 1_000_000, 0]).unwrap();
+        assert!(allowed.allowed);
+        assert_eq!(allowed.remaining, 9);
+        assert_eq!(allowed.retry_after, Some(Duration::ZERO));
+        assert_eq!(allowed.timestamp_micros, 42);
+        let never = decision(&policy, &[0, 42, 0, 3, 5, -1]).unwrap();
+        assert!(!never.allowed);
+        assert_eq!(never.retry_after, None);
+        let later = decision(&policy, &[0, 42, 0, -2, 5, 7]).unwrap();
+        assert_eq!(later.retry_after, Some(Duration::from_micros(7)));
+        assert_eq!(later.remaining, 0);
+        assert!(decision(&policy, &[1, 2]).is_err());
+        assert!(decision(&policy, &[]).is_err());
+        assert!(decision(&policy, &[0, 42, 1, 9, 1_000_000, 0]).is_err());
+    }
+
+    #[test]
+    fn several_quotas_in_policy_order() {
+        let policy = Policy::new("p", [q("5/1s", "burst"), q("100/1h gcra", "hourly")]).unwrap();
+        let d = decision(&policy, &[0, 7, 1, 4, 1_000_000, 0, 0, 0, 36, 12]).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.quota().name(), "hourly");
+        assert_eq!(d.retry_after, Some(Duration::from_micros(12)));
+        assert_eq!(d.quotas()[0].remaining, 4);
+        assert!(decision(&policy, &[0, 7, 1, 4, 1_000_000, 0]).is_err());
+    }
+
+    #[test]
+    fn invocation_lays_out_keys_and_arguments() {
+        let org = q("50/1m fixed-window", "org").scoped(Scope::Tenant);
+        let policy = Policy::new("p", [q("5/1s", "log"), org]).unwrap();
+        let key = WindowKey::new("t", "s");
+        #[derive(Default)]
+        struct Record(Vec<Vec<u8>>, Vec<String>);
+        impl Parts for Record {
+            fn key(&mut self, key: Vec<u8>) {
+                self.0.push(key);
+            }
+            fn arg(&mut self, arg: impl ToRedisArgs) {
+                for a in arg.to_redis_args() {
+                    self.1.push(String::from_utf8(a).unwrap());
+                }
+            }
+        }
+        let mut call = Record::default();
+        lay_out(&mut call, "x:", &key, &policy, 2, Some(9), 60_000);
+        assert_eq!(
+            call.0,
+            [
+                b"x:{@t}:s:log|1s|sliding-log".to_vec(),
+                b"x:{@t}:s:log|1s|sliding-log:m".to_vec(),
+                b"x:{@t}:org|1m|fixed-window|tenant".to_vec(),
+            ]
+        );
+        assert_eq!(
+            call.1,
+            ["9", "2", "60000", "2", "1", "1000000", "5", "0", "3", "60000000", "50", "0"]
+        );
+    }
+}

@@ -1,0 +1,101 @@
+//! Every metric's name: the one table of names (units and help texts are
+//! in [`describe`](super::describe)).
+
+/// Decisions by `outcome` and `source`.
+pub const DECISIONS_TOTAL: &str = "tower_window_decisions_total";
+/// Admissions that left less than 20 % of the limit.
+pub const NEAR_LIMIT_TOTAL: &str = "tower_window_near_limit_total";
+/// Decisions made by the fallback policy, by `reason` and `outcome`.
+pub const FALLBACK_DECISIONS_TOTAL: &str = "tower_window_fallback_decisions_total";
+/// Admissions made without the store, by `reason`.
+pub const FALLBACK_ADMISSIONS_TOTAL: &str = "tower_window_fallback_admissions_total";
+/// Duration of one decision's store call (retries included), by `outcome`.
+/// Recorded for stores that do I/O (Redis); a store that decides in process
+/// (the embedded [`MemoryStore`](crate::MemoryStore)) is not timed: its call takes well under the
+/// smallest bucket, and timing it would cost more than the call.
+pub const STORE_CALL_DURATION_SECONDS: &str = "tower_window_store_call_duration_seconds";
+/// Failed store calls by error `kind`.
+pub const STORE_ERRORS_TOTAL: &str = "tower_window_store_errors_total";
+/// Retried store attempts.
+pub const STORE_RETRIES_TOTAL: &str = "tower_window_store_retries_total";
+/// Circuit breaker state: 0 closed, 1 half-open, 2 open; with one breaker
+/// per shard, the worst state over them.
+pub const BREAKER_STATE: &str = "tower_window_breaker_state";
+/// Circuit breakers currently open (one per shard of a sharded store, such
+/// as a Redis Cluster hash slot; at most 1 for an unsharded store).
+pub const BREAKER_OPEN_SHARDS: &str = "tower_window_breaker_open_shards";
+/// Circuit breaker transitions, by the state entered (`to`).
+pub const BREAKER_TRANSITIONS_TOTAL: &str = "tower_window_breaker_transitions_total";
+/// Keys held by the local tier.
+pub const LOCAL_CACHE_ENTRIES: &str = "tower_window_local_cache_entries";
+/// Local-tier lookups answered locally.
+pub const LOCAL_CACHE_HITS_TOTAL: &str = "tower_window_local_cache_hits_total";
+/// Local-tier lookups that went on to the store.
+pub const LOCAL_CACHE_MISSES_TOTAL: &str = "tower_window_local_cache_misses_total";
+/// Counter: units of quota leases, by `event`: `granted` (taken from the
+/// store), `spent` (admitted locally or with the reservation), `refunded`
+/// (given back before the deadline), `expired` (left unspent at the
+/// deadline; given back then where the store still counts them).
+pub const LEASE_UNITS_TOTAL: &str = "tower_window_lease_units_total";
+
+/// Would-be denials of shadow quotas, by `quota`.
+pub const SHADOW_DENIALS_TOTAL: &str = "tower_window_shadow_denials_total";
+/// Tenants-file reloads, by `result` (`ok`, `error`).
+pub const CONFIG_RELOAD_TOTAL: &str = "tower_window_config_reload_total";
+
+/// Every metric name above.
+pub const ALL: &[&str] = &[
+    DECISIONS_TOTAL,
+    NEAR_LIMIT_TOTAL,
+    FALLBACK_DECISIONS_TOTAL,
+    FALLBACK_ADMISSIONS_TOTAL,
+    STORE_CALL_DURATION_SECONDS,
+    STORE_ERRORS_TOTAL,
+    STORE_RETRIES_TOTAL,
+    BREAKER_STATE,
+    BREAKER_OPEN_SHARDS,
+    BREAKER_TRANSITIONS_TOTAL,
+    LOCAL_CACHE_ENTRIES,
+    LOCAL_CACHE_HITS_TOTAL,
+    LOCAL_CACHE_MISSES_TOTAL,
+    SHADOW_DENIALS_TOTAL,
+    CONFIG_RELOAD_TOTAL,
+    LEASE_UNITS_TOTAL,
+];
+
+/// Suggested histogram buckets (seconds) for
+/// [`STORE_CALL_DURATION_SECONDS`]: 100 µs to 1 s.
+pub const STORE_CALL_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+// Dedup windows (`crate::dedup`): recorded by every `DedupWindow`.
+
+/// `fallback_duplicate`, `error`.
+pub const DEDUP_CHECKS_TOTAL: &str = "tower_window_dedup_checks_total";
+
+/// Every dedup and connection-lease metric name.
+pub const WS_ALL: &[&str] = &[
+    DEDUP_CHECKS_TOTAL,
+    CONNECTION_GRANTS_TOTAL,
+    CONNECTION_RELEASES_TOTAL,
+    CONNECTION_LEASES_LOST_TOTAL,
+    CONNECTION_RENEW_FAILURES_TOTAL,
+    CONNECTION_HEARTBEAT_CALLS_TOTAL,
+    CONNECTION_LIVE_LEASES,
+];
+
+// Connection leases (`crate::conn`): recorded by every `ConnectionLimiter`.
+
+/// `fallback_denied`, `error`.
+pub const CONNECTION_GRANTS_TOTAL: &str = "tower_window_connection_grants_total";
+/// Connection leases released.
+pub const CONNECTION_RELEASES_TOTAL: &str = "tower_window_connection_releases_total";
+/// Leases a heartbeat found gone (expired or reset) and reported lost.
+pub const CONNECTION_LEASES_LOST_TOTAL: &str = "tower_window_connection_leases_lost_total";
+/// Leases whose heartbeat renewal call failed.
+pub const CONNECTION_RENEW_FAILURES_TOTAL: &str = "tower_window_connection_renew_failures_total";
+/// Store calls made by heartbeats.
+pub const CONNECTION_HEARTBEAT_CALLS_TOTAL: &str = "tower_window_connection_heartbeat_calls_total";
+/// Live leases this node renews.
+pub const CONNECTION_LIVE_LEASES: &str = "tower_window_connection_live_leases";

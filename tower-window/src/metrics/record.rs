@@ -1,0 +1,680 @@
+//! Recording: each capability instance's handles, and what it records.
+//!
+//! One implementation whatever the features: with the `metrics` feature off
+//! every entry point returns at once ([`ENABLED`](super::ENABLED) is a
+//! constant `false`, so the compiler drops the rest).
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use ::metrics::{Counter, Gauge, Histogram, Label, SharedString};
+
+use super::ENABLED;
+use super::*;
+use crate::{BreakerState, Decision, DecisionSource, FallbackReason, Quota, WindowKey};
+use crate::{StoreError, StoreErrorKind};
+
+const SOURCES: [DecisionSource; 4] = [
+    DecisionSource::Store,
+    DecisionSource::LocalCache,
+    DecisionSource::Lease,
+    DecisionSource::Fallback(FallbackReason::Error),
+];
+const REASONS: [FallbackReason; 5] = FallbackReason::ALL;
+/// The kinds of a failed store call (a call refused by an open
+/// breaker never reached the store: it is a fallback reason, not a
+/// store error).
+const KINDS: [StoreErrorKind; 6] = [
+    StoreErrorKind::Unavailable,
+    StoreErrorKind::Timeout,
+    StoreErrorKind::Overloaded,
+    StoreErrorKind::Protocol,
+    StoreErrorKind::InvalidRequest,
+    StoreErrorKind::Unsupported,
+];
+const STATES: [BreakerState; 3] = [
+    BreakerState::Closed,
+    BreakerState::HalfOpen,
+    BreakerState::Open,
+];
+
+fn outcome(allowed: bool) -> &'static str {
+    if allowed {
+        "allowed"
+    } else {
+        "denied"
+    }
+}
+
+fn source_index(source: DecisionSource) -> usize {
+    match source {
+        DecisionSource::Store => 0,
+        DecisionSource::LocalCache => 1,
+        DecisionSource::Lease => 2,
+        _ => 3,
+    }
+}
+
+fn reason_index(reason: FallbackReason) -> usize {
+    REASONS.iter().position(|r| *r == reason).unwrap_or(4)
+}
+
+fn kind_index(kind: StoreErrorKind) -> usize {
+    KINDS.iter().position(|k| *k == kind).unwrap_or(3)
+}
+
+fn state_index(state: BreakerState) -> usize {
+    STATES.iter().position(|s| *s == state).unwrap_or(2)
+}
+
+/// The labels every series of one record carries.
+struct Labels {
+    quota: SharedString,
+    tenant: Option<SharedString>,
+}
+
+impl Labels {
+    fn build(&self, extra: &[(&'static str, &'static str)]) -> Vec<Label> {
+        let mut labels = Vec::with_capacity(extra.len() + 2);
+        labels.extend(extra.iter().map(|(k, v)| Label::from_static_parts(k, v)));
+        labels.push(Label::new("quota", self.quota.clone()));
+        if let Some(tenant) = &self.tenant {
+            labels.push(Label::new("tenant", tenant.clone()));
+        }
+        labels
+    }
+
+    fn counter(&self, name: &'static str, extra: &[(&'static str, &'static str)]) -> Counter {
+        ::metrics::counter!(name, self.build(extra))
+    }
+
+    fn gauge(&self, name: &'static str) -> Gauge {
+        ::metrics::gauge!(name, self.build(&[]))
+    }
+
+    fn histogram(&self, name: &'static str, extra: &[(&'static str, &'static str)]) -> Histogram {
+        ::metrics::histogram!(name, self.build(extra))
+    }
+}
+
+/// Decision-level series of one (quota, tenant).
+struct DecisionHandles {
+    /// `[allowed][source]`.
+    decisions: [[Counter; 4]; 2],
+    near_limit: Counter,
+    /// `[reason][allowed]`; `None` without a fallback policy.
+    fallback: Option<FallbackHandles>,
+}
+
+struct FallbackHandles {
+    decisions: [[Counter; 2]; 5],
+    admissions: [Counter; 5],
+}
+
+impl DecisionHandles {
+    fn new(labels: &Labels, fallback: bool) -> Self {
+        let decisions = [false, true].map(|allowed| {
+            SOURCES.map(|s| {
+                labels.counter(
+                    DECISIONS_TOTAL,
+                    &[("outcome", outcome(allowed)), ("source", s.as_str())],
+                )
+            })
+        });
+        let fallback = fallback.then(|| FallbackHandles {
+            decisions: REASONS.map(|r| {
+                [false, true].map(|allowed| {
+                    labels.counter(
+                        FALLBACK_DECISIONS_TOTAL,
+                        &[("reason", r.as_str()), ("outcome", outcome(allowed))],
+                    )
+                })
+            }),
+            admissions: REASONS
+                .map(|r| labels.counter(FALLBACK_ADMISSIONS_TOTAL, &[("reason", r.as_str())])),
+        });
+        Self {
+            decisions,
+            near_limit: labels.counter(NEAR_LIMIT_TOTAL, &[]),
+            fallback,
+        }
+    }
+
+    fn record(&self, decision: &Decision) {
+        let allowed = usize::from(decision.allowed);
+        self.decisions[allowed][source_index(decision.source)].increment(1);
+        if decision.allowed && is_near_limit(decision.remaining, decision.limit()) {
+            self.near_limit.increment(1);
+        }
+        if let (DecisionSource::Fallback(reason), Some(fallback)) =
+            (decision.source, &self.fallback)
+        {
+            let r = reason_index(reason);
+            fallback.decisions[r][allowed].increment(1);
+            if decision.allowed {
+                fallback.admissions[r].increment(1);
+            }
+        }
+    }
+}
+
+/// Store-call series of one quota.
+struct StoreHandles {
+    ok: Histogram,
+    error: Histogram,
+    errors: [Counter; 6],
+    retries: Counter,
+}
+
+impl StoreHandles {
+    fn new(labels: &Labels) -> Self {
+        Self {
+            ok: labels.histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", "ok")]),
+            error: labels.histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", "error")]),
+            errors: KINDS.map(|k| labels.counter(STORE_ERRORS_TOTAL, &[("kind", k.as_str())])),
+            retries: labels.counter(STORE_RETRIES_TOTAL, &[]),
+        }
+    }
+}
+
+struct BreakerHandles {
+    state: Gauge,
+    open_shards: Gauge,
+    transitions: [Counter; 3],
+}
+
+struct LocalHandles {
+    entries: Gauge,
+    hits: Counter,
+    misses: Counter,
+}
+
+/// Every series of the limiter's own quota, registered together.
+struct Handles {
+    decisions: DecisionHandles,
+    store: StoreHandles,
+    breaker: Option<BreakerHandles>,
+    local: Option<LocalHandles>,
+}
+
+/// What a limiter has, which decides the series it registers.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Parts {
+    pub(crate) fallback: bool,
+    pub(crate) breaker: bool,
+    pub(crate) local: bool,
+}
+
+/// The metrics of one limiter (or of another capability made from a
+/// store handle, under its own name).
+pub(crate) struct LimiterMetrics {
+    /// The limiter's own quota: its decisions use the cached handles.
+    own: Option<Quota>,
+    quota: SharedString,
+    tenant_label: bool,
+    parts: Parts,
+    handles: OnceLock<Handles>,
+}
+
+impl LimiterMetrics {
+    pub(crate) fn new(quota: &Quota, tenant_label: bool, parts: Parts) -> Self {
+        Self {
+            own: Some(quota.clone()),
+            quota: SharedString::from(String::from(quota.name())),
+            tenant_label,
+            parts,
+            handles: OnceLock::new(),
+        }
+    }
+
+    /// The store-call metrics of a capability called `name` (connection
+    /// slots, dedup, events): its calls are labelled `quota = name`.
+    pub(crate) fn named(name: &str) -> Self {
+        Self {
+            own: None,
+            quota: SharedString::from(String::from(name)),
+            tenant_label: false,
+            parts: Parts::default(),
+            handles: OnceLock::new(),
+        }
+    }
+
+    fn own_labels(&self) -> Labels {
+        Labels {
+            quota: self.quota.clone(),
+            tenant: None,
+        }
+    }
+
+    /// The handles of the limiter's own quota, registered (at zero) on
+    /// first use.
+    fn handles(&self) -> &Handles {
+        self.handles.get_or_init(|| {
+            let labels = self.own_labels();
+            let breaker = self.parts.breaker.then(|| {
+                let state = labels.gauge(BREAKER_STATE);
+                state.set(0.0);
+                let open_shards = labels.gauge(BREAKER_OPEN_SHARDS);
+                open_shards.set(0.0);
+                BreakerHandles {
+                    state,
+                    open_shards,
+                    transitions: STATES
+                        .map(|s| labels.counter(BREAKER_TRANSITIONS_TOTAL, &[("to", s.as_str())])),
+                }
+            });
+            let local = self.parts.local.then(|| {
+                let entries = labels.gauge(LOCAL_CACHE_ENTRIES);
+                entries.set(0.0);
+                LocalHandles {
+                    entries,
+                    hits: labels.counter(LOCAL_CACHE_HITS_TOTAL, &[]),
+                    misses: labels.counter(LOCAL_CACHE_MISSES_TOTAL, &[]),
+                }
+            });
+            Handles {
+                decisions: DecisionHandles::new(&labels, self.parts.fallback),
+                store: StoreHandles::new(&labels),
+                breaker,
+                local,
+            }
+        })
+    }
+
+    /// Whether `quota` is the limiter's own: its handles are cached.
+    fn is_own(&self, quota: &Quota) -> bool {
+        // Decisions of the limiter's own policy share its quota's
+        // allocation: no text compared on the hot path.
+        self.own
+            .as_ref()
+            .is_some_and(|own| quota.same_allocation(own))
+            || quota.name() == &*self.quota
+    }
+
+    fn labels_for(&self, quota: &Quota, key: Option<&WindowKey>) -> Labels {
+        let quota = if self.is_own(quota) {
+            self.quota.clone()
+        } else {
+            SharedString::from(String::from(quota.name()))
+        };
+        let tenant = key
+            .filter(|_| self.tenant_label)
+            .map(|key| SharedString::from(String::from_utf8_lossy(key.tenant()).into_owned()));
+        Labels { quota, tenant }
+    }
+
+    /// The labels of a store call for `quota` (`None`: the own name).
+    fn labels_for_call(&self, quota: Option<&Quota>) -> Labels {
+        match quota {
+            Some(quota) => self.labels_for(quota, None),
+            None => self.own_labels(),
+        }
+    }
+
+    /// Records a decision returned to the caller.
+    pub(crate) fn decision(&self, key: &WindowKey, decision: &Decision) {
+        if !ENABLED {
+            return;
+        }
+        for shadow in decision.shadow_denials() {
+            self.labels_for(&shadow.quota, Some(key))
+                .counter(SHADOW_DENIALS_TOTAL, &[])
+                .increment(1);
+        }
+        if !self.tenant_label && self.is_own(decision.quota()) {
+            self.handles().decisions.record(decision);
+        } else {
+            // Make sure the limiter-wide series exist too.
+            let _ = self.handles();
+            let labels = self.labels_for(decision.quota(), Some(key));
+            let outcome = outcome(decision.allowed);
+            labels
+                .counter(
+                    DECISIONS_TOTAL,
+                    &[("outcome", outcome), ("source", decision.source.as_str())],
+                )
+                .increment(1);
+            if decision.allowed && is_near_limit(decision.remaining, decision.limit()) {
+                labels.counter(NEAR_LIMIT_TOTAL, &[]).increment(1);
+            }
+            if let DecisionSource::Fallback(reason) = decision.source {
+                let reason = reason.as_str();
+                labels
+                    .counter(
+                        FALLBACK_DECISIONS_TOTAL,
+                        &[("reason", reason), ("outcome", outcome)],
+                    )
+                    .increment(1);
+                if decision.allowed {
+                    labels
+                        .counter(FALLBACK_ADMISSIONS_TOTAL, &[("reason", reason)])
+                        .increment(1);
+                }
+            }
+        }
+    }
+
+    /// Records a local-tier lookup.
+    pub(crate) fn local_lookup(&self, quota: &Quota, hit: bool) {
+        if !ENABLED {
+            return;
+        }
+        if self.is_own(quota) {
+            if let Some(local) = &self.handles().local {
+                if hit {
+                    local.hits.increment(1);
+                } else {
+                    local.misses.increment(1);
+                }
+            }
+        } else {
+            let name = if hit {
+                LOCAL_CACHE_HITS_TOTAL
+            } else {
+                LOCAL_CACHE_MISSES_TOTAL
+            };
+            self.labels_for(quota, None).counter(name, &[]).increment(1);
+        }
+    }
+
+    /// Sets the local tier's size.
+    pub(crate) fn local_entries(&self, entries: u64) {
+        if !ENABLED {
+            return;
+        }
+        if let Some(local) = &self.handles().local {
+            // Precision loss only past 2^53 keys.
+            #[allow(clippy::cast_precision_loss)]
+            local.entries.set(entries as f64);
+        }
+    }
+
+    /// Records one breaker's transition into `to`; after it, `worst`
+    /// is the worst state over the store handle's breakers and `open`
+    /// of them are open.
+    pub(crate) fn breaker_transition(&self, to: BreakerState, worst: BreakerState, open: usize) {
+        if !ENABLED {
+            return;
+        }
+        self.breaker_state(worst, open);
+        if let Some(breaker) = &self.handles().breaker {
+            breaker.transitions[state_index(to)].increment(1);
+        }
+    }
+
+    /// Sets the breakers' state: `worst` over them, `open` of them open.
+    pub(crate) fn breaker_state(&self, worst: BreakerState, open: usize) {
+        if !ENABLED {
+            return;
+        }
+        if let Some(breaker) = &self.handles().breaker {
+            // Small integers: no precision loss.
+            #[allow(clippy::cast_precision_loss)]
+            {
+                breaker.state.set(state_index(worst) as f64);
+                breaker.open_shards.set(open as f64);
+            }
+        }
+    }
+
+    /// Records one retried store attempt.
+    /// Counts `units` of leases of the limiter's policy for `event`
+    /// (`granted`, `spent`, `refunded`, `expired`); off the hot path of
+    /// a check without leases.
+    pub(crate) fn lease_units(&self, quota: &Quota, event: &'static str, units: u64) {
+        if !ENABLED {
+            return;
+        }
+        if units > 0 {
+            self.labels_for(quota, None)
+                .counter(LEASE_UNITS_TOTAL, &[("event", event)])
+                .increment(units);
+        }
+    }
+
+    pub(crate) fn store_retry_for(&self, quota: Option<&Quota>) {
+        if !ENABLED {
+            return;
+        }
+        if quota.is_none_or(|quota| self.is_own(quota)) {
+            self.handles().store.retries.increment(1);
+        } else {
+            self.labels_for_call(quota)
+                .counter(STORE_RETRIES_TOTAL, &[])
+                .increment(1);
+        }
+    }
+
+    /// Records a finished store call started at `timer`.
+    pub(crate) fn store_call_for(
+        &self,
+        quota: Option<&Quota>,
+        timer: StoreTimer,
+        error: Option<&StoreError>,
+    ) {
+        if !ENABLED {
+            return;
+        }
+        if timer.0.is_none() && error.is_none() {
+            // An untimed success records nothing.
+            return;
+        }
+        let seconds = timer.0.map(|started| started.elapsed().as_secs_f64());
+        if quota.is_none_or(|quota| self.is_own(quota)) {
+            let store = &self.handles().store;
+            match error {
+                None => {
+                    if let Some(seconds) = seconds {
+                        store.ok.record(seconds);
+                    }
+                }
+                Some(error) => {
+                    if let Some(seconds) = seconds {
+                        store.error.record(seconds);
+                    }
+                    store.errors[kind_index(error.kind())].increment(1);
+                }
+            }
+        } else {
+            let labels = self.labels_for_call(quota);
+            let outcome = if error.is_some() { "error" } else { "ok" };
+            if let Some(seconds) = seconds {
+                labels
+                    .histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", outcome)])
+                    .record(seconds);
+            }
+            if let Some(error) = error {
+                labels
+                    .counter(STORE_ERRORS_TOTAL, &[("kind", error.kind().as_str())])
+                    .increment(1);
+            }
+        }
+    }
+}
+
+/// See [`super::register_quota`]: the same label sets the records use
+/// (built by the same handles), each incremented by zero.
+pub(crate) fn register_quota(quota: &str) {
+    if !ENABLED {
+        return;
+    }
+    let labels = Labels {
+        quota: SharedString::from(String::from(quota)),
+        tenant: None,
+    };
+    let decisions = DecisionHandles::new(&labels, true);
+    let fallback = decisions.fallback.iter();
+    let counters = decisions
+        .decisions
+        .iter()
+        .flatten()
+        .chain(std::iter::once(&decisions.near_limit))
+        .chain(fallback.clone().flat_map(|f| f.decisions.iter().flatten()))
+        .chain(fallback.flat_map(|f| f.admissions.iter()));
+    counters.for_each(|c| c.increment(0));
+    // Histograms are exported from their registration on.
+    let store = StoreHandles::new(&labels);
+    store.errors.iter().for_each(|c| c.increment(0));
+    store.retries.increment(0);
+    for gauge in [BREAKER_STATE, BREAKER_OPEN_SHARDS, LOCAL_CACHE_ENTRIES] {
+        labels.gauge(gauge).increment(0.0);
+    }
+    for state in STATES {
+        labels
+            .counter(BREAKER_TRANSITIONS_TOTAL, &[("to", state.as_str())])
+            .increment(0);
+    }
+    for name in [
+        LOCAL_CACHE_HITS_TOTAL,
+        LOCAL_CACHE_MISSES_TOTAL,
+        SHADOW_DENIALS_TOTAL,
+    ] {
+        labels.counter(name, &[]).increment(0);
+    }
+    for event in LEASE_EVENTS {
+        labels
+            .counter(LEASE_UNITS_TOTAL, &[("event", event)])
+            .increment(0);
+    }
+}
+
+/// Where one store call's metrics go: a limiter's (or a named
+/// capability's) series, under the quota the call is for (`None`: its
+/// own name), or nowhere.
+#[derive(Clone, Copy)]
+pub(crate) struct Calls<'a> {
+    metrics: Option<&'a LimiterMetrics>,
+    quota: Option<&'a Quota>,
+    /// The policy the call is for, named in the failure's log line.
+    policy: Option<&'a str>,
+}
+
+impl<'a> Calls<'a> {
+    /// Calls recorded in `metrics`, under `quota` (`None`: the
+    /// capability's own name).
+    pub(crate) fn to(metrics: &'a LimiterMetrics, quota: Option<&'a Quota>) -> Self {
+        Self {
+            metrics: Some(metrics),
+            quota,
+            policy: None,
+        }
+    }
+
+    /// The same calls, for `policy` (named in the log line of a failure).
+    pub(crate) fn for_policy(self, policy: &'a str) -> Self {
+        Self {
+            policy: Some(policy),
+            ..self
+        }
+    }
+
+    /// Calls recorded nowhere.
+    pub(crate) fn none() -> Self {
+        Self {
+            metrics: None,
+            quota: None,
+            policy: None,
+        }
+    }
+
+    /// What a failed call's log line names: the policy, else the
+    /// capability (`connections`, `dedup`, `events`).
+    pub(crate) fn owner(&self) -> &str {
+        match (self.policy, self.metrics) {
+            (Some(policy), _) => policy,
+            (None, Some(metrics)) => &metrics.quota,
+            (None, None) => "",
+        }
+    }
+
+    /// Records a finished store call started at `timer`.
+    pub(crate) fn store_call(&self, timer: StoreTimer, error: Option<&StoreError>) {
+        if let Some(metrics) = self.metrics {
+            metrics.store_call_for(self.quota, timer, error);
+        }
+    }
+
+    /// Records one retried store attempt.
+    pub(crate) fn store_retry(&self) {
+        if let Some(metrics) = self.metrics {
+            metrics.store_retry_for(self.quota);
+        }
+    }
+}
+
+/// When a store call started; `None` for a call that is not timed.
+pub(crate) struct StoreTimer(Option<Instant>);
+
+impl StoreTimer {
+    /// Starts timing a store call, if `timed`. An in-process store
+    /// decides in well under the histogram's smallest bucket; two clock
+    /// readings would cost more than its whole call, so it is not timed.
+    pub(crate) fn start(timed: bool) -> Self {
+        Self((timed && ENABLED).then(Instant::now))
+    }
+}
+
+/// Whether an admission left less than 20 % of `limit`.
+pub(crate) fn is_near_limit(remaining: u32, limit: u32) -> bool {
+    u64::from(remaining) * 5 < u64::from(limit)
+}
+
+/// Dedup answers by `outcome`: `first_seen`, `duplicate`, `fallback_first_seen`,
+/// Counts one dedup answer.
+pub(crate) fn dedup_outcome(outcome: &'static str) {
+    if !ENABLED {
+        return;
+    }
+    ::metrics::counter!(DEDUP_CHECKS_TOTAL, "outcome" => outcome).increment(1);
+}
+
+/// Counts one grant (`outcome`: `granted`, `denied`, `fallback_granted`,
+/// ...).
+pub(crate) fn connection_grant(outcome: &'static str) {
+    if !ENABLED {
+        return;
+    }
+    ::metrics::counter!(CONNECTION_GRANTS_TOTAL, "outcome" => outcome).increment(1);
+}
+
+/// Counts one release.
+pub(crate) fn connection_released() {
+    if !ENABLED {
+        return;
+    }
+    ::metrics::counter!(CONNECTION_RELEASES_TOTAL).increment(1);
+}
+
+/// One heartbeat tick's counts, in plain numbers so this module needs no
+/// capability's types.
+pub(crate) struct HeartbeatCounts {
+    /// Seats found gone.
+    pub(crate) lost: usize,
+    /// Seats whose renewal failed.
+    pub(crate) failed: usize,
+    /// Store calls made.
+    pub(crate) calls: usize,
+}
+
+/// Records one heartbeat tick.
+pub(crate) fn connection_heartbeat(counts: HeartbeatCounts, live_change: i64) {
+    if !ENABLED {
+        return;
+    }
+    ::metrics::counter!(CONNECTION_LEASES_LOST_TOTAL).increment(counts.lost as u64);
+    ::metrics::counter!(CONNECTION_RENEW_FAILURES_TOTAL).increment(counts.failed as u64);
+    ::metrics::counter!(CONNECTION_HEARTBEAT_CALLS_TOTAL).increment(counts.calls as u64);
+    connection_live_change(live_change);
+}
+
+/// Moves the node's live-seat gauge by one limiter's change: every
+/// `ConnectionLimiter` adds its own, so two limiters of one node add up
+/// instead of overwriting each other.
+pub(crate) fn connection_live_change(change: i64) {
+    if !ENABLED || change == 0 {
+        return;
+    }
+    // Seat counts are far below 2^53.
+    #[allow(clippy::cast_precision_loss)]
+    ::metrics::gauge!(CONNECTION_LIVE_LEASES).increment(change as f64);
+}

@@ -1,0 +1,289 @@
+//! The store handle's one resilience stack: a time budget, retries only
+//! where the store certainly did not apply an operation, a bound on calls
+//! in flight, and circuit breakers per failure domain with the slow-call
+//! trip.
+//!
+//! Every operation of every capability goes through
+//! [`Store::call`](crate::Store): it asks the failure domain's breaker,
+//! lends the operation a [`Guard`], and, for an answer ready at once (an
+//! in-process backend), reports it to the breaker there and then. A
+//! backend behind a network builds its future with [`Guard::run`], which
+//! puts the budget, the retries, the in-flight bound, the breaker's
+//! bookkeeping and the call's metrics into that one boxed future: one
+//! allocation per call, whatever the stack does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
+
+pub(crate) mod breaker;
+mod on_failure;
+pub(crate) mod retry;
+
+use breaker::{Breaker, Breakers, Ticket};
+pub use on_failure::OnFailure;
+use retry::RetryConfig;
+
+use super::op::Op;
+use crate::metrics::{Calls, StoreTimer};
+use crate::store::{StoreError, StoreErrorKind};
+use crate::Clock;
+
+/// Default time budget of one store operation, retries included.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// Default bound on store calls in flight per store handle.
+pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
+/// The bounds put on each store call, and the breakers.
+pub(crate) struct Resilience {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) retry: RetryConfig,
+    pub(crate) in_flight: Option<Semaphore>,
+    pub(crate) breakers: Option<Breakers>,
+    /// The breakers' clock (cooldowns, rolling windows, probe latency).
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+impl Resilience {
+    /// No timeout, no retries, no in-flight bound, no breaker: a bare call.
+    pub(crate) fn bare(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            timeout: None,
+            retry: RetryConfig::none(),
+            in_flight: None,
+            breakers: None,
+            clock,
+        }
+    }
+
+    /// Reserves a slot for one store call, or an `Overloaded` error when
+    /// the node already has as many in flight as allowed.
+    fn try_reserve(&self) -> Result<Option<SemaphorePermit<'_>>, StoreError> {
+        match &self.in_flight {
+            None => Ok(None),
+            Some(semaphore) => semaphore.try_acquire().map(Some).map_err(|_| {
+                StoreError::new(
+                    StoreErrorKind::Overloaded,
+                    "too many store calls in flight on this node",
+                )
+            }),
+        }
+    }
+
+    /// Starts one operation in failure domain `domain`: the breaker's
+    /// permission, then `operation` with a [`Guard`]. An answer ready at
+    /// once is reported to the breaker here; a guarded future reports its
+    /// own.
+    pub(crate) fn call<'a, T: Send + 'a>(
+        &'a self,
+        domain: Option<u16>,
+        calls: Calls<'a>,
+        operation: impl FnOnce(&mut Guard<'a>) -> Op<'a, T>,
+    ) -> Op<'a, T> {
+        let breaker = self.breakers.as_ref().map(|breakers| breakers.get(domain));
+        let ticket = match breaker {
+            Some(breaker) => match breaker.acquire() {
+                Some(ticket) => Some(ticket),
+                None => return Op::ready(Err(StoreError::circuit_open())),
+            },
+            None => None,
+        };
+        let mut guard = Guard {
+            resilience: self,
+            outcome: Outcome { breaker, ticket },
+            calls,
+            ran: false,
+        };
+        let op = operation(&mut guard);
+        if guard.ran {
+            return op;
+        }
+        match op.into_ready() {
+            Ok(result) => {
+                // Decided in-process: nothing to time, retry or bound, and
+                // no latency worth a slow-call trip.
+                calls.store_call(StoreTimer::start(false), result.as_ref().err());
+                match &result {
+                    Ok(_) => guard.outcome.success(Duration::ZERO),
+                    Err(error) => guard.outcome.failure_for(Some(error)),
+                }
+                Op::ready(result)
+            }
+            // A future built without `Guard::run`: bound it all the same.
+            Err(op) => guard.run_once(op),
+        }
+    }
+}
+
+/// One store call's share of its store handle's resilience, lent to the
+/// backend operation by the handle.
+///
+/// An in-process backend ignores it and answers with
+/// [`Op::ready`]. A backend behind a network answers with
+/// [`run`](Self::run).
+pub struct Guard<'a> {
+    resilience: &'a Resilience,
+    outcome: Outcome<'a>,
+    calls: Calls<'a>,
+    ran: bool,
+}
+
+impl<'a> Guard<'a> {
+    /// A guard of no store handle: no budget, no retries, no in-flight
+    /// bound, no breaker, nothing recorded. For calling a backend directly
+    /// (as its conformance tests do); a [`Store`](crate::Store) lends its
+    /// own guard to every operation.
+    pub fn bare() -> Self {
+        static BARE: std::sync::LazyLock<Resilience> =
+            std::sync::LazyLock::new(|| Resilience::bare(Arc::new(crate::SystemClock)));
+        Guard {
+            resilience: &BARE,
+            outcome: Outcome {
+                breaker: None,
+                ticket: None,
+            },
+            calls: Calls::none(),
+            ran: false,
+        }
+    }
+
+    /// The operation as a future bounded by the store handle's stack:
+    /// `attempt` makes one attempt (called again for a retry, only after
+    /// an error the store marked [`not_applied`](StoreError::not_applied)),
+    /// all within the time budget and the in-flight bound; the outcome goes
+    /// to the failure domain's breaker and to the store-call metrics.
+    pub fn run<T, F, Fut>(&mut self, attempt: F) -> Op<'a, T>
+    where
+        T: Send + 'a,
+        F: FnMut() -> Fut + Send + 'a,
+        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'a,
+    {
+        self.ran = true;
+        let resilience = self.resilience;
+        let calls = self.calls;
+        let mut outcome = self.outcome.take();
+        Op::pending(async move {
+            // Dropping `outcome` on an early return (or a cancelled call)
+            // frees a half-open probe's slot without counting anything.
+            let _permit = match resilience.try_reserve() {
+                Ok(permit) => permit,
+                Err(error) => return Err(error),
+            };
+            let timer = StoreTimer::start(true);
+            let started = resilience.clock.now_micros();
+            let deadline = resilience
+                .timeout
+                .and_then(|budget| Instant::now().checked_add(budget));
+            let attempts = retry::with_retries(resilience.retry, attempt, deadline, || {
+                calls.store_retry();
+            });
+            let result = match (resilience.timeout, deadline) {
+                (Some(budget), Some(deadline)) => tokio::time::timeout_at(deadline, attempts)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(StoreError::new(
+                            StoreErrorKind::Timeout,
+                            format!("no store decision within {budget:?}"),
+                        ))
+                    }),
+                _ => attempts.await,
+            };
+            calls.store_call(timer, result.as_ref().err());
+            match &result {
+                Ok(_) => {
+                    let latency = resilience.clock.now_micros().saturating_sub(started);
+                    outcome.success(Duration::from_micros(latency));
+                }
+                Err(error) => {
+                    // The error's text names no key.
+                    tracing::warn!(
+                        policy = calls.owner(),
+                        kind = error.kind().as_str(),
+                        %error,
+                        "rate-limit store call failed"
+                    );
+                    outcome.failure_for(Some(error));
+                }
+            }
+            result
+        })
+    }
+
+    /// Bounds a future a backend built without [`run`](Self::run) (one
+    /// attempt: the guard cannot make another).
+    fn run_once<T: Send + 'a>(mut self, op: Op<'a, T>) -> Op<'a, T> {
+        let mut op = Some(op);
+        self.run(move || {
+            let op = op.take();
+            async move {
+                match op {
+                    Some(op) => op.await,
+                    None => Err(StoreError::new(
+                        StoreErrorKind::Unsupported,
+                        "this store operation cannot be retried",
+                    )),
+                }
+            }
+        })
+    }
+}
+
+impl std::fmt::Debug for Guard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("timeout", &self.resilience.timeout)
+            .field("breaker", &self.outcome.breaker.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reports a call's outcome to its breaker exactly once; a call that is
+/// dropped (cancelled) reports nothing and frees its probe slot.
+struct Outcome<'a> {
+    breaker: Option<&'a Breaker>,
+    ticket: Option<Ticket>,
+}
+
+impl<'a> Outcome<'a> {
+    fn take(&mut self) -> Outcome<'a> {
+        Outcome {
+            breaker: self.breaker,
+            ticket: self.ticket.take(),
+        }
+    }
+
+    fn success(&mut self, latency: Duration) {
+        if let (Some(b), Some(t)) = (self.breaker, self.ticket.take()) {
+            b.success(t, latency);
+        }
+    }
+
+    /// A failed call: a store failure, unless `error` is the caller's
+    /// fault or our own overload (a pool wait), which say nothing of the
+    /// store's health.
+    fn failure_for(&mut self, error: Option<&StoreError>) {
+        let (Some(b), Some(t)) = (self.breaker, self.ticket.take()) else {
+            return;
+        };
+        match error.map(StoreError::kind) {
+            Some(
+                StoreErrorKind::InvalidRequest
+                | StoreErrorKind::Unsupported
+                | StoreErrorKind::Overloaded
+                | StoreErrorKind::CircuitOpen,
+            ) => b.release(t),
+            _ => b.failure(t),
+        }
+    }
+}
+
+impl Drop for Outcome<'_> {
+    fn drop(&mut self) {
+        if let (Some(b), Some(t)) = (self.breaker, self.ticket.take()) {
+            b.release(t);
+        }
+    }
+}

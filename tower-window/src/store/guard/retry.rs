@@ -1,0 +1,164 @@
+//! Retries of a store call: exponential backoff with full jitter, only of
+//! errors where the store certainly did not apply the call, within the
+//! time budget.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
+use tokio::time::Instant;
+
+use crate::store::StoreError;
+
+/// How a failed store call is retried.
+///
+/// Only errors the store marks retryable ([`StoreError::is_retryable`]:
+/// unavailable, and certainly not applied — connection refused, cluster
+/// down or resharding; never a reset after the command was sent, so a retry
+/// never charges a request twice) are retried,
+/// with exponential backoff and full jitter (each wait is uniformly random
+/// between zero and the exponential delay). A retry whose wait would end
+/// past the time budget is not made.
+///
+/// Default: up to 2 retries, delays from 2 ms doubling up to 20 ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct RetryConfig {
+    max_retries: usize,
+    min_delay: Duration,
+    max_delay: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_retries: 2,
+            min_delay: Duration::from_millis(2),
+            max_delay: Duration::from_millis(20),
+        }
+    }
+}
+
+impl RetryConfig {
+    /// Never retry.
+    pub fn none() -> Self {
+        Self {
+            max_retries: 0,
+            ..Self::default()
+        }
+    }
+
+    /// Retry at most `n` times after the first attempt.
+    pub fn max_retries(mut self, n: usize) -> Self {
+        self.max_retries = n;
+        self
+    }
+
+    /// The exponential delay starts at `min` and doubles up to `max`
+    /// (before jitter).
+    pub fn delays(mut self, min: Duration, max: Duration) -> Self {
+        self.min_delay = min;
+        self.max_delay = max.max(min);
+        self
+    }
+
+    /// The configured number of retries.
+    pub fn retries(&self) -> usize {
+        self.max_retries
+    }
+}
+
+/// Runs `operation` with retries of the errors where the store certainly
+/// did not apply it ([`StoreError::is_retryable`]), never starting a wait
+/// that would end past `deadline`; `on_retry` is called before each retry.
+pub(crate) async fn with_retries<T, F, Fut>(
+    retry: RetryConfig,
+    operation: F,
+    deadline: Option<Instant>,
+    on_retry: impl Fn(),
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    if retry.max_retries == 0 {
+        let mut operation = operation;
+        return operation().await;
+    }
+    let backoff = ExponentialBuilder::new()
+        .with_min_delay(retry.min_delay)
+        .with_max_delay(retry.max_delay)
+        .with_max_times(retry.max_retries)
+        .with_factor(2.0);
+    operation
+        .retry(FullJitter(backoff))
+        .sleep(tokio::time::sleep)
+        // Only errors where the store certainly did not apply the
+        // operation: a retry never charges a request twice.
+        .when(StoreError::is_retryable)
+        .notify(|error, _| {
+            on_retry();
+            tracing::debug!(kind = error.kind().as_str(), "retrying the store call");
+        })
+        .adjust(move |_, delay| {
+            let delay = delay?;
+            // Never start a wait that would end past the budget.
+            match (deadline, Instant::now().checked_add(delay)) {
+                (_, None) => None,
+                (Some(deadline), Some(end)) if end >= deadline => None,
+                _ => Some(delay),
+            }
+        })
+        .await
+}
+
+/// Full jitter over an exponential backoff: each delay is uniformly random
+/// in `[0, delay]` (backon's own jitter adds to the delay instead).
+#[derive(Debug, Clone, Copy)]
+struct FullJitter(ExponentialBuilder);
+
+impl BackoffBuilder for FullJitter {
+    type Backoff = FullJitterBackoff;
+
+    fn build(self) -> Self::Backoff {
+        FullJitterBackoff {
+            inner: self.0.build(),
+            rng: fastrand::Rng::new(),
+        }
+    }
+}
+
+struct FullJitterBackoff {
+    inner: <ExponentialBuilder as BackoffBuilder>::Backoff,
+    rng: fastrand::Rng,
+}
+
+impl Iterator for FullJitterBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.inner.next()?;
+        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        Some(Duration::from_micros(self.rng.u64(0..=micros)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_jitter_stays_within_the_exponential_delay() {
+        let builder = ExponentialBuilder::new()
+            .with_min_delay(Duration::from_millis(2))
+            .with_max_delay(Duration::from_millis(20))
+            .with_max_times(6);
+        let limits = [2, 4, 8, 16, 20, 20];
+        for _ in 0..100 {
+            let delays: Vec<_> = FullJitter(builder).build().collect();
+            assert_eq!(delays.len(), 6);
+            for (delay, limit) in delays.iter().zip(limits) {
+                assert!(*delay <= Duration::from_millis(limit));
+            }
+        }
+    }
+}
