@@ -13,11 +13,8 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
 
-use support::GatewayProcess;
+use support::{get_as, GatewayProcess};
 use tower_window_tests::redis_server::RedisServer;
 
 const TENANTS: &str = r#"
@@ -33,50 +30,6 @@ shadow = ["preview"]
 quotas = { sustained = "5/1m" }
 "#;
 
-/// One answer: the status and the headers (names lowercased).
-struct Answer {
-    status: u16,
-    headers: HashMap<String, String>,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> &str {
-        self.headers.get(name).map_or("", String::as_str)
-    }
-}
-
-/// `GET path` with the tenant and user headers, over a fresh connection;
-/// bounded by 10 s timeouts.
-fn get(port: u16, path: &str, tenant: &str, user: &str) -> Answer {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    stream
-        .set_write_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nx-tenant-id: {tenant}\r\nx-user-id: {user}\r\nconnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let head = response.split("\r\n\r\n").next().unwrap();
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {response:?}"));
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Answer { status, headers }
-}
-
-/// The sum of a counter's series whose labels contain `label`.
 fn counter(text: &str, name: &str, label: &str) -> u64 {
     text.lines()
         .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
@@ -105,7 +58,7 @@ fn leases_on_redis_count_shadow_quotas_and_never_fall_back() {
         "fail-closed",
         "--debug-headers",
     ]);
-    let port: u16 = gateway.url().rsplit(':').next().unwrap().parse().unwrap();
+    let port = gateway.port();
     let mut admitted: HashMap<&str, usize> = HashMap::new();
     let mut sources: HashMap<String, usize> = HashMap::new();
     let mut policies: HashMap<&str, String> = HashMap::new();
@@ -116,7 +69,7 @@ fn leases_on_redis_count_shadow_quotas_and_never_fall_back() {
             if tenant == "acme" && i >= 10 {
                 continue;
             }
-            let answer = get(port, "/api/hello", tenant, "alice");
+            let answer = get_as(port, "/api/hello", tenant, "alice");
             let source = answer.header("x-ratelimit-source").to_owned();
             assert!(
                 !source.starts_with("fallback") && answer.status != 503,

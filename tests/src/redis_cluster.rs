@@ -160,6 +160,114 @@ impl RedisCluster {
     pub fn wait_until_ok(&self) {
         self.wait_ready();
     }
+
+    /// `(primary, replica)` node indices, from each replica's
+    /// `INFO replication`, sorted; panics unless every primary has exactly
+    /// one replica (a cluster from [`start_with_replicas`](Self::start_with_replicas)).
+    pub fn pairs(&self) -> Vec<(usize, usize)> {
+        let nodes = &self.nodes;
+        let mut pairs = Vec::new();
+        for (replica, node) in nodes.iter().enumerate() {
+            let info: String = query(node, &["INFO", "replication"]).expect("INFO replication");
+            if !info.contains("role:slave") {
+                continue;
+            }
+            let port: u16 = info
+                .lines()
+                .find_map(|l| l.strip_prefix("master_port:"))
+                .and_then(|port| port.trim().parse().ok())
+                .expect("a replica names its primary's port");
+            let primary = nodes
+                .iter()
+                .position(|n| n.port() == port)
+                .expect("the primary is one of the cluster's nodes");
+            pairs.push((primary, replica));
+        }
+        pairs.sort_unstable();
+        assert_eq!(pairs.len(), 3, "one replica per primary: {pairs:?}");
+        pairs
+    }
+
+    /// `(start, end, port of the primary)` of every slot range, as node
+    /// `ask` sees it (`CLUSTER SLOTS`; empty when it does not answer).
+    pub fn slot_ranges(&self, ask: usize) -> Vec<(u16, u16, u16)> {
+        let reply: Vec<Vec<redis::Value>> =
+            query(&self.nodes[ask], &["CLUSTER", "SLOTS"]).unwrap_or_default();
+        reply
+            .into_iter()
+            .filter_map(|range| {
+                let start = redis::from_redis_value::<u16>(range.first()?.clone()).ok()?;
+                let end = redis::from_redis_value::<u16>(range.get(1)?.clone()).ok()?;
+                let primary: Vec<redis::Value> =
+                    redis::from_redis_value(range.get(2)?.clone()).ok()?;
+                let port = redis::from_redis_value::<u16>(primary.get(1)?.clone()).ok()?;
+                Some((start, end, port))
+            })
+            .collect()
+    }
+
+    /// The index of the node serving `slot`, as node `ask` sees it.
+    pub fn owner(&self, ask: usize, slot: u16) -> usize {
+        let ranges = self.slot_ranges(ask);
+        let port = ranges
+            .iter()
+            .find(|(start, end, _)| (*start..=*end).contains(&slot))
+            .map(|(_, _, port)| *port)
+            .unwrap_or_else(|| panic!("slot {slot} unserved: {ranges:?}"));
+        self.nodes
+            .iter()
+            .position(|n| n.port() == port)
+            .expect("the owner is one of the cluster's nodes")
+    }
+
+    /// Whether every node in `live` reports `cluster_state:ok` with every
+    /// slot served, and every slot's primary (as each of them sees it) is
+    /// in `live`: the cluster is whole again after a fault.
+    pub fn whole(&self, live: &[usize]) -> bool {
+        live.iter().all(|&i| {
+            let Ok(info) = query::<String>(&self.nodes[i], &["CLUSTER", "INFO"]) else {
+                return false;
+            };
+            if !(info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")) {
+                return false;
+            }
+            let ranges = self.slot_ranges(i);
+            let served: u32 = ranges.iter().map(|(s, e, _)| u32::from(e - s) + 1).sum();
+            served == 16_384
+                && ranges
+                    .iter()
+                    .all(|(_, _, port)| live.iter().any(|&j| self.nodes[j].port() == *port))
+        })
+    }
+
+    /// Waits (at most [`WHOLE_TIMEOUT`]) until [`whole`](Self::whole)
+    /// holds for `live` and `also` is true; panics naming `what` otherwise.
+    pub fn wait_until_whole(&self, what: &str, live: &[usize], mut also: impl FnMut() -> bool) {
+        let deadline = Instant::now() + WHOLE_TIMEOUT;
+        while !(self.whole(live) && also()) {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {WHOLE_TIMEOUT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The longest [`RedisCluster::wait_until_whole`] waits.
+pub const WHOLE_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// `args` sent to `node` on a fresh connection, bounded by 2 s to connect
+/// and 5 s to answer (a node being killed or promoted may not answer).
+pub fn query<T: redis::FromRedisValue>(node: &RedisServer, args: &[&str]) -> redis::RedisResult<T> {
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    let client = redis::Client::open(node.url())?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    cmd.query(&mut conn)
 }
 
 impl std::fmt::Debug for RedisCluster {

@@ -9,7 +9,8 @@
 //! each ([`Load`]) while the test breaks the store. Every scenario then
 //! asks of the decisions:
 //!
-//! - every key is decided by the store again within [`RECOVERY`] (2 s) of
+//! - every key is decided by the store again, on every node, within
+//!   [`RECOVERY`] (2 s) of
 //!   the store being whole again (the cluster reporting `ok` on every live
 //!   node with every slot served);
 //! - keys of primaries the fault did not touch never leave the store (with
@@ -29,9 +30,10 @@
 //! own servers). Every wait is bounded.
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tower_window::fallback::FailClosed;
 use tower_window::store::redis::redis_key;
@@ -39,7 +41,7 @@ use tower_window::{
     DecisionSource, FallbackReason, Limiter, Policy, Quota, RedisStore, Store, WindowKey,
 };
 use tower_window_tests::fault_load::{Load, Record, Run, Target};
-use tower_window_tests::redis_cluster::{key_slot, RedisCluster};
+use tower_window_tests::redis_cluster::{key_slot, query, RedisCluster};
 use tower_window_tests::redis_server::RedisServer;
 
 /// Each decision's time budget (the gateway's default).
@@ -53,8 +55,8 @@ const RECOVERY: Duration = Duration::from_secs(2);
 const OBSERVE: Duration = Duration::from_secs(3);
 /// Load before the fault.
 const WARMUP: Duration = Duration::from_millis(1500);
-/// The longest wait for a cluster to become whole.
-const WHOLE_TIMEOUT: Duration = Duration::from_secs(40);
+/// Limiter nodes, each with its own store connection.
+const NODES: usize = 2;
 /// Keys that are never denied, per primary.
 const FREE_KEYS: usize = 8;
 /// Keys that run out of quota during the run, per primary.
@@ -102,98 +104,6 @@ fn node(store: RedisStore, index: usize) -> Limiter {
     }
 }
 
-fn query<T: redis::FromRedisValue>(node: &RedisServer, args: &[&str]) -> redis::RedisResult<T> {
-    let mut cmd = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        cmd.arg(*arg);
-    }
-    let client = redis::Client::open(node.url())?;
-    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
-    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    cmd.query(&mut conn)
-}
-
-/// `(start, end, port of the primary)` of every slot range, as `node` sees it.
-fn slot_ranges(node: &RedisServer) -> Vec<(u16, u16, u16)> {
-    let reply: Vec<Vec<redis::Value>> = query(node, &["CLUSTER", "SLOTS"]).unwrap_or_default();
-    reply
-        .into_iter()
-        .filter_map(|range| {
-            let start = redis::from_redis_value::<u16>(range.first()?.clone()).ok()?;
-            let end = redis::from_redis_value::<u16>(range.get(1)?.clone()).ok()?;
-            let primary: Vec<redis::Value> = redis::from_redis_value(range.get(2)?.clone()).ok()?;
-            let port = redis::from_redis_value::<u16>(primary.get(1)?.clone()).ok()?;
-            Some((start, end, port))
-        })
-        .collect()
-}
-
-/// The index of the node serving `slot`, as node `ask` sees it.
-fn owner(cluster: &RedisCluster, ask: usize, slot: u16) -> usize {
-    let ranges = slot_ranges(&cluster.nodes()[ask]);
-    let port = ranges
-        .iter()
-        .find(|(start, end, _)| (*start..=*end).contains(&slot))
-        .map(|(_, _, port)| *port)
-        .unwrap_or_else(|| panic!("slot {slot} unserved: {ranges:?}"));
-    cluster
-        .nodes()
-        .iter()
-        .position(|n| n.port() == port)
-        .unwrap()
-}
-
-/// `(primary, replica)` node indices.
-fn pairs(cluster: &RedisCluster) -> Vec<(usize, usize)> {
-    let nodes = cluster.nodes();
-    let mut pairs = Vec::new();
-    for (replica, node) in nodes.iter().enumerate() {
-        let info: String = query(node, &["INFO", "replication"]).unwrap();
-        let Some(port) = info.lines().find_map(|l| l.strip_prefix("master_port:")) else {
-            continue;
-        };
-        let port: u16 = port.trim().parse().unwrap();
-        pairs.push((
-            nodes.iter().position(|n| n.port() == port).unwrap(),
-            replica,
-        ));
-    }
-    pairs.sort_unstable();
-    assert_eq!(pairs.len(), 3, "one replica per primary: {pairs:?}");
-    pairs
-}
-
-/// Whether every node in `live` reports `cluster_state:ok` with every slot
-/// served, and every slot's primary (as each of them sees it) is in `live`.
-fn whole(cluster: &RedisCluster, live: &[usize]) -> bool {
-    live.iter().all(|&i| {
-        let node = &cluster.nodes()[i];
-        let Ok(info) = query::<String>(node, &["CLUSTER", "INFO"]) else {
-            return false;
-        };
-        if !(info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")) {
-            return false;
-        }
-        let ranges = slot_ranges(node);
-        let served: u32 = ranges.iter().map(|(s, e, _)| u32::from(e - s) + 1).sum();
-        served == 16_384
-            && ranges
-                .iter()
-                .all(|(_, _, port)| live.iter().any(|&j| cluster.nodes()[j].port() == *port))
-    })
-}
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WHOLE_TIMEOUT;
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {WHOLE_TIMEOUT:?}"
-        );
-        sleep(Duration::from_millis(50));
-    }
-}
-
 /// `FREE_KEYS` + `BOUND_KEYS` keys on each of the cluster's primaries, by
 /// the slot their keys hash to; a key's group is its primary's node index.
 fn targets_on(
@@ -210,7 +120,7 @@ fn targets_on(
             if !pick(slot) {
                 continue;
             }
-            let primary = owner(cluster, primaries[0], slot);
+            let primary = cluster.owner(primaries[0], slot);
             if found[primary] < per_primary {
                 found[primary] += 1;
                 targets.push(Target {
@@ -232,7 +142,7 @@ fn targets_on(
 }
 
 fn cluster_nodes(cluster: &RedisCluster) -> Vec<Limiter> {
-    (0..2)
+    (0..NODES)
         .map(|i| node(RedisStore::cluster(cluster.urls()).unwrap(), i))
         .collect()
 }
@@ -306,13 +216,21 @@ fn check(
             &format!("more than {RECOVERY:?} after the store was whole at {whole:?}"),
             &timeline,
         );
-        for (key, target) in targets.iter().enumerate() {
-            let decided = after.iter().any(|r| r.key == key && !is_fallback(r));
-            assert!(
-                decided,
-                "{name}: {:?} was not decided after {from:?}",
-                target.key
-            );
+        // On every node: a node whose connection stayed wedged would
+        // otherwise hide behind the other one's store decisions.
+        let nodes: BTreeSet<usize> = run.records.iter().map(|r| r.node).collect();
+        assert_eq!(nodes.len(), NODES, "{name}: both nodes checked");
+        for node in &nodes {
+            for (key, target) in targets.iter().enumerate() {
+                let decided = after
+                    .iter()
+                    .any(|r| r.node == *node && r.key == key && !is_fallback(r));
+                assert!(
+                    decided,
+                    "{name}: {:?} was not decided by the store on node {node} after {from:?}\n{timeline}",
+                    target.key
+                );
+            }
         }
     }
     let of_quiet: Vec<&Record> = run
@@ -375,7 +293,7 @@ fn killed_primary_then_back_as_replica() {
     let _serial = serial();
     let mut cluster =
         RedisCluster::start_with_replicas_and(&["--cluster-require-full-coverage", "no"]);
-    let pairs = pairs(&cluster);
+    let pairs = cluster.pairs();
     let (victim, heir) = pairs[0];
     let primaries: Vec<usize> = pairs.iter().map(|p| p.0).collect();
     let targets = targets_on(&cluster, &primaries, |_| true);
@@ -389,16 +307,15 @@ fn killed_primary_then_back_as_replica() {
     let killed = load.now();
     cluster.nodes_mut()[victim].stop();
     let live: Vec<usize> = (0..6).filter(|&i| i != victim).collect();
-    wait_for("the replica takes over", || whole(&cluster, &live));
+    cluster.wait_until_whole("the replica takes over", &live, || true);
     let whole_again = load.now();
     sleep(RECOVERY + OBSERVE);
     let restarted = load.now();
     cluster.nodes_mut()[victim].restart();
     let all: Vec<usize> = (0..6).collect();
-    wait_for("the old primary rejoins as a replica", || {
-        whole(&cluster, &all)
-            && query::<String>(&cluster.nodes()[victim], &["INFO", "replication"])
-                .is_ok_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
+    cluster.wait_until_whole("the old primary rejoins as a replica", &all, || {
+        query::<String>(&cluster.nodes()[victim], &["INFO", "replication"])
+            .is_ok_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
     });
     let whole_twice = load.now();
     sleep(RECOVERY + OBSERVE);
@@ -420,7 +337,7 @@ fn killed_primary_then_back_as_replica() {
         &moved.policy,
         moved.policy.first(),
     ));
-    assert_eq!(owner(&cluster, heir, slot), heir);
+    assert_eq!(cluster.owner(heir, slot), heir);
     // Back as a replica, the old primary changed nothing: no key left the
     // store from its restart on.
     let after: Vec<&Record> = run
@@ -446,7 +363,7 @@ fn killed_primary_then_back_as_replica() {
 fn killed_primary_with_full_coverage() {
     let _serial = serial();
     let mut cluster = RedisCluster::start_with_replicas();
-    let pairs = pairs(&cluster);
+    let pairs = cluster.pairs();
     let (victim, _) = pairs[1];
     let primaries: Vec<usize> = pairs.iter().map(|p| p.0).collect();
     let targets = targets_on(&cluster, &primaries, |_| true);
@@ -460,7 +377,7 @@ fn killed_primary_with_full_coverage() {
     let killed = load.now();
     cluster.nodes_mut()[victim].stop();
     let live: Vec<usize> = (0..6).filter(|&i| i != victim).collect();
-    wait_for("the replica takes over", || whole(&cluster, &live));
+    cluster.wait_until_whole("the replica takes over", &live, || true);
     let whole_again = load.now();
     sleep(RECOVERY + OBSERVE);
     let run = load.stop(&targets);
@@ -496,7 +413,7 @@ fn killed_primary_with_full_coverage() {
 fn manual_failover() {
     let _serial = serial();
     let cluster = RedisCluster::start_with_replicas_and(&["--cluster-require-full-coverage", "no"]);
-    let pairs = pairs(&cluster);
+    let pairs = cluster.pairs();
     let (old, new) = pairs[2];
     let primaries: Vec<usize> = pairs.iter().map(|p| p.0).collect();
     let targets = targets_on(&cluster, &primaries, |_| true);
@@ -511,10 +428,9 @@ fn manual_failover() {
     let reply: String = query(&cluster.nodes()[new], &["CLUSTER", "FAILOVER"]).unwrap();
     assert_eq!(reply, "OK");
     let all: Vec<usize> = (0..6).collect();
-    wait_for("the replica takes over", || {
-        whole(&cluster, &all)
-            && query::<String>(&cluster.nodes()[old], &["INFO", "replication"])
-                .is_ok_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
+    cluster.wait_until_whole("the replica takes over", &all, || {
+        query::<String>(&cluster.nodes()[old], &["INFO", "replication"])
+            .is_ok_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
     });
     let whole_again = load.now();
     sleep(RECOVERY + OBSERVE);
@@ -536,12 +452,13 @@ fn manual_failover() {
 fn resharding() {
     let _serial = serial();
     let cluster = RedisCluster::start_with_replicas_and(&["--cluster-require-full-coverage", "no"]);
-    let pairs = pairs(&cluster);
+    let pairs = cluster.pairs();
     let primaries: Vec<usize> = pairs.iter().map(|p| p.0).collect();
     let (from, to) = (primaries[0], primaries[1]);
     // redis-cli moves the source's lowest slots: take keys from the first
     // 64 of them, plus keys on the other primaries.
-    let lowest = slot_ranges(&cluster.nodes()[from])
+    let lowest = cluster
+        .slot_ranges(from)
         .iter()
         .filter(|(_, _, port)| *port == cluster.nodes()[from].port())
         .map(|(start, _, _)| *start)
@@ -578,8 +495,8 @@ fn resharding() {
         String::from_utf8_lossy(&output.stderr)
     );
     let all: Vec<usize> = (0..6).collect();
-    wait_for("every node agrees on the new slot map", || {
-        whole(&cluster, &all) && all.iter().all(|&n| owner(&cluster, n, lowest) == to)
+    cluster.wait_until_whole("every node agrees on the new slot map", &all, || {
+        all.iter().all(|&n| cluster.owner(n, lowest) == to)
     });
     let whole_again = load.now();
     sleep(RECOVERY + OBSERVE);
@@ -616,7 +533,7 @@ fn single_redis_restarted() {
             });
         }
     }
-    let nodes = (0..2)
+    let nodes = (0..NODES)
         .map(|i| node(RedisStore::from_url(&server.url()).unwrap(), i))
         .collect();
     let load = Load::start(nodes, targets.clone(), 3, Duration::from_secs(60));

@@ -2,6 +2,7 @@
 //! the built `gateway` binary.
 #![allow(dead_code)] // each test crate uses part of it
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -13,6 +14,16 @@ use tower_window_tests::redis_server::reserve_port;
 
 /// Debian's chromium.
 pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// The gateway binary: this build's, or the one `TW_GATEWAY_BIN` names, to
+/// run a black-box test against another build (an older commit's, to see
+/// the test fail there).
+fn gateway_binary() -> PathBuf {
+    std::env::var_os("TW_GATEWAY_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_gateway")),
+        PathBuf::from,
+    )
+}
 
 /// A `gateway` process on a reserved loopback port; killed on drop.
 pub(crate) struct GatewayProcess {
@@ -30,7 +41,7 @@ impl GatewayProcess {
             "tower-window-gateway-{}-{port}.log",
             std::process::id()
         ));
-        let child = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        let child = Command::new(gateway_binary())
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .args(flags)
@@ -59,6 +70,11 @@ impl GatewayProcess {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The loopback port it listens on.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -101,6 +117,51 @@ pub(crate) fn http_get(port: u16, path: &str) -> Option<String> {
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     Some(response)
+}
+
+/// One answer: the status and the headers (names lowercased).
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: HashMap<String, String>,
+}
+
+impl Answer {
+    /// A header's value, or `""` when it is absent.
+    pub(crate) fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map_or("", String::as_str)
+    }
+}
+
+/// `GET path` with the `x-tenant-id` and `x-user-id` headers, over a fresh
+/// connection; bounded by 10 s timeouts; panics when the gateway does not
+/// answer.
+pub(crate) fn get_as(port: u16, path: &str, tenant: &str, user: &str) -> Answer {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+        .set_write_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nx-tenant-id: {tenant}\r\nx-user-id: {user}\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let head = response.split("\r\n\r\n").next().unwrap();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {response:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Answer { status, headers }
 }
 
 /// Runs `command` to completion, killing it after `limit`; its output
