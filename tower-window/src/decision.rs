@@ -428,12 +428,11 @@ impl Decision {
 
     /// [`with_policy`](Self::with_policy) for a denial; an admission is
     /// left as it is (what the limiter's hot path returns).
+    /// In place: the hot path never moves a decision just to look at it.
     #[inline]
-    pub(crate) fn record_denial_policy(self, policy: &crate::Policy) -> Self {
-        if self.allowed {
-            self
-        } else {
-            self.with_policy(policy)
+    pub(crate) fn record_denial_policy(&mut self, policy: &crate::Policy) {
+        if !self.allowed {
+            self.policy = Some(policy.clone());
         }
     }
 

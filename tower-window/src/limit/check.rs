@@ -188,15 +188,15 @@ impl<'a> Check<'a> {
     /// one is wanted.
     fn finish(
         &mut self,
-        result: Result<Decision, LimitError>,
+        mut result: Result<Decision, LimitError>,
         cost: Cost,
         traced: u64,
     ) -> Poll<Result<Decision, LimitError>> {
         self.state = State::Done;
         let inner = &*self.limiter.inner;
-        // A denial names its policy (problem bodies say which one denied).
-        let result = result.map(|decision| decision.record_denial_policy(self.policy));
-        if let Ok(decision) = &result {
+        if let Ok(decision) = &mut result {
+            // A denial names its policy (problem bodies say which one denied).
+            decision.record_denial_policy(self.policy);
             inner.metrics.decision(self.key, decision);
         }
         if traced != 0 {

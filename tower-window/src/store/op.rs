@@ -64,6 +64,14 @@ impl<'a, T> Op<'a, T> {
         matches!(self.state, State::Ready(Some(_)))
     }
 
+    /// The answer, if it is available now, left in place.
+    pub(crate) fn ready_ref(&self) -> Option<&Result<T, StoreError>> {
+        match &self.state {
+            State::Ready(result) => result.as_ref(),
+            State::Pending(_) => None,
+        }
+    }
+
     /// The answer, if it is available now; the operation itself otherwise.
     pub fn into_ready(self) -> Result<Result<T, StoreError>, Self> {
         match self.state {

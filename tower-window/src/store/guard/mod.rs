@@ -101,19 +101,22 @@ impl Resilience {
         if guard.ran {
             return op;
         }
-        match op.into_ready() {
-            Ok(result) => {
+        match op.ready_ref() {
+            Some(result) => {
                 // Decided in-process: nothing to time, retry or bound, and
-                // no latency worth a slow-call trip.
-                calls.store_call(StoreTimer::start(false), result.as_ref().err());
-                match &result {
-                    Ok(_) => guard.outcome.success(Duration::ZERO),
-                    Err(error) => guard.outcome.failure_for(Some(error)),
+                // no latency worth a slow-call trip. The answer is looked
+                // at where it lies and handed on as it is (a decision is
+                // large: moving it out and back costs more than the rest).
+                let error = result.as_ref().err();
+                calls.store_call(StoreTimer::start(false), error);
+                match error {
+                    None => guard.outcome.success(Duration::ZERO),
+                    Some(error) => guard.outcome.failure_for(Some(error)),
                 }
-                Op::ready(result)
+                op
             }
             // A future built without `Guard::run`: bound it all the same.
-            Err(op) => guard.run_once(op),
+            None => guard.run_once(op),
         }
     }
 }
