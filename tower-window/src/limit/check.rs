@@ -138,6 +138,9 @@ impl<'a> Check<'a> {
     }
 
     /// The store answered.
+    // Always inlined: the decision is then built where the caller returns
+    // it, instead of being copied through each step (measured: callgrind).
+    #[inline(always)]
     fn stored(
         &mut self,
         result: Result<Decision, StoreError>,
@@ -186,13 +189,18 @@ impl<'a> Check<'a> {
 
     /// The check's answer: counted in the metrics, recorded in a span if
     /// one is wanted.
+    #[inline(always)]
     fn finish(
         &mut self,
         mut result: Result<Decision, LimitError>,
         cost: Cost,
         traced: u64,
     ) -> Poll<Result<Decision, LimitError>> {
-        self.state = State::Done;
+        if !matches!(self.state, State::Done) {
+            // Drops what the check waited on; a check decided in its first
+            // poll holds nothing to drop.
+            self.state = State::Done;
+        }
         let inner = &*self.limiter.inner;
         if let Ok(decision) = &mut result {
             // A denial names its policy (problem bodies say which one denied).

@@ -588,7 +588,13 @@ impl<'a> Calls<'a> {
     }
 
     /// Records a finished store call started at `timer`.
+    #[inline]
     pub(crate) fn store_call(&self, timer: StoreTimer, error: Option<&StoreError>) {
+        if timer.0.is_none() && error.is_none() {
+            // An untimed success records nothing (the hot path of an
+            // in-process store): decided here, without a call.
+            return;
+        }
         if let Some(metrics) = self.metrics {
             metrics.store_call_for(self.quota, timer, error);
         }

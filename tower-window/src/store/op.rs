@@ -39,6 +39,7 @@ enum State<'a, T> {
 
 impl<'a, T> Op<'a, T> {
     /// An answer available now.
+    #[inline]
     pub fn ready(result: Result<T, StoreError>) -> Self {
         Self {
             state: State::Ready(Some(result)),
@@ -65,6 +66,7 @@ impl<'a, T> Op<'a, T> {
     }
 
     /// The answer, if it is available now, left in place.
+    #[inline]
     pub(crate) fn ready_ref(&self) -> Option<&Result<T, StoreError>> {
         match &self.state {
             State::Ready(result) => result.as_ref(),
@@ -81,6 +83,7 @@ impl<'a, T> Op<'a, T> {
     }
 
     /// The answer if it is available now, else the future to await it.
+    #[inline]
     pub(crate) fn split(self) -> Result<Result<T, StoreError>, BoxFuture<'a, Result<T, StoreError>>>
     where
         T: Send + 'a,

@@ -77,6 +77,7 @@ impl Resilience {
     /// permission, then `operation` with a [`Guard`]. An answer ready at
     /// once is reported to the breaker here; a guarded future reports its
     /// own.
+    #[inline]
     pub(crate) fn call<'a, T: Send + 'a>(
         &'a self,
         domain: Option<u16>,
