@@ -205,11 +205,11 @@ async fn hostile_positions_never_change_what_others_see() {
                 Expect::Resync("epoch_changed"),
             ),
             (
-                format!("last_event_id={max}-0&epoch=zz"),
+                format!("last_event_id={max}-0&epoch=0ff0ff"),
                 Expect::Resync("epoch_changed"),
             ),
             (
-                format!("last_event_id=0-0&epoch={}", "z".repeat(64)),
+                format!("last_event_id=0-0&epoch={}", "f".repeat(64)),
                 Expect::Resync("epoch_changed"),
             ),
         ]
@@ -223,7 +223,10 @@ async fn hostile_positions_never_change_what_others_see() {
         format!("last_event_id=-1-0&epoch={epoch}"),
         format!("last_event_id=1-&epoch={epoch}"),
         format!("last_event_id={big}-0&epoch={epoch}"),
-        format!("last_event_id=1-0&epoch={}", "z".repeat(65)),
+        format!("last_event_id=1-0&epoch={}", "f".repeat(65)),
+        format!("last_event_id={max}-0&epoch=zz"),
+        "last_event_id=1-0&epoch=ABC".to_owned(),
+        "last_event_id=1-0&epoch=not-an-epoch".to_owned(),
         "last_event_id=1-0&epoch=%C3%A9".to_owned(),
         "last_event_id=1-0&epoch=%FF".to_owned(),
         format!("last_event_id=%FF&epoch={epoch}"),

@@ -81,7 +81,9 @@ impl FromStr for EventId {
 /// primary (a failover, a restart) now holds it. An [`EventId`] means
 /// something only together with its epoch (a [`Position`]).
 ///
-/// Epochs are 1 to 64 characters of `[A-Za-z0-9_-]`.
+/// Epochs are 1 to 64 lowercase hexadecimal digits (`[0-9a-f]`), which is
+/// what every store makes: anything else is malformed, so a client that
+/// sends one gets a clear refusal instead of a resync.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Epoch(String);
 
@@ -115,7 +117,7 @@ impl FromStr for Epoch {
             && text.len() <= Self::MAX_LEN
             && text
                 .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         if valid {
             Ok(Self(text.to_owned()))
         } else {
@@ -130,10 +132,10 @@ impl FromStr for Epoch {
 /// ```
 /// use tower_window::events::{EventId, Position};
 ///
-/// let position = Position::parse("k3x-1", "")?; // never received an event
+/// let position = Position::parse("18c0f3a1", "")?; // never received an event
 /// assert_eq!(position.last_id, None);
 /// assert_eq!(position.after(), EventId::ZERO);
-/// let position = Position::parse("k3x-1", "1700000000000-0")?;
+/// let position = Position::parse("18c0f3a1", "1700000000000-0")?;
 /// assert_eq!(position.after().millis(), 1_700_000_000_000);
 /// assert!(Position::parse("", "1-0").is_err());
 /// # Ok::<(), tower_window::events::InvalidPosition>(())
@@ -181,8 +183,8 @@ pub enum InvalidPosition {
     /// Not `<ms>-<seq>` with each part at most [`MAX_ID_PART`].
     #[error("an event id is <ms>-<seq>, two numbers up to 2^53 - 1")]
     EventId,
-    /// Not 1 to 64 characters of `[A-Za-z0-9_-]`.
-    #[error("an epoch is 1 to 64 characters of [A-Za-z0-9_-]")]
+    /// Not 1 to 64 lowercase hexadecimal digits.
+    #[error("an epoch is 1 to 64 lowercase hexadecimal digits")]
     Epoch,
 }
 
@@ -226,8 +228,19 @@ mod tests {
 
     #[test]
     fn epochs_are_bounded_and_plain() {
-        assert!("abc-DEF_09".parse::<Epoch>().is_ok());
-        for bad in ["", "a b", "a:b", "é", &"x".repeat(65)] {
+        assert!("abcdef0123456789".parse::<Epoch>().is_ok());
+        assert!("f".repeat(64).parse::<Epoch>().is_ok());
+        for bad in [
+            "",
+            "a b",
+            "a:b",
+            "é",
+            "zz",
+            "ABC",
+            "a-1",
+            "a_1",
+            &"f".repeat(65),
+        ] {
             assert_eq!(bad.parse::<Epoch>(), Err(InvalidPosition::Epoch), "{bad:?}");
         }
         assert!(Position::parse("e", "x").is_err());
