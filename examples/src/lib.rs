@@ -5,4 +5,5 @@
 //! `tower::ServiceExt::oneshot`.
 
 pub mod gateway;
+pub mod grpc;
 pub mod inbound;

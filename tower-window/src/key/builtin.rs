@@ -93,6 +93,16 @@ impl Header {
     }
 
     fn key_of_parts(&self, headers: &HeaderMap, _: &Uri, _: &Extensions) -> Option<WindowKey> {
+        self.key_of_headers(headers)
+    }
+
+    /// The longest value that gives a key, in bytes.
+    #[cfg(feature = "grpc")]
+    pub(super) fn max_len_bytes(&self) -> usize {
+        self.max_len
+    }
+
+    pub(super) fn key_of_headers(&self, headers: &HeaderMap) -> Option<WindowKey> {
         let value = headers.get(&self.name)?.as_bytes();
         if value.is_empty() || value.len() > self.max_len {
             return None;

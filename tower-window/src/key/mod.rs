@@ -29,6 +29,8 @@ use bytes::Bytes;
 #[cfg(feature = "http")]
 mod builtin;
 mod constant;
+#[cfg(feature = "grpc")]
+mod grpc;
 pub(crate) mod state_key;
 
 #[cfg(feature = "http")]
@@ -37,6 +39,8 @@ pub use builtin::{
     DEFAULT_MAX_LEN,
 };
 pub use constant::Constant;
+#[cfg(feature = "grpc")]
+pub use grpc::{GrpcMethod, InvalidMetadataKey, Metadata};
 
 /// The identity of one window: a tenant and a subject within it.
 ///

@@ -32,7 +32,8 @@ impl Default for MissingKey {
 /// - `K` is the [`KeyExtractor`](crate::KeyExtractor) naming each request's window;
 /// - `C` the [`RequestCost`](super::RequestCost) (default [`UnitCost`]);
 /// - `M` the mode: [`Http`] (default; 429 responses and `RateLimit`
-///   headers) or [`Typed`] (rejections as errors, for non-HTTP services).
+///   headers), [`Typed`] (rejections as errors, for non-HTTP services) or,
+///   with the `grpc` feature, `Grpc` (gRPC statuses, for tonic services).
 ///
 /// Every service this layer builds, and every clone of those, shares the one
 /// `Limiter`, so a service cloned per connection or per request (as axum
@@ -107,6 +108,15 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
     /// errors (a boxed [`Rejection`](super::Rejection)).
     pub fn typed_errors(self) -> SlidingWindowLayer<K, C, Typed> {
         self.mode(Typed)
+    }
+
+    /// Switches to [`Grpc`](super::Grpc) mode, for tonic services:
+    /// rejections become gRPC statuses (`RESOURCE_EXHAUSTED` with
+    /// `google.rpc.RetryInfo`, `UNAVAILABLE`, `INVALID_ARGUMENT`) in the
+    /// trailers-only form, decisions `RateLimit` metadata.
+    #[cfg(feature = "grpc")]
+    pub fn grpc(self) -> SlidingWindowLayer<K, C, super::Grpc> {
+        self.mode(super::Grpc::new())
     }
 
     /// Switches to another mode (a custom [`Respond`](super::Respond)).
@@ -195,6 +205,16 @@ impl<K, C, R> SlidingWindowLayer<K, C, Http<R>> {
             mode: self.mode.rejection(rejection),
             tenants: self.tenants,
         }
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl<K, C> SlidingWindowLayer<K, C, super::Grpc> {
+    /// Whether an admitted request carries its [`Decision`](crate::Decision)
+    /// in its extensions (on by default); see [`Grpc::decision_extension`](super::Grpc::decision_extension).
+    pub fn decision_extension(mut self, enabled: bool) -> Self {
+        self.mode = self.mode.decision_extension(enabled);
+        self
     }
 }
 

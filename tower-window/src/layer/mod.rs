@@ -61,6 +61,15 @@
 //! # }).unwrap();
 //! ```
 //!
+//! # gRPC (`Grpc`, feature `grpc`)
+//!
+//! `SlidingWindowLayer::grpc` answers tonic callers in their protocol: a
+//! denial is a trailers-only `RESOURCE_EXHAUSTED` with a
+//! `google.rpc.RetryInfo` detail (a degraded one `UNAVAILABLE`, a missing
+//! key `INVALID_ARGUMENT`), and the `RateLimit` headers travel as response
+//! metadata. `key::Metadata` and `key::GrpcMethod` key calls by metadata
+//! and by method. See `Grpc` for an example.
+//!
 //! # Any other service ([`Typed`])
 //!
 //! [`typed_errors`](SlidingWindowLayer::typed_errors) turns the layer into
@@ -88,6 +97,8 @@
 
 mod cost;
 mod future;
+#[cfg(feature = "grpc")]
+mod grpc;
 #[cfg(feature = "http")]
 mod headers;
 #[allow(clippy::module_inception)]
@@ -100,6 +111,8 @@ mod status;
 
 pub use cost::{RequestCost, UnitCost};
 pub use future::ResponseFuture;
+#[cfg(feature = "grpc")]
+pub use grpc::{Grpc, GrpcCode};
 #[cfg(feature = "http")]
 pub use headers::{insert_rate_limit_headers, insert_retry_after, RateLimitHeaders};
 pub use layer::{MissingKey, SlidingWindowLayer};

@@ -1,0 +1,31 @@
+//! `cargo run -p tower-window-examples --bin grpc -- --listen 127.0.0.1:50051`
+//!
+//! A tonic service with per-method quotas; see
+//! `tower_window_examples::grpc` and `examples/README.md`.
+
+use std::io::IsTerminal;
+
+use clap::Parser;
+use tower_window_examples::grpc::{serve, BoxError, GrpcArgs};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let args = GrpcArgs::parse();
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    tracing::info!(
+        address = %listener.local_addr()?,
+        get_item = %args.get_item,
+        reserve = %args.reserve,
+        default = %args.default,
+        "serving inventory.v1.Inventory"
+    );
+    serve(listener, &args).await
+}

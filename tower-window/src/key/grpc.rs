@@ -1,0 +1,405 @@
+//! Key extractors for gRPC requests: [`Metadata`] and [`GrpcMethod`].
+//!
+//! A gRPC call reaches a Tower service as an `http::Request` whose headers
+//! are the call's metadata and whose path is `/package.Service/Method`, so
+//! both extractors work on `http::Request<B>` and `http::request::Parts`
+//! like the HTTP ones, and combine with them
+//! ([`KeyExtractorExt`](super::KeyExtractorExt)).
+
+use std::fmt;
+
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::DecodePaddingMode;
+use base64::Engine as _;
+use bytes::Bytes;
+use http::header::HeaderMap;
+use http::Uri;
+
+use super::builtin::{Header, DEFAULT_MAX_LEN};
+use super::{KeyExtractor, WindowKey};
+
+/// A metadata key [`Metadata`] refuses (see [`Metadata::new`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid gRPC metadata key {key:?}: {reason}")]
+pub struct InvalidMetadataKey {
+    key: String,
+    reason: &'static str,
+}
+
+impl InvalidMetadataKey {
+    fn new(key: &str, reason: &'static str) -> Self {
+        Self {
+            key: key.chars().take(80).collect(),
+            reason,
+        }
+    }
+}
+
+/// Base64 as gRPC sends binary metadata: standard alphabet, with or without
+/// padding (senders omit it, receivers must accept both).
+const BINARY: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new()
+        .with_encode_padding(false)
+        .with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// The value of a gRPC call's metadata entry (the first one, if repeated).
+///
+/// An ASCII key ([`new`](Self::new)) is an HTTP header, read as the
+/// [`Header`] extractor reads it: raw bytes, no key when absent, empty or
+/// longer than [`max_len`](Self::max_len) ([`DEFAULT_MAX_LEN`] by default).
+/// A binary key (`-bin` suffix, [`binary`](Self::binary)) is base64 on the
+/// wire, padded or not; it is decoded, so both spellings of one value are
+/// one window, and a value that is not base64 gives no key.
+///
+/// Keys follow gRPC's rules: lowercase letters, digits, `-`, `_` and `.`
+/// (uppercase is lowercased), not starting with the reserved `grpc-`.
+///
+/// ```
+/// use tower_window::key::{KeyExtractor, Metadata};
+///
+/// let key = Metadata::new("x-api-key")?;
+/// let call = http::Request::builder().header("x-api-key", "k-1").body(()).unwrap();
+/// assert_eq!(key.extract(&call).unwrap().subject(), b"k-1");
+/// // A binary key must be asked for as such.
+/// assert!(Metadata::new("x-token-bin").is_err());
+/// let token = Metadata::binary("x-token-bin")?;
+/// let call = http::Request::builder().header("x-token-bin", "AAEC").body(()).unwrap();
+/// assert_eq!(token.extract(&call).unwrap().subject(), [0, 1, 2]);
+/// # Ok::<(), tower_window::key::InvalidMetadataKey>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Metadata {
+    header: Header,
+    binary: bool,
+}
+
+impl Metadata {
+    /// Keys calls by the ASCII metadata entry `key`; a binary key (ending
+    /// in `-bin`) is refused: use [`binary`](Self::binary) for it.
+    pub fn new(key: &str) -> Result<Self, InvalidMetadataKey> {
+        let header = Self::header(key)?;
+        if header.name().as_str().ends_with("-bin") {
+            return Err(InvalidMetadataKey::new(
+                key,
+                "a binary (-bin) key holds base64; use Metadata::binary",
+            ));
+        }
+        Ok(Self {
+            header,
+            binary: false,
+        })
+    }
+
+    /// Keys calls by the decoded bytes of the binary metadata entry `key`,
+    /// which must end in `-bin`.
+    pub fn binary(key: &str) -> Result<Self, InvalidMetadataKey> {
+        let header = Self::header(key)?;
+        if !header.name().as_str().ends_with("-bin") {
+            return Err(InvalidMetadataKey::new(
+                key,
+                "a binary key ends in -bin; use Metadata::new for an ASCII one",
+            ));
+        }
+        Ok(Self {
+            header,
+            binary: true,
+        })
+    }
+
+    fn header(key: &str) -> Result<Header, InvalidMetadataKey> {
+        let lower = key.to_ascii_lowercase();
+        let valid = !lower.is_empty()
+            && lower
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+        if !valid {
+            return Err(InvalidMetadataKey::new(
+                key,
+                "keys are lowercase letters, digits, '-', '_' and '.'",
+            ));
+        }
+        if lower.starts_with("grpc-") {
+            return Err(InvalidMetadataKey::new(key, "grpc- keys are reserved"));
+        }
+        Header::new(&lower).map_err(|_| InvalidMetadataKey::new(key, "not a header name"))
+    }
+
+    /// Values longer than `max_len` bytes (decoded, for a binary key) give
+    /// no key.
+    pub fn max_len(mut self, max_len: usize) -> Self {
+        self.header = self.header.max_len(max_len);
+        self
+    }
+
+    /// The metadata key (lowercase).
+    pub fn key(&self) -> &str {
+        self.header.name().as_str()
+    }
+
+    /// Whether this is a binary (`-bin`) key, decoded from base64.
+    pub fn is_binary(&self) -> bool {
+        self.binary
+    }
+
+    fn key_of_headers(&self, headers: &HeaderMap) -> Option<WindowKey> {
+        if !self.binary {
+            return self.header.key_of_headers(headers);
+        }
+        let encoded = headers.get(self.header.name())?.as_bytes();
+        let max_len = self.header.max_len_bytes();
+        // Decoding never shrinks below 3/4 of the text: skip hopeless
+        // values before decoding them.
+        if encoded.is_empty() || encoded.len() / 4 * 3 > max_len.saturating_add(3) {
+            return None;
+        }
+        let decoded = BINARY.decode(encoded).ok()?;
+        if decoded.is_empty() || decoded.len() > max_len {
+            return None;
+        }
+        Some(WindowKey::for_subject(Bytes::from(decoded)))
+    }
+}
+
+impl<B> KeyExtractor<http::Request<B>> for Metadata {
+    fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
+        self.key_of_headers(request.headers())
+    }
+}
+
+impl KeyExtractor<http::request::Parts> for Metadata {
+    fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
+        self.key_of_headers(&parts.headers)
+    }
+}
+
+/// Which part of `/package.Service/Method` a [`GrpcMethod`] keys by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Method,
+    Service,
+    Path,
+}
+
+/// The called gRPC method, from the request path `/package.Service/Method`.
+///
+/// - [`new`](Self::new): the method's full name, `package.Service.Method`
+///   (its protobuf name; no `/`, so it is also a valid
+///   [tenant name](crate::tenant::validate_tenant_name): as the tenant of
+///   a key, with [`with_tenant`](super::KeyExtractorExt::with_tenant), it
+///   selects a per-method policy from a
+///   [`TenantRegistry`](crate::tenant::TenantRegistry));
+/// - [`service`](Self::service): the service's full name, `package.Service`;
+/// - [`path`](Self::path): the path as sent, `/package.Service/Method`.
+///
+/// A path that is not `/<service>/<method>` (two non-empty segments of
+/// ASCII letters, digits, `_`, `-` and `.`, no `.` in the method, at most
+/// [`DEFAULT_MAX_LEN`] bytes) gives no key.
+///
+/// ```
+/// use tower_window::key::{GrpcMethod, KeyExtractor};
+///
+/// let call = http::Request::builder().uri("/shop.v1.Cart/AddItem").body(()).unwrap();
+/// assert_eq!(GrpcMethod::new().extract(&call).unwrap().subject(), b"shop.v1.Cart.AddItem");
+/// assert_eq!(GrpcMethod::service().extract(&call).unwrap().subject(), b"shop.v1.Cart");
+/// assert_eq!(GrpcMethod::path().extract(&call).unwrap().subject(), b"/shop.v1.Cart/AddItem");
+/// let not_grpc = http::Request::builder().uri("/index.html").body(()).unwrap();
+/// assert!(GrpcMethod::new().extract(&not_grpc).is_none());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct GrpcMethod {
+    part: Part,
+}
+
+impl GrpcMethod {
+    /// Keys calls by the method's full name, `package.Service.Method`.
+    pub fn new() -> Self {
+        Self { part: Part::Method }
+    }
+
+    /// Keys calls by the service's full name, `package.Service`.
+    pub fn service() -> Self {
+        Self {
+            part: Part::Service,
+        }
+    }
+
+    /// Keys calls by the path as sent, `/package.Service/Method`.
+    pub fn path() -> Self {
+        Self { part: Part::Path }
+    }
+
+    fn key_of_uri(&self, uri: &Uri) -> Option<WindowKey> {
+        let path = uri.path();
+        let (service, method) = split_path(path)?;
+        let subject = match self.part {
+            Part::Path => Bytes::copy_from_slice(path.as_bytes()),
+            Part::Service => Bytes::copy_from_slice(service.as_bytes()),
+            Part::Method => {
+                let mut name = Vec::with_capacity(service.len() + 1 + method.len());
+                name.extend_from_slice(service.as_bytes());
+                name.push(b'.');
+                name.extend_from_slice(method.as_bytes());
+                Bytes::from(name)
+            }
+        };
+        Some(WindowKey::for_subject(subject))
+    }
+}
+
+impl Default for GrpcMethod {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for GrpcMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcMethod")
+            .field("part", &self.part)
+            .finish()
+    }
+}
+
+/// `/service/method` as `(service, method)`, or `None` when `path` is not
+/// a gRPC method path.
+fn split_path(path: &str) -> Option<(&str, &str)> {
+    if path.len() > DEFAULT_MAX_LEN {
+        return None;
+    }
+    let (service, method) = path.strip_prefix('/')?.split_once('/')?;
+    let name_byte = |b: u8| b.is_ascii_alphanumeric() || b"_-.".contains(&b);
+    let ok = !service.is_empty()
+        && !method.is_empty()
+        && service.bytes().all(name_byte)
+        && method.bytes().all(|b| b != b'.' && name_byte(b));
+    ok.then_some((service, method))
+}
+
+impl<B> KeyExtractor<http::Request<B>> for GrpcMethod {
+    fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
+        self.key_of_uri(request.uri())
+    }
+}
+
+impl KeyExtractor<http::request::Parts> for GrpcMethod {
+    fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
+        self.key_of_uri(&parts.uri)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::key::{Constant, KeyExtractorExt};
+
+    fn call(uri: &str, headers: &[(&str, &str)]) -> http::Request<()> {
+        let mut builder = http::Request::builder().uri(uri);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap()
+    }
+
+    fn subject(key: Option<WindowKey>) -> Option<Vec<u8>> {
+        key.map(|k| k.subject().to_vec())
+    }
+
+    #[test]
+    fn metadata_keys_follow_grpc_rules() {
+        assert_eq!(Metadata::new("X-Api-Key").unwrap().key(), "x-api-key");
+        for bad in ["", "a b", "x/y", "ключ", "grpc-timeout", "Grpc-Foo"] {
+            assert!(Metadata::new(bad).is_err(), "{bad}");
+        }
+        let error = Metadata::new("x-token-bin").unwrap_err();
+        assert!(error.to_string().contains("Metadata::binary"), "{error}");
+        let error = Metadata::binary("x-token").unwrap_err();
+        assert!(error.to_string().contains("ends in -bin"), "{error}");
+        assert!(Metadata::binary("X-Token-Bin").unwrap().is_binary());
+    }
+
+    #[test]
+    fn ascii_metadata_reads_like_a_header() {
+        let key = Metadata::new("x-user").unwrap();
+        let req = call("/a.B/C", &[("x-user", "alice"), ("x-user", "bob")]);
+        assert_eq!(subject(key.extract(&req)).unwrap(), b"alice");
+        assert_eq!(subject(key.extract(&call("/", &[("x-user", "")]))), None);
+        assert_eq!(subject(key.extract(&call("/", &[]))), None);
+        let long = "x".repeat(DEFAULT_MAX_LEN + 1);
+        assert_eq!(subject(key.extract(&call("/", &[("x-user", &long)]))), None);
+        let (parts, ()) = req.into_parts();
+        assert_eq!(subject(key.extract(&parts)).unwrap(), b"alice");
+    }
+
+    #[test]
+    fn binary_metadata_is_decoded_padded_or_not() {
+        let key = Metadata::binary("x-id-bin").unwrap();
+        // b"\xff\x00" is "/wA" unpadded, "/wA=" padded: one window.
+        let unpadded = subject(key.extract(&call("/", &[("x-id-bin", "/wA")])));
+        let padded = subject(key.extract(&call("/", &[("x-id-bin", "/wA=")])));
+        assert_eq!(unpadded.as_deref(), Some(&b"\xff\x00"[..]));
+        assert_eq!(unpadded, padded);
+        for bad in ["", "***", "/w=A", "-_-_"] {
+            assert_eq!(
+                subject(key.extract(&call("/", &[("x-id-bin", bad)]))),
+                None,
+                "{bad}"
+            );
+        }
+        let short = key.clone().max_len(2);
+        assert!(short.extract(&call("/", &[("x-id-bin", "AAEC")])).is_none());
+        assert!(short.extract(&call("/", &[("x-id-bin", "AAE")])).is_some());
+        let huge = "A".repeat(64 * 1024);
+        assert!(key.extract(&call("/", &[("x-id-bin", &huge)])).is_none());
+    }
+
+    #[test]
+    fn grpc_method_parses_only_method_paths() {
+        let method = GrpcMethod::new();
+        let get = |uri: &str| subject(method.extract(&call(uri, &[])));
+        assert_eq!(
+            get("/helloworld.Greeter/SayHello").unwrap(),
+            b"helloworld.Greeter.SayHello"
+        );
+        assert_eq!(get("/Greeter/SayHello").unwrap(), b"Greeter.SayHello");
+        for bad in [
+            "/", "/a", "/a/", "//b", "/a/b/c", "/a/b.c", "/a%2Fb/c", "/a:b/c",
+        ] {
+            assert_eq!(get(bad), None, "{bad}");
+        }
+        let long = format!("/{}/M", "s".repeat(DEFAULT_MAX_LEN));
+        assert_eq!(get(&long), None);
+        let req = call("/pkg.Svc/Do?x=1", &[]);
+        assert_eq!(
+            subject(GrpcMethod::service().extract(&req)).unwrap(),
+            b"pkg.Svc"
+        );
+        assert_eq!(
+            subject(GrpcMethod::path().extract(&req)).unwrap(),
+            b"/pkg.Svc/Do"
+        );
+        let (parts, ()) = req.into_parts();
+        assert_eq!(subject(method.extract(&parts)).unwrap(), b"pkg.Svc.Do");
+    }
+
+    #[test]
+    fn grpc_extractors_combine() {
+        let key = Metadata::new("x-api-key")
+            .unwrap()
+            .or(Constant::new("anonymous"))
+            .with_tenant(GrpcMethod::new());
+        let with = key
+            .extract(&call("/a.B/C", &[("x-api-key", "k1")]))
+            .unwrap();
+        assert_eq!((with.tenant(), with.subject()), (&b"a.B.C"[..], &b"k1"[..]));
+        let without = key.extract(&call("/a.B/C", &[])).unwrap();
+        assert_eq!(without.subject(), b"anonymous");
+        assert!(key.extract(&call("/not-grpc", &[])).is_none());
+        // The method's full name is a valid tenant name.
+        let name = String::from_utf8(with.tenant().to_vec()).unwrap();
+        assert!(crate::tenant::validate_tenant_name(&name).is_ok());
+    }
+}
