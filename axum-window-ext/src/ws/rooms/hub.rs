@@ -293,6 +293,13 @@ impl RoomHub {
             .await?;
         metrics::published();
         self.inner.wake.notify_one();
+        // On an in-process store the append is ready at once, so a loop of
+        // publishes would never yield, and the reader just woken (queued on
+        // this worker, where no other worker can take it) would not run
+        // until the loop ends: every socket's queue would see the whole
+        // burst at once. Spending the task's cooperative budget makes such
+        // a loop yield now and then (a Redis append yields by itself).
+        tokio::task::consume_budget().await;
         Ok(appended.id)
     }
 
