@@ -153,7 +153,7 @@ async fn a_tick_is_one_pipeline_per_primary() {
     for (i, node) in cluster.nodes().iter().enumerate() {
         let pipelines = calls(node, "script|load");
         let evalsha = calls(node, "evalsha");
-        println!("node {i}: {pipelines} pipelines, {evalsha} scripts in {TICKS} ticks");
+        eprintln!("node {i}: {pipelines} pipelines, {evalsha} scripts in {TICKS} ticks");
         assert_eq!(pipelines, TICKS, "node {i}: one pipeline per tick");
         assert!(evalsha > 0);
         // No other script call: no per-slot EVALSHA outside the pipeline,
@@ -163,11 +163,10 @@ async fn a_tick_is_one_pipeline_per_primary() {
     }
     // One script per slot holding seats, per tick.
     assert_eq!(scripts, TICKS * slots.len() as u64);
-    println!(
-        "{} seats in {} slots: {} round trips and {} scripts per tick",
+    eprintln!(
+        "{} seats in {} slots: 3 round trips and {} scripts per tick",
         seats.len(),
         slots.len(),
-        3,
         slots.len()
     );
     for seat in seats {
@@ -279,7 +278,7 @@ async fn resharding_loses_no_seat() {
     let reports = ticking.1.await.unwrap();
     let failed: usize = reports.iter().map(|r| r.failed).sum();
     let resent: usize = reports.iter().map(|r| r.resent).sum();
-    println!(
+    eprintln!(
         "during the resharding: {} ticks, {resent} seats sent again by slot, {failed} renewals failed (not lost)",
         reports.len()
     );
@@ -300,7 +299,7 @@ async fn resharding_loses_no_seat() {
     let before = expiries(&cluster, prefix);
     assert_eq!(before.len(), seats.len(), "every seat is in the store");
     let report = limiter.heartbeat().await;
-    println!("the tick after the second resharding: {report:?}");
+    eprintln!("the tick after the second resharding: {report:?}");
     assert_all_renewed(&report, &seats);
     assert!(
         report.resent > 0,
@@ -359,7 +358,7 @@ async fn failover_between_ticks_loses_no_seat() {
     let before = expiries_on(nodes(&on_primaries).into_iter(), prefix);
     assert_eq!(before.len(), seats.len(), "every seat is in the store");
     let report = limiter.heartbeat().await;
-    println!("the tick after the failover: {report:?}");
+    eprintln!("the tick after the failover: {report:?}");
     assert_all_renewed(&report, &seats);
     let after = expiries_on(nodes(&on_primaries).into_iter(), prefix);
     assert_eq!(after.len(), seats.len());
