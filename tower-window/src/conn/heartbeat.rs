@@ -48,8 +48,9 @@ struct Group {
     partition: u16,
     /// Indexes into the tick's snapshot.
     members: Vec<usize>,
-    /// Sent with `renew_routed` (several partitions of one route).
-    routed: bool,
+    /// The route it is sent to with `renew_routed` (several partitions
+    /// of one route), or `None`: one partition, sent with `renew`.
+    route: Option<u16>,
 }
 
 impl Group {
@@ -62,9 +63,48 @@ impl Group {
         members.chunks(batch).map(move |chunk| Group {
             partition,
             members: chunk.to_vec(),
-            routed: false,
+            route: None,
         })
     }
+}
+
+/// Splits `groups` into waves (indexes into `groups`) of at most
+/// [`HEARTBEAT_CONCURRENCY`] calls each, with at most one call per route in
+/// a wave: the pipelines of one primary would wait behind each other on it,
+/// and each must fit the store's time budget on its own.
+fn waves(groups: &[Group]) -> Vec<Vec<usize>> {
+    let mut waves: Vec<Vec<usize>> = Vec::new();
+    // Per route, the first wave it may join.
+    let mut next: BTreeMap<u16, usize> = BTreeMap::new();
+    // Waves before this one are full.
+    let mut open = 0;
+    for (i, group) in groups.iter().enumerate() {
+        let mut wave = group
+            .route
+            .and_then(|route| next.get(&route).copied())
+            .unwrap_or(0)
+            .max(open);
+        while waves
+            .get(wave)
+            .is_some_and(|w| w.len() >= HEARTBEAT_CONCURRENCY)
+        {
+            wave += 1;
+        }
+        if wave == waves.len() {
+            waves.push(Vec::new());
+        }
+        waves[wave].push(i);
+        if let Some(route) = group.route {
+            next.insert(route, wave + 1);
+        }
+        while waves
+            .get(open)
+            .is_some_and(|w| w.len() >= HEARTBEAT_CONCURRENCY)
+        {
+            open += 1;
+        }
+    }
+    waves
 }
 
 /// The running heartbeat task of a [`ConnectionLimiter`].
@@ -124,7 +164,9 @@ impl ConnectionLimiter {
     }
 
     /// One heartbeat tick: renews every live seat of this node, each
-    /// store call through the store's resilience stack, 16 at a time.
+    /// store call through the store's resilience stack, 16 at a time and
+    /// at most one per route at a time (a primary's pipelines would
+    /// otherwise wait behind each other on it, outliving the budget).
     ///
     /// Seats are grouped by partition (a Redis Cluster hash slot), and
     /// partitions by the route the store gives them
@@ -168,12 +210,12 @@ impl ConnectionLimiter {
                 None => groups.extend(Group::per_partition(partition, &members, batch)),
             }
         }
-        for members in routes.into_values() {
+        for (route, members) in routes {
             groups.extend(members.chunks(batch).map(|chunk| Group {
                 // The route's breaker: that of the partition of any seat.
                 partition: seat_partitions[chunk[0]],
                 members: chunk.to_vec(),
-                routed: true,
+                route: Some(route),
             }));
         }
         let ttl = shared.ttl;
@@ -183,7 +225,7 @@ impl ConnectionLimiter {
                 .iter()
                 .map(|&i| SeatRef::new(&snapshot[i].1, &snapshot[i].2, tenant_capped))
                 .collect();
-            let (partition, routed) = (group.partition, group.routed);
+            let (partition, routed) = (group.partition, group.route.is_some());
             async move {
                 let refs = &refs;
                 if routed {
@@ -218,11 +260,13 @@ impl ConnectionLimiter {
             // thousands of slots, and the heartbeat must not crowd out (or
             // be refused by) the limiter's in-flight bound.
             let mut results = Vec::with_capacity(pending.len());
-            for wave in pending.chunks(HEARTBEAT_CONCURRENCY) {
-                results.extend(join_all(wave.iter().map(renew)).await);
+            for wave in waves(&pending) {
+                let answers = join_all(wave.iter().map(|&i| renew(&pending[i]))).await;
+                results.extend(wave.into_iter().zip(answers));
             }
             let mut unanswered: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-            for (group, result) in pending.iter().zip(results) {
+            for (i, result) in results {
+                let group = &pending[i];
                 match result {
                     Ok(alive) if alive.len() == group.members.len() => {
                         for (&i, alive) in group.members.iter().zip(alive) {
@@ -241,7 +285,7 @@ impl ConnectionLimiter {
                     // migrates, a node that is a replica now...): its seats
                     // go the way with per-slot fault isolation, unless the
                     // stack refused the call (breaker open, node overloaded).
-                    Err(error) if group.routed && pass == 0 && !refused(&error) => {
+                    Err(error) if group.route.is_some() && pass == 0 && !refused(&error) => {
                         for &i in &group.members {
                             unanswered.entry(seat_partitions[i]).or_default().push(i);
                         }
@@ -473,5 +517,46 @@ mod tests {
         // Failed, never declared lost.
         assert_eq!((report.renewed, report.lost, report.failed), (40, 0, 40));
         assert!(seats.iter().all(|s| !s.is_lost()));
+    }
+
+    #[test]
+    fn conn_heartbeat_waves_hold_one_call_per_route() {
+        let group = |route: Option<u16>| Group {
+            partition: 0,
+            members: vec![0],
+            route,
+        };
+        // 3 routes of 6 calls each, then 40 single-partition calls, then
+        // 20 calls of one more route.
+        let mut groups: Vec<Group> = (0..3)
+            .flat_map(|route| (0..6).map(move |_| group(Some(route))))
+            .collect();
+        groups.extend((0..40).map(|_| group(None)));
+        groups.extend((0..20).map(|_| group(Some(7))));
+        let waves = waves(&groups);
+        let mut seen: Vec<usize> = waves.iter().flatten().copied().collect();
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (0..groups.len()).collect::<Vec<_>>(),
+            "each call once"
+        );
+        for wave in &waves {
+            assert!(wave.len() <= HEARTBEAT_CONCURRENCY);
+            let mut routes: Vec<u16> = wave.iter().filter_map(|&i| groups[i].route).collect();
+            let all = routes.len();
+            routes.sort_unstable();
+            routes.dedup();
+            assert_eq!(routes.len(), all, "one call per route in a wave: {wave:?}");
+        }
+        // Waves 0-2 are full (3 routed calls and 13 single ones each), so
+        // route 7's 20 calls take one wave each from wave 3 on.
+        assert_eq!(waves.len(), 23);
+        assert_eq!(waves[0].len(), HEARTBEAT_CONCURRENCY);
+        assert_eq!(
+            waves[3].len(),
+            3 + 1 + 1,
+            "routes 0-2, a single one, route 7"
+        );
     }
 }
