@@ -33,8 +33,8 @@
 //!   slots one primary serves go to it in one pipeline
 //!   ([`renew_route`](Backend::renew_route),
 //!   [`renew_routed`](Backend::renew_routed)): one round trip per primary
-//!   and batch of 1,000 seats (12 for 10,000 users on 3 primaries, all in
-//!   flight at once). A pipeline whose slots moved (a resharding, a
+//!   and batch of 1,000 seats (12 for 10,000 users on 3 primaries), one
+//!   at a time per primary so each fits the store's budget. A pipeline whose slots moved (a resharding, a
 //!   failover) or that failed has its seats sent again in the same tick
 //!   with one call per slot, each through the store's resilience stack;
 //!   see `benches/README.md`.
