@@ -109,6 +109,19 @@ impl<S: conn::Backend> conn::Backend for Shared<S> {
     fn max_renew_batch(&self) -> usize {
         self.0.max_renew_batch()
     }
+
+    fn renew_route(&self, partition: u16) -> Option<u16> {
+        self.0.renew_route(partition)
+    }
+
+    fn renew_routed<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        seats: &'a [SeatRef<'a>],
+        ttl: Duration,
+    ) -> Op<'a, Vec<Option<bool>>> {
+        self.0.renew_routed(guard, seats, ttl)
+    }
 }
 
 impl<S: dedup::Backend> dedup::Backend for Shared<S> {

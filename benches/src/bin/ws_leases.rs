@@ -12,7 +12,9 @@
 //! Then, holding them all, runs `--ticks` heartbeat ticks (default 10) and
 //! counts the Redis commands they caused from `INFO commandstats` on every
 //! server (after `CONFIG RESETSTAT`): calls per tick, and Redis's own
-//! `usec` per tick. A last run holds the same number of leases for one
+//! `usec` per tick. On the cluster, every heartbeat pipeline (one per
+//! primary and batch of 1,000 seats) opens with one `SCRIPT LOAD`, so its
+//! count is the pipelines per tick. A last run holds the same number of leases for one
 //! tenant with a per-tenant cap (the tenant form: one hash slot). No timing
 //! is asserted; the numbers are printed as a Markdown table.
 #![allow(clippy::print_stdout)]
@@ -59,9 +61,10 @@ fn args() -> Args {
 }
 
 /// Sum over `conns` since the last reset of (EVALSHA calls, commands run
-/// inside scripts and outside, usec of all of them).
-fn command_stats(conns: &mut [redis::Connection]) -> (u64, u64, u64) {
-    let mut total = (0, 0, 0);
+/// inside scripts and outside, usec of all of them, `SCRIPT LOAD` calls:
+/// one per pipeline of a cluster heartbeat).
+fn command_stats(conns: &mut [redis::Connection]) -> (u64, u64, u64, u64) {
+    let mut total = (0, 0, 0, 0);
     for conn in conns {
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
@@ -80,6 +83,8 @@ fn command_stats(conns: &mut [redis::Connection]) -> (u64, u64, u64) {
             };
             if line.starts_with("cmdstat_evalsha:") {
                 total.0 += field("calls=");
+            } else if line.starts_with("cmdstat_script|load:") {
+                total.3 += field("calls=");
             } else {
                 total.1 += field("calls=");
             }
@@ -104,6 +109,8 @@ struct Row {
     evalsha_per_tick: f64,
     inner_per_tick: f64,
     store_calls_per_tick: f64,
+    pipelines_per_tick: f64,
+    resent_per_tick: f64,
     redis_usec_per_tick: f64,
     tick_ms: f64,
 }
@@ -158,15 +165,16 @@ async fn run(
     );
 
     reset(conns);
-    let mut store_calls = 0;
+    let (mut store_calls, mut resent) = (0, 0);
     let started = Instant::now();
     for _ in 0..args.ticks {
         let report = connections.heartbeat().await;
         assert_eq!(report.renewed, connections.live_seats(), "{report:?}");
         store_calls += report.calls;
+        resent += report.resent;
     }
     let tick_ms = started.elapsed().as_secs_f64() * 1e3 / args.ticks as f64;
-    let (evalsha, inner, usec) = command_stats(conns);
+    let (evalsha, inner, usec, pipelines) = command_stats(conns);
     for lease in held {
         lease.release().await.expect("released");
     }
@@ -176,6 +184,8 @@ async fn run(
         evalsha_per_tick: evalsha as f64 / args.ticks as f64,
         inner_per_tick: inner as f64 / args.ticks as f64,
         store_calls_per_tick: store_calls as f64 / args.ticks as f64,
+        pipelines_per_tick: pipelines as f64 / args.ticks as f64,
+        resent_per_tick: resent as f64 / args.ticks as f64,
         redis_usec_per_tick: usec as f64 / args.ticks as f64,
         tick_ms,
     }
@@ -207,18 +217,20 @@ fn main() {
         rows.push(runtime.block_on(run("cluster-tenant-form", store, &mut conns, &args, true)));
     }
     println!(
-        "| setup | leases | grants/s | EVALSHA per tick | commands inside scripts per tick | store calls per tick (report) | Redis usec per tick | tick wall ms |"
+        "| setup | leases | grants/s | EVALSHA per tick | commands inside scripts per tick | store calls (round trips) per tick (report) | pipelines per tick (SCRIPT LOAD) | seats re-sent by slot per tick | Redis usec per tick | tick wall ms |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         println!(
-            "| {} | {} | {:.0} | {:.1} | {:.0} | {:.1} | {:.0} | {:.1} |",
+            "| {} | {} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.1} |",
             row.setup,
             args.connections,
             row.grants_per_sec,
             row.evalsha_per_tick,
             row.inner_per_tick,
             row.store_calls_per_tick,
+            row.pipelines_per_tick,
+            row.resent_per_tick,
             row.redis_usec_per_tick,
             row.tick_ms
         );

@@ -174,8 +174,36 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
-    /// The most seats renewed in one call (default 1000).
+    /// The most seats renewed in one call (default 1000), by
+    /// [`renew`](Self::renew) or [`renew_routed`](Self::renew_routed).
     fn max_renew_batch(&self) -> usize {
         1_000
+    }
+
+    /// Which partitions share one round trip: seats of partitions with
+    /// the same `Some(route)` may be renewed together by
+    /// [`renew_routed`](Self::renew_routed) (on a Redis Cluster, the
+    /// primary serving the hash slot). `None` (the default): one
+    /// [`renew`](Self::renew) per partition.
+    fn renew_route(&self, partition: u16) -> Option<u16> {
+        let _ = partition;
+        None
+    }
+
+    /// Like [`renew`](Self::renew) for seats of several partitions of one
+    /// [`renew_route`](Self::renew_route), in one round trip. Answers per
+    /// seat, in order, `Some(live)`, or `None` when this call could not
+    /// renew it (its partition is no longer where the route led, e.g. a
+    /// hash slot moved): the caller renews those with
+    /// [`renew`](Self::renew), per partition. A `None` seat was not
+    /// found gone. The default calls [`renew`](Self::renew).
+    fn renew_routed<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        seats: &'a [SeatRef<'a>],
+        ttl: Duration,
+    ) -> Op<'a, Vec<Option<bool>>> {
+        self.renew(guard, seats, ttl)
+            .map(|result| result.map(|alive| alive.into_iter().map(Some).collect()))
     }
 }

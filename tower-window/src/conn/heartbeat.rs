@@ -1,4 +1,5 @@
-//! The node's one heartbeat: renews all live seats, batched per partition.
+//! The node's one heartbeat: renews all live seats, batched per partition
+//! and, where the store routes several partitions to one server, per route.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
@@ -8,7 +9,7 @@ use tokio::task::JoinHandle;
 
 use super::backend::SeatRef;
 use super::limiter::{ConnectionLimiter, Shared};
-use crate::WindowKey;
+use crate::{StoreError, StoreErrorKind, WindowKey};
 
 /// Renewal calls of one tick in flight at once.
 const HEARTBEAT_CONCURRENCY: usize = 16;
@@ -23,8 +24,87 @@ pub struct HeartbeatReport {
     pub lost: usize,
     /// Seats whose renewal call failed (not declared lost).
     pub failed: usize,
-    /// Store calls made (one per partition and batch).
+    /// Store calls made: one per round trip (a cluster pipeline of one
+    /// script per hash slot counts once), re-sent partitions included.
     pub calls: usize,
+    /// Seats a routed call could not answer (their hash slot had moved,
+    /// or the call failed) and that were sent again with one call per
+    /// partition.
+    pub resent: usize,
+}
+
+/// Whether the store handle's stack refused a call before it reached the
+/// store: sending its seats again at once would be refused too.
+fn refused(error: &StoreError) -> bool {
+    matches!(
+        error.kind(),
+        StoreErrorKind::CircuitOpen | StoreErrorKind::Overloaded
+    )
+}
+
+/// The seats of one store call of a tick.
+struct Group {
+    /// The partition whose failure domain (breaker) the call goes to.
+    partition: u16,
+    /// Indexes into the tick's snapshot.
+    members: Vec<usize>,
+    /// The route it is sent to with `renew_routed` (several partitions
+    /// of one route), or `None`: one partition, sent with `renew`.
+    route: Option<u16>,
+}
+
+impl Group {
+    /// One call per `batch` seats of one partition.
+    fn per_partition(
+        partition: u16,
+        members: &[usize],
+        batch: usize,
+    ) -> impl Iterator<Item = Group> + '_ {
+        members.chunks(batch).map(move |chunk| Group {
+            partition,
+            members: chunk.to_vec(),
+            route: None,
+        })
+    }
+}
+
+/// Splits `groups` into waves (indexes into `groups`) of at most
+/// [`HEARTBEAT_CONCURRENCY`] calls each, with at most one call per route in
+/// a wave: the pipelines of one primary would wait behind each other on it,
+/// and each must fit the store's time budget on its own.
+fn waves(groups: &[Group]) -> Vec<Vec<usize>> {
+    let mut waves: Vec<Vec<usize>> = Vec::new();
+    // Per route, the first wave it may join.
+    let mut next: BTreeMap<u16, usize> = BTreeMap::new();
+    // Waves before this one are full.
+    let mut open = 0;
+    for (i, group) in groups.iter().enumerate() {
+        let mut wave = group
+            .route
+            .and_then(|route| next.get(&route).copied())
+            .unwrap_or(0)
+            .max(open);
+        while waves
+            .get(wave)
+            .is_some_and(|w| w.len() >= HEARTBEAT_CONCURRENCY)
+        {
+            wave += 1;
+        }
+        if wave == waves.len() {
+            waves.push(Vec::new());
+        }
+        waves[wave].push(i);
+        if let Some(route) = group.route {
+            next.insert(route, wave + 1);
+        }
+        while waves
+            .get(open)
+            .is_some_and(|w| w.len() >= HEARTBEAT_CONCURRENCY)
+        {
+            open += 1;
+        }
+    }
+    waves
 }
 
 /// The running heartbeat task of a [`ConnectionLimiter`].
@@ -83,11 +163,25 @@ impl ConnectionLimiter {
         HeartbeatHandle { task }
     }
 
-    /// One heartbeat tick: renews every live seat of this node, one store
-    /// call per partition (Redis Cluster hash slot) and batch of
-    /// [`max_renew_batch`](super::Backend::max_renew_batch),
-    /// 16 at a time, each through the store's resilience stack. Seats
-    /// found gone are removed and reported lost to their holders.
+    /// One heartbeat tick: renews every live seat of this node, each
+    /// store call through the store's resilience stack, 16 at a time and
+    /// at most one per route at a time (a primary's pipelines would
+    /// otherwise wait behind each other on it, outliving the budget).
+    ///
+    /// Seats are grouped by partition (a Redis Cluster hash slot), and
+    /// partitions by the route the store gives them
+    /// ([`renew_route`](super::Backend::renew_route): the primary serving
+    /// the slot), in batches of
+    /// [`max_renew_batch`](super::Backend::max_renew_batch) seats: on a
+    /// cluster one round trip per primary and batch (a pipeline of one
+    /// script per slot), on one Redis one call per batch. Seats a routed
+    /// call could not answer (their slot moved: a resharding, a failover;
+    /// or the call failed, unless the breaker or the in-flight bound
+    /// refused it) are sent again in the same tick with one call per
+    /// partition, the way that follows redirects and confines a failure
+    /// to its slot. Renewing is idempotent, so a seat renewed twice is
+    /// harmless. Seats found gone are removed and reported lost to their
+    /// holders.
     pub async fn heartbeat(&self) -> HeartbeatReport {
         let shared = &*self.shared;
         let tenant_capped = shared.tenant_capped();
@@ -99,65 +193,110 @@ impl ConnectionLimiter {
             .iter()
             .map(|(seq, live)| (*seq, live.key.clone(), live.id.clone()))
             .collect();
+        let seat_partitions: Vec<u16> = snapshot
+            .iter()
+            .map(|(_, key, _)| store.seat_partition(key, tenant_capped))
+            .collect();
         let mut partitions: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (i, (_, key, _)) in snapshot.iter().enumerate() {
-            partitions
-                .entry(store.seat_partition(key, tenant_capped))
-                .or_default()
-                .push(i);
+        for (i, partition) in seat_partitions.iter().enumerate() {
+            partitions.entry(*partition).or_default().push(i);
         }
         let batch = store.max_renew_batch().max(1);
-        let mut groups: Vec<(u16, &[usize])> = Vec::new();
-        for (partition, members) in &partitions {
-            for chunk in members.chunks(batch) {
-                groups.push((*partition, chunk));
+        let mut routes: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        let mut groups: Vec<Group> = Vec::new();
+        for (partition, members) in partitions {
+            match store.renew_route(partition) {
+                Some(route) => routes.entry(route).or_default().extend(members),
+                None => groups.extend(Group::per_partition(partition, &members, batch)),
             }
         }
+        for (route, members) in routes {
+            groups.extend(members.chunks(batch).map(|chunk| Group {
+                // The route's breaker: that of the partition of any seat.
+                partition: seat_partitions[chunk[0]],
+                members: chunk.to_vec(),
+                route: Some(route),
+            }));
+        }
         let ttl = shared.ttl;
-        let renew = |partition: u16, members: &'_ [usize]| {
-            let refs: Vec<SeatRef<'_>> = members
+        let renew = |group: &Group| {
+            let refs: Vec<SeatRef<'_>> = group
+                .members
                 .iter()
                 .map(|&i| SeatRef::new(&snapshot[i].1, &snapshot[i].2, tenant_capped))
                 .collect();
+            let (partition, routed) = (group.partition, group.route.is_some());
             async move {
                 let refs = &refs;
-                shared
-                    .call(
-                        |_| partition,
-                        |backend, guard| backend.renew(guard, refs, ttl),
-                    )
-                    .await
+                if routed {
+                    shared
+                        .call(
+                            |_| partition,
+                            |backend, guard| backend.renew_routed(guard, refs, ttl),
+                        )
+                        .await
+                } else {
+                    shared
+                        .call(
+                            |_| partition,
+                            |backend, guard| backend.renew(guard, refs, ttl),
+                        )
+                        .await
+                        .map(|alive| alive.into_iter().map(Some).collect())
+                }
             }
         };
-        // A bounded number at once: a cluster node may hold seats in
-        // thousands of slots, and the heartbeat must not crowd out (or be
-        // refused by) the limiter's in-flight bound.
-        let mut results = Vec::with_capacity(groups.len());
-        for wave in groups.chunks(HEARTBEAT_CONCURRENCY) {
-            let answers = join_all(
-                wave.iter()
-                    .map(|(partition, members)| renew(*partition, members)),
-            )
-            .await;
-            results.extend(wave.iter().map(|(_, members)| *members).zip(answers));
-        }
-        let mut report = HeartbeatReport {
-            calls: groups.len(),
-            ..HeartbeatReport::default()
-        };
+        let mut report = HeartbeatReport::default();
         let mut lost = Vec::new();
-        for (members, result) in results {
-            match result {
-                Ok(alive) if alive.len() == members.len() => {
-                    for (&i, alive) in members.iter().zip(alive) {
-                        if alive {
-                            report.renewed += 1;
-                        } else {
-                            lost.push(snapshot[i].0);
+        // The routed calls, then (at most once) one call per partition for
+        // the seats they could not answer.
+        let mut pending = groups;
+        for pass in 0..2 {
+            if pending.is_empty() {
+                break;
+            }
+            report.calls += pending.len();
+            // A bounded number at once: a cluster node may hold seats in
+            // thousands of slots, and the heartbeat must not crowd out (or
+            // be refused by) the limiter's in-flight bound.
+            let mut results = Vec::with_capacity(pending.len());
+            for wave in waves(&pending) {
+                let answers = join_all(wave.iter().map(|&i| renew(&pending[i]))).await;
+                results.extend(wave.into_iter().zip(answers));
+            }
+            let mut unanswered: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+            for (i, result) in results {
+                let group = &pending[i];
+                match result {
+                    Ok(alive) if alive.len() == group.members.len() => {
+                        for (&i, alive) in group.members.iter().zip(alive) {
+                            match alive {
+                                Some(true) => report.renewed += 1,
+                                Some(false) => lost.push(snapshot[i].0),
+                                None if pass == 0 => {
+                                    unanswered.entry(seat_partitions[i]).or_default().push(i)
+                                }
+                                // Never found gone: not declared lost.
+                                None => report.failed += 1,
+                            }
                         }
                     }
+                    // A routed call that failed (a timeout while a slot
+                    // migrates, a node that is a replica now...): its seats
+                    // go the way with per-slot fault isolation, unless the
+                    // stack refused the call (breaker open, node overloaded).
+                    Err(error) if group.route.is_some() && pass == 0 && !refused(&error) => {
+                        for &i in &group.members {
+                            unanswered.entry(seat_partitions[i]).or_default().push(i);
+                        }
+                    }
+                    Ok(_) | Err(_) => report.failed += group.members.len(),
                 }
-                Ok(_) | Err(_) => report.failed += members.len(),
+            }
+            report.resent += unanswered.values().map(Vec::len).sum::<usize>();
+            pending = Vec::new();
+            for (partition, members) in unanswered {
+                pending.extend(Group::per_partition(partition, &members, batch));
             }
         }
         if !lost.is_empty() {
@@ -183,5 +322,241 @@ impl ConnectionLimiter {
             live - before,
         );
         report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::conn::{Acquire, Backend, GrantReply, GrantRequest};
+    use crate::store::{Guard, Op};
+    use crate::{MemoryStore, Store};
+
+    /// A memory store whose seats live in 8 partitions (by the subject's
+    /// last byte) served by 2 routes (partition % 2), as a cluster's slots
+    /// by primaries. A routed call does not answer partition 3's seats (as
+    /// a primary answering `MOVED` for a slot that moved).
+    struct Routed {
+        memory: Arc<MemoryStore>,
+        routed: Arc<AtomicUsize>,
+        single: Arc<AtomicUsize>,
+        /// Routed calls of route 1 fail with this.
+        fail_route_1: Option<StoreErrorKind>,
+    }
+
+    impl Backend for Routed {
+        fn grant<'a>(
+            &'a self,
+            guard: &mut Guard<'a>,
+            request: GrantRequest<'a>,
+        ) -> Op<'a, GrantReply> {
+            self.memory.grant(guard, request)
+        }
+
+        fn renew<'a>(
+            &'a self,
+            guard: &mut Guard<'a>,
+            seats: &'a [SeatRef<'a>],
+            ttl: Duration,
+        ) -> Op<'a, Vec<bool>> {
+            let partition = self.seat_partition(seats[0].key, false);
+            assert!(seats
+                .iter()
+                .all(|s| self.seat_partition(s.key, false) == partition));
+            self.single.fetch_add(1, Ordering::Relaxed);
+            self.memory.renew(guard, seats, ttl)
+        }
+
+        fn release<'a>(&'a self, guard: &mut Guard<'a>, seat: SeatRef<'a>) -> Op<'a, bool> {
+            self.memory.release(guard, seat)
+        }
+
+        fn presence<'a>(
+            &'a self,
+            guard: &mut Guard<'a>,
+            key: &'a WindowKey,
+            tenant_capped: bool,
+        ) -> Op<'a, u32> {
+            self.memory.presence(guard, key, tenant_capped)
+        }
+
+        fn seat_partition(&self, key: &WindowKey, _: bool) -> u16 {
+            u16::from(key.subject().last().copied().unwrap_or(0) % 8)
+        }
+
+        fn renew_route(&self, partition: u16) -> Option<u16> {
+            Some(partition % 2)
+        }
+
+        fn renew_routed<'a>(
+            &'a self,
+            guard: &mut Guard<'a>,
+            seats: &'a [SeatRef<'a>],
+            ttl: Duration,
+        ) -> Op<'a, Vec<Option<bool>>> {
+            let route = self.seat_partition(seats[0].key, false) % 2;
+            assert!(seats
+                .iter()
+                .all(|s| self.seat_partition(s.key, false) % 2 == route));
+            self.routed.fetch_add(1, Ordering::Relaxed);
+            if let (1, Some(kind)) = (route, self.fail_route_1) {
+                return Op::ready(Err(StoreError::new(kind, "test")));
+            }
+            let moved: Vec<bool> = seats
+                .iter()
+                .map(|s| self.seat_partition(s.key, false) == 3)
+                .collect();
+            self.memory.renew(guard, seats, ttl).map(move |result| {
+                result.map(|alive| {
+                    alive
+                        .into_iter()
+                        .zip(moved)
+                        .map(|(alive, moved)| (!moved).then_some(alive))
+                        .collect()
+                })
+            })
+        }
+
+        fn max_renew_batch(&self) -> usize {
+            25
+        }
+    }
+
+    fn limiter(fail_route_1: Option<StoreErrorKind>) -> (ConnectionLimiter, Routed) {
+        let memory = Arc::new(MemoryStore::new());
+        let backend = Routed {
+            memory: Arc::clone(&memory),
+            routed: Arc::new(AtomicUsize::new(0)),
+            single: Arc::new(AtomicUsize::new(0)),
+            fail_route_1,
+        };
+        let counters = Routed {
+            memory,
+            routed: Arc::clone(&backend.routed),
+            single: Arc::clone(&backend.single),
+            fail_route_1,
+        };
+        let store = Store::bare(
+            crate::store::Backend::windows(MemoryStore::new())
+                .with_connections(backend)
+                .in_process(true),
+        );
+        let limiter = ConnectionLimiter::builder(store)
+            .ttl(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        (limiter, counters)
+    }
+
+    /// 80 seats: 10 per partition, 40 per route.
+    async fn seats(limiter: &ConnectionLimiter) -> Vec<crate::conn::ConnectionSeat> {
+        let mut seats = Vec::new();
+        for i in 0..80 {
+            let key = WindowKey::new("t", format!("u{i}-{}", i % 8));
+            match limiter.acquire(&key).await.unwrap() {
+                Acquire::Granted(seat) => seats.push(seat),
+                Acquire::Denied(denied) => panic!("{denied:?}"),
+            }
+        }
+        seats
+    }
+
+    #[tokio::test]
+    async fn conn_heartbeat_one_call_per_route_and_batch_moved_seats_resent_by_partition() {
+        let (limiter, backend) = limiter(None);
+        let seats = seats(&limiter).await;
+        // One seat gone from the store: found gone, reported lost.
+        let gone = &seats[5];
+        backend
+            .memory
+            .release(
+                &mut Guard::bare(),
+                SeatRef::new(gone.key(), gone.id(), false),
+            )
+            .await
+            .unwrap();
+        let report = limiter.heartbeat().await;
+        // Per route 40 seats in batches of 25: 2 routed calls each; the 10
+        // seats of partition 3 are sent again in one call of their own.
+        assert_eq!(backend.routed.load(Ordering::Relaxed), 4);
+        assert_eq!(backend.single.load(Ordering::Relaxed), 1);
+        assert_eq!(report.calls, 5, "{report:?}");
+        assert_eq!(report.resent, 10, "{report:?}");
+        assert_eq!((report.renewed, report.lost, report.failed), (79, 1, 0));
+        assert!(gone.is_lost());
+        assert_eq!(seats.iter().filter(|s| s.is_lost()).count(), 1);
+    }
+
+    #[tokio::test]
+    async fn conn_heartbeat_a_failed_routed_call_is_sent_again_by_partition() {
+        let (limiter, backend) = limiter(Some(StoreErrorKind::Timeout));
+        let seats = seats(&limiter).await;
+        let report = limiter.heartbeat().await;
+        // Route 1's two calls failed: its 4 partitions (1, 3, 5, 7) are
+        // sent again, one call each.
+        assert_eq!(backend.routed.load(Ordering::Relaxed), 4);
+        assert_eq!(backend.single.load(Ordering::Relaxed), 4);
+        assert_eq!((report.calls, report.resent), (8, 40), "{report:?}");
+        assert_eq!((report.renewed, report.lost, report.failed), (80, 0, 0));
+        assert!(seats.iter().all(|s| !s.is_lost()));
+    }
+
+    #[tokio::test]
+    async fn conn_heartbeat_a_refused_routed_call_is_not_sent_again() {
+        let (limiter, backend) = limiter(Some(StoreErrorKind::CircuitOpen));
+        let seats = seats(&limiter).await;
+        let report = limiter.heartbeat().await;
+        assert_eq!(backend.single.load(Ordering::Relaxed), 0);
+        assert_eq!((report.calls, report.resent), (4, 0), "{report:?}");
+        // Failed, never declared lost.
+        assert_eq!((report.renewed, report.lost, report.failed), (40, 0, 40));
+        assert!(seats.iter().all(|s| !s.is_lost()));
+    }
+
+    #[test]
+    fn conn_heartbeat_waves_hold_one_call_per_route() {
+        let group = |route: Option<u16>| Group {
+            partition: 0,
+            members: vec![0],
+            route,
+        };
+        // 3 routes of 6 calls each, then 40 single-partition calls, then
+        // 20 calls of one more route.
+        let mut groups: Vec<Group> = (0..3)
+            .flat_map(|route| (0..6).map(move |_| group(Some(route))))
+            .collect();
+        groups.extend((0..40).map(|_| group(None)));
+        groups.extend((0..20).map(|_| group(Some(7))));
+        let waves = waves(&groups);
+        let mut seen: Vec<usize> = waves.iter().flatten().copied().collect();
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (0..groups.len()).collect::<Vec<_>>(),
+            "each call once"
+        );
+        for wave in &waves {
+            assert!(wave.len() <= HEARTBEAT_CONCURRENCY);
+            let mut routes: Vec<u16> = wave.iter().filter_map(|&i| groups[i].route).collect();
+            let all = routes.len();
+            routes.sort_unstable();
+            routes.dedup();
+            assert_eq!(routes.len(), all, "one call per route in a wave: {wave:?}");
+        }
+        // Waves 0-2 are full (3 routed calls and 13 single ones each), so
+        // route 7's 20 calls take one wave each from wave 3 on.
+        assert_eq!(waves.len(), 23);
+        assert_eq!(waves[0].len(), HEARTBEAT_CONCURRENCY);
+        assert_eq!(
+            waves[3].len(),
+            3 + 1 + 1,
+            "routes 0-2, a single one, route 7"
+        );
     }
 }

@@ -18,8 +18,12 @@
 //! never shortened: nodes with different seat TTLs (a rolling change of
 //! the setting) write the same keys, and a key must outlive the longest
 //! seat in it, whichever node wrote last. A heartbeat renews all of a
-//! node's seats of one slot in one `EVALSHA` (`conn_renew.lua`).
+//! node's seats of one slot in one `EVALSHA` (`conn_renew.lua`); on a
+//! cluster the calls of all slots one primary serves go to it in one
+//! pipeline (see `RedisStore::call_routed`), and a call whose slot moved
+//! is sent again on its own.
 
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -31,6 +35,7 @@ use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
 use crate::store::{Guard, Op};
 use crate::store::{StoreError, StoreErrorKind};
 use crate::WindowKey;
+use redis::FromRedisValue;
 
 static GRANT: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(concat!(
@@ -119,6 +124,21 @@ fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
+/// Per seat whether it was live, from a `conn_renew.lua` reply of
+/// `entries[i]` entries for seat `i`.
+fn renew_reply(reply: &[i64], entries: &[usize]) -> Result<Vec<bool>, StoreError> {
+    let mut alive = Vec::with_capacity(entries.len());
+    let mut at = 0;
+    for &n in entries {
+        let slice = reply
+            .get(at..at + n)
+            .ok_or_else(|| protocol("seat renew reply too short"))?;
+        alive.push(slice.iter().all(|&v| v == 1));
+        at += n;
+    }
+    Ok(alive)
+}
+
 fn protocol(message: &str) -> StoreError {
     StoreError::new(StoreErrorKind::Protocol, message.to_owned())
 }
@@ -181,19 +201,19 @@ impl RedisStore {
         })
     }
 
-    async fn lease_renew(
+    /// One `conn_renew.lua` call for `seats` (of one hash slot), and per
+    /// seat how many entries of its reply are its.
+    fn renew_call<'s>(
         &self,
-        seats: &[SeatRef<'_>],
+        seats: impl Iterator<Item = &'s SeatRef<'s>>,
+        now: &str,
         ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
-        if seats.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (now, key_ttl) = self.lease_clock(ttl)?;
+        key_ttl: u64,
+    ) -> (ScriptCall, Vec<usize>) {
         let mut invocation = RENEW.prepare_invoke();
         invocation.arg(now).arg(micros(ttl)).arg(key_ttl);
         // Per seat one entry per set it is in: the subject's, then the tenant's.
-        let mut entries = Vec::with_capacity(seats.len());
+        let mut entries = Vec::new();
         for seat in seats {
             let keys = lease_keys(&self.prefix, seat.key, seat.tenant_capped);
             invocation.key(keys.subject).arg(seat.id);
@@ -204,15 +224,74 @@ impl RedisStore {
             }
             entries.push(n);
         }
+        (invocation, entries)
+    }
+
+    async fn lease_renew(
+        &self,
+        seats: &[SeatRef<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        if seats.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (now, key_ttl) = self.lease_clock(ttl)?;
+        let (invocation, entries) = self.renew_call(seats.iter(), &now, ttl, key_ttl);
         let reply: Vec<i64> = self.call(Call::Script(&invocation)).await?;
-        let mut alive = Vec::with_capacity(seats.len());
-        let mut at = 0;
-        for n in entries {
-            let slice = reply
-                .get(at..at + n)
-                .ok_or_else(|| protocol("seat renew reply too short"))?;
-            alive.push(slice.iter().all(|&v| v == 1));
-            at += n;
+        renew_reply(&reply, &entries)
+    }
+
+    /// Renews seats of several hash slots served by one primary: one
+    /// `conn_renew.lua` per slot (and batch), all in one pipeline to the
+    /// primary serving the first seat's slot. A seat whose call was
+    /// refused (its slot moved) answers `None`; so do all when the
+    /// pipeline was redirected as a whole. Seats of one slot (or on one
+    /// Redis) take the one call of [`lease_renew`](Self::lease_renew),
+    /// which follows redirects.
+    async fn lease_renew_routed(
+        &self,
+        seats: &[SeatRef<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<Option<bool>>, StoreError> {
+        let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, seat) in seats.iter().enumerate() {
+            slots
+                .entry(lease_slot(seat.key, seat.tenant_capped))
+                .or_default()
+                .push(i);
+        }
+        let Some(&first) = slots.keys().next() else {
+            return Ok(Vec::new());
+        };
+        if slots.len() == 1 || !self.connection.is_cluster() {
+            let alive = self.lease_renew(seats, ttl).await?;
+            return Ok(alive.into_iter().map(Some).collect());
+        }
+        let (now, key_ttl) = self.lease_clock(ttl)?;
+        let batch = conn::Backend::max_renew_batch(self).max(1);
+        let mut calls = Vec::new();
+        let mut members: Vec<(&[usize], Vec<usize>)> = Vec::new();
+        for indexes in slots.values() {
+            for chunk in indexes.chunks(batch) {
+                let (call, entries) =
+                    self.renew_call(chunk.iter().map(|&i| &seats[i]), &now, ttl, key_ttl);
+                calls.push(call);
+                members.push((chunk, entries));
+            }
+        }
+        let mut alive = vec![None; seats.len()];
+        let Some(replies) = self.call_routed(first, &RENEW, &calls).await? else {
+            return Ok(alive);
+        };
+        for ((chunk, entries), reply) in members.iter().zip(replies) {
+            // An error reply (MOVED: the slot is served elsewhere now)
+            // leaves the call's seats unanswered.
+            let Ok(reply) = Vec::<i64>::from_redis_value(reply) else {
+                continue;
+            };
+            for (&i, live) in chunk.iter().zip(renew_reply(&reply, entries)?) {
+                alive[i] = Some(live);
+            }
         }
         Ok(alive)
     }
@@ -256,6 +335,21 @@ impl conn::Backend for RedisStore {
         guard.run(move || self.lease_renew(seats, ttl))
     }
 
+    /// On a cluster, the failure domain of the slot: the primary serving
+    /// it (`None` before the slot map is loaded, and on one Redis).
+    fn renew_route(&self, partition: u16) -> Option<u16> {
+        self.slot_domain(partition)
+    }
+
+    fn renew_routed<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        seats: &'a [SeatRef<'a>],
+        ttl: Duration,
+    ) -> Op<'a, Vec<Option<bool>>> {
+        guard.run(move || self.lease_renew_routed(seats, ttl))
+    }
+
     fn release<'a>(&'a self, guard: &mut Guard<'a>, seat: SeatRef<'a>) -> Op<'a, bool> {
         guard.run(move || self.lease_release(seat))
     }
@@ -285,7 +379,10 @@ impl conn::Backend for RedisStore {
 
     /// 1,000 seats per script call (about 30 ms of Redis time on a busy
     /// 2-core machine, so one call never blocks Redis for long): 10,000
-    /// seats of one node on one Redis renew in 10 calls.
+    /// seats of one node on one Redis renew in 10 calls. On a cluster, also
+    /// 1,000 seats per pipeline to one primary (its scripts, one per slot,
+    /// cost Redis about as much), so a pipeline stays within the store's
+    /// time budget (50 ms by default).
     fn max_renew_batch(&self) -> usize {
         1_000
     }

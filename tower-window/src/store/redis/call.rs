@@ -3,13 +3,14 @@
 //! topology change, `NOSCRIPT` answered by one `EVAL` (see
 //! [`script`](super::script)). Shared by every store operation.
 
-use redis::FromRedisValue;
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+use redis::{ErrorKind, FromRedisValue, ServerErrorKind, Value};
 
 use super::connection::{is_connection_error, is_topology_change, map_error, Conn};
 use super::keys::{encode_component, Crc16, Sink, CLUSTER_SLOTS};
-use super::script::ScriptCall;
+use super::script::{LuaScript, ScriptCall};
 use super::RedisStore;
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreErrorKind};
 use crate::WindowKey;
 
 /// The largest explicit timestamp a script accepts: Lua numbers are
@@ -44,6 +45,92 @@ impl RedisStore {
             }
             map_error(error)
         })
+    }
+
+    /// Sends `calls` (of `script`, each touching one hash slot; the
+    /// slots may differ) to the cluster primary that serves `slot`, in one
+    /// pipeline: one round trip for all of them. The pipeline opens with a
+    /// `SCRIPT LOAD` of `script`, so a node without it (a promoted
+    /// replica, a restart) runs every call instead of answering
+    /// `NOSCRIPT`.
+    ///
+    /// Answers each call's reply, in order (an error reply as
+    /// `Value::ServerError`: a call whose slot is served elsewhere answers
+    /// `MOVED`), or `None` when the pipeline as a whole was redirected
+    /// (`MOVED`, `ASK`, `TRYAGAIN`: some slot moved, and the cluster
+    /// client sends the whole pipeline after the redirect, where the other
+    /// calls are refused in turn; `READONLY`: the node is a replica now)
+    /// and no call's reply is known. Either way
+    /// the slot map is refreshed when a reply says the topology changed.
+    /// Only for calls that may run twice: the cluster client may resend
+    /// the pipeline after a redirect.
+    pub(crate) async fn call_routed(
+        &self,
+        slot: u16,
+        script: &LuaScript,
+        calls: &[ScriptCall],
+    ) -> Result<Option<Vec<Value>>, StoreError> {
+        let (conn, _) = self.connection.get().await?;
+        let Conn::Cluster(cluster) = &conn else {
+            return Err(StoreError::new(
+                StoreErrorKind::Unsupported,
+                "a routed pipeline needs a cluster store",
+            ));
+        };
+        self.refresh_topology_if_due(cluster);
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(script.load_cmd());
+        for call in calls {
+            pipeline.add_command(call.evalsha());
+        }
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+        let reply = cluster
+            .clone()
+            .route_pipeline(pipeline, 0, calls.len() + 1, route)
+            .await;
+        let moved = |error: &redis::RedisError| is_topology_change(error);
+        match reply {
+            Ok(mut replies) if replies.len() == calls.len() + 1 => {
+                replies.remove(0); // the SCRIPT LOAD's SHA1 (or its refusal)
+                let stale = replies.iter().any(|reply| {
+                    matches!(reply, Value::ServerError(_))
+                        && reply
+                            .clone()
+                            .extract_error()
+                            .err()
+                            .is_some_and(|e| moved(&e))
+                });
+                if stale {
+                    self.topology.mark_stale();
+                    self.refresh_topology_if_due(cluster);
+                }
+                Ok(Some(replies))
+            }
+            Ok(_) => Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                "a pipeline reply of the wrong length",
+            )),
+            Err(error) => {
+                if moved(&error) {
+                    self.topology.mark_stale();
+                    self.refresh_topology_if_due(cluster);
+                }
+                if matches!(
+                    error.kind(),
+                    ErrorKind::Server(
+                        ServerErrorKind::Moved
+                            | ServerErrorKind::Ask
+                            | ServerErrorKind::TryAgain
+                            | ServerErrorKind::ReadOnly
+                    )
+                ) {
+                    // The node answered, but not for every slot: nothing
+                    // wrong with it (its breaker hears a success).
+                    return Ok(None);
+                }
+                Err(map_error(error))
+            }
+        }
     }
 
     /// The failure domain of the hash slot `slot` (a cluster primary), or
