@@ -94,13 +94,19 @@ redis_pid=$!
 wait_port "$redis_port" redis-server "$work/redis.log"
 redis_url="redis://127.0.0.1:$redis_port"
 
+# One thread per node on both sides by default: a Socket.IO node runs its
+# sockets on one thread (Node's event loop), so the gateway nodes get one
+# Tokio worker each; on a shared machine more threads would also take a
+# larger share of the cores from the other processes. GATEWAY_THREADS=N
+# to change it.
+gateway_threads="${GATEWAY_THREADS:-1}"
 gateway_urls=()
 gateway_pids=()
 for node in a b; do
   port="$(free_port)"
   # Upgrades are limited per user by --limit: high enough never to refuse
   # one of the run's sockets. No message limits (the default).
-  "$GATEWAY_BIN" --listen "127.0.0.1:$port" --redis-url "$redis_url" \
+  TOKIO_WORKER_THREADS="$gateway_threads" "$GATEWAY_BIN" --listen "127.0.0.1:$port" --redis-url "$redis_url" \
     --limit 100000000/1m --redis-timeout-ms 5000 >"$work/gateway-$node.log" 2>&1 &
   pids+=($!)
   gateway_pids+=($!)
@@ -121,7 +127,7 @@ done
 
 echo "node $(node --version); $(redis-server --version | cut -d' ' -f1-3);" \
   "$(cd "$here" && node -p '["socket.io","@socket.io/redis-streams-adapter","redis","socket.io-client","ws"].map(p=>p+" "+require(p+"/package.json").version).join(", ")');" \
-  "$(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  "gateway nodes with $gateway_threads Tokio worker thread(s) each; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 node "$here/client.js" \
   --gateway "$(IFS=,; echo "${gateway_urls[*]}")" \
   --socketio "$(IFS=,; echo "${socketio_urls[*]}")" \
