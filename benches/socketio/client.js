@@ -164,6 +164,7 @@ function parseArgs(argv) {
     phaseTimeout: 120,
     only: null,
     pids: null,
+    redis: null,
   };
   const names = {
     "--gateway": "gateway",
@@ -178,11 +179,12 @@ function parseArgs(argv) {
     "--phase-timeout": "phaseTimeout",
     "--only": "only",
     "--pids": "pids",
+    "--redis": "redis",
   };
   for (let i = 0; i < argv.length; i += 2) {
     const key = names[argv[i]];
     if (!key || argv[i + 1] === undefined) throw new Error(`unknown or incomplete option ${argv[i]}`);
-    options[key] = ["gateway", "socketio"].includes(key) ? argv[i + 1].split(",") : key === "only" || key === "pids" ? argv[i + 1] : Number(argv[i + 1]);
+    options[key] = ["gateway", "socketio"].includes(key) ? argv[i + 1].split(",") : ["only", "pids", "redis"].includes(key) ? argv[i + 1] : Number(argv[i + 1]);
     if (typeof options[key] === "number" && !(Number.isInteger(options[key]) && options[key] > 0)) {
       throw new Error(`${argv[i]} ${argv[i + 1]}: expected a positive whole number`);
     }
@@ -236,6 +238,37 @@ function cpuSeconds(pids) {
 }
 const cpuNow = (o, system) =>
   o.pids ? { server: cpuSeconds(o.pids[system]), redis: cpuSeconds(o.pids.redis), client: process.cpuUsage() } : null;
+
+// Redis's own count and time of every command so far (`INFO
+// commandstats`): what the server spent, whatever the machine's load did
+// to the wall clock. Per command name: [calls, usec].
+async function commandStats(redis) {
+  if (!redis) return null;
+  const text = await redis.sendCommand(["INFO", "commandstats"]);
+  const stats = new Map();
+  for (const m of text.matchAll(/^cmdstat_([^:]+):calls=(\d+),usec=(\d+)/gm)) {
+    stats.set(m[1], [Number(m[2]), Number(m[3])]);
+  }
+  return stats;
+}
+
+// The top-level commands between two `commandStats`: a script's
+// (`EVALSHA`, `EVAL`) time includes the commands it runs, which Redis also
+// counts under their own names, so those are not added again. The
+// gateway's appends are scripts (their XADD inside), Socket.IO's are
+// plain XADDs; both read with XREAD.
+function topLevel(before, after, system) {
+  const names = ["evalsha", "eval", "xread", ...(system === "socketio" ? ["xadd"] : [])];
+  let calls = 0;
+  let usec = 0;
+  for (const name of names) {
+    const [c0, u0] = before.get(name) ?? [0, 0];
+    const [c1, u1] = after.get(name) ?? [0, 0];
+    calls += c1 - c0;
+    usec += u1 - u0;
+  }
+  return { calls, usec };
+}
 
 function percentile(sorted, p) {
   return sorted[Math.min(sorted.length - 1, Math.round((sorted.length - 1) * p))];
@@ -308,6 +341,7 @@ async function runOne(system, urls, round, o) {
   await until(`${system}: latency phase delivered to every socket`, () => minProgress() >= latencyLast, o.phaseTimeout);
 
   // 3. Saturation, at most WINDOW messages ahead of the slowest socket.
+  const statsBefore = await commandStats(o.redisClient);
   const cpuBefore = cpuNow(o, system);
   const firstUs = nowUs();
   let next = latencyLast + 1;
@@ -325,6 +359,7 @@ async function runOne(system, urls, round, o) {
   let lastUs = 0;
   for (let i = 0; i < o.sockets; i++) lastUs = Math.max(lastUs, Number(Atomics.load(shared.lastAt, i)));
   const cpuAfter = cpuNow(o, system);
+  const statsAfter = await commandStats(o.redisClient);
   // Nothing more may arrive (a repeat would fail the socket that gets it).
   await sleep(200);
   if (!all((i) => Atomics.load(shared.progress, i) === total)) failRun(`${system}: a socket got more than ${total} messages`);
@@ -359,6 +394,9 @@ async function runOne(system, urls, round, o) {
     // in µs per delivery; the client's main thread's share is not counted.
     serverUs: cpuAfter ? ((cpuAfter.server - cpuBefore.server) * 1e6) / (o.sockets * o.messages) : null,
     redisUs: cpuAfter ? ((cpuAfter.redis - cpuBefore.redis) * 1e6) / (o.sockets * o.messages) : null,
+    // Per message published in the saturation phase.
+    redisCalls: statsAfter ? topLevel(statsBefore, statsAfter, system).calls / o.messages : null,
+    redisCallUs: statsAfter ? topLevel(statsBefore, statsAfter, system).usec / o.messages : null,
     clientUs: cpuAfter
       ? ((cpuAfter.client.user + cpuAfter.client.system - cpuBefore.client.user - cpuBefore.client.system) / (o.sockets * o.messages))
       : null,
@@ -379,6 +417,12 @@ async function main() {
     console.error(`client.js: ${error.message}`);
     process.exit(2);
   }
+  if (o.redis) {
+    const { createClient } = require("redis");
+    o.redisClient = createClient({ url: o.redis });
+    o.redisClient.on("error", (error) => failRun(`redis: ${error.message}`));
+    await o.redisClient.connect();
+  }
   const results = [];
   for (let round = 1; round <= o.rounds; round++) {
     // Interleaved, and the order alternates, so neither system always
@@ -395,15 +439,18 @@ async function main() {
   }
   const f = (x, d = 2) => x.toFixed(d);
   const cpu = o.pids !== null;
+  const stats = o.redisClient !== undefined;
   console.log(
     `| round | system | deliveries/s (saturating) | p50 ms @ ${o.rate}/s | p99 ms @ ${o.rate}/s | max ms | deliveries checked |` +
-      (cpu ? " nodes' CPU µs/delivery | Redis CPU µs/delivery | client CPU µs/delivery | cores busy (nodes + Redis) |" : ""),
+      (cpu ? " nodes' CPU µs/delivery | Redis CPU µs/delivery | client CPU µs/delivery | cores busy (nodes + Redis) |" : "") +
+      (stats ? " Redis calls/message | Redis µs/message (commandstats) |" : ""),
   );
-  console.log("|---|---|---|---|---|---|---|" + (cpu ? "---|---|---|---|" : ""));
+  console.log("|---|---|---|---|---|---|---|" + (cpu ? "---|---|---|---|" : "") + (stats ? "---|---|" : ""));
   for (const r of results) {
     console.log(
       `| ${r.round} | ${r.system === "gateway" ? "gateway rooms" : "Socket.IO"} | ${f(r.perSecond, 0)} | ${f(r.p50)} | ${f(r.p99)} | ${f(r.max)} | ${r.deliveries} |` +
-        (cpu ? ` ${f(r.serverUs)} | ${f(r.redisUs)} | ${f(r.clientUs)} | ${f(r.wallShare)} |` : ""),
+        (cpu ? ` ${f(r.serverUs)} | ${f(r.redisUs)} | ${f(r.clientUs)} | ${f(r.wallShare)} |` : "") +
+        (stats ? ` ${f(r.redisCalls)} | ${f(r.redisCallUs, 1)} |` : ""),
     );
   }
   if (o.only !== null) process.exit(0);

@@ -131,5 +131,6 @@ echo "node $(node --version); $(redis-server --version | cut -d' ' -f1-3);" \
 node "$here/client.js" \
   --gateway "$(IFS=,; echo "${gateway_urls[*]}")" \
   --socketio "$(IFS=,; echo "${socketio_urls[*]}")" \
+  --redis "$redis_url" \
   --pids "gateway=$(IFS=,; echo "${gateway_pids[*]}");socketio=$(IFS=,; echo "${socketio_pids[*]}");redis=$redis_pid" "$@"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
