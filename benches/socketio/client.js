@@ -22,6 +22,13 @@
 // done within its time bound, stops the run with exit code 1.
 // The receiving sockets run in worker threads so that the client is not
 // one core's worth of JSON parsing for 40 sockets.
+//
+// Options (defaults): --sockets 40, --workers 2, --rounds 3 (interleaved,
+// the first system alternating), --rate 250, --latency-messages 5000,
+// --messages 20000, --window 256 (at most 1000), --phase-timeout 120 (s),
+// --only gateway|socketio, --pids gateway=P,P;socketio=P,P;redis=P (CPU
+// per delivery from /proc), --redis URL (Redis's own time per message from
+// INFO commandstats). run.sh passes the URLs, --pids and --redis.
 "use strict";
 
 const { Worker, isMainThread, parentPort, workerData } = require("node:worker_threads");
