@@ -412,3 +412,40 @@ async fn a_busy_room_socket_loses_no_inbound_message() {
     assert_eq!(got, expected);
     drop(sending.await.unwrap());
 }
+
+/// Messages larger than the socket's read buffer (4 KiB) arrive whole:
+/// the buffer grows to the frame. Sizes around the buffer's and up to
+/// `--max-message-bytes` (64 KiB), sent back to back so several share one
+/// read, each delivered whole and in order on both nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_larger_than_the_read_buffer_arrive_whole() {
+    let redis = RedisServer::start();
+    let a = node(&redis.url(), &[]).await;
+    let b = node(&redis.url(), &[]).await;
+    let mut reader = connect(a, "rita", "room=large").await;
+    assert_eq!(s(&recv(&mut reader).await, "type"), "joined");
+    let mut writer = connect(b, "walt", "room=large").await;
+    assert_eq!(s(&recv(&mut writer).await, "type"), "joined");
+    let sizes = [4095, 4096, 4097, 8192 + 3, 30_000, 65_536];
+    let texts: Vec<String> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let head = format!("{i}:");
+            let fill = char::from(b'a' + i as u8).to_string();
+            format!("{head}{}", fill.repeat(size - head.len()))
+        })
+        .collect();
+    for text in &texts {
+        writer.feed(Message::text(text.clone())).await.unwrap();
+    }
+    writer.flush().await.unwrap();
+    for ws in [&mut writer, &mut reader] {
+        let got = data(&events(ws, "large", texts.len()).await);
+        assert_eq!(got.len(), texts.len());
+        for (got, sent) in got.iter().zip(&texts) {
+            assert_eq!(got.len(), sent.len());
+            assert!(got == sent, "a message of {} bytes changed", sent.len());
+        }
+    }
+}
