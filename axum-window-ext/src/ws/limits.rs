@@ -103,13 +103,25 @@ impl MessageLimits {
 
     /// Sets the upgrade's frame and message size limits to
     /// [`read_limit`](Self::read_limit) (the guard itself closes with 1009
-    /// past [`max_message_bytes`](Self::max_message_bytes)).
+    /// past [`max_message_bytes`](Self::max_message_bytes)), and its read
+    /// buffer to 4 KiB.
+    ///
+    /// The read buffer: tungstenite's default is 128 KiB, and tungstenite
+    /// zero-fills the buffer's free part on every read attempt, including
+    /// the ones that find nothing; a room socket tries a read after every
+    /// frame it sends, so at 128 KiB that fill was a fifth of a gateway
+    /// node's CPU in `benches/socketio`. Larger messages still arrive whole:
+    /// the buffer grows to a frame's length.
     pub fn configure<F>(&self, upgrade: WebSocketUpgrade<F>) -> WebSocketUpgrade<F> {
         upgrade
             .max_message_size(self.read_limit())
             .max_frame_size(self.read_limit())
+            .read_buffer_size(READ_BUFFER)
     }
 }
+
+/// The read buffer [`MessageLimits::configure`] sets (see there).
+const READ_BUFFER: usize = 4096;
 
 impl fmt::Debug for MessageLimits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -401,22 +401,12 @@ pub(super) async fn handler(
     let limits = state.limits.clone();
     limits
         .configure(upgrade)
-        .read_buffer_size(READ_BUFFER)
         .on_upgrade(move |socket| async move {
             let socket =
                 GuardedSocket::new(socket, state.limits.clone(), key.clone()).with_seat(&lease);
             serve(&state, socket, &key, lease, join).await;
         })
 }
-
-/// The socket's read buffer (tungstenite's default is 128 KiB). tungstenite
-/// zero-fills the buffer's free part, up to this size, on every read
-/// attempt, including the ones that find nothing to read; a room socket's
-/// loop tries a read after every frame it sends, so at 128 KiB that fill
-/// was a fifth of a node's CPU in the room benchmark (`benches/socketio`).
-/// Larger messages still arrive whole: the buffer grows to a frame's
-/// length, read this many bytes at a time.
-const READ_BUFFER: usize = 4096;
 
 /// Runs one socket in its mode until it closes, then releases its lease.
 async fn serve(
