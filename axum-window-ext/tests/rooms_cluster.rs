@@ -10,7 +10,9 @@
 //! * a primary killed during live traffic (its replica promoted): every
 //!   event the store kept reaches every socket, in order, none missed or
 //!   duplicated, and every event a publisher was told was appended is
-//!   among them.
+//!   among them;
+//! * the same for rooms whose slots are resharded to another primary
+//!   (`redis-cli --cluster reshard`) during live traffic.
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
@@ -72,6 +74,59 @@ async fn join(address: SocketAddr, room: &str, user: &str) -> (Ws, String) {
     let joined = recv(&mut ws).await;
     assert_eq!(s(&joined, "type"), "joined", "{joined}");
     (ws, s(&joined, "epoch"))
+}
+
+/// One publisher over both nodes and every room (message `m` to room
+/// `m % rooms`, every 5 ms), retrying a message until the store says it
+/// was appended (bounded in count and time). It pauses after a third of
+/// the messages until `resume` is notified (having notified `pause`).
+/// Returns the count published, `pause`, `resume` and the task (its
+/// failed attempts).
+#[allow(clippy::type_complexity)]
+fn publish(
+    a: &RoomHub,
+    b: &RoomHub,
+    names: &[String],
+    messages: usize,
+) -> (
+    Arc<AtomicUsize>,
+    Arc<tokio::sync::Notify>,
+    Arc<tokio::sync::Notify>,
+    tokio::task::JoinHandle<u32>,
+) {
+    let published = Arc::new(AtomicUsize::new(0));
+    let pause = Arc::new(tokio::sync::Notify::new());
+    let resume = Arc::new(tokio::sync::Notify::new());
+    let (a, b, names) = (a.clone(), b.clone(), names.to_vec());
+    let task = {
+        let (published, pause, resume) = (published.clone(), pause.clone(), resume.clone());
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(90);
+            let mut errors = 0u32;
+            for i in 0..messages {
+                if i == messages / 3 {
+                    pause.notify_one();
+                    resume.notified().await;
+                }
+                let room = RoomName::new(names[i % names.len()].as_str()).unwrap();
+                let hub = if i % 2 == 0 { &a } else { &b };
+                loop {
+                    assert!(Instant::now() < deadline, "publishing m{i} took too long");
+                    match hub.publish(&room, "p", &format!("m{i}")).await {
+                        Ok(_) => break,
+                        Err(_) => {
+                            errors += 1;
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+                published.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            errors
+        })
+    };
+    (published, pause, resume, task)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,41 +262,8 @@ async fn a_killed_primary_loses_no_event_for_any_socket() {
         ));
     }
 
-    // One publisher over both nodes and every room, retrying a message
-    // until the store says it was appended (bounded in count and time).
     const MESSAGES: usize = 450;
-    let published = Arc::new(AtomicUsize::new(0));
-    let pause = Arc::new(tokio::sync::Notify::new());
-    let resume = Arc::new(tokio::sync::Notify::new());
-    let publisher = {
-        let (a, b, names) = (a.clone(), b.clone(), names.clone());
-        let (published, pause, resume) = (published.clone(), pause.clone(), resume.clone());
-        tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(90);
-            let mut errors = 0u32;
-            for i in 0..MESSAGES {
-                if i == MESSAGES / 3 {
-                    pause.notify_one();
-                    resume.notified().await;
-                }
-                let room = RoomName::new(names[i % names.len()].as_str()).unwrap();
-                let hub = if i % 2 == 0 { &a } else { &b };
-                loop {
-                    assert!(Instant::now() < deadline, "publishing m{i} took too long");
-                    match hub.publish(&room, "p", &format!("m{i}")).await {
-                        Ok(_) => break,
-                        Err(_) => {
-                            errors += 1;
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                }
-                published.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            errors
-        })
-    };
+    let (published, pause, resume, publisher) = publish(&a, &b, &names, MESSAGES);
     // The kill: once the replica has everything the primary acknowledged
     // (an asynchronous replica may lose the last writes of a killed
     // primary, which no reader can deliver), while every socket is live.
@@ -271,8 +293,20 @@ async fn a_killed_primary_loses_no_event_for_any_socket() {
     let live: Vec<usize> = (0..6).filter(|&i| i != victim).collect();
     cluster.wait_until_whole("after the kill", &live, || true);
 
-    // What the store kept of each room, from its start, in the current
-    // epoch: every socket got exactly that, in order.
+    every_socket_got_what_the_store_kept(&a, &names, MESSAGES, &mut sockets).await;
+}
+
+/// What the store kept of each room, from its start, in the current
+/// epoch, holds every message published to it (message `m` went to room
+/// `m % rooms`), and every socket got exactly that, in order, and nothing
+/// more within a bounded wait.
+async fn every_socket_got_what_the_store_kept(
+    a: &RoomHub,
+    names: &[String],
+    messages: usize,
+    sockets: &mut [(Ws, Ws)],
+) {
+    let rooms = names.len();
     for (i, name) in names.iter().enumerate() {
         let events_window = a.events();
         let key = format!("room:{name}");
@@ -288,8 +322,8 @@ async fn a_killed_primary_loses_no_event_for_any_socket() {
                 .collect::<Vec<_>>(),
             Resume::Resync(reason) => panic!("{name}: {reason}"),
         };
-        let sent: Vec<String> = (i..MESSAGES)
-            .step_by(ROOMS)
+        let sent: Vec<String> = (i..messages)
+            .step_by(rooms)
             .map(|m| format!("m{m}"))
             .collect();
         for message in &sent {
@@ -307,4 +341,67 @@ async fn a_killed_primary_loses_no_event_for_any_socket() {
             assert!(more.is_err(), "{name} on node {who}: extra {more:?}");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_resharded_to_another_primary_loses_no_event_for_any_socket() {
+    let cluster = RedisCluster::start();
+    let (a, b) = (node(&cluster), node(&cluster));
+    let (node_a, node_b) = (serve(a.clone(), None).await, serve(b.clone(), None).await);
+    // redis-cli moves the source's lowest slots: rooms in the first 64 slots
+    // of node 0 move to node 1; two more rooms stay where they are.
+    let from = cluster.owner(0, 0);
+    let to = (from + 1) % 3;
+    const MOVED: u16 = 64;
+    let moving = |name: &str| slot_of(name) < MOVED;
+    let mut names: Vec<String> = (0..100_000)
+        .map(|i| format!("rs{i}"))
+        .filter(|n| moving(n))
+        .take(3)
+        .collect();
+    names.extend(
+        (0..10)
+            .map(|i| format!("stay{i}"))
+            .filter(|n| !moving(n))
+            .take(2),
+    );
+    assert_eq!(names.len(), 5);
+    let mut sockets = Vec::new();
+    for name in &names {
+        sockets.push((
+            join(node_a, name, "a").await.0,
+            join(node_b, name, "b").await.0,
+        ));
+    }
+    const MESSAGES: usize = 600;
+    let (published, pause, resume, publisher) = publish(&a, &b, &names, MESSAGES);
+    pause.notified().await;
+    resume.notify_one();
+    let id_of = |node: usize| -> String {
+        query::<String>(&cluster.nodes()[node], &["CLUSTER", "MYID"]).unwrap()
+    };
+    let (from_id, to_id) = (id_of(from), id_of(to));
+    let output = std::process::Command::new("redis-cli")
+        .args(["--cluster", "reshard", &cluster.nodes()[from].addr()])
+        .args(["--cluster-from", &from_id, "--cluster-to", &to_id])
+        .args(["--cluster-slots", &MOVED.to_string(), "--cluster-yes"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "reshard failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let all: Vec<usize> = (0..3).collect();
+    cluster.wait_until_whole("every node agrees on the new slot map", &all, || {
+        all.iter()
+            .all(|&n| cluster.owner(n, slot_of(&names[0])) == to)
+    });
+    let errors = publisher.await.unwrap();
+    assert_eq!(published.load(Ordering::Relaxed), MESSAGES);
+    eprintln!("publish errors during the resharding: {errors}");
+    assert_eq!(cluster.owner(0, slot_of(&names[0])), to, "the room moved");
+    every_socket_got_what_the_store_kept(&a, &names, MESSAGES, &mut sockets).await;
 }

@@ -114,8 +114,9 @@ impl fmt::Debug for EventWakeups {
 impl RedisStore {
     /// Live wake-ups of this store's event windows, on connections of
     /// their own (one per primary serving a followed window). For a store
-    /// built from a URL or from cluster seeds (TCP); a pool is
-    /// [`StoreErrorKind::InvalidRequest`]. Needs Redis 7 (`SSUBSCRIBE`).
+    /// built from a URL or from cluster seeds (plain TCP); a pool, or
+    /// cluster seeds over TLS, is [`StoreErrorKind::InvalidRequest`].
+    /// Needs Redis 7 (`SSUBSCRIBE`).
     pub fn event_wakeups(self: &Arc<Self>) -> Result<EventWakeups, StoreError> {
         let seed = self.connection.node_info().ok_or_else(|| {
             StoreError::new(
@@ -123,10 +124,12 @@ impl RedisStore {
                 "event wake-ups need a store built from a redis url or cluster seeds",
             )
         })?;
-        if !matches!(seed.addr(), ConnectionAddr::Tcp(..)) {
+        let cluster = self.connection.is_cluster();
+        if cluster && !matches!(seed.addr(), ConnectionAddr::Tcp(..)) {
+            // Another primary's address is made from the seed's: plain TCP.
             return Err(StoreError::new(
                 StoreErrorKind::InvalidRequest,
-                "event wake-ups need a plain TCP redis address",
+                "event wake-ups on a cluster need plain TCP seeds",
             ));
         }
         let redis = seed
@@ -139,7 +142,7 @@ impl RedisStore {
         let (pushes_tx, pushes) = mpsc::unbounded_channel();
         let subscriber = Subscriber {
             store: Arc::clone(self),
-            cluster: self.connection.is_cluster(),
+            cluster,
             seed,
             followed: HashMap::new(),
             pending: HashSet::new(),
