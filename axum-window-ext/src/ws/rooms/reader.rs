@@ -128,6 +128,10 @@ async fn read_pushed(hub: &RoomHub, wakeups: &EventWakeups) -> Result<(), StoreE
             })
             .collect()
     };
+    // Every wake-up already here joins this round.
+    while let Some(wakeup) = wakeups.try_next() {
+        hub.woken(&wakeup.key);
+    }
     let mut rooms = dirty(hub);
     if rooms.is_empty() {
         let woken = tokio::select! {
@@ -138,7 +142,6 @@ async fn read_pushed(hub: &RoomHub, wakeups: &EventWakeups) -> Result<(), StoreE
         if let Some(wakeup) = woken {
             hub.woken(&wakeup.key);
         }
-        // Every wake-up already here joins this round.
         while let Some(wakeup) = wakeups.try_next() {
             hub.woken(&wakeup.key);
         }
@@ -159,8 +162,11 @@ async fn read_pushed(hub: &RoomHub, wakeups: &EventWakeups) -> Result<(), StoreE
 
 /// Reads `name` from its cursor (`epoch`, `id`) up to now and delivers
 /// what came. A new epoch whose events still follow `id` (a failover that
-/// lost nothing this reader saw) is read on from `id`; otherwise the
-/// cursor moves to the room's head (the sockets' own resumes tell them).
+/// lost nothing this reader saw) is read on from `id`; a window whose
+/// events no longer follow `id` (a restore, a lost stream) is read from
+/// its start, delivering what is after `id`; if that is not recoverable
+/// either (trimmed), the cursor moves to the room's head (the sockets'
+/// own resumes tell them).
 async fn read_room(
     hub: &RoomHub,
     name: &RoomName,
@@ -170,6 +176,7 @@ async fn read_room(
     let key = window_key(name);
     let mut from = Position::new(epoch, (id != EventId::ZERO).then_some(id));
     let mut epoch_checked = false;
+    let mut from_start = false;
     loop {
         match hub.inner.events.since(&key, &from, READ_COUNT).await? {
             Resume::Recovered(events) => {
@@ -177,6 +184,8 @@ async fn read_room(
                 let last = events.last().map(|event| event.id);
                 let tagged = events
                     .into_iter()
+                    // Read from the start: what the cursor passed was sent.
+                    .filter(|e| !from_start || e.id > id)
                     .map(|e| (from.epoch.clone(), e))
                     .collect();
                 hub.deliver(name, tagged);
@@ -194,6 +203,17 @@ async fn read_room(
                 epoch_checked = true;
                 let head = hub.inner.events.position(&key).await?;
                 from = Position::new(head.epoch, from.last_id);
+            }
+            Resume::Resync(ResyncReason::Ahead | ResyncReason::TooOld) if !from_start => {
+                // The window lost events up to the cursor (a restore, a
+                // rollback, a stream lost with a new epoch) or the events
+                // after it do not follow it: what was appended since still
+                // has later ids. Read the window from its start (bounded by
+                // its retention) and deliver what is after the cursor, as
+                // a live tail would; a window trimmed at its start too
+                // resyncs the cursor to the head below.
+                from_start = true;
+                from.last_id = None;
             }
             Resume::Resync(reason) => {
                 // History moved on past what can be recovered: follow the
