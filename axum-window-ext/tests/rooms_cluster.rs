@@ -251,7 +251,7 @@ async fn a_killed_primary_loses_no_event_for_any_socket() {
         .filter(|n| cluster.owner(0, slot_of(n)) == victim)
         .count();
     assert!(
-        on_victim >= 1 && on_victim < ROOMS,
+        (1..ROOMS).contains(&on_victim),
         "{on_victim} rooms on it"
     );
     let mut sockets = Vec::new();

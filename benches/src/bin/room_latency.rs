@@ -228,7 +228,8 @@ fn idle_hub(backend: Backend, urls: &[String], reader: Reader) -> RoomHub {
 
 /// Redis commands per second (all nodes, every command but the
 /// measurement's own) while `rooms` idle rooms are joined on two nodes,
-/// over `seconds`; and the top commands.
+/// over `seconds`; the time Redis spent in them (ms per second, from
+/// `usec` of `INFO commandstats`); and the top commands.
 async fn idle(
     backend: Backend,
     urls: &[String],
@@ -236,7 +237,7 @@ async fn idle(
     reader: Reader,
     rooms: usize,
     seconds: u64,
-) -> (f64, String) {
+) -> (f64, f64, String) {
     let hubs = [
         idle_hub(backend, urls, reader),
         idle_hub(backend, urls, reader),
@@ -255,6 +256,7 @@ async fn idle(
     }
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let mut calls: HashMap<String, u64> = HashMap::new();
+    let mut usec: u64 = 0;
     for node in nodes {
         let info: String = query(node, &["INFO", "commandstats"]).unwrap();
         for line in info.lines() {
@@ -268,12 +270,14 @@ async fn idle(
             if ["info", "config"].contains(&command) {
                 continue;
             }
-            let n: u64 = rest
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-            *calls.entry(name.to_owned()).or_default() += n;
+            let field = |key: &str| -> u64 {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(key))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0)
+            };
+            *calls.entry(name.to_owned()).or_default() += field("calls=");
+            usec += field("usec=");
         }
     }
     drop(sessions);
@@ -287,7 +291,11 @@ async fn idle(
         .map(|(name, n)| format!("{name} {n}"))
         .collect::<Vec<_>>()
         .join(", ");
-    (total as f64 / seconds as f64, top)
+    (
+        total as f64 / seconds as f64,
+        usec as f64 / 1000.0 / seconds as f64,
+        top,
+    )
 }
 
 #[tokio::main]
@@ -329,8 +337,8 @@ async fn main() {
         p[1].1.as_secs_f64() / p[0].1.as_secs_f64()
     );
 
-    println!("| backend | reader | idle rooms x nodes | Redis commands/s | top commands over {seconds} s |");
-    println!("|---|---|---|---|---|");
+    println!("| backend | reader | idle rooms x nodes | Redis commands/s | Redis CPU in commands (ms/s) | top commands over {seconds} s |");
+    println!("|---|---|---|---|---|---|");
     for (name, backend, urls, nodes, readers) in [
         (
             "single Redis",
@@ -348,9 +356,9 @@ async fn main() {
         ),
     ] {
         for reader in readers {
-            let (rate, top) = idle(backend, urls, &nodes, reader, rooms, seconds).await;
+            let (rate, cpu, top) = idle(backend, urls, &nodes, reader, rooms, seconds).await;
             println!(
-                "| {name} | {} | {rooms} x 2 | {rate:.1} | {top} |",
+                "| {name} | {} | {rooms} x 2 | {rate:.1} | {cpu:.1} | {top} |",
                 reader.name()
             );
         }
