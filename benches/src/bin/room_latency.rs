@@ -218,7 +218,13 @@ fn idle_hub(backend: Backend, urls: &[String], reader: Reader) -> RoomHub {
     });
     let retention = Retention::new(Duration::from_secs(600), 1000).unwrap();
     let builder: RoomHubBuilder =
-        RoomHub::builder(EventWindow::new(Store::from(Arc::clone(&store)), retention));
+        // 20,000 joins at once on a loaded machine: a generous budget.
+        RoomHub::builder(EventWindow::new(
+            Store::builder(Arc::clone(&store))
+                .timeout(Duration::from_secs(10))
+                .build(),
+            retention,
+        ));
     match reader {
         Reader::Push => builder.build(),
         Reader::Poll => builder.polling().build(),

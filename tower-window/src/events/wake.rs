@@ -145,6 +145,7 @@ impl RedisStore {
             cluster,
             seed,
             followed: HashMap::new(),
+            live: Arc::new(Mutex::new(HashMap::new())),
             pending: HashSet::new(),
             nodes: HashMap::new(),
             ranges: Vec::new(),
@@ -225,6 +226,10 @@ struct Subscriber {
     seed: ConnectionInfo,
     /// Channel -> window key, of every window followed.
     followed: HashMap<Vec<u8>, Vec<u8>>,
+    /// The same, read by the connections' push senders: an append's
+    /// wake-up goes straight to the reader, never waiting behind this
+    /// task's own work (a subscription round, a check).
+    live: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
     /// Followed channels not subscribed anywhere (new, or lost).
     pending: HashSet<Vec<u8>>,
     /// Connections by primary address (`host:port`; `""` on a single Redis).
@@ -241,6 +246,10 @@ struct Subscriber {
     failures: u32,
     /// When to subscribe the pending channels; `None`: nothing pending.
     retry_at: Option<Instant>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn channel_of(prefix: &str, key: &[u8]) -> Vec<u8> {
@@ -313,6 +322,7 @@ impl Subscriber {
         match command {
             Command::Follow(key) => {
                 let channel = channel_of(&self.store.prefix, &key);
+                lock(&self.live).insert(channel.clone(), key.clone());
                 self.followed.insert(channel.clone(), key);
                 // Subscribed again even if it is: the caller gets its
                 // `Subscribed` wake-up either way.
@@ -325,6 +335,7 @@ impl Subscriber {
             Command::Unfollow(key) => {
                 let channel = channel_of(&self.store.prefix, &key);
                 self.followed.remove(&channel);
+                lock(&self.live).remove(&channel);
                 self.pending.remove(&channel);
                 for node in self.nodes.values_mut() {
                     if node.channels.remove(&channel) {
@@ -478,11 +489,25 @@ impl Subscriber {
         self.next_generation += 1;
         let generation = self.next_generation;
         let pushes = self.pushes_tx.clone();
+        let (live, out) = (Arc::clone(&self.live), self.out.clone());
         let tag = addr.to_owned();
+        let sender = move |push: PushInfo| {
+            if push.kind == PushKind::SMessage {
+                let channel = push.data.first().and_then(bytes);
+                if let Some(key) = channel.and_then(|c| lock(&live).get(c).cloned()) {
+                    let _ = out.send(Wakeup {
+                        key,
+                        reason: WakeReason::Appended,
+                    });
+                }
+                return Ok(());
+            }
+            pushes.send((tag.clone(), generation, push)).map_err(|_| ())
+        };
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.store.connection.connect_timeout()))
             .set_response_timeout(Some(COMMAND_TIMEOUT))
-            .set_push_sender(move |push: PushInfo| pushes.send((tag.clone(), generation, push)));
+            .set_push_sender(sender);
         let client = redis::Client::open(info).map_err(map_error)?;
         let conn = client
             .get_multiplexed_async_connection_with_config(&config)
