@@ -290,7 +290,7 @@ async fn idle(
     drop(hubs);
     let total: u64 = calls.values().sum();
     let mut top: Vec<(String, u64)> = calls.into_iter().collect();
-    top.sort_by(|a, b| b.1.cmp(&a.1));
+    top.sort_by_key(|entry| std::cmp::Reverse(entry.1));
     let top = top
         .iter()
         .take(3)
