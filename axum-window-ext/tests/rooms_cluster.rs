@@ -26,15 +26,21 @@ use std::time::{Duration, Instant};
 
 use axum_window_ext::ws::rooms::{RoomHub, RoomName};
 use tower_window::events::{Position, Resume};
-use tower_window::RedisStore;
+use tower_window::{RedisStore, Store};
 use tower_window_tests::redis_cluster::{key_slot, query, RedisCluster};
 use tower_window_tests::redis_server::RedisServer;
 
 use rooms_support::*;
 
-/// A node: a hub on the cluster (pushed wake-ups, the default there).
+/// A node: a hub on the cluster (pushed wake-ups, the default there),
+/// with a time budget per store call for a loaded 2-core machine running
+/// three clusters at once (the default 50 ms made a resume's history read
+/// fail now and then: the socket is closed with 1011 then).
 fn node(cluster: &RedisCluster) -> RoomHub {
     let store = Arc::new(RedisStore::cluster(cluster.urls()).unwrap());
+    let store = Store::builder(store)
+        .timeout(Duration::from_secs(2))
+        .build();
     let hub = hub(store).build();
     assert!(format!("{hub:?}").contains(r#"live: "push""#), "{hub:?}");
     hub
