@@ -27,7 +27,7 @@ fn node(url: &str) -> RoomHub {
 async fn rooms_on_redis_fan_out_across_nodes_and_resume_on_the_other() {
     let redis = RedisServer::start();
     let (a, b) = (node(&redis.url()), node(&redis.url()));
-    assert!(format!("{a:?}").contains("tail: true"), "{a:?}");
+    assert!(format!("{a:?}").contains(r#"live: "tail""#), "{a:?}");
     let (node_a, node_b) = (serve(a, None).await, serve(b.clone(), None).await);
     let mut alice = connect(node_a, "/rooms/lobby?user=alice", None).await;
     let mut bob = connect(node_b, "/rooms/lobby?user=bob", None).await;

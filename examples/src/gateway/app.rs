@@ -121,8 +121,9 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
     );
     // Rooms (`/ws?room=R`): event windows in the same store.
     let events = EventWindow::new(config.store.clone(), config.rooms.retention);
-    // One hub per node: a single Redis is read live with one blocking
-    // XREAD (its own connection); the embedded store and a cluster are polled.
+    // One hub per node: on Redis (single or cluster) a room is read when
+    // Redis pushes a wake-up for it (its own connections); the embedded
+    // store is polled and woken by local appends.
     let mut rooms = RoomHub::builder(events);
     if let Some(tail) = config
         .store

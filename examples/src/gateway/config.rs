@@ -193,15 +193,17 @@ pub struct RoomsConfig {
     pub retention: Retention,
     /// Read the rooms' live events with one blocking `XREAD` on a
     /// connection of its own: only on a single Redis (the gateway's store
-    /// a `RedisStore` from a URL). Otherwise (the embedded store, a Redis
-    /// Cluster) every room is polled.
+    /// a `RedisStore` from a URL). Otherwise rooms on Redis (single or
+    /// cluster) are read when Redis pushes a wake-up, and rooms on the
+    /// embedded store are polled (and woken by local appends).
     pub tail: bool,
     /// `--inbound-stream`: a client of the Redis and the stream name.
     pub inbound: Option<(redis::Client, String)>,
 }
 
 impl RoomsConfig {
-    /// Rooms keeping `retention`, polled for live events.
+    /// Rooms keeping `retention`, read live by pushed wake-ups on Redis
+    /// (polled on the embedded store).
     pub fn new(retention: Retention) -> Self {
         Self {
             retention,
@@ -411,7 +413,6 @@ impl Args {
                 "keep --history from 1ms to 30d and --history-max from 1 to 10000000",
             )
         })?;
-        let cluster = !self.redis_cluster.is_empty();
         let ws = self.ws.clone().into_config();
         // One store: every capability (the limiter, the connection cap,
         // message limits, dedup, rooms, the demo's peeks) is made from it,
@@ -423,13 +424,10 @@ impl Args {
                     fallback: self.fallback,
                     expected_nodes: self.expected_nodes,
                 };
-                // A cluster cannot XREAD keys of several slots at once: its
-                // rooms are polled.
-                let rooms = if cluster {
-                    RoomsConfig::new(retention)
-                } else {
-                    RoomsConfig::tailed(retention)
-                };
+                // Rooms are read when Redis pushes a wake-up (sharded
+                // pub/sub published by the append), on a single Redis and a
+                // cluster alike: no command for an idle room.
+                let rooms = RoomsConfig::new(retention);
                 (store, Some(resilience), rooms)
             }
             None => (

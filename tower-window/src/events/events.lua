@@ -12,6 +12,11 @@
 -- ARGV[2] now in ms, or '' for Redis TIME
 -- ARGV[3] window ms, ARGV[4] max_len, ARGV[5] ttl ms, ARGV[6] nonce (hex)
 -- append: ARGV[7..] field, value pairs     -> {epoch, id}
+--   and SPUBLISHes the new id on the window's wake-up channel (the
+--   stream's name with its last letter 'w', so the same hash tag and
+--   slot): published by the append itself, so no append goes without its
+--   wake-up. A wake-up only says "read this window from your last id";
+--   the stream stays the only source of events (see events/wake.rs).
 -- head:                                    -> {epoch, last id}
 -- read: ARGV[7] epoch, ARGV[8] after id, ARGV[9] limit (1 to 10000)
 --   -> {0, entries...} | {1} too old | {2} epoch changed | {3} ahead
@@ -145,6 +150,9 @@ if op == 'a' then
   redis.call('XTRIM', stream, 'MAXLEN', '~', max_len)
   redis.call('HSET', meta, 'l', new, 'n', n + 1)
   touch()
+  -- pcall: on a Redis before 7 (no SPUBLISH) appends still work; its
+  -- readers must poll (RoomHubBuilder::polling).
+  redis.pcall('SPUBLISH', string.sub(stream, 1, -2) .. 'w', new)
   return {epoch, new}
 end
 

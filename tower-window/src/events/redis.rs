@@ -47,7 +47,7 @@ pub(crate) fn event_keys(prefix: &str, key: &[u8]) -> (Vec<u8>, Vec<u8>) {
     (stream, meta)
 }
 
-fn event_slot(key: &[u8]) -> u16 {
+pub(crate) fn event_slot(key: &[u8]) -> u16 {
     let mut crc = Crc16::default();
     encode_component(&mut crc, key);
     crc.value() % CLUSTER_SLOTS

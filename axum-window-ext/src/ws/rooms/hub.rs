@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use axum::extract::ws::{Utf8Bytes, WebSocket};
 use tokio::sync::{mpsc, Notify};
-#[cfg(feature = "redis")]
-use tower_window::events::EventTail;
 use tower_window::events::{Epoch, Event, EventId, EventWindow, Position};
+#[cfg(feature = "redis")]
+use tower_window::events::{EventTail, EventWakeups};
 use tower_window::StoreError;
 
 use super::name::RoomName;
@@ -33,6 +33,10 @@ pub(super) enum Live {
     /// One blocking `XREAD` for all rooms (single-node Redis).
     #[cfg(feature = "redis")]
     Tail(Box<tokio::sync::Mutex<EventTail>>),
+    /// Wake-ups pushed by Redis (sharded pub/sub): a room is read only
+    /// when an append or a (re)subscription says so.
+    #[cfg(feature = "redis")]
+    Push(Box<EventWakeups>),
     /// Polling the event window, woken at once by local appends.
     Poll,
 }
@@ -43,6 +47,9 @@ pub(super) struct Inner {
     pub(super) rooms: Mutex<HashMap<RoomName, Room>>,
     /// Wakes the reader: after a local append (polling) or a new room.
     pub(super) wake: Notify,
+    /// Room names by window key, for wake-ups (which name windows).
+    #[cfg(feature = "redis")]
+    pub(super) by_key: Mutex<HashMap<String, RoomName>>,
     started: AtomicBool,
     next_socket: AtomicU64,
     queue_capacity: usize,
@@ -52,6 +59,9 @@ pub(super) struct Room {
     /// The last event the reader delivered (its epoch and id); `None`
     /// until the first join told where the room stands.
     pub(super) cursor: Option<(Epoch, EventId)>,
+    /// To be read from the cursor (pushed wake-ups): set by a wake-up,
+    /// the first join, or a failed read; cleared by the reader.
+    pub(super) dirty: bool,
     sockets: HashMap<u64, Socket>,
 }
 
@@ -80,7 +90,8 @@ pub(super) fn window_key(room: &RoomName) -> String {
 /// Builds a [`RoomHub`]: [`RoomHub::builder`].
 pub struct RoomHubBuilder {
     events: EventWindow,
-    live: Live,
+    /// `None`: pushed wake-ups on a Redis store that has them, else polling.
+    live: Option<Live>,
     queue_capacity: usize,
 }
 
@@ -88,7 +99,7 @@ impl fmt::Debug for RoomHubBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RoomHubBuilder")
             .field("events", &self.events)
-            .field("tail", &!matches!(self.live, Live::Poll))
+            .field("live", &self.live.as_ref().map(Live::name))
             .field("queue_capacity", &self.queue_capacity)
             .finish()
     }
@@ -113,7 +124,29 @@ impl RoomHubBuilder {
     /// `tail` must be of the store `events` lives in.
     #[cfg(feature = "redis")]
     pub fn tail(mut self, tail: EventTail) -> Self {
-        self.live = Live::Tail(Box::new(tokio::sync::Mutex::new(tail)));
+        self.live = Some(Live::Tail(Box::new(tokio::sync::Mutex::new(tail))));
+        self
+    }
+
+    /// Reads a room only when Redis pushes a wake-up for it (an append
+    /// publishes one on the room's shard channel, in the same script), on
+    /// `wakeups`' own connections
+    /// ([`RedisStore::event_wakeups`](tower_window::RedisStore::event_wakeups)):
+    /// no command at all for idle rooms, on a single Redis or a Redis
+    /// Cluster (Redis 7). The default for a store that has them (one built
+    /// from a URL or cluster seeds). `wakeups` must be of the store
+    /// `events` lives in.
+    #[cfg(feature = "redis")]
+    pub fn wakeups(mut self, wakeups: EventWakeups) -> Self {
+        self.live = Some(Live::Push(Box::new(wakeups)));
+        self
+    }
+
+    /// Polls every room every [`POLL_EVERY`](super::POLL_EVERY) (and at
+    /// once after a local append) instead: the only way on the embedded
+    /// store, on a pool-built Redis store, and on a Redis before 7.
+    pub fn polling(mut self) -> Self {
+        self.live = Some(Live::Poll);
         self
     }
 
@@ -121,10 +154,16 @@ impl RoomHubBuilder {
     /// registers them at zero.
     pub fn build(self) -> RoomHub {
         metrics::register();
+        let live = match self.live {
+            Some(live) => live,
+            None => Live::default_for(&self.events),
+        };
         RoomHub {
             inner: Arc::new(Inner {
                 events: self.events,
-                live: self.live,
+                live,
+                #[cfg(feature = "redis")]
+                by_key: Mutex::new(HashMap::new()),
                 rooms: Mutex::new(HashMap::new()),
                 wake: Notify::new(),
                 started: AtomicBool::new(false),
@@ -135,19 +174,46 @@ impl RoomHubBuilder {
     }
 }
 
+impl Live {
+    /// Pushed wake-ups on a Redis store that has them, else polling.
+    fn default_for(events: &EventWindow) -> Self {
+        #[cfg(feature = "redis")]
+        if let Some(wakeups) = events
+            .store()
+            .redis()
+            .and_then(|redis| redis.event_wakeups().ok())
+        {
+            return Live::Push(Box::new(wakeups));
+        }
+        let _ = events;
+        Live::Poll
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "redis")]
+            Live::Tail(_) => "tail",
+            #[cfg(feature = "redis")]
+            Live::Push(_) => "push",
+            Live::Poll => "poll",
+        }
+    }
+}
+
 impl fmt::Debug for RoomHub {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RoomHub")
             .field("rooms", &lock(&self.inner.rooms).len())
-            .field("tail", &!matches!(self.inner.live, Live::Poll))
+            .field("live", &self.inner.live.name())
             .field("queue_capacity", &self.inner.queue_capacity)
             .finish_non_exhaustive()
     }
 }
 
 impl RoomHub {
-    /// Rooms on `events`, read live by polling, with the default queue
-    /// bound: `RoomHub::builder(events).build()`.
+    /// Rooms on `events`, read live by pushed wake-ups on a Redis store
+    /// built from a URL or cluster seeds, else by polling, with the default
+    /// queue bound: `RoomHub::builder(events).build()`.
     pub fn new(events: EventWindow) -> Self {
         Self::builder(events).build()
     }
@@ -157,7 +223,7 @@ impl RoomHub {
     pub fn builder(events: EventWindow) -> RoomHubBuilder {
         RoomHubBuilder {
             events,
-            live: Live::Poll,
+            live: None,
             queue_capacity: DEFAULT_QUEUE,
         }
     }
@@ -191,20 +257,30 @@ impl RoomHub {
         let id = inner.next_socket.fetch_add(1, Ordering::Relaxed);
         let (queue, receiver) = mpsc::channel(inner.queue_capacity);
         let overflowed = Arc::new(AtomicBool::new(false));
-        lock(&inner.rooms)
-            .entry(room.clone())
-            .or_insert_with(|| Room {
-                cursor: None,
-                sockets: HashMap::new(),
-            })
-            .sockets
-            .insert(
-                id,
-                Socket {
-                    queue,
-                    overflowed: Arc::clone(&overflowed),
-                },
-            );
+        {
+            let mut rooms = lock(&inner.rooms);
+            if !rooms.contains_key(room) {
+                // Followed before the room's position is read, so every
+                // append after that read wakes the reader; under the lock,
+                // so a follow and an unfollow of the room keep its order.
+                self.follow(room);
+            }
+            rooms
+                .entry(room.clone())
+                .or_insert_with(|| Room {
+                    cursor: None,
+                    dirty: false,
+                    sockets: HashMap::new(),
+                })
+                .sockets
+                .insert(
+                    id,
+                    Socket {
+                        queue,
+                        overflowed: Arc::clone(&overflowed),
+                    },
+                );
+        }
         metrics::sockets(1.0);
         let mut session = RoomSession {
             hub: self.clone(),
@@ -225,6 +301,9 @@ impl RoomHub {
             match rooms.get_mut(room) {
                 Some(state) if state.cursor.is_none() => {
                     state.cursor = Some((head.epoch.clone(), head.after()));
+                    // Read once from here: an append between the read and
+                    // the subscription taking hold woke nobody.
+                    state.dirty = true;
                     true
                 }
                 _ => false,
@@ -267,6 +346,7 @@ impl RoomHub {
             }
             if state.sockets.is_empty() {
                 rooms.remove(room);
+                self.unfollow(room);
             }
         }
     }
@@ -301,6 +381,43 @@ impl RoomHub {
         // a loop yield now and then (a Redis append yields by itself).
         tokio::task::consume_budget().await;
         Ok(appended.id)
+    }
+
+    /// Subscribes to `room`'s wake-ups (pushed mode only).
+    fn follow(&self, room: &RoomName) {
+        #[cfg(feature = "redis")]
+        if let Live::Push(wakeups) = &self.inner.live {
+            let key = window_key(room);
+            wakeups.follow(&key);
+            lock(&self.inner.by_key).insert(key, room.clone());
+        }
+        #[cfg(not(feature = "redis"))]
+        let _ = room;
+    }
+
+    fn unfollow(&self, room: &RoomName) {
+        #[cfg(feature = "redis")]
+        if let Live::Push(wakeups) = &self.inner.live {
+            let key = window_key(room);
+            wakeups.unfollow(&key);
+            lock(&self.inner.by_key).remove(&key);
+        }
+        #[cfg(not(feature = "redis"))]
+        let _ = room;
+    }
+
+    /// Marks the room of the window `key` to be read (a wake-up).
+    #[cfg(feature = "redis")]
+    pub(super) fn woken(&self, key: &[u8]) {
+        let Ok(key) = std::str::from_utf8(key) else {
+            return;
+        };
+        let Some(name) = lock(&self.inner.by_key).get(key).cloned() else {
+            return;
+        };
+        if let Some(room) = lock(&self.inner.rooms).get_mut(&name) {
+            room.dirty = true;
+        }
     }
 
     fn start_reader(&self) {
@@ -348,6 +465,18 @@ impl RoomHub {
                     }
                 });
             state.cursor = Some((epoch, event.id));
+        }
+    }
+
+    /// Moves `room`'s cursor into `to`'s epoch when it is still at `to`'s
+    /// id in another one (the reader followed the room into a new epoch).
+    pub(super) fn move_cursor(&self, room: &RoomName, to: &Position) {
+        if let Some(state) = lock(&self.inner.rooms).get_mut(room) {
+            if let Some((epoch, id)) = &mut state.cursor {
+                if *epoch != to.epoch && *id == to.after() {
+                    *epoch = to.epoch.clone();
+                }
+            }
         }
     }
 

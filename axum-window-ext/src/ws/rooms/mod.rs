@@ -7,12 +7,22 @@
 //!
 //! * [`RoomHub`], one per node: which of the node's sockets are in which
 //!   room, and **one reader task** (started on the first join) that fetches
-//!   new events of every room the node serves — with a single Redis and the
-//!   `redis` feature, one blocking `XREAD` over all of them on a connection
-//!   of its own ([`RoomHubBuilder::tail`]), re-issued every [`READ_BLOCK`]
-//!   so rooms joined meanwhile are read without restarting it; otherwise
-//!   (embedded store, Redis Cluster) by polling each room every
-//!   [`POLL_EVERY`] and at once after a local append. Each live event is
+//!   new events of every room the node serves. On Redis (a single server or
+//!   a Redis Cluster, Redis 7, a store built from a URL or cluster seeds;
+//!   `redis` feature) a room is read only when Redis pushes a wake-up for
+//!   it ([`EventWakeups`](tower_window::events::EventWakeups)): every
+//!   append publishes one on the room's shard channel in the same script,
+//!   the hub subscribes a room on its first socket and unsubscribes it with
+//!   its last, and after every (re)subscription (a failover, a resharding,
+//!   a lost connection) it reads the room again from its last id, so no
+//!   event is missed and idle rooms cost no command. The stream stays the
+//!   only source of events. Otherwise (the embedded store, a pool-built
+//!   store, or [`RoomHubBuilder::polling`]) each room is polled every
+//!   [`POLL_EVERY`] and at once after a local append;
+//!   [`RoomHubBuilder::tail`] selects one blocking `XREAD` over every room
+//!   on a single Redis instead (re-issued every [`READ_BLOCK`]). A room
+//!   whose epoch changed (a failover) is read on from the hub's last id in
+//!   the new epoch when nothing was lost in between. Each live event is
 //!   serialised once and queued to every socket in its room. Each socket's
 //!   queue is bounded ([`RoomHubBuilder::queue_capacity`], default
 //!   [`DEFAULT_QUEUE`]); a socket whose queue is full is dropped from its
@@ -140,7 +150,9 @@ pub use name::{InvalidRoomName, RoomName};
 pub use session::{Outgoing, RoomSession};
 
 /// How long one blocking `XREAD` of the Redis tail waits: a room joined
-/// meanwhile is read from the next one on.
+/// meanwhile is read from the next one on. Also how long the pushed
+/// reader waits for a wake-up before it looks whether its hub is gone (a
+/// local timer, no command).
 pub const READ_BLOCK: Duration = Duration::from_millis(100);
 /// How often the polling reader looks when nothing woke it.
 pub const POLL_EVERY: Duration = Duration::from_millis(100);

@@ -1,12 +1,18 @@
 //! The node's one reader: fetches new events of every room with sockets
 //! and hands them to the hub, until the hub is dropped.
+//!
+//! With pushed wake-ups it reads a room only when told to (an append's
+//! wake-up, a (re)subscription, a first join), from the room's cursor; a
+//! room whose epoch changed (a failover) is read on from the same id in the
+//! new epoch when nothing was lost in between, so live sockets miss
+//! nothing.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use tower_window::events::{Epoch, EventId, Position, Resume, ResyncReason};
 #[cfg(feature = "redis")]
-use tower_window::events::EventTail;
-use tower_window::events::{Epoch, EventId, Position, Resume};
+use tower_window::events::{EventTail, EventWakeups};
 use tower_window::StoreError;
 
 use super::hub::{lock, window_key, Inner, Live, RoomHub};
@@ -24,6 +30,20 @@ pub(super) async fn run(hub: Weak<Inner>) {
     loop {
         let Some(inner) = hub.upgrade() else { return };
         let hub_ref = RoomHub { inner };
+        #[cfg(feature = "redis")]
+        if let Live::Push(wakeups) = &hub_ref.inner.live {
+            match read_pushed(&hub_ref, wakeups).await {
+                Ok(()) => failures = 0,
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    tracing::warn!(%error, "room reader failed; retrying");
+                    let backoff = Duration::from_millis(50u64 << failures.min(5));
+                    drop(hub_ref);
+                    tokio::time::sleep(backoff).await;
+                }
+            }
+            continue;
+        }
         let rooms: Cursors = lock(&hub_ref.inner.rooms)
             .iter()
             .filter_map(|(name, room)| {
@@ -47,6 +67,8 @@ pub(super) async fn run(hub: Weak<Inner>) {
             #[cfg(feature = "redis")]
             Live::Tail(tail) => read_tail(&hub_ref, tail, &rooms).await,
             Live::Poll => read_poll(&hub_ref, &rooms).await,
+            #[cfg(feature = "redis")]
+            Live::Push(_) => Ok(()),
         };
         match result {
             Ok(()) => failures = 0,
@@ -89,27 +111,127 @@ async fn read_tail(
     Ok(())
 }
 
-async fn read_poll(hub: &RoomHub, rooms: &Cursors) -> Result<(), StoreError> {
+/// One round with pushed wake-ups: waits (at most [`READ_BLOCK`], so a
+/// dropped hub is seen) for a wake-up or a join, then reads every room
+/// marked to be read.
+#[cfg(feature = "redis")]
+async fn read_pushed(hub: &RoomHub, wakeups: &EventWakeups) -> Result<(), StoreError> {
+    let dirty = |hub: &RoomHub| -> Cursors {
+        lock(&hub.inner.rooms)
+            .iter_mut()
+            .filter(|(_, room)| room.dirty && room.cursor.is_some())
+            .filter_map(|(name, room)| {
+                room.dirty = false;
+                room.cursor
+                    .as_ref()
+                    .map(|(epoch, id)| (name.clone(), epoch.clone(), *id))
+            })
+            .collect()
+    };
+    // Every wake-up already here joins this round.
+    while let Some(wakeup) = wakeups.try_next() {
+        hub.woken(&wakeup.key);
+    }
+    let mut rooms = dirty(hub);
+    if rooms.is_empty() {
+        let woken = tokio::select! {
+            wakeup = wakeups.next() => wakeup,
+            () = hub.inner.wake.notified() => None,
+            () = tokio::time::sleep(READ_BLOCK) => None,
+        };
+        if let Some(wakeup) = woken {
+            hub.woken(&wakeup.key);
+        }
+        while let Some(wakeup) = wakeups.try_next() {
+            hub.woken(&wakeup.key);
+        }
+        rooms = dirty(hub);
+    }
+    let mut result = Ok(());
     for (name, epoch, id) in rooms {
-        let from = Position::new(epoch.clone(), (*id != EventId::ZERO).then_some(*id));
-        match hub
-            .inner
-            .events
-            .since(window_key(name), &from, READ_COUNT)
-            .await?
-        {
-            Resume::Recovered(events) => {
-                let events = events.into_iter().map(|e| (epoch.clone(), e)).collect();
-                hub.deliver(name, events);
+        if let Err(error) = read_room(hub, &name, epoch, id).await {
+            // Read again next round (after the caller's backoff).
+            if let Some(room) = lock(&hub.inner.rooms).get_mut(&name) {
+                room.dirty = true;
             }
-            Resume::Resync(_) => {
-                // History moved on (a new epoch): follow the room from now.
-                let head = hub.inner.events.position(window_key(name)).await?;
+            result = Err(error);
+        }
+    }
+    result
+}
+
+/// Reads `name` from its cursor (`epoch`, `id`) up to now and delivers
+/// what came. A new epoch whose events still follow `id` (a failover that
+/// lost nothing this reader saw) is read on from `id`; a window whose
+/// events no longer follow `id` (a restore, a lost stream) is read from
+/// its start, delivering what is after `id`; if that is not recoverable
+/// either (trimmed), the cursor moves to the room's head (the sockets'
+/// own resumes tell them).
+async fn read_room(
+    hub: &RoomHub,
+    name: &RoomName,
+    epoch: Epoch,
+    id: EventId,
+) -> Result<(), StoreError> {
+    let key = window_key(name);
+    let mut from = Position::new(epoch, (id != EventId::ZERO).then_some(id));
+    let mut epoch_checked = false;
+    let mut from_start = false;
+    loop {
+        match hub.inner.events.since(&key, &from, READ_COUNT).await? {
+            Resume::Recovered(events) => {
+                let full = events.len() >= READ_COUNT as usize;
+                let last = events.last().map(|event| event.id);
+                let tagged = events
+                    .into_iter()
+                    // Read from the start: what the cursor passed was sent.
+                    .filter(|e| !from_start || e.id > id)
+                    .map(|e| (from.epoch.clone(), e))
+                    .collect();
+                hub.deliver(name, tagged);
+                if epoch_checked {
+                    // Nothing new in the new epoch yet: the cursor moves
+                    // to it, so the next read needs one call.
+                    hub.move_cursor(name, &from);
+                }
+                match last {
+                    Some(last) if full => from.last_id = Some(last),
+                    _ => return Ok(()),
+                }
+            }
+            Resume::Resync(ResyncReason::EpochChanged) if !epoch_checked => {
+                epoch_checked = true;
+                let head = hub.inner.events.position(&key).await?;
+                from = Position::new(head.epoch, from.last_id);
+            }
+            Resume::Resync(ResyncReason::Ahead | ResyncReason::TooOld) if !from_start => {
+                // The window lost events up to the cursor (a restore, a
+                // rollback, a stream lost with a new epoch) or the events
+                // after it do not follow it: what was appended since still
+                // has later ids. Read the window from its start (bounded by
+                // its retention) and deliver what is after the cursor, as
+                // a live tail would; a window trimmed at its start too
+                // resyncs the cursor to the head below.
+                from_start = true;
+                from.last_id = None;
+            }
+            Resume::Resync(reason) => {
+                // History moved on past what can be recovered: follow the
+                // room from now.
+                tracing::debug!(%reason, room = %name, "room reader resyncs to the head");
+                let head = hub.inner.events.position(&key).await?;
                 if let Some(room) = lock(&hub.inner.rooms).get_mut(name) {
                     room.cursor = Some((head.epoch.clone(), head.after()));
                 }
+                return Ok(());
             }
         }
+    }
+}
+
+async fn read_poll(hub: &RoomHub, rooms: &Cursors) -> Result<(), StoreError> {
+    for (name, epoch, id) in rooms {
+        read_room(hub, name, epoch.clone(), *id).await?;
     }
     tokio::select! {
         () = hub.inner.wake.notified() => {}

@@ -94,12 +94,29 @@ impl Connection {
         self.connect_timeout = timeout;
     }
 
+    /// How long one connection attempt may take.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
     /// The client of a store made from a URL (to open a dedicated
     /// connection, e.g. for blocking reads), `None` otherwise.
     pub(crate) fn client(&self) -> Option<redis::Client> {
         match &*self.connector {
             Connector::Client(client) => Some(client.clone()),
             _ => None,
+        }
+    }
+
+    /// How to reach one node of this store directly (for a connection
+    /// of another kind, such as the event windows' RESP3 subscriptions):
+    /// the URL's server, or the first cluster seed (whose user, password
+    /// and settings every node shares). `None` for a pool.
+    pub(crate) fn node_info(&self) -> Option<redis::ConnectionInfo> {
+        match &*self.connector {
+            Connector::Client(client) => Some(client.get_connection_info().clone()),
+            Connector::Cluster(nodes) => nodes.first().cloned(),
+            Connector::Pool(_) | Connector::ClusterPool(_) => None,
         }
     }
 

@@ -137,7 +137,7 @@ pub(crate) mod call;
 pub(crate) mod connection;
 pub(crate) mod keys;
 pub(crate) mod script;
-mod topology;
+pub(crate) mod topology;
 use topology::TopologyCache;
 
 /// The `deadpool_redis` this crate is built with (for

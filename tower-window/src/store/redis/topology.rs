@@ -155,6 +155,16 @@ impl Topology {
     }
 }
 
+/// The slot ranges of a `CLUSTER SLOTS` reply and the address of each
+/// one's primary (`host:port`), for readers that connect to primaries
+/// themselves (the event windows' wake-up subscriptions).
+pub(crate) fn primary_ranges(value: &Value) -> Result<Vec<(u16, u16, String)>, String> {
+    Ok(parse_ranges(value)?
+        .into_iter()
+        .map(|range| (range.start, range.end, range.primary))
+        .collect())
+}
+
 fn parse_ranges(value: &Value) -> Result<Vec<Range>, String> {
     let Value::Array(entries) = value else {
         return Err("CLUSTER SLOTS: not an array".to_owned());

@@ -1,0 +1,655 @@
+//! [`EventWakeups`]: live wake-ups of event windows on Redis by sharded
+//! pub/sub, without polling.
+//!
+//! Every append (`events.lua`) `SPUBLISH`es the new id on the window's
+//! wake-up channel: the stream's key with `w` for its last letter, so the
+//! same hash tag, slot and primary. The append publishes it itself, in the
+//! same script, so no append can go without its wake-up. A wake-up only
+//! says "read this window from your last id": the stream stays the only
+//! source of events.
+//!
+//! The subscriptions live on plain RESP3 connections of their own, one per
+//! primary serving a followed window (one for a single Redis), driven by
+//! the cluster's slot map (`CLUSTER SLOTS`), not by redis-rs's cluster
+//! client: that client resubscribes by itself after a reconnect or a slot
+//! change, but only when a command of its own fails, and says nothing
+//! about the wake-ups lost meanwhile; here every subscription the server
+//! confirms is reported ([`WakeReason::Subscribed`]), so the reader reads
+//! the window again from its last id and nothing published while the
+//! subscription was gone is missed. A subscription is lost when its
+//! connection drops (a primary killed, a restart), when the server drops
+//! it (`SUNSUBSCRIBE` pushed when its slot left the node: a resharding or
+//! failover), or when a slot-map check (every [`CHECK_EVERY`]) finds its
+//! slot on another primary; each lost channel is subscribed again on the
+//! primary that serves it now, retried with a backoff until it is.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{
+    AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ProtocolVersion, PushInfo, PushKind,
+    Value,
+};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::redis::{event_keys, event_slot};
+use crate::store::redis::connection::{is_topology_change, map_error, Conn};
+use crate::store::redis::topology::primary_ranges;
+use crate::store::redis::RedisStore;
+use crate::store::{StoreError, StoreErrorKind};
+
+/// How often the subscriber checks its connections (`PING`) and, on a
+/// cluster, the slot map (`CLUSTER SLOTS`): a few commands per node every
+/// two seconds, whatever the number of windows followed.
+pub const CHECK_EVERY: Duration = Duration::from_secs(2);
+/// The first wait before subscribing again after a failure (doubling up to
+/// [`MAX_RETRY`]).
+const FIRST_RETRY: Duration = Duration::from_millis(50);
+/// The longest wait between two attempts to subscribe.
+const MAX_RETRY: Duration = Duration::from_secs(1);
+/// How long one subscription command or check may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a window should be read again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WakeReason {
+    /// An event was appended (the append published it).
+    Appended,
+    /// The window's subscription was (re)confirmed by the server: events
+    /// appended while it was not subscribed sent wake-ups nobody heard.
+    Subscribed,
+}
+
+/// "Read the window `key` from your last id", from [`EventWakeups::next`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Wakeup {
+    /// The window's key, as given to [`EventWakeups::follow`].
+    pub key: Vec<u8>,
+    /// Why.
+    pub reason: WakeReason,
+}
+
+enum Command {
+    Follow(Vec<u8>),
+    Unfollow(Vec<u8>),
+}
+
+/// Wake-ups of the event windows a reader follows, pushed by Redis
+/// (sharded pub/sub, Redis 7), on a single Redis or a Redis Cluster; see
+/// the [module docs](self) for how subscriptions survive failovers and
+/// reshardings.
+///
+/// Made by [`RedisStore::event_wakeups`]. Follow a window
+/// ([`follow`](Self::follow)) before reading where it stands, then read it
+/// from the last id seen on every [`Wakeup`] ([`next`](Self::next)); a
+/// [`WakeReason::Subscribed`] comes once the subscription holds, and again
+/// after every resubscription. The subscriber task starts on the first
+/// call inside a Tokio runtime and ends when this is dropped.
+pub struct EventWakeups {
+    commands: mpsc::UnboundedSender<Command>,
+    wakeups: tokio::sync::Mutex<mpsc::UnboundedReceiver<Wakeup>>,
+    /// The subscriber, until it is started.
+    idle: Mutex<Option<(Subscriber, mpsc::UnboundedReceiver<Command>)>>,
+}
+
+impl fmt::Debug for EventWakeups {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let started = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none();
+        f.debug_struct("EventWakeups")
+            .field("started", &started)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Live wake-ups of this store's event windows, on connections of
+    /// their own (one per primary serving a followed window). For a store
+    /// built from a URL or from cluster seeds (plain TCP); a pool, or
+    /// cluster seeds over TLS, is [`StoreErrorKind::InvalidRequest`].
+    /// Needs Redis 7 (`SSUBSCRIBE`).
+    pub fn event_wakeups(self: &Arc<Self>) -> Result<EventWakeups, StoreError> {
+        let seed = self.connection.node_info().ok_or_else(|| {
+            StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "event wake-ups need a store built from a redis url or cluster seeds",
+            )
+        })?;
+        let cluster = self.connection.is_cluster();
+        if cluster && !matches!(seed.addr(), ConnectionAddr::Tcp(..)) {
+            // Another primary's address is made from the seed's: plain TCP.
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "event wake-ups on a cluster need plain TCP seeds",
+            ));
+        }
+        let redis = seed
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let seed = seed.set_redis_settings(redis);
+        let (commands, command_rx) = mpsc::unbounded_channel();
+        let (out, wakeups) = mpsc::unbounded_channel();
+        let (pushes_tx, pushes) = mpsc::unbounded_channel();
+        let subscriber = Subscriber {
+            store: Arc::clone(self),
+            cluster,
+            seed,
+            followed: HashMap::new(),
+            live: Arc::new(Mutex::new(HashMap::new())),
+            pending: HashSet::new(),
+            nodes: HashMap::new(),
+            ranges: Vec::new(),
+            stale: true,
+            next_generation: 0,
+            pushes_tx,
+            pushes,
+            out,
+            failures: 0,
+            retry_at: None,
+        };
+        Ok(EventWakeups {
+            commands,
+            wakeups: tokio::sync::Mutex::new(wakeups),
+            idle: Mutex::new(Some((subscriber, command_rx))),
+        })
+    }
+}
+
+impl EventWakeups {
+    /// Subscribes to the window `key`'s wake-ups (again, if it was
+    /// followed: a [`WakeReason::Subscribed`] follows either way).
+    pub fn follow(&self, key: impl AsRef<[u8]>) {
+        self.start();
+        let _ = self.commands.send(Command::Follow(key.as_ref().to_vec()));
+    }
+
+    /// Stops following the window `key`.
+    pub fn unfollow(&self, key: impl AsRef<[u8]>) {
+        let _ = self.commands.send(Command::Unfollow(key.as_ref().to_vec()));
+    }
+
+    /// The next wake-up; `None` once the subscriber is gone (its runtime
+    /// shut down). Cancel-safe. One caller at a time gets each wake-up.
+    pub async fn next(&self) -> Option<Wakeup> {
+        self.start();
+        self.wakeups.lock().await.recv().await
+    }
+
+    /// A wake-up already here, without waiting (`None` also while another
+    /// caller waits in [`next`](Self::next)).
+    pub fn try_next(&self) -> Option<Wakeup> {
+        self.wakeups.try_lock().ok()?.try_recv().ok()
+    }
+
+    /// Starts the subscriber task on the current runtime, once; outside
+    /// a runtime, waits for a call inside one (follows are kept).
+    fn start(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some((subscriber, commands)) = idle {
+            runtime.spawn(subscriber.run(commands));
+        }
+    }
+}
+
+/// One primary's subscription connection.
+struct Node {
+    conn: MultiplexedConnection,
+    /// Tells this connection's pushes from an older one's to the same
+    /// address.
+    generation: u64,
+    /// The channels subscribed on it.
+    channels: HashSet<Vec<u8>>,
+}
+
+/// The task behind [`EventWakeups`].
+struct Subscriber {
+    store: Arc<RedisStore>,
+    cluster: bool,
+    /// How to reach a node (its address replaced per primary), in RESP3.
+    seed: ConnectionInfo,
+    /// Channel -> window key, of every window followed.
+    followed: HashMap<Vec<u8>, Vec<u8>>,
+    /// The same, read by the connections' push senders: an append's
+    /// wake-up goes straight to the reader, never waiting behind this
+    /// task's own work (a subscription round, a check).
+    live: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
+    /// Followed channels not subscribed anywhere (new, or lost).
+    pending: HashSet<Vec<u8>>,
+    /// Connections by primary address (`host:port`; `""` on a single Redis).
+    nodes: HashMap<String, Node>,
+    /// The cluster's slot ranges and their primaries.
+    ranges: Vec<(u16, u16, String)>,
+    /// Whether `ranges` must be loaded again before use.
+    stale: bool,
+    next_generation: u64,
+    pushes_tx: mpsc::UnboundedSender<(String, u64, PushInfo)>,
+    pushes: mpsc::UnboundedReceiver<(String, u64, PushInfo)>,
+    out: mpsc::UnboundedSender<Wakeup>,
+    /// Failed subscription rounds in a row.
+    failures: u32,
+    /// When to subscribe the pending channels; `None`: nothing pending.
+    retry_at: Option<Instant>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn channel_of(prefix: &str, key: &[u8]) -> Vec<u8> {
+    let mut channel = event_keys(prefix, key).0;
+    if let Some(last) = channel.last_mut() {
+        *last = b'w';
+    }
+    channel
+}
+
+fn bytes(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(text) => Some(text.as_bytes()),
+        _ => None,
+    }
+}
+
+/// `cmd` on `conn`, bounded by [`COMMAND_TIMEOUT`].
+async fn timed(
+    conn: &mut impl redis::aio::ConnectionLike,
+    cmd: &redis::Cmd,
+) -> Result<Value, StoreError> {
+    match tokio::time::timeout(COMMAND_TIMEOUT, cmd.query_async::<Value>(conn)).await {
+        Ok(result) => result.map_err(map_error),
+        Err(_) => Err(StoreError::new(
+            StoreErrorKind::Timeout,
+            "a wake-up subscriber's command timed out",
+        )),
+    }
+}
+
+/// Unsubscribes `channel` in the background (the answer is not needed:
+/// a push for a channel no longer followed is ignored).
+fn unsubscribe(mut conn: MultiplexedConnection, channel: Vec<u8>) {
+    tokio::spawn(async move {
+        let _ = timed(&mut conn, redis::cmd("SUNSUBSCRIBE").arg(channel)).await;
+    });
+}
+
+impl Subscriber {
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        let mut check = tokio::time::interval_at(Instant::now() + CHECK_EVERY, CHECK_EVERY);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let retry_at = self.retry_at;
+            tokio::select! {
+                command = commands.recv() => {
+                    let Some(command) = command else { return };
+                    self.command(command);
+                    // A burst of joins becomes one subscription round.
+                    while let Ok(command) = commands.try_recv() {
+                        self.command(command);
+                    }
+                }
+                Some((addr, generation, push)) = self.pushes.recv() => {
+                    self.push(&addr, generation, push);
+                }
+                _ = check.tick() => self.check().await,
+                () = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)),
+                    if retry_at.is_some() => self.subscribe_pending().await,
+            }
+            if self.out.is_closed() {
+                return;
+            }
+        }
+    }
+
+    fn command(&mut self, command: Command) {
+        match command {
+            Command::Follow(key) => {
+                let channel = channel_of(&self.store.prefix, &key);
+                lock(&self.live).insert(channel.clone(), key.clone());
+                self.followed.insert(channel.clone(), key);
+                // Subscribed again even if it is: the caller gets its
+                // `Subscribed` wake-up either way.
+                for node in self.nodes.values_mut() {
+                    node.channels.remove(&channel);
+                }
+                self.pending.insert(channel);
+                self.schedule();
+            }
+            Command::Unfollow(key) => {
+                let channel = channel_of(&self.store.prefix, &key);
+                self.followed.remove(&channel);
+                lock(&self.live).remove(&channel);
+                self.pending.remove(&channel);
+                for node in self.nodes.values_mut() {
+                    if node.channels.remove(&channel) {
+                        unsubscribe(node.conn.clone(), channel.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Subscribes the pending channels at once, unless failures call for
+    /// a backoff (then when it ends).
+    fn schedule(&mut self) {
+        if self.pending.is_empty() {
+            self.retry_at = None;
+            return;
+        }
+        let wait = if self.failures == 0 {
+            Duration::ZERO
+        } else {
+            FIRST_RETRY
+                .saturating_mul(1 << self.failures.min(5))
+                .min(MAX_RETRY)
+        };
+        let at = Instant::now() + wait;
+        self.retry_at = Some(self.retry_at.map_or(at, |current| current.min(at)));
+    }
+
+    fn push(&mut self, addr: &str, generation: u64, push: PushInfo) {
+        let current = self
+            .nodes
+            .get(addr)
+            .is_some_and(|node| node.generation == generation);
+        let channel = push.data.first().and_then(bytes);
+        match push.kind {
+            PushKind::SMessage => {
+                if let Some(key) = channel.and_then(|c| self.followed.get(c)) {
+                    let _ = self.out.send(Wakeup {
+                        key: key.clone(),
+                        reason: WakeReason::Appended,
+                    });
+                }
+            }
+            PushKind::SSubscribe if current => {
+                let Some(channel) = channel else { return };
+                let Some(key) = self.followed.get(channel) else {
+                    return;
+                };
+                let _ = self.out.send(Wakeup {
+                    key: key.clone(),
+                    reason: WakeReason::Subscribed,
+                });
+                self.pending.remove(channel);
+                if let Some(node) = self.nodes.get_mut(addr) {
+                    node.channels.insert(channel.to_vec());
+                }
+            }
+            PushKind::SUnsubscribe if current => {
+                // Dropped by the server (its slot left the node), or the
+                // answer to our own unsubscribe (then no longer followed).
+                let Some(channel) = channel else { return };
+                let lost = self
+                    .nodes
+                    .get_mut(addr)
+                    .is_some_and(|node| node.channels.remove(channel));
+                if lost && self.followed.contains_key(channel) {
+                    tracing::debug!(addr, "a wake-up subscription was dropped by redis");
+                    self.pending.insert(channel.to_vec());
+                    self.stale = true;
+                    self.schedule();
+                }
+            }
+            PushKind::Disconnection if current => self.lose(addr),
+            _ => {}
+        }
+    }
+
+    /// The connection to `addr` is gone: every channel on it is subscribed
+    /// again where its slot is served now.
+    fn lose(&mut self, addr: &str) {
+        if let Some(node) = self.nodes.remove(addr) {
+            tracing::debug!(
+                addr,
+                channels = node.channels.len(),
+                "a wake-up connection was lost; resubscribing"
+            );
+            self.pending.extend(
+                node.channels
+                    .into_iter()
+                    .filter(|c| self.followed.contains_key(c)),
+            );
+        }
+        self.stale = true;
+        self.schedule();
+    }
+
+    /// The primary serving `channel` (`""` on a single Redis).
+    fn target(&self, channel: &[u8]) -> Option<String> {
+        if !self.cluster {
+            return Some(String::new());
+        }
+        let key = self.followed.get(channel)?;
+        let slot = event_slot(key);
+        self.ranges
+            .iter()
+            .find(|(start, end, _)| (*start..=*end).contains(&slot))
+            .map(|(_, _, primary)| primary.clone())
+    }
+
+    /// Loads the slot map (cluster only).
+    async fn load_ranges(&mut self) -> Result<(), StoreError> {
+        if !self.cluster {
+            self.stale = false;
+            return Ok(());
+        }
+        let (conn, _) = self.store.connection.get().await?;
+        let Conn::Cluster(mut conn) = conn else {
+            return Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                "a cluster store without a cluster connection",
+            ));
+        };
+        let reply = timed(&mut conn, redis::cmd("CLUSTER").arg("SLOTS")).await?;
+        self.ranges = primary_ranges(&reply)
+            .map_err(|message| StoreError::new(StoreErrorKind::Protocol, message))?;
+        self.stale = false;
+        Ok(())
+    }
+
+    /// A connection to `addr`, made if needed.
+    async fn node(&mut self, addr: &str) -> Result<MultiplexedConnection, StoreError> {
+        if let Some(node) = self.nodes.get(addr) {
+            return Ok(node.conn.clone());
+        }
+        let info = if addr.is_empty() {
+            self.seed.clone()
+        } else {
+            let (host, port) = addr
+                .rsplit_once(':')
+                .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+                .ok_or_else(|| {
+                    StoreError::new(
+                        StoreErrorKind::Protocol,
+                        format!("a cluster node without a host and port: {addr}"),
+                    )
+                })?;
+            self.seed
+                .clone()
+                .set_addr(ConnectionAddr::Tcp(host.to_owned(), port))
+        };
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        let pushes = self.pushes_tx.clone();
+        let (live, out) = (Arc::clone(&self.live), self.out.clone());
+        let tag = addr.to_owned();
+        let sender = move |push: PushInfo| {
+            if push.kind == PushKind::SMessage {
+                let channel = push.data.first().and_then(bytes);
+                if let Some(key) = channel.and_then(|c| lock(&live).get(c).cloned()) {
+                    let _ = out.send(Wakeup {
+                        key,
+                        reason: WakeReason::Appended,
+                    });
+                }
+                return Ok(());
+            }
+            pushes.send((tag.clone(), generation, push)).map_err(|_| ())
+        };
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.store.connection.connect_timeout()))
+            .set_response_timeout(Some(COMMAND_TIMEOUT))
+            .set_push_sender(sender);
+        let client = redis::Client::open(info).map_err(map_error)?;
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(map_error)?;
+        self.nodes.insert(
+            addr.to_owned(),
+            Node {
+                conn: conn.clone(),
+                generation,
+                channels: HashSet::new(),
+            },
+        );
+        Ok(conn)
+    }
+
+    /// One round: subscribes every pending channel on the primary serving
+    /// it. What fails stays pending, retried after a backoff.
+    async fn subscribe_pending(&mut self) {
+        self.retry_at = None;
+        let mut failed = false;
+        if self.stale {
+            if let Err(error) = self.load_ranges().await {
+                tracing::debug!(%error, "loading the slot map for wake-ups failed");
+                self.failures = self.failures.saturating_add(1);
+                self.schedule();
+                return;
+            }
+        }
+        let mut by_node: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
+        for channel in &self.pending {
+            match self.target(channel) {
+                Some(addr) => by_node.entry(addr).or_default().push(channel.clone()),
+                None => failed = true,
+            }
+        }
+        for (addr, channels) in by_node {
+            let conn = match self.node(&addr).await {
+                Ok(conn) => conn,
+                Err(error) => {
+                    tracing::debug!(%error, addr, "connecting for wake-ups failed");
+                    failed = true;
+                    continue;
+                }
+            };
+            // One channel per command: redis-rs matches each
+            // confirmation to one request.
+            let results = futures_util::future::join_all(channels.iter().map(|channel| {
+                let mut conn = conn.clone();
+                async move {
+                    redis::cmd("SSUBSCRIBE")
+                        .arg(channel.as_slice())
+                        .query_async::<Value>(&mut conn)
+                        .await
+                }
+            }))
+            .await;
+            for (channel, result) in channels.into_iter().zip(results) {
+                match result {
+                    Ok(Value::Push {
+                        kind: PushKind::SSubscribe,
+                        data,
+                    }) if data.first().and_then(bytes) == Some(channel.as_slice()) => {
+                        self.pending.remove(&channel);
+                        if let Some(node) = self.nodes.get_mut(&addr) {
+                            node.channels.insert(channel);
+                        }
+                    }
+                    Ok(_) => failed = true,
+                    Err(error) => {
+                        failed = true;
+                        if is_topology_change(&error) {
+                            self.stale = true;
+                        }
+                        if error.is_connection_dropped() || error.is_io_error() {
+                            self.lose(&addr);
+                        }
+                    }
+                }
+            }
+        }
+        if failed || !self.pending.is_empty() {
+            self.failures = self.failures.saturating_add(1);
+            self.stale = self.stale || self.cluster;
+        } else {
+            self.failures = 0;
+        }
+        self.schedule();
+    }
+
+    /// Every [`CHECK_EVERY`]: a connection that no longer answers is lost,
+    /// and (cluster) channels whose slot moved to another primary are
+    /// subscribed there.
+    async fn check(&mut self) {
+        let addrs: Vec<(String, MultiplexedConnection)> = self
+            .nodes
+            .iter()
+            .map(|(addr, node)| (addr.clone(), node.conn.clone()))
+            .collect();
+        for (addr, mut conn) in addrs {
+            if timed(&mut conn, &redis::cmd("PING")).await.is_err() {
+                self.lose(&addr);
+            }
+        }
+        if !self.cluster || self.followed.is_empty() {
+            return;
+        }
+        if let Err(error) = self.load_ranges().await {
+            tracing::debug!(%error, "checking the slot map for wake-ups failed");
+            self.stale = true;
+            return;
+        }
+        let mut moved = Vec::new();
+        for (addr, node) in &self.nodes {
+            for channel in &node.channels {
+                if self.target(channel).as_deref() != Some(addr.as_str()) {
+                    moved.push((addr.clone(), channel.clone()));
+                }
+            }
+        }
+        for (addr, channel) in moved {
+            if let Some(node) = self.nodes.get_mut(&addr) {
+                node.channels.remove(&channel);
+                unsubscribe(node.conn.clone(), channel.clone());
+            }
+            self.pending.insert(channel);
+        }
+        // Connections to primaries that serve none of our channels go.
+        self.nodes.retain(|_, node| !node.channels.is_empty());
+        self.schedule();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_channel_shares_the_stream_key_hash_tag() {
+        let (stream, _) = event_keys("tw:", b"room:{1}");
+        let channel = channel_of("tw:", b"room:{1}");
+        assert_eq!(channel, b"tw:ev:{room%3A%7B1%7D}:w".to_vec());
+        assert_eq!(stream[..stream.len() - 1], channel[..channel.len() - 1]);
+    }
+}
