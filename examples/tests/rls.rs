@@ -424,3 +424,62 @@ async fn a_fresh_rls_exports_its_dashboard_row_at_zero() {
         1
     );
 }
+
+#[test]
+fn the_example_envoy_config_fits_the_example_rules() {
+    use clap::Parser as _;
+    use serde_norway::Value;
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let envoy: Value =
+        serde_norway::from_str(&std::fs::read_to_string(format!("{dir}/rls/envoy.yaml")).unwrap())
+            .unwrap();
+    let rules: Value =
+        serde_norway::from_str(&std::fs::read_to_string(format!("{dir}/rls/config.yaml")).unwrap())
+            .unwrap();
+    // Every value of `field` anywhere in `value`.
+    fn all<'a>(value: &'a Value, field: &str, out: &mut Vec<&'a Value>) {
+        match value {
+            Value::Mapping(map) => {
+                for (k, v) in map {
+                    if k.as_str() == Some(field) {
+                        out.push(v);
+                    }
+                    all(v, field, out);
+                }
+            }
+            Value::Sequence(items) => items.iter().for_each(|v| all(v, field, out)),
+            _ => {}
+        }
+    }
+    let mut domains = Vec::new();
+    all(&envoy, "domain", &mut domains);
+    assert_eq!(domains, [&rules["domain"]]);
+    // The rls cluster points at the rls's default --listen.
+    let default =
+        tower_window_examples::rls::RlsArgs::try_parse_from(["rls", "--config", "x"]).unwrap();
+    let mut ports = Vec::new();
+    all(&envoy, "port_value", &mut ports);
+    assert_eq!(
+        ports.last().unwrap().as_u64(),
+        Some(u64::from(default.listen.port()))
+    );
+    // Every descriptor key the routes send has a rule key in config.yaml.
+    let mut sent = Vec::new();
+    all(&envoy, "descriptor_key", &mut sent);
+    let mut sent: Vec<&str> = sent.iter().filter_map(|v| v.as_str()).collect();
+    let mut actions = Vec::new();
+    all(&envoy, "remote_address", &mut actions);
+    if !actions.is_empty() {
+        sent.push("remote_address");
+    }
+    let mut keys = Vec::new();
+    all(&rules, "key", &mut keys);
+    let keys: Vec<&str> = keys.iter().filter_map(|v| v.as_str()).collect();
+    assert!(sent.len() >= 5, "{sent:?}");
+    for key in sent {
+        assert!(
+            keys.contains(&key),
+            "envoy.yaml sends {key}, config.yaml has no rule for it"
+        );
+    }
+}
