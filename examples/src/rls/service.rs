@@ -28,7 +28,7 @@
 //! descriptor's own `hits_addend` of 0 only reads its window. Two
 //! descriptors with the same rule and values are one window, counted once.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -178,9 +178,9 @@ impl RlsService {
             // Distinct windows of this cost, and each descriptor's index
             // among them.
             let mut quotas: Vec<Quota> = Vec::new();
-            let mut index_of: HashMap<&str, usize> = HashMap::new();
+            // At most a few descriptors per request: linear scans beat
+            // hashing here.
             let mut members: Vec<(usize, usize)> = Vec::new();
-            let mut names: HashSet<String> = HashSet::new();
             for (i, plan) in plans.iter().enumerate() {
                 let Plan::Store { quota, cost: c, .. } = plan else {
                     continue;
@@ -188,12 +188,11 @@ impl RlsService {
                 if *c != cost {
                     continue;
                 }
-                let at = match index_of.get(quota.state_id()) {
-                    Some(&at) => at,
+                let at = match quotas.iter().position(|q| q.state_id() == quota.state_id()) {
+                    Some(at) => at,
                     None => {
-                        let named = unique_name(quota, &mut names)?;
+                        let named = unique_name(quota, &quotas)?;
                         quotas.push(named);
-                        index_of.insert(quota.state_id(), quotas.len() - 1);
                         quotas.len() - 1
                     }
                 };
@@ -375,21 +374,21 @@ fn drop_replaced(plans: &mut [Plan]) {
     }
 }
 
-/// `quota` under a name no other quota of this call has (`name`, `name-2`,
-/// ...): the window is the instance's whatever the name.
-fn unique_name(quota: &Quota, names: &mut HashSet<String>) -> Result<Quota, Status> {
+/// `quota` under a name none of `taken` has (`name`, `name-2`, ...): the
+/// window is the instance's whatever the name.
+fn unique_name(quota: &Quota, taken: &[Quota]) -> Result<Quota, Status> {
     let base = quota.name();
+    if !taken.iter().any(|q| q.name() == base) {
+        return Ok(quota.clone());
+    }
     let mut name = base.to_owned();
     let mut n = 1;
-    while names.contains(&name) {
+    while taken.iter().any(|q| q.name() == name) {
         n += 1;
         let suffix = format!("-{n}");
+        // Names are ASCII: any byte index is a character boundary.
         let keep = base.len().min(64 - suffix.len());
         name = format!("{}{suffix}", &base[..keep]);
-    }
-    names.insert(name.clone());
-    if name == base {
-        return Ok(quota.clone());
     }
     quota
         .clone()
