@@ -202,7 +202,14 @@ pub struct Domain {
 pub struct RlsConfig {
     /// By name.
     pub domains: HashMap<String, Domain>,
+    /// Which set this is: every loaded set has a number of its own, so
+    /// what was derived from one set (prepared requests) is never taken
+    /// for another's.
+    pub generation: u64,
 }
+
+/// The last generation handed out.
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Why a set of files was refused: the file and the problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -317,7 +324,10 @@ impl RlsConfig {
 
     /// Checks a set of files given as `(path, text)`.
     pub fn from_texts(texts: &[(PathBuf, String)]) -> Result<Self, RlsConfigError> {
-        let mut config = Self::default();
+        let mut config = Self {
+            domains: HashMap::new(),
+            generation: GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
+        };
         for (file, text) in texts {
             let domain = parse_file(file, text)?;
             if let Some(other) = config.domains.get(&domain.name) {

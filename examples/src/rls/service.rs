@@ -42,6 +42,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use prost::Message as _;
 use tonic::{Request, Response, Status};
 use tower_window::quota::MAX_QUOTAS;
 use tower_window::{Decision, Limiter, Policy, Quota, WindowKey};
@@ -61,7 +62,14 @@ struct Inner {
     config: Arc<ArcSwap<RlsConfig>>,
     limiter: Limiter,
     response_headers: bool,
+    /// Requests seen before, prepared, by rules generation and encoded
+    /// request (bounded; a reload's new generation never sees an older
+    /// one's entries).
+    prepared: quick_cache::sync::Cache<(u64, Vec<u8>), Arc<Prepared>>,
 }
+
+/// How many prepared requests the service keeps.
+const PREPARED: usize = 4_096;
 
 impl std::fmt::Debug for RlsService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -82,6 +90,7 @@ impl RlsService {
                 config,
                 limiter,
                 response_headers,
+                prepared: quick_cache::sync::Cache::new(PREPARED),
             }),
         }
     }
@@ -125,19 +134,24 @@ impl RlsService {
                 .collect();
             return Ok(response(Code::Ok, statuses, Vec::new()));
         };
-        let request_cost = request.hits_addend.max(1);
-        let mut plans = Vec::with_capacity(request.descriptors.len());
-        for descriptor in &request.descriptors {
-            plans.push(plan(domain, descriptor, request_cost)?);
-        }
-        drop_replaced(&mut plans);
+        // A request seen before under these rules is prepared already:
+        // its rules matched, its windows named, its policies built.
+        let cache_key = (config.generation, request.encode_to_vec());
+        let prepared = match self.inner.prepared.get(&cache_key) {
+            Some(prepared) => prepared,
+            None => {
+                let prepared = Arc::new(prepare(domain, request)?);
+                self.inner.prepared.insert(cache_key, Arc::clone(&prepared));
+                prepared
+            }
+        };
 
         let key = WindowKey::new(request.domain.as_str(), "");
-        let outcomes = self.run(&key, &plans).await?;
+        let outcomes = self.run(&key, &prepared).await?;
 
-        let mut statuses = Vec::with_capacity(plans.len());
+        let mut statuses = Vec::with_capacity(prepared.plans.len());
         let mut overall = Code::Ok;
-        for (plan, outcome) in plans.iter().zip(&outcomes) {
+        for (plan, outcome) in prepared.plans.iter().zip(&outcomes) {
             let status = status_of(plan, outcome.as_ref());
             if status.code == Code::OverLimit as i32 {
                 overall = Code::OverLimit;
@@ -152,70 +166,26 @@ impl RlsService {
         Ok(response(overall, statuses, headers))
     }
 
-    /// The store calls: one per cost (in order of first appearance), each
-    /// a policy of that cost's distinct windows. A call after a denial (or
+    /// The store calls of `prepared`, in order; a call after a denial (or
     /// with an enforced zero-limit rule matched) only reads.
     async fn run(
         &self,
         key: &WindowKey,
-        plans: &[Plan],
+        prepared: &Prepared,
     ) -> Result<Vec<Option<QuotaOutcome>>, Status> {
-        let mut outcomes: Vec<Option<QuotaOutcome>> = vec![None; plans.len()];
-        let mut denied = plans.iter().any(|p| match p {
-            Plan::Zero { rule } => !rule.shadow,
-            _ => false,
-        });
-        // Costs in order of first appearance.
-        let mut costs: Vec<u32> = Vec::new();
-        for plan in plans {
-            if let Plan::Store { cost, .. } = plan {
-                if !costs.contains(cost) {
-                    costs.push(*cost);
-                }
-            }
-        }
-        for cost in costs {
-            // Distinct windows of this cost, and each descriptor's index
-            // among them.
-            let mut quotas: Vec<Quota> = Vec::new();
-            // At most a few descriptors per request: linear scans beat
-            // hashing here.
-            let mut members: Vec<(usize, usize)> = Vec::new();
-            for (i, plan) in plans.iter().enumerate() {
-                let Plan::Store { quota, cost: c, .. } = plan else {
-                    continue;
-                };
-                if *c != cost {
-                    continue;
-                }
-                let at = match quotas.iter().position(|q| q.state_id() == quota.state_id()) {
-                    Some(at) => at,
-                    None => {
-                        let named = unique_name(quota, &quotas)?;
-                        quotas.push(named);
-                        quotas.len() - 1
-                    }
-                };
-                members.push((i, at));
-            }
-            if quotas.len() > MAX_QUOTAS {
-                return Err(Status::invalid_argument(format!(
-                    "at most {MAX_QUOTAS} limited descriptors of one hits_addend per request, got {}",
-                    quotas.len()
-                )));
-            }
-            let policy = Policy::new("rls", quotas.iter().cloned())
-                .map_err(|e| Status::internal(format!("cannot decide these descriptors: {e}")))?;
+        let mut outcomes: Vec<Option<QuotaOutcome>> = vec![None; prepared.plans.len()];
+        let mut denied = prepared.zero_denies;
+        for group in &prepared.groups {
             let limiter = &self.inner.limiter;
-            let read_only = cost == 0 || denied;
+            let read_only = group.cost == 0 || denied;
             let decision = if read_only {
                 limiter
-                    .peek_policy(key, &policy, cost.max(1))
+                    .peek_policy(key, &group.policy, group.cost.max(1))
                     .await
                     .map(|d| (d, true))
             } else {
                 limiter
-                    .check_policy(key, &policy, cost)
+                    .check_policy(key, &group.policy, group.cost)
                     .await
                     .map(|d| (d, false))
             };
@@ -227,16 +197,106 @@ impl RlsService {
                 denied = true;
             }
             let decision = Arc::new(decision);
-            for (i, at) in members {
+            for &(i, at) in &group.members {
                 outcomes[i] = Some(QuotaOutcome {
                     decision: Arc::clone(&decision),
-                    name: quotas[at].name().to_owned(),
+                    at,
+                    name: Arc::clone(&group.names[at]),
                     peeked,
                 });
             }
         }
         Ok(outcomes)
     }
+}
+
+/// A request made ready to decide: each descriptor's plan, and the store
+/// calls — one per cost (in order of first appearance), each a policy of
+/// that cost's distinct windows.
+#[derive(Debug)]
+struct Prepared {
+    plans: Vec<Plan>,
+    groups: Vec<Group>,
+    /// An enforced `requests_per_unit: 0` rule matched: the request is
+    /// denied whatever the store says, and every call only reads.
+    zero_denies: bool,
+}
+
+/// One store call.
+#[derive(Debug)]
+struct Group {
+    cost: u32,
+    policy: Policy,
+    /// `(descriptor index, quota index in the policy)`.
+    members: Vec<(usize, usize)>,
+    /// The policy's quota names, shared with each outcome.
+    names: Vec<Arc<str>>,
+}
+
+fn prepare(domain: &config::Domain, request: &RateLimitRequest) -> Result<Prepared, Status> {
+    let request_cost = request.hits_addend.max(1);
+    let mut plans = Vec::with_capacity(request.descriptors.len());
+    for descriptor in &request.descriptors {
+        plans.push(plan(domain, descriptor, request_cost)?);
+    }
+    drop_replaced(&mut plans);
+    let zero_denies = plans.iter().any(|p| match p {
+        Plan::Zero { rule } => !rule.shadow,
+        _ => false,
+    });
+    // Costs in order of first appearance.
+    let mut costs: Vec<u32> = Vec::new();
+    for plan in &plans {
+        if let Plan::Store { cost, .. } = plan {
+            if !costs.contains(cost) {
+                costs.push(*cost);
+            }
+        }
+    }
+    let mut groups = Vec::with_capacity(costs.len());
+    for cost in costs {
+        // Distinct windows of this cost (a few per request: linear scans
+        // beat hashing here), and each descriptor's index among them.
+        let mut quotas: Vec<Quota> = Vec::new();
+        let mut members: Vec<(usize, usize)> = Vec::new();
+        for (i, plan) in plans.iter().enumerate() {
+            let Plan::Store { quota, cost: c, .. } = plan else {
+                continue;
+            };
+            if *c != cost {
+                continue;
+            }
+            let at = match quotas.iter().position(|q| q.state_id() == quota.state_id()) {
+                Some(at) => at,
+                None => {
+                    let named = unique_name(quota, &quotas)?;
+                    quotas.push(named);
+                    quotas.len() - 1
+                }
+            };
+            members.push((i, at));
+        }
+        if quotas.len() > MAX_QUOTAS {
+            return Err(Status::invalid_argument(format!(
+                "at most {MAX_QUOTAS} limited descriptors of one hits_addend per request, got {}",
+                quotas.len()
+            )));
+        }
+        let names = quotas.iter().map(|q| Arc::from(q.name())).collect();
+        let policy = Policy::new("rls", quotas)
+            .map_err(|e| Status::internal(format!("cannot decide these descriptors: {e}")))?;
+        groups.push(Group {
+            cost,
+            policy,
+            members,
+            names,
+        });
+    }
+    Ok(Prepared {
+        plans,
+        groups,
+        zero_denies,
+    })
 }
 
 #[tonic::async_trait]
@@ -279,8 +339,9 @@ impl Plan {
 #[derive(Debug, Clone)]
 struct QuotaOutcome {
     decision: Arc<Decision>,
-    /// The window's quota name in that decision's policy.
-    name: String,
+    /// The window's quota in that decision's policy: its index and name.
+    at: usize,
+    name: Arc<str>,
     /// Only read (nothing counted): never a denial of this descriptor.
     peeked: bool,
 }
@@ -455,10 +516,11 @@ fn status_of(plan: &Plan, outcome: Option<&QuotaOutcome>) -> DescriptorStatus {
             let decision = &outcome.decision;
             // A degraded decision may not list the policy's quotas: it
             // then speaks for every one of them.
+            // A decision lists its policy's quotas in policy order.
             let own = decision
                 .quotas()
-                .iter()
-                .find(|q| q.quota().name() == outcome.name);
+                .get(outcome.at)
+                .filter(|q| q.quota().name() == outcome.name.as_ref());
             let (fits, remaining, reset, retry) = match own {
                 Some(q) => (q.allowed(), q.remaining(), q.reset_after(), q.retry_after()),
                 None => (
