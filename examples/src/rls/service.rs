@@ -27,6 +27,11 @@
 //! call back: only descriptors of one cost are all-or-nothing). A
 //! descriptor's own `hits_addend` of 0 only reads its window. Two
 //! descriptors with the same rule and values are one window, counted once.
+//!
+//! A request is prepared once per rules generation (rules matched, windows
+//! named, policies built) and kept in a bounded cache by its encoded bytes,
+//! so Envoy's repeated descriptors go straight to their store call; a
+//! reload starts a new generation.
 
 use std::collections::HashSet;
 use std::sync::Arc;
