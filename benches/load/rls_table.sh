@@ -86,9 +86,8 @@ start_server() {
         pattern='s/.*listening address=\([0-9.:]*\).*/\1/p'
         ;;
     rls*)
-        local port=$((20000 + RANDOM % 35000)) metrics=$((20000 + RANDOM % 35000))
-        TOKIO_WORKER_THREADS=$WORKERS RUST_LOG=info "$bin/rls" --listen "127.0.0.1:$port" \
-            --metrics-listen "127.0.0.1:$metrics" --config "$tmp/rules.yaml" \
+        TOKIO_WORKER_THREADS=$WORKERS RUST_LOG=info "$bin/rls" --listen 127.0.0.1:0 \
+            --metrics-listen 127.0.0.1:0 --config "$tmp/rules.yaml" \
             --redis-url "$redis_url" "${lease[@]}" >"$log" 2>&1 &
         pattern='s/.*serving envoy.service.ratelimit.v3.RateLimitService address=\([0-9.:]*\).*/\1/p'
         ;;
