@@ -10,7 +10,6 @@
 //! - [`service`]: the decision — every descriptor of a request in one
 //!   store call, all or nothing —, and the answer;
 //! - [`reload`]: the files watched and reloaded as a whole;
-//! - [`server`]: the gRPC endpoint (small codec buffers);
 //! - [`metrics`]: the service's own series.
 //!
 //! Everything the gateway has carries over, with the same flags (each also
@@ -25,7 +24,6 @@ pub mod config;
 pub mod matching;
 pub mod metrics;
 pub mod reload;
-pub mod server;
 pub mod service;
 
 use std::net::SocketAddr;
@@ -36,6 +34,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use clap::Parser;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
@@ -263,7 +262,7 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     Server::builder()
-        .add_service(server::RlsServer::new(service))
+        .add_service(RateLimitServiceServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
