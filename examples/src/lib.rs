@@ -7,3 +7,4 @@
 pub mod gateway;
 pub mod grpc;
 pub mod inbound;
+pub mod rls;

@@ -657,7 +657,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    pub(super) fn new(
+    pub(crate) fn new(
         flag: &'static str,
         value: impl Into<String>,
         problem: impl Into<String>,
@@ -713,7 +713,7 @@ const REDIS_URL_FORM: &str =
 
 /// Refuses a Redis URL the client cannot parse, naming it (one of a
 /// cluster's URLs, say) and the likely fix.
-fn check_redis_url(flag: &'static str, url: &str) -> Result<(), ConfigError> {
+pub(crate) fn check_redis_url(flag: &'static str, url: &str) -> Result<(), ConfigError> {
     use tower_window::store::redis::redis::IntoConnectionInfo;
     match url.into_connection_info() {
         Ok(_) => Ok(()),
@@ -721,7 +721,11 @@ fn check_redis_url(flag: &'static str, url: &str) -> Result<(), ConfigError> {
     }
 }
 
-fn redis_url_error(flag: &'static str, url: &str, error: &dyn std::error::Error) -> ConfigError {
+pub(crate) fn redis_url_error(
+    flag: &'static str,
+    url: &str,
+    error: &dyn std::error::Error,
+) -> ConfigError {
     let url = url.trim();
     let fix = match url.split_once("://") {
         _ if url.is_empty() => format!("give a URL, e.g. {flag} redis://127.0.0.1:6379"),

@@ -89,6 +89,9 @@ struct QuotaData {
     shadow: bool,
     /// The tenant's state generation (see [`Quota::with_generation`]).
     generation: u64,
+    /// Which of the quota's separate windows this is (see
+    /// [`Quota::with_instance`]); `None` for the quota's one window.
+    instance: Option<Arc<str>>,
 }
 
 impl Quota {
@@ -212,6 +215,59 @@ impl Quota {
         self.0.generation
     }
 
+    /// The same quota counting a window of its own for `instance`: one
+    /// quota definition, many independent windows under one
+    /// [`WindowKey`](crate::WindowKey), told apart by arbitrary text (an
+    /// Envoy rate limit descriptor's entries, say), so that several of
+    /// them can be decided together in one [`Policy`] — one store call,
+    /// all or nothing.
+    ///
+    /// The instance takes the name's place in the [state id](Self::state_id)
+    /// (`i:<instance>|<window>|<shape>...`) and is added to the
+    /// [id](Self::id), percent-escaped (`%`, `|`, `,`, `:`, control bytes
+    /// and non-ASCII bytes become `%XX`): distinct instances never share a
+    /// window, no instance can pass for a name (names hold no `:`), and the
+    /// name is free to differ from one policy to the next (a descriptor's
+    /// position in a request, say) while the window stays the instance's.
+    /// Stores escape state ids again (the Redis keys hash a long one and
+    /// never let it pick a hash slot). The name stays what metrics and
+    /// headers show. An empty instance is a window of its own, apart from
+    /// the quota's plain one.
+    ///
+    /// ```
+    /// use tower_window::{Policy, Quota};
+    ///
+    /// let per_path: Quota = "10/1m".parse::<Quota>()?.named("path")?;
+    /// let a = per_path.clone().with_instance("/a");
+    /// let b = per_path.clone().with_instance("/b");
+    /// assert_ne!(a.state_id(), b.state_id());
+    /// assert_eq!(a.instance(), Some("/a"));
+    /// assert_eq!(a.name(), "path");
+    /// // Escaping keeps every instance apart.
+    /// assert_ne!(per_path.clone().with_instance("a|b").state_id(), per_path.clone().with_instance("a%7Cb").state_id());
+    /// assert_ne!(per_path.clone().with_instance("").state_id(), per_path.state_id());
+    /// // The window is the instance's, whatever the name.
+    /// assert_eq!(a.clone().named("first")?.state_id(), a.state_id());
+    /// // Two windows of one definition in one policy (names must differ).
+    /// let both = Policy::new("request", [a, b.named("path2")?])?;
+    /// assert_eq!(both.len(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn with_instance(mut self, instance: &str) -> Self {
+        Arc::make_mut(&mut self.0).instance = Some(Arc::from(instance));
+        let name = self.name().to_owned();
+        self.set_ids(&name);
+        self
+    }
+
+    /// The instance this quota's window is for (see
+    /// [`with_instance`](Self::with_instance)); `None` for the quota's one
+    /// plain window.
+    pub fn instance(&self) -> Option<&str> {
+        self.0.instance.as_deref()
+    }
+
     /// The quota's name; `"default"` unless set.
     pub fn name(&self) -> &str {
         // The id starts with the name and `|`, an ASCII character boundary.
@@ -327,9 +383,32 @@ impl Quota {
             g => format!("|g{g}"),
         };
         let shadow = if self.0.shadow { "|shadow" } else { "" };
-        let id = Arc::from(format!("{name}|{self}{scope}{generation}{shadow}"));
+        // Last, so nothing after it needs telling apart from it; escaped,
+        // so it holds no `|` (ids) or `,` (policy ids) of its own.
+        // With an instance the window is the instance's, whatever the name
+        // (`i:` cannot start a name, which holds no `:`); escaped, it holds
+        // no `|` (ids) or `,` (policy ids) of its own.
+        let instance = self.0.instance.as_deref().map(|instance| {
+            let mut text = String::with_capacity(instance.len() + 2);
+            text.push_str("i:");
+            for byte in instance.bytes() {
+                if matches!(byte, b'%' | b'|' | b',' | b':') || !(b' '..0x7f).contains(&byte) {
+                    text.push('%');
+                    text.push(char::from(HEX_DIGITS[usize::from(byte >> 4)]));
+                    text.push(char::from(HEX_DIGITS[usize::from(byte & 15)]));
+                } else {
+                    text.push(char::from(byte));
+                }
+            }
+            text
+        });
+        let id = Arc::from(match &instance {
+            Some(instance) => format!("{name}|{self}{scope}{generation}{shadow}|{instance}"),
+            None => format!("{name}|{self}{scope}{generation}{shadow}"),
+        });
         let state_id = Arc::from(format!(
-            "{name}|{}|{shape}{scope}{generation}",
+            "{}|{}|{shape}{scope}{generation}",
+            instance.as_deref().unwrap_or(name),
             FormatDuration(self.window())
         ));
         let data = Arc::make_mut(&mut self.0);
@@ -389,6 +468,9 @@ impl fmt::Display for FormatDuration {
         write!(f, "{micros}us")
     }
 }
+
+/// Upper-case hex digits for [`Quota::with_instance`]'s escapes.
+const HEX_DIGITS: &[u8; 16] = b"0123456789ABCDEF";
 
 /// DSL units and their size in microseconds, smallest first.
 const UNITS: [(&str, u64); 5] = [
@@ -596,6 +678,7 @@ impl QuotaBuilder {
             scope: self.scope,
             shadow: false,
             generation: 0,
+            instance: None,
         }));
         quota.set_ids(name);
         Ok(quota)

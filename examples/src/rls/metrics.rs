@@ -1,0 +1,63 @@
+//! The rls's own series, beside tower-window's (decisions, store calls,
+//! breakers, leases, reloads — labelled by quota, i.e. by rule):
+//!
+//! - `tower_window_rls_requests_total{code="ok"|"over_limit"|"error"}`:
+//!   `ShouldRateLimit` calls by `overall_code` (`error`: a gRPC error,
+//!   a bad request or the store unavailable without a fallback);
+//! - `tower_window_rls_descriptors_total{result="ok"|"over_limit"|"shadow_over_limit"|"unlimited"|"no_rule"}`:
+//!   descriptors by what they got.
+//!
+//! The labels are fixed words: no domain, key or value reaches a label.
+
+/// `ShouldRateLimit` calls by overall code.
+pub const RLS_REQUESTS_TOTAL: &str = "tower_window_rls_requests_total";
+/// Descriptors by result.
+pub const RLS_DESCRIPTORS_TOTAL: &str = "tower_window_rls_descriptors_total";
+
+const CODES: [&str; 3] = ["ok", "over_limit", "error"];
+const RESULTS: [&str; 5] = [
+    "ok",
+    "over_limit",
+    "shadow_over_limit",
+    "unlimited",
+    "no_rule",
+];
+
+/// Counts one call.
+pub(super) fn request(code: &'static str) {
+    metrics::counter!(RLS_REQUESTS_TOTAL, "code" => code).increment(1);
+}
+
+/// Counts one descriptor.
+pub(super) fn descriptor(result: &'static str) {
+    metrics::counter!(RLS_DESCRIPTORS_TOTAL, "result" => result).increment(1);
+}
+
+/// Describes the rls's series and registers each at zero, with every
+/// quota in `quotas` (tower-window's per-quota series) and the reload
+/// counter, so the dashboard charts them from the start. Call it after
+/// [`install_recorder`](crate::gateway::metrics::install_recorder); adding
+/// zero changes nothing, so calling it again after a reload is harmless.
+pub fn register_at_zero<'a>(quotas: impl IntoIterator<Item = &'a str>) {
+    metrics::describe_counter!(
+        RLS_REQUESTS_TOTAL,
+        "ShouldRateLimit calls by overall code (ok, over_limit, error)"
+    );
+    metrics::describe_counter!(
+        RLS_DESCRIPTORS_TOTAL,
+        "Rate limit descriptors by result (ok, over_limit, shadow_over_limit, unlimited, no_rule)"
+    );
+    for code in CODES {
+        metrics::counter!(RLS_REQUESTS_TOTAL, "code" => code).increment(0);
+    }
+    for result in RESULTS {
+        metrics::counter!(RLS_DESCRIPTORS_TOTAL, "result" => result).increment(0);
+    }
+    for quota in quotas {
+        tower_window::metrics::register_quota(quota);
+    }
+    for result in ["ok", "error"] {
+        metrics::counter!(tower_window::metrics::CONFIG_RELOAD_TOTAL, "result" => result)
+            .increment(0);
+    }
+}

@@ -1,0 +1,268 @@
+//! An Envoy rate limit service (`--bin rls`): Envoy's
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over gRPC
+//! (tonic, the API types of the `envoy-types` crate), with the rules of
+//! envoyproxy/ratelimit's YAML files and tower-window's windows — sliding
+//! by default — on the embedded store, Redis or Redis Cluster.
+//!
+//! - [`config`]: the YAML format (plus `algorithm`), checked as
+//!   envoyproxy/ratelimit checks it;
+//! - [`matching`]: the rule of each descriptor;
+//! - [`service`]: the decision — every descriptor of a request in one
+//!   store call, all or nothing —, and the answer;
+//! - [`reload`]: the files watched and reloaded as a whole;
+//! - [`metrics`]: the service's own series.
+//!
+//! Everything the gateway has carries over, with the same flags (each also
+//! from a `TW_RLS_*` variable): Redis (`--redis-url`) and Redis Cluster
+//! (`--redis-cluster`) with a time budget (`--redis-timeout-ms`), the
+//! store's breakers, a local tier of recent denials and a fallback policy
+//! (`--fallback`, `--expected-nodes`); quota leases (`--lease`,
+//! `--lease-ttl`); metrics on `--metrics-listen` for the bundled dashboard.
+//! See `examples/README.md` for pointing Envoy at it.
+
+pub mod config;
+pub mod matching;
+pub mod metrics;
+pub mod reload;
+pub mod service;
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use clap::Parser;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::Server;
+use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
+use tower_window::{LeaseConfig, Limiter, MemoryStore, Quota, RedisStore, Store};
+
+use crate::gateway::flags;
+use crate::gateway::{ConfigError, FallbackArg};
+pub use config::{RlsConfig, RlsConfigError};
+pub use service::RlsService;
+
+/// The rls's flags. Every flag can also be set from the environment
+/// variable shown in `--help`.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "rls",
+    version,
+    about = "An Envoy rate limit service with sliding windows, on tower-window"
+)]
+pub struct RlsArgs {
+    /// Address to serve gRPC (HTTP/2 without TLS) on: IP:PORT.
+    #[arg(long, env = "TW_RLS_LISTEN", default_value = "127.0.0.1:8081", value_parser = flags::listen)]
+    pub listen: SocketAddr,
+
+    /// A rules file (envoyproxy/ratelimit's YAML, one domain per file), or
+    /// a directory of `*.yaml` files. Repeat it for several; in the
+    /// environment, separate them with `,`. Watched and reloaded as a
+    /// whole; a broken set is refused and the old rules stay.
+    #[arg(
+        long,
+        env = "TW_RLS_CONFIG",
+        value_name = "FILE|DIR",
+        required = true,
+        value_delimiter = ','
+    )]
+    pub config: Vec<PathBuf>,
+
+    /// Redis URL (`redis://host:port[/db]`): every rls on the same Redis
+    /// shares the same windows. Without it (and without
+    /// `--redis-cluster`) the embedded store is used.
+    #[arg(long, env = "TW_RLS_REDIS_URL", conflicts_with = "redis_cluster")]
+    pub redis_url: Option<String>,
+
+    /// Redis Cluster seed node URLs, comma-separated.
+    #[arg(long, env = "TW_RLS_REDIS_CLUSTER", value_delimiter = ',')]
+    pub redis_cluster: Vec<String>,
+
+    /// What to answer while Redis is slow or down: `fail-open` (OK),
+    /// `fail-closed` (OVER_LIMIT), `local` (a window on this node with a
+    /// share of each limit, see `--expected-nodes`). Envoy's own
+    /// `failure_mode_deny` applies when the rls itself cannot answer.
+    #[arg(long, env = "TW_RLS_FALLBACK", value_enum, default_value_t = FallbackArg::Local)]
+    pub fallback: FallbackArg,
+
+    /// How many rls nodes share the Redis (the `local` fallback's share is
+    /// limit / expected-nodes).
+    #[arg(long, env = "TW_RLS_EXPECTED_NODES", default_value = "1", value_parser = flags::expected_nodes)]
+    pub expected_nodes: NonZeroU32,
+
+    /// Time budget of one decision against Redis, retries included, in
+    /// milliseconds; past it the fallback answers.
+    #[arg(long, env = "TW_RLS_REDIS_TIMEOUT_MS", default_value = "50", value_parser = flags::redis_timeout_ms)]
+    pub redis_timeout_ms: u64,
+
+    /// The largest quota lease, in units: up to this many units of a hot
+    /// window are taken in one store call and spent on this node, the
+    /// limit still exact across nodes. 0 (the default) turns leases off.
+    #[arg(long, env = "TW_RLS_LEASE", default_value = "0", value_parser = flags::count)]
+    pub lease: u32,
+
+    /// How long a lease may be spent (`250ms`, `1s`; a bare number is
+    /// milliseconds). Default: a tenth of the shortest window, at most 1s.
+    #[arg(long, env = "TW_RLS_LEASE_TTL", value_name = "DURATION", value_parser = flags::lease_ttl)]
+    pub lease_ttl: Option<Duration>,
+
+    /// Answer with `x-ratelimit-limit`, `x-ratelimit-remaining` and
+    /// `x-ratelimit-reset` in `response_headers_to_add` (Envoy adds them to
+    /// the client's response), for the descriptor that binds.
+    #[arg(long, env = "TW_RLS_RESPONSE_HEADERS")]
+    pub response_headers: bool,
+
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (IP:PORT).
+    #[arg(long, env = "TW_RLS_METRICS_LISTEN", value_parser = flags::listen)]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// What [`build`] needs, made from [`RlsArgs`].
+#[non_exhaustive]
+pub struct RlsServerConfig {
+    /// The rules as loaded, and their sources (for the reload).
+    pub rules: RlsConfig,
+    /// `--config`.
+    pub sources: Vec<PathBuf>,
+    /// The one store.
+    pub store: Store,
+    /// `Some` on Redis: the fallback policy.
+    pub fallback: Option<(FallbackArg, NonZeroU32)>,
+    /// Quota leases.
+    pub leases: Option<LeaseConfig>,
+    /// `--response-headers`.
+    pub response_headers: bool,
+}
+
+impl std::fmt::Debug for RlsServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RlsServerConfig")
+            .field("domains", &self.rules.domains.len())
+            .field("sources", &self.sources)
+            .field("fallback", &self.fallback)
+            .field("leases", &self.leases)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RlsArgs {
+    /// Checks the flags and loads the rules.
+    pub fn into_config(self) -> Result<RlsServerConfig, ConfigError> {
+        let rules = RlsConfig::load(&self.config).map_err(|error| {
+            ConfigError::new(
+                "--config",
+                self.config
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                error.to_string(),
+                "fix the file (its format: examples/rls/config.yaml and examples/README.md) and start again",
+            )
+        })?;
+        let timeout = Duration::from_millis(self.redis_timeout_ms);
+        let redis = if let Some(url) = &self.redis_url {
+            crate::gateway::check_redis_url("--redis-url", url)?;
+            Some(
+                RedisStore::from_url(url)
+                    .map_err(|e| crate::gateway::redis_url_error("--redis-url", url, &e))?,
+            )
+        } else if !self.redis_cluster.is_empty() {
+            for url in &self.redis_cluster {
+                crate::gateway::check_redis_url("--redis-cluster", url)?;
+            }
+            Some(RedisStore::cluster(&self.redis_cluster).map_err(|e| {
+                crate::gateway::redis_url_error(
+                    "--redis-cluster",
+                    &self.redis_cluster.join(","),
+                    &e,
+                )
+            })?)
+        } else {
+            None
+        };
+        let (store, fallback) = match redis {
+            Some(redis) => (
+                Store::builder(redis).timeout(timeout).build(),
+                Some((self.fallback, self.expected_nodes)),
+            ),
+            None => (Store::from(MemoryStore::new()), None),
+        };
+        let leases = (self.lease > 0).then(|| {
+            let config = LeaseConfig::new(self.lease);
+            match self.lease_ttl {
+                Some(ttl) => config.ttl(ttl),
+                None => config,
+            }
+        });
+        Ok(RlsServerConfig {
+            rules,
+            sources: self.config,
+            store,
+            fallback,
+            leases,
+            response_headers: self.response_headers,
+        })
+    }
+}
+
+impl RlsServerConfig {
+    /// The limiter: a local tier of recent denials, the fallback on Redis,
+    /// leases if asked. Its own policy is never checked (every request
+    /// brings its own); it only names the limiter's default.
+    pub fn limiter(&self) -> Limiter {
+        let placeholder = Quota::per_second(1)
+            .and_then(|q| q.named("rls"))
+            .unwrap_or_else(|_| unreachable!("1/1s named rls is a valid quota"));
+        let mut builder = Limiter::builder(self.store.clone(), placeholder);
+        if let Some(leases) = self.leases {
+            builder = builder.leases(leases);
+        }
+        match self.fallback {
+            Some((FallbackArg::FailOpen, _)) => builder.fallback(FailOpen),
+            Some((FallbackArg::FailClosed, _)) => builder.fallback(FailClosed::new()),
+            Some((FallbackArg::Local, nodes)) => builder.fallback(LocalWindow::per_node(nodes)),
+            None => builder,
+        }
+        .build()
+    }
+}
+
+/// A running rls: its service (and limiter), and the reload watch.
+#[derive(Debug)]
+pub struct Rls {
+    /// The service.
+    pub service: RlsService,
+    /// The reload watch (`None` when hot reload is off).
+    pub watch: Option<reload::RlsWatch>,
+}
+
+/// Builds the service for `config` and starts watching its files (inside a
+/// Tokio runtime).
+pub fn build(config: RlsServerConfig) -> Rls {
+    let limiter = config.limiter();
+    let names = config.rules.quota_names();
+    metrics::register_at_zero(names.iter().map(String::as_str));
+    let first = reload::read(&config.sources);
+    let rules = Arc::new(ArcSwap::from_pointee(config.rules));
+    let watch = reload::watch(Arc::clone(&rules), config.sources, first);
+    let service = RlsService::new(rules, limiter, config.response_headers);
+    Rls { service, watch }
+}
+
+/// Serves `service` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    service: RlsService,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    Server::builder()
+        .add_service(RateLimitServiceServer::new(service))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}

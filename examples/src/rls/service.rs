@@ -1,0 +1,617 @@
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` on a
+//! [`Limiter`].
+//!
+//! A request's domain is the tenant of its window key, and each descriptor
+//! that gets a rule (see [`matching`](super::matching)) is one
+//! tenant-scoped quota of one [`Policy`], its window told apart by
+//! [`Quota::with_instance`] (the rule's path and the descriptor's values).
+//! So the descriptors of one request are decided together in one store
+//! call: all admitted, or none counted. On Redis Cluster every window of a
+//! domain lives in the slot of `{@<domain>}` (the price of deciding them
+//! together: one domain's load is on one primary).
+//!
+//! Answers, as envoyproxy/ratelimit gives them: an empty domain or an empty
+//! descriptor list is a gRPC error (`UNKNOWN`, its message); an unknown
+//! domain, a descriptor matching no rule or without entries is `OK` with no
+//! limit; `unlimited` is `OK` with `limit_remaining` = `u32::MAX`, and never
+//! reaches the store; `shadow_mode` is counted but `OK`; a rule named in
+//! another matched rule's `replaces` is left out (`OK`, no limit). Every
+//! other descriptor has its `current_limit`, `limit_remaining` and
+//! `duration_until_reset` (for a denied one: how long until its cost
+//! fits). `overall_code` is `OVER_LIMIT` when any descriptor is.
+//!
+//! `hits_addend` (the request's, or a descriptor's own) is the cost; 0 at
+//! the request level means 1. Descriptors with different costs are decided
+//! in one store call per cost, in order, and once one call denies, the
+//! later ones only read (a denial after an admitted call cannot take that
+//! call back: only descriptors of one cost are all-or-nothing). A
+//! descriptor's own `hits_addend` of 0 only reads its window. Two
+//! descriptors with the same rule and values are one window, counted once.
+//!
+//! A request is prepared once per rules generation (rules matched, windows
+//! named, policies built) and kept in a bounded cache by its encoded bytes,
+//! so Envoy's repeated descriptors go straight to their store call; a
+//! reload starts a new generation.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use prost::Message as _;
+use tonic::{Request, Response, Status};
+use tower_window::quota::MAX_QUOTAS;
+use tower_window::{Decision, Limiter, Policy, Quota, WindowKey};
+
+use super::config::{self, Limit, RlsConfig, Rule};
+use super::matching::{match_descriptor, override_instance, Matched};
+use super::metrics;
+
+/// The service: the rules in force (swapped whole on reload) and the
+/// limiter every decision goes through.
+#[derive(Clone)]
+pub struct RlsService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Arc<ArcSwap<RlsConfig>>,
+    limiter: Limiter,
+    response_headers: bool,
+    /// Requests seen before, prepared, by rules generation and encoded
+    /// request (bounded; a reload's new generation never sees an older
+    /// one's entries).
+    prepared: quick_cache::sync::Cache<(u64, Vec<u8>), Arc<Prepared>>,
+}
+
+/// How many prepared requests the service keeps.
+const PREPARED: usize = 4_096;
+
+impl std::fmt::Debug for RlsService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RlsService")
+            .field("response_headers", &self.inner.response_headers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RlsService {
+    /// A service deciding with `limiter` under the rules `config` holds
+    /// (shared with the reload task); with `response_headers`, answers
+    /// carry `x-ratelimit-limit`, `-remaining` and `-reset` for Envoy to
+    /// add to the client's response.
+    pub fn new(config: Arc<ArcSwap<RlsConfig>>, limiter: Limiter, response_headers: bool) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                limiter,
+                response_headers,
+                prepared: quick_cache::sync::Cache::new(PREPARED),
+            }),
+        }
+    }
+
+    /// The limiter (to refund its leases on shutdown).
+    pub fn limiter(&self) -> &Limiter {
+        &self.inner.limiter
+    }
+
+    /// Decides `request` (see the [module docs](self)).
+    pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let response = self.decide_inner(request).await;
+        metrics::request(match &response {
+            Ok(r) if r.overall_code == Code::OverLimit as i32 => "over_limit",
+            Ok(_) => "ok",
+            Err(_) => "error",
+        });
+        response
+    }
+
+    async fn decide_inner(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        // envoyproxy/ratelimit's own words and code (a Go error: UNKNOWN).
+        if request.domain.is_empty() {
+            return Err(Status::unknown("rate limit domain must not be empty"));
+        }
+        if request.descriptors.is_empty() {
+            return Err(Status::unknown(
+                "rate limit descriptor list must not be empty",
+            ));
+        }
+        let config = self.inner.config.load();
+        let Some(domain) = config.domains.get(&request.domain) else {
+            // Unknown domain: every descriptor OK, no limit.
+            let statuses = request
+                .descriptors
+                .iter()
+                .map(|_| {
+                    metrics::descriptor("no_rule");
+                    ok_without_limit()
+                })
+                .collect();
+            return Ok(response(Code::Ok, statuses, Vec::new()));
+        };
+        // A request seen before under these rules is prepared already:
+        // its rules matched, its windows named, its policies built.
+        let cache_key = (config.generation, request.encode_to_vec());
+        let prepared = match self.inner.prepared.get(&cache_key) {
+            Some(prepared) => prepared,
+            None => {
+                let prepared = Arc::new(prepare(domain, request)?);
+                self.inner.prepared.insert(cache_key, Arc::clone(&prepared));
+                prepared
+            }
+        };
+
+        let key = WindowKey::new(request.domain.as_str(), "");
+        let outcomes = self.run(&key, &prepared).await?;
+
+        let mut statuses = Vec::with_capacity(prepared.plans.len());
+        let mut overall = Code::Ok;
+        for (plan, outcome) in prepared.plans.iter().zip(&outcomes) {
+            let status = status_of(plan, outcome.as_ref());
+            if status.code == Code::OverLimit as i32 {
+                overall = Code::OverLimit;
+            }
+            statuses.push(status);
+        }
+        let headers = if self.inner.response_headers {
+            rate_limit_headers(&statuses)
+        } else {
+            Vec::new()
+        };
+        Ok(response(overall, statuses, headers))
+    }
+
+    /// The store calls of `prepared`, in order; a call after a denial (or
+    /// with an enforced zero-limit rule matched) only reads.
+    async fn run(
+        &self,
+        key: &WindowKey,
+        prepared: &Prepared,
+    ) -> Result<Vec<Option<QuotaOutcome>>, Status> {
+        let mut outcomes: Vec<Option<QuotaOutcome>> = vec![None; prepared.plans.len()];
+        let mut denied = prepared.zero_denies;
+        for group in &prepared.groups {
+            let limiter = &self.inner.limiter;
+            let read_only = group.cost == 0 || denied;
+            let decision = if read_only {
+                limiter
+                    .peek_policy(key, &group.policy, group.cost.max(1))
+                    .await
+                    .map(|d| (d, true))
+            } else {
+                limiter
+                    .check_policy(key, &group.policy, group.cost)
+                    .await
+                    .map(|d| (d, false))
+            };
+            let (decision, peeked) = decision.map_err(|e| {
+                tracing::warn!(error = %e, "rate limit store unavailable");
+                Status::unavailable(format!("the rate limit store cannot decide: {e}"))
+            })?;
+            if !peeked && !decision.allowed() {
+                denied = true;
+            }
+            let decision = Arc::new(decision);
+            for &(i, at) in &group.members {
+                outcomes[i] = Some(QuotaOutcome {
+                    decision: Arc::clone(&decision),
+                    at,
+                    name: Arc::clone(&group.names[at]),
+                    peeked,
+                });
+            }
+        }
+        Ok(outcomes)
+    }
+}
+
+/// A request made ready to decide: each descriptor's plan, and the store
+/// calls — one per cost (in order of first appearance), each a policy of
+/// that cost's distinct windows.
+#[derive(Debug)]
+struct Prepared {
+    plans: Vec<Plan>,
+    groups: Vec<Group>,
+    /// An enforced `requests_per_unit: 0` rule matched: the request is
+    /// denied whatever the store says, and every call only reads.
+    zero_denies: bool,
+}
+
+/// One store call.
+#[derive(Debug)]
+struct Group {
+    cost: u32,
+    policy: Policy,
+    /// `(descriptor index, quota index in the policy)`.
+    members: Vec<(usize, usize)>,
+    /// The policy's quota names, shared with each outcome.
+    names: Vec<Arc<str>>,
+}
+
+fn prepare(domain: &config::Domain, request: &RateLimitRequest) -> Result<Prepared, Status> {
+    let request_cost = request.hits_addend.max(1);
+    let mut plans = Vec::with_capacity(request.descriptors.len());
+    for descriptor in &request.descriptors {
+        plans.push(plan(domain, descriptor, request_cost)?);
+    }
+    drop_replaced(&mut plans);
+    let zero_denies = plans.iter().any(|p| match p {
+        Plan::Zero { rule } => !rule.shadow,
+        _ => false,
+    });
+    // Costs in order of first appearance.
+    let mut costs: Vec<u32> = Vec::new();
+    for plan in &plans {
+        if let Plan::Store { cost, .. } = plan {
+            if !costs.contains(cost) {
+                costs.push(*cost);
+            }
+        }
+    }
+    let mut groups = Vec::with_capacity(costs.len());
+    for cost in costs {
+        // Distinct windows of this cost (a few per request: linear scans
+        // beat hashing here), and each descriptor's index among them.
+        let mut quotas: Vec<Quota> = Vec::new();
+        let mut members: Vec<(usize, usize)> = Vec::new();
+        for (i, plan) in plans.iter().enumerate() {
+            let Plan::Store { quota, cost: c, .. } = plan else {
+                continue;
+            };
+            if *c != cost {
+                continue;
+            }
+            let at = match quotas.iter().position(|q| q.state_id() == quota.state_id()) {
+                Some(at) => at,
+                None => {
+                    let named = unique_name(quota, &quotas)?;
+                    quotas.push(named);
+                    quotas.len() - 1
+                }
+            };
+            members.push((i, at));
+        }
+        if quotas.len() > MAX_QUOTAS {
+            return Err(Status::invalid_argument(format!(
+                "at most {MAX_QUOTAS} limited descriptors of one hits_addend per request, got {}",
+                quotas.len()
+            )));
+        }
+        let names = quotas.iter().map(|q| Arc::from(q.name())).collect();
+        let policy = Policy::new("rls", quotas)
+            .map_err(|e| Status::internal(format!("cannot decide these descriptors: {e}")))?;
+        groups.push(Group {
+            cost,
+            policy,
+            members,
+            names,
+        });
+    }
+    Ok(Prepared {
+        plans,
+        groups,
+        zero_denies,
+    })
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.decide(request.get_ref()).await.map(Response::new)
+    }
+}
+
+/// What one descriptor needs.
+#[derive(Debug)]
+enum Plan {
+    /// No rule (unknown entries, no entries, or replaced): OK, no limit.
+    NoRule,
+    /// `unlimited`.
+    Unlimited { rule: Arc<Rule> },
+    /// `requests_per_unit: 0`.
+    Zero { rule: Arc<Rule> },
+    /// A window in the store.
+    Store {
+        rule: Arc<Rule>,
+        quota: Quota,
+        cost: u32,
+    },
+}
+
+impl Plan {
+    fn rule(&self) -> Option<&Arc<Rule>> {
+        match self {
+            Self::NoRule => None,
+            Self::Unlimited { rule } | Self::Zero { rule } | Self::Store { rule, .. } => Some(rule),
+        }
+    }
+}
+
+/// The decision a descriptor's window was part of.
+#[derive(Debug, Clone)]
+struct QuotaOutcome {
+    decision: Arc<Decision>,
+    /// The window's quota in that decision's policy: its index and name.
+    at: usize,
+    name: Arc<str>,
+    /// Only read (nothing counted): never a denial of this descriptor.
+    peeked: bool,
+}
+
+fn plan(
+    domain: &config::Domain,
+    descriptor: &RateLimitDescriptor,
+    request_cost: u32,
+) -> Result<Plan, Status> {
+    if descriptor.is_negative_hits {
+        return Err(Status::invalid_argument(
+            "is_negative_hits is not supported: windows are only ever spent",
+        ));
+    }
+    // A cost above u32::MAX never fits any limit, as u32::MAX does not.
+    let cost = descriptor
+        .hits_addend
+        .as_ref()
+        .map_or(request_cost, |v| u32::try_from(v.value).unwrap_or(u32::MAX));
+    if descriptor.entries.is_empty() {
+        return Ok(Plan::NoRule);
+    }
+    let matched = match &descriptor.limit {
+        // The descriptor's own limit, as envoyproxy/ratelimit applies it.
+        Some(limit) => {
+            let unit = Unit::try_from(limit.unit).unwrap_or(Unit::Unknown);
+            let Some(window) = config::window_of(unit) else {
+                return Err(Status::invalid_argument(format!(
+                    "the descriptor's limit override has no valid unit ({})",
+                    limit.unit
+                )));
+            };
+            let rule_limit = if limit.requests_per_unit == 0 {
+                Limit::Zero
+            } else {
+                let quota = config::quota(
+                    "override",
+                    limit.requests_per_unit,
+                    window,
+                    domain.algorithm,
+                )
+                .map_err(|e| Status::invalid_argument(format!("limit override: {e}")))?;
+                Limit::Quota(quota)
+            };
+            Matched {
+                rule: Arc::new(Rule {
+                    path: "override".to_owned(),
+                    limit: rule_limit,
+                    requests_per_unit: limit.requests_per_unit,
+                    unit,
+                    shadow: false,
+                    name: String::new(),
+                    replaces: Vec::new(),
+                }),
+                instance: override_instance(&descriptor.entries),
+            }
+        }
+        None => match match_descriptor(domain, &descriptor.entries) {
+            Some(matched) => matched,
+            None => return Ok(Plan::NoRule),
+        },
+    };
+    Ok(match &matched.rule.limit {
+        Limit::Unlimited => Plan::Unlimited { rule: matched.rule },
+        Limit::Zero => Plan::Zero { rule: matched.rule },
+        Limit::Quota(quota) => Plan::Store {
+            quota: quota.clone().with_instance(&matched.instance),
+            rule: matched.rule,
+            cost,
+        },
+    })
+}
+
+/// Leaves out every rule whose `name` another matched rule `replaces`.
+fn drop_replaced(plans: &mut [Plan]) {
+    let replacing: HashSet<String> = plans
+        .iter()
+        .filter_map(Plan::rule)
+        .flat_map(|rule| rule.replaces.iter().cloned())
+        .collect();
+    if replacing.is_empty() {
+        return;
+    }
+    for plan in plans.iter_mut() {
+        if plan
+            .rule()
+            .is_some_and(|rule| !rule.name.is_empty() && replacing.contains(&rule.name))
+        {
+            *plan = Plan::NoRule;
+        }
+    }
+}
+
+/// `quota` under a name none of `taken` has (`name`, `name-2`, ...): the
+/// window is the instance's whatever the name.
+fn unique_name(quota: &Quota, taken: &[Quota]) -> Result<Quota, Status> {
+    let base = quota.name();
+    if !taken.iter().any(|q| q.name() == base) {
+        return Ok(quota.clone());
+    }
+    let mut name = base.to_owned();
+    let mut n = 1;
+    while taken.iter().any(|q| q.name() == name) {
+        n += 1;
+        let suffix = format!("-{n}");
+        // Names are ASCII: any byte index is a character boundary.
+        let keep = base.len().min(64 - suffix.len());
+        name = format!("{}{suffix}", &base[..keep]);
+    }
+    quota
+        .clone()
+        .named(&name)
+        .map_err(|e| Status::internal(format!("cannot name a window: {e}")))
+}
+
+fn ok_without_limit() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        ..DescriptorStatus::default()
+    }
+}
+
+fn current_limit(rule: &Rule) -> RateLimit {
+    RateLimit {
+        name: rule.name.clone(),
+        requests_per_unit: rule.requests_per_unit,
+        unit: rule.unit as i32,
+    }
+}
+
+fn proto_duration(d: Duration) -> ProtoDuration {
+    ProtoDuration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn status_of(plan: &Plan, outcome: Option<&QuotaOutcome>) -> DescriptorStatus {
+    match plan {
+        Plan::NoRule => {
+            metrics::descriptor("no_rule");
+            ok_without_limit()
+        }
+        Plan::Unlimited { .. } => {
+            metrics::descriptor("unlimited");
+            DescriptorStatus {
+                code: Code::Ok as i32,
+                limit_remaining: u32::MAX,
+                ..DescriptorStatus::default()
+            }
+        }
+        Plan::Zero { rule } => {
+            let code = if rule.shadow {
+                metrics::descriptor("shadow_over_limit");
+                Code::Ok
+            } else {
+                metrics::descriptor("over_limit");
+                Code::OverLimit
+            };
+            DescriptorStatus {
+                code: code as i32,
+                current_limit: Some(current_limit(rule)),
+                limit_remaining: 0,
+                duration_until_reset: config::window_of(rule.unit).map(proto_duration),
+                quota: None,
+            }
+        }
+        Plan::Store { rule, .. } => {
+            let Some(outcome) = outcome else {
+                return ok_without_limit();
+            };
+            let decision = &outcome.decision;
+            // A degraded decision may not list the policy's quotas: it
+            // then speaks for every one of them.
+            // A decision lists its policy's quotas in policy order.
+            let own = decision
+                .quotas()
+                .get(outcome.at)
+                .filter(|q| q.quota().name() == outcome.name.as_ref());
+            let (fits, remaining, reset, retry) = match own {
+                Some(q) => (q.allowed(), q.remaining(), q.reset_after(), q.retry_after()),
+                None => (
+                    decision.allowed(),
+                    decision.remaining(),
+                    decision.reset_after(),
+                    decision.retry_after(),
+                ),
+            };
+            let over = !fits && !outcome.peeked;
+            let code = if over && rule.shadow {
+                metrics::descriptor("shadow_over_limit");
+                Code::Ok
+            } else if over && (own.is_some() || !decision.allowed()) {
+                metrics::descriptor("over_limit");
+                Code::OverLimit
+            } else {
+                metrics::descriptor("ok");
+                Code::Ok
+            };
+            let until = if code == Code::OverLimit {
+                retry.unwrap_or(reset)
+            } else {
+                reset
+            };
+            DescriptorStatus {
+                code: code as i32,
+                current_limit: Some(current_limit(rule)),
+                limit_remaining: remaining,
+                duration_until_reset: Some(proto_duration(until)),
+                quota: None,
+            }
+        }
+    }
+}
+
+fn response(
+    code: Code,
+    statuses: Vec<DescriptorStatus>,
+    response_headers_to_add: Vec<HeaderValue>,
+) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: code as i32,
+        statuses,
+        response_headers_to_add,
+        ..RateLimitResponse::default()
+    }
+}
+
+/// `x-ratelimit-limit`, `-remaining` and `-reset` of the descriptor that
+/// binds: an over-limit one, else the one with the least remaining, as
+/// envoyproxy/ratelimit writes them (`limit`: `N, N;w=SECONDS`; `reset`:
+/// whole seconds, rounded up).
+fn rate_limit_headers(statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
+    let binding = statuses
+        .iter()
+        .filter(|s| s.current_limit.is_some())
+        .min_by_key(|s| (s.code != Code::OverLimit as i32, s.limit_remaining));
+    let Some(status) = binding else {
+        return Vec::new();
+    };
+    let Some(limit) = &status.current_limit else {
+        return Vec::new();
+    };
+    let window = Unit::try_from(limit.unit)
+        .ok()
+        .and_then(config::window_of)
+        .map_or(0, |w| w.as_secs());
+    let reset = status.duration_until_reset.as_ref().map_or(0, |d| {
+        let seconds = u64::try_from(d.seconds).unwrap_or(0);
+        seconds + u64::from(d.nanos > 0)
+    });
+    let header = |key: &str, value: String| HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..HeaderValue::default()
+    };
+    vec![
+        header(
+            "x-ratelimit-limit",
+            format!(
+                "{}, {};w={window}",
+                limit.requests_per_unit, limit.requests_per_unit
+            ),
+        ),
+        header("x-ratelimit-remaining", status.limit_remaining.to_string()),
+        header("x-ratelimit-reset", reset.to_string()),
+    ]
+}

@@ -1,0 +1,485 @@
+//! The Envoy rate limit service (`--bin rls`, issue 25) on the embedded
+//! store, driven by a real tonic client over loopback HTTP/2, built from
+//! the same `envoy-types`: rule matching, all-or-nothing decisions, costs,
+//! response headers, bad requests as envoyproxy/ratelimit answers them, and
+//! the checked-in example config. Counts and values only, never timings.
+#![allow(clippy::unwrap_used)]
+
+mod rls_support;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use rls_support::{codes, config_dir, descriptor, overall, request, should, RlsProcess};
+
+const RULES: &str = "
+domain: shop
+descriptors:
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: path
+    value: /login
+    rate_limit: {unit: minute, requests_per_unit: 2, name: login}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 50}
+  - key: path
+    value: /static/*
+    rate_limit: {unlimited: true}
+  - key: tenant
+    descriptors:
+      - key: user
+        rate_limit: {unit: hour, requests_per_unit: 3, name: per-user}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: premium
+    rate_limit: {unit: second, requests_per_unit: 1000, replaces: [{name: per-user}]}
+  - key: blocked
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+
+fn start(extra: &[&str]) -> (tempfile::TempDir, RlsProcess) {
+    let dir = config_dir(&[("shop.yaml", RULES)]);
+    let path = dir.path().join("shop.yaml");
+    let mut flags = vec!["--config", path.to_str().unwrap()];
+    flags.extend_from_slice(extra);
+    let rls = RlsProcess::start(&flags);
+    (dir, rls)
+}
+
+/// `requests_per_unit` of each status' `current_limit` (0: none).
+fn limits(
+    response: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
+) -> Vec<u32> {
+    response
+        .statuses
+        .iter()
+        .map(|s| s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_descriptor_gets_its_most_specific_rule() {
+    let (_dir, rls) = start(&[]);
+    let mut client = rls.client().await;
+    let response = should(
+        &mut client,
+        request(
+            "shop",
+            vec![
+                descriptor(&[("path", "/login")]),
+                descriptor(&[("path", "/api/v1/items")]),
+                descriptor(&[("path", "/other")]),
+                descriptor(&[("tenant", "acme"), ("user", "ann")]),
+                descriptor(&[("tenant", "acme")]),
+                descriptor(&[("unknown", "x")]),
+            ],
+        ),
+    )
+    .await;
+    // Value over wildcard over key-only; nested; no rate_limit on the
+    // parent alone; no rule at all.
+    assert_eq!(limits(&response), [2, 50, 100, 3, 0, 0]);
+    assert_eq!(codes(&response), [Code::Ok; 6]);
+    let login = &response.statuses[0];
+    let limit = login.current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.name.as_str(), limit.unit),
+        ("login", Unit::Minute as i32)
+    );
+    assert_eq!(login.limit_remaining, 1);
+    let reset = login.duration_until_reset.as_ref().unwrap();
+    assert!((1..=60).contains(&reset.seconds), "{reset:?}");
+    assert_eq!(response.statuses[3].limit_remaining, 2);
+    assert_eq!(overall(&response), Code::Ok);
+
+    // Values have windows of their own: bob is untouched by ann.
+    let bob = should(
+        &mut client,
+        request(
+            "shop",
+            vec![descriptor(&[("tenant", "acme"), ("user", "bob")])],
+        ),
+    )
+    .await;
+    assert_eq!(bob.statuses[0].limit_remaining, 2);
+    // The login window: one more, then over.
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let r = should(
+            &mut client,
+            request("shop", vec![descriptor(&[("path", "/login")])]),
+        )
+        .await;
+        seen.push((overall(&r), r.statuses[0].limit_remaining));
+    }
+    assert_eq!(seen, [(Code::Ok, 0), (Code::OverLimit, 0)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlimited_shadow_replaces_and_zero() {
+    let (_dir, rls) = start(&[]);
+    let mut client = rls.client().await;
+    // Unlimited: always OK, u32::MAX remaining, no limit reported.
+    for _ in 0..5 {
+        let r = should(
+            &mut client,
+            request("shop", vec![descriptor(&[("path", "/static/app.js")])]),
+        )
+        .await;
+        assert_eq!(codes(&r), [Code::Ok]);
+        assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+        assert!(r.statuses[0].current_limit.is_none());
+    }
+    // Shadow: counted (remaining drops to 0) but never over the limit.
+    let mut remaining = Vec::new();
+    for _ in 0..3 {
+        let r = should(
+            &mut client,
+            request("shop", vec![descriptor(&[("trial", "t1")])]),
+        )
+        .await;
+        assert_eq!(overall(&r), Code::Ok);
+        remaining.push(r.statuses[0].limit_remaining);
+    }
+    assert_eq!(remaining, [0, 0, 0]);
+    assert!(rls.counter("tower_window_rls_descriptors_total{result=\"shadow_over_limit\"}") >= 2);
+    // Replaces: premium's rule replaces per-user (no limit, not counted).
+    for _ in 0..5 {
+        let r = should(
+            &mut client,
+            request(
+                "shop",
+                vec![
+                    descriptor(&[("tenant", "acme"), ("user", "carl")]),
+                    descriptor(&[("premium", "yes")]),
+                ],
+            ),
+        )
+        .await;
+        assert_eq!(overall(&r), Code::Ok);
+        assert_eq!(limits(&r), [0, 1000]);
+    }
+    let carl = should(
+        &mut client,
+        request(
+            "shop",
+            vec![descriptor(&[("tenant", "acme"), ("user", "carl")])],
+        ),
+    )
+    .await;
+    assert_eq!(
+        carl.statuses[0].limit_remaining, 2,
+        "replaced calls were not counted"
+    );
+    // requests_per_unit 0: always over, and nothing else is counted.
+    let r = should(
+        &mut client,
+        request(
+            "shop",
+            vec![descriptor(&[("blocked", "x")]), descriptor(&[("a", "z")])],
+        ),
+    )
+    .await;
+    assert_eq!(codes(&r), [Code::OverLimit, Code::Ok]);
+    assert_eq!(
+        r.statuses[1].limit_remaining, 5,
+        "a denied request consumes nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_are_decided_together() {
+    let (_dir, rls) = start(&[]);
+    let mut client = rls.client().await;
+    let both = || {
+        request(
+            "shop",
+            vec![descriptor(&[("a", "k")]), descriptor(&[("b", "k")])],
+        )
+    };
+    let first = should(&mut client, both()).await;
+    assert_eq!(codes(&first), [Code::Ok, Code::Ok]);
+    assert_eq!(
+        first
+            .statuses
+            .iter()
+            .map(|s| s.limit_remaining)
+            .collect::<Vec<_>>(),
+        [4, 0]
+    );
+    // b is full: the request is over the limit and a's window is untouched.
+    for _ in 0..3 {
+        let r = should(&mut client, both()).await;
+        assert_eq!(overall(&r), Code::OverLimit);
+        assert_eq!(codes(&r), [Code::Ok, Code::OverLimit]);
+        assert_eq!(r.statuses[0].limit_remaining, 4);
+    }
+    let a = should(
+        &mut client,
+        request("shop", vec![descriptor(&[("a", "k")])]),
+    )
+    .await;
+    assert_eq!(a.statuses[0].limit_remaining, 3);
+    // hits_addend is the cost; a descriptor's own overrides it, 0 only reads.
+    let mut costly = request("shop", vec![descriptor(&[("a", "j")])]);
+    costly.hits_addend = 3;
+    let r = should(&mut client, costly.clone()).await;
+    assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 2));
+    let r = should(&mut client, costly).await;
+    assert_eq!(
+        (overall(&r), r.statuses[0].limit_remaining),
+        (Code::OverLimit, 2)
+    );
+    let mut read = descriptor(&[("a", "j")]);
+    read.hits_addend = Some(UInt64Value { value: 0 });
+    let r = should(&mut client, request("shop", vec![read])).await;
+    assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_headers_name_the_binding_descriptor() {
+    let (_dir, rls) = start(&["--response-headers"]);
+    let mut client = rls.client().await;
+    let r = should(
+        &mut client,
+        request(
+            "shop",
+            vec![descriptor(&[("a", "h")]), descriptor(&[("path", "/login")])],
+        ),
+    )
+    .await;
+    let headers: Vec<(String, String)> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    assert_eq!(
+        headers[0],
+        ("x-ratelimit-limit".to_owned(), "2, 2;w=60".to_owned())
+    );
+    assert_eq!(
+        headers[1],
+        ("x-ratelimit-remaining".to_owned(), "1".to_owned())
+    );
+    assert_eq!(headers[2].0, "x-ratelimit-reset");
+    let reset: u64 = headers[2].1.parse().unwrap();
+    assert!((1..=60).contains(&reset), "{reset}");
+    // Without the flag: none.
+    let (_dir2, plain) = start(&[]);
+    let mut client = plain.client().await;
+    let r = should(
+        &mut client,
+        request("shop", vec![descriptor(&[("a", "h")])]),
+    )
+    .await;
+    assert!(r.response_headers_to_add.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_answered_as_envoyproxy_ratelimit_answers_them() {
+    let (_dir, rls) = start(&[]);
+    let mut client = rls.client().await;
+    let empty_domain = client
+        .should_rate_limit(request("", vec![descriptor(&[("a", "x")])]))
+        .await
+        .unwrap_err();
+    assert_eq!(empty_domain.code(), tonic::Code::Unknown);
+    assert_eq!(
+        empty_domain.message(),
+        "rate limit domain must not be empty"
+    );
+    let no_descriptors = client
+        .should_rate_limit(request("shop", Vec::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(no_descriptors.code(), tonic::Code::Unknown);
+    assert_eq!(
+        no_descriptors.message(),
+        "rate limit descriptor list must not be empty"
+    );
+    // Unknown domain: OK, no limit. An empty descriptor: OK, no limit.
+    let r = should(
+        &mut client,
+        request("nowhere", vec![descriptor(&[("a", "x")])]),
+    )
+    .await;
+    assert_eq!((overall(&r), limits(&r)), (Code::Ok, vec![0]));
+    let r = should(
+        &mut client,
+        request("shop", vec![descriptor(&[]), descriptor(&[("a", "e")])]),
+    )
+    .await;
+    assert_eq!((overall(&r), limits(&r)), (Code::Ok, vec![0, 5]));
+    assert_eq!(
+        rls.counter("tower_window_rls_requests_total{code=\"error\"}"),
+        2
+    );
+    // The service still answers.
+    let r = should(
+        &mut client,
+        request("shop", vec![descriptor(&[("a", "x")])]),
+    )
+    .await;
+    assert_eq!(overall(&r), Code::Ok);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checked_in_example_config_serves() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/rls/config.yaml");
+    let rls = RlsProcess::start(&["--config", config]);
+    let mut client = rls.client().await;
+    let r = should(
+        &mut client,
+        request(
+            "edge",
+            vec![
+                descriptor(&[("remote_address", "10.0.0.1")]),
+                descriptor(&[("path", "/login")]),
+                descriptor(&[("path", "/static/a.css")]),
+                descriptor(&[("tenant", "acme"), ("user", "ann")]),
+                descriptor(&[("tenant", "acme"), ("plan", "trial")]),
+                descriptor(&[("api_key", "premium")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(overall(&r), Code::Ok);
+    // per-user is replaced by the premium key's rule.
+    assert_eq!(limits(&r), [60, 5, 0, 0, 1000, 1000]);
+}
+
+#[test]
+fn a_broken_config_is_refused_at_start() {
+    let dir = config_dir(&[("bad.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n")]);
+    let path = dir.path().join("bad.yaml");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_rls"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            path.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("bad.yaml: invalid rate limit unit 'fortnight'"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_rls_exports_its_dashboard_row_at_zero() {
+    let (_dir, rls) = start(&[]);
+    let body = rls.metrics();
+    // Every `tower_window_rls_*` selector of the dashboard, with its
+    // labels, has a series before any call, at zero.
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/grafana/tower-window.json"
+    ))
+    .unwrap();
+    let mut selectors = 0;
+    for (i, _) in dashboard.match_indices("tower_window_rls_") {
+        let tail = &dashboard[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap();
+        let name = &tail[..end];
+        let label = tail[end..]
+            .strip_prefix("{")
+            .and_then(|rest| rest.split('}').next())
+            .map(|l| l.replace("\\\"", "\""));
+        let found = body.lines().any(|line| {
+            line.starts_with(&format!("{name}{{"))
+                && label.as_deref().is_none_or(|l| line.contains(l))
+                && line.ends_with(" 0")
+        });
+        assert!(found, "{name} {label:?} not at zero in:\n{body}");
+        selectors += 1;
+    }
+    assert!(selectors >= 4, "{selectors}");
+    // Each rule's quota is registered for the rows above (by quota).
+    assert!(body.contains("quota=\"login\""), "{body}");
+    // Then a call counts.
+    let mut client = rls.client().await;
+    let _ = should(
+        &mut client,
+        request("shop", vec![descriptor(&[("a", "m")])]),
+    )
+    .await;
+    assert_eq!(
+        rls.counter("tower_window_rls_requests_total{code=\"ok\"}"),
+        1
+    );
+    assert_eq!(
+        rls.counter("tower_window_rls_descriptors_total{result=\"ok\"}"),
+        1
+    );
+}
+
+#[test]
+fn the_example_envoy_config_fits_the_example_rules() {
+    use clap::Parser as _;
+    use serde_norway::Value;
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let envoy: Value =
+        serde_norway::from_str(&std::fs::read_to_string(format!("{dir}/rls/envoy.yaml")).unwrap())
+            .unwrap();
+    let rules: Value =
+        serde_norway::from_str(&std::fs::read_to_string(format!("{dir}/rls/config.yaml")).unwrap())
+            .unwrap();
+    // Every value of `field` anywhere in `value`.
+    fn all<'a>(value: &'a Value, field: &str, out: &mut Vec<&'a Value>) {
+        match value {
+            Value::Mapping(map) => {
+                for (k, v) in map {
+                    if k.as_str() == Some(field) {
+                        out.push(v);
+                    }
+                    all(v, field, out);
+                }
+            }
+            Value::Sequence(items) => items.iter().for_each(|v| all(v, field, out)),
+            _ => {}
+        }
+    }
+    let mut domains = Vec::new();
+    all(&envoy, "domain", &mut domains);
+    assert_eq!(domains, [&rules["domain"]]);
+    // The rls cluster points at the rls's default --listen.
+    let default =
+        tower_window_examples::rls::RlsArgs::try_parse_from(["rls", "--config", "x"]).unwrap();
+    let mut ports = Vec::new();
+    all(&envoy, "port_value", &mut ports);
+    assert_eq!(
+        ports.last().unwrap().as_u64(),
+        Some(u64::from(default.listen.port()))
+    );
+    // Every descriptor key the routes send has a rule key in config.yaml.
+    let mut sent = Vec::new();
+    all(&envoy, "descriptor_key", &mut sent);
+    let mut sent: Vec<&str> = sent.iter().filter_map(|v| v.as_str()).collect();
+    let mut actions = Vec::new();
+    all(&envoy, "remote_address", &mut actions);
+    if !actions.is_empty() {
+        sent.push("remote_address");
+    }
+    let mut keys = Vec::new();
+    all(&rules, "key", &mut keys);
+    let keys: Vec<&str> = keys.iter().filter_map(|v| v.as_str()).collect();
+    assert!(sent.len() >= 5, "{sent:?}");
+    for key in sent {
+        assert!(
+            keys.contains(&key),
+            "envoy.yaml sends {key}, config.yaml has no rule for it"
+        );
+    }
+}
