@@ -383,11 +383,11 @@ impl Quota {
             g => format!("|g{g}"),
         };
         let shadow = if self.0.shadow { "|shadow" } else { "" };
-        // Last, so nothing after it needs telling apart from it; escaped,
-        // so it holds no `|` (ids) or `,` (policy ids) of its own.
-        // With an instance the window is the instance's, whatever the name
-        // (`i:` cannot start a name, which holds no `:`); escaped, it holds
-        // no `|` (ids) or `,` (policy ids) of its own.
+        // The instance goes last in the id, so nothing after it needs
+        // telling apart from it, and in the name's place in the state id,
+        // so the window is the instance's whatever the name (`i:` cannot
+        // start a name, which holds no `:`). Escaped, it holds no `|`
+        // (ids) or `,` (policy ids) of its own.
         let instance = self.0.instance.as_deref().map(|instance| {
             let mut text = String::with_capacity(instance.len() + 2);
             text.push_str("i:");
