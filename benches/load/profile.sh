@@ -17,7 +17,8 @@
 # `callgrind_annotate --inclusive=yes`.
 #
 # Settings (environment): DURATION (s, 6), WARMUP (s, 2), CONNECTIONS (8),
-# USERS (1000), OUT. Needs: cargo, valgrind (callgrind_control), wrk
+# USERS (1000), OUT, SERVER (a bench_server binary to profile instead of
+# building one: a base build copied aside, say). Needs: cargo, valgrind (callgrind_control), wrk
 # (both installed with apt-get when root). The redis variants need a Redis
 # on --redis-url; under valgrind their 50 ms budget may expire, so profile
 # them only to compare builds with each other.
@@ -45,12 +46,17 @@ for tool in wrk:wrk callgrind_control:valgrind; do
     fi
 done
 
-echo "building bench_server (release)" >&2
-(cd "$root" && cargo build --release --quiet -p tower-window-benches --bin bench_server) ||
-    die "build failed"
-target_dir=${CARGO_TARGET_DIR:-$root/target}
-case $target_dir in /*) ;; *) target_dir=$root/$target_dir ;; esac
-server="$target_dir/release/bench_server"
+if [ -n "${SERVER:-}" ]; then
+    server=$SERVER
+    [ -x "$server" ] || die "SERVER=$server is not an executable"
+else
+    echo "building bench_server (release)" >&2
+    (cd "$root" && cargo build --release --quiet -p tower-window-benches --bin bench_server) ||
+        die "build failed"
+    target_dir=${CARGO_TARGET_DIR:-$root/target}
+    case $target_dir in /*) ;; *) target_dir=$root/$target_dir ;; esac
+    server="$target_dir/release/bench_server"
+fi
 
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/tw-profile.XXXXXX")}
 mkdir -p "$OUT"

@@ -16,7 +16,10 @@
 //! (which replaced `Limiter::check_sync`) instead of polling the `Check`
 //! once.
 //! It prints the checks it made; subtract a run of 0 checks to get the
-//! per-decision cost.
+//! per-decision cost. `KEYS=N` rotates over `N` present keys (`u0`,
+//! `u1`, ...) instead of checking one hot key: the rotating case of
+//! `benches/check`, where the cost is in cache misses (run it with
+//! `--cache-sim=yes` to count them).
 
 use std::future::Future;
 use std::hint::black_box;
@@ -74,16 +77,28 @@ fn main() -> ExitCode {
     } else {
         Limiter::new(MemoryStore::new(), quota)
     };
-    let key = WindowKey::for_subject("alice");
-    // The key is present before counting starts.
-    let _ = now(limiter.check(&key, 1));
+    let keys: Vec<WindowKey> = match std::env::var("KEYS").ok().map(|n| n.parse::<usize>()) {
+        None => vec![WindowKey::for_subject("alice")],
+        Some(Ok(n)) if n > 0 => (0..n)
+            .map(|i| WindowKey::for_subject(format!("u{i}")))
+            .collect(),
+        Some(_) => {
+            eprintln!("check_instructions: KEYS must be a positive number");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The keys are present before counting starts.
+    for key in &keys {
+        let _ = now(limiter.check(key, 1));
+    }
     let sync = std::env::var_os("SYNC").is_some();
     let mut admitted = 0u64;
-    for _ in 0..count {
+    for i in 0..count {
+        let key = &keys[usize::try_from(i).unwrap_or(0) % keys.len()];
         let decided = if sync {
-            limiter.check(black_box(&key), 1).into_ready().ok()
+            limiter.check(black_box(key), 1).into_ready().ok()
         } else {
-            now(limiter.check(black_box(&key), 1))
+            now(limiter.check(black_box(key), 1))
         };
         match decided {
             Some(Ok(decision)) => admitted += u64::from(black_box(decision).allowed()),

@@ -35,8 +35,166 @@ pub(crate) fn steps() -> u64 {
 /// high limit holds many entries).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Timeline {
-    slots: VecDeque<(u64, u64)>,
+    slots: Slots,
     total: u64,
+}
+
+/// How many slots a [`Timeline`] keeps inline, in the store's entry for
+/// the key, before it moves them to a buffer of their own: a key checked a
+/// few times per window (most keys of a store of many) then costs no
+/// second cache miss for its state.
+pub(crate) const INLINE_SLOTS: usize = 2;
+
+/// The slots of a [`Timeline`]: inline while they are few, in a ring
+/// buffer beyond (and inline again once they have all expired).
+/// One slot: `(at, units)`.
+type Slot = (u64, u64);
+
+#[derive(Clone)]
+enum Slots {
+    Inline {
+        len: u8,
+        slots: [(u64, u64); INLINE_SLOTS],
+    },
+    Spilled(VecDeque<(u64, u64)>),
+}
+
+impl Default for Slots {
+    fn default() -> Self {
+        Self::Inline {
+            len: 0,
+            slots: [(0, 0); INLINE_SLOTS],
+        }
+    }
+}
+
+impl Slots {
+    fn as_slices(&self) -> (&[Slot], &[Slot]) {
+        match self {
+            Self::Inline { len, slots } => (&slots[..usize::from(*len)], &[]),
+            Self::Spilled(ring) => ring.as_slices(),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(u64, u64)> {
+        let (a, b) = self.as_slices();
+        a.iter().chain(b)
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::Inline { len, .. } => usize::from(*len),
+            Self::Spilled(ring) => ring.len(),
+        }
+    }
+
+    fn front(&self) -> Option<&(u64, u64)> {
+        match self {
+            Self::Inline { len: 0, .. } => None,
+            Self::Inline { slots, .. } => slots.first(),
+            Self::Spilled(ring) => ring.front(),
+        }
+    }
+
+    fn back(&self) -> Option<&(u64, u64)> {
+        match self {
+            Self::Inline { len, slots } => usize::from(*len)
+                .checked_sub(1)
+                .and_then(|last| slots.get(last)),
+            Self::Spilled(ring) => ring.back(),
+        }
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut (u64, u64)> {
+        match self {
+            Self::Inline { len, slots } => slots[..usize::from(*len)].get_mut(i),
+            Self::Spilled(ring) => ring.get_mut(i),
+        }
+    }
+
+    fn partition_point(&self, pred: impl Fn(&(u64, u64)) -> bool) -> usize {
+        match self {
+            Self::Inline { len, slots } => slots[..usize::from(*len)].partition_point(pred),
+            Self::Spilled(ring) => ring.partition_point(pred),
+        }
+    }
+
+    /// Drops the oldest slot; once none is left, an empty timeline is
+    /// inline again (its buffer freed).
+    fn pop_front(&mut self) {
+        match self {
+            Self::Inline { len, slots } => {
+                if *len > 0 {
+                    slots.copy_within(1..usize::from(*len), 0);
+                    *len -= 1;
+                }
+            }
+            Self::Spilled(ring) => {
+                ring.pop_front();
+                if ring.is_empty() {
+                    // The buffer goes with the last slot: an idle key is
+                    // back to one allocation (its slot).
+                    *self = Self::default();
+                }
+            }
+        }
+    }
+
+    /// Inserts `slot` at `i` (at most `len`), moving the slots to a
+    /// buffer of their own when they no longer fit inline.
+    fn insert(&mut self, i: usize, slot: (u64, u64)) {
+        match self {
+            Self::Inline { len, slots } if usize::from(*len) < INLINE_SLOTS => {
+                let n = usize::from(*len);
+                let i = i.min(n);
+                slots.copy_within(i..n, i + 1);
+                slots[i] = slot;
+                *len += 1;
+            }
+            Self::Inline { len, slots } => {
+                let mut ring = VecDeque::with_capacity(2 * INLINE_SLOTS);
+                ring.extend(&slots[..usize::from(*len)]);
+                ring.insert(i.min(ring.len()), slot);
+                *self = Self::Spilled(ring);
+            }
+            Self::Spilled(ring) => ring.insert(i.min(ring.len()), slot),
+        }
+    }
+
+    fn push_back(&mut self, slot: (u64, u64)) {
+        match self {
+            Self::Spilled(ring) => ring.push_back(slot),
+            Self::Inline { len, .. } => {
+                let end = usize::from(*len);
+                self.insert(end, slot);
+            }
+        }
+    }
+
+    fn back_mut(&mut self) -> Option<&mut (u64, u64)> {
+        match self {
+            Self::Inline { len, slots } => {
+                let last = usize::from(*len).checked_sub(1)?;
+                slots.get_mut(last)
+            }
+            Self::Spilled(ring) => ring.back_mut(),
+        }
+    }
+}
+
+// Slots compare and print by content, wherever they are kept.
+impl PartialEq for Slots {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Slots {}
+
+impl std::fmt::Debug for Slots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
 }
 
 impl Timeline {
@@ -46,8 +204,12 @@ impl Timeline {
         self.slots.len()
     }
 
-    /// Adds `units` to slot `at`, keeping slots ascending. A slot older than
-    /// the newest one only appears when the clock stepped back.
+    /// Whether the slots are kept inline (for tests of memory use).
+    #[cfg(test)]
+    pub(crate) fn is_inline(&self) -> bool {
+        matches!(self.slots, Slots::Inline { .. })
+    }
+
     /// Takes up to `units` back from the slot at `at`, if it is still
     /// kept; answers how many were taken.
     pub(crate) fn take_back(&mut self, at: u64, units: u64) -> u64 {
@@ -64,6 +226,8 @@ impl Timeline {
         taken
     }
 
+    /// Adds `units` to slot `at`, keeping slots ascending. A slot older than
+    /// the newest one only appears when the clock stepped back.
     pub(crate) fn add(&mut self, at: u64, units: u64) {
         self.total = self.total.saturating_add(units);
         match self.slots.back_mut() {
@@ -154,13 +318,46 @@ pub(crate) fn commit(timeline: &mut Timeline, at: u64, cost: u32) {
 
 #[cfg(test)]
 mod tests {
-    use super::{steps, MAX_RETRY_WALK};
+    use super::{steps, Timeline, INLINE_SLOTS, MAX_RETRY_WALK};
     use crate::algorithm::test_support::{quota, T0};
     use crate::algorithm::{sliding_counter, sliding_log};
 
     const HOUR: i64 = 3_600_000_000;
     const DAY: i64 = 24 * HOUR;
     const P40: i64 = 1 << 40;
+
+    /// Slots move out of line past `INLINE_SLOTS` and back once all have
+    /// expired, in order and with their sum, whatever order they came in.
+    #[test]
+    fn slots_spill_in_order_and_come_back_inline() {
+        let mut timeline = Timeline::default();
+        assert!(timeline.is_inline());
+        // Out of order (a clock stepping back), merging equal slots.
+        for at in [50, 10, 30, 10, 70, 20] {
+            timeline.add(at, 1);
+        }
+        assert!(!timeline.is_inline());
+        let kept: Vec<(u64, u64)> = timeline.slots.iter().copied().collect();
+        assert_eq!(kept, [(10, 2), (20, 1), (30, 1), (50, 1), (70, 1)]);
+        assert_eq!(timeline.total, 6);
+        assert_eq!(timeline.take_back(30, 5), 1);
+        assert_eq!(timeline.total, 5);
+        // Everything up to 60 expires: two slots left (30 is kept at 0).
+        let e = super::evaluate(&mut timeline, 60, 60, 1, 10, |at| Some(at + 10));
+        assert!(e.fits());
+        assert_eq!(timeline.len(), 1);
+        assert_eq!(timeline.total, 1);
+        // All expired: inline again, and equal to a fresh timeline.
+        super::evaluate(&mut timeline, 100, 100, 1, 10, |at| Some(at + 10));
+        assert!(timeline.is_inline());
+        assert_eq!(timeline, Timeline::default());
+        for at in 0..INLINE_SLOTS as u64 {
+            timeline.add(at, 1);
+        }
+        assert!(timeline.is_inline());
+        timeline.add(5, 1);
+        assert!(!timeline.is_inline());
+    }
 
     /// Steps of an hour, a day and 2^40 µs, back and forward, between
     /// admissions: each check's loop iterations stay within the slots it

@@ -11,55 +11,109 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use quick_cache::{Equivalent, Options, OptionsBuilder};
 
 use crate::quota::Scope;
 use crate::{Policy, Quota, WindowKey};
 
 /// A window's identity, owned: what a cache stores.
+///
+/// The tenant's and the subject's bytes are copied into the key, inline
+/// when together they fit [`INLINE_KEY_BYTES`] (a UUID does): comparing a
+/// looked-up key with a stored one then reads the cache's entry and
+/// nothing else, where a shared buffer would cost a cache miss per lookup
+/// on a store of many keys, and a stored key never keeps a request's
+/// buffer alive.
 #[derive(Clone)]
 pub(crate) struct StateKey {
-    tenant: Bytes,
-    subject: Bytes,
     quota: Arc<str>,
     /// `quota`'s hash, computed once per quota (see [`id_hash`]).
     quota_hash: u64,
+    /// The tenant's bytes followed by the subject's.
+    bytes: KeyBytes,
+    /// Where the tenant's bytes end in `bytes`.
+    tenant_len: u32,
+}
+
+/// The most bytes of tenant and subject a [`StateKey`] holds inline.
+pub(crate) const INLINE_KEY_BYTES: usize = 38;
+
+/// Bytes inline up to [`INLINE_KEY_BYTES`], on the heap beyond.
+#[derive(Clone)]
+enum KeyBytes {
+    Inline {
+        len: u8,
+        buf: [u8; INLINE_KEY_BYTES],
+    },
+    Heap(Box<[u8]>),
+}
+
+impl KeyBytes {
+    fn new(first: &[u8], second: &[u8]) -> Self {
+        let len = first.len() + second.len();
+        match u8::try_from(len) {
+            Ok(short) if len <= INLINE_KEY_BYTES => {
+                let mut buf = [0; INLINE_KEY_BYTES];
+                buf[..first.len()].copy_from_slice(first);
+                buf[first.len()..len].copy_from_slice(second);
+                Self::Inline { len: short, buf }
+            }
+            _ => Self::Heap([first, second].concat().into_boxed_slice()),
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, buf } => &buf[..usize::from(*len)],
+            Self::Heap(bytes) => bytes,
+        }
+    }
 }
 
 impl StateKey {
-    /// The owned key of `key`'s state under `quota` (refcount bumps, no
-    /// copies): by the quota's [state id](Quota::state_id), so a changed
-    /// limit finds the same state, and without the subject for a
-    /// tenant-scoped quota (whose state id says so).
+    /// The owned key of `key`'s state under `quota`: by the quota's
+    /// [state id](Quota::state_id), so a changed limit finds the same
+    /// state, and without the subject for a tenant-scoped quota (whose
+    /// state id says so).
     pub(crate) fn new(key: &WindowKey, quota: &Quota) -> Self {
-        let (tenant, subject) = key.shared_parts();
-        Self {
-            tenant: tenant.clone(),
-            subject: match quota.scope() {
-                Scope::Subject => subject.clone(),
-                Scope::Tenant => Bytes::new(),
-            },
-            quota: quota.shared_state_id(),
-            quota_hash: quota.state_id_hash(),
-        }
+        let subject = match quota.scope() {
+            Scope::Subject => key.subject(),
+            Scope::Tenant => &[],
+        };
+        Self::from_parts(
+            key.tenant(),
+            subject,
+            quota.shared_state_id(),
+            quota.state_id_hash(),
+        )
     }
 
     /// The owned key of `key` under a whole policy (the local tier's).
     pub(crate) fn for_policy(key: &WindowKey, policy: &Policy) -> Self {
-        let (tenant, subject) = key.shared_parts();
+        Self::from_parts(
+            key.tenant(),
+            key.subject(),
+            policy.shared_id(),
+            policy.id_hash(),
+        )
+    }
+
+    fn from_parts(tenant: &[u8], subject: &[u8], quota: Arc<str>, quota_hash: u64) -> Self {
         Self {
-            tenant: tenant.clone(),
-            subject: subject.clone(),
-            quota: policy.shared_id(),
-            quota_hash: policy.id_hash(),
+            quota,
+            quota_hash,
+            bytes: KeyBytes::new(tenant, subject),
+            // A tenant is at most a WindowKey part: far below 4 GiB.
+            tenant_len: u32::try_from(tenant.len()).unwrap_or(u32::MAX),
         }
     }
 
     fn parts(&self) -> Parts<'_> {
+        let bytes = self.bytes.as_slice();
+        let (tenant, subject) = bytes.split_at(bytes.len().min(self.tenant_len as usize));
         Parts {
-            tenant: &self.tenant,
-            subject: &self.subject,
+            tenant,
+            subject,
             quota: &self.quota,
             quota_hash: self.quota_hash,
         }
@@ -169,8 +223,18 @@ impl PartialEq for StateKey {
 impl Eq for StateKey {}
 
 impl Equivalent<StateKey> for StateKeyRef<'_> {
+    // The same test as `Parts::eq`, in the order that rejects a different
+    // key soonest, with one comparison of lengths before any of bytes: this
+    // runs on every lookup (and for every key sharing a hash group).
     fn equivalent(&self, key: &StateKey) -> bool {
-        self.parts() == key.parts()
+        let bytes = key.bytes.as_slice();
+        let tenant = self.tenant.len();
+        self.quota_hash == key.quota_hash
+            && key.tenant_len as usize == tenant
+            && bytes.len() == tenant + self.subject.len()
+            && bytes.get(tenant..) == Some(self.subject)
+            && bytes.get(..tenant) == Some(self.tenant)
+            && (std::ptr::eq(self.quota, &*key.quota) || self.quota == &*key.quota)
     }
 }
 
@@ -212,8 +276,18 @@ mod tests {
         let borrowed = StateKeyRef::new(&key, &quota);
         assert!(borrowed.equivalent(&owned));
         assert_eq!(hasher.hash_one(&owned), hasher.hash_one(borrowed));
+        let long = WindowKey::new("acme", "a-subject-longer-than-what-fits-inline");
+        let long_owned = StateKey::new(&long, &quota);
+        assert!(matches!(long_owned.bytes, KeyBytes::Heap(_)));
+        assert!(matches!(owned.bytes, KeyBytes::Inline { .. }));
+        assert!(StateKeyRef::new(&long, &quota).equivalent(&long_owned));
+        assert_eq!(
+            hasher.hash_one(&long_owned),
+            hasher.hash_one(StateKeyRef::new(&long, &quota))
+        );
         for (k, q) in [
             (WindowKey::new("acme", "bob"), &quota),
+            (WindowKey::new("acm", "ealice"), &quota),
             (WindowKey::new("acmealice", ""), &quota),
             (key.clone(), &other_quota),
         ] {

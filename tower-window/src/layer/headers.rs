@@ -245,21 +245,52 @@ fn item(name: &str, params: &[(&[u8], u64)]) -> Option<HeaderValue> {
     {
         return None;
     }
+    // Written into a stack buffer with plain copies (a `SmallVec` push
+    // checks its capacity and where it lives on every byte or slice: this
+    // item is built for every admitted request), then copied once into an
+    // exactly sized `Bytes`. Longer items (very long quota names) take a `Vec`.
     let mut numbers = itoa::Buffer::new();
-    // Built on the stack, then copied once into an exactly sized buffer: a
-    // `Vec` with spare capacity would cost `Bytes` a second allocation.
-    let mut buf: smallvec::SmallVec<[u8; 96]> = smallvec::SmallVec::new();
-    buf.push(b'"');
-    buf.extend_from_slice(name.as_bytes());
-    buf.push(b'"');
+    let mut stack = [0u8; ITEM_ON_STACK];
+    let mut heap = Vec::new();
+    let len = 2
+        + name.len()
+        + params
+            .iter()
+            .map(|(key, _)| key.len() + 2 + MAX_U64_DIGITS)
+            .sum::<usize>();
+    let buf: &mut [u8] = if len <= ITEM_ON_STACK {
+        &mut stack
+    } else {
+        heap.resize(len, 0);
+        &mut heap
+    };
+    let mut at = 0;
+    let mut put = |bytes: &[u8]| {
+        let end = at + bytes.len();
+        if let Some(to) = buf.get_mut(at..end) {
+            to.copy_from_slice(bytes);
+        }
+        at = end;
+    };
+    put(b"\"");
+    put(name.as_bytes());
+    put(b"\"");
     for &(key, value) in params {
-        buf.push(b';');
-        buf.extend_from_slice(key);
-        buf.push(b'=');
-        buf.extend_from_slice(numbers.format(value).as_bytes());
+        put(b";");
+        put(key);
+        put(b"=");
+        put(numbers.format(value).as_bytes());
     }
-    HeaderValue::from_maybe_shared(Bytes::copy_from_slice(&buf)).ok()
+    let written = buf.get(..at)?;
+    HeaderValue::from_maybe_shared(Bytes::copy_from_slice(written)).ok()
 }
+
+/// The digits of the largest `u64`.
+const MAX_U64_DIGITS: usize = 20;
+
+/// The longest item [`item`] writes on the stack: a quota name of up to 50
+/// bytes with two parameters, or 30 with three.
+const ITEM_ON_STACK: usize = 104;
 
 #[cfg(test)]
 mod tests {
@@ -303,6 +334,31 @@ mod tests {
         assert_eq!(headers[X_RATELIMIT_LIMIT], "250");
         assert_eq!(headers[X_RATELIMIT_REMAINING], "0");
         assert_eq!(headers[X_RATELIMIT_RESET], "1");
+    }
+
+    /// Items too long for the stack buffer (a name of the longest length
+    /// allowed, with the largest numbers) are built alike on the heap.
+    #[test]
+    fn items_longer_than_the_stack_buffer() {
+        let name = "n".repeat(64);
+        let quota: Quota = "4294967295/1ms"
+            .parse::<Quota>()
+            .unwrap()
+            .named(&name)
+            .unwrap();
+        let decision = Decision::allow(quota, u32::MAX, Duration::MAX);
+        let mut headers = HeaderMap::new();
+        insert_rate_limit_headers(&mut headers, &decision, false);
+        assert_eq!(
+            headers[RATELIMIT],
+            format!("\"{name}\";r=4294967295;t={}", u64::MAX).as_str()
+        );
+        assert_eq!(
+            headers[RATELIMIT_POLICY],
+            format!("\"{name}\";q=4294967295000;w=1").as_str()
+        );
+        let item = item(&name, &[(b"q", u64::MAX), (b"w", u64::MAX), (b"b", 1)]).unwrap();
+        assert_eq!(item.len(), 2 + 64 + 2 * 23 + 4);
     }
 
     #[test]

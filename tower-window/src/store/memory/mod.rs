@@ -315,9 +315,33 @@ pub(crate) struct SlotInner {
     /// Set, under this lock, once the cache has dropped the slot: a check
     /// that then gets the lock looks the key up again.
     pub(crate) evicted: bool,
-    /// Quota leases whose units still count here (empty, and never
-    /// allocated, unless leases are used).
-    pub(crate) leases: crate::lease::memory::Records,
+    /// Quota leases whose units still count here (a null pointer unless
+    /// leases are used).
+    pub(crate) leases: LeaseRecords,
+}
+
+/// A slot's lease records, allocated on first change: a slot of a store
+/// without leases keeps one null pointer for them, so that its state and
+/// lock share a cache line or two (the records' own maps take 56 bytes).
+/// Reads see them through `Deref` (an empty set when none were made),
+/// changes through `DerefMut`.
+#[derive(Default)]
+pub(crate) struct LeaseRecords(Option<Box<crate::lease::memory::Records>>);
+
+impl std::ops::Deref for LeaseRecords {
+    type Target = crate::lease::memory::Records;
+
+    fn deref(&self) -> &Self::Target {
+        static NONE: std::sync::LazyLock<crate::lease::memory::Records> =
+            std::sync::LazyLock::new(Default::default);
+        self.0.as_deref().unwrap_or(&NONE)
+    }
+}
+
+impl std::ops::DerefMut for LeaseRecords {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.0.get_or_insert_with(Box::default)
+    }
 }
 
 impl Slot {
@@ -327,7 +351,7 @@ impl Slot {
                 state: State::empty(quota.algorithm()),
                 last_check: 0,
                 evicted: false,
-                leases: crate::lease::memory::Records::default(),
+                leases: LeaseRecords::default(),
             }),
             lifetime_micros: u64::try_from(quota.max_state_lifetime().as_micros())
                 .unwrap_or(u64::MAX),
@@ -355,6 +379,40 @@ impl Lifecycle<StateKey, Arc<Slot>> for MarkEvicted {
     fn end_request(&self, evicted: Self::RequestState) {
         for slot in evicted {
             lock(&slot.inner).evicted = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One key of a store of many costs two cache lines of its own: the
+    /// cache's entry (key inline) and the slot (lock, state inline), so a
+    /// check of a key not checked lately waits for two misses, not four.
+    #[test]
+    fn a_key_and_its_state_fit_in_two_cache_lines() {
+        // The slot behind its `Arc` (two reference counts).
+        let slot = std::mem::size_of::<Slot>() + 16;
+        let key = std::mem::size_of::<StateKey>();
+        assert!(slot <= 128, "slot: {slot} bytes");
+        assert!(key <= 72, "key: {key} bytes");
+        // Small states of every algorithm are inline in the slot.
+        for dsl in [
+            "3/1m",
+            "3/1m sliding-counter(20s)",
+            "3/1m fixed-window",
+            "3/1m gcra",
+        ] {
+            let quota: Quota = dsl.parse().unwrap_or_else(|_| unreachable!());
+            let slot = Slot::new(&quota);
+            let mut inner = lock(&slot.inner);
+            for at in [0, 30_000_000] {
+                let now = 1_700_000_000_000_000 + at;
+                assert!(inner.state.evaluate(&quota, now, 1).fits());
+                inner.state.commit(&quota, now, 1);
+            }
+            assert!(inner.state.is_inline(), "{dsl}");
         }
     }
 }
