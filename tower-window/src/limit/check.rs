@@ -107,19 +107,19 @@ impl<'a> Check<'a> {
             .filter(|tier| tier.applies(self.policy))
         {
             let (key, policy) = (self.key, self.policy);
-            let future: BoxFuture<'a, _> =
-                match limiter.spend_leased(tier, key, policy, cost.get()) {
-                    // Spent from a live lease: no store call, no wait.
-                    Leased::Spent(decision, None) => return self.finish(Ok(decision), cost, traced),
-                    Leased::Spent(decision, Some(slot)) => {
-                        Box::pin(limiter.refill_ahead(tier, slot, key, policy, decision))
-                    }
-                    Leased::Empty(slot) => {
-                        Box::pin(limiter.decide_leased(tier, slot, key, policy, cost))
-                    }
-                    // A key too cold to lease: as without leases.
-                    Leased::Direct => return self.start_direct(cx, cost, traced),
-                };
+            let future: BoxFuture<'a, _> = match limiter.spend_leased(tier, key, policy, cost.get())
+            {
+                // Spent from a live lease: no store call, no wait.
+                Leased::Spent(decision, None) => return self.finish(Ok(decision), cost, traced),
+                Leased::Spent(decision, Some(slot)) => {
+                    Box::pin(limiter.refill_ahead(tier, slot, key, policy, decision))
+                }
+                Leased::Empty(slot) => {
+                    Box::pin(limiter.decide_leased(tier, slot, key, policy, cost))
+                }
+                // A key too cold to lease: as without leases.
+                Leased::Direct => return self.start_direct(cx, cost, traced),
+            };
             self.state = State::Leased {
                 future,
                 cost,

@@ -82,7 +82,7 @@ mod config;
 mod slot;
 
 pub use config::{LeaseConfig, LeaseStats};
-use slot::{shadow_holds, Held, Slot};
+use slot::{shadow_holds, Held, Slot, Spend};
 
 #[derive(Default)]
 pub(crate) struct LeaseCounters {
@@ -95,8 +95,13 @@ pub(crate) struct LeaseCounters {
     pub(crate) waits: AtomicU64,
 }
 
-type SlotCache =
-    Cache<StateKey, Arc<Slot>, UnitWeighter, DefaultHashBuilder, DefaultLifecycle<StateKey, Arc<Slot>>>;
+type SlotCache = Cache<
+    StateKey,
+    Arc<Slot>,
+    UnitWeighter,
+    DefaultHashBuilder,
+    DefaultLifecycle<StateKey, Arc<Slot>>,
+>;
 
 /// The leases of one limiter, by key and policy.
 pub(crate) struct LeaseTier {
@@ -112,8 +117,9 @@ pub(crate) struct LeaseTier {
 
 /// What the lease tier answered a check without waiting.
 pub(crate) enum Leased {
-    /// Spent from a live lease; with `Some(slot)` this check also reserves
-    /// the key's next lease ahead of need, and answers once it is back.
+    /// Spent from a live lease (or denied until the key's next lease
+    /// starts); with `Some(slot)` this check also reserves the key's next
+    /// lease ahead of need, and answers once it is back.
     Spent(Decision, Option<Arc<Slot>>),
     /// A key too cold to lease: decide in the store directly.
     Direct,
@@ -156,10 +162,9 @@ impl LeaseTier {
             return slot;
         }
         let owned = StateKey::for_policy(key, policy);
-        match self
-            .slots
-            .get_or_insert_with(&owned, || Ok::<_, std::convert::Infallible>(Arc::new(Slot::new())))
-        {
+        match self.slots.get_or_insert_with(&owned, || {
+            Ok::<_, std::convert::Infallible>(Arc::new(Slot::new()))
+        }) {
             Ok(slot) => slot,
             Err(never) => match never {},
         }
@@ -213,7 +218,8 @@ impl Drop for Flight<'_> {
 enum Step {
     /// Spent from a lease that came back meanwhile.
     Spent(Decision),
-    /// Answered by a remembered denial.
+    /// Answered by a remembered denial, or denied until the key's next
+    /// lease starts.
     Remembered(Decision),
     /// Waits for the reservation in flight.
     Wait,
@@ -246,14 +252,22 @@ impl super::Limiter {
         let mut state = slot.lock();
         state.observe(now, micros(tier.config.ttl_for(policy)));
         let hot = state.hot(tier.config.hot_checks);
-        if let Some(decision) = state.spend(now, units) {
-            let refill = tier.config.refill_ahead && hot && !state.refilling && state.low();
-            if refill {
-                state.refilling = true;
+        match state.spend(now, units) {
+            Spend::Spent(decision) => {
+                let refill = tier.config.refill_ahead && hot && !state.refilling && state.low();
+                if refill {
+                    state.refilling = true;
+                }
+                drop(state);
+                self.count_spent(tier, policy, units);
+                return Leased::Spent(decision, refill.then_some(slot));
             }
-            drop(state);
-            self.count_spent(tier, policy, units);
-            return Leased::Spent(decision, refill.then_some(slot));
+            Spend::Later(decision) => {
+                drop(state);
+                inner.stats.local_cache.fetch_add(1, Ordering::Relaxed);
+                return Leased::Spent(decision, None);
+            }
+            Spend::Empty => {}
         }
         if !hot && !state.refilling && state.held.is_empty() && state.retired.is_empty() {
             return Leased::Direct;
@@ -296,16 +310,22 @@ impl super::Limiter {
             let step = {
                 let mut state = slot.lock();
                 let now = inner.clock.now_micros();
-                if let Some(decision) = state.spend(now, units) {
+                let spend = state.spend(now, units);
+                if let Spend::Spent(decision) = spend {
                     Step::Spent(decision)
+                } else if let Spend::Later(decision) = spend {
+                    Step::Remembered(decision)
                 } else if state.refilling {
                     Step::Wait
-                } else if let Some(decision) = inner.local.as_ref().and_then(|local| {
-                    match local.lookup(key, policy, units) {
-                        super::Lookup::Hit(decision) => Some(decision),
-                        super::Lookup::Miss { .. } => None,
-                    }
-                }) {
+                } else if let Some(decision) =
+                    inner
+                        .local
+                        .as_ref()
+                        .and_then(|local| match local.lookup(key, policy, units) {
+                            super::Lookup::Hit(decision) => Some(decision),
+                            super::Lookup::Miss { .. } => None,
+                        })
+                {
                     Step::Remembered(decision)
                 } else {
                     // This check reserves. The leases held cannot pay for it
@@ -428,8 +448,14 @@ impl super::Limiter {
         let store = &inner.store.inner;
         let ttl = tier.config.ttl_for(policy);
         let at_least = spend.max(1);
-        let request =
+        let mut request =
             crate::lease::ReserveRequest::new(key, policy, want.max(at_least), at_least, ttl);
+        if spend == 0 {
+            // Ahead of need nobody waits for it: a GCRA lease may start up
+            // to one TTL later, so that a near-empty bucket gives a lease of
+            // the tokens it frees meanwhile rather than of one token.
+            request = request.waiting_up_to(ttl);
+        }
         let sent = inner.clock.now_micros();
         tier.counters.reservations.fetch_add(1, Ordering::Relaxed);
         let reserved = match &store.leases {
@@ -466,6 +492,9 @@ impl super::Limiter {
         };
         let held_until = reservation.held_until_micros;
         let (Some(lease), Some(decision)) = (reservation.lease, reservation.decision) else {
+            // The window is full: no more reservations ahead of need until
+            // one grants again (the check that finds the lease empty asks).
+            slot.lock().last_granted = 0;
             return Ok(Reserved::Nothing(held_until));
         };
         let granted = lease.granted;
@@ -475,6 +504,16 @@ impl super::Limiter {
         inner
             .metrics
             .lease_units(policy.first(), "granted", u64::from(granted));
+        // Never earlier than the store's start: the reply came after the
+        // store read its clock.
+        let wait = lease
+            .not_before_micros
+            .saturating_sub(reservation.now_micros);
+        let local_not_before = inner.clock.now_micros().saturating_add(wait);
+        let later = wait > 0;
+        // A lease that starts later admits nobody now (it is only reserved
+        // ahead of need, where nobody spends with the reservation).
+        let spend = if later { 0 } else { spend };
         if spend > 0 {
             tier.counters
                 .spent
@@ -487,13 +526,26 @@ impl super::Limiter {
         let local_deadline = sent.saturating_add(length);
         let left = granted.saturating_sub(spend);
         let shadow_left = shadow_holds(policy, &lease, spend);
+        // What a spend of it reports: an admission (a lease that starts
+        // later came with a denial until then, for the reserving check).
+        let template = if later {
+            let states = decision.quotas().iter().map(|state| {
+                crate::QuotaDecision::allow(state.quota.clone(), 0, state.reset_after)
+            });
+            crate::Decision::from_quotas(states)
+                .map(|d| d.with_timestamp_micros(decision.timestamp_micros))
+                .unwrap_or_else(|| decision.clone())
+        } else {
+            decision.clone()
+        };
         let held = Held {
             lease,
             left,
             shadow_left,
             local_deadline,
+            local_not_before,
             sent,
-            decision: decision.clone(),
+            decision: template,
             key: key.clone(),
             policy: policy.clone(),
         };
@@ -504,6 +556,7 @@ impl super::Limiter {
             // records expire).
             if tier.epoch.load(Ordering::Acquire) == epoch {
                 state.last_deadline = local_deadline;
+                state.last_granted = granted;
                 // Kept while it holds anything: a shadow quota's leftover
                 // goes back with the refund even when nothing else is left.
                 if held.holds_anything() {

@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 use tokio::sync::Notify;
 
 use crate::lease::Lease;
-use crate::{Decision, DecisionSource, Policy, WindowKey};
+use crate::{Decision, DecisionSource, Policy, QuotaDecision, WindowKey};
 
 /// A lease this node holds.
 pub(crate) struct Held {
@@ -21,6 +21,9 @@ pub(crate) struct Held {
     pub(crate) shadow_left: SmallVec<[u32; 4]>,
     /// The limiter's clock (µs) from which the lease may not be spent.
     pub(crate) local_deadline: u64,
+    /// The limiter's clock (µs) before which it may not be spent either (a
+    /// GCRA lease that starts later; else the reservation's time).
+    pub(crate) local_not_before: u64,
     /// The limiter's clock (µs) when the reservation was sent.
     pub(crate) sent: u64,
     /// The reservation's decision, reported (aged) by local admissions.
@@ -71,6 +74,24 @@ impl Held {
         self.left > 0 || self.shadow_left.iter().any(|units| *units > 0)
     }
 
+    /// The denial of a check at `now`, before this lease starts: every
+    /// quota denies until the start (the state is the lease's, aged).
+    fn denial(&self, now: u64) -> Decision {
+        let elapsed = Duration::from_micros(now.saturating_sub(self.sent));
+        let wait = Duration::from_micros(self.local_not_before.saturating_sub(now));
+        let states = self.decision.quotas().iter().map(|state| {
+            let reset = state.reset_after.saturating_sub(elapsed).max(wait);
+            QuotaDecision::deny(state.quota.clone(), 0, reset, Some(wait))
+        });
+        match Decision::from_quotas(states) {
+            Some(decision) => decision
+                .with_source(DecisionSource::LocalCache)
+                .with_timestamp_micros(now),
+            // A policy has quotas; the lease's own decision otherwise.
+            None => self.decision.clone(),
+        }
+    }
+
     /// Spends `cost` units at `now` (the caller checked that they are
     /// there and the lease is live): the admission's decision.
     fn spend(&mut self, now: u64, cost: u32) -> Decision {
@@ -88,6 +109,16 @@ impl Held {
         decision.retry_after = Some(Duration::ZERO);
         decision
     }
+}
+
+/// What a spend found.
+pub(crate) enum Spend {
+    /// Units of a live lease: the admission.
+    Spent(Decision),
+    /// Only a lease that starts later: a denial until it starts.
+    Later(Decision),
+    /// Nothing to spend.
+    Empty,
 }
 
 /// What each shadow quota of `policy` holds unspent once `cost` of `lease`
@@ -126,6 +157,7 @@ impl Slot {
                 held: SmallVec::new(),
                 retired: Vec::new(),
                 want: 1,
+                last_granted: 0,
                 last_deadline: 0,
                 refilling: false,
                 period_start: 0,
@@ -153,6 +185,9 @@ pub(crate) struct SlotState {
     pub(crate) retired: Vec<Held>,
     /// Units the next reservation asks for.
     pub(crate) want: u32,
+    /// Units the last reservation got (what the store can give now: less
+    /// than `want` near a full window).
+    pub(crate) last_granted: u32,
     /// The local deadline of the last lease (0: none yet).
     pub(crate) last_deadline: u64,
     /// A reservation of this key is in flight (at most one at a time).
@@ -190,8 +225,9 @@ impl SlotState {
 
     /// Spends `cost` units at `now` from the oldest live lease that has
     /// them; leases past their deadline, or used up, leave `held` first
-    /// (to `retired` if a refund would give anything back).
-    pub(crate) fn spend(&mut self, now: u64, cost: u32) -> Option<Decision> {
+    /// (to `retired` if a refund would give anything back). With none to
+    /// spend but one that starts later, a denial until it starts.
+    pub(crate) fn spend(&mut self, now: u64, cost: u32) -> Spend {
         let mut i = 0;
         while i < self.held.len() {
             let held = &self.held[i];
@@ -204,8 +240,17 @@ impl SlotState {
             }
             i += 1;
         }
-        let held = self.held.iter_mut().find(|held| held.left >= cost)?;
-        Some(held.spend(now, cost))
+        if let Some(held) = self
+            .held
+            .iter_mut()
+            .find(|held| held.left >= cost && now >= held.local_not_before)
+        {
+            return Spend::Spent(held.spend(now, cost));
+        }
+        match self.held.iter().find(|held| held.left >= cost) {
+            Some(later) => Spend::Later(later.denial(now)),
+            None => Spend::Empty,
+        }
     }
 
     /// Units left in the live leases.
@@ -213,10 +258,12 @@ impl SlotState {
         self.held.iter().map(|held| u64::from(held.left)).sum()
     }
 
-    /// Whether what is left is at the low watermark: half of the size the
-    /// key's leases have reached, or less.
+    /// Whether what is left is at the low watermark: half of the last
+    /// lease, or less (of the last, not of the size wanted: near a full
+    /// window the store grants less, and a refill per spend would get
+    /// nothing more).
     pub(crate) fn low(&self) -> bool {
-        self.left() * 2 <= u64::from(self.want)
+        self.left() * 2 <= u64::from(self.last_granted.min(self.want))
     }
 
     /// The size of the next lease: doubled if the last one was used up (or
