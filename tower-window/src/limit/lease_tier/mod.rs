@@ -223,6 +223,8 @@ enum Step {
     Remembered(Decision),
     /// Waits for the reservation in flight.
     Wait,
+    /// The reservation it waited for failed: the fallback decides.
+    Failed(crate::StoreErrorKind),
     /// Reserves: the clock, the leases to give back, the units wanted,
     /// whether the key is hot, the discard epoch.
     Reserve(u64, Vec<Held>, u32, bool, u64),
@@ -247,9 +249,11 @@ impl super::Limiter {
         units: u32,
     ) -> Leased {
         let inner = &*self.inner;
-        let now = inner.clock.now_micros();
         let slot = tier.slot(key, policy);
         let mut state = slot.lock();
+        // Read under the lock: a spend is dated no earlier than the lease
+        // it spends came back (its reservation's time).
+        let now = inner.clock.now_micros();
         state.observe(now, micros(tier.config.ttl_for(policy)));
         let hot = state.hot(tier.config.hot_checks);
         match state.spend(now, units) {
@@ -317,6 +321,8 @@ impl super::Limiter {
                     Step::Remembered(decision)
                 } else if state.refilling {
                     Step::Wait
+                } else if let Some(kind) = state.failed.filter(|_| waited) {
+                    Step::Failed(kind)
                 } else if let Some(decision) =
                     inner
                         .local
@@ -350,6 +356,13 @@ impl super::Limiter {
                 Step::Remembered(decision) => {
                     inner.stats.local_cache.fetch_add(1, Ordering::Relaxed);
                     return Ok(decision);
+                }
+                Step::Failed(kind) => {
+                    let error = crate::StoreError::new(
+                        kind,
+                        "the quota lease reservation this check waited for failed",
+                    );
+                    return self.fall_back(key, policy, cost, error);
                 }
                 Step::Wait => {
                     if !waited {
@@ -448,14 +461,14 @@ impl super::Limiter {
         let store = &inner.store.inner;
         let ttl = tier.config.ttl_for(policy);
         let at_least = spend.max(1);
-        let mut request =
-            crate::lease::ReserveRequest::new(key, policy, want.max(at_least), at_least, ttl);
-        if spend == 0 {
-            // Ahead of need nobody waits for it: a GCRA lease may start up
-            // to one TTL later, so that a near-empty bucket gives a lease of
-            // the tokens it frees meanwhile rather than of one token.
-            request = request.waiting_up_to(ttl);
-        }
+        // A GCRA lease may start up to one TTL later, so that a near-empty
+        // bucket gives a lease of the tokens it frees meanwhile rather than
+        // of one token (a check that reserves it is denied until it starts:
+        // the bucket had less room than the lease wanted, so the key is at
+        // its limit).
+        let request =
+            crate::lease::ReserveRequest::new(key, policy, want.max(at_least), at_least, ttl)
+                .waiting_up_to(ttl);
         let sent = inner.clock.now_micros();
         tier.counters.reservations.fetch_add(1, Ordering::Relaxed);
         let reserved = match &store.leases {
@@ -483,6 +496,7 @@ impl super::Limiter {
                     kind,
                     crate::StoreErrorKind::Unsupported | crate::StoreErrorKind::InvalidRequest
                 ) {
+                    slot.lock().failed = Some(kind);
                     return Err(error);
                 }
                 // No lease for this store or policy (a GCRA quota too
@@ -490,6 +504,7 @@ impl super::Limiter {
                 crate::lease::Reservation::empty(0, None)
             }
         };
+        slot.lock().failed = None;
         let held_until = reservation.held_until_micros;
         let (Some(lease), Some(decision)) = (reservation.lease, reservation.decision) else {
             // The window is full: no more reservations ahead of need until
@@ -509,7 +524,13 @@ impl super::Limiter {
         let wait = lease
             .not_before_micros
             .saturating_sub(reservation.now_micros);
-        let local_not_before = inner.clock.now_micros().saturating_add(wait);
+        let local_not_before = if wait == 0 {
+            // Spendable at once (a check that read the clock just before
+            // this reply must not find it "later").
+            0
+        } else {
+            inner.clock.now_micros().saturating_add(wait)
+        };
         let later = wait > 0;
         // A lease that starts later admits nobody now (it is only reserved
         // ahead of need, where nobody spends with the reservation).

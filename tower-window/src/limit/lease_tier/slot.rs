@@ -160,6 +160,7 @@ impl Slot {
                 last_granted: 0,
                 last_deadline: 0,
                 refilling: false,
+                failed: None,
                 period_start: 0,
                 seen: 0,
                 seen_before: 0,
@@ -192,6 +193,10 @@ pub(crate) struct SlotState {
     pub(crate) last_deadline: u64,
     /// A reservation of this key is in flight (at most one at a time).
     pub(crate) refilling: bool,
+    /// How the last reservation failed, if it did: the checks that waited
+    /// for it decide by the fallback rather than wait for the store again
+    /// (a decision takes one store timeout at most).
+    pub(crate) failed: Option<crate::StoreErrorKind>,
     /// The limiter's clock (µs) when the current counting period began.
     period_start: u64,
     /// Checks in the current period.
