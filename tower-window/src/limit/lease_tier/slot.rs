@@ -154,7 +154,7 @@ impl Slot {
     pub(crate) fn new() -> Self {
         Self {
             state: Mutex::new(SlotState {
-                held: SmallVec::new(),
+                held: Vec::new(),
                 retired: Vec::new(),
                 want: 1,
                 last_granted: 0,
@@ -178,8 +178,10 @@ impl Slot {
 
 pub(crate) struct SlotState {
     /// Live leases, oldest first: the one being spent and the one reserved
-    /// ahead of need (rarely more).
-    pub(crate) held: SmallVec<[Held; 2]>,
+    /// ahead of need (rarely more). On the heap: a slot of a key that never
+    /// leases (most of them) stays a few words, so many cold keys stay
+    /// cheap to look at.
+    pub(crate) held: Vec<Held>,
     /// Leases past their deadline with units left, or used up while a
     /// shadow quota still holds units: given back by the key's next
     /// reservation (or [`refund_leases`](crate::Limiter::refund_leases)).
