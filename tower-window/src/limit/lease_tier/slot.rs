@@ -289,7 +289,7 @@ impl SlotState {
     /// discard).
     pub(crate) fn take_all(&mut self) -> Vec<Held> {
         let mut all = std::mem::take(&mut self.retired);
-        all.extend(self.held.drain(..));
+        all.append(&mut self.held);
         all
     }
 }
