@@ -178,12 +178,13 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
         allowed += u32::from(resilient.check(&key, 1).await.unwrap().allowed());
     }
     assert_eq!(allowed, 3);
-    // One with quota leases: leased units granted and spent.
+    // One with quota leases: leased units granted and spent (every key
+    // leases from its first check, so six checks are enough).
     let leased = Limiter::builder(
         MemoryStore::new(),
         "100/1m".parse::<Quota>().unwrap().named("leased").unwrap(),
     )
-    .leases(tower_window::LeaseConfig::new(4))
+    .leases(tower_window::LeaseConfig::new(4).hot_after(1))
     .build();
     for _ in 0..6 {
         assert!(leased.check(&key, 1).await.unwrap().allowed());

@@ -488,7 +488,14 @@ async fn during_an_outage_held_leases_are_spent_then_the_fallback_decides() {
         .timeout(Duration::from_secs(1))
         .build();
     let limiter = Limiter::builder(store, quota.clone())
-        .leases(LeaseConfig::new(8).ttl(Duration::from_secs(30)))
+        // Every key leases from its first check, and reserves only when its
+        // lease is empty: the schedule below is those rules'.
+        .leases(
+            LeaseConfig::new(8)
+                .ttl(Duration::from_secs(30))
+                .hot_after(1)
+                .refill_ahead(false),
+        )
         .fallback(tower_window::fallback::FailClosed::new())
         .build();
     let key = WindowKey::for_subject("outage");
@@ -517,4 +524,63 @@ async fn during_an_outage_held_leases_are_spent_then_the_fallback_decides() {
         "{:?}",
         d.source()
     );
+}
+
+/// The same outage with the defaults' refills ahead of need, under
+/// concurrency: the units held are spent while the reservation sent ahead
+/// fails; the checks that found the lease empty and waited for it are
+/// decided by the fallback (they do not send one more call of their own),
+/// and nothing is admitted beyond the units held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_an_outage_refills_ahead_fail_and_waiting_checks_fall_back() {
+    let mut server = RedisServer::start();
+    let quota: Quota = "1000/1m".parse().unwrap();
+    let store = RedisStore::from_url(&server.url())
+        .unwrap()
+        .prefix("lease-outage-ahead:");
+    let store = Store::builder(store)
+        .timeout(Duration::from_secs(1))
+        .build();
+    let limiter = Limiter::builder(store, quota.clone())
+        .leases(
+            LeaseConfig::new(64)
+                .ttl(Duration::from_secs(30))
+                .hot_after(1),
+        )
+        .fallback(tower_window::fallback::FailClosed::new())
+        .build();
+    let key = WindowKey::for_subject("outage");
+    for _ in 0..40 {
+        assert!(limiter.check(&key, 1).await.unwrap().allowed());
+    }
+    let stats = limiter.lease_stats().unwrap();
+    let held = stats.granted - stats.spent;
+    assert!(held > 0, "{stats:?}");
+    server.stop();
+    let checks = usize::try_from(held).unwrap() + 20;
+    let tasks: Vec<_> = (0..checks)
+        .map(|_| {
+            let (limiter, key) = (limiter.clone(), key.clone());
+            tokio::spawn(async move { limiter.check(&key, 1).await.unwrap() })
+        })
+        .collect();
+    let (mut leased, mut degraded) = (0, 0);
+    for task in tasks {
+        let d = task.await.unwrap();
+        match d.source() {
+            DecisionSource::Lease => {
+                assert!(d.allowed());
+                leased += 1;
+            }
+            DecisionSource::Fallback(_) => {
+                assert!(!d.allowed(), "fail-closed");
+                degraded += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(leased, held, "every held unit, and no more, from the lease");
+    assert_eq!(leased + degraded, checks as u64);
+    let stats = limiter.lease_stats().unwrap();
+    assert!(stats.reservations >= 1);
 }

@@ -17,8 +17,17 @@ const START: u64 = 1_700_000_000_000_000;
 fn limiter(store: &MemoryStore, clock: &ManualClock, quota: &str, max: u32) -> Limiter {
     Limiter::builder(store.clone(), quota.parse::<Quota>().unwrap())
         .clock(clock.clone())
-        .leases(LeaseConfig::new(max))
+        .leases(classic(max))
         .build()
+}
+
+/// Every key leases from its first check and reserves only when its lease
+/// is empty: the exact schedules these tests assert (reservations of 1, 2,
+/// 4, 8 units...) are those rules'. The defaults (only hot keys lease, the
+/// next lease is reserved ahead of need) have their own tests in
+/// `lease_refills.rs`.
+fn classic(max: u32) -> LeaseConfig {
+    LeaseConfig::new(max).hot_after(1).refill_ahead(false)
 }
 
 fn setup() -> (MemoryStore, ManualClock) {
@@ -133,7 +142,7 @@ async fn multi_quota_leases_take_from_every_quota() {
     .unwrap();
     let limiter = Limiter::builder(store.clone(), policy.clone())
         .clock(clock.clone())
-        .leases(LeaseConfig::new(64))
+        .leases(classic(64))
         .build();
     let key = WindowKey::for_subject("multi");
     let mut admitted = 0;
@@ -199,7 +208,7 @@ async fn leased_admissions_report_a_shadow_quotas_would_be_denials() {
     let policy = with_shadow("3/1m");
     let limiter = Limiter::builder(store.clone(), policy.clone())
         .clock(clock.clone())
-        .leases(LeaseConfig::new(8))
+        .leases(classic(8))
         .build();
     let key = WindowKey::for_subject("trial");
     let (decisions, shadow_admitted) = leased_checks(&limiter, &key, 10, 1).await;
@@ -245,7 +254,7 @@ async fn a_shadow_quota_keeps_only_the_spends_it_would_have_admitted() {
     let policy = with_shadow("3/1m");
     let limiter = Limiter::builder(store.clone(), policy.clone())
         .clock(clock.clone())
-        .leases(LeaseConfig::new(8))
+        .leases(classic(8))
         .build();
     let key = WindowKey::for_subject("straddle");
     let (decisions, shadow_admitted) = leased_checks(&limiter, &key, 8, 2).await;
@@ -279,7 +288,7 @@ async fn leases_of_shadow_quotas_only_admit_everything_and_count_exactly() {
     let policy = Policy::from(trial.clone());
     let limiter = Limiter::builder(store.clone(), policy.clone())
         .clock(clock.clone())
-        .leases(LeaseConfig::new(8))
+        .leases(classic(8))
         .build();
     let key = WindowKey::for_subject("only");
     let mut shadow_admitted = 0;
@@ -317,7 +326,7 @@ async fn a_store_without_leases_decides_every_check() {
     let checks_only = Store::from(Backend::windows(ChecksOnly(store)));
     let limiter = Limiter::builder(checks_only, "3/1m".parse::<Quota>().unwrap())
         .clock(clock)
-        .leases(LeaseConfig::new(8))
+        .leases(classic(8))
         .build();
     let key = WindowKey::for_subject("plain");
     for _ in 0..3 {
@@ -424,7 +433,7 @@ mod metrics {
                 let (store, clock) = setup();
                 let limiter = Limiter::builder(store, with_shadow("3/1m"))
                     .clock(clock)
-                    .leases(LeaseConfig::new(8))
+                    .leases(classic(8))
                     .build();
                 let key = WindowKey::for_subject("m");
                 for _ in 0..10 {

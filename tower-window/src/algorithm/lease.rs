@@ -197,3 +197,66 @@ pub(crate) fn refund(
     };
     u32::try_from(taken).unwrap_or(u32::MAX)
 }
+
+/// A GCRA grant that starts later (see [`crate::lease`], "GCRA leases that
+/// start later"): the most tokens, up to `want`, that every quota's bucket
+/// (arrival times `tats`, in policy order) can give a lease of `ttl`
+/// starting at most `max_wait` after `now`, and that start (the latest of
+/// the quotas'). `None` unless every quota is an enforced GCRA quota, or
+/// if not one token fits.
+pub(crate) fn later_grant(
+    policy: &crate::Policy,
+    tats: &[u64],
+    now: u64,
+    ttl: u64,
+    max_wait: u64,
+    want: u32,
+) -> Option<(u32, u64)> {
+    let quotas = policy.quotas();
+    if quotas.len() != tats.len()
+        || quotas
+            .iter()
+            .any(|q| q.is_shadow() || q.algorithm() != crate::Algorithm::Gcra)
+    {
+        return None;
+    }
+    let mut units = u64::from(want);
+    for (quota, &tat) in quotas.iter().zip(tats) {
+        let interval = quota.emission_interval_micros().max(1);
+        let tolerance = u64::from(quota.capacity()).saturating_mul(interval);
+        // Spent until `s + ttl`, dated there: `ttl + g T <= B T`.
+        units = units.min(tolerance.saturating_sub(ttl) / interval);
+        // Fits as seen at `s <= now + max_wait`: `tat + g T <= s + B T`.
+        let horizon = now.saturating_add(max_wait).saturating_add(tolerance);
+        units = units.min(horizon.saturating_sub(tat) / interval);
+    }
+    let units = u32::try_from(units).ok().filter(|u| *u > 0)?;
+    let start = quotas.iter().zip(tats).fold(now, |start, (quota, &tat)| {
+        let interval = quota.emission_interval_micros().max(1);
+        let tolerance = u64::from(quota.capacity()).saturating_mul(interval);
+        let fits_from = tat
+            .saturating_add(u64::from(units).saturating_mul(interval))
+            .saturating_sub(tolerance);
+        start.max(fits_from)
+    });
+    Some((units, start))
+}
+
+/// One quota's state in the decision of a reservation whose lease starts
+/// `wait` µs later: a denial until then.
+pub(crate) fn later_decision(quota: &Quota, reset_after: u64, wait: u64) -> QuotaDecision {
+    QuotaDecision::deny(
+        quota.clone(),
+        0,
+        Duration::from_micros(reset_after),
+        Some(Duration::from_micros(wait)),
+    )
+}
+
+/// A GCRA state's theoretical arrival time (`None` for another algorithm).
+pub(crate) fn gcra_tat(state: &State) -> Option<u64> {
+    match state {
+        State::Gcra(s) => Some(s.tat),
+        _ => None,
+    }
+}

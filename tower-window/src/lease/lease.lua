@@ -15,15 +15,15 @@
 -- ARGV[1..4] and the 4 slots per quota as policy.lua (a shadow quota's code
 -- carries SHADOW_FLAG), with ARGV[2] = the most units wanted (reserve) or
 -- the units unused (refund); then
---   'reserve', ttl (µs), at_least
+--   'reserve', ttl (µs), at_least[, max_wait (µs), read for GCRA only]
 --   'refund', "<t>:<seq>" (the lease)[, then per quota the units it still
 --     holds unspent, read for shadow quotas; without them a shadow quota
 --     gets back what it held beyond the units spent]
 --
 -- Reserve reply: {granted, now, deadline, seq, latest outstanding deadline
 -- (0 if none is later than now), then per quota: remaining, reset_after,
--- units held} (granted 0: no lease, nothing recorded but expired state
--- dropped). Only the enforced quotas size the grant (with none, it is the
+-- units held, then the time from which the lease may be spent} (granted
+-- 0: no lease, nothing recorded but expired state dropped). Only the enforced quotas size the grant (with none, it is the
 -- units wanted); a shadow quota holds what it has room for.
 -- Refund reply: {units returned to the enforced quotas (the least of
 -- them; with shadow quotas only, the units unused), 0 when the lease is
@@ -293,6 +293,42 @@ if room then
   end
   g = math.min(room, share, want)
 end
+-- A GCRA policy's lease that may start later (see `crate::lease`, "GCRA
+-- leases that start later"): when the room now grants fewer than wanted,
+-- up to `want` of the tokens the buckets free within `wait`, spendable
+-- from nb = max(t, tat + g T - B T) (the latest of the quotas) until
+-- nb + ttl, taken and dated as any lease's.
+local nb = t
+local wait = tonumber(ARGV[extra + 3] or '0') or 0
+if wait > 0 and g < want then
+  local gl = want
+  for i = 1, count do
+    local q = quotas[i]
+    if q.code ~= 4 or q.shadow then
+      gl = 0
+      break
+    end
+    local T, B = q.p1, q.p2
+    q.tat_now = tonumber(redis.call('GET', q.key) or '') or 0
+    gl = math.min(gl, idiv(B * T - ttl, T), idiv(t + wait + B * T - q.tat_now, T))
+  end
+  if gl > g and gl >= at_least then
+    for i = 1, count do
+      local q = quotas[i]
+      local start = q.tat_now + gl * q.p1 - q.p1 * q.p2
+      if start > nb then
+        nb = start
+      end
+    end
+    g = gl
+    d = nb + ttl
+    for i = 1, count do
+      local q = quotas[i]
+      q.from = math.max(q.tat_now, d)
+    end
+  end
+end
+
 local ld = tonumber(redis.call('HGET', LR, 'ld') or '')
 if g < at_least then
   for i = 1, count do
@@ -394,4 +430,5 @@ local reply = {g, t, d, seq, ld}
 for i = 1, #reply_tail do
   reply[#reply + 1] = reply_tail[i]
 end
+reply[#reply + 1] = nb
 return reply

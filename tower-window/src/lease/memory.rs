@@ -179,10 +179,32 @@ impl MemoryStore {
                 .filter(|(quota, _)| !quota.is_shadow())
                 .map(|(_, (room, _))| *room)
                 .min();
-            let granted = match room {
+            let mut granted = match room {
                 Some(room) => grant(room, request.want, request.at_least),
                 None => request.want,
             };
+            // A GCRA policy's lease that may start later (see the module
+            // docs of `crate::lease`): the tokens the buckets free until
+            // then, when that is more than the room now grants.
+            let mut deadline = deadline;
+            let mut not_before = now;
+            let max_wait = duration_micros(request.max_wait);
+            if granted < request.want && max_wait > 0 {
+                let tats: SmallVec<[u64; 4]> = locked
+                    .guards
+                    .iter()
+                    .filter_map(|inner| algo::gcra_tat(&inner.state))
+                    .collect();
+                if let Some((units, start)) =
+                    algo::later_grant(policy, &tats, now, ttl, max_wait, request.want)
+                {
+                    if units > granted && units >= request.at_least {
+                        granted = units;
+                        not_before = start;
+                        deadline = start.saturating_add(ttl);
+                    }
+                }
+            }
             // The latest deadline of the leases recorded beside the
             // policy's first quota (where the Redis store keeps them).
             let held_until = |locked: &Locked<'_>| {
@@ -229,13 +251,17 @@ impl MemoryStore {
                     units,
                     expires,
                 });
-                states.push(algo::quota_decision(
-                    quota,
-                    room - u64::from(units),
-                    reset_after,
-                    units,
-                    request.at_least,
-                ));
+                states.push(if not_before > now {
+                    algo::later_decision(quota, reset_after, not_before - now)
+                } else {
+                    algo::quota_decision(
+                        quota,
+                        room.saturating_sub(u64::from(units)),
+                        reset_after,
+                        units,
+                        request.at_least,
+                    )
+                });
                 if shadows {
                     holds.push(units);
                 }
@@ -249,7 +275,11 @@ impl MemoryStore {
             }
             let decision = Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now));
             Ok(Reservation {
-                lease: Some(Lease::new(id, granted, now, deadline).with_held(holds)),
+                lease: Some(
+                    Lease::new(id, granted, now, deadline)
+                        .with_held(holds)
+                        .starting_at(not_before),
+                ),
                 now_micros: now,
                 held_until_micros: held_until(locked),
                 decision,

@@ -98,6 +98,27 @@
 //! the enforced quotas' admissions obey theirs, and a shadow quota never
 //! changes what a lease grants or what the enforced quotas admit.
 //!
+//! # GCRA leases that start later
+//!
+//! A GCRA bucket near empty frees one token per emission interval `T`, so
+//! leases of what it has room for now hold a token or two and a hot key
+//! reserves about once per token. A reservation may therefore say how long
+//! it can wait ([`ReserveRequest::max_wait`], `M`): for a policy of GCRA
+//! quotas (no shadow quota) whose room now grants fewer than `want` units,
+//! the store grants `g` tokens that may be spent only from a later time
+//! `s` ([`Lease::not_before_micros`]) until the deadline `d = s + ttl`:
+//! `g` is the most (up to `want`) that fit as seen at `s`, with `s - t <=
+//! M`, and `s = max(t, tat + g T - B T)` per quota (the latest). They are
+//! taken and dated as any lease's (from `max(tat, d)`), so the grant fits
+//! `tat' <= s + B T`, and the proof above holds with `s` in the place of
+//! `t`: every unit of the lease is spent at or after `s`, so a lease spent
+//! in `[a, b]` still pushes `tat` from at least `a` to at most `b + B T`.
+//! Such a grant takes the bucket's room now and the tokens it frees until
+//! `s`, in order of request (a GCRA bucket is one timeline), so the
+//! half-of-the-room share does not apply; `want` and `M` bound it. Its
+//! [decision](Reservation::decision) is a denial until `s` when `s` is
+//! later than the reservation.
+//!
 //! # Bounded work
 //!
 //! Every lease call does work bounded by constants, whatever the history of
@@ -157,6 +178,13 @@ pub struct ReserveRequest<'a> {
     /// How long the lease may be spent, at most; the store shortens it to
     /// the end of the current window or bucket where the algorithm needs it.
     pub ttl: Duration,
+    /// How long after the reservation the lease may start (zero: it starts
+    /// at once). Read only for a policy of GCRA quotas without shadow
+    /// quotas whose room now grants fewer than `want` units: the store may
+    /// then grant up to `want` of the tokens the bucket will have within
+    /// `max_wait`, spendable from [`Lease::not_before_micros`] (see the
+    /// [module](self), "GCRA leases that start later").
+    pub max_wait: Duration,
 }
 
 impl<'a> ReserveRequest<'a> {
@@ -175,7 +203,16 @@ impl<'a> ReserveRequest<'a> {
             want,
             at_least,
             ttl,
+            max_wait: Duration::ZERO,
         }
+    }
+
+    /// The same reservation, which may start up to `max_wait` later (see
+    /// [`max_wait`](Self::max_wait)).
+    #[must_use]
+    pub fn waiting_up_to(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
     }
 }
 
@@ -192,6 +229,10 @@ pub struct Lease {
     pub reserved_at_micros: u64,
     /// The store's clock (µs) from which no unit of the lease may be spent.
     pub deadline_micros: u64,
+    /// The store's clock (µs) before which no unit of the lease may be
+    /// spent: the reservation's time, or later for a GCRA lease granted
+    /// with [`ReserveRequest::max_wait`].
+    pub not_before_micros: u64,
     /// Per quota of the policy, in policy order, the units of the lease
     /// that quota holds: `granted` for an enforced quota, at most that for
     /// a [shadow](crate::Quota::shadowed) one (see the [module](self)).
@@ -210,8 +251,17 @@ impl Lease {
             granted,
             reserved_at_micros,
             deadline_micros,
+            not_before_micros: reserved_at_micros,
             held: Vec::new(),
         }
+    }
+
+    /// The same lease, spendable only from `not_before_micros` (store
+    /// clock; see [`ReserveRequest::max_wait`]).
+    #[must_use]
+    pub fn starting_at(mut self, not_before_micros: u64) -> Self {
+        self.not_before_micros = not_before_micros;
+        self
     }
 
     /// The same lease with the units each quota holds, in policy order
@@ -259,7 +309,8 @@ pub struct Reservation {
     /// With a lease: the policy's state once it was taken, as an admission
     /// of the `at_least` units (every quota's remaining and reset; a shadow
     /// quota that holds fewer than `at_least` units reports its would-be
-    /// denial).
+    /// denial); for a lease that starts later
+    /// ([`Lease::not_before_micros`]), a denial until it starts.
     pub decision: Option<Decision>,
 }
 

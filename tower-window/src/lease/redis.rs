@@ -121,7 +121,13 @@ impl RedisStore {
         crate::algorithm::lease::check_ttl(request.policy, ttl)?;
         let now = self.explicit_now()?;
         let mut call = self.lease_call(request.key, request.policy, request.want, now)?;
-        call.arg("reserve").arg(ttl).arg(request.at_least);
+        let max_wait = u64::try_from(request.max_wait.as_micros())
+            .unwrap_or(u64::MAX)
+            .min(1 << 40);
+        call.arg("reserve")
+            .arg(ttl)
+            .arg(request.at_least)
+            .arg(max_wait);
         let reply = self.run_lease(call).await?;
         reservation(request.policy, request.at_least, &reply)
     }
@@ -155,7 +161,8 @@ impl RedisStore {
 }
 
 /// Turns the reserve reply `{granted, now, deadline, seq, latest deadline,
-/// then per quota remaining, reset_after, units held}` into a
+/// then per quota remaining, reset_after, units held, then the time the
+/// lease may be spent from}` into a
 /// [`Reservation`] (the decision an admission of `at_least` units).
 fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservation, StoreError> {
     let Some((&[granted, now, deadline, seq, held], per_quota)) = reply.split_first_chunk::<5>()
@@ -171,12 +178,21 @@ fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservat
     if granted <= 0 {
         return Ok(Reservation::empty(now, held_until_micros));
     }
-    if per_quota.len() != 3 * policy.len() {
-        return Err(StoreError::new(
-            StoreErrorKind::Protocol,
-            format!("redis lease reserve replied {} values", reply.len()),
-        ));
-    }
+    // Then the time the lease may be spent from (a script before it said
+    // nothing: at once).
+    let (per_quota, not_before) = match per_quota.len().checked_sub(3 * policy.len()) {
+        Some(0) => (per_quota, now),
+        Some(1) => (
+            &per_quota[..3 * policy.len()],
+            positive(per_quota[3 * policy.len()]).max(now),
+        ),
+        _ => {
+            return Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                format!("redis lease reserve replied {} values", reply.len()),
+            ))
+        }
+    };
     let granted = u32::try_from(granted).unwrap_or(u32::MAX);
     let units = |v: i64| u32::try_from(v.max(0)).unwrap_or(u32::MAX).min(granted);
     let states = policy
@@ -184,13 +200,21 @@ fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservat
         .iter()
         .zip(per_quota.chunks_exact(3))
         .map(|(quota, values)| {
-            crate::algorithm::lease::quota_decision(
-                quota,
-                positive(values[0]),
-                positive(values[1]),
-                units(values[2]),
-                at_least,
-            )
+            if not_before > now {
+                crate::algorithm::lease::later_decision(
+                    quota,
+                    positive(values[1]),
+                    not_before - now,
+                )
+            } else {
+                crate::algorithm::lease::quota_decision(
+                    quota,
+                    positive(values[0]),
+                    positive(values[1]),
+                    units(values[2]),
+                    at_least,
+                )
+            }
         });
     let decision = Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now));
     let holds = if policy.quotas().iter().any(crate::Quota::is_shadow) {
@@ -198,7 +222,9 @@ fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservat
     } else {
         Vec::new()
     };
-    let lease = Lease::new(positive(seq), granted, now, positive(deadline)).with_held(holds);
+    let lease = Lease::new(positive(seq), granted, now, positive(deadline))
+        .with_held(holds)
+        .starting_at(not_before);
     Ok(Reservation {
         lease: Some(lease),
         now_micros: now,

@@ -8,6 +8,7 @@ use std::task::{Context, Poll, Waker};
 
 use futures_util::future::BoxFuture;
 
+use crate::limit::lease_tier::Leased;
 use crate::limit::local::Lookup;
 use crate::limit::{LimitError, Limiter};
 use crate::store::StoreError;
@@ -105,7 +106,20 @@ impl<'a> Check<'a> {
             .as_ref()
             .filter(|tier| tier.applies(self.policy))
         {
-            let future = Box::pin(limiter.decide_leased(tier, self.key, self.policy, cost));
+            let (key, policy) = (self.key, self.policy);
+            let future: BoxFuture<'a, _> = match limiter.spend_leased(tier, key, policy, cost.get())
+            {
+                // Spent from a live lease: no store call, no wait.
+                Leased::Spent(decision, None) => return self.finish(Ok(decision), cost, traced),
+                Leased::Spent(decision, Some(slot)) => {
+                    Box::pin(limiter.refill_ahead(tier, slot, key, policy, decision))
+                }
+                Leased::Empty(slot) => {
+                    Box::pin(limiter.decide_leased(tier, slot, key, policy, cost))
+                }
+                // A key too cold to lease: as without leases.
+                Leased::Direct => return self.start_direct(cx, cost, traced),
+            };
             self.state = State::Leased {
                 future,
                 cost,
@@ -113,6 +127,18 @@ impl<'a> Check<'a> {
             };
             return self.poll_state(cx);
         }
+        self.start_direct(cx, cost, traced)
+    }
+
+    /// The first step without a lease: local tier, then the store.
+    fn start_direct(
+        &mut self,
+        cx: &mut Context<'_>,
+        cost: Cost,
+        traced: u64,
+    ) -> Poll<Result<Decision, LimitError>> {
+        let limiter = self.limiter;
+        let inner = &*limiter.inner;
         let mut stale = false;
         if let Some(local) = &inner.local {
             match local.lookup(self.key, self.policy, cost.get()) {

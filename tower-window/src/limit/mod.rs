@@ -146,8 +146,9 @@ impl Limiter {
     }
 
     /// Whether a check against `policy` completes in its first poll: the
-    /// store answers in-process and no lease is involved (the lease tier
-    /// waits for its per-key lock).
+    /// store answers in-process and no lease is involved (a spend from a
+    /// live lease does, but a check of an empty lease may wait for the
+    /// reservation another check has in flight).
     #[cfg(feature = "tower")]
     pub(crate) fn answers_at_once(&self, policy: &Policy) -> bool {
         let inner = &*self.inner;

@@ -214,6 +214,10 @@ pub(crate) struct LimiterMetrics {
     tenant_label: bool,
     parts: Parts,
     handles: OnceLock<Handles>,
+    /// `tower_window_lease_units_total{event="spent"}` of the own quota,
+    /// registered on the first leased spend (a spend is a memory-speed
+    /// admission: no registry lookup per spend).
+    lease_spent: OnceLock<Counter>,
 }
 
 impl LimiterMetrics {
@@ -224,6 +228,7 @@ impl LimiterMetrics {
             tenant_label,
             parts,
             handles: OnceLock::new(),
+            lease_spent: OnceLock::new(),
         }
     }
 
@@ -236,6 +241,7 @@ impl LimiterMetrics {
             tenant_label: false,
             parts: Parts::default(),
             handles: OnceLock::new(),
+            lease_spent: OnceLock::new(),
         }
     }
 
@@ -425,11 +431,21 @@ impl LimiterMetrics {
         if !ENABLED {
             return;
         }
-        if units > 0 {
-            self.labels_for(quota, None)
-                .counter(LEASE_UNITS_TOTAL, &[("event", event)])
-                .increment(units);
+        if units == 0 {
+            return;
         }
+        if event == "spent" && self.is_own(quota) {
+            self.lease_spent
+                .get_or_init(|| {
+                    self.own_labels()
+                        .counter(LEASE_UNITS_TOTAL, &[("event", "spent")])
+                })
+                .increment(units);
+            return;
+        }
+        self.labels_for(quota, None)
+            .counter(LEASE_UNITS_TOTAL, &[("event", event)])
+            .increment(units);
     }
 
     pub(crate) fn store_retry_for(&self, quota: Option<&Quota>) {

@@ -1,0 +1,163 @@
+//! [`LeaseConfig`] (how a limiter leases) and [`LeaseStats`] (what it did).
+
+use std::time::Duration;
+
+use crate::Policy;
+
+/// How a [`Limiter`](crate::Limiter) leases quota (see the
+/// [lease module](crate::lease) for the guarantees).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_window::{LeaseConfig, Policy, Quota};
+///
+/// let policy = Policy::from("1000/1m".parse::<Quota>()?);
+/// let config = LeaseConfig::new(100);
+/// assert_eq!(config.max_units(), 100);
+/// // By default a tenth of the shortest window, at most one second.
+/// assert_eq!(config.ttl_for(&policy), Duration::from_secs(1));
+/// let config = config.ttl(Duration::from_millis(200));
+/// assert_eq!(config.ttl_for(&policy), Duration::from_millis(200));
+/// // A key leases once it is checked 8 times within one lease TTL, and
+/// // refills its lease when half of it is left.
+/// assert_eq!(config.hot_checks(), LeaseConfig::DEFAULT_HOT_CHECKS);
+/// assert!(config.refills_ahead());
+/// # Ok::<(), tower_window::QuotaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseConfig {
+    pub(crate) max_units: u32,
+    ttl: Option<Duration>,
+    pub(crate) hot_checks: u32,
+    pub(crate) refill_ahead: bool,
+}
+
+impl LeaseConfig {
+    /// The longest default lease TTL.
+    pub const MAX_DEFAULT_TTL: Duration = Duration::from_secs(1);
+
+    /// How many checks within one lease TTL make a key hot enough to lease
+    /// (see [`hot_after`](Self::hot_after)).
+    pub const DEFAULT_HOT_CHECKS: u32 = 8;
+
+    /// Leases of at most `max_units` units (0 turns leases off).
+    pub fn new(max_units: u32) -> Self {
+        Self {
+            max_units,
+            ttl: None,
+            hot_checks: Self::DEFAULT_HOT_CHECKS,
+            refill_ahead: true,
+        }
+    }
+
+    /// How long a lease may be spent (default: a tenth of the policy's
+    /// shortest window, at most [`MAX_DEFAULT_TTL`](Self::MAX_DEFAULT_TTL)).
+    /// The store shortens it to the end of the window or bucket where the
+    /// algorithm needs it.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Leases only keys checked at least `checks` times within one lease
+    /// TTL (default [`DEFAULT_HOT_CHECKS`](Self::DEFAULT_HOT_CHECKS)); the
+    /// checks of other keys go to the store directly, as without leases.
+    ///
+    /// ```
+    /// use tower_window::LeaseConfig;
+    ///
+    /// // Every key leases from its first check.
+    /// assert_eq!(LeaseConfig::new(100).hot_after(1).hot_checks(), 1);
+    /// ```
+    ///
+    /// A lease costs a reservation and, when it expires with units left, a
+    /// refund: two store calls, which pay only when the lease is spent by
+    /// more checks than that. A key seen a few times per TTL (one of
+    /// 10,000 users taking turns, say) would reserve and refund for every
+    /// few admissions. The count is per key and policy, over the current
+    /// TTL-long period and the one before it (so a steady key does not
+    /// flap at a period's end), on the limiter's clock. A leased key that
+    /// cools below the rule gives back what its lease left and goes to the
+    /// store directly again. `0` or `1`: every key leases from its first
+    /// check.
+    pub fn hot_after(mut self, checks: u32) -> Self {
+        self.hot_checks = checks;
+        self
+    }
+
+    /// Whether a hot key reserves its next lease ahead of need (default
+    /// on): the check that leaves half of the key's lease or less starts
+    /// the next reservation (one at a time per key), while every other
+    /// check keeps spending what is left, so a check waits for the store
+    /// only when the lease is truly empty and that reservation has not
+    /// come back. Off, a key reserves only when its lease is empty.
+    pub fn refill_ahead(mut self, on: bool) -> Self {
+        self.refill_ahead = on;
+        self
+    }
+
+    /// The largest lease, in units.
+    pub fn max_units(&self) -> u32 {
+        self.max_units
+    }
+
+    /// Checks within one lease TTL that make a key hot enough to lease
+    /// (see [`hot_after`](Self::hot_after)).
+    pub fn hot_checks(&self) -> u32 {
+        self.hot_checks
+    }
+
+    /// Whether hot keys reserve ahead of need (see
+    /// [`refill_ahead`](Self::refill_ahead)).
+    pub fn refills_ahead(&self) -> bool {
+        self.refill_ahead
+    }
+
+    /// The TTL used for leases under `policy`.
+    pub fn ttl_for(&self, policy: &Policy) -> Duration {
+        if let Some(ttl) = self.ttl {
+            return ttl;
+        }
+        let shortest = policy
+            .quotas()
+            .iter()
+            .map(|q| q.window())
+            .min()
+            .unwrap_or(Self::MAX_DEFAULT_TTL * 10);
+        (shortest / 10)
+            .min(Self::MAX_DEFAULT_TTL)
+            .max(Duration::from_micros(1))
+    }
+
+    /// Checks that leases of this TTL can be granted under `policy`: a
+    /// GCRA quota dates leased tokens at the deadline, so a TTL above
+    /// `(burst - 1)` emission intervals could never be granted and is
+    /// refused with a typed error.
+    pub fn validate(&self, policy: &Policy) -> Result<(), crate::StoreError> {
+        let ttl = u64::try_from(self.ttl_for(policy).as_micros()).unwrap_or(u64::MAX);
+        crate::algorithm::lease::check_ttl(policy, ttl)
+    }
+}
+
+/// Counts of a limiter's lease units since it was built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LeaseStats {
+    /// Units the store granted in leases.
+    pub granted: u64,
+    /// Leased units admitted (with the reservation or locally).
+    pub spent: u64,
+    /// Units given back before their lease's deadline (on shutdown, say).
+    pub refunded: u64,
+    /// Units left unspent when their lease's deadline passed (refunded
+    /// then where the store still counts them).
+    pub expired_unspent: u64,
+    /// Units the store took back from refunds of either kind.
+    pub returned: u64,
+    /// Reservations sent to the store (on demand or ahead of need).
+    pub reservations: u64,
+    /// Checks that waited for a reservation another check had in flight
+    /// (their key's lease was empty).
+    pub waits: u64,
+}

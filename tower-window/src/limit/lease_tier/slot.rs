@@ -1,0 +1,295 @@
+//! One key's leases: what it holds, how it is spent without an async lock,
+//! how hot the key is, and the one reservation it may have in flight.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use tokio::sync::Notify;
+
+use crate::lease::Lease;
+use crate::{Decision, DecisionSource, Policy, QuotaDecision, WindowKey};
+
+/// A lease this node holds.
+pub(crate) struct Held {
+    pub(crate) lease: Lease,
+    /// Units not spent yet.
+    pub(crate) left: u32,
+    /// Per quota of the policy (policy order), the units a shadow quota
+    /// still holds unspent (entries of enforced quotas unused); empty for a
+    /// policy without shadow quotas.
+    pub(crate) shadow_left: SmallVec<[u32; 4]>,
+    /// The limiter's clock (µs) from which the lease may not be spent.
+    pub(crate) local_deadline: u64,
+    /// The limiter's clock (µs) before which it may not be spent either (a
+    /// GCRA lease that starts later; else the reservation's time).
+    pub(crate) local_not_before: u64,
+    /// The limiter's clock (µs) when the reservation was sent.
+    pub(crate) sent: u64,
+    /// The reservation's decision, reported (aged) by local admissions.
+    pub(crate) decision: Decision,
+    /// Whose lease, for refunds that do not come from a check.
+    pub(crate) key: WindowKey,
+    pub(crate) policy: Policy,
+}
+
+impl Held {
+    /// Spends `cost` of every shadow quota's hold that has it (its
+    /// would-be admission); a shadow quota whose hold has less reports its
+    /// would-be denial instead. The decision is rebuilt only when a shadow
+    /// quota's answer changes.
+    fn spend_shadows(&mut self, cost: u32) {
+        let mut fits: SmallVec<[bool; 4]> = SmallVec::new();
+        let mut changed = false;
+        for (state, left) in self.decision.quotas().iter().zip(&mut self.shadow_left) {
+            let fit = if state.quota.is_shadow() && *left >= cost {
+                *left -= cost;
+                true
+            } else {
+                !state.quota.is_shadow()
+            };
+            changed |= fit != state.allowed;
+            fits.push(fit);
+        }
+        if !changed {
+            return;
+        }
+        let states = self.decision.quotas().iter().zip(fits).map(|(state, fit)| {
+            let mut state = state.clone();
+            state.allowed = fit;
+            state.retry_after = Some(if fit {
+                Duration::ZERO
+            } else {
+                state.reset_after
+            });
+            state
+        });
+        if let Some(decision) = Decision::from_quotas(states) {
+            self.decision = decision;
+        }
+    }
+
+    /// Whether a refund would give anything back.
+    pub(crate) fn holds_anything(&self) -> bool {
+        self.left > 0 || self.shadow_left.iter().any(|units| *units > 0)
+    }
+
+    /// The denial of a check at `now`, before this lease starts: every
+    /// quota denies until the start (the state is the lease's, aged).
+    fn denial(&self, now: u64) -> Decision {
+        let elapsed = Duration::from_micros(now.saturating_sub(self.sent));
+        let wait = Duration::from_micros(self.local_not_before.saturating_sub(now));
+        let states = self.decision.quotas().iter().map(|state| {
+            let reset = state.reset_after.saturating_sub(elapsed).max(wait);
+            QuotaDecision::deny(state.quota.clone(), 0, reset, Some(wait))
+        });
+        match Decision::from_quotas(states) {
+            Some(decision) => decision
+                .with_source(DecisionSource::LocalCache)
+                .with_timestamp_micros(now),
+            // A policy has quotas; the lease's own decision otherwise.
+            None => self.decision.clone(),
+        }
+    }
+
+    /// Spends `cost` units at `now` (the caller checked that they are
+    /// there and the lease is live): the admission's decision.
+    fn spend(&mut self, now: u64, cost: u32) -> Decision {
+        self.left -= cost;
+        if !self.shadow_left.is_empty() {
+            self.spend_shadows(cost);
+        }
+        let elapsed = Duration::from_micros(now.saturating_sub(self.sent));
+        let mut decision = self
+            .decision
+            .clone()
+            .aged(elapsed, Duration::ZERO)
+            .with_source(DecisionSource::Lease)
+            .with_timestamp_micros(now);
+        decision.retry_after = Some(Duration::ZERO);
+        decision
+    }
+}
+
+/// What a spend found.
+pub(crate) enum Spend {
+    /// Units of a live lease: the admission.
+    Spent(Decision),
+    /// Only a lease that starts later: a denial until it starts.
+    Later(Decision),
+    /// Nothing to spend.
+    Empty,
+}
+
+/// What each shadow quota of `policy` holds unspent once `cost` of `lease`
+/// was spent by the check that reserved it (empty without shadow quotas).
+pub(crate) fn shadow_holds(policy: &Policy, lease: &Lease, cost: u32) -> SmallVec<[u32; 4]> {
+    if !policy.quotas().iter().any(crate::Quota::is_shadow) {
+        return SmallVec::new();
+    }
+    policy
+        .quotas()
+        .iter()
+        .enumerate()
+        .map(|(i, quota)| {
+            let held = lease.held_by(i);
+            match (quota.is_shadow(), held >= cost) {
+                (true, true) => held - cost,
+                (true, false) => held,
+                (false, _) => 0,
+            }
+        })
+        .collect()
+}
+
+/// One key's lease state, behind a short synchronous lock: nothing awaits
+/// while holding it, so a spend never waits for a store call.
+pub(crate) struct Slot {
+    state: Mutex<SlotState>,
+    /// Wakes the checks that wait for the reservation in flight.
+    pub(crate) refilled: Notify,
+}
+
+impl Slot {
+    pub(crate) fn new() -> Self {
+        Self {
+            state: Mutex::new(SlotState {
+                held: Vec::new(),
+                retired: Vec::new(),
+                want: 1,
+                last_granted: 0,
+                last_deadline: 0,
+                refilling: false,
+                failed: None,
+                period_start: 0,
+                seen: 0,
+                seen_before: 0,
+            }),
+            refilled: Notify::new(),
+        }
+    }
+
+    /// The state. Nothing panics while holding it, but a poisoned lock is
+    /// taken as it is rather than turned into a panic of every check.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+pub(crate) struct SlotState {
+    /// Live leases, oldest first: the one being spent and the one reserved
+    /// ahead of need (rarely more). On the heap: a slot of a key that never
+    /// leases (most of them) stays a few words, so many cold keys stay
+    /// cheap to look at.
+    pub(crate) held: Vec<Held>,
+    /// Leases past their deadline with units left, or used up while a
+    /// shadow quota still holds units: given back by the key's next
+    /// reservation (or [`refund_leases`](crate::Limiter::refund_leases)).
+    pub(crate) retired: Vec<Held>,
+    /// Units the next reservation asks for.
+    pub(crate) want: u32,
+    /// Units the last reservation got (what the store can give now: less
+    /// than `want` near a full window).
+    pub(crate) last_granted: u32,
+    /// The local deadline of the last lease (0: none yet).
+    pub(crate) last_deadline: u64,
+    /// A reservation of this key is in flight (at most one at a time).
+    pub(crate) refilling: bool,
+    /// How the last reservation failed, if it did: the checks that waited
+    /// for it decide by the fallback rather than wait for the store again
+    /// (a decision takes one store timeout at most).
+    pub(crate) failed: Option<crate::StoreErrorKind>,
+    /// The limiter's clock (µs) when the current counting period began.
+    period_start: u64,
+    /// Checks in the current period.
+    seen: u32,
+    /// Checks in the period before, if it ended less than one period ago.
+    seen_before: u32,
+}
+
+impl SlotState {
+    /// Counts a check at `now` in periods of one lease TTL.
+    pub(crate) fn observe(&mut self, now: u64, ttl: u64) {
+        let end = self.period_start.saturating_add(ttl);
+        if now >= end || self.seen == 0 {
+            // The period before counts only if it ended within one period.
+            self.seen_before = if now < end.saturating_add(ttl) {
+                self.seen
+            } else {
+                0
+            };
+            self.period_start = now;
+            self.seen = 0;
+        }
+        self.seen = self.seen.saturating_add(1);
+    }
+
+    /// Whether the key was checked at least `threshold` times in the
+    /// current period or the one before.
+    pub(crate) fn hot(&self, threshold: u32) -> bool {
+        self.seen.max(self.seen_before) >= threshold
+    }
+
+    /// Spends `cost` units at `now` from the oldest live lease that has
+    /// them; leases past their deadline, or used up, leave `held` first
+    /// (to `retired` if a refund would give anything back). With none to
+    /// spend but one that starts later, a denial until it starts.
+    pub(crate) fn spend(&mut self, now: u64, cost: u32) -> Spend {
+        let mut i = 0;
+        while i < self.held.len() {
+            let held = &self.held[i];
+            if now >= held.local_deadline || held.left == 0 {
+                let held = self.held.remove(i);
+                if held.holds_anything() {
+                    self.retired.push(held);
+                }
+                continue;
+            }
+            i += 1;
+        }
+        if let Some(held) = self
+            .held
+            .iter_mut()
+            .find(|held| held.left >= cost && now >= held.local_not_before)
+        {
+            return Spend::Spent(held.spend(now, cost));
+        }
+        match self.held.iter().find(|held| held.left >= cost) {
+            Some(later) => Spend::Later(later.denial(now)),
+            None => Spend::Empty,
+        }
+    }
+
+    /// Units left in the live leases.
+    pub(crate) fn left(&self) -> u64 {
+        self.held.iter().map(|held| u64::from(held.left)).sum()
+    }
+
+    /// Whether what is left is at the low watermark: half of the last
+    /// lease, or less (of the last, not of the size wanted: near a full
+    /// window the store grants less, and a refill per spend would get
+    /// nothing more).
+    pub(crate) fn low(&self) -> bool {
+        self.left() * 2 <= u64::from(self.last_granted.min(self.want))
+    }
+
+    /// The size of the next lease: doubled if the last one was used up (or
+    /// reached the low watermark) before its deadline, halved if one
+    /// expired with units left.
+    pub(crate) fn next_want(&mut self, now: u64, max_units: u32, leftover_expired: bool) -> u32 {
+        if leftover_expired {
+            self.want = (self.want / 2).max(1);
+        } else if self.last_deadline != 0 && now < self.last_deadline {
+            self.want = self.want.saturating_mul(2).min(max_units.max(1));
+        }
+        self.want
+    }
+
+    /// Every lease held or retired, taken out (for a refill, a refund or a
+    /// discard).
+    pub(crate) fn take_all(&mut self) -> Vec<Held> {
+        let mut all = std::mem::take(&mut self.retired);
+        all.append(&mut self.held);
+        all
+    }
+}
