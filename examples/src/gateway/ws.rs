@@ -479,6 +479,14 @@ async fn room(
         }
     };
     let user = String::from_utf8_lossy(key.subject()).into_owned();
+    // At most a quarter of what the room keeps: the node's live reader
+    // reads on from its cursor with the resume's rules, so more events
+    // than the room keeps appended between two of its reads are skipped
+    // (the same happens with single appends quicker than the reader; a
+    // batch must not make it certain).
+    let max_batch = usize::try_from(rooms.events().retention().max_len() / 4)
+        .unwrap_or(MAX_BATCH)
+        .clamp(1, MAX_BATCH);
     loop {
         // `GuardedSocket::recv` is cancel-safe: a message read but not yet
         // admitted is kept for the next call.
@@ -513,7 +521,7 @@ async fn room(
                     let mut batch = vec![text];
                     let mut bytes = batch[0].len();
                     let mut then = None;
-                    while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
+                    while batch.len() < max_batch && bytes < MAX_BATCH_BYTES {
                         // A `recv` that is not ready is dropped: cancel-safe
                         // (a message read but not yet admitted is kept).
                         match socket.recv().now_or_never() {
