@@ -667,7 +667,10 @@ pub async fn a_batch_appends_in_order_like_single_appends<F: EventStoreFactory>(
     let all = recovered(run.resume(&joined).await);
     assert_eq!(data(&all), ["a", "b", "c", "", "e", "f"]);
     assert_eq!(all.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
-    assert_eq!(all[2].field("bin").map(|v| &v[..]), Some(&[0, 0xff, b'\n'][..]));
+    assert_eq!(
+        all[2].field("bin").map(|v| &v[..]),
+        Some(&[0, 0xff, b'\n'][..])
+    );
     // From every event inside the batch: exactly the rest, in order.
     for (i, id) in ids.iter().enumerate() {
         let rest = recovered(run.resume(&at(&joined, *id)).await);
@@ -691,7 +694,10 @@ pub async fn a_batch_appends_in_order_like_single_appends<F: EventStoreFactory>(
         rest.iter().map(|e| e.id).collect::<Vec<_>>(),
         appended.iter().map(|a| a.id).collect::<Vec<_>>()
     );
-    assert_eq!(run.events.len(&run.key).await.expect("len"), 6 + MAX_BATCH as u64);
+    assert_eq!(
+        run.events.len(&run.key).await.expect("len"),
+        6 + MAX_BATCH as u64
+    );
 }
 
 /// A batch longer than `max_len` keeps the newest events: a reader from

@@ -539,7 +539,10 @@ async fn one_wakeup_delivers_a_batch(store: Arc<RedisStore>, single: bool) {
     let Resume::Recovered(got) = events.since(room, &from, 100).await.expect("since") else {
         panic!("the batch is recovered");
     };
-    let got_values: Vec<&[u8]> = got.iter().map(|e| &e.field("data").expect("data")[..]).collect();
+    let got_values: Vec<&[u8]> = got
+        .iter()
+        .map(|e| &e.field("data").expect("data")[..])
+        .collect();
     let want_values: Vec<&[u8]> = values.iter().map(|v| v.as_bytes()).collect();
     assert_eq!(got_values, want_values);
     assert_eq!(
@@ -550,7 +553,10 @@ async fn one_wakeup_delivers_a_batch(store: Arc<RedisStore>, single: bool) {
         // One connection carries both channels, in publish order: a
         // wake-up of `other` after the batch means every wake-up the
         // batch published has arrived, and there was one.
-        events.append(other, &[("data", b"x")]).await.expect("append");
+        events
+            .append(other, &[("data", b"x")])
+            .await
+            .expect("append");
         let mut of_room = 0;
         loop {
             let wakeup = next_wakeup(&wakeups).await;
@@ -562,7 +568,10 @@ async fn one_wakeup_delivers_a_batch(store: Arc<RedisStore>, single: bool) {
         assert_eq!(of_room, 0, "the batch published more than one wake-up");
         let mut conn = RedisServer::shared().async_connection().await;
         let expected = 600_000 + 60_000;
-        for key in ["evbatch:ev:{batch%3A%7Bw%7D}:s", "evbatch:ev:{batch%3A%7Bw%7D}:m"] {
+        for key in [
+            "evbatch:ev:{batch%3A%7Bw%7D}:s",
+            "evbatch:ev:{batch%3A%7Bw%7D}:m",
+        ] {
             let ttl: i64 = conn.pttl(key).await.expect("PTTL");
             assert!((expected - 5_000..=expected).contains(&ttl), "{key}: {ttl}");
         }

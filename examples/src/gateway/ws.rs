@@ -600,7 +600,9 @@ async fn publish_batch(
             if let Some(inbound) = &state.inbound {
                 let room = session.room().as_str();
                 for ((id, text), event) in admitted.iter().zip(events) {
-                    inbound.forward(id.as_deref(), event, room, user, text).await;
+                    inbound
+                        .forward(id.as_deref(), event, room, user, text)
+                        .await;
                 }
             }
         }

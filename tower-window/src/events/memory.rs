@@ -12,8 +12,8 @@ use bytes::Bytes;
 use quick_cache::sync::Cache;
 
 use crate::events::{
-    self as events, check_batch, check_fields, check_limit, Appended, Epoch, Event, EventId, EventRequest,
-    Position, Resume, ResyncReason, Retention,
+    self as events, check_batch, check_fields, check_limit, Appended, Epoch, Event, EventId,
+    EventRequest, Position, Resume, ResyncReason, Retention,
 };
 use crate::store::MemoryStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};

@@ -15,8 +15,8 @@ use bytes::Bytes;
 use redis::Value;
 
 use crate::events::{
-    self as events, check_batch, check_fields, check_limit, Appended, Epoch, Event, EventId, EventRequest,
-    Position, Resume, ResyncReason,
+    self as events, check_batch, check_fields, check_limit, Appended, Epoch, Event, EventId,
+    EventRequest, Position, Resume, ResyncReason,
 };
 use crate::store::redis::call::Call;
 use crate::store::redis::keys::{

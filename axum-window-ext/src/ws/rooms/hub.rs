@@ -399,7 +399,12 @@ impl RoomHub {
     ) -> Result<Vec<EventId>, StoreError> {
         let fields: Vec<[(&str, &[u8]); 2]> = data
             .iter()
-            .map(|data| [(frame::FROM, from.as_bytes()), (frame::DATA, data.as_bytes())])
+            .map(|data| {
+                [
+                    (frame::FROM, from.as_bytes()),
+                    (frame::DATA, data.as_bytes()),
+                ]
+            })
             .collect();
         let events: Vec<&[(&str, &[u8])]> = fields.iter().map(|f| f.as_slice()).collect();
         let appended = self
