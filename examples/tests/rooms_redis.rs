@@ -470,7 +470,7 @@ async fn a_burst_from_one_socket_arrives_everywhere_in_order() {
     assert_eq!(s(&recv(&mut writer).await, "type"), "joined");
     const N: usize = 600;
     let text = |i: usize| {
-        if i % 50 == 0 {
+        if i.is_multiple_of(50) {
             format!(r#"{{"id":"k{i}","n":{i}}}"#)
         } else {
             format!("m{i}")
@@ -479,7 +479,7 @@ async fn a_burst_from_one_socket_arrives_everywhere_in_order() {
     let expected: Vec<String> = (0..N).map(text).collect();
     for i in 0..N {
         writer.feed(Message::text(text(i))).await.unwrap();
-        if i % 50 == 0 {
+        if i.is_multiple_of(50) {
             writer.feed(Message::text(text(i))).await.unwrap(); // a retry
         }
     }

@@ -722,6 +722,9 @@ pub async fn a_batch_is_trimmed_like_single_appends<F: EventStoreFactory>(f: &F)
     assert_eq!(data(&kept), ["t37", "t38", "t39"]);
 }
 
+/// One event's fields.
+type Fields<'a> = &'a [(&'a str, &'a [u8])];
+
 /// A batch out of bounds (no event, more than `MAX_BATCH`, an event with
 /// bad fields anywhere in it) is a typed error, from the window and from
 /// the store itself alike, and appends nothing at all.
@@ -735,7 +738,7 @@ pub async fn invalid_batches_are_typed_errors_and_append_nothing<F: EventStoreFa
     let fields: Vec<(&str, &[u8])> = (0..33).map(|_| ("f", &b"x"[..])).collect();
     let long_name = "n".repeat(65);
     let long: &[(&str, &[u8])] = &[(long_name.as_str(), b"x")];
-    let bad: [Vec<&[(&str, &[u8])]>; 6] = [
+    let bad: [Vec<Fields<'_>>; 6] = [
         Vec::new(),
         too_many,
         lots,
