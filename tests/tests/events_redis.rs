@@ -597,3 +597,87 @@ async fn one_wakeup_delivers_a_batch_cluster() {
         .expect("valid urls");
     one_wakeup_delivers_a_batch(Arc::new(store), false).await;
 }
+
+/// The script bounds a batch itself (for any caller that bypasses the
+/// stores' checks): more than 64 events, or a layout that does not add
+/// up, is an error reply and appends nothing.
+#[tokio::test]
+async fn the_script_refuses_a_batch_out_of_bounds() {
+    let server = RedisServer::shared();
+    let mut conn = server.async_connection().await;
+    let script = redis::Script::new(include_str!("../../tower-window/src/events/events.lua"));
+    let keys = ["evraw:ev:{b}:s", "evraw:ev:{b}:m"];
+    let common = ["b", "", "600000", "1000", "660000", "00000000000000aa"];
+    let run = |batch: Vec<String>| {
+        let mut invocation = script.prepare_invoke();
+        invocation.key(keys[0]).key(keys[1]);
+        for arg in common.iter() {
+            invocation.arg(*arg);
+        }
+        for arg in batch {
+            invocation.arg(arg);
+        }
+        invocation
+    };
+    let event = ["2", "data", "x"].map(String::from);
+    let mut too_many = vec!["65".to_owned()];
+    for _ in 0..65 {
+        too_many.extend(event.iter().cloned());
+    }
+    let bad: Vec<Vec<String>> = vec![
+        too_many,
+        vec!["0".to_owned()],
+        vec![
+            "2".to_owned(),
+            "2".to_owned(),
+            "data".to_owned(),
+            "x".to_owned(),
+        ],
+        vec![
+            "1".to_owned(),
+            "4".to_owned(),
+            "data".to_owned(),
+            "x".to_owned(),
+        ],
+        vec![
+            "1".to_owned(),
+            "3".to_owned(),
+            "data".to_owned(),
+            "x".to_owned(),
+            "y".to_owned(),
+        ],
+        vec![
+            "1".to_owned(),
+            "2".to_owned(),
+            "data".to_owned(),
+            "x".to_owned(),
+            "extra".to_owned(),
+        ],
+    ];
+    for batch in bad {
+        let shown = batch.iter().take(6).cloned().collect::<Vec<_>>().join(" ");
+        let reply: redis::RedisResult<redis::Value> = run(batch).invoke_async(&mut conn).await;
+        assert!(reply.is_err(), "{shown}: {reply:?}");
+    }
+    let len: u64 = redis::cmd("XLEN")
+        .arg(keys[0])
+        .query_async(&mut conn)
+        .await
+        .expect("XLEN");
+    assert_eq!(len, 0, "nothing was appended");
+    let mut ok = vec!["64".to_owned()];
+    for _ in 0..64 {
+        ok.extend(event.iter().cloned());
+    }
+    let reply: redis::Value = run(ok).invoke_async(&mut conn).await.expect("64 events");
+    let redis::Value::Array(items) = reply else {
+        panic!("an array")
+    };
+    assert_eq!(items.len(), 65, "the epoch and 64 ids");
+    let len: u64 = redis::cmd("XLEN")
+        .arg(keys[0])
+        .query_async(&mut conn)
+        .await
+        .expect("XLEN");
+    assert_eq!(len, 64);
+}
