@@ -449,3 +449,61 @@ async fn messages_larger_than_the_read_buffer_arrive_whole() {
         }
     }
 }
+
+/// A burst from one socket (written back to back, so the node reads many
+/// at once and publishes them in batches) arrives at every socket in the
+/// room, on both nodes and the sender's own, complete and in order, with
+/// growing ids; repeats of a message id inside the burst are answered
+/// `duplicate` to the sender and published once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_from_one_socket_arrives_everywhere_in_order() {
+    let redis = RedisServer::start();
+    let a = node(&redis.url(), &[]).await;
+    let b = node(&redis.url(), &[]).await;
+    let mut sockets = Vec::new();
+    for (i, address) in [a, b, a, b].into_iter().enumerate() {
+        let mut ws = connect(address, &format!("u{i}"), "room=burst").await;
+        assert_eq!(s(&recv(&mut ws).await, "type"), "joined");
+        sockets.push(ws);
+    }
+    let mut writer = connect(b, "walt", "room=burst").await;
+    assert_eq!(s(&recv(&mut writer).await, "type"), "joined");
+    const N: usize = 600;
+    let text = |i: usize| {
+        if i.is_multiple_of(50) {
+            format!(r#"{{"id":"k{i}","n":{i}}}"#)
+        } else {
+            format!("m{i}")
+        }
+    };
+    let expected: Vec<String> = (0..N).map(text).collect();
+    for i in 0..N {
+        writer.feed(Message::text(text(i))).await.unwrap();
+        if i.is_multiple_of(50) {
+            writer.feed(Message::text(text(i))).await.unwrap(); // a retry
+        }
+    }
+    writer.flush().await.unwrap();
+    // The sender: every event in order, and one duplicate per retry.
+    let mut got = Vec::new();
+    let mut duplicates = 0;
+    while got.len() < N || duplicates < N / 50 {
+        let message = recv(&mut writer).await;
+        match s(&message, "type").as_str() {
+            "event" => got.push(message),
+            "duplicate" => duplicates += 1,
+            other => panic!("unexpected {other}: {message}"),
+        }
+    }
+    assert_eq!(duplicates, N / 50);
+    assert_eq!(data(&got), expected);
+    let ids: Vec<String> = got.iter().map(|e| s(e, "id")).collect();
+    let parsed: Vec<tower_window::events::EventId> =
+        ids.iter().map(|id| id.parse().unwrap()).collect();
+    assert!(parsed.windows(2).all(|w| w[0] < w[1]), "ids grow");
+    for ws in &mut sockets {
+        let seen = events(ws, "burst", N).await;
+        assert_eq!(data(&seen), expected);
+        assert_eq!(seen.iter().map(|e| s(e, "id")).collect::<Vec<_>>(), ids);
+    }
+}

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tower_window::events::{
     self, Event, EventId, EventRequest, EventWindow, Position, Resume, ResyncReason, Retention,
-    MAX_ID_PART, MAX_PAGE,
+    MAX_BATCH, MAX_ID_PART, MAX_PAGE,
 };
 use tower_window::store::{self, Guard};
 use tower_window::{limit, ManualClock, MemoryStore, Store, StoreErrorKind};
@@ -67,6 +67,9 @@ macro_rules! event_conformance_tests {
             windows_are_independent,
             invalid_requests_are_typed_errors,
             trimming_keeps_the_length_bounded_in_a_long_run,
+            a_batch_appends_in_order_like_single_appends,
+            a_batch_is_trimmed_like_single_appends,
+            invalid_batches_are_typed_errors_and_append_nothing,
         );
     };
     (@each $factory:expr; $($scenario:ident),* $(,)?) => {
@@ -633,4 +636,135 @@ pub async fn trimming_keeps_the_length_bounded_in_a_long_run<F: EventStoreFactor
     let newest = recovered(run.resume(&at(&start, last[2899])).await);
     assert_eq!(newest.len(), 100);
     assert_eq!(newest.last().map(|e| e.id), last.last().copied());
+}
+
+/// A batch (`append_many`) appends its events in order, as single appends
+/// at the same instant would: ids grow within it and across it, each
+/// event follows the one before it (a resume from inside the batch is
+/// recovered, page by page), and fields come back as given.
+pub async fn a_batch_appends_in_order_like_single_appends<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "batch", Duration::from_secs(60), 1000).await;
+    let joined = run.head().await;
+    let first = run.append("a").await;
+    let batch: [&[(&str, &[u8])]; 4] = [
+        &[("data", b"b")],
+        &[("data", b"c"), ("bin", &[0, 0xff, b'\n'])],
+        &[("data", b"")],
+        &[("data", b"e")],
+    ];
+    let appended = run
+        .events
+        .append_many(&run.key, &batch)
+        .await
+        .expect("append_many");
+    assert_eq!(appended.len(), 4);
+    assert!(appended.iter().all(|a| a.epoch == joined.epoch));
+    let mut ids = vec![first];
+    ids.extend(appended.iter().map(|a| a.id));
+    let last = run.append("f").await;
+    ids.push(last);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids grow: {ids:?}");
+    let all = recovered(run.resume(&joined).await);
+    assert_eq!(data(&all), ["a", "b", "c", "", "e", "f"]);
+    assert_eq!(all.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
+    assert_eq!(
+        all[2].field("bin").map(|v| &v[..]),
+        Some(&[0, 0xff, b'\n'][..])
+    );
+    // From every event inside the batch: exactly the rest, in order.
+    for (i, id) in ids.iter().enumerate() {
+        let rest = recovered(run.resume(&at(&joined, *id)).await);
+        assert_eq!(rest.iter().map(|e| e.id).collect::<Vec<_>>(), ids[i + 1..]);
+    }
+    // Another batch later, of the most events allowed, and on the clock's
+    // next millisecond too.
+    run.clock.advance(Duration::from_millis(1));
+    let values: Vec<String> = (0..MAX_BATCH).map(|i| format!("m{i}")).collect();
+    let fields: Vec<[(&str, &[u8]); 1]> = values.iter().map(|v| [("data", v.as_bytes())]).collect();
+    let batch: Vec<&[(&str, &[u8])]> = fields.iter().map(|f| &f[..]).collect();
+    let appended = run
+        .events
+        .append_many(&run.key, &batch)
+        .await
+        .expect("a full batch");
+    assert_eq!(appended.len(), MAX_BATCH);
+    let rest = recovered(run.resume(&at(&joined, last)).await);
+    assert_eq!(data(&rest), values);
+    assert_eq!(
+        rest.iter().map(|e| e.id).collect::<Vec<_>>(),
+        appended.iter().map(|a| a.id).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        run.events.len(&run.key).await.expect("len"),
+        6 + MAX_BATCH as u64
+    );
+}
+
+/// A batch longer than `max_len` keeps the newest events: a reader from
+/// before it resyncs `too_old`, a reader from inside what is kept is
+/// recovered.
+pub async fn a_batch_is_trimmed_like_single_appends<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "batchtrim", Duration::from_secs(60), 3).await;
+    let joined = run.head().await;
+    let values: Vec<String> = (0..40).map(|i| format!("t{i}")).collect();
+    let fields: Vec<[(&str, &[u8]); 1]> = values.iter().map(|v| [("data", v.as_bytes())]).collect();
+    let batch: Vec<&[(&str, &[u8])]> = fields.iter().map(|f| &f[..]).collect();
+    let appended = run
+        .events
+        .append_many(&run.key, &batch)
+        .await
+        .expect("append_many");
+    assert_eq!(
+        run.resume(&joined).await,
+        Resume::Resync(ResyncReason::TooOld)
+    );
+    let kept = recovered(run.resume(&at(&joined, appended[36].id)).await);
+    assert_eq!(data(&kept), ["t37", "t38", "t39"]);
+}
+
+/// One event's fields.
+type Fields<'a> = &'a [(&'a str, &'a [u8])];
+
+/// A batch out of bounds (no event, more than `MAX_BATCH`, an event with
+/// bad fields anywhere in it) is a typed error, from the window and from
+/// the store itself alike, and appends nothing at all.
+pub async fn invalid_batches_are_typed_errors_and_append_nothing<F: EventStoreFactory>(f: &F) {
+    let run = Run::start(f, "batchinvalid", Duration::from_secs(60), 1000).await;
+    run.append("a").await;
+    let head = run.head().await;
+    let one: &[(&str, &[u8])] = &[("data", b"x")];
+    let too_many = vec![one; MAX_BATCH + 1];
+    let lots = vec![one; 5000];
+    let fields: Vec<(&str, &[u8])> = (0..33).map(|_| ("f", &b"x"[..])).collect();
+    let long_name = "n".repeat(65);
+    let long: &[(&str, &[u8])] = &[(long_name.as_str(), b"x")];
+    let bad: [Vec<Fields<'_>>; 6] = [
+        Vec::new(),
+        too_many,
+        lots,
+        vec![one, &[], one],
+        vec![one, one, &fields],
+        vec![long, one],
+    ];
+    let request = EventRequest::new(run.key.as_bytes(), run.events.retention(), 7);
+    for batch in &bad {
+        assert_eq!(
+            kind(run.events.append_many(&run.key, batch).await),
+            Err(StoreErrorKind::InvalidRequest),
+            "{} events",
+            batch.len()
+        );
+        assert_eq!(
+            kind(
+                run.store
+                    .append_many(&mut Guard::bare(), request, batch)
+                    .await
+            ),
+            Err(StoreErrorKind::InvalidRequest),
+            "{} events, to the store",
+            batch.len()
+        );
+    }
+    assert_eq!(run.head().await, head, "nothing was appended");
+    assert_eq!(run.events.len(&run.key).await.expect("len"), 1);
 }

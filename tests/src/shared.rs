@@ -144,6 +144,15 @@ impl<S: events::Backend> events::Backend for Shared<S> {
         self.0.append(guard, request, fields)
     }
 
+    fn append_many<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: EventRequest<'a>,
+        events: &'a [&'a [(&'a str, &'a [u8])]],
+    ) -> Op<'a, Vec<Appended>> {
+        self.0.append_many(guard, request, events)
+    }
+
     fn head<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {
         self.0.head(guard, request)
     }

@@ -498,3 +498,186 @@ async fn a_hole_inside_a_page_is_never_recovered_cluster() {
     )
     .await;
 }
+
+/// Waits (bounded) for the next wake-up.
+async fn next_wakeup(wakeups: &tower_window::events::EventWakeups) -> tower_window::events::Wakeup {
+    tokio::time::timeout(Duration::from_secs(10), wakeups.next())
+        .await
+        .expect("a wake-up within 10 s")
+        .expect("the subscriber is running")
+}
+
+/// Follows `keys` and waits until each subscription holds.
+async fn follow_all(wakeups: &tower_window::events::EventWakeups, keys: &[&str]) {
+    for key in keys {
+        wakeups.follow(key);
+    }
+    let mut pending: Vec<&str> = keys.to_vec();
+    while !pending.is_empty() {
+        let wakeup = next_wakeup(wakeups).await;
+        if wakeup.reason == tower_window::events::WakeReason::Subscribed {
+            pending.retain(|k| k.as_bytes() != wakeup.key.as_slice());
+        }
+    }
+}
+
+/// A batch publishes one wake-up, and reading from the last id on it
+/// gets the whole batch in order; the keys it wrote carry the TTL.
+async fn one_wakeup_delivers_a_batch(store: Arc<RedisStore>, single: bool) {
+    let wakeups = store.event_wakeups().expect("wake-ups");
+    let events = window(Arc::clone(&store));
+    let (room, other) = ("batch:{w}", "batch:{w}:other");
+    follow_all(&wakeups, &[room, other]).await;
+    let from = events.position(room).await.expect("position");
+    let values: Vec<String> = (0..20).map(|i| format!("v{i}")).collect();
+    let fields: Vec<[(&str, &[u8]); 1]> = values.iter().map(|v| [("data", v.as_bytes())]).collect();
+    let batch: Vec<&[(&str, &[u8])]> = fields.iter().map(|f| &f[..]).collect();
+    let appended = events.append_many(room, &batch).await.expect("append_many");
+    let wakeup = next_wakeup(&wakeups).await;
+    assert_eq!(wakeup.key, room.as_bytes());
+    assert_eq!(wakeup.reason, tower_window::events::WakeReason::Appended);
+    let Resume::Recovered(got) = events.since(room, &from, 100).await.expect("since") else {
+        panic!("the batch is recovered");
+    };
+    let got_values: Vec<&[u8]> = got
+        .iter()
+        .map(|e| &e.field("data").expect("data")[..])
+        .collect();
+    let want_values: Vec<&[u8]> = values.iter().map(|v| v.as_bytes()).collect();
+    assert_eq!(got_values, want_values);
+    assert_eq!(
+        got.iter().map(|e| e.id).collect::<Vec<_>>(),
+        appended.iter().map(|a| a.id).collect::<Vec<_>>()
+    );
+    if single {
+        // One connection carries both channels, in publish order: a
+        // wake-up of `other` after the batch means every wake-up the
+        // batch published has arrived, and there was one.
+        events
+            .append(other, &[("data", b"x")])
+            .await
+            .expect("append");
+        let mut of_room = 0;
+        loop {
+            let wakeup = next_wakeup(&wakeups).await;
+            if wakeup.key == other.as_bytes() {
+                break;
+            }
+            of_room += 1;
+        }
+        assert_eq!(of_room, 0, "the batch published more than one wake-up");
+        let mut conn = RedisServer::shared().async_connection().await;
+        let expected = 600_000 + 60_000;
+        for key in [
+            "evbatch:ev:{batch%3A%7Bw%7D}:s",
+            "evbatch:ev:{batch%3A%7Bw%7D}:m",
+        ] {
+            let ttl: i64 = conn.pttl(key).await.expect("PTTL");
+            assert!((expected - 5_000..=expected).contains(&ttl), "{key}: {ttl}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_wakeup_delivers_a_batch_single() {
+    let server = RedisServer::shared();
+    let store = RedisStore::from_url(&server.url())
+        .expect("url")
+        .prefix("evbatch:");
+    one_wakeup_delivers_a_batch(Arc::new(store), true).await;
+}
+
+#[tokio::test]
+async fn one_wakeup_delivers_a_batch_cluster() {
+    let cluster = RedisCluster::shared();
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .prefix("evbatch:")
+        .build()
+        .expect("valid urls");
+    one_wakeup_delivers_a_batch(Arc::new(store), false).await;
+}
+
+/// The script bounds a batch itself (for any caller that bypasses the
+/// stores' checks): more than 64 events, or a layout that does not add
+/// up, is an error reply and appends nothing.
+#[tokio::test]
+async fn the_script_refuses_a_batch_out_of_bounds() {
+    let server = RedisServer::shared();
+    let mut conn = server.async_connection().await;
+    let script = redis::Script::new(include_str!("../../tower-window/src/events/events.lua"));
+    let keys = ["evraw:ev:{b}:s", "evraw:ev:{b}:m"];
+    let common = ["b", "", "600000", "1000", "660000", "00000000000000aa"];
+    let run = |batch: Vec<String>| {
+        let mut invocation = script.prepare_invoke();
+        invocation.key(keys[0]).key(keys[1]);
+        for arg in common.iter() {
+            invocation.arg(*arg);
+        }
+        for arg in batch {
+            invocation.arg(arg);
+        }
+        invocation
+    };
+    let event = ["2", "data", "x"].map(String::from);
+    let mut too_many = vec!["65".to_owned()];
+    for _ in 0..65 {
+        too_many.extend(event.iter().cloned());
+    }
+    let bad: Vec<Vec<String>> = vec![
+        too_many,
+        vec!["0".to_owned()],
+        vec![
+            "2".to_owned(),
+            "2".to_owned(),
+            "data".to_owned(),
+            "x".to_owned(),
+        ],
+        vec![
+            "1".to_owned(),
+            "4".to_owned(),
+            "data".to_owned(),
+            "x".to_owned(),
+        ],
+        vec![
+            "1".to_owned(),
+            "3".to_owned(),
+            "data".to_owned(),
+            "x".to_owned(),
+            "y".to_owned(),
+        ],
+        vec![
+            "1".to_owned(),
+            "2".to_owned(),
+            "data".to_owned(),
+            "x".to_owned(),
+            "extra".to_owned(),
+        ],
+    ];
+    for batch in bad {
+        let shown = batch.iter().take(6).cloned().collect::<Vec<_>>().join(" ");
+        let reply: redis::RedisResult<redis::Value> = run(batch).invoke_async(&mut conn).await;
+        assert!(reply.is_err(), "{shown}: {reply:?}");
+    }
+    let len: u64 = redis::cmd("XLEN")
+        .arg(keys[0])
+        .query_async(&mut conn)
+        .await
+        .expect("XLEN");
+    assert_eq!(len, 0, "nothing was appended");
+    let mut ok = vec!["64".to_owned()];
+    for _ in 0..64 {
+        ok.extend(event.iter().cloned());
+    }
+    let reply: redis::Value = run(ok).invoke_async(&mut conn).await.expect("64 events");
+    let redis::Value::Array(items) = reply else {
+        panic!("an array")
+    };
+    assert_eq!(items.len(), 65, "the epoch and 64 ids");
+    let len: u64 = redis::cmd("XLEN")
+        .arg(keys[0])
+        .query_async(&mut conn)
+        .await
+        .expect("XLEN");
+    assert_eq!(len, 64);
+}

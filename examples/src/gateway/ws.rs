@@ -24,6 +24,7 @@ use axum::Json;
 use axum_window_ext::ws::rooms::{self, Outgoing, RoomHub, RoomName};
 use axum_window_ext::ws::{ConnectionRefused, ExceedAction, GuardedSocket, MessageLimits};
 use clap::{Args as ClapArgs, ValueEnum};
+use futures_util::FutureExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tower_window::conn::{Acquire, ConnectionLimiter, ConnectionSeat, HeartbeatHandle};
@@ -478,6 +479,14 @@ async fn room(
         }
     };
     let user = String::from_utf8_lossy(key.subject()).into_owned();
+    // At most a quarter of what the room keeps: the node's live reader
+    // reads on from its cursor with the resume's rules, so more events
+    // than the room keeps appended between two of its reads are skipped
+    // (the same happens with single appends quicker than the reader; a
+    // batch must not make it certain).
+    let max_batch = usize::try_from(rooms.events().retention().max_len() / 4)
+        .unwrap_or(MAX_BATCH)
+        .clamp(1, MAX_BATCH);
     loop {
         // `GuardedSocket::recv` is cancel-safe: a message read but not yet
         // admitted is kept for the next call.
@@ -504,29 +513,39 @@ async fn room(
             message = socket.recv() => match message {
                 None => return,
                 Some(Message::Text(text)) => {
-                    let id = message_id(text.as_str());
-                    if let Some(id) = &id {
-                        if let Ok(false) = state.dedup.first_seen(key, id.as_bytes()).await {
-                            let notice = json!({ "type": "duplicate", "id": id });
-                            if socket.send(Message::Text(notice.to_string().into())).await.is_err() {
-                                return;
+                    // This message and every one already read and admitted
+                    // (bounded), published in one store call, in order: one
+                    // round trip per publish would cap a publisher at one
+                    // message per round trip, and separate appends sent at
+                    // once may overtake each other.
+                    let mut batch = vec![text];
+                    let mut bytes = batch[0].len();
+                    let mut then = None;
+                    while batch.len() < max_batch && bytes < MAX_BATCH_BYTES {
+                        // A `recv` that is not ready is dropped: cancel-safe
+                        // (a message read but not yet admitted is kept).
+                        match socket.recv().now_or_never() {
+                            Some(Some(Message::Text(text))) => {
+                                bytes += text.len();
+                                batch.push(text);
                             }
-                            continue;
+                            Some(other) => {
+                                then = Some(other);
+                                break;
+                            }
+                            None => break,
                         }
                     }
-                    match session.publish(&user, text.as_str()).await {
-                        Ok(event) => {
-                            if let Some(inbound) = &state.inbound {
-                                let room = session.room().as_str();
-                                inbound.forward(id.as_deref(), event, room, &user, text.as_str()).await;
-                            }
+                    if publish_batch(state, &session, &mut socket, key, &user, batch).await.is_err() {
+                        return;
+                    }
+                    match then {
+                        Some(None) => return,
+                        Some(Some(Message::Binary(_))) => {
+                            socket.close_with(CLOSE_UNSUPPORTED, "rooms take text messages").await;
+                            return;
                         }
-                        Err(error) => {
-                            tracing::warn!(%error, "publishing to a room failed");
-                            if socket.send(Message::Text(session.unavailable())).await.is_err() {
-                                return;
-                            }
-                        }
+                        _ => {}
                     }
                 }
                 Some(Message::Binary(_)) => {
@@ -537,6 +556,67 @@ async fn room(
             },
         }
     }
+}
+
+/// The most messages one room publish takes from a socket at once (the
+/// events' own bound), and the bytes after which it stops taking more.
+const MAX_BATCH: usize = tower_window::events::MAX_BATCH;
+const MAX_BATCH_BYTES: usize = 64 * 1024;
+
+/// Publishes a socket's `batch` of admitted messages to the room, in
+/// order, each deduplicated by its JSON `id` as a single message is (a
+/// repeat is answered `duplicate` and left out); the rest go in one store
+/// call. If it fails, each of them is answered `unavailable`, in order.
+/// `Err` when the socket is gone.
+async fn publish_batch(
+    state: &WsState,
+    session: &rooms::RoomSession,
+    socket: &mut GuardedSocket,
+    key: &WindowKey,
+    user: &str,
+    batch: Vec<axum::extract::ws::Utf8Bytes>,
+) -> Result<(), ()> {
+    let mut admitted = Vec::with_capacity(batch.len());
+    for text in &batch {
+        let id = message_id(text.as_str());
+        if let Some(id) = &id {
+            if let Ok(false) = state.dedup.first_seen(key, id.as_bytes()).await {
+                let notice = json!({ "type": "duplicate", "id": id });
+                socket
+                    .send(Message::Text(notice.to_string().into()))
+                    .await
+                    .map_err(drop)?;
+                continue;
+            }
+        }
+        admitted.push((id, text.as_str()));
+    }
+    if admitted.is_empty() {
+        return Ok(());
+    }
+    let data: Vec<&str> = admitted.iter().map(|(_, text)| *text).collect();
+    match session.publish_many(user, &data).await {
+        Ok(events) => {
+            if let Some(inbound) = &state.inbound {
+                let room = session.room().as_str();
+                for ((id, text), event) in admitted.iter().zip(events) {
+                    inbound
+                        .forward(id.as_deref(), event, room, user, text)
+                        .await;
+                }
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, messages = data.len(), "publishing to a room failed");
+            for _ in &data {
+                socket
+                    .send(Message::Text(session.unavailable()))
+                    .await
+                    .map_err(drop)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Close codes of the room mode: the room protocol's (1003, 1011, 1013).

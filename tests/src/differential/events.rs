@@ -99,6 +99,13 @@ pub enum Op {
         /// The data.
         data: u8,
     },
+    /// Several events in one batch (`append_many`), in order.
+    AppendMany {
+        /// The room.
+        room: usize,
+        /// One data byte per event.
+        data: Vec<u8>,
+    },
     /// A reader reads on from its position (at most `limit` events).
     Resume {
         /// The reader.
@@ -200,6 +207,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => prop_oneof![0..5u64, 0..1_500u64, 0..15_000u64].prop_map(Op::Step),
         3 => (0..READERS, room.clone()).prop_map(|(reader, room)| Op::Join { reader, room }),
         8 => (room.clone(), any::<u8>()).prop_map(|(room, data)| Op::Append { room, data }),
+        3 => (room.clone(), proptest::collection::vec(any::<u8>(), 1..5))
+            .prop_map(|(room, data)| Op::AppendMany { room, data }),
         5 => (0..READERS, 1..6u32).prop_map(|(reader, limit)| Op::Resume { reader, limit }),
         3 => (room.clone(), epoch, id, 1..6u32)
             .prop_map(|(room, epoch, id, limit)| Op::Hostile { room, epoch, id, limit }),
@@ -337,6 +346,7 @@ fn decide(
 #[derive(Debug, Clone)]
 enum Call {
     Append(u8),
+    AppendMany(Vec<u8>),
     Head,
     Read(Position, u32),
 }
@@ -460,6 +470,34 @@ impl Run<'_> {
             .map_err(|e| format!("{}: append: {e}", STORES[store]))
     }
 
+    async fn append_many(
+        &mut self,
+        store: usize,
+        room: usize,
+        data: &[u8],
+    ) -> Result<Vec<(Epoch, EventId)>, String> {
+        let nonce = self.next_nonce();
+        if store == 0 {
+            let now = self.backends.clock.now_micros();
+            self.mem[room]
+                .log
+                .push((now, nonce, Call::AppendMany(data.to_vec())));
+        }
+        let s = self.store(store, room);
+        let f: Vec<_> = data.iter().map(|d| fields(*d)).collect();
+        let pairs: Vec<Vec<(&str, &[u8])>> = f
+            .iter()
+            .map(|f| f.iter().map(|(n, v)| (*n, &v[..])).collect())
+            .collect();
+        let events: Vec<&[(&str, &[u8])]> = pairs.iter().map(Vec::as_slice).collect();
+        let appended = s
+            .append_many(&mut Guard::bare(), self.request(room, nonce), &events)
+            .await;
+        appended
+            .map(|all| all.into_iter().map(|a| (a.epoch, a.id)).collect())
+            .map_err(|e| format!("{}: append_many: {e}", STORES[store]))
+    }
+
     async fn read(&mut self, store: usize, room: usize, from: &Position, limit: u32) -> Got {
         let nonce = self.next_nonce();
         if store == 0 {
@@ -489,6 +527,17 @@ impl Run<'_> {
                     let f = fields(*data);
                     let pairs: Vec<(&str, &[u8])> = f.iter().map(|(n, v)| (*n, &v[..])).collect();
                     let _ = store.append(&mut Guard::bare(), request, &pairs).await;
+                }
+                Call::AppendMany(data) => {
+                    let f: Vec<_> = data.iter().map(|d| fields(*d)).collect();
+                    let pairs: Vec<Vec<(&str, &[u8])>> = f
+                        .iter()
+                        .map(|f| f.iter().map(|(n, v)| (*n, &v[..])).collect())
+                        .collect();
+                    let events: Vec<&[(&str, &[u8])]> = pairs.iter().map(Vec::as_slice).collect();
+                    let _ = store
+                        .append_many(&mut Guard::bare(), request, &events)
+                        .await;
                 }
                 Call::Head => {
                     let _ = store.head(&mut Guard::bare(), request).await;
@@ -632,6 +681,45 @@ impl Capability for Events {
                         }
                     }
                     tally.saw("append");
+                }
+                Op::AppendMany { room, ref data } => {
+                    // The model: the same events appended one by one at
+                    // this instant, nothing in between.
+                    let gen = make(&mut rooms[room]);
+                    let g = rooms[room].live.as_mut().ok_or("no generation")?;
+                    let mut want = Vec::with_capacity(data.len());
+                    for &data in data {
+                        let id = if now_ms > g.last.millis() {
+                            EventId::new(now_ms, 0)
+                        } else {
+                            EventId::new(g.last.millis(), g.last.seq() + 1)
+                        }
+                        .ok_or("ids exhausted")?;
+                        let prev = g.last;
+                        g.hist.push(Ev { id, prev, data });
+                        g.last = id;
+                        want.push(id);
+                    }
+                    rooms[room].universe.extend_from_slice(&want);
+                    for s in 0..3 {
+                        tally.op(STORES[s]);
+                        let got = r
+                            .append_many(s, room, data)
+                            .await
+                            .map_err(|e| format!("{at}: {e}"))?;
+                        for (epoch, _) in &got {
+                            r.learn(s, room, gen, epoch)
+                                .map_err(|e| format!("{at}: {e}"))?;
+                        }
+                        let ids: Vec<EventId> = got.iter().map(|(_, id)| *id).collect();
+                        if ids != want {
+                            return Err(format!(
+                                "{at}: {} gave the batch ids {ids:?}, the model {want:?}",
+                                STORES[s]
+                            ));
+                        }
+                    }
+                    tally.saw("append_many");
                 }
                 Op::Resume { reader, limit } => {
                     let Some((room, gen, last)) = readers[reader] else {
@@ -891,6 +979,7 @@ impl Capability for Events {
     fn coverage(tally: &Tally, _cases: u64) -> Outcome {
         for what in [
             "append",
+            "append_many",
             "join",
             "resume recovered",
             "resume too_old",

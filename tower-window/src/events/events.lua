@@ -8,7 +8,7 @@
 -- n = its number and e = the epoch it was appended in (for live readers
 -- of XREAD); the caller's fields follow.
 --
--- ARGV[1] op: 'a' append, 'h' head, 'r' read, 'l' len
+-- ARGV[1] op: 'a' append, 'b' batch append, 'h' head, 'r' read, 'l' len
 -- ARGV[2] now in ms, or '' for Redis TIME
 -- ARGV[3] window ms, ARGV[4] max_len, ARGV[5] ttl ms, ARGV[6] nonce (hex)
 -- append: ARGV[7..] field, value pairs     -> {epoch, id}
@@ -17,6 +17,12 @@
 --   slot): published by the append itself, so no append goes without its
 --   wake-up. A wake-up only says "read this window from your last id";
 --   the stream stays the only source of events (see events/wake.rs).
+-- batch: ARGV[7] k (1 to 64 events), then per event its number of
+--   field, value arguments c (2 to 64) and those c arguments
+--                                          -> {epoch, id 1, ..., id k}
+--   appends the k events in order, each one's `p` the id before it, with
+--   one trim and one SPUBLISH of the last id (a wake-up says "read from
+--   your last id", so one delivers the whole batch).
 -- head:                                    -> {epoch, last id}
 -- read: ARGV[7] epoch, ARGV[8] after id, ARGV[9] limit (1 to 10000)
 --   -> {0, entries...} | {1} too old | {2} epoch changed | {3} ahead
@@ -36,7 +42,9 @@
 --   checks never return what the retention no longer keeps meanwhile;
 -- * a stream dropped with its meta is UNLINKed (freed off the main thread);
 -- * unpack() spreads at most 13 + 2 * 32 values (the stores refuse more
---   fields before calling).
+--   fields before calling);
+-- * a batch appends at most 64 events (refused here past that, and by
+--   the stores before calling), with one XTRIM and one SPUBLISH.
 local stream, meta = KEYS[1], KEYS[2]
 local op = ARGV[1]
 if op == 'l' then
@@ -119,41 +127,86 @@ if op == 'h' then
   return {epoch, last}
 end
 
-if op == 'a' then
-  local id = '*'
-  if ARGV[2] ~= '' then
-    local lm = split(last)
-    if now > lm then
-      id = num(now) .. '-*'
-    else
-      id = num(lm) .. '-*'
-    end
+-- The stream id for the next append: on an explicit clock, never below
+-- the last id's ms, so ids still grow when the clock steps back.
+local function next_id(prev)
+  if ARGV[2] == '' then
+    return '*'
   end
+  local lm = split(prev)
+  if now > lm then
+    return num(now) .. '-*'
+  end
+  return num(lm) .. '-*'
+end
+
+-- XADDs one event after `prev` with the caller's fields ARGV[from..to];
+-- the first of a call also trims by time (MINID ~).
+local function add(prev, count, from, to, trim)
   local args = {'XADD', stream}
   local horizon = now - window
-  if horizon > 0 then
+  if trim and horizon > 0 then
     table.insert(args, 'MINID')
     table.insert(args, '~')
     table.insert(args, num(horizon))
   end
-  table.insert(args, id)
+  table.insert(args, next_id(prev))
   table.insert(args, 'p')
-  table.insert(args, last)
+  table.insert(args, prev)
   table.insert(args, 'n')
-  table.insert(args, n + 1)
+  table.insert(args, count)
   table.insert(args, 'e')
   table.insert(args, epoch)
-  for i = 7, #ARGV do
+  for i = from, to do
     table.insert(args, ARGV[i])
   end
-  local new = redis.call(unpack(args))
+  return redis.call(unpack(args))
+end
+
+-- After the appends: the count cap, the meta, the TTLs and the wake-up.
+local function appended(new, count)
   redis.call('XTRIM', stream, 'MAXLEN', '~', max_len)
-  redis.call('HSET', meta, 'l', new, 'n', n + 1)
+  redis.call('HSET', meta, 'l', new, 'n', count)
   touch()
   -- pcall: on a Redis before 7 (no SPUBLISH) appends still work; its
   -- readers must poll (RoomHubBuilder::polling).
   redis.pcall('SPUBLISH', string.sub(stream, 1, -2) .. 'w', new)
+end
+
+if op == 'a' then
+  local new = add(last, n + 1, 7, #ARGV, true)
+  appended(new, n + 1)
   return {epoch, new}
+end
+
+if op == 'b' then
+  -- Checked whole before the first XADD, so a bad batch appends nothing.
+  local k = tonumber(ARGV[7])
+  if not k or k < 1 or k > 64 then
+    return redis.error_reply('a batch has 1 to 64 events')
+  end
+  local at = 8
+  for _ = 1, k do
+    local c = tonumber(ARGV[at])
+    if not c or c < 2 or c > 64 or c % 2 ~= 0 or at + c > #ARGV then
+      return redis.error_reply('bad batch layout')
+    end
+    at = at + 1 + c
+  end
+  if at ~= #ARGV + 1 then
+    return redis.error_reply('bad batch layout')
+  end
+  local reply = {epoch}
+  local prev = last
+  at = 8
+  for i = 1, k do
+    local c = tonumber(ARGV[at])
+    prev = add(prev, n + i, at + 1, at + c, i == 1)
+    reply[i + 1] = prev
+    at = at + 1 + c
+  end
+  appended(prev, n + k)
+  return reply
 end
 
 if op == 'r' then

@@ -12,8 +12,8 @@ use bytes::Bytes;
 use quick_cache::sync::Cache;
 
 use crate::events::{
-    self as events, check_fields, check_limit, Appended, Epoch, Event, EventId, EventRequest,
-    Position, Resume, ResyncReason, Retention,
+    self as events, check_batch, check_fields, check_limit, Appended, Epoch, Event, EventId,
+    EventRequest, Position, Resume, ResyncReason, Retention,
 };
 use crate::store::MemoryStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
@@ -146,6 +146,33 @@ impl MemoryStore {
         Ok(Appended::new(epoch, id))
     }
 
+    fn append_many_now(
+        &self,
+        request: EventRequest<'_>,
+        events: &[&[(&str, &[u8])]],
+    ) -> Result<Vec<Appended>, StoreError> {
+        check_batch(events)?;
+        let (now_us, now_ms) = self.now();
+        let log = self.events.log(request.key);
+        let mut log = lock(&log);
+        let epoch = log.live(now_us, &request);
+        let mut appended = Vec::with_capacity(events.len());
+        for fields in events {
+            let id = log.next_id(now_ms)?;
+            let prev = log.last;
+            let fields = fields
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), Bytes::copy_from_slice(value)))
+                .collect();
+            log.entries.push_back(Entry { id, prev, fields });
+            log.last = id;
+            appended.push(Appended::new(epoch.clone(), id));
+        }
+        log.trim(now_ms, request.retention);
+        log.touch(now_ms, request.retention);
+        Ok(appended)
+    }
+
     fn head_now(&self, request: EventRequest<'_>) -> Position {
         let (now_us, now_ms) = self.now();
         let log = self.events.log(request.key);
@@ -223,6 +250,15 @@ impl events::Backend for MemoryStore {
         fields: &'a [(&'a str, &'a [u8])],
     ) -> Op<'a, Appended> {
         Op::ready(self.append_now(request, fields))
+    }
+
+    fn append_many<'a>(
+        &'a self,
+        _: &mut Guard<'a>,
+        request: EventRequest<'a>,
+        events: &'a [&'a [(&'a str, &'a [u8])]],
+    ) -> Op<'a, Vec<Appended>> {
+        Op::ready(self.append_many_now(request, events))
     }
 
     fn head<'a>(&'a self, _: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {

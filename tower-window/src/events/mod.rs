@@ -2,7 +2,8 @@
 //! with epochs, so that a reader who reconnects — to this node or another
 //! — gets exactly the events it missed, in order, or is told to resync.
 //!
-//! * [`EventWindow`] appends ([`append`](EventWindow::append)), reads pages
+//! * [`EventWindow`] appends ([`append`](EventWindow::append), or several
+//!   events in order in one call: [`append_many`](EventWindow::append_many)), reads pages
 //!   after a position ([`since`](EventWindow::since),
 //!   [`resume`](EventWindow::resume)) and tells the current position
 //!   ([`position`](EventWindow::position)); every call passes the
@@ -80,5 +81,5 @@ pub use tail::{EventTail, TailBatch};
 /// cluster): the append publishes them itself.
 #[cfg(feature = "redis")]
 pub use wake::{EventWakeups, WakeReason, Wakeup};
-pub(crate) use window::{check_fields, check_limit};
-pub use window::{EventWindow, MAX_FIELDS, MAX_FIELD_NAME, MAX_PAGE};
+pub(crate) use window::{check_batch, check_fields, check_limit};
+pub use window::{EventWindow, MAX_BATCH, MAX_FIELDS, MAX_FIELD_NAME, MAX_PAGE};

@@ -15,8 +15,8 @@ use bytes::Bytes;
 use redis::Value;
 
 use crate::events::{
-    self as events, check_fields, check_limit, Appended, Epoch, Event, EventId, EventRequest,
-    Position, Resume, ResyncReason,
+    self as events, check_batch, check_fields, check_limit, Appended, Epoch, Event, EventId,
+    EventRequest, Position, Resume, ResyncReason,
 };
 use crate::store::redis::call::Call;
 use crate::store::redis::keys::{
@@ -156,6 +156,36 @@ impl RedisStore {
         }
     }
 
+    async fn event_append_many(
+        &self,
+        request: EventRequest<'_>,
+        events: &[&[(&str, &[u8])]],
+    ) -> Result<Vec<Appended>, StoreError> {
+        check_batch(events)?;
+        let reply = self
+            .event_call(&request, "b", |call| {
+                call.arg(events.len());
+                for fields in events {
+                    call.arg(fields.len() * 2);
+                    for (name, value) in *fields {
+                        call.arg(*name).arg(*value);
+                    }
+                }
+            })
+            .await?;
+        match array(&reply)? {
+            [e, ids @ ..] if ids.len() == events.len() => {
+                let epoch = epoch(e)?;
+                ids.iter()
+                    .map(|i| Ok(Appended::new(epoch.clone(), id(i)?)))
+                    .collect()
+            }
+            _ => Err(protocol(
+                "redis event script: a batch replies [epoch, id per event]",
+            )),
+        }
+    }
+
     async fn event_head(&self, request: EventRequest<'_>) -> Result<Position, StoreError> {
         let reply = self.event_call(&request, "h", |_| {}).await?;
         match array(&reply)? {
@@ -215,6 +245,15 @@ impl events::Backend for RedisStore {
         fields: &'a [(&'a str, &'a [u8])],
     ) -> Op<'a, Appended> {
         guard.run(move || self.event_append(request, fields))
+    }
+
+    fn append_many<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: EventRequest<'a>,
+        events: &'a [&'a [(&'a str, &'a [u8])]],
+    ) -> Op<'a, Vec<Appended>> {
+        guard.run(move || self.event_append_many(request, events))
     }
 
     fn head<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::id::{Epoch, EventId, Position};
-use crate::store::{Guard, Op};
+use crate::store::{Guard, Op, StoreError};
 
 /// How much history an event window keeps: events of the last `window` of
 /// the store's clock, and at most about `max_len` of them.
@@ -232,6 +232,27 @@ pub trait Backend: Send + Sync + 'static {
         request: EventRequest<'a>,
         fields: &'a [(&'a str, &'a [u8])],
     ) -> Op<'a, Appended>;
+
+    /// Appends `events` (1 to [`MAX_BATCH`](super::MAX_BATCH), each with
+    /// fields as [`append`](Self::append) takes them) in order, in one
+    /// operation: each event follows the one before it, as if appended one
+    /// by one with nothing in between, and a bad batch appends nothing
+    /// ([`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest)).
+    /// Returns where each one went, in order.
+    ///
+    /// The default answers
+    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported):
+    /// separate appends would not keep the order on a backend whose calls
+    /// may overtake each other.
+    fn append_many<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: EventRequest<'a>,
+        events: &'a [&'a [(&'a str, &'a [u8])]],
+    ) -> Op<'a, Vec<Appended>> {
+        let _ = (guard, request, events);
+        Op::ready(Err(StoreError::unsupported("batched event appends")))
+    }
 
     /// The window's current position (its epoch, made if needed, and its
     /// last event's id), refreshing its expiry.

@@ -14,6 +14,9 @@ pub const MAX_FIELDS: usize = 32;
 pub const MAX_FIELD_NAME: usize = 64;
 /// The largest page [`EventWindow::since`] reads at once.
 pub const MAX_PAGE: u32 = 10_000;
+/// The most events one [`EventWindow::append_many`] appends (a bound on
+/// one store call's work; the Redis script refuses more as well).
+pub const MAX_BATCH: usize = 64;
 
 /// An append-only, time-bounded log of events per key, with epochs, so
 /// that a reader resuming from a [`Position`] gets exactly the events it
@@ -99,6 +102,43 @@ impl EventWindow {
         let request = self.request(key);
         self.run(key, |backend, guard| backend.append(guard, request, fields))
             .await
+    }
+
+    /// Appends `events` (1 to [`MAX_BATCH`], each with fields as
+    /// [`append`](Self::append) takes them) to the window `key`, in order,
+    /// in one store call: on Redis one script call and one wake-up for the
+    /// whole batch, where separate appends would take a round trip each
+    /// (and, sent at once, could overtake each other). Each event follows
+    /// the one before it as if appended alone; a batch out of bounds is
+    /// [`StoreErrorKind::InvalidRequest`] and appends nothing. Returns
+    /// where each event went, in order.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_window::events::{EventWindow, Retention};
+    /// use tower_window::Store;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let events = EventWindow::new(Store::memory(), Retention::new(Duration::from_secs(600), 1000)?);
+    /// let batch: [&[(&str, &[u8])]; 2] = [&[("data", b"a")], &[("data", b"b")]];
+    /// let appended = events.append_many("room-1", &batch).await?;
+    /// assert_eq!(appended.len(), 2);
+    /// assert!(appended[0].id < appended[1].id);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn append_many(
+        &self,
+        key: impl AsRef<[u8]>,
+        events: &[&[(&str, &[u8])]],
+    ) -> Result<Vec<Appended>, StoreError> {
+        check_batch(events)?;
+        let key = key.as_ref();
+        let request = self.request(key);
+        self.run(key, |backend, guard| {
+            backend.append_many(guard, request, events)
+        })
+        .await
     }
 
     /// The window's current position: its epoch (a new one if the window
@@ -209,6 +249,15 @@ pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
         return Err(invalid("a field name has 1 to 64 bytes"));
     }
     Ok(())
+}
+
+/// Whether `events` can be one batch: 1 to [`MAX_BATCH`] events, each
+/// one passing [`check_fields`]; checked like [`check_fields`].
+pub(crate) fn check_batch(events: &[&[(&str, &[u8])]]) -> Result<(), StoreError> {
+    if events.is_empty() || events.len() > MAX_BATCH {
+        return Err(invalid("a batch has 1 to 64 events"));
+    }
+    events.iter().try_for_each(|fields| check_fields(fields))
 }
 
 /// Whether `limit` is a page size (1 to [`MAX_PAGE`]); checked like

@@ -371,7 +371,7 @@ impl RoomHub {
                 ],
             )
             .await?;
-        metrics::published();
+        metrics::published(1);
         self.inner.wake.notify_one();
         // On an in-process store the append is ready at once, so a loop of
         // publishes would never yield, and the reader just woken (queued on
@@ -381,6 +381,42 @@ impl RoomHub {
         // a loop yield now and then (a Redis append yields by itself).
         tokio::task::consume_budget().await;
         Ok(appended.id)
+    }
+
+    /// Appends several messages `data` from `from` to `room`, in order, in
+    /// one store call (one script call and one wake-up on Redis; see
+    /// [`EventWindow::append_many`](tower_window::events::EventWindow::append_many)):
+    /// every socket in the room gets them in this order, as if published
+    /// one by one. 1 to [`MAX_BATCH`](tower_window::events::MAX_BATCH)
+    /// messages, else
+    /// [`StoreErrorKind::InvalidRequest`](tower_window::StoreErrorKind::InvalidRequest)
+    /// and nothing is published. Returns the events' ids, in order.
+    pub async fn publish_many(
+        &self,
+        room: &RoomName,
+        from: &str,
+        data: &[&str],
+    ) -> Result<Vec<EventId>, StoreError> {
+        let fields: Vec<[(&str, &[u8]); 2]> = data
+            .iter()
+            .map(|data| {
+                [
+                    (frame::FROM, from.as_bytes()),
+                    (frame::DATA, data.as_bytes()),
+                ]
+            })
+            .collect();
+        let events: Vec<&[(&str, &[u8])]> = fields.iter().map(|f| f.as_slice()).collect();
+        let appended = self
+            .inner
+            .events
+            .append_many(window_key(room), &events)
+            .await?;
+        metrics::published(appended.len() as u64);
+        self.inner.wake.notify_one();
+        // As in `publish`: an in-process append is ready at once.
+        tokio::task::consume_budget().await;
+        Ok(appended.into_iter().map(|appended| appended.id).collect())
     }
 
     /// Subscribes to `room`'s wake-ups (pushed mode only).

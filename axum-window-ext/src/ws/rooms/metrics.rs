@@ -74,11 +74,11 @@ pub(super) fn register() {
 }
 
 /// A message was appended.
-pub(super) fn published() {
+pub(super) fn published(count: u64) {
     if !ENABLED {
         return;
     }
-    counter!(ROOM_PUBLISHED_TOTAL).increment(1);
+    counter!(ROOM_PUBLISHED_TOTAL).increment(count);
 }
 
 /// `n` live events were queued to sockets.

@@ -182,6 +182,16 @@ impl RoomSession {
         self.hub.publish(&self.room, from, data).await
     }
 
+    /// Publishes several messages `data` from `from` to the room, in
+    /// order, in one store call (see [`RoomHub::publish_many`]).
+    pub async fn publish_many(
+        &self,
+        from: &str,
+        data: &[&str],
+    ) -> Result<Vec<EventId>, StoreError> {
+        self.hub.publish_many(&self.room, from, data).await
+    }
+
     /// The frame to send when a message could not be published (the
     /// store failed): `{"type":"error","room":R,"reason":"unavailable"}`.
     pub fn unavailable(&self) -> Utf8Bytes {
