@@ -7,4 +7,5 @@
 pub mod gateway;
 pub mod grpc;
 pub mod inbound;
+pub mod process;
 pub mod rls;

@@ -3,21 +3,13 @@
 //! A tonic service with per-method quotas; see
 //! `tower_window_examples::grpc` and `examples/README.md`.
 
-use std::io::IsTerminal;
-
 use clap::Parser;
 use tower_window_examples::grpc::{serve, BoxError, GrpcArgs};
-use tracing_subscriber::EnvFilter;
+use tower_window_examples::process::init_logging;
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    init_logging();
     let args = GrpcArgs::parse();
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     tracing::info!(

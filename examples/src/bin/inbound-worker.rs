@@ -3,22 +3,14 @@
 //! Consumes the inbound stream with a consumer group; see
 //! `tower_window_examples::inbound` and `examples/README.md`.
 
-use std::io::IsTerminal;
-
 use clap::Parser;
 use tower_window_examples::gateway::metrics::{install_recorder, metrics_router};
 use tower_window_examples::inbound::{Worker, WorkerArgs};
-use tracing_subscriber::EnvFilter;
+use tower_window_examples::process::init_logging;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    init_logging();
     let args = WorkerArgs::parse();
     if let Some(listen) = args.metrics_listen {
         let router = metrics_router(install_recorder());

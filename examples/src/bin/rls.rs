@@ -4,39 +4,18 @@
 //! envoyproxy/ratelimit's rule files, with sliding windows; see
 //! `tower_window_examples::rls` and `examples/README.md`.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
 use tower_window_examples::gateway::metrics::{install_recorder, metrics_router};
+use tower_window_examples::process::{
+    fail, init_logging, shutdown_signal, EXIT_CONFIG, EXIT_RUNTIME,
+};
 use tower_window_examples::rls::{build, serve, RlsArgs};
-use tracing_subscriber::EnvFilter;
-
-/// The exit code of a configuration the rls refuses (clap's, for a flag it
-/// cannot parse).
-const EXIT_CONFIG: u8 = 2;
-/// The exit code of a failure after the configuration was accepted.
-const EXIT_RUNTIME: u8 = 1;
-
-fn fail(message: &dyn std::fmt::Display, code: u8) -> ExitCode {
-    let text = message.to_string();
-    let mut lines = text.lines();
-    eprintln!("error: {}", lines.next().unwrap_or_default());
-    for line in lines {
-        eprintln!("{line}");
-    }
-    ExitCode::from(code)
-}
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    init_logging();
     let args = RlsArgs::parse();
     let listen = args.listen;
     let metrics_listen = args.metrics_listen;
@@ -100,33 +79,4 @@ async fn main() -> ExitCode {
     let returned = limiter.refund_leases().await;
     tracing::info!(returned, "stopped");
     ExitCode::SUCCESS
-}
-
-/// Resolves on Ctrl-C (and SIGTERM on Unix).
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::warn!(%error, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutting down");
 }
