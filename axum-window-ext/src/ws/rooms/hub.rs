@@ -516,6 +516,26 @@ impl RoomHub {
         }
     }
 
+    /// Moves `room`'s cursor to `head` after the reader lost events it
+    /// cannot recover (the room's history moved past its cursor), and
+    /// drops every socket of the room with an overflow: each is told to
+    /// resync and closed ([`Outgoing::Overflow`](super::Outgoing::Overflow)),
+    /// so none stays on silently missing the lost events. A client
+    /// reconnects with its own last position, and its resume says what it
+    /// can recover.
+    pub(super) fn restart_at(&self, room: &RoomName, head: &Position) {
+        let mut rooms = lock(&self.inner.rooms);
+        let Some(state) = rooms.get_mut(room) else {
+            return;
+        };
+        state.cursor = Some((head.epoch.clone(), head.after()));
+        for (_, socket) in state.sockets.drain() {
+            socket.overflowed.store(true, Ordering::Release);
+            metrics::overflowed();
+            metrics::sockets(-1.0);
+        }
+    }
+
     /// Moves `room`'s cursor to `last` (past entries that were not events).
     #[cfg(feature = "redis")]
     pub(super) fn skip_to(&self, room: &RoomName, last: EventId) {

@@ -120,7 +120,7 @@
 //! | `{"type":"event","room":R,"id":ID,"epoch":E,"from":F,"data":D}` | history (when resuming), then live events; `from` is the publisher's name, `data` the message text; (`epoch`, `id`) is the client's position |
 //! | `{"type":"recovered","room":R,"count":N}` | after a resume's history: `N` events were sent and nothing between the position and the live events was lost |
 //! | `{"type":"resync","room":R,"reason":"too_old"\|"epoch_changed"\|"ahead"}` | instead of `recovered`: the gap cannot be recovered ([`ResyncReason`](tower_window::events::ResyncReason)); told to this client alone; live events follow |
-//! | `{"type":"resync","room":R,"reason":"overflow"}` | the socket's queue filled ([`Outgoing::Overflow`]): then the close [`CLOSE_OVERFLOW`] (1013) |
+//! | `{"type":"resync","room":R,"reason":"overflow"}` | the socket's queue filled, or the node's reader fell behind what the room keeps ([`Outgoing::Overflow`]): then the close [`CLOSE_OVERFLOW`] (1013); reconnect with the last position |
 //! | `{"type":"error","room":R,"reason":"unavailable"}` | a message could not be appended ([`RoomSession::unavailable`]); the socket stays open |
 //!
 //! A client resumes by passing its last position
@@ -167,7 +167,8 @@ pub const CLOSE_UNSUPPORTED: u16 = 1003;
 /// reading the room.
 pub const CLOSE_STORE_ERROR: u16 = 1011;
 /// Close code 1013 (try again later): the socket read too slowly and its
-/// queue overflowed; reconnect with the last position.
+/// queue overflowed, or the node's reader fell behind what the room keeps;
+/// reconnect with the last position.
 pub const CLOSE_OVERFLOW: u16 = 1013;
 
 #[cfg(test)]

@@ -165,8 +165,9 @@ async fn read_pushed(hub: &RoomHub, wakeups: &EventWakeups) -> Result<(), StoreE
 /// lost nothing this reader saw) is read on from `id`; a window whose
 /// events no longer follow `id` (a restore, a lost stream) is read from
 /// its start, delivering what is after `id`; if that is not recoverable
-/// either (trimmed), the cursor moves to the room's head (the sockets'
-/// own resumes tell them).
+/// either (trimmed), the cursor moves to the room's head and the room's
+/// sockets are dropped with a resync (their own resumes tell them what
+/// they can recover).
 async fn read_room(
     hub: &RoomHub,
     name: &RoomName,
@@ -217,12 +218,11 @@ async fn read_room(
             }
             Resume::Resync(reason) => {
                 // History moved on past what can be recovered: follow the
-                // room from now.
+                // room from now, and tell its sockets, which would
+                // otherwise miss the lost events without a word.
                 tracing::debug!(%reason, room = %name, "room reader resyncs to the head");
                 let head = hub.inner.events.position(&key).await?;
-                if let Some(room) = lock(&hub.inner.rooms).get_mut(name) {
-                    room.cursor = Some((head.epoch.clone(), head.after()));
-                }
+                hub.restart_at(name, &head);
                 return Ok(());
             }
         }

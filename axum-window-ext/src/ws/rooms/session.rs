@@ -23,7 +23,9 @@ use super::{frame, metrics, HISTORY_PAGE};
 pub enum Outgoing {
     /// A text frame to send (`joined`, `event`, `recovered`, `resync`).
     Text(Utf8Bytes),
-    /// The socket's queue overflowed and it has left the room: send this
+    /// The socket's queue overflowed, or the node's reader fell behind
+    /// what the room keeps (events it can no longer send live), and the
+    /// socket has left the room: send this
     /// `resync` (reason `overflow`), then close the socket with
     /// [`CLOSE_OVERFLOW`](super::CLOSE_OVERFLOW). The session yields
     /// nothing after it.

@@ -141,3 +141,59 @@ async fn history_past_the_welcome_is_not_sent_again_live() {
     hub.publish(&r, "u", "m5").await.unwrap();
     assert_eq!(json(next(&mut session).await)["data"], "m5");
 }
+
+/// Events the node's reader can no longer read (the room's history moved
+/// past its cursor: here appended straight to the window, which keeps 5,
+/// with no wake-up) are never skipped silently: every socket of the room
+/// is told to resync and leaves it, and a resume from its last position
+/// is answered `too_old`.
+#[tokio::test]
+async fn a_reader_behind_the_history_drops_its_sockets_with_a_resync() {
+    let retention = Retention::new(Duration::from_secs(600), 5).unwrap();
+    let hub = RoomHub::builder(EventWindow::new(MemoryStore::new(), retention))
+        .queue_capacity(64)
+        .build();
+    let r = room("r");
+    let mut alice = hub.join(&r, None).await.unwrap();
+    let mut bob = hub.join(&r, None).await.unwrap();
+    let joined = json(next(&mut alice).await);
+    assert_eq!(json(next(&mut bob).await)["type"], "joined");
+    let first = hub.publish(&r, "u", "m0").await.unwrap();
+    assert_eq!(json(next(&mut alice).await)["data"], "m0");
+    assert_eq!(json(next(&mut bob).await)["data"], "m0");
+    for i in 1..=20 {
+        let data = format!("m{i}");
+        hub.events()
+            .append("room:r", &[("from", &b"u"[..]), ("data", data.as_bytes())])
+            .await
+            .unwrap();
+    }
+    hub.publish(&r, "u", "m21").await.unwrap();
+    for session in [&mut alice, &mut bob] {
+        match next(session).await {
+            Outgoing::Overflow(text) => {
+                let resync: serde_json::Value = serde_json::from_str(text.as_str()).unwrap();
+                assert_eq!(
+                    (resync["type"].as_str(), resync["reason"].as_str()),
+                    (Some("resync"), Some("overflow"))
+                );
+            }
+            Outgoing::Text(text) => panic!("expected a resync, got {}", text.as_str()),
+        }
+    }
+    assert_eq!(hub.sockets_in(&r), 0, "both sockets left the room");
+    drop((alice, bob));
+    let epoch: Epoch = joined["epoch"].as_str().unwrap().parse().unwrap();
+    let mut again = hub
+        .join(&r, Some(Position::new(epoch.clone(), Some(first))))
+        .await
+        .unwrap();
+    assert_eq!(json(next(&mut again).await)["epoch"], epoch.as_str());
+    let resync = json(next(&mut again).await);
+    assert_eq!(
+        (resync["type"].as_str(), resync["reason"].as_str()),
+        (Some("resync"), Some("too_old"))
+    );
+    hub.publish(&r, "u", "m22").await.unwrap();
+    assert_eq!(json(next(&mut again).await)["data"], "m22");
+}
