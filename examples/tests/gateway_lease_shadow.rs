@@ -23,7 +23,7 @@ quotas = { minute = "5/1m" }
 shadow = ["minute"]
 
 [tenants.pilot]
-quotas = { burst = "10/1m", preview = "3/1m" }
+quotas = { burst = "30/1m", preview = "3/1m" }
 shadow = ["preview"]
 
 [tenants.acme]
@@ -88,9 +88,11 @@ fn leases_on_redis_count_shadow_quotas_and_never_fall_back() {
     }
     eprintln!("admitted {admitted:?}, sources {sources:?}");
     // Only the enforced quotas decide: trial has none, pilot's burst admits
-    // 10, acme's sustained 5.
+    // 30, acme's sustained 5. (Pilot's burst is large enough for its key to
+    // lease at all: only a key checked `DEFAULT_HOT_CHECKS` times within a
+    // lease TTL leases, and a lease starts at one unit and doubles.)
     assert_eq!(admitted.get("trial"), Some(&50), "trial: nothing enforced");
-    assert_eq!(admitted.get("pilot"), Some(&10), "pilot: burst = 10/1m");
+    assert_eq!(admitted.get("pilot"), Some(&30), "pilot: burst = 30/1m");
     assert_eq!(admitted.get("acme"), Some(&5), "acme: sustained = 5/1m");
     assert!(
         sources.get("trial lease").is_some_and(|n| *n > 0)
@@ -105,13 +107,13 @@ fn leases_on_redis_count_shadow_quotas_and_never_fall_back() {
     );
     assert!(
         policies["pilot"].contains(r#""preview";q=3;w=60;shadow"#)
-            && policies["pilot"].contains(r#""burst";q=10;w=60"#),
+            && policies["pilot"].contains(r#""burst";q=30;w=60"#),
         "{}",
         policies["pilot"]
     );
     // Their would-be denials are counted: trial's shadow quota admits 5 of
     // its 50 requests (it is counted exactly, leased or not); pilot's
-    // admits 3 of the 10 admitted, and would have denied the other 7.
+    // admits 3 of the 30 admitted, and would have denied the other 27.
     let metrics = support::http_get(port, "/metrics").unwrap();
     let trial = counter(
         &metrics,
@@ -124,5 +126,5 @@ fn leases_on_redis_count_shadow_quotas_and_never_fall_back() {
         "tower_window_shadow_denials_total",
         r#"quota="preview""#,
     );
-    assert!(pilot >= 7, "pilot's shadow denials: {pilot}\n{metrics}");
+    assert!(pilot >= 27, "pilot's shadow denials: {pilot}\n{metrics}");
 }
