@@ -147,6 +147,18 @@ async fn two_nodes_with_leases_on_one_redis_enforce_exact_limits() {
             assert!(n <= limit && n + 3 >= limit, "{key}: {n} of {limit}");
         }
     }
+    // Only a key checked `DEFAULT_HOT_CHECKS` times within a lease TTL
+    // leases (the keys above turn cold once their denials are remembered
+    // locally): 15 quick calls on one node make this one hot.
+    let mut client = a.client().await;
+    for i in 0..15 {
+        let r = should(
+            &mut client,
+            request("exact", vec![descriptor(&[("org", "hot")])]),
+        )
+        .await;
+        assert_eq!(overall(&r), Code::Ok, "org call {i} of 15 (limit 20)");
+    }
     // The leases were used: units were granted and spent locally.
     let granted: f64 = [&a, &b]
         .iter()
