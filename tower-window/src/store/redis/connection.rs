@@ -290,7 +290,8 @@ async fn connect(
                 .retries(CLUSTER_RETRIES)
                 .min_retry_wait(CLUSTER_RETRY_WAIT_MIN_MS)
                 .max_retry_wait(CLUSTER_RETRY_WAIT_MAX_MS)
-                .retry_wait_formula(2, 2);
+                .retry_wait_formula(2, 2)
+                .tcp_settings(no_delay_settings());
             if usage == Use::Shared {
                 // Bounds the client's own commands too (its slot refresh
                 // asks every known node in turn, holding its routing table
@@ -472,6 +473,21 @@ fn map_pool_error_kind(error: deadpool_redis::PoolError) -> StoreError {
             format!("redis pool hook: {error}"),
         ),
     }
+}
+
+/// TCP settings of every connection the store opens itself: `TCP_NODELAY`
+/// on. redis-rs leaves Nagle's algorithm on by default, and a multiplexed
+/// connection writes many small commands while earlier ones are still
+/// unanswered: with Nagle a small write can wait for the acknowledgement
+/// of the previous one, up to the peer's delayed-ACK timer (40 ms on
+/// Linux).
+pub(crate) fn no_delay_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
+}
+
+/// `info` with [`no_delay_settings`].
+pub(crate) fn no_delay(info: redis::ConnectionInfo) -> redis::ConnectionInfo {
+    info.set_tcp_settings(no_delay_settings())
 }
 
 #[cfg(test)]

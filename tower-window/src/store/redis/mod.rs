@@ -447,12 +447,19 @@ impl RedisStoreBuilder {
     pub fn build(self) -> Result<RedisStore, RedisConfigError> {
         let connector = match self.target.ok_or(RedisConfigError::MissingServer)? {
             Target::Url(url) => Connector::Client(
-                redis::Client::open(url.as_str()).map_err(RedisConfigError::InvalidUrl)?,
+                url.as_str()
+                    .into_connection_info()
+                    .and_then(|info| redis::Client::open(connection::no_delay(info)))
+                    .map_err(RedisConfigError::InvalidUrl)?,
             ),
             Target::Cluster(urls) => {
                 let nodes = urls
                     .iter()
-                    .map(|url| url.as_str().into_connection_info())
+                    .map(|url| {
+                        url.as_str()
+                            .into_connection_info()
+                            .map(connection::no_delay)
+                    })
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(RedisConfigError::InvalidUrl)?;
                 if nodes.is_empty() {
