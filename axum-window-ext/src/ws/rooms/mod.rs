@@ -147,6 +147,7 @@ use std::time::Duration;
 
 pub use hub::{RoomHub, RoomHubBuilder};
 pub use name::{InvalidRoomName, RoomName};
+pub use serve::FRAMES_PER_FLUSH;
 pub use session::{Outgoing, RoomSession};
 
 /// How long one blocking `XREAD` of the Redis tail waits: a room joined

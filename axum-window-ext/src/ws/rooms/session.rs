@@ -169,14 +169,46 @@ impl RoomSession {
                     .swap(false, Ordering::AcqRel)
                     .then(|| Outgoing::Overflow(frame::resync(&self.room, "overflow")));
             };
-            if let Some((epoch, last)) = &self.last_sent {
-                if *epoch == event.epoch && event.id <= *last {
-                    continue;
-                }
+            if let Some(text) = self.unsent(event) {
+                return Some(Outgoing::Text(text));
             }
-            self.last_sent = Some((event.epoch.clone(), event.id));
-            return Some(Outgoing::Text(event.text));
         }
+    }
+
+    /// `event`'s frame, unless it was sent already (history and live
+    /// overlap at the switch); then it counts as sent.
+    fn unsent(&mut self, event: LiveEvent) -> Option<Utf8Bytes> {
+        if let Some((epoch, last)) = &self.last_sent {
+            if *epoch == event.epoch && event.id <= *last {
+                return None;
+            }
+        }
+        self.last_sent = Some((event.epoch.clone(), event.id));
+        Some(event.text)
+    }
+
+    /// A text frame that is ready now, without waiting and without a store
+    /// call: a queued frame, or a live event already received. `None` when
+    /// [`next`](Self::next) would have to wait, read history, or end the
+    /// session (an overflow, a session dropped from its room): `next` still
+    /// yields those.
+    ///
+    /// For a socket loop that writes every ready frame and then flushes
+    /// once, so a burst of events costs one write instead of one per frame
+    /// (as the example gateway does).
+    pub fn ready_now(&mut self) -> Option<Utf8Bytes> {
+        if let Some(frame) = self.pending.pop_front() {
+            return Some(frame);
+        }
+        if !matches!(self.phase, Phase::Live) {
+            return None;
+        }
+        while let Ok(event) = self.receiver.try_recv() {
+            if let Some(text) = self.unsent(event) {
+                return Some(text);
+            }
+        }
+        None
     }
 
     /// Publishes `data` from `from` to the room (see [`RoomHub::publish`]).

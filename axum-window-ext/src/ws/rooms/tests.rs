@@ -197,3 +197,47 @@ async fn a_reader_behind_the_history_drops_its_sockets_with_a_resync() {
     hub.publish(&r, "u", "m22").await.unwrap();
     assert_eq!(json(next(&mut again).await)["data"], "m22");
 }
+
+fn text(frame: Option<axum::extract::ws::Utf8Bytes>) -> Option<serde_json::Value> {
+    frame.map(|text| serde_json::from_str(text.as_str()).unwrap())
+}
+
+/// `ready_now` hands out what is already there and never waits: the
+/// welcome, then live events in order without the ones history already
+/// sent; nothing while a resume still has history to read (that is
+/// `next`'s, with its store call).
+#[tokio::test]
+async fn ready_now_takes_only_what_is_already_there() {
+    let hub = hub(64);
+    let r = room("r");
+    let first = hub.publish(&r, "u", "m0").await.unwrap();
+    hub.publish(&r, "u", "m1").await.unwrap();
+    let epoch = hub.events().position("room:r").await.unwrap().epoch;
+    let mut resumed = hub
+        .join(&r, Some(Position::new(epoch, Some(first))))
+        .await
+        .unwrap();
+    let mut live = hub.join(&r, None).await.unwrap();
+    assert_eq!(text(live.ready_now()).unwrap()["type"], "joined");
+    assert_eq!(text(resumed.ready_now()).unwrap()["type"], "joined");
+    assert_eq!(text(live.ready_now()), None, "nothing published since");
+    assert_eq!(text(resumed.ready_now()), None, "history is next's to read");
+    assert_eq!(json(next(&mut resumed).await)["data"], "m1");
+    assert_eq!(json(next(&mut resumed).await)["type"], "recovered");
+
+    let data: Vec<String> = (2..7).map(|i| format!("m{i}")).collect();
+    let refs: Vec<&str> = data.iter().map(String::as_str).collect();
+    hub.publish_many(&r, "u", &refs).await.unwrap();
+    // The reader delivers on its own task: the first by `next`, the rest
+    // as they land (bounded: 1000 turns of 1 ms).
+    let mut got = vec![json(next(&mut live).await)["data"].as_str().unwrap().to_owned()];
+    for _ in 0..1000 {
+        match text(live.ready_now()) {
+            Some(event) => got.push(event["data"].as_str().unwrap().to_owned()),
+            None if got.len() == data.len() => break,
+            None => tokio::time::sleep(Duration::from_millis(1)).await,
+        }
+    }
+    assert_eq!(got, data);
+    assert_eq!(text(live.ready_now()), None);
+}
