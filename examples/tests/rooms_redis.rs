@@ -511,3 +511,45 @@ async fn a_burst_from_one_socket_arrives_everywhere_in_order() {
         assert_eq!(seen.iter().map(|e| s(e, "id")).collect::<Vec<_>>(), ids);
     }
 }
+
+/// A socket that publishes faster than it reads (5,000 messages written at
+/// once, more than its queue of 1,024 live events) is held back by its own
+/// connection, not dropped: after each publish its node writes out what is
+/// ready (its own events among it) before it reads more. It gets every
+/// event in order, as does a reader on the other node; no `resync`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_faster_than_its_reads_gets_every_event() {
+    const N: usize = 5_000;
+    let redis = RedisServer::start();
+    let history = ["--history-max", "10000"];
+    let a = node(&redis.url(), &history).await;
+    let b = node(&redis.url(), &history).await;
+    let mut reader = connect(a, "rita", "room=flood").await;
+    assert_eq!(s(&recv(&mut reader).await, "type"), "joined");
+    let mut writer = connect(b, "walt", "room=flood").await;
+    assert_eq!(s(&recv(&mut writer).await, "type"), "joined");
+    let (mut sink, mut echoes) = writer.split();
+    let writing = tokio::spawn(async move {
+        for i in 0..N {
+            sink.feed(Message::text(format!("m{i}"))).await.unwrap();
+        }
+        sink.flush().await.unwrap();
+        sink
+    });
+    let mut own = Vec::with_capacity(N);
+    while own.len() < N {
+        let message = tokio::time::timeout(WAIT, echoes.next())
+            .await
+            .expect("events keep coming")
+            .expect("the socket is open")
+            .unwrap();
+        if let Message::Text(text) = message {
+            let value: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(s(&value, "type"), "event", "{value}");
+            own.push(value);
+        }
+    }
+    let _sink = writing.await.unwrap();
+    assert_eq!(data(&own), numbered(0..N));
+    assert_eq!(data(&events(&mut reader, "flood", N).await), numbered(0..N));
+}

@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
+use axum::serve::ListenerExt;
 use clap::Parser;
 use tower_window_examples::gateway::{build_app_with_limiter, Args};
 use tower_window_examples::process::{
@@ -88,6 +89,13 @@ async fn main() -> ExitCode {
         Ok(address) => tracing::info!(%address, "listening"),
         Err(error) => tracing::warn!(%error, "listening, on an address the system does not tell"),
     }
+    // Small WebSocket frames go out at once rather than wait for the
+    // client's acknowledgement of the previous one (Nagle's algorithm).
+    let listener = listener.tap_io(|socket| {
+        if let Err(error) = socket.set_nodelay(true) {
+            tracing::debug!(%error, "TCP_NODELAY not set");
+        }
+    });
     let served = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

@@ -493,7 +493,7 @@ async fn room(
         tokio::select! {
             frame = session.next() => match frame {
                 Ok(Some(Outgoing::Text(text))) => {
-                    if socket.send(Message::Text(text)).await.is_err() {
+                    if session.send_ready(socket.get_mut(), Some(text)).await.is_err() {
                         return;
                     }
                 }
@@ -537,6 +537,13 @@ async fn room(
                         }
                     }
                     if publish_batch(state, &session, &mut socket, key, &user, batch).await.is_err() {
+                        return;
+                    }
+                    // Out before in: what became ready meanwhile (this
+                    // socket's own events among it) goes out now, so a
+                    // publisher faster than its socket's reads is held back
+                    // by its own connection instead of overflowing its queue.
+                    if session.send_ready(socket.get_mut(), None).await.is_err() {
                         return;
                     }
                     match then {
