@@ -46,7 +46,11 @@ enum Backend {
     Cluster,
 }
 
-async fn node(backend: Backend, urls: &[String]) -> SocketAddr {
+/// A gateway node. Its rooms keep `history_max` events: at least the
+/// burst, so a reader that falls behind during it still reads on (one that
+/// fell behind what the room keeps would drop its sockets with a resync).
+async fn node(backend: Backend, urls: &[String], history_max: usize) -> SocketAddr {
+    let history_max = history_max.to_string();
     let (flag, value) = match backend {
         Backend::Single => ("--redis-url", urls[0].clone()),
         Backend::Cluster => ("--redis-cluster", urls.join(",")),
@@ -59,6 +63,8 @@ async fn node(backend: Backend, urls: &[String]) -> SocketAddr {
         &value,
         "--redis-timeout-ms",
         "5000",
+        "--history-max",
+        &history_max,
     ])
     .unwrap();
     let app = build_app(args.into_config().unwrap());
@@ -90,13 +96,16 @@ async fn receive(mut ws: Ws, n: usize) -> (Ws, HashMap<String, Instant>) {
 async fn receive_on(ws: &mut Ws, n: usize) -> HashMap<String, Instant> {
     let mut seen = HashMap::with_capacity(n);
     while seen.len() < n {
-        let message = tokio::time::timeout(Duration::from_secs(60), ws.next())
-            .await
-            .expect("events keep coming")
-            .unwrap()
-            .unwrap();
+        let Ok(message) = tokio::time::timeout(Duration::from_secs(15), ws.next()).await else {
+            panic!("events stopped: {} of {n} arrived", seen.len());
+        };
+        let message = message.expect("the socket is open").expect("a frame");
         if let Message::Text(text) = message {
             let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert!(
+                value["type"] == "event" || value["type"] == "joined",
+                "not an event: {value}"
+            );
             if value["type"] == "event" {
                 seen.insert(value["data"].as_str().unwrap().to_owned(), Instant::now());
             }
@@ -130,8 +139,8 @@ async fn deliveries(
     paced: usize,
     burst: usize,
 ) -> (Duration, Duration, Duration, f64) {
-    let a = node(backend, urls).await;
-    let b = node(backend, urls).await;
+    let a = node(backend, urls, burst.max(1000)).await;
+    let b = node(backend, urls, burst.max(1000)).await;
 
     // 1. Latency: one message every 2 ms from B, received on A.
     let receiver = connect(a, "reader", "latency").await;
@@ -167,7 +176,15 @@ async fn deliveries(
         let mut n = 0;
         while n < burst {
             match echo.next().await {
-                Some(Ok(Message::Text(_))) => n += 1,
+                Some(Ok(Message::Text(text))) => {
+                    // Anything but its own events (a limit's notice, a
+                    // failed append) means the burst is not what it sent.
+                    assert!(
+                        text.contains(r#""type":"event""#),
+                        "the sender was told: {text}"
+                    );
+                    n += 1;
+                }
                 Some(Ok(_)) => {}
                 _ => break,
             }
