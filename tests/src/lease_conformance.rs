@@ -32,6 +32,7 @@ macro_rules! lease_conformance_tests {
         $crate::lease_conformance_tests!(@each $factory;
             fixed_window_lease_stays_in_its_window,
             sliding_log_lease_counts_at_its_deadline,
+            sliding_log_lease_takes_its_whole_room,
             sliding_counter_lease_stays_in_its_bucket,
             gcra_lease_dates_tokens_at_the_deadline,
             policy_lease_is_all_or_nothing,
@@ -184,7 +185,7 @@ where
 {
     let run = Run::start(factory, "sliding_log_lease_counts_at_its_deadline").await;
     let policy = Policy::from(quota("4/1m"));
-    let lease = lease_of(&run.reserve(&policy, 4, 10).await);
+    let lease = lease_of(&run.reserve(&policy, 2, 10).await);
     assert_eq!(lease.granted, 2);
     assert_eq!(lease.deadline_micros, START + 10 * S);
     assert!(run.check(&policy, 2).await.allowed());
@@ -199,6 +200,47 @@ where
     assert_eq!(run.refund(&policy, &lease, 2).await, 2);
     assert!(run.check(&policy, 4).await.allowed());
     assert_eq!(run.refund(&policy, &lease, 2).await, 0);
+}
+
+/// A lease of sliding logs may take their whole room (up to what it
+/// wants); with any other enforced quota beside it, half of the least
+/// room, rounded up. A shadow quota does not change which.
+pub async fn sliding_log_lease_takes_its_whole_room<F: StoreFactory>(factory: &F)
+where
+    F::Store: lease::Backend,
+{
+    let run = Run::start(factory, "sliding_log_lease_takes_its_whole_room").await;
+    let logs = Policy::from(quota("5/1m"));
+    assert!(run.check(&logs, 2).await.allowed());
+    assert_eq!(run.reserve(&logs, 10, 10).await.granted(), 3, "all of 3");
+    assert_eq!(run.reserve(&logs, 10, 10).await.granted(), 0);
+    let shadowed = Policy::new(
+        "log-and-shadow",
+        [
+            quota("5/1m").named("log").expect("name"),
+            quota("9/1m fixed-window")
+                .named("fw")
+                .expect("name")
+                .shadowed(true),
+        ],
+    )
+    .expect("policy");
+    run.at(START + 120 * S);
+    assert_eq!(
+        run.reserve(&shadowed, 10, 10).await.granted(),
+        5,
+        "all of 5"
+    );
+    let mixed = Policy::new(
+        "log-and-window",
+        [
+            quota("5/1m").named("log2").expect("name"),
+            quota("9/1m fixed-window").named("fw2").expect("name"),
+        ],
+    )
+    .expect("policy");
+    run.at(START + 240 * S);
+    assert_eq!(run.reserve(&mixed, 10, 10).await.granted(), 3, "half of 5");
 }
 
 /// "4/1m sliding-counter(10s)": a lease ends with its bucket and its units

@@ -40,7 +40,7 @@ use tower_window::tenant::{Resolution, TenantRegistry, TenantSpec, TenantsConfig
 use tower_window::{CheckRequest, Clock, Cost, Decision, Policy, Quota, StoreErrorKind, WindowKey};
 
 use super::backends::{Admin, Backends, STORES};
-use super::model::{Anchor, Eval, Params, Window};
+use super::model::{Algo, Anchor, Eval, Params, Window};
 use super::runner::{skipped, Outcome, Tally};
 use crate::conformance::START;
 use crate::shared::Quotas;
@@ -767,7 +767,13 @@ impl Exec<'_> {
                 })
                 .min()
                 .unwrap_or(u64::MAX / 4);
-            let share = room.div_ceil(2).max(u64::from(at_least));
+            // Half the room, or all of it when the enforced quotas are
+            // all sliding logs (their room comes back in whole pieces).
+            let all_logs = quotas
+                .iter()
+                .filter(|(_, _, shadow)| !shadow)
+                .all(|(_, p, _)| matches!(p.algo, Algo::Log));
+            let share = if all_logs { room } else { room.div_ceil(2) }.max(u64::from(at_least));
             let g = room.min(share).min(u64::from(want));
             if g < u64::from(at_least) {
                 0

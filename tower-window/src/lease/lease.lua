@@ -285,9 +285,21 @@ drop_dead()
 
 -- At most half the room (rounded up) unless that is below at_least: one
 -- lease cannot take the whole remaining budget while other nodes wait.
+-- All of it when every enforced quota is a sliding log: its room comes
+-- back in the pieces earlier leases took, and halving them would split
+-- the pieces again every window (see `crate::lease`).
 local g = want
 if room then
   local share = idiv(room + 1, 2)
+  local all_logs = true
+  for i = 1, count do
+    if not quotas[i].shadow and quotas[i].code ~= 1 then
+      all_logs = false
+    end
+  end
+  if all_logs then
+    share = room
+  end
   if share < at_least then
     share = at_least
   end

@@ -180,7 +180,7 @@ impl MemoryStore {
                 .map(|(_, (room, _))| *room)
                 .min();
             let mut granted = match room {
-                Some(room) => grant(room, request.want, request.at_least),
+                Some(room) => grant(room, request.want, request.at_least, share_of(policy)),
                 None => request.want,
             };
             // A GCRA policy's lease that may start later (see the module
@@ -354,12 +354,41 @@ impl MemoryStore {
     }
 }
 
-/// Units to grant: up to `want`, at most half the room (rounded up) unless
-/// that is below `at_least`, and none if `at_least` does not fit. The half
-/// is the share of the remaining budget one lease may take, so one node
-/// cannot take a whole window while others wait.
-pub(crate) fn grant(room: u64, want: u32, at_least: u32) -> u32 {
-    let share = room.div_ceil(2).max(u64::from(at_least));
+/// How much of the room one lease may take (see `crate::lease`, "How much
+/// one lease takes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Share {
+    /// Half of it, rounded up.
+    Half,
+    /// All of it: the enforced quotas are all sliding logs.
+    Whole,
+}
+
+/// The share of the room a lease of `policy` may take.
+pub(crate) fn share_of(policy: &Policy) -> Share {
+    let all_logs = policy
+        .quotas()
+        .iter()
+        .filter(|quota| !quota.is_shadow())
+        .all(|quota| quota.algorithm() == crate::Algorithm::SlidingLog);
+    if all_logs {
+        Share::Whole
+    } else {
+        Share::Half
+    }
+}
+
+/// Units to grant: up to `want`, at most the `share` of the room (half,
+/// rounded up, or all of it) unless that is below `at_least`, and none if
+/// `at_least` does not fit. The half is the share of the remaining budget
+/// one lease may take, so one node cannot take a whole window while others
+/// wait.
+pub(crate) fn grant(room: u64, want: u32, at_least: u32, share: Share) -> u32 {
+    let share = match share {
+        Share::Half => room.div_ceil(2),
+        Share::Whole => room,
+    }
+    .max(u64::from(at_least));
     let granted = room.min(share).min(u64::from(want));
     if granted < u64::from(at_least) {
         0

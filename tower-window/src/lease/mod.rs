@@ -61,13 +61,26 @@
 //! and so is a refund of a lease whose units all stopped counting (its
 //! record may still be waiting to be dropped: see below).
 //!
+//! # How much one lease takes
+//!
+//! A reservation gets up to the units it wants, but at most **half of the
+//! room** the enforced quotas have left (rounded up, and never less than
+//! its `at_least`), so one node cannot take what is left of a window while
+//! others wait. When every enforced quota is a **sliding log**, a lease may
+//! take the **whole room** (still up to what it wants): a log's room comes
+//! back in the pieces earlier leases took (one entry each, freed together
+//! `W` after its deadline), and halving each freed piece would split the
+//! pieces again every window, until a saturated hot key reserved once per
+//! unit. A whole piece goes to the node that asks first.
+//!
 //! # Shadow quotas
 //!
 //! A [shadow](crate::Quota::shadowed) quota is counted, never enforced,
 //! leased or not. In a lease that means, exactly (`g` the units granted):
 //!
 //! * **The grant is sized by the enforced quotas only**: the least room of
-//!   the enforced quotas decides `g` (at most half of it, as above). A
+//!   the enforced quotas decides `g` (at most half of it, or all of it for
+//!   sliding logs: see above). A
 //!   policy of shadow quotas only has nothing to bound it: its leases get
 //!   the units wanted.
 //! * **A shadow quota holds what it has room for**: `h = min(g, room)`

@@ -8,7 +8,8 @@
 //! also admits the check itself; what an expired lease left unspent is
 //! refunded first. The store decides how many units a lease gets (at most
 //! half of what is left, so one node cannot take a window while others
-//! wait), and guarantees the global bound (see [`crate::lease`]).
+//! wait; see [`crate::lease`], "How much one lease takes"), and guarantees
+//! the global bound.
 //!
 //! # Spending at memory speed
 //!
