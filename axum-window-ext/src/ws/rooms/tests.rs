@@ -230,7 +230,10 @@ async fn ready_now_takes_only_what_is_already_there() {
     hub.publish_many(&r, "u", &refs).await.unwrap();
     // The reader delivers on its own task: the first by `next`, the rest
     // as they land (bounded: 1000 turns of 1 ms).
-    let mut got = vec![json(next(&mut live).await)["data"].as_str().unwrap().to_owned()];
+    let mut got = vec![json(next(&mut live).await)["data"]
+        .as_str()
+        .unwrap()
+        .to_owned()];
     for _ in 0..1000 {
         match text(live.ready_now()) {
             Some(event) => got.push(event["data"].as_str().unwrap().to_owned()),
