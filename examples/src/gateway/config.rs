@@ -150,6 +150,20 @@ pub struct Args {
     )]
     pub lease_ttl: Option<Duration>,
 
+    /// With `--lease`: lease only keys checked at least this many times
+    /// within one lease TTL; the others go to the store directly (a lease
+    /// costs a reservation and a refund, which pay only for a hot key).
+    /// `0` or `1`: every key leases from its first check.
+    #[arg(
+        long,
+        env = "TW_LEASE_HOT_AFTER",
+        value_name = "CHECKS",
+        default_value_t = LeaseConfig::DEFAULT_HOT_CHECKS,
+        value_parser = flags::count,
+        allow_negative_numbers = true
+    )]
+    pub lease_hot_after: u32,
+
     /// The WebSocket flags (`/ws`, `/presence`; see `ws.rs`).
     #[command(flatten)]
     pub ws: WsArgs,
@@ -449,7 +463,7 @@ impl Args {
             )
         })?;
         let leases = (self.lease > 0).then(|| {
-            let config = LeaseConfig::new(self.lease);
+            let config = LeaseConfig::new(self.lease).hot_after(self.lease_hot_after);
             match self.lease_ttl {
                 Some(ttl) => config.ttl(ttl),
                 None => config,
@@ -988,6 +1002,17 @@ mod tests {
         let on = args(&["--lease", "100"]).into_config().unwrap();
         let leases = on.leases.unwrap();
         assert_eq!(leases.max_units(), 100);
+        assert_eq!(leases.hot_checks(), LeaseConfig::DEFAULT_HOT_CHECKS);
+        let every = args(&["--lease", "100", "--lease-hot-after", "1"])
+            .into_config()
+            .unwrap();
+        assert_eq!(every.leases.unwrap().hot_checks(), 1);
+        for bad in ["-1", "x", "4294967296"] {
+            assert!(
+                Args::try_parse_from(["gateway", "--lease-hot-after", bad]).is_err(),
+                "{bad}"
+            );
+        }
         assert_eq!(leases.ttl_for(&on.policy), Duration::from_secs(1));
         let ttl = args(&["--lease", "8", "--lease-ttl", "250ms"])
             .into_config()
