@@ -415,3 +415,44 @@ impl<S: fmt::Debug, T: fmt::Debug, Req> fmt::Debug for WithTenant<S, T, Req> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+
+    use super::*;
+
+    fn hash_of(key: &WindowKey) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        key.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// A part held inline and the same bytes in a shared buffer are one
+    /// key: equal, hashed and ordered alike, both sides of the inline limit.
+    #[test]
+    fn inline_and_shared_parts_are_the_same_key() {
+        for len in [1, INLINE_PART - 1, INLINE_PART, INLINE_PART + 1, 200] {
+            let subject = vec![b'k'; len];
+            let copied = WindowKey::for_subject_copy(&subject);
+            let shared = WindowKey::for_subject(subject.clone());
+            assert_eq!(copied, shared);
+            assert_eq!(hash_of(&copied), hash_of(&shared));
+            assert_eq!(copied.cmp(&shared), std::cmp::Ordering::Equal);
+            assert_eq!(copied.subject(), &subject[..]);
+            assert_eq!(copied.tenant(), WindowKey::DEFAULT_TENANT);
+        }
+        let a = WindowKey::for_subject_copy(b"a");
+        let b = WindowKey::for_subject("b");
+        assert!(a < b);
+        // The tenant orders first, as before.
+        assert!(WindowKey::new("t1", "z") < WindowKey::for_subject_copy(b"a").with_tenant("t2"));
+        // A tenant taken from another key's (inline) subject.
+        let tenant = WindowKey::for_subject_copy(b"acme");
+        let key = WindowKey::for_subject_copy(b"alice").with_tenant_of(tenant);
+        assert_eq!((key.tenant(), key.subject()), (&b"acme"[..], &b"alice"[..]));
+        let (t, s) = key.shared_parts();
+        assert_eq!((&t[..], &s[..]), (&b"acme"[..], &b"alice"[..]));
+    }
+}
