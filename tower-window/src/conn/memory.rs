@@ -80,14 +80,14 @@ pub(crate) struct ConnSeats {
 fn subject_set(key: &WindowKey, tenant_capped: bool) -> SetKey {
     let (tenant, subject) = key.shared_parts();
     SetKey::Subject {
-        tenant: tenant.clone(),
-        subject: subject.clone(),
+        tenant,
+        subject,
         tenant_capped,
     }
 }
 
 fn tenant_set(key: &WindowKey) -> SetKey {
-    SetKey::Tenant(key.shared_parts().0.clone())
+    SetKey::Tenant(key.shared_parts().0)
 }
 
 fn micros(duration: Duration) -> u64 {

@@ -107,11 +107,44 @@ impl Header {
         if value.is_empty() || value.len() > self.max_len {
             return None;
         }
-        Some(WindowKey::for_subject(Bytes::copy_from_slice(value)))
+        Some(WindowKey::for_subject_copy(value))
     }
 }
 
 http_extractor!(Header);
+
+/// An IP address (or network) as text, written on the stack.
+struct IpText {
+    len: usize,
+    buf: [u8; super::INLINE_PART],
+}
+
+impl Default for IpText {
+    fn default() -> Self {
+        Self {
+            len: 0,
+            buf: [0; super::INLINE_PART],
+        }
+    }
+}
+
+impl IpText {
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl fmt::Write for IpText {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        self.buf
+            .get_mut(self.len..end)
+            .ok_or(fmt::Error)?
+            .copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
 
 /// The URL-decoded value of a query parameter (its first occurrence).
 ///
@@ -161,7 +194,7 @@ impl Query {
             if value.is_empty() || value.len() > self.max_len {
                 return None;
             }
-            return Some(WindowKey::for_subject(Bytes::copy_from_slice(&value)));
+            return Some(WindowKey::for_subject_copy(&value));
         }
         None
     }
@@ -349,14 +382,27 @@ impl PeerIp {
     /// The key for a connection from `peer` carrying `headers` (for servers
     /// that keep the peer address elsewhere than in a request extension).
     pub fn key_for(&self, peer: IpAddr, headers: &HeaderMap) -> WindowKey {
-        let subject = match self.client_ip(peer, headers) {
-            IpAddr::V6(ip) if self.ipv6_prefix < 128 => {
-                let masked = Ipv6Addr::from(u128::from(ip) & mask_v6(self.ipv6_prefix));
-                format!("{masked}/{}", self.ipv6_prefix)
+        // Written on the stack and held inline in the key: no allocation.
+        fn write_ip(out: &mut impl fmt::Write, ip: IpAddr, ipv6_prefix: u8) -> fmt::Result {
+            match ip {
+                IpAddr::V6(ip) if ipv6_prefix < 128 => {
+                    let masked = Ipv6Addr::from(u128::from(ip) & mask_v6(ipv6_prefix));
+                    write!(out, "{masked}/{ipv6_prefix}")
+                }
+                ip => write!(out, "{ip}"),
             }
-            ip => ip.to_string(),
-        };
-        WindowKey::for_subject(subject)
+        }
+        let ip = self.client_ip(peer, headers);
+        let mut text = IpText::default();
+        match write_ip(&mut text, ip, self.ipv6_prefix) {
+            Ok(()) => WindowKey::for_subject_copy(text.as_bytes()),
+            // Longer than the stack buffer (no address is): on the heap.
+            Err(fmt::Error) => {
+                let mut owned = String::new();
+                let _ = write_ip(&mut owned, ip, self.ipv6_prefix);
+                WindowKey::for_subject(owned)
+            }
+        }
     }
 
     fn key_of_parts(

@@ -233,18 +233,17 @@ impl GrpcMethod {
     fn key_of_uri(&self, uri: &Uri) -> Option<WindowKey> {
         let path = uri.path();
         let (service, method) = split_path(path)?;
-        let subject = match self.part {
-            Part::Path => Bytes::copy_from_slice(path.as_bytes()),
-            Part::Service => Bytes::copy_from_slice(service.as_bytes()),
+        Some(match self.part {
+            Part::Path => WindowKey::for_subject_copy(path.as_bytes()),
+            Part::Service => WindowKey::for_subject_copy(service.as_bytes()),
             Part::Method => {
                 let mut name = Vec::with_capacity(service.len() + 1 + method.len());
                 name.extend_from_slice(service.as_bytes());
                 name.push(b'.');
                 name.extend_from_slice(method.as_bytes());
-                Bytes::from(name)
+                WindowKey::for_subject(Bytes::from(name))
             }
-        };
-        Some(WindowKey::for_subject(subject))
+        })
     }
 }
 

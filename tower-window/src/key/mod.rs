@@ -46,10 +46,82 @@ pub use grpc::{GrpcMethod, InvalidMetadataKey, Metadata};
 ///
 /// Both parts are arbitrary bytes (header values need not be UTF-8); stores
 /// escape them so that no input can collide with or reach another key.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Keys compare, order and hash by their parts' bytes (the tenant's, then
+/// the subject's), however each part is held.
+#[derive(Clone)]
 pub struct WindowKey {
-    tenant: Bytes,
-    subject: Bytes,
+    tenant: Part,
+    subject: Part,
+}
+
+/// The most bytes a [`WindowKey`] part holds inline: a UUID's text fits,
+/// and an IPv6 network (`ffff:…:ffff/128`, 43 bytes).
+pub(crate) const INLINE_PART: usize = 46;
+
+/// One part of a [`WindowKey`]: a shared buffer, or a short copy held
+/// inline. The built-in extractors copy a request's bytes (a header value
+/// cannot lend its buffer); held inline, a short copy allocates nothing,
+/// where a `Bytes` copy costs an allocation and a free on every request.
+#[derive(Clone)]
+enum Part {
+    Inline { len: u8, buf: [u8; INLINE_PART] },
+    Shared(Bytes),
+}
+
+impl Part {
+    /// A copy of `bytes`: inline when short, else a new shared buffer.
+    fn copy_of(bytes: &[u8]) -> Self {
+        match u8::try_from(bytes.len()) {
+            Ok(len) if bytes.len() <= INLINE_PART => {
+                let mut buf = [0; INLINE_PART];
+                buf[..bytes.len()].copy_from_slice(bytes);
+                Self::Inline { len, buf }
+            }
+            _ => Self::Shared(Bytes::copy_from_slice(bytes)),
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, buf } => &buf[..usize::from(*len)],
+            Self::Shared(bytes) => bytes,
+        }
+    }
+
+    /// The part as a shared buffer (an inline part is copied into one).
+    fn to_bytes(&self) -> Bytes {
+        match self {
+            Self::Inline { .. } => Bytes::copy_from_slice(self.as_slice()),
+            Self::Shared(bytes) => bytes.clone(),
+        }
+    }
+}
+
+impl PartialEq for WindowKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.tenant() == other.tenant() && self.subject() == other.subject()
+    }
+}
+
+impl Eq for WindowKey {}
+
+impl std::hash::Hash for WindowKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.tenant().hash(state);
+        self.subject().hash(state);
+    }
+}
+
+impl PartialOrd for WindowKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for WindowKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.tenant(), self.subject()).cmp(&(other.tenant(), other.subject()))
+    }
 }
 
 impl WindowKey {
@@ -76,8 +148,18 @@ impl WindowKey {
     /// ```
     pub fn new(tenant: impl KeyPart, subject: impl KeyPart) -> Self {
         Self {
-            tenant: tenant.into_key_bytes(),
-            subject: subject.into_key_bytes(),
+            tenant: Part::Shared(tenant.into_key_bytes()),
+            subject: Part::Shared(subject.into_key_bytes()),
+        }
+    }
+
+    /// A key for a copy of `subject` in the default tenant: what the
+    /// built-in extractors make of a request's bytes (inline when short,
+    /// so no allocation).
+    pub(crate) fn for_subject_copy(subject: &[u8]) -> Self {
+        Self {
+            tenant: Part::Shared(Bytes::from_static(Self::DEFAULT_TENANT)),
+            subject: Part::copy_of(subject),
         }
     }
 
@@ -96,23 +178,31 @@ impl WindowKey {
 
     /// The same subject in another tenant.
     pub fn with_tenant(mut self, tenant: impl Into<Bytes>) -> Self {
-        self.tenant = tenant.into();
+        self.tenant = Part::Shared(tenant.into());
+        self
+    }
+
+    /// The same subject in the tenant named by `other`'s subject (what
+    /// [`KeyExtractorExt::with_tenant`] makes), without copying it.
+    fn with_tenant_of(mut self, other: WindowKey) -> Self {
+        self.tenant = other.subject;
         self
     }
 
     /// The tenant's bytes.
     pub fn tenant(&self) -> &[u8] {
-        &self.tenant
+        self.tenant.as_slice()
     }
 
-    /// Both parts as shared buffers (cloning them copies nothing).
-    pub(crate) fn shared_parts(&self) -> (&Bytes, &Bytes) {
-        (&self.tenant, &self.subject)
+    /// Both parts as shared buffers (a short part held inline is copied
+    /// into one; a shared one is not copied).
+    pub(crate) fn shared_parts(&self) -> (Bytes, Bytes) {
+        (self.tenant.to_bytes(), self.subject.to_bytes())
     }
 
     /// The subject's bytes.
     pub fn subject(&self) -> &[u8] {
-        &self.subject
+        self.subject.as_slice()
     }
 }
 
@@ -187,8 +277,8 @@ impl KeyPart for &Vec<u8> {
 impl fmt::Debug for WindowKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WindowKey")
-            .field("tenant_len", &self.tenant.len())
-            .field("subject_len", &self.subject.len())
+            .field("tenant_len", &self.tenant().len())
+            .field("subject_len", &self.subject().len())
             .finish()
     }
 }
@@ -303,7 +393,7 @@ where
     fn extract(&self, request: &Req) -> Option<WindowKey> {
         let tenant = self.tenant.extract(request)?;
         let subject = self.subject.extract(request)?;
-        Some(subject.with_tenant(tenant.subject))
+        Some(subject.with_tenant_of(tenant))
     }
 }
 
@@ -323,5 +413,46 @@ impl<S: fmt::Debug, T: fmt::Debug, Req> fmt::Debug for WithTenant<S, T, Req> {
             .field("subject", &self.subject)
             .field("tenant", &self.tenant)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+
+    use super::*;
+
+    fn hash_of(key: &WindowKey) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        key.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// A part held inline and the same bytes in a shared buffer are one
+    /// key: equal, hashed and ordered alike, both sides of the inline limit.
+    #[test]
+    fn inline_and_shared_parts_are_the_same_key() {
+        for len in [1, INLINE_PART - 1, INLINE_PART, INLINE_PART + 1, 200] {
+            let subject = vec![b'k'; len];
+            let copied = WindowKey::for_subject_copy(&subject);
+            let shared = WindowKey::for_subject(subject.clone());
+            assert_eq!(copied, shared);
+            assert_eq!(hash_of(&copied), hash_of(&shared));
+            assert_eq!(copied.cmp(&shared), std::cmp::Ordering::Equal);
+            assert_eq!(copied.subject(), &subject[..]);
+            assert_eq!(copied.tenant(), WindowKey::DEFAULT_TENANT);
+        }
+        let a = WindowKey::for_subject_copy(b"a");
+        let b = WindowKey::for_subject("b");
+        assert!(a < b);
+        // The tenant orders first, as before.
+        assert!(WindowKey::new("t1", "z") < WindowKey::for_subject_copy(b"a").with_tenant("t2"));
+        // A tenant taken from another key's (inline) subject.
+        let tenant = WindowKey::for_subject_copy(b"acme");
+        let key = WindowKey::for_subject_copy(b"alice").with_tenant_of(tenant);
+        assert_eq!((key.tenant(), key.subject()), (&b"acme"[..], &b"alice"[..]));
+        let (t, s) = key.shared_parts();
+        assert_eq!((&t[..], &s[..]), (&b"acme"[..], &b"alice"[..]));
     }
 }

@@ -80,42 +80,51 @@ pub fn insert_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision, l
 pub struct RateLimitHeaders {
     policy: Option<HeaderValue>,
     state: Option<HeaderValue>,
-    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
-    legacy: Option<[HeaderValue; 3]>,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`, as numbers until they
+    /// are appended: this value travels in the response future, and three
+    /// header values would more than double its size.
+    legacy: Option<Legacy>,
+}
+
+/// The legacy headers' numbers.
+#[derive(Debug, Clone, Copy)]
+struct Legacy {
+    limit: u32,
+    remaining: u32,
+    reset: u64,
 }
 
 impl RateLimitHeaders {
     /// The headers of `decision`; with `legacy`, the `X-RateLimit-*` ones too.
     pub fn new(decision: &Decision, legacy: bool) -> Self {
         let reset = ceil_secs(decision.reset_after);
-        let policy = match decision.quotas() {
-            [only] => policy_item(&only.quota),
-            quotas => {
-                let items: Vec<HeaderValue> = quotas
-                    .iter()
-                    .filter_map(|q| policy_item(&q.quota))
-                    .collect();
-                join_list(&items)
-            }
-        };
         // The deciding quota is a shadow one only when every quota of the
         // policy is: then nothing is enforced and there is no limit to
         // advertise (a client honouring `r=0` would back off for nothing).
         let enforced = !decision.quota().is_shadow();
-        let state = enforced
-            .then(|| {
-                item(
-                    decision.quota().name(),
-                    &[(b"r", u64::from(decision.remaining)), (b"t", reset)],
-                )
-            })
-            .flatten();
-        let legacy = (legacy && enforced).then(|| {
-            [
-                HeaderValue::from(decision.limit()),
-                HeaderValue::from(decision.remaining),
-                HeaderValue::from(reset),
-            ]
+        let remaining = u64::from(decision.remaining);
+        let (policy, state) = match decision.quotas() {
+            // One quota: its cached policy member and `RateLimit` prefix,
+            // found with one look-up.
+            [only] => with_cached(&only.quota, |cached| {
+                let state = enforced.then(|| cached.state(remaining, reset)).flatten();
+                (cached.policy.clone(), state)
+            }),
+            quotas => {
+                let items: Vec<HeaderValue> = quotas
+                    .iter()
+                    .filter_map(|q| with_cached(&q.quota, |cached| cached.policy.clone()))
+                    .collect();
+                let state = enforced
+                    .then(|| with_cached(decision.quota(), |cached| cached.state(remaining, reset)))
+                    .flatten();
+                (join_list(&items), state)
+            }
+        };
+        let legacy = (legacy && enforced).then(|| Legacy {
+            limit: decision.limit(),
+            remaining: decision.remaining,
+            reset,
         });
         Self {
             policy,
@@ -134,10 +143,15 @@ impl RateLimitHeaders {
         if let Some(state) = self.state {
             headers.append(RATELIMIT, state);
         }
-        if let Some([limit, remaining, reset]) = self.legacy {
-            headers.insert(X_RATELIMIT_LIMIT, limit);
-            headers.insert(X_RATELIMIT_REMAINING, remaining);
-            headers.insert(X_RATELIMIT_RESET, reset);
+        if let Some(Legacy {
+            limit,
+            remaining,
+            reset,
+        }) = self.legacy
+        {
+            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
+            headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(remaining));
+            headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
         }
     }
 }
@@ -163,55 +177,127 @@ fn lcm(a: u64, b: u64) -> u64 {
     (a / x).saturating_mul(b)
 }
 
-/// How many `RateLimit-Policy` items a thread keeps: one policy's quotas.
+/// How many quotas' header parts a thread keeps: one policy's quotas.
 const POLICY_CACHE: usize = crate::quota::MAX_QUOTAS;
 
-thread_local! {
-    /// The last `RateLimit-Policy` items built on this thread, by quota id,
-    /// the newest last.
-    static LAST_POLICY: RefCell<Vec<(Arc<str>, HeaderValue)>> = const { RefCell::new(Vec::new()) };
+/// What the headers of every decision of one quota share, built once per
+/// thread and quota (a limiter has one policy of a few quotas, so in
+/// practice once per thread and quota) and reused after that.
+struct Cached {
+    /// The quota's id (name and definition).
+    id: Arc<str>,
+    /// Its `RateLimit-Policy` member (`None`: a name that cannot be sent).
+    policy: Option<HeaderValue>,
+    /// The start of its `RateLimit` member, `"<name>";r=` (empty: a name
+    /// that cannot be sent).
+    state_prefix: Box<[u8]>,
 }
 
-/// The `RateLimit-Policy` member of `quota`: the same for every decision of
-/// the quota, so it is built once per thread and quota (a limiter has one
-/// policy of a few quotas, so in practice once per thread and quota) and
-/// cloned after that.
-fn policy_item(quota: &Quota) -> Option<HeaderValue> {
-    LAST_POLICY.with(|last| {
+impl Cached {
+    fn new(quota: &Quota) -> Self {
+        let name = quota.name();
+        let state_prefix = if valid_name(name) {
+            [b"\"", name.as_bytes(), b"\";r="]
+                .concat()
+                .into_boxed_slice()
+        } else {
+            Box::default()
+        };
+        Self {
+            id: quota.shared_id(),
+            policy: policy_item(quota),
+            state_prefix,
+        }
+    }
+
+    /// The quota's `RateLimit` member: `"<name>";r=<remaining>;t=<reset>`.
+    ///
+    /// Written from the cached prefix with plain copies into a stack
+    /// buffer, then copied once into an exactly sized `Bytes` (this value
+    /// is built for every admitted request).
+    fn state(&self, remaining: u64, reset: u64) -> Option<HeaderValue> {
+        if self.state_prefix.is_empty() {
+            return None;
+        }
+        let prefix = self.state_prefix.len();
+        let needed = prefix + 3 + 2 * MAX_U64_DIGITS;
+        let mut stack = [0u8; STATE_ON_STACK];
+        let mut heap = Vec::new();
+        let buf: &mut [u8] = if needed <= STATE_ON_STACK {
+            &mut stack
+        } else {
+            // Longer than any valid quota's name allows.
+            heap.resize(needed, 0);
+            &mut heap
+        };
+        let mut numbers = itoa::Buffer::new();
+        buf.get_mut(..prefix)?.copy_from_slice(&self.state_prefix);
+        let digits = numbers.format(remaining).as_bytes();
+        let mut at = prefix + digits.len();
+        buf.get_mut(prefix..at)?.copy_from_slice(digits);
+        buf.get_mut(at..at + 3)?.copy_from_slice(b";t=");
+        at += 3;
+        let digits = numbers.format(reset).as_bytes();
+        let end = at + digits.len();
+        buf.get_mut(at..end)?.copy_from_slice(digits);
+        HeaderValue::from_maybe_shared(Bytes::copy_from_slice(buf.get(..end)?)).ok()
+    }
+}
+
+/// The longest `RateLimit` member: a 64-byte name, its quotes and `;r=`,
+/// two 20-digit numbers and `;t=`.
+const STATE_ON_STACK: usize = 2 + 64 + 3 + MAX_U64_DIGITS + 3 + MAX_U64_DIGITS;
+
+thread_local! {
+    /// The header parts last built on this thread, by quota id, the newest
+    /// last.
+    static LAST_QUOTAS: RefCell<Vec<Cached>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Calls `f` with `quota`'s cached header parts (built on the first call
+/// for the quota on this thread).
+fn with_cached<T>(quota: &Quota, f: impl FnOnce(&Cached) -> T) -> T {
+    LAST_QUOTAS.with(|last| {
         let mut last = last.borrow_mut();
         // Clones of one quota share its id: compare pointers before text.
         let id = quota.id();
         let same =
             |cached: &Arc<str>| std::ptr::eq(cached.as_ptr(), id.as_ptr()) || **cached == *id;
-        if let Some((_, value)) = last.iter().find(|(cached, _)| same(cached)) {
-            return Some(value.clone());
+        if let Some(cached) = last.iter().find(|cached| same(&cached.id)) {
+            return f(cached);
         }
-        let (q, w) = sustained_rate(quota);
-        let burst = match (quota.algorithm(), quota.burst()) {
-            (crate::Algorithm::Gcra, Some(burst)) if burst != quota.limit() => Some(burst),
-            _ => None,
-        };
-        let value = match burst {
-            Some(burst) => item(
-                quota.name(),
-                &[(b"q", q), (b"w", w), (b"burst", u64::from(burst))],
-            ),
-            None => item(quota.name(), &[(b"q", q), (b"w", w)]),
-        }?;
-        let value = if quota.is_shadow() {
-            // A boolean parameter: checked and reported, never enforced.
-            let mut bytes = value.as_bytes().to_vec();
-            bytes.extend_from_slice(b";shadow");
-            HeaderValue::from_bytes(&bytes).ok()?
-        } else {
-            value
-        };
         if last.len() == POLICY_CACHE {
             last.remove(0);
         }
-        last.push((quota.shared_id(), value.clone()));
-        Some(value)
+        let cached = Cached::new(quota);
+        let out = f(&cached);
+        last.push(cached);
+        out
     })
+}
+
+/// The `RateLimit-Policy` member of `quota` (see [`Cached`]).
+fn policy_item(quota: &Quota) -> Option<HeaderValue> {
+    let (q, w) = sustained_rate(quota);
+    let burst = match (quota.algorithm(), quota.burst()) {
+        (crate::Algorithm::Gcra, Some(burst)) if burst != quota.limit() => Some(burst),
+        _ => None,
+    };
+    let value = match burst {
+        Some(burst) => item(
+            quota.name(),
+            &[(b"q", q), (b"w", w), (b"burst", u64::from(burst))],
+        ),
+        None => item(quota.name(), &[(b"q", q), (b"w", w)]),
+    }?;
+    if quota.is_shadow() {
+        // A boolean parameter: checked and reported, never enforced.
+        let mut bytes = value.as_bytes().to_vec();
+        bytes.extend_from_slice(b";shadow");
+        HeaderValue::from_bytes(&bytes).ok()
+    } else {
+        Some(value)
+    }
 }
 
 /// `a, b, c`: one structured-field list of the given members.
@@ -239,10 +325,7 @@ pub fn insert_retry_after(headers: &mut HeaderMap, wait: Duration) {
 /// Quota names are `[A-Za-z0-9_.-]`, so they need no escaping; anything else
 /// (impossible for a valid quota) is skipped rather than sent malformed.
 fn item(name: &str, params: &[(&[u8], u64)]) -> Option<HeaderValue> {
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-    {
+    if !valid_name(name) {
         return None;
     }
     // Written into a stack buffer with plain copies (a `SmallVec` push
@@ -283,6 +366,13 @@ fn item(name: &str, params: &[(&[u8], u64)]) -> Option<HeaderValue> {
     }
     let written = buf.get(..at)?;
     HeaderValue::from_maybe_shared(Bytes::copy_from_slice(written)).ok()
+}
+
+/// Whether `name` can be sent unescaped: `[A-Za-z0-9_.-]`, as every
+/// valid quota's name is.
+fn valid_name(name: &str) -> bool {
+    name.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
 /// The digits of the largest `u64`.

@@ -103,7 +103,7 @@ where
         }
     }
 
-    fn call(&mut self, request: Req) -> Self::Future {
+    fn call(&mut self, mut request: Req) -> Self::Future {
         let shared = &*self.shared;
         let Some(key) = shared.key.extract(&request) else {
             return match shared.missing_key {
@@ -137,60 +137,60 @@ where
             },
         };
         let degraded_status = shared.degraded_status;
-        // An in-process store decides here, without a future or a box.
-        let at_once = {
-            let checked = policy.as_ref().unwrap_or(shared.limiter.policy());
-            shared
+        // An in-process store decides here, without a future or a box, and
+        // its answer is acted on where it lies (a decision is large: each
+        // move through an intermediate result is a copy).
+        let checked = policy.as_ref().unwrap_or(shared.limiter.policy());
+        if shared.limiter.answers_at_once(checked) {
+            if let Ok(result) = shared
                 .limiter
-                .answers_at_once(checked)
-                .then(|| {
-                    shared
-                        .limiter
-                        .check_policy(&key, checked, cost)
-                        .into_ready()
-                })
-                // Not answered in its first poll after all: the check is
-                // dropped before it did anything that waits.
-                .and_then(Result::ok)
-        };
-        let ready = match at_once {
-            Some(result) => admission(result, degraded_status),
-            None => {
-                let limiter = shared.limiter.clone();
-                let mut decision: DecisionFuture = Box::pin(async move {
-                    let checked = match &policy {
-                        None => limiter.check(&key, cost).await,
-                        Some(policy) => limiter.check_policy(&key, policy, cost).await,
-                    };
-                    admission(checked, degraded_status)
-                });
-                // Most decisions over a network store still need no I/O
-                // (local tier, open breaker) and are ready at the first
-                // poll. Polling with a no-op waker is sound: a pending
-                // future is polled again, with the task's waker, by
-                // `ResponseFuture::poll` before anything waits on it.
-                let mut cx = Context::from_waker(Waker::noop());
-                match decision.as_mut().poll(&mut cx) {
-                    Poll::Ready(ready) => ready,
-                    Poll::Pending => {
-                        // The readied service goes with the request; a fresh clone stays.
-                        let clone = self.inner.clone();
-                        let inner = std::mem::replace(&mut self.inner, clone);
-                        return ResponseFuture::deciding(decision, inner, request, &shared.mode);
+                .check_policy(&key, checked, cost)
+                .into_ready()
+            {
+                return match result {
+                    Ok(decision) if decision.allowed => {
+                        // The readied inner service takes the request at
+                        // once, without the clone-and-swap and the extra state.
+                        let admitted = shared.mode.on_request(&mut request, decision);
+                        ResponseFuture::calling(self.inner.call(request), Some(admitted))
                     }
-                }
+                    // The readied inner service stays ready for the next request.
+                    other => ResponseFuture::ready(
+                        shared.mode.on_rejection(rejection(other, degraded_status)),
+                    ),
+                };
             }
-        };
-        // The readied inner service takes the request at once, without the
-        // clone-and-swap and the extra state.
-        match ready {
-            Ok(decision) => {
-                let mut request = request;
+            // Not answered in its first poll after all: the check is
+            // dropped before it did anything that waits.
+        }
+        let limiter = shared.limiter.clone();
+        let mut decision: DecisionFuture = Box::pin(async move {
+            let checked = match &policy {
+                None => limiter.check(&key, cost).await,
+                Some(policy) => limiter.check_policy(&key, policy, cost).await,
+            };
+            admission(checked, degraded_status)
+        });
+        // Most decisions over a network store still need no I/O
+        // (local tier, open breaker) and are ready at the first
+        // poll. Polling with a no-op waker is sound: a pending
+        // future is polled again, with the task's waker, by
+        // `ResponseFuture::poll` before anything waits on it.
+        let mut cx = Context::from_waker(Waker::noop());
+        match decision.as_mut().poll(&mut cx) {
+            Poll::Ready(Ok(decision)) => {
                 let admitted = shared.mode.on_request(&mut request, decision);
                 ResponseFuture::calling(self.inner.call(request), Some(admitted))
             }
-            // The readied inner service stays ready for the next request.
-            Err(rejection) => ResponseFuture::ready(shared.mode.on_rejection(rejection)),
+            Poll::Ready(Err(rejection)) => {
+                ResponseFuture::ready(shared.mode.on_rejection(rejection))
+            }
+            Poll::Pending => {
+                // The readied service goes with the request; a fresh clone stays.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::deciding(decision, inner, request, &shared.mode)
+            }
         }
     }
 }
@@ -204,12 +204,20 @@ fn admission(
 ) -> Result<Decision, Rejection> {
     match result {
         Ok(decision) if decision.allowed => Ok(decision),
-        Ok(decision) => Err(Rejection::for_denial(decision, degraded_status)),
+        other => Err(rejection(other, degraded_status)),
+    }
+}
+
+/// The rejection for a limiter's answer that is not an admission: a
+/// denial, or an error.
+fn rejection(result: Result<Decision, LimitError>, degraded_status: Status) -> Rejection {
+    match result {
+        Ok(decision) => Rejection::for_denial(decision, degraded_status),
         Err(error) => {
             tracing::warn!(%error, "rate limiter could not decide; rejecting");
-            Err(Rejection::Unavailable {
+            Rejection::Unavailable {
                 message: Arc::from(error.to_string()),
-            })
+            }
         }
     }
 }
