@@ -569,7 +569,9 @@ async fn the_grpc_server_answers_raw_http2_calls_as_tonic_did() {
         assert_eq!(limits(&response), vec![5]);
     }
     // Errors come trailers-only: the status in the headers, no data.
-    let cases: [(&str, &[(&str, &str)], &[u8], &str); 6] = [
+    // (path, extra headers, body, grpc-status)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [u8], &'a str);
+    let cases: [Case<'_>; 6] = [
         // Another method of the service, or of another service.
         (
             "/envoy.service.ratelimit.v3.RateLimitService/Other",

@@ -573,9 +573,22 @@ async fn other_quotas_keep_counting_and_tenants_stay_apart() {
         s.counter(names::DECISIONS_TOTAL, &series("allowed", &[uploads_label])),
         5
     );
+    // The first denial from the store; the second from the local tier of
+    // recent denials, without a store call.
     assert_eq!(
         s.counter(names::DECISIONS_TOTAL, &series("denied", &[uploads_label])),
-        2
+        1
+    );
+    assert_eq!(
+        s.counter(
+            names::DECISIONS_TOTAL,
+            &[
+                ("outcome", "denied"),
+                ("source", "local_cache"),
+                uploads_label
+            ]
+        ),
+        1
     );
     // remaining * 5 < limit: the fifth admission only.
     assert_eq!(s.counter(names::NEAR_LIMIT_TOTAL, &[uploads_label]), 1);

@@ -46,6 +46,9 @@ pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitServic
 /// The largest request message (tonic's server default).
 const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 
+/// A request's compression (a constant name: no parsing per lookup).
+static GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
+
 /// The gRPC frame header: compressed flag and big-endian length.
 const FRAME_HEADER: usize = 5;
 
@@ -184,7 +187,7 @@ async fn answer(
         // As tonic's generated server answers: the code, no message.
         return Err(Status::unimplemented(""));
     }
-    if let Some(encoding) = head.headers.get("grpc-encoding") {
+    if let Some(encoding) = head.headers.get(&GRPC_ENCODING) {
         if encoding.as_bytes() != b"identity" {
             return Err(Status::unimplemented(format!(
                 "Content is compressed with `{}` which isn't supported",
