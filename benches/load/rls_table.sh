@@ -10,6 +10,7 @@
 #
 #   bash benches/load/rls_table.sh
 #   DURATION=5 ROUNDS=5 LEASE=100 bash benches/load/rls_table.sh
+#   RLS=/tmp/rls-base CLIENT=tonic bash benches/load/rls_table.sh
 #
 # Both servers: one hot key (USERS=1), a limit never reached
 # (1000000000/1s), the sliding counter, metrics on (the gateway always
@@ -33,11 +34,21 @@ die() { echo "rls_table.sh: $*" >&2; exit 1; }
 command -v redis-server >/dev/null || die "redis-server not found"
 command -v wrk >/dev/null || die "wrk not found (apt-get install wrk)"
 
-(cd "$root" && cargo build --release --quiet -p tower-window-examples --bin gateway --bin rls \
-    -p tower-window-benches --bin rls_load) || die "cargo build failed"
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 case "$target_dir" in /*) ;; *) target_dir="$root/$target_dir" ;; esac
-bin=$target_dir/release
+# RLS, GATEWAY, RLS_LOAD: binaries copied aside (a base build, say) to run
+# instead of this tree's.
+if [ -z "${RLS:-}" ] || [ -z "${GATEWAY:-}" ] || [ -z "${RLS_LOAD:-}" ]; then
+    (cd "$root" && cargo build --release --quiet -p tower-window-examples --bin gateway --bin rls \
+        -p tower-window-benches --bin rls_load) || die "cargo build failed"
+fi
+RLS=${RLS:-$target_dir/release/rls}
+GATEWAY=${GATEWAY:-$target_dir/release/gateway}
+RLS_LOAD=${RLS_LOAD:-$target_dir/release/rls_load}
+# rls_load's client: `envoy` sends each call as Envoy's gRPC client does
+# (HEADERS with grpc-timeout, one DATA frame ending the stream); `tonic`
+# adds an empty DATA frame per call that Envoy does not send.
+CLIENT=${CLIENT:-envoy}
 
 tmp=$(mktemp -d)
 pids=()
@@ -80,13 +91,13 @@ start_server() {
     case $variant in *-lease) lease=(--lease "$LEASE") ;; esac
     case $variant in
     gateway*)
-        TOKIO_WORKER_THREADS=$WORKERS RUST_LOG=info "$bin/gateway" \
+        TOKIO_WORKER_THREADS=$WORKERS RUST_LOG=info "$GATEWAY" \
             --listen 127.0.0.1:0 --limit 1000000000/1s --algorithm sliding-counter \
             --redis-url "$redis_url" "${lease[@]}" >"$log" 2>&1 &
         pattern='s/.*listening address=\([0-9.:]*\).*/\1/p'
         ;;
     rls*)
-        TOKIO_WORKER_THREADS=$WORKERS RUST_LOG=info "$bin/rls" --listen 127.0.0.1:0 \
+        TOKIO_WORKER_THREADS=$WORKERS RUST_LOG=info "$RLS" --listen 127.0.0.1:0 \
             --metrics-listen 127.0.0.1:0 --config "$tmp/rules.yaml" \
             --redis-url "$redis_url" "${lease[@]}" >"$log" 2>&1 &
         pattern='s/.*serving envoy.service.ratelimit.v3.RateLimitService address=\([0-9.:]*\).*/\1/p'
@@ -117,8 +128,9 @@ load() {
                    printf "requests=%d ok=%d over_limit=%d errors=%d\n", v["s2xx"] + v["s429"] + v["other"], v["s2xx"], v["s429"], v["other"] + v["errors"] }'
         ;;
     rls*)
-        timeout $((seconds + 60)) "$bin/rls_load" --target "http://$server_addr" --connections 4 \
-            --concurrency $((CONNECTIONS / 4)) --seconds "$seconds" --warmup 0 --domain bench --key user
+        timeout $((seconds + 60)) "$RLS_LOAD" --target "http://$server_addr" --connections 4 \
+            --concurrency $((CONNECTIONS / 4)) --seconds "$seconds" --warmup 0 --domain bench --key user \
+            --client "$CLIENT"
         ;;
     esac
 }
@@ -149,7 +161,7 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 
-echo "$ROUNDS rounds of ${DURATION}s (after ${WARMUP}s warm-up), interleaved; one hot key; $CONNECTIONS in flight; $WORKERS server workers; $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "$ROUNDS rounds of ${DURATION}s (after ${WARMUP}s warm-up), interleaved; one hot key; $CONNECTIONS in flight; rls_load --client $CLIENT; $WORKERS server workers; $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "| variant | decisions/s (median) | server CPU µs/decision (median) | decisions per server CPU-second (median) | errors | decisions/s of each round | per CPU-second of each round |"
 echo "|---|---:|---:|---:|---:|---|---|"

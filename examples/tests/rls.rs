@@ -7,9 +7,12 @@
 
 mod rls_support;
 
+use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use prost::Message as _;
 use rls_support::{codes, config_dir, descriptor, overall, request, should, RlsProcess};
 
 const RULES: &str = "
@@ -482,4 +485,135 @@ fn the_example_envoy_config_fits_the_example_rules() {
             "envoy.yaml sends {key}, config.yaml has no rule for it"
         );
     }
+}
+
+/// One call as raw HTTP/2 (the `h2` client): `body` sent in the given
+/// pieces, each its own DATA frame. Returns the response's headers, its
+/// data and its trailers (`None`: a trailers-only answer).
+async fn raw_call(
+    port: u16,
+    path: &str,
+    extra: &[(&str, &str)],
+    pieces: &[&[u8]],
+) -> (http::HeaderMap, Bytes, Option<http::HeaderMap>) {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut client = client.ready().await.unwrap();
+    let mut request = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in extra {
+        request = request.header(*name, *value);
+    }
+    let (response, mut send) = client
+        .send_request(request.body(()).unwrap(), false)
+        .unwrap();
+    for (i, piece) in pieces.iter().enumerate() {
+        send.send_data(Bytes::copy_from_slice(piece), i + 1 == pieces.len())
+            .unwrap();
+    }
+    if pieces.is_empty() {
+        send.send_data(Bytes::new(), true).unwrap();
+    }
+    let response = tokio::time::timeout(std::time::Duration::from_secs(10), response)
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    let (head, mut body) = response.into_parts();
+    assert_eq!(head.status, http::StatusCode::OK);
+    let mut data = BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = body.trailers().await.unwrap();
+    (head.headers, data.freeze(), trailers)
+}
+
+/// A message in its gRPC frame.
+fn framed(message: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(5 + message.len());
+    frame.put_u8(0);
+    frame.put_u32(u32::try_from(message.len()).unwrap());
+    frame.extend_from_slice(message);
+    frame
+}
+
+fn grpc_status(headers: &http::HeaderMap) -> &str {
+    headers.get("grpc-status").unwrap().to_str().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_server_answers_raw_http2_calls_as_tonic_did() {
+    let (_dir, rls) = start(&[]);
+    let port = rls.port();
+    let method = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let good = framed(&request("shop", vec![descriptor(&[("a", "raw")])]).encode_to_vec());
+
+    // A good call, its message in one DATA frame, then split over three.
+    for pieces in [vec![&good[..]], vec![&good[..2], &good[2..7], &good[7..]]] {
+        let (headers, data, trailers) = raw_call(port, method, &[], &pieces).await;
+        assert_eq!(headers.get("content-type").unwrap(), "application/grpc");
+        assert_eq!(grpc_status(&trailers.unwrap()), "0");
+        assert_eq!(data[0], 0);
+        let length = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+        assert_eq!(data.len(), 5 + length);
+        let response = RateLimitResponse::decode(data.slice(5..)).unwrap();
+        assert_eq!(overall(&response), Code::Ok);
+        assert_eq!(limits(&response), vec![5]);
+    }
+    // Errors come trailers-only: the status in the headers, no data.
+    // (path, extra headers, body, grpc-status)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [u8], &'a str);
+    let cases: [Case<'_>; 6] = [
+        // Another method of the service, or of another service.
+        (
+            "/envoy.service.ratelimit.v3.RateLimitService/Other",
+            &[],
+            &good,
+            "12",
+        ),
+        ("/grpc.health.v1.Health/Check", &[], b"\0\0\0\0\0", "12"),
+        // Compression is not offered.
+        (method, &[("grpc-encoding", "gzip")], &good, "12"),
+        // The compressed flag without an encoding; a cut frame; not protobuf.
+        (method, &[], b"\x01\0\0\0\0", "13"),
+        (method, &[], b"\0\0\0\0\x09abc", "13"),
+        (method, &[], b"\0\0\0\0\x02\xff\xff", "13"),
+    ];
+    for (path, extra, body, status) in cases {
+        let (headers, data, trailers) = raw_call(port, path, extra, &[body]).await;
+        assert_eq!(grpc_status(&headers), status, "{path} {extra:?} {body:?}");
+        assert!(data.is_empty() && trailers.is_none(), "{path} {body:?}");
+    }
+    // No body at all.
+    let (headers, _, _) = raw_call(port, method, &[], &[]).await;
+    assert_eq!(grpc_status(&headers), "13");
+
+    // Many calls in flight on one connection (tonic multiplexes them).
+    let client = rls.client().await;
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..300 {
+        let mut client = client.clone();
+        calls.spawn(async move {
+            let value = format!("many-{}", i % 7);
+            should(
+                &mut client,
+                request("nowhere", vec![descriptor(&[("a", &value)])]),
+            )
+            .await
+        });
+    }
+    let mut answered = 0;
+    while let Some(response) = calls.join_next().await {
+        assert_eq!(overall(&response.unwrap()), Code::Ok);
+        answered += 1;
+    }
+    assert_eq!(answered, 300);
 }

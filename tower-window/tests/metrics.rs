@@ -540,6 +540,70 @@ async fn tenant_label_is_opt_in_and_other_quotas_get_their_name() {
     }
 }
 
+#[tokio::test]
+async fn other_quotas_keep_counting_and_tenants_stay_apart() {
+    // A policy passed per check (not the limiter's own quota) has its
+    // counters cached by quota name after the first decision: the later
+    // decisions must land on the same series, and a limiter with tenant
+    // labels must still count each tenant on its own.
+    let (recorder, snapshotter) = recorder();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let uploads = Policy::from(quota("5/1m").named("uploads").unwrap());
+    let key = WindowKey::new("acme", "frank");
+    let plain = Limiter::builder(MemoryStore::new(), quota("5/1m")).build();
+    for _ in 0..7 {
+        plain.check_policy(&key, &uploads, 1).await.unwrap();
+    }
+    let tenants = Limiter::builder(MemoryStore::new(), quota("5/1m").named("api").unwrap())
+        .metrics_tenant_label(true)
+        .build();
+    for tenant in ["acme", "acme", "globex"] {
+        let key = WindowKey::new(tenant, "frank");
+        tenants.check_policy(&key, &uploads, 1).await.unwrap();
+    }
+
+    let s = Snapshot::take(&snapshotter);
+    let series = |outcome: &'static str, extra: &[(&'static str, &'static str)]| {
+        let mut labels = vec![("outcome", outcome), ("source", "store")];
+        labels.extend_from_slice(extra);
+        labels
+    };
+    let uploads_label = ("quota", "uploads");
+    assert_eq!(
+        s.counter(names::DECISIONS_TOTAL, &series("allowed", &[uploads_label])),
+        5
+    );
+    // The first denial from the store; the second from the local tier of
+    // recent denials, without a store call.
+    assert_eq!(
+        s.counter(names::DECISIONS_TOTAL, &series("denied", &[uploads_label])),
+        1
+    );
+    assert_eq!(
+        s.counter(
+            names::DECISIONS_TOTAL,
+            &[
+                ("outcome", "denied"),
+                ("source", "local_cache"),
+                uploads_label
+            ]
+        ),
+        1
+    );
+    // remaining * 5 < limit: the fifth admission only.
+    assert_eq!(s.counter(names::NEAR_LIMIT_TOTAL, &[uploads_label]), 1);
+    for (tenant, count) in [("acme", 2), ("globex", 1)] {
+        assert_eq!(
+            s.counter(
+                names::DECISIONS_TOTAL,
+                &series("allowed", &[uploads_label, ("tenant", tenant)])
+            ),
+            count,
+            "{tenant}"
+        );
+    }
+}
+
 #[test]
 fn describe_gives_every_name_a_description() {
     let (recorder, snapshotter) = recorder();

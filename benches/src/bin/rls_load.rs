@@ -13,6 +13,13 @@
 //!     --target http://127.0.0.1:8081 --domain bench --key user --seconds 5
 //! ```
 //!
+//! `--client envoy` sends each call as Envoy's gRPC client does, over the
+//! `h2` crate directly: a HEADERS frame (with Envoy's `te`, `content-type`
+//! and the rate limit filter's default `grpc-timeout: 20m`) and one DATA
+//! frame that ends the stream. tonic's client (`--client tonic`, the
+//! default) ends the stream with an empty DATA frame of its own and sends
+//! no `grpc-timeout`.
+//!
 //! No timing is asserted; `benches/load/rls_table.sh` runs it against the
 //! rls and wrk against the gateway, interleaved, and reports both.
 #![allow(clippy::print_stdout)]
@@ -21,12 +28,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use clap::Parser;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::Message as _;
 use tonic::transport::Endpoint;
 
 #[derive(Debug, Parser)]
@@ -59,6 +68,111 @@ struct Args {
     /// Distinct values of the key, taken in turn (1: one hot key).
     #[arg(long, default_value = "1")]
     keys: u64,
+    /// `tonic`: tonic's generated client; `envoy`: HTTP/2 frames as
+    /// Envoy's gRPC client sends them (see the top of this file).
+    #[arg(long, value_enum, default_value_t = ClientKind::Tonic)]
+    client: ClientKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ClientKind {
+    Tonic,
+    Envoy,
+}
+
+/// One connection, of either kind.
+#[derive(Clone)]
+enum Client {
+    Tonic(RateLimitServiceClient<tonic::transport::Channel>),
+    Envoy(h2::client::SendRequest<Bytes>, Arc<str>),
+}
+
+/// The gRPC method called.
+const METHOD: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+impl Client {
+    async fn connect(args: &Args) -> Result<Self, Box<dyn std::error::Error>> {
+        Ok(match args.client {
+            ClientKind::Tonic => {
+                // One endpoint per connection: tonic multiplexes calls on one.
+                let channel = Endpoint::from_shared(args.target.clone())?
+                    .tcp_nodelay(true)
+                    .connect()
+                    .await?;
+                Self::Tonic(RateLimitServiceClient::new(channel))
+            }
+            ClientKind::Envoy => {
+                let address = args
+                    .target
+                    .strip_prefix("http://")
+                    .unwrap_or(&args.target)
+                    .trim_end_matches('/');
+                let tcp = tokio::net::TcpStream::connect(address).await?;
+                tcp.set_nodelay(true)?;
+                let (send, connection) = h2::client::Builder::new()
+                    .initial_window_size(1 << 20)
+                    .initial_connection_window_size(1 << 20)
+                    .handshake::<_, Bytes>(tcp)
+                    .await?;
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                Self::Envoy(send, Arc::from(format!("http://{address}{METHOD}")))
+            }
+        })
+    }
+
+    /// One call: its overall code, or `None` for an error.
+    async fn call(&mut self, request: RateLimitRequest) -> Option<i32> {
+        match self {
+            Self::Tonic(client) => client
+                .should_rate_limit(request)
+                .await
+                .ok()
+                .map(|r| r.get_ref().overall_code),
+            Self::Envoy(send, uri) => envoy_call(send, uri, &request).await,
+        }
+    }
+}
+
+/// `request` as Envoy sends it: HEADERS, then the message in one DATA
+/// frame that ends the stream.
+async fn envoy_call(
+    send: &mut h2::client::SendRequest<Bytes>,
+    uri: &str,
+    request: &RateLimitRequest,
+) -> Option<i32> {
+    let head = http::Request::post(uri)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", "20m")
+        .body(())
+        .ok()?;
+    let mut message = Vec::with_capacity(5 + request.encoded_len());
+    message.push(0);
+    message.extend_from_slice(&u32::try_from(request.encoded_len()).ok()?.to_be_bytes());
+    request.encode(&mut message).ok()?;
+    // At most the server's concurrent streams in flight.
+    std::future::poll_fn(|cx| send.poll_ready(cx)).await.ok()?;
+    let (response, mut stream) = send.send_request(head, false).ok()?;
+    stream.send_data(Bytes::from(message), true).ok()?;
+    let (head, mut body) = response.await.ok()?.into_parts();
+    if head.status != http::StatusCode::OK {
+        return None;
+    }
+    let mut data = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.ok()?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = body.trailers().await.ok()??;
+    if trailers.get("grpc-status")?.as_bytes() != b"0" || data.len() < 5 {
+        return None;
+    }
+    RateLimitResponse::decode(&data[5..])
+        .ok()
+        .map(|r| r.overall_code)
 }
 
 #[derive(Default)]
@@ -86,7 +200,7 @@ fn request(args: &Args, n: u64) -> RateLimitRequest {
 /// taken; counts them in `counts`.
 async fn run(
     args: &Arc<Args>,
-    clients: &[RateLimitServiceClient<tonic::transport::Channel>],
+    clients: &[Client],
     until: Instant,
     budget: u64,
     counts: &Arc<Counts>,
@@ -103,12 +217,10 @@ async fn run(
             tasks.spawn(async move {
                 while Instant::now() < until && taken.fetch_add(1, Ordering::Relaxed) < budget {
                     n = n.wrapping_add(7919);
-                    let counter = match client.should_rate_limit(request(&args, n)).await {
-                        Ok(response) if response.get_ref().overall_code == Code::Ok as i32 => {
-                            &counts.ok
-                        }
-                        Ok(_) => &counts.over,
-                        Err(_) => &counts.errors,
+                    let counter = match client.call(request(&args, n)).await {
+                        Some(code) if code == Code::Ok as i32 => &counts.ok,
+                        Some(_) => &counts.over,
+                        None => &counts.errors,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
                 }
@@ -124,12 +236,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seconds = args.seconds.clamp(1, 600);
     let mut clients = Vec::with_capacity(args.connections);
     for _ in 0..args.connections.max(1) {
-        // One endpoint per connection: tonic multiplexes calls on one.
-        let channel = Endpoint::from_shared(args.target.clone())?
-            .tcp_nodelay(true)
-            .connect()
-            .await?;
-        clients.push(RateLimitServiceClient::new(channel));
+        clients.push(Client::connect(&args).await?);
     }
     if args.warmup > 0 {
         let until = Instant::now() + Duration::from_secs(args.warmup.min(60));

@@ -23,14 +23,42 @@ const RESULTS: [&str; 5] = [
     "no_rule",
 ];
 
-/// Counts one call.
-pub(super) fn request(code: &'static str) {
-    metrics::counter!(RLS_REQUESTS_TOTAL, "code" => code).increment(1);
+/// The rls's counters, made once (after the recorder is installed, see
+/// [`install_recorder`](crate::gateway::metrics::install_recorder)): a
+/// call is counted with an atomic add, without building a labelled key
+/// and looking it up in the recorder's registry each time.
+#[derive(Clone)]
+pub(super) struct Counters {
+    requests: [metrics::Counter; CODES.len()],
+    descriptors: [metrics::Counter; RESULTS.len()],
 }
 
-/// Counts one descriptor.
-pub(super) fn descriptor(result: &'static str) {
-    metrics::counter!(RLS_DESCRIPTORS_TOTAL, "result" => result).increment(1);
+impl Counters {
+    pub(super) fn new() -> Self {
+        Self {
+            requests: CODES.map(|code| metrics::counter!(RLS_REQUESTS_TOTAL, "code" => code)),
+            descriptors: RESULTS
+                .map(|result| metrics::counter!(RLS_DESCRIPTORS_TOTAL, "result" => result)),
+        }
+    }
+
+    /// Counts one call (`code`: one of `ok`, `over_limit`, `error`).
+    pub(super) fn request(&self, code: &'static str) {
+        Self::count(&self.requests, &CODES, code);
+    }
+
+    /// Counts one descriptor (`result`: one of [`RESULTS`]).
+    pub(super) fn descriptor(&self, result: &'static str) {
+        Self::count(&self.descriptors, &RESULTS, result);
+    }
+
+    fn count(counters: &[metrics::Counter], labels: &[&str], label: &str) {
+        let at = labels.iter().position(|l| *l == label);
+        debug_assert!(at.is_some(), "{label} is not a label of this series");
+        if let Some(counter) = at.and_then(|at| counters.get(at)) {
+            counter.increment(1);
+        }
+    }
 }
 
 /// Describes the rls's series and registers each at zero, with every

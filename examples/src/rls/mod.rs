@@ -10,6 +10,7 @@
 //! - [`service`]: the decision — every descriptor of a request in one
 //!   store call, all or nothing —, and the answer;
 //! - [`reload`]: the files watched and reloaded as a whole;
+//! - [`server`]: the gRPC server (HTTP/2, one task per connection);
 //! - [`metrics`]: the service's own series.
 //!
 //! Everything the gateway has carries over, with the same flags (each also
@@ -24,6 +25,7 @@ pub mod config;
 pub mod matching;
 pub mod metrics;
 pub mod reload;
+pub mod server;
 pub mod service;
 
 use std::net::SocketAddr;
@@ -34,16 +36,13 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use clap::Parser;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
-use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::Server;
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::{LeaseConfig, Limiter, MemoryStore, Quota, RedisStore, Store};
 
 use crate::gateway::flags;
 use crate::gateway::{ConfigError, FallbackArg};
 pub use config::{RlsConfig, RlsConfigError};
+pub use server::serve;
 pub use service::RlsService;
 
 /// The rls's flags. Every flag can also be set from the environment
@@ -252,17 +251,4 @@ pub fn build(config: RlsServerConfig) -> Rls {
     let watch = reload::watch(Arc::clone(&rules), config.sources, first);
     let service = RlsService::new(rules, limiter, config.response_headers);
     Rls { service, watch }
-}
-
-/// Serves `service` on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: TcpListener,
-    service: RlsService,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), tonic::transport::Error> {
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    Server::builder()
-        .add_service(RateLimitServiceServer::new(service))
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
 }

@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -67,10 +68,12 @@ struct Inner {
     config: Arc<ArcSwap<RlsConfig>>,
     limiter: Limiter,
     response_headers: bool,
+    /// The rls's own series.
+    counters: metrics::Counters,
     /// Requests seen before, prepared, by rules generation and encoded
     /// request (bounded; a reload's new generation never sees an older
     /// one's entries).
-    prepared: quick_cache::sync::Cache<(u64, Vec<u8>), Arc<Prepared>>,
+    prepared: quick_cache::sync::Cache<(u64, Bytes), Arc<Prepared>>,
 }
 
 /// How many prepared requests the service keeps.
@@ -95,6 +98,7 @@ impl RlsService {
                 config,
                 limiter,
                 response_headers,
+                counters: metrics::Counters::new(),
                 prepared: quick_cache::sync::Cache::new(PREPARED),
             }),
         }
@@ -107,8 +111,24 @@ impl RlsService {
 
     /// Decides `request` (see the [module docs](self)).
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        let response = self.decide_inner(request).await;
-        metrics::request(match &response {
+        let encoded = Bytes::from(request.encode_to_vec());
+        self.decide_counted(encoded, Some(request)).await
+    }
+
+    /// Decides the request `encoded` holds (a `RateLimitRequest`'s
+    /// protobuf bytes, as a gRPC frame carries them): a request seen before
+    /// under these rules is found by its bytes and not decoded again.
+    pub async fn decide_encoded(&self, encoded: Bytes) -> Result<RateLimitResponse, Status> {
+        self.decide_counted(encoded, None).await
+    }
+
+    async fn decide_counted(
+        &self,
+        encoded: Bytes,
+        decoded: Option<&RateLimitRequest>,
+    ) -> Result<RateLimitResponse, Status> {
+        let response = self.decide_inner(encoded, decoded).await;
+        self.inner.counters.request(match &response {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => "over_limit",
             Ok(_) => "ok",
             Err(_) => "error",
@@ -116,48 +136,47 @@ impl RlsService {
         response
     }
 
-    async fn decide_inner(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        // envoyproxy/ratelimit's own words and code (a Go error: UNKNOWN).
-        if request.domain.is_empty() {
-            return Err(Status::unknown("rate limit domain must not be empty"));
-        }
-        if request.descriptors.is_empty() {
-            return Err(Status::unknown(
-                "rate limit descriptor list must not be empty",
-            ));
-        }
-        let config = self.inner.config.load();
-        let Some(domain) = config.domains.get(&request.domain) else {
-            // Unknown domain: every descriptor OK, no limit.
-            let statuses = request
-                .descriptors
-                .iter()
-                .map(|_| {
-                    metrics::descriptor("no_rule");
-                    ok_without_limit()
-                })
-                .collect();
-            return Ok(response(Code::Ok, statuses, Vec::new()));
-        };
+    async fn decide_inner(
+        &self,
+        encoded: Bytes,
+        decoded: Option<&RateLimitRequest>,
+    ) -> Result<RateLimitResponse, Status> {
+        let generation = self.inner.config.load().generation;
         // A request seen before under these rules is prepared already:
         // its rules matched, its windows named, its policies built.
-        let cache_key = (config.generation, request.encode_to_vec());
+        let mut cache_key = (generation, encoded);
         let prepared = match self.inner.prepared.get(&cache_key) {
             Some(prepared) => prepared,
             None => {
-                let prepared = Arc::new(prepare(domain, request)?);
+                let owned;
+                let request = match decoded {
+                    Some(request) => request,
+                    None => {
+                        owned = RateLimitRequest::decode(cache_key.1.clone())
+                            .map_err(|e| Status::internal(e.to_string()))?;
+                        &owned
+                    }
+                };
+                let config = self.inner.config.load();
+                let prepared = Arc::new(prepare_request(&config, request)?);
+                // The rules of the generation prepared under (a reload in
+                // between only leaves an entry no one looks up).
+                cache_key.0 = config.generation;
+                // A copy: the received bytes may be a slice of a larger
+                // read buffer, which the cache would keep alive.
+                cache_key.1 = Bytes::copy_from_slice(&cache_key.1);
                 self.inner.prepared.insert(cache_key, Arc::clone(&prepared));
                 prepared
             }
         };
 
-        let key = WindowKey::new(request.domain.as_str(), "");
-        let outcomes = self.run(&key, &prepared).await?;
+        let decisions = self.run(&prepared).await?;
 
         let mut statuses = Vec::with_capacity(prepared.plans.len());
         let mut overall = Code::Ok;
-        for (plan, outcome) in prepared.plans.iter().zip(&outcomes) {
-            let status = status_of(plan, outcome.as_ref());
+        for (i, plan) in prepared.plans.iter().enumerate() {
+            let outcome = Self::outcome(&prepared, &decisions, i);
+            let status = status_of(plan, outcome.as_ref(), &self.inner.counters);
             if status.code == Code::OverLimit as i32 {
                 overall = Code::OverLimit;
             }
@@ -171,15 +190,13 @@ impl RlsService {
         Ok(response(overall, statuses, headers))
     }
 
-    /// The store calls of `prepared`, in order; a call after a denial (or
-    /// with an enforced zero-limit rule matched) only reads.
-    async fn run(
-        &self,
-        key: &WindowKey,
-        prepared: &Prepared,
-    ) -> Result<Vec<Option<QuotaOutcome>>, Status> {
-        let mut outcomes: Vec<Option<QuotaOutcome>> = vec![None; prepared.plans.len()];
+    /// The store calls of `prepared`, in order: each group's decision and
+    /// whether it only read. A call after a denial (or with an enforced
+    /// zero-limit rule matched) only reads.
+    async fn run(&self, prepared: &Prepared) -> Result<Vec<(Decision, bool)>, Status> {
+        let mut decisions = Vec::with_capacity(prepared.groups.len());
         let mut denied = prepared.zero_denies;
+        let key = &prepared.key;
         for group in &prepared.groups {
             let limiter = &self.inner.limiter;
             let read_only = group.cost == 0 || denied;
@@ -201,17 +218,25 @@ impl RlsService {
             if !peeked && !decision.allowed() {
                 denied = true;
             }
-            let decision = Arc::new(decision);
-            for &(i, at) in &group.members {
-                outcomes[i] = Some(QuotaOutcome {
-                    decision: Arc::clone(&decision),
-                    at,
-                    name: Arc::clone(&group.names[at]),
-                    peeked,
-                });
-            }
+            decisions.push((decision, peeked));
         }
-        Ok(outcomes)
+        Ok(decisions)
+    }
+
+    /// The decision descriptor `i`'s window was part of, if it has one.
+    fn outcome<'a>(
+        prepared: &'a Prepared,
+        decisions: &'a [(Decision, bool)],
+        i: usize,
+    ) -> Option<QuotaOutcome<'a>> {
+        let (group, at) = (*prepared.slots.get(i)?)?;
+        let (decision, peeked) = decisions.get(group)?;
+        Some(QuotaOutcome {
+            decision,
+            at,
+            name: prepared.groups.get(group)?.names.get(at)?.as_ref(),
+            peeked: *peeked,
+        })
     }
 }
 
@@ -220,7 +245,11 @@ impl RlsService {
 /// that cost's distinct windows.
 #[derive(Debug)]
 struct Prepared {
+    /// The window key of the request's domain.
+    key: WindowKey,
     plans: Vec<Plan>,
+    /// Each plan's window: `(group index, quota index in its policy)`.
+    slots: Vec<Option<(usize, usize)>>,
     groups: Vec<Group>,
     /// An enforced `requests_per_unit: 0` rule matched: the request is
     /// denied whatever the store says, and every call only reads.
@@ -234,11 +263,40 @@ struct Group {
     policy: Policy,
     /// `(descriptor index, quota index in the policy)`.
     members: Vec<(usize, usize)>,
-    /// The policy's quota names, shared with each outcome.
+    /// The policy's quota names, lent to each outcome.
     names: Vec<Arc<str>>,
 }
 
-fn prepare(domain: &config::Domain, request: &RateLimitRequest) -> Result<Prepared, Status> {
+/// `request` made ready under `config`, or the error it is answered with.
+fn prepare_request(config: &RlsConfig, request: &RateLimitRequest) -> Result<Prepared, Status> {
+    // envoyproxy/ratelimit's own words and code (a Go error: UNKNOWN).
+    if request.domain.is_empty() {
+        return Err(Status::unknown("rate limit domain must not be empty"));
+    }
+    if request.descriptors.is_empty() {
+        return Err(Status::unknown(
+            "rate limit descriptor list must not be empty",
+        ));
+    }
+    let key = WindowKey::new(request.domain.as_str(), "");
+    let Some(domain) = config.domains.get(&request.domain) else {
+        // Unknown domain: every descriptor OK, no limit.
+        return Ok(Prepared {
+            key,
+            plans: request.descriptors.iter().map(|_| Plan::NoRule).collect(),
+            slots: vec![None; request.descriptors.len()],
+            groups: Vec::new(),
+            zero_denies: false,
+        });
+    };
+    prepare(key, domain, request)
+}
+
+fn prepare(
+    key: WindowKey,
+    domain: &config::Domain,
+    request: &RateLimitRequest,
+) -> Result<Prepared, Status> {
     let request_cost = request.hits_addend.max(1);
     let mut plans = Vec::with_capacity(request.descriptors.len());
     for descriptor in &request.descriptors {
@@ -297,8 +355,18 @@ fn prepare(domain: &config::Domain, request: &RateLimitRequest) -> Result<Prepar
             names,
         });
     }
+    let mut slots = vec![None; plans.len()];
+    for (g, group) in groups.iter().enumerate() {
+        for &(i, at) in &group.members {
+            if let Some(slot) = slots.get_mut(i) {
+                *slot = Some((g, at));
+            }
+        }
+    }
     Ok(Prepared {
+        key,
         plans,
+        slots,
         groups,
         zero_denies,
     })
@@ -341,12 +409,12 @@ impl Plan {
 }
 
 /// The decision a descriptor's window was part of.
-#[derive(Debug, Clone)]
-struct QuotaOutcome {
-    decision: Arc<Decision>,
+#[derive(Debug, Clone, Copy)]
+struct QuotaOutcome<'a> {
+    decision: &'a Decision,
     /// The window's quota in that decision's policy: its index and name.
     at: usize,
-    name: Arc<str>,
+    name: &'a str,
     /// Only read (nothing counted): never a denial of this descriptor.
     peeked: bool,
 }
@@ -484,14 +552,18 @@ fn proto_duration(d: Duration) -> ProtoDuration {
     }
 }
 
-fn status_of(plan: &Plan, outcome: Option<&QuotaOutcome>) -> DescriptorStatus {
+fn status_of(
+    plan: &Plan,
+    outcome: Option<&QuotaOutcome<'_>>,
+    counters: &metrics::Counters,
+) -> DescriptorStatus {
     match plan {
         Plan::NoRule => {
-            metrics::descriptor("no_rule");
+            counters.descriptor("no_rule");
             ok_without_limit()
         }
         Plan::Unlimited { .. } => {
-            metrics::descriptor("unlimited");
+            counters.descriptor("unlimited");
             DescriptorStatus {
                 code: Code::Ok as i32,
                 limit_remaining: u32::MAX,
@@ -500,10 +572,10 @@ fn status_of(plan: &Plan, outcome: Option<&QuotaOutcome>) -> DescriptorStatus {
         }
         Plan::Zero { rule } => {
             let code = if rule.shadow {
-                metrics::descriptor("shadow_over_limit");
+                counters.descriptor("shadow_over_limit");
                 Code::Ok
             } else {
-                metrics::descriptor("over_limit");
+                counters.descriptor("over_limit");
                 Code::OverLimit
             };
             DescriptorStatus {
@@ -518,14 +590,14 @@ fn status_of(plan: &Plan, outcome: Option<&QuotaOutcome>) -> DescriptorStatus {
             let Some(outcome) = outcome else {
                 return ok_without_limit();
             };
-            let decision = &outcome.decision;
+            let decision = outcome.decision;
             // A degraded decision may not list the policy's quotas: it
             // then speaks for every one of them.
             // A decision lists its policy's quotas in policy order.
             let own = decision
                 .quotas()
                 .get(outcome.at)
-                .filter(|q| q.quota().name() == outcome.name.as_ref());
+                .filter(|q| q.quota().name() == outcome.name);
             let (fits, remaining, reset, retry) = match own {
                 Some(q) => (q.allowed(), q.remaining(), q.reset_after(), q.retry_after()),
                 None => (
@@ -537,13 +609,13 @@ fn status_of(plan: &Plan, outcome: Option<&QuotaOutcome>) -> DescriptorStatus {
             };
             let over = !fits && !outcome.peeked;
             let code = if over && rule.shadow {
-                metrics::descriptor("shadow_over_limit");
+                counters.descriptor("shadow_over_limit");
                 Code::Ok
             } else if over && (own.is_some() || !decision.allowed()) {
-                metrics::descriptor("over_limit");
+                counters.descriptor("over_limit");
                 Code::OverLimit
             } else {
-                metrics::descriptor("ok");
+                counters.descriptor("ok");
                 Code::Ok
             };
             let until = if code == Code::OverLimit {

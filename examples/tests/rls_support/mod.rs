@@ -84,6 +84,11 @@ impl RlsProcess {
             .unwrap()
     }
 
+    /// Its gRPC port.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
     /// What it logged so far.
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -218,6 +218,40 @@ pub(crate) struct LimiterMetrics {
     /// registered on the first leased spend (a spend is a memory-speed
     /// admission: no registry lookup per spend).
     lease_spent: OnceLock<Counter>,
+    /// Counters of the other quotas this limiter decides (the policies
+    /// passed to each check: the Envoy rls's rules, say), registered on
+    /// first use and then found by name without building labels or asking
+    /// the recorder's registry (some 3,000 instructions a decision).
+    /// Bounded; made on first use.
+    others: OnceLock<quick_cache::sync::Cache<OtherKey, Counter>>,
+}
+
+/// How many counters of other quotas a limiter keeps (a few per quota and
+/// label values: ~300 quotas); an evicted one is registered again.
+const OTHERS: usize = 4_096;
+
+/// A counter of another quota: its name, the series and the values of
+/// its extra labels (at most two; the series names their keys).
+#[derive(Hash, PartialEq, Eq)]
+struct OtherKey {
+    quota: Box<str>,
+    series: &'static str,
+    values: [&'static str; 2],
+}
+
+/// [`OtherKey`] borrowed, to look one up without allocating; hashes as
+/// it does (same fields, same order).
+#[derive(Hash)]
+struct OtherKeyRef<'a> {
+    quota: &'a str,
+    series: &'static str,
+    values: [&'static str; 2],
+}
+
+impl quick_cache::Equivalent<OtherKey> for OtherKeyRef<'_> {
+    fn equivalent(&self, key: &OtherKey) -> bool {
+        self.quota == &*key.quota && self.series == key.series && self.values == key.values
+    }
 }
 
 impl LimiterMetrics {
@@ -229,6 +263,7 @@ impl LimiterMetrics {
             parts,
             handles: OnceLock::new(),
             lease_spent: OnceLock::new(),
+            others: OnceLock::new(),
         }
     }
 
@@ -242,6 +277,7 @@ impl LimiterMetrics {
             parts: Parts::default(),
             handles: OnceLock::new(),
             lease_spent: OnceLock::new(),
+            others: OnceLock::new(),
         }
     }
 
@@ -317,6 +353,45 @@ impl LimiterMetrics {
         }
     }
 
+    /// The counter `series{extra, quota}` of `quota` (not the own one),
+    /// from the cache when the labels are the quota's alone (no tenant).
+    fn other_counter(
+        &self,
+        quota: &Quota,
+        key: Option<&WindowKey>,
+        series: &'static str,
+        extra: &[(&'static str, &'static str)],
+    ) -> Counter {
+        if (self.tenant_label && key.is_some()) || extra.len() > 2 {
+            return self.labels_for(quota, key).counter(series, extra);
+        }
+        let mut values = [""; 2];
+        for (value, (_, v)) in values.iter_mut().zip(extra) {
+            *value = v;
+        }
+        let cache = self
+            .others
+            .get_or_init(|| quick_cache::sync::Cache::new(OTHERS));
+        let probe = OtherKeyRef {
+            quota: quota.name(),
+            series,
+            values,
+        };
+        if let Some(counter) = cache.get(&probe) {
+            return counter;
+        }
+        let counter = self.labels_for(quota, None).counter(series, extra);
+        cache.insert(
+            OtherKey {
+                quota: quota.name().into(),
+                series,
+                values,
+            },
+            counter.clone(),
+        );
+        counter
+    }
+
     /// Records a decision returned to the caller.
     pub(crate) fn decision(&self, key: &WindowKey, decision: &Decision) {
         if !ENABLED {
@@ -332,29 +407,36 @@ impl LimiterMetrics {
         } else {
             // Make sure the limiter-wide series exist too.
             let _ = self.handles();
-            let labels = self.labels_for(decision.quota(), Some(key));
+            let quota = decision.quota();
             let outcome = outcome(decision.allowed);
-            labels
-                .counter(
-                    DECISIONS_TOTAL,
-                    &[("outcome", outcome), ("source", decision.source.as_str())],
-                )
-                .increment(1);
+            self.other_counter(
+                quota,
+                Some(key),
+                DECISIONS_TOTAL,
+                &[("outcome", outcome), ("source", decision.source.as_str())],
+            )
+            .increment(1);
             if decision.allowed && is_near_limit(decision.remaining, decision.limit()) {
-                labels.counter(NEAR_LIMIT_TOTAL, &[]).increment(1);
+                self.other_counter(quota, Some(key), NEAR_LIMIT_TOTAL, &[])
+                    .increment(1);
             }
             if let DecisionSource::Fallback(reason) = decision.source {
                 let reason = reason.as_str();
-                labels
-                    .counter(
-                        FALLBACK_DECISIONS_TOTAL,
-                        &[("reason", reason), ("outcome", outcome)],
+                self.other_counter(
+                    quota,
+                    Some(key),
+                    FALLBACK_DECISIONS_TOTAL,
+                    &[("reason", reason), ("outcome", outcome)],
+                )
+                .increment(1);
+                if decision.allowed {
+                    self.other_counter(
+                        quota,
+                        Some(key),
+                        FALLBACK_ADMISSIONS_TOTAL,
+                        &[("reason", reason)],
                     )
                     .increment(1);
-                if decision.allowed {
-                    labels
-                        .counter(FALLBACK_ADMISSIONS_TOTAL, &[("reason", reason)])
-                        .increment(1);
                 }
             }
         }
@@ -443,8 +525,7 @@ impl LimiterMetrics {
                 .increment(units);
             return;
         }
-        self.labels_for(quota, None)
-            .counter(LEASE_UNITS_TOTAL, &[("event", event)])
+        self.other_counter(quota, None, LEASE_UNITS_TOTAL, &[("event", event)])
             .increment(units);
     }
 
