@@ -648,9 +648,10 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
     let key = WindowKey::for_subject("bound");
     let mut store_admitted = 0u32;
     let mut local_admitted = [0u32; NODES];
-    // Healthy-node calls that ran out of the budget (a stalled machine):
-    // each may or may not have reached Redis.
-    let mut healthy_timeouts = 0u32;
+    // Healthy-node calls answered by the fallback (out of the budget on a
+    // stalled machine, mostly): each may or may not have reached Redis.
+    let mut healthy_fallbacks = 0u32;
+    let mut healthy_reasons = Vec::new();
     for round in 0..40 {
         // Faults come and go on nodes 1 and 2 while node 0 stays healthy.
         match round {
@@ -682,14 +683,19 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
                 1 => !(5..25).contains(&round),
                 _ => !(10..25).contains(&round),
             };
-            if healthy && d.source() == DecisionSource::Fallback(FallbackReason::Timeout) {
-                healthy_timeouts += 1;
+            if healthy {
+                if let DecisionSource::Fallback(reason) = d.source() {
+                    // A timeout, or on a stalled machine a breaker or a
+                    // dropped connection: the call may have reached Redis.
+                    healthy_fallbacks += 1;
+                    healthy_reasons.push((round, node, reason));
+                }
             }
         }
     }
     // Nodes 0 and 2 fill the window (15 + 10 + 15 requests reach Redis by
     // round 14, all before node 1's held requests are released at round 25):
-    // Redis reported the limit, never more. A healthy call that timed out on
+    // Redis reported the limit, never more. A healthy call that fell back on
     // a stalled machine may have been admitted without its caller hearing
     // of it, so the count is exact only when there was none.
     assert!(
@@ -697,8 +703,9 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
         "{store_admitted} admitted by Redis"
     );
     assert!(
-        store_admitted + healthy_timeouts >= LIMIT,
-        "{store_admitted} admitted by Redis, {healthy_timeouts} healthy timeouts"
+        store_admitted + healthy_fallbacks >= LIMIT,
+        "{store_admitted} admitted by Redis, {healthy_fallbacks} healthy fallbacks \
+         (round, node, reason): {healthy_reasons:?}; degraded per node: {local_admitted:?}"
     );
     // Each node in an outage fills its own local window of ceil(30 / 3) = 10
     // (one window of its clock: the clock moved 5 s of a 1 min window) and
