@@ -64,12 +64,18 @@ pub(crate) const INLINE_PART: usize = 46;
 /// where a `Bytes` copy costs an allocation and a free on every request.
 #[derive(Clone)]
 enum Part {
-    Inline { len: u8, buf: [u8; INLINE_PART] },
+    // Made only by the HTTP and gRPC extractors.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    Inline {
+        len: u8,
+        buf: [u8; INLINE_PART],
+    },
     Shared(Bytes),
 }
 
 impl Part {
     /// A copy of `bytes`: inline when short, else a new shared buffer.
+    #[cfg(feature = "http")]
     fn copy_of(bytes: &[u8]) -> Self {
         match u8::try_from(bytes.len()) {
             Ok(len) if bytes.len() <= INLINE_PART => {
@@ -156,6 +162,7 @@ impl WindowKey {
     /// A key for a copy of `subject` in the default tenant: what the
     /// built-in extractors make of a request's bytes (inline when short,
     /// so no allocation).
+    #[cfg(feature = "http")]
     pub(crate) fn for_subject_copy(subject: &[u8]) -> Self {
         Self {
             tenant: Part::Shared(Bytes::from_static(Self::DEFAULT_TENANT)),
@@ -416,7 +423,8 @@ impl<S: fmt::Debug, T: fmt::Debug, Req> fmt::Debug for WithTenant<S, T, Req> {
     }
 }
 
-#[cfg(test)]
+// What these test, the inline parts, only the HTTP and gRPC extractors make.
+#[cfg(all(test, feature = "http"))]
 mod tests {
     use std::collections::hash_map::DefaultHasher;
     use std::hash::{Hash, Hasher};
