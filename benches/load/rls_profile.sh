@@ -58,28 +58,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-for _ in $(seq 20); do
-    port=$((20000 + RANDOM % 35000))
-    redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no >"$OUT/redis.log" 2>&1 &
-    pid=$!
-    sleep 0.3
-    if kill -0 "$pid" 2>/dev/null && redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; then
-        pids+=("$pid")
-        redis_port=$port
-        break
-    fi
-    kill "$pid" 2>/dev/null || true
-done
-[ -n "${redis_port:-}" ] || die "could not start redis-server"
-redis_url=redis://127.0.0.1:$redis_port
-
-cat >"$OUT/rules.yaml" <<'EOF'
-domain: bench
-algorithm: sliding-counter
-descriptors:
-  - key: user
-    rate_limit: { unit: second, requests_per_unit: 1000000000 }
-EOF
+# Our own redis-server on a random loopback port below 55535, and the rules.
+. "$(dirname "${BASH_SOURCE[0]}")/rls_common.sh"
+start_redis "$OUT"
+write_rules "$OUT"
 
 for variant in $VARIANTS; do
     log=$OUT/server-$variant.log lease=()
