@@ -245,6 +245,126 @@ async fn descriptors_are_decided_together() {
     assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 2));
 }
 
+/// Descriptors with their own, different `hits_addend`s are still decided
+/// in one store call: a window that cannot take its cost leaves every
+/// other window of the request untouched, which envoyproxy/ratelimit (one
+/// counter increment per descriptor) does not do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_of_different_costs_are_decided_together() {
+    let (_dir, rls) = start(&[]);
+    let mut client = rls.client().await;
+    let costing = |entries: &[(&str, &str)], cost: u64| {
+        let mut d = descriptor(entries);
+        d.hits_addend = Some(UInt64Value { value: cost });
+        d
+    };
+    let remaining = |r: &RateLimitResponse| {
+        r.statuses
+            .iter()
+            .map(|s| s.limit_remaining)
+            .collect::<Vec<_>>()
+    };
+    // a: 5 a minute, one per request; /api/*: 50 a minute, 30 per request.
+    let both = |api_cost| {
+        request(
+            "shop",
+            vec![
+                costing(&[("a", "mixed")], 1),
+                costing(&[("path", "/api/v")], api_cost),
+            ],
+        )
+    };
+    let r = should(&mut client, both(30)).await;
+    assert_eq!((overall(&r), remaining(&r)), (Code::Ok, vec![4, 20]));
+    // 30 more do not fit the 20 left: over the limit, and a is not counted.
+    for _ in 0..3 {
+        let r = should(&mut client, both(30)).await;
+        assert_eq!(codes(&r), [Code::Ok, Code::OverLimit]);
+        assert_eq!(remaining(&r), [4, 20], "a denial counts in no window");
+    }
+    let r = should(&mut client, both(20)).await;
+    assert_eq!((overall(&r), remaining(&r)), (Code::Ok, vec![3, 0]));
+    // One window named twice is counted once, at the larger cost; a
+    // descriptor of cost 0 beside them only reads its window.
+    let r = should(
+        &mut client,
+        request(
+            "shop",
+            vec![
+                costing(&[("a", "twice")], 2),
+                costing(&[("a", "twice")], 4),
+                costing(&[("a", "mixed")], 0),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!((overall(&r), remaining(&r)), (Code::Ok, vec![1, 1, 3]));
+}
+
+/// `--grpc-server tonic` serves the same service with tonic's server:
+/// the same sequence of calls (admissions, denials, costs, bad requests)
+/// gets the same answers from both servers, each on its own store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tonic_server_answers_as_the_default_one() {
+    let (_dir, h2) = start(&[]);
+    let (_dir2, tonic) = start(&["--grpc-server", "tonic"]);
+    assert!(h2.log().contains("server=H2"), "{}", h2.log());
+    assert!(tonic.log().contains("server=Tonic"), "{}", tonic.log());
+    let mut clients = [h2.client().await, tonic.client().await];
+    let costing = |entries: &[(&str, &str)], cost: u64| {
+        let mut d = descriptor(entries);
+        d.hits_addend = Some(UInt64Value { value: cost });
+        d
+    };
+    let calls = vec![
+        request("shop", vec![descriptor(&[("path", "/login")])]),
+        request("shop", vec![descriptor(&[("path", "/login")])]),
+        request("shop", vec![descriptor(&[("path", "/login")])]),
+        request(
+            "shop",
+            vec![
+                costing(&[("a", "t")], 2),
+                costing(&[("path", "/api/t")], 49),
+            ],
+        ),
+        request(
+            "shop",
+            vec![costing(&[("a", "t")], 2), costing(&[("path", "/api/t")], 2)],
+        ),
+        request("shop", vec![descriptor(&[("path", "/static/x")])]),
+        request("nowhere", vec![descriptor(&[("a", "t")])]),
+        request("", vec![descriptor(&[("a", "t")])]),
+        request("shop", vec![]),
+    ];
+    let mut over = 0;
+    for (i, call) in calls.into_iter().enumerate() {
+        let mut answers = Vec::new();
+        for client in &mut clients {
+            let answer = client
+                .should_rate_limit(call.clone())
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    let statuses: Vec<(i32, u32)> = r
+                        .statuses
+                        .iter()
+                        .map(|s| (s.code, s.limit_remaining))
+                        .collect();
+                    (r.overall_code, statuses)
+                })
+                .map_err(|status| (status.code(), status.message().to_owned()));
+            answers.push(answer);
+        }
+        assert_eq!(answers[0], answers[1], "call {i}: h2, then tonic");
+        over +=
+            usize::from(matches!(&answers[0], Ok((code, _)) if *code == Code::OverLimit as i32));
+    }
+    assert_eq!(
+        over, 2,
+        "the third /login call and the 2 + 2 after 49 of 50"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_headers_name_the_binding_descriptor() {
     let (_dir, rls) = start(&["--response-headers"]);

@@ -8,6 +8,7 @@
 mod rls_support;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::google::protobuf::UInt64Value;
 use rls_support::{codes, config_dir, descriptor, overall, request, should, RlsProcess};
 use tower_window_tests::redis_cluster::{query, RedisCluster};
 use tower_window_tests::redis_server::RedisServer;
@@ -80,7 +81,52 @@ async fn admitted(a: &RlsProcess, b: &RlsProcess, key: &str, total: usize) -> (u
     (sequential, concurrent)
 }
 
+/// Sends `calls` requests concurrently over both nodes, each spending 1 of
+/// `user=<user>` and `org_cost` of `org=<org>` (descriptors' own
+/// `hits_addend`s); returns how many were admitted and what each window
+/// has left afterwards (read with a cost-0 call).
+async fn mixed_costs(
+    a: &RlsProcess,
+    b: &RlsProcess,
+    (user, org): (&str, &str),
+    org_cost: u64,
+    calls: usize,
+) -> (usize, u32, u32) {
+    let clients = [a.client().await, b.client().await];
+    let costing = |key: &str, value: &str, cost: u64| {
+        let mut d = descriptor(&[(key, value)]);
+        d.hits_addend = Some(UInt64Value { value: cost });
+        d
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..calls {
+        let mut client = clients[i % 2].clone();
+        let both = vec![costing("user", user, 1), costing("org", org, org_cost)];
+        tasks.spawn(async move {
+            let r = should(&mut client, request("exact", both)).await;
+            overall(&r) == Code::Ok
+        });
+    }
+    let mut admitted = 0;
+    while let Some(ok) = tasks.join_next().await {
+        admitted += usize::from(ok.unwrap());
+    }
+    let read = vec![costing("user", user, 0), costing("org", org, 0)];
+    let r = should(&mut clients[0].clone(), request("exact", read)).await;
+    (
+        admitted,
+        r.statuses[0].limit_remaining,
+        r.statuses[1].limit_remaining,
+    )
+}
+
 async fn exact_across_nodes(a: &RlsProcess, b: &RlsProcess) {
+    // Costs 1 and 3 in one call: org (20) admits 6; user (7) is spent only
+    // with them, never on the calls org denies.
+    assert_eq!(
+        mixed_costs(a, b, ("mixed", "mixed"), 3, 12).await,
+        (6, 1, 2)
+    );
     assert_eq!(admitted(a, b, "user", 30).await, (7, 7));
     assert_eq!(admitted(a, b, "fixed", 30).await, (4, 4));
     // Two descriptors together: org (20) is never spent past user's 7 on
@@ -174,6 +220,15 @@ async fn two_nodes_with_leases_on_one_redis_enforce_exact_limits() {
         })
         .sum();
     assert!(granted >= 2.0, "lease units granted: {granted}");
+    // Calls whose descriptors cost differently skip the leases and go to
+    // Redis, which counts the units node a holds: never past org's 20, and
+    // user spent only with what org admitted.
+    let (n, user_left, org_left) = mixed_costs(&a, &b, ("with-lease", "hot"), 2, 10).await;
+    // (a's lease may hold all 5 units left: a sliding-log-only policy
+    // leases its whole room.)
+    assert!(n <= 2, "15 + 2 x {n} past 20");
+    assert_eq!(user_left, 7 - n as u32, "user spent once per admitted call");
+    assert!(org_left <= 5 - 2 * n as u32, "org left {org_left}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

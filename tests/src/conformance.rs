@@ -40,7 +40,7 @@ use tower_window::limit::{self, Backend as _};
 use tower_window::store::{self, Guard};
 use tower_window::{
     CheckRequest, Clock, Cost, Decision, DecisionSource, LimitError, Limiter, ManualClock,
-    MemoryStore, Policy, Quota, Scope, Store, WindowKey,
+    MemoryStore, Policy, Quota, QuotaCosts, Scope, Store, WindowKey,
 };
 
 use crate::shared::Shared;
@@ -110,6 +110,7 @@ macro_rules! conformance_tests {
             rolling_limit_change_keeps_the_window,
             shadow_quota_never_denies_and_records_only_what_fits,
             peek_reads_every_quota_and_consumes_nothing,
+            quota_costs_are_decided_together,
         );
     };
     (@each $factory:expr; $($scenario:ident),* $(,)?) => {
@@ -255,13 +256,23 @@ impl<S: limit::Backend> Run<S> {
     /// Checks a whole policy and returns the decision, asserting the fields
     /// every decision must have.
     async fn check_policy(&self, key: &WindowKey, policy: &Policy, cost: u32) -> Decision {
+        self.decide(CheckRequest::new(key, policy, cost_of(cost)))
+            .await
+    }
+
+    /// Checks a whole policy with `costs[i]` units in quota `i`.
+    async fn check_each(&self, key: &WindowKey, policy: &Policy, costs: &[u32]) -> Decision {
+        let costs: Vec<Cost> = costs.iter().map(|&c| cost_of(c)).collect();
+        let request = CheckRequest::new(key, policy, Cost::ONE).with_quota_costs(&costs);
+        self.decide(request).await
+    }
+
+    async fn decide(&self, request: CheckRequest<'_>) -> Decision {
+        let (policy, cost) = (request.policy, request.cost);
         let now = self.clock.now_micros();
         let decision = self
             .store
-            .check(
-                &mut Guard::bare(),
-                CheckRequest::new(key, policy, cost_of(cost)),
-            )
+            .check(&mut Guard::bare(), request)
             .await
             .unwrap_or_else(|e| {
                 panic!(
@@ -1216,5 +1227,115 @@ pub async fn peek_reads_every_quota_and_consumes_nothing<F: StoreFactory>(factor
             ("gcra", allow(7, 18 * S)),
             ("counter", allow(7, 70 * S)),
         ])
+    );
+}
+
+/// A request with a cost per quota (an Envoy request whose descriptors
+/// carry their own `hits_addend`) is decided in one call like any other:
+/// each quota takes its own cost, a denial by one counts nothing in any,
+/// and a peek asks about the same costs. The limiter refuses a cost list
+/// that does not match the policy with a typed error, before any call.
+pub async fn quota_costs_are_decided_together<F: StoreFactory>(factory: &F) {
+    let run = Run::start(factory, "quota_costs_are_decided_together").await;
+    let p = policy(
+        "p",
+        [
+            named("10/1m", "requests"),
+            named("100/1m fixed-window", "bytes"),
+            named("10/1m gcra", "gcra"),
+            named("10/1m sliding-counter(10s)", "counter"),
+        ],
+    );
+    let k = run.key("user");
+    let d = run.check_each(&k, &p, &[1, 60, 2, 3]).await;
+    assert!(d.allowed(), "quota_costs: {d:?}");
+    let first = want(&[
+        ("requests", allow(9, 60 * S)),
+        ("bytes", allow(40, 40 * S)),
+        // T = 6 s: 2 units, tat = START + 12 s.
+        ("gcra", allow(8, 12 * S)),
+        ("counter", allow(7, 70 * S)),
+    ]);
+    assert_eq!(states(&d), first, "quota_costs: each quota its own cost");
+    // 60 bytes no longer fit: denied, and no quota moves.
+    for _ in 0..3 {
+        let d = run.check_each(&k, &p, &[1, 60, 1, 1]).await;
+        assert!(!d.allowed(), "quota_costs: {d:?}");
+        assert_eq!(d.quota().name(), "bytes");
+        let mut as_it_stands = first.clone();
+        as_it_stands[1] = ("bytes".to_owned(), deny(40, 40 * S, 40 * S));
+        assert_eq!(states(&d), as_it_stands, "quota_costs: a denial");
+    }
+    let ask = [cost_of(1), cost_of(41), cost_of(1), cost_of(1)];
+    let peek = run
+        .store
+        .peek(
+            &mut Guard::bare(),
+            CheckRequest::new(&k, &p, Cost::ONE).with_quota_costs(&ask),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("quota_costs: peek: {e}"));
+    assert!(!peek.allowed(), "41 bytes do not fit 40: {peek:?}");
+    assert_eq!(states(&peek), {
+        let mut p = first.clone();
+        p[1] = ("bytes".to_owned(), deny(40, 40 * S, 40 * S));
+        p
+    });
+    let d = run.check_each(&k, &p, &[1, 40, 1, 1]).await;
+    assert_eq!(
+        states(&d),
+        want(&[
+            ("requests", allow(8, 60 * S)),
+            ("bytes", allow(0, 40 * S)),
+            ("gcra", allow(7, 18 * S)),
+            ("counter", allow(6, 70 * S)),
+        ]),
+        "quota_costs: the admission after the denials took only its own costs"
+    );
+    // Through a limiter: a list of the wrong length is refused, and equal
+    // costs are one cost.
+    let store = Store::bare(store::Backend::windows(Shared::of(&run.store)));
+    let limiter = Limiter::new(store, p.clone());
+    let three = QuotaCosts::from([Cost::ONE; 3]);
+    match limiter.check_policy_per_quota(&k, &p, &three).await {
+        Err(LimitError::QuotaCosts {
+            quotas: 4,
+            costs: 3,
+        }) => {}
+        other => panic!("quota_costs: three costs for four quotas: {other:?}"),
+    }
+    match limiter.peek_policy_per_quota(&k, &p, &three).await {
+        Err(LimitError::QuotaCosts {
+            quotas: 4,
+            costs: 3,
+        }) => {}
+        other => panic!("quota_costs: a peek with three costs: {other:?}"),
+    }
+    let d = limiter
+        .check_policy_per_quota(
+            &k,
+            &p,
+            &QuotaCosts::from([Cost::ONE, cost_of(1), Cost::ONE, Cost::ONE]),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("quota_costs: {e}"));
+    assert!(!d.allowed(), "no byte left: {d:?}");
+    run.at(MINUTE_END);
+    let d = limiter
+        .check_policy_per_quota(
+            &k,
+            &p,
+            &QuotaCosts::from([Cost::ONE, cost_of(100), Cost::ONE, Cost::ONE]),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("quota_costs: {e}"));
+    assert_eq!(
+        (
+            d.allowed(),
+            d.quotas()[0].remaining(),
+            d.quotas()[1].remaining()
+        ),
+        (true, 7, 0),
+        "quota_costs: the next fixed window takes 100 bytes and one request"
     );
 }

@@ -93,3 +93,61 @@ impl IntoCost for u32 {
         Cost::try_from(self)
     }
 }
+
+/// A cost per quota: `costs[i]` units in quota `i` of a policy, for
+/// [`Limiter::check_policy_per_quota`](crate::Limiter::check_policy_per_quota).
+///
+/// A list of its own (not a slice) so a check holds it by one thin
+/// reference and stays as small as any other; up to four costs are kept
+/// inline.
+///
+/// ```
+/// use tower_window::{Cost, QuotaCosts};
+///
+/// let costs = QuotaCosts::from([Cost::ONE, Cost::new(60).expect("not zero")]);
+/// assert_eq!(costs.len(), 2);
+/// assert_eq!(costs[1].get(), 60);
+/// let same: QuotaCosts = [1u32, 60].into_iter().filter_map(Cost::new).collect();
+/// assert_eq!(same, costs);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct QuotaCosts(smallvec::SmallVec<[Cost; 4]>);
+
+impl QuotaCosts {
+    /// The costs, in policy order.
+    pub fn as_slice(&self) -> &[Cost] {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for QuotaCosts {
+    type Target = [Cost];
+
+    fn deref(&self) -> &[Cost] {
+        &self.0
+    }
+}
+
+impl FromIterator<Cost> for QuotaCosts {
+    fn from_iter<I: IntoIterator<Item = Cost>>(costs: I) -> Self {
+        QuotaCosts(costs.into_iter().collect())
+    }
+}
+
+impl From<&[Cost]> for QuotaCosts {
+    fn from(costs: &[Cost]) -> Self {
+        costs.iter().copied().collect()
+    }
+}
+
+impl From<Vec<Cost>> for QuotaCosts {
+    fn from(costs: Vec<Cost>) -> Self {
+        QuotaCosts(smallvec::SmallVec::from_vec(costs))
+    }
+}
+
+impl<const N: usize> From<[Cost; N]> for QuotaCosts {
+    fn from(costs: [Cost; N]) -> Self {
+        costs.into_iter().collect()
+    }
+}

@@ -56,7 +56,7 @@ pub use http;
 pub use algorithm::Algorithm;
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use conn::{ConnectionLimiter, ConnectionSeat};
-pub use cost::{Cost, IntoCost, ZeroCost};
+pub use cost::{Cost, IntoCost, QuotaCosts, ZeroCost};
 pub use decision::{Decision, DecisionSource, FallbackReason, QuotaDecision};
 pub use dedup::DedupWindow;
 pub use fallback::FallbackPolicy;

@@ -11,7 +11,7 @@ use tower_window_examples::gateway::metrics::{install_recorder, metrics_router};
 use tower_window_examples::process::{
     fail, init_logging, shutdown_signal, EXIT_CONFIG, EXIT_RUNTIME,
 };
-use tower_window_examples::rls::{build, serve, RlsArgs};
+use tower_window_examples::rls::{build, serve, serve_with_tonic, GrpcServer, RlsArgs};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -19,6 +19,7 @@ async fn main() -> ExitCode {
     let args = RlsArgs::parse();
     let listen = args.listen;
     let metrics_listen = args.metrics_listen;
+    let grpc_server = args.grpc_server;
     // Before anything records: a registration made earlier is lost.
     let handle = metrics_listen.map(|_| install_recorder());
     let config = match args.into_config() {
@@ -66,13 +67,23 @@ async fn main() -> ExitCode {
         });
     }
     match listener.local_addr() {
-        Ok(address) => {
-            tracing::info!(%address, "serving envoy.service.ratelimit.v3.RateLimitService")
-        }
+        Ok(address) => tracing::info!(
+            %address,
+            server = ?grpc_server,
+            "serving envoy.service.ratelimit.v3.RateLimitService"
+        ),
         Err(error) => tracing::warn!(%error, "serving, on an address the system does not tell"),
     }
     let limiter = rls.service.limiter().clone();
-    if let Err(error) = serve(listener, rls.service, shutdown_signal()).await {
+    let served = match grpc_server {
+        GrpcServer::Tonic => serve_with_tonic(listener, rls.service, shutdown_signal())
+            .await
+            .map_err(|e| e.to_string()),
+        GrpcServer::H2 => serve(listener, rls.service, shutdown_signal())
+            .await
+            .map_err(|e| e.to_string()),
+    };
+    if let Err(error) = served {
         return fail(&format!("serving failed: {error}"), EXIT_RUNTIME);
     }
     // Give back what this node's leases did not spend.

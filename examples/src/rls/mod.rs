@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod reload;
 pub mod server;
 pub mod service;
+pub mod tonic_server;
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -44,6 +45,7 @@ use crate::gateway::{ConfigError, FallbackArg};
 pub use config::{RlsConfig, RlsConfigError};
 pub use server::serve;
 pub use service::RlsService;
+pub use tonic_server::serve_with_tonic;
 
 /// The rls's flags. Every flag can also be set from the environment
 /// variable shown in `--help`.
@@ -118,6 +120,21 @@ pub struct RlsArgs {
     /// Serve Prometheus metrics at `http://ADDR/metrics` (IP:PORT).
     #[arg(long, env = "TW_RLS_METRICS_LISTEN", value_parser = flags::listen)]
     pub metrics_listen: Option<SocketAddr>,
+
+    /// Which gRPC server answers: `h2` (HTTP/2 straight to the service,
+    /// the fastest) or `tonic` (tonic's server: its router, layers and
+    /// `grpc-timeout` enforcement). Both answer the same.
+    #[arg(long, env = "TW_RLS_GRPC_SERVER", value_enum, default_value_t = GrpcServer::H2)]
+    pub grpc_server: GrpcServer,
+}
+
+/// The gRPC server of `--grpc-server`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GrpcServer {
+    /// [`serve`]: HTTP/2 (`h2`) straight to the service.
+    H2,
+    /// [`serve_with_tonic`]: tonic's `Server`.
+    Tonic,
 }
 
 /// What [`build`] needs, made from [`RlsArgs`].

@@ -21,12 +21,13 @@
 //! fits). `overall_code` is `OVER_LIMIT` when any descriptor is.
 //!
 //! `hits_addend` (the request's, or a descriptor's own) is the cost; 0 at
-//! the request level means 1. Descriptors with different costs are decided
-//! in one store call per cost, in order, and once one call denies, the
-//! later ones only read (a denial after an admitted call cannot take that
-//! call back: only descriptors of one cost are all-or-nothing). A
-//! descriptor's own `hits_addend` of 0 only reads its window. Two
-//! descriptors with the same rule and values are one window, counted once.
+//! the request level means 1. Each window is charged its own descriptor's
+//! cost, and all of them are decided in the one store call
+//! ([`Limiter::check_policy_per_quota`]): descriptors of different costs
+//! are all-or-nothing too. A descriptor's own `hits_addend` of 0 only
+//! reads its window (a second call, which counts nothing). Two descriptors
+//! with the same rule and values are one window, counted once, at the
+//! larger of their costs.
 //!
 //! A request is prepared once per rules generation (rules matched, windows
 //! named, policies built) and kept in a bounded cache by its encoded bytes,
@@ -51,7 +52,7 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use prost::Message as _;
 use tonic::{Request, Response, Status};
 use tower_window::quota::MAX_QUOTAS;
-use tower_window::{Decision, Limiter, Policy, Quota, WindowKey};
+use tower_window::{Cost, Decision, Limiter, Policy, Quota, QuotaCosts, WindowKey};
 
 use super::config::{self, Limit, RlsConfig, Rule};
 use super::matching::{match_descriptor, override_instance, Matched};
@@ -191,33 +192,32 @@ impl RlsService {
     }
 
     /// The store calls of `prepared`, in order: each group's decision and
-    /// whether it only read. A call after a denial (or with an enforced
-    /// zero-limit rule matched) only reads.
+    /// whether it only read. The counted group only reads when an enforced
+    /// zero-limit rule matched (the request is denied whatever it finds).
     async fn run(&self, prepared: &Prepared) -> Result<Vec<(Decision, bool)>, Status> {
         let mut decisions = Vec::with_capacity(prepared.groups.len());
-        let mut denied = prepared.zero_denies;
         let key = &prepared.key;
+        let limiter = &self.inner.limiter;
         for group in &prepared.groups {
-            let limiter = &self.inner.limiter;
-            let read_only = group.cost == 0 || denied;
-            let decision = if read_only {
-                limiter
-                    .peek_policy(key, &group.policy, group.cost.max(1))
-                    .await
-                    .map(|d| (d, true))
-            } else {
-                limiter
-                    .check_policy(key, &group.policy, group.cost)
-                    .await
-                    .map(|d| (d, false))
+            let decision = match &group.costs {
+                // Descriptors of hits_addend 0: their windows as they stand.
+                None => limiter.peek_policy(key, &group.policy, 1).await,
+                Some(costs) if prepared.zero_denies => {
+                    limiter
+                        .peek_policy_per_quota(key, &group.policy, costs)
+                        .await
+                }
+                Some(costs) => {
+                    limiter
+                        .check_policy_per_quota(key, &group.policy, costs)
+                        .await
+                }
             };
-            let (decision, peeked) = decision.map_err(|e| {
+            let decision = decision.map_err(|e| {
                 tracing::warn!(error = %e, "rate limit store unavailable");
                 Status::unavailable(format!("the rate limit store cannot decide: {e}"))
             })?;
-            if !peeked && !decision.allowed() {
-                denied = true;
-            }
+            let peeked = group.costs.is_none() || prepared.zero_denies;
             decisions.push((decision, peeked));
         }
         Ok(decisions)
@@ -241,8 +241,8 @@ impl RlsService {
 }
 
 /// A request made ready to decide: each descriptor's plan, and the store
-/// calls — one per cost (in order of first appearance), each a policy of
-/// that cost's distinct windows.
+/// calls: one counting every window a descriptor spends (each at its own
+/// cost), then one reading the windows of descriptors that spend nothing.
 #[derive(Debug)]
 struct Prepared {
     /// The window key of the request's domain.
@@ -259,7 +259,8 @@ struct Prepared {
 /// One store call.
 #[derive(Debug)]
 struct Group {
-    cost: u32,
+    /// Each window's cost, in policy order; `None`: only read.
+    costs: Option<QuotaCosts>,
     policy: Policy,
     /// `(descriptor index, quota index in the policy)`.
     members: Vec<(usize, usize)>,
@@ -307,41 +308,42 @@ fn prepare(
         Plan::Zero { rule } => !rule.shadow,
         _ => false,
     });
-    // Costs in order of first appearance.
-    let mut costs: Vec<u32> = Vec::new();
-    for plan in &plans {
-        if let Plan::Store { cost, .. } = plan {
-            if !costs.contains(cost) {
-                costs.push(*cost);
-            }
-        }
-    }
-    let mut groups = Vec::with_capacity(costs.len());
-    for cost in costs {
-        // Distinct windows of this cost (a few per request: linear scans
-        // beat hashing here), and each descriptor's index among them.
+    let mut groups = Vec::with_capacity(2);
+    for spends in [true, false] {
+        // Distinct windows (a few per request: linear scans beat hashing
+        // here), each descriptor's index among them, and each window's cost.
         let mut quotas: Vec<Quota> = Vec::new();
+        let mut costs: Vec<Cost> = Vec::new();
         let mut members: Vec<(usize, usize)> = Vec::new();
         for (i, plan) in plans.iter().enumerate() {
-            let Plan::Store { quota, cost: c, .. } = plan else {
+            let Plan::Store { quota, cost, .. } = plan else {
                 continue;
             };
-            if *c != cost {
+            // The counting call takes the descriptors that spend, the
+            // reading call those that do not.
+            let cost = Cost::new(*cost);
+            if cost.is_some() != spends {
                 continue;
             }
             let at = match quotas.iter().position(|q| q.state_id() == quota.state_id()) {
                 Some(at) => at,
                 None => {
-                    let named = unique_name(quota, &quotas)?;
-                    quotas.push(named);
+                    quotas.push(unique_name(quota, &quotas)?);
+                    costs.push(Cost::ONE);
                     quotas.len() - 1
                 }
             };
+            if let (Some(cost), Some(slot)) = (cost, costs.get_mut(at)) {
+                *slot = (*slot).max(cost);
+            }
             members.push((i, at));
+        }
+        if quotas.is_empty() {
+            continue;
         }
         if quotas.len() > MAX_QUOTAS {
             return Err(Status::invalid_argument(format!(
-                "at most {MAX_QUOTAS} limited descriptors of one hits_addend per request, got {}",
+                "at most {MAX_QUOTAS} limited descriptors per request, got {}",
                 quotas.len()
             )));
         }
@@ -349,7 +351,7 @@ fn prepare(
         let policy = Policy::new("rls", quotas)
             .map_err(|e| Status::internal(format!("cannot decide these descriptors: {e}")))?;
         groups.push(Group {
-            cost,
+            costs: spends.then(|| QuotaCosts::from(costs)),
             policy,
             members,
             names,

@@ -106,6 +106,16 @@ pub enum Op {
         /// The cost.
         cost: u32,
     },
+    /// A check with a cost per quota: quota `i` costs `costs[i % 4]` (an
+    /// Envoy request whose descriptors carry their own `hits_addend`).
+    CheckEach {
+        /// The tenant (0 or 1).
+        tenant: u8,
+        /// The subject.
+        subject: u8,
+        /// The costs.
+        costs: [u32; 4],
+    },
     /// A peek (records nothing).
     Peek {
         /// The tenant.
@@ -171,6 +181,11 @@ impl fmt::Debug for Op {
                 subject,
                 cost,
             } => write!(f, "Check(t{tenant}/s{subject}, cost {cost})"),
+            Self::CheckEach {
+                tenant,
+                subject,
+                costs,
+            } => write!(f, "CheckEach(t{tenant}/s{subject}, costs {costs:?})"),
             Self::Peek {
                 tenant,
                 subject,
@@ -283,13 +298,38 @@ fn excursion() -> impl Strategy<Value = Op> {
 }
 
 fn check() -> impl Strategy<Value = Op> {
-    (0..2u8, 0..3u8, prop_oneof![8 => 1..4u32, 1 => 4..13u32]).prop_map(
-        |(tenant, subject, cost)| Op::Check {
+    let cost = || prop_oneof![8 => 1..4u32, 1 => 4..13u32];
+    prop_oneof![
+        4 => (0..2u8, 0..3u8, cost()).prop_map(|(tenant, subject, cost)| Op::Check {
             tenant,
             subject,
             cost,
-        },
-    )
+        }),
+        1 => (0..2u8, 0..3u8, [cost(), cost(), cost(), cost()]).prop_map(
+            |(tenant, subject, costs)| Op::CheckEach {
+                tenant,
+                subject,
+                costs,
+            }
+        ),
+    ]
+}
+
+/// What one check costs: one cost in every quota, or `costs[i % 4]` in
+/// quota `i`.
+#[derive(Debug, Clone, Copy)]
+enum Costs {
+    One(u32),
+    Each([u32; 4]),
+}
+
+impl Costs {
+    fn of(self, quota: usize) -> u32 {
+        match self {
+            Self::One(cost) => cost,
+            Self::Each(costs) => costs[quota % 4],
+        }
+    }
 }
 
 /// The policy capability's operations.
@@ -593,13 +633,13 @@ impl Exec<'_> {
         tenant: u8,
         subject: u8,
         policy: &Policy,
-        cost: u32,
+        costs: Costs,
         commit: bool,
     ) -> (bool, Vec<Expect>) {
         let now = self.backends.clock.now_micros();
-        let cost = u64::from(cost);
-        let mut evals: Vec<(StateKey, Params, Eval, bool)> = Vec::new();
+        let mut evals: Vec<(StateKey, Params, Eval, bool, u64)> = Vec::new();
         for (i, quota) in policy.quotas().iter().enumerate() {
+            let cost = u64::from(costs.of(i));
             let key = self.state_key(tenant, subject, i);
             let p = Params::of(quota);
             let w = self.windows.entry(key).or_default();
@@ -607,11 +647,11 @@ impl Exec<'_> {
                 w.expire(&p, now);
             }
             let e = w.eval(&p, now, cost);
-            evals.push((key, p, e, quota.is_shadow()));
+            evals.push((key, p, e, quota.is_shadow(), cost));
         }
-        let allowed = evals.iter().all(|(_, _, e, shadow)| e.fits || *shadow);
+        let allowed = evals.iter().all(|(_, _, e, shadow, _)| e.fits || *shadow);
         let mut out = Vec::new();
-        for (key, p, e, _) in &evals {
+        for (key, p, e, _, cost) in &evals {
             let unknown = self.unknown.contains(key);
             let committed = commit && allowed && e.fits;
             let (rem, reset) = if committed { e.after } else { e.before };
@@ -629,7 +669,7 @@ impl Exec<'_> {
             });
             if commit && allowed && e.fits {
                 if let Some(w) = self.windows.get_mut(key) {
-                    w.commit(p, now, cost);
+                    w.commit(p, now, *cost);
                 }
             }
         }
@@ -641,7 +681,7 @@ impl Exec<'_> {
         at: &str,
         tenant: u8,
         subject: u8,
-        cost: u32,
+        costs: Costs,
         peek: bool,
         tally: &mut Tally,
     ) -> Outcome {
@@ -649,13 +689,20 @@ impl Exec<'_> {
         let key = self.key(tenant, subject);
         let now = self.backends.clock.now_micros();
         let bound = self.work_bound(tenant, subject, &policy);
-        let (allowed, expect) = self.expectations(tenant, subject, &policy, cost, !peek);
+        let (allowed, expect) = self.expectations(tenant, subject, &policy, costs, !peek);
+        let each: Vec<Cost> = (0..policy.len())
+            .map(|i| Cost::new(costs.of(i)).ok_or_else(|| format!("{at}: a case with cost 0")))
+            .collect::<Result<_, _>>()?;
         let mut first: Option<Decision> = None;
         for s in 0..3 {
             tally.op(STORES[s]);
             let store = Arc::clone(&self.stores[s]);
-            let cost = Cost::new(cost).ok_or_else(|| format!("{at}: a case with cost 0"))?;
-            let request = CheckRequest::new(&key, &policy, cost);
+            let request = match costs {
+                Costs::One(_) => CheckRequest::new(&key, &policy, each[0]),
+                Costs::Each(_) => {
+                    CheckRequest::new(&key, &policy, Cost::ONE).with_quota_costs(&each)
+                }
+            };
             let got = if peek {
                 self.measured(s, bound, store.peek(&mut Guard::bare(), request))
                     .await
@@ -704,6 +751,13 @@ impl Exec<'_> {
             (false, true) => "admitted",
             (false, false) => "denied",
         });
+        if let (Costs::Each(_), false) = (costs, peek) {
+            tally.saw(if allowed {
+                "a cost per quota admitted"
+            } else {
+                "a cost per quota denied"
+            });
+        }
         if !peek
             && expect
                 .iter()
@@ -1174,7 +1228,20 @@ pub async fn run(case: &Case, backends: &Backends, run: u64, tally: &mut Tally) 
                 tenant,
                 subject,
                 cost,
-            } => exec.check(&at, tenant, subject, cost, false, tally).await?,
+            } => {
+                let costs = Costs::One(cost);
+                exec.check(&at, tenant, subject, costs, false, tally)
+                    .await?
+            }
+            Op::CheckEach {
+                tenant,
+                subject,
+                costs,
+            } => {
+                let costs = Costs::Each(costs);
+                exec.check(&at, tenant, subject, costs, false, tally)
+                    .await?;
+            }
             // Redis's peek drops expired state and the embedded store's does
             // not: invisible while time moves forward, a different decision
             // after a step back (reported in tests/README.md). Peeks run only
@@ -1187,7 +1254,10 @@ pub async fn run(case: &Case, backends: &Backends, run: u64, tally: &mut Tally) 
                 tenant,
                 subject,
                 cost,
-            } => exec.check(&at, tenant, subject, cost, true, tally).await?,
+            } => {
+                let costs = Costs::One(cost);
+                exec.check(&at, tenant, subject, costs, true, tally).await?
+            }
             Op::ChangeLimits => {
                 variant = 1 - variant;
                 if case.quotas.iter().any(|p| p.limits[0] != p.limits[1]) {
@@ -1233,9 +1303,11 @@ pub async fn run(case: &Case, backends: &Backends, run: u64, tally: &mut Tally) 
             } => {
                 exec.monotone = false;
                 clock.set(now - by as u64);
-                exec.check(&at, tenant, subject, 1, false, tally).await?;
+                exec.check(&at, tenant, subject, Costs::One(1), false, tally)
+                    .await?;
                 clock.set(now);
-                exec.check(&at, tenant, subject, 1, false, tally).await?;
+                exec.check(&at, tenant, subject, Costs::One(1), false, tally)
+                    .await?;
                 tally.saw("clock excursion");
             }
         }
@@ -1291,6 +1363,8 @@ impl super::Capability for Policies {
             "tenant reset",
             "shadow would-be denial admitted",
             "bound checked",
+            "a cost per quota admitted",
+            "a cost per quota denied",
         ] {
             if tally.count(what) < 3 {
                 return Err(format!("{what} (seen {} times)", tally.count(what)));
@@ -1326,6 +1400,7 @@ impl super::Capability for Leases {
             "history of dead leases",
             "admitted",
             "denied",
+            "a cost per quota admitted",
         ] {
             if tally.count(what) < 3 {
                 return Err(format!("{what} (seen {} times)", tally.count(what)));

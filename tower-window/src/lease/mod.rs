@@ -34,6 +34,11 @@
 //!   ([`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest)):
 //!   no lease could ever be granted.
 //!
+//! A lease holds the same units in every quota, so a check with a cost per
+//! quota ([`Limiter::check_policy_per_quota`](crate::Limiter::check_policy_per_quota))
+//! never spends from one: it goes to the store, which counts the units
+//! leases hold, and the bound stays exact.
+//!
 //! # A node that dies holding a lease
 //!
 //! Its refund never comes, so the store keeps counting the lease's units as

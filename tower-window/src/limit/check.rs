@@ -11,8 +11,8 @@ use futures_util::future::BoxFuture;
 use crate::limit::lease_tier::Leased;
 use crate::limit::local::Lookup;
 use crate::limit::{LimitError, Limiter};
-use crate::store::StoreError;
-use crate::{Cost, Decision, Policy, WindowKey, ZeroCost};
+use crate::store::{CheckRequest, StoreError};
+use crate::{Cost, Decision, Policy, QuotaCosts, WindowKey};
 
 /// The future of one [`Limiter::check`] or [`Limiter::check_policy`].
 ///
@@ -43,11 +43,39 @@ pub struct Check<'a> {
     limiter: &'a Limiter,
     key: &'a WindowKey,
     policy: &'a Policy,
+    /// Each quota's cost when they differ (the check's own cost is then
+    /// the largest); `None`: one cost for every quota.
+    quota_costs: Option<&'a QuotaCosts>,
     state: State<'a>,
 }
 
+/// Why a check is refused before it starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Refused {
+    ZeroCost,
+    QuotaCosts { quotas: u32, costs: u32 },
+}
+
+impl From<crate::ZeroCost> for Refused {
+    fn from(_: crate::ZeroCost) -> Self {
+        Refused::ZeroCost
+    }
+}
+
+impl From<Refused> for LimitError {
+    fn from(refused: Refused) -> Self {
+        match refused {
+            Refused::ZeroCost => LimitError::ZeroCost,
+            Refused::QuotaCosts { quotas, costs } => LimitError::QuotaCosts {
+                quotas: quotas as usize,
+                costs: costs as usize,
+            },
+        }
+    }
+}
+
 enum State<'a> {
-    Start(Result<Cost, ZeroCost>),
+    Start(Result<Cost, Refused>),
     /// The store's answer is on its way. `traced`: the limiter clock's
     /// reading at the start when a `tower_window.check` span is wanted,
     /// else 0.
@@ -71,13 +99,53 @@ impl<'a> Check<'a> {
         limiter: &'a Limiter,
         key: &'a WindowKey,
         policy: &'a Policy,
-        cost: Result<Cost, ZeroCost>,
+        cost: Result<Cost, Refused>,
     ) -> Self {
         Self {
             limiter,
             key,
             policy,
+            quota_costs: None,
             state: State::Start(cost),
+        }
+    }
+
+    /// A check of `costs[i]` units in quota `i` of `policy`: one cost for
+    /// all when they are equal, refused when the lengths differ.
+    pub(crate) fn per_quota(
+        limiter: &'a Limiter,
+        key: &'a WindowKey,
+        policy: &'a Policy,
+        costs: &'a QuotaCosts,
+    ) -> Self {
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let (cost, quota_costs) = match costs.as_slice() {
+            _ if costs.len() != policy.len() => (
+                Err(Refused::QuotaCosts {
+                    quotas: count(policy.len()),
+                    costs: count(costs.len()),
+                }),
+                None,
+            ),
+            [first, rest @ ..] if rest.iter().all(|c| c == first) => (Ok(*first), None),
+            _ => (
+                Ok(costs.iter().copied().max().unwrap_or(Cost::ONE)),
+                Some(costs),
+            ),
+        };
+        Self {
+            quota_costs,
+            ..Self::new(limiter, key, policy, cost)
+        }
+    }
+
+    /// The store request of this check (`cost`: its own, the largest when
+    /// quotas cost differently).
+    fn request(&self, cost: Cost) -> CheckRequest<'a> {
+        let request = CheckRequest::new(self.key, self.policy, cost);
+        match self.quota_costs {
+            Some(costs) => request.with_quota_costs(costs.as_slice()),
+            None => request,
         }
     }
 
@@ -101,10 +169,13 @@ impl<'a> Check<'a> {
         } else {
             0
         };
+        // Leases hold one count of units for every quota: a check whose
+        // quotas cost differently goes to the store (exact all the same,
+        // as the store counts what leases hold).
         if let Some(tier) = inner
             .leases
             .as_ref()
-            .filter(|tier| tier.applies(self.policy))
+            .filter(|tier| self.quota_costs.is_none() && tier.applies(self.policy))
         {
             let (key, policy) = (self.key, self.policy);
             let future: BoxFuture<'a, _> = match limiter.spend_leased(tier, key, policy, cost.get())
@@ -141,7 +212,8 @@ impl<'a> Check<'a> {
         let inner = &*limiter.inner;
         let mut stale = false;
         if let Some(local) = &inner.local {
-            match local.lookup(self.key, self.policy, cost.get()) {
+            let quota_costs = self.quota_costs.map(QuotaCosts::as_slice);
+            match local.lookup(self.key, self.policy, cost.get(), quota_costs) {
                 Lookup::Hit(decision) => {
                     inner.stats.local_cache.fetch_add(1, Ordering::Relaxed);
                     return self.finish(Ok(decision), cost, traced);
@@ -149,7 +221,7 @@ impl<'a> Check<'a> {
                 Lookup::Miss { stale: s } => stale = s,
             }
         }
-        match limiter.check_store(self.key, self.policy, cost).split() {
+        match limiter.check_store(self.request(cost)).split() {
             Ok(result) => self.stored(result, cost, stale, traced),
             Err(future) => {
                 self.state = State::Store {
@@ -177,11 +249,11 @@ impl<'a> Check<'a> {
         match result {
             Ok(decision) => {
                 self.limiter
-                    .note_stored(self.key, self.policy, cost, stale, &decision);
+                    .note_stored(self.request(cost), stale, &decision);
                 self.finish(Ok(decision), cost, traced)
             }
             Err(error) => {
-                let decided = self.limiter.fall_back(self.key, self.policy, cost, error);
+                let decided = self.limiter.fall_back(self.request(cost), error);
                 self.finish(decided, cost, traced)
             }
         }
@@ -273,7 +345,7 @@ impl Future for Check<'_> {
         // `Check` holds no self-reference: it is `Unpin`.
         let this = &mut *self;
         match std::mem::replace(&mut this.state, State::Done) {
-            State::Start(Err(ZeroCost)) => Poll::Ready(Err(LimitError::ZeroCost)),
+            State::Start(Err(refused)) => Poll::Ready(Err(refused.into())),
             State::Start(Ok(cost)) => this.start(cx, cost),
             State::Done => panic!("`Check` polled after completion"),
             waiting => {

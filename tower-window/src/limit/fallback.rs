@@ -66,8 +66,14 @@ pub struct FallbackRequest<'a> {
     pub key: &'a WindowKey,
     /// Which quotas.
     pub policy: &'a Policy,
-    /// Units requested.
+    /// Units requested; with [`quota_costs`](Self::quota_costs), the most
+    /// any quota is asked for.
     pub cost: Cost,
+    /// The units each quota was asked for, in policy order, when they
+    /// differ ([`Limiter::check_policy_per_quota`](crate::Limiter::check_policy_per_quota));
+    /// `None`: [`cost`](Self::cost) in every quota. Read one with
+    /// [`cost_of`](Self::cost_of).
+    pub quota_costs: Option<&'a [Cost]>,
     /// Why the store did not decide.
     pub reason: FallbackReason,
     /// The store's error, when there was one (none for an open breaker or a
@@ -91,10 +97,24 @@ impl<'a> FallbackRequest<'a> {
             key,
             policy,
             cost,
+            quota_costs: None,
             reason,
             error: None,
             now_micros,
         }
+    }
+
+    /// The same request with a cost per quota (`None`: one for all).
+    pub fn with_quota_costs(mut self, costs: Option<&'a [Cost]>) -> Self {
+        self.quota_costs = costs;
+        self
+    }
+
+    /// The units quota `index` of the policy was asked for.
+    pub fn cost_of(&self, index: usize) -> Cost {
+        self.quota_costs
+            .and_then(|costs| costs.get(index).copied())
+            .unwrap_or(self.cost)
     }
 
     /// The same request with the store's error.
@@ -148,10 +168,15 @@ impl FailOpen {
 
 impl FallbackPolicy for FailOpen {
     fn decide(&self, request: FallbackRequest<'_>) -> Decision {
-        let states = request.policy.quotas().iter().map(|quota| {
-            let remaining = quota.capacity().saturating_sub(request.cost.get());
-            QuotaDecision::allow(quota.clone(), remaining, quota.window())
-        });
+        let states = request
+            .policy
+            .quotas()
+            .iter()
+            .enumerate()
+            .map(|(i, quota)| {
+                let remaining = quota.capacity().saturating_sub(request.cost_of(i).get());
+                QuotaDecision::allow(quota.clone(), remaining, quota.window())
+            });
         for_policy(request.policy, states)
     }
 }
@@ -358,8 +383,11 @@ impl FallbackPolicy for LocalWindow {
         };
         // The embedded store decides in-process: no need to await it.
         let decision = match self.scaled_policy(policy).map(|scaled| {
-            self.store
-                .check_now(CheckRequest::new(request.key, &scaled, request.cost))
+            let check = CheckRequest::new(request.key, &scaled, request.cost);
+            self.store.check_now(match request.quota_costs {
+                Some(costs) => check.with_quota_costs(costs),
+                None => check,
+            })
         }) {
             // Report against the quotas the caller asked about.
             Some(Ok(decision)) => decision.reported_as(policy),

@@ -5,7 +5,8 @@
 //! of at least the same cost locally, without a store call, until then. It
 //! only ever repeats a denial the store made, so it never admits anything the
 //! store would not; a cheaper request may fit earlier and still goes to the
-//! store.
+//! store. With a cost per quota, "at least the same cost" means in every
+//! quota.
 //!
 //! The tier is a bounded, sharded [`quick_cache`] cache, so a flood of
 //! distinct keys cannot grow it past its capacity. Expiry is inside the
@@ -21,7 +22,7 @@ use quick_cache::{DefaultHashBuilder, UnitWeighter};
 
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
 use crate::metrics::LimiterMetrics;
-use crate::{Clock, Decision, DecisionSource, Policy, WindowKey};
+use crate::{Clock, Cost, Decision, DecisionSource, Policy, WindowKey};
 
 /// Default number of keys the local tier remembers.
 pub(crate) const DEFAULT_LOCAL_CAPACITY: u64 = 100_000;
@@ -33,8 +34,10 @@ struct Denied {
     until_micros: u64,
     /// Clock reading (µs) when the store denied.
     at_micros: u64,
-    /// The cost the store denied.
+    /// The cost the store denied (the largest, with `quota_costs`).
     cost: u32,
+    /// Each quota's cost the store denied, when they differed.
+    quota_costs: Option<Box<[Cost]>>,
     /// The store's denial, every quota's state included, as of `at_micros`.
     decision: Decision,
     /// `retry_after` after the denial in real time: past it the entry reads
@@ -92,16 +95,29 @@ impl LocalTier {
     }
 
     /// Answers a check locally if the store recently denied at most this
-    /// cost, and counts the hit or miss.
-    pub(crate) fn lookup(&self, key: &WindowKey, policy: &Policy, cost: u32) -> Lookup {
-        let lookup = self.find(key, policy, cost);
+    /// cost (`quota_costs`: each quota's, when they differ), and counts the
+    /// hit or miss.
+    pub(crate) fn lookup(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: u32,
+        quota_costs: Option<&[Cost]>,
+    ) -> Lookup {
+        let lookup = self.find(key, policy, cost, quota_costs);
         if let Some(metrics) = &self.metrics {
             metrics.local_lookup(policy.first(), matches!(lookup, Lookup::Hit(_)));
         }
         lookup
     }
 
-    fn find(&self, key: &WindowKey, policy: &Policy, cost: u32) -> Lookup {
+    fn find(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: u32,
+        quota_costs: Option<&[Cost]>,
+    ) -> Lookup {
         let Some(denied) = self.cache.get(&StateKeyRef::for_policy(key, policy)) else {
             return Lookup::Miss { stale: false };
         };
@@ -109,7 +125,7 @@ impl LocalTier {
         if now >= denied.until_micros || denied.expires.is_some_and(|t| Instant::now() >= t) {
             return Lookup::Miss { stale: true };
         }
-        if cost < denied.cost {
+        if !denied.covers(cost, quota_costs, policy.len()) {
             // A cheaper request may already fit: ask the store.
             return Lookup::Miss { stale: false };
         }
@@ -124,12 +140,14 @@ impl LocalTier {
         Lookup::Hit(decision)
     }
 
-    /// Remembers a store denial that says when the same cost fits again.
+    /// Remembers a store denial that says when the same cost (each
+    /// quota's, with `quota_costs`) fits again.
     pub(crate) fn remember(
         &self,
         key: &WindowKey,
         policy: &Policy,
         cost: u32,
+        quota_costs: Option<&[Cost]>,
         decision: &Decision,
     ) {
         let Some(retry_after) = decision.retry_after else {
@@ -145,6 +163,7 @@ impl LocalTier {
             until_micros: now.saturating_add(wait),
             at_micros: now,
             cost,
+            quota_costs: quota_costs.map(Box::from),
             decision: decision.clone(),
             expires: Instant::now().checked_add(retry_after),
         };
@@ -183,6 +202,22 @@ impl LocalTier {
     }
 }
 
+impl Denied {
+    /// Whether a check of `cost` (each quota's in `quota_costs`, when
+    /// given) asks at least as much in each of the `quotas` as the denied
+    /// one: then it is denied too, for at least as long.
+    fn covers(&self, cost: u32, quota_costs: Option<&[Cost]>, quotas: usize) -> bool {
+        if self.quota_costs.is_none() && quota_costs.is_none() {
+            return cost >= self.cost;
+        }
+        let of = |costs: Option<&[Cost]>, all: u32, i: usize| {
+            costs.and_then(|c| c.get(i)).map_or(all, |c| c.get())
+        };
+        (0..quotas)
+            .all(|i| of(quota_costs, cost, i) >= of(self.quota_costs.as_deref(), self.cost, i))
+    }
+}
+
 fn duration_micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
@@ -209,8 +244,14 @@ mod tests {
         let quota: Quota = "1/1s".parse().unwrap();
         let policy = Policy::from(quota.clone());
         let key = WindowKey::for_subject("a");
-        tier.remember(&key, &policy, 1, &denial(&quota, Duration::from_secs(30)));
-        let Lookup::Hit(d) = tier.lookup(&key, &policy, 1) else {
+        tier.remember(
+            &key,
+            &policy,
+            1,
+            None,
+            &denial(&quota, Duration::from_secs(30)),
+        );
+        let Lookup::Hit(d) = tier.lookup(&key, &policy, 1, None) else {
             panic!("expected a hit")
         };
         assert!(!d.allowed);
@@ -218,13 +259,13 @@ mod tests {
         assert_eq!(d.retry_after, Some(Duration::from_secs(30)));
         assert_eq!(d.timestamp_micros, 1_000_000_000);
         clock.advance(Duration::from_secs(10));
-        let Lookup::Hit(d) = tier.lookup(&key, &policy, 5) else {
+        let Lookup::Hit(d) = tier.lookup(&key, &policy, 5, None) else {
             panic!("expected a hit")
         };
         assert_eq!(d.retry_after, Some(Duration::from_secs(20)));
         clock.advance(Duration::from_secs(20));
         assert!(matches!(
-            tier.lookup(&key, &policy, 1),
+            tier.lookup(&key, &policy, 1, None),
             Lookup::Miss { stale: true }
         ));
     }
@@ -236,14 +277,29 @@ mod tests {
         let policy = Policy::from(quota.clone());
         let other = Policy::from("5/1s".parse::<Quota>().unwrap().named("other").unwrap());
         let key = WindowKey::for_subject("a");
-        tier.remember(&key, &policy, 3, &denial(&quota, Duration::from_secs(30)));
-        assert!(matches!(tier.lookup(&key, &policy, 2), Lookup::Miss { .. }));
-        assert!(matches!(tier.lookup(&key, &other, 3), Lookup::Miss { .. }));
+        tier.remember(
+            &key,
+            &policy,
+            3,
+            None,
+            &denial(&quota, Duration::from_secs(30)),
+        );
         assert!(matches!(
-            tier.lookup(&WindowKey::for_subject("b"), &policy, 3),
+            tier.lookup(&key, &policy, 2, None),
             Lookup::Miss { .. }
         ));
-        assert!(matches!(tier.lookup(&key, &policy, 3), Lookup::Hit(_)));
+        assert!(matches!(
+            tier.lookup(&key, &other, 3, None),
+            Lookup::Miss { .. }
+        ));
+        assert!(matches!(
+            tier.lookup(&WindowKey::for_subject("b"), &policy, 3, None),
+            Lookup::Miss { .. }
+        ));
+        assert!(matches!(
+            tier.lookup(&key, &policy, 3, None),
+            Lookup::Hit(_)
+        ));
     }
 
     #[test]
@@ -256,12 +312,14 @@ mod tests {
             &key,
             &policy,
             1,
+            None,
             &Decision::allow(quota.clone(), 4, Duration::from_secs(1)),
         );
         tier.remember(
             &key,
             &policy,
             9,
+            None,
             &Decision::deny(quota.clone(), 5, Duration::ZERO, None),
         );
         assert_eq!(tier.len(), 0);

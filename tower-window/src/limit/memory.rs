@@ -20,7 +20,6 @@ impl MemoryStore {
     /// `LocalWindow`'s).
     pub(crate) fn check_now(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
         let policy = request.policy;
-        let cost = request.cost.get();
         if let [quota] = policy.quotas() {
             // One quota: one slot, one lock.
             let slot = self.slot(request.key, quota);
@@ -53,22 +52,23 @@ impl MemoryStore {
             }
             let now = self.clock.now_micros();
             let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
-            for (quota, guard) in policy.quotas().iter().zip(guards.iter_mut()) {
+            for (i, (quota, guard)) in policy.quotas().iter().zip(guards.iter_mut()).enumerate() {
                 if let Some(inner) = guard {
                     inner.last_check = inner.last_check.max(now);
-                    evaluations.push(inner.state.evaluate(quota, now, cost));
+                    evaluations.push(inner.state.evaluate(quota, now, request.cost_of(i).get()));
                 }
             }
             if policy_admits(policy, &evaluations) {
-                for ((quota, guard), evaluation) in policy
+                for (i, ((quota, guard), evaluation)) in policy
                     .quotas()
                     .iter()
                     .zip(guards.iter_mut())
                     .zip(&evaluations)
+                    .enumerate()
                 {
                     // A shadow quota the cost does not fit records nothing.
                     if let (Some(inner), true) = (guard, evaluation.fits()) {
-                        inner.state.commit(quota, now, cost);
+                        inner.state.commit(quota, now, request.cost_of(i).get());
                     }
                 }
             }
@@ -85,7 +85,7 @@ impl MemoryStore {
         quota: &Quota,
         mut slot: Arc<Slot>,
     ) -> Result<Decision, StoreError> {
-        let cost = request.cost.get();
+        let cost = request.cost_of(0).get();
         let mut attempt = 0;
         loop {
             let mut inner = lock(&slot.inner);
@@ -133,12 +133,11 @@ impl MemoryStore {
     pub(crate) fn peek_now(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
         let now = self.clock.now_micros();
         let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
-        for quota in request.policy.quotas() {
+        for (i, quota) in request.policy.quotas().iter().enumerate() {
+            let cost = request.cost_of(i).get();
             let evaluation = match self.cache.get(&StateKeyRef::new(request.key, quota)) {
-                Some(slot) => lock(&slot.inner)
-                    .state
-                    .evaluate(quota, now, request.cost.get()),
-                None => State::empty(quota.algorithm()).evaluate(quota, now, request.cost.get()),
+                Some(slot) => lock(&slot.inner).state.evaluate(quota, now, cost),
+                None => State::empty(quota.algorithm()).evaluate(quota, now, cost),
             };
             evaluations.push(evaluation);
         }

@@ -11,7 +11,7 @@ use crate::limit::local::{LocalTier, Lookup};
 use crate::metrics::{Calls, LimiterMetrics};
 use crate::store::{CheckRequest, Op, Store, StoreError};
 use crate::{
-    BreakerState, Clock, Cost, Decision, DecisionSource, FallbackReason, Policy, WindowKey,
+    BreakerState, Clock, Decision, DecisionSource, FallbackReason, Policy, QuotaCosts, WindowKey,
 };
 
 mod backend;
@@ -125,7 +125,12 @@ impl Limiter {
     /// decision (`source = Fallback(reason)`); without one, an error. A
     /// cost of 0 is [`LimitError::ZeroCost`].
     pub fn check<'a>(&'a self, key: &'a WindowKey, cost: impl crate::IntoCost) -> Check<'a> {
-        Check::new(self, key, &self.inner.policy, cost.into_cost())
+        Check::new(
+            self,
+            key,
+            &self.inner.policy,
+            cost.into_cost().map_err(Into::into),
+        )
     }
 
     /// Like [`check`](Self::check), against another policy in the same
@@ -142,7 +147,51 @@ impl Limiter {
         policy: &'a Policy,
         cost: impl crate::IntoCost,
     ) -> Check<'a> {
-        Check::new(self, key, policy, cost.into_cost())
+        Check::new(self, key, policy, cost.into_cost().map_err(Into::into))
+    }
+
+    /// Like [`check_policy`](Self::check_policy), with a cost per quota:
+    /// `costs[i]` units in quota `i` of `policy`, all decided together in
+    /// one store call (admitted in every quota, or counted in none). For
+    /// requests whose parts weigh differently, such as an Envoy rate limit
+    /// request whose descriptors carry their own `hits_addend`.
+    ///
+    /// `costs` must have one cost per quota, else the check answers
+    /// [`LimitError::QuotaCosts`]. Equal costs are one cost, checked as
+    /// [`check_policy`](Self::check_policy) checks it. Different costs skip
+    /// quota leases (one lease holds the same units in every quota): such a
+    /// check goes to the store, which counts what leases hold, so the bound
+    /// stays exact. The local tier answers it only with a denial of at most
+    /// its cheapest cost.
+    ///
+    /// ```
+    /// use tower_window::{Cost, Limiter, MemoryStore, Policy, Quota, QuotaCosts, WindowKey};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let policy = Policy::new("rls", vec![
+    ///     "10/1m".parse::<Quota>()?.named("requests")?,
+    ///     "100/1m".parse::<Quota>()?.named("bytes")?,
+    /// ])?;
+    /// let limiter = Limiter::new(MemoryStore::new(), policy.clone());
+    /// let key = WindowKey::for_subject("alice");
+    /// let costs = QuotaCosts::from([Cost::ONE, Cost::new(60).expect("not zero")]);
+    /// let first = limiter.check_policy_per_quota(&key, &policy, &costs).await?;
+    /// assert!(first.allowed());
+    /// assert_eq!((first.quotas()[0].remaining(), first.quotas()[1].remaining()), (9, 40));
+    /// // 60 more bytes do not fit: nothing is counted, not even the request.
+    /// let second = limiter.check_policy_per_quota(&key, &policy, &costs).await?;
+    /// assert!(!second.allowed());
+    /// assert_eq!(limiter.peek_policy(&key, &policy, 1).await?.quotas()[0].remaining(), 9);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn check_policy_per_quota<'a>(
+        &'a self,
+        key: &'a WindowKey,
+        policy: &'a Policy,
+        costs: &'a QuotaCosts,
+    ) -> Check<'a> {
+        Check::per_quota(self, key, policy, costs)
     }
 
     /// Whether a check against `policy` completes in its first poll: the
@@ -162,19 +211,15 @@ impl Limiter {
     /// The policy check as one store operation, through the store's
     /// resilience stack (one boxed future on a networked backend, none on
     /// an in-process one).
-    fn check_store<'a>(
-        &'a self,
-        key: &'a WindowKey,
-        policy: &'a Policy,
-        cost: Cost,
-    ) -> Op<'a, Decision> {
+    fn check_store<'a>(&'a self, request: CheckRequest<'a>) -> Op<'a, Decision> {
         let inner = &*self.inner;
         let store = &inner.store.inner;
-        let request = CheckRequest::new(key, policy, cost);
-        let domain = self.domain(key, policy);
-        store.resilience.call(domain, self.calls(policy), |guard| {
-            store.windows.check(guard, request)
-        })
+        let domain = self.domain(request.key, request.policy);
+        store
+            .resilience
+            .call(domain, self.calls(request.policy), |guard| {
+                store.windows.check(guard, request)
+            })
     }
 
     /// The failure domain of `key` under `policy`, when the store has
@@ -195,19 +240,19 @@ impl Limiter {
 
     /// Bookkeeping after the store decided: counts it and updates the local
     /// tier (remembers a denial; drops a stale one after an admission).
-    fn note_stored(
-        &self,
-        key: &WindowKey,
-        policy: &Policy,
-        cost: Cost,
-        stale: bool,
-        decision: &Decision,
-    ) {
+    fn note_stored(&self, request: CheckRequest<'_>, stale: bool, decision: &Decision) {
         let inner = &*self.inner;
         inner.stats.store.fetch_add(1, Ordering::Relaxed);
         if let Some(local) = &inner.local {
+            let (key, policy) = (request.key, request.policy);
             if !decision.allowed {
-                local.remember(key, policy, cost.get(), decision);
+                local.remember(
+                    key,
+                    policy,
+                    request.cost.get(),
+                    request.quota_costs,
+                    decision,
+                );
             } else if stale {
                 local.forget(key, policy);
             }
@@ -234,9 +279,7 @@ impl Limiter {
     /// error itself without a fallback).
     fn fall_back(
         &self,
-        key: &WindowKey,
-        policy: &Policy,
-        cost: Cost,
+        request: CheckRequest<'_>,
         error: StoreError,
     ) -> Result<Decision, LimitError> {
         let inner = &*self.inner;
@@ -246,7 +289,9 @@ impl Limiter {
             return Err(LimitError::Store(error));
         };
         let now = inner.clock.now_micros();
-        let request = FallbackRequest::new(key, policy, cost, reason, now).with_error(Some(&error));
+        let request = FallbackRequest::new(request.key, request.policy, request.cost, reason, now)
+            .with_quota_costs(request.quota_costs)
+            .with_error(Some(&error));
         Ok(self.degraded(fallback.decide(request), reason))
     }
 }
@@ -354,6 +399,15 @@ pub enum LimitError {
     /// A request must cost at least one unit.
     #[error("a request must cost at least 1 unit")]
     ZeroCost,
+    /// A check with a cost per quota was given a different number of costs
+    /// than its policy has quotas.
+    #[error("{costs} costs for a policy of {quotas} quotas: give one per quota")]
+    QuotaCosts {
+        /// Quotas in the policy.
+        quotas: usize,
+        /// Costs given.
+        costs: usize,
+    },
     /// The store failed (or was not called: breaker open, too many calls in
     /// flight) and no fallback policy is configured.
     #[error(transparent)]

@@ -1,7 +1,8 @@
 -- tower-window: read a whole policy's windows without consuming anything
 -- (the usage an admin sees). Follows the prelude and the algorithm fragments
 -- in place of policy.lua, with the same KEYS and ARGV (ARGV[2], the cost, is
--- the cost asked about, usually 1).
+-- the cost asked about, usually 1, and the optional cost per quota after
+-- the quota slots).
 --
 -- Every quota is evaluated; nothing is committed. State that evaluate
 -- dropped because it expired is written back as settle would after a
@@ -32,7 +33,12 @@ for i = 1, count do
     p1 = tonumber(ARGV[base + 2]),
     p2 = tonumber(ARGV[base + 3]),
     p3 = tonumber(ARGV[base + 4]),
+    -- This quota's cost: its own after the slots, else the request's.
+    c = tonumber(ARGV[4 + count * 4 + i]) or c,
   }
+  if quotas[i].c < 1 then
+    return redis.error_reply('ERR tower-window: a cost below 1')
+  end
   next_key = next_key + algorithm.keys
 end
 if next_key - 1 ~= #KEYS then
@@ -43,6 +49,7 @@ local admitted = true
 local reply = {0, t}
 for i = 1, count do
   local q = quotas[i]
+  c = q.c
   q.algorithm.evaluate(q)
   if not q.fits and not q.shadow then
     admitted = false

@@ -1,7 +1,7 @@
 //! [`Limiter::peek_policy`]: a policy's usage read from the store, consuming nothing.
 
 use crate::store::CheckRequest;
-use crate::{Decision, LimitError, Limiter, Policy, WindowKey};
+use crate::{Cost, Decision, LimitError, Limiter, Policy, QuotaCosts, WindowKey};
 
 impl Limiter {
     /// Reads `key`'s windows under `policy` from the store without
@@ -35,7 +35,32 @@ impl Limiter {
         cost: impl crate::IntoCost,
     ) -> Result<Decision, LimitError> {
         let cost = cost.into_cost()?;
-        let request = CheckRequest::new(key, policy, cost);
+        self.peek(CheckRequest::new(key, policy, cost)).await
+    }
+
+    /// Like [`peek_policy`](Self::peek_policy), with a cost per quota
+    /// (`costs[i]` for quota `i`, as
+    /// [`check_policy_per_quota`](Self::check_policy_per_quota) takes
+    /// them): `allowed` = whether those costs would be admitted together.
+    pub async fn peek_policy_per_quota(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        costs: &QuotaCosts,
+    ) -> Result<Decision, LimitError> {
+        if costs.len() != policy.len() {
+            return Err(LimitError::QuotaCosts {
+                quotas: policy.len(),
+                costs: costs.len(),
+            });
+        }
+        let largest = costs.iter().copied().max().unwrap_or(Cost::ONE);
+        self.peek(CheckRequest::new(key, policy, largest).with_quota_costs(costs.as_slice()))
+            .await
+    }
+
+    async fn peek(&self, request: CheckRequest<'_>) -> Result<Decision, LimitError> {
+        let (key, policy) = (request.key, request.policy);
         let store = &self.store().inner;
         store
             .resilience

@@ -4,7 +4,7 @@
 -- algorithm (sliding log 2: log and companion; the others 1).
 --
 -- ARGV[1] = now in microseconds since the epoch, or "" to read Redis TIME
--- ARGV[2] = cost c (>= 1)
+-- ARGV[2] = cost c (>= 1), every quota's unless it has its own (below)
 -- ARGV[3] = lowest TTL in ms (0 in production; padded when the caller's clock is used)
 -- ARGV[4] = number of quotas
 -- then 4 slots per quota i = 0, 1, ...: ARGV[5 + 4i] = algorithm code
@@ -14,6 +14,9 @@
 --   2 sliding counter  W (µs), L, G (bucket width, µs)
 --   3 fixed window     W (µs), L, 0
 --   4 GCRA             T (emission interval, µs), B (burst), 0
+-- then, optionally, one cost per quota in policy order: ARGV[5 + 4n + i]
+-- for quota i = 0, 1, ... of n (a request whose descriptors weigh
+-- differently, decided together all the same).
 --
 -- Every quota is evaluated (reads; expired state may be dropped; nothing is
 -- recorded). Only if every enforced quota fits is the cost committed, to
@@ -45,7 +48,12 @@ for i = 1, count do
     p1 = tonumber(ARGV[base + 2]),
     p2 = tonumber(ARGV[base + 3]),
     p3 = tonumber(ARGV[base + 4]),
+    -- This quota's cost: its own after the slots, else the request's.
+    c = tonumber(ARGV[4 + count * 4 + i]) or c,
   }
+  if quotas[i].c < 1 then
+    return redis.error_reply('ERR tower-window: a cost below 1')
+  end
   next_key = next_key + algorithm.keys
 end
 if next_key - 1 ~= #KEYS then
@@ -55,6 +63,7 @@ end
 local admitted = true
 for i = 1, count do
   local q = quotas[i]
+  c = q.c
   q.algorithm.evaluate(q)
   if not q.fits and not q.shadow then
     admitted = false
@@ -64,6 +73,7 @@ end
 local reply = {admitted and 1 or 0, t}
 for i = 1, count do
   local q = quotas[i]
+  c = q.c
   if admitted and q.fits then
     q.algorithm.commit(q)
   elseif q.dirty and q.algorithm.settle then

@@ -231,7 +231,7 @@ impl RedisStore {
         } else {
             0
         };
-        let call = invocation_of(
+        let mut call = invocation_of(
             script,
             &self.prefix,
             request.key,
@@ -240,6 +240,12 @@ impl RedisStore {
             now,
             min_ttl_ms,
         );
+        if request.quota_costs.is_some() {
+            // After the quota slots: one cost per quota (see policy.lua).
+            for i in 0..request.policy.len() {
+                call.arg(request.cost_of(i).get());
+            }
+        }
         self.call(Call::Script(&call)).await
     }
 

@@ -31,6 +31,10 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use op::Op;
 
 /// One check to run against a store: a cost against every quota of a policy.
+///
+/// The cost is one number for every quota, unless the request carries a
+/// cost per quota ([`with_quota_costs`](Self::with_quota_costs)); a backend
+/// reads each quota's with [`cost_of`](Self::cost_of).
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct CheckRequest<'a> {
@@ -38,14 +42,57 @@ pub struct CheckRequest<'a> {
     pub key: &'a WindowKey,
     /// Which quotas, decided together.
     pub policy: &'a Policy,
-    /// Units this request consumes in every quota if admitted.
+    /// Units this request consumes in every quota if admitted; with
+    /// [`quota_costs`](Self::quota_costs), the largest of them.
     pub cost: crate::Cost,
+    /// The units each quota consumes, in policy order, when they differ
+    /// (`None`: [`cost`](Self::cost) in every quota). As long as the
+    /// policy when set.
+    pub quota_costs: Option<&'a [crate::Cost]>,
 }
 
 impl<'a> CheckRequest<'a> {
     /// A check of `cost` units of every quota of `policy` for `key`.
     pub fn new(key: &'a WindowKey, policy: &'a Policy, cost: crate::Cost) -> Self {
-        Self { key, policy, cost }
+        Self {
+            key,
+            policy,
+            cost,
+            quota_costs: None,
+        }
+    }
+
+    /// The same check with `costs[i]` units for quota `i` of the policy
+    /// ([`cost`](Self::cost) becomes the largest). The caller keeps
+    /// `costs` as long as the policy: a missing cost reads as `cost`.
+    pub fn with_quota_costs(mut self, costs: &'a [crate::Cost]) -> Self {
+        if let Some(largest) = costs.iter().max() {
+            self.cost = *largest;
+        }
+        self.quota_costs = Some(costs);
+        self
+    }
+
+    /// The units quota `index` of the policy consumes.
+    ///
+    /// ```
+    /// use tower_window::{CheckRequest, Cost, Policy, Quota, WindowKey};
+    ///
+    /// let policy = Policy::new("api", vec![
+    ///     "10/1s".parse::<Quota>()?.named("burst")?,
+    ///     "100/1m".parse::<Quota>()?.named("steady")?,
+    /// ])?;
+    /// let key = WindowKey::for_subject("alice");
+    /// let costs = [Cost::ONE, Cost::new(5).expect("not zero")];
+    /// let request = CheckRequest::new(&key, &policy, Cost::ONE).with_quota_costs(&costs);
+    /// assert_eq!((request.cost_of(0).get(), request.cost_of(1).get()), (1, 5));
+    /// assert_eq!(request.cost.get(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cost_of(&self, index: usize) -> crate::Cost {
+        self.quota_costs
+            .and_then(|costs| costs.get(index).copied())
+            .unwrap_or(self.cost)
     }
 }
 

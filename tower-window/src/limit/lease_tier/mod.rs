@@ -77,6 +77,7 @@ use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, UnitWeighter};
 
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
+use crate::store::CheckRequest;
 use crate::{Decision, Policy, WindowKey};
 
 mod config;
@@ -324,15 +325,12 @@ impl super::Limiter {
                     Step::Wait
                 } else if let Some(kind) = state.failed.filter(|_| waited) {
                     Step::Failed(kind)
-                } else if let Some(decision) =
-                    inner
-                        .local
-                        .as_ref()
-                        .and_then(|local| match local.lookup(key, policy, units) {
-                            super::Lookup::Hit(decision) => Some(decision),
-                            super::Lookup::Miss { .. } => None,
-                        })
-                {
+                } else if let Some(decision) = inner.local.as_ref().and_then(|local| {
+                    match local.lookup(key, policy, units, None) {
+                        super::Lookup::Hit(decision) => Some(decision),
+                        super::Lookup::Miss { .. } => None,
+                    }
+                }) {
                     Step::Remembered(decision)
                 } else {
                     // This check reserves. The leases held cannot pay for it
@@ -363,7 +361,7 @@ impl super::Limiter {
                         kind,
                         "the quota lease reservation this check waited for failed",
                     );
-                    return self.fall_back(key, policy, cost, error);
+                    return self.fall_back(CheckRequest::new(key, policy, cost), error);
                 }
                 Step::Wait => {
                     if !waited {
@@ -400,7 +398,7 @@ impl super::Limiter {
             Ok(Reserved::Nothing(held_until)) => {
                 self.decide_direct(key, policy, cost, held_until).await
             }
-            Err(error) => self.fall_back(key, policy, cost, error),
+            Err(error) => self.fall_back(CheckRequest::new(key, policy, cost), error),
         }
     }
 
@@ -604,7 +602,7 @@ impl super::Limiter {
         held_until: Option<u64>,
     ) -> Result<Decision, super::LimitError> {
         let inner = &*self.inner;
-        match self.check_store(key, policy, cost).await {
+        match self.check_store(CheckRequest::new(key, policy, cost)).await {
             Ok(mut decision) => {
                 inner.stats.store.fetch_add(1, Ordering::Relaxed);
                 // On the store's clock: the latest outstanding deadline,
@@ -619,12 +617,12 @@ impl super::Limiter {
                 }
                 if let Some(local) = &inner.local {
                     if !decision.allowed {
-                        local.remember(key, policy, cost.get(), &decision);
+                        local.remember(key, policy, cost.get(), None, &decision);
                     }
                 }
                 Ok(decision)
             }
-            Err(error) => self.fall_back(key, policy, cost, error),
+            Err(error) => self.fall_back(CheckRequest::new(key, policy, cost), error),
         }
     }
 
