@@ -28,7 +28,8 @@ WARMUP=${WARMUP:-1}
 LEASE=${LEASE:-100}
 WORKERS=${WORKERS:-$(nproc)}
 CONNECTIONS=${CONNECTIONS:-32}
-VARIANTS=${VARIANTS:-"gateway-redis rls-redis gateway-redis-lease rls-redis-lease"}
+# rls-redis-tonic: the rls served by tonic's own server (--grpc-server tonic).
+VARIANTS=${VARIANTS:-"gateway-redis rls-redis gateway-redis-lease rls-redis-lease rls-redis-tonic"}
 
 die() { echo "rls_table.sh: $*" >&2; exit 1; }
 command -v redis-server >/dev/null || die "redis-server not found"
@@ -68,8 +69,9 @@ cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
 # Starts variant $1; sets $server_pid and $server_addr.
 start_server() {
-    local variant=$1 log="$tmp/server-$1.log" lease=()
-    case $variant in *-lease) lease=(--lease "$LEASE") ;; esac
+    local variant=$1 log="$tmp/server-$1.log" lease=() grpc=()
+    case $variant in *-lease*) lease=(--lease "$LEASE") ;; esac
+    case $variant in *-tonic) grpc=(--grpc-server tonic) ;; esac
     case $variant in
     gateway*)
         TOKIO_WORKER_THREADS=$WORKERS RUST_LOG=info "$GATEWAY" \
@@ -80,7 +82,7 @@ start_server() {
     rls*)
         TOKIO_WORKER_THREADS=$WORKERS RUST_LOG=info "$RLS" --listen 127.0.0.1:0 \
             --metrics-listen 127.0.0.1:0 --config "$tmp/rules.yaml" \
-            --redis-url "$redis_url" "${lease[@]}" >"$log" 2>&1 &
+            --redis-url "$redis_url" "${lease[@]}" "${grpc[@]}" >"$log" 2>&1 &
         pattern='s/.*serving envoy.service.ratelimit.v3.RateLimitService address=\([0-9.:]*\).*/\1/p'
         ;;
     esac
@@ -160,7 +162,7 @@ done
 echo
 echo "| target | ratio (per CPU-second, medians) |"
 echo "|---|---:|"
-for pair in "rls-redis gateway-redis" "rls-redis-lease gateway-redis-lease"; do
+for pair in "rls-redis gateway-redis" "rls-redis-lease gateway-redis-lease" "rls-redis-tonic gateway-redis"; do
     read -r rls gateway <<<"$pair"
     [ -n "${per_cpu[$rls]:-}" ] && [ -n "${per_cpu[$gateway]:-}" ] || continue
     echo "| $rls ≥ 0.9 × $gateway | $(awk -v a="${per_cpu[$rls]}" -v b="${per_cpu[$gateway]}" 'BEGIN { printf "%.2f", b ? a / b : 0 }') |"

@@ -214,7 +214,7 @@ pub struct Worker {
 impl Worker {
     /// Connects and makes sure the group exists.
     pub async fn connect(args: WorkerArgs) -> Result<Self, redis::RedisError> {
-        let client = redis::Client::open(args.redis_url.as_str())?;
+        let client = crate::redis_client::no_delay_client(&args.redis_url)?;
         let mut conn = client.get_multiplexed_async_connection().await?;
         let created: Result<(), _> = redis::cmd("XGROUP")
             .arg("CREATE")

@@ -8,4 +8,5 @@ pub mod gateway;
 pub mod grpc;
 pub mod inbound;
 pub mod process;
+pub mod redis_client;
 pub mod rls;

@@ -483,7 +483,7 @@ impl Args {
                     "name the stream inbound-worker reads, e.g. --inbound-stream tw:inbound",
                 ));
             }
-            let client = redis::Client::open(url.as_str())
+            let client = crate::redis_client::no_delay_client(url)
                 .map_err(|e| redis_url_error("--redis-url", url, &e))?;
             rooms.inbound = Some((client, stream.clone()));
         }
