@@ -11,9 +11,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use envoy_types::pb::google::protobuf::UInt64Value;
 use prost::Message as _;
-use rls_support::{codes, config_dir, descriptor, overall, request, should, RlsProcess};
+use rls_support::{codes, config_dir, costing, descriptor, overall, request, should, RlsProcess};
 
 const RULES: &str = "
 domain: shop
@@ -239,8 +238,7 @@ async fn descriptors_are_decided_together() {
         (overall(&r), r.statuses[0].limit_remaining),
         (Code::OverLimit, 2)
     );
-    let mut read = descriptor(&[("a", "j")]);
-    read.hits_addend = Some(UInt64Value { value: 0 });
+    let read = costing(&[("a", "j")], 0);
     let r = should(&mut client, request("shop", vec![read])).await;
     assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 2));
 }
@@ -253,11 +251,6 @@ async fn descriptors_are_decided_together() {
 async fn descriptors_of_different_costs_are_decided_together() {
     let (_dir, rls) = start(&[]);
     let mut client = rls.client().await;
-    let costing = |entries: &[(&str, &str)], cost: u64| {
-        let mut d = descriptor(entries);
-        d.hits_addend = Some(UInt64Value { value: cost });
-        d
-    };
     let remaining = |r: &RateLimitResponse| {
         r.statuses
             .iter()
@@ -311,11 +304,6 @@ async fn the_tonic_server_answers_as_the_default_one() {
     assert!(h2.log().contains("server=H2"), "{}", h2.log());
     assert!(tonic.log().contains("server=Tonic"), "{}", tonic.log());
     let mut clients = [h2.client().await, tonic.client().await];
-    let costing = |entries: &[(&str, &str)], cost: u64| {
-        let mut d = descriptor(entries);
-        d.hits_addend = Some(UInt64Value { value: cost });
-        d
-    };
     let calls = vec![
         request("shop", vec![descriptor(&[("path", "/login")])]),
         request("shop", vec![descriptor(&[("path", "/login")])]),

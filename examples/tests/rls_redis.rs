@@ -8,8 +8,7 @@
 mod rls_support;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::google::protobuf::UInt64Value;
-use rls_support::{codes, config_dir, descriptor, overall, request, should, RlsProcess};
+use rls_support::{codes, config_dir, costing, descriptor, overall, request, should, RlsProcess};
 use tower_window_tests::redis_cluster::{query, RedisCluster};
 use tower_window_tests::redis_server::RedisServer;
 
@@ -93,15 +92,13 @@ async fn mixed_costs(
     calls: usize,
 ) -> (usize, u32, u32) {
     let clients = [a.client().await, b.client().await];
-    let costing = |key: &str, value: &str, cost: u64| {
-        let mut d = descriptor(&[(key, value)]);
-        d.hits_addend = Some(UInt64Value { value: cost });
-        d
-    };
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..calls {
         let mut client = clients[i % 2].clone();
-        let both = vec![costing("user", user, 1), costing("org", org, org_cost)];
+        let both = vec![
+            costing(&[("user", user)], 1),
+            costing(&[("org", org)], org_cost),
+        ];
         tasks.spawn(async move {
             let r = should(&mut client, request("exact", both)).await;
             overall(&r) == Code::Ok
@@ -111,7 +108,7 @@ async fn mixed_costs(
     while let Some(ok) = tasks.join_next().await {
         admitted += usize::from(ok.unwrap());
     }
-    let read = vec![costing("user", user, 0), costing("org", org, 0)];
+    let read = vec![costing(&[("user", user)], 0), costing(&[("org", org)], 0)];
     let r = should(&mut clients[0].clone(), request("exact", read)).await;
     (
         admitted,

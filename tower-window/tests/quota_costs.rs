@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use tower_window::fallback::{FallbackRequest, LocalWindow};
 use tower_window::store::{Backend, Guard, Op};
 use tower_window::{
-    limit, CheckRequest, Cost, Decision, DecisionSource, LeaseConfig, Limiter, ManualClock,
-    MemoryStore, Policy, Quota, QuotaCosts, Store, StoreError, StoreErrorKind, WindowKey,
+    limit, CheckRequest, Cost, Decision, DecisionSource, LeaseConfig, Limiter, LimiterBuilder,
+    ManualClock, MemoryStore, Policy, Quota, QuotaCosts, Store, StoreError, StoreErrorKind,
+    WindowKey,
 };
 
 const START: u64 = 1_700_000_000_000_000;
@@ -32,19 +33,21 @@ fn policy() -> Policy {
     .unwrap()
 }
 
+/// A limiter of `policy` on an embedded store, both on one manual clock.
+fn on_memory(policy: &Policy) -> LimiterBuilder {
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    Limiter::builder(store, policy.clone()).clock(clock)
+}
+
 fn remaining(d: &Decision) -> Vec<u32> {
     d.quotas().iter().map(|q| q.remaining()).collect()
 }
 
 #[tokio::test]
 async fn the_local_tier_repeats_a_denial_only_for_costs_at_least_as_high() {
-    let clock = ManualClock::new(START);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
     let policy = policy();
-    let limiter = Limiter::builder(store, policy.clone())
-        .clock(clock.clone())
-        .local_capacity(100)
-        .build();
+    let limiter = on_memory(&policy).local_capacity(100).build();
     let key = WindowKey::for_subject("alice");
     let d = limiter
         .check_policy_per_quota(&key, &policy, &QuotaCosts::from([cost(1), cost(90)]))
@@ -107,11 +110,8 @@ async fn the_local_tier_repeats_a_denial_only_for_costs_at_least_as_high() {
 
 #[tokio::test]
 async fn a_check_of_different_costs_leaves_leases_alone_and_stays_exact() {
-    let clock = ManualClock::new(START);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
     let policy = policy();
-    let limiter = Limiter::builder(store, policy.clone())
-        .clock(clock.clone())
+    let limiter = on_memory(&policy)
         .leases(LeaseConfig::new(8).hot_after(1).refill_ahead(false))
         .build();
     let key = WindowKey::for_subject("hot");

@@ -14,6 +14,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::transport::Channel;
 use tower_window_tests::redis_server::reserve_port;
 
@@ -139,6 +140,14 @@ pub(crate) fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
             })
             .collect(),
         ..RateLimitDescriptor::default()
+    }
+}
+
+/// A descriptor of `(key, value)` entries with its own `hits_addend`.
+pub(crate) fn costing(entries: &[(&str, &str)], cost: u64) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        hits_addend: Some(UInt64Value { value: cost }),
+        ..descriptor(entries)
     }
 }
 
