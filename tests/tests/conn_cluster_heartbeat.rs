@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_window::conn::{Acquire, ConnectionLimiter, ConnectionSeat, HeartbeatReport};
-use tower_window::{RedisStore, Store, WindowKey};
+use tower_window::{RedisStore, Store, StoreBuilder, WindowKey};
 use tower_window_tests::redis_cluster::{key_slot, query, RedisCluster};
 use tower_window_tests::redis_server::RedisServer;
 
@@ -33,6 +33,14 @@ fn seat_slot(subject: &str) -> u16 {
 /// A store on `cluster` with the production resilience stack (default
 /// budget, breakers, retries), and its limiter.
 async fn limiter(cluster: &RedisCluster, prefix: &str) -> ConnectionLimiter {
+    limiter_with_budget(cluster, prefix, StoreBuilder::DEFAULT_TIMEOUT).await
+}
+
+async fn limiter_with_budget(
+    cluster: &RedisCluster,
+    prefix: &str,
+    budget: Duration,
+) -> ConnectionLimiter {
     let store = Arc::new(
         RedisStore::builder()
             .cluster(cluster.urls())
@@ -41,7 +49,7 @@ async fn limiter(cluster: &RedisCluster, prefix: &str) -> ConnectionLimiter {
             .unwrap(),
     );
     store.connect().await.unwrap();
-    ConnectionLimiter::builder(Store::builder(store).build())
+    ConnectionLimiter::builder(Store::builder(store).timeout(budget).build())
         .max_per_subject(3)
         .ttl(TTL)
         .build()
@@ -372,17 +380,18 @@ async fn failover_between_ticks_loses_no_seat() {
 }
 
 /// 10,000 seats (~3,300 per primary: 4 pipelines of at most 1,000 seats
-/// each) on a store with the default 50 ms budget. A tick sends each
-/// primary one pipeline at a time, so no pipeline waits behind another on
-/// its primary and each fits the budget: every tick is 12 round trips and
-/// renews every seat. (Sent all at once, the last pipelines of a primary
-/// outlived the budget in most ticks and had their seats re-sent by slot.)
-/// One tick of five may still be slow on a busy machine (then its seats are
-/// re-sent, never lost).
+/// each). A tick sends each primary one pipeline at a time, so no pipeline
+/// waits behind another on its primary: every tick is 12 round trips and
+/// renews every seat, none re-sent by slot. The store's budget here is
+/// generous, so the count holds on a busy machine too: whether a tick
+/// fits the default 50 ms budget is timing, measured by `benches/ws_leases`
+/// on the cluster (`benches/README.md`), not asserted here. (Sent all at
+/// once, the last pipelines of a primary outlived the default budget in
+/// most ticks and had their seats re-sent by slot.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_thousand_seats_fit_the_default_budget() {
+async fn ten_thousand_seats_renew_in_one_pipeline_per_thousand() {
     let cluster = RedisCluster::start();
-    let limiter = limiter(&cluster, "hb24b:").await;
+    let limiter = limiter_with_budget(&cluster, "hb24b:", Duration::from_secs(10)).await;
     let subjects: Vec<String> = (0..10_000).map(|i| format!("u{i}")).collect();
     let tasks: Vec<_> = subjects
         .chunks(10_000 / 16)
@@ -396,16 +405,15 @@ async fn ten_thousand_seats_fit_the_default_budget() {
     for task in tasks {
         seats.extend(task.await.unwrap());
     }
-    let mut slow = 0;
-    for _ in 0..5 {
+    for tick in 0..5 {
         let report = limiter.heartbeat().await;
-        eprintln!("10,000 seats: {report:?}");
         assert_all_renewed(&report, &seats);
-        if (report.calls, report.resent) != (12, 0) {
-            slow += 1;
-        }
+        assert_eq!(
+            (report.calls, report.resent),
+            (12, 0),
+            "tick {tick}: 4 pipelines per primary, nothing re-sent: {report:?}"
+        );
     }
-    assert!(slow <= 1, "{slow} of 5 ticks had pipelines re-sent");
     for seat in seats {
         seat.release().await.unwrap();
     }
