@@ -243,3 +243,68 @@ async fn two_nodes_on_the_cluster_enforce_exact_limits_in_one_slot() {
     assert!(keys.len() >= 6, "{keys:?}");
     assert!(keys.iter().all(|k| k.contains("{@exact}")), "{keys:?}");
 }
+
+/// When Redis cannot decide, each node answers by its `--fallback`:
+/// `fail-open` admits, `fail-closed` answers `OVER_LIMIT`, and `local`
+/// admits up to its share of the limit (`limit / --expected-nodes`), then
+/// `OVER_LIMIT`. Envoy's own `failure_mode_deny` only sees the error a
+/// node could not answer at all, which none of these is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failure_follows_the_fallback_policy() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let dir = config_dir(&[("exact.yaml", RULES)]);
+    let path = dir.path().join("exact.yaml");
+    let node = |fallback: &str| {
+        RlsProcess::start(&[
+            "--config",
+            path.to_str().unwrap(),
+            "--redis-url",
+            &url,
+            "--redis-timeout-ms",
+            "500",
+            "--fallback",
+            fallback,
+            "--expected-nodes",
+            "2",
+        ])
+    };
+    let nodes = [node("fail-open"), node("fail-closed"), node("local")];
+    let mut clients = Vec::new();
+    for rls in &nodes {
+        let mut client = rls.client().await;
+        // Redis decides while it is up.
+        let r = should(
+            &mut client,
+            request("exact", vec![descriptor(&[("user", "up")])]),
+        )
+        .await;
+        assert_eq!(overall(&r), Code::Ok);
+        clients.push(client);
+    }
+    redis.stop();
+    let mut admitted = Vec::new();
+    for client in &mut clients {
+        let mut ok = 0;
+        for _ in 0..10 {
+            let r = should(
+                client,
+                request("exact", vec![descriptor(&[("user", "down")])]),
+            )
+            .await;
+            ok += usize::from(overall(&r) == Code::Ok);
+        }
+        admitted.push(ok);
+    }
+    // user: 7 an hour; the local share of one of 2 nodes is at most 4.
+    assert_eq!((admitted[0], admitted[1]), (10, 0), "{admitted:?}");
+    assert!((1..=4).contains(&admitted[2]), "local: {admitted:?}");
+    // The degraded decisions are counted as such.
+    let fallbacks = nodes[1]
+        .metrics()
+        .lines()
+        .filter(|l| l.starts_with("tower_window_fallback_decisions_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    assert!(fallbacks >= 10.0, "fail-closed fallbacks: {fallbacks}");
+}
