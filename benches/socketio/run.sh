@@ -100,6 +100,8 @@ redis_url="redis://127.0.0.1:$redis_port"
 # larger share of the cores from the other processes. GATEWAY_THREADS=N
 # to change it.
 gateway_threads="${GATEWAY_THREADS:-1}"
+# GATEWAY_ARGS: more flags for both gateway nodes (e.g. "--rooms-read tail").
+read -r -a gateway_args <<<"${GATEWAY_ARGS:-}"
 gateway_urls=()
 gateway_pids=()
 for node in a b; do
@@ -107,7 +109,7 @@ for node in a b; do
   # Upgrades are limited per user by --limit: high enough never to refuse
   # one of the run's sockets. No message limits (the default).
   TOKIO_WORKER_THREADS="$gateway_threads" "$GATEWAY_BIN" --listen "127.0.0.1:$port" --redis-url "$redis_url" \
-    --limit 100000000/1m --redis-timeout-ms 5000 >"$work/gateway-$node.log" 2>&1 &
+    --limit 100000000/1m --redis-timeout-ms 5000 ${gateway_args[@]+"${gateway_args[@]}"} >"$work/gateway-$node.log" 2>&1 &
   pids+=($!)
   gateway_pids+=($!)
   wait_port "$port" "gateway $node" "$work/gateway-$node.log"

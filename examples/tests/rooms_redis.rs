@@ -461,9 +461,41 @@ async fn messages_larger_than_the_read_buffer_arrive_whole() {
 /// `duplicate` to the sender and published once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_from_one_socket_arrives_everywhere_in_order() {
+    burst_arrives_everywhere_in_order(&[]).await;
+}
+
+/// The same with `--rooms-read tail`: each node reads its rooms with one
+/// blocking `XREAD`, whose reply holds the events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_arrives_everywhere_in_order_through_the_xread_tail() {
+    burst_arrives_everywhere_in_order(&["--rooms-read", "tail"]).await;
+}
+
+/// `--rooms-read tail` needs a single Redis: refused on a cluster and on
+/// the embedded store, with the flag named.
+#[test]
+fn the_xread_tail_needs_a_single_redis() {
+    for store in [
+        vec!["--redis-cluster", "redis://127.0.0.1:7000"],
+        Vec::new(),
+    ] {
+        let mut argv = vec!["gateway", "--rooms-read", "tail"];
+        argv.extend(store.iter().copied());
+        let error = Args::try_parse_from(argv)
+            .unwrap()
+            .into_config()
+            .map(|_| ())
+            .unwrap_err();
+        assert!(error.to_string().contains("--rooms-read"), "{error}");
+    }
+}
+
+/// Four readers on two nodes and a writer that sends 600 messages at once
+/// (with a retry of every 50th): every event everywhere, in order.
+async fn burst_arrives_everywhere_in_order(extra: &[&str]) {
     let redis = RedisServer::start();
-    let a = node(&redis.url(), &[]).await;
-    let b = node(&redis.url(), &[]).await;
+    let a = node(&redis.url(), extra).await;
+    let b = node(&redis.url(), extra).await;
     let mut sockets = Vec::new();
     for (i, address) in [a, b, a, b].into_iter().enumerate() {
         let mut ws = connect(address, &format!("u{i}"), "room=burst").await;

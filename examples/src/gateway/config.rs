@@ -196,6 +196,25 @@ pub struct Args {
     /// `room`, `from`, `data`) for `inbound-worker` (with `--redis-url`).
     #[arg(long, env = "TW_INBOUND_STREAM", requires = "redis_url")]
     pub inbound_stream: Option<String>,
+
+    /// How a node reads its rooms' live events on Redis: `push` (Redis
+    /// pushes a wake-up per append, then the node reads the room; a single
+    /// Redis or a cluster, no command for an idle room) or `tail` (one
+    /// blocking `XREAD` over every room the node serves, whose reply holds
+    /// the events: one round trip less per event, but each call names
+    /// every room; `--redis-url` only).
+    #[arg(long, env = "TW_ROOMS_READ", value_enum, default_value_t = RoomsRead::Push)]
+    pub rooms_read: RoomsRead,
+}
+
+/// `--rooms-read` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum RoomsRead {
+    /// Read a room when Redis pushes its wake-up.
+    #[default]
+    Push,
+    /// One blocking `XREAD` over every room (single Redis only).
+    Tail,
 }
 
 /// How rooms keep their events (`--history`, `--history-max`), in the
@@ -393,6 +412,14 @@ impl Args {
             ));
         }
         let timeout = Duration::from_millis(self.redis_timeout_ms);
+        if self.rooms_read == RoomsRead::Tail && self.redis_url.is_none() {
+            return Err(ConfigError::new(
+                "--rooms-read",
+                "tail".to_owned(),
+                "needs --redis-url: a cluster cannot XREAD rooms of several slots at once, and the embedded store has no XREAD",
+                "use --rooms-read push (the default), or a single Redis with --redis-url",
+            ));
+        }
         let redis = if let Some(url) = &self.redis_url {
             check_redis_url("--redis-url", url)?;
             Some(
@@ -440,8 +467,13 @@ impl Args {
                 };
                 // Rooms are read when Redis pushes a wake-up (sharded
                 // pub/sub published by the append), on a single Redis and a
-                // cluster alike: no command for an idle room.
-                let rooms = RoomsConfig::new(retention);
+                // cluster alike: no command for an idle room. On a single
+                // Redis, `--rooms-read tail` reads them with one blocking
+                // XREAD instead.
+                let rooms = match self.rooms_read {
+                    RoomsRead::Push => RoomsConfig::new(retention),
+                    RoomsRead::Tail => RoomsConfig::tailed(retention),
+                };
                 (store, Some(resilience), rooms)
             }
             None => (

@@ -51,5 +51,5 @@ pub mod ws;
 pub use app::{build_app, build_app_with_limiter, build_gateway, Gateway, RATELIMIT_SOURCE};
 pub(crate) use config::{check_redis_url, redis_url_error};
 pub use config::{
-    AlgorithmArg, Args, ConfigError, FallbackArg, GatewayConfig, Resilience, RoomsConfig,
+    AlgorithmArg, Args, ConfigError, FallbackArg, GatewayConfig, Resilience, RoomsConfig, RoomsRead,
 };
