@@ -8,7 +8,8 @@
 //!
 //! Variants (the letters of `benches/README.md`):
 //! - `none` (a): no limiter;
-//! - `memory` (b): `SlidingWindowLayer` over a `MemoryStore` (bare `Limiter::new`);
+//! - `memory` (b): `SlidingWindowLayer` over a `MemoryStore` (bare `Limiter::new`;
+//!   `--lease` and `--local-capacity` add leases and a local tier);
 //! - `governor` (c): `tower_governor` with a `KeyExtractor` on `x-user-id`;
 //! - `redis` (d): `SlidingWindowLayer` over a `RedisStore` (`--redis-url`),
 //!   `Limiter::builder` defaults (local tier, 50 ms budget, breaker) plus a
@@ -36,7 +37,8 @@ use tower_governor::{GovernorError, GovernorLayer};
 use tower_window::fallback::{FailOpen, LocalWindow};
 use tower_window::key::Header;
 use tower_window::{
-    BreakerState, Limiter, MemoryStore, Quota, RedisStore, SlidingWindowLayer, WindowKey,
+    BreakerState, LeaseConfig, Limiter, LimiterBuilder, MemoryStore, Quota, RedisStore,
+    SlidingWindowLayer, WindowKey,
 };
 
 /// The header every variant keys on.
@@ -103,6 +105,14 @@ struct Args {
     /// headers only, as tower_governor does).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     decision_extension: bool,
+    /// `memory` and `redis`: lease up to this many units per hot key
+    /// (`LeaseConfig::new`; 0, the default: no leases).
+    #[arg(long, default_value_t = 0)]
+    lease: u32,
+    /// `memory`: keys of the local tier (default 0, as `Limiter::new`; the
+    /// lease tier holds as many keys, at least 1,000).
+    #[arg(long, default_value_t = 0)]
+    local_capacity: u64,
 }
 
 /// tower_governor key: the `x-user-id` header's value.
@@ -124,9 +134,14 @@ async fn ok() -> &'static str {
     "ok"
 }
 
-fn redis_limiter(url: &str, quota: Quota, fallback: Fallback) -> Result<Limiter, String> {
+fn redis_limiter(
+    url: &str,
+    quota: Quota,
+    fallback: Fallback,
+    lease: u32,
+) -> Result<Limiter, String> {
     let store = RedisStore::from_url(url).map_err(|e| format!("redis store: {e}"))?;
-    let builder = Limiter::builder(store, quota.clone());
+    let builder = with_leases(Limiter::builder(store, quota.clone()), lease);
     let builder = match fallback {
         Fallback::FailOpen => builder.fallback(FailOpen::new()),
         Fallback::LocalWindow => {
@@ -134,6 +149,15 @@ fn redis_limiter(url: &str, quota: Quota, fallback: Fallback) -> Result<Limiter,
         }
     };
     Ok(builder.build())
+}
+
+/// The builder with leases of up to `lease` units (0: none).
+fn with_leases(builder: LimiterBuilder, lease: u32) -> LimiterBuilder {
+    if lease == 0 {
+        builder
+    } else {
+        builder.leases(LeaseConfig::new(lease))
+    }
 }
 
 fn tower_window_app(limiter: Limiter, decision_extension: bool) -> Router {
@@ -174,7 +198,12 @@ async fn app(args: &Args) -> Result<Router, String> {
     Ok(match args.variant {
         Variant::None => Router::new().route("/", get(ok)),
         Variant::Memory => tower_window_app(
-            Limiter::new(MemoryStore::new(), args.quota.clone()),
+            with_leases(
+                Limiter::builder(MemoryStore::new(), args.quota.clone())
+                    .local_capacity(args.local_capacity),
+                args.lease,
+            )
+            .build(),
             args.decision_extension,
         ),
         Variant::Governor => {
@@ -190,16 +219,21 @@ async fn app(args: &Args) -> Result<Router, String> {
                 .layer(GovernorLayer::new(config))
         }
         Variant::Redis => tower_window_app(
-            redis_limiter(&args.redis_url, args.quota.clone(), args.fallback)?,
+            redis_limiter(
+                &args.redis_url,
+                args.quota.clone(),
+                args.fallback,
+                args.lease,
+            )?,
             args.decision_extension,
         ),
         Variant::LocalFlood => tower_window_app(
-            redis_limiter(&args.redis_url, args.flood_quota.clone(), args.fallback)?,
+            redis_limiter(&args.redis_url, args.flood_quota.clone(), args.fallback, 0)?,
             args.decision_extension,
         ),
         Variant::RedisDown => {
             let url = format!("redis://127.0.0.1:{}", closed_port()?);
-            let limiter = redis_limiter(&url, args.quota.clone(), args.fallback)?;
+            let limiter = redis_limiter(&url, args.quota.clone(), args.fallback, 0)?;
             open_breaker(&limiter).await?;
             tower_window_app(limiter, args.decision_extension)
         }

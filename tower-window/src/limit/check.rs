@@ -172,25 +172,28 @@ impl<'a> Check<'a> {
         // Leases hold one count of units for every quota: a check whose
         // quotas cost differently goes to the store (exact all the same,
         // as the store counts what leases hold).
-        if let Some(tier) = inner
+        let leased = inner
             .leases
             .as_ref()
-            .filter(|tier| self.quota_costs.is_none() && tier.applies(self.policy))
-        {
+            .filter(|_| self.quota_costs.is_none())
+            .and_then(|tier| Some((tier, tier.lease_ttl(self.policy)?)));
+        if let Some((tier, ttl)) = leased {
             let (key, policy) = (self.key, self.policy);
-            let future: BoxFuture<'a, _> = match limiter.spend_leased(tier, key, policy, cost.get())
-            {
-                // Spent from a live lease: no store call, no wait.
-                Leased::Spent(decision, None) => return self.finish(Ok(decision), cost, traced),
-                Leased::Spent(decision, Some(slot)) => {
-                    Box::pin(limiter.refill_ahead(tier, slot, key, policy, decision))
-                }
-                Leased::Empty(slot) => {
-                    Box::pin(limiter.decide_leased(tier, slot, key, policy, cost))
-                }
-                // A key too cold to lease: as without leases.
-                Leased::Direct => return self.start_direct(cx, cost, traced),
-            };
+            let future: BoxFuture<'a, _> =
+                match limiter.spend_leased(tier, ttl, key, policy, cost.get()) {
+                    // Spent from a live lease: no store call, no wait.
+                    Leased::Spent(decision, None) => {
+                        return self.finish(Ok(decision), cost, traced)
+                    }
+                    Leased::Spent(decision, Some(slot)) => {
+                        Box::pin(limiter.refill_ahead(tier, slot, key, policy, decision))
+                    }
+                    Leased::Empty(slot, hot) => {
+                        Box::pin(limiter.decide_leased(tier, slot, hot, key, policy, cost))
+                    }
+                    // A key too cold to lease: as without leases.
+                    Leased::Direct => return self.start_direct(cx, cost, traced),
+                };
             self.state = State::Leased {
                 future,
                 cost,

@@ -47,6 +47,9 @@ struct Inner {
     /// `id`'s hash (see `crate::key::state_key::id_hash`).
     id_hash: u64,
     tenant_scoped: bool,
+    /// The shortest window of `quotas` (the lease TTL derives from it on
+    /// every leased check).
+    shortest_window: std::time::Duration,
 }
 
 impl Policy {
@@ -83,6 +86,7 @@ impl Policy {
         let tenant_scoped = quotas.iter().any(|q| q.scope() == Scope::Tenant);
         Self {
             inner: Arc::new(Inner {
+                shortest_window: quotas.iter().map(Quota::window).min().unwrap_or_default(),
                 name: name.into(),
                 quotas: quotas.into_boxed_slice(),
                 id_hash: crate::key::state_key::id_hash(&id),
@@ -141,6 +145,11 @@ impl Policy {
     /// [`id`](Self::id)'s hash, computed once.
     pub(crate) fn id_hash(&self) -> u64 {
         self.inner.id_hash
+    }
+
+    /// The shortest window of its quotas, computed once.
+    pub(crate) fn shortest_window(&self) -> std::time::Duration {
+        self.inner.shortest_window
     }
 
     /// The same identifier as a cheaply cloned shared string.

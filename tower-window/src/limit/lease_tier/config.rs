@@ -75,9 +75,13 @@ impl LeaseConfig {
     /// refund: two store calls, which pay only when the lease is spent by
     /// more checks than that. A key seen a few times per TTL (one of
     /// 10,000 users taking turns, say) would reserve and refund for every
-    /// few admissions. The count is per key and policy, over the current
-    /// TTL-long period and the one before it (so a steady key does not
-    /// flap at a period's end), on the limiter's clock. A leased key that
+    /// few admissions. The count is per key and policy: its checks in the
+    /// current TTL-long period of the limiter's clock and in the one before
+    /// it (every TTL-long stretch ending now lies within the two, and a
+    /// steady key does not flap at a period's end), up to 65,535. It is
+    /// kept in a fixed table of about 32,000 keys, not per key: a key
+    /// pushed out by others counts from zero again and leases a little
+    /// later, which costs store calls, never exactness. A leased key that
     /// cools below the rule gives back what its lease left and goes to the
     /// store directly again. `0` or `1`: every key leases from its first
     /// check.
@@ -119,13 +123,7 @@ impl LeaseConfig {
         if let Some(ttl) = self.ttl {
             return ttl;
         }
-        let shortest = policy
-            .quotas()
-            .iter()
-            .map(|q| q.window())
-            .min()
-            .unwrap_or(Self::MAX_DEFAULT_TTL * 10);
-        (shortest / 10)
+        (policy.shortest_window() / 10)
             .min(Self::MAX_DEFAULT_TTL)
             .max(Duration::from_micros(1))
     }

@@ -33,9 +33,11 @@
 //! [`hot_after`](LeaseConfig::hot_after) times (default 8) within one lease
 //! TTL, counted per key and policy over the current TTL-long period and the
 //! one before it. The checks of other keys go to the store directly, as
-//! without leases (one store call each, no reservation to refund). A leased
-//! key that cools below the rule gives back what its leases left at its
-//! next check and is decided directly again.
+//! without leases (one store call each, no reservation to refund), and cost
+//! the tier one look at a fixed table of recent counts (`hotness.rs`): a
+//! key gets a lease slot only once it is hot. A leased key that cools below
+//! the rule gives back what its leases left at its next check and is
+//! decided directly again.
 //!
 //! # Size, deadline, bound
 //!
@@ -81,9 +83,11 @@ use crate::store::CheckRequest;
 use crate::{Decision, Policy, WindowKey};
 
 mod config;
+mod hotness;
 mod slot;
 
 pub use config::{LeaseConfig, LeaseStats};
+use hotness::Hotness;
 use slot::{shadow_holds, Held, Slot, Spend};
 
 #[derive(Default)]
@@ -108,6 +112,9 @@ type SlotCache = Cache<
 /// The leases of one limiter, by key and policy.
 pub(crate) struct LeaseTier {
     slots: SlotCache,
+    /// Recent checks per key: only a key found hot, or one with a slot,
+    /// looks at `slots`.
+    hotness: Hotness,
     pub(crate) config: LeaseConfig,
     pub(crate) counters: LeaseCounters,
     /// Set once the store answered that it does not support leases:
@@ -125,8 +132,9 @@ pub(crate) enum Leased {
     Spent(Decision, Option<Arc<Slot>>),
     /// A key too cold to lease: decide in the store directly.
     Direct,
-    /// The lease is empty: wait for the reservation in flight, or send it.
-    Empty(Arc<Slot>),
+    /// The lease is empty: wait for the reservation in flight, or send it
+    /// (whether the key is hot: a cold one decides directly instead).
+    Empty(Arc<Slot>, bool),
 }
 
 impl LeaseTier {
@@ -138,6 +146,7 @@ impl LeaseTier {
                 DefaultHashBuilder::default(),
                 DefaultLifecycle::default(),
             ),
+            hotness: Hotness::new(),
             config,
             counters: LeaseCounters::default(),
             unsupported: AtomicBool::new(false),
@@ -148,14 +157,21 @@ impl LeaseTier {
     /// Whether checks of `policy` lease: the store supports leases and the
     /// TTL leaves room in every quota (else checks decide directly).
     pub(crate) fn applies(&self, policy: &Policy) -> bool {
+        self.lease_ttl(policy).is_some()
+    }
+
+    /// The lease TTL of `policy` in µs, if its checks lease (see
+    /// [`applies`](Self::applies)).
+    pub(crate) fn lease_ttl(&self, policy: &Policy) -> Option<u64> {
         if self.unsupported.load(Ordering::Relaxed) {
-            return false;
+            return None;
         }
         let ttl = micros(self.config.ttl_for(policy));
         policy
             .quotas()
             .iter()
             .all(|quota| crate::algorithm::lease::ttl_fits(quota, ttl))
+            .then_some(ttl)
     }
 
     /// The lease slot of `key` under `policy`, made on first use.
@@ -227,9 +243,9 @@ enum Step {
     Wait,
     /// The reservation it waited for failed: the fallback decides.
     Failed(crate::StoreErrorKind),
-    /// Reserves: the clock, the leases to give back, the units wanted,
-    /// whether the key is hot, the discard epoch.
-    Reserve(u64, Vec<Held>, u32, bool, u64),
+    /// Reserves: the clock, the leases to give back, the units wanted, the
+    /// discard epoch.
+    Reserve(u64, Vec<Held>, u32, u64),
 }
 
 /// What a reservation leaves to do once it is back.
@@ -242,22 +258,35 @@ enum Reserved {
 
 impl super::Limiter {
     /// The lease tier's answer without waiting: a spend from a live lease
-    /// (the whole check, in its first poll), or what the check must do.
+    /// (the whole check, in its first poll), or what the check must do;
+    /// `ttl` is the policy's [`lease_ttl`](LeaseTier::lease_ttl).
     pub(super) fn spend_leased(
         &self,
         tier: &LeaseTier,
+        ttl: u64,
         key: &WindowKey,
         policy: &Policy,
         units: u32,
     ) -> Leased {
         let inner = &*self.inner;
+        let state_key = StateKeyRef::for_policy(key, policy);
+        let observed = tier
+            .hotness
+            .observe(&state_key, inner.clock.now_micros(), ttl);
+        let hot = observed.checks >= tier.config.hot_checks;
+        if !hot && !observed.slotted {
+            // Cold, with no slot to give back from: as without leases, and
+            // without touching the slot cache.
+            return Leased::Direct;
+        }
         let slot = tier.slot(key, policy);
+        if !observed.slotted {
+            tier.hotness.mark(&state_key, true);
+        }
         let mut state = slot.lock();
         // Read under the lock: a spend is dated no earlier than the lease
         // it spends came back (its reservation's time).
         let now = inner.clock.now_micros();
-        state.observe(now, micros(tier.config.ttl_for(policy)));
-        let hot = state.hot(tier.config.hot_checks);
         match state.spend(now, units) {
             Spend::Spent(decision) => {
                 let refill = tier.config.refill_ahead && hot && !state.refilling && state.low();
@@ -276,10 +305,13 @@ impl super::Limiter {
             Spend::Empty => {}
         }
         if !hot && !state.refilling && state.held.is_empty() && state.retired.is_empty() {
+            drop(state);
+            // Nothing left to give back: while cold, skip the slot.
+            tier.hotness.mark(&state_key, false);
             return Leased::Direct;
         }
         drop(state);
-        Leased::Empty(slot)
+        Leased::Empty(slot, hot)
     }
 
     fn count_spent(&self, tier: &LeaseTier, policy: &Policy, units: u32) {
@@ -301,6 +333,7 @@ impl super::Limiter {
         &self,
         tier: &LeaseTier,
         slot: Arc<Slot>,
+        hot: bool,
         key: &WindowKey,
         policy: &Policy,
         cost: crate::Cost,
@@ -308,7 +341,7 @@ impl super::Limiter {
         let inner = &*self.inner;
         let units = cost.get();
         let mut waited = false;
-        let (now, old, want, hot, epoch) = loop {
+        let (now, old, want, epoch) = loop {
             // Registered before the look, so the end of a flight cannot
             // slip between the look and the wait.
             let mut notified = pin!(slot.refilled.notified());
@@ -341,10 +374,9 @@ impl super::Limiter {
                     let leftover_expired = old
                         .iter()
                         .any(|held| held.left > 0 && now >= held.local_deadline);
-                    let hot = state.hot(tier.config.hot_checks);
                     let max_units = tier.config.max_units.max(1);
                     let want = state.next_want(now, max_units, leftover_expired).max(units);
-                    Step::Reserve(now, old, want, hot, tier.epoch.load(Ordering::Acquire))
+                    Step::Reserve(now, old, want, tier.epoch.load(Ordering::Acquire))
                 }
             };
             match step {
@@ -370,7 +402,7 @@ impl super::Limiter {
                     }
                     notified.await;
                 }
-                Step::Reserve(now, old, want, hot, epoch) => break (now, old, want, hot, epoch),
+                Step::Reserve(now, old, want, epoch) => break (now, old, want, epoch),
             }
         };
         let flight = Flight(&slot);

@@ -1,5 +1,5 @@
 //! One key's leases: what it holds, how it is spent without an async lock,
-//! how hot the key is, and the one reservation it may have in flight.
+//! and the one reservation it may have in flight.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -161,9 +161,6 @@ impl Slot {
                 last_deadline: 0,
                 refilling: false,
                 failed: None,
-                period_start: 0,
-                seen: 0,
-                seen_before: 0,
             }),
             refilled: Notify::new(),
         }
@@ -199,37 +196,9 @@ pub(crate) struct SlotState {
     /// for it decide by the fallback rather than wait for the store again
     /// (a decision takes one store timeout at most).
     pub(crate) failed: Option<crate::StoreErrorKind>,
-    /// The limiter's clock (µs) when the current counting period began.
-    period_start: u64,
-    /// Checks in the current period.
-    seen: u32,
-    /// Checks in the period before, if it ended less than one period ago.
-    seen_before: u32,
 }
 
 impl SlotState {
-    /// Counts a check at `now` in periods of one lease TTL.
-    pub(crate) fn observe(&mut self, now: u64, ttl: u64) {
-        let end = self.period_start.saturating_add(ttl);
-        if now >= end || self.seen == 0 {
-            // The period before counts only if it ended within one period.
-            self.seen_before = if now < end.saturating_add(ttl) {
-                self.seen
-            } else {
-                0
-            };
-            self.period_start = now;
-            self.seen = 0;
-        }
-        self.seen = self.seen.saturating_add(1);
-    }
-
-    /// Whether the key was checked at least `threshold` times in the
-    /// current period or the one before.
-    pub(crate) fn hot(&self, threshold: u32) -> bool {
-        self.seen.max(self.seen_before) >= threshold
-    }
-
     /// Spends `cost` units at `now` from the oldest live lease that has
     /// them; leases past their deadline, or used up, leave `held` first
     /// (to `retired` if a refund would give anything back). With none to
