@@ -410,3 +410,86 @@ async fn a_saturated_hot_key_makes_few_store_calls_per_admission() {
         }
     }
 }
+
+/// Through the HTTP layer, whose store is not in-process here: a check that
+/// a live lease answers is answered by `call` itself (no future to await),
+/// while the check that reaches the low watermark still reserves the next
+/// lease and waits for it, and only the checks that find the lease truly
+/// empty wait too. The same counts as `limiter.check` above.
+#[cfg(feature = "http")]
+#[tokio::test]
+async fn the_layer_spends_a_live_lease_at_once_and_still_refills_ahead() {
+    use std::sync::Mutex;
+
+    use http::{Request, Response, StatusCode};
+    use tower::{service_fn, Layer, Service, ServiceExt};
+    use tower_window::key::Header;
+    use tower_window::SlidingWindowLayer;
+
+    let (limiter, gate) = gated(LeaseConfig::new(64).hot_after(1));
+    let sources = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&sources);
+    let inner = service_fn(move |request: Request<()>| {
+        let source = request.extensions().get::<Decision>().map(Decision::source);
+        seen.lock().unwrap().push(source);
+        async { Ok::<_, std::convert::Infallible>(Response::new(())) }
+    });
+    let mut service =
+        SlidingWindowLayer::new(limiter.clone(), Header::new("x-user-id").unwrap()).layer(inner);
+    let request = || {
+        Request::get("/")
+            .header("x-user-id", "hot")
+            .body(())
+            .unwrap()
+    };
+    // Warm up, with reservations answered at once, until the lease is big.
+    for _ in 0..200 {
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    {
+        let sources = sources.lock().unwrap();
+        let leased = sources
+            .iter()
+            .filter(|s| **s == Some(DecisionSource::Lease))
+            .count();
+        assert_eq!(sources.len(), 200);
+        assert!(leased >= 190, "{leased} of 200 spent from a lease");
+    }
+    let stats = limiter.lease_stats().unwrap();
+    let left = stats.granted - stats.spent;
+    assert!(left > 2, "the lease holds units: {stats:?}");
+    gate.set(false);
+    let reserves = gate.reserves.load(Ordering::SeqCst);
+    let extra = 5;
+    let done = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..left + extra {
+        let response = service.ready().await.unwrap().call(request());
+        let done = Arc::clone(&done);
+        handles.push(tokio::spawn(async move {
+            let status = response.await.unwrap().status();
+            done.fetch_add(1, Ordering::SeqCst);
+            status
+        }));
+    }
+    settle().await;
+    assert_eq!(gate.reserves.load(Ordering::SeqCst) - reserves, 1);
+    assert_eq!(gate.in_flight.load(Ordering::SeqCst), 1);
+    assert_eq!(done.load(Ordering::SeqCst), left - 1);
+    let stats = limiter.lease_stats().unwrap();
+    assert_eq!(stats.granted, stats.spent, "every unit was spent");
+    assert_eq!(stats.waits, extra, "only the truly empty ones wait");
+    gate.set(true);
+    for handle in handles {
+        assert_eq!(handle.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(done.load(Ordering::SeqCst), left + extra);
+    assert_eq!(gate.most_in_flight.load(Ordering::SeqCst), 1);
+}

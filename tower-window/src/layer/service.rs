@@ -138,30 +138,38 @@ where
         };
         let degraded_status = shared.degraded_status;
         // An in-process store decides here, without a future or a box, and
-        // its answer is acted on where it lies (a decision is large: each
-        // move through an intermediate result is a copy).
+        // so does a live lease over any store; the answer is acted on where
+        // it lies (a decision is large: each move through an intermediate
+        // result is a copy).
         let checked = policy.as_ref().unwrap_or(shared.limiter.policy());
-        if shared.limiter.answers_at_once(checked) {
-            if let Ok(result) = shared
+        let at_once = if shared.limiter.answers_at_once(checked) {
+            // Not answered in its first poll after all: the check is
+            // dropped before it did anything that waits.
+            shared
                 .limiter
                 .check_policy(&key, checked, cost)
                 .into_ready()
-            {
-                return match result {
-                    Ok(decision) if decision.allowed => {
-                        // The readied inner service takes the request at
-                        // once, without the clone-and-swap and the extra state.
-                        let admitted = shared.mode.on_request(&mut request, decision);
-                        ResponseFuture::calling(self.inner.call(request), Some(admitted))
-                    }
-                    // The readied inner service stays ready for the next request.
-                    other => ResponseFuture::ready(
-                        shared.mode.on_rejection(rejection(other, degraded_status)),
-                    ),
-                };
-            }
-            // Not answered in its first poll after all: the check is
-            // dropped before it did anything that waits.
+                .ok()
+        } else {
+            // `None` with nothing done: the future below decides.
+            shared
+                .limiter
+                .check_policy(&key, checked, cost)
+                .leased_at_once()
+        };
+        if let Some(result) = at_once {
+            return match result {
+                Ok(decision) if decision.allowed => {
+                    // The readied inner service takes the request at
+                    // once, without the clone-and-swap and the extra state.
+                    let admitted = shared.mode.on_request(&mut request, decision);
+                    ResponseFuture::calling(self.inner.call(request), Some(admitted))
+                }
+                // The readied inner service stays ready for the next request.
+                other => ResponseFuture::ready(
+                    shared.mode.on_rejection(rejection(other, degraded_status)),
+                ),
+            };
         }
         let limiter = shared.limiter.clone();
         let mut decision: DecisionFuture = Box::pin(async move {

@@ -160,6 +160,34 @@ impl<'a> Check<'a> {
         }
     }
 
+    /// The check's answer if a live lease gives it at once, with nothing
+    /// else to do (no reservation ahead of need); `None`, with nothing
+    /// done, otherwise. For callers that would otherwise box the check to
+    /// await it (the layer over a networked store).
+    #[cfg(feature = "tower")]
+    pub(crate) fn leased_at_once(mut self) -> Option<Result<Decision, LimitError>> {
+        let State::Start(Ok(cost)) = self.state else {
+            return None;
+        };
+        let limiter = self.limiter;
+        let inner = &*limiter.inner;
+        let tier = inner
+            .leases
+            .as_ref()
+            .filter(|_| self.quota_costs.is_none())?;
+        let ttl = tier.lease_ttl(self.policy)?;
+        let traced = if tracing::enabled!(tracing::Level::DEBUG) {
+            inner.clock.now_micros().max(1)
+        } else {
+            0
+        };
+        let decision = limiter.spend_at_once(tier, ttl, self.key, self.policy, cost.get())?;
+        match self.finish(Ok(decision), cost, traced) {
+            Poll::Ready(result) => Some(result),
+            Poll::Pending => None,
+        }
+    }
+
     /// The first step: local tier, then the store (or the lease tier).
     fn start(&mut self, cx: &mut Context<'_>, cost: Cost) -> Poll<Result<Decision, LimitError>> {
         let limiter = self.limiter;

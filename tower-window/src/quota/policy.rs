@@ -152,6 +152,11 @@ impl Policy {
         self.inner.shortest_window
     }
 
+    /// [`shortest_window`](Self::shortest_window) in whole µs.
+    pub(crate) fn shortest_window_micros(&self) -> u64 {
+        u64::try_from(self.inner.shortest_window.as_micros()).unwrap_or(u64::MAX)
+    }
+
     /// The same identifier as a cheaply cloned shared string.
     pub(crate) fn shared_id(&self) -> Arc<str> {
         Arc::clone(&self.inner.id)

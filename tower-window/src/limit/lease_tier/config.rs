@@ -128,6 +128,17 @@ impl LeaseConfig {
             .max(Duration::from_micros(1))
     }
 
+    /// [`ttl_for`](Self::ttl_for) in whole µs, without `Duration`
+    /// arithmetic (every leased check asks).
+    pub(crate) fn ttl_micros_for(&self, policy: &Policy) -> u64 {
+        match self.ttl {
+            Some(ttl) => u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
+            // A tenth of the shortest window, floored to whole µs like
+            // `ttl_for`'s `Duration` (nested floor divisions agree).
+            None => (policy.shortest_window_micros() / 10).clamp(1, MAX_DEFAULT_TTL_MICROS),
+        }
+    }
+
     /// Checks that leases of this TTL can be granted under `policy`: a
     /// GCRA quota dates leased tokens at the deadline, so a TTL above
     /// `(burst - 1)` emission intervals could never be granted and is
@@ -137,6 +148,9 @@ impl LeaseConfig {
         crate::algorithm::lease::check_ttl(policy, ttl)
     }
 }
+
+/// [`LeaseConfig::MAX_DEFAULT_TTL`] in µs.
+const MAX_DEFAULT_TTL_MICROS: u64 = 1_000_000;
 
 /// Counts of a limiter's lease units since it was built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -158,4 +172,31 @@ pub struct LeaseStats {
     /// Checks that waited for a reservation another check had in flight
     /// (their key's lease was empty).
     pub waits: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+
+    /// The µs TTL every leased check uses is `ttl_for`'s, floored alike.
+    #[test]
+    fn ttl_micros_agree_with_ttl_for() {
+        assert_eq!(
+            u128::from(MAX_DEFAULT_TTL_MICROS),
+            LeaseConfig::MAX_DEFAULT_TTL.as_micros()
+        );
+        for dsl in [
+            "10/1s", "10/1m", "10/1h", "10/7ms", "10/1ms", "10/3s", "10/1d",
+        ] {
+            let policy = Policy::from(dsl.parse::<Quota>().expect("a valid quota"));
+            for config in [
+                LeaseConfig::new(10),
+                LeaseConfig::new(10).ttl(Duration::from_nanos(2_500_999)),
+            ] {
+                let ttl = u64::try_from(config.ttl_for(&policy).as_micros()).unwrap_or(u64::MAX);
+                assert_eq!(config.ttl_micros_for(&policy), ttl, "{dsl} {config:?}");
+            }
+        }
+    }
 }

@@ -97,6 +97,24 @@ pub(crate) struct Observed {
     pub(crate) slotted: bool,
 }
 
+/// A check looked up but not counted yet (see [`Hotness::look_at`]).
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+pub(crate) struct Looked<'a> {
+    hotness: &'a Hotness,
+    pub(crate) observed: Observed,
+    write: Option<(usize, Entry)>,
+}
+
+impl Looked<'_> {
+    /// Counts the check (as [`Hotness::observe`] would have).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn count(self) {
+        if let Some((index, entry)) = self.write {
+            self.hotness.entries[index].store(entry.0, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Recent checks per key and policy, for the rule "leases only keys checked
 /// at least `hot_after` times within one lease TTL".
 pub(crate) struct Hotness {
@@ -128,7 +146,51 @@ impl Hotness {
     /// of `ttl` µs, and answers the key's count over this period and the
     /// one before it (a TTL-long stretch ending now lies within those two,
     /// so a key checked `n` times within one TTL counts at least `n`).
-    pub(crate) fn observe(&self, key: &StateKeyRef<'_>, now: u64, ttl: u64) -> Observed {
+    ///
+    /// A period's count stops at `enough`: past it, a check only reads the
+    /// entry. So a hot key's checks, on every core at once, write the entry
+    /// once per period rather than bounce its cache line between cores.
+    pub(crate) fn observe(
+        &self,
+        key: &StateKeyRef<'_>,
+        now: u64,
+        ttl: u64,
+        enough: u32,
+    ) -> Observed {
+        let (observed, write) = self.look(key, now, ttl, enough);
+        if let Some((index, entry)) = write {
+            self.entries[index].store(entry.0, Ordering::Relaxed);
+        }
+        observed
+    }
+
+    /// What [`observe`](Self::observe) would answer, and the count itself
+    /// for [`Looked::count`] to make (or not).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn look_at(
+        &self,
+        key: &StateKeyRef<'_>,
+        now: u64,
+        ttl: u64,
+        enough: u32,
+    ) -> Looked<'_> {
+        let (observed, write) = self.look(key, now, ttl, enough);
+        Looked {
+            hotness: self,
+            observed,
+            write,
+        }
+    }
+
+    /// The answer of a check counted at `now`, and the entry to write for
+    /// it (none once the period's count is `enough`).
+    fn look(
+        &self,
+        key: &StateKeyRef<'_>,
+        now: u64,
+        ttl: u64,
+        enough: u32,
+    ) -> (Observed, Option<(usize, Entry)>) {
         let (first, fingerprint) = self.place(key);
         let period = now / ttl.max(1);
         let ways = [
@@ -143,13 +205,20 @@ impl Hotness {
                     (way, (0, 0), false)
                 }
             };
+        if u32::from(seen) >= enough {
+            let observed = Observed {
+                checks: u32::from(seen) + u32::from(before),
+                slotted,
+            };
+            return (observed, None);
+        }
         let seen = seen.saturating_add(1);
-        let entry = Entry::new(fingerprint, period, slotted, seen, before);
-        self.entries[first + way].store(entry.0, Ordering::Relaxed);
-        Observed {
+        let observed = Observed {
             checks: u32::from(seen) + u32::from(before),
             slotted,
-        }
+        };
+        let entry = Entry::new(fingerprint, period, slotted, seen, before);
+        (observed, Some((first + way, entry)))
     }
 
     /// Marks whether `key` has a lease slot to look at while it is cold (to
@@ -196,7 +265,12 @@ mod tests {
     fn observe(hotness: &Hotness, subject: &str, now: u64) -> Observed {
         let key = WindowKey::for_subject(subject.to_owned());
         let policy = policy();
-        hotness.observe(&StateKeyRef::for_policy(&key, &policy), now, 1_000)
+        hotness.observe(
+            &StateKeyRef::for_policy(&key, &policy),
+            now,
+            1_000,
+            u32::MAX,
+        )
     }
 
     #[test]
@@ -228,22 +302,41 @@ mod tests {
     }
 
     #[test]
+    fn a_period_stops_counting_at_enough() {
+        let hotness = Hotness::new();
+        let key = WindowKey::for_subject("a");
+        let policy = policy();
+        let key = StateKeyRef::for_policy(&key, &policy);
+        let counts: Vec<u32> = (0..6)
+            .map(|i| hotness.observe(&key, i, 1_000, 3).checks)
+            .collect();
+        assert_eq!(counts, [1, 2, 3, 3, 3, 3]);
+        // The next period starts from the one before's 3; a look answers
+        // as a count would, and counts only when told.
+        assert_eq!(hotness.look_at(&key, 1_000, 1_000, 3).observed.checks, 4);
+        let looked = hotness.look_at(&key, 1_000, 1_000, 3);
+        assert_eq!(looked.observed.checks, 4);
+        looked.count();
+        assert_eq!(hotness.look_at(&key, 1_000, 1_000, 3).observed.checks, 5);
+    }
+
+    #[test]
     fn marks_stay_with_the_key_until_unmarked() {
         let hotness = Hotness::new();
         let key = WindowKey::for_subject("a");
         let policy = policy();
         let key = StateKeyRef::for_policy(&key, &policy);
-        assert!(!hotness.observe(&key, 0, 1_000).slotted);
+        assert!(!hotness.observe(&key, 0, 1_000, u32::MAX).slotted);
         hotness.mark(&key, true);
-        assert!(hotness.observe(&key, 10, 1_000).slotted);
+        assert!(hotness.observe(&key, 10, 1_000, u32::MAX).slotted);
         assert!(
-            hotness.observe(&key, 50_000, 1_000).slotted,
+            hotness.observe(&key, 50_000, 1_000, u32::MAX).slotted,
             "marks outlive counts"
         );
         hotness.mark(&key, false);
-        assert!(!hotness.observe(&key, 50_001, 1_000).slotted);
+        assert!(!hotness.observe(&key, 50_001, 1_000, u32::MAX).slotted);
         hotness.clear();
-        assert_eq!(hotness.observe(&key, 50_002, 1_000).checks, 1);
+        assert_eq!(hotness.observe(&key, 50_002, 1_000, u32::MAX).checks, 1);
     }
 
     /// A hot key keeps its entry while 200,000 cold keys churn through the

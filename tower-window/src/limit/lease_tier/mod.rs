@@ -156,6 +156,7 @@ impl LeaseTier {
 
     /// Whether checks of `policy` lease: the store supports leases and the
     /// TTL leaves room in every quota (else checks decide directly).
+    #[cfg(feature = "tower")]
     pub(crate) fn applies(&self, policy: &Policy) -> bool {
         self.lease_ttl(policy).is_some()
     }
@@ -166,7 +167,7 @@ impl LeaseTier {
         if self.unsupported.load(Ordering::Relaxed) {
             return None;
         }
-        let ttl = micros(self.config.ttl_for(policy));
+        let ttl = self.config.ttl_micros_for(policy);
         policy
             .quotas()
             .iter()
@@ -214,10 +215,6 @@ impl fmt::Debug for LeaseTier {
             .field("keys", &self.slots.len())
             .finish()
     }
-}
-
-fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The one reservation a slot has in flight: when it ends, however it ends
@@ -270,10 +267,10 @@ impl super::Limiter {
     ) -> Leased {
         let inner = &*self.inner;
         let state_key = StateKeyRef::for_policy(key, policy);
-        let observed = tier
-            .hotness
-            .observe(&state_key, inner.clock.now_micros(), ttl);
-        let hot = observed.checks >= tier.config.hot_checks;
+        let hot_checks = tier.config.hot_checks;
+        let now = inner.clock.now_micros();
+        let observed = tier.hotness.observe(&state_key, now, ttl, hot_checks);
+        let hot = observed.checks >= hot_checks;
         if !hot && !observed.slotted {
             // Cold, with no slot to give back from: as without leases, and
             // without touching the slot cache.
@@ -284,9 +281,7 @@ impl super::Limiter {
             tier.hotness.mark(&state_key, true);
         }
         let mut state = slot.lock();
-        // Read under the lock: a spend is dated no earlier than the lease
-        // it spends came back (its reservation's time).
-        let now = inner.clock.now_micros();
+        let now = state.dated(now, &*inner.clock);
         match state.spend(now, units) {
             Spend::Spent(decision) => {
                 let refill = tier.config.refill_ahead && hot && !state.refilling && state.low();
@@ -312,6 +307,46 @@ impl super::Limiter {
         }
         drop(state);
         Leased::Empty(slot, hot)
+    }
+
+    /// A spend from a live lease that needs nothing more (no reservation
+    /// ahead of need, no wait), for a caller that would otherwise build a
+    /// future; `None`, with nothing counted or changed, for every other
+    /// check, which then goes through [`spend_leased`](Self::spend_leased).
+    #[cfg(feature = "tower")]
+    pub(super) fn spend_at_once(
+        &self,
+        tier: &LeaseTier,
+        ttl: u64,
+        key: &WindowKey,
+        policy: &Policy,
+        units: u32,
+    ) -> Option<Decision> {
+        let inner = &*self.inner;
+        let state_key = StateKeyRef::for_policy(key, policy);
+        let hot_checks = tier.config.hot_checks;
+        let now = inner.clock.now_micros();
+        let looked = tier.hotness.look_at(&state_key, now, ttl, hot_checks);
+        let seen = looked.observed;
+        if !seen.slotted {
+            return None;
+        }
+        let slot = tier.slots.get(&state_key)?;
+        let mut state = slot.lock();
+        let now = state.dated(now, &*inner.clock);
+        let hot = seen.checks >= hot_checks;
+        let refill_wanted = tier.config.refill_ahead && hot && !state.refilling;
+        if !state.spends_at_once(now, units, refill_wanted) {
+            return None;
+        }
+        looked.count();
+        let Spend::Spent(decision) = state.spend(now, units) else {
+            // `spends_at_once` said it would, under the same lock.
+            return None;
+        };
+        drop(state);
+        self.count_spent(tier, policy, units);
+        Some(decision)
     }
 
     fn count_spent(&self, tier: &LeaseTier, policy: &Policy, units: u32) {
