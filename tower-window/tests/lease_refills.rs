@@ -411,6 +411,51 @@ async fn a_saturated_hot_key_makes_few_store_calls_per_admission() {
     }
 }
 
+/// The HTTP layer over `limiter`, keyed by `x-user-id` (each request's
+/// `send` returns its status), and the source of each admitted request's
+/// decision as the inner service saw it.
+#[cfg(feature = "http")]
+mod layered {
+    use std::convert::Infallible;
+    use std::sync::{Arc, Mutex};
+
+    use http::{Request, Response, StatusCode};
+    use tower::util::BoxCloneSyncService;
+    use tower::{service_fn, Layer, Service, ServiceExt};
+    use tower_window::key::Header;
+    use tower_window::{Decision, DecisionSource, Limiter, SlidingWindowLayer};
+
+    pub(crate) type Layered = BoxCloneSyncService<Request<()>, Response<()>, Infallible>;
+    pub(crate) type Sources = Arc<Mutex<Vec<Option<DecisionSource>>>>;
+
+    pub(crate) fn layered(limiter: &Limiter) -> (Layered, Sources) {
+        let sources = Sources::default();
+        let seen = Arc::clone(&sources);
+        let inner = service_fn(move |request: Request<()>| {
+            let source = request.extensions().get::<Decision>().map(Decision::source);
+            seen.lock().unwrap().push(source);
+            async { Ok::<_, Infallible>(Response::new(())) }
+        });
+        let header = Header::new("x-user-id").unwrap();
+        let layer = SlidingWindowLayer::new(limiter.clone(), header);
+        (BoxCloneSyncService::new(layer.layer(inner)), sources)
+    }
+
+    /// The response future of `user`'s request, as `call` returned it.
+    pub(crate) async fn call(
+        service: &mut Layered,
+        user: &str,
+    ) -> impl std::future::Future<Output = StatusCode> + Send + 'static {
+        let request = Request::get("/").header("x-user-id", user).body(());
+        let response = service.ready().await.unwrap().call(request.unwrap());
+        async move { response.await.unwrap().status() }
+    }
+
+    pub(crate) async fn send(service: &mut Layered, user: &str) -> StatusCode {
+        call(service, user).await.await
+    }
+}
+
 /// Through the HTTP layer, whose store is not in-process here: a check that
 /// a live lease answers is answered by `call` itself (no future to await),
 /// while the check that reaches the low watermark still reserves the next
@@ -419,39 +464,14 @@ async fn a_saturated_hot_key_makes_few_store_calls_per_admission() {
 #[cfg(feature = "http")]
 #[tokio::test]
 async fn the_layer_spends_a_live_lease_at_once_and_still_refills_ahead() {
-    use std::sync::Mutex;
-
-    use http::{Request, Response, StatusCode};
-    use tower::{service_fn, Layer, Service, ServiceExt};
-    use tower_window::key::Header;
-    use tower_window::SlidingWindowLayer;
+    use http::StatusCode;
+    use layered::{call, layered, send};
 
     let (limiter, gate) = gated(LeaseConfig::new(64).hot_after(1));
-    let sources = Arc::new(Mutex::new(Vec::new()));
-    let seen = Arc::clone(&sources);
-    let inner = service_fn(move |request: Request<()>| {
-        let source = request.extensions().get::<Decision>().map(Decision::source);
-        seen.lock().unwrap().push(source);
-        async { Ok::<_, std::convert::Infallible>(Response::new(())) }
-    });
-    let mut service =
-        SlidingWindowLayer::new(limiter.clone(), Header::new("x-user-id").unwrap()).layer(inner);
-    let request = || {
-        Request::get("/")
-            .header("x-user-id", "hot")
-            .body(())
-            .unwrap()
-    };
+    let (mut service, sources) = layered(&limiter);
     // Warm up, with reservations answered at once, until the lease is big.
     for _ in 0..200 {
-        let response = service
-            .ready()
-            .await
-            .unwrap()
-            .call(request())
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(send(&mut service, "hot").await, StatusCode::OK);
     }
     {
         let sources = sources.lock().unwrap();
@@ -471,10 +491,10 @@ async fn the_layer_spends_a_live_lease_at_once_and_still_refills_ahead() {
     let done = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::new();
     for _ in 0..left + extra {
-        let response = service.ready().await.unwrap().call(request());
+        let response = call(&mut service, "hot").await;
         let done = Arc::clone(&done);
         handles.push(tokio::spawn(async move {
-            let status = response.await.unwrap().status();
+            let status = response.await;
             done.fetch_add(1, Ordering::SeqCst);
             status
         }));
@@ -492,4 +512,37 @@ async fn the_layer_spends_a_live_lease_at_once_and_still_refills_ahead() {
     }
     assert_eq!(done.load(Ordering::SeqCst), left + extra);
     assert_eq!(gate.most_in_flight.load(Ordering::SeqCst), 1);
+}
+
+/// Through the layer, a cold key's check is counted once towards the
+/// `hot_after` rule (the layer's look for a live lease counts it, and the
+/// store call that follows does not count it again): 7 checks go to the
+/// store directly, the 8th reserves, as with `limiter.check`.
+#[cfg(feature = "http")]
+#[tokio::test]
+async fn the_layer_counts_a_cold_key_once() {
+    use layered::{layered, send};
+
+    let (limiter, gate, _clock) = gated_on("1000000/1m", LeaseConfig::new(64));
+    let (mut service, sources) = layered(&limiter);
+    for _ in 0..7 {
+        send(&mut service, "warming").await;
+    }
+    assert_eq!(gate.reserves.load(Ordering::SeqCst), 0);
+    assert_eq!(gate.checks.load(Ordering::SeqCst), 7);
+    send(&mut service, "warming").await;
+    assert_eq!(gate.reserves.load(Ordering::SeqCst), 1);
+    // Hot now: no more direct checks; leases (of 1, 2, 4... units) pay
+    // for most of the next ones.
+    for _ in 0..10 {
+        send(&mut service, "warming").await;
+    }
+    assert_eq!(gate.checks.load(Ordering::SeqCst), 7);
+    let sources = sources.lock().unwrap();
+    assert_eq!(sources[..7], [Some(DecisionSource::Store); 7]);
+    let leased = sources[8..]
+        .iter()
+        .filter(|s| **s == Some(DecisionSource::Lease))
+        .count();
+    assert!(leased >= 7, "{sources:?}");
 }

@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use super::future::{DecisionFuture, ResponseFuture};
 use super::{MissingKey, Rejection, RequestCost, Respond, Status};
+use crate::limit::AtOnce;
 use crate::tenant::{Resolution, TenantRegistry};
 use crate::{Decision, KeyExtractor, LimitError, Limiter};
 
@@ -142,6 +143,7 @@ where
         // it lies (a decision is large: each move through an intermediate
         // result is a copy).
         let checked = policy.as_ref().unwrap_or(shared.limiter.policy());
+        let mut direct = false;
         let at_once = if shared.limiter.answers_at_once(checked) {
             // Not answered in its first poll after all: the check is
             // dropped before it did anything that waits.
@@ -151,11 +153,20 @@ where
                 .into_ready()
                 .ok()
         } else {
-            // `None` with nothing done: the future below decides.
-            shared
+            match shared
                 .limiter
                 .check_policy(&key, checked, cost)
                 .leased_at_once()
+            {
+                AtOnce::Decided(result) => Some(result),
+                // Counted as too cold to lease: the future below goes to
+                // the store directly, without counting it again.
+                AtOnce::Direct => {
+                    direct = true;
+                    None
+                }
+                AtOnce::Later => None,
+            }
         };
         if let Some(result) = at_once {
             return match result {
@@ -173,11 +184,16 @@ where
         }
         let limiter = shared.limiter.clone();
         let mut decision: DecisionFuture = Box::pin(async move {
-            let checked = match &policy {
-                None => limiter.check(&key, cost).await,
-                Some(policy) => limiter.check_policy(&key, policy, cost).await,
+            let check = match &policy {
+                None => limiter.check(&key, cost),
+                Some(policy) => limiter.check_policy(&key, policy, cost),
             };
-            admission(checked, degraded_status)
+            let check = if direct {
+                check.without_leases()
+            } else {
+                check
+            };
+            admission(check.await, degraded_status)
         });
         // Most decisions over a network store still need no I/O
         // (local tier, open breaker) and are ready at the first

@@ -9,6 +9,8 @@ use std::task::{Context, Poll, Waker};
 use futures_util::future::BoxFuture;
 
 use crate::limit::lease_tier::Leased;
+#[cfg(feature = "tower")]
+use crate::limit::lease_tier::SpentAtOnce;
 use crate::limit::local::Lookup;
 use crate::limit::{LimitError, Limiter};
 use crate::store::{CheckRequest, StoreError};
@@ -49,6 +51,18 @@ pub struct Check<'a> {
     state: State<'a>,
 }
 
+/// What [`Check::leased_at_once`] found.
+#[cfg(feature = "tower")]
+pub(crate) enum AtOnce {
+    /// A live lease decided the check.
+    Decided(Result<Decision, LimitError>),
+    /// The key is too cold to lease, and was counted: check it with
+    /// [`Check::without_leases`].
+    Direct,
+    /// Nothing done: check it as usual.
+    Later,
+}
+
 /// Why a check is refused before it starts.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Refused {
@@ -76,6 +90,10 @@ impl From<Refused> for LimitError {
 
 enum State<'a> {
     Start(Result<Cost, Refused>),
+    /// Not started, and skips the lease tier: the layer already found the
+    /// key too cold to lease, and counted it (see [`Check::leased_at_once`]).
+    #[cfg(feature = "tower")]
+    StartWithoutLeases(Cost),
     /// The store's answer is on its way. `traced`: the limiter clock's
     /// reading at the start when a `tower_window.check` span is wanted,
     /// else 0.
@@ -161,35 +179,57 @@ impl<'a> Check<'a> {
     }
 
     /// The check's answer if a live lease gives it at once, with nothing
-    /// else to do (no reservation ahead of need); `None`, with nothing
-    /// done, otherwise. For callers that would otherwise box the check to
-    /// await it (the layer over a networked store).
+    /// else to do (no reservation ahead of need); else whether the key is
+    /// too cold to lease ([`AtOnce::Direct`]: counted as such, to be
+    /// checked [`without_leases`](Self::without_leases)), or nothing done.
+    /// For callers that would otherwise box the check to await it (the
+    /// layer over a networked store).
     #[cfg(feature = "tower")]
-    pub(crate) fn leased_at_once(mut self) -> Option<Result<Decision, LimitError>> {
+    pub(crate) fn leased_at_once(mut self) -> AtOnce {
         let State::Start(Ok(cost)) = self.state else {
-            return None;
+            return AtOnce::Later;
         };
         let limiter = self.limiter;
         let inner = &*limiter.inner;
-        let tier = inner
+        let Some((tier, ttl)) = inner
             .leases
             .as_ref()
-            .filter(|_| self.quota_costs.is_none())?;
-        let ttl = tier.lease_ttl(self.policy)?;
+            .filter(|_| self.quota_costs.is_none())
+            .and_then(|tier| Some((tier, tier.lease_ttl(self.policy)?)))
+        else {
+            return AtOnce::Later;
+        };
         let traced = if tracing::enabled!(tracing::Level::DEBUG) {
             inner.clock.now_micros().max(1)
         } else {
             0
         };
-        let decision = limiter.spend_at_once(tier, ttl, self.key, self.policy, cost.get())?;
-        match self.finish(Ok(decision), cost, traced) {
-            Poll::Ready(result) => Some(result),
-            Poll::Pending => None,
+        match limiter.spend_at_once(tier, ttl, self.key, self.policy, cost.get()) {
+            SpentAtOnce::Spent(decision) => match self.finish(Ok(decision), cost, traced) {
+                Poll::Ready(result) => AtOnce::Decided(result),
+                Poll::Pending => AtOnce::Later,
+            },
+            SpentAtOnce::Cold => AtOnce::Direct,
+            SpentAtOnce::Not => AtOnce::Later,
         }
     }
 
+    /// The check without the lease tier (see [`AtOnce::Direct`]).
+    #[cfg(feature = "tower")]
+    pub(crate) fn without_leases(mut self) -> Self {
+        if let State::Start(Ok(cost)) = self.state {
+            self.state = State::StartWithoutLeases(cost);
+        }
+        self
+    }
+
     /// The first step: local tier, then the store (or the lease tier).
-    fn start(&mut self, cx: &mut Context<'_>, cost: Cost) -> Poll<Result<Decision, LimitError>> {
+    fn start(
+        &mut self,
+        cx: &mut Context<'_>,
+        cost: Cost,
+        leases: bool,
+    ) -> Poll<Result<Decision, LimitError>> {
         let limiter = self.limiter;
         let inner = &*limiter.inner;
         let traced = if tracing::enabled!(tracing::Level::DEBUG) {
@@ -203,7 +243,7 @@ impl<'a> Check<'a> {
         let leased = inner
             .leases
             .as_ref()
-            .filter(|_| self.quota_costs.is_none())
+            .filter(|_| leases && self.quota_costs.is_none())
             .and_then(|tier| Some((tier, tier.lease_ttl(self.policy)?)));
         if let Some((tier, ttl)) = leased {
             let (key, policy) = (self.key, self.policy);
@@ -313,6 +353,8 @@ impl<'a> Check<'a> {
                 self.finish(result, cost, traced)
             }
             State::Start(_) | State::Done => panic!("`Check` polled after completion"),
+            #[cfg(feature = "tower")]
+            State::StartWithoutLeases(_) => panic!("`Check` polled after completion"),
         }
     }
 
@@ -377,7 +419,9 @@ impl Future for Check<'_> {
         let this = &mut *self;
         match std::mem::replace(&mut this.state, State::Done) {
             State::Start(Err(refused)) => Poll::Ready(Err(refused.into())),
-            State::Start(Ok(cost)) => this.start(cx, cost),
+            State::Start(Ok(cost)) => this.start(cx, cost, true),
+            #[cfg(feature = "tower")]
+            State::StartWithoutLeases(cost) => this.start(cx, cost, false),
             State::Done => panic!("`Check` polled after completion"),
             waiting => {
                 this.state = waiting;
@@ -393,6 +437,8 @@ impl fmt::Debug for Check<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match self.state {
             State::Start(_) => "start",
+            #[cfg(feature = "tower")]
+            State::StartWithoutLeases(_) => "start",
             State::Store { .. } => "store",
             State::Leased { .. } => "leased",
             State::Done => "done",

@@ -27,6 +27,8 @@ pub(crate) mod redis;
 
 pub use backend::Backend;
 pub use builder::LimiterBuilder;
+#[cfg(feature = "tower")]
+pub(crate) use check::AtOnce;
 pub use check::Check;
 pub use lease_tier::{LeaseConfig, LeaseStats};
 

@@ -229,6 +229,17 @@ impl Drop for Flight<'_> {
     }
 }
 
+/// What [`Limiter::spend_at_once`](super::Limiter) found.
+#[cfg(feature = "tower")]
+pub(crate) enum SpentAtOnce {
+    /// Spent from a live lease: the check's decision.
+    Spent(Decision),
+    /// Too cold to lease (counted): decide in the store directly.
+    Cold,
+    /// Nothing done.
+    Not,
+}
+
 /// What a check with an empty lease does next.
 enum Step {
     /// Spent from a lease that came back meanwhile.
@@ -311,8 +322,10 @@ impl super::Limiter {
 
     /// A spend from a live lease that needs nothing more (no reservation
     /// ahead of need, no wait), for a caller that would otherwise build a
-    /// future; `None`, with nothing counted or changed, for every other
-    /// check, which then goes through [`spend_leased`](Self::spend_leased).
+    /// future; or a key too cold to lease, counted as such (it goes to the
+    /// store directly, as [`spend_leased`](Self::spend_leased) would send
+    /// it); else nothing counted or changed, and the check goes through
+    /// `spend_leased`.
     #[cfg(feature = "tower")]
     pub(super) fn spend_at_once(
         &self,
@@ -321,7 +334,7 @@ impl super::Limiter {
         key: &WindowKey,
         policy: &Policy,
         units: u32,
-    ) -> Option<Decision> {
+    ) -> SpentAtOnce {
         let inner = &*self.inner;
         let state_key = StateKeyRef::for_policy(key, policy);
         let hot_checks = tier.config.hot_checks;
@@ -329,24 +342,31 @@ impl super::Limiter {
         let looked = tier.hotness.look_at(&state_key, now, ttl, hot_checks);
         let seen = looked.observed;
         if !seen.slotted {
-            return None;
+            if seen.checks >= hot_checks {
+                // Hot, without a slot yet: `spend_leased` makes one.
+                return SpentAtOnce::Not;
+            }
+            looked.count();
+            return SpentAtOnce::Cold;
         }
-        let slot = tier.slots.get(&state_key)?;
+        let Some(slot) = tier.slots.get(&state_key) else {
+            return SpentAtOnce::Not;
+        };
         let mut state = slot.lock();
         let now = state.dated(now, &*inner.clock);
         let hot = seen.checks >= hot_checks;
         let refill_wanted = tier.config.refill_ahead && hot && !state.refilling;
         if !state.spends_at_once(now, units, refill_wanted) {
-            return None;
+            return SpentAtOnce::Not;
         }
         looked.count();
         let Spend::Spent(decision) = state.spend(now, units) else {
             // `spends_at_once` said it would, under the same lock.
-            return None;
+            return SpentAtOnce::Not;
         };
         drop(state);
         self.count_spent(tier, policy, units);
-        Some(decision)
+        SpentAtOnce::Spent(decision)
     }
 
     fn count_spent(&self, tier: &LeaseTier, policy: &Policy, units: u32) {
