@@ -87,7 +87,7 @@ impl Entry {
     }
 }
 
-/// What [`Hotness::observe`] found for a key.
+/// What [`Hotness::look_at`] found for a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Observed {
     /// Checks of the key in the current period and the one before,
@@ -98,7 +98,6 @@ pub(crate) struct Observed {
 }
 
 /// A check looked up but not counted yet (see [`Hotness::look_at`]).
-#[cfg_attr(not(feature = "tower"), allow(dead_code))]
 pub(crate) struct Looked<'a> {
     hotness: &'a Hotness,
     pub(crate) observed: Observed,
@@ -106,8 +105,7 @@ pub(crate) struct Looked<'a> {
 }
 
 impl Looked<'_> {
-    /// Counts the check (as [`Hotness::observe`] would have).
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    /// Counts the check.
     pub(crate) fn count(self) {
         if let Some((index, entry)) = self.write {
             self.hotness.entries[index].store(entry.0, Ordering::Relaxed);
@@ -142,31 +140,16 @@ impl Hotness {
         (set * 2, fingerprint)
     }
 
-    /// Counts a check of `key` at `now` (µs, the limiter's clock) in periods
-    /// of `ttl` µs, and answers the key's count over this period and the
-    /// one before it (a TTL-long stretch ending now lies within those two,
-    /// so a key checked `n` times within one TTL counts at least `n`).
+    /// Looks at a check of `key` at `now` (µs, the limiter's clock) in
+    /// periods of `ttl` µs: the key's count over this period and the one
+    /// before it, this check included (a TTL-long stretch ending now lies
+    /// within those two, so a key checked `n` times within one TTL counts
+    /// at least `n`), and the count itself, for [`Looked::count`] to make
+    /// or not (a caller that may hand the check on does not count it twice).
     ///
     /// A period's count stops at `enough`: past it, a check only reads the
     /// entry. So a hot key's checks, on every core at once, write the entry
     /// once per period rather than bounce its cache line between cores.
-    pub(crate) fn observe(
-        &self,
-        key: &StateKeyRef<'_>,
-        now: u64,
-        ttl: u64,
-        enough: u32,
-    ) -> Observed {
-        let (observed, write) = self.look(key, now, ttl, enough);
-        if let Some((index, entry)) = write {
-            self.entries[index].store(entry.0, Ordering::Relaxed);
-        }
-        observed
-    }
-
-    /// What [`observe`](Self::observe) would answer, and the count itself
-    /// for [`Looked::count`] to make (or not).
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub(crate) fn look_at(
         &self,
         key: &StateKeyRef<'_>,
@@ -262,10 +245,25 @@ mod tests {
         Policy::from("100/1m".parse::<Quota>().expect("a valid quota"))
     }
 
+    /// A check looked at and counted.
+    fn counted(
+        hotness: &Hotness,
+        key: &StateKeyRef<'_>,
+        now: u64,
+        ttl: u64,
+        enough: u32,
+    ) -> Observed {
+        let looked = hotness.look_at(key, now, ttl, enough);
+        let observed = looked.observed;
+        looked.count();
+        observed
+    }
+
     fn observe(hotness: &Hotness, subject: &str, now: u64) -> Observed {
         let key = WindowKey::for_subject(subject.to_owned());
         let policy = policy();
-        hotness.observe(
+        counted(
+            hotness,
             &StateKeyRef::for_policy(&key, &policy),
             now,
             1_000,
@@ -308,7 +306,7 @@ mod tests {
         let policy = policy();
         let key = StateKeyRef::for_policy(&key, &policy);
         let counts: Vec<u32> = (0..6)
-            .map(|i| hotness.observe(&key, i, 1_000, 3).checks)
+            .map(|i| counted(&hotness, &key, i, 1_000, 3).checks)
             .collect();
         assert_eq!(counts, [1, 2, 3, 3, 3, 3]);
         // The next period starts from the one before's 3; a look answers
@@ -326,17 +324,17 @@ mod tests {
         let key = WindowKey::for_subject("a");
         let policy = policy();
         let key = StateKeyRef::for_policy(&key, &policy);
-        assert!(!hotness.observe(&key, 0, 1_000, u32::MAX).slotted);
+        assert!(!counted(&hotness, &key, 0, 1_000, u32::MAX).slotted);
         hotness.mark(&key, true);
-        assert!(hotness.observe(&key, 10, 1_000, u32::MAX).slotted);
+        assert!(counted(&hotness, &key, 10, 1_000, u32::MAX).slotted);
         assert!(
-            hotness.observe(&key, 50_000, 1_000, u32::MAX).slotted,
+            counted(&hotness, &key, 50_000, 1_000, u32::MAX).slotted,
             "marks outlive counts"
         );
         hotness.mark(&key, false);
-        assert!(!hotness.observe(&key, 50_001, 1_000, u32::MAX).slotted);
+        assert!(!counted(&hotness, &key, 50_001, 1_000, u32::MAX).slotted);
         hotness.clear();
-        assert_eq!(hotness.observe(&key, 50_002, 1_000, u32::MAX).checks, 1);
+        assert_eq!(counted(&hotness, &key, 50_002, 1_000, u32::MAX).checks, 1);
     }
 
     /// A hot key keeps its entry while 200,000 cold keys churn through the

@@ -87,7 +87,7 @@ mod hotness;
 mod slot;
 
 pub use config::{LeaseConfig, LeaseStats};
-use hotness::Hotness;
+use hotness::{Hotness, Looked};
 use slot::{shadow_holds, Held, Slot, Spend};
 
 #[derive(Default)]
@@ -265,6 +265,23 @@ enum Reserved {
 }
 
 impl super::Limiter {
+    /// How hot `key` is now (not counted yet), with its state key and the
+    /// clock reading the look used.
+    fn look_hot<'a>(
+        &self,
+        tier: &'a LeaseTier,
+        ttl: u64,
+        key: &'a WindowKey,
+        policy: &'a Policy,
+    ) -> (StateKeyRef<'a>, u64, Looked<'a>) {
+        let state_key = StateKeyRef::for_policy(key, policy);
+        let now = self.inner.clock.now_micros();
+        let looked = tier
+            .hotness
+            .look_at(&state_key, now, ttl, tier.config.hot_checks);
+        (state_key, now, looked)
+    }
+
     /// The lease tier's answer without waiting: a spend from a live lease
     /// (the whole check, in its first poll), or what the check must do;
     /// `ttl` is the policy's [`lease_ttl`](LeaseTier::lease_ttl).
@@ -277,11 +294,10 @@ impl super::Limiter {
         units: u32,
     ) -> Leased {
         let inner = &*self.inner;
-        let state_key = StateKeyRef::for_policy(key, policy);
-        let hot_checks = tier.config.hot_checks;
-        let now = inner.clock.now_micros();
-        let observed = tier.hotness.observe(&state_key, now, ttl, hot_checks);
-        let hot = observed.checks >= hot_checks;
+        let (state_key, now, looked) = self.look_hot(tier, ttl, key, policy);
+        let observed = looked.observed;
+        looked.count();
+        let hot = observed.checks >= tier.config.hot_checks;
         if !hot && !observed.slotted {
             // Cold, with no slot to give back from: as without leases, and
             // without touching the slot cache.
@@ -336,10 +352,8 @@ impl super::Limiter {
         units: u32,
     ) -> SpentAtOnce {
         let inner = &*self.inner;
-        let state_key = StateKeyRef::for_policy(key, policy);
         let hot_checks = tier.config.hot_checks;
-        let now = inner.clock.now_micros();
-        let looked = tier.hotness.look_at(&state_key, now, ttl, hot_checks);
+        let (state_key, now, looked) = self.look_hot(tier, ttl, key, policy);
         let seen = looked.observed;
         if !seen.slotted {
             if seen.checks >= hot_checks {
