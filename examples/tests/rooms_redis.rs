@@ -322,12 +322,23 @@ async fn room_messages_reach_the_inbound_worker() {
         send(&mut on_a, &format!("a{i}")).await;
     }
     assert_eq!(events(&mut on_a, "counted", 6).await.len(), 6);
+    // A node forwards a message to the inbound stream after publishing it
+    // to the room, so the room's last event may reach `ann` before its
+    // inbound copy is appended: wait until six are there (at most 5 s); a
+    // seventh would be a message forwarded twice.
     let mut conn = redis.async_connection().await;
-    let queued: u64 = tower_window::store::redis::redis::cmd("XLEN")
-        .arg("tw:inbound")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let mut queued = 0u64;
+    for _ in 0..500 {
+        queued = tower_window::store::redis::redis::cmd("XLEN")
+            .arg("tw:inbound")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if queued >= 6 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     assert_eq!(queued, 6);
     let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_inbound-worker"))
         .args([
