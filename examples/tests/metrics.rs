@@ -236,11 +236,8 @@ async fn scrape_holds_every_metric_the_dashboard_queries() {
     // One on the unreachable Redis: a store error opens the breaker, then
     // fail-open admits without the store.
     let broken_store_limiter = {
-        let args =
-            Args::try_parse_from(["gateway", "--limit", "3/1m", "--redis-url", &url]).unwrap();
-        let config = args.into_config().unwrap();
-        let redis = config.store.redis().expect("the gateway's store is Redis");
-        let store = Store::builder(redis.clone())
+        let redis = tower_window::RedisStore::from_url(&url).unwrap();
+        let store = Store::builder(redis)
             .retry(RetryConfig::none())
             .timeout(Duration::from_secs(5))
             .breaker(

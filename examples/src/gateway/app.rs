@@ -124,13 +124,9 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
     // One hub per node: on Redis (single or cluster) a room is read when
     // Redis pushes a wake-up for it (its own connections); the embedded
     // store is polled and woken by local appends.
+    let tail = config.rooms.tail.then(|| events.tail().ok()).flatten();
     let mut rooms = RoomHub::builder(events);
-    if let Some(tail) = config
-        .store
-        .redis()
-        .filter(|_| config.rooms.tail)
-        .and_then(|redis| redis.event_tail().ok())
-    {
+    if let Some(tail) = tail {
         rooms = rooms.tail(tail);
     }
     let inbound = config

@@ -595,12 +595,6 @@ impl GatewayConfig {
         }
     }
 
-    /// The Redis backend of the store, if it is on Redis (the tenant
-    /// registry's control channel lives there too).
-    pub fn redis(&self) -> Option<&std::sync::Arc<RedisStore>> {
-        self.store.redis()
-    }
-
     /// Leases quota (see [`LimiterBuilder::leases`](tower_window::LimiterBuilder::leases)).
     pub fn leases(mut self, leases: LeaseConfig) -> Self {
         self.leases = Some(leases);

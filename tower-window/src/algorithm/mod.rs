@@ -14,6 +14,8 @@ pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 pub(crate) mod lease;
 pub(crate) mod outcome;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
 pub(crate) mod sliding_counter;
 pub(crate) mod sliding_log;
 mod timeline;

@@ -207,3 +207,16 @@ pub trait Backend: Send + Sync + 'static {
             .map(|result| result.map(|alive| alive.into_iter().map(Some).collect()))
     }
 }
+
+/// The connection seats' backend of `store`: the one it was given, or its
+/// native store's.
+pub(crate) fn of(store: &crate::Store) -> Option<std::sync::Arc<dyn Backend>> {
+    crate::store::plugged!(store, dyn Backend)
+}
+
+impl crate::store::Backend {
+    /// With connection seats.
+    pub fn with_connections(self, connections: impl Backend) -> Self {
+        self.with_part::<dyn Backend>(std::sync::Arc::new(connections))
+    }
+}

@@ -185,7 +185,7 @@ impl ConnectionLimiter {
     pub async fn heartbeat(&self) -> HeartbeatReport {
         let shared = &*self.shared;
         let tenant_capped = shared.tenant_capped();
-        let Some(store) = shared.store.inner.connections.as_deref() else {
+        let Some(store) = shared.backend.as_deref() else {
             return HeartbeatReport::default();
         };
         let snapshot: Vec<(u64, WindowKey, Vec<u8>)> = shared

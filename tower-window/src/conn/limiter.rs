@@ -77,6 +77,8 @@ pub struct ConnectionLimiter {
 
 pub(super) struct Shared {
     pub(super) store: Store,
+    /// The store's backend of connection seats (`None`: it has none).
+    pub(super) backend: Option<Arc<dyn Backend>>,
     /// Its store calls, recorded under the name `connections`.
     metrics: LimiterMetrics,
     pub(super) ttl: Duration,
@@ -119,19 +121,13 @@ impl Shared {
         partition: impl FnOnce(&dyn Backend) -> u16,
         operation: impl FnOnce(&'a dyn Backend, &mut Guard<'a>) -> Op<'a, T>,
     ) -> Op<'a, T> {
-        let store = &self.store.inner;
-        let Some(backend) = store.connections.as_deref() else {
-            return Op::ready(Err(StoreError::unsupported("connection caps")));
-        };
-        let domain = store
-            .resilience
-            .breakers
-            .as_ref()
-            .and_then(|_| backend.partition_failure_domain(partition(backend)));
-        let calls = Calls::to(&self.metrics, None);
-        store
-            .resilience
-            .call(domain, calls, |guard| operation(backend, guard))
+        self.store.call(
+            self.backend.as_deref(),
+            "connection caps",
+            |backend| backend.partition_failure_domain(partition(backend)),
+            Calls::to(&self.metrics, None),
+            operation,
+        )
     }
 
     /// The partition of `key`'s seats.
@@ -382,6 +378,7 @@ impl ConnectionLimiterBuilder {
         let node = format!("{:016x}", fastrand::u64(..));
         Ok(ConnectionLimiter {
             shared: Arc::new(Shared {
+                backend: super::backend::of(&self.store),
                 store: self.store,
                 metrics: LimiterMetrics::named("connections"),
                 ttl: self.ttl,

@@ -11,7 +11,7 @@
 //! earlier token), so memory follows the number of live seats.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -71,6 +71,12 @@ impl LeaseSet {
 }
 
 /// The seats a memory store keeps.
+impl MemoryStore {
+    fn conn_seats(&self) -> Arc<ConnSeats> {
+        self.part(|_| Arc::default())
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct ConnSeats {
     sets: Mutex<HashMap<SetKey, LeaseSet>>,
@@ -217,13 +223,15 @@ impl MemoryStore {
     /// The number of connection seat entries held (subject and tenant
     /// sets), expired ones not yet purged included.
     pub fn connection_seat_entries(&self) -> usize {
-        self.conns.len()
+        self.conn_seats().len()
     }
 }
 
 impl conn::Backend for MemoryStore {
     fn grant<'a>(&'a self, _: &mut Guard<'a>, request: GrantRequest<'a>) -> Op<'a, GrantReply> {
-        Op::ready(Ok(self.conns.grant(&request, self.clock.now_micros())))
+        Op::ready(Ok(self
+            .conn_seats()
+            .grant(&request, self.clock.now_micros())))
     }
 
     fn renew<'a>(
@@ -232,11 +240,15 @@ impl conn::Backend for MemoryStore {
         seats: &'a [SeatRef<'a>],
         ttl: Duration,
     ) -> Op<'a, Vec<bool>> {
-        Op::ready(Ok(self.conns.renew(seats, ttl, self.clock.now_micros())))
+        Op::ready(Ok(self.conn_seats().renew(
+            seats,
+            ttl,
+            self.clock.now_micros(),
+        )))
     }
 
     fn release<'a>(&'a self, _: &mut Guard<'a>, seat: SeatRef<'a>) -> Op<'a, bool> {
-        Op::ready(Ok(self.conns.release(&seat)))
+        Op::ready(Ok(self.conn_seats().release(&seat)))
     }
 
     fn presence<'a>(
@@ -245,7 +257,7 @@ impl conn::Backend for MemoryStore {
         key: &'a WindowKey,
         tenant_capped: bool,
     ) -> Op<'a, u32> {
-        Op::ready(Ok(self.conns.presence(
+        Op::ready(Ok(self.conn_seats().presence(
             key,
             tenant_capped,
             self.clock.now_micros(),

@@ -17,8 +17,8 @@ use quick_cache::sync::Cache;
 
 use crate::dedup::{self, DedupRequest};
 use crate::key::state_key::bounded_options;
-use crate::store::MemoryStore;
 use crate::store::{Guard, Op};
+use crate::store::{MemoryStore, MemoryStoreBuilder};
 
 /// The ids a memory store remembers.
 pub(crate) struct DedupIds {
@@ -82,15 +82,35 @@ impl DedupIds {
 }
 
 impl MemoryStore {
+    /// The default bound on dedup ids kept ([`MemoryStoreBuilder::max_dedup_ids`]).
+    pub const DEFAULT_MAX_DEDUP_IDS: u64 = 100_000;
+
     /// The number of dedup ids held (expired ones included until evicted).
     pub fn dedup_len(&self) -> u64 {
-        self.dedup.len()
+        self.dedup_ids().len()
+    }
+
+    fn dedup_ids(&self) -> Arc<DedupIds> {
+        self.part(|_| Arc::new(DedupIds::new(Self::DEFAULT_MAX_DEDUP_IDS)))
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// The most message ids kept for
+    /// [`DedupWindow`](crate::dedup::DedupWindow)s (default
+    /// [`MemoryStore::DEFAULT_MAX_DEDUP_IDS`]; at least 1). Beyond it the
+    /// oldest-used ids are forgotten and read as first seen again.
+    pub fn max_dedup_ids(mut self, max: u64) -> Self {
+        self.parts.insert(Arc::new(DedupIds::new(max)));
+        self
     }
 }
 
 impl dedup::Backend for MemoryStore {
     fn first_seen<'a>(&'a self, _: &mut Guard<'a>, request: DedupRequest<'a>) -> Op<'a, bool> {
-        Op::ready(Ok(self.dedup.first_seen(&request, self.clock.now_micros())))
+        Op::ready(Ok(self
+            .dedup_ids()
+            .first_seen(&request, self.clock.now_micros())))
     }
 }
 

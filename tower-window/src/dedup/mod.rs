@@ -156,6 +156,8 @@ pub struct DedupWindow {
 
 struct Inner {
     store: Store,
+    /// The store's backend of dedup windows (`None`: it has none).
+    backend: Option<Arc<dyn Backend>>,
     /// Its store calls, recorded under the name `dedup`.
     metrics: LimiterMetrics,
     window: Duration,
@@ -211,22 +213,16 @@ impl DedupWindow {
             });
         }
         let request = DedupRequest::new(key, id, inner.window);
-        let store = &inner.store.inner;
-        let result = match &store.dedup {
-            Some(backend) => {
-                let domain = store
-                    .resilience
-                    .breakers
-                    .as_ref()
-                    .and_then(|_| backend.failure_domain(key));
-                let calls = Calls::to(&inner.metrics, None);
-                store
-                    .resilience
-                    .call(domain, calls, |guard| backend.first_seen(guard, request))
-                    .await
-            }
-            None => Err(StoreError::unsupported("dedup windows")),
-        };
+        let result = inner
+            .store
+            .call(
+                inner.backend.as_deref(),
+                "dedup windows",
+                |backend| backend.failure_domain(key),
+                Calls::to(&inner.metrics, None),
+                |backend, guard| backend.first_seen(guard, request),
+            )
+            .await;
         match result {
             Ok(first_seen) => {
                 crate::metrics::dedup_outcome(if first_seen {
@@ -322,6 +318,7 @@ impl DedupWindowBuilder {
         }
         Ok(DedupWindow {
             inner: Arc::new(Inner {
+                backend: crate::store::plugged!(self.store, dyn Backend),
                 store: self.store,
                 metrics: LimiterMetrics::named("dedup"),
                 window: self.window,
@@ -329,5 +326,12 @@ impl DedupWindowBuilder {
                 fallback: self.fallback,
             }),
         })
+    }
+}
+
+impl crate::store::Backend {
+    /// With dedup windows.
+    pub fn with_dedup(self, dedup: impl Backend) -> Self {
+        self.with_part::<dyn Backend>(Arc::new(dedup))
     }
 }

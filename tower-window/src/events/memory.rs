@@ -18,6 +18,12 @@ use crate::events::{
 use crate::store::MemoryStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
 
+impl MemoryStore {
+    fn event_logs(&self) -> Arc<EventLogs> {
+        self.part(|store| Arc::new(EventLogs::new(store.max_keys())))
+    }
+}
+
 /// Every window of one store.
 pub(crate) struct EventLogs {
     logs: Cache<Vec<u8>, Arc<Mutex<Log>>>,
@@ -130,7 +136,7 @@ impl MemoryStore {
     ) -> Result<Appended, StoreError> {
         check_fields(fields)?;
         let (now_us, now_ms) = self.now();
-        let log = self.events.log(request.key);
+        let log = self.event_logs().log(request.key);
         let mut log = lock(&log);
         let epoch = log.live(now_us, &request);
         let id = log.next_id(now_ms)?;
@@ -153,7 +159,7 @@ impl MemoryStore {
     ) -> Result<Vec<Appended>, StoreError> {
         check_batch(events)?;
         let (now_us, now_ms) = self.now();
-        let log = self.events.log(request.key);
+        let log = self.event_logs().log(request.key);
         let mut log = lock(&log);
         let epoch = log.live(now_us, &request);
         let mut appended = Vec::with_capacity(events.len());
@@ -175,7 +181,7 @@ impl MemoryStore {
 
     fn head_now(&self, request: EventRequest<'_>) -> Position {
         let (now_us, now_ms) = self.now();
-        let log = self.events.log(request.key);
+        let log = self.event_logs().log(request.key);
         let mut log = lock(&log);
         let epoch = log.live(now_us, &request);
         log.touch(now_ms, request.retention);
@@ -191,7 +197,7 @@ impl MemoryStore {
     ) -> Result<Resume, StoreError> {
         check_limit(limit)?;
         let (now_us, now_ms) = self.now();
-        let log = self.events.log(request.key);
+        let log = self.event_logs().log(request.key);
         let mut log = lock(&log);
         let epoch = log.live(now_us, &request);
         if epoch != from.epoch {
@@ -231,7 +237,7 @@ impl MemoryStore {
 
     fn len_now(&self, request: EventRequest<'_>) -> u64 {
         let (_, now_ms) = self.now();
-        let Some(log) = self.events.logs.get(request.key) else {
+        let Some(log) = self.event_logs().logs.get(request.key) else {
             return 0;
         };
         let log = lock(&log);

@@ -58,6 +58,8 @@ pub struct EventWindow {
 
 struct Inner {
     store: Store,
+    /// The store's backend of event windows (`None`: it has none).
+    backend: Option<Arc<dyn Backend>>,
     retention: Retention,
     /// Its store calls, recorded under the name `events`.
     metrics: LimiterMetrics,
@@ -67,11 +69,37 @@ impl EventWindow {
     /// Event windows in `store`, keeping what `retention` says.
     pub fn new(store: impl Into<Store>, retention: Retention) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                store: store.into(),
-                retention,
-                metrics: LimiterMetrics::named("events"),
+            inner: Arc::new({
+                let store = store.into();
+                Inner {
+                    backend: crate::store::plugged!(store, dyn Backend),
+                    store,
+                    retention,
+                    metrics: LimiterMetrics::named("events"),
+                }
             }),
+        }
+    }
+
+    /// Live wake-ups of these windows pushed by the store (Redis 7,
+    /// single or cluster: see [`EventWakeups`](crate::events::EventWakeups)),
+    /// or why the store has none.
+    #[cfg(feature = "redis")]
+    pub fn wakeups(&self) -> Result<crate::events::EventWakeups, StoreError> {
+        match self.inner.store.native() {
+            crate::store::Native::Redis(redis) => redis.event_wakeups(),
+            _ => Err(StoreError::unsupported("pushed event wake-ups")),
+        }
+    }
+
+    /// Live reads of these windows with one blocking `XREAD` (a single
+    /// Redis: see [`EventTail`](crate::events::EventTail)), or why the
+    /// store has none.
+    #[cfg(feature = "redis")]
+    pub fn tail(&self) -> Result<crate::events::EventTail, StoreError> {
+        match self.inner.store.native() {
+            crate::store::Native::Redis(redis) => redis.event_tail(),
+            _ => Err(StoreError::unsupported("tailed event reads")),
         }
     }
 
@@ -214,19 +242,14 @@ impl EventWindow {
         key: &[u8],
         operation: impl FnOnce(&'a dyn Backend, &mut Guard<'a>) -> Op<'a, T>,
     ) -> Op<'a, T> {
-        let store = &self.inner.store.inner;
-        let Some(backend) = store.events.as_deref() else {
-            return Op::ready(Err(StoreError::unsupported("event windows")));
-        };
-        let domain = store
-            .resilience
-            .breakers
-            .as_ref()
-            .and_then(|_| backend.failure_domain(key));
-        let calls = Calls::to(&self.inner.metrics, None);
-        store
-            .resilience
-            .call(domain, calls, |guard| operation(backend, guard))
+        let inner = &*self.inner;
+        inner.store.call(
+            inner.backend.as_deref(),
+            "event windows",
+            |backend| backend.failure_domain(key),
+            Calls::to(&inner.metrics, None),
+            operation,
+        )
     }
 }
 
@@ -275,5 +298,12 @@ impl fmt::Debug for EventWindow {
             .field("retention", &self.inner.retention)
             .field("store", &self.inner.store)
             .finish_non_exhaustive()
+    }
+}
+
+impl crate::store::Backend {
+    /// With event windows.
+    pub fn with_events(self, events: impl Backend) -> Self {
+        self.with_part::<dyn Backend>(Arc::new(events))
     }
 }

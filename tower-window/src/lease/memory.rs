@@ -50,6 +50,43 @@ struct Record {
 /// The quota leases one slot keeps records of: by id, and by when they
 /// stop counting, so that dropping dead ones is cheap and bounded. Empty,
 /// and never allocated, unless leases are used.
+impl MemoryStore {
+    /// A lease id no lease of this store had.
+    fn next_lease_id(&self) -> u64 {
+        let next = self.part(|_| Arc::new(std::sync::atomic::AtomicU64::new(1)));
+        next.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// The lease records a window's slot keeps beside its state, allocated on
+/// first change: a slot of a store without leases keeps one null pointer
+/// for them, so that its state and lock share a cache line or two.
+trait SlotLeases {
+    /// The records (an empty set when none were made).
+    fn leases(&self) -> &Records;
+    fn leases_mut(&mut self) -> &mut Records;
+}
+
+impl SlotLeases for SlotInner {
+    fn leases(&self) -> &Records {
+        static NONE: std::sync::LazyLock<Records> = std::sync::LazyLock::new(Records::default);
+        self.extra
+            .as_ref()
+            .and_then(|extra| extra.downcast_ref())
+            .unwrap_or(&NONE)
+    }
+
+    fn leases_mut(&mut self) -> &mut Records {
+        let extra = self.extra.get_or_insert_with(|| Box::<Records>::default());
+        if !extra.is::<Records>() {
+            *extra = Box::<Records>::default();
+        }
+        extra
+            .downcast_mut()
+            .expect("a slot's extra state is its lease records")
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Records {
     by_id: BTreeMap<u64, Record>,
@@ -167,7 +204,7 @@ impl MemoryStore {
             let mut rooms: SmallVec<[(u64, u64); 4]> = SmallVec::new();
             for (quota, inner) in policy.quotas().iter().zip(locked.guards.iter_mut()) {
                 inner.last_check = inner.last_check.max(now);
-                inner.leases.drop_dead(now);
+                inner.leases_mut().drop_dead(now);
                 rooms.push(algo::room(&mut inner.state, quota, now, deadline));
             }
             // Only the enforced quotas size the grant; with none, nothing
@@ -211,7 +248,7 @@ impl MemoryStore {
                 locked
                     .guards
                     .first()
-                    .and_then(|inner| inner.leases.held_until(now))
+                    .and_then(|inner| inner.leases().held_until(now))
             };
             if granted == 0 {
                 return Ok(Reservation {
@@ -221,7 +258,7 @@ impl MemoryStore {
                     decision: None,
                 });
             }
-            let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
+            let id = self.next_lease_id();
             let shadows = policy.quotas().iter().any(crate::Quota::is_shadow);
             let mut holds = Vec::with_capacity(if shadows { policy.len() } else { 0 });
             let mut states: SmallVec<[QuotaDecision; 4]> = SmallVec::new();
@@ -271,7 +308,7 @@ impl MemoryStore {
             let last = records.iter().map(|r| r.expires).fold(deadline, u64::max);
             for (inner, mut record) in locked.guards.iter_mut().zip(records) {
                 record.expires = last;
-                inner.leases.insert(id, record, deadline);
+                inner.leases_mut().insert(id, record, deadline);
             }
             let decision = Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now));
             Ok(Reservation {
@@ -295,13 +332,13 @@ impl MemoryStore {
         Ok(self.with_locked(request.key, request.policy, |locked| {
             let now = self.clock.now_micros();
             for inner in locked.guards.iter_mut() {
-                inner.leases.drop_dead(now);
+                inner.leases_mut().drop_dead(now);
             }
             // A refund applies once: the records go whatever it returns.
             let found: SmallVec<[Option<Record>; 4]> = locked
                 .guards
                 .iter_mut()
-                .map(|inner| inner.leases.remove(lease.id))
+                .map(|inner| inner.leases_mut().remove(lease.id))
                 .collect();
             // Nothing to give back once every unit of the lease stopped
             // counting (every record of it says when).

@@ -147,7 +147,7 @@
 
 use std::time::Duration;
 
-use crate::store::{Guard, Op};
+use crate::store::{Guard, Op, Store};
 
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
@@ -439,5 +439,18 @@ impl<'a> RefundRequest<'a> {
                     .zip(self.policy.quotas())
                     .any(|(units, quota)| quota.is_shadow() && *units > 0)
             })
+    }
+}
+
+/// The quota leases' backend of `store`: the one it was given, or its
+/// native store's.
+pub(crate) fn backend_of(store: &Store) -> Option<std::sync::Arc<dyn Backend>> {
+    crate::store::plugged!(store, dyn Backend)
+}
+
+impl crate::store::Backend {
+    /// With quota leases.
+    pub fn with_leases(self, leases: impl Backend) -> Self {
+        self.with_part::<dyn Backend>(std::sync::Arc::new(leases))
     }
 }

@@ -26,8 +26,8 @@
 
 use std::sync::LazyLock;
 
+use crate::algorithm::redis::{lay_out, Parts};
 use crate::lease::{Lease, RefundRequest, Reservation, ReserveRequest};
-use crate::limit::redis::{lay_out, Parts};
 use crate::store::redis::call::Call;
 use crate::store::redis::keys::redis_key;
 use crate::store::redis::script::{LuaScript, ScriptCall};
@@ -37,14 +37,7 @@ use crate::{Decision, Policy, WindowKey};
 
 /// The lease script: the check script's prelude and algorithms, then
 /// `lease.lua`.
-const SOURCE: &str = concat!(
-    include_str!("../algorithm/prelude.lua"),
-    include_str!("../algorithm/sliding_log.lua"),
-    include_str!("../algorithm/sliding_counter.lua"),
-    include_str!("../algorithm/fixed_window.lua"),
-    include_str!("../algorithm/gcra.lua"),
-    include_str!("lease.lua"),
-);
+const SOURCE: &str = crate::algorithm::redis::with_algorithms!("lease.lua");
 
 static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
 

@@ -1,6 +1,8 @@
 //! [`Backend`]: what a backend does for policies (windows).
 
-use crate::store::{CheckRequest, Guard, Op, StoreError, StoreErrorKind};
+use std::sync::Arc;
+
+use crate::store::{CheckRequest, Guard, Op, Store, StoreError, StoreErrorKind};
 use crate::{Decision, Policy, WindowKey};
 
 /// A home for rate-limit windows: the operations a [`Limiter`](crate::Limiter)
@@ -49,5 +51,20 @@ pub trait Backend: Send + Sync + 'static {
     fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
         let _ = (key, policy);
         None
+    }
+}
+
+/// The windows' backend of `store`: the one it was given, or its native
+/// store's.
+pub(crate) fn of(store: &Store) -> Option<Arc<dyn Backend>> {
+    crate::store::plugged!(store, dyn Backend)
+}
+
+impl crate::store::Backend {
+    /// A backend of windows only (no quota leases, connection seats, dedup
+    /// or event windows), behind a network unless
+    /// [`in_process`](Self::in_process) says otherwise.
+    pub fn windows(windows: impl Backend) -> Self {
+        Self::own().with_part::<dyn Backend>(Arc::new(windows))
     }
 }

@@ -97,10 +97,9 @@ impl LimiterBuilder {
             policy.attach_clock(clock.clone());
             policy
         });
-        let breakers = self.store.inner.resilience.breakers.as_ref();
         let parts = MetricParts {
             fallback: fallback.is_some(),
-            breaker: breakers.is_some(),
+            breaker: self.store.breaker_state().is_some(),
             local: self.local_capacity > 0,
         };
         let metrics = Arc::new(LimiterMetrics::new(
@@ -108,15 +107,19 @@ impl LimiterBuilder {
             self.metrics_tenant_label,
             parts,
         ));
-        if let Some(breakers) = breakers {
-            breakers.observe(&metrics);
-        }
+        self.store.observe_breakers(&metrics);
         let local = (self.local_capacity > 0).then(|| {
             LocalTier::new(self.local_capacity, clock.clone()).with_metrics(metrics.clone())
         });
         Limiter {
             inner: Arc::new(Inner {
                 metrics,
+                windows: super::backend::of(&self.store),
+                lease_backend: self
+                    .leases
+                    .is_some()
+                    .then(|| crate::lease::backend_of(&self.store))
+                    .flatten(),
                 store: self.store,
                 policy: self.policy,
                 clock,

@@ -64,6 +64,10 @@ pub struct Limiter {
 
 struct Inner {
     store: Store,
+    /// The store's backend of windows (`None`: it has none).
+    windows: Option<Arc<dyn Backend>>,
+    /// The store's backend of quota leases, when leases are on.
+    lease_backend: Option<Arc<dyn crate::lease::Backend>>,
     policy: Policy,
     clock: Arc<dyn Clock>,
     local: Option<LocalTier>,
@@ -214,25 +218,42 @@ impl Limiter {
     /// resilience stack (one boxed future on a networked backend, none on
     /// an in-process one).
     fn check_store<'a>(&'a self, request: CheckRequest<'a>) -> Op<'a, Decision> {
-        let inner = &*self.inner;
-        let store = &inner.store.inner;
-        let domain = self.domain(request.key, request.policy);
-        store
-            .resilience
-            .call(domain, self.calls(request.policy), |guard| {
-                store.windows.check(guard, request)
-            })
+        self.call_windows(request, |windows, guard| windows.check(guard, request))
     }
 
-    /// The failure domain of `key` under `policy`, when the store has
-    /// breakers to keep per domain.
-    fn domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
-        let store = &self.inner.store.inner;
-        store
-            .resilience
-            .breakers
-            .as_ref()
-            .and_then(|_| store.windows.failure_domain(key, policy))
+    /// One operation of `request` on the store's windows.
+    fn call_windows<'a, T: Send + 'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+        operation: impl FnOnce(&'a dyn Backend, &mut crate::store::Guard<'a>) -> Op<'a, T>,
+    ) -> Op<'a, T> {
+        let inner = &*self.inner;
+        inner.store.call(
+            inner.windows.as_deref(),
+            "rate-limit windows",
+            |windows| windows.failure_domain(request.key, request.policy),
+            self.calls(request.policy),
+            operation,
+        )
+    }
+
+    /// One operation on the store's quota leases for `key` under `policy`
+    /// (in the failure domain of its windows).
+    pub(crate) fn call_leases<'a, T: Send + 'a>(
+        &'a self,
+        key: &'a WindowKey,
+        policy: &'a Policy,
+        operation: impl FnOnce(&'a dyn crate::lease::Backend, &mut crate::store::Guard<'a>) -> Op<'a, T>,
+    ) -> Op<'a, T> {
+        let inner = &*self.inner;
+        let windows = inner.windows.as_deref();
+        inner.store.call(
+            inner.lease_backend.as_deref(),
+            "quota leases",
+            |_| windows.and_then(|windows| windows.failure_domain(key, policy)),
+            self.calls(policy),
+            operation,
+        )
     }
 
     /// Where the store calls for `policy` are recorded.
@@ -309,7 +330,11 @@ impl Limiter {
     /// (its failure domain's), if the store has breakers. A domain no
     /// check has reached yet is `Closed`.
     pub fn breaker_state_for(&self, key: &WindowKey) -> Option<BreakerState> {
-        self.inner.store.breaker_state_for(key, &self.inner.policy)
+        let inner = &*self.inner;
+        let windows = inner.windows.as_deref()?;
+        inner
+            .store
+            .breaker_state_of(windows.failure_domain(key, &inner.policy))
     }
 
     /// How many of the store's breakers are open (see

@@ -60,13 +60,7 @@ impl Limiter {
     }
 
     async fn peek(&self, request: CheckRequest<'_>) -> Result<Decision, LimitError> {
-        let (key, policy) = (request.key, request.policy);
-        let store = &self.store().inner;
-        store
-            .resilience
-            .call(self.domain(key, policy), self.calls(policy), |guard| {
-                store.windows.peek(guard, request)
-            })
+        self.call_windows(request, |windows, guard| windows.peek(guard, request))
             .await
             .map_err(LimitError::Store)
     }

@@ -11,27 +11,19 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::ToRedisArgs;
-
 use super::Backend;
+use crate::algorithm::redis::lay_out;
 use crate::store::redis::call::Call;
-use crate::store::redis::keys::{policy_slot, redis_key, META_SUFFIX};
+use crate::store::redis::keys::policy_slot;
 use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
 use crate::store::{CheckRequest, Guard, Op, StoreError, StoreErrorKind};
-use crate::{Algorithm, Decision, Policy, QuotaDecision, WindowKey};
+use crate::{Decision, Policy, QuotaDecision, WindowKey};
 
 static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
 
 /// The whole script's source.
-const SOURCE: &str = concat!(
-    include_str!("../algorithm/prelude.lua"),
-    include_str!("../algorithm/sliding_log.lua"),
-    include_str!("../algorithm/sliding_counter.lua"),
-    include_str!("../algorithm/fixed_window.lua"),
-    include_str!("../algorithm/gcra.lua"),
-    include_str!("policy.lua"),
-);
+const SOURCE: &str = crate::algorithm::redis::with_algorithms!("policy.lua");
 
 /// The script deciding every policy.
 pub(crate) fn script() -> &'static LuaScript {
@@ -41,36 +33,6 @@ pub(crate) fn script() -> &'static LuaScript {
 /// The SHA1 of the script (what `EVALSHA` names).
 pub(crate) fn sha() -> &'static str {
     SCRIPT.sha()
-}
-
-/// The algorithm's code in `ALGORITHMS` (see the fragments).
-fn code(algorithm: Algorithm) -> u8 {
-    match algorithm {
-        Algorithm::SlidingLog => 1,
-        Algorithm::SlidingCounter { .. } => 2,
-        Algorithm::FixedWindow => 3,
-        Algorithm::Gcra => 4,
-    }
-}
-
-/// Added to a shadow quota's algorithm code (`SHADOW_FLAG` in the prelude).
-const SHADOW_FLAG: u8 = 16;
-
-/// Where an invocation's keys and arguments go (the script call, or a
-/// test's record of them).
-pub(crate) trait Parts {
-    fn key(&mut self, key: Vec<u8>);
-    fn arg(&mut self, arg: impl ToRedisArgs);
-}
-
-impl Parts for ScriptCall {
-    fn key(&mut self, key: Vec<u8>) {
-        ScriptCall::key(self, key);
-    }
-
-    fn arg(&mut self, arg: impl ToRedisArgs) {
-        ScriptCall::arg(self, arg);
-    }
 }
 
 /// The call of `script` (the check script, [`script`], or another of the
@@ -90,53 +52,6 @@ pub(crate) fn invocation_of(
     let mut call = script.prepare_invoke();
     lay_out(&mut call, prefix, key, policy, cost, now_micros, min_ttl_ms);
     call
-}
-
-pub(crate) fn lay_out(
-    call: &mut impl Parts,
-    prefix: &str,
-    key: &WindowKey,
-    policy: &Policy,
-    cost: u32,
-    now_micros: Option<u64>,
-    min_ttl_ms: u64,
-) {
-    match now_micros {
-        Some(now) => call.arg(now),
-        None => call.arg(""),
-    }
-    call.arg(cost);
-    call.arg(min_ttl_ms);
-    call.arg(policy.len());
-    for quota in policy.quotas() {
-        let algorithm = quota.algorithm();
-        let window_key = redis_key(prefix, key, policy, quota);
-        if algorithm == Algorithm::SlidingLog {
-            let mut meta = Vec::with_capacity(window_key.len() + META_SUFFIX.len());
-            meta.extend_from_slice(&window_key);
-            meta.extend_from_slice(META_SUFFIX);
-            call.key(window_key);
-            call.key(meta);
-        } else {
-            call.key(window_key);
-        }
-        let shadow = if quota.is_shadow() { SHADOW_FLAG } else { 0 };
-        call.arg(code(algorithm) + shadow);
-        let (p1, p2, p3) = match algorithm {
-            Algorithm::SlidingLog | Algorithm::FixedWindow => {
-                (quota.window_micros(), quota.limit(), 0)
-            }
-            Algorithm::SlidingCounter { .. } => (
-                quota.window_micros(),
-                quota.limit(),
-                quota.granularity_micros().unwrap_or(quota.window_micros()),
-            ),
-            Algorithm::Gcra => (quota.emission_interval_micros(), quota.capacity(), 0),
-        };
-        call.arg(p1);
-        call.arg(p2);
-        call.arg(p3);
-    }
 }
 
 pub(crate) fn micros(value: i64) -> Duration {
@@ -186,16 +101,8 @@ fn wrong_length(got: usize, expected: usize) -> StoreError {
 
 /// The prelude and the algorithm fragments, then `peek.lua` in place of
 /// `policy.lua`: the same KEYS and ARGV, no commit.
-static PEEK: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(concat!(
-        include_str!("../algorithm/prelude.lua"),
-        include_str!("../algorithm/sliding_log.lua"),
-        include_str!("../algorithm/sliding_counter.lua"),
-        include_str!("../algorithm/fixed_window.lua"),
-        include_str!("../algorithm/gcra.lua"),
-        include_str!("peek.lua"),
-    ))
-});
+static PEEK: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(crate::algorithm::redis::with_algorithms!("peek.lua")));
 
 impl RedisStore {
     /// Evaluates the request's policy on the server's clock and records
@@ -211,6 +118,12 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// Connects now and loads the script that decides every policy,
+    /// instead of on the first check.
+    pub async fn connect(&self) -> Result<(), StoreError> {
+        self.connect_loading(script()).await
+    }
+
     /// The SHA1 of the one script every decision runs, as used by
     /// `EVALSHA` (for load tests and operators).
     pub fn script_sha() -> &'static str {
@@ -283,7 +196,9 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::algorithm::redis::Parts;
     use crate::{Quota, Scope};
+    use redis::ToRedisArgs;
 
     /// The script EVALSHA names is the concatenation of the fragments, in
     /// order, each ending its last line (else two fragments' lines would

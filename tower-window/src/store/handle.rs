@@ -8,8 +8,11 @@ use tokio::sync::Semaphore;
 
 use super::guard::breaker::{BreakerConfig, BreakerState, Breakers};
 use super::guard::retry::RetryConfig;
-use super::guard::{Resilience, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT};
-use crate::{conn, dedup, events, lease, limit, Clock, MemoryStore, SystemClock, WindowKey};
+use super::guard::{Guard, Resilience, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT};
+use super::parts::Parts;
+use super::{Op, StoreError};
+use crate::metrics::Calls;
+use crate::{Clock, MemoryStore, SystemClock};
 
 /// A store: one backend ([`MemoryStore`], [`RedisStore`](crate::RedisStore)
 /// on one node or a cluster, or your own) and the one resilience stack
@@ -46,20 +49,12 @@ use crate::{conn, dedup, events, lease, limit, Clock, MemoryStore, SystemClock, 
 /// ```
 #[derive(Clone)]
 pub struct Store {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub(crate) windows: Arc<dyn limit::Backend>,
-    pub(crate) leases: Option<Arc<dyn lease::Backend>>,
-    pub(crate) connections: Option<Arc<dyn conn::Backend>>,
-    pub(crate) dedup: Option<Arc<dyn dedup::Backend>>,
-    pub(crate) events: Option<Arc<dyn events::Backend>>,
-    /// Whether every operation is answered in-process.
-    pub(crate) in_process: bool,
-    pub(crate) resilience: Resilience,
-    #[cfg(feature = "redis")]
-    pub(crate) redis: Option<Arc<crate::RedisStore>>,
+struct Inner {
+    backend: Backend,
+    resilience: Resilience,
 }
 
 impl Store {
@@ -119,16 +114,19 @@ impl Store {
             .map_or(0, Breakers::open)
     }
 
-    /// The state of the breaker guarding `key` under `policy` (its failure
-    /// domain's), if the store has breakers. A domain no operation has
-    /// reached yet is `Closed`.
-    pub fn breaker_state_for(
-        &self,
-        key: &WindowKey,
-        policy: &crate::Policy,
-    ) -> Option<BreakerState> {
+    /// The state of the breaker of failure domain `domain`, if the store
+    /// has breakers. A domain no operation has reached yet is `Closed`.
+    pub(crate) fn breaker_state_of(&self, domain: Option<u16>) -> Option<BreakerState> {
         let breakers = self.inner.resilience.breakers.as_ref()?;
-        Some(breakers.state_of(self.inner.windows.failure_domain(key, policy)))
+        Some(breakers.state_of(domain))
+    }
+
+    /// Exports the state of the store's breakers, if it has them, in
+    /// `metrics` (a capability's) from now on.
+    pub(crate) fn observe_breakers(&self, metrics: &Arc<crate::metrics::LimiterMetrics>) {
+        if let Some(breakers) = &self.inner.resilience.breakers {
+            breakers.observe(metrics);
+        }
     }
 
     /// The time budget of one operation, if any.
@@ -138,21 +136,62 @@ impl Store {
 
     /// Whether the backend answers every operation in-process.
     pub fn is_in_process(&self) -> bool {
-        self.inner.in_process
+        self.inner.backend.in_process
     }
 
-    /// The Redis backend, if this store is on one (for its Redis-only
-    /// parts: a tenant registry's control channel, an event tail).
+    /// The backend of the capability whose backend trait is `B`: the one
+    /// given to [`Backend`], else the one `plug` makes of the store's
+    /// native backend ([`Native`]). Made once per store and shared by every
+    /// capability made from it; `None` when the store has none.
+    pub(crate) fn backend<B: ?Sized + Send + Sync + 'static>(
+        &self,
+        plug: impl FnOnce(&Native) -> Option<Arc<B>>,
+    ) -> Option<Arc<B>> {
+        let parts = &self.inner.backend.parts;
+        if let Some(backend) = parts.get::<Arc<B>>() {
+            return Some(backend);
+        }
+        let plugged = plug(&self.inner.backend.native)?;
+        Some(parts.get_or_insert_with(|| plugged))
+    }
+
+    /// The store behind this handle, for a capability's part that only one
+    /// kind of backend has (such as live wake-ups on Redis).
     #[cfg(feature = "redis")]
-    pub fn redis(&self) -> Option<&Arc<crate::RedisStore>> {
-        self.inner.redis.as_ref()
+    pub(crate) fn native(&self) -> &Native {
+        &self.inner.backend.native
+    }
+
+    /// One operation of a capability on its backend, through the store's
+    /// resilience stack: the one way a capability reaches a backend.
+    ///
+    /// `backend` is the capability's backend (`None`: the store has none,
+    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported),
+    /// naming `what`); `domain` tells the operation's failure domain when
+    /// the store keeps breakers; `calls` is where the call is recorded.
+    /// Ready at once on an in-process backend; one boxed future on a
+    /// networked one.
+    pub(crate) fn call<'a, B: ?Sized, T: Send + 'a>(
+        &'a self,
+        backend: Option<&'a B>,
+        what: &'static str,
+        domain: impl FnOnce(&'a B) -> Option<u16>,
+        calls: Calls<'a>,
+        operation: impl FnOnce(&'a B, &mut Guard<'a>) -> Op<'a, T>,
+    ) -> Op<'a, T> {
+        let Some(backend) = backend else {
+            return Op::ready(Err(StoreError::unsupported(what)));
+        };
+        let resilience = &self.inner.resilience;
+        let domain = resilience.breakers.as_ref().and_then(|_| domain(backend));
+        resilience.call(domain, calls, |guard| operation(backend, guard))
     }
 }
 
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store")
-            .field("in_process", &self.inner.in_process)
+            .field("backend", &self.inner.backend)
             .field("timeout", &self.inner.resilience.timeout)
             .field("retry", &self.inner.resilience.retry)
             .field("breaker", &self.breaker_state())
@@ -181,63 +220,70 @@ store_from!(
     Arc<crate::RedisStore>
 );
 
-/// A store's backend: the implementations of each capability's backend
-/// trait ([`limit::Backend`], [`lease::Backend`], [`conn::Backend`],
-/// [`dedup::Backend`], [`events::Backend`]) that one store serves.
+/// A store's backend: the native store every capability plugs its own
+/// backend into ([`MemoryStore`], [`RedisStore`](crate::RedisStore)), or
+/// your own implementations of the capabilities' backend traits.
 ///
 /// [`MemoryStore`] and [`RedisStore`](crate::RedisStore) convert into one
 /// with every capability. Your own backend starts from
-/// [`windows`](Self::windows) and adds what else it implements; a
-/// capability it lacks answers [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported).
+/// [`windows`](Self::windows) and adds what else it implements
+/// ([`with_leases`](Self::with_leases), [`with_connections`](Self::with_connections),
+/// [`with_dedup`](Self::with_dedup), [`with_events`](Self::with_events)); a
+/// capability it lacks answers
+/// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported).
 pub struct Backend {
-    windows: Arc<dyn limit::Backend>,
-    leases: Option<Arc<dyn lease::Backend>>,
-    connections: Option<Arc<dyn conn::Backend>>,
-    dedup: Option<Arc<dyn dedup::Backend>>,
-    events: Option<Arc<dyn events::Backend>>,
+    native: Native,
+    /// Capabilities' backends: given here, or plugged on first use.
+    parts: Parts,
     in_process: bool,
+}
+
+/// The backend of the capability whose backend trait is `$backend` on the
+/// store `$store`: the one its [`Backend`] was given, else its native
+/// store's (the embedded and the Redis store implement every capability's
+/// trait, each in the capability's own folder).
+macro_rules! plugged {
+    ($store:expr, $backend:ty) => {
+        $store.backend::<$backend>(|native| match native {
+            $crate::store::Native::Memory(memory) => {
+                Some(::std::sync::Arc::new(memory.clone()) as ::std::sync::Arc<$backend>)
+            }
+            #[cfg(feature = "redis")]
+            $crate::store::Native::Redis(redis) => {
+                Some(::std::sync::Arc::clone(redis) as ::std::sync::Arc<$backend>)
+            }
+            $crate::store::Native::Own => None,
+        })
+    };
+}
+pub(crate) use plugged;
+
+/// The store behind a [`Backend`], which each capability plugs its backend
+/// into (its own folder implements its backend trait for both).
+pub(crate) enum Native {
+    /// The embedded store.
+    Memory(MemoryStore),
+    /// Redis or Redis Cluster.
     #[cfg(feature = "redis")]
-    redis: Option<Arc<crate::RedisStore>>,
+    Redis(Arc<crate::RedisStore>),
+    /// Only the backends given to the [`Backend`].
+    Own,
 }
 
 impl Backend {
-    /// A backend of windows only (no quota leases, connection slots, dedup
-    /// or event windows), behind a network unless
-    /// [`in_process`](Self::in_process) says otherwise.
-    pub fn windows(windows: impl limit::Backend) -> Self {
+    /// A backend of only what is given to it (in `with_part`), behind a
+    /// network unless [`in_process`](Self::in_process) says otherwise.
+    pub(crate) fn own() -> Self {
         Self {
-            windows: Arc::new(windows),
-            leases: None,
-            connections: None,
-            dedup: None,
-            events: None,
+            native: Native::Own,
+            parts: Parts::default(),
             in_process: false,
-            #[cfg(feature = "redis")]
-            redis: None,
         }
     }
 
-    /// With quota leases.
-    pub fn with_leases(mut self, leases: impl lease::Backend) -> Self {
-        self.leases = Some(Arc::new(leases));
-        self
-    }
-
-    /// With connection slots.
-    pub fn with_connections(mut self, connections: impl conn::Backend) -> Self {
-        self.connections = Some(Arc::new(connections));
-        self
-    }
-
-    /// With dedup windows.
-    pub fn with_dedup(mut self, dedup: impl dedup::Backend) -> Self {
-        self.dedup = Some(Arc::new(dedup));
-        self
-    }
-
-    /// With event windows.
-    pub fn with_events(mut self, events: impl events::Backend) -> Self {
-        self.events = Some(Arc::new(events));
+    /// With `backend` as the backend of the capability whose trait is `B`.
+    pub(crate) fn with_part<B: ?Sized + Send + Sync + 'static>(mut self, backend: Arc<B>) -> Self {
+        self.parts.insert(backend);
         self
     }
 
@@ -251,11 +297,14 @@ impl Backend {
 
 impl fmt::Debug for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let native = match self.native {
+            Native::Memory(_) => "memory",
+            #[cfg(feature = "redis")]
+            Native::Redis(_) => "redis",
+            Native::Own => "own",
+        };
         f.debug_struct("Backend")
-            .field("leases", &self.leases.is_some())
-            .field("connections", &self.connections.is_some())
-            .field("dedup", &self.dedup.is_some())
-            .field("events", &self.events.is_some())
+            .field("native", &native)
             .field("in_process", &self.in_process)
             .finish_non_exhaustive()
     }
@@ -263,16 +312,10 @@ impl fmt::Debug for Backend {
 
 impl From<MemoryStore> for Backend {
     fn from(memory: MemoryStore) -> Self {
-        let memory = Arc::new(memory);
         Self {
-            windows: memory.clone(),
-            leases: Some(memory.clone()),
-            connections: Some(memory.clone()),
-            dedup: Some(memory.clone()),
-            events: Some(memory),
+            native: Native::Memory(memory),
+            parts: Parts::default(),
             in_process: true,
-            #[cfg(feature = "redis")]
-            redis: None,
         }
     }
 }
@@ -288,13 +331,9 @@ impl From<crate::RedisStore> for Backend {
 impl From<Arc<crate::RedisStore>> for Backend {
     fn from(redis: Arc<crate::RedisStore>) -> Self {
         Self {
-            windows: redis.clone(),
-            leases: Some(redis.clone()),
-            connections: Some(redis.clone()),
-            dedup: Some(redis.clone()),
-            events: Some(redis.clone()),
+            native: Native::Redis(redis),
+            parts: Parts::default(),
             in_process: false,
-            redis: Some(redis),
         }
     }
 }
@@ -371,27 +410,12 @@ impl StoreBuilder {
 
     /// Builds the store.
     pub fn build(self) -> Store {
-        let Backend {
-            windows,
-            leases,
-            connections,
-            dedup,
-            events,
-            in_process,
-            #[cfg(feature = "redis")]
-            redis,
-        } = self.backend;
         let breakers = self
             .breaker
             .map(|config| Breakers::new(config, self.clock.clone()));
         Store {
             inner: Arc::new(Inner {
-                windows,
-                leases,
-                connections,
-                dedup,
-                events,
-                in_process,
+                backend: self.backend,
                 resilience: Resilience {
                     timeout: self.timeout,
                     retry: self.retry,
@@ -399,8 +423,6 @@ impl StoreBuilder {
                     breakers,
                     clock: self.clock,
                 },
-                #[cfg(feature = "redis")]
-                redis,
             }),
         }
     }

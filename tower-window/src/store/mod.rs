@@ -20,15 +20,18 @@ pub mod guard;
 mod handle;
 pub(crate) mod memory;
 mod op;
+mod parts;
 #[cfg(feature = "redis")]
 pub mod redis;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{redis_key, RedisConfigError, RedisStore, RedisStoreBuilder};
 pub use guard::Guard;
+pub(crate) use handle::{plugged, Native};
 pub use handle::{Backend, Store, StoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use op::Op;
+pub(crate) use parts::Parts;
 
 /// One check to run against a store: a cost against every quota of a policy.
 ///

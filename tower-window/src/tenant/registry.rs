@@ -154,7 +154,7 @@ impl TenantRegistry {
     /// ```
     pub fn on_store(config: TenantsConfig, store: &crate::Store) -> Self {
         #[cfg(feature = "redis")]
-        if let Some(redis) = store.redis() {
+        if let crate::store::Native::Redis(redis) = store.native() {
             return Self::redis(config, std::sync::Arc::clone(redis));
         }
         let _ = store;

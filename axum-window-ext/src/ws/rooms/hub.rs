@@ -178,11 +178,7 @@ impl Live {
     /// Pushed wake-ups on a Redis store that has them, else polling.
     fn default_for(events: &EventWindow) -> Self {
         #[cfg(feature = "redis")]
-        if let Some(wakeups) = events
-            .store()
-            .redis()
-            .and_then(|redis| redis.event_wakeups().ok())
-        {
+        if let Ok(wakeups) = events.wakeups() {
             return Live::Push(Box::new(wakeups));
         }
         let _ = events;

@@ -558,7 +558,6 @@ impl super::Limiter {
         epoch: u64,
     ) -> Result<Reserved, crate::StoreError> {
         let inner = &*self.inner;
-        let store = &inner.store.inner;
         let ttl = tier.config.ttl_for(policy);
         let at_least = spend.max(1);
         // A GCRA lease may start up to one TTL later, so that a near-empty
@@ -571,17 +570,9 @@ impl super::Limiter {
                 .waiting_up_to(ttl);
         let sent = inner.clock.now_micros();
         tier.counters.reservations.fetch_add(1, Ordering::Relaxed);
-        let reserved = match &store.leases {
-            Some(leases) => {
-                store
-                    .resilience
-                    .call(self.domain(key, policy), self.calls(policy), |g| {
-                        leases.reserve(g, request)
-                    })
-                    .await
-            }
-            None => Err(crate::StoreError::unsupported("quota leases")),
-        };
+        let reserved = self
+            .call_leases(key, policy, |leases, g| leases.reserve(g, request))
+            .await;
         let reservation = match reserved {
             Ok(reservation) => reservation,
             Err(error) => {
@@ -749,17 +740,10 @@ impl super::Limiter {
         if !held.shadow_left.is_empty() {
             request = request.with_shadow_unused(&held.shadow_left);
         }
-        let store = &inner.store.inner;
-        let Some(leases) = &store.leases else {
-            return;
-        };
-        let refunded = store
-            .resilience
-            .call(
-                self.domain(&held.key, &held.policy),
-                self.calls(&held.policy),
-                |g| leases.refund(g, request),
-            )
+        let refunded = self
+            .call_leases(&held.key, &held.policy, |leases, g| {
+                leases.refund(g, request)
+            })
             .await;
         match refunded {
             Ok(returned) => {

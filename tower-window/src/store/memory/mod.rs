@@ -46,6 +46,7 @@ use smallvec::SmallVec;
 
 use crate::algorithm::State;
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
+use crate::store::Parts;
 use crate::{Clock, MonotonicClock, Quota, WindowKey};
 
 pub(crate) type SlotCache =
@@ -85,16 +86,9 @@ pub struct MemoryStore {
     pub(crate) clock: Arc<dyn Clock>,
     max_keys: u64,
     grace_micros: u64,
-    /// The id of the next quota lease.
-    pub(crate) next_lease: Arc<std::sync::atomic::AtomicU64>,
-    // Each capability's embedded state, defined in its own folder: the
-    // store is where they are put together.
-    /// Event windows (`events/memory.rs`).
-    pub(crate) events: Arc<crate::events::memory::EventLogs>,
-    /// Message ids of [`DedupWindow`](crate::dedup::DedupWindow)s (`dedup/memory.rs`).
-    pub(crate) dedup: Arc<crate::dedup::memory::DedupIds>,
-    /// Connection seats (`conn/memory.rs`).
-    pub(crate) conns: Arc<crate::conn::memory::ConnSeats>,
+    /// Each capability's embedded state, defined in its own folder and
+    /// made on first use.
+    parts: Arc<Parts>,
 }
 
 impl MemoryStore {
@@ -103,9 +97,6 @@ impl MemoryStore {
 
     /// The default [`expiry_grace`](MemoryStoreBuilder::expiry_grace).
     pub const DEFAULT_EXPIRY_GRACE: Duration = Duration::from_secs(1);
-
-    /// The default bound on dedup ids kept ([`MemoryStoreBuilder::max_dedup_ids`]).
-    pub const DEFAULT_MAX_DEDUP_IDS: u64 = 100_000;
 
     /// A store with default settings: the [`MonotonicClock`] and at most
     /// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys.
@@ -162,6 +153,15 @@ impl MemoryStore {
         });
     }
 
+    /// A capability's embedded state of type `T`, made by `make` on first
+    /// use and shared by every clone of this store.
+    pub(crate) fn part<T: Clone + Send + Sync + 'static>(
+        &self,
+        make: impl FnOnce(&Self) -> T,
+    ) -> T {
+        self.parts.get_or_insert_with(|| make(self))
+    }
+
     /// The slot of `key`'s state under `quota`: one lookup by borrowed parts
     /// (a hit clones nothing but the `Arc`), or an insert for a new key that
     /// gives every concurrent check of that key the same slot.
@@ -216,7 +216,8 @@ pub struct MemoryStoreBuilder {
     clock: Arc<dyn Clock>,
     max_keys: u64,
     expiry_grace: Duration,
-    max_dedup_ids: u64,
+    /// Capabilities' embedded state set up by their builder methods.
+    pub(crate) parts: Parts,
 }
 
 impl Default for MemoryStoreBuilder {
@@ -225,7 +226,7 @@ impl Default for MemoryStoreBuilder {
             clock: Arc::new(MonotonicClock),
             max_keys: MemoryStore::DEFAULT_MAX_KEYS,
             expiry_grace: MemoryStore::DEFAULT_EXPIRY_GRACE,
-            max_dedup_ids: MemoryStore::DEFAULT_MAX_DEDUP_IDS,
+            parts: Parts::default(),
         }
     }
 }
@@ -268,15 +269,6 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The most message ids kept for
-    /// [`DedupWindow`](crate::dedup::DedupWindow)s (default
-    /// [`MemoryStore::DEFAULT_MAX_DEDUP_IDS`]; at least 1). Beyond it the
-    /// oldest-used ids are forgotten and read as first seen again.
-    pub fn max_dedup_ids(mut self, max: u64) -> Self {
-        self.max_dedup_ids = max.max(1);
-        self
-    }
-
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
         let cache = Cache::with_options(
@@ -290,10 +282,7 @@ impl MemoryStoreBuilder {
             clock: self.clock,
             max_keys: self.max_keys,
             grace_micros: u64::try_from(self.expiry_grace.as_micros()).unwrap_or(u64::MAX),
-            next_lease: Arc::new(std::sync::atomic::AtomicU64::new(1)),
-            events: Arc::new(crate::events::memory::EventLogs::new(self.max_keys)),
-            dedup: Arc::new(crate::dedup::memory::DedupIds::new(self.max_dedup_ids)),
-            conns: Arc::default(),
+            parts: Arc::new(self.parts),
         }
     }
 }
@@ -315,33 +304,9 @@ pub(crate) struct SlotInner {
     /// Set, under this lock, once the cache has dropped the slot: a check
     /// that then gets the lock looks the key up again.
     pub(crate) evicted: bool,
-    /// Quota leases whose units still count here (a null pointer unless
-    /// leases are used).
-    pub(crate) leases: LeaseRecords,
-}
-
-/// A slot's lease records, allocated on first change: a slot of a store
-/// without leases keeps one null pointer for them, so that its state and
-/// lock share a cache line or two (the records' own maps take 56 bytes).
-/// Reads see them through `Deref` (an empty set when none were made),
-/// changes through `DerefMut`.
-#[derive(Default)]
-pub(crate) struct LeaseRecords(Option<Box<crate::lease::memory::Records>>);
-
-impl std::ops::Deref for LeaseRecords {
-    type Target = crate::lease::memory::Records;
-
-    fn deref(&self) -> &Self::Target {
-        static NONE: std::sync::LazyLock<crate::lease::memory::Records> =
-            std::sync::LazyLock::new(Default::default);
-        self.0.as_deref().unwrap_or(&NONE)
-    }
-}
-
-impl std::ops::DerefMut for LeaseRecords {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        self.0.get_or_insert_with(Box::default)
-    }
+    /// What a capability keeps beside the window (the quota leases whose
+    /// units still count here): a null pointer unless one does.
+    pub(crate) extra: Option<Box<dyn std::any::Any + Send>>,
 }
 
 impl Slot {
@@ -351,7 +316,7 @@ impl Slot {
                 state: State::empty(quota.algorithm()),
                 last_check: 0,
                 evicted: false,
-                leases: LeaseRecords::default(),
+                extra: None,
             }),
             lifetime_micros: u64::try_from(quota.max_state_lifetime().as_micros())
                 .unwrap_or(u64::MAX),

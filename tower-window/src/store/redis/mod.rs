@@ -132,6 +132,7 @@ use redis::IntoConnectionInfo;
 
 use crate::store::StoreError;
 use crate::Clock;
+use script::LuaScript;
 
 pub(crate) mod call;
 pub(crate) mod connection;
@@ -146,7 +147,6 @@ pub use deadpool_redis;
 /// The `redis` crate this crate is built with.
 pub use redis;
 
-pub use crate::events::tail::{EventTail, TailBatch};
 use connection::{is_connection_error, map_error, Conn, Connection, Connector};
 pub use keys::redis_key;
 use redis::cluster_async::ClusterConnection;
@@ -270,10 +270,11 @@ impl RedisStore {
         &self.prefix
     }
 
-    /// Connects now and loads the script, instead of on the first check.
-    pub async fn connect(&self) -> Result<(), StoreError> {
+    /// Connects now and loads `script`, instead of on the first call (see
+    /// [`connect`](Self::connect)).
+    pub(crate) async fn connect_loading(&self, script: &LuaScript) -> Result<(), StoreError> {
         let (conn, generation) = self.connection.get().await?;
-        let load = crate::limit::redis::script().load_cmd();
+        let load = script.load_cmd();
         let loaded: Result<String, _> = match conn {
             Conn::Single(mut conn) => load.query_async(&mut conn).await,
             Conn::Cluster(mut conn) => {

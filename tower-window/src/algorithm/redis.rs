@@ -1,0 +1,120 @@
+//! How a policy meets the algorithms' Lua: the shared fragments a script
+//! starts with ([`with_algorithms`]) and the KEYS/ARGV layout of a policy
+//! ([`lay_out`]), used by every script that decides or holds quota (the
+//! policy check, the peek, quota leases). `limit/policy.lua` documents the
+//! layout and the reply.
+
+use redis::ToRedisArgs;
+
+use crate::store::redis::keys::{redis_key, META_SUFFIX};
+use crate::store::redis::script::ScriptCall;
+use crate::{Algorithm, Policy, WindowKey};
+
+/// The source of a script that decides with the algorithms: the prelude
+/// and every algorithm's fragment, then `$tail` (a path relative to the
+/// file naming it).
+macro_rules! with_algorithms {
+    ($tail:literal) => {
+        concat!(
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/algorithm/prelude.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/algorithm/sliding_log.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/algorithm/sliding_counter.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/algorithm/fixed_window.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/algorithm/gcra.lua"
+            )),
+            include_str!($tail),
+        )
+    };
+}
+pub(crate) use with_algorithms;
+
+/// The algorithm's code in `ALGORITHMS` (see the fragments).
+fn code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::SlidingLog => 1,
+        Algorithm::SlidingCounter { .. } => 2,
+        Algorithm::FixedWindow => 3,
+        Algorithm::Gcra => 4,
+    }
+}
+
+/// Added to a shadow quota's algorithm code (`SHADOW_FLAG` in the prelude).
+const SHADOW_FLAG: u8 = 16;
+
+/// Where an invocation's keys and arguments go (the script call, or a
+/// test's record of them).
+pub(crate) trait Parts {
+    fn key(&mut self, key: Vec<u8>);
+    fn arg(&mut self, arg: impl ToRedisArgs);
+}
+
+impl Parts for ScriptCall {
+    fn key(&mut self, key: Vec<u8>) {
+        ScriptCall::key(self, key);
+    }
+
+    fn arg(&mut self, arg: impl ToRedisArgs) {
+        ScriptCall::arg(self, arg);
+    }
+}
+
+pub(crate) fn lay_out(
+    call: &mut impl Parts,
+    prefix: &str,
+    key: &WindowKey,
+    policy: &Policy,
+    cost: u32,
+    now_micros: Option<u64>,
+    min_ttl_ms: u64,
+) {
+    match now_micros {
+        Some(now) => call.arg(now),
+        None => call.arg(""),
+    }
+    call.arg(cost);
+    call.arg(min_ttl_ms);
+    call.arg(policy.len());
+    for quota in policy.quotas() {
+        let algorithm = quota.algorithm();
+        let window_key = redis_key(prefix, key, policy, quota);
+        if algorithm == Algorithm::SlidingLog {
+            let mut meta = Vec::with_capacity(window_key.len() + META_SUFFIX.len());
+            meta.extend_from_slice(&window_key);
+            meta.extend_from_slice(META_SUFFIX);
+            call.key(window_key);
+            call.key(meta);
+        } else {
+            call.key(window_key);
+        }
+        let shadow = if quota.is_shadow() { SHADOW_FLAG } else { 0 };
+        call.arg(code(algorithm) + shadow);
+        let (p1, p2, p3) = match algorithm {
+            Algorithm::SlidingLog | Algorithm::FixedWindow => {
+                (quota.window_micros(), quota.limit(), 0)
+            }
+            Algorithm::SlidingCounter { .. } => (
+                quota.window_micros(),
+                quota.limit(),
+                quota.granularity_micros().unwrap_or(quota.window_micros()),
+            ),
+            Algorithm::Gcra => (quota.emission_interval_micros(), quota.capacity(), 0),
+        };
+        call.arg(p1);
+        call.arg(p2);
+        call.arg(p3);
+    }
+}
