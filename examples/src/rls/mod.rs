@@ -11,7 +11,8 @@
 //!   store call, all or nothing —, and the answer;
 //! - [`reload`]: the files watched and reloaded as a whole;
 //! - [`server`]: the gRPC server (HTTP/2, one task per connection);
-//! - [`metrics`]: the service's own series.
+//! - [`metrics`]: the service's own series;
+//! - [`settings`]: envoyproxy/ratelimit's settings, read by their own names.
 //!
 //! Everything the gateway has carries over, with the same flags (each also
 //! from a `TW_RLS_*` variable): Redis (`--redis-url`) and Redis Cluster
@@ -27,6 +28,7 @@ pub mod metrics;
 pub mod reload;
 pub mod server;
 pub mod service;
+pub mod settings;
 pub mod tonic_server;
 
 use std::net::SocketAddr;
@@ -42,7 +44,7 @@ use tower_window::{LeaseConfig, Limiter, MemoryStore, Quota, RedisStore, Store};
 
 use crate::gateway::flags;
 use crate::gateway::{ConfigError, FallbackArg};
-pub use config::{RlsConfig, RlsConfigError};
+pub use config::{LoadOptions, RlsConfig, RlsConfigError};
 pub use server::serve;
 pub use service::RlsService;
 pub use tonic_server::serve_with_tonic;
@@ -63,15 +65,35 @@ pub struct RlsArgs {
     /// A rules file (envoyproxy/ratelimit's YAML, one domain per file), or
     /// a directory of `*.yaml` files. Repeat it for several; in the
     /// environment, separate them with `,`. Watched and reloaded as a
-    /// whole; a broken set is refused and the old rules stay.
+    /// whole; a broken set is refused and the old rules stay. Without it,
+    /// envoyproxy/ratelimit's `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`.
     #[arg(
         long,
         env = "TW_RLS_CONFIG",
         value_name = "FILE|DIR",
-        required = true,
         value_delimiter = ','
     )]
     pub config: Vec<PathBuf>,
+
+    /// Answer every request OK (`SHADOW_MODE`): each descriptor keeps its
+    /// code, every window counts on its own, only the overall code is OK.
+    #[arg(long, env = "TW_RLS_SHADOW_MODE")]
+    pub shadow_mode: bool,
+
+    /// Treat every rule as `quota_mode: true` (`QUOTA_MODE`).
+    #[arg(long, env = "TW_RLS_QUOTA_MODE")]
+    pub quota_mode: bool,
+
+    /// One domain may span several files: their rules are merged
+    /// (`MERGE_DOMAIN_CONFIG`); without it a domain in two files is refused.
+    #[arg(long, env = "TW_RLS_MERGE_DOMAIN_CONFIG")]
+    pub merge_domain_config: bool,
+
+    /// How many keys the local tier of recent denials holds (0: off);
+    /// envoyproxy/ratelimit's `LOCAL_CACHE_SIZE_IN_BYTES` sets it to
+    /// bytes / 256.
+    #[arg(long, env = "TW_RLS_LOCAL_CACHE_KEYS", default_value = "100000", value_parser = clap::value_parser!(u64))]
+    pub local_cache_keys: u64,
 
     /// Redis URL (`redis://host:port[/db]`): every rls on the same Redis
     /// shares the same windows. Without it (and without
@@ -152,6 +174,10 @@ pub struct RlsServerConfig {
     pub leases: Option<LeaseConfig>,
     /// `--response-headers`.
     pub response_headers: bool,
+    /// `--shadow-mode` and `--quota-mode`.
+    pub modes: service::Modes,
+    /// `--local-cache-keys`.
+    pub local_cache_keys: u64,
 }
 
 impl std::fmt::Debug for RlsServerConfig {
@@ -166,9 +192,29 @@ impl std::fmt::Debug for RlsServerConfig {
 }
 
 impl RlsArgs {
+    /// The flags of this process's command line, then envoyproxy/ratelimit's
+    /// settings from its environment where no flag was given (see
+    /// [`settings`]). Exits with clap's message on a bad command line.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Self::command().get_matches();
+        let mut args = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        settings::apply(&mut args, &matches, &|name| std::env::var(name).ok())?;
+        Ok(args)
+    }
+
     /// Checks the flags and loads the rules.
     pub fn into_config(self) -> Result<RlsServerConfig, ConfigError> {
-        let rules = RlsConfig::load(&self.config).map_err(|error| {
+        if self.config.is_empty() {
+            return Err(ConfigError::new(
+                "--config",
+                "",
+                "no rules to serve",
+                "give --config FILE|DIR (or TW_RLS_CONFIG), or envoyproxy/ratelimit's RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY",
+            ));
+        }
+        let options = LoadOptions::merging(self.merge_domain_config);
+        let rules = RlsConfig::load(&self.config, options).map_err(|error| {
             ConfigError::new(
                 "--config",
                 self.config
@@ -177,7 +223,7 @@ impl RlsArgs {
                     .collect::<Vec<_>>()
                     .join(","),
                 error.to_string(),
-                "fix the file (its format: examples/rls/config.yaml and examples/README.md) and start again",
+                config_fix(&error),
             )
         })?;
         let timeout = Duration::from_millis(self.redis_timeout_ms);
@@ -222,7 +268,26 @@ impl RlsArgs {
             fallback,
             leases,
             response_headers: self.response_headers,
+            modes: service::Modes {
+                shadow: self.shadow_mode,
+                quota: self.quota_mode,
+            },
+            local_cache_keys: self.local_cache_keys,
         })
+    }
+}
+
+/// What to do about a refused rules set.
+fn config_fix(error: &RlsConfigError) -> String {
+    if error.problem.starts_with("cannot read") || error.problem.starts_with("cannot list") {
+        "give the path of a rules file or of a directory of *.yaml rules files".to_owned()
+    } else if error.problem.starts_with("no config file") {
+        "put the rules (*.yaml) in the directory, or name a file".to_owned()
+    } else {
+        format!(
+            "correct {} (the format: examples/rls/config.yaml and examples/README.md, section rls)",
+            error.file.display()
+        )
     }
 }
 
@@ -234,7 +299,8 @@ impl RlsServerConfig {
         let placeholder = Quota::per_second(1)
             .and_then(|q| q.named("rls"))
             .unwrap_or_else(|_| unreachable!("1/1s named rls is a valid quota"));
-        let mut builder = Limiter::builder(self.store.clone(), placeholder);
+        let mut builder =
+            Limiter::builder(self.store.clone(), placeholder).local_capacity(self.local_cache_keys);
         if let Some(leases) = self.leases {
             builder = builder.leases(leases);
         }
@@ -266,6 +332,6 @@ pub fn build(config: RlsServerConfig) -> Rls {
     let first = reload::read(&config.sources);
     let rules = Arc::new(ArcSwap::from_pointee(config.rules));
     let watch = reload::watch(Arc::clone(&rules), config.sources, first);
-    let service = RlsService::new(rules, limiter, config.response_headers);
+    let service = RlsService::new(rules, limiter, config.response_headers).with_modes(config.modes);
     Rls { service, watch }
 }

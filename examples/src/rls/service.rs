@@ -18,7 +18,19 @@
 //! another matched rule's `replaces` is left out (`OK`, no limit). Every
 //! other descriptor has its `current_limit`, `limit_remaining` and
 //! `duration_until_reset` (for a denied one: how long until its cost
-//! fits). `overall_code` is `OVER_LIMIT` when any descriptor is.
+//! fits; for a cost that never fits, the window's reset).
+//!
+//! `overall_code` is `OVER_LIMIT` when a descriptor of an enforced rule is,
+//! or when every *quota group* is: a `quota_mode` rule (or every rule,
+//! with [`Modes::quota`]) is a soft limit, its descriptor answered
+//! `OVER_LIMIT` but the request denied only when every group of such
+//! descriptors is over — a group being the descriptors of one
+//! `backend_name` / `model_name_override` pair, or else of one entry list
+//! (envoyproxy/ratelimit's rule, so a gateway can fail over to another
+//! model). With [`Modes::shadow`] (`SHADOW_MODE`) every descriptor keeps
+//! its code and the overall code is `OK`. Soft and shadowed windows are
+//! shadow quotas of the request's policy: each counts on its own, never
+//! stopping the others from counting.
 //!
 //! `hits_addend` (the request's, or a descriptor's own) is the cost; 0 at
 //! the request level means 1. Each window is charged its own descriptor's
@@ -35,6 +47,7 @@
 //! reload starts a new generation.
 
 use std::collections::HashSet;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,6 +76,26 @@ use super::metrics;
 #[derive(Clone)]
 pub struct RlsService {
     inner: Arc<Inner>,
+    modes: Modes,
+}
+
+/// The service-wide modes (envoyproxy/ratelimit's `SHADOW_MODE` and
+/// `QUOTA_MODE`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Modes {
+    /// `SHADOW_MODE`: the overall code is always `OK`; descriptors keep
+    /// theirs.
+    pub shadow: bool,
+    /// `QUOTA_MODE`: every rule is a `quota_mode` rule.
+    pub quota: bool,
+}
+
+impl Modes {
+    /// `shadow` and `quota` as given.
+    pub fn new(shadow: bool, quota: bool) -> Self {
+        Self { shadow, quota }
+    }
 }
 
 struct Inner {
@@ -102,7 +135,16 @@ impl RlsService {
                 counters: metrics::Counters::new(),
                 prepared: quick_cache::sync::Cache::new(PREPARED),
             }),
+            modes: Modes::default(),
         }
+    }
+
+    /// The same service under `modes`.
+    pub fn with_modes(mut self, modes: Modes) -> Self {
+        self.modes = modes;
+        // Requests prepared under other modes are not this service's.
+        self.inner.prepared.clear();
+        self
     }
 
     /// The limiter (to refund its leases on shutdown).
@@ -159,7 +201,7 @@ impl RlsService {
                     }
                 };
                 let config = self.inner.config.load();
-                let prepared = Arc::new(prepare_request(&config, request)?);
+                let prepared = Arc::new(prepare_request(&config, request, self.modes)?);
                 // The rules of the generation prepared under (a reload in
                 // between only leaves an entry no one looks up).
                 cache_key.0 = config.generation;
@@ -174,15 +216,28 @@ impl RlsService {
         let decisions = self.run(&prepared).await?;
 
         let mut statuses = Vec::with_capacity(prepared.plans.len());
-        let mut overall = Code::Ok;
+        let mut enforced_over = false;
+        let mut groups_over = vec![false; prepared.quota_groups];
         for (i, plan) in prepared.plans.iter().enumerate() {
             let outcome = Self::outcome(&prepared, &decisions, i);
             let status = status_of(plan, outcome.as_ref(), &self.inner.counters);
-            if status.code == Code::OverLimit as i32 {
-                overall = Code::OverLimit;
+            let over = status.code == Code::OverLimit as i32;
+            match prepared.quota_group.get(i).copied().flatten() {
+                Some(group) => {
+                    if let Some(slot) = groups_over.get_mut(group) {
+                        *slot |= over;
+                    }
+                }
+                None => enforced_over |= over,
             }
             statuses.push(status);
         }
+        let quota_over = !groups_over.is_empty() && groups_over.iter().all(|over| *over);
+        let overall = if (enforced_over || quota_over) && !self.modes.shadow {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
         let headers = if self.inner.response_headers {
             rate_limit_headers(&statuses)
         } else {
@@ -254,6 +309,10 @@ struct Prepared {
     /// An enforced `requests_per_unit: 0` rule matched: the request is
     /// denied whatever the store says, and every call only reads.
     zero_denies: bool,
+    /// Each plan's quota group, if it is a soft (quota-mode) limit.
+    quota_group: Vec<Option<usize>>,
+    /// How many quota groups there are.
+    quota_groups: usize,
 }
 
 /// One store call.
@@ -269,7 +328,11 @@ struct Group {
 }
 
 /// `request` made ready under `config`, or the error it is answered with.
-fn prepare_request(config: &RlsConfig, request: &RateLimitRequest) -> Result<Prepared, Status> {
+fn prepare_request(
+    config: &RlsConfig,
+    request: &RateLimitRequest,
+    modes: Modes,
+) -> Result<Prepared, Status> {
     // envoyproxy/ratelimit's own words and code (a Go error: UNKNOWN).
     if request.domain.is_empty() {
         return Err(Status::unknown("rate limit domain must not be empty"));
@@ -288,26 +351,51 @@ fn prepare_request(config: &RlsConfig, request: &RateLimitRequest) -> Result<Pre
             slots: vec![None; request.descriptors.len()],
             groups: Vec::new(),
             zero_denies: false,
+            quota_group: vec![None; request.descriptors.len()],
+            quota_groups: 0,
         });
     };
-    prepare(key, domain, request)
+    prepare(key, domain, request, modes)
 }
 
 fn prepare(
     key: WindowKey,
     domain: &config::Domain,
     request: &RateLimitRequest,
+    modes: Modes,
 ) -> Result<Prepared, Status> {
     let request_cost = request.hits_addend.max(1);
     let mut plans = Vec::with_capacity(request.descriptors.len());
     for descriptor in &request.descriptors {
-        plans.push(plan(domain, descriptor, request_cost)?);
+        plans.push(plan(domain, descriptor, request_cost, modes)?);
     }
     drop_replaced(&mut plans);
+    let soft = |plan: &Plan| match plan {
+        Plan::Unlimited { .. } => false,
+        _ => modes.quota || plan.rule().is_some_and(|rule| rule.quota_mode),
+    };
     let zero_denies = plans.iter().any(|p| match p {
-        Plan::Zero { rule } => !rule.shadow,
+        Plan::Zero { rule } => !rule.shadow && !soft(p) && !modes.shadow,
         _ => false,
     });
+    let mut group_keys: Vec<String> = Vec::new();
+    let quota_group = plans
+        .iter()
+        .zip(&request.descriptors)
+        .map(|(plan, descriptor)| {
+            if !soft(plan) {
+                return None;
+            }
+            let key = quota_group_key(descriptor);
+            Some(match group_keys.iter().position(|k| *k == key) {
+                Some(at) => at,
+                None => {
+                    group_keys.push(key);
+                    group_keys.len() - 1
+                }
+            })
+        })
+        .collect();
     let mut groups = Vec::with_capacity(2);
     for spends in [true, false] {
         // Distinct windows (a few per request: linear scans beat hashing
@@ -371,7 +459,43 @@ fn prepare(
         slots,
         groups,
         zero_denies,
+        quota_group,
+        quota_groups: group_keys.len(),
     })
+}
+
+/// The quota group of a soft descriptor, as envoyproxy/ratelimit forms it:
+/// its `backend_name` and `model_name_override` values when it has either
+/// (one model's buckets are one group), else its whole entry list.
+fn quota_group_key(descriptor: &RateLimitDescriptor) -> String {
+    let value_of = |key: &str| {
+        descriptor
+            .entries
+            .iter()
+            .rev()
+            .find(|e| e.key == key)
+            .map(|e| e.value.as_str())
+    };
+    let (backend, model) = (value_of("backend_name"), value_of("model_name_override"));
+    if backend.is_some() || model.is_some() {
+        let mut key = String::from("model;");
+        for part in [backend.unwrap_or(""), model.unwrap_or("")] {
+            let _ = write!(key, "{}:{part}", part.len());
+        }
+        return key;
+    }
+    let mut key = String::from("entries;");
+    for entry in &descriptor.entries {
+        let _ = write!(
+            key,
+            "{}:{}{}:{}",
+            entry.key.len(),
+            entry.key,
+            entry.value.len(),
+            entry.value
+        );
+    }
+    key
 }
 
 #[tonic::async_trait]
@@ -425,6 +549,7 @@ fn plan(
     domain: &config::Domain,
     descriptor: &RateLimitDescriptor,
     request_cost: u32,
+    modes: Modes,
 ) -> Result<Plan, Status> {
     if descriptor.is_negative_hits {
         return Err(Status::invalid_argument(
@@ -468,6 +593,9 @@ fn plan(
                     requests_per_unit: limit.requests_per_unit,
                     unit,
                     shadow: false,
+                    quota_mode: false,
+                    detailed_metric: false,
+                    metadata: None,
                     name: String::new(),
                     replaces: Vec::new(),
                 }),
@@ -483,7 +611,11 @@ fn plan(
         Limit::Unlimited => Plan::Unlimited { rule: matched.rule },
         Limit::Zero => Plan::Zero { rule: matched.rule },
         Limit::Quota(quota) => Plan::Store {
-            quota: quota.clone().with_instance(&matched.instance),
+            // Under a service-wide mode every window counts on its own.
+            quota: quota
+                .clone()
+                .with_instance(&matched.instance)
+                .shadowed(quota.is_shadow() || modes.shadow || modes.quota),
             rule: matched.rule,
             cost,
         },
@@ -620,10 +752,12 @@ fn status_of(
                 counters.descriptor("ok");
                 Code::Ok
             };
-            let until = if code == Code::OverLimit {
-                retry.unwrap_or(reset)
-            } else {
-                reset
+            let until = match retry {
+                Some(retry) if code == Code::OverLimit => retry,
+                // A cost that never fits: the window's reset (at least its
+                // length when nothing counts yet), never "retry at once".
+                None if over && reset.is_zero() => config::window_of(rule.unit).unwrap_or_default(),
+                _ => reset,
             };
             DescriptorStatus {
                 code: code as i32,
