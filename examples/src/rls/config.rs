@@ -198,6 +198,20 @@ fn scalar_text(value: &serde_norway::Value) -> String {
     }
 }
 
+/// Removes every empty (`null`) value of a mapping, at any depth.
+fn drop_nulls(value: &mut serde_norway::Value) {
+    use serde_norway::Value;
+    match value {
+        Value::Mapping(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_nulls);
+        }
+        Value::Sequence(items) => items.iter_mut().for_each(drop_nulls),
+        Value::Tagged(tagged) => drop_nulls(&mut tagged.value),
+        _ => {}
+    }
+}
+
 /// What a YAML value is, for a message.
 fn kind_of(value: &serde_norway::Value) -> &'static str {
     use serde_norway::Value;
@@ -603,7 +617,11 @@ fn parse_yaml(file: &Path, text: &str) -> Result<FileYaml, RlsConfigError> {
         }
     };
     check_keys(&map).map_err(|problem| error(file, problem))?;
-    serde_norway::from_value(Value::Mapping(map))
+    // An empty value (`name:`) is an absent one, as envoyproxy/ratelimit
+    // reads it.
+    let mut value = Value::Mapping(map);
+    drop_nulls(&mut value);
+    serde_norway::from_value(value)
         .map_err(|e| error(file, format!("error loading config file: {e}")))
 }
 

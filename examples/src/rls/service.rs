@@ -342,6 +342,13 @@ fn prepare_request(
             "rate limit descriptor list must not be empty",
         ));
     }
+    if request.descriptors.iter().any(|d| d.is_negative_hits) {
+        // envoyproxy/ratelimit's code when negative hits are off, before
+        // any rule is looked up: one such descriptor fails the request.
+        return Err(Status::unimplemented(
+            "is_negative_hits is not supported: windows are only ever spent",
+        ));
+    }
     let key = WindowKey::new(request.domain.as_str(), "");
     let Some(domain) = config.domains.get(&request.domain) else {
         // Unknown domain: every descriptor OK, no limit.
@@ -551,11 +558,6 @@ fn plan(
     request_cost: u32,
     modes: Modes,
 ) -> Result<Plan, Status> {
-    if descriptor.is_negative_hits {
-        return Err(Status::invalid_argument(
-            "is_negative_hits is not supported: windows are only ever spent",
-        ));
-    }
     // A cost above u32::MAX never fits any limit, as u32::MAX does not.
     let cost = descriptor
         .hits_addend
