@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
@@ -25,8 +26,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use tower_window::{Limiter, MemoryStore, Quota, RedisStore, Store};
-use tower_window_examples::rls::service::Modes;
-use tower_window_examples::rls::{LoadOptions, RlsConfig, RlsService};
+use tower_window_examples::rls::service::{HeaderNames, Headers, Modes};
+use tower_window_examples::rls::{LoadOptions, RlsArgs, RlsConfig, RlsService};
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::{closed_port, RedisServer};
 
@@ -186,39 +187,39 @@ const CASES: &[(&str, Coverage)] = &[
     ),
     (
         "service: TestRequestHeadersSettingsDefaults",
-        Not("request headers (LIMIT_REQUEST_HEADERS_ENABLED) are not served"),
+        Same("service_header_settings"),
     ),
     (
         "service: TestRequestHeadersDisabledByDefault",
-        Not("request headers (LIMIT_REQUEST_HEADERS_ENABLED) are not served"),
+        Same("service_rate_limit_headers"),
     ),
     (
         "service: TestRequestHeadersDisabledOnHotReload",
-        Not("request headers (LIMIT_REQUEST_HEADERS_ENABLED) are not served"),
+        Not("settings are read at start; a reload reloads the rules only"),
     ),
     (
         "service: TestServiceWithDefaultRequestHeaders",
-        Not("request headers (LIMIT_REQUEST_HEADERS_ENABLED) are not served"),
+        Same("service_rate_limit_headers"),
     ),
     (
         "service: TestServiceWithCustomRequestHeaders",
-        Not("request headers (LIMIT_REQUEST_HEADERS_ENABLED) are not served"),
+        Same("service_rate_limit_headers"),
     ),
     (
         "service: TestServiceWithRequestHeadersWithinLimit",
-        Not("request headers (LIMIT_REQUEST_HEADERS_ENABLED) are not served"),
+        Same("service_rate_limit_headers"),
     ),
     (
         "service: TestServiceWithBothRequestAndResponseHeaders",
-        Not("request headers (LIMIT_REQUEST_HEADERS_ENABLED) are not served"),
+        Same("service_rate_limit_headers"),
     ),
     (
         "service: TestServiceWithDefaultRatelimitHeaders",
-        Different("different_response_headers"),
+        Same("service_rate_limit_headers"),
     ),
     (
         "service: TestServiceWithCustomRatelimitHeaders",
-        Not("custom header names (LIMIT_*_HEADER) are not served"),
+        Same("service_rate_limit_headers"),
     ),
     (
         "service: TestServiceWithPerUnitRatelimitHeaders",
@@ -1342,18 +1343,191 @@ fn different_a_broken_config_is_refused_at_start() {
     assert_eq!(error.file, path);
 }
 
-/// TestServiceWithDefaultRatelimitHeaders: the reference adds
-/// `RateLimit-Limit: 10`, `RateLimit-Remaining: 0`, `RateLimit-Reset: 58`
-/// (seconds to the end of the fixed window). Ours (with
-/// `--response-headers`) adds `x-ratelimit-limit: 10, 10;w=60`,
-/// `x-ratelimit-remaining` and `x-ratelimit-reset` (seconds until the
-/// cost fits: sliding windows have no common end).
+const HEADER_RULES: &str = "
+domain: different-domain
+algorithm: fixed-window
+descriptors:
+  - key: foo
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+
+fn header_pairs(headers: &[HeaderValue]) -> Vec<(&str, &str)> {
+    headers
+        .iter()
+        .map(|h| (h.key.as_str(), h.value.as_str()))
+        .collect()
+}
+
+/// The reference's reset: the seconds left in the unit's aligned window.
+fn seconds_to_the_minute_end() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    60 - now % 60
+}
+
+/// The reference's header tests, on fixed windows (its counting): the
+/// binding descriptor's limit, remaining and the seconds to its window's
+/// end, under its default names or the ones given, in the response, the
+/// upstream request, both, or neither.
 #[tokio::test]
-async fn different_response_headers() {
-    let rules = RlsConfig::from_texts(&service_rules()).unwrap();
-    let placeholder = Quota::per_second(1).unwrap().named("rls").unwrap();
-    let limiter = Limiter::builder(Store::from(MemoryStore::new()), placeholder).build();
-    let service = RlsService::new(Arc::new(ArcSwap::from_pointee(rules)), limiter, true);
+async fn service_rate_limit_headers() {
+    let custom = HeaderNames::new(
+        "X-RateLimit-Limit",
+        "X-RateLimit-Remaining",
+        "X-RateLimit-Reset",
+    );
+    let cases = [
+        // TestServiceWithDefaultRatelimitHeaders
+        (Some(HeaderNames::default()), None),
+        // TestServiceWithCustomRatelimitHeaders
+        (Some(custom.clone()), None),
+        // TestServiceWithDefaultRequestHeaders, ...CustomRequestHeaders
+        (None, Some(HeaderNames::default())),
+        (None, Some(custom.clone())),
+        // TestServiceWithBothRequestAndResponseHeaders
+        (
+            Some(HeaderNames::new(
+                "X-Downstream-Limit",
+                "X-Downstream-Remaining",
+                "X-Downstream-Reset",
+            )),
+            Some(HeaderNames::new(
+                "X-Upstream-Limit",
+                "X-Upstream-Remaining",
+                "X-Upstream-Reset",
+            )),
+        ),
+        // TestRequestHeadersDisabledByDefault
+        (None, None),
+    ];
+    for (response, upstream) in cases {
+        let mut headers = Headers::default();
+        headers.response = response.clone();
+        headers.request = upstream.clone();
+        let service = memory(&[inline("headers.yaml", HEADER_RULES)]).with_headers(headers);
+        let foo = fresh("bar");
+        // TestServiceWithRequestHeadersWithinLimit: 10 a minute, 2 spent.
+        decide(
+            &service,
+            "different-domain",
+            vec![descriptor(&[("foo", &foo)])],
+        )
+        .await;
+        let before = seconds_to_the_minute_end();
+        let r = decide(
+            &service,
+            "different-domain",
+            vec![descriptor(&[("foo", &foo)])],
+        )
+        .await;
+        let after = seconds_to_the_minute_end();
+        check_headers(
+            &r,
+            response.as_ref(),
+            upstream.as_ref(),
+            "8",
+            (before, after),
+        );
+        // Over the limit, beside a descriptor without a rule.
+        decide(
+            &service,
+            "different-domain",
+            vec![costing(8, &[("foo", &foo)])],
+        )
+        .await;
+        let before = seconds_to_the_minute_end();
+        let r = decide(
+            &service,
+            "different-domain",
+            vec![
+                descriptor(&[("foo", &foo)]),
+                descriptor(&[("hello", "world")]),
+            ],
+        )
+        .await;
+        let after = seconds_to_the_minute_end();
+        assert_eq!(codes(&r).0, Code::OverLimit);
+        check_headers(
+            &r,
+            response.as_ref(),
+            upstream.as_ref(),
+            "0",
+            (before, after),
+        );
+    }
+}
+
+fn check_headers(
+    r: &RateLimitResponse,
+    response: Option<&HeaderNames>,
+    upstream: Option<&HeaderNames>,
+    remaining: &str,
+    (before, after): (u64, u64),
+) {
+    for (names, got) in [
+        (response, &r.response_headers_to_add),
+        (upstream, &r.request_headers_to_add),
+    ] {
+        let got = header_pairs(got);
+        let Some(names) = names else {
+            assert!(got.is_empty(), "{got:?}");
+            continue;
+        };
+        assert_eq!(
+            got[..2],
+            [
+                (names.limit.as_str(), "10"),
+                (names.remaining.as_str(), remaining)
+            ],
+            "{got:?}"
+        );
+        assert_eq!(got[2].0, names.reset);
+        let reset: u64 = got[2].1.parse().unwrap();
+        // The minute may turn between the two readings.
+        assert!(
+            reset == before || reset == after,
+            "{reset} is neither {before} nor {after}"
+        );
+    }
+}
+
+/// TestRequestHeadersSettingsDefaults: off, named `RateLimit-Limit`,
+/// `RateLimit-Remaining`, `RateLimit-Reset`.
+#[test]
+fn service_header_settings() {
+    use clap::Parser;
+    let args = RlsArgs::try_parse_from(["rls", "--config", "x.yaml"]).unwrap();
+    assert!(!args.request_headers && !args.response_headers);
+    for names in [
+        [
+            &args.limit_header,
+            &args.remaining_header,
+            &args.reset_header,
+        ],
+        [
+            &args.request_limit_header,
+            &args.request_remaining_header,
+            &args.request_reset_header,
+        ],
+    ] {
+        assert_eq!(
+            names,
+            ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"]
+        );
+    }
+}
+
+/// Under sliding windows (our default) there is no aligned window end: the
+/// reset header is the seconds until the binding descriptor's cost fits
+/// again (here, when the 10 units spent just now leave the minute), where
+/// the reference's fixed windows answer the minute's end.
+#[tokio::test]
+async fn different_reset_under_sliding_windows() {
+    let mut headers = Headers::default();
+    headers.response = Some(HeaderNames::default());
+    let service = memory(&service_rules()).with_headers(headers);
     decide(
         &service,
         "different-domain",
@@ -1363,29 +1537,16 @@ async fn different_response_headers() {
     let r = decide(
         &service,
         "different-domain",
-        vec![
-            descriptor(&[("foo", "bar")]),
-            descriptor(&[("hello", "world")]),
-        ],
+        vec![descriptor(&[("foo", "bar")])],
     )
     .await;
-    let headers: Vec<(&str, &str)> = r
-        .response_headers_to_add
-        .iter()
-        .map(|h| (h.key.as_str(), h.value.as_str()))
-        .collect();
+    let headers = header_pairs(&r.response_headers_to_add);
     assert_eq!(
         headers[..2],
-        [
-            ("x-ratelimit-limit", "10, 10;w=60"),
-            ("x-ratelimit-remaining", "0")
-        ]
+        [("RateLimit-Limit", "10"), ("RateLimit-Remaining", "0")]
     );
     let reset: u64 = headers[2].1.parse().unwrap();
-    assert!(
-        headers[2].0 == "x-ratelimit-reset" && (1..=60).contains(&reset),
-        "{headers:?}"
-    );
+    assert!((59..=60).contains(&reset), "{headers:?}");
 }
 
 // ---------------------------------------------------------------------------

@@ -133,11 +133,42 @@ pub struct RlsArgs {
     #[arg(long, env = "TW_RLS_LEASE_TTL", value_name = "DURATION", value_parser = flags::lease_ttl)]
     pub lease_ttl: Option<Duration>,
 
-    /// Answer with `x-ratelimit-limit`, `x-ratelimit-remaining` and
-    /// `x-ratelimit-reset` in `response_headers_to_add` (Envoy adds them to
-    /// the client's response), for the descriptor that binds.
+    /// Answer with the rate limit headers (`--limit-header`,
+    /// `--remaining-header`, `--reset-header`) of the descriptor that binds
+    /// in `response_headers_to_add`: Envoy adds them to the client's
+    /// response.
     #[arg(long, env = "TW_RLS_RESPONSE_HEADERS")]
     pub response_headers: bool,
+
+    /// The response's limit header.
+    #[arg(long, env = "TW_RLS_LIMIT_HEADER", default_value = "RateLimit-Limit", value_parser = header_name)]
+    pub limit_header: String,
+
+    /// The response's remaining header.
+    #[arg(long, env = "TW_RLS_REMAINING_HEADER", default_value = "RateLimit-Remaining", value_parser = header_name)]
+    pub remaining_header: String,
+
+    /// The response's reset header (whole seconds).
+    #[arg(long, env = "TW_RLS_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = header_name)]
+    pub reset_header: String,
+
+    /// Answer with the rate limit headers (`--request-limit-header`, ...) in
+    /// `request_headers_to_add`: Envoy adds them to the request it sends
+    /// upstream.
+    #[arg(long, env = "TW_RLS_REQUEST_HEADERS")]
+    pub request_headers: bool,
+
+    /// The upstream request's limit header.
+    #[arg(long, env = "TW_RLS_REQUEST_LIMIT_HEADER", default_value = "RateLimit-Limit", value_parser = header_name)]
+    pub request_limit_header: String,
+
+    /// The upstream request's remaining header.
+    #[arg(long, env = "TW_RLS_REQUEST_REMAINING_HEADER", default_value = "RateLimit-Remaining", value_parser = header_name)]
+    pub request_remaining_header: String,
+
+    /// The upstream request's reset header.
+    #[arg(long, env = "TW_RLS_REQUEST_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = header_name)]
+    pub request_reset_header: String,
 
     /// Serve Prometheus metrics at `http://ADDR/metrics` (IP:PORT).
     #[arg(long, env = "TW_RLS_METRICS_LISTEN", value_parser = flags::listen)]
@@ -172,8 +203,8 @@ pub struct RlsServerConfig {
     pub fallback: Option<(FallbackArg, NonZeroU32)>,
     /// Quota leases.
     pub leases: Option<LeaseConfig>,
-    /// `--response-headers`.
-    pub response_headers: bool,
+    /// `--response-headers`, `--request-headers` and their names.
+    pub headers: service::Headers,
     /// `--shadow-mode` and `--quota-mode`.
     pub modes: service::Modes,
     /// `--local-cache-keys`.
@@ -267,7 +298,22 @@ impl RlsArgs {
             store,
             fallback,
             leases,
-            response_headers: self.response_headers,
+            headers: service::Headers {
+                response: self.response_headers.then(|| {
+                    service::HeaderNames::new(
+                        &self.limit_header,
+                        &self.remaining_header,
+                        &self.reset_header,
+                    )
+                }),
+                request: self.request_headers.then(|| {
+                    service::HeaderNames::new(
+                        &self.request_limit_header,
+                        &self.request_remaining_header,
+                        &self.request_reset_header,
+                    )
+                }),
+            },
             modes: service::Modes {
                 shadow: self.shadow_mode,
                 quota: self.quota_mode,
@@ -275,6 +321,13 @@ impl RlsArgs {
             local_cache_keys: self.local_cache_keys,
         })
     }
+}
+
+/// A header name as HTTP allows one.
+fn header_name(name: &str) -> Result<String, String> {
+    http::HeaderName::from_bytes(name.as_bytes())
+        .map(|_| name.to_owned())
+        .map_err(|_| format!("not an HTTP header name: {name:?} (letters, digits and - are safe)"))
 }
 
 /// What to do about a refused rules set.
@@ -332,6 +385,8 @@ pub fn build(config: RlsServerConfig) -> Rls {
     let first = reload::read(&config.sources);
     let rules = Arc::new(ArcSwap::from_pointee(config.rules));
     let watch = reload::watch(Arc::clone(&rules), config.sources, first);
-    let service = RlsService::new(rules, limiter, config.response_headers).with_modes(config.modes);
+    let service = RlsService::new(rules, limiter, false)
+        .with_modes(config.modes)
+        .with_headers(config.headers);
     Rls { service, watch }
 }

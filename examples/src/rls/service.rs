@@ -77,6 +77,53 @@ use super::metrics;
 pub struct RlsService {
     inner: Arc<Inner>,
     modes: Modes,
+    headers: Arc<Headers>,
+}
+
+/// The names of the three rate limit headers of an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeaderNames {
+    /// The limit's header (`requests_per_unit`).
+    pub limit: String,
+    /// The remaining units' header.
+    pub remaining: String,
+    /// The header of the seconds until the reset.
+    pub reset: String,
+}
+
+impl HeaderNames {
+    /// Headers named `limit`, `remaining` and `reset`.
+    pub fn new(limit: &str, remaining: &str, reset: &str) -> Self {
+        Self {
+            limit: limit.to_owned(),
+            remaining: remaining.to_owned(),
+            reset: reset.to_owned(),
+        }
+    }
+}
+
+impl Default for HeaderNames {
+    /// envoyproxy/ratelimit's: `RateLimit-Limit`, `RateLimit-Remaining`,
+    /// `RateLimit-Reset`.
+    fn default() -> Self {
+        Self::new("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset")
+    }
+}
+
+/// Which rate limit headers answers carry, for the descriptor that binds
+/// (an over-limit one, else the one with the least remaining): its
+/// `requests_per_unit`, its remaining units and the whole seconds (rounded
+/// up) of its `duration_until_reset`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Headers {
+    /// In `response_headers_to_add` (Envoy adds them to the client's
+    /// response): envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED`.
+    pub response: Option<HeaderNames>,
+    /// In `request_headers_to_add` (Envoy adds them to the upstream
+    /// request): its `LIMIT_REQUEST_HEADERS_ENABLED`.
+    pub request: Option<HeaderNames>,
 }
 
 /// The service-wide modes (envoyproxy/ratelimit's `SHADOW_MODE` and
@@ -101,7 +148,6 @@ impl Modes {
 struct Inner {
     config: Arc<ArcSwap<RlsConfig>>,
     limiter: Limiter,
-    response_headers: bool,
     /// The rls's own series.
     counters: metrics::Counters,
     /// Requests seen before, prepared, by rules generation and encoded
@@ -116,7 +162,8 @@ const PREPARED: usize = 4_096;
 impl std::fmt::Debug for RlsService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RlsService")
-            .field("response_headers", &self.inner.response_headers)
+            .field("modes", &self.modes)
+            .field("headers", &self.headers)
             .finish_non_exhaustive()
     }
 }
@@ -124,19 +171,29 @@ impl std::fmt::Debug for RlsService {
 impl RlsService {
     /// A service deciding with `limiter` under the rules `config` holds
     /// (shared with the reload task); with `response_headers`, answers
-    /// carry `x-ratelimit-limit`, `-remaining` and `-reset` for Envoy to
-    /// add to the client's response.
+    /// carry `RateLimit-Limit`, `-Remaining` and `-Reset` for Envoy to add
+    /// to the client's response (see [`Headers`]).
     pub fn new(config: Arc<ArcSwap<RlsConfig>>, limiter: Limiter, response_headers: bool) -> Self {
+        let headers = Headers {
+            response: response_headers.then(HeaderNames::default),
+            request: None,
+        };
         Self {
             inner: Arc::new(Inner {
                 config,
                 limiter,
-                response_headers,
                 counters: metrics::Counters::new(),
                 prepared: quick_cache::sync::Cache::new(PREPARED),
             }),
             modes: Modes::default(),
+            headers: Arc::new(headers),
         }
+    }
+
+    /// The same service answering with `headers`.
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.headers = Arc::new(headers);
+        self
     }
 
     /// The same service under `modes`.
@@ -238,12 +295,20 @@ impl RlsService {
         } else {
             Code::Ok
         };
-        let headers = if self.inner.response_headers {
-            rate_limit_headers(&statuses)
-        } else {
-            Vec::new()
-        };
-        Ok(response(overall, statuses, headers))
+        let headers = &self.headers;
+        let response_headers = headers
+            .response
+            .as_ref()
+            .map(|names| rate_limit_headers(&statuses, names))
+            .unwrap_or_default();
+        let request_headers = headers
+            .request
+            .as_ref()
+            .map(|names| rate_limit_headers(&statuses, names))
+            .unwrap_or_default();
+        let mut response = response(overall, statuses, response_headers);
+        response.request_headers_to_add = request_headers;
+        Ok(response)
     }
 
     /// The store calls of `prepared`, in order: each group's decision and
@@ -785,11 +850,11 @@ fn response(
     }
 }
 
-/// `x-ratelimit-limit`, `-remaining` and `-reset` of the descriptor that
-/// binds: an over-limit one, else the one with the least remaining, as
-/// envoyproxy/ratelimit writes them (`limit`: `N, N;w=SECONDS`; `reset`:
-/// whole seconds, rounded up).
-fn rate_limit_headers(statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
+/// The three rate limit headers of the descriptor that binds: an
+/// over-limit one, else the one with the least remaining, as
+/// envoyproxy/ratelimit writes them (`limit`: `requests_per_unit`;
+/// `reset`: whole seconds, rounded up).
+fn rate_limit_headers(statuses: &[DescriptorStatus], names: &HeaderNames) -> Vec<HeaderValue> {
     let binding = statuses
         .iter()
         .filter(|s| s.current_limit.is_some())
@@ -800,10 +865,6 @@ fn rate_limit_headers(statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
     let Some(limit) = &status.current_limit else {
         return Vec::new();
     };
-    let window = Unit::try_from(limit.unit)
-        .ok()
-        .and_then(config::window_of)
-        .map_or(0, |w| w.as_secs());
     let reset = status.duration_until_reset.as_ref().map_or(0, |d| {
         let seconds = u64::try_from(d.seconds).unwrap_or(0);
         seconds + u64::from(d.nanos > 0)
@@ -814,14 +875,8 @@ fn rate_limit_headers(statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
         ..HeaderValue::default()
     };
     vec![
-        header(
-            "x-ratelimit-limit",
-            format!(
-                "{}, {};w={window}",
-                limit.requests_per_unit, limit.requests_per_unit
-            ),
-        ),
-        header("x-ratelimit-remaining", status.limit_remaining.to_string()),
-        header("x-ratelimit-reset", reset.to_string()),
+        header(&names.limit, limit.requests_per_unit.to_string()),
+        header(&names.remaining, status.limit_remaining.to_string()),
+        header(&names.reset, reset.to_string()),
     ]
 }

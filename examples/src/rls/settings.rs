@@ -11,7 +11,8 @@
 //! | `REDIS_URL`, `REDIS_TYPE`, `REDIS_SOCKET_TYPE`, `REDIS_AUTH`, `REDIS_TLS` | `--redis-url` (`SINGLE`) or `--redis-cluster` (`CLUSTER`); `tcp` addresses `host:port`, `unix` a socket path |
 //! | `SHADOW_MODE`, `QUOTA_MODE`, `MERGE_DOMAIN_CONFIG` | `--shadow-mode`, `--quota-mode`, `--merge-domain-config` |
 //! | `LOCAL_CACHE_SIZE_IN_BYTES` | `--local-cache-keys` = bytes / [`LOCAL_CACHE_ENTRY_BYTES`] (0: off) |
-//! | `LIMIT_RESPONSE_HEADERS_ENABLED` | `--response-headers` |
+//! | `LIMIT_RESPONSE_HEADERS_ENABLED`, `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `--response-headers`, `--limit-header`, `--remaining-header`, `--reset-header` |
+//! | `LIMIT_REQUEST_HEADERS_ENABLED`, `LIMIT_REQUEST_LIMIT_HEADER`, `LIMIT_REQUEST_REMAINING_HEADER`, `LIMIT_REQUEST_RESET_HEADER` | `--request-headers`, `--request-limit-header`, `--request-remaining-header`, `--request-reset-header` |
 //! | `BACKEND_TYPE` | `redis` only (`memcache` is refused, naming the setting) |
 //!
 //! Booleans are read as Go's `strconv.ParseBool` reads them (`1`, `t`,
@@ -88,10 +89,55 @@ pub fn apply(
             "LIMIT_RESPONSE_HEADERS_ENABLED",
             &mut args.response_headers,
         ),
+        (
+            "request_headers",
+            "LIMIT_REQUEST_HEADERS_ENABLED",
+            &mut args.request_headers,
+        ),
     ] {
         if !given(id) {
             if let Some(value) = env(name) {
                 *field = go_bool(name, &value)?;
+            }
+        }
+    }
+    for (id, name, field) in [
+        ("limit_header", "LIMIT_LIMIT_HEADER", &mut args.limit_header),
+        (
+            "remaining_header",
+            "LIMIT_REMAINING_HEADER",
+            &mut args.remaining_header,
+        ),
+        ("reset_header", "LIMIT_RESET_HEADER", &mut args.reset_header),
+        (
+            "request_limit_header",
+            "LIMIT_REQUEST_LIMIT_HEADER",
+            &mut args.request_limit_header,
+        ),
+        (
+            "request_remaining_header",
+            "LIMIT_REQUEST_REMAINING_HEADER",
+            &mut args.request_remaining_header,
+        ),
+        (
+            "request_reset_header",
+            "LIMIT_REQUEST_RESET_HEADER",
+            &mut args.request_reset_header,
+        ),
+    ] {
+        if !given(id) {
+            if let Some(value) = env(name).filter(|v| !v.is_empty()) {
+                if http::HeaderName::from_bytes(value.as_bytes()).is_err() {
+                    return Err(ConfigError::new(
+                        name,
+                        value,
+                        "not an HTTP header name",
+                        format!(
+                            "write a name of letters, digits and -, e.g. {name}=RateLimit-Limit"
+                        ),
+                    ));
+                }
+                *field = value;
             }
         }
     }
