@@ -24,7 +24,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Struct, UInt64Value};
 use tower_window::{Limiter, MemoryStore, Quota, RedisStore, Store};
 use tower_window_examples::rls::service::{HeaderNames, Headers, Modes};
 use tower_window_examples::rls::{LoadOptions, RlsArgs, RlsConfig, RlsService};
@@ -167,23 +168,23 @@ const CASES: &[(&str, Coverage)] = &[
     ),
     (
         "service: TestMetadataReturnedForPassedDescriptors",
-        Not("RESPONSE_DYNAMIC_METADATA is not served"),
+        Same("service_dynamic_metadata"),
     ),
     (
         "service: TestMetadataReturnedForAllPassedDescriptors",
-        Not("RESPONSE_DYNAMIC_METADATA is not served"),
+        Same("service_dynamic_metadata"),
     ),
     (
         "service: TestOverlappingMetadataReturnsTheFirstValue",
-        Not("RESPONSE_DYNAMIC_METADATA is not served"),
+        Same("service_dynamic_metadata"),
     ),
     (
         "service: TestQuotaMetadataExcludesExhaustedGroup",
-        Not("RESPONSE_DYNAMIC_METADATA is not served"),
+        Same("service_dynamic_metadata"),
     ),
     (
         "service: TestQuotaMetadataSameModelDifferentBackends",
-        Not("RESPONSE_DYNAMIC_METADATA is not served"),
+        Same("service_dynamic_metadata"),
     ),
     (
         "service: TestRequestHeadersSettingsDefaults",
@@ -1547,6 +1548,211 @@ async fn different_reset_under_sliding_windows() {
     );
     let reset: u64 = headers[2].1.parse().unwrap();
     assert!((59..=60).contains(&reset), "{headers:?}");
+}
+
+const METADATA_RULES: &str = "
+domain: quota-domain
+descriptors:
+  - key: regular
+    metadata: {name: service_1}
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: quota
+    metadata: {name: service_2}
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: other
+    metadata: {some_other_name: service_2}
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: backend_name
+    descriptors:
+      - key: model_name_override
+        value: model-a
+        descriptors:
+          - key: tenant
+            metadata: {name: model_a_tenant}
+            rate_limit: {unit: minute, requests_per_unit: 100}
+          - key: default
+            metadata: {name: model_a_default}
+            rate_limit: {unit: minute, requests_per_unit: 150}
+      - key: model_name_override
+        value: model-b
+        descriptors:
+          - key: default
+            metadata: {name: model_b}
+            rate_limit: {unit: minute, requests_per_unit: 250}
+      - key: model_name_override
+        descriptors:
+          - key: bucket
+            rate_limit: {unit: minute, requests_per_unit: 100}
+";
+
+/// The string at `path` in `metadata` (a `Struct`).
+fn metadata_text<'a>(metadata: &'a Struct, path: &[&str]) -> Option<&'a str> {
+    let (last, parents) = path.split_last()?;
+    let mut at = metadata;
+    for key in parents {
+        match &at.fields.get(*key)?.kind {
+            Some(Kind::StructValue(inner)) => at = inner,
+            _ => return None,
+        }
+    }
+    match &at.fields.get(*last)?.kind {
+        Some(Kind::StringValue(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// `passedBackends` as (backend, model) pairs, in order.
+fn passed_backends(metadata: &Struct) -> Vec<(String, String)> {
+    let Some(Some(Kind::ListValue(list))) = metadata.fields.get("passedBackends").map(|v| &v.kind)
+    else {
+        return Vec::new();
+    };
+    list.values
+        .iter()
+        .filter_map(|v| match &v.kind {
+            Some(Kind::StructValue(pair)) => Some((
+                metadata_text(pair, &["backend_name"])?.to_owned(),
+                metadata_text(pair, &["model_name_override"])?.to_owned(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The reference's `RESPONSE_DYNAMIC_METADATA` tests (with `QUOTA_MODE`):
+/// the passed descriptors' rule `metadata`, merged, the first one winning;
+/// an exhausted quota group never advertised.
+#[tokio::test]
+async fn service_dynamic_metadata() {
+    let (stores, _servers) = stores();
+    for (store_name, store) in stores {
+        let modes = Modes::new(false, true).with_dynamic_metadata(true);
+        let service = service(
+            store,
+            &[inline("metadata.yaml", METADATA_RULES)],
+            LoadOptions::default(),
+            modes,
+        );
+        let v = fresh("v");
+        let metadata_of = |r: &RateLimitResponse| r.dynamic_metadata.clone().unwrap();
+        // TestMetadataReturnedForPassedDescriptors: the quota one over.
+        let r = decide(
+            &service,
+            "quota-domain",
+            vec![costing(5, &[("regular", &v)]), costing(6, &[("quota", &v)])],
+        )
+        .await;
+        assert_eq!(
+            codes(&r),
+            (Code::Ok, vec![Code::Ok, Code::OverLimit]),
+            "{store_name}"
+        );
+        let metadata = metadata_of(&r);
+        assert_eq!(
+            metadata_text(&metadata, &["metadata", "name"]),
+            Some("service_1")
+        );
+        assert_eq!(metadata_text(&metadata, &["domain"]), Some("quota-domain"));
+        // TestMetadataReturnedForAllPassedDescriptors.
+        let r = decide(
+            &service,
+            "quota-domain",
+            vec![descriptor(&[("regular", &v)]), descriptor(&[("other", &v)])],
+        )
+        .await;
+        let metadata = metadata_of(&r);
+        assert_eq!(
+            metadata_text(&metadata, &["metadata", "name"]),
+            Some("service_1")
+        );
+        assert_eq!(
+            metadata_text(&metadata, &["metadata", "some_other_name"]),
+            Some("service_2")
+        );
+        // TestOverlappingMetadataReturnsTheFirstValue.
+        let w = fresh("w");
+        let r = decide(
+            &service,
+            "quota-domain",
+            vec![descriptor(&[("regular", &w)]), descriptor(&[("quota", &w)])],
+        )
+        .await;
+        assert_eq!(
+            metadata_text(&metadata_of(&r), &["metadata", "name"]),
+            Some("service_1")
+        );
+        // TestQuotaMetadataExcludesExhaustedGroup: model-a's tenant bucket
+        // over, its default bucket passing, model-b passing.
+        let backend = fresh("ns/be");
+        let bucket = |model: &str, key: &str, hits| {
+            costing(
+                hits,
+                &[
+                    ("backend_name", &backend),
+                    ("model_name_override", model),
+                    (key, "x"),
+                ],
+            )
+        };
+        let r = decide(
+            &service,
+            "quota-domain",
+            vec![
+                bucket("model-a", "tenant", 101),
+                bucket("model-a", "default", 1),
+                bucket("model-b", "default", 1),
+            ],
+        )
+        .await;
+        assert_eq!(codes(&r).0, Code::Ok, "{store_name}");
+        let metadata = metadata_of(&r);
+        assert_eq!(
+            metadata_text(&metadata, &["metadata", "name"]),
+            Some("model_b")
+        );
+        assert_eq!(
+            passed_backends(&metadata),
+            [(backend.clone(), "model-b".to_owned())]
+        );
+        // TestQuotaMetadataSameModelDifferentBackends.
+        let (a, b) = (fresh("ns/backend-a"), fresh("ns/backend-b"));
+        let r = decide(
+            &service,
+            "quota-domain",
+            vec![
+                costing(
+                    101,
+                    &[
+                        ("backend_name", &a),
+                        ("model_name_override", "gpt-4o-mini"),
+                        ("bucket", "x"),
+                    ],
+                ),
+                costing(
+                    1,
+                    &[
+                        ("backend_name", &b),
+                        ("model_name_override", "gpt-4o-mini"),
+                        ("bucket", "x"),
+                    ],
+                ),
+            ],
+        )
+        .await;
+        assert_eq!(codes(&r).0, Code::Ok, "{store_name}");
+        assert_eq!(
+            passed_backends(&metadata_of(&r)),
+            [(b.clone(), "gpt-4o-mini".to_owned())]
+        );
+    }
+    // Off by default.
+    let r = decide(
+        &memory(&service_rules()),
+        "different-domain",
+        vec![descriptor(&[("foo", "x")])],
+    )
+    .await;
+    assert_eq!(r.dynamic_metadata, None);
 }
 
 // ---------------------------------------------------------------------------

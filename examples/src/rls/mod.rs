@@ -23,6 +23,7 @@
 //! See `examples/README.md` for pointing Envoy at it.
 
 pub mod config;
+pub mod dynamic_metadata;
 pub mod matching;
 pub mod metrics;
 pub mod reload;
@@ -83,6 +84,11 @@ pub struct RlsArgs {
     /// Treat every rule as `quota_mode: true` (`QUOTA_MODE`).
     #[arg(long, env = "TW_RLS_QUOTA_MODE")]
     pub quota_mode: bool,
+
+    /// Answer with `dynamic_metadata`: the request, the passed rules'
+    /// `metadata` and the backends still in quota (`RESPONSE_DYNAMIC_METADATA`).
+    #[arg(long, env = "TW_RLS_DYNAMIC_METADATA")]
+    pub dynamic_metadata: bool,
 
     /// One domain may span several files: their rules are merged
     /// (`MERGE_DOMAIN_CONFIG`); without it a domain in two files is refused.
@@ -314,10 +320,8 @@ impl RlsArgs {
                     )
                 }),
             },
-            modes: service::Modes {
-                shadow: self.shadow_mode,
-                quota: self.quota_mode,
-            },
+            modes: service::Modes::new(self.shadow_mode, self.quota_mode)
+                .with_dynamic_metadata(self.dynamic_metadata),
             local_cache_keys: self.local_cache_keys,
         })
     }

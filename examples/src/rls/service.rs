@@ -61,13 +61,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, Struct};
 use prost::Message as _;
 use tonic::{Request, Response, Status};
 use tower_window::quota::MAX_QUOTAS;
 use tower_window::{Cost, Decision, Limiter, Policy, Quota, QuotaCosts, WindowKey};
 
 use super::config::{self, Limit, RlsConfig, Rule};
+use super::dynamic_metadata;
 use super::matching::{match_descriptor, override_instance, Matched};
 use super::metrics;
 
@@ -136,12 +137,25 @@ pub struct Modes {
     pub shadow: bool,
     /// `QUOTA_MODE`: every rule is a `quota_mode` rule.
     pub quota: bool,
+    /// `RESPONSE_DYNAMIC_METADATA`: answers carry `dynamic_metadata` (see
+    /// [`dynamic_metadata`](super::dynamic_metadata)).
+    pub dynamic_metadata: bool,
 }
 
 impl Modes {
-    /// `shadow` and `quota` as given.
+    /// `shadow` and `quota` as given, no dynamic metadata.
     pub fn new(shadow: bool, quota: bool) -> Self {
-        Self { shadow, quota }
+        Self {
+            shadow,
+            quota,
+            dynamic_metadata: false,
+        }
+    }
+
+    /// The same modes, answering with `dynamic_metadata` or not.
+    pub fn with_dynamic_metadata(mut self, on: bool) -> Self {
+        self.dynamic_metadata = on;
+        self
     }
 }
 
@@ -290,6 +304,23 @@ impl RlsService {
             statuses.push(status);
         }
         let quota_over = !groups_over.is_empty() && groups_over.iter().all(|over| *over);
+        let metadata = prepared.metadata.as_ref().map(|(base, rules)| {
+            let passed = statuses.iter().enumerate().filter(|(i, status)| {
+                let unlimited = matches!(prepared.plans.get(*i), Some(Plan::Unlimited { .. }));
+                let group_over = prepared
+                    .quota_group
+                    .get(*i)
+                    .copied()
+                    .flatten()
+                    .and_then(|g| groups_over.get(g).copied())
+                    .unwrap_or(false);
+                !unlimited && !group_over && status.code != Code::OverLimit as i32
+            });
+            base.answer(
+                passed.map(|(i, _)| (i, rules.get(i).and_then(Option::as_ref))),
+                prepared.quota_groups > 0,
+            )
+        });
         let overall = if (enforced_over || quota_over) && !self.modes.shadow {
             Code::OverLimit
         } else {
@@ -308,6 +339,7 @@ impl RlsService {
             .unwrap_or_default();
         let mut response = response(overall, statuses, response_headers);
         response.request_headers_to_add = request_headers;
+        response.dynamic_metadata = metadata;
         Ok(response)
     }
 
@@ -378,6 +410,9 @@ struct Prepared {
     quota_group: Vec<Option<usize>>,
     /// How many quota groups there are.
     quota_groups: usize,
+    /// With dynamic metadata: what every answer repeats, and each plan's
+    /// rule `metadata`.
+    metadata: Option<(dynamic_metadata::Base, Vec<Option<Struct>>)>,
 }
 
 /// One store call.
@@ -425,6 +460,9 @@ fn prepare_request(
             zero_denies: false,
             quota_group: vec![None; request.descriptors.len()],
             quota_groups: 0,
+            metadata: modes
+                .dynamic_metadata
+                .then(|| (dynamic_metadata::Base::of(request), Vec::new())),
         });
     };
     prepare(key, domain, request, modes)
@@ -525,6 +563,17 @@ fn prepare(
             }
         }
     }
+    let metadata = modes.dynamic_metadata.then(|| {
+        let rules = plans
+            .iter()
+            .map(|plan| {
+                plan.rule()
+                    .and_then(|rule| rule.metadata.as_ref())
+                    .map(dynamic_metadata::from_yaml)
+            })
+            .collect();
+        (dynamic_metadata::Base::of(request), rules)
+    });
     Ok(Prepared {
         key,
         plans,
@@ -533,6 +582,7 @@ fn prepare(
         zero_denies,
         quota_group,
         quota_groups: group_keys.len(),
+        metadata,
     })
 }
 

@@ -9,7 +9,7 @@
 //! | `GRPC_HOST`, `GRPC_PORT` | `--listen HOST:PORT` (defaults `0.0.0.0`, `8081` once either is set) |
 //! | `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` | `--config ROOT/SUBDIRECTORY/APPDIRECTORY` (defaults `/srv/runtime_data/current`, none, `config` once one is set) |
 //! | `REDIS_URL`, `REDIS_TYPE`, `REDIS_SOCKET_TYPE`, `REDIS_AUTH`, `REDIS_TLS` | `--redis-url` (`SINGLE`) or `--redis-cluster` (`CLUSTER`); `tcp` addresses `host:port`, `unix` a socket path |
-//! | `SHADOW_MODE`, `QUOTA_MODE`, `MERGE_DOMAIN_CONFIG` | `--shadow-mode`, `--quota-mode`, `--merge-domain-config` |
+//! | `SHADOW_MODE`, `QUOTA_MODE`, `MERGE_DOMAIN_CONFIG`, `RESPONSE_DYNAMIC_METADATA` | `--shadow-mode`, `--quota-mode`, `--merge-domain-config`, `--dynamic-metadata` |
 //! | `LOCAL_CACHE_SIZE_IN_BYTES` | `--local-cache-keys` = bytes / [`LOCAL_CACHE_ENTRY_BYTES`] (0: off) |
 //! | `LIMIT_RESPONSE_HEADERS_ENABLED`, `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `--response-headers`, `--limit-header`, `--remaining-header`, `--reset-header` |
 //! | `LIMIT_REQUEST_HEADERS_ENABLED`, `LIMIT_REQUEST_LIMIT_HEADER`, `LIMIT_REQUEST_REMAINING_HEADER`, `LIMIT_REQUEST_RESET_HEADER` | `--request-headers`, `--request-limit-header`, `--request-remaining-header`, `--request-reset-header` |
@@ -79,6 +79,11 @@ pub fn apply(
     for (id, name, field) in [
         ("shadow_mode", "SHADOW_MODE", &mut args.shadow_mode),
         ("quota_mode", "QUOTA_MODE", &mut args.quota_mode),
+        (
+            "dynamic_metadata",
+            "RESPONSE_DYNAMIC_METADATA",
+            &mut args.dynamic_metadata,
+        ),
         (
             "merge_domain_config",
             "MERGE_DOMAIN_CONFIG",
