@@ -293,6 +293,10 @@ impl RlsService {
             let outcome = Self::outcome(&prepared, &decisions, i);
             let status = status_of(plan, outcome.as_ref(), &self.inner.counters);
             let over = status.code == Code::OverLimit as i32;
+            if let Some(Some((rule, value))) = prepared.detailed.get(i) {
+                let result = if over { "over_limit" } else { "ok" };
+                self.inner.counters.detailed(rule, value, result);
+            }
             match prepared.quota_group.get(i).copied().flatten() {
                 Some(group) => {
                     if let Some(slot) = groups_over.get_mut(group) {
@@ -410,6 +414,8 @@ struct Prepared {
     quota_group: Vec<Option<usize>>,
     /// How many quota groups there are.
     quota_groups: usize,
+    /// Each plan's rule path and last value, for a `detailed_metric` rule.
+    detailed: Vec<Option<(Arc<str>, Arc<str>)>>,
     /// With dynamic metadata: what every answer repeats, and each plan's
     /// rule `metadata`.
     metadata: Option<(dynamic_metadata::Base, Vec<Option<Struct>>)>,
@@ -460,6 +466,7 @@ fn prepare_request(
             zero_denies: false,
             quota_group: vec![None; request.descriptors.len()],
             quota_groups: 0,
+            detailed: Vec::new(),
             metadata: modes
                 .dynamic_metadata
                 .then(|| (dynamic_metadata::Base::of(request), Vec::new())),
@@ -563,6 +570,15 @@ fn prepare(
             }
         }
     }
+    let detailed = plans
+        .iter()
+        .zip(&request.descriptors)
+        .map(|(plan, descriptor)| {
+            let rule = plan.rule().filter(|rule| rule.detailed_metric)?;
+            let value = descriptor.entries.last().map_or("", |e| e.value.as_str());
+            Some((Arc::from(rule.path.as_str()), Arc::from(value)))
+        })
+        .collect();
     let metadata = modes.dynamic_metadata.then(|| {
         let rules = plans
             .iter()
@@ -582,6 +598,7 @@ fn prepare(
         zero_denies,
         quota_group,
         quota_groups: group_keys.len(),
+        detailed,
         metadata,
     })
 }

@@ -27,6 +27,34 @@ use clap::ArgMatches;
 use super::RlsArgs;
 use crate::gateway::ConfigError;
 
+/// Every envoyproxy/ratelimit setting this module reads.
+pub const READ: &[&str] = &[
+    "BACKEND_TYPE",
+    "GRPC_HOST",
+    "GRPC_PORT",
+    "RUNTIME_ROOT",
+    "RUNTIME_SUBDIRECTORY",
+    "RUNTIME_APPDIRECTORY",
+    "REDIS_URL",
+    "REDIS_TYPE",
+    "REDIS_SOCKET_TYPE",
+    "REDIS_AUTH",
+    "REDIS_TLS",
+    "SHADOW_MODE",
+    "QUOTA_MODE",
+    "MERGE_DOMAIN_CONFIG",
+    "RESPONSE_DYNAMIC_METADATA",
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "LIMIT_LIMIT_HEADER",
+    "LIMIT_REMAINING_HEADER",
+    "LIMIT_RESET_HEADER",
+    "LIMIT_REQUEST_HEADERS_ENABLED",
+    "LIMIT_REQUEST_LIMIT_HEADER",
+    "LIMIT_REQUEST_REMAINING_HEADER",
+    "LIMIT_REQUEST_RESET_HEADER",
+];
+
 /// How many bytes of `LOCAL_CACHE_SIZE_IN_BYTES` one key of the local tier
 /// is counted as: a key (domain, rule and values), its deadline and the
 /// cache's own bookkeeping.
@@ -347,6 +375,23 @@ mod tests {
         assert_eq!(args.listen.to_string(), "127.0.0.1:1");
         assert_eq!(args.config, [PathBuf::from("a.yaml")]);
         assert_eq!(args.local_cache_keys, 7);
+    }
+
+    #[test]
+    fn every_setting_read_is_listed() {
+        let source = include_str!("settings.rs");
+        let code = source.split("mod tests").next().unwrap();
+        for (i, _) in code.match_indices("env(\"") {
+            let name = code[i + 5..].split('"').next().unwrap();
+            assert!(READ.contains(&name), "{name} is read but not in READ");
+        }
+        let mut fields = 0;
+        for (i, _) in code.match_indices("&mut args.") {
+            let name = code[..i].rsplit('"').nth(1).unwrap();
+            assert!(READ.contains(&name), "{name} is read but not in READ");
+            fields += 1;
+        }
+        assert!(fields >= 10, "{fields}");
     }
 
     #[test]
