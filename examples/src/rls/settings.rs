@@ -11,6 +11,7 @@
 //! | `REDIS_URL`, `REDIS_TYPE`, `REDIS_SOCKET_TYPE`, `REDIS_AUTH`, `REDIS_TLS` | `--redis-url` (`SINGLE`) or `--redis-cluster` (`CLUSTER`); `tcp` addresses `host:port`, `unix` a socket path |
 //! | `SHADOW_MODE`, `QUOTA_MODE`, `MERGE_DOMAIN_CONFIG`, `RESPONSE_DYNAMIC_METADATA` | `--shadow-mode`, `--quota-mode`, `--merge-domain-config`, `--dynamic-metadata` |
 //! | `LOCAL_CACHE_SIZE_IN_BYTES` | `--local-cache-keys` = bytes / [`LOCAL_CACHE_ENTRY_BYTES`] (0: off) |
+//! | `USE_PROMETHEUS`, `PROMETHEUS_ADDR` | `--metrics-listen` (`:9090` is `0.0.0.0:9090`; the path is `/metrics`) |
 //! | `LIMIT_RESPONSE_HEADERS_ENABLED`, `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `--response-headers`, `--limit-header`, `--remaining-header`, `--reset-header` |
 //! | `LIMIT_REQUEST_HEADERS_ENABLED`, `LIMIT_REQUEST_LIMIT_HEADER`, `LIMIT_REQUEST_REMAINING_HEADER`, `LIMIT_REQUEST_RESET_HEADER` | `--request-headers`, `--request-limit-header`, `--request-remaining-header`, `--request-reset-header` |
 //! | `BACKEND_TYPE` | `redis` only (`memcache` is refused, naming the setting) |
@@ -45,6 +46,8 @@ pub const READ: &[&str] = &[
     "MERGE_DOMAIN_CONFIG",
     "RESPONSE_DYNAMIC_METADATA",
     "LOCAL_CACHE_SIZE_IN_BYTES",
+    "USE_PROMETHEUS",
+    "PROMETHEUS_ADDR",
     "LIMIT_RESPONSE_HEADERS_ENABLED",
     "LIMIT_LIMIT_HEADER",
     "LIMIT_REMAINING_HEADER",
@@ -174,6 +177,16 @@ pub fn apply(
             }
         }
     }
+    if !given("metrics_listen") {
+        let on = match env("USE_PROMETHEUS") {
+            Some(value) => go_bool("USE_PROMETHEUS", &value)?,
+            None => false,
+        };
+        if on {
+            let addr = env("PROMETHEUS_ADDR").unwrap_or_else(|| ":9090".to_owned());
+            args.metrics_listen = Some(prometheus_addr(&addr)?);
+        }
+    }
     if !given("local_cache_keys") {
         if let Some(bytes) = env("LOCAL_CACHE_SIZE_IN_BYTES") {
             let bytes: u64 = bytes.trim().parse().map_err(|_| {
@@ -212,6 +225,23 @@ fn grpc_listen(host: Option<&str>, port: Option<&str>) -> Result<SocketAddr, Con
         )
     })?;
     Ok(SocketAddr::new(ip, port))
+}
+
+/// `PROMETHEUS_ADDR` (Go's `host:port`, `:port` meaning every address).
+fn prometheus_addr(addr: &str) -> Result<SocketAddr, ConfigError> {
+    let trimmed = addr.trim();
+    let full = match trimmed.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => trimmed.to_owned(),
+    };
+    full.parse().map_err(|_| {
+        ConfigError::new(
+            "PROMETHEUS_ADDR",
+            addr,
+            "not an address to listen on",
+            "write IP:PORT or :PORT, e.g. PROMETHEUS_ADDR=:9090",
+        )
+    })
 }
 
 /// `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`, when any of
@@ -343,6 +373,7 @@ mod tests {
                 ("SHADOW_MODE", "1"),
                 ("MERGE_DOMAIN_CONFIG", "True"),
                 ("LOCAL_CACHE_SIZE_IN_BYTES", "1024"),
+                ("USE_PROMETHEUS", "true"),
             ],
         )
         .unwrap();
@@ -351,6 +382,7 @@ mod tests {
         assert_eq!(args.redis_url.as_deref(), Some("redis://redis:6379"));
         assert!(args.shadow_mode && args.merge_domain_config && !args.quota_mode);
         assert_eq!(args.local_cache_keys, 4);
+        assert_eq!(args.metrics_listen.unwrap().to_string(), "0.0.0.0:9090");
     }
 
     #[test]
