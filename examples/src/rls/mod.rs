@@ -20,7 +20,10 @@
 //! store's breakers, a local tier of recent denials and a fallback policy
 //! (`--fallback`, `--expected-nodes`); quota leases (`--lease`,
 //! `--lease-ttl`); metrics on `--metrics-listen` for the bundled dashboard.
-//! See `examples/README.md` for pointing Envoy at it.
+//! envoyproxy/ratelimit's own settings (`RUNTIME_ROOT`, `REDIS_URL`,
+//! `SHADOW_MODE`, ...) are read too, where no flag gives the value
+//! ([`settings`]). See `examples/README.md` for pointing Envoy at it, and
+//! its compatibility table.
 
 pub mod config;
 pub mod dynamic_metadata;
