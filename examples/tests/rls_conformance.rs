@@ -404,8 +404,11 @@ fn codes(response: &RateLimitResponse) -> (Code, Vec<Code>) {
     )
 }
 
-/// Each descriptor's code, limit (`requests_per_unit`, unit) and remaining.
-fn statuses(response: &RateLimitResponse) -> Vec<(Code, Option<(u32, Unit)>, u32)> {
+/// A descriptor's code, limit (`requests_per_unit`, unit) and remaining.
+type Status = (Code, Option<(u32, Unit)>, u32);
+
+/// Each descriptor's [`Status`].
+fn statuses(response: &RateLimitResponse) -> Vec<Status> {
     response
         .statuses
         .iter()
@@ -580,7 +583,8 @@ fn config_refusals() {
     let refused = |texts: &[(PathBuf, String)], options: LoadOptions| {
         RlsConfig::from_texts_with(texts, options).unwrap_err()
     };
-    let cases: Vec<(Vec<(PathBuf, String)>, bool, &str, bool)> = vec![
+    type Case = (Vec<(PathBuf, String)>, bool, &'static str, bool);
+    let cases: Vec<Case> = vec![
         // (files, merge, message, prefix)
         // The reference's empty_domain.yaml / empty_key.yaml /
         // bad_limit_unit.yaml / duplicate_domain.yaml are not in the stored
@@ -1340,7 +1344,7 @@ fn different_a_broken_config_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("broken.yaml");
     std::fs::write(&path, "domain: d\ndescriptors: [a]\n").unwrap();
-    let error = RlsConfig::load(&[path.clone()], LoadOptions::default()).unwrap_err();
+    let error = RlsConfig::load(std::slice::from_ref(&path), LoadOptions::default()).unwrap_err();
     assert_eq!(error.file, path);
 }
 
