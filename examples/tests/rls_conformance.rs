@@ -224,11 +224,11 @@ const CASES: &[(&str, Coverage)] = &[
     ),
     (
         "service: TestServiceWithPerUnitRatelimitHeaders",
-        Not("per-unit headers (LIMIT_PER_UNIT_HEADERS_ENABLED) are not served"),
+        Same("service_per_unit_headers"),
     ),
     (
         "service: TestServiceWithPerUnitRatelimitHeadersSameUnit",
-        Not("per-unit headers (LIMIT_PER_UNIT_HEADERS_ENABLED) are not served"),
+        Same("service_per_unit_headers"),
     ),
     (
         "service: TestServiceTracer",
@@ -1496,6 +1496,103 @@ fn check_headers(
             "{reset} is neither {before} nor {after}"
         );
     }
+}
+
+const PER_UNIT_RULES: &str = "
+domain: different-domain
+descriptors:
+  - key: second
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: minute
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: ip
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: api_key
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: organization
+    rate_limit: {unit: day, requests_per_unit: 100}
+  - key: project
+    rate_limit: {unit: day, requests_per_unit: 50}
+  - key: unlimited
+    rate_limit: {unlimited: true}
+";
+
+/// The reference's per-unit header tests: for each unit, the limit and
+/// remaining of its descriptor with the least remaining, before the three
+/// others when those are on too.
+#[tokio::test]
+async fn service_per_unit_headers() {
+    let v = fresh("v");
+    // TestServiceWithPerUnitRatelimitHeaders (with the response headers).
+    let mut headers = Headers::default();
+    headers.per_unit = Some(HeaderNames::default());
+    headers.response = Some(HeaderNames::default());
+    let service = memory(&[inline("per-unit.yaml", PER_UNIT_RULES)]).with_headers(headers);
+    decide(
+        &service,
+        "different-domain",
+        vec![costing(991, &[("minute", &v)])],
+    )
+    .await;
+    let r = decide(
+        &service,
+        "different-domain",
+        vec![
+            descriptor(&[("second", &v)]),
+            descriptor(&[("minute", &v)]),
+            descriptor(&[("unlimited", "descriptor")]),
+        ],
+    )
+    .await;
+    let got = header_pairs(&r.response_headers_to_add);
+    assert_eq!(
+        got[..6],
+        [
+            ("RateLimit-Limit-Seconds", "10"),
+            ("RateLimit-Remaining-Seconds", "9"),
+            ("RateLimit-Limit-Minutes", "1000"),
+            ("RateLimit-Remaining-Minutes", "8"),
+            ("RateLimit-Limit", "1000"),
+            ("RateLimit-Remaining", "8"),
+        ]
+    );
+    assert_eq!(got[6].0, "RateLimit-Reset");
+    // TestServiceWithPerUnitRatelimitHeadersSameUnit (per-unit alone).
+    let mut headers = Headers::default();
+    headers.per_unit = Some(HeaderNames::default());
+    let service = memory(&[inline("per-unit.yaml", PER_UNIT_RULES)]).with_headers(headers);
+    decide(
+        &service,
+        "different-domain",
+        vec![costing(74, &[("organization", &v)])],
+    )
+    .await;
+    decide(
+        &service,
+        "different-domain",
+        vec![costing(39, &[("project", &v)])],
+    )
+    .await;
+    let r = decide(
+        &service,
+        "different-domain",
+        vec![
+            descriptor(&[("ip", &v)]),
+            descriptor(&[("api_key", &v)]),
+            descriptor(&[("organization", &v)]),
+            descriptor(&[("project", &v)]),
+        ],
+    )
+    .await;
+    assert_eq!(
+        header_pairs(&r.response_headers_to_add),
+        [
+            ("RateLimit-Limit-Seconds", "5"),
+            ("RateLimit-Remaining-Seconds", "4"),
+            ("RateLimit-Limit-Days", "50"),
+            ("RateLimit-Remaining-Days", "10"),
+        ]
+    );
 }
 
 /// TestRequestHeadersSettingsDefaults: off, named `RateLimit-Limit`,

@@ -35,7 +35,7 @@ pub fn match_descriptor(domain: &Domain, entries: &[Entry]) -> Option<Matched> {
     for (i, entry) in entries.iter().enumerate() {
         let (child, shared) = find(node, entry)?;
         match shared {
-            Some(prefix) => push_entry(&mut instance, &entry.key, '*', prefix),
+            Some(pattern) => push_entry(&mut instance, &entry.key, '*', pattern),
             None => push_entry(&mut instance, &entry.key, '=', &entry.value),
         }
         if i == last {

@@ -161,6 +161,14 @@ pub struct RlsArgs {
     #[arg(long, env = "TW_RLS_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = header_name)]
     pub reset_header: String,
 
+    /// Answer with per-unit headers in `response_headers_to_add`, before
+    /// the others: for each unit, the limit and remaining of its
+    /// descriptor with the least remaining (`RateLimit-Limit-Seconds`,
+    /// `RateLimit-Remaining-Seconds`, `-Minutes`, ...; named after
+    /// `--limit-header` and `--remaining-header`).
+    #[arg(long, env = "TW_RLS_PER_UNIT_HEADERS")]
+    pub per_unit_headers: bool,
+
     /// Answer with the rate limit headers (`--request-limit-header`, ...) in
     /// `request_headers_to_add`: Envoy adds them to the request it sends
     /// upstream.
@@ -309,6 +317,13 @@ impl RlsArgs {
             leases,
             headers: service::Headers {
                 response: self.response_headers.then(|| {
+                    service::HeaderNames::new(
+                        &self.limit_header,
+                        &self.remaining_header,
+                        &self.reset_header,
+                    )
+                }),
+                per_unit: self.per_unit_headers.then(|| {
                     service::HeaderNames::new(
                         &self.limit_header,
                         &self.remaining_header,

@@ -125,6 +125,13 @@ pub struct Headers {
     /// In `request_headers_to_add` (Envoy adds them to the upstream
     /// request): its `LIMIT_REQUEST_HEADERS_ENABLED`.
     pub request: Option<HeaderNames>,
+    /// Per-unit headers in `response_headers_to_add`, before the three
+    /// others: for each unit of the answer's limits, in order of first
+    /// appearance, the limit and remaining of its descriptor with the least
+    /// remaining, named `<limit name>-Seconds`, `<remaining name>-Seconds`
+    /// (`-Minutes`, ...): its `LIMIT_PER_UNIT_HEADERS_ENABLED`. The names
+    /// are `per_unit`'s.
+    pub per_unit: Option<HeaderNames>,
 }
 
 /// The service-wide modes (envoyproxy/ratelimit's `SHADOW_MODE` and
@@ -190,7 +197,7 @@ impl RlsService {
     pub fn new(config: Arc<ArcSwap<RlsConfig>>, limiter: Limiter, response_headers: bool) -> Self {
         let headers = Headers {
             response: response_headers.then(HeaderNames::default),
-            request: None,
+            ..Headers::default()
         };
         Self {
             inner: Arc::new(Inner {
@@ -331,11 +338,14 @@ impl RlsService {
             Code::Ok
         };
         let headers = &self.headers;
-        let response_headers = headers
-            .response
+        let mut response_headers = headers
+            .per_unit
             .as_ref()
-            .map(|names| rate_limit_headers(&statuses, names))
+            .map(|names| per_unit_headers(&statuses, names))
             .unwrap_or_default();
+        if let Some(names) = &headers.response {
+            response_headers.extend(rate_limit_headers(&statuses, names));
+        }
         let request_headers = headers
             .request
             .as_ref()
@@ -915,6 +925,45 @@ fn response(
         response_headers_to_add,
         ..RateLimitResponse::default()
     }
+}
+
+/// The per-unit headers of `statuses` (see [`Headers::per_unit`]).
+fn per_unit_headers(statuses: &[DescriptorStatus], names: &HeaderNames) -> Vec<HeaderValue> {
+    // (unit, limit, remaining) of the least remaining per unit.
+    let mut units: Vec<(i32, u32, u32)> = Vec::new();
+    for status in statuses {
+        let Some(limit) = &status.current_limit else {
+            continue;
+        };
+        match units.iter_mut().find(|(unit, _, _)| *unit == limit.unit) {
+            Some(least) if status.limit_remaining < least.2 => {
+                *least = (limit.unit, limit.requests_per_unit, status.limit_remaining);
+            }
+            Some(_) => {}
+            None => units.push((limit.unit, limit.requests_per_unit, status.limit_remaining)),
+        }
+    }
+    let mut headers = Vec::with_capacity(units.len() * 2);
+    for (unit, limit, remaining) in units {
+        let suffix = match Unit::try_from(unit).unwrap_or(Unit::Unknown) {
+            Unit::Second => "Seconds",
+            Unit::Minute => "Minutes",
+            Unit::Hour => "Hours",
+            Unit::Day => "Days",
+            Unit::Week => "Weeks",
+            Unit::Month => "Months",
+            Unit::Year => "Years",
+            Unit::Unknown => continue,
+        };
+        for (name, value) in [(&names.limit, limit), (&names.remaining, remaining)] {
+            headers.push(HeaderValue {
+                key: format!("{name}-{suffix}"),
+                value: value.to_string(),
+                ..HeaderValue::default()
+            });
+        }
+    }
+    headers
 }
 
 /// The three rate limit headers of the descriptor that binds: an

@@ -13,6 +13,7 @@
 //! | `LOCAL_CACHE_SIZE_IN_BYTES` | `--local-cache-keys` = bytes / [`LOCAL_CACHE_ENTRY_BYTES`] (0: off) |
 //! | `USE_PROMETHEUS`, `PROMETHEUS_ADDR` | `--metrics-listen` (`:9090` is `0.0.0.0:9090`; the path is `/metrics`) |
 //! | `LIMIT_RESPONSE_HEADERS_ENABLED`, `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `--response-headers`, `--limit-header`, `--remaining-header`, `--reset-header` |
+//! | `LIMIT_PER_UNIT_HEADERS_ENABLED` | `--per-unit-headers` |
 //! | `LIMIT_REQUEST_HEADERS_ENABLED`, `LIMIT_REQUEST_LIMIT_HEADER`, `LIMIT_REQUEST_REMAINING_HEADER`, `LIMIT_REQUEST_RESET_HEADER` | `--request-headers`, `--request-limit-header`, `--request-remaining-header`, `--request-reset-header` |
 //! | `BACKEND_TYPE` | `redis` only (`memcache` is refused, naming the setting) |
 //!
@@ -53,6 +54,7 @@ pub const READ: &[&str] = &[
     "LIMIT_REMAINING_HEADER",
     "LIMIT_RESET_HEADER",
     "LIMIT_REQUEST_HEADERS_ENABLED",
+    "LIMIT_PER_UNIT_HEADERS_ENABLED",
     "LIMIT_REQUEST_LIMIT_HEADER",
     "LIMIT_REQUEST_REMAINING_HEADER",
     "LIMIT_REQUEST_RESET_HEADER",
@@ -129,6 +131,11 @@ pub fn apply(
             "request_headers",
             "LIMIT_REQUEST_HEADERS_ENABLED",
             &mut args.request_headers,
+        ),
+        (
+            "per_unit_headers",
+            "LIMIT_PER_UNIT_HEADERS_ENABLED",
+            &mut args.per_unit_headers,
         ),
     ] {
         if !given(id) {
