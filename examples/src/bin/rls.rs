@@ -6,7 +6,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use tower_window_examples::gateway::metrics::{install_recorder, metrics_router};
 use tower_window_examples::process::{
     fail, init_logging, shutdown_signal, EXIT_CONFIG, EXIT_RUNTIME,
@@ -16,7 +15,10 @@ use tower_window_examples::rls::{build, serve, serve_with_tonic, GrpcServer, Rls
 #[tokio::main]
 async fn main() -> ExitCode {
     init_logging();
-    let args = RlsArgs::parse();
+    let args = match RlsArgs::from_env() {
+        Ok(args) => args,
+        Err(error) => return fail(&error, EXIT_CONFIG),
+    };
     let listen = args.listen;
     let metrics_listen = args.metrics_listen;
     let grpc_server = args.grpc_server;

@@ -13,7 +13,7 @@
 //!     rate_limit: { unit: minute, requests_per_unit: 5, name: login }
 //!     shadow_mode: true
 //!   - key: path
-//!     value: /static/*          # prefix wildcard
+//!     value: /static/*          # wildcard: `*` anywhere in the value
 //!     rate_limit: { unlimited: true }
 //!   - key: tenant
 //!     descriptors:              # nested: matched by a descriptor's next entry
@@ -21,21 +21,27 @@
 //!         rate_limit: { unit: second, requests_per_unit: 10, algorithm: fixed-window }
 //! ```
 //!
-//! The fields are envoyproxy/ratelimit's (`domain`; `descriptors` with
-//! `key`, `value` — a trailing `*` makes it a prefix —, `rate_limit` with
-//! `unit` (`second`, `minute`, `hour`, `day`, `week`, `month` = 30 days,
-//! `year` = 365 days), `requests_per_unit`, `unlimited`, `name`, `replaces`;
-//! `shadow_mode`, nested `descriptors`, `share_threshold`, and the
-//! metrics-only `detailed_metric` and `value_to_metric`, accepted and
-//! ignored), with its checks: an unknown field, an empty domain or key, a
-//! domain in two files, a duplicate key/value at one level, an invalid
-//! unit, a unit on an unlimited rule, an empty `replaces` or one naming the
-//! rule itself are refused, naming the file. `algorithm` (per file, or per
-//! `rate_limit`) is this service's own: `sliding-log` (the default: exact
-//! over any window of the unit's length), `sliding-counter` (up to 60
-//! buckets per window: constant memory per key, for large limits), or
-//! `fixed-window` (windows aligned to the epoch: envoyproxy/ratelimit's own
-//! counting, for an exact drop-in).
+//! The keys are envoyproxy/ratelimit's: `domain`; `descriptors` with
+//! `key`, `value` (a `*` anywhere in it matches any run of characters:
+//! `/static/*`, `foo*bar`, `svc*ep*rpc`), `rate_limit` with `unit`
+//! (`second`, `minute`, `hour`, `day`, `week` = 7 days, `month` = 30 days,
+//! `year` = 365 days, any case), `requests_per_unit`, `unlimited`, `name`,
+//! `replaces`; `shadow_mode` (counted, answered OK), `quota_mode` (a soft
+//! limit: see [`service`](super::service)), `share_threshold` (every value
+//! matching a wildcard shares one window), `metadata` (any YAML, kept with
+//! the rule), nested `descriptors`, and the metrics keys `detailed_metric`
+//! and `value_to_metric`. They are checked as envoyproxy/ratelimit checks
+//! them, with its messages: an unknown key ("config error, unknown key
+//! 'x'"), an empty domain or key, a domain in two files (unless
+//! [`LoadOptions::merge_domains`]), a duplicate key/value at one level, an
+//! invalid unit, a unit on an unlimited rule, an empty `replaces` or one
+//! naming the rule itself, `share_threshold` on a value without `*`; every
+//! message names the file. `algorithm` (per file, or per `rate_limit`) is
+//! this service's own: `sliding-log` (the default: exact over any window of
+//! the unit's length), `sliding-counter` (up to 60 buckets per window:
+//! constant memory per key, for large limits), or `fixed-window` (windows
+//! aligned to the epoch: envoyproxy/ratelimit's own counting, for an exact
+//! drop-in).
 //!
 //! A set of files ([`RlsConfig::load`]) is judged as a whole: one broken
 //! file refuses the set.
@@ -51,9 +57,11 @@ use serde::Deserialize;
 use tower_window::quota::default_granularity;
 use tower_window::{Algorithm, Quota, QuotaError};
 
-/// A file as written.
+use super::matching::Wildcard;
+
+/// A file as written (its keys checked first by [`check_keys`]).
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(expecting = "a mapping with `domain` and `descriptors`")]
 struct FileYaml {
     #[serde(default)]
     domain: String,
@@ -65,7 +73,7 @@ struct FileYaml {
 
 /// A descriptor rule as written.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(expecting = "a descriptor: a mapping with `key`, `value`, `rate_limit`...")]
 struct DescriptorYaml {
     #[serde(default)]
     key: String,
@@ -78,19 +86,20 @@ struct DescriptorYaml {
     #[serde(default)]
     shadow_mode: bool,
     #[serde(default)]
-    share_threshold: bool,
-    // Metrics-only fields of envoyproxy/ratelimit: accepted, no effect here.
+    quota_mode: bool,
     #[serde(default)]
-    #[allow(dead_code)]
+    share_threshold: bool,
+    #[serde(default)]
     detailed_metric: bool,
     #[serde(default)]
-    #[allow(dead_code)]
     value_to_metric: bool,
+    #[serde(default)]
+    metadata: Option<serde_norway::Value>,
 }
 
 /// A `rate_limit` as written.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(expecting = "a rate_limit: a mapping with `unit` and `requests_per_unit`, or `unlimited`")]
 struct RateLimitYaml {
     #[serde(default)]
     requests_per_unit: u32,
@@ -107,10 +116,114 @@ struct RateLimitYaml {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(expecting = "a replaces entry: a mapping with `name`")]
 struct ReplacesYaml {
     #[serde(default)]
     name: String,
+}
+
+/// Every key a rules file may hold: envoyproxy/ratelimit's, and
+/// `algorithm`. `metadata`'s own contents are free.
+const VALID_KEYS: &[&str] = &[
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+    "algorithm",
+];
+
+/// Checks every key of `map` (and of the maps below it) as
+/// envoyproxy/ratelimit does, with its messages: keys are strings and
+/// known, lists hold maps.
+fn check_keys(map: &serde_norway::Mapping) -> Result<(), String> {
+    use serde_norway::Value;
+    for (key, value) in map {
+        let key = match key {
+            Value::String(key) => key,
+            other => {
+                return Err(format!(
+                    "config error, key is not of type string: {}",
+                    scalar_text(other)
+                ))
+            }
+        };
+        if !VALID_KEYS.contains(&key.as_str()) {
+            return Err(format!("config error, unknown key '{key}'"));
+        }
+        if key == "metadata" {
+            continue;
+        }
+        match value {
+            Value::Sequence(items) => {
+                for item in items {
+                    let Value::Mapping(item) = item else {
+                        return Err(format!(
+                            "config error, yaml file contains list of type other than map: {}",
+                            scalar_text(item)
+                        ));
+                    };
+                    check_keys(item)?;
+                }
+            }
+            Value::Mapping(inner) => check_keys(inner)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// A YAML value as envoyproxy/ratelimit prints one in its messages.
+fn scalar_text(value: &serde_norway::Value) -> String {
+    use serde_norway::Value;
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Null => "<nil>".to_owned(),
+        Value::Sequence(_) => "a list".to_owned(),
+        Value::Mapping(_) => "a map".to_owned(),
+        Value::Tagged(tagged) => scalar_text(&tagged.value),
+    }
+}
+
+/// Removes every empty (`null`) value of a mapping, at any depth.
+fn drop_nulls(value: &mut serde_norway::Value) {
+    use serde_norway::Value;
+    match value {
+        Value::Mapping(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_nulls);
+        }
+        Value::Sequence(items) => items.iter_mut().for_each(drop_nulls),
+        Value::Tagged(tagged) => drop_nulls(&mut tagged.value),
+        _ => {}
+    }
+}
+
+/// What a YAML value is, for a message.
+fn kind_of(value: &serde_norway::Value) -> &'static str {
+    use serde_norway::Value;
+    match value {
+        Value::String(_) => "text",
+        Value::Number(_) => "a number",
+        Value::Bool(_) => "a boolean",
+        Value::Null => "nothing",
+        Value::Sequence(_) => "a list",
+        Value::Mapping(_) => "a mapping",
+        Value::Tagged(_) => "a tagged value",
+    }
 }
 
 /// The `algorithm` field's values.
@@ -154,6 +267,12 @@ pub struct Rule {
     pub unit: Unit,
     /// `shadow_mode`: counted, never enforced.
     pub shadow: bool,
+    /// `quota_mode`: a soft limit (see [`service`](super::service)).
+    pub quota_mode: bool,
+    /// `detailed_metric`: its series carry the descriptor's values.
+    pub detailed_metric: bool,
+    /// `metadata` as written (kept with the rule).
+    pub metadata: Option<serde_norway::Value>,
     /// `rate_limit.name` (empty: none).
     pub name: String,
     /// `rate_limit.replaces[].name`.
@@ -165,8 +284,9 @@ pub struct Rule {
 pub struct Node {
     /// `key` + `value` rules, by key then value.
     pub(super) exact: HashMap<String, HashMap<String, Child>>,
-    /// `key` + `value*` rules: (key, prefix), longest prefix first.
-    pub(super) wildcards: Vec<(String, String, Child)>,
+    /// `key` + a `value` with `*`: the most literal characters first, then
+    /// in file order.
+    pub(super) wildcards: Vec<(String, Wildcard, Child)>,
     /// `key`-only rules.
     pub(super) key_only: HashMap<String, Child>,
 }
@@ -197,11 +317,30 @@ pub struct Domain {
     pub file: PathBuf,
 }
 
+/// How a set of files is loaded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LoadOptions {
+    /// `MERGE_DOMAIN_CONFIG`: a domain in several files is one domain
+    /// holding every file's rules (a key/value in two of them is still
+    /// refused); without it, a domain in two files refuses the set.
+    pub merge_domains: bool,
+}
+
+impl LoadOptions {
+    /// Options with `merge_domains` as given.
+    pub fn merging(merge_domains: bool) -> Self {
+        Self { merge_domains }
+    }
+}
+
 /// Every domain of a set of config files.
 #[derive(Debug, Default)]
 pub struct RlsConfig {
     /// By name.
     pub domains: HashMap<String, Domain>,
+    /// How the set was loaded (a reload loads the same way).
+    pub options: LoadOptions,
     /// Which set this is: every loaded set has a number of its own, so
     /// what was derived from one set (prepared requests) is never taken
     /// for another's.
@@ -311,7 +450,7 @@ impl RlsConfig {
     /// Reads and checks every file of `sources`: a directory stands for its
     /// `*.yaml` / `*.yml` files (not recursive, in name order). The set is
     /// judged as a whole: any error refuses it.
-    pub fn load(sources: &[PathBuf]) -> Result<Self, RlsConfigError> {
+    pub fn load(sources: &[PathBuf], options: LoadOptions) -> Result<Self, RlsConfigError> {
         let files = files_of(sources)?;
         let mut texts = Vec::with_capacity(files.len());
         for file in files {
@@ -319,28 +458,65 @@ impl RlsConfig {
                 .map_err(|e| error(&file, format!("cannot read it: {e}")))?;
             texts.push((file, text));
         }
-        Self::from_texts(&texts)
+        Self::from_texts_with(&texts, options)
     }
 
-    /// Checks a set of files given as `(path, text)`.
+    /// Checks a set of files given as `(path, text)`, a domain in two files
+    /// refused.
     pub fn from_texts(texts: &[(PathBuf, String)]) -> Result<Self, RlsConfigError> {
+        Self::from_texts_with(texts, LoadOptions::default())
+    }
+
+    /// Checks a set of files given as `(path, text)`, loaded as `options`
+    /// say.
+    pub fn from_texts_with(
+        texts: &[(PathBuf, String)],
+        options: LoadOptions,
+    ) -> Result<Self, RlsConfigError> {
         let mut config = Self {
             domains: HashMap::new(),
+            options,
             generation: GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
         };
         for (file, text) in texts {
-            let domain = parse_file(file, text)?;
-            if let Some(other) = config.domains.get(&domain.name) {
-                return Err(error(
-                    file,
-                    format!(
-                        "duplicate domain '{}' (also in {})",
-                        domain.name,
-                        other.file.display()
-                    ),
-                ));
+            let yaml = parse_yaml(file, text)?;
+            if yaml.domain.is_empty() {
+                return Err(error(file, "config file cannot have empty domain"));
             }
-            config.domains.insert(domain.name.clone(), domain);
+            let algorithm = yaml.algorithm.unwrap_or_default();
+            let descriptors = yaml.descriptors.unwrap_or_default();
+            if let Some(domain) = config.domains.get_mut(&yaml.domain) {
+                if !options.merge_domains {
+                    return Err(error(
+                        file,
+                        format!(
+                            "duplicate domain '{}' in config file (also in {}; MERGE_DOMAIN_CONFIG=true merges them)",
+                            yaml.domain,
+                            domain.file.display()
+                        ),
+                    ));
+                }
+                load_level(
+                    file,
+                    &yaml.domain,
+                    "",
+                    descriptors,
+                    algorithm,
+                    &mut domain.root,
+                )?;
+                continue;
+            }
+            let mut root = Node::default();
+            load_level(file, &yaml.domain, "", descriptors, algorithm, &mut root)?;
+            config.domains.insert(
+                yaml.domain.clone(),
+                Domain {
+                    name: yaml.domain,
+                    algorithm,
+                    root,
+                    file: file.to_owned(),
+                },
+            );
         }
         Ok(config)
     }
@@ -420,28 +596,33 @@ pub fn files_of(sources: &[PathBuf]) -> Result<Vec<PathBuf>, RlsConfigError> {
     Ok(files)
 }
 
-fn parse_file(file: &Path, text: &str) -> Result<Domain, RlsConfigError> {
-    let yaml: FileYaml = serde_norway::from_str(text)
-        .map_err(|e| error(file, format!("not a valid config file: {e}")))?;
-    if yaml.domain.is_empty() {
-        return Err(error(file, "config file cannot have empty domain"));
-    }
-    let algorithm = yaml.algorithm.unwrap_or_default();
-    let mut root = Node::default();
-    load_level(
-        file,
-        &yaml.domain,
-        "",
-        yaml.descriptors.unwrap_or_default(),
-        algorithm,
-        &mut root,
-    )?;
-    Ok(Domain {
-        name: yaml.domain,
-        algorithm,
-        root,
-        file: file.to_owned(),
-    })
+/// The file's YAML, its keys checked first (envoyproxy/ratelimit's
+/// messages), then read into the rules' shape.
+fn parse_yaml(file: &Path, text: &str) -> Result<FileYaml, RlsConfigError> {
+    use serde_norway::Value;
+    let value: Value = serde_norway::from_str(text)
+        .map_err(|e| error(file, format!("error loading config file: {e}")))?;
+    let map = match value {
+        // An empty file: no domain (refused as such).
+        Value::Null => serde_norway::Mapping::new(),
+        Value::Mapping(map) => map,
+        other => {
+            return Err(error(
+                file,
+                format!(
+                    "error loading config file: a rules file is a YAML mapping with `domain` and `descriptors`, this one is {}",
+                    kind_of(&other)
+                ),
+            ))
+        }
+    };
+    check_keys(&map).map_err(|problem| error(file, problem))?;
+    // An empty value (`name:`) is an absent one, as envoyproxy/ratelimit
+    // reads it.
+    let mut value = Value::Mapping(map);
+    drop_nulls(&mut value);
+    serde_norway::from_value(value)
+        .map_err(|e| error(file, format!("error loading config file: {e}")))
 }
 
 fn load_level(
@@ -466,13 +647,13 @@ fn load_level(
         } else {
             format!("{parent}.{own}")
         };
-        let wildcard = descriptor.value.strip_suffix('*');
-        let taken = match (&*descriptor.value, wildcard) {
+        let wildcard = Wildcard::parse(&descriptor.value);
+        let taken = match (&*descriptor.value, &wildcard) {
             ("", _) => node.key_only.contains_key(&descriptor.key),
-            (_, Some(prefix)) => node
+            (_, Some(pattern)) => node
                 .wildcards
                 .iter()
-                .any(|(k, p, _)| *k == descriptor.key && p == prefix),
+                .any(|(k, p, _)| *k == descriptor.key && p.text() == pattern.text()),
             (value, None) => node
                 .exact
                 .get(&descriptor.key)
@@ -487,7 +668,7 @@ fn load_level(
         if descriptor.share_threshold && wildcard.is_none() {
             return Err(error(
                 file,
-                format!("share_threshold can only be used with wildcard values (ending with '*'), but found key '{own}'"),
+                format!("share_threshold can only be used with wildcard values (with a '*'), but found key '{own}'"),
             ));
         }
         let rule = match descriptor.rate_limit {
@@ -495,7 +676,12 @@ fn load_level(
                 file,
                 &path,
                 rate_limit,
-                descriptor.shadow_mode,
+                Modes {
+                    shadow: descriptor.shadow_mode,
+                    quota: descriptor.quota_mode,
+                    detailed_metric: descriptor.detailed_metric || descriptor.value_to_metric,
+                },
+                descriptor.metadata,
                 algorithm,
             )?)),
             None => None,
@@ -518,12 +704,12 @@ fn load_level(
             ("", _) => {
                 node.key_only.insert(descriptor.key, child);
             }
-            (_, Some(prefix)) => {
-                let prefix = prefix.to_owned();
-                node.wildcards.push((descriptor.key, prefix, child));
-                // The most specific (longest) prefix is tried first.
+            (_, Some(pattern)) => {
+                node.wildcards.push((descriptor.key, pattern, child));
+                // The most specific pattern (most literal characters) is
+                // tried first; a stable sort keeps the file order of ties.
                 node.wildcards
-                    .sort_by(|a, b| b.1.len().cmp(&a.1.len()).then_with(|| a.1.cmp(&b.1)));
+                    .sort_by_key(|(_, pattern, _)| std::cmp::Reverse(pattern.literal_len()));
             }
             (value, None) => {
                 let value = value.to_owned();
@@ -537,11 +723,20 @@ fn load_level(
     Ok(())
 }
 
+/// A rule's modes, as its descriptor writes them.
+#[derive(Debug, Clone, Copy)]
+struct Modes {
+    shadow: bool,
+    quota: bool,
+    detailed_metric: bool,
+}
+
 fn rule(
     file: &Path,
     path: &str,
     yaml: RateLimitYaml,
-    shadow: bool,
+    modes: Modes,
+    metadata: Option<serde_norway::Value>,
     algorithm: AlgorithmName,
 ) -> Result<Rule, RlsConfigError> {
     let unit = unit_window(&yaml.unit);
@@ -580,7 +775,9 @@ fn rule(
             let algorithm = yaml.algorithm.unwrap_or(algorithm);
             let quota = quota(&name, yaml.requests_per_unit, window, algorithm)
                 .map_err(|e| error(file, format!("rate_limit at '{path}': {e}")))?;
-            Limit::Quota(quota.shadowed(shadow))
+            // A shadow or quota-mode window never stops the others of its
+            // request from counting: it is a shadow quota of the policy.
+            Limit::Quota(quota.shadowed(modes.shadow || modes.quota))
         }
     };
     Ok(Rule {
@@ -588,7 +785,10 @@ fn rule(
         limit,
         requests_per_unit: yaml.requests_per_unit,
         unit: unit.map_or(Unit::Unknown, |(unit, _)| unit),
-        shadow,
+        shadow: modes.shadow,
+        quota_mode: modes.quota,
+        detailed_metric: modes.detailed_metric,
+        metadata,
         name: yaml.name,
         replaces,
     })
@@ -608,7 +808,11 @@ mod tests {
     fn refuses_what_envoyproxy_ratelimit_refuses() {
         for (text, problem) in [
             ("descriptors: []", "empty domain"),
-            ("domain: d\nfoo: 1", "unknown field"),
+            ("domain: d\nfoo: 1", "config error, unknown key 'foo'"),
+            ("- a\n- b", "a YAML mapping with `domain` and `descriptors`, this one is a list"),
+            ("# a README\nSome *text*.", "this one is text"),
+            ("domain: d\ndescriptors: [a]", "list of type other than map: a"),
+            ("domain: d\n0.25: x", "key is not of type string: 0.25"),
             ("domain: d\ndescriptors:\n  - value: x", "empty key"),
             (
                 "domain: d\ndescriptors:\n  - key: k\n  - key: k",
@@ -685,6 +889,46 @@ mod tests {
         ));
         assert_eq!(config.rule_count(), 4);
         assert_eq!(config.quota_names(), ["a", "bee"]);
+    }
+
+    #[test]
+    fn every_key_of_envoyproxy_ratelimit_loads() {
+        let config = load(
+            "domain: d\ndescriptors:\n  - key: k\n    value: a*b*c\n    share_threshold: true\n    quota_mode: true\n    detailed_metric: true\n    value_to_metric: true\n    metadata: {service_with_quota: {name: s}, anything: [1, 2]}\n    rate_limit: {unit: week, requests_per_unit: 3}\n",
+        )
+        .unwrap();
+        let (_, pattern, child) = &config.domains["d"].root.wildcards[0];
+        assert_eq!(pattern.text(), "a*b*c");
+        let rule = child.rule.as_ref().unwrap();
+        assert!(rule.quota_mode && rule.detailed_metric && child.share);
+        assert!(rule.metadata.is_some());
+        let Limit::Quota(quota) = &rule.limit else {
+            panic!("a quota");
+        };
+        // A soft limit never stops the request's other windows counting.
+        assert!(quota.is_shadow());
+        assert_eq!(rule.unit, Unit::Week);
+    }
+
+    #[test]
+    fn merge_domain_config_merges_a_domain_across_files() {
+        let texts = [
+            (
+                PathBuf::from("a.yaml"),
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 1}}]".to_owned(),
+            ),
+            (
+                PathBuf::from("b.yaml"),
+                "domain: d\ndescriptors: [{key: b, rate_limit: {unit: second, requests_per_unit: 1}}]".to_owned(),
+            ),
+        ];
+        let merged = RlsConfig::from_texts_with(&texts, LoadOptions::merging(true)).unwrap();
+        assert_eq!(merged.rule_count(), 2);
+        let twice = [texts[0].clone(), texts[0].clone()];
+        let error = RlsConfig::from_texts_with(&twice, LoadOptions::merging(true)).unwrap_err();
+        assert!(error
+            .problem
+            .contains("duplicate descriptor composite key 'd.a'"));
     }
 
     #[test]

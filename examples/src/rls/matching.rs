@@ -1,7 +1,9 @@
 //! Which rule a request descriptor gets, as envoyproxy/ratelimit matches:
 //! entry by entry down the domain's tree, each entry by the most specific
-//! rule of its level — `key` + `value`, else `key` + the longest matching
-//! `value*` prefix, else `key` alone —; the descriptor gets the rule of its
+//! rule of its level — `key` + `value`, else `key` + a matching wildcard
+//! value (a `*` anywhere matches any run of characters; the pattern with
+//! the most literal characters first, ties in file order), else `key`
+//! alone —; the descriptor gets the rule of its
 //! last entry, if that rule has a `rate_limit`. A descriptor with more
 //! entries than the tree is deep, or whose entry matches nothing, gets no
 //! rule (OK, nothing counted), and so does one without entries.
@@ -33,7 +35,7 @@ pub fn match_descriptor(domain: &Domain, entries: &[Entry]) -> Option<Matched> {
     for (i, entry) in entries.iter().enumerate() {
         let (child, shared) = find(node, entry)?;
         match shared {
-            Some(prefix) => push_entry(&mut instance, &entry.key, '*', prefix),
+            Some(pattern) => push_entry(&mut instance, &entry.key, '*', pattern),
             None => push_entry(&mut instance, &entry.key, '=', &entry.value),
         }
         if i == last {
@@ -61,7 +63,58 @@ pub fn override_instance(entries: &[Entry]) -> String {
     instance
 }
 
-/// The child of `node` matching `entry`, and the prefix it shares its
+/// A `value` with a `*`: each `*` matches any run of characters (none
+/// included), everything else itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wildcard {
+    /// The value as written.
+    text: String,
+    /// The literal runs between the `*`s (first and last may be empty).
+    parts: Vec<String>,
+}
+
+impl Wildcard {
+    /// The pattern `value` writes, if it has a `*`.
+    pub fn parse(value: &str) -> Option<Self> {
+        value.contains('*').then(|| Self {
+            text: value.to_owned(),
+            parts: value.split('*').map(str::to_owned).collect(),
+        })
+    }
+
+    /// The value as written.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// How many characters it matches literally (its specificity).
+    pub fn literal_len(&self) -> usize {
+        self.parts.iter().map(String::len).sum()
+    }
+
+    /// Whether `value` matches: the first part is a prefix, the last a
+    /// suffix, and the parts between appear in order, apart. Greedy-free:
+    /// each middle part at its first place after the previous one, which is
+    /// exact for `*`-only patterns and linear in the value.
+    pub fn matches(&self, value: &str) -> bool {
+        let (Some(first), Some(last)) = (self.parts.first(), self.parts.last()) else {
+            return false;
+        };
+        let Some(mut rest) = value.strip_prefix(first.as_str()) else {
+            return false;
+        };
+        let middle = &self.parts[1..self.parts.len() - 1];
+        for part in middle {
+            match rest.find(part.as_str()) {
+                Some(at) => rest = &rest[at + part.len()..],
+                None => return false,
+            }
+        }
+        rest.len() >= last.len() && rest.ends_with(last.as_str())
+    }
+}
+
+/// The child of `node` matching `entry`, and the pattern it shares its
 /// window by (a `share_threshold` wildcard).
 fn find<'a>(node: &'a super::config::Node, entry: &Entry) -> Option<(&'a Child, Option<&'a str>)> {
     if let Some(child) = node
@@ -71,12 +124,12 @@ fn find<'a>(node: &'a super::config::Node, entry: &Entry) -> Option<(&'a Child, 
     {
         return Some((child, None));
     }
-    if let Some((_, prefix, child)) = node
+    if let Some((_, pattern, child)) = node
         .wildcards
         .iter()
-        .find(|(key, prefix, _)| *key == entry.key && entry.value.starts_with(prefix.as_str()))
+        .find(|(key, pattern, _)| *key == entry.key && pattern.matches(&entry.value))
     {
-        return Some((child, child.share.then_some(prefix.as_str())));
+        return Some((child, child.share.then_some(pattern.text())));
     }
     node.key_only.get(&entry.key).map(|child| (child, None))
 }
@@ -154,6 +207,21 @@ descriptors:
         assert_eq!(path_of(&[("path", "/login"), ("user", "u")]), None);
         assert_eq!(path_of(&[]), None);
         assert_eq!(path_of(&[("nothing", "x")]), None);
+    }
+
+    #[test]
+    fn a_star_matches_anywhere_in_a_value() {
+        let glob = |p: &str| Wildcard::parse(p).unwrap();
+        assert!(glob("foo*bar").matches("foobar"));
+        assert!(glob("foo*bar").matches("foo-x-bar"));
+        assert!(!glob("foo*bar").matches("foobarx"));
+        assert!(!glob("aa*aa").matches("aaa"));
+        assert!(glob("svc*ep*rpc").matches("svc1ep2rpc"));
+        assert!(!glob("svc*ep*rpc").matches("svc1rpc"));
+        assert!(glob("*").matches(""));
+        assert!(glob("*x").matches("yyx"));
+        assert_eq!(Wildcard::parse("plain"), None);
+        assert_eq!(glob("a*bc*").literal_len(), 3);
     }
 
     #[test]

@@ -5,14 +5,26 @@
 //!   `ShouldRateLimit` calls by `overall_code` (`error`: a gRPC error,
 //!   a bad request or the store unavailable without a fallback);
 //! - `tower_window_rls_descriptors_total{result="ok"|"over_limit"|"shadow_over_limit"|"unlimited"|"no_rule"}`:
-//!   descriptors by what they got.
+//!   descriptors by what they got;
+//! - `tower_window_rls_detailed_total{rule, value, result}`: the
+//!   descriptors of rules with `detailed_metric: true` (or
+//!   `value_to_metric: true`), by rule (its path in the config), the
+//!   descriptor's last value and result (`ok`, `over_limit`), as envoyproxy/ratelimit's
+//!   `detailed_metric` stats name the value.
 //!
-//! The labels are fixed words: no domain, key or value reaches a label.
+//! The labels are fixed words, except the opt-in detailed series: its
+//! `value` comes from requests, so at most [`DETAILED_SERIES`] (rule,
+//! value) pairs get a series of their own (values cut at 64 characters),
+//! every later one is counted under `value="_other"`.
 
 /// `ShouldRateLimit` calls by overall code.
 pub const RLS_REQUESTS_TOTAL: &str = "tower_window_rls_requests_total";
 /// Descriptors by result.
 pub const RLS_DESCRIPTORS_TOTAL: &str = "tower_window_rls_descriptors_total";
+/// Descriptors of `detailed_metric` rules by rule, value and result.
+pub const RLS_DETAILED_TOTAL: &str = "tower_window_rls_detailed_total";
+/// How many (rule, value) pairs the detailed series keeps apart.
+pub const DETAILED_SERIES: usize = 1_000;
 
 const CODES: [&str; 3] = ["ok", "over_limit", "error"];
 const RESULTS: [&str; 5] = [
@@ -31,6 +43,8 @@ const RESULTS: [&str; 5] = [
 pub(super) struct Counters {
     requests: [metrics::Counter; CODES.len()],
     descriptors: [metrics::Counter; RESULTS.len()],
+    /// The (rule, value) pairs of the detailed series so far.
+    detailed: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(String, String)>>>,
 }
 
 impl Counters {
@@ -39,6 +53,7 @@ impl Counters {
             requests: CODES.map(|code| metrics::counter!(RLS_REQUESTS_TOTAL, "code" => code)),
             descriptors: RESULTS
                 .map(|result| metrics::counter!(RLS_DESCRIPTORS_TOTAL, "result" => result)),
+            detailed: std::sync::Arc::default(),
         }
     }
 
@@ -50,6 +65,37 @@ impl Counters {
     /// Counts one descriptor (`result`: one of [`RESULTS`]).
     pub(super) fn descriptor(&self, result: &'static str) {
         Self::count(&self.descriptors, &RESULTS, result);
+    }
+
+    /// Counts one descriptor of a `detailed_metric` rule.
+    pub(super) fn detailed(&self, rule: &str, value: &str, result: &'static str) {
+        let value: String = value.chars().take(64).collect();
+        let value = if self.admit(rule, &value) {
+            value
+        } else {
+            "_other".to_owned()
+        };
+        metrics::counter!(
+            RLS_DETAILED_TOTAL,
+            "rule" => rule.to_owned(),
+            "value" => value,
+            "result" => result
+        )
+        .increment(1);
+    }
+
+    /// Whether (`rule`, `value`) has, or may get, a series of its own.
+    fn admit(&self, rule: &str, value: &str) -> bool {
+        let mut seen = self.detailed.lock().unwrap_or_else(|e| e.into_inner());
+        let pair = (rule.to_owned(), value.to_owned());
+        if seen.contains(&pair) {
+            return true;
+        }
+        if seen.len() >= DETAILED_SERIES {
+            return false;
+        }
+        seen.insert(pair);
+        true
     }
 
     fn count(counters: &[metrics::Counter], labels: &[&str], label: &str) {
@@ -87,5 +133,21 @@ pub fn register_at_zero<'a>(quotas: impl IntoIterator<Item = &'a str>) {
     for result in ["ok", "error"] {
         metrics::counter!(tower_window::metrics::CONFIG_RELOAD_TOTAL, "result" => result)
             .increment(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detailed_series_are_bounded() {
+        let counters = Counters::new();
+        for i in 0..DETAILED_SERIES {
+            assert!(counters.admit("rule", &i.to_string()));
+        }
+        assert!(!counters.admit("rule", "one more"));
+        // A pair already seen keeps its series.
+        assert!(counters.admit("rule", "0"));
     }
 }

@@ -11,7 +11,8 @@
 //!   store call, all or nothing —, and the answer;
 //! - [`reload`]: the files watched and reloaded as a whole;
 //! - [`server`]: the gRPC server (HTTP/2, one task per connection);
-//! - [`metrics`]: the service's own series.
+//! - [`metrics`]: the service's own series;
+//! - [`settings`]: envoyproxy/ratelimit's settings, read by their own names.
 //!
 //! Everything the gateway has carries over, with the same flags (each also
 //! from a `TW_RLS_*` variable): Redis (`--redis-url`) and Redis Cluster
@@ -19,14 +20,19 @@
 //! store's breakers, a local tier of recent denials and a fallback policy
 //! (`--fallback`, `--expected-nodes`); quota leases (`--lease`,
 //! `--lease-ttl`); metrics on `--metrics-listen` for the bundled dashboard.
-//! See `examples/README.md` for pointing Envoy at it.
+//! envoyproxy/ratelimit's own settings (`RUNTIME_ROOT`, `REDIS_URL`,
+//! `SHADOW_MODE`, ...) are read too, where no flag gives the value
+//! ([`settings`]). See `examples/README.md` for pointing Envoy at it, and
+//! its compatibility table.
 
 pub mod config;
+pub mod dynamic_metadata;
 pub mod matching;
 pub mod metrics;
 pub mod reload;
 pub mod server;
 pub mod service;
+pub mod settings;
 pub mod tonic_server;
 
 use std::net::SocketAddr;
@@ -42,7 +48,7 @@ use tower_window::{LeaseConfig, Limiter, MemoryStore, Quota, RedisStore, Store};
 
 use crate::gateway::flags;
 use crate::gateway::{ConfigError, FallbackArg};
-pub use config::{RlsConfig, RlsConfigError};
+pub use config::{LoadOptions, RlsConfig, RlsConfigError};
 pub use server::serve;
 pub use service::RlsService;
 pub use tonic_server::serve_with_tonic;
@@ -63,15 +69,40 @@ pub struct RlsArgs {
     /// A rules file (envoyproxy/ratelimit's YAML, one domain per file), or
     /// a directory of `*.yaml` files. Repeat it for several; in the
     /// environment, separate them with `,`. Watched and reloaded as a
-    /// whole; a broken set is refused and the old rules stay.
+    /// whole; a broken set is refused and the old rules stay. Without it,
+    /// envoyproxy/ratelimit's `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`.
     #[arg(
         long,
         env = "TW_RLS_CONFIG",
         value_name = "FILE|DIR",
-        required = true,
         value_delimiter = ','
     )]
     pub config: Vec<PathBuf>,
+
+    /// Answer every request OK (`SHADOW_MODE`): each descriptor keeps its
+    /// code, every window counts on its own, only the overall code is OK.
+    #[arg(long, env = "TW_RLS_SHADOW_MODE")]
+    pub shadow_mode: bool,
+
+    /// Treat every rule as `quota_mode: true` (`QUOTA_MODE`).
+    #[arg(long, env = "TW_RLS_QUOTA_MODE")]
+    pub quota_mode: bool,
+
+    /// Answer with `dynamic_metadata`: the request, the passed rules'
+    /// `metadata` and the backends still in quota (`RESPONSE_DYNAMIC_METADATA`).
+    #[arg(long, env = "TW_RLS_DYNAMIC_METADATA")]
+    pub dynamic_metadata: bool,
+
+    /// One domain may span several files: their rules are merged
+    /// (`MERGE_DOMAIN_CONFIG`); without it a domain in two files is refused.
+    #[arg(long, env = "TW_RLS_MERGE_DOMAIN_CONFIG")]
+    pub merge_domain_config: bool,
+
+    /// How many keys the local tier of recent denials holds (0: off);
+    /// envoyproxy/ratelimit's `LOCAL_CACHE_SIZE_IN_BYTES` sets it to
+    /// bytes / 256.
+    #[arg(long, env = "TW_RLS_LOCAL_CACHE_KEYS", default_value = "100000", value_parser = clap::value_parser!(u64))]
+    pub local_cache_keys: u64,
 
     /// Redis URL (`redis://host:port[/db]`): every rls on the same Redis
     /// shares the same windows. Without it (and without
@@ -111,11 +142,50 @@ pub struct RlsArgs {
     #[arg(long, env = "TW_RLS_LEASE_TTL", value_name = "DURATION", value_parser = flags::lease_ttl)]
     pub lease_ttl: Option<Duration>,
 
-    /// Answer with `x-ratelimit-limit`, `x-ratelimit-remaining` and
-    /// `x-ratelimit-reset` in `response_headers_to_add` (Envoy adds them to
-    /// the client's response), for the descriptor that binds.
+    /// Answer with the rate limit headers (`--limit-header`,
+    /// `--remaining-header`, `--reset-header`) of the descriptor that binds
+    /// in `response_headers_to_add`: Envoy adds them to the client's
+    /// response.
     #[arg(long, env = "TW_RLS_RESPONSE_HEADERS")]
     pub response_headers: bool,
+
+    /// The response's limit header.
+    #[arg(long, env = "TW_RLS_LIMIT_HEADER", default_value = "RateLimit-Limit", value_parser = header_name)]
+    pub limit_header: String,
+
+    /// The response's remaining header.
+    #[arg(long, env = "TW_RLS_REMAINING_HEADER", default_value = "RateLimit-Remaining", value_parser = header_name)]
+    pub remaining_header: String,
+
+    /// The response's reset header (whole seconds).
+    #[arg(long, env = "TW_RLS_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = header_name)]
+    pub reset_header: String,
+
+    /// Answer with per-unit headers in `response_headers_to_add`, before
+    /// the others: for each unit, the limit and remaining of its
+    /// descriptor with the least remaining (`RateLimit-Limit-Seconds`,
+    /// `RateLimit-Remaining-Seconds`, `-Minutes`, ...; named after
+    /// `--limit-header` and `--remaining-header`).
+    #[arg(long, env = "TW_RLS_PER_UNIT_HEADERS")]
+    pub per_unit_headers: bool,
+
+    /// Answer with the rate limit headers (`--request-limit-header`, ...) in
+    /// `request_headers_to_add`: Envoy adds them to the request it sends
+    /// upstream.
+    #[arg(long, env = "TW_RLS_REQUEST_HEADERS")]
+    pub request_headers: bool,
+
+    /// The upstream request's limit header.
+    #[arg(long, env = "TW_RLS_REQUEST_LIMIT_HEADER", default_value = "RateLimit-Limit", value_parser = header_name)]
+    pub request_limit_header: String,
+
+    /// The upstream request's remaining header.
+    #[arg(long, env = "TW_RLS_REQUEST_REMAINING_HEADER", default_value = "RateLimit-Remaining", value_parser = header_name)]
+    pub request_remaining_header: String,
+
+    /// The upstream request's reset header.
+    #[arg(long, env = "TW_RLS_REQUEST_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = header_name)]
+    pub request_reset_header: String,
 
     /// Serve Prometheus metrics at `http://ADDR/metrics` (IP:PORT).
     #[arg(long, env = "TW_RLS_METRICS_LISTEN", value_parser = flags::listen)]
@@ -150,8 +220,12 @@ pub struct RlsServerConfig {
     pub fallback: Option<(FallbackArg, NonZeroU32)>,
     /// Quota leases.
     pub leases: Option<LeaseConfig>,
-    /// `--response-headers`.
-    pub response_headers: bool,
+    /// `--response-headers`, `--request-headers` and their names.
+    pub headers: service::Headers,
+    /// `--shadow-mode` and `--quota-mode`.
+    pub modes: service::Modes,
+    /// `--local-cache-keys`.
+    pub local_cache_keys: u64,
 }
 
 impl std::fmt::Debug for RlsServerConfig {
@@ -166,9 +240,29 @@ impl std::fmt::Debug for RlsServerConfig {
 }
 
 impl RlsArgs {
+    /// The flags of this process's command line, then envoyproxy/ratelimit's
+    /// settings from its environment where no flag was given (see
+    /// [`settings`]). Exits with clap's message on a bad command line.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Self::command().get_matches();
+        let mut args = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        settings::apply(&mut args, &matches, &|name| std::env::var(name).ok())?;
+        Ok(args)
+    }
+
     /// Checks the flags and loads the rules.
     pub fn into_config(self) -> Result<RlsServerConfig, ConfigError> {
-        let rules = RlsConfig::load(&self.config).map_err(|error| {
+        if self.config.is_empty() {
+            return Err(ConfigError::new(
+                "--config",
+                "",
+                "no rules to serve",
+                "give --config FILE|DIR (or TW_RLS_CONFIG), or envoyproxy/ratelimit's RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY",
+            ));
+        }
+        let options = LoadOptions::merging(self.merge_domain_config);
+        let rules = RlsConfig::load(&self.config, options).map_err(|error| {
             ConfigError::new(
                 "--config",
                 self.config
@@ -177,7 +271,7 @@ impl RlsArgs {
                     .collect::<Vec<_>>()
                     .join(","),
                 error.to_string(),
-                "fix the file (its format: examples/rls/config.yaml and examples/README.md) and start again",
+                config_fix(&error),
             )
         })?;
         let timeout = Duration::from_millis(self.redis_timeout_ms);
@@ -221,8 +315,54 @@ impl RlsArgs {
             store,
             fallback,
             leases,
-            response_headers: self.response_headers,
+            headers: service::Headers {
+                response: self.response_headers.then(|| {
+                    service::HeaderNames::new(
+                        &self.limit_header,
+                        &self.remaining_header,
+                        &self.reset_header,
+                    )
+                }),
+                per_unit: self.per_unit_headers.then(|| {
+                    service::HeaderNames::new(
+                        &self.limit_header,
+                        &self.remaining_header,
+                        &self.reset_header,
+                    )
+                }),
+                request: self.request_headers.then(|| {
+                    service::HeaderNames::new(
+                        &self.request_limit_header,
+                        &self.request_remaining_header,
+                        &self.request_reset_header,
+                    )
+                }),
+            },
+            modes: service::Modes::new(self.shadow_mode, self.quota_mode)
+                .with_dynamic_metadata(self.dynamic_metadata),
+            local_cache_keys: self.local_cache_keys,
         })
+    }
+}
+
+/// A header name as HTTP allows one.
+fn header_name(name: &str) -> Result<String, String> {
+    http::HeaderName::from_bytes(name.as_bytes())
+        .map(|_| name.to_owned())
+        .map_err(|_| format!("not an HTTP header name: {name:?} (letters, digits and - are safe)"))
+}
+
+/// What to do about a refused rules set.
+fn config_fix(error: &RlsConfigError) -> String {
+    if error.problem.starts_with("cannot read") || error.problem.starts_with("cannot list") {
+        "give the path of a rules file or of a directory of *.yaml rules files".to_owned()
+    } else if error.problem.starts_with("no config file") {
+        "put the rules (*.yaml) in the directory, or name a file".to_owned()
+    } else {
+        format!(
+            "correct {} (the format: examples/rls/config.yaml and examples/README.md, section rls)",
+            error.file.display()
+        )
     }
 }
 
@@ -234,7 +374,8 @@ impl RlsServerConfig {
         let placeholder = Quota::per_second(1)
             .and_then(|q| q.named("rls"))
             .unwrap_or_else(|_| unreachable!("1/1s named rls is a valid quota"));
-        let mut builder = Limiter::builder(self.store.clone(), placeholder);
+        let mut builder =
+            Limiter::builder(self.store.clone(), placeholder).local_capacity(self.local_cache_keys);
         if let Some(leases) = self.leases {
             builder = builder.leases(leases);
         }
@@ -266,6 +407,8 @@ pub fn build(config: RlsServerConfig) -> Rls {
     let first = reload::read(&config.sources);
     let rules = Arc::new(ArcSwap::from_pointee(config.rules));
     let watch = reload::watch(Arc::clone(&rules), config.sources, first);
-    let service = RlsService::new(rules, limiter, config.response_headers);
+    let service = RlsService::new(rules, limiter, false)
+        .with_modes(config.modes)
+        .with_headers(config.headers);
     Rls { service, watch }
 }

@@ -92,7 +92,8 @@ pub fn reload(config: &ArcSwap<RlsConfig>, sources: &[PathBuf], last: &mut Snaps
         return Outcome::Unchanged;
     }
     *last = seen.clone();
-    match seen.and_then(|texts| RlsConfig::from_texts(&texts)) {
+    let options = config.load().options;
+    match seen.and_then(|texts| RlsConfig::from_texts_with(&texts, options)) {
         Ok(new) => {
             let names = new.quota_names();
             tracing::info!(

@@ -18,7 +18,19 @@
 //! another matched rule's `replaces` is left out (`OK`, no limit). Every
 //! other descriptor has its `current_limit`, `limit_remaining` and
 //! `duration_until_reset` (for a denied one: how long until its cost
-//! fits). `overall_code` is `OVER_LIMIT` when any descriptor is.
+//! fits; for a cost that never fits, the window's reset).
+//!
+//! `overall_code` is `OVER_LIMIT` when a descriptor of an enforced rule is,
+//! or when every *quota group* is: a `quota_mode` rule (or every rule,
+//! with [`Modes::quota`]) is a soft limit, its descriptor answered
+//! `OVER_LIMIT` but the request denied only when every group of such
+//! descriptors is over — a group being the descriptors of one
+//! `backend_name` / `model_name_override` pair, or else of one entry list
+//! (envoyproxy/ratelimit's rule, so a gateway can fail over to another
+//! model). With [`Modes::shadow`] (`SHADOW_MODE`) every descriptor keeps
+//! its code and the overall code is `OK`. Soft and shadowed windows are
+//! shadow quotas of the request's policy: each counts on its own, never
+//! stopping the others from counting.
 //!
 //! `hits_addend` (the request's, or a descriptor's own) is the cost; 0 at
 //! the request level means 1. Each window is charged its own descriptor's
@@ -35,6 +47,7 @@
 //! reload starts a new generation.
 
 use std::collections::HashSet;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,13 +61,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, Struct};
 use prost::Message as _;
 use tonic::{Request, Response, Status};
 use tower_window::quota::MAX_QUOTAS;
 use tower_window::{Cost, Decision, Limiter, Policy, Quota, QuotaCosts, WindowKey};
 
 use super::config::{self, Limit, RlsConfig, Rule};
+use super::dynamic_metadata;
 use super::matching::{match_descriptor, override_instance, Matched};
 use super::metrics;
 
@@ -63,12 +77,98 @@ use super::metrics;
 #[derive(Clone)]
 pub struct RlsService {
     inner: Arc<Inner>,
+    modes: Modes,
+    headers: Arc<Headers>,
+}
+
+/// The names of the three rate limit headers of an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeaderNames {
+    /// The limit's header (`requests_per_unit`).
+    pub limit: String,
+    /// The remaining units' header.
+    pub remaining: String,
+    /// The header of the seconds until the reset.
+    pub reset: String,
+}
+
+impl HeaderNames {
+    /// Headers named `limit`, `remaining` and `reset`.
+    pub fn new(limit: &str, remaining: &str, reset: &str) -> Self {
+        Self {
+            limit: limit.to_owned(),
+            remaining: remaining.to_owned(),
+            reset: reset.to_owned(),
+        }
+    }
+}
+
+impl Default for HeaderNames {
+    /// envoyproxy/ratelimit's: `RateLimit-Limit`, `RateLimit-Remaining`,
+    /// `RateLimit-Reset`.
+    fn default() -> Self {
+        Self::new("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset")
+    }
+}
+
+/// Which rate limit headers answers carry, for the descriptor that binds
+/// (an over-limit one, else the one with the least remaining): its
+/// `requests_per_unit`, its remaining units and the whole seconds (rounded
+/// up) of its `duration_until_reset`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Headers {
+    /// In `response_headers_to_add` (Envoy adds them to the client's
+    /// response): envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED`.
+    pub response: Option<HeaderNames>,
+    /// In `request_headers_to_add` (Envoy adds them to the upstream
+    /// request): its `LIMIT_REQUEST_HEADERS_ENABLED`.
+    pub request: Option<HeaderNames>,
+    /// Per-unit headers in `response_headers_to_add`, before the three
+    /// others: for each unit of the answer's limits, in order of first
+    /// appearance, the limit and remaining of its descriptor with the least
+    /// remaining, named `<limit name>-Seconds`, `<remaining name>-Seconds`
+    /// (`-Minutes`, ...): its `LIMIT_PER_UNIT_HEADERS_ENABLED`. The names
+    /// are `per_unit`'s.
+    pub per_unit: Option<HeaderNames>,
+}
+
+/// The service-wide modes (envoyproxy/ratelimit's `SHADOW_MODE` and
+/// `QUOTA_MODE`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Modes {
+    /// `SHADOW_MODE`: the overall code is always `OK`; descriptors keep
+    /// theirs.
+    pub shadow: bool,
+    /// `QUOTA_MODE`: every rule is a `quota_mode` rule.
+    pub quota: bool,
+    /// `RESPONSE_DYNAMIC_METADATA`: answers carry `dynamic_metadata` (see
+    /// [`dynamic_metadata`](super::dynamic_metadata)).
+    pub dynamic_metadata: bool,
+}
+
+impl Modes {
+    /// `shadow` and `quota` as given, no dynamic metadata.
+    pub fn new(shadow: bool, quota: bool) -> Self {
+        Self {
+            shadow,
+            quota,
+            dynamic_metadata: false,
+        }
+    }
+
+    /// The same modes, answering with `dynamic_metadata` or not.
+    pub fn with_dynamic_metadata(mut self, on: bool) -> Self {
+        self.dynamic_metadata = on;
+        self
+    }
 }
 
 struct Inner {
     config: Arc<ArcSwap<RlsConfig>>,
     limiter: Limiter,
-    response_headers: bool,
     /// The rls's own series.
     counters: metrics::Counters,
     /// Requests seen before, prepared, by rules generation and encoded
@@ -83,7 +183,8 @@ const PREPARED: usize = 4_096;
 impl std::fmt::Debug for RlsService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RlsService")
-            .field("response_headers", &self.inner.response_headers)
+            .field("modes", &self.modes)
+            .field("headers", &self.headers)
             .finish_non_exhaustive()
     }
 }
@@ -91,18 +192,37 @@ impl std::fmt::Debug for RlsService {
 impl RlsService {
     /// A service deciding with `limiter` under the rules `config` holds
     /// (shared with the reload task); with `response_headers`, answers
-    /// carry `x-ratelimit-limit`, `-remaining` and `-reset` for Envoy to
-    /// add to the client's response.
+    /// carry `RateLimit-Limit`, `-Remaining` and `-Reset` for Envoy to add
+    /// to the client's response (see [`Headers`]).
     pub fn new(config: Arc<ArcSwap<RlsConfig>>, limiter: Limiter, response_headers: bool) -> Self {
+        let headers = Headers {
+            response: response_headers.then(HeaderNames::default),
+            ..Headers::default()
+        };
         Self {
             inner: Arc::new(Inner {
                 config,
                 limiter,
-                response_headers,
                 counters: metrics::Counters::new(),
                 prepared: quick_cache::sync::Cache::new(PREPARED),
             }),
+            modes: Modes::default(),
+            headers: Arc::new(headers),
         }
+    }
+
+    /// The same service answering with `headers`.
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.headers = Arc::new(headers);
+        self
+    }
+
+    /// The same service under `modes`.
+    pub fn with_modes(mut self, modes: Modes) -> Self {
+        self.modes = modes;
+        // Requests prepared under other modes are not this service's.
+        self.inner.prepared.clear();
+        self
     }
 
     /// The limiter (to refund its leases on shutdown).
@@ -159,7 +279,7 @@ impl RlsService {
                     }
                 };
                 let config = self.inner.config.load();
-                let prepared = Arc::new(prepare_request(&config, request)?);
+                let prepared = Arc::new(prepare_request(&config, request, self.modes)?);
                 // The rules of the generation prepared under (a reload in
                 // between only leaves an entry no one looks up).
                 cache_key.0 = config.generation;
@@ -174,21 +294,67 @@ impl RlsService {
         let decisions = self.run(&prepared).await?;
 
         let mut statuses = Vec::with_capacity(prepared.plans.len());
-        let mut overall = Code::Ok;
+        let mut enforced_over = false;
+        let mut groups_over = vec![false; prepared.quota_groups];
         for (i, plan) in prepared.plans.iter().enumerate() {
             let outcome = Self::outcome(&prepared, &decisions, i);
             let status = status_of(plan, outcome.as_ref(), &self.inner.counters);
-            if status.code == Code::OverLimit as i32 {
-                overall = Code::OverLimit;
+            let over = status.code == Code::OverLimit as i32;
+            if let Some(Some((rule, value))) = prepared.detailed.get(i) {
+                let result = if over { "over_limit" } else { "ok" };
+                self.inner.counters.detailed(rule, value, result);
+            }
+            match prepared.quota_group.get(i).copied().flatten() {
+                Some(group) => {
+                    if let Some(slot) = groups_over.get_mut(group) {
+                        *slot |= over;
+                    }
+                }
+                None => enforced_over |= over,
             }
             statuses.push(status);
         }
-        let headers = if self.inner.response_headers {
-            rate_limit_headers(&statuses)
+        let quota_over = !groups_over.is_empty() && groups_over.iter().all(|over| *over);
+        let metadata = prepared.metadata.as_ref().map(|(base, rules)| {
+            let passed = statuses.iter().enumerate().filter(|(i, status)| {
+                let unlimited = matches!(prepared.plans.get(*i), Some(Plan::Unlimited { .. }));
+                let group_over = prepared
+                    .quota_group
+                    .get(*i)
+                    .copied()
+                    .flatten()
+                    .and_then(|g| groups_over.get(g).copied())
+                    .unwrap_or(false);
+                !unlimited && !group_over && status.code != Code::OverLimit as i32
+            });
+            base.answer(
+                passed.map(|(i, _)| (i, rules.get(i).and_then(Option::as_ref))),
+                prepared.quota_groups > 0,
+            )
+        });
+        let overall = if (enforced_over || quota_over) && !self.modes.shadow {
+            Code::OverLimit
         } else {
-            Vec::new()
+            Code::Ok
         };
-        Ok(response(overall, statuses, headers))
+        let headers = &self.headers;
+        let mut response_headers = headers
+            .per_unit
+            .as_ref()
+            .map(|names| per_unit_headers(&statuses, names))
+            .unwrap_or_default();
+        if let Some(names) = &headers.response {
+            response_headers.extend(rate_limit_headers(&statuses, names));
+        }
+        let request_headers = headers
+            .request
+            .as_ref()
+            .map(|names| rate_limit_headers(&statuses, names))
+            .unwrap_or_default();
+        let mut response = response(overall, statuses, response_headers);
+        response.request_headers_to_add = request_headers;
+        response.dynamic_metadata = metadata;
+        Ok(response)
     }
 
     /// The store calls of `prepared`, in order: each group's decision and
@@ -254,6 +420,15 @@ struct Prepared {
     /// An enforced `requests_per_unit: 0` rule matched: the request is
     /// denied whatever the store says, and every call only reads.
     zero_denies: bool,
+    /// Each plan's quota group, if it is a soft (quota-mode) limit.
+    quota_group: Vec<Option<usize>>,
+    /// How many quota groups there are.
+    quota_groups: usize,
+    /// Each plan's rule path and last value, for a `detailed_metric` rule.
+    detailed: Vec<Option<(Arc<str>, Arc<str>)>>,
+    /// With dynamic metadata: what every answer repeats, and each plan's
+    /// rule `metadata`.
+    metadata: Option<(dynamic_metadata::Base, Vec<Option<Struct>>)>,
 }
 
 /// One store call.
@@ -269,7 +444,11 @@ struct Group {
 }
 
 /// `request` made ready under `config`, or the error it is answered with.
-fn prepare_request(config: &RlsConfig, request: &RateLimitRequest) -> Result<Prepared, Status> {
+fn prepare_request(
+    config: &RlsConfig,
+    request: &RateLimitRequest,
+    modes: Modes,
+) -> Result<Prepared, Status> {
     // envoyproxy/ratelimit's own words and code (a Go error: UNKNOWN).
     if request.domain.is_empty() {
         return Err(Status::unknown("rate limit domain must not be empty"));
@@ -277,6 +456,13 @@ fn prepare_request(config: &RlsConfig, request: &RateLimitRequest) -> Result<Pre
     if request.descriptors.is_empty() {
         return Err(Status::unknown(
             "rate limit descriptor list must not be empty",
+        ));
+    }
+    if request.descriptors.iter().any(|d| d.is_negative_hits) {
+        // envoyproxy/ratelimit's code when negative hits are off, before
+        // any rule is looked up: one such descriptor fails the request.
+        return Err(Status::unimplemented(
+            "is_negative_hits is not supported: windows are only ever spent",
         ));
     }
     let key = WindowKey::new(request.domain.as_str(), "");
@@ -288,26 +474,55 @@ fn prepare_request(config: &RlsConfig, request: &RateLimitRequest) -> Result<Pre
             slots: vec![None; request.descriptors.len()],
             groups: Vec::new(),
             zero_denies: false,
+            quota_group: vec![None; request.descriptors.len()],
+            quota_groups: 0,
+            detailed: Vec::new(),
+            metadata: modes
+                .dynamic_metadata
+                .then(|| (dynamic_metadata::Base::of(request), Vec::new())),
         });
     };
-    prepare(key, domain, request)
+    prepare(key, domain, request, modes)
 }
 
 fn prepare(
     key: WindowKey,
     domain: &config::Domain,
     request: &RateLimitRequest,
+    modes: Modes,
 ) -> Result<Prepared, Status> {
     let request_cost = request.hits_addend.max(1);
     let mut plans = Vec::with_capacity(request.descriptors.len());
     for descriptor in &request.descriptors {
-        plans.push(plan(domain, descriptor, request_cost)?);
+        plans.push(plan(domain, descriptor, request_cost, modes)?);
     }
     drop_replaced(&mut plans);
+    let soft = |plan: &Plan| match plan {
+        Plan::Unlimited { .. } => false,
+        _ => modes.quota || plan.rule().is_some_and(|rule| rule.quota_mode),
+    };
     let zero_denies = plans.iter().any(|p| match p {
-        Plan::Zero { rule } => !rule.shadow,
+        Plan::Zero { rule } => !rule.shadow && !soft(p) && !modes.shadow,
         _ => false,
     });
+    let mut group_keys: Vec<String> = Vec::new();
+    let quota_group = plans
+        .iter()
+        .zip(&request.descriptors)
+        .map(|(plan, descriptor)| {
+            if !soft(plan) {
+                return None;
+            }
+            let key = quota_group_key(descriptor);
+            Some(match group_keys.iter().position(|k| *k == key) {
+                Some(at) => at,
+                None => {
+                    group_keys.push(key);
+                    group_keys.len() - 1
+                }
+            })
+        })
+        .collect();
     let mut groups = Vec::with_capacity(2);
     for spends in [true, false] {
         // Distinct windows (a few per request: linear scans beat hashing
@@ -365,13 +580,71 @@ fn prepare(
             }
         }
     }
+    let detailed = plans
+        .iter()
+        .zip(&request.descriptors)
+        .map(|(plan, descriptor)| {
+            let rule = plan.rule().filter(|rule| rule.detailed_metric)?;
+            let value = descriptor.entries.last().map_or("", |e| e.value.as_str());
+            Some((Arc::from(rule.path.as_str()), Arc::from(value)))
+        })
+        .collect();
+    let metadata = modes.dynamic_metadata.then(|| {
+        let rules = plans
+            .iter()
+            .map(|plan| {
+                plan.rule()
+                    .and_then(|rule| rule.metadata.as_ref())
+                    .map(dynamic_metadata::from_yaml)
+            })
+            .collect();
+        (dynamic_metadata::Base::of(request), rules)
+    });
     Ok(Prepared {
         key,
         plans,
         slots,
         groups,
         zero_denies,
+        quota_group,
+        quota_groups: group_keys.len(),
+        detailed,
+        metadata,
     })
+}
+
+/// The quota group of a soft descriptor, as envoyproxy/ratelimit forms it:
+/// its `backend_name` and `model_name_override` values when it has either
+/// (one model's buckets are one group), else its whole entry list.
+fn quota_group_key(descriptor: &RateLimitDescriptor) -> String {
+    let value_of = |key: &str| {
+        descriptor
+            .entries
+            .iter()
+            .rev()
+            .find(|e| e.key == key)
+            .map(|e| e.value.as_str())
+    };
+    let (backend, model) = (value_of("backend_name"), value_of("model_name_override"));
+    if backend.is_some() || model.is_some() {
+        let mut key = String::from("model;");
+        for part in [backend.unwrap_or(""), model.unwrap_or("")] {
+            let _ = write!(key, "{}:{part}", part.len());
+        }
+        return key;
+    }
+    let mut key = String::from("entries;");
+    for entry in &descriptor.entries {
+        let _ = write!(
+            key,
+            "{}:{}{}:{}",
+            entry.key.len(),
+            entry.key,
+            entry.value.len(),
+            entry.value
+        );
+    }
+    key
 }
 
 #[tonic::async_trait]
@@ -425,12 +698,8 @@ fn plan(
     domain: &config::Domain,
     descriptor: &RateLimitDescriptor,
     request_cost: u32,
+    modes: Modes,
 ) -> Result<Plan, Status> {
-    if descriptor.is_negative_hits {
-        return Err(Status::invalid_argument(
-            "is_negative_hits is not supported: windows are only ever spent",
-        ));
-    }
     // A cost above u32::MAX never fits any limit, as u32::MAX does not.
     let cost = descriptor
         .hits_addend
@@ -468,6 +737,9 @@ fn plan(
                     requests_per_unit: limit.requests_per_unit,
                     unit,
                     shadow: false,
+                    quota_mode: false,
+                    detailed_metric: false,
+                    metadata: None,
                     name: String::new(),
                     replaces: Vec::new(),
                 }),
@@ -483,7 +755,11 @@ fn plan(
         Limit::Unlimited => Plan::Unlimited { rule: matched.rule },
         Limit::Zero => Plan::Zero { rule: matched.rule },
         Limit::Quota(quota) => Plan::Store {
-            quota: quota.clone().with_instance(&matched.instance),
+            // Under a service-wide mode every window counts on its own.
+            quota: quota
+                .clone()
+                .with_instance(&matched.instance)
+                .shadowed(quota.is_shadow() || modes.shadow || modes.quota),
             rule: matched.rule,
             cost,
         },
@@ -620,10 +896,12 @@ fn status_of(
                 counters.descriptor("ok");
                 Code::Ok
             };
-            let until = if code == Code::OverLimit {
-                retry.unwrap_or(reset)
-            } else {
-                reset
+            let until = match retry {
+                Some(retry) if code == Code::OverLimit => retry,
+                // A cost that never fits: the window's reset (at least its
+                // length when nothing counts yet), never "retry at once".
+                None if over && reset.is_zero() => config::window_of(rule.unit).unwrap_or_default(),
+                _ => reset,
             };
             DescriptorStatus {
                 code: code as i32,
@@ -649,11 +927,50 @@ fn response(
     }
 }
 
-/// `x-ratelimit-limit`, `-remaining` and `-reset` of the descriptor that
-/// binds: an over-limit one, else the one with the least remaining, as
-/// envoyproxy/ratelimit writes them (`limit`: `N, N;w=SECONDS`; `reset`:
-/// whole seconds, rounded up).
-fn rate_limit_headers(statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
+/// The per-unit headers of `statuses` (see [`Headers::per_unit`]).
+fn per_unit_headers(statuses: &[DescriptorStatus], names: &HeaderNames) -> Vec<HeaderValue> {
+    // (unit, limit, remaining) of the least remaining per unit.
+    let mut units: Vec<(i32, u32, u32)> = Vec::new();
+    for status in statuses {
+        let Some(limit) = &status.current_limit else {
+            continue;
+        };
+        match units.iter_mut().find(|(unit, _, _)| *unit == limit.unit) {
+            Some(least) if status.limit_remaining < least.2 => {
+                *least = (limit.unit, limit.requests_per_unit, status.limit_remaining);
+            }
+            Some(_) => {}
+            None => units.push((limit.unit, limit.requests_per_unit, status.limit_remaining)),
+        }
+    }
+    let mut headers = Vec::with_capacity(units.len() * 2);
+    for (unit, limit, remaining) in units {
+        let suffix = match Unit::try_from(unit).unwrap_or(Unit::Unknown) {
+            Unit::Second => "Seconds",
+            Unit::Minute => "Minutes",
+            Unit::Hour => "Hours",
+            Unit::Day => "Days",
+            Unit::Week => "Weeks",
+            Unit::Month => "Months",
+            Unit::Year => "Years",
+            Unit::Unknown => continue,
+        };
+        for (name, value) in [(&names.limit, limit), (&names.remaining, remaining)] {
+            headers.push(HeaderValue {
+                key: format!("{name}-{suffix}"),
+                value: value.to_string(),
+                ..HeaderValue::default()
+            });
+        }
+    }
+    headers
+}
+
+/// The three rate limit headers of the descriptor that binds: an
+/// over-limit one, else the one with the least remaining, as
+/// envoyproxy/ratelimit writes them (`limit`: `requests_per_unit`;
+/// `reset`: whole seconds, rounded up).
+fn rate_limit_headers(statuses: &[DescriptorStatus], names: &HeaderNames) -> Vec<HeaderValue> {
     let binding = statuses
         .iter()
         .filter(|s| s.current_limit.is_some())
@@ -664,10 +981,6 @@ fn rate_limit_headers(statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
     let Some(limit) = &status.current_limit else {
         return Vec::new();
     };
-    let window = Unit::try_from(limit.unit)
-        .ok()
-        .and_then(config::window_of)
-        .map_or(0, |w| w.as_secs());
     let reset = status.duration_until_reset.as_ref().map_or(0, |d| {
         let seconds = u64::try_from(d.seconds).unwrap_or(0);
         seconds + u64::from(d.nanos > 0)
@@ -678,14 +991,8 @@ fn rate_limit_headers(statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
         ..HeaderValue::default()
     };
     vec![
-        header(
-            "x-ratelimit-limit",
-            format!(
-                "{}, {};w={window}",
-                limit.requests_per_unit, limit.requests_per_unit
-            ),
-        ),
-        header("x-ratelimit-remaining", status.limit_remaining.to_string()),
-        header("x-ratelimit-reset", reset.to_string()),
+        header(&names.limit, limit.requests_per_unit.to_string()),
+        header(&names.remaining, status.limit_remaining.to_string()),
+        header(&names.reset, reset.to_string()),
     ]
 }

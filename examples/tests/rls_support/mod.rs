@@ -32,18 +32,36 @@ impl RlsProcess {
     /// waits until its gRPC port accepts connections (at most 20 s; panics
     /// with its log otherwise).
     pub(crate) fn start(flags: &[&str]) -> Self {
-        let port = reserve_port();
+        Self::start_with_env(flags, &[])
+    }
+
+    /// [`start`](Self::start) with `env` set for the process. When `env`
+    /// sets `GRPC_PORT`, that is the port served (no `--listen`).
+    pub(crate) fn start_with_env(flags: &[&str], env: &[(&str, &str)]) -> Self {
+        let grpc_port = env
+            .iter()
+            .find(|(name, _)| *name == "GRPC_PORT")
+            .map(|(_, port)| port.parse::<u16>().unwrap());
+        let port = grpc_port.unwrap_or_else(reserve_port);
         let metrics_port = reserve_port();
         let log = std::env::temp_dir().join(format!(
             "tower-window-rls-{}-{port}.log",
             std::process::id()
         ));
-        let child = Command::new(env!("CARGO_BIN_EXE_rls"))
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rls"));
+        if grpc_port.is_none() {
+            command.arg("--listen").arg(format!("127.0.0.1:{port}"));
+        }
+        // Only the settings a test gives: none of envoyproxy/ratelimit's
+        // from the environment the tests run in.
+        for name in tower_window_examples::rls::settings::READ {
+            command.env_remove(name);
+        }
+        let child = command
             .arg("--metrics-listen")
             .arg(format!("127.0.0.1:{metrics_port}"))
             .args(flags)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
