@@ -147,7 +147,7 @@
 
 use std::time::Duration;
 
-use crate::store::{Guard, Op, Store};
+use crate::store::{Guard, Op};
 
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
@@ -440,12 +440,6 @@ impl<'a> RefundRequest<'a> {
                     .any(|(units, quota)| quota.is_shadow() && *units > 0)
             })
     }
-}
-
-/// The quota leases' backend of `store`: the one it was given, or its
-/// native store's.
-pub(crate) fn backend_of(store: &Store) -> Option<std::sync::Arc<dyn Backend>> {
-    crate::store::plugged!(store, dyn Backend)
 }
 
 impl crate::store::Backend {

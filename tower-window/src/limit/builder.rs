@@ -118,7 +118,7 @@ impl LimiterBuilder {
                 lease_backend: self
                     .leases
                     .is_some()
-                    .then(|| crate::lease::backend_of(&self.store))
+                    .then(|| crate::store::plugged!(self.store, dyn crate::lease::Backend))
                     .flatten(),
                 store: self.store,
                 policy: self.policy,
