@@ -20,7 +20,7 @@ mod check;
 pub mod fallback;
 pub(crate) mod lease_tier;
 pub(crate) mod local;
-mod memory;
+pub(crate) mod memory;
 mod peek;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
