@@ -512,7 +512,11 @@ async fn the_layer_spends_a_live_lease_at_once_and_still_refills_ahead() {
     settle().await;
     assert_eq!(gate.reserves.load(Ordering::SeqCst) - reserves, 1);
     assert_eq!(gate.in_flight.load(Ordering::SeqCst), 1);
-    assert_eq!(done.load(Ordering::SeqCst), left, "the refill held up no one");
+    assert_eq!(
+        done.load(Ordering::SeqCst),
+        left,
+        "the refill held up no one"
+    );
     let stats = limiter.lease_stats().unwrap();
     assert_eq!(stats.granted, stats.spent, "every unit was spent");
     assert_eq!(stats.waits - waits, extra, "only the truly empty ones wait");

@@ -1,13 +1,14 @@
-//! Quota leases on the embedded store: [`Store::reserve`](crate::Store::reserve)
-//! and [`Store::refund`](crate::Store::refund) for [`MemoryStore`].
+//! Quota leases on the embedded store: [`Backend::reserve`](super::Backend::reserve)
+//! and [`Backend::refund`](super::Backend::refund) for [`MemoryStore`].
 //!
 //! A reservation locks every quota's slot of the policy (in the same global
-//! order as a check), takes units from all of them or none (a shadow quota
-//! what it has room for), and keeps a record of the lease in each slot
-//! until its units stop counting; a refund applies to those records once.
-//! Every call drops a bounded batch of dead records, as the Redis script
-//! does. See [`crate::store::lease`] for why the bound stays exact and
-//! what a lease means for a shadow quota.
+//! order as a check), applies the refunds it carries, takes units from all
+//! of them or none (a shadow quota what it has room for), or, granting
+//! nothing, decides the check that asked as a check would; it keeps a
+//! record of the lease in each slot until its units stop counting, and a
+//! refund applies to those records once. Every call drops a bounded batch
+//! of dead records, as the Redis script does. See [`crate::lease`] for why
+//! the bound stays exact and what a lease means for a shadow quota.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;

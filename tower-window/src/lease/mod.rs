@@ -39,6 +39,15 @@
 //! never spends from one: it goes to the store, which counts the units
 //! leases hold, and the bound stays exact.
 //!
+//! # One round trip per refill
+//!
+//! A [reservation](Backend::reserve) carries the refunds of the key's old
+//! leases ([`ReserveRequest::refunds`]) and applies them first, in the same
+//! atomic call, so that it sees the room they free; and one that grants
+//! nothing decides the check that asked ([`ReserveRequest::decides`]),
+//! exactly as a direct check would. A limiter therefore makes one store call
+//! per reservation, whatever it gives back or finds, and none per spend.
+//!
 //! # A node that dies holding a lease
 //!
 //! Its refund never comes, so the store keeps counting the lease's units as

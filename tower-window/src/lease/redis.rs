@@ -1,10 +1,13 @@
-//! Quota leases on Redis: [`Store::reserve`](crate::Store::reserve) and
-//! [`Store::refund`](crate::Store::refund) for [`RedisStore`].
+//! Quota leases on Redis: [`Backend::reserve`](super::Backend::reserve)
+//! and [`Backend::refund`](super::Backend::refund) for [`RedisStore`].
 //!
-//! Each is one `EVALSHA` of one script (`scripts/lease.lua` after the
-//! shared prelude and the algorithm fragments, so the lease reads and
-//! writes the very state a check does), on Redis's own `TIME`. Besides the
-//! quotas' keys it touches two keys of its own beside the policy's first
+//! Each is one `EVALSHA` of one script (`lease.lua` after the shared
+//! prelude and the algorithm fragments, so the lease reads and writes the
+//! very state a check does, and decides a check as the check script does),
+//! on Redis's own `TIME`. A reservation carries the refunds of the key's
+//! old leases as arguments and applies them first, and one that grants
+//! nothing decides the check that asked: one round trip per refill. Besides
+//! the quotas' keys it touches two keys of its own beside the policy's first
 //! quota key, in the same hash slot: `<key>:lr` (a hash of the outstanding
 //! leases, the lease counter and the latest deadline) and `<key>:lx` (the
 //! leases by the time their units stop counting, so that every call drops
@@ -17,12 +20,12 @@
 //! Shadow quotas are read from the algorithm code as the check script
 //! reads them (`quota_code` in the prelude); each record keeps the units
 //! each quota holds, so a refund gives a shadow quota back only what it
-//! held (see [`crate::store::lease`]).
+//! held (see [`crate::lease`]).
 //!
 //! A lease is named by the store time of its reservation and a counter
 //! (`<t>:<seq>`), so a refund that arrives after its record was dropped
-//! (or twice) finds nothing and changes nothing. See
-//! [`crate::store::lease`] for why the bound stays exact per algorithm.
+//! (or twice) finds nothing and changes nothing. See [`crate::lease`] for
+//! why the bound stays exact per algorithm.
 
 use std::sync::LazyLock;
 

@@ -71,14 +71,16 @@ impl crate::Limiter {
     /// Gives back the unspent units of every lease this limiter holds, and
     /// answers how many units the store took back. Call it on graceful
     /// shutdown (the example gateway does), so that other nodes can use
-    /// them at once; leases taken afterwards are not refunded. Without
-    /// leases, 0.
+    /// them at once; a key's reservation in flight is waited for and its
+    /// lease given back too, but leases taken afterwards are not refunded.
+    /// Without leases, 0.
     pub async fn refund_leases(&self) -> u64 {
         let Some(tier) = &self.inner.leases else {
             return 0;
         };
         let before = tier.counters.returned.load(Ordering::Relaxed);
         for slot in tier.all() {
+            slot.landed().await;
             let held = slot.lock().take_all();
             let now = self.inner.clock.now_micros();
             let refunds = self.refunds_of(tier, &held, now);
