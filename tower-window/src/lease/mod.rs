@@ -31,7 +31,7 @@
 //!   at most `b + B T`) holds unchanged, since a lease spent in `[a, b]` has
 //!   `d >= a`. The price is `(d - t) / T` tokens of room per lease, so a
 //!   lease TTL above `(B - 1) T` is refused
-//!   ([`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest)):
+//!   ([`StoreErrorKind::InvalidRequest`]):
 //!   no lease could ever be granted.
 //!
 //! A lease holds the same units in every quota, so a check with a cost per
