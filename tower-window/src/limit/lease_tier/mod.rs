@@ -84,6 +84,7 @@ use crate::{Decision, Policy, WindowKey};
 
 mod config;
 mod counters;
+mod direct;
 mod give_back;
 mod hotness;
 mod refill;

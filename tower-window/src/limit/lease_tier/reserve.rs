@@ -6,7 +6,6 @@
 use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::slot::{shadow_holds, Held, Slot, Spend};
 use super::LeaseTier;
@@ -185,36 +184,6 @@ impl crate::Limiter {
         }
     }
 
-    /// A check of a key that cooled down: decided by the store directly,
-    /// in the call that gives back what its leases left (a check of the
-    /// policy as without leases when there is nothing to give back).
-    async fn decide_cooled(
-        &self,
-        tier: &LeaseTier,
-        key: &WindowKey,
-        policy: &Policy,
-        cost: crate::Cost,
-        refunds: &[RefundRequest<'_>],
-    ) -> Result<Decision, crate::LimitError> {
-        if refunds.is_empty() {
-            return self.decide_direct(key, policy, cost, None).await;
-        }
-        // A reservation of nothing that decides the check.
-        let request = ReserveRequest::new(key, policy, 0, cost.get(), tier.config.ttl_for(policy))
-            .refunding(refunds)
-            .deciding();
-        let result = self.call_leases(request).await;
-        self.count_returned(tier, refunds, &result);
-        match result {
-            Ok(Reservation {
-                decision: Some(decision),
-                ..
-            }) => Ok(self.decided_directly(key, policy, cost, decision, None)),
-            Ok(_) => self.decide_direct(key, policy, cost, None).await,
-            Err(error) => self.fall_back(CheckRequest::new(key, policy, cost), error),
-        }
-    }
-
     /// Reserves up to `ask.want` units for `key` (at least `ask.spend`,
     /// which the reserving check spends at once, or 1 when none does),
     /// giving back `ask.refunds` first, and keeps the lease in `slot`,
@@ -360,53 +329,6 @@ impl crate::Limiter {
             local.forget(key, policy);
         }
         Ok(Reserved::Lease(decision))
-    }
-
-    /// The store decides this check as without leases (one call), then as
-    /// [`decided_directly`](Self::decided_directly).
-    async fn decide_direct(
-        &self,
-        key: &WindowKey,
-        policy: &Policy,
-        cost: crate::Cost,
-        held_until: Option<u64>,
-    ) -> Result<Decision, crate::LimitError> {
-        match self.check_store(CheckRequest::new(key, policy, cost)).await {
-            Ok(decision) => Ok(self.decided_directly(key, policy, cost, decision, held_until)),
-            Err(error) => self.fall_back(CheckRequest::new(key, policy, cost), error),
-        }
-    }
-
-    /// A check the store decided directly (in a check of its own, or in a
-    /// reservation that granted nothing): counted, and a denial remembered
-    /// by the local tier. `held_until` (store clock): the latest deadline of
-    /// the leases outstanding, which a denial waits no longer than.
-    fn decided_directly(
-        &self,
-        key: &WindowKey,
-        policy: &Policy,
-        cost: crate::Cost,
-        mut decision: Decision,
-        held_until: Option<u64>,
-    ) -> Decision {
-        let inner = &*self.inner;
-        inner.stats.store.fetch_add(1, Ordering::Relaxed);
-        // On the store's clock: the latest outstanding deadline, from this
-        // decision's time.
-        if let (false, Some(held_until), Some(retry)) =
-            (decision.allowed, held_until, decision.retry_after)
-        {
-            let left = held_until.saturating_sub(decision.timestamp_micros);
-            if left > 0 {
-                decision.retry_after = Some(retry.min(Duration::from_micros(left)));
-            }
-        }
-        if let Some(local) = &inner.local {
-            if !decision.allowed {
-                local.remember(key, policy, cost.get(), None, &decision);
-            }
-        }
-        decision
     }
 
     /// The one way the lease tier reaches its store: `request` (refunds, a
