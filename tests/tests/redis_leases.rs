@@ -11,14 +11,14 @@
 //!    counts exactly the units admitted (GCRA: within a bounded loss).
 //! 3. Redis calls per admitted request at steady state, from
 //!    `INFO commandstats`: at most 0.1 for one hot key.
+//! 4. A node killed with its lease unspent: the others are told to retry no
+//!    later than the lease's deadline, and use the units again when the
+//!    algorithm frees them (fixed window: at the deadline itself).
 //! 5. Leases in one round trip (issue 32), from `INFO commandstats`: a hot
 //!    key makes at most 0.05 script calls per admission; every script call
 //!    of a leased key is one of its reservations, whatever rides on it (the
 //!    refunds of expired leases, the decision of a check when the window is
 //!    full), so a refill is exactly one round trip.
-//! 4. A node killed with its lease unspent: the others are told to retry no
-//!    later than the lease's deadline, and use the units again when the
-//!    algorithm frees them (fixed window: at the deadline itself).
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;

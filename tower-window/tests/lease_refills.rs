@@ -320,6 +320,38 @@ async fn only_keys_hot_enough_lease() {
     assert_eq!(d.remaining(), 100_000 - (8 + 200 + 5) - 1);
 }
 
+/// A leased key that cools gives back what its lease left in the store call
+/// that decides its check directly: one call per check, no refund of its
+/// own.
+#[tokio::test]
+async fn a_cooled_key_gives_its_lease_back_in_its_checks_own_call() {
+    let (limiter, gate, clock) = gated_on("100000/1m", LeaseConfig::new(64));
+    let key = WindowKey::for_subject("cooling");
+    for _ in 0..200 {
+        assert!(limiter.check(&key, 1).await.unwrap().allowed());
+        clock.advance(Duration::from_millis(1));
+    }
+    settle().await;
+    let hot = limiter.lease_stats().unwrap();
+    assert!(hot.granted > hot.spent, "the lease holds units: {hot:?}");
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(2));
+        let calls = gate.calls();
+        let d = limiter.check(&key, 1).await.unwrap();
+        assert!(d.allowed());
+        assert_eq!(d.source(), DecisionSource::Store);
+        assert_eq!(gate.calls() - calls, 1, "one store call per check");
+    }
+    assert_eq!(gate.refunds.load(Ordering::SeqCst), 0, "no refund call");
+    let cooled = limiter.lease_stats().unwrap();
+    assert_eq!(cooled.reservations, hot.reservations, "no more leases");
+    assert_eq!(cooled.expired_unspent, hot.granted - hot.spent);
+    assert_eq!(
+        cooled.returned, cooled.expired_unspent,
+        "all of it came back"
+    );
+}
+
 /// A reset while a reservation is in flight: the lease it brings back was
 /// taken before the reset and is never spent after it.
 #[tokio::test]
