@@ -8,10 +8,10 @@
 //! also admits the check itself; what an expired lease left unspent is
 //! refunded in that same call, and a reservation that grants nothing
 //! decides the check there too (admitted or denied, as a direct check):
-//! one round trip per refill, whatever it finds. The store decides how many units a lease gets (at most
-//! half of what is left, so one node cannot take a window while others
-//! wait; see [`crate::lease`], "How much one lease takes"), and guarantees
-//! the global bound.
+//! one round trip per refill, whatever it finds. The store decides how many
+//! units a lease gets (at most half of what is left, so one node cannot
+//! take a window while others wait; see [`crate::lease`], "How much one
+//! lease takes"), and guarantees the global bound.
 //!
 //! # Spending at memory speed
 //!
