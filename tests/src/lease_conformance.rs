@@ -41,6 +41,7 @@ macro_rules! lease_conformance_tests {
             shadow_quota_in_a_lease_is_counted_not_enforced,
             lease_of_only_shadow_quotas_grants_what_is_wanted,
             shadow_quotas_bound_the_lease_like_enforced_ones,
+            refunds_ride_on_a_reservation_that_decides_when_it_grants_nothing,
         );
     };
     (@each $factory:expr; $($scenario:ident),* $(,)?) => {
@@ -107,6 +108,13 @@ impl<S: limit::Backend + lease::Backend> Run<S> {
             self.scenario
         );
         reservation
+    }
+
+    async fn reserve_with(&self, request: ReserveRequest<'_>) -> Reservation {
+        self.store
+            .reserve(&mut Guard::bare(), request)
+            .await
+            .unwrap_or_else(|e| panic!("{}: reserve: {e}", self.scenario))
     }
 
     fn clock_now(&self) -> u64 {
@@ -379,6 +387,77 @@ where
         );
     }
     assert!(run.check(&policy, 5).await.allowed(), "nothing was taken");
+}
+
+/// "10/1m fixed-window", one call each: a reservation gives back the
+/// refunds it carries before it takes its share (half of the room they
+/// freed); one that grants nothing decides its check as a direct check
+/// (denied: nothing taken; admitted: exactly its units taken); a refund of
+/// another key is refused.
+pub async fn refunds_ride_on_a_reservation_that_decides_when_it_grants_nothing<F: StoreFactory>(
+    factory: &F,
+) where
+    F::Store: lease::Backend,
+{
+    let run = Run::start(
+        factory,
+        "refunds_ride_on_a_reservation_that_decides_when_it_grants_nothing",
+    )
+    .await;
+    let policy = Policy::from(quota("10/1m fixed-window"));
+    let ttl = Duration::from_secs(5);
+    run.at(START);
+    let a = lease_of(&run.reserve(&policy, 8, 5).await);
+    assert_eq!(a.granted, 5, "half of 10");
+    run.at(START + S / 10);
+    // 3 of A come back first: a room of 8, half of it leased.
+    let refund_a = [RefundRequest::new(&run.key, &policy, &a, 3)];
+    let r = run
+        .reserve_with(ReserveRequest::new(&run.key, &policy, 8, 1, ttl).refunding(&refund_a))
+        .await;
+    assert_eq!(r.refunded, 3);
+    let b = lease_of(&r);
+    assert_eq!(b.granted, 4, "half of 8");
+    // 5 - 3 + 4 = 6 counted: a check of 4 fills the window.
+    assert!(run.check(&policy, 4).await.allowed());
+    // Full: nothing granted, and the check of 1 is denied in the same
+    // call, taking nothing.
+    let full = run
+        .reserve_with(ReserveRequest::new(&run.key, &policy, 2, 1, ttl).deciding())
+        .await;
+    assert!(full.lease.is_none());
+    assert_eq!(full.refunded, 0);
+    let denied = full.decision.expect("the check was decided");
+    assert!(!denied.allowed());
+    // A reservation of nothing: 2 of B come back, then the check of 1 is
+    // admitted in the same call, taking exactly 1.
+    let refund_b = [RefundRequest::new(&run.key, &policy, &b, 2)];
+    let r = run
+        .reserve_with(
+            ReserveRequest::new(&run.key, &policy, 0, 1, ttl)
+                .refunding(&refund_b)
+                .deciding(),
+        )
+        .await;
+    assert!(r.lease.is_none());
+    assert_eq!(r.refunded, 2);
+    let admitted = r.decision.expect("the check was decided");
+    assert!(admitted.allowed());
+    assert_eq!(admitted.remaining(), 1);
+    assert!(run.check(&policy, 1).await.allowed());
+    assert!(!run.check(&policy, 1).await.allowed(), "the window is full");
+    // A refund of another key's lease rides on no reservation.
+    let other = WindowKey::new("another".to_owned(), "s".to_owned());
+    let foreign = [RefundRequest::new(&other, &policy, &b, 1)];
+    let error = run
+        .store
+        .reserve(
+            &mut Guard::bare(),
+            ReserveRequest::new(&run.key, &policy, 1, 1, ttl).refunding(&foreign),
+        )
+        .await
+        .expect_err("a refund of another key");
+    assert_eq!(error.kind(), StoreErrorKind::InvalidRequest);
 }
 
 /// The shadow quotas of the shadow scenarios, one per algorithm: each has

@@ -14,6 +14,11 @@
 //! 4. A node killed with its lease unspent: the others are told to retry no
 //!    later than the lease's deadline, and use the units again when the
 //!    algorithm frees them (fixed window: at the deadline itself).
+//! 5. Leases in one round trip (issue 32), from `INFO commandstats`: a hot
+//!    key makes at most 0.05 script calls per admission; every script call
+//!    of a leased key is one of its reservations, whatever rides on it (the
+//!    refunds of expired leases, the decision of a check when the window is
+//!    full), so a refill is exactly one round trip.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -290,6 +295,11 @@ async fn refunds_return_every_unspent_unit() {
                 admitted += 1;
             }
         }
+        for node in &nodes {
+            node.refund_leases().await;
+        }
+        // Read once the refunds waited for the reservations ahead of need
+        // still in flight (their leases are held, and refunded, too).
         let held: u64 = nodes
             .iter()
             .map(|n| {
@@ -298,9 +308,6 @@ async fn refunds_return_every_unspent_unit() {
             })
             .sum();
         assert!(held > 0, "{quota}: leases hold units");
-        for node in &nodes {
-            node.refund_leases().await;
-        }
         let probe = Limiter::new(Store::bare(store()), quota.clone());
         let d = probe.check(&key, 1).await.unwrap();
         let counted = quota.limit() - d.remaining() - 1;
@@ -594,4 +601,172 @@ async fn during_an_outage_refills_ahead_fail_and_waiting_checks_fall_back() {
     assert_eq!(leased + degraded, checks as u64);
     let stats = limiter.lease_stats().unwrap();
     assert!(stats.reservations >= 1);
+}
+
+/// The script calls so far and the limiter's reservations, once neither
+/// moves (a reservation ahead of need may still be in flight when a run
+/// ends; bounded wait). Every script call of a leased key being one of its
+/// reservations, the two move together: a store call that is not a
+/// reservation (a refund or a decision of its own) shows as a call without
+/// one.
+async fn quiet_counts(server: &RedisServer, limiter: &Limiter) -> (u64, u64) {
+    let read = || {
+        (
+            script_calls(server),
+            limiter.lease_stats().unwrap().reservations,
+        )
+    };
+    let wall = Instant::now();
+    let mut last = read();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = read();
+        if now == last || wall.elapsed() > Duration::from_secs(5) {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// The script calls and reservations made since `before` (from
+/// [`quiet_counts`]), once quiet.
+async fn settled_calls(
+    server: &RedisServer,
+    limiter: &Limiter,
+    (calls, reservations): (u64, u64),
+) -> (u64, u64) {
+    let (calls_now, reservations_now) = quiet_counts(server, limiter).await;
+    (calls_now - calls, reservations_now - reservations)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_makes_at_most_one_script_call_per_twenty_admissions() {
+    let server = RedisServer::start();
+    let quota: Quota = "100000000/1m".parse().unwrap();
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    let limiter = leased(store, &quota, LeaseConfig::new(100));
+    let key = WindowKey::for_subject("hot");
+    let run = |checks: usize| {
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let (limiter, key) = (limiter.clone(), key.clone());
+                tokio::spawn(async move {
+                    let mut admitted = 0u64;
+                    for _ in 0..checks {
+                        admitted += u64::from(limiter.check(&key, 1).await.unwrap().allowed());
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        async move {
+            let mut admitted = 0;
+            for task in tasks {
+                admitted += task.await.unwrap();
+            }
+            admitted
+        }
+    };
+    // Warm up: the script loaded, lease sizes doubled from 1 to the largest.
+    run(200).await;
+    let before = quiet_counts(&server, &limiter).await;
+    let admitted = run(2_000).await;
+    let (calls, reserved) = settled_calls(&server, &limiter, before).await;
+    eprintln!(
+        "{calls} script calls ({reserved} reservations) for {admitted} admissions: {:.4} per admission",
+        calls as f64 / admitted as f64
+    );
+    assert_eq!(admitted, (TASKS * 2_000) as u64);
+    assert_eq!(calls, reserved, "every script call is a reservation");
+    assert!(
+        calls * 20 <= admitted,
+        "{calls} script calls for {admitted} admissions: more than 0.05 per admission"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refill_is_one_round_trip_with_its_refunds() {
+    let server = RedisServer::start();
+    let quota: Quota = "100000000/1m".parse().unwrap();
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    // Leases of 30 ms: each burst below leaves its lease to expire with
+    // units left, which the next burst's reservation gives back.
+    let config = LeaseConfig::new(64)
+        .ttl(Duration::from_millis(30))
+        .hot_after(1);
+    let limiter = leased(store, &quota, config);
+    let key = WindowKey::for_subject("bursty");
+    let burst = |n: usize| {
+        let (limiter, key) = (limiter.clone(), key.clone());
+        async move {
+            for _ in 0..n {
+                assert!(limiter.check(&key, 1).await.unwrap().allowed());
+            }
+        }
+    };
+    burst(20).await;
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    let before = quiet_counts(&server, &limiter).await;
+    let stats = limiter.lease_stats().unwrap();
+    for _ in 0..10 {
+        burst(20).await;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let (calls, reserved) = settled_calls(&server, &limiter, before).await;
+    let after = limiter.lease_stats().unwrap();
+    let given_back = after.expired_unspent - stats.expired_unspent;
+    let returned = after.returned - stats.returned;
+    eprintln!(
+        "{calls} script calls, {reserved} reservations; {given_back} units given back, {returned} returned"
+    );
+    assert!(given_back > 0, "leases expired with units left: {after:?}");
+    assert!(returned > 0, "the store took them back: {after:?}");
+    assert_eq!(calls, reserved, "the refunds rode on the reservations");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_that_grants_nothing_decides_its_check_in_the_same_call() {
+    let server = RedisServer::start();
+    // Not GCRA: a near-empty bucket grants leases that start later (see
+    // `tower_window::lease`), whose checks are denied locally until then.
+    let quotas = ["40/1m", "40/1m sliding-counter(1s)", "40/1m fixed-window"];
+    for (i, quota) in quotas.iter().enumerate() {
+        let quota: Quota = quota.parse().unwrap();
+        let store = RedisStore::from_url(&server.url())
+            .unwrap()
+            .prefix(format!("nothing-{i}:"));
+        let store = Store::builder(store)
+            .without_timeout()
+            .without_breaker()
+            .build();
+        // No local tier: every denial goes to the store.
+        let limiter = Limiter::builder(store, quota.clone())
+            .local_capacity(0)
+            .leases(LeaseConfig::new(16).hot_after(1))
+            .build();
+        let key = WindowKey::for_subject("full");
+        // Loads the script (EVALSHA, then EVAL) outside the count.
+        limiter
+            .check(&WindowKey::for_subject("warm"), 1)
+            .await
+            .unwrap();
+        let before = quiet_counts(&server, &limiter).await;
+        let (mut admitted, mut denied_by_store) = (0u64, 0u64);
+        for _ in 0..120 {
+            let d = limiter.check(&key, 1).await.unwrap();
+            if d.allowed() {
+                admitted += 1;
+            } else if d.source() == DecisionSource::Store {
+                denied_by_store += 1;
+            }
+        }
+        let (calls, reserved) = settled_calls(&server, &limiter, before).await;
+        eprintln!("{quota}: {admitted} admitted, {denied_by_store} denied by the store, {calls} script calls");
+        assert!(admitted <= u64::from(quota.limit()), "{quota}: {admitted}");
+        assert!(denied_by_store > 0, "{quota}: the window filled");
+        assert_eq!(
+            calls, reserved,
+            "{quota}: one call per reservation, its denial included"
+        );
+    }
 }

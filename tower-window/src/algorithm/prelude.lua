@@ -1,6 +1,6 @@
 -- tower-window: shared prelude. The script is this file, then one fragment
 -- per algorithm (each registers itself in ALGORITHMS), then policy.lua, which
--- documents KEYS, ARGV and the reply.
+-- documents KEYS, ARGV and the reply (or lease.lua, or peek.lua).
 --
 -- Time is integer microseconds throughout. Lua 5.1 numbers are doubles, exact
 -- for integers below 2^53 (~285 years of microseconds since 1970), so every
@@ -91,4 +91,44 @@ local function quota_code(arg)
     return code - SHADOW_FLAG, true
   end
   return code, false
+end
+
+-- Decides one request against quotas, all-or-nothing (policy.lua's reply;
+-- lease.lua decides a check with it when a reservation grants nothing). Each
+-- q also holds its cost q.c. Every quota is evaluated (reads; expired state
+-- may be dropped; nothing is recorded). Only if every enforced quota fits is
+-- the cost committed, to every quota it fits (a shadow quota that would deny
+-- records nothing).
+local function decide(quotas)
+  local admitted = true
+  for i = 1, #quotas do
+    local q = quotas[i]
+    c = q.c
+    q.algorithm.evaluate(q)
+    if not q.fits and not q.shadow then
+      admitted = false
+    end
+  end
+  local reply = {admitted and 1 or 0, t}
+  for i = 1, #quotas do
+    local q = quotas[i]
+    c = q.c
+    if admitted and q.fits then
+      q.algorithm.commit(q)
+    elseif q.dirty and q.algorithm.settle then
+      q.algorithm.settle(q)
+    end
+    if admitted or not q.fits then
+      reply[#reply + 1] = q.fits and 1 or 0
+      reply[#reply + 1] = q.remaining
+      reply[#reply + 1] = q.reset
+      reply[#reply + 1] = q.retry
+    else
+      reply[#reply + 1] = 1
+      reply[#reply + 1] = q.remaining0
+      reply[#reply + 1] = q.reset0
+      reply[#reply + 1] = 0
+    end
+  end
+  return reply
 end

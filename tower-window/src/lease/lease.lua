@@ -13,18 +13,24 @@
 --   every quota)
 --   LX = ZSET {"<t>:<seq>" scored by when the lease's units stop counting}
 -- ARGV[1..4] and the 4 slots per quota as policy.lua (a shadow quota's code
--- carries SHADOW_FLAG), with ARGV[2] = the most units wanted (reserve) or
--- the units unused (refund); then
---   'reserve', ttl (µs), at_least[, max_wait (µs), read for GCRA only]
+-- carries SHADOW_FLAG), with ARGV[2] = the most units wanted (reserve; 0
+-- reserves nothing) or the units unused (refund); then
+--   'reserve', ttl (µs), at_least, max_wait (µs, read for GCRA only),
+--     decides (1: a reservation that grants nothing decides a check of
+--     at_least units as policy.lua would), the number of refunds r, then r
+--     refunds applied first, each "<t>:<seq>", units unused, then per quota
+--     the units it still holds unspent ('' unnamed: see below)
 --   'refund', "<t>:<seq>" (the lease)[, then per quota the units it still
 --     holds unspent, read for shadow quotas; without them a shadow quota
 --     gets back what it held beyond the units spent]
 --
 -- Reserve reply: {granted, now, deadline, seq, latest outstanding deadline
--- (0 if none is later than now), then per quota: remaining, reset_after,
--- units held, then the time from which the lease may be spent} (granted
--- 0: no lease, nothing recorded but expired state dropped). Only the enforced quotas size the grant (with none, it is the
--- units wanted); a shadow quota holds what it has room for.
+-- (0 if none is later than now), units the refunds returned, then with a
+-- lease per quota: remaining, reset_after, units held, then the time from
+-- which the lease may be spent; without one (granted 0: nothing recorded
+-- but expired state dropped), for a reservation that decides, policy.lua's
+-- reply for the check}. Only the enforced quotas size the grant (with none,
+-- it is the units wanted); a shadow quota holds what it has room for.
 -- Refund reply: {units returned to the enforced quotas (the least of
 -- them; with shadow quotas only, the units unused), 0 when the lease is
 -- unknown, already refunded, or its units all stopped counting}.
@@ -159,26 +165,29 @@ local function take_back(q, anchor, prior, held, u)
   return u
 end
 
-if mode == 'refund' then
-  drop_dead()
-  local field = ARGV[extra + 1]
+-- Refunds `unused` units of the lease named `field`; `named(i)` is what
+-- quota i still holds unspent, if the caller says (read for shadow
+-- quotas). Answers the units returned to the enforced quotas (the least of
+-- them; with shadow quotas only, the units unused), 0 when the lease is
+-- unknown, already refunded, or its units all stopped counting.
+local function refund(field, unused, named)
   local record = redis.call('HGET', LR, field)
   if not record then
-    return {0}
+    return 0
   end
   local stops = tonumber(redis.call('ZSCORE', LX, field) or '')
   redis.call('HDEL', LR, field)
   redis.call('ZREM', LX, field)
   if stops and stops <= t then
     -- Its units all stopped counting: nothing to give back.
-    return {0}
+    return 0
   end
   local parts = {}
   for value in string.gmatch(record, '[^,]+') do
     parts[#parts + 1] = tonumber(value)
   end
   local granted = parts[1]
-  local u = math.min(c, granted)
+  local u = math.min(unused, granted)
   local returned = nil
   for i = 1, count do
     local q = quotas[i]
@@ -187,9 +196,9 @@ if mode == 'refund' then
     local held = parts[2 + 2 * count + i] or granted
     local units = math.min(u, held)
     if q.shadow then
-      local named = tonumber(ARGV[extra + 1 + i] or '')
-      if named then
-        units = math.min(math.max(named, 0), held)
+      local units_named = named(i)
+      if units_named then
+        units = math.min(math.max(units_named, 0), held)
       else
         -- It held the first units spent.
         units = held - math.min(held, granted - u)
@@ -206,7 +215,14 @@ if mode == 'refund' then
   if enforced == 0 then
     returned = u
   end
-  return {returned or 0}
+  return returned or 0
+end
+
+if mode == 'refund' then
+  drop_dead()
+  return {refund(ARGV[extra + 1], c, function(i)
+    return tonumber(ARGV[extra + 1 + i] or '')
+  end)}
 end
 
 if mode ~= 'reserve' then
@@ -216,8 +232,20 @@ end
 local want = c
 local ttl = tonumber(ARGV[extra + 1])
 local at_least = tonumber(ARGV[extra + 2])
-if not ttl or ttl < 1 or not at_least or at_least < 1 or want < at_least then
+if not ttl or ttl < 1 or not at_least or at_least < 1 or (want ~= 0 and want < at_least) then
   return redis.error_reply('ERR tower-window: invalid lease request')
+end
+local decides = ARGV[extra + 4] == '1'
+
+-- The refunds first: the reservation sees the room they free.
+drop_dead()
+local refunded = 0
+local refunds = tonumber(ARGV[extra + 5] or '0') or 0
+for r = 1, refunds do
+  local at = extra + 6 + (r - 1) * (2 + count)
+  refunded = refunded + refund(ARGV[at], tonumber(ARGV[at + 1]) or 0, function(i)
+    return tonumber(ARGV[at + 1 + i] or '')
+  end)
 end
 
 -- The deadline: at most the end of the window (fixed window) or bucket
@@ -280,8 +308,6 @@ for i = 1, count do
     room = r
   end
 end
-
-drop_dead()
 
 -- At most half the room (rounded up) unless that is below at_least: one
 -- lease cannot take the whole remaining budget while other nodes wait.
@@ -353,7 +379,28 @@ if g < at_least then
   if ld and ld > t then
     held = ld
   end
-  return {0, t, 0, 0, held}
+  local reply = {0, t, 0, 0, held, refunded}
+  if decides then
+    -- Nothing to lease: the check is decided here, as policy.lua would.
+    local check = {}
+    for i = 1, count do
+      local q = quotas[i]
+      check[i] = {
+        algorithm = q.algorithm,
+        shadow = q.shadow,
+        key = q.key,
+        key2 = q.key2,
+        p1 = q.p1,
+        p2 = q.p2,
+        p3 = q.p3,
+        c = at_least,
+      }
+    end
+    for _, value in ipairs(decide(check)) do
+      reply[#reply + 1] = value
+    end
+  end
+  return reply
 end
 
 local anchors = {}
@@ -438,7 +485,7 @@ redis.call('HSET', LR, 'ld', int(ld), 'exp', int(exp))
 expire(LR, exp - t)
 expire(LX, exp - t)
 
-local reply = {g, t, d, seq, ld}
+local reply = {g, t, d, seq, ld, refunded}
 for i = 1, #reply_tail do
   reply[#reply + 1] = reply_tail[i]
 end

@@ -1,13 +1,14 @@
-//! Quota leases on the embedded store: [`Store::reserve`](crate::Store::reserve)
-//! and [`Store::refund`](crate::Store::refund) for [`MemoryStore`].
+//! Quota leases on the embedded store: [`Backend::reserve`](super::Backend::reserve)
+//! and [`Backend::refund`](super::Backend::refund) for [`MemoryStore`].
 //!
 //! A reservation locks every quota's slot of the policy (in the same global
-//! order as a check), takes units from all of them or none (a shadow quota
-//! what it has room for), and keeps a record of the lease in each slot
-//! until its units stop counting; a refund applies to those records once.
-//! Every call drops a bounded batch of dead records, as the Redis script
-//! does. See [`crate::store::lease`] for why the bound stays exact and
-//! what a lease means for a shadow quota.
+//! order as a check), applies the refunds it carries, takes units from all
+//! of them or none (a shadow quota what it has room for), or, granting
+//! nothing, decides the check that asked as a check would; it keeps a
+//! record of the lease in each slot until its units stop counting, and a
+//! refund applies to those records once. Every call drops a bounded batch
+//! of dead records, as the Redis script does. See [`crate::lease`] for why
+//! the bound stays exact and what a lease means for a shadow quota.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -18,6 +19,7 @@ use smallvec::SmallVec;
 
 use crate::algorithm::lease as algo;
 use crate::lease::{Lease, RefundRequest, Reservation, ReserveRequest};
+use crate::limit::memory::decide_locked;
 use crate::store::memory::{lock, Slot, SlotInner, MAX_EVICTED_RETRIES};
 use crate::store::MemoryStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
@@ -174,12 +176,7 @@ impl MemoryStore {
         request: ReserveRequest<'_>,
     ) -> Result<Reservation, StoreError> {
         let policy = request.policy;
-        if request.at_least == 0 || request.want < request.at_least {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "a lease must want at least 1 unit, and at least what it needs",
-            ));
-        }
+        request.validate()?;
         let ttl = duration_micros(request.ttl);
         if ttl == 0 {
             return Err(StoreError::new(
@@ -201,10 +198,16 @@ impl MemoryStore {
                 .iter()
                 .filter_map(|quota| algo::deadline_cap(quota, now))
                 .fold(now.saturating_add(ttl), u64::min);
-            let mut rooms: SmallVec<[(u64, u64); 4]> = SmallVec::new();
-            for (quota, inner) in policy.quotas().iter().zip(locked.guards.iter_mut()) {
+            for inner in locked.guards.iter_mut() {
                 inner.last_check = inner.last_check.max(now);
                 inner.leases_mut().drop_dead(now);
+            }
+            // The refunds first: the reservation sees the room they free.
+            let refunded = request.refunds.iter().fold(0u32, |sum, refund| {
+                sum.saturating_add(refund_locked(locked, refund, now))
+            });
+            let mut rooms: SmallVec<[(u64, u64); 4]> = SmallVec::new();
+            for (quota, inner) in policy.quotas().iter().zip(locked.guards.iter_mut()) {
                 rooms.push(algo::room(&mut inner.state, quota, now, deadline));
             }
             // Only the enforced quotas size the grant; with none, nothing
@@ -251,11 +254,21 @@ impl MemoryStore {
                     .and_then(|inner| inner.leases().held_until(now))
             };
             if granted == 0 {
+                let decision = if request.decides {
+                    let mut slots: SmallVec<[&mut SlotInner; 4]> =
+                        locked.guards.iter_mut().map(|inner| &mut **inner).collect();
+                    Some(decide_locked(policy, &mut slots, now, |_| {
+                        request.at_least
+                    })?)
+                } else {
+                    None
+                };
                 return Ok(Reservation {
                     lease: None,
                     now_micros: now,
                     held_until_micros: held_until(locked),
-                    decision: None,
+                    decision,
+                    refunded,
                 });
             }
             let id = self.next_lease_id();
@@ -320,12 +333,12 @@ impl MemoryStore {
                 now_micros: now,
                 held_until_micros: held_until(locked),
                 decision,
+                refunded,
             })
         })
     }
 
     pub(crate) fn refund_now(&self, request: RefundRequest<'_>) -> Result<u32, StoreError> {
-        let lease = request.lease;
         if !request.returns_anything() {
             return Ok(0);
         }
@@ -334,61 +347,67 @@ impl MemoryStore {
             for inner in locked.guards.iter_mut() {
                 inner.leases_mut().drop_dead(now);
             }
-            // A refund applies once: the records go whatever it returns.
-            let found: SmallVec<[Option<Record>; 4]> = locked
-                .guards
-                .iter_mut()
-                .map(|inner| inner.leases_mut().remove(lease.id))
-                .collect();
-            // Nothing to give back once every unit of the lease stopped
-            // counting (every record of it says when).
-            let alive = found.iter().flatten().any(|record| record.expires > now);
-            if !alive {
-                return 0;
-            }
-            let mut returned: Option<u32> = None;
-            let mut granted = 0;
-            for (index, ((quota, inner), record)) in request
-                .policy
-                .quotas()
-                .iter()
-                .zip(locked.guards.iter_mut())
-                .zip(&found)
-                .enumerate()
-            {
-                let taken = match record {
-                    Some(record) => {
-                        granted = record.granted;
-                        let units = request.unused_of(
-                            index,
-                            quota.is_shadow(),
-                            record.granted,
-                            record.units,
-                        );
-                        if units == 0 {
-                            0
-                        } else {
-                            algo::refund(
-                                &mut inner.state,
-                                quota,
-                                record.anchor,
-                                record.prior,
-                                record.units,
-                                units,
-                            )
-                        }
-                    }
-                    None => 0,
-                };
-                if !quota.is_shadow() {
-                    returned = Some(returned.map_or(taken, |r| r.min(taken)));
-                }
-            }
-            // With shadow quotas only, nothing enforced held the units: all
-            // of those named come back.
-            returned.unwrap_or(request.unused.min(granted))
+            refund_locked(locked, &request, now)
         }))
     }
+}
+
+/// Applies `request` to the policy's slots, locked: gives back its unused
+/// units where they still count, once; answers the units returned.
+fn refund_locked(locked: &mut Locked<'_>, request: &RefundRequest<'_>, now: u64) -> u32 {
+    let lease = request.lease;
+    if !request.returns_anything() {
+        return 0;
+    }
+    // A refund applies once: the records go whatever it returns.
+    let found: SmallVec<[Option<Record>; 4]> = locked
+        .guards
+        .iter_mut()
+        .map(|inner| inner.leases_mut().remove(lease.id))
+        .collect();
+    // Nothing to give back once every unit of the lease stopped counting
+    // (every record of it says when).
+    let alive = found.iter().flatten().any(|record| record.expires > now);
+    if !alive {
+        return 0;
+    }
+    let mut returned: Option<u32> = None;
+    let mut granted = 0;
+    for (index, ((quota, inner), record)) in request
+        .policy
+        .quotas()
+        .iter()
+        .zip(locked.guards.iter_mut())
+        .zip(&found)
+        .enumerate()
+    {
+        let taken = match record {
+            Some(record) => {
+                granted = record.granted;
+                let units =
+                    request.unused_of(index, quota.is_shadow(), record.granted, record.units);
+                if units == 0 {
+                    0
+                } else {
+                    algo::refund(
+                        &mut inner.state,
+                        quota,
+                        record.anchor,
+                        record.prior,
+                        record.units,
+                        units,
+                    )
+                }
+            }
+            None => 0,
+        };
+        if !quota.is_shadow() {
+            returned = Some(returned.map_or(taken, |r| r.min(taken)));
+        }
+    }
+    // With shadow quotas only, nothing enforced held the units: all of
+    // those named come back.
+    returned.unwrap_or(request.unused.min(granted))
 }
 
 /// How much of the room one lease may take (see `crate::lease`, "How much

@@ -31,13 +31,22 @@
 //!   at most `b + B T`) holds unchanged, since a lease spent in `[a, b]` has
 //!   `d >= a`. The price is `(d - t) / T` tokens of room per lease, so a
 //!   lease TTL above `(B - 1) T` is refused
-//!   ([`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest)):
+//!   ([`StoreErrorKind::InvalidRequest`]):
 //!   no lease could ever be granted.
 //!
 //! A lease holds the same units in every quota, so a check with a cost per
 //! quota ([`Limiter::check_policy_per_quota`](crate::Limiter::check_policy_per_quota))
 //! never spends from one: it goes to the store, which counts the units
 //! leases hold, and the bound stays exact.
+//!
+//! # One round trip per refill
+//!
+//! A [reservation](Backend::reserve) carries the refunds of the key's old
+//! leases ([`ReserveRequest::refunds`]) and applies them first, in the same
+//! atomic call, so that it sees the room they free; and one that grants
+//! nothing decides the check that asked ([`ReserveRequest::decides`]),
+//! exactly as a direct check would. A limiter therefore makes one store call
+//! per reservation, whatever it gives back or finds, and none per spend.
 //!
 //! # A node that dies holding a lease
 //!
@@ -147,7 +156,7 @@
 
 use std::time::Duration;
 
-use crate::store::{Guard, Op};
+use crate::store::{Guard, Op, StoreError, StoreErrorKind};
 
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
@@ -162,10 +171,15 @@ use crate::{Decision, Policy, WindowKey};
 /// Implemented by [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
 /// [`RedisStore`](crate::RedisStore).
 pub trait Backend: Send + Sync + 'static {
-    /// Atomically takes up to `request.want` units (at least
-    /// `request.at_least`, else none) from every quota of the policy, as a
-    /// [`Lease`] to spend locally until its deadline; see the
-    /// [module docs](self) for why the global bound stays exact.
+    /// In one atomic store call: first applies `request.refunds` (each as
+    /// [`refund`](Self::refund) would), then takes up to `request.want`
+    /// units (at least `request.at_least`, else none) from every quota of
+    /// the policy, as a [`Lease`] to spend locally until its deadline; see
+    /// the [module docs](self) for why the global bound stays exact. A
+    /// reservation that grants nothing and [`decides`](ReserveRequest::decides)
+    /// decides a check of `at_least` units instead, exactly as
+    /// [`limit::Backend::check`](crate::limit::Backend::check) would, and
+    /// answers it in [`Reservation::decision`].
     fn reserve<'a>(
         &'a self,
         guard: &mut Guard<'a>,
@@ -203,11 +217,21 @@ pub struct ReserveRequest<'a> {
     /// `max_wait`, spendable from [`Lease::not_before_micros`] (see the
     /// [module](self), "GCRA leases that start later").
     pub max_wait: Duration,
+    /// Leases of the same key and policy to refund before the reservation,
+    /// in the same call (what [`Reservation::refunded`] answers for).
+    pub refunds: &'a [RefundRequest<'a>],
+    /// Whether a reservation that grants nothing decides the check of
+    /// `at_least` units that asked for it (admitted or denied, all quotas
+    /// or none, a denial consuming nothing), in the same call.
+    pub decides: bool,
 }
 
 impl<'a> ReserveRequest<'a> {
     /// A reservation of up to `want` units (at least `at_least`, else none)
-    /// of every quota of `policy` for `key`, to be spent within `ttl`.
+    /// of every quota of `policy` for `key`, to be spent within `ttl`. A
+    /// `want` of 0 reserves nothing: the call only refunds (see
+    /// [`refunding`](Self::refunding)) and, if it [`decides`](Self::deciding),
+    /// decides the check of `at_least` units.
     pub fn new(
         key: &'a WindowKey,
         policy: &'a Policy,
@@ -222,7 +246,47 @@ impl<'a> ReserveRequest<'a> {
             at_least,
             ttl,
             max_wait: Duration::ZERO,
+            refunds: &[],
+            decides: false,
         }
+    }
+
+    /// The same reservation, refunding `refunds` first in the same call
+    /// (leases of the same key and policy).
+    #[must_use]
+    pub fn refunding(mut self, refunds: &'a [RefundRequest<'a>]) -> Self {
+        self.refunds = refunds;
+        self
+    }
+
+    /// The same reservation, deciding the check of `at_least` units when
+    /// it grants nothing (see [`decides`](Self::decides)).
+    #[must_use]
+    pub fn deciding(mut self) -> Self {
+        self.decides = true;
+        self
+    }
+
+    /// Refuses what no store can serve: `at_least` of 0, a `want` below
+    /// `at_least` (other than 0), a refund of another key or policy.
+    pub(crate) fn validate(&self) -> Result<(), StoreError> {
+        if self.at_least == 0 || (self.want != 0 && self.want < self.at_least) {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "a lease must want at least 1 unit, and at least what it needs",
+            ));
+        }
+        let foreign = self
+            .refunds
+            .iter()
+            .any(|refund| refund.key != self.key || refund.policy != self.policy);
+        if foreign {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "a reservation refunds only leases of its own key and policy",
+            ));
+        }
+        Ok(())
     }
 
     /// The same reservation, which may start up to `max_wait` later (see
@@ -328,8 +392,13 @@ pub struct Reservation {
     /// of the `at_least` units (every quota's remaining and reset; a shadow
     /// quota that holds fewer than `at_least` units reports its would-be
     /// denial); for a lease that starts later
-    /// ([`Lease::not_before_micros`]), a denial until it starts.
+    /// ([`Lease::not_before_micros`]), a denial until it starts. Without a
+    /// lease, for a request that [`decides`](ReserveRequest::decides): the
+    /// check of `at_least` units, decided as a direct check.
     pub decision: Option<Decision>,
+    /// Units the request's [refunds](ReserveRequest::refunds) returned, in
+    /// all (each as [`Backend::refund`] answers).
+    pub refunded: u32,
 }
 
 impl Reservation {
@@ -346,6 +415,7 @@ impl Reservation {
             now_micros,
             held_until_micros,
             decision: Some(decision),
+            refunded: 0,
         }
     }
 
@@ -356,7 +426,23 @@ impl Reservation {
             now_micros,
             held_until_micros,
             decision: None,
+            refunded: 0,
         }
+    }
+
+    /// The same reservation, with the decision of the check it decided
+    /// (see [`decision`](Self::decision)).
+    #[must_use]
+    pub fn with_decision(mut self, decision: Decision) -> Self {
+        self.decision = Some(decision);
+        self
+    }
+
+    /// The same reservation, whose refunds returned `units`.
+    #[must_use]
+    pub fn with_refunded(mut self, units: u32) -> Self {
+        self.refunded = units;
+        self
     }
 
     /// Units granted (0 without a lease).

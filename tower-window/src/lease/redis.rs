@@ -1,10 +1,13 @@
-//! Quota leases on Redis: [`Store::reserve`](crate::Store::reserve) and
-//! [`Store::refund`](crate::Store::refund) for [`RedisStore`].
+//! Quota leases on Redis: [`Backend::reserve`](super::Backend::reserve)
+//! and [`Backend::refund`](super::Backend::refund) for [`RedisStore`].
 //!
-//! Each is one `EVALSHA` of one script (`scripts/lease.lua` after the
-//! shared prelude and the algorithm fragments, so the lease reads and
-//! writes the very state a check does), on Redis's own `TIME`. Besides the
-//! quotas' keys it touches two keys of its own beside the policy's first
+//! Each is one `EVALSHA` of one script (`lease.lua` after the shared
+//! prelude and the algorithm fragments, so the lease reads and writes the
+//! very state a check does, and decides a check as the check script does),
+//! on Redis's own `TIME`. A reservation carries the refunds of the key's
+//! old leases as arguments and applies them first, and one that grants
+//! nothing decides the check that asked: one round trip per refill. Besides
+//! the quotas' keys it touches two keys of its own beside the policy's first
 //! quota key, in the same hash slot: `<key>:lr` (a hash of the outstanding
 //! leases, the lease counter and the latest deadline) and `<key>:lx` (the
 //! leases by the time their units stop counting, so that every call drops
@@ -17,12 +20,12 @@
 //! Shadow quotas are read from the algorithm code as the check script
 //! reads them (`quota_code` in the prelude); each record keeps the units
 //! each quota holds, so a refund gives a shadow quota back only what it
-//! held (see [`crate::store::lease`]).
+//! held (see [`crate::lease`]).
 //!
 //! A lease is named by the store time of its reservation and a counter
 //! (`<t>:<seq>`), so a refund that arrives after its record was dropped
-//! (or twice) finds nothing and changes nothing. See
-//! [`crate::store::lease`] for why the bound stays exact per algorithm.
+//! (or twice) finds nothing and changes nothing. See [`crate::lease`] for
+//! why the bound stays exact per algorithm.
 
 use std::sync::LazyLock;
 
@@ -97,12 +100,7 @@ impl RedisStore {
         &self,
         request: ReserveRequest<'_>,
     ) -> Result<Reservation, StoreError> {
-        if request.at_least == 0 || request.want < request.at_least {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "a lease must want at least 1 unit, and at least what it needs",
-            ));
-        }
+        request.validate()?;
         let ttl = u64::try_from(request.ttl.as_micros()).unwrap_or(u64::MAX);
         // Beyond 2^40 µs (12 days) a lease is no lease; keeps Lua exact.
         if ttl == 0 || ttl > 1 << 40 {
@@ -117,10 +115,28 @@ impl RedisStore {
         let max_wait = u64::try_from(request.max_wait.as_micros())
             .unwrap_or(u64::MAX)
             .min(1 << 40);
+        let refunds: Vec<&RefundRequest<'_>> = request
+            .refunds
+            .iter()
+            .filter(|refund| refund.returns_anything())
+            .collect();
         call.arg("reserve")
             .arg(ttl)
             .arg(request.at_least)
-            .arg(max_wait);
+            .arg(max_wait)
+            .arg(u8::from(request.decides))
+            .arg(refunds.len());
+        for refund in refunds {
+            call.arg(field(refund.lease))
+                .arg(refund.unused.min(refund.lease.granted));
+            // One value per quota; '' leaves a shadow quota's to the script.
+            for i in 0..request.policy.len() {
+                match refund.shadow_unused.and_then(|units| units.get(i)) {
+                    Some(units) => call.arg(*units),
+                    None => call.arg(""),
+                };
+            }
+        }
         let reply = self.run_lease(call).await?;
         reservation(request.policy, request.at_least, &reply)
     }
@@ -154,38 +170,42 @@ impl RedisStore {
 }
 
 /// Turns the reserve reply `{granted, now, deadline, seq, latest deadline,
-/// then per quota remaining, reset_after, units held, then the time the
-/// lease may be spent from}` into a
-/// [`Reservation`] (the decision an admission of `at_least` units).
+/// units refunded, then with a lease per quota remaining, reset_after,
+/// units held, then the time the lease may be spent from; without one, the
+/// check's reply if it decided}` into a [`Reservation`] (the decision an
+/// admission of `at_least` units, or the check decided).
 fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservation, StoreError> {
-    let Some((&[granted, now, deadline, seq, held], per_quota)) = reply.split_first_chunk::<5>()
-    else {
-        return Err(StoreError::new(
+    let wrong_length = || {
+        StoreError::new(
             StoreErrorKind::Protocol,
             format!("redis lease reserve replied {} values", reply.len()),
-        ));
+        )
+    };
+    let Some((&[granted, now, deadline, seq, held, refunded], rest)) =
+        reply.split_first_chunk::<6>()
+    else {
+        return Err(wrong_length());
     };
     let positive = |v: i64| u64::try_from(v).unwrap_or(0);
     let now = positive(now);
     let held_until_micros = (held > 0).then(|| positive(held));
+    let refunded = u32::try_from(refunded.max(0)).unwrap_or(u32::MAX);
     if granted <= 0 {
-        return Ok(Reservation::empty(now, held_until_micros));
+        let empty = Reservation::empty(now, held_until_micros).with_refunded(refunded);
+        return Ok(if rest.is_empty() {
+            empty
+        } else {
+            empty.with_decision(crate::limit::redis::decision(policy, rest)?)
+        });
     }
-    // Then the time the lease may be spent from (a script before it said
-    // nothing: at once).
-    let (per_quota, not_before) = match per_quota.len().checked_sub(3 * policy.len()) {
-        Some(0) => (per_quota, now),
-        Some(1) => (
-            &per_quota[..3 * policy.len()],
-            positive(per_quota[3 * policy.len()]).max(now),
-        ),
-        _ => {
-            return Err(StoreError::new(
-                StoreErrorKind::Protocol,
-                format!("redis lease reserve replied {} values", reply.len()),
-            ))
-        }
+    // Then the time the lease may be spent from.
+    let Some((per_quota, &[not_before])) = rest.split_last_chunk::<1>() else {
+        return Err(wrong_length());
     };
+    if per_quota.len() != 3 * policy.len() {
+        return Err(wrong_length());
+    }
+    let not_before = positive(not_before).max(now);
     let granted = u32::try_from(granted).unwrap_or(u32::MAX);
     let units = |v: i64| u32::try_from(v.max(0)).unwrap_or(u32::MAX).min(granted);
     let states = policy
@@ -223,6 +243,7 @@ fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservat
         now_micros: now,
         held_until_micros,
         decision,
+        refunded,
     })
 }
 
@@ -258,7 +279,8 @@ mod tests {
     #[test]
     fn replies_become_reservations() {
         let policy = Policy::from("10/1s".parse::<crate::Quota>().unwrap());
-        let r = reservation(&policy, 1, &[3, 100, 200, 7, 200, 5, 1_000_000, 3]).unwrap();
+        let r = reservation(&policy, 1, &[3, 100, 200, 7, 200, 2, 5, 1_000_000, 3, 100]).unwrap();
+        assert_eq!(r.refunded, 2);
         let lease = r.lease.unwrap();
         assert_eq!(
             (lease.granted, lease.id, lease.deadline_micros),
@@ -266,10 +288,20 @@ mod tests {
         );
         assert!(lease.held.is_empty(), "no shadow quota");
         assert_eq!(r.decision.unwrap().remaining, 5);
-        let none = reservation(&policy, 1, &[0, 100, 0, 0, 150]).unwrap();
-        assert!(none.lease.is_none());
+        let none = reservation(&policy, 1, &[0, 100, 0, 0, 150, 0]).unwrap();
+        assert!(none.lease.is_none() && none.decision.is_none());
         assert_eq!(none.held_for(), Duration::from_micros(50));
-        assert!(reservation(&policy, 1, &[3, 100, 200, 7, 200, 5, 1_000_000]).is_err());
+        // Nothing granted, and the check decided: the check script's reply.
+        let denied =
+            reservation(&policy, 1, &[0, 100, 0, 0, 150, 1, 0, 100, 0, 0, 900, 40]).unwrap();
+        assert!(denied.lease.is_none());
+        assert_eq!(denied.refunded, 1);
+        let decision = denied.decision.unwrap();
+        assert!(!decision.allowed);
+        assert_eq!(decision.retry_after, Some(Duration::from_micros(40)));
+        assert!(reservation(&policy, 1, &[0, 100, 0, 0, 150, 0, 1]).is_err());
+        assert!(reservation(&policy, 1, &[3, 100, 200, 7, 200, 0, 5, 1_000_000, 3]).is_err());
+        assert!(reservation(&policy, 1, &[3, 100, 200, 7, 200, 0]).is_err());
         assert!(reservation(&policy, 1, &[3, 100, 200, 7, 200]).is_err());
         assert!(reservation(&policy, 1, &[]).is_err());
     }
@@ -284,7 +316,7 @@ mod tests {
             .unwrap()
             .shadowed(true);
         let policy = Policy::new("es", [enforced, shadow]).unwrap();
-        let reply = [3, 100, 200, 7, 200, 2, 1_000_000, 3, 0, 900, 1];
+        let reply = [3, 100, 200, 7, 200, 0, 2, 1_000_000, 3, 0, 900, 1, 100];
         let r = reservation(&policy, 2, &reply).unwrap();
         assert_eq!(r.lease.as_ref().unwrap().held, [3, 1]);
         let decision = r.decision.unwrap();

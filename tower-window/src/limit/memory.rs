@@ -51,28 +51,12 @@ impl MemoryStore {
                 continue;
             }
             let now = self.clock.now_micros();
-            let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
-            for (i, (quota, guard)) in policy.quotas().iter().zip(guards.iter_mut()).enumerate() {
-                if let Some(inner) = guard {
-                    inner.last_check = inner.last_check.max(now);
-                    evaluations.push(inner.state.evaluate(quota, now, request.cost_of(i).get()));
-                }
-            }
-            if policy_admits(policy, &evaluations) {
-                for (i, ((quota, guard), evaluation)) in policy
-                    .quotas()
-                    .iter()
-                    .zip(guards.iter_mut())
-                    .zip(&evaluations)
-                    .enumerate()
-                {
-                    // A shadow quota the cost does not fit records nothing.
-                    if let (Some(inner), true) = (guard, evaluation.fits()) {
-                        inner.state.commit(quota, now, request.cost_of(i).get());
-                    }
-                }
-            }
-            return decided(policy, &evaluations, now);
+            let mut slots: SmallVec<[&mut SlotInner; 4]> = guards
+                .iter_mut()
+                .flatten()
+                .map(|inner| &mut **inner)
+                .collect();
+            return decide_locked(policy, &mut slots, now, |i| request.cost_of(i).get());
         }
     }
 
@@ -105,6 +89,39 @@ impl MemoryStore {
             return decided(request.policy, &[evaluation], now);
         }
     }
+}
+
+/// Decides one request against `policy` on its quotas' slots, locked (in
+/// policy order), at `now`: every quota is evaluated, and only if every
+/// enforced one fits is the cost (`cost_of` the quota's index) committed,
+/// to every quota it fits (a shadow quota that does not records nothing).
+/// Also how a lease reservation that grants nothing decides its check.
+pub(crate) fn decide_locked(
+    policy: &Policy,
+    slots: &mut [&mut SlotInner],
+    now: u64,
+    cost_of: impl Fn(usize) -> u32,
+) -> Result<Decision, StoreError> {
+    let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
+    for (i, (quota, inner)) in policy.quotas().iter().zip(slots.iter_mut()).enumerate() {
+        inner.last_check = inner.last_check.max(now);
+        evaluations.push(inner.state.evaluate(quota, now, cost_of(i)));
+    }
+    if policy_admits(policy, &evaluations) {
+        for (i, ((quota, inner), evaluation)) in policy
+            .quotas()
+            .iter()
+            .zip(slots.iter_mut())
+            .zip(&evaluations)
+            .enumerate()
+        {
+            // A shadow quota the cost does not fit records nothing.
+            if evaluation.fits() {
+                inner.state.commit(quota, now, cost_of(i));
+            }
+        }
+    }
+    decided(policy, &evaluations, now)
 }
 
 fn decided(policy: &Policy, evaluations: &[Evaluation], now: u64) -> Result<Decision, StoreError> {

@@ -20,7 +20,7 @@ mod check;
 pub mod fallback;
 pub(crate) mod lease_tier;
 pub(crate) mod local;
-mod memory;
+pub(crate) mod memory;
 mod peek;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
@@ -233,25 +233,6 @@ impl Limiter {
             "rate-limit windows",
             |windows| windows.failure_domain(request.key, request.policy),
             self.calls(request.policy),
-            operation,
-        )
-    }
-
-    /// One operation on the store's quota leases for `key` under `policy`
-    /// (in the failure domain of its windows).
-    pub(crate) fn call_leases<'a, T: Send + 'a>(
-        &'a self,
-        key: &'a WindowKey,
-        policy: &'a Policy,
-        operation: impl FnOnce(&'a dyn crate::lease::Backend, &mut crate::store::Guard<'a>) -> Op<'a, T>,
-    ) -> Op<'a, T> {
-        let inner = &*self.inner;
-        let windows = inner.windows.as_deref();
-        inner.store.call(
-            inner.lease_backend.as_deref(),
-            "quota leases",
-            |_| windows.and_then(|windows| windows.failure_domain(key, policy)),
-            self.calls(policy),
             operation,
         )
     }

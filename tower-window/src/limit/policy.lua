@@ -20,7 +20,8 @@
 --
 -- Every quota is evaluated (reads; expired state may be dropped; nothing is
 -- recorded). Only if every enforced quota fits is the cost committed, to
--- every quota it fits (a shadow quota that would deny records nothing).
+-- every quota it fits (a shadow quota that would deny records nothing): see
+-- decide() in the prelude.
 --
 -- Reply: {allowed (0/1), now_us, then per quota in policy order: allowed
 -- (0/1), remaining, reset_after_us, retry_after_us (-1 = never)}. A quota
@@ -60,35 +61,4 @@ if next_key - 1 ~= #KEYS then
   return redis.error_reply('ERR tower-window: keys do not match the quotas')
 end
 
-local admitted = true
-for i = 1, count do
-  local q = quotas[i]
-  c = q.c
-  q.algorithm.evaluate(q)
-  if not q.fits and not q.shadow then
-    admitted = false
-  end
-end
-
-local reply = {admitted and 1 or 0, t}
-for i = 1, count do
-  local q = quotas[i]
-  c = q.c
-  if admitted and q.fits then
-    q.algorithm.commit(q)
-  elseif q.dirty and q.algorithm.settle then
-    q.algorithm.settle(q)
-  end
-  if admitted or not q.fits then
-    reply[#reply + 1] = q.fits and 1 or 0
-    reply[#reply + 1] = q.remaining
-    reply[#reply + 1] = q.reset
-    reply[#reply + 1] = q.retry
-  else
-    reply[#reply + 1] = 1
-    reply[#reply + 1] = q.remaining0
-    reply[#reply + 1] = q.reset0
-    reply[#reply + 1] = 0
-  end
-end
-return reply
+return decide(quotas)

@@ -1,4 +1,4 @@
-//! [`LeaseConfig`] (how a limiter leases) and [`LeaseStats`] (what it did).
+//! [`LeaseConfig`]: how a limiter leases.
 
 use std::time::Duration;
 
@@ -151,28 +151,6 @@ impl LeaseConfig {
 
 /// [`LeaseConfig::MAX_DEFAULT_TTL`] in µs.
 const MAX_DEFAULT_TTL_MICROS: u64 = 1_000_000;
-
-/// Counts of a limiter's lease units since it was built.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct LeaseStats {
-    /// Units the store granted in leases.
-    pub granted: u64,
-    /// Leased units admitted (with the reservation or locally).
-    pub spent: u64,
-    /// Units given back before their lease's deadline (on shutdown, say).
-    pub refunded: u64,
-    /// Units left unspent when their lease's deadline passed (refunded
-    /// then where the store still counts them).
-    pub expired_unspent: u64,
-    /// Units the store took back from refunds of either kind.
-    pub returned: u64,
-    /// Reservations sent to the store (on demand or ahead of need).
-    pub reservations: u64,
-    /// Checks that waited for a reservation another check had in flight
-    /// (their key's lease was empty).
-    pub waits: u64,
-}
 
 #[cfg(test)]
 mod tests {

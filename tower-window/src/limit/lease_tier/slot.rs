@@ -166,6 +166,21 @@ impl Slot {
         }
     }
 
+    /// Once no reservation of this slot is in flight (it ends within the
+    /// store's timeout, however it ends).
+    pub(crate) async fn landed(&self) {
+        loop {
+            // Registered before the look, so the end of a flight cannot
+            // slip between the look and the wait.
+            let mut notified = std::pin::pin!(self.refilled.notified());
+            notified.as_mut().enable();
+            if !self.lock().refilling {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// The state. Nothing panics while holding it, but a poisoned lock is
     /// taken as it is rather than turned into a panic of every check.
     pub(crate) fn lock(&self) -> MutexGuard<'_, SlotState> {

@@ -1,0 +1,91 @@
+//! Direct decisions of a leased key: the store decides a check exactly as
+//! without leases — when a reservation granted nothing (in its own call),
+//! when the key cooled down (in the call that gives back what its leases
+//! left), or when the store could not lease at all (one more call).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::LeaseTier;
+use crate::lease::{RefundRequest, Reservation, ReserveRequest};
+use crate::store::CheckRequest;
+use crate::{Decision, Policy, WindowKey};
+
+impl crate::Limiter {
+    /// A check of a key that cooled down: decided by the store directly,
+    /// in the call that gives back what its leases left (a check of the
+    /// policy as without leases when there is nothing to give back).
+    pub(super) async fn decide_cooled(
+        &self,
+        tier: &LeaseTier,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: crate::Cost,
+        refunds: &[RefundRequest<'_>],
+    ) -> Result<Decision, crate::LimitError> {
+        if refunds.is_empty() {
+            return self.decide_direct(key, policy, cost, None).await;
+        }
+        // A reservation of nothing that decides the check.
+        let request = ReserveRequest::new(key, policy, 0, cost.get(), tier.config.ttl_for(policy))
+            .refunding(refunds)
+            .deciding();
+        let result = self.call_leases(request).await;
+        self.count_returned(tier, refunds, &result);
+        match result {
+            Ok(Reservation {
+                decision: Some(decision),
+                ..
+            }) => Ok(self.decided_directly(key, policy, cost, decision, None)),
+            Ok(_) => self.decide_direct(key, policy, cost, None).await,
+            Err(error) => self.fall_back(CheckRequest::new(key, policy, cost), error),
+        }
+    }
+
+    /// The store decides this check as without leases (one call), then as
+    /// [`decided_directly`](Self::decided_directly).
+    pub(super) async fn decide_direct(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: crate::Cost,
+        held_until: Option<u64>,
+    ) -> Result<Decision, crate::LimitError> {
+        match self.check_store(CheckRequest::new(key, policy, cost)).await {
+            Ok(decision) => Ok(self.decided_directly(key, policy, cost, decision, held_until)),
+            Err(error) => self.fall_back(CheckRequest::new(key, policy, cost), error),
+        }
+    }
+
+    /// A check the store decided directly (in a check of its own, or in a
+    /// reservation that granted nothing): counted, and a denial remembered
+    /// by the local tier. `held_until` (store clock): the latest deadline of
+    /// the leases outstanding, which a denial waits no longer than.
+    pub(super) fn decided_directly(
+        &self,
+        key: &WindowKey,
+        policy: &Policy,
+        cost: crate::Cost,
+        mut decision: Decision,
+        held_until: Option<u64>,
+    ) -> Decision {
+        let inner = &*self.inner;
+        inner.stats.store.fetch_add(1, Ordering::Relaxed);
+        // On the store's clock: the latest outstanding deadline, from this
+        // decision's time.
+        if let (false, Some(held_until), Some(retry)) =
+            (decision.allowed, held_until, decision.retry_after)
+        {
+            let left = held_until.saturating_sub(decision.timestamp_micros);
+            if left > 0 {
+                decision.retry_after = Some(retry.min(Duration::from_micros(left)));
+            }
+        }
+        if let Some(local) = &inner.local {
+            if !decision.allowed {
+                local.remember(key, policy, cost.get(), None, &decision);
+            }
+        }
+        decision
+    }
+}

@@ -1,0 +1,123 @@
+//! Giving leases back: what a key's old leases left goes back to the store
+//! as refunds riding on that key's next store call (a reservation, or the
+//! direct decision of a key that cooled down), or all at once on shutdown
+//! ([`Limiter::refund_leases`](crate::Limiter::refund_leases)); a reset
+//! drops them instead ([`Limiter::discard_leases`](crate::Limiter::discard_leases)).
+
+use std::sync::atomic::Ordering;
+
+use super::slot::Held;
+use super::LeaseTier;
+use crate::lease::{RefundRequest, Reservation, ReserveRequest};
+
+impl crate::Limiter {
+    /// The refunds of what the leases `old` left, counted as refunded (or
+    /// as expired unspent, for those past their deadline at `now`); a lease
+    /// that holds nothing needs none.
+    pub(super) fn refunds_of<'h>(
+        &self,
+        tier: &LeaseTier,
+        old: &'h [Held],
+        now: u64,
+    ) -> Vec<RefundRequest<'h>> {
+        let metrics = &self.inner.metrics;
+        old.iter()
+            .filter(|held| held.holds_anything())
+            .map(|held| {
+                let expired = now >= held.local_deadline;
+                let (counter, event) = if expired {
+                    (&tier.counters.expired, "expired")
+                } else {
+                    (&tier.counters.refunded, "refunded")
+                };
+                counter.fetch_add(u64::from(held.left), Ordering::Relaxed);
+                metrics.lease_units(held.policy.first(), event, u64::from(held.left));
+                let request = RefundRequest::new(&held.key, &held.policy, &held.lease, held.left);
+                if held.shadow_left.is_empty() {
+                    request
+                } else {
+                    request.with_shadow_unused(&held.shadow_left)
+                }
+            })
+            .collect()
+    }
+
+    /// Counts what the refunds that rode on a store call got back; a failed
+    /// call leaves their units counted until the store's records expire.
+    pub(super) fn count_returned(
+        &self,
+        tier: &LeaseTier,
+        refunds: &[RefundRequest<'_>],
+        result: &Result<Reservation, crate::StoreError>,
+    ) {
+        if refunds.is_empty() {
+            return;
+        }
+        match result {
+            Ok(reservation) => {
+                tier.counters
+                    .returned
+                    .fetch_add(u64::from(reservation.refunded), Ordering::Relaxed);
+            }
+            Err(error) => {
+                tracing::debug!(
+                    kind = error.kind().as_str(),
+                    "quota lease refund failed; its units count until the lease's records expire"
+                );
+            }
+        }
+    }
+
+    /// Gives back the unspent units of every lease this limiter holds, and
+    /// answers how many units the store took back. Call it on graceful
+    /// shutdown (the example gateway does), so that other nodes can use
+    /// them at once; a key's reservation in flight is waited for and its
+    /// lease given back too, but leases taken afterwards are not refunded.
+    /// Without leases, 0.
+    pub async fn refund_leases(&self) -> u64 {
+        let Some(tier) = &self.inner.leases else {
+            return 0;
+        };
+        let before = tier.counters.returned.load(Ordering::Relaxed);
+        for slot in tier.all() {
+            slot.landed().await;
+            let held = slot.lock().take_all();
+            let now = self.inner.clock.now_micros();
+            let refunds = self.refunds_of(tier, &held, now);
+            let Some(first) = refunds.first() else {
+                continue;
+            };
+            // One call per key: a reservation of nothing, carrying them.
+            let ttl = tier.config.ttl_for(first.policy);
+            let request =
+                ReserveRequest::new(first.key, first.policy, 0, 1, ttl).refunding(&refunds);
+            let result = self.call_leases(request).await;
+            self.count_returned(tier, &refunds, &result);
+        }
+        tier.counters
+            .returned
+            .load(Ordering::Relaxed)
+            .saturating_sub(before)
+    }
+
+    /// Drops every lease this limiter holds without refunding it, and
+    /// answers how many units were dropped: for a reset of the windows
+    /// (a tenant's `reset`, say), after which held units must not be spent
+    /// against the fresh windows. A reservation in flight is dropped when it
+    /// comes back. The store's records of those leases are left to expire
+    /// (a reset that deletes the windows' keys should delete the policy's
+    /// `:lr`/`:lx` lease keys with them).
+    pub async fn discard_leases(&self) -> u64 {
+        let Some(tier) = &self.inner.leases else {
+            return 0;
+        };
+        tier.epoch.fetch_add(1, Ordering::AcqRel);
+        let mut dropped = 0;
+        for slot in tier.all() {
+            for held in slot.lock().take_all() {
+                dropped += u64::from(held.left);
+            }
+        }
+        dropped
+    }
+}

@@ -1,0 +1,100 @@
+//! Refill ahead of need: the check whose spend leaves its key's lease at the
+//! low watermark starts the next reservation and answers at once; the
+//! reservation (single-flight per key, as any) runs without it.
+
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+
+use super::reserve::{Ask, Flight};
+use super::slot::Slot;
+use super::LeaseTier;
+use crate::{Decision, Policy, WindowKey};
+
+impl crate::Limiter {
+    /// Starts the reservation ahead of need of `slot`, whose `refilling`
+    /// the caller set, without holding up the check that asked: on an
+    /// in-process store at once (its answer is ready: no wait), else on the
+    /// current Tokio runtime. With neither, answers the slot: the check
+    /// carries the reservation ([`refill_ahead`](Self::refill_ahead)).
+    pub(super) fn start_refill(
+        &self,
+        tier: &LeaseTier,
+        slot: Arc<Slot>,
+        key: &WindowKey,
+        policy: &Policy,
+    ) -> Option<Arc<Slot>> {
+        if self.inner.store.is_in_process() {
+            // Ready in its first poll; were it not, dropping it ends the
+            // flight and a later spend starts another.
+            let _ = self.refill(tier, Flight(slot), key, policy).now_or_never();
+            return None;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Some(slot);
+        };
+        let (limiter, flight) = (self.clone(), Flight(slot));
+        let (key, policy) = (key.clone(), policy.clone());
+        drop(runtime.spawn(async move {
+            if let Some(tier) = &limiter.inner.leases {
+                limiter.refill(tier, flight, &key, &policy).await;
+            }
+        }));
+        None
+    }
+
+    /// A check that left the key's lease at its low watermark, outside a
+    /// Tokio runtime on a networked store: it was admitted with `decision`,
+    /// and reserves the next lease before it answers (other checks keep
+    /// spending meanwhile).
+    pub(in crate::limit) async fn refill_ahead(
+        &self,
+        tier: &LeaseTier,
+        slot: Arc<Slot>,
+        key: &WindowKey,
+        policy: &Policy,
+        decision: Decision,
+    ) -> Result<Decision, crate::LimitError> {
+        self.refill(tier, Flight(slot), key, policy).await;
+        Ok(decision)
+    }
+
+    /// Reserves the next lease of `flight`'s slot ahead of need, giving
+    /// back what its retired leases left in the same call. A reservation
+    /// that fails or grants nothing changes nothing: the check that finds
+    /// the lease empty decides.
+    async fn refill(&self, tier: &LeaseTier, flight: Flight, key: &WindowKey, policy: &Policy) {
+        let inner = &*self.inner;
+        let slot = &flight.0;
+        let (now, old, want, epoch) = {
+            let mut state = slot.lock();
+            let now = inner.clock.now_micros();
+            let old = std::mem::take(&mut state.retired);
+            let leftover_expired = old
+                .iter()
+                .any(|held| held.left > 0 && now >= held.local_deadline);
+            let max_units = tier.config.max_units.max(1);
+            let want = state.next_want(now, max_units, leftover_expired);
+            (
+                now,
+                old,
+                want,
+                tier.epoch.load(std::sync::atomic::Ordering::Acquire),
+            )
+        };
+        let refunds = self.refunds_of(tier, &old, now);
+        let ask = Ask {
+            want,
+            spend: 0,
+            epoch,
+            refunds: &refunds,
+        };
+        if let Err(error) = self.reserve(tier, slot, key, policy, ask).await {
+            tracing::debug!(
+                kind = error.kind().as_str(),
+                "quota lease reservation ahead of need failed; the key's next empty lease decides"
+            );
+        }
+        drop(flight);
+    }
+}
