@@ -3,7 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{validate_name, Quota, QuotaError, Scope};
+use super::id::validate_name;
+use super::{Quota, QuotaError, Scope};
 
 /// The most quotas one policy may hold.
 pub const MAX_QUOTAS: usize = 16;
