@@ -44,6 +44,7 @@ pub mod limit;
 pub mod metrics;
 pub mod quota;
 pub mod store;
+mod sync;
 pub mod tenant;
 
 /// The `bytes` crate this one is built with ([`WindowKey`] parts are `Bytes`).

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -109,7 +109,7 @@ impl Shared {
     }
 
     pub(super) fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Live>> {
-        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.live)
     }
 
     /// One operation on the store's connection backend in `partition`,

@@ -17,9 +17,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::conn::{self, CapScope, GrantReply, GrantRequest, SeatRef};
-use crate::store::memory::lock;
 use crate::store::MemoryStore;
 use crate::store::{Guard, Op};
+use crate::sync::lock;
 use crate::WindowKey;
 
 /// Which set: a subject's (in one form) or a tenant's.

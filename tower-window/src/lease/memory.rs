@@ -18,9 +18,10 @@ use smallvec::SmallVec;
 
 use crate::algorithm::lease as algo;
 use crate::lease::{Lease, RefundRequest, Reservation, ReserveRequest};
-use crate::store::memory::{lock, Slot, SlotInner, MAX_EVICTED_RETRIES};
+use crate::store::memory::{Slot, SlotInner, MAX_EVICTED_RETRIES};
 use crate::store::MemoryStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
+use crate::sync::lock;
 use crate::{Decision, Policy, QuotaDecision, WindowKey};
 
 /// The most records of leases whose units stopped counting that one call

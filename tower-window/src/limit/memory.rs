@@ -11,8 +11,9 @@ use super::Backend;
 use crate::algorithm::outcome::{policy_admits, policy_decision, Evaluation};
 use crate::algorithm::State;
 use crate::key::state_key::StateKeyRef;
-use crate::store::memory::{lock, Slot, SlotInner, MAX_EVICTED_RETRIES};
+use crate::store::memory::{Slot, SlotInner, MAX_EVICTED_RETRIES};
 use crate::store::{CheckRequest, Guard, MemoryStore, Op, StoreError, StoreErrorKind};
+use crate::sync::lock;
 use crate::{Decision, Policy, Quota, QuotaDecision};
 
 impl MemoryStore {

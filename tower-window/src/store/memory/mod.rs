@@ -36,7 +36,7 @@
 
 use std::convert::Infallible;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
@@ -46,6 +46,7 @@ use smallvec::SmallVec;
 
 use crate::algorithm::State;
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
+use crate::sync::lock;
 use crate::{Clock, MonotonicClock, Quota, WindowKey};
 
 pub(crate) type SlotCache =
@@ -178,11 +179,6 @@ impl MemoryStore {
             Err(never) => match never {},
         }
     }
-}
-
-pub(crate) fn lock<T>(state: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A check never leaves the state half-written: a panic elsewhere cannot break it.
-    state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Default for MemoryStore {

@@ -2,7 +2,7 @@
 //! half-open with a few probes.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::shared::Shared;
@@ -102,9 +102,7 @@ impl Breaker {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // The state is consistent after every statement; a panic elsewhere
-        // while holding the lock cannot corrupt it.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 
     pub(crate) fn state(&self) -> BreakerState {

@@ -1,7 +1,9 @@
 //! What every breaker of one store handle shares, and how their
 //! transitions reach the metrics of each capability made from the handle.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use crate::sync::lock;
 
 use super::{BreakerConfig, BreakerState};
 use crate::metrics::LimiterMetrics;
@@ -57,7 +59,7 @@ impl Shared {
     }
 
     pub(super) fn lock_tally(&self) -> MutexGuard<'_, Tally> {
-        self.tally.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.tally)
     }
 
     /// Counts one breaker's transition and reports it. Called under that
@@ -71,10 +73,7 @@ impl Shared {
         if let Some(n) = tally.slot(to) {
             *n += 1;
         }
-        let mut observers = self
-            .observers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut observers = lock(&self.observers);
         observers.retain(|observer| match observer.upgrade() {
             Some(metrics) => {
                 metrics.breaker_transition(to, tally.worst(), tally.open);
@@ -89,9 +88,6 @@ impl Shared {
     pub(super) fn observe(&self, metrics: &Arc<LimiterMetrics>) {
         let tally = self.lock_tally();
         metrics.breaker_state(tally.worst(), tally.open);
-        self.observers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Arc::downgrade(metrics));
+        lock(&self.observers).push(Arc::downgrade(metrics));
     }
 }
