@@ -76,7 +76,7 @@ impl<'a> DedupRequest<'a> {
 
     /// The window in whole milliseconds, rounded up, at least 1.
     pub fn window_millis(&self) -> u64 {
-        let micros = u64::try_from(self.window.as_micros()).unwrap_or(u64::MAX);
+        let micros = crate::clock::duration_micros(self.window);
         micros.div_ceil(1_000).max(1)
     }
 }

@@ -12,11 +12,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
-use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use crate::algorithm::lease as algo;
+use crate::clock::duration_micros;
 use crate::lease::{Lease, RefundRequest, Reservation, ReserveRequest};
 use crate::store::memory::{Slot, SlotInner, MAX_EVICTED_RETRIES};
 use crate::store::MemoryStore;
@@ -396,10 +396,6 @@ pub(crate) fn grant(room: u64, want: u32, at_least: u32, share: Share) -> u32 {
     } else {
         u32::try_from(granted).unwrap_or(u32::MAX)
     }
-}
-
-fn duration_micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl super::Backend for MemoryStore {

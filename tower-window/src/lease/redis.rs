@@ -110,7 +110,7 @@ impl RedisStore {
                 "a lease must want at least 1 unit, and at least what it needs",
             ));
         }
-        let ttl = u64::try_from(request.ttl.as_micros()).unwrap_or(u64::MAX);
+        let ttl = crate::clock::duration_micros(request.ttl);
         // Beyond 2^40 µs (12 days) a lease is no lease; keeps Lua exact.
         if ttl == 0 || ttl > 1 << 40 {
             return Err(StoreError::new(
@@ -121,9 +121,7 @@ impl RedisStore {
         crate::algorithm::lease::check_ttl(request.policy, ttl)?;
         let now = self.explicit_now()?;
         let mut call = self.lease_call(request.key, request.policy, request.want, now)?;
-        let max_wait = u64::try_from(request.max_wait.as_micros())
-            .unwrap_or(u64::MAX)
-            .min(1 << 40);
+        let max_wait = crate::clock::duration_micros(request.max_wait).min(1 << 40);
         call.arg("reserve")
             .arg(ttl)
             .arg(request.at_least)

@@ -155,7 +155,7 @@ impl Policy {
 
     /// [`shortest_window`](Self::shortest_window) in whole µs.
     pub(crate) fn shortest_window_micros(&self) -> u64 {
-        u64::try_from(self.inner.shortest_window.as_micros()).unwrap_or(u64::MAX)
+        crate::clock::duration_micros(self.inner.shortest_window)
     }
 
     /// The same identifier as a cheaply cloned shared string.

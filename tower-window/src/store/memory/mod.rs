@@ -285,7 +285,7 @@ impl MemoryStoreBuilder {
             cache: Arc::new(cache),
             clock: self.clock,
             max_keys: self.max_keys,
-            grace_micros: u64::try_from(self.expiry_grace.as_micros()).unwrap_or(u64::MAX),
+            grace_micros: crate::clock::duration_micros(self.expiry_grace),
             next_lease: Arc::new(std::sync::atomic::AtomicU64::new(1)),
             events: Arc::new(crate::events::memory::EventLogs::new(self.max_keys)),
             dedup: Arc::new(crate::dedup::memory::DedupIds::new(self.max_dedup_ids)),
@@ -349,8 +349,7 @@ impl Slot {
                 evicted: false,
                 leases: LeaseRecords::default(),
             }),
-            lifetime_micros: u64::try_from(quota.max_state_lifetime().as_micros())
-                .unwrap_or(u64::MAX),
+            lifetime_micros: crate::clock::duration_micros(quota.max_state_lifetime()),
         }
     }
 }
