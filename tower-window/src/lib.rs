@@ -34,6 +34,7 @@ pub mod conn;
 mod cost;
 mod decision;
 pub mod dedup;
+mod error_debug;
 pub mod events;
 pub use limit::fallback;
 pub mod key;

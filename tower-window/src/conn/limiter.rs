@@ -53,7 +53,7 @@ pub struct Presence {
 }
 
 /// Why a [`ConnectionLimiter`] could not answer or be built.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectionError {
     /// The seat TTL must be between 30 ms and 1 hour (a heartbeat every
@@ -65,6 +65,8 @@ pub enum ConnectionError {
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+crate::error_debug::debug_as_display!(ConnectionError { InvalidTtl, Store });
 
 /// A cluster-wide cap on concurrent connections per subject; see the
 /// [module docs](super).

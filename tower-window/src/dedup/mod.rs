@@ -123,7 +123,7 @@ pub struct DedupDecision {
 }
 
 /// Why a [`DedupWindow`] could not answer, or could not be built.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum DedupError {
     /// An empty id cannot name a message.
@@ -144,6 +144,13 @@ pub enum DedupError {
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+crate::error_debug::debug_as_display!(DedupError {
+    EmptyId,
+    IdTooLong,
+    InvalidWindow,
+    Store,
+});
 
 /// Remembers message ids for a window, cluster-wide; see the
 /// [module docs](self).

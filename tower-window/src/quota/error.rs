@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{MAX_BUCKETS, MAX_WINDOW};
 
 /// Why a quota is invalid.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum QuotaError {
     /// The text is not of the form `<limit>/<window>[ <algorithm>]`.
@@ -79,3 +79,24 @@ pub enum QuotaError {
     #[error("invalid quota name {0:?}: use 1 to 64 characters of A-Z, a-z, 0-9, '_', '.', '-'")]
     InvalidName(String),
 }
+
+crate::error_debug::debug_as_display!(QuotaError {
+    Syntax,
+    InvalidLimit,
+    ZeroLimit,
+    MissingLimit,
+    MissingWindow,
+    ZeroWindow,
+    Precision,
+    UnknownUnit,
+    WindowTooLong,
+    UnknownAlgorithm,
+    ZeroGranularity,
+    GranularityDoesNotDivide,
+    TooManyBuckets,
+    BurstWithoutGcra,
+    InvalidBurst,
+    BurstTooLarge,
+    UnknownScope,
+    InvalidName,
+});

@@ -253,7 +253,7 @@ impl PolicyBuilder {
 }
 
 /// Why a set of quotas is not a valid [`Policy`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
     /// A policy needs at least one quota.
@@ -278,6 +278,14 @@ pub enum PolicyError {
         error: QuotaError,
     },
 }
+
+crate::error_debug::debug_as_display!(PolicyError {
+    Empty,
+    TooManyQuotas,
+    DuplicateName,
+    InvalidName,
+    Quota,
+});
 
 #[cfg(test)]
 mod tests {
