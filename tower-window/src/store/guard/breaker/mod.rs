@@ -10,7 +10,7 @@
 //! reach the store; one fast success closes it, a failure or a slow success
 //! opens it again.
 //!
-//! Time comes from the store handle's [`Clock`]; a call's latency is measured by
+//! Time comes from the store handle's [`Clock`](crate::Clock); a call's latency is measured by
 //! the caller and passed to [`Breaker::success`].
 //!
 //! # One breaker per failure domain
