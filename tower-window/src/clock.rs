@@ -9,6 +9,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// `d` in whole microseconds, saturating at `u64::MAX` (about 584,000
+/// years): every duration the crate turns into clock arithmetic.
+pub(crate) fn duration_micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// A source of wall-clock time in whole microseconds since the Unix epoch.
 ///
 /// Integer microseconds keep all window arithmetic exact (no floats) and fit
@@ -26,7 +32,7 @@ impl Clock for SystemClock {
     fn now_micros(&self) -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+            .map(duration_micros)
             // A clock set before 1970 is treated as the epoch itself.
             .unwrap_or(0)
     }
@@ -117,7 +123,7 @@ impl ManualClock {
 
     /// Moves the clock forward by `by` (saturating).
     pub fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
+        let by = duration_micros(by);
         let _ = self
             .micros
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {

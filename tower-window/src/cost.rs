@@ -65,9 +65,11 @@ impl fmt::Display for Cost {
 }
 
 /// A cost of 0 was given: a request must cost at least 1 unit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("a request must cost at least 1 unit")]
 pub struct ZeroCost;
+
+crate::error_debug::debug_as_display!(ZeroCost);
 
 /// What a cost may be given as: a [`Cost`], a [`NonZeroU32`], or a `u32`
 /// (checked: 0 is [`ZeroCost`]).

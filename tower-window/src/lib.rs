@@ -34,6 +34,7 @@ pub mod conn;
 mod cost;
 mod decision;
 pub mod dedup;
+mod error_debug;
 pub mod events;
 pub use limit::fallback;
 pub mod key;
@@ -44,6 +45,7 @@ pub mod limit;
 pub mod metrics;
 pub mod quota;
 pub mod store;
+mod sync;
 pub mod tenant;
 
 /// The `bytes` crate this one is built with ([`WindowKey`] parts are `Bytes`).

@@ -7,8 +7,11 @@
 use redis::ToRedisArgs;
 
 use crate::store::redis::keys::{redis_key, META_SUFFIX};
+use std::time::Duration;
+
 use crate::store::redis::script::ScriptCall;
-use crate::{Algorithm, Policy, WindowKey};
+use crate::store::{StoreError, StoreErrorKind};
+use crate::{Algorithm, Decision, Policy, QuotaDecision, WindowKey};
 
 /// The source of a script that decides with the algorithms: the prelude
 /// and every algorithm's fragment, then `$tail` (a path relative to the
@@ -117,4 +120,49 @@ pub(crate) fn lay_out(
         call.arg(p2);
         call.arg(p3);
     }
+}
+
+pub(crate) fn micros(value: i64) -> Duration {
+    Duration::from_micros(u64::try_from(value).unwrap_or(0))
+}
+
+/// Turns the script's reply `{allowed, now, then per quota allowed,
+/// remaining, reset_after, retry_after}` into the decision of `policy`.
+pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, StoreError> {
+    let expected = 2 + 4 * policy.len();
+    let Some((&[allowed, now], per_quota)) = reply.split_first_chunk::<2>() else {
+        return Err(wrong_length(reply.len(), expected));
+    };
+    if reply.len() != expected {
+        return Err(wrong_length(reply.len(), expected));
+    }
+    let mut states = Vec::with_capacity(policy.len());
+    for (quota, values) in policy.quotas().iter().zip(per_quota.chunks_exact(4)) {
+        let [allowed, remaining, reset_after, retry_after] =
+            <[i64; 4]>::try_from(values).map_err(|_| wrong_length(reply.len(), expected))?;
+        let remaining = u32::try_from(remaining.max(0)).unwrap_or(u32::MAX);
+        states.push(if allowed == 1 {
+            QuotaDecision::allow(quota.clone(), remaining, micros(reset_after))
+        } else {
+            let retry_after = (retry_after >= 0).then(|| micros(retry_after));
+            QuotaDecision::deny(quota.clone(), remaining, micros(reset_after), retry_after)
+        });
+    }
+    let decision = Decision::from_quotas(states).ok_or_else(|| {
+        StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas")
+    })?;
+    if decision.allowed != (allowed == 1) {
+        return Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            "the redis script's verdict disagrees with its quotas",
+        ));
+    }
+    Ok(decision.with_timestamp_micros(u64::try_from(now).unwrap_or(0)))
+}
+
+fn wrong_length(got: usize, expected: usize) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        format!("redis script replied {got} values, expected {expected}"),
+    )
 }

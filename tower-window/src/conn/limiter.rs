@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -53,7 +53,7 @@ pub struct Presence {
 }
 
 /// Why a [`ConnectionLimiter`] could not answer or be built.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectionError {
     /// The seat TTL must be between 30 ms and 1 hour (a heartbeat every
@@ -65,6 +65,8 @@ pub enum ConnectionError {
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+crate::error_debug::debug_as_display!(ConnectionError { InvalidTtl, Store });
 
 /// A cluster-wide cap on concurrent connections per subject; see the
 /// [module docs](super).
@@ -111,7 +113,7 @@ impl Shared {
     }
 
     pub(super) fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Live>> {
-        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.live)
     }
 
     /// One operation on the store's connection backend in `partition`,

@@ -16,10 +16,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::clock::duration_micros;
 use crate::conn::{self, CapScope, GrantReply, GrantRequest, SeatRef};
-use crate::store::memory::lock;
 use crate::store::MemoryStore;
 use crate::store::{Guard, Op};
+use crate::sync::lock;
 use crate::WindowKey;
 
 /// Which set: a subject's (in one form) or a tenant's.
@@ -96,10 +97,6 @@ fn tenant_set(key: &WindowKey) -> SetKey {
     SetKey::Tenant(key.shared_parts().0)
 }
 
-fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
-}
-
 impl ConnSeats {
     pub(crate) fn len(&self) -> usize {
         lock(&self.sets).values().map(|set| set.seats.len()).sum()
@@ -114,7 +111,7 @@ impl ConnSeats {
         if grants.is_multiple_of(SWEEP_EVERY) {
             sets.retain(|_, set| set.key_expiry > now);
         }
-        let until = now.saturating_add(micros(request.ttl));
+        let until = now.saturating_add(duration_micros(request.ttl));
         let key_expiry = until.saturating_add(KEY_TTL_MARGIN);
         let subject_key = subject_set(seat.key, seat.tenant_capped);
         let subject = sets.entry(subject_key.clone()).or_default();
@@ -166,7 +163,7 @@ impl ConnSeats {
 
     fn renew(&self, seats: &[SeatRef<'_>], ttl: Duration, now: u64) -> Vec<bool> {
         let mut sets = lock(&self.sets);
-        let until = now.saturating_add(micros(ttl));
+        let until = now.saturating_add(duration_micros(ttl));
         let mut renew_in = |set_key: SetKey, id: &[u8]| -> bool {
             let Some(set) = sets.get_mut(&set_key) else {
                 return false;

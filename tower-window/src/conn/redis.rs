@@ -27,6 +27,7 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use crate::clock::duration_micros;
 use crate::conn::{self, CapScope, GrantReply, GrantRequest, SeatRef};
 use crate::store::redis::call::{subject_slot, subject_tag, Call};
 use crate::store::redis::keys::{encode_component, write_prefix, Crc16, Sink, CLUSTER_SLOTS};
@@ -120,10 +121,6 @@ fn lease_slot(key: &WindowKey, tenant_capped: bool) -> u16 {
 /// 2112; a larger floor could only come from a misbehaving store).
 const MAX_FENCE_FLOOR: u64 = (1 << 53) - 2;
 
-fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
-}
-
 /// Per seat whether it was live, from a `conn_renew.lua` reply of
 /// `entries[i]` entries for seat `i`.
 fn renew_reply(reply: &[i64], entries: &[usize]) -> Result<Vec<bool>, StoreError> {
@@ -146,7 +143,7 @@ fn protocol(message: &str) -> StoreError {
 impl RedisStore {
     /// `ARGV[1]` of the seat scripts and the key TTL for `ttl`.
     fn lease_clock(&self, ttl: Duration) -> Result<(String, u64), StoreError> {
-        let ttl_ms = micros(ttl)
+        let ttl_ms = duration_micros(ttl)
             .div_ceil(1_000)
             .saturating_add(KEY_TTL_MARGIN_MS);
         Ok(match self.explicit_now()? {
@@ -172,7 +169,7 @@ impl RedisStore {
         }
         invocation
             .arg(now)
-            .arg(micros(request.ttl))
+            .arg(duration_micros(request.ttl))
             .arg(request.max_per_subject)
             .arg(request.max_per_tenant)
             .arg(seat.id)
@@ -211,7 +208,7 @@ impl RedisStore {
         key_ttl: u64,
     ) -> (ScriptCall, Vec<usize>) {
         let mut invocation = RENEW.prepare_invoke();
-        invocation.arg(now).arg(micros(ttl)).arg(key_ttl);
+        invocation.arg(now).arg(duration_micros(ttl)).arg(key_ttl);
         // Per seat one entry per set it is in: the subject's, then the tenant's.
         let mut entries = Vec::new();
         for seat in seats {

@@ -56,7 +56,7 @@ impl DedupIds {
     }
 
     fn first_seen(&self, request: &DedupRequest<'_>, now: u64) -> bool {
-        let window = u64::try_from(request.window.as_micros()).unwrap_or(u64::MAX);
+        let window = crate::clock::duration_micros(request.window);
         let until = now.saturating_add(window.max(1));
         let hash = self.hash(request);
         let deadline = match self.ids.get(&hash) {

@@ -76,7 +76,7 @@ impl<'a> DedupRequest<'a> {
 
     /// The window in whole milliseconds, rounded up, at least 1.
     pub fn window_millis(&self) -> u64 {
-        let micros = u64::try_from(self.window.as_micros()).unwrap_or(u64::MAX);
+        let micros = crate::clock::duration_micros(self.window);
         micros.div_ceil(1_000).max(1)
     }
 }
@@ -123,7 +123,7 @@ pub struct DedupDecision {
 }
 
 /// Why a [`DedupWindow`] could not answer, or could not be built.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum DedupError {
     /// An empty id cannot name a message.
@@ -144,6 +144,13 @@ pub enum DedupError {
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+crate::error_debug::debug_as_display!(DedupError {
+    EmptyId,
+    IdTooLong,
+    InvalidWindow,
+    Store,
+});
 
 /// Remembers message ids for a window, cluster-wide; see the
 /// [module docs](self).

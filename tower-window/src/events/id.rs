@@ -177,7 +177,7 @@ impl Position {
 }
 
 /// A text that is not an [`EventId`] or an [`Epoch`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InvalidPosition {
     /// Not `<ms>-<seq>` with each part at most [`MAX_ID_PART`].
@@ -187,6 +187,8 @@ pub enum InvalidPosition {
     #[error("an epoch is 1 to 64 lowercase hexadecimal digits")]
     Epoch,
 }
+
+crate::error_debug::debug_as_display!(InvalidPosition { EventId, Epoch });
 
 #[cfg(test)]
 mod tests {

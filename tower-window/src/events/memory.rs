@@ -6,7 +6,7 @@
 //! new epoch, so a position in the old one resyncs, never recovers.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use quick_cache::sync::Cache;
@@ -17,6 +17,7 @@ use crate::events::{
 };
 use crate::store::MemoryStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
+use crate::sync::lock;
 
 impl MemoryStore {
     fn event_logs(&self) -> Arc<EventLogs> {
@@ -65,10 +66,6 @@ struct Entry {
     /// first kept event after it is seen exactly.
     prev: EventId,
     fields: Vec<(String, Bytes)>,
-}
-
-fn lock(log: &Mutex<Log>) -> MutexGuard<'_, Log> {
-    log.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Log {

@@ -72,7 +72,7 @@ impl Retention {
 }
 
 /// A [`Retention`] out of bounds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InvalidRetention {
     /// The window is zero or longer than [`Retention::MAX_WINDOW`].
@@ -82,6 +82,8 @@ pub enum InvalidRetention {
     #[error("an event window keeps between 1 and 10000000 events")]
     MaxLen,
 }
+
+crate::error_debug::debug_as_display!(InvalidRetention { Window, MaxLen });
 
 /// One event: its id and its fields, in the order they were appended.
 #[derive(Debug, Clone, PartialEq, Eq)]

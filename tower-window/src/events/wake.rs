@@ -25,7 +25,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -41,6 +41,7 @@ use crate::store::redis::connection::{is_topology_change, map_error, Conn};
 use crate::store::redis::topology::primary_ranges;
 use crate::store::redis::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
+use crate::sync::lock;
 
 /// How often the subscriber checks its connections (`PING`) and, on a
 /// cluster, the slot map (`CLUSTER SLOTS`): a few commands per node every
@@ -100,11 +101,7 @@ pub struct EventWakeups {
 
 impl fmt::Debug for EventWakeups {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let started = self
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_none();
+        let started = lock(&self.idle).is_none();
         f.debug_struct("EventWakeups")
             .field("started", &started)
             .finish_non_exhaustive()
@@ -197,11 +194,7 @@ impl EventWakeups {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let idle = self
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let idle = lock(&self.idle).take();
         if let Some((subscriber, commands)) = idle {
             runtime.spawn(subscriber.run(commands));
         }
@@ -246,10 +239,6 @@ struct Subscriber {
     failures: u32,
     /// When to subscribe the pending channels; `None`: nothing pending.
     retry_at: Option<Instant>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn channel_of(prefix: &str, key: &[u8]) -> Vec<u8> {

@@ -39,9 +39,11 @@ macro_rules! http_extractor {
 }
 
 /// A header name that is not valid (see [`Header::new`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid header name {0:?}")]
 pub struct InvalidHeaderName(String);
+
+crate::error_debug::debug_as_display!(InvalidHeaderName);
 
 /// The value of a request header (the first one, if repeated), as raw bytes.
 ///
@@ -482,12 +484,14 @@ fn mask_v6(prefix_len: u8) -> u128 {
 }
 
 /// A trusted-proxy network that could not be parsed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid trusted proxy network {input:?}: {reason}")]
 pub struct InvalidNetwork {
     input: String,
     reason: &'static str,
 }
+
+crate::error_debug::debug_as_display!(InvalidNetwork);
 
 impl TrustedProxies {
     /// Trusts no proxy: the peer address is always the client's.

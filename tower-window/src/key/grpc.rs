@@ -19,12 +19,14 @@ use super::builtin::{Header, DEFAULT_MAX_LEN};
 use super::{KeyExtractor, WindowKey};
 
 /// A metadata key [`Metadata`] refuses (see [`Metadata::new`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid gRPC metadata key {key:?}: {reason}")]
 pub struct InvalidMetadataKey {
     key: String,
     reason: &'static str,
 }
+
+crate::error_debug::debug_as_display!(InvalidMetadataKey);
 
 impl InvalidMetadataKey {
     fn new(key: &str, reason: &'static str) -> Self {

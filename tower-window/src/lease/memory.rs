@@ -12,18 +12,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard};
-use std::time::Duration;
+use std::sync::Arc;
 
 use smallvec::SmallVec;
 
 use crate::algorithm::lease as algo;
+use crate::clock::duration_micros;
 use crate::lease::{Lease, RefundRequest, Reservation, ReserveRequest};
-use crate::limit::memory::decide_locked;
-use crate::store::memory::{lock, Slot, SlotInner, MAX_EVICTED_RETRIES};
+use crate::store::memory::{Locked, SlotInner};
 use crate::store::MemoryStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
-use crate::{Decision, Policy, QuotaDecision, WindowKey};
+use crate::{Decision, Policy, QuotaDecision};
 
 /// The most records of leases whose units stopped counting that one call
 /// drops (as `MAX_DEAD` in `lease.lua`): the work of a call stays bounded
@@ -130,47 +129,7 @@ impl Records {
     }
 }
 
-/// The policy's slots, locked in one global order.
-struct Locked<'a> {
-    guards: SmallVec<[MutexGuard<'a, SlotInner>; 4]>,
-}
-
 impl MemoryStore {
-    /// Locks every slot of `policy` for `key`, in address order (as checks
-    /// do), looking them up again if one was evicted meanwhile.
-    fn with_locked<T>(
-        &self,
-        key: &WindowKey,
-        policy: &Policy,
-        f: impl FnOnce(&mut Locked<'_>) -> T,
-    ) -> T {
-        let mut attempt = 0;
-        loop {
-            let slots: SmallVec<[Arc<Slot>; 4]> = policy
-                .quotas()
-                .iter()
-                .map(|quota| self.slot(key, quota))
-                .collect();
-            let mut order: SmallVec<[usize; 4]> = (0..slots.len()).collect();
-            order.sort_unstable_by_key(|&i| Arc::as_ptr(&slots[i]) as usize);
-            let mut guards: SmallVec<[Option<MutexGuard<'_, SlotInner>>; 4]> =
-                slots.iter().map(|_| None).collect();
-            for &i in &order {
-                guards[i] = Some(lock(&slots[i].inner));
-            }
-            let evicted = guards.iter().flatten().any(|inner| inner.evicted);
-            if evicted && attempt < MAX_EVICTED_RETRIES {
-                drop(guards);
-                attempt += 1;
-                continue;
-            }
-            let mut locked = Locked {
-                guards: guards.into_iter().flatten().collect(),
-            };
-            return f(&mut locked);
-        }
-    }
-
     pub(crate) fn reserve_now(
         &self,
         request: ReserveRequest<'_>,
@@ -191,7 +150,7 @@ impl MemoryStore {
                 "a policy without quotas",
             ));
         }
-        self.with_locked(request.key, policy, |locked| {
+        self.with_policy_locked(request.key, policy, |locked| {
             let now = self.clock.now_micros();
             let deadline = policy
                 .quotas()
@@ -255,11 +214,7 @@ impl MemoryStore {
             };
             if granted == 0 {
                 let decision = if request.decides {
-                    let mut slots: SmallVec<[&mut SlotInner; 4]> =
-                        locked.guards.iter_mut().map(|inner| &mut **inner).collect();
-                    Some(decide_locked(policy, &mut slots, now, |_| {
-                        request.at_least
-                    })?)
+                    Some(locked.decide(policy, now, |_| request.at_least)?)
                 } else {
                     None
                 };
@@ -342,13 +297,15 @@ impl MemoryStore {
         if !request.returns_anything() {
             return Ok(0);
         }
-        Ok(self.with_locked(request.key, request.policy, |locked| {
-            let now = self.clock.now_micros();
-            for inner in locked.guards.iter_mut() {
-                inner.leases_mut().drop_dead(now);
-            }
-            refund_locked(locked, &request, now)
-        }))
+        Ok(
+            self.with_policy_locked(request.key, request.policy, |locked| {
+                let now = self.clock.now_micros();
+                for inner in locked.guards.iter_mut() {
+                    inner.leases_mut().drop_dead(now);
+                }
+                refund_locked(locked, &request, now)
+            }),
+        )
     }
 }
 
@@ -451,10 +408,6 @@ pub(crate) fn grant(room: u64, want: u32, at_least: u32, share: Share) -> u32 {
     } else {
         u32::try_from(granted).unwrap_or(u32::MAX)
     }
-}
-
-fn duration_micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl super::Backend for MemoryStore {

@@ -101,7 +101,7 @@ impl RedisStore {
         request: ReserveRequest<'_>,
     ) -> Result<Reservation, StoreError> {
         request.validate()?;
-        let ttl = u64::try_from(request.ttl.as_micros()).unwrap_or(u64::MAX);
+        let ttl = crate::clock::duration_micros(request.ttl);
         // Beyond 2^40 µs (12 days) a lease is no lease; keeps Lua exact.
         if ttl == 0 || ttl > 1 << 40 {
             return Err(StoreError::new(
@@ -112,9 +112,7 @@ impl RedisStore {
         crate::algorithm::lease::check_ttl(request.policy, ttl)?;
         let now = self.explicit_now()?;
         let mut call = self.lease_call(request.key, request.policy, request.want, now)?;
-        let max_wait = u64::try_from(request.max_wait.as_micros())
-            .unwrap_or(u64::MAX)
-            .min(1 << 40);
+        let max_wait = crate::clock::duration_micros(request.max_wait).min(1 << 40);
         let refunds: Vec<&RefundRequest<'_>> = request
             .refunds
             .iter()
@@ -195,7 +193,7 @@ fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservat
         return Ok(if rest.is_empty() {
             empty
         } else {
-            empty.with_decision(crate::limit::redis::decision(policy, rest)?)
+            empty.with_decision(crate::algorithm::redis::decision(policy, rest)?)
         });
     }
     // Then the time the lease may be spent from.

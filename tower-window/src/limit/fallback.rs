@@ -267,9 +267,11 @@ pub struct LocalWindow {
 }
 
 /// A [`LocalWindow`] share outside `(0, 1]`.
-#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[derive(Clone, Copy, PartialEq, thiserror::Error)]
 #[error("a local window share must be a number in (0, 1], got {0}")]
 pub struct InvalidShare(pub f64);
+
+crate::error_debug::debug_as_display!(InvalidShare);
 
 /// Parts per million: shares are kept as exact integers.
 const SHARE_SCALE: u64 = 1_000_000;

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, UnitWeighter};
 
+use crate::clock::duration_micros;
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
 use crate::metrics::LimiterMetrics;
 use crate::{Clock, Cost, Decision, DecisionSource, Policy, WindowKey};
@@ -216,10 +217,6 @@ impl Denied {
         (0..quotas)
             .all(|i| of(quota_costs, cost, i) >= of(self.quota_costs.as_deref(), self.cost, i))
     }
-}
-
-fn duration_micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

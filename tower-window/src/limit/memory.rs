@@ -2,18 +2,19 @@
 //! slots of its quotas, locked in one global order, and peeked without
 //! recording.
 
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use super::Backend;
-use crate::algorithm::outcome::{policy_admits, policy_decision, Evaluation};
+use crate::algorithm::outcome::Evaluation;
 use crate::algorithm::State;
 use crate::key::state_key::StateKeyRef;
-use crate::store::memory::{lock, Slot, SlotInner, MAX_EVICTED_RETRIES};
+use crate::store::memory::{decided, Slot, MAX_EVICTED_RETRIES};
 use crate::store::{CheckRequest, Guard, MemoryStore, Op, StoreError, StoreErrorKind};
-use crate::{Decision, Policy, Quota, QuotaDecision};
+use crate::sync::lock;
+use crate::{Decision, Quota, QuotaDecision};
 
 impl MemoryStore {
     /// Checks and records one request (the windows backend's `check`, and
@@ -25,39 +26,10 @@ impl MemoryStore {
             let slot = self.slot(request.key, quota);
             return self.check_one(request, quota, slot);
         }
-        let mut attempt = 0;
-        loop {
-            let slots: SmallVec<[Arc<Slot>; 4]> = policy
-                .quotas()
-                .iter()
-                .map(|quota| self.slot(request.key, quota))
-                .collect();
-            // Lock every slot of the policy in one global order (by address), so
-            // two checks of overlapping policies can never wait on each other in
-            // a cycle, and no check sees a half-recorded policy.
-            let mut order: SmallVec<[usize; 4]> = (0..slots.len()).collect();
-            order.sort_unstable_by_key(|&i| Arc::as_ptr(&slots[i]) as usize);
-            let mut guards: SmallVec<[Option<MutexGuard<'_, SlotInner>>; 4]> =
-                slots.iter().map(|_| None).collect();
-            for &i in &order {
-                guards[i] = Some(lock(&slots[i].inner));
-            }
-            let evicted = guards.iter().flatten().any(|inner| inner.evicted);
-            if evicted && attempt < MAX_EVICTED_RETRIES {
-                // Unlocks everything before looking the slots up again: a
-                // check never holds a slot's lock while it waits for the cache.
-                drop(guards);
-                attempt += 1;
-                continue;
-            }
+        self.with_policy_locked(request.key, policy, |locked| {
             let now = self.clock.now_micros();
-            let mut slots: SmallVec<[&mut SlotInner; 4]> = guards
-                .iter_mut()
-                .flatten()
-                .map(|inner| &mut **inner)
-                .collect();
-            return decide_locked(policy, &mut slots, now, |i| request.cost_of(i).get());
-        }
+            locked.decide(policy, now, |i| request.cost_of(i).get())
+        })
     }
 
     /// Decides a one-quota policy on `slot`, the entry a lookup of the key
@@ -89,44 +61,6 @@ impl MemoryStore {
             return decided(request.policy, &[evaluation], now);
         }
     }
-}
-
-/// Decides one request against `policy` on its quotas' slots, locked (in
-/// policy order), at `now`: every quota is evaluated, and only if every
-/// enforced one fits is the cost (`cost_of` the quota's index) committed,
-/// to every quota it fits (a shadow quota that does not records nothing).
-/// Also how a lease reservation that grants nothing decides its check.
-pub(crate) fn decide_locked(
-    policy: &Policy,
-    slots: &mut [&mut SlotInner],
-    now: u64,
-    cost_of: impl Fn(usize) -> u32,
-) -> Result<Decision, StoreError> {
-    let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
-    for (i, (quota, inner)) in policy.quotas().iter().zip(slots.iter_mut()).enumerate() {
-        inner.last_check = inner.last_check.max(now);
-        evaluations.push(inner.state.evaluate(quota, now, cost_of(i)));
-    }
-    if policy_admits(policy, &evaluations) {
-        for (i, ((quota, inner), evaluation)) in policy
-            .quotas()
-            .iter()
-            .zip(slots.iter_mut())
-            .zip(&evaluations)
-            .enumerate()
-        {
-            // A shadow quota the cost does not fit records nothing.
-            if evaluation.fits() {
-                inner.state.commit(quota, now, cost_of(i));
-            }
-        }
-    }
-    decided(policy, &evaluations, now)
-}
-
-fn decided(policy: &Policy, evaluations: &[Evaluation], now: u64) -> Result<Decision, StoreError> {
-    policy_decision(policy, evaluations, now)
-        .ok_or_else(|| StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas"))
 }
 
 impl Backend for MemoryStore {
@@ -200,7 +134,7 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
-    use crate::{ManualClock, WindowKey};
+    use crate::{ManualClock, Policy, WindowKey};
 
     const T0: u64 = 1_700_000_000_000_000;
 

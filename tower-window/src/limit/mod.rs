@@ -401,7 +401,7 @@ impl LimiterStats {
 }
 
 /// Why a [`Limiter`] could not decide.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum LimitError {
     /// A request must cost at least one unit.
@@ -421,6 +421,12 @@ pub enum LimitError {
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+crate::error_debug::debug_as_display!(LimitError {
+    ZeroCost,
+    QuotaCosts,
+    Store,
+});
 
 impl From<crate::ZeroCost> for LimitError {
     fn from(_: crate::ZeroCost) -> Self {

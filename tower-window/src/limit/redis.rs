@@ -9,16 +9,15 @@
 //! is answered by one `EVAL` (see `store::redis::script`).
 
 use std::sync::LazyLock;
-use std::time::Duration;
 
 use super::Backend;
-use crate::algorithm::redis::lay_out;
+use crate::algorithm::redis::{decision, lay_out};
 use crate::store::redis::call::Call;
 use crate::store::redis::keys::policy_slot;
 use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
-use crate::store::{CheckRequest, Guard, Op, StoreError, StoreErrorKind};
-use crate::{Decision, Policy, QuotaDecision, WindowKey};
+use crate::store::{CheckRequest, Guard, Op, StoreError};
+use crate::{Decision, Policy, WindowKey};
 
 static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
 
@@ -52,51 +51,6 @@ pub(crate) fn invocation_of(
     let mut call = script.prepare_invoke();
     lay_out(&mut call, prefix, key, policy, cost, now_micros, min_ttl_ms);
     call
-}
-
-pub(crate) fn micros(value: i64) -> Duration {
-    Duration::from_micros(u64::try_from(value).unwrap_or(0))
-}
-
-/// Turns the script's reply `{allowed, now, then per quota allowed,
-/// remaining, reset_after, retry_after}` into the decision of `policy`.
-pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, StoreError> {
-    let expected = 2 + 4 * policy.len();
-    let Some((&[allowed, now], per_quota)) = reply.split_first_chunk::<2>() else {
-        return Err(wrong_length(reply.len(), expected));
-    };
-    if reply.len() != expected {
-        return Err(wrong_length(reply.len(), expected));
-    }
-    let mut states = Vec::with_capacity(policy.len());
-    for (quota, values) in policy.quotas().iter().zip(per_quota.chunks_exact(4)) {
-        let [allowed, remaining, reset_after, retry_after] =
-            <[i64; 4]>::try_from(values).map_err(|_| wrong_length(reply.len(), expected))?;
-        let remaining = u32::try_from(remaining.max(0)).unwrap_or(u32::MAX);
-        states.push(if allowed == 1 {
-            QuotaDecision::allow(quota.clone(), remaining, micros(reset_after))
-        } else {
-            let retry_after = (retry_after >= 0).then(|| micros(retry_after));
-            QuotaDecision::deny(quota.clone(), remaining, micros(reset_after), retry_after)
-        });
-    }
-    let decision = Decision::from_quotas(states).ok_or_else(|| {
-        StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas")
-    })?;
-    if decision.allowed != (allowed == 1) {
-        return Err(StoreError::new(
-            StoreErrorKind::Protocol,
-            "the redis script's verdict disagrees with its quotas",
-        ));
-    }
-    Ok(decision.with_timestamp_micros(u64::try_from(now).unwrap_or(0)))
-}
-
-fn wrong_length(got: usize, expected: usize) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Protocol,
-        format!("redis script replied {got} values, expected {expected}"),
-    )
 }
 
 /// The prelude and the algorithm fragments, then `peek.lua` in place of
@@ -199,6 +153,7 @@ mod tests {
     use crate::algorithm::redis::Parts;
     use crate::{Quota, Scope};
     use redis::ToRedisArgs;
+    use std::time::Duration;
 
     /// The script EVALSHA names is the concatenation of the fragments, in
     /// order, each ending its last line (else two fragments' lines would

@@ -3,7 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{validate_name, Quota, QuotaError, Scope};
+use super::id::validate_name;
+use super::{Quota, QuotaError, Scope};
 
 /// The most quotas one policy may hold.
 pub const MAX_QUOTAS: usize = 16;
@@ -154,7 +155,7 @@ impl Policy {
 
     /// [`shortest_window`](Self::shortest_window) in whole µs.
     pub(crate) fn shortest_window_micros(&self) -> u64 {
-        u64::try_from(self.inner.shortest_window.as_micros()).unwrap_or(u64::MAX)
+        crate::clock::duration_micros(self.inner.shortest_window)
     }
 
     /// The same identifier as a cheaply cloned shared string.
@@ -252,7 +253,7 @@ impl PolicyBuilder {
 }
 
 /// Why a set of quotas is not a valid [`Policy`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
     /// A policy needs at least one quota.
@@ -277,6 +278,14 @@ pub enum PolicyError {
         error: QuotaError,
     },
 }
+
+crate::error_debug::debug_as_display!(PolicyError {
+    Empty,
+    TooManyQuotas,
+    DuplicateName,
+    InvalidName,
+    Quota,
+});
 
 #[cfg(test)]
 mod tests {

@@ -144,7 +144,6 @@ impl fmt::Display for StoreErrorKind {
 }
 
 /// A store could not decide.
-#[derive(Debug)]
 pub struct StoreError {
     kind: StoreErrorKind,
     message: String,
@@ -218,6 +217,18 @@ impl StoreError {
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "store {}: {}", self.kind, self.message)
+    }
+}
+
+/// What `?` in `main` prints: the `Display` text (the kind included) and
+/// the cause, which `Display` leaves to [`source`](StdError::source).
+impl fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")?;
+        match &self.source {
+            Some(source) => write!(f, " (caused by: {source})"),
+            None => Ok(()),
+        }
     }
 }
 

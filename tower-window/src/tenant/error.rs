@@ -7,7 +7,6 @@ use crate::{PolicyError, QuotaError, StoreError};
 /// Why a tenant definition, a tenants file or a lifecycle call failed.
 ///
 /// Definition errors name the tenant (when known), the quota and the problem.
-#[derive(Debug)]
 #[non_exhaustive]
 pub enum TenantError {
     /// The tenant name is empty, too long, or holds control characters,
@@ -45,6 +44,17 @@ pub enum TenantError {
     /// The store failed.
     Store(StoreError),
 }
+
+crate::error_debug::debug_as_display!(TenantError {
+    InvalidName,
+    Quota,
+    Policy,
+    UnknownShadow,
+    Syntax,
+    Invalid,
+    Record,
+    Store,
+});
 
 fn tenant_prefix(f: &mut fmt::Formatter<'_>, tenant: &Option<String>) -> fmt::Result {
     match tenant {

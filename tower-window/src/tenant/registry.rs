@@ -2,12 +2,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use super::{validate_tenant_name, TenantError, TenantSpec, TenantsConfig};
+use crate::sync::lock;
 use crate::Policy;
 
 /// What a registry says about one tenant.
@@ -131,10 +132,6 @@ pub(crate) struct Inner {
 #[derive(Clone)]
 pub struct TenantRegistry {
     pub(crate) inner: Arc<Inner>,
-}
-
-fn lock(sources: &Mutex<Sources>) -> MutexGuard<'_, Sources> {
-    sources.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl TenantRegistry {

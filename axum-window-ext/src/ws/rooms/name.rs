@@ -90,8 +90,15 @@ impl From<RoomName> for String {
 }
 
 /// A string that is not a [`RoomName`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct InvalidRoomName(());
+
+/// What `?` in `main` prints (`Error: {:?}`): the readable message.
+impl fmt::Debug for InvalidRoomName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "InvalidRoomName: {self}")
+    }
+}
 
 impl fmt::Display for InvalidRoomName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -115,6 +122,16 @@ mod tests {
             assert!(!RoomName::is_valid(bad), "{bad}");
             assert!(RoomName::new(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn the_error_reads_the_same_through_debug() {
+        let error = "a/b".parse::<RoomName>().unwrap_err();
+        assert_eq!(
+            format!("{error:?}"),
+            "InvalidRoomName: a room name is 1 to 64 characters of [A-Za-z0-9_.-]"
+        );
     }
 
     #[test]

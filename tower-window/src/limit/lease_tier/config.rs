@@ -132,7 +132,7 @@ impl LeaseConfig {
     /// arithmetic (every leased check asks).
     pub(crate) fn ttl_micros_for(&self, policy: &Policy) -> u64 {
         match self.ttl {
-            Some(ttl) => u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
+            Some(ttl) => crate::clock::duration_micros(ttl),
             // A tenth of the shortest window, floored to whole µs like
             // `ttl_for`'s `Duration` (nested floor divisions agree).
             None => (policy.shortest_window_micros() / 10).clamp(1, MAX_DEFAULT_TTL_MICROS),
@@ -144,7 +144,7 @@ impl LeaseConfig {
     /// `(burst - 1)` emission intervals could never be granted and is
     /// refused with a typed error.
     pub fn validate(&self, policy: &Policy) -> Result<(), crate::StoreError> {
-        let ttl = u64::try_from(self.ttl_for(policy).as_micros()).unwrap_or(u64::MAX);
+        let ttl = crate::clock::duration_micros(self.ttl_for(policy));
         crate::algorithm::lease::check_ttl(policy, ttl)
     }
 }

@@ -1,7 +1,7 @@
 //! One key's leases: what it holds, how it is spent without an async lock,
 //! and the one reservation it may have in flight.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -184,7 +184,7 @@ impl Slot {
     /// The state. Nothing panics while holding it, but a poisoned lock is
     /// taken as it is rather than turned into a panic of every check.
     pub(crate) fn lock(&self) -> MutexGuard<'_, SlotState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 }
 

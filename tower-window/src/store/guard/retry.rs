@@ -137,7 +137,7 @@ impl Iterator for FullJitterBackoff {
 
     fn next(&mut self) -> Option<Duration> {
         let delay = self.inner.next()?;
-        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        let micros = crate::clock::duration_micros(delay);
         Some(Duration::from_micros(self.rng.u64(0..=micros)))
     }
 }

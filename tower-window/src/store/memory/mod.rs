@@ -34,9 +34,13 @@
 //!
 //! [quick_cache]: https://docs.rs/quick_cache
 
+mod locked;
+
+pub(crate) use locked::{decided, Locked};
+
 use std::convert::Infallible;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
@@ -47,6 +51,7 @@ use smallvec::SmallVec;
 use crate::algorithm::State;
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
 use crate::store::Parts;
+use crate::sync::lock;
 use crate::{Clock, MonotonicClock, Quota, WindowKey};
 
 pub(crate) type SlotCache =
@@ -180,11 +185,6 @@ impl MemoryStore {
     }
 }
 
-pub(crate) fn lock<T>(state: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A check never leaves the state half-written: a panic elsewhere cannot break it.
-    state.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl Default for MemoryStore {
     fn default() -> Self {
         Self::new()
@@ -281,7 +281,7 @@ impl MemoryStoreBuilder {
             cache: Arc::new(cache),
             clock: self.clock,
             max_keys: self.max_keys,
-            grace_micros: u64::try_from(self.expiry_grace.as_micros()).unwrap_or(u64::MAX),
+            grace_micros: crate::clock::duration_micros(self.expiry_grace),
             parts: Arc::new(self.parts),
         }
     }
@@ -318,8 +318,7 @@ impl Slot {
                 evicted: false,
                 extra: None,
             }),
-            lifetime_micros: u64::try_from(quota.max_state_lifetime().as_micros())
-                .unwrap_or(u64::MAX),
+            lifetime_micros: crate::clock::duration_micros(quota.max_state_lifetime()),
         }
     }
 }

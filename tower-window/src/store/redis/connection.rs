@@ -7,7 +7,7 @@
 //! made again only after a connection-level error.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -17,6 +17,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
 
 use crate::store::{StoreError, StoreErrorKind};
+use crate::sync::lock;
 
 /// How to make a connection.
 pub(crate) enum Connector {
@@ -71,13 +72,6 @@ pub(crate) struct Connection {
     state: Arc<Mutex<State>>,
     generation: AtomicU64,
     connect_timeout: Duration,
-}
-
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    // The state is always valid between statements; a panic elsewhere cannot break it.
-    state
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Connection {

@@ -487,7 +487,7 @@ impl RedisStoreBuilder {
 /// Why a [`RedisStoreBuilder`] could not build a store (a configuration
 /// error, found before any connection is made; failures of a running store
 /// are [`StoreError`]s).
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum RedisConfigError {
     /// No URL, cluster or pool was given.
@@ -500,3 +500,9 @@ pub enum RedisConfigError {
     #[error("invalid redis url: {0}")]
     InvalidUrl(#[source] redis::RedisError),
 }
+
+crate::error_debug::debug_as_display!(RedisConfigError {
+    MissingServer,
+    NoClusterNodes,
+    InvalidUrl,
+});

@@ -20,7 +20,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -371,7 +371,7 @@ impl TopologyCache {
 
     /// Parses `reply` and swaps it in.
     fn install(&self, reply: &Value) -> Result<(), RedisError> {
-        let mut interner = self.interner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut interner = crate::sync::lock(&self.interner);
         let topology = Topology::parse_with(reply, &mut interner).map_err(|message| {
             RedisError::from((
                 ErrorKind::UnexpectedReturnType,

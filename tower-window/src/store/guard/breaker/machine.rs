@@ -1,34 +1,16 @@
-//! A circuit breaker in front of the store.
-//!
-//! Closed, every check reaches the store and its outcome is counted. After
-//! [`consecutive_failures`](BreakerConfig::consecutive_failures) failures in a
-//! row, a [`failure_ratio`](BreakerConfig::failure_ratio) over a rolling
-//! window with enough calls, or a share of [slow calls](BreakerConfig::slow_calls)
-//! over the same window, the breaker opens: checks go straight to the
-//! fallback without touching the store. After the
-//! [`cooldown`](BreakerConfig::cooldown) it is half-open: a few probe checks
-//! reach the store; one fast success closes it, a failure or a slow success
-//! opens it again.
-//!
-//! Time comes from the store handle's [`Clock`]; a call's latency is measured by
-//! the caller and passed to [`Breaker::success`].
-//!
-//! # One breaker per failure domain
-//!
-//! A store may name independent failure domains for its requests
-//! ([`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain): for a Redis Cluster, the primary
-//! that serves the key). The store handle then keeps one breaker per failure
-//! domain, each with the same [`BreakerConfig`], created on the first check
-//! that reaches that domain (at most [`MAX_SHARDS`] of them, plus one
-//! store-wide breaker for requests without a domain). A dead cluster primary
-//! opens its own breaker only; keys served by healthy primaries keep reaching
-//! the store.
+//! One breaker's state machine: closed, open until a cooldown ends,
+//! half-open with a few probes.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::metrics::LimiterMetrics;
+use super::shared::Shared;
+use super::window::{reached, Bucket, Outcome, Window};
+#[cfg(test)]
+use super::BreakerConfig;
+use crate::clock::duration_micros;
+#[cfg(test)]
 use crate::Clock;
 
 /// The state of a circuit breaker.
@@ -61,199 +43,6 @@ impl fmt::Display for BreakerState {
     }
 }
 
-type Hook = Arc<dyn Fn(BreakerState, BreakerState) + Send + Sync>;
-
-/// Number of buckets of the rolling window (failure ratio and slow calls).
-const BUCKETS: u64 = 10;
-/// Ratios are kept in parts per million.
-const RATIO_SCALE: u64 = 1_000_000;
-
-/// When a circuit breaker opens and how it recovers.
-///
-/// Defaults: open after 5 consecutive failures, when at least 50 % of at
-/// least 20 calls in the last 10 s failed, or when at least 50 % of at least
-/// 20 calls in the last 10 s were successes slower than 25 ms; cool down
-/// 1 s; 1 probe at a time while half-open.
-///
-/// The cooldown is short because an open breaker only saves the store one
-/// probe per cooldown, while every second of it is a second of degraded
-/// decisions after the store is back (a restarted Redis, a promoted
-/// replica): with 1 s, keys are decided by the store again within about a
-/// second of its recovery.
-///
-/// A [`Store`](crate::Store) whose backend names failure domains
-/// ([`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain);
-/// a Redis Cluster's primaries) keeps one breaker with this configuration per failure domain: the counts,
-/// the cooldown and the probes are per domain, so a dead primary opens only
-/// its own breaker.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_window::BreakerConfig;
-///
-/// let config = BreakerConfig::default()
-///     .consecutive_failures(3)
-///     .failure_ratio(0.25, Duration::from_secs(30), 100)
-///     .slow_calls(Duration::from_millis(50), 0.8, 100)
-///     .cooldown(Duration::from_secs(2))
-///     .half_open_probes(2)
-///     .on_state_change(|from, to| eprintln!("breaker {from} -> {to}"));
-/// # let _ = config;
-/// ```
-#[derive(Clone)]
-#[must_use]
-pub struct BreakerConfig {
-    consecutive_failures: u32,
-    /// The rolling window both ratio triggers count in.
-    window: Duration,
-    ratio: Option<RatioConfig>,
-    slow: Option<SlowConfig>,
-    cooldown: Duration,
-    half_open_probes: u32,
-    hook: Option<Hook>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct RatioConfig {
-    ratio_ppm: u64,
-    min_calls: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct SlowConfig {
-    /// A success that took longer than this many microseconds is slow.
-    threshold_micros: u64,
-    ratio_ppm: u64,
-    min_calls: u64,
-}
-
-/// A ratio in `[0, 1]` (clamped; NaN is 1) in parts per million.
-fn ratio_ppm(ratio: f64) -> u64 {
-    let ratio = if ratio.is_nan() {
-        1.0
-    } else {
-        ratio.clamp(0.0, 1.0)
-    };
-    // In [0, RATIO_SCALE] by the clamp.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let ppm = (ratio * RATIO_SCALE as f64).round() as u64;
-    ppm
-}
-
-impl Default for BreakerConfig {
-    fn default() -> Self {
-        Self {
-            consecutive_failures: 5,
-            window: Duration::from_secs(10),
-            ratio: Some(RatioConfig {
-                ratio_ppm: RATIO_SCALE / 2,
-                min_calls: 20,
-            }),
-            slow: Some(SlowConfig {
-                threshold_micros: 25_000,
-                ratio_ppm: RATIO_SCALE / 2,
-                min_calls: 20,
-            }),
-            cooldown: Duration::from_secs(1),
-            half_open_probes: 1,
-            hook: None,
-        }
-    }
-}
-
-impl BreakerConfig {
-    /// Open after `n` failures in a row; `0` turns this trigger off.
-    pub fn consecutive_failures(mut self, n: u32) -> Self {
-        self.consecutive_failures = n;
-        self
-    }
-
-    /// Open when at least `ratio` (in `[0, 1]`, clamped) of the calls of the
-    /// last `window` failed, once there were at least `min_calls` of them.
-    ///
-    /// The slow-call trigger ([`slow_calls`](Self::slow_calls)) counts in
-    /// the same `window` (default 10 s).
-    pub fn failure_ratio(mut self, ratio: f64, window: Duration, min_calls: u32) -> Self {
-        self.window = window;
-        self.ratio = Some(RatioConfig {
-            ratio_ppm: ratio_ppm(ratio),
-            min_calls: u64::from(min_calls.max(1)),
-        });
-        self
-    }
-
-    /// Turn the failure-ratio trigger off.
-    pub fn without_failure_ratio(mut self) -> Self {
-        self.ratio = None;
-        self
-    }
-
-    /// Open when at least `ratio` (in `[0, 1]`, clamped) of the calls of the
-    /// rolling window were successes that took longer than `threshold`, once
-    /// there were at least `min_calls` calls (failed ones included) in it.
-    ///
-    /// The window is the failure ratio's (see
-    /// [`failure_ratio`](Self::failure_ratio); default 10 s). A slow success
-    /// of a half-open probe counts as a failed probe: the breaker opens
-    /// again. Default: on, 50 % of at least 20 calls slower than 25 ms.
-    pub fn slow_calls(mut self, threshold: Duration, ratio: f64, min_calls: u32) -> Self {
-        self.slow = Some(SlowConfig {
-            threshold_micros: duration_micros(threshold),
-            ratio_ppm: ratio_ppm(ratio),
-            min_calls: u64::from(min_calls.max(1)),
-        });
-        self
-    }
-
-    /// Turn the slow-call trigger off: a success is a success however long
-    /// it took.
-    pub fn without_slow_calls(mut self) -> Self {
-        self.slow = None;
-        self
-    }
-
-    /// How long the breaker stays open before probing (default 1 s).
-    pub fn cooldown(mut self, cooldown: Duration) -> Self {
-        self.cooldown = cooldown;
-        self
-    }
-
-    /// How many probes may be in flight while half-open (default 1, at least 1).
-    pub fn half_open_probes(mut self, n: u32) -> Self {
-        self.half_open_probes = n.max(1);
-        self
-    }
-
-    /// Calls `hook(from, to)` on every state change (for metrics and logs).
-    /// It runs on the checking task, outside the breaker's lock: keep it short.
-    ///
-    /// With one breaker per failure domain (a sharded store such as a Redis
-    /// Cluster) the hook sees every domain's transitions;
-    /// [`Limiter::breaker_state`](crate::Limiter::breaker_state) gives the
-    /// worst state over them.
-    pub fn on_state_change<F>(mut self, hook: F) -> Self
-    where
-        F: Fn(BreakerState, BreakerState) + Send + Sync + 'static,
-    {
-        self.hook = Some(Arc::new(hook));
-        self
-    }
-}
-
-impl fmt::Debug for BreakerConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BreakerConfig")
-            .field("consecutive_failures", &self.consecutive_failures)
-            .field("window", &self.window)
-            .field("ratio", &self.ratio)
-            .field("slow", &self.slow)
-            .field("cooldown", &self.cooldown)
-            .field("half_open_probes", &self.half_open_probes)
-            .field("hook", &self.hook.is_some())
-            .finish()
-    }
-}
-
 #[derive(Debug, Clone, Copy)]
 enum Mode {
     Closed,
@@ -271,15 +60,6 @@ impl Mode {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-struct Bucket {
-    index: u64,
-    ok: u64,
-    failed: u64,
-    /// Successes slower than the slow-call threshold (also counted in `ok`).
-    slow: u64,
-}
-
 #[derive(Debug)]
 struct State {
     mode: Mode,
@@ -287,7 +67,7 @@ struct State {
     /// older generation are ignored.
     generation: u64,
     consecutive: u32,
-    buckets: [Bucket; BUCKETS as usize],
+    window: Window,
 }
 
 /// Permission for one store call.
@@ -295,159 +75,6 @@ struct State {
 pub(crate) struct Ticket {
     generation: u64,
     probe: bool,
-}
-
-/// The most failure domains a store handle keeps breakers for (as many as a
-/// Redis Cluster has hash slots, so at least one per possible primary). A
-/// larger domain id shares the breaker of its value modulo this.
-pub(crate) const MAX_SHARDS: usize = 16_384;
-
-/// What every breaker of one store handle shares: configuration, clock,
-/// the metrics of every capability made from the handle,
-/// and the count of breakers per state.
-struct Shared {
-    config: BreakerConfig,
-    clock: Arc<dyn Clock>,
-    /// Capabilities made from the store handle: each exports the
-    /// breakers' state under its own name.
-    observers: Mutex<Vec<Weak<LimiterMetrics>>>,
-    tally: Mutex<Tally>,
-}
-
-/// Breakers of one store handle that are open or half-open (the rest are closed).
-#[derive(Debug, Clone, Copy, Default)]
-struct Tally {
-    open: usize,
-    half_open: usize,
-}
-
-impl Tally {
-    fn worst(self) -> BreakerState {
-        if self.open > 0 {
-            BreakerState::Open
-        } else if self.half_open > 0 {
-            BreakerState::HalfOpen
-        } else {
-            BreakerState::Closed
-        }
-    }
-
-    fn slot(&mut self, state: BreakerState) -> Option<&mut usize> {
-        match state {
-            BreakerState::Open => Some(&mut self.open),
-            BreakerState::HalfOpen => Some(&mut self.half_open),
-            BreakerState::Closed => None,
-        }
-    }
-}
-
-impl Shared {
-    fn lock_tally(&self) -> MutexGuard<'_, Tally> {
-        self.tally.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Counts one breaker's transition and reports it. Called under that
-    /// breaker's lock (lock order: breaker, then tally), so each breaker's
-    /// transitions are counted in order, and the gauges follow the tally.
-    fn transition(&self, from: BreakerState, to: BreakerState) {
-        let mut tally = self.lock_tally();
-        if let Some(n) = tally.slot(from) {
-            *n = n.saturating_sub(1);
-        }
-        if let Some(n) = tally.slot(to) {
-            *n += 1;
-        }
-        let mut observers = self
-            .observers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        observers.retain(|observer| match observer.upgrade() {
-            Some(metrics) => {
-                metrics.breaker_transition(to, tally.worst(), tally.open);
-                true
-            }
-            None => false,
-        });
-    }
-}
-
-/// The breakers of one store handle: a store-wide one for requests without a
-/// failure domain, and one per failure domain (e.g. a Redis Cluster
-/// primary), made on first use.
-pub(crate) struct Breakers {
-    shared: Arc<Shared>,
-    store_wide: Breaker,
-    /// Allocated when the first request with a failure domain arrives:
-    /// `MAX_SHARDS` pointer-sized cells, each filled on its domain's first
-    /// request.
-    shards: OnceLock<Box<[OnceLock<Box<Breaker>>]>>,
-}
-
-impl Breakers {
-    pub(crate) fn new(config: BreakerConfig, clock: Arc<dyn Clock>) -> Self {
-        let shared = Arc::new(Shared {
-            config,
-            clock,
-            observers: Mutex::new(Vec::new()),
-            tally: Mutex::new(Tally::default()),
-        });
-        Self {
-            store_wide: Breaker::with_shared(shared.clone()),
-            shared,
-            shards: OnceLock::new(),
-        }
-    }
-
-    /// The breaker guarding failure domain `shard` (`None`: the store-wide
-    /// one), made now if it did not exist.
-    pub(crate) fn get(&self, shard: Option<u16>) -> &Breaker {
-        let Some(shard) = shard else {
-            return &self.store_wide;
-        };
-        let cells = self.shards.get_or_init(|| {
-            std::iter::repeat_with(OnceLock::new)
-                .take(MAX_SHARDS)
-                .collect()
-        });
-        cells[usize::from(shard) % MAX_SHARDS]
-            .get_or_init(|| Box::new(Breaker::with_shared(self.shared.clone())))
-    }
-
-    /// The state of the breaker guarding failure domain `shard`, without
-    /// making it (a breaker not made yet is closed).
-    pub(crate) fn state_of(&self, shard: Option<u16>) -> BreakerState {
-        match shard {
-            None => self.store_wide.state(),
-            Some(shard) => self
-                .shards
-                .get()
-                .and_then(|cells| cells[usize::from(shard) % MAX_SHARDS].get())
-                .map_or(BreakerState::Closed, |b| b.state()),
-        }
-    }
-
-    /// The worst state over every breaker: open if any is open, else
-    /// half-open if any is, else closed.
-    pub(crate) fn worst(&self) -> BreakerState {
-        self.shared.lock_tally().worst()
-    }
-
-    /// How many breakers are open (half-open ones not counted).
-    pub(crate) fn open(&self) -> usize {
-        self.shared.lock_tally().open
-    }
-
-    /// Exports the breakers' state in `metrics` (a capability made from
-    /// the store handle) from now on, starting with the current state.
-    pub(crate) fn observe(&self, metrics: &Arc<LimiterMetrics>) {
-        let tally = self.shared.lock_tally();
-        metrics.breaker_state(tally.worst(), tally.open);
-        self.shared
-            .observers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Arc::downgrade(metrics));
-    }
 }
 
 /// A circuit breaker.
@@ -459,30 +86,23 @@ pub(crate) struct Breaker {
 impl Breaker {
     #[cfg(test)]
     pub(crate) fn new(config: BreakerConfig, clock: Arc<dyn Clock>) -> Self {
-        Self::with_shared(Arc::new(Shared {
-            config,
-            clock,
-            observers: Mutex::new(Vec::new()),
-            tally: Mutex::new(Tally::default()),
-        }))
+        Self::with_shared(Shared::new(config, clock))
     }
 
-    fn with_shared(shared: Arc<Shared>) -> Self {
+    pub(super) fn with_shared(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             state: Mutex::new(State {
                 mode: Mode::Closed,
                 generation: 0,
                 consecutive: 0,
-                buckets: [Bucket::default(); BUCKETS as usize],
+                window: Window::default(),
             }),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // The state is consistent after every statement; a panic elsewhere
-        // while holding the lock cannot corrupt it.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 
     pub(crate) fn state(&self) -> BreakerState {
@@ -619,7 +239,7 @@ impl Breaker {
         state.mode = mode;
         state.generation = state.generation.wrapping_add(1);
         state.consecutive = 0;
-        state.buckets = [Bucket::default(); BUCKETS as usize];
+        state.window = Window::default();
         state.generation
     }
 
@@ -635,49 +255,17 @@ impl Breaker {
         }
     }
 
-    /// The width of one bucket, or `None` when no trigger uses the window.
-    fn bucket_width(&self) -> Option<u64> {
-        let config = &self.shared.config;
-        if config.ratio.is_none() && config.slow.is_none() {
-            return None;
-        }
-        Some((duration_micros(config.window) / BUCKETS).max(1))
-    }
-
     fn count(&self, state: &mut State, now: u64, outcome: Outcome) {
-        let Some(width) = self.bucket_width() else {
-            return;
-        };
-        let index = now / width;
-        let bucket = &mut state.buckets[(index % BUCKETS) as usize];
-        if bucket.index != index {
-            *bucket = Bucket {
-                index,
-                ..Bucket::default()
-            };
-        }
-        match outcome {
-            Outcome::Failed => bucket.failed += 1,
-            Outcome::Ok { slow } => {
-                bucket.ok += 1;
-                bucket.slow += u64::from(slow);
-            }
+        if let Some(width) = self.shared.config.bucket_width() {
+            state.window.count(width, now, outcome);
         }
     }
 
-    /// The buckets' sum over the window ending at `now`.
+    /// The calls counted over the window ending at `now`, or `None` when no
+    /// trigger uses the window.
     fn window_sum(&self, state: &State, now: u64) -> Option<Bucket> {
-        let width = self.bucket_width()?;
-        let index = now / width;
-        let mut sum = Bucket::default();
-        for bucket in &state.buckets {
-            if bucket.index <= index && index - bucket.index < BUCKETS {
-                sum.ok += bucket.ok;
-                sum.failed += bucket.failed;
-                sum.slow += bucket.slow;
-            }
-        }
-        Some(sum)
+        let width = self.shared.config.bucket_width()?;
+        Some(state.window.sum(width, now))
     }
 
     /// Whether the failure triggers fire.
@@ -711,24 +299,6 @@ impl Breaker {
             slow.min_calls,
         )
     }
-}
-
-/// How a counted call ended.
-#[derive(Debug, Clone, Copy)]
-enum Outcome {
-    Ok { slow: bool },
-    Failed,
-}
-
-/// Whether `part` of `total` calls is at least `ratio_ppm`, once there are
-/// at least `min_calls` calls.
-fn reached(part: u64, total: u64, ratio_ppm: u64, min_calls: u64) -> bool {
-    total >= min_calls
-        && u128::from(part) * u128::from(RATIO_SCALE) >= u128::from(ratio_ppm) * u128::from(total)
-}
-
-fn duration_micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -814,47 +384,6 @@ mod tests {
             b.failure(b.acquire().unwrap());
         }
         assert_eq!(b.state(), BreakerState::Open, "9 of 18 failed");
-    }
-
-    #[test]
-    fn one_breaker_per_shard_and_the_worst_state() {
-        let clock = ManualClock::new(1_000_000_000);
-        let config = BreakerConfig::default()
-            .consecutive_failures(1)
-            .cooldown(Duration::from_secs(1));
-        let b = Breakers::new(config, Arc::new(clock.clone()));
-        assert_eq!(b.worst(), BreakerState::Closed);
-        assert!(
-            b.shards.get().is_none(),
-            "no shard table before a sharded call"
-        );
-        let s7 = b.get(Some(7));
-        s7.failure(s7.acquire().unwrap());
-        assert_eq!(b.state_of(Some(7)), BreakerState::Open);
-        // Another shard and the store-wide breaker are untouched.
-        assert!(b.get(Some(8)).acquire().is_some());
-        assert!(b.get(None).acquire().is_some());
-        assert_eq!(b.state_of(Some(9)), BreakerState::Closed);
-        assert!(
-            b.shards.get().unwrap()[9].get().is_none(),
-            "not made by a read"
-        );
-        // Shards past the table share a cell modulo its size.
-        assert!(std::ptr::eq(
-            b.get(Some(7)),
-            b.get(Some(7 + MAX_SHARDS as u16))
-        ));
-        let wide = b.get(None);
-        wide.failure(wide.acquire().unwrap());
-        assert_eq!((b.worst(), b.open()), (BreakerState::Open, 2));
-        clock.advance(Duration::from_secs(1));
-        let probe = s7.acquire().unwrap();
-        let wide_probe = wide.acquire().unwrap();
-        assert_eq!((b.worst(), b.open()), (BreakerState::HalfOpen, 0));
-        s7.success(probe, FAST);
-        assert_eq!(b.worst(), BreakerState::HalfOpen);
-        wide.success(wide_probe, FAST);
-        assert_eq!((b.worst(), b.open()), (BreakerState::Closed, 0));
     }
 
     #[test]

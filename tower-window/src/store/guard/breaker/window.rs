@@ -1,0 +1,73 @@
+//! The rolling window the ratio triggers count in: `BUCKETS` buckets of
+//! calls, failures and slow successes.
+
+use super::config::RATIO_SCALE;
+
+/// Number of buckets of the rolling window (failure ratio and slow calls).
+pub(super) const BUCKETS: u64 = 10;
+
+/// The buckets of one breaker, reused round-robin: bucket `i` of time
+/// `now` is `now / width`, kept at `i % BUCKETS`.
+#[derive(Debug, Default)]
+pub(super) struct Window {
+    buckets: [Bucket; BUCKETS as usize],
+}
+
+impl Window {
+    /// Counts `outcome` at `now` in buckets `width` microseconds wide.
+    pub(super) fn count(&mut self, width: u64, now: u64, outcome: Outcome) {
+        let index = now / width;
+        let bucket = &mut self.buckets[(index % BUCKETS) as usize];
+        if bucket.index != index {
+            *bucket = Bucket {
+                index,
+                ..Bucket::default()
+            };
+        }
+        match outcome {
+            Outcome::Failed => bucket.failed += 1,
+            Outcome::Ok { slow } => {
+                bucket.ok += 1;
+                bucket.slow += u64::from(slow);
+            }
+        }
+    }
+
+    /// The buckets' sum over the window ending at `now`.
+    pub(super) fn sum(&self, width: u64, now: u64) -> Bucket {
+        let index = now / width;
+        let mut sum = Bucket::default();
+        for bucket in &self.buckets {
+            if bucket.index <= index && index - bucket.index < BUCKETS {
+                sum.ok += bucket.ok;
+                sum.failed += bucket.failed;
+                sum.slow += bucket.slow;
+            }
+        }
+        sum
+    }
+}
+
+/// Calls counted in one bucket (or, as a sum, in the whole window).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Bucket {
+    index: u64,
+    pub(super) ok: u64,
+    pub(super) failed: u64,
+    /// Successes slower than the slow-call threshold (also counted in `ok`).
+    pub(super) slow: u64,
+}
+
+/// How a counted call ended.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Outcome {
+    Ok { slow: bool },
+    Failed,
+}
+
+/// Whether `part` of `total` calls is at least `ratio_ppm`, once there are
+/// at least `min_calls` calls.
+pub(super) fn reached(part: u64, total: u64, ratio_ppm: u64, min_calls: u64) -> bool {
+    total >= min_calls
+        && u128::from(part) * u128::from(RATIO_SCALE) >= u128::from(ratio_ppm) * u128::from(total)
+}
