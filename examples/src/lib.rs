@@ -10,3 +10,4 @@ pub mod inbound;
 pub mod process;
 pub mod redis_client;
 pub mod rls;
+pub mod store_probe;

@@ -34,10 +34,7 @@ impl StandIns {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("calls.log");
         for name in ["cargo", "apt-get", "npm"] {
-            let mut script = format!(
-                "#!/bin/sh\necho \"{name} $*\" >> '{}'\n",
-                log.display()
-            );
+            let mut script = format!("#!/bin/sh\necho \"{name} $*\" >> '{}'\n", log.display());
             if name == "cargo" {
                 // `cargo build ... --bin gateway`: this build's gateway,
                 // where cargo would put a release build of it.
@@ -116,9 +113,8 @@ fn ci_test_without_arguments_is_the_full_run() {
         "the browser test's packages: {calls:?}"
     );
     let cargo = cargo_calls(&calls);
-    let mut expected = vec![
-        "cargo test -p tower-window --no-default-features --lib --tests --locked".to_owned(),
-    ];
+    let mut expected =
+        vec!["cargo test -p tower-window --no-default-features --lib --tests --locked".to_owned()];
     for feature in ["tower", "http", "grpc", "redis", "metrics", "serde"] {
         expected.push(format!(
             "cargo test -p tower-window --no-default-features --features {feature} --lib --tests --locked"
@@ -142,7 +138,9 @@ fn ci_run_runs_the_checks_then_the_full_test_command() {
         "{calls:?}"
     );
     assert!(
-        cargo.iter().any(|c| c.starts_with("cargo clippy --workspace")),
+        cargo
+            .iter()
+            .any(|c| c.starts_with("cargo clippy --workspace")),
         "{calls:?}"
     );
     assert_eq!(
@@ -216,9 +214,8 @@ fn cluster_run_sh_runs_the_gateway_it_built_under_cargo_target_dir() {
             let _ = lines.send(line);
         }
     });
-    let err_thread = std::thread::spawn(move || {
-        std::io::read_to_string(stderr).unwrap_or_default()
-    });
+    let err_thread =
+        std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut printed = Vec::new();
     while !printed.iter().any(|l: &String| l.starts_with("ready")) {
@@ -233,7 +230,11 @@ fn cluster_run_sh_runs_the_gateway_it_built_under_cargo_target_dir() {
             }
         }
     }
-    let built: PathBuf = target.path().canonicalize().unwrap().join("release/gateway");
+    let built: PathBuf = target
+        .path()
+        .canonicalize()
+        .unwrap()
+        .join("release/gateway");
     assert!(built.exists());
     assert!(
         stand_ins
@@ -261,5 +262,8 @@ fn cluster_run_sh_runs_the_gateway_it_built_under_cargo_target_dir() {
     assert_eq!(answer.status, 200);
     drop(script);
     let stderr = err_thread.join().unwrap();
-    assert!(stderr.contains(&target.path().display().to_string()), "{stderr}");
+    assert!(
+        stderr.contains(&target.path().display().to_string()),
+        "{stderr}"
+    );
 }

@@ -12,11 +12,34 @@ use tower_window_examples::process::{
     fail, init_logging, shutdown_signal, EXIT_CONFIG, EXIT_RUNTIME,
 };
 use tower_window_examples::rls::{build, serve, serve_with_tonic, GrpcServer, RlsArgs};
+use tower_window_examples::store_probe::{describe_store, StoreProbe};
+
+/// The rls's flags, and the store probe's beside them.
+#[derive(Debug, Parser)]
+#[command(
+    name = "rls",
+    version,
+    about = "An Envoy rate limit service with sliding windows, on tower-window"
+)]
+struct Cli {
+    #[command(flatten)]
+    rls: RlsArgs,
+
+    /// Refuse to start (exit 1) when the store cannot be reached at start,
+    /// instead of logging why and answering from `--fallback` until it can
+    /// (`GET /readyz` on `--metrics-listen` answers 503 meanwhile).
+    #[arg(long, env = "TW_RLS_REQUIRE_STORE")]
+    require_store: bool,
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
     init_logging();
-    let args = RlsArgs::parse();
+    let Cli {
+        rls: args,
+        require_store,
+    } = Cli::parse();
+    let store_name = describe_store(args.redis_url.as_deref(), &args.redis_cluster);
     let listen = args.listen;
     let metrics_listen = args.metrics_listen;
     let grpc_server = args.grpc_server;
@@ -39,6 +62,11 @@ async fn main() -> ExitCode {
         leases = config.leases.map_or(0, |l| l.max_units()),
         "configured"
     );
+    // One line naming the store and why it cannot be reached, if so.
+    let probe = StoreProbe::new(&config.store, store_name);
+    if let Err(error) = probe.at_start(require_store).await {
+        return fail(&error, EXIT_RUNTIME);
+    }
     let rls = build(config);
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(listener) => listener,
@@ -59,9 +87,12 @@ async fn main() -> ExitCode {
                 )
             }
         };
-        tracing::info!(%address, "metrics at /metrics");
+        tracing::info!(%address, "metrics at /metrics, liveness at /healthz, readiness at /readyz");
+        let router = metrics_router(handle)
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .merge(probe.router());
         tokio::spawn(async move {
-            if let Err(error) = axum::serve(metrics, metrics_router(handle)).await {
+            if let Err(error) = axum::serve(metrics, router).await {
                 tracing::warn!(%error, "the metrics listener stopped");
             }
         });

@@ -103,6 +103,12 @@ pub struct Args {
     )]
     pub redis_timeout_ms: u64,
 
+    /// Refuse to start (exit 1) when the store cannot be reached at start,
+    /// instead of logging why and answering from `--fallback` until it
+    /// can (`GET /readyz` answers 503 meanwhile).
+    #[arg(long, env = "TW_REQUIRE_STORE")]
+    pub require_store: bool,
+
     /// Add `x-ratelimit-source: store|local_cache|fallback(<reason>)`
     /// to limited responses (allowed and denied), naming who decided, so
     /// operators can see degradation.
@@ -412,6 +418,8 @@ impl Args {
             ));
         }
         let timeout = Duration::from_millis(self.redis_timeout_ms);
+        let store_name =
+            crate::store_probe::describe_store(self.redis_url.as_deref(), &self.redis_cluster);
         if self.rooms_read == RoomsRead::Tail && self.redis_url.is_none() {
             return Err(ConfigError::new(
                 "--rooms-read",
@@ -522,6 +530,8 @@ impl Args {
         Ok(GatewayConfig {
             policy,
             store,
+            store_name,
+            require_store: self.require_store,
             tenant_header: self.tenant_header,
             user_header: self.user_header,
             resilience,
@@ -546,6 +556,12 @@ pub struct GatewayConfig {
     /// Redis with `--redis-url` / `--redis-cluster` (and then the tenant
     /// registry's control channel too).
     pub store: Store,
+    /// The store as logs and `GET /readyz` name it: `embedded`, or its
+    /// URL(s) without password.
+    pub store_name: String,
+    /// Refuse to start when the store cannot be reached
+    /// (`--require-store`).
+    pub require_store: bool,
     /// Header naming the tenant (default tenant: `public`).
     pub tenant_header: HeaderName,
     /// Header naming the user (required).
@@ -580,9 +596,17 @@ impl GatewayConfig {
     /// into one with its defaults), which also keeps the WebSocket
     /// connection seats, dedup ids and rooms, with the default headers.
     pub fn with_store(policy: impl Into<Policy>, store: impl Into<Store>) -> Self {
+        let store = store.into();
         Self {
             policy: policy.into(),
-            store: store.into(),
+            store_name: if store.redis().is_some() {
+                "redis"
+            } else {
+                "embedded"
+            }
+            .to_owned(),
+            store,
+            require_store: false,
             tenant_header: HeaderName::from_static("x-tenant-id"),
             user_header: HeaderName::from_static("x-user-id"),
             resilience: None,
@@ -667,6 +691,8 @@ impl fmt::Debug for GatewayConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GatewayConfig")
             .field("policy", &self.policy)
+            .field("store", &self.store_name)
+            .field("require_store", &self.require_store)
             .field("tenant_header", &self.tenant_header)
             .field("user_header", &self.user_header)
             .field("resilience", &self.resilience)
