@@ -115,7 +115,7 @@ fn ci_test_without_arguments_is_the_full_run() {
     let cargo = cargo_calls(&calls);
     let mut expected =
         vec!["cargo test -p tower-window --no-default-features --lib --tests --locked".to_owned()];
-    for feature in ["tower", "http", "grpc", "redis", "metrics", "serde"] {
+    for feature in ["tower", "http", "grpc", "redis", "metrics", "serde", "tls"] {
         expected.push(format!(
             "cargo test -p tower-window --no-default-features --features {feature} --lib --tests --locked"
         ));
@@ -148,7 +148,7 @@ fn ci_run_runs_the_checks_then_the_full_test_command() {
             .iter()
             .filter(|c| c.starts_with("cargo test -p tower-window --no-default-features"))
             .count(),
-        7,
+        8,
         "{calls:?}"
     );
 

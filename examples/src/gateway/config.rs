@@ -72,6 +72,21 @@ pub struct Args {
     #[arg(long, env = "TW_REDIS_CLUSTER", value_delimiter = ',')]
     pub redis_cluster: Vec<String>,
 
+    /// With `rediss://`: a PEM file of the CA certificate(s) that signed
+    /// the Redis server's certificate, trusted instead of the system's
+    /// root certificates (a single Redis and every cluster node).
+    #[arg(long, env = "TW_REDIS_CA_FILE", value_name = "FILE")]
+    pub redis_ca_file: Option<std::path::PathBuf>,
+
+    /// With `rediss://`: a PEM client certificate to present (mutual
+    /// TLS), with `--redis-client-key`.
+    #[arg(long, env = "TW_REDIS_CLIENT_CERT", value_name = "FILE")]
+    pub redis_client_cert: Option<std::path::PathBuf>,
+
+    /// The PEM private key of `--redis-client-cert`.
+    #[arg(long, env = "TW_REDIS_CLIENT_KEY", value_name = "FILE")]
+    pub redis_client_key: Option<std::path::PathBuf>,
+
     /// What to answer while Redis is slow or down (with `--redis-url` /
     /// `--redis-cluster`; the embedded store does not fail): `fail-open`
     /// admits, `fail-closed` answers 503, `local` keeps a window on this node
@@ -428,22 +443,15 @@ impl Args {
                 "use --rooms-read push (the default), or a single Redis with --redis-url",
             ));
         }
-        let redis = if let Some(url) = &self.redis_url {
-            check_redis_url("--redis-url", url)?;
-            Some(
-                RedisStore::from_url(url)
-                    .map_err(|error| redis_url_error("--redis-url", url, &error))?,
-            )
-        } else if !self.redis_cluster.is_empty() {
-            for url in &self.redis_cluster {
-                check_redis_url("--redis-cluster", url)?;
-            }
-            Some(RedisStore::cluster(&self.redis_cluster).map_err(|error| {
-                redis_url_error("--redis-cluster", &self.redis_cluster.join(","), &error)
-            })?)
-        } else {
-            None
-        };
+        let redis = crate::redis_tls::redis_store(
+            self.redis_url.as_deref(),
+            &self.redis_cluster,
+            &crate::redis_tls::TlsFiles {
+                ca_file: self.redis_ca_file.clone(),
+                client_cert: self.redis_client_cert.clone(),
+                client_key: self.redis_client_key.clone(),
+            },
+        )?;
         let tenants = match &self.tenants {
             Some(path) => Some(super::tenants::TenantsFile::load(path)?),
             None => None,
