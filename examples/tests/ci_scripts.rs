@@ -143,6 +143,12 @@ fn ci_run_runs_the_checks_then_the_full_test_command() {
             .any(|c| c.starts_with("cargo clippy --workspace")),
         "{calls:?}"
     );
+    for check in [
+        "cargo publish --workspace --dry-run --locked --allow-dirty",
+        "cargo deny check licenses bans sources",
+    ] {
+        assert!(cargo.contains(&check), "{check}: {calls:?}");
+    }
     assert_eq!(
         cargo
             .iter()
