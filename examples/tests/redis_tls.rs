@@ -2,7 +2,8 @@
 //! (`--tls-port`, client certificates required) with a throwaway CA made
 //! by `openssl` in a temp dir, the default user off and one ACL user
 //! allowed only the commands the client and the scripts of the limiter
-//! need. The library, the gateway and the rls decide through it.
+//! need. The library, the gateway and the rls decide through it, and the
+//! library and the gateway through a 3-primary cluster of such servers.
 #![allow(clippy::unwrap_used)]
 
 mod support;
@@ -29,51 +30,85 @@ const ACL: &str = "user app on >app-secret ~tw:* resetchannels -@all \
 
 /// A TLS-only `redis-server` and its throwaway CA; killed on drop.
 struct TlsRedis {
+    node: TlsNode,
+    dir: tempfile::TempDir,
+}
+
+/// One TLS-only `redis-server` process; killed on drop.
+struct TlsNode {
     child: Child,
     port: u16,
-    dir: tempfile::TempDir,
+    dir: PathBuf,
+}
+
+impl TlsNode {
+    /// A node whose certificates are in `certs`, its files in a directory
+    /// of its own there, its ACL user also allowed `acl_extra`, with
+    /// `extra` configuration lines.
+    fn start(certs: &Path, acl_extra: &str, extra: &str) -> Self {
+        let port = reserve_port();
+        let dir = certs.join(format!("node-{port}"));
+        std::fs::create_dir(&dir).unwrap();
+        let c = certs.display();
+        let conf = format!(
+            "port 0\ntls-port {port}\nbind 127.0.0.1\n\
+             tls-cert-file {c}/server.crt\ntls-key-file {c}/server.key\n\
+             tls-ca-cert-file {c}/ca.crt\ntls-auth-clients yes\n\
+             save \"\"\nappendonly no\ndir {}\nlogfile redis.log\n\
+             user default off\n{ACL} {acl_extra}\n{extra}\n",
+            dir.display()
+        );
+        std::fs::write(dir.join("redis.conf"), conf).unwrap();
+        let child = Command::new("redis-server")
+            .arg(dir.join("redis.conf"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut node = Self { child, port, dir };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = node.child.try_wait().unwrap() {
+                panic!("redis-server exited with {status}:\n{}", node.log());
+            }
+            assert!(Instant::now() < deadline, "no TLS redis:\n{}", node.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        node
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+
+    /// `rediss://app:app-secret@127.0.0.1:PORT`.
+    fn url(&self) -> String {
+        format!("rediss://app:app-secret@127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for TlsNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl TlsRedis {
     fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         make_certificates(dir.path());
-        let port = reserve_port();
-        let d = dir.path().display();
-        let conf = format!(
-            "port 0\ntls-port {port}\nbind 127.0.0.1\n\
-             tls-cert-file {d}/server.crt\ntls-key-file {d}/server.key\n\
-             tls-ca-cert-file {d}/ca.crt\ntls-auth-clients yes\n\
-             save \"\"\nappendonly no\ndir {d}\nlogfile redis.log\n\
-             user default off\n{ACL}\n"
-        );
-        std::fs::write(dir.path().join("redis.conf"), conf).unwrap();
-        let child = Command::new("redis-server")
-            .arg(dir.path().join("redis.conf"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut redis = Self { child, port, dir };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(status) = redis.child.try_wait().unwrap() {
-                panic!("redis-server exited with {status}:\n{}", redis.log());
-            }
-            assert!(Instant::now() < deadline, "no TLS redis:\n{}", redis.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        redis
+        let node = TlsNode::start(dir.path(), "", "");
+        Self { node, dir }
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+        self.node.log()
     }
 
-    /// `rediss://app:app-secret@127.0.0.1:PORT`.
     fn url(&self) -> String {
-        format!("rediss://app:app-secret@127.0.0.1:{}", self.port)
+        self.node.url()
     }
 
     fn file(&self, name: &str) -> PathBuf {
@@ -86,27 +121,107 @@ impl TlsRedis {
 
     /// The CA file and the client certificate.
     fn tls(&self) -> RedisTls {
-        RedisTls::new()
-            .ca_file(self.file("ca.crt"))
-            .unwrap()
-            .client_cert_files(self.file("client.crt"), self.file("client.key"))
-            .unwrap()
+        tls_of(self.dir.path())
     }
 }
 
-impl Drop for TlsRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// The CA file and the client certificate in `certs`.
+fn tls_of(certs: &Path) -> RedisTls {
+    RedisTls::new()
+        .ca_file(certs.join("ca.crt"))
+        .unwrap()
+        .client_cert_files(certs.join("client.crt"), certs.join("client.key"))
+        .unwrap()
+}
+
+/// Three TLS-only primaries in a Redis Cluster whose bus is TLS too
+/// (`tls-cluster yes`), made by an admin user with `redis-cli --cluster
+/// create`; the ACL user also gets what a cluster client needs.
+struct TlsCluster {
+    nodes: Vec<TlsNode>,
+    dir: tempfile::TempDir,
+}
+
+impl TlsCluster {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        make_certificates(dir.path());
+        let nodes: Vec<TlsNode> = (0..3)
+            .map(|_| {
+                let bus = reserve_port();
+                TlsNode::start(
+                    dir.path(),
+                    CLUSTER_ACL,
+                    &format!(
+                        "cluster-enabled yes\ntls-cluster yes\ncluster-port {bus}\n\
+                         cluster-config-file nodes.conf\ncluster-node-timeout 2000\n\
+                         user admin on >admin-secret ~* &* +@all"
+                    ),
+                )
+            })
+            .collect();
+        let cluster = Self { nodes, dir };
+        let mut create = cluster.admin_cli();
+        create.arg("--cluster").arg("create");
+        for node in &cluster.nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        create.args(["--cluster-replicas", "0", "--cluster-yes"]);
+        let out = support::run_bounded(&mut create, Duration::from_secs(60));
+        assert!(out.status.success(), "cluster create: {out:?}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &cluster.nodes {
+            loop {
+                let mut info = cluster.admin_cli();
+                info.args(["-p", &node.port.to_string(), "cluster", "info"]);
+                let out = support::run_bounded(&mut info, Duration::from_secs(10));
+                if String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster not ok: {out:?}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        cluster
+    }
+
+    /// `redis-cli` over TLS as the admin user.
+    fn admin_cli(&self) -> Command {
+        let d = self.dir.path();
+        let mut cli = Command::new("redis-cli");
+        cli.arg("--tls")
+            .arg("--cacert")
+            .arg(d.join("ca.crt"))
+            .arg("--cert")
+            .arg(d.join("client.crt"))
+            .arg("--key")
+            .arg(d.join("client.key"))
+            .args([
+                "--user",
+                "admin",
+                "--pass",
+                "admin-secret",
+                "--no-auth-warning",
+            ]);
+        cli
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(TlsNode::url).collect()
     }
 }
+
+/// What a cluster client needs beyond [`ACL`]: the slot map and the
+/// `ASK` redirect.
+const CLUSTER_ACL: &str = "+cluster|slots +cluster|shards +asking +readonly";
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate (all
-/// X.509 v3, as rustls requires), by `openssl`.
+/// X.509 v3, as rustls requires), by `openssl`. The server certificate is
+/// a client one too: cluster nodes present it to each other on the TLS bus.
 fn make_certificates(dir: &Path) {
     std::fs::write(
         dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
     )
     .unwrap();
     std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
@@ -388,4 +503,68 @@ fn the_rls_reaches_the_store_over_tls() {
     let _ = child.wait();
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}\n{}", read_log());
     assert!(read_log().contains("store reachable"), "{}", read_log());
+}
+
+#[test]
+fn the_library_and_the_gateway_decide_on_a_tls_cluster() {
+    let cluster = TlsCluster::start();
+    runtime().block_on(async {
+        let store = RedisStore::builder()
+            .cluster(cluster.urls())
+            .tls(tls_of(cluster.dir.path()))
+            .build()
+            .unwrap();
+        store.connect().await.unwrap();
+        let limiter = Limiter::new(store, "2/1m".parse::<Quota>().unwrap());
+        // Keys spread over the three primaries' slots.
+        for user in ["alice", "bob", "carol", "dave", "erin", "frank"] {
+            let key = WindowKey::new("acme", user);
+            let mut allowed = Vec::new();
+            for _ in 0..3 {
+                let decision = limiter.check(&key, 1).await.unwrap();
+                assert_eq!(decision.source(), DecisionSource::Store, "{user}");
+                allowed.push(decision.allowed());
+            }
+            assert_eq!(allowed, [true, true, false], "{user}");
+        }
+    });
+
+    let d = cluster.dir.path();
+    let (ca, cert, key) = (
+        d.join("ca.crt").display().to_string(),
+        d.join("client.crt").display().to_string(),
+        d.join("client.key").display().to_string(),
+    );
+    let seeds = cluster.urls().join(",");
+    let gateway = GatewayProcess::start(&[
+        "--redis-cluster",
+        &seeds,
+        "--redis-ca-file",
+        &ca,
+        "--redis-client-cert",
+        &cert,
+        "--redis-client-key",
+        &key,
+        "--limit",
+        "2/1m",
+        "--debug-headers",
+    ]);
+    assert!(
+        gateway.log().contains("store reachable"),
+        "{}",
+        gateway.log()
+    );
+    let ready = support::http_get(gateway.port(), "/readyz").unwrap();
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    let answers: Vec<(u16, String)> = (0..3)
+        .map(|_| {
+            let answer = support::get_as(gateway.port(), "/api/hello", "acme", "tls");
+            (
+                answer.status,
+                answer.header("x-ratelimit-source").to_owned(),
+            )
+        })
+        .collect();
+    let store = |status: u16| (status, "store".to_owned());
+    assert_eq!(answers, [store(200), store(200), store(429)]);
 }
