@@ -45,6 +45,8 @@
 //! ```
 //!
 //! [axum]: https://docs.rs/axum
+// docs.rs (`--cfg docsrs`, nightly) marks each feature-gated item with its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "admin")]
 pub mod admin;

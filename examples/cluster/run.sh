@@ -6,7 +6,8 @@
 #   bash examples/cluster/run.sh
 #
 # Environment (all optional):
-#   GATEWAY        gateway binary (default: build it with cargo --release)
+#   GATEWAY        gateway binary (default: build it with cargo --release,
+#                  into CARGO_TARGET_DIR when that is set)
 #   REDIS_PORTS    three Redis ports            (default "7001 7002 7003")
 #   BUS_PORTS      their cluster-bus ports      (default: each Redis port + 10000)
 #   GATEWAY_PORTS  three gateway ports          (default "3001 3002 3003")
@@ -41,9 +42,17 @@ done
 
 gateway="${GATEWAY:-}"
 if [ -z "$gateway" ]; then
-    echo "run.sh: building the gateway (cargo build --release)..." >&2
-    (cd "$root" && cargo build --release --quiet -p tower-window-examples --bin gateway)
-    gateway="$root/target/release/gateway"
+    # Where cargo puts it: CARGO_TARGET_DIR when set (a relative one from
+    # the directory run.sh was started in, as cargo itself reads it), else
+    # the workspace's target/.
+    target="${CARGO_TARGET_DIR:-$root/target}"
+    case "$target" in
+        /*) ;;
+        *) target="$PWD/$target" ;;
+    esac
+    echo "run.sh: building the gateway (cargo build --release) into $target..." >&2
+    (cd "$root" && CARGO_TARGET_DIR="$target" cargo build --release --quiet -p tower-window-examples --bin gateway)
+    gateway="$target/release/gateway"
 fi
 
 port_free() {

@@ -9,4 +9,6 @@ pub mod grpc;
 pub mod inbound;
 pub mod process;
 pub mod redis_client;
+pub mod redis_tls;
 pub mod rls;
+pub mod store_probe;

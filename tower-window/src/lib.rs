@@ -27,6 +27,8 @@
 //! ```
 //!
 //! [Tower]: https://docs.rs/tower
+// docs.rs (`--cfg docsrs`, nightly) marks each feature-gated item with its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
 mod clock;

@@ -2,7 +2,8 @@
 //!
 //! An axum server on the embedded store or Redis: `GET /api/hello` and the
 //! `GET /ws` WebSocket echo are limited per tenant and user, `GET /healthz`
-//! is not. See `examples/README.md`.
+//! (liveness) and `GET /readyz` (readiness: 503 while the store cannot
+//! decide) are not. See `examples/README.md`.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -13,6 +14,7 @@ use tower_window_examples::gateway::{build_app_with_limiter, Args};
 use tower_window_examples::process::{
     fail, init_logging, shutdown_signal, EXIT_CONFIG, EXIT_RUNTIME,
 };
+use tower_window_examples::store_probe::StoreProbe;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -64,6 +66,11 @@ async fn main() -> ExitCode {
             ttl_ms = leases.ttl_for(&config.policy).as_millis(),
             "quota leases"
         );
+    }
+    // One line naming the store and why it cannot be reached, if so.
+    let probe = StoreProbe::new(&config.store, &config.store_name);
+    if let Err(error) = probe.at_start(config.require_store).await {
+        return fail(&error, EXIT_RUNTIME);
     }
     let (app, limiter) = build_app_with_limiter(config);
 

@@ -62,6 +62,7 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
     // the rest at zero further down), and a series registered before the
     // recorder exists is lost.
     let recorder = super::metrics::install_recorder();
+    let readiness = crate::store_probe::StoreProbe::new(&config.store, &config.store_name);
     let limiter = config.limiter();
     let shared = limiter.clone();
     let degraded_status = config.degraded_status();
@@ -202,6 +203,7 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
         router = router.nest("/admin", admin);
     }
     let router = router
+        .merge(readiness.router())
         .merge(super::metrics::metrics_router(recorder))
         .merge(demo)
         .fallback(no_route)

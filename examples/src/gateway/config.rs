@@ -12,7 +12,7 @@ use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
 use tower_window::store::redis::redis;
 use tower_window::{
-    Algorithm, LeaseConfig, Limiter, MemoryStore, Policy, Quota, QuotaError, RedisStore, Store,
+    Algorithm, LeaseConfig, Limiter, MemoryStore, Policy, Quota, QuotaError, Store,
 };
 
 use super::flags;
@@ -72,6 +72,21 @@ pub struct Args {
     #[arg(long, env = "TW_REDIS_CLUSTER", value_delimiter = ',')]
     pub redis_cluster: Vec<String>,
 
+    /// With `rediss://`: a PEM file of the CA certificate(s) that signed
+    /// the Redis server's certificate, trusted instead of the system's
+    /// root certificates (a single Redis and every cluster node).
+    #[arg(long, env = "TW_REDIS_CA_FILE", value_name = "FILE")]
+    pub redis_ca_file: Option<std::path::PathBuf>,
+
+    /// With `rediss://`: a PEM client certificate to present (mutual
+    /// TLS), with `--redis-client-key`.
+    #[arg(long, env = "TW_REDIS_CLIENT_CERT", value_name = "FILE")]
+    pub redis_client_cert: Option<std::path::PathBuf>,
+
+    /// The PEM private key of `--redis-client-cert`.
+    #[arg(long, env = "TW_REDIS_CLIENT_KEY", value_name = "FILE")]
+    pub redis_client_key: Option<std::path::PathBuf>,
+
     /// What to answer while Redis is slow or down (with `--redis-url` /
     /// `--redis-cluster`; the embedded store does not fail): `fail-open`
     /// admits, `fail-closed` answers 503, `local` keeps a window on this node
@@ -102,6 +117,12 @@ pub struct Args {
         allow_negative_numbers = true
     )]
     pub redis_timeout_ms: u64,
+
+    /// Refuse to start (exit 1) when the store cannot be reached at start,
+    /// instead of logging why and answering from `--fallback` until it
+    /// can (`GET /readyz` answers 503 meanwhile).
+    #[arg(long, env = "TW_REQUIRE_STORE")]
+    pub require_store: bool,
 
     /// Add `x-ratelimit-source: store|local_cache|fallback(<reason>)`
     /// to limited responses (allowed and denied), naming who decided, so
@@ -412,6 +433,8 @@ impl Args {
             ));
         }
         let timeout = Duration::from_millis(self.redis_timeout_ms);
+        let store_name =
+            crate::store_probe::describe_store(self.redis_url.as_deref(), &self.redis_cluster);
         if self.rooms_read == RoomsRead::Tail && self.redis_url.is_none() {
             return Err(ConfigError::new(
                 "--rooms-read",
@@ -420,22 +443,15 @@ impl Args {
                 "use --rooms-read push (the default), or a single Redis with --redis-url",
             ));
         }
-        let redis = if let Some(url) = &self.redis_url {
-            check_redis_url("--redis-url", url)?;
-            Some(
-                RedisStore::from_url(url)
-                    .map_err(|error| redis_url_error("--redis-url", url, &error))?,
-            )
-        } else if !self.redis_cluster.is_empty() {
-            for url in &self.redis_cluster {
-                check_redis_url("--redis-cluster", url)?;
-            }
-            Some(RedisStore::cluster(&self.redis_cluster).map_err(|error| {
-                redis_url_error("--redis-cluster", &self.redis_cluster.join(","), &error)
-            })?)
-        } else {
-            None
-        };
+        let redis = crate::redis_tls::redis_store(
+            self.redis_url.as_deref(),
+            &self.redis_cluster,
+            &crate::redis_tls::TlsFiles {
+                ca_file: self.redis_ca_file.clone(),
+                client_cert: self.redis_client_cert.clone(),
+                client_key: self.redis_client_key.clone(),
+            },
+        )?;
         let tenants = match &self.tenants {
             Some(path) => Some(super::tenants::TenantsFile::load(path)?),
             None => None,
@@ -522,6 +538,8 @@ impl Args {
         Ok(GatewayConfig {
             policy,
             store,
+            store_name,
+            require_store: self.require_store,
             tenant_header: self.tenant_header,
             user_header: self.user_header,
             resilience,
@@ -546,6 +564,12 @@ pub struct GatewayConfig {
     /// Redis with `--redis-url` / `--redis-cluster` (and then the tenant
     /// registry's control channel too).
     pub store: Store,
+    /// The store as logs and `GET /readyz` name it: `embedded`, or its
+    /// URL(s) without password.
+    pub store_name: String,
+    /// Refuse to start when the store cannot be reached
+    /// (`--require-store`).
+    pub require_store: bool,
     /// Header naming the tenant (default tenant: `public`).
     pub tenant_header: HeaderName,
     /// Header naming the user (required).
@@ -580,9 +604,17 @@ impl GatewayConfig {
     /// into one with its defaults), which also keeps the WebSocket
     /// connection seats, dedup ids and rooms, with the default headers.
     pub fn with_store(policy: impl Into<Policy>, store: impl Into<Store>) -> Self {
+        let store = store.into();
         Self {
             policy: policy.into(),
-            store: store.into(),
+            store_name: if store.is_in_process() {
+                "embedded"
+            } else {
+                "redis"
+            }
+            .to_owned(),
+            store,
+            require_store: false,
             tenant_header: HeaderName::from_static("x-tenant-id"),
             user_header: HeaderName::from_static("x-user-id"),
             resilience: None,
@@ -661,6 +693,8 @@ impl fmt::Debug for GatewayConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GatewayConfig")
             .field("policy", &self.policy)
+            .field("store", &self.store_name)
+            .field("require_store", &self.require_store)
             .field("tenant_header", &self.tenant_header)
             .field("user_header", &self.user_header)
             .field("resilience", &self.resilience)

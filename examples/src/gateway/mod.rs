@@ -13,7 +13,10 @@
 //!   never limited.
 //!   `GET /ws?room=R` joins room R instead of the echo, on the library's
 //!   rooms ([`axum_window_ext::ws::rooms`]).
-//! - `GET /healthz`: never limited.
+//! - `GET /healthz`: liveness, never limited.
+//! - `GET /readyz`: readiness, never limited: `200` when the store can
+//!   decide, `503` (`"status":"degraded"` and the reason) while it cannot
+//!   (unreachable, breakers open); see [`crate::store_probe`].
 //! - `GET /`: the demo page, and `GET /api/quota`: the quotas it shows,
 //!   peeked without consuming them (see [`demo`]).
 //! - `GET /metrics`: Prometheus text of tower-window's metrics, never limited

@@ -53,7 +53,7 @@ pub struct Store {
 }
 
 struct Inner {
-    backend: Backend,
+    backend: Arc<Backend>,
     resilience: Resilience,
 }
 
@@ -126,6 +126,20 @@ impl Store {
     pub(crate) fn observe_breakers(&self, metrics: &Arc<crate::metrics::LimiterMetrics>) {
         if let Some(breakers) = &self.inner.resilience.breakers {
             breakers.observe(metrics);
+        }
+    }
+
+    /// The same backend without this store's resilience stack (no budget,
+    /// retries, in-flight bound or breaker): every operation is one call to
+    /// the backend, its error returned as it is. For a probe that must see
+    /// what the backend itself answers (an unresolvable host, a refused
+    /// connection) rather than an open breaker.
+    pub fn without_resilience(&self) -> Self {
+        Store {
+            inner: Arc::new(Inner {
+                backend: Arc::clone(&self.inner.backend),
+                resilience: Resilience::bare(Arc::clone(&self.inner.resilience.clock)),
+            }),
         }
     }
 
@@ -415,7 +429,7 @@ impl StoreBuilder {
             .map(|config| Breakers::new(config, self.clock.clone()));
         Store {
             inner: Arc::new(Inner {
-                backend: self.backend,
+                backend: Arc::new(self.backend),
                 resilience: Resilience {
                     timeout: self.timeout,
                     retry: self.retry,

@@ -25,8 +25,8 @@ pub(crate) enum Connector {
     Client(redis::Client),
     /// A deadpool pool: one pooled connection is taken and multiplexed.
     Pool(deadpool_redis::Pool),
-    /// Redis Cluster seed nodes.
-    Cluster(Vec<redis::ConnectionInfo>),
+    /// Redis Cluster seed nodes, and the TLS settings for every node.
+    Cluster(Vec<redis::ConnectionInfo>, super::tls::TlsSettings),
     /// A deadpool cluster pool: one pooled cluster connection is taken and shared.
     ClusterPool(deadpool_redis::cluster::Pool),
 }
@@ -109,7 +109,7 @@ impl Connection {
     pub(crate) fn node_info(&self) -> Option<redis::ConnectionInfo> {
         match &*self.connector {
             Connector::Client(client) => Some(client.get_connection_info().clone()),
-            Connector::Cluster(nodes) => nodes.first().cloned(),
+            Connector::Cluster(nodes, _) => nodes.first().cloned(),
             Connector::Pool(_) | Connector::ClusterPool(_) => None,
         }
     }
@@ -117,7 +117,7 @@ impl Connection {
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(
             *self.connector,
-            Connector::Cluster(_) | Connector::ClusterPool(_)
+            Connector::Cluster(..) | Connector::ClusterPool(_)
         )
     }
 
@@ -278,8 +278,9 @@ async fn connect(
             let pooled = pool.get().await.map_err(map_pool_error)?;
             Ok((Conn::Single((*pooled).clone()), Keeper::Pooled(pooled)))
         }
-        Connector::Cluster(nodes) => {
-            let mut builder = ClusterClient::builder(nodes.clone())
+        Connector::Cluster(nodes, tls) => {
+            let mut builder = tls
+                .cluster(ClusterClient::builder(nodes.clone()))
                 .connection_timeout(timeout)
                 .retries(CLUSTER_RETRIES)
                 .min_retry_wait(CLUSTER_RETRY_WAIT_MIN_MS)

@@ -138,7 +138,10 @@ pub(crate) mod call;
 pub(crate) mod connection;
 pub(crate) mod keys;
 pub(crate) mod script;
+pub(crate) mod tls;
 pub(crate) mod topology;
+#[cfg(feature = "tls")]
+pub use tls::{RedisTls, RedisTlsError};
 use topology::TopologyCache;
 
 /// The `deadpool_redis` this crate is built with (for
@@ -347,6 +350,7 @@ pub struct RedisStoreBuilder {
     prefix: String,
     connect_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
+    tls: tls::TlsSettings,
 }
 
 impl Default for RedisStoreBuilder {
@@ -356,6 +360,7 @@ impl Default for RedisStoreBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             clock: None,
+            tls: tls::TlsSettings::default(),
         }
     }
 }
@@ -450,7 +455,7 @@ impl RedisStoreBuilder {
             Target::Url(url) => Connector::Client(
                 url.as_str()
                     .into_connection_info()
-                    .and_then(|info| redis::Client::open(connection::no_delay(info)))
+                    .and_then(|info| self.tls.client(connection::no_delay(info)))
                     .map_err(RedisConfigError::InvalidUrl)?,
             ),
             Target::Cluster(urls) => {
@@ -459,7 +464,7 @@ impl RedisStoreBuilder {
                     .map(|url| {
                         url.as_str()
                             .into_connection_info()
-                            .map(connection::no_delay)
+                            .and_then(|info| self.tls.node(connection::no_delay(info)))
                     })
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(RedisConfigError::InvalidUrl)?;
@@ -467,10 +472,11 @@ impl RedisStoreBuilder {
                     return Err(RedisConfigError::NoClusterNodes);
                 }
                 // Check the configuration now; the client itself is built per connect.
-                ClusterClient::builder(nodes.clone())
+                self.tls
+                    .cluster(ClusterClient::builder(nodes.clone()))
                     .build()
                     .map_err(RedisConfigError::InvalidUrl)?;
-                Connector::Cluster(nodes)
+                Connector::Cluster(nodes, self.tls)
             }
             Target::Pool(pool) => Connector::Pool(pool),
             Target::ClusterPool(pool) => Connector::ClusterPool(pool),
