@@ -16,6 +16,9 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 pub const TYPE_RATE_LIMITED: &str = "urn:tower-window:problem:rate-limited";
 /// The `type` of a request that carries no rate-limit key (400/401).
 pub const TYPE_MISSING_KEY: &str = "urn:tower-window:problem:missing-key";
+/// The `type` of a request whose rate-limit key is longer than the key
+/// extractor accepts (400; see [`Rejection::KeyTooLong`]).
+pub const TYPE_KEY_TOO_LONG: &str = "urn:tower-window:problem:key-too-long";
 /// The `type` of a limiter that could not decide (503).
 pub const TYPE_UNAVAILABLE: &str = "urn:tower-window:problem:unavailable";
 /// The `type` of a request whose tenant is unknown (403).
@@ -126,6 +129,7 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
     let kind = match rejection {
         Rejection::RateLimited(_) => TYPE_RATE_LIMITED,
         Rejection::MissingKey { .. } => TYPE_MISSING_KEY,
+        Rejection::KeyTooLong { .. } => TYPE_KEY_TOO_LONG,
         Rejection::Unavailable { .. } => TYPE_UNAVAILABLE,
         Rejection::Degraded { .. } => TYPE_DEGRADED,
         Rejection::UnknownTenant { .. } => TYPE_UNKNOWN_TENANT,

@@ -15,9 +15,13 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName};
 use http::{Extensions, Uri};
 
-use super::{KeyExtractor, WindowKey};
+use super::{KeyExtractor, NoKey, WindowKey};
 
 /// The longest key value [`Header`] and [`Query`] accept by default, in bytes.
+///
+/// A longer value is no key ([`NoKey::TooLong`]): the layer answers it
+/// `400 Bad Request`, as a
+/// [`Rejection::KeyTooLong`](crate::layer::Rejection::KeyTooLong).
 pub const DEFAULT_MAX_LEN: usize = 1024;
 
 /// Implements `KeyExtractor` for `http::Request<B>` and `http::request::Parts`
@@ -26,16 +30,34 @@ macro_rules! http_extractor {
     ($ty:ty) => {
         impl<B> KeyExtractor<http::Request<B>> for $ty {
             fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
+                self.try_extract(request).ok()
+            }
+
+            fn try_extract(&self, request: &http::Request<B>) -> Result<WindowKey, NoKey> {
                 self.key_of_parts(request.headers(), request.uri(), request.extensions())
             }
         }
 
         impl KeyExtractor<http::request::Parts> for $ty {
             fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
+                self.try_extract(parts).ok()
+            }
+
+            fn try_extract(&self, parts: &http::request::Parts) -> Result<WindowKey, NoKey> {
                 self.key_of_parts(&parts.headers, &parts.uri, &parts.extensions)
             }
         }
     };
+}
+
+/// `value` as a key, when it is neither empty ([`NoKey::Missing`]) nor
+/// longer than `max_len` bytes ([`NoKey::TooLong`]).
+pub(super) fn bounded_key(value: &[u8], max_len: usize) -> Result<WindowKey, NoKey> {
+    match value.len() {
+        0 => Err(NoKey::Missing),
+        len if len > max_len => Err(NoKey::TooLong { max_len }),
+        _ => Ok(WindowKey::for_subject_copy(value)),
+    }
 }
 
 /// A header name that is not valid (see [`Header::new`]).
@@ -45,8 +67,9 @@ pub struct InvalidHeaderName(String);
 
 /// The value of a request header (the first one, if repeated), as raw bytes.
 ///
-/// An absent or empty header, or one longer than
-/// [`max_len`](Self::max_len) ([`DEFAULT_MAX_LEN`] by default), gives no key.
+/// An absent or empty header gives no key ([`NoKey::Missing`]), and so does
+/// one longer than [`max_len`](Self::max_len) ([`DEFAULT_MAX_LEN`] by
+/// default), for another reason ([`NoKey::TooLong`]).
 ///
 /// ```
 /// use tower_window::key::{Header, KeyExtractor};
@@ -81,7 +104,7 @@ impl Header {
         }
     }
 
-    /// Values longer than `max_len` bytes give no key.
+    /// Values longer than `max_len` bytes give no key ([`NoKey::TooLong`]).
     pub fn max_len(mut self, max_len: usize) -> Self {
         self.max_len = max_len;
         self
@@ -92,7 +115,12 @@ impl Header {
         &self.name
     }
 
-    fn key_of_parts(&self, headers: &HeaderMap, _: &Uri, _: &Extensions) -> Option<WindowKey> {
+    fn key_of_parts(
+        &self,
+        headers: &HeaderMap,
+        _: &Uri,
+        _: &Extensions,
+    ) -> Result<WindowKey, NoKey> {
         self.key_of_headers(headers)
     }
 
@@ -102,12 +130,9 @@ impl Header {
         self.max_len
     }
 
-    pub(super) fn key_of_headers(&self, headers: &HeaderMap) -> Option<WindowKey> {
-        let value = headers.get(&self.name)?.as_bytes();
-        if value.is_empty() || value.len() > self.max_len {
-            return None;
-        }
-        Some(WindowKey::for_subject_copy(value))
+    pub(super) fn key_of_headers(&self, headers: &HeaderMap) -> Result<WindowKey, NoKey> {
+        let value = headers.get(&self.name).ok_or(NoKey::Missing)?;
+        bounded_key(value.as_bytes(), self.max_len)
     }
 }
 
@@ -149,8 +174,10 @@ impl fmt::Write for IpText {
 /// The URL-decoded value of a query parameter (its first occurrence).
 ///
 /// `+` decodes to a space and `%XX` to its byte; malformed escapes are kept
-/// as they are. An absent or empty parameter, or a value longer than
-/// [`max_len`](Self::max_len) ([`DEFAULT_MAX_LEN`] by default), gives no key.
+/// as they are. An absent or empty parameter gives no key
+/// ([`NoKey::Missing`]), and so does a value longer than
+/// [`max_len`](Self::max_len) ([`DEFAULT_MAX_LEN`] by default), for another
+/// reason ([`NoKey::TooLong`]).
 ///
 /// ```
 /// use tower_window::key::{KeyExtractor, Query};
@@ -174,14 +201,15 @@ impl Query {
         }
     }
 
-    /// Values longer than `max_len` bytes (decoded) give no key.
+    /// Values longer than `max_len` bytes (decoded) give no key
+    /// ([`NoKey::TooLong`]).
     pub fn max_len(mut self, max_len: usize) -> Self {
         self.max_len = max_len;
         self
     }
 
-    fn key_of_parts(&self, _: &HeaderMap, uri: &Uri, _: &Extensions) -> Option<WindowKey> {
-        let query = uri.query()?;
+    fn key_of_parts(&self, _: &HeaderMap, uri: &Uri, _: &Extensions) -> Result<WindowKey, NoKey> {
+        let query = uri.query().ok_or(NoKey::Missing)?;
         for pair in query.as_bytes().split(|&b| b == b'&') {
             let (name, value) = match pair.iter().position(|&b| b == b'=') {
                 Some(eq) => (&pair[..eq], &pair[eq + 1..]),
@@ -190,13 +218,9 @@ impl Query {
             if *url_decode(name) != *self.param.as_bytes() {
                 continue;
             }
-            let value = url_decode(value);
-            if value.is_empty() || value.len() > self.max_len {
-                return None;
-            }
-            return Some(WindowKey::for_subject_copy(&value));
+            return bounded_key(&url_decode(value), self.max_len);
         }
-        None
+        Err(NoKey::Missing)
     }
 }
 
@@ -410,12 +434,12 @@ impl PeerIp {
         headers: &HeaderMap,
         _: &Uri,
         extensions: &Extensions,
-    ) -> Option<WindowKey> {
+    ) -> Result<WindowKey, NoKey> {
         let peer = match extensions.get::<SocketAddr>() {
             Some(addr) => addr.ip(),
-            None => *extensions.get::<IpAddr>()?,
+            None => *extensions.get::<IpAddr>().ok_or(NoKey::Missing)?,
         };
-        Some(self.key_for(peer, headers))
+        Ok(self.key_for(peer, headers))
     }
 }
 
