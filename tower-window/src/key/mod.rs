@@ -34,16 +34,17 @@ mod builtin;
 mod constant;
 #[cfg(feature = "grpc")]
 mod grpc;
+#[cfg(feature = "http")]
+mod net;
 pub(crate) mod state_key;
 
 #[cfg(feature = "http")]
-pub use builtin::{
-    Extension, Header, InvalidHeaderName, InvalidNetwork, PeerIp, Query, TrustedProxies,
-    DEFAULT_MAX_LEN,
-};
+pub use builtin::{Extension, Header, InvalidHeaderName, Query, DEFAULT_MAX_LEN};
 pub use constant::Constant;
 #[cfg(feature = "grpc")]
 pub use grpc::{GrpcMethod, InvalidMetadataKey, Metadata};
+#[cfg(feature = "http")]
+pub use net::{InvalidNetwork, PeerIp, TrustedProxies};
 
 /// The identity of one window: a tenant and a subject within it.
 ///
