@@ -58,8 +58,8 @@ pub mod ws;
 pub use extract::{MissingRateLimitInfo, RateLimitInfo};
 pub use key::{ConnectInfoIp, PathParam};
 pub use problem::{
-    ProblemJson, RejectionResponse, PROBLEM_JSON, TYPE_DEGRADED, TYPE_MISSING_KEY,
-    TYPE_RATE_LIMITED, TYPE_UNAVAILABLE, TYPE_UNKNOWN_TENANT,
+    ProblemJson, RejectionResponse, PROBLEM_JSON, TYPE_DEGRADED, TYPE_INVALID_INPUT,
+    TYPE_KEY_TOO_LONG, TYPE_MISSING_KEY, TYPE_RATE_LIMITED, TYPE_UNAVAILABLE, TYPE_UNKNOWN_TENANT,
 };
 
 pub use tower_window::layer::Rejection;

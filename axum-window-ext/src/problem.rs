@@ -16,6 +16,12 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 pub const TYPE_RATE_LIMITED: &str = "urn:tower-window:problem:rate-limited";
 /// The `type` of a request that carries no rate-limit key (400/401).
 pub const TYPE_MISSING_KEY: &str = "urn:tower-window:problem:missing-key";
+/// The `type` of a request whose rate-limit key is longer than the key
+/// extractor accepts (400; see [`Rejection::KeyTooLong`]).
+pub const TYPE_KEY_TOO_LONG: &str = "urn:tower-window:problem:key-too-long";
+/// The `type` of input a route refuses (400): an admin call's, a room's
+/// [resume position](crate::ws::rooms::Resume).
+pub const TYPE_INVALID_INPUT: &str = "urn:tower-window:problem:invalid-input";
 /// The `type` of a limiter that could not decide (503).
 pub const TYPE_UNAVAILABLE: &str = "urn:tower-window:problem:unavailable";
 /// The `type` of a request whose tenant is unknown (403).
@@ -126,6 +132,7 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
     let kind = match rejection {
         Rejection::RateLimited(_) => TYPE_RATE_LIMITED,
         Rejection::MissingKey { .. } => TYPE_MISSING_KEY,
+        Rejection::KeyTooLong { .. } => TYPE_KEY_TOO_LONG,
         Rejection::Unavailable { .. } => TYPE_UNAVAILABLE,
         Rejection::Degraded { .. } => TYPE_DEGRADED,
         Rejection::UnknownTenant { .. } => TYPE_UNKNOWN_TENANT,
@@ -152,6 +159,21 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
     // Serializing strings and integers into a Vec cannot fail; fall back to
     // an empty object rather than panicking.
     serde_json::to_vec(&problem).unwrap_or_else(|_| b"{}".to_vec())
+}
+
+/// A problem+json response of the [`TYPE_INVALID_INPUT`] type.
+pub(crate) fn invalid_input(status: http::StatusCode, detail: &str) -> Response {
+    let body = serde_json::json!({
+        "type": TYPE_INVALID_INPUT,
+        "title": "Invalid input",
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = (status, axum::Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
 }
 
 fn problem_response(rejection: &Rejection) -> http::Response<Body> {

@@ -121,6 +121,9 @@ enum Expect {
     ClientError,
     /// `401`.
     Unauthorized,
+    /// `400` with the `key-too-long` problem (not `missing-key`): a tenant
+    /// or user longer than the route accepts.
+    KeyTooLong,
     /// `101`, then a close frame with one of these codes in answer to the
     /// case's frame.
     Close(&'static [u16]),
@@ -477,16 +480,21 @@ fn publish(port: u16) {
 /// Tenant and user values on every route that reads them.
 fn identity_cases(cases: &mut Vec<Case>) {
     for v in VALUES {
-        let user_expect = if v.usable_name() {
-            Expect::Ok
-        } else {
-            Expect::ClientError
+        let user_expect = match v {
+            V::Huge => Expect::KeyTooLong,
+            v if v.usable_name() => Expect::Ok,
+            _ => Expect::ClientError,
         };
         // An empty tenant names none: the tenant is `public`, as without it.
         let tenant_expect = if v == V::Huge {
-            Expect::ClientError
+            Expect::KeyTooLong
         } else {
             Expect::Ok
+        };
+        // `/presence` is not rate limited: its own `400` says what is wrong.
+        let presence = |expect| match expect {
+            Expect::KeyTooLong => Expect::ClientError,
+            other => other,
         };
         // The user the tenant cases name; an empty tenant is `public`, so
         // it names a user of its own, not a victim.
@@ -577,7 +585,7 @@ fn identity_cases(cases: &mut Vec<Case>) {
                 &[("x-user-id", b"victim")],
                 b"",
             ),
-            user_expect,
+            presence(user_expect),
         ));
         cases.push(case(
             format!("/presence ?tenant={v:?}"),
@@ -590,7 +598,7 @@ fn identity_cases(cases: &mut Vec<Case>) {
                 &[],
                 b"",
             ),
-            tenant_expect,
+            presence(tenant_expect),
         ));
 
         // /api/quota: the query parameters, then the headers (max 256 bytes).
@@ -1095,6 +1103,14 @@ fn run(port: u16, cases: &[Case]) -> (Vec<String>, Vec<TcpStream>) {
             Expect::Upgrade => answer.status == 101,
             Expect::ClientError => (400..500).contains(&answer.status),
             Expect::Unauthorized => answer.status == 401,
+            Expect::KeyTooLong => {
+                answer.status == 400
+                    && find(
+                        &answer.body,
+                        br#""type":"urn:tower-window:problem:key-too-long""#,
+                    )
+                    .is_some()
+            }
             Expect::Close(codes) => {
                 if answer.status == 101 {
                     let (mut stream, mut buf) = answer.socket.take().unwrap();

@@ -54,7 +54,7 @@ use tower_window::{Limiter, WindowKey};
 use crate::PROBLEM_JSON;
 
 /// The problem `type` of invalid admin input (400).
-pub const TYPE_INVALID_INPUT: &str = "urn:tower-window:problem:invalid-input";
+pub use crate::TYPE_INVALID_INPUT;
 /// The problem `type` of a tenant, runtime record or route that does not
 /// exist (404).
 pub const TYPE_NOT_FOUND: &str = "urn:tower-window:problem:not-found";
@@ -173,12 +173,7 @@ fn problem(status: StatusCode, kind: &str, title: &str, detail: String) -> Respo
 }
 
 fn bad_request(detail: String) -> Response {
-    problem(
-        StatusCode::BAD_REQUEST,
-        TYPE_INVALID_INPUT,
-        "Invalid input",
-        detail,
-    )
+    crate::problem::invalid_input(StatusCode::BAD_REQUEST, &detail)
 }
 
 fn not_found(admin: &Admin, tenant: &str) -> Response {

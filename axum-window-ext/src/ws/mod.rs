@@ -31,6 +31,10 @@
 //!   `WebSocketUpgrade` (it recognises HTTP/1.1 `GET` upgrades and HTTP/2
 //!   extended `CONNECT`, and refuses anything else), then acquire the
 //!   lease, then upgrade.
+//! * Who: a `/ws` route behind the rate-limit [`layer`](crate::layer) is
+//!   keyed before the upgrade, so a request without a key, or with one
+//!   longer than its extractor accepts, is answered `400` (the
+//!   `missing-key` or the `key-too-long` problem) instead of the `101`.
 //! * [`rooms`]: rooms on event windows — one reader per node, bounded
 //!   per-socket queues, history then live with no gap, resume on any node
 //!   ([`rooms::RoomHub`]).

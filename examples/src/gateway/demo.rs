@@ -32,7 +32,7 @@ use serde_json::{json, Value};
 use tower_window::layer::{insert_rate_limit_headers, Rejection};
 use tower_window::{Decision, Limiter, Policy, Quota, QuotaDecision};
 
-use super::identity::{Identity, Sources};
+use super::identity::{BadIdentity, Identity, Sources};
 
 const INDEX_HTML: &str = include_str!("demo/index.html");
 const DEMO_CSS: &str = include_str!("demo/demo.css");
@@ -143,8 +143,12 @@ async fn js() -> Response {
 /// a preflight), then the headers, by the gateway's one rule
 /// ([`Identity`]: raw bytes; too long is `400`, never `public`).
 async fn quota(State(state): State<QuotaState>, uri: Uri, headers: HeaderMap) -> Response {
-    let Ok(key) = state.identity.key(&headers, &uri) else {
-        return RejectionResponse::missing_key(StatusCode::BAD_REQUEST).into_response();
+    let key = match state.identity.key(&headers, &uri) {
+        Ok(key) => key,
+        Err(BadIdentity::TooLong { max, .. }) => {
+            return RejectionResponse(Rejection::KeyTooLong { max_len: max }).into_response()
+        }
+        Err(_) => return RejectionResponse::missing_key(StatusCode::BAD_REQUEST).into_response(),
     };
     let tenant = String::from_utf8_lossy(key.tenant()).into_owned();
     let user = String::from_utf8_lossy(key.subject()).into_owned();

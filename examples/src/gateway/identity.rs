@@ -15,7 +15,7 @@
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderName, Request, Uri};
-use tower_window::key::{Header, KeyExtractor, Query, DEFAULT_MAX_LEN};
+use tower_window::key::{Header, KeyExtractor, NoKey, Query, DEFAULT_MAX_LEN};
 use tower_window::WindowKey;
 
 /// The tenant of a request that names none.
@@ -219,6 +219,15 @@ fn decoded_eq(raw: &[u8], name: &[u8]) -> bool {
 impl<B> KeyExtractor<Request<B>> for Identity {
     fn extract(&self, request: &Request<B>) -> Option<WindowKey> {
         self.key_of(request).ok()
+    }
+
+    /// A part too long is the layer's `key-too-long` rejection; any other
+    /// failure its `missing-key` one.
+    fn try_extract(&self, request: &Request<B>) -> Result<WindowKey, NoKey> {
+        self.key_of(request).map_err(|error| match error {
+            BadIdentity::TooLong { max, .. } => NoKey::TooLong { max_len: max },
+            BadIdentity::MissingUser | BadIdentity::Repeated { .. } => NoKey::Missing,
+        })
     }
 }
 

@@ -21,7 +21,7 @@ use axum::http::header::SEC_WEBSOCKET_KEY;
 use axum::http::{HeaderMap, StatusCode, Uri, Version};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use axum_window_ext::ws::rooms::{self, Outgoing, RoomHub, RoomName};
+use axum_window_ext::ws::rooms::{self, Outgoing, Resume, RoomHub, RoomName};
 use axum_window_ext::ws::{ConnectionRefused, ExceedAction, GuardedSocket, MessageLimits};
 use clap::{Args as ClapArgs, ValueEnum};
 use futures_util::FutureExt;
@@ -318,22 +318,17 @@ struct RoomJoin {
 
 impl Who {
     /// The room to join, checked: 1 to 64 characters of `[A-Za-z0-9_.-]`,
-    /// and a well-formed position (`last_event_id` needs its `epoch`).
-    fn room(&self) -> Result<Option<RoomJoin>, &'static str> {
+    /// and a well-formed position (the library's [`Resume`] rules:
+    /// `last_event_id` needs its `epoch`).
+    fn room(&self) -> Result<Option<RoomJoin>, String> {
         let Some(room) = &self.room else {
             return Ok(None);
         };
         let Ok(room) = RoomName::new(room.as_str()) else {
-            return Err("room: 1 to 64 characters of [A-Za-z0-9_.-]");
+            return Err("room: 1 to 64 characters of [A-Za-z0-9_.-]".to_owned());
         };
-        let resume = match (&self.epoch, &self.last_event_id) {
-            (Some(epoch), last) => Some(
-                Position::parse(epoch, last.as_deref().unwrap_or(""))
-                    .map_err(|_| "epoch or last_event_id: malformed")?,
-            ),
-            (None, Some(_)) => return Err("last_event_id needs its epoch"),
-            (None, None) => None,
-        };
+        let Resume(resume) = Resume::parse(self.epoch.as_deref(), self.last_event_id.as_deref())
+            .map_err(|invalid| invalid.to_string())?;
         Ok(Some(RoomJoin { room, resume }))
     }
 }
@@ -383,7 +378,7 @@ pub(super) async fn handler(
     // A bad room or position is refused before any lease is taken.
     let join = match who.room() {
         Ok(join) => join,
-        Err(detail) => return problem(StatusCode::BAD_REQUEST, detail),
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, &detail),
     };
     if join.is_some() && state.rooms.is_none() {
         return problem(StatusCode::NOT_FOUND, "this gateway serves no rooms");

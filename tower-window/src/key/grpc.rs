@@ -15,8 +15,8 @@ use bytes::Bytes;
 use http::header::HeaderMap;
 use http::Uri;
 
-use super::builtin::{Header, DEFAULT_MAX_LEN};
-use super::{KeyExtractor, WindowKey};
+use super::builtin::{bounded_key, Header, DEFAULT_MAX_LEN};
+use super::{KeyExtractor, NoKey, WindowKey};
 
 /// A metadata key [`Metadata`] refuses (see [`Metadata::new`]).
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,11 +49,13 @@ const BINARY: GeneralPurpose = GeneralPurpose::new(
 /// The value of a gRPC call's metadata entry (the first one, if repeated).
 ///
 /// An ASCII key ([`new`](Self::new)) is an HTTP header, read as the
-/// [`Header`] extractor reads it: raw bytes, no key when absent, empty or
-/// longer than [`max_len`](Self::max_len) ([`DEFAULT_MAX_LEN`] by default).
-/// A binary key (`-bin` suffix, [`binary`](Self::binary)) is base64 on the
-/// wire, padded or not; it is decoded, so both spellings of one value are
-/// one window, and a value that is not base64 gives no key.
+/// [`Header`] extractor reads it: raw bytes, no key when absent or empty
+/// ([`NoKey::Missing`]) or longer than [`max_len`](Self::max_len)
+/// ([`DEFAULT_MAX_LEN`] by default; [`NoKey::TooLong`], which the layer
+/// answers `INVALID_ARGUMENT` with its own message). A binary key (`-bin`
+/// suffix, [`binary`](Self::binary)) is base64 on the wire, padded or not;
+/// it is decoded, so both spellings of one value are one window, and a
+/// value that is not base64 gives no key ([`NoKey::Missing`]).
 ///
 /// Keys follow gRPC's rules: lowercase letters, digits, `-`, `_` and `.`
 /// (uppercase is lowercased), not starting with the reserved `grpc-`.
@@ -129,7 +131,7 @@ impl Metadata {
     }
 
     /// Values longer than `max_len` bytes (decoded, for a binary key) give
-    /// no key.
+    /// no key ([`NoKey::TooLong`]).
     pub fn max_len(mut self, max_len: usize) -> Self {
         self.header = self.header.max_len(max_len);
         self
@@ -145,33 +147,41 @@ impl Metadata {
         self.binary
     }
 
-    fn key_of_headers(&self, headers: &HeaderMap) -> Option<WindowKey> {
+    fn key_of_headers(&self, headers: &HeaderMap) -> Result<WindowKey, NoKey> {
         if !self.binary {
             return self.header.key_of_headers(headers);
         }
-        let encoded = headers.get(self.header.name())?.as_bytes();
+        let encoded = headers
+            .get(self.header.name())
+            .ok_or(NoKey::Missing)?
+            .as_bytes();
         let max_len = self.header.max_len_bytes();
         // Decoding never shrinks below 3/4 of the text: skip hopeless
         // values before decoding them.
-        if encoded.is_empty() || encoded.len() / 4 * 3 > max_len.saturating_add(3) {
-            return None;
+        if encoded.len() / 4 * 3 > max_len.saturating_add(3) {
+            return Err(NoKey::TooLong { max_len });
         }
-        let decoded = BINARY.decode(encoded).ok()?;
-        if decoded.is_empty() || decoded.len() > max_len {
-            return None;
-        }
-        Some(WindowKey::for_subject(Bytes::from(decoded)))
+        let decoded = BINARY.decode(encoded).map_err(|_| NoKey::Missing)?;
+        bounded_key(&decoded, max_len)
     }
 }
 
 impl<B> KeyExtractor<http::Request<B>> for Metadata {
     fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
+        self.key_of_headers(request.headers()).ok()
+    }
+
+    fn try_extract(&self, request: &http::Request<B>) -> Result<WindowKey, NoKey> {
         self.key_of_headers(request.headers())
     }
 }
 
 impl KeyExtractor<http::request::Parts> for Metadata {
     fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
+        self.key_of_headers(&parts.headers).ok()
+    }
+
+    fn try_extract(&self, parts: &http::request::Parts) -> Result<WindowKey, NoKey> {
         self.key_of_headers(&parts.headers)
     }
 }

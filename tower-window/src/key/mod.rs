@@ -4,7 +4,10 @@
 //! a tenant and a subject (user, API key, IP address...). Returning `None`
 //! means "no key here"; what happens then is the layer's
 //! [`MissingKey`](crate::MissingKey) policy, or another extractor tried with
-//! [`KeyExtractorExt::or`].
+//! [`KeyExtractorExt::or`]. [`KeyExtractor::try_extract`] also says why
+//! there is none ([`NoKey`]): a value longer than the extractor's bound
+//! ([`NoKey::TooLong`]) is not a missing one, and the layer answers it
+//! with its own rejection.
 //!
 //! ```
 //! use tower_window::key::{Constant, Header, KeyExtractor, KeyExtractorExt};
@@ -31,16 +34,17 @@ mod builtin;
 mod constant;
 #[cfg(feature = "grpc")]
 mod grpc;
+#[cfg(feature = "http")]
+mod net;
 pub(crate) mod state_key;
 
 #[cfg(feature = "http")]
-pub use builtin::{
-    Extension, Header, InvalidHeaderName, InvalidNetwork, PeerIp, Query, TrustedProxies,
-    DEFAULT_MAX_LEN,
-};
+pub use builtin::{Extension, Header, InvalidHeaderName, Query, DEFAULT_MAX_LEN};
 pub use constant::Constant;
 #[cfg(feature = "grpc")]
 pub use grpc::{GrpcMethod, InvalidMetadataKey, Metadata};
+#[cfg(feature = "http")]
+pub use net::{InvalidNetwork, PeerIp, TrustedProxies};
 
 /// The identity of one window: a tenant and a subject within it.
 ///
@@ -290,6 +294,33 @@ impl fmt::Debug for WindowKey {
     }
 }
 
+/// Why a [`KeyExtractor`] found no key ([`KeyExtractor::try_extract`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoKey {
+    /// The request carries no value to key by (or an empty one).
+    #[error("the request carries no rate-limit key")]
+    Missing,
+    /// The value is longer than the extractor accepts (for the built-ins,
+    /// their `max_len`, `DEFAULT_MAX_LEN` bytes by default).
+    #[error("the rate-limit key is longer than {max_len} bytes")]
+    TooLong {
+        /// The longest value the extractor accepts, in bytes.
+        max_len: usize,
+    },
+}
+
+impl NoKey {
+    /// The more telling of two reasons: a key that is too long says more
+    /// than a missing one (the client sent something, and can fix it).
+    fn or(self, other: Self) -> Self {
+        match (self, other) {
+            (Self::Missing, other) => other,
+            (too_long, _) => too_long,
+        }
+    }
+}
+
 /// Names the window a request counts against.
 ///
 /// Implemented for closures `Fn(&Req) -> Option<WindowKey>`, for `Option<E>`
@@ -298,6 +329,28 @@ impl fmt::Debug for WindowKey {
 pub trait KeyExtractor<Req>: Send + Sync {
     /// The request's key, or `None` when the request carries none.
     fn extract(&self, request: &Req) -> Option<WindowKey>;
+
+    /// The request's key, or why there is none: what the layer calls, so
+    /// that a key longer than the extractor accepts is answered as such
+    /// rather than as a missing one. Always `extract(request)` with the
+    /// reason added: `try_extract(request).ok() == extract(request)`.
+    ///
+    /// The default says [`NoKey::Missing`] whenever `extract` finds
+    /// nothing; an extractor with a length bound overrides it.
+    ///
+    /// ```
+    /// use tower_window::key::{Header, KeyExtractor, NoKey};
+    ///
+    /// let key = Header::new("x-user-id")?.max_len(8);
+    /// let request = |user: &str| http::Request::builder().header("x-user-id", user).body(()).unwrap();
+    /// assert_eq!(key.try_extract(&request("alice")).unwrap().subject(), b"alice");
+    /// assert_eq!(key.try_extract(&request("a-very-long-id")), Err(NoKey::TooLong { max_len: 8 }));
+    /// assert_eq!(key.try_extract(&http::Request::new(())), Err(NoKey::Missing));
+    /// # Ok::<(), tower_window::key::InvalidHeaderName>(())
+    /// ```
+    fn try_extract(&self, request: &Req) -> Result<WindowKey, NoKey> {
+        self.extract(request).ok_or(NoKey::Missing)
+    }
 }
 
 impl<F, Req> KeyExtractor<Req> for F
@@ -316,6 +369,11 @@ where
     fn extract(&self, request: &Req) -> Option<WindowKey> {
         self.as_ref().and_then(|e| e.extract(request))
     }
+
+    fn try_extract(&self, request: &Req) -> Result<WindowKey, NoKey> {
+        self.as_ref()
+            .map_or(Err(NoKey::Missing), |e| e.try_extract(request))
+    }
 }
 
 /// Combinators for every [`KeyExtractor`].
@@ -324,7 +382,9 @@ where
 /// inferred where they are used (`key.extract(&request)`, or the layer's
 /// service), and can also be named: `KeyExtractorExt::<Request>::or(a, b)`.
 pub trait KeyExtractorExt<Req>: KeyExtractor<Req> + Sized {
-    /// Tries `self`, then `other` when `self` finds no key.
+    /// Tries `self`, then `other` when `self` finds no key (a key too
+    /// long for `self` included). When neither finds one, a key too long
+    /// for either is the reason ([`NoKey::TooLong`]).
     fn or<E: KeyExtractor<Req>>(self, other: E) -> Or<Self, E, Req> {
         Or {
             first: self,
@@ -335,7 +395,8 @@ pub trait KeyExtractorExt<Req>: KeyExtractor<Req> + Sized {
 
     /// Uses `tenant`'s subject as the tenant of `self`'s key. When `tenant`
     /// finds nothing, there is no key (combine with [`or`](Self::or) and
-    /// [`Constant`] for a default tenant).
+    /// [`Constant`] for a default tenant). When either part is too long,
+    /// that is the reason there is none ([`NoKey::TooLong`]).
     fn with_tenant<T: KeyExtractor<Req>>(self, tenant: T) -> WithTenant<Self, T, Req> {
         WithTenant {
             subject: self,
@@ -363,6 +424,14 @@ where
         self.first
             .extract(request)
             .or_else(|| self.second.extract(request))
+    }
+
+    fn try_extract(&self, request: &Req) -> Result<WindowKey, NoKey> {
+        self.first.try_extract(request).or_else(|first| {
+            self.second
+                .try_extract(request)
+                .map_err(|second| first.or(second))
+        })
     }
 }
 
@@ -401,6 +470,17 @@ where
         let tenant = self.tenant.extract(request)?;
         let subject = self.subject.extract(request)?;
         Some(subject.with_tenant_of(tenant))
+    }
+
+    fn try_extract(&self, request: &Req) -> Result<WindowKey, NoKey> {
+        match (
+            self.tenant.try_extract(request),
+            self.subject.try_extract(request),
+        ) {
+            (Ok(tenant), Ok(subject)) => Ok(subject.with_tenant_of(tenant)),
+            (Err(tenant), Err(subject)) => Err(tenant.or(subject)),
+            (Err(reason), Ok(_)) | (Ok(_), Err(reason)) => Err(reason),
+        }
     }
 }
 

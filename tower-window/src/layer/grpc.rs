@@ -31,7 +31,8 @@ pub struct GrpcCode(i32);
 impl GrpcCode {
     /// `2 UNKNOWN`: an HTTP status with no closer gRPC code.
     pub const UNKNOWN: Self = Self(2);
-    /// `3 INVALID_ARGUMENT`: a request without a key (`400`).
+    /// `3 INVALID_ARGUMENT`: a request without a key, or with one too
+    /// long (`400`).
     pub const INVALID_ARGUMENT: Self = Self(3);
     /// `5 NOT_FOUND` (`404`).
     pub const NOT_FOUND: Self = Self(5);
@@ -129,7 +130,8 @@ impl Rejection {
     /// rejection's HTTP [`status`](Self::status) otherwise (see
     /// [`GrpcCode::for_http_status`]): a degraded denial `UNAVAILABLE` (or
     /// `RESOURCE_EXHAUSTED` with a `429` degraded status), a missing key
-    /// `INVALID_ARGUMENT` (`UNAUTHENTICATED` for a `401` one), an unknown
+    /// `INVALID_ARGUMENT` (`UNAUTHENTICATED` for a `401` one), a key too
+    /// long `INVALID_ARGUMENT` (with its own `grpc-message`), an unknown
     /// tenant `PERMISSION_DENIED`, a limiter that could not decide
     /// `UNAVAILABLE`.
     pub fn grpc_code(&self) -> GrpcCode {
@@ -158,7 +160,7 @@ impl Rejection {
 ///   application/grpc`, an empty body, and in its one header block
 ///   `grpc-status` ([`Rejection::grpc_code`]: `8 RESOURCE_EXHAUSTED` for an
 ///   exhausted quota, `14 UNAVAILABLE` for a degraded denial, `3
-///   INVALID_ARGUMENT` for a missing key), `grpc-message` (the rejection's
+///   INVALID_ARGUMENT` for a missing key or one too long), `grpc-message` (the rejection's
 ///   [`detail`](Rejection::detail), percent-encoded), the `RateLimit`
 ///   metadata of its decision, and — when the request can be retried —
 ///   `grpc-status-details-bin`: a `google.rpc.Status` whose details hold a

@@ -10,6 +10,40 @@
 //!
 //! where `q` is the quota's capacity, `w` its window, `r` the units left and
 //! `t` the seconds until the window is full again. Seconds are rounded up.
+//!
+//! `t` and a denial's `Retry-After` answer two questions. `t` is when the
+//! window is full again: when every unit it counts has stopped counting.
+//! `Retry-After` is when the denied request would fit: when enough of the
+//! oldest units have stopped counting. On a sliding window they differ: a
+//! `100/1m` quota spent by requests spread over the last minute, the first
+//! of them 2 s ago, answers the 101st with `Retry-After: 58` (the first
+//! request stops counting in 58 s, and one unit is all it needs) and
+//! `t=60` (the latest stops counting in 60 s). axum-window-ext's
+//! problem+json body says the same as `retry_after` and `reset_after`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_window::layer::{insert_rate_limit_headers, insert_retry_after};
+//! use tower_window::{Limiter, ManualClock, MemoryStore, Quota, WindowKey};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let clock = ManualClock::new(1_700_000_000_000_000);
+//! let limiter = Limiter::new(MemoryStore::builder().clock(clock.clone()).build(), "100/1m".parse::<Quota>()?);
+//! let key = WindowKey::for_subject("ann");
+//! limiter.check(&key, 1).await?; // the first request, 2 s ago
+//! clock.advance(Duration::from_secs(2));
+//! for _ in 0..99 {
+//!     limiter.check(&key, 1).await?;
+//! }
+//! let denied = limiter.check(&key, 1).await?;
+//! let mut headers = http::HeaderMap::new();
+//! insert_rate_limit_headers(&mut headers, &denied, false);
+//! insert_retry_after(&mut headers, denied.retry_after().unwrap());
+//! assert_eq!(headers["retry-after"], "58");
+//! assert_eq!(headers["ratelimit"], r#""default";r=0;t=60"#);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
 
 use std::cell::RefCell;
 use std::sync::Arc;

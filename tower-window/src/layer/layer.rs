@@ -11,6 +11,10 @@ use crate::tenant::TenantRegistry;
 use crate::Limiter;
 
 /// What to do with a request from which the key extractor gets no key.
+///
+/// A key longer than the extractor accepts is not a missing one: it is
+/// always answered `400` ([`Rejection::KeyTooLong`](super::Rejection::KeyTooLong)),
+/// even with [`Skip`](Self::Skip).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {

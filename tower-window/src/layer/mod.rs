@@ -20,6 +20,9 @@
 //!   seconds rounded up (absent when the cost can never fit), the same
 //!   `RateLimit` headers, and the [`Rejection`] in the response's extensions.
 //! - No key: [`MissingKey::Reject`] (400 by default) or [`MissingKey::Skip`].
+//! - A key longer than the extractor accepts (`key::DEFAULT_MAX_LEN`, 1024
+//!   bytes, by default): `400 Bad Request` ([`Rejection::KeyTooLong`], whose
+//!   docs say why not `431`), whatever the missing-key policy.
 //! - Limiter failure: `503 Service Unavailable` ([`Rejection::Unavailable`]).
 //! - Degraded (the store cannot decide, the limiter's
 //!   [`FallbackPolicy`](crate::FallbackPolicy) answers): an admission reaches
@@ -66,7 +69,7 @@
 //! `SlidingWindowLayer::grpc` answers tonic callers in their protocol: a
 //! denial is a trailers-only `RESOURCE_EXHAUSTED` with a
 //! `google.rpc.RetryInfo` detail (a degraded one `UNAVAILABLE`, a missing
-//! key `INVALID_ARGUMENT`), and the `RateLimit` headers travel as response
+//! key or one too long `INVALID_ARGUMENT`, each with its own message), and the `RateLimit` headers travel as response
 //! metadata. `key::Metadata` and `key::GrpcMethod` key calls by metadata
 //! and by method. See `Grpc` for an example.
 //!

@@ -30,6 +30,22 @@ pub enum Rejection {
         /// The status to answer with (400 or 401 are usual).
         status: Status,
     },
+    /// The request's key is longer than the key extractor accepts
+    /// ([`NoKey::TooLong`](crate::key::NoKey::TooLong)): answered `400 Bad
+    /// Request` whatever the [`MissingKey`](super::MissingKey) policy, since
+    /// the client did name itself, wrongly.
+    ///
+    /// Why `400` and not `431 Request Header Fields Too Large`: the request
+    /// is well-formed HTTP that the server read in full; it is one field's
+    /// value that this service refuses, as it would refuse any malformed
+    /// value, and the key may come from the query, a path or gRPC metadata,
+    /// where `431` would name the wrong thing. Clients and proxies read
+    /// `431` as "the header section is too large for this server", a
+    /// transport limit; the `400`'s detail says which limit was passed.
+    KeyTooLong {
+        /// The longest key the extractor accepts, in bytes.
+        max_len: usize,
+    },
     /// The store could not decide and the limiter's fallback policy denied
     /// the request; `decision.source` is `Fallback(reason)`.
     Degraded {
@@ -92,6 +108,7 @@ impl Rejection {
     pub fn status(&self) -> Status {
         match self {
             Self::RateLimited(_) => Status::TOO_MANY_REQUESTS,
+            Self::KeyTooLong { .. } => Status::BAD_REQUEST,
             Self::MissingKey { status }
             | Self::UnknownTenant { status }
             | Self::Degraded { status, .. } => *status,
@@ -118,6 +135,7 @@ impl Rejection {
         match self {
             Self::RateLimited(_) => "Too Many Requests",
             Self::MissingKey { .. } => "Missing rate-limit key",
+            Self::KeyTooLong { .. } => "Rate-limit key too long",
             Self::Degraded { .. } => "Rate limiter degraded",
             Self::UnknownTenant { .. } => "Unknown tenant",
             Self::Unavailable { .. } => "Rate limiter unavailable",
@@ -142,6 +160,9 @@ impl Rejection {
             },
             Self::MissingKey { .. } => {
                 "the request does not identify who is calling (rate-limit key missing)".to_owned()
+            }
+            Self::KeyTooLong { max_len } => {
+                format!("the value that identifies who is calling is longer than {max_len} bytes (rate-limit key too long)")
             }
             Self::Degraded { decision, .. } => {
                 let reason = match decision.source {

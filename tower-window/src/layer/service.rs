@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use super::future::{DecisionFuture, ResponseFuture};
 use super::{MissingKey, Rejection, RequestCost, Respond, Status};
+use crate::key::NoKey;
 use crate::limit::AtOnce;
 use crate::tenant::{Resolution, TenantRegistry};
 use crate::{Decision, KeyExtractor, LimitError, Limiter};
@@ -106,13 +107,21 @@ where
 
     fn call(&mut self, mut request: Req) -> Self::Future {
         let shared = &*self.shared;
-        let Some(key) = shared.key.extract(&request) else {
-            return match shared.missing_key {
-                MissingKey::Skip => ResponseFuture::calling(self.inner.call(request), None),
-                MissingKey::Reject(status) => ResponseFuture::ready(
-                    shared.mode.on_rejection(Rejection::MissingKey { status }),
-                ),
-            };
+        let key = match shared.key.try_extract(&request) {
+            Ok(key) => key,
+            Err(NoKey::TooLong { max_len }) => {
+                return ResponseFuture::ready(
+                    shared.mode.on_rejection(Rejection::KeyTooLong { max_len }),
+                )
+            }
+            Err(_) => {
+                return match shared.missing_key {
+                    MissingKey::Skip => ResponseFuture::calling(self.inner.call(request), None),
+                    MissingKey::Reject(status) => ResponseFuture::ready(
+                        shared.mode.on_rejection(Rejection::MissingKey { status }),
+                    ),
+                }
+            }
         };
         let cost = shared.cost.cost(&request);
         if cost == 0 {

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use axum::extract::ws::{Utf8Bytes, WebSocket};
+use axum::extract::ws::Utf8Bytes;
 use tokio::sync::{mpsc, Notify};
 use tower_window::events::{Epoch, Event, EventId, EventWindow, Position};
 #[cfg(feature = "redis")]
@@ -15,6 +15,7 @@ use tower_window::StoreError;
 
 use super::name::RoomName;
 use super::session::{Phase, RoomSession};
+use super::socket::RoomSocket;
 use super::{frame, metrics, reader, DEFAULT_QUEUE};
 
 /// One node's rooms on an [`EventWindow`]; see the [module docs](super).
@@ -319,7 +320,7 @@ impl RoomHub {
     /// closes the socket with [`CLOSE_STORE_ERROR`](super::CLOSE_STORE_ERROR).
     pub async fn serve(
         &self,
-        mut socket: WebSocket,
+        mut socket: impl RoomSocket,
         room: &RoomName,
         resume: Option<Position>,
         from: &str,
@@ -328,7 +329,8 @@ impl RoomHub {
             Ok(session) => session.serve(socket, from).await,
             Err(error) => {
                 tracing::warn!(%error, "joining a room failed");
-                super::serve::close(&mut socket, super::CLOSE_STORE_ERROR, "store unavailable")
+                socket
+                    .close(super::CLOSE_STORE_ERROR, "store unavailable")
                     .await;
             }
         }

@@ -34,36 +34,48 @@
 //!   `recovered` (or `resync`), then live events, skipping live events it
 //!   already sent from history (ids only grow): no gap, no duplicate.
 //! * [`RoomHub::serve`] / [`RoomSession::serve`]: a ready-made socket loop
-//!   on a plain axum `WebSocket`. With message limits, a connection cap or
-//!   deduplication, loop over a [`GuardedSocket`](super::GuardedSocket)
-//!   with [`RoomSession::next`] (cancel-safe) and
-//!   [`RoomSession::publish`] instead.
+//!   on a plain axum `WebSocket`, or on a [`GuardedSocket`](super::GuardedSocket)
+//!   for message limits and a connection cap. For deduplication or
+//!   batching, write the loop with [`RoomSession::next`] (cancel-safe),
+//!   [`RoomSession::send_ready`] and [`RoomSession::publish`]
+//!   ([`RoomSession::serve`] shows the loop it runs).
+//! * [`Resume`]: the client's position from the upgrade's query
+//!   (`epoch`, `last_event_id`), an extractor that refuses a malformed one
+//!   with `400` before the upgrade.
 //!
 //! # Rooms in your router
+//!
+//! A room per path, resumable after a reconnect, with a message quota per
+//! user (every guest is one user here: key by your authenticated user):
 //!
 //! ```
 //! use std::time::Duration;
 //!
 //! use axum::extract::{ws::WebSocketUpgrade, Path, State};
 //! use axum::{response::Response, routing::get, Router};
-//! use axum_window_ext::ws::rooms::{RoomHub, RoomName};
+//! use axum_window_ext::ws::rooms::{Resume, RoomHub, RoomName};
+//! use axum_window_ext::ws::{GuardedSocket, MessageLimits};
 //! use tower_window::events::{EventWindow, Retention};
-//! use tower_window::MemoryStore;
+//! use tower_window::{Limiter, MemoryStore, Quota, Store, WindowKey};
 //!
-//! /// `GET /rooms/{room}`: a WebSocket in that room; text messages go to everyone in it.
-//! async fn room(
-//!     State(hub): State<RoomHub>,
-//!     Path(room): Path<RoomName>,
-//!     ws: WebSocketUpgrade,
-//! ) -> Response {
-//!     ws.on_upgrade(move |socket| async move { hub.serve(socket, &room, None, "guest").await })
+//! #[derive(Clone)]
+//! struct Rooms { hub: RoomHub, limits: MessageLimits }
+//!
+//! /// `GET /rooms/{room}?epoch=E&last_event_id=ID`: a WebSocket in that room (resuming after ID).
+//! async fn room(State(rooms): State<Rooms>, Path(room): Path<RoomName>, Resume(resume): Resume, ws: WebSocketUpgrade) -> Response {
+//!     rooms.limits.configure(ws).on_upgrade(move |socket| async move {
+//!         let socket = GuardedSocket::new(socket, rooms.limits, WindowKey::for_subject("guest"));
+//!         rooms.hub.serve(socket, &room, resume, "guest").await
+//!     })
 //! }
 //!
 //! fn app() -> Result<Router, Box<dyn std::error::Error>> {
-//!     let store = MemoryStore::new(); // or a RedisStore shared by every node
-//!     let retention = Retention::new(Duration::from_secs(600), 1000)?;
-//!     let hub = RoomHub::new(EventWindow::new(store, retention));
-//!     Ok(Router::new().route("/rooms/{room}", get(room)).with_state(hub))
+//!     let store = Store::from(MemoryStore::new()); // or a RedisStore shared by every node
+//!     let hub = RoomHub::new(EventWindow::new(store.clone(), Retention::new(Duration::from_secs(600), 1000)?));
+//!     let limits = MessageLimits::builder(Limiter::new(store, "100/1m".parse::<Quota>()?))
+//!         .messages("2/1m".parse::<Quota>()?)
+//!         .build();
+//!     Ok(Router::new().route("/rooms/{room}", get(room)).with_state(Rooms { hub, limits }))
 //! }
 //!
 //! async fn serve(listener: tokio::net::TcpListener) -> Result<(), Box<dyn std::error::Error>> {
@@ -84,7 +96,7 @@
 //! # }
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # use futures_util::SinkExt;
-//! # use tokio_tungstenite::tungstenite::Message;
+//! # use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 //! # let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
 //! # runtime.block_on(async {
 //! #     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -92,13 +104,31 @@
 //! #     let clients = async {
 //! #         let (mut alice, _) = tokio_tungstenite::connect_async(url.as_str()).await?;
 //! #         let (mut bob, _) = tokio_tungstenite::connect_async(url.as_str()).await?;
-//! #         assert_eq!(frame(&mut alice).await["type"], "joined");
+//! #         let joined = frame(&mut alice).await;
+//! #         assert_eq!(joined["type"], "joined");
 //! #         assert_eq!(frame(&mut bob).await["type"], "joined");
 //! #         alice.send(Message::text("hello")).await?;
+//! #         let mut first = serde_json::Value::Null;
 //! #         for ws in [&mut alice, &mut bob] {
-//! #             let event = frame(ws).await;
-//! #             assert_eq!(event["type"], "event");
-//! #             assert_eq!(event["data"], "hello");
+//! #             first = frame(ws).await;
+//! #             assert_eq!((&first["type"], &first["data"]), (&"event".into(), &"hello".into()));
+//! #         }
+//! #         alice.send(Message::text("again")).await?;
+//! #         assert_eq!(frame(&mut alice).await["data"], "again");
+//! #         // The third message of the minute is over the guests' quota: dropped, with a notice.
+//! #         alice.send(Message::text("spam")).await?;
+//! #         let notice = frame(&mut alice).await;
+//! #         assert_eq!((&notice["type"], &notice["quota"]), (&"rate_limited".into(), &"messages".into()));
+//! #         // Resuming after the first event: the second, then `recovered`.
+//! #         let resume = format!("{url}?epoch={}&last_event_id={}", first["epoch"].as_str().unwrap(), first["id"].as_str().unwrap());
+//! #         let (mut carol, _) = tokio_tungstenite::connect_async(resume.as_str()).await?;
+//! #         assert_eq!(frame(&mut carol).await["type"], "joined");
+//! #         assert_eq!(frame(&mut carol).await["data"], "again");
+//! #         assert_eq!(frame(&mut carol).await["type"], "recovered");
+//! #         // A malformed position is refused before the upgrade.
+//! #         match tokio_tungstenite::connect_async(format!("{url}?last_event_id=1-0")).await {
+//! #             Err(WsError::Http(response)) => assert_eq!(response.status(), 400),
+//! #             other => panic!("{other:?}"),
 //! #         }
 //! #         Ok::<(), Box<dyn std::error::Error>>(())
 //! #     };
@@ -109,6 +139,13 @@
 //! # })
 //! # }
 //! ```
+//!
+//! [`MessageLimits::builder`](super::MessageLimits::builder) takes a
+//! [`Limiter`](tower_window::Limiter) for its store, resilience stack,
+//! fallback policy and local tier: the message and byte quotas are checked
+//! on it as policies of their own (`check_policy`), and the limiter's own
+//! policy is never charged, so the limiter an HTTP layer uses can be
+//! shared (its windows and the messages' are distinct).
 //!
 //! # The protocol
 //!
@@ -124,8 +161,8 @@
 //! | `{"type":"error","room":R,"reason":"unavailable"}` | a message could not be appended ([`RoomSession::unavailable`]); the socket stays open |
 //!
 //! A client resumes by passing its last position
-//! ([`Position`](tower_window::events::Position), e.g. parsed with
-//! `Position::parse(epoch, last_event_id)` from the query) to
+//! ([`Position`](tower_window::events::Position); the [`Resume`] extractor
+//! reads it from the query's `epoch` and `last_event_id`) to
 //! [`RoomHub::join`]. Positions are the client's word: whatever a client
 //! sends is answered to it alone and never changes the room for anyone
 //! else.
@@ -140,15 +177,19 @@ mod hub;
 pub mod metrics;
 mod name;
 mod reader;
+mod resume;
 mod serve;
 mod session;
+mod socket;
 
 use std::time::Duration;
 
 pub use hub::{RoomHub, RoomHubBuilder};
 pub use name::{InvalidRoomName, RoomName};
+pub use resume::{InvalidResume, Resume};
 pub use serve::FRAMES_PER_FLUSH;
 pub use session::{Outgoing, RoomSession};
+pub use socket::RoomSocket;
 
 /// How long one blocking `XREAD` of the Redis tail waits: a room joined
 /// meanwhile is read from the next one on. Also how long the pushed

@@ -1,5 +1,5 @@
-//! [`RoomSession::serve`]: a ready-made room socket loop over a plain
-//! axum `WebSocket`.
+//! [`RoomSession::serve`]: a ready-made room socket loop, over a plain
+//! axum `WebSocket` or a [`GuardedSocket`](crate::ws::GuardedSocket).
 
 use std::time::Duration;
 
@@ -7,6 +7,7 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::SinkExt;
 
 use super::session::{Outgoing, RoomSession};
+use super::socket::RoomSocket;
 use super::{CLOSE_OVERFLOW, CLOSE_STORE_ERROR, CLOSE_UNSUPPORTED};
 
 /// How long the peer may take to answer a close (its close frame, or the
@@ -23,26 +24,64 @@ impl RoomSession {
     /// [`CLOSE_UNSUPPORTED`] (1003), a store failure while reading with
     /// [`CLOSE_STORE_ERROR`] (1011), an overflow (after its `resync`) with
     /// [`CLOSE_OVERFLOW`] (1013); each close is sent, then the peer's
-    /// answer awaited for at most a second.
+    /// answer awaited for a bounded time.
     ///
-    /// No limits apply to inbound messages here. For per-message and
-    /// per-byte limits, a connection cap or deduplication, write the loop
-    /// over a [`GuardedSocket`](crate::ws::GuardedSocket) with
-    /// [`next`](Self::next) and [`publish`](Self::publish) instead (as the
-    /// example gateway does).
-    pub async fn serve(mut self, mut socket: WebSocket, from: &str) {
+    /// On a plain `WebSocket` no limits apply to inbound messages. On a
+    /// [`GuardedSocket`](crate::ws::GuardedSocket) each is charged to its
+    /// message and byte quotas first, and the guard's closes (1008, 1009,
+    /// ...) end the loop. For deduplication or batching, write the loop
+    /// yourself with [`next`](Self::next), [`send_ready`](Self::send_ready)
+    /// and [`publish`](Self::publish): this one is
+    ///
+    /// ```
+    /// use axum::extract::ws::Message;
+    /// use axum_window_ext::ws::rooms::{Outgoing, RoomSession, CLOSE_OVERFLOW, CLOSE_STORE_ERROR, CLOSE_UNSUPPORTED};
+    /// use axum_window_ext::ws::GuardedSocket;
+    ///
+    /// async fn serve(mut session: RoomSession, mut socket: GuardedSocket, from: &str) {
+    ///     loop {
+    ///         tokio::select! { // both arms are cancel-safe
+    ///             frame = session.next() => match frame {
+    ///                 Ok(Some(Outgoing::Text(text))) => {
+    ///                     if session.send_ready(socket.get_mut(), Some(text)).await.is_err() { return }
+    ///                 }
+    ///                 Ok(Some(Outgoing::Overflow(text))) => { // too slow: told to resync, closed
+    ///                     let _ = socket.send(Message::Text(text)).await;
+    ///                     return socket.close_with(CLOSE_OVERFLOW, "too slow").await;
+    ///                 }
+    ///                 Ok(None) => return,
+    ///                 Err(_) => return socket.close_with(CLOSE_STORE_ERROR, "store unavailable").await,
+    ///             },
+    ///             message = socket.recv() => match message { // admitted by the limits
+    ///                 Some(Message::Text(text)) => {
+    ///                     if session.publish(from, text.as_str()).await.is_err() {
+    ///                         let _ = socket.send(Message::Text(session.unavailable())).await;
+    ///                     }
+    ///                     let _ = session.send_ready(socket.get_mut(), None).await; // out before in
+    ///                 }
+    ///                 Some(Message::Binary(_)) => {
+    ///                     return socket.close_with(CLOSE_UNSUPPORTED, "rooms take text messages").await;
+    ///                 }
+    ///                 Some(_) => {}
+    ///                 None => return, // closed by the peer or by the guard
+    ///             },
+    ///         }
+    ///     }
+    /// }
+    /// ```
+    pub async fn serve(mut self, mut socket: impl RoomSocket, from: &str) {
         let (code, reason) = loop {
             // Both arms are cancel-safe: a frame or message not taken now
             // is taken by the next turn.
             tokio::select! {
                 frame = self.next() => match frame {
                     Ok(Some(Outgoing::Text(text))) => {
-                        if self.send_ready(&mut socket, Some(text)).await.is_err() {
+                        if self.send_ready(socket.frames(), Some(text)).await.is_err() {
                             return;
                         }
                     }
                     Ok(Some(Outgoing::Overflow(text))) => {
-                        if socket.send(Message::Text(text)).await.is_err() {
+                        if socket.frames().send(Message::Text(text)).await.is_err() {
                             return;
                         }
                         break (CLOSE_OVERFLOW, "too slow");
@@ -53,36 +92,35 @@ impl RoomSession {
                         break (CLOSE_STORE_ERROR, "store unavailable");
                     }
                 },
-                message = socket.recv() => match message {
-                    Some(Ok(Message::Text(text))) => {
+                message = socket.next_message() => match message {
+                    Some(Message::Text(text)) => {
                         if let Err(error) = self.publish(from, text.as_str()).await {
                             tracing::warn!(%error, "publishing to a room failed");
-                            if socket.send(Message::Text(self.unavailable())).await.is_err() {
+                            if socket.frames().send(Message::Text(self.unavailable())).await.is_err() {
                                 return;
                             }
                         }
                         // Out before in (see `send_ready`).
-                        if self.send_ready(&mut socket, None).await.is_err() {
+                        if self.send_ready(socket.frames(), None).await.is_err() {
                             return;
                         }
                     }
-                    Some(Ok(Message::Binary(_))) => {
+                    Some(Message::Binary(_)) => {
                         break (CLOSE_UNSUPPORTED, "rooms take text messages");
                     }
-                    Some(Ok(Message::Close(_))) => {
-                        // The reply is queued; reading once more writes it.
-                        drain(&mut socket).await;
+                    Some(Message::Close(_)) => {
+                        socket.closed_by_peer().await;
                         return;
                     }
                     // Pings are answered by axum.
-                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
-                    None | Some(Err(_)) => return,
+                    Some(Message::Ping(_) | Message::Pong(_)) => {}
+                    None => return,
                 },
             }
         };
         // Out of the room before the (bounded) close handshake.
         drop(self);
-        close(&mut socket, code, reason).await;
+        socket.close(code, reason).await;
     }
 }
 
@@ -146,7 +184,7 @@ pub(super) async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
 /// Reads (and discards) until the peer's close or the end of the
 /// connection, for at most [`CLOSE_WAIT`]; bounded in time, so a peer
 /// that never answers does not hold the socket.
-async fn drain(socket: &mut WebSocket) {
+pub(super) async fn drain(socket: &mut WebSocket) {
     let _ = tokio::time::timeout(CLOSE_WAIT, async {
         while let Some(Ok(message)) = socket.recv().await {
             if matches!(message, Message::Close(_)) {
