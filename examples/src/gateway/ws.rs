@@ -7,7 +7,7 @@
 //! `echo`: messages come back unchanged, except that a text message which
 //! is a JSON object with a string `id` is deduplicated by
 //! `(tenant, user, id)` across all nodes. With `?room=R` the socket is in
-//! room R instead ([`room`], on the library's [`RoomHub`]): every admitted,
+//! room R instead (`room`, on the library's [`RoomHub`]): every admitted,
 //! non-duplicate text message is appended to the room and fanned out to
 //! every socket in it on every node.
 

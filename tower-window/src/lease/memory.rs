@@ -1,12 +1,12 @@
-//! Quota leases on the embedded store: [`Store::reserve`](crate::Store::reserve)
-//! and [`Store::refund`](crate::Store::refund) for [`MemoryStore`].
+//! Quota leases on the embedded store: [`lease::Backend`](crate::lease::Backend)
+//! (reserve and refund) for [`MemoryStore`].
 //!
 //! A reservation locks every quota's slot of the policy (in the same global
 //! order as a check), takes units from all of them or none (a shadow quota
 //! what it has room for), and keeps a record of the lease in each slot
 //! until its units stop counting; a refund applies to those records once.
 //! Every call drops a bounded batch of dead records, as the Redis script
-//! does. See [`crate::store::lease`] for why the bound stays exact and
+//! does. See [`crate::lease`] for why the bound stays exact and
 //! what a lease means for a shadow quota.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,5 +1,5 @@
-//! Quota leases on Redis: [`Store::reserve`](crate::Store::reserve) and
-//! [`Store::refund`](crate::Store::refund) for [`RedisStore`].
+//! Quota leases on Redis: [`lease::Backend`](crate::lease::Backend)
+//! (reserve and refund) for [`RedisStore`].
 //!
 //! Each is one `EVALSHA` of one script (`scripts/lease.lua` after the
 //! shared prelude and the algorithm fragments, so the lease reads and
@@ -17,12 +17,12 @@
 //! Shadow quotas are read from the algorithm code as the check script
 //! reads them (`quota_code` in the prelude); each record keeps the units
 //! each quota holds, so a refund gives a shadow quota back only what it
-//! held (see [`crate::store::lease`]).
+//! held (see [`crate::lease`]).
 //!
 //! A lease is named by the store time of its reservation and a counter
 //! (`<t>:<seq>`), so a refund that arrives after its record was dropped
 //! (or twice) finds nothing and changes nothing. See
-//! [`crate::store::lease`] for why the bound stays exact per algorithm.
+//! [`crate::lease`] for why the bound stays exact per algorithm.
 
 use std::sync::LazyLock;
 

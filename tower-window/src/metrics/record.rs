@@ -1,7 +1,7 @@
 //! Recording: each capability instance's handles, and what it records.
 //!
 //! One implementation whatever the features: with the `metrics` feature off
-//! every entry point returns at once ([`ENABLED`](super::ENABLED) is a
+//! every entry point returns at once ([`ENABLED`] is a
 //! constant `false`, so the compiler drops the rest).
 
 use std::sync::OnceLock;
