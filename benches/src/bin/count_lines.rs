@@ -300,3 +300,68 @@ fn closing_brace(lines: &[&str], start: usize) -> Option<usize> {
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SOURCE: &str = r####"//! A module.
+
+/// A function.
+fn f() -> char {
+    // why
+    let _ = "}"; // a brace in a string is code
+    '{'
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    fn braces() -> (&'static str, char, &'static str) {
+        ("{", '}', r#"}"#)
+    }
+    /* } */
+}
+
+#[cfg(not(test))]
+mod counted {
+    /* a block
+       comment */
+}
+
+#[cfg(all(test, feature = "redis"))]
+mod redis_tests {}
+
+#[cfg(doctest)]
+mod doc {}
+"####;
+
+    #[test]
+    fn test_modules_blank_lines_and_comments() {
+        let lines = count(SOURCE);
+        // Code: `f`'s four lines, the `not(test)` module's attribute,
+        // `mod` and closing brace, and the doctest module's two lines.
+        assert_eq!(lines.code, 4 + 3 + 2, "{lines:?}");
+        // Comments: //!, ///, // why, the two lines of the block comment.
+        assert_eq!(lines.comments, 5, "{lines:?}");
+    }
+
+    #[test]
+    fn only_cfgs_that_require_test() {
+        assert!(requires_test("#[cfg(test)]"));
+        assert!(requires_test("#[cfg(all(test, feature = \"http\"))]"));
+        assert!(!requires_test("#[cfg(not(test))]"));
+        assert!(!requires_test("#[cfg(doctest)]"));
+        assert!(!requires_test("#[allow(test)]"));
+    }
+
+    #[test]
+    fn out_of_line_test_modules_resolve_like_rustc() {
+        let text = "#[cfg(test)]\nmod tests;\n";
+        let in_mod = out_of_line_test_modules(Path::new("src/ws/rooms/mod.rs"), text);
+        assert!(in_mod.contains(&PathBuf::from("src/ws/rooms/tests.rs")));
+        let in_file = out_of_line_test_modules(Path::new("src/ws/guard.rs"), text);
+        assert!(in_file.contains(&PathBuf::from("src/ws/guard/tests.rs")));
+        assert!(out_of_line_test_modules(Path::new("src/lib.rs"), "mod tests;\n").is_empty());
+    }
+}
