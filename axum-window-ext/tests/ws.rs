@@ -411,7 +411,7 @@ async fn application_closes_reach_a_client_that_keeps_sending() {
     }
 }
 
-/// A lost connection lease closes with 1008, and that close reaches a
+/// A lost connection seat closes with 1008, and that close reaches a
 /// client that keeps sending as well. The lease is lost for real: the
 /// store's clock passes its TTL and the next heartbeat finds it gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -437,8 +437,8 @@ async fn a_lost_lease_close_reaches_a_client_that_keeps_sending() {
     clock.advance(Duration::from_secs(60));
     let report = connections.heartbeat().await;
     assert_eq!(report.lost, 1, "{report:?}");
-    after_trigger(&mut raw, 1008, "connection lease lost", true).await;
-    assert_eq!(server.cause().await, Some(CloseCause::LeaseLost));
+    after_trigger(&mut raw, 1008, "connection seat lost", true).await;
+    assert_eq!(server.cause().await, Some(CloseCause::SeatLost));
 }
 
 /// After a read error (a protocol violation, invalid UTF-8, a frame past

@@ -129,10 +129,15 @@ fn every_flag_with_a_value_names_it_and_what_it_expects() {
             vec!["unknown unit \"x\"", "ms, s, m, h, d"],
         ),
         (
-            vec!["--connection-lease-ttl", "10ms"],
-            vec!["--connection-lease-ttl", "from 30ms to 1h"],
+            vec!["--connection-seat-ttl", "10ms"],
+            vec!["--connection-seat-ttl", "from 30ms to 1h"],
         ),
-        (vec!["--connection-lease-ttl", "15"], vec!["not a duration"]),
+        (vec!["--connection-seat-ttl", "15"], vec!["not a duration"]),
+        // The flag's name before seats were called seats is an alias.
+        (
+            vec!["--connection-lease-ttl", "10ms"],
+            vec!["--connection-seat-ttl", "from 30ms to 1h"],
+        ),
         (
             vec!["--lease-ttl", "0"],
             vec!["--lease-ttl", "from 1ms to 1h"],
@@ -300,6 +305,13 @@ fn every_flag_with_a_value_names_it_and_what_it_expects() {
         &["--dedup-window", "'8d'", "7d"],
     );
     refused(&[], &[("TW_ADMIN_TOKEN", "")], 2, &["--admin-token ''"]);
+    // The variable's name before seats were called seats still counts.
+    refused(
+        &[],
+        &[("TW_CONNECTION_LEASE_TTL", "2h")],
+        2,
+        &["--connection-seat-ttl", "'2h'", "from 30ms to 1h"],
+    );
 }
 
 #[test]
@@ -333,7 +345,7 @@ fn every_duration_flag_takes_every_dsl_unit() {
         "7d",
         "--history",
         "30d",
-        "--connection-lease-ttl",
+        "--connection-seat-ttl",
         "1h",
         "--lease-ttl",
         "1h",
@@ -341,7 +353,7 @@ fn every_duration_flag_takes_every_dsl_unit() {
     .unwrap();
     assert_eq!(args.ws.dedup_window, Duration::from_secs(7 * 86_400));
     assert_eq!(args.history, Duration::from_secs(30 * 86_400));
-    assert_eq!(args.ws.connection_lease_ttl, Duration::from_secs(3600));
+    assert_eq!(args.ws.connection_seat_ttl, Duration::from_secs(3600));
     assert_eq!(args.lease_ttl, Some(Duration::from_secs(3600)));
     for (flag, text, want) in [
         ("--dedup-window", "250ms", Duration::from_millis(250)),
@@ -349,7 +361,8 @@ fn every_duration_flag_takes_every_dsl_unit() {
         ("--dedup-window", "2h", Duration::from_secs(7200)),
         ("--dedup-window", "1d", Duration::from_secs(86_400)),
         ("--history", "1d", Duration::from_secs(86_400)),
-        ("--connection-lease-ttl", "30ms", Duration::from_millis(30)),
+        ("--connection-seat-ttl", "30ms", Duration::from_millis(30)),
+        ("--connection-lease-ttl", "45s", Duration::from_secs(45)),
         ("--lease-ttl", "1m", Duration::from_secs(60)),
         // `--lease-ttl` keeps its documented bare number of milliseconds.
         ("--lease-ttl", "40", Duration::from_millis(40)),
@@ -358,7 +371,7 @@ fn every_duration_flag_takes_every_dsl_unit() {
         let got = match flag {
             "--dedup-window" => args.ws.dedup_window,
             "--history" => args.history,
-            "--connection-lease-ttl" => args.ws.connection_lease_ttl,
+            "--connection-seat-ttl" | "--connection-lease-ttl" => args.ws.connection_seat_ttl,
             _ => args.lease_ttl.unwrap(),
         };
         assert_eq!(got, want, "{flag} {text}");
@@ -373,7 +386,8 @@ fn every_duration_flag_takes_every_dsl_unit() {
         ("--dedup-window", "8d"),
         ("--dedup-window", "0ms"),
         ("--history", "31d"),
-        ("--connection-lease-ttl", "29ms"),
+        ("--connection-seat-ttl", "29ms"),
+        ("--connection-seat-ttl", "2h"),
         ("--connection-lease-ttl", "2h"),
         ("--lease-ttl", "61m"),
     ] {

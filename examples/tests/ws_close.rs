@@ -229,7 +229,7 @@ async fn every_embedded_store_close_reaches_a_client_that_keeps_sending() {
     }
 }
 
-/// A lost connection lease (its key deleted in Redis; the next heartbeat
+/// A lost connection seat (its key deleted in Redis; the next heartbeat
 /// finds it gone) closes with 1008, and the close reaches a client that
 /// keeps sending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,5 +256,5 @@ async fn lease_lost_close_reaches_a_client_that_keeps_sending() {
         .unwrap();
     assert_eq!(keys.len(), 1, "{keys:?}");
     let _: i64 = redis::cmd("DEL").arg(&keys).query(&mut conn).unwrap();
-    close_reaches_a_sending_client(&mut raw, 1008, "connection lease lost").await;
+    close_reaches_a_sending_client(&mut raw, 1008, "connection seat lost").await;
 }

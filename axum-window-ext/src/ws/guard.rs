@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use serde_json::json;
-use tower_window::conn::{ConnectionSeat, LeaseLost};
+use tower_window::conn::{ConnectionSeat, SeatLost};
 use tower_window::{Policy, WindowKey};
 
 use super::limits::MessageLimits;
@@ -60,8 +60,8 @@ pub enum CloseCause {
     RateLimited,
     /// Too many consecutive drops: closed with 1008.
     DropLadder,
-    /// The connection lease was reported lost: closed with 1008.
-    LeaseLost,
+    /// The connection seat was reported lost: closed with 1008.
+    SeatLost,
 }
 
 /// A WebSocket whose inbound text and binary messages are charged to
@@ -72,7 +72,7 @@ pub struct GuardedSocket {
     socket: Option<WebSocket>,
     limits: MessageLimits,
     key: WindowKey,
-    lost: Option<LeaseLost>,
+    lost: Option<SeatLost>,
     drops: u32,
     closed: Option<CloseCause>,
     /// A message read but not yet admitted: kept across a cancelled
@@ -144,7 +144,7 @@ impl GuardedSocket {
             let next = tokio::select! {
                 biased;
                 () = lost(&mut self.lost) => {
-                    self.close(CloseCause::LeaseLost, CLOSE_POLICY, "connection lease lost").await;
+                    self.close(CloseCause::SeatLost, CLOSE_POLICY, "connection seat lost").await;
                     return None;
                 }
                 next = present(&mut self.socket).recv() => next,
@@ -249,7 +249,7 @@ impl GuardedSocket {
                         tokio::select! {
                             biased;
                             () = lost(&mut self.lost) => {
-                                self.close(CloseCause::LeaseLost, CLOSE_POLICY, "connection lease lost").await;
+                                self.close(CloseCause::SeatLost, CLOSE_POLICY, "connection seat lost").await;
                                 self.held = None;
                                 return Some(None);
                             }
@@ -432,8 +432,8 @@ impl fmt::Debug for GuardedSocket {
     }
 }
 
-/// Resolves when the lease is lost; pending without a lease.
-async fn lost(lost: &mut Option<LeaseLost>) {
+/// Resolves when the seat is lost; pending without a seat.
+async fn lost(lost: &mut Option<SeatLost>) {
     match lost {
         Some(lost) => lost.wait().await,
         None => std::future::pending().await,

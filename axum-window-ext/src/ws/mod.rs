@@ -13,7 +13,7 @@
 //!   1009 before being charged; invalid UTF-8 text closes with 1007; a
 //!   protocol violation (unmasked or reserved-bit frames, unknown opcodes,
 //!   a malformed close) closes with 1002; a lost
-//!   [connection lease](tower_window::conn) closes with 1008.
+//!   [connection seat](tower_window::conn) closes with 1008.
 //! * Every close reaches the client with its code and reason, whatever the
 //!   client is sending: the guard's closes, [`GuardedSocket::close_with`]
 //!   and the answer to the client's own close leave the connection, when
@@ -30,7 +30,7 @@
 //!   sent instead of the `101`, so no upgrade happens. Extract axum's
 //!   `WebSocketUpgrade` (it recognises HTTP/1.1 `GET` upgrades and HTTP/2
 //!   extended `CONNECT`, and refuses anything else), then acquire the
-//!   lease, then upgrade.
+//!   seat, then upgrade.
 //! * Who: a `/ws` route behind the rate-limit [`layer`](crate::layer) is
 //!   keyed before the upgrade, so a request without a key, or with one
 //!   longer than its extractor accepts, is answered `400` (the
@@ -40,9 +40,9 @@
 //!   ([`rooms::RoomHub`]).
 //!
 //! A complete `/ws` route: the state every socket shares, the node's
-//! heartbeat (it renews every lease of the node and reports the lost ones;
-//! without it a lease expires after its TTL while its socket lives on, and
-//! the cap stops counting it), the lease, the guard, an echo:
+//! heartbeat (it renews every seat of the node and reports the lost ones;
+//! without it a seat expires after its TTL while its socket lives on, and
+//! the cap stops counting it), the seat, the guard, an echo:
 //!
 //! ```no_run
 //! use axum::extract::ws::WebSocketUpgrade;
@@ -123,7 +123,7 @@ pub use refused::ConnectionRefused;
 pub const CLOSE_PROTOCOL_ERROR: u16 = 1002;
 /// Close code 1007: invalid frame payload data (invalid UTF-8 text).
 pub const CLOSE_INVALID_PAYLOAD: u16 = 1007;
-/// Close code 1008: policy violation (rate limit, lost lease).
+/// Close code 1008: policy violation (rate limit, lost seat).
 pub const CLOSE_POLICY: u16 = 1008;
 /// Close code 1009: message too big.
 pub const CLOSE_TOO_BIG: u16 = 1009;

@@ -11,9 +11,9 @@ use tower_window::layer::{ceil_secs, insert_retry_after};
 /// and `RateLimit: "connections";r=0;t=<secs>`, and a problem+json body.
 /// Returned instead of the `101`, so no upgrade happens.
 ///
-/// The wait is the time until a place frees for certain (the oldest lease
+/// The wait is the time until a place frees for certain (the oldest seat
 /// expiring), capped at [`MAX_RETRY_AFTER`](Self::MAX_RETRY_AFTER):
-/// connections usually close sooner than their leases expire.
+/// connections usually close sooner than their seats expire.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionRefused {
     denied: ConnectionDenied,

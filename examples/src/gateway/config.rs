@@ -500,14 +500,14 @@ impl Args {
         };
         ws.validate().map_err(|problem| {
             ConfigError::new(
-                "--connection-lease-ttl/--dedup-window",
+                "--connection-seat-ttl/--dedup-window",
                 format!(
                     "{} / {}",
-                    flags::format_duration(ws.connection_lease_ttl),
+                    flags::format_duration(ws.connection_seat_ttl),
                     flags::format_duration(ws.dedup_window)
                 ),
                 problem,
-                "keep --connection-lease-ttl from 30ms to 1h and --dedup-window from 1ms to 7d",
+                "keep --connection-seat-ttl from 30ms to 1h and --dedup-window from 1ms to 7d",
             )
         })?;
         let leases = (self.lease > 0).then(|| {

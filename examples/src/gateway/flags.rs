@@ -19,9 +19,9 @@ use tower_window::Quota;
 
 /// The bounds of `--lease-ttl`.
 pub const LEASE_TTL: (Duration, Duration) = (Duration::from_millis(1), Duration::from_secs(3600));
-/// The bounds of `--connection-lease-ttl` (those of
+/// The bounds of `--connection-seat-ttl` (those of
 /// [`ConnectionLimiter`](tower_window::ConnectionLimiter)'s TTL).
-pub const CONNECTION_LEASE_TTL: (Duration, Duration) =
+pub const CONNECTION_SEAT_TTL: (Duration, Duration) =
     (Duration::from_millis(30), Duration::from_secs(3600));
 /// The bounds of `--dedup-window`.
 pub const DEDUP_WINDOW: (Duration, Duration) = (Duration::from_millis(1), DedupWindow::MAX_WINDOW);
@@ -104,9 +104,9 @@ pub fn lease_ttl(text: &str) -> Result<Duration, String> {
     duration_within(text, LEASE_TTL, true)
 }
 
-/// `--connection-lease-ttl`: 30ms to 1h.
-pub fn connection_lease_ttl(text: &str) -> Result<Duration, String> {
-    duration_within(text, CONNECTION_LEASE_TTL, false)
+/// `--connection-seat-ttl`: 30ms to 1h.
+pub fn connection_seat_ttl(text: &str) -> Result<Duration, String> {
+    duration_within(text, CONNECTION_SEAT_TTL, false)
 }
 
 /// `--dedup-window`: 1ms to 7d.
@@ -220,8 +220,8 @@ mod tests {
         assert_eq!(dedup_window("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(history("30d"), Ok(Duration::from_secs(30 * 86_400)));
         assert_eq!(history("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(connection_lease_ttl("15s"), Ok(Duration::from_secs(15)));
-        assert_eq!(connection_lease_ttl("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(connection_seat_ttl("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(connection_seat_ttl("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(lease_ttl("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(lease_ttl("250"), Ok(Duration::from_millis(250)));
         assert_eq!(lease_ttl(" 2s "), Ok(Duration::from_secs(2)));
@@ -231,8 +231,8 @@ mod tests {
             (dedup_window, "15"),
             (history, "31d"),
             (history, "0ms"),
-            (connection_lease_ttl, "29ms"),
-            (connection_lease_ttl, "2h"),
+            (connection_seat_ttl, "29ms"),
+            (connection_seat_ttl, "2h"),
             (lease_ttl, "0"),
             (lease_ttl, "61m"),
             (lease_ttl, "-1s"),

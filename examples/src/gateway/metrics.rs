@@ -55,7 +55,7 @@ pub fn install_recorder() -> PrometheusHandle {
 /// (`examples/grafana/tower-window.json`) charts: every limiter series of
 /// each quota in `quotas` (the quotas the gateway checks: its policy, each
 /// tenant's, `/api/quota`'s own and `/ws`'s message and byte quotas), every
-/// dedup and connection-lease series, and the tenants-file reloads. The
+/// dedup and connection-seat series, and the tenants-file reloads. The
 /// rooms' series are registered by the room hub. Call it after
 /// [`install_recorder`]; adding zero changes no value, so calling it again
 /// (after a reload) is harmless.

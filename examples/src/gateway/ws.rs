@@ -1,18 +1,18 @@
 //! `GET /ws` and `GET /presence`: the gateway's WebSocket protocol (see
 //! `examples/README.md`).
 //!
-//! One socket is one connection lease (a cluster-wide cap per user), every
+//! One socket is one connection seat (a cluster-wide cap per user), every
 //! inbound message is charged to the message and byte quotas, and the
 //! socket's *mode* decides what a message does. Today there is one mode,
 //! `echo`: messages come back unchanged, except that a text message which
 //! is a JSON object with a string `id` is deduplicated by
 //! `(tenant, user, id)` across all nodes. With `?room=R` the socket is in
-//! room R instead ([`room`], on the library's [`RoomHub`]): every admitted,
+//! room R instead (`room`, on the library's [`RoomHub`]): every admitted,
 //! non-duplicate text message is appended to the room and fanned out to
 //! every socket in it on every node.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocketUpgrade};
@@ -46,12 +46,13 @@ pub struct WsArgs {
     #[arg(long, env = "TW_MAX_CONNECTIONS_PER_USER", default_value = "0", value_parser = flags::count, allow_negative_numbers = true)]
     pub max_connections_per_user: u32,
 
-    /// How long a connection lease lives without a heartbeat (renewed
+    /// How long a connection seat lives without a heartbeat (renewed
     /// every third of it): a crashed gateway's connections are freed
     /// within it. From 30ms to 1h, in the quota DSL's units (`500ms`,
-    /// `15s`, `1m`, `1h`).
-    #[arg(long, env = "TW_CONNECTION_LEASE_TTL", default_value = "15s", value_name = "DURATION", value_parser = flags::connection_lease_ttl, allow_hyphen_values = true)]
-    pub connection_lease_ttl: Duration,
+    /// `15s`, `1m`, `1h`). The older names `--connection-lease-ttl` and
+    /// `TW_CONNECTION_LEASE_TTL` still work.
+    #[arg(long, alias = "connection-lease-ttl", env = "TW_CONNECTION_SEAT_TTL", default_value = connection_seat_ttl_default(), value_name = "DURATION", value_parser = flags::connection_seat_ttl, allow_hyphen_values = true)]
+    pub connection_seat_ttl: Duration,
 
     /// Inbound messages per tenant and user, all sockets on all nodes
     /// together, in the quota DSL (`5/10s`); none by default.
@@ -91,6 +92,16 @@ pub struct WsArgs {
     pub dedup_window: Duration,
 }
 
+/// `--connection-seat-ttl`'s default: `TW_CONNECTION_LEASE_TTL` (the
+/// variable's name before seats were called seats) when it is set, so a
+/// deployment that sets it keeps its TTL; `TW_CONNECTION_SEAT_TTL` and the
+/// flag come first. Parsed and checked like the flag.
+fn connection_seat_ttl_default() -> &'static str {
+    static LEGACY: LazyLock<Option<String>> =
+        LazyLock::new(|| std::env::var("TW_CONNECTION_LEASE_TTL").ok());
+    LEGACY.as_deref().unwrap_or("15s")
+}
+
 /// `--on-message-limit` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum OnMessageLimit {
@@ -110,8 +121,8 @@ pub enum OnMessageLimit {
 pub struct WsConfig {
     /// `--max-connections-per-user`.
     pub max_connections_per_user: u32,
-    /// `--connection-lease-ttl`.
-    pub connection_lease_ttl: Duration,
+    /// `--connection-seat-ttl`.
+    pub connection_seat_ttl: Duration,
     /// `--message-limit`.
     pub message_limit: Option<Quota>,
     /// `--byte-limit`.
@@ -138,7 +149,7 @@ impl WsConfig {
     pub fn new() -> Self {
         Self {
             max_connections_per_user: 0,
-            connection_lease_ttl: Duration::from_secs(15),
+            connection_seat_ttl: Duration::from_secs(15),
             message_limit: None,
             byte_limit: None,
             on_message_limit: OnMessageLimit::Drop,
@@ -154,7 +165,7 @@ impl WsArgs {
     pub(super) fn into_config(self) -> WsConfig {
         WsConfig {
             max_connections_per_user: self.max_connections_per_user,
-            connection_lease_ttl: self.connection_lease_ttl,
+            connection_seat_ttl: self.connection_seat_ttl,
             message_limit: self.message_limit,
             byte_limit: self.byte_limit,
             on_message_limit: self.on_message_limit,
@@ -169,7 +180,7 @@ impl fmt::Debug for WsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WsConfig")
             .field("max_connections_per_user", &self.max_connections_per_user)
-            .field("connection_lease_ttl", &self.connection_lease_ttl)
+            .field("connection_seat_ttl", &self.connection_seat_ttl)
             .field("message_limit", &self.message_limit)
             .field("byte_limit", &self.byte_limit)
             .field("on_message_limit", &self.on_message_limit)
@@ -181,13 +192,13 @@ impl fmt::Debug for WsConfig {
 }
 
 impl WsConfig {
-    /// Checks the ranges the limiters accept: a lease TTL of 30 ms to 1 h,
+    /// Checks the ranges the limiters accept: a seat TTL of 30 ms to 1 h,
     /// a dedup window of 1 ms to 7 days.
     pub fn validate(&self) -> Result<(), String> {
-        let ttl = self.connection_lease_ttl;
+        let ttl = self.connection_seat_ttl;
         if ttl < Duration::from_millis(30) || ttl > Duration::from_secs(3600) {
             return Err(format!(
-                "--connection-lease-ttl {ttl:?} is not within 30ms..=1h"
+                "--connection-seat-ttl {ttl:?} is not within 30ms..=1h"
             ));
         }
         let window = self.dedup_window;
@@ -204,7 +215,7 @@ pub(super) struct WsState {
     limits: MessageLimits,
     dedup: DedupWindow,
     /// The key rule of `/ws`: the one its rate-limit layer uses, so a
-    /// socket's lease and dedup ids are the key the upgrade was limited by.
+    /// socket's seat and dedup ids are the key the upgrade was limited by.
     identity: Identity,
     /// The key rule of `/presence`: the query parameters.
     presence: Identity,
@@ -217,7 +228,7 @@ pub(super) struct WsState {
 /// The node's WebSocket machinery, for tests and operators.
 #[derive(Debug, Clone)]
 pub struct WsHandles {
-    /// The node's connection limiter (presence, live leases).
+    /// The node's connection limiter (presence, live seats).
     pub connections: ConnectionLimiter,
     /// The node's heartbeat, when a Tokio runtime was running at build time.
     pub heartbeat: Option<Arc<HeartbeatHandle>>,
@@ -235,7 +246,7 @@ impl WsState {
     ) -> (Self, WsHandles) {
         // `validate` refused out-of-range flags; a hand-built config is clamped.
         let ttl = config
-            .connection_lease_ttl
+            .connection_seat_ttl
             .clamp(Duration::from_millis(30), Duration::from_secs(3600));
         let window = config
             .dedup_window
@@ -356,7 +367,7 @@ fn problem(status: StatusCode, detail: &str) -> Response {
 /// `GET /ws`: the upgrade, after the rate limit (the route's layer) and
 /// the connection cap. axum's extractor has already refused anything that
 /// is not a WebSocket upgrade (HTTP/1.1 `GET` + `Upgrade`, or HTTP/2
-/// extended `CONNECT`), so no lease is taken for those.
+/// extended `CONNECT`), so no seat is taken for those.
 pub(super) async fn handler(
     State(state): State<Arc<WsState>>,
     headers: HeaderMap,
@@ -375,7 +386,7 @@ pub(super) async fn handler(
             "sec-websocket-key: not a base64-encoded 16-byte value",
         );
     }
-    // A bad room or position is refused before any lease is taken.
+    // A bad room or position is refused before any seat is taken.
     let join = match who.room() {
         Ok(join) => join,
         Err(detail) => return problem(StatusCode::BAD_REQUEST, &detail),
@@ -383,11 +394,11 @@ pub(super) async fn handler(
     if join.is_some() && state.rooms.is_none() {
         return problem(StatusCode::NOT_FOUND, "this gateway serves no rooms");
     }
-    let lease = match state.connections.acquire(&key).await {
-        Ok(Acquire::Granted(lease)) => lease,
+    let seat = match state.connections.acquire(&key).await {
+        Ok(Acquire::Granted(seat)) => seat,
         Ok(Acquire::Denied(denied)) => return ConnectionRefused::new(denied).into_response(),
         Err(error) => {
-            tracing::warn!(%error, "connection lease grant failed");
+            tracing::warn!(%error, "connection seat grant failed");
             return problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "connection limiter unavailable",
@@ -399,25 +410,25 @@ pub(super) async fn handler(
         .configure(upgrade)
         .on_upgrade(move |socket| async move {
             let socket =
-                GuardedSocket::new(socket, state.limits.clone(), key.clone()).with_seat(&lease);
-            serve(&state, socket, &key, lease, join).await;
+                GuardedSocket::new(socket, state.limits.clone(), key.clone()).with_seat(&seat);
+            serve(&state, socket, &key, seat, join).await;
         })
 }
 
-/// Runs one socket in its mode until it closes, then releases its lease.
+/// Runs one socket in its mode until it closes, then releases its seat.
 async fn serve(
     state: &WsState,
     socket: GuardedSocket,
     key: &WindowKey,
-    lease: ConnectionSeat,
+    seat: ConnectionSeat,
     join: Option<RoomJoin>,
 ) {
     match (join, &state.rooms) {
         (Some(join), Some(rooms)) => room(state, rooms, socket, key, join).await,
         _ => echo(state, socket, key).await,
     }
-    if let Err(error) = lease.release().await {
-        tracing::debug!(%error, "connection lease release failed; it expires after its ttl");
+    if let Err(error) = seat.release().await {
+        tracing::debug!(%error, "connection seat release failed; it expires after its ttl");
     }
 }
 
@@ -629,7 +640,7 @@ const CLOSE_AGAIN: u16 = rooms::CLOSE_OVERFLOW;
 /// Whether an HTTP/1 upgrade's `Sec-WebSocket-Key` is what RFC 6455
 /// (4.2.1) requires, a base64-encoded 16-byte value (24 characters, the
 /// last two `=`), which axum does not check; a handshake without it is
-/// answered `400` before any lease is taken. HTTP/2 extended `CONNECT`
+/// answered `400` before any seat is taken. HTTP/2 extended `CONNECT`
 /// (RFC 8441) has no key.
 fn valid_handshake_key(version: Version, headers: &HeaderMap) -> bool {
     if version > Version::HTTP_11 {

@@ -1,6 +1,6 @@
 //! Leases on each algorithm's state, for the embedded store (the Redis
 //! script `lease.lua` mirrors it). Why the global bound stays exact is
-//! written down in [`crate::store::lease`].
+//! written down in [`crate::lease`].
 
 use std::time::Duration;
 
@@ -76,7 +76,7 @@ pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) ->
 
 /// The units of a lease of `granted` that `quota` holds, with `room` for
 /// it: all of them for an enforced quota (the grant fits its room), what
-/// it has room for for a shadow quota (see [`crate::store::lease`]).
+/// it has room for for a shadow quota (see [`crate::lease`]).
 pub(crate) fn held(quota: &Quota, room: u64, granted: u32) -> u32 {
     if quota.is_shadow() {
         u32::try_from(room.min(u64::from(granted))).unwrap_or(granted)

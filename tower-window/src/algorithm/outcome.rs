@@ -22,7 +22,7 @@ pub(crate) struct Outcome {
 
 impl Outcome {
     /// An admission. Its state matters for `reset_after` microseconds, which
-    /// is also the TTL a store gives it (see [`Quota::max_state_lifetime`]
+    /// is also the TTL a store gives it (see [`Quota::max_state_lifetime`](crate::Quota::max_state_lifetime)
     /// for the bound stores use without reading it).
     pub(crate) fn allow(remaining: u32, reset_after: u64) -> Self {
         Self {

@@ -1,19 +1,19 @@
--- Grants one connection lease.
--- KEYS[1]  the subject's lease set (ZSET: lease id -> expiry µs)
+-- Grants one connection seat.
+-- KEYS[1]  the subject's seat set (ZSET: seat id -> expiry µs)
 -- KEYS[2]  the subject's fencing counter
--- KEYS[3]  (tenant form only) the tenant's lease set
+-- KEYS[3]  (tenant form only) the tenant's seat set
 -- ARGV[1]  now (µs) or '' (Redis TIME)
--- ARGV[2]  lease TTL (µs)
+-- ARGV[2]  seat TTL (µs)
 -- ARGV[3]  cap per subject (0: none)
 -- ARGV[4]  cap per tenant (0: none)
--- ARGV[5]  the lease id
--- ARGV[6]  key TTL (ms): longer than the lease TTL; a key's TTL is only
---          ever extended (another node's lease in it may live longer)
+-- ARGV[5]  the seat id
+-- ARGV[6]  key TTL (ms): longer than the seat TTL; a key's TTL is only
+--          ever extended (another node's seat in it may live longer)
 -- ARGV[7]  the fence floor: the fence is larger (the highest token the
 --          calling node was granted: kept by the node, so it holds even
 --          when this store lost the subject's counter)
 -- Reply: {1, fence, count, 0} granted, or {0, scope (1 subject, 2 tenant),
--- count, µs until the oldest lease expires}.
+-- count, µs until the oldest seat expires}.
 local ttl = tonumber(ARGV[2])
 local key_ttl = tonumber(ARGV[6])
 local function full(key, cap)
@@ -37,7 +37,7 @@ if KEYS[3] then
   redis.call('ZADD', KEYS[3], int(now + ttl), ARGV[5])
   extend(KEYS[3], key_ttl)
 end
--- max(last + 1, now, floor + 1): see ConnectionLease::fence for what holds.
+-- max(last + 1, now, floor + 1): see ConnectionSeat::fence for what holds.
 local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now, (tonumber(ARGV[7]) or 0) + 1)
 redis.call('SET', KEYS[2], int(fence), 'PX', int(math.max(key_ttl, redis.call('PTTL', KEYS[2]))))
 redis.call('ZADD', KEYS[1], int(now + ttl), ARGV[5])

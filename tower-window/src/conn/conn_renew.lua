@@ -1,14 +1,14 @@
--- Renews a node's leases of one hash slot in one call.
--- KEYS[i]  a lease set; ARGV[3 + i] the lease id in it
+-- Renews a node's seats of one hash slot in one call.
+-- KEYS[i]  a seat set; ARGV[3 + i] the seat id in it
 -- ARGV[1]  now (µs) or '' (Redis TIME)
--- ARGV[2]  lease TTL (µs)
+-- ARGV[2]  seat TTL (µs)
 -- ARGV[3]  key TTL (ms), only ever extended (see extend in conn_now.lua)
--- Reply: per key, 1 if the lease was live (and now runs until now + TTL),
+-- Reply: per key, 1 if the seat was live (and now runs until now + TTL),
 -- 0 if it was expired or gone (an expired one is removed: never revived).
 local ttl = tonumber(ARGV[2])
 local key_ttl = tonumber(ARGV[3])
 local out = {}
--- A tenant's set comes once per lease of the tenant: extend it once.
+-- A tenant's set comes once per seat of the tenant: extend it once.
 local extended = {}
 for i, key in ipairs(KEYS) do
   local id = ARGV[3 + i]

@@ -35,7 +35,7 @@ enum SetKey {
 }
 
 #[derive(Debug, Default)]
-struct LeaseSet {
+struct SeatSet {
     seats: HashMap<Vec<u8>, u64>,
     fence: u64,
     /// When the set (and its token) is forgotten, like a Redis key's TTL.
@@ -48,7 +48,7 @@ const KEY_TTL_MARGIN: u64 = 1_000_000;
 /// Grants between two sweeps of forgotten sets.
 const SWEEP_EVERY: u64 = 64;
 
-impl LeaseSet {
+impl SeatSet {
     fn purge(&mut self, now: u64) {
         self.seats.retain(|_, expiry| *expiry > now);
     }
@@ -80,7 +80,7 @@ impl MemoryStore {
 
 #[derive(Debug, Default)]
 pub(crate) struct ConnSeats {
-    sets: Mutex<HashMap<SetKey, LeaseSet>>,
+    sets: Mutex<HashMap<SetKey, SeatSet>>,
     grants: std::sync::atomic::AtomicU64,
 }
 

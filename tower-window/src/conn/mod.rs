@@ -8,9 +8,7 @@
 //! counted across every node sharing the store. A *seat* is a
 //! connection's place under the cap: an expiring grant on the store's
 //! clock, renewed by its node's heartbeat. (In this crate *lease* means a
-//! quota lease, [`crate::lease`]; the metric names
-//! `tower_window_connection_leases_lost_total` and
-//! `tower_window_connection_live_leases` keep their historical word.)
+//! quota lease, [`crate::lease`], never a seat.)
 //!
 //! * **Seats on the store's clock.** Each subject has one set of seat
 //!   ids scored by expiry on Redis `TIME`; a grant purges expired seats in
@@ -98,4 +96,4 @@ pub use limiter::{
     Acquire, ConnectionDenied, ConnectionError, ConnectionLimiter, ConnectionLimiterBuilder,
     Presence,
 };
-pub use seat::{ConnectionSeat, LeaseLost, SeatSource};
+pub use seat::{ConnectionSeat, SeatLost, SeatSource};

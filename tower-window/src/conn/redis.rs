@@ -66,14 +66,14 @@ const KEY_TTL_MARGIN_MS: u64 = 1_000;
 
 /// The keys of one seat's sets: the subject's set, its fencing counter,
 /// and in the tenant form the tenant's set.
-pub(crate) struct LeaseKeys {
+pub(crate) struct SeatKeys {
     pub(crate) subject: Vec<u8>,
     pub(crate) fence: Vec<u8>,
     pub(crate) tenant: Option<Vec<u8>>,
 }
 
 /// The keys of `key`'s seats under `prefix`.
-pub(crate) fn lease_keys(prefix: &str, key: &WindowKey, tenant_capped: bool) -> LeaseKeys {
+pub(crate) fn seat_keys(prefix: &str, key: &WindowKey, tenant_capped: bool) -> SeatKeys {
     if tenant_capped {
         let mut tenant = Vec::with_capacity(prefix.len() + 48);
         write_prefix(&mut tenant, prefix);
@@ -85,7 +85,7 @@ pub(crate) fn lease_keys(prefix: &str, key: &WindowKey, tenant_capped: bool) -> 
         encode_component(&mut subject, key.subject());
         let mut fence = subject.clone();
         fence.extend_from_slice(b":f");
-        LeaseKeys {
+        SeatKeys {
             subject,
             fence,
             tenant: Some(tenant),
@@ -96,7 +96,7 @@ pub(crate) fn lease_keys(prefix: &str, key: &WindowKey, tenant_capped: bool) -> 
         subject.extend_from_slice(b":#conn");
         let mut fence = subject.clone();
         fence.extend_from_slice(b":f");
-        LeaseKeys {
+        SeatKeys {
             subject,
             fence,
             tenant: None,
@@ -105,7 +105,7 @@ pub(crate) fn lease_keys(prefix: &str, key: &WindowKey, tenant_capped: bool) -> 
 }
 
 /// The hash slot of `key`'s seat keys.
-fn lease_slot(key: &WindowKey, tenant_capped: bool) -> u16 {
+fn seat_slot(key: &WindowKey, tenant_capped: bool) -> u16 {
     if tenant_capped {
         let mut crc = Crc16::default();
         crc.put(b"@");
@@ -142,7 +142,7 @@ fn protocol(message: &str) -> StoreError {
 
 impl RedisStore {
     /// `ARGV[1]` of the seat scripts and the key TTL for `ttl`.
-    fn lease_clock(&self, ttl: Duration) -> Result<(String, u64), StoreError> {
+    fn seat_clock(&self, ttl: Duration) -> Result<(String, u64), StoreError> {
         let ttl_ms = duration_micros(ttl)
             .div_ceil(1_000)
             .saturating_add(KEY_TTL_MARGIN_MS);
@@ -152,7 +152,7 @@ impl RedisStore {
         })
     }
 
-    async fn lease_grant(&self, request: GrantRequest<'_>) -> Result<GrantReply, StoreError> {
+    async fn seat_grant(&self, request: GrantRequest<'_>) -> Result<GrantReply, StoreError> {
         if request.ttl.is_zero() {
             return Err(StoreError::new(
                 StoreErrorKind::InvalidRequest,
@@ -160,8 +160,8 @@ impl RedisStore {
             ));
         }
         let seat = request.seat;
-        let keys = lease_keys(&self.prefix, seat.key, seat.tenant_capped);
-        let (now, key_ttl) = self.lease_clock(request.ttl)?;
+        let keys = seat_keys(&self.prefix, seat.key, seat.tenant_capped);
+        let (now, key_ttl) = self.seat_clock(request.ttl)?;
         let mut invocation: ScriptCall = GRANT.key(keys.subject);
         invocation.key(keys.fence);
         if let Some(tenant) = keys.tenant {
@@ -212,7 +212,7 @@ impl RedisStore {
         // Per seat one entry per set it is in: the subject's, then the tenant's.
         let mut entries = Vec::new();
         for seat in seats {
-            let keys = lease_keys(&self.prefix, seat.key, seat.tenant_capped);
+            let keys = seat_keys(&self.prefix, seat.key, seat.tenant_capped);
             invocation.key(keys.subject).arg(seat.id);
             let mut n = 1;
             if let Some(tenant) = keys.tenant {
@@ -224,7 +224,7 @@ impl RedisStore {
         (invocation, entries)
     }
 
-    async fn lease_renew(
+    async fn seat_renew(
         &self,
         seats: &[SeatRef<'_>],
         ttl: Duration,
@@ -232,7 +232,7 @@ impl RedisStore {
         if seats.is_empty() {
             return Ok(Vec::new());
         }
-        let (now, key_ttl) = self.lease_clock(ttl)?;
+        let (now, key_ttl) = self.seat_clock(ttl)?;
         let (invocation, entries) = self.renew_call(seats.iter(), &now, ttl, key_ttl);
         let reply: Vec<i64> = self.call(Call::Script(&invocation)).await?;
         renew_reply(&reply, &entries)
@@ -243,9 +243,9 @@ impl RedisStore {
     /// primary serving the first seat's slot. A seat whose call was
     /// refused (its slot moved) answers `None`; so do all when the
     /// pipeline was redirected as a whole. Seats of one slot (or on one
-    /// Redis) take the one call of [`lease_renew`](Self::lease_renew),
+    /// Redis) take the one call of [`seat_renew`](Self::seat_renew),
     /// which follows redirects.
-    async fn lease_renew_routed(
+    async fn seat_renew_routed(
         &self,
         seats: &[SeatRef<'_>],
         ttl: Duration,
@@ -253,7 +253,7 @@ impl RedisStore {
         let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, seat) in seats.iter().enumerate() {
             slots
-                .entry(lease_slot(seat.key, seat.tenant_capped))
+                .entry(seat_slot(seat.key, seat.tenant_capped))
                 .or_default()
                 .push(i);
         }
@@ -261,10 +261,10 @@ impl RedisStore {
             return Ok(Vec::new());
         };
         if slots.len() == 1 || !self.connection.is_cluster() {
-            let alive = self.lease_renew(seats, ttl).await?;
+            let alive = self.seat_renew(seats, ttl).await?;
             return Ok(alive.into_iter().map(Some).collect());
         }
-        let (now, key_ttl) = self.lease_clock(ttl)?;
+        let (now, key_ttl) = self.seat_clock(ttl)?;
         let batch = conn::Backend::max_renew_batch(self).max(1);
         let mut calls = Vec::new();
         let mut members: Vec<(&[usize], Vec<usize>)> = Vec::new();
@@ -294,7 +294,7 @@ impl RedisStore {
     }
 
     async fn lease_release(&self, seat: SeatRef<'_>) -> Result<bool, StoreError> {
-        let keys = lease_keys(&self.prefix, seat.key, seat.tenant_capped);
+        let keys = seat_keys(&self.prefix, seat.key, seat.tenant_capped);
         let mut invocation = RELEASE.key(keys.subject);
         if let Some(tenant) = keys.tenant {
             invocation.key(tenant);
@@ -304,13 +304,9 @@ impl RedisStore {
         Ok(removed == 1)
     }
 
-    async fn lease_presence(
-        &self,
-        key: &WindowKey,
-        tenant_capped: bool,
-    ) -> Result<u32, StoreError> {
-        let keys = lease_keys(&self.prefix, key, tenant_capped);
-        let (now, _) = self.lease_clock(Duration::from_secs(1))?;
+    async fn seat_presence(&self, key: &WindowKey, tenant_capped: bool) -> Result<u32, StoreError> {
+        let keys = seat_keys(&self.prefix, key, tenant_capped);
+        let (now, _) = self.seat_clock(Duration::from_secs(1))?;
         let mut invocation = PRESENCE.key(keys.subject);
         invocation.arg(now);
         let count: i64 = self.call(Call::Script(&invocation)).await?;
@@ -320,7 +316,7 @@ impl RedisStore {
 
 impl conn::Backend for RedisStore {
     fn grant<'a>(&'a self, guard: &mut Guard<'a>, request: GrantRequest<'a>) -> Op<'a, GrantReply> {
-        guard.run(move || self.lease_grant(request))
+        guard.run(move || self.seat_grant(request))
     }
 
     fn renew<'a>(
@@ -329,7 +325,7 @@ impl conn::Backend for RedisStore {
         seats: &'a [SeatRef<'a>],
         ttl: Duration,
     ) -> Op<'a, Vec<bool>> {
-        guard.run(move || self.lease_renew(seats, ttl))
+        guard.run(move || self.seat_renew(seats, ttl))
     }
 
     /// On a cluster, the failure domain of the slot: the primary serving
@@ -344,7 +340,7 @@ impl conn::Backend for RedisStore {
         seats: &'a [SeatRef<'a>],
         ttl: Duration,
     ) -> Op<'a, Vec<Option<bool>>> {
-        guard.run(move || self.lease_renew_routed(seats, ttl))
+        guard.run(move || self.seat_renew_routed(seats, ttl))
     }
 
     fn release<'a>(&'a self, guard: &mut Guard<'a>, seat: SeatRef<'a>) -> Op<'a, bool> {
@@ -357,14 +353,14 @@ impl conn::Backend for RedisStore {
         key: &'a WindowKey,
         tenant_capped: bool,
     ) -> Op<'a, u32> {
-        guard.run(move || self.lease_presence(key, tenant_capped))
+        guard.run(move || self.seat_presence(key, tenant_capped))
     }
 
     /// On a cluster, the hash slot of the seat's keys; one partition on a
     /// single node.
     fn seat_partition(&self, key: &WindowKey, tenant_capped: bool) -> u16 {
         if self.connection.is_cluster() {
-            lease_slot(key, tenant_capped)
+            seat_slot(key, tenant_capped)
         } else {
             0
         }
@@ -392,13 +388,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lease_keys_share_a_slot_and_are_escaped() {
+    fn seat_keys_share_a_slot_and_are_escaped() {
         let key = WindowKey::new("acme", "u:{1}");
-        let subject = lease_keys("tw:", &key, false);
+        let subject = seat_keys("tw:", &key, false);
         assert_eq!(subject.subject, b"tw:{acme:u%3A%7B1%7D}:#conn".to_vec());
         assert_eq!(subject.fence, b"tw:{acme:u%3A%7B1%7D}:#conn:f".to_vec());
         assert!(subject.tenant.is_none());
-        let tenant = lease_keys("tw:", &key, true);
+        let tenant = seat_keys("tw:", &key, true);
         assert_eq!(tenant.subject, b"tw:{@acme}:#conn:u%3A%7B1%7D".to_vec());
         assert_eq!(tenant.fence, b"tw:{@acme}:#conn:u%3A%7B1%7D:f".to_vec());
         assert_eq!(tenant.tenant.unwrap(), b"tw:{@acme}:#conn".to_vec());

@@ -22,11 +22,11 @@ pub enum SeatSource {
 /// Resolves when a seat is reported lost (cheap to clone; hand it to the
 /// task serving the connection).
 #[derive(Debug, Clone)]
-pub struct LeaseLost {
+pub struct SeatLost {
     receiver: watch::Receiver<bool>,
 }
 
-impl LeaseLost {
+impl SeatLost {
     /// Whether the seat was reported lost.
     pub fn is_lost(&self) -> bool {
         *self.receiver.borrow()
@@ -63,7 +63,7 @@ pub struct ConnectionSeat {
     id: Vec<u8>,
     fence: u64,
     source: SeatSource,
-    lost: LeaseLost,
+    lost: SeatLost,
     released: bool,
 }
 
@@ -84,7 +84,7 @@ impl ConnectionSeat {
             id,
             fence,
             source,
-            lost: LeaseLost { receiver: lost },
+            lost: SeatLost { receiver: lost },
             // A degraded seat has nothing to release.
             released: matches!(source, SeatSource::Fallback(_)),
         }
@@ -142,7 +142,7 @@ impl ConnectionSeat {
     }
 
     /// A handle that resolves when the seat is lost.
-    pub fn lost(&self) -> LeaseLost {
+    pub fn lost(&self) -> SeatLost {
         self.lost.clone()
     }
 

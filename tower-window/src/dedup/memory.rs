@@ -1,11 +1,11 @@
-//! [`dedup::Backend`](crate::dedup::Backend) for [`MemoryStore`]: a bounded cache of id hashes.
+//! [`dedup::Backend`] for [`MemoryStore`]: a bounded cache of id hashes.
 //!
 //! Each `(tenant, subject, id)` is hashed to 128 bits (two SipHash runs
 //! keyed at random per store, so no input can aim at a collision) and kept
 //! with the end of its window on the store's clock. An atomic
 //! compare-and-swap on that deadline makes exactly one of any number of
 //! concurrent callers the first. The cache holds at most
-//! [`max_dedup_ids`](super::MemoryStoreBuilder::max_dedup_ids) ids; beyond
+//! [`max_dedup_ids`](crate::store::MemoryStoreBuilder::max_dedup_ids) ids; beyond
 //! that it evicts (S3-FIFO), and an evicted id reads as first seen again:
 //! the bound errs towards delivering.
 

@@ -1,4 +1,4 @@
-//! [`dedup::Backend`](crate::dedup::Backend) for [`RedisStore`]: `SET <key> 1 NX PX <window>`.
+//! [`dedup::Backend`] for [`RedisStore`]: `SET <key> 1 NX PX <window>`.
 //!
 //! One id is one key, `<prefix>{<tenant>:<subject>}:#dedup:<id>`: the
 //! subject's hash tag (so a subject's ids spread with its windows, one

@@ -1,4 +1,4 @@
-//! [`events::Backend`](crate::events::Backend) for [`MemoryStore`]: event windows in process memory,
+//! [`events::Backend`] for [`MemoryStore`]: event windows in process memory,
 //! with the same answers as the Redis streams (see `crate::events`).
 //!
 //! Windows live in a bounded cache (at most `max_keys` of them, like the

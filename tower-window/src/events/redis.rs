@@ -1,4 +1,4 @@
-//! [`events::Backend`](crate::events::Backend) for [`RedisStore`]: event windows on Redis Streams.
+//! [`events::Backend`] for [`RedisStore`]: event windows on Redis Streams.
 //!
 //! A window `key` is two keys in one hash slot: the stream
 //! `<prefix>ev:{<key>}:s` and its meta hash `<prefix>ev:{<key>}:m` (epoch,

@@ -4,7 +4,7 @@
 //! Each implements [`KeyExtractor`] for `http::Request<B>` (any body) and for
 //! `http::request::Parts`, and produces [`WindowKey::for_subject`] keys;
 //! combine them with [`KeyExtractorExt`](super::KeyExtractorExt) for tenants
-//! and fallbacks. [`Constant`] works for any request type.
+//! and fallbacks. [`Constant`](super::Constant) works for any request type.
 
 use std::borrow::Cow;
 use std::fmt;

@@ -155,7 +155,7 @@ impl Rejection {
 ///   and the response's metadata gets the `RateLimit` and
 ///   `RateLimit-Policy` headers of HTTP mode (shadow quotas only in
 ///   `RateLimit-Policy`; see
-///   [`insert_rate_limit_headers`](super::insert_rate_limit_headers)).
+///   [`insert_rate_limit_headers`]).
 /// - A rejection is a *trailers-only* response: HTTP `200`, `content-type:
 ///   application/grpc`, an empty body, and in its one header block
 ///   `grpc-status` ([`Rejection::grpc_code`]: `8 RESOURCE_EXHAUSTED` for an

@@ -8,7 +8,7 @@ use std::fmt;
 /// build without it).
 ///
 /// With the `http` feature it converts to and from
-/// [`http::StatusCode`](crate::http::StatusCode) both ways and compares with
+/// [`http::StatusCode`] both ways and compares with
 /// it, so `MissingKey::Reject(StatusCode::UNAUTHORIZED.into())` and
 /// `rejection.status() == StatusCode::TOO_MANY_REQUESTS` work.
 ///

@@ -41,10 +41,10 @@
 //! | `tower_window_dedup_checks_total` | counter | checks | `outcome`: `first_seen`, `duplicate`, `fallback_first_seen`, `fallback_duplicate`, `error` |
 //! | `tower_window_connection_grants_total` | counter | grants | `outcome`: `granted`, `denied`, `fallback_granted`, `fallback_denied`, `error` |
 //! | `tower_window_connection_releases_total` | counter | releases | |
-//! | `tower_window_connection_leases_lost_total` | counter | leases | |
-//! | `tower_window_connection_renew_failures_total` | counter | leases | |
+//! | `tower_window_connection_seats_lost_total` | counter | seats | |
+//! | `tower_window_connection_renew_failures_total` | counter | seats | |
 //! | `tower_window_connection_heartbeat_calls_total` | counter | store calls | |
-//! | `tower_window_connection_live_leases` | gauge | leases | |
+//! | `tower_window_connection_live_seats` | gauge | seats | |
 //!
 //! Label values:
 //! - `outcome`: `allowed`, `denied` (decisions); `ok`, `error` (store calls).
@@ -195,22 +195,22 @@ pub fn describe() {
     describe_counter!(
         CONNECTION_GRANTS_TOTAL,
         Unit::Count,
-        "Connection lease grants by outcome."
+        "Connection seat grants by outcome."
     );
     describe_counter!(
         CONNECTION_RELEASES_TOTAL,
         Unit::Count,
-        "Connection leases released."
+        "Connection seats released."
     );
     describe_counter!(
-        CONNECTION_LEASES_LOST_TOTAL,
+        CONNECTION_SEATS_LOST_TOTAL,
         Unit::Count,
-        "Connection leases a heartbeat found gone (expired or reset) and reported lost."
+        "Connection seats a heartbeat found gone (expired or reset) and reported lost."
     );
     describe_counter!(
         CONNECTION_RENEW_FAILURES_TOTAL,
         Unit::Count,
-        "Connection leases whose heartbeat renewal call failed."
+        "Connection seats whose heartbeat renewal call failed."
     );
     describe_counter!(
         CONNECTION_HEARTBEAT_CALLS_TOTAL,
@@ -218,9 +218,9 @@ pub fn describe() {
         "Store calls made by connection heartbeats."
     );
     describe_gauge!(
-        CONNECTION_LIVE_LEASES,
+        CONNECTION_LIVE_SEATS,
         Unit::Count,
-        "Connection leases this node holds and renews."
+        "Connection seats this node holds and renews."
     );
 }
 
@@ -258,13 +258,13 @@ pub fn register_ws() {
     }
     for name in [
         CONNECTION_RELEASES_TOTAL,
-        CONNECTION_LEASES_LOST_TOTAL,
+        CONNECTION_SEATS_LOST_TOTAL,
         CONNECTION_RENEW_FAILURES_TOTAL,
         CONNECTION_HEARTBEAT_CALLS_TOTAL,
     ] {
         ::metrics::counter!(name).increment(0);
     }
-    ::metrics::gauge!(CONNECTION_LIVE_LEASES).increment(0.0);
+    ::metrics::gauge!(CONNECTION_LIVE_SEATS).increment(0.0);
 }
 
 /// Every `event` of [`LEASE_UNITS_TOTAL`].

@@ -74,28 +74,28 @@ pub const STORE_CALL_BUCKETS: &[f64] = &[
 /// `fallback_duplicate`, `error`.
 pub const DEDUP_CHECKS_TOTAL: &str = "tower_window_dedup_checks_total";
 
-/// Every dedup and connection-lease metric name.
+/// Every dedup and connection-seat metric name.
 pub const WS_ALL: &[&str] = &[
     DEDUP_CHECKS_TOTAL,
     CONNECTION_GRANTS_TOTAL,
     CONNECTION_RELEASES_TOTAL,
-    CONNECTION_LEASES_LOST_TOTAL,
+    CONNECTION_SEATS_LOST_TOTAL,
     CONNECTION_RENEW_FAILURES_TOTAL,
     CONNECTION_HEARTBEAT_CALLS_TOTAL,
-    CONNECTION_LIVE_LEASES,
+    CONNECTION_LIVE_SEATS,
 ];
 
-// Connection leases (`crate::conn`): recorded by every `ConnectionLimiter`.
+// Connection seats (`crate::conn`): recorded by every `ConnectionLimiter`.
 
 /// `fallback_denied`, `error`.
 pub const CONNECTION_GRANTS_TOTAL: &str = "tower_window_connection_grants_total";
-/// Connection leases released.
+/// Connection seats released.
 pub const CONNECTION_RELEASES_TOTAL: &str = "tower_window_connection_releases_total";
-/// Leases a heartbeat found gone (expired or reset) and reported lost.
-pub const CONNECTION_LEASES_LOST_TOTAL: &str = "tower_window_connection_leases_lost_total";
-/// Leases whose heartbeat renewal call failed.
+/// Seats a heartbeat found gone (expired or reset) and reported lost.
+pub const CONNECTION_SEATS_LOST_TOTAL: &str = "tower_window_connection_seats_lost_total";
+/// Seats whose heartbeat renewal call failed.
 pub const CONNECTION_RENEW_FAILURES_TOTAL: &str = "tower_window_connection_renew_failures_total";
 /// Store calls made by heartbeats.
 pub const CONNECTION_HEARTBEAT_CALLS_TOTAL: &str = "tower_window_connection_heartbeat_calls_total";
-/// Live leases this node renews.
-pub const CONNECTION_LIVE_LEASES: &str = "tower_window_connection_live_leases";
+/// Live seats this node renews.
+pub const CONNECTION_LIVE_SEATS: &str = "tower_window_connection_live_seats";

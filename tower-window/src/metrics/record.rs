@@ -1,7 +1,7 @@
 //! Recording: each capability instance's handles, and what it records.
 //!
 //! One implementation whatever the features: with the `metrics` feature off
-//! every entry point returns at once ([`ENABLED`](super::ENABLED) is a
+//! every entry point returns at once ([`ENABLED`] is a
 //! constant `false`, so the compiler drops the rest).
 
 use std::sync::OnceLock;
@@ -764,7 +764,7 @@ pub(crate) fn connection_heartbeat(counts: HeartbeatCounts, live_change: i64) {
     if !ENABLED {
         return;
     }
-    ::metrics::counter!(CONNECTION_LEASES_LOST_TOTAL).increment(counts.lost as u64);
+    ::metrics::counter!(CONNECTION_SEATS_LOST_TOTAL).increment(counts.lost as u64);
     ::metrics::counter!(CONNECTION_RENEW_FAILURES_TOTAL).increment(counts.failed as u64);
     ::metrics::counter!(CONNECTION_HEARTBEAT_CALLS_TOTAL).increment(counts.calls as u64);
     connection_live_change(live_change);
@@ -779,5 +779,5 @@ pub(crate) fn connection_live_change(change: i64) {
     }
     // Seat counts are far below 2^53.
     #[allow(clippy::cast_precision_loss)]
-    ::metrics::gauge!(CONNECTION_LIVE_LEASES).increment(change as f64);
+    ::metrics::gauge!(CONNECTION_LIVE_SEATS).increment(change as f64);
 }

@@ -8,7 +8,7 @@
 //!   shares the slot of `{<tenant>:<subject>}`, so subjects spread over the
 //!   cluster;
 //! * tenant form, for a policy with a tenant-scoped quota
-//!   ([`Scope::Tenant`](crate::Scope::Tenant)): `<prefix>{@<tenant>}:<subject>:<quota>`
+//!   ([`Scope::Tenant`]): `<prefix>{@<tenant>}:<subject>:<quota>`
 //!   for its subject quotas and `<prefix>{@<tenant>}:<quota>` for its tenant
 //!   quotas (one window per tenant, no subject). One script touches the
 //!   tenant's window and the subject's together, so all keys of the policy

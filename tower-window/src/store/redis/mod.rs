@@ -25,9 +25,10 @@
 //! ```
 //!
 //! Deadlines, retries, the in-flight bound and circuit breakers are the
-//! [`Limiter`](crate::Limiter)'s resilience stack, shared by every store
-//! operation; the store itself only bounds how long one connection attempt
-//! may take ([`RedisStoreBuilder::connect_timeout`]).
+//! resilience stack of the [`Store`](crate::Store) handle made from it,
+//! shared by every capability's operations; the Redis client itself only
+//! bounds how long one connection attempt may take
+//! ([`RedisStoreBuilder::connect_timeout`]).
 //!
 //! # Keys
 //!
@@ -429,7 +430,7 @@ impl RedisStoreBuilder {
     /// How long one connection attempt may take (default
     /// [`DEFAULT_CONNECT_TIMEOUT`], 1 s). Attempts run in the background, so
     /// a check never waits for one longer than the
-    /// [`Limiter`](crate::Limiter)'s time budget allows.
+    /// [`Store`](crate::Store)'s time budget allows.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
