@@ -145,7 +145,7 @@ pub struct Modes {
     /// `QUOTA_MODE`: every rule is a `quota_mode` rule.
     pub quota: bool,
     /// `RESPONSE_DYNAMIC_METADATA`: answers carry `dynamic_metadata` (see
-    /// [`dynamic_metadata`](super::dynamic_metadata)).
+    /// [`super::dynamic_metadata`]).
     pub dynamic_metadata: bool,
 }
 
