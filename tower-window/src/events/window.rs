@@ -98,9 +98,9 @@ impl EventWindow {
     /// store has none.
     #[cfg(feature = "redis")]
     pub fn tail(&self) -> Result<crate::events::EventTail, StoreError> {
-        match self.inner.store.native() {
-            crate::store::Native::Redis(redis) => redis.event_tail(),
-            _ => Err(StoreError::unsupported("tailed event reads")),
+        match crate::store::plugged!(self.inner.store, dyn super::tail::Tails) {
+            Some(tails) => tails.tail(),
+            None => Err(StoreError::unsupported("tailed event reads")),
         }
     }
 
