@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_window::tenant::{
-    ControlConfig, Resolution, TenantRegistry, TenantSource, TenantSpec, TenantsConfig,
+    ControlConfig, Resolution, TenantError, TenantRegistry, TenantSource, TenantSpec, TenantsConfig,
 };
-use tower_window::{Limiter, Policy, RedisStore, Store, WindowKey};
+use tower_window::{
+    BreakerConfig, BreakerState, Limiter, Policy, RedisStore, Store, StoreErrorKind, WindowKey,
+};
 use tower_window_tests::fault_proxy::{FaultProxy, Mode};
 use tower_window_tests::redis_server::RedisServer;
 
@@ -202,6 +204,74 @@ async fn a_cut_off_node_catches_up_and_a_trimmed_one_reloads() {
         2,
         "a trimmed position reloads everything"
     );
+}
+
+/// A lifecycle write goes through its store's resilience stack, like
+/// every other capability's calls: while Redis hangs each write ends with
+/// the store's budget and counts as a failure of the store's breaker, and
+/// once that is open the writes fail at once with `CircuitOpen`, changing
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_writes_go_through_the_stores_budget_and_breakers() {
+    const TRIP: u32 = 3;
+    let redis = RedisServer::shared();
+    let prefix = prefix("breaker");
+    let proxy = FaultProxy::start(redis.addr().parse().unwrap())
+        .await
+        .unwrap();
+    let redis_store = RedisStore::from_url(&proxy.redis_url())
+        .unwrap()
+        .prefix(&prefix)
+        .connect_timeout(Duration::from_millis(200));
+    let store = Store::builder(redis_store)
+        .timeout(Duration::from_millis(100))
+        .breaker(
+            BreakerConfig::default()
+                .consecutive_failures(TRIP)
+                .without_failure_ratio()
+                .cooldown(Duration::from_secs(600)),
+        )
+        .build();
+    let registry = TenantRegistry::on_store(file(), &store);
+    tokio::time::timeout(Duration::from_secs(10), registry.loaded())
+        .await
+        .expect("the registry loads its state");
+    assert!(registry.reset("acme").await.unwrap());
+    assert_eq!(registry.tenant("acme").unwrap().generation, 1);
+
+    proxy.set_mode(Mode::Blackhole);
+    let mut failures = 0;
+    while store.breaker_state() != Some(BreakerState::Open) {
+        let error = tokio::time::timeout(Duration::from_secs(10), registry.reset("acme"))
+            .await
+            .expect("a write is bounded by the store's budget")
+            .unwrap_err();
+        assert!(
+            matches!(&error, TenantError::Store(e) if e.kind() == StoreErrorKind::Timeout),
+            "{error}"
+        );
+        failures += 1;
+        assert!(failures <= TRIP, "the store's breaker did not open");
+    }
+
+    for _ in 0..5 {
+        let error = registry
+            .init("newco", spec(&[("burst", "3/1m")]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, TenantError::Store(e) if e.kind() == StoreErrorKind::CircuitOpen),
+            "{error}"
+        );
+        let error = registry.close("acme").await.unwrap_err();
+        assert!(
+            matches!(&error, TenantError::Store(e) if e.kind() == StoreErrorKind::CircuitOpen),
+            "{error}"
+        );
+    }
+    assert!(registry.tenant("newco").is_none(), "nothing was recorded");
+    assert_eq!(registry.tenant("acme").unwrap().generation, 1);
+    proxy.set_mode(Mode::PassThrough);
 }
 
 /// Point 2: one decision per policy, all-or-nothing, across two nodes.

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use quick_cache::sync::Cache;
 
+use super::wakeups::LocalWakeups;
 use crate::events::{
     self as events, check_batch, check_fields, check_limit, Appended, Epoch, Event, EventId,
     EventRequest, Position, Resume, ResyncReason, Retention,
@@ -22,6 +23,11 @@ use crate::sync::lock;
 impl MemoryStore {
     fn event_logs(&self) -> Arc<EventLogs> {
         self.part(|store| Arc::new(EventLogs::new(store.max_keys())))
+    }
+
+    /// The local notify every append of this store wakes readers by.
+    fn event_wakeups(&self) -> Arc<LocalWakeups> {
+        self.part(|_| Arc::new(LocalWakeups::default()))
     }
 }
 
@@ -246,13 +252,21 @@ impl MemoryStore {
 }
 
 impl events::Backend for MemoryStore {
+    fn wakeups(self: Arc<Self>) -> Result<events::EventWakeups, StoreError> {
+        Ok(self.event_wakeups().wakeups())
+    }
+
     fn append<'a>(
         &'a self,
         _: &mut Guard<'a>,
         request: EventRequest<'a>,
         fields: &'a [(&'a str, &'a [u8])],
     ) -> Op<'a, Appended> {
-        Op::ready(self.append_now(request, fields))
+        let appended = self.append_now(request, fields);
+        if appended.is_ok() {
+            self.event_wakeups().appended(request.key);
+        }
+        Op::ready(appended)
     }
 
     fn append_many<'a>(
@@ -261,7 +275,11 @@ impl events::Backend for MemoryStore {
         request: EventRequest<'a>,
         events: &'a [&'a [(&'a str, &'a [u8])]],
     ) -> Op<'a, Vec<Appended>> {
-        Op::ready(self.append_many_now(request, events))
+        let appended = self.append_many_now(request, events);
+        if appended.is_ok() {
+            self.event_wakeups().appended(request.key);
+        }
+        Op::ready(appended)
     }
 
     fn head<'a>(&'a self, _: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {

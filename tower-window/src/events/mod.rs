@@ -14,11 +14,12 @@
 //!   `MAXLEN ~` cap, `XRANGE` with an exclusive start), in one Lua script
 //!   per operation on Redis's own clock.
 //!
-//! * [`EventWakeups`] (Redis) tells a live reader which windows to read
-//!   again, pushed by Redis: every append publishes a wake-up on the
-//!   window's shard channel (`SPUBLISH`, in the same script), so a reader
-//!   of any number of idle windows sends no command at all; see
-//!   [`wake`].
+//! * [`EventWakeups`] ([`EventWindow::wakeups`]) tells a live reader which
+//!   windows to read again, from the events backend: on Redis every append
+//!   publishes a wake-up on the window's shard channel (`SPUBLISH`, in the
+//!   same script), so a reader of any number of idle windows sends no
+//!   command at all (see [`wake`]); on the embedded store every append
+//!   wakes the readers following its window in process.
 //!
 //! # Positions and epochs
 //!
@@ -68,6 +69,7 @@ mod store;
 pub(crate) mod tail;
 #[cfg(feature = "redis")]
 pub mod wake;
+mod wakeups;
 mod window;
 
 pub use id::{Epoch, EventId, InvalidPosition, Position, MAX_ID_PART};
@@ -77,9 +79,6 @@ pub use store::{
 /// Live reads of many windows with one blocking `XREAD` (Redis only).
 #[cfg(feature = "redis")]
 pub use tail::{EventTail, TailBatch};
-/// Live wake-ups of many windows by sharded pub/sub (Redis 7, single or
-/// cluster): the append publishes them itself.
-#[cfg(feature = "redis")]
-pub use wake::{EventWakeups, WakeReason, Wakeup};
+pub use wakeups::{EventWakeups, WakeReason, Wakeup};
 pub(crate) use window::{check_batch, check_fields, check_limit};
 pub use window::{EventWindow, MAX_BATCH, MAX_FIELDS, MAX_FIELD_NAME, MAX_PAGE};

@@ -238,6 +238,10 @@ impl RedisStore {
 }
 
 impl events::Backend for RedisStore {
+    fn wakeups(self: std::sync::Arc<Self>) -> Result<events::EventWakeups, StoreError> {
+        self.event_wakeups()
+    }
+
     fn append<'a>(
         &'a self,
         guard: &mut Guard<'a>,

@@ -1,6 +1,7 @@
 //! [`events::Backend`](crate::events::Backend): where event windows live.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -278,5 +279,14 @@ pub trait Backend: Send + Sync + 'static {
     fn failure_domain(&self, key: &[u8]) -> Option<u16> {
         let _ = key;
         None
+    }
+
+    /// Live wake-ups of this backend's windows: every append wakes the
+    /// readers following its window (on Redis pushed by the server, on
+    /// the embedded store sent in process). The default answers
+    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported)
+    /// (readers poll instead).
+    fn wakeups(self: Arc<Self>) -> Result<super::EventWakeups, StoreError> {
+        Err(StoreError::unsupported("event wake-ups"))
     }
 }

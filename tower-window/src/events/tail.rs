@@ -69,6 +69,25 @@ impl RedisStore {
     }
 }
 
+/// Where [`EventWindow::tail`](crate::events::EventWindow::tail) finds
+/// its reader: a store's tail, plugged like a capability's backend (only
+/// a single Redis has one).
+pub(crate) trait Tails: Send + Sync + 'static {
+    fn tail(&self) -> Result<EventTail, StoreError>;
+}
+
+impl Tails for RedisStore {
+    fn tail(&self) -> Result<EventTail, StoreError> {
+        self.event_tail()
+    }
+}
+
+impl Tails for crate::MemoryStore {
+    fn tail(&self) -> Result<EventTail, StoreError> {
+        Err(StoreError::unsupported("tailed event reads"))
+    }
+}
+
 impl EventTail {
     /// Events after each `(window key, last id seen)`, waiting up to
     /// `block` for the first; at most `count` per window. An empty answer
@@ -161,5 +180,28 @@ impl EventTail {
             });
         }
         Ok(batches)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use crate::events::{EventWindow, Retention};
+    use crate::{MemoryStore, RedisStore, StoreErrorKind};
+
+    #[test]
+    fn an_event_window_has_a_tail_on_a_single_redis_only() {
+        let retention = Retention::new(Duration::from_secs(60), 10).unwrap();
+        // Made without a connection: the tail connects on its first read.
+        let redis = RedisStore::from_url("redis://127.0.0.1:1").unwrap();
+        assert!(EventWindow::new(redis, retention).tail().is_ok());
+        let memory = EventWindow::new(MemoryStore::new(), retention);
+        assert_eq!(
+            memory.tail().unwrap_err().kind(),
+            StoreErrorKind::Unsupported
+        );
     }
 }

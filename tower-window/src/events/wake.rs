@@ -24,7 +24,6 @@
 //! primary that serves it now, retried with a backoff until it is.
 
 use std::collections::{HashMap, HashSet};
-use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -55,57 +54,19 @@ const MAX_RETRY: Duration = Duration::from_secs(1);
 /// How long one subscription command or check may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Why a window should be read again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum WakeReason {
-    /// An event was appended (the append published it).
-    Appended,
-    /// The window's subscription was (re)confirmed by the server: events
-    /// appended while it was not subscribed sent wake-ups nobody heard.
-    Subscribed,
-}
-
-/// "Read the window `key` from your last id", from [`EventWakeups::next`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Wakeup {
-    /// The window's key, as given to [`EventWakeups::follow`].
-    pub key: Vec<u8>,
-    /// Why.
-    pub reason: WakeReason,
-}
+pub use super::wakeups::{EventWakeups, WakeReason, Wakeup};
 
 enum Command {
     Follow(Vec<u8>),
     Unfollow(Vec<u8>),
 }
 
-/// Wake-ups of the event windows a reader follows, pushed by Redis
-/// (sharded pub/sub, Redis 7), on a single Redis or a Redis Cluster; see
-/// the [module docs](self) for how subscriptions survive failovers and
-/// reshardings.
-///
-/// Made by [`RedisStore::event_wakeups`]. Follow a window
-/// ([`follow`](Self::follow)) before reading where it stands, then read it
-/// from the last id seen on every [`Wakeup`] ([`next`](Self::next)); a
-/// [`WakeReason::Subscribed`] comes once the subscription holds, and again
-/// after every resubscription. The subscriber task starts on the first
-/// call inside a Tokio runtime and ends when this is dropped.
-pub struct EventWakeups {
+/// The Redis side of an [`EventWakeups`]: the subscriber task's commands,
+/// and the task itself until it is started.
+pub(crate) struct Subscription {
     commands: mpsc::UnboundedSender<Command>,
-    wakeups: tokio::sync::Mutex<mpsc::UnboundedReceiver<Wakeup>>,
     /// The subscriber, until it is started.
     idle: Mutex<Option<(Subscriber, mpsc::UnboundedReceiver<Command>)>>,
-}
-
-impl fmt::Debug for EventWakeups {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let started = lock(&self.idle).is_none();
-        f.debug_struct("EventWakeups")
-            .field("started", &started)
-            .finish_non_exhaustive()
-    }
 }
 
 impl RedisStore {
@@ -154,43 +115,27 @@ impl RedisStore {
             failures: 0,
             retry_at: None,
         };
-        Ok(EventWakeups {
+        let subscription = Subscription {
             commands,
-            wakeups: tokio::sync::Mutex::new(wakeups),
             idle: Mutex::new(Some((subscriber, command_rx))),
-        })
+        };
+        Ok(EventWakeups::redis(subscription, wakeups))
     }
 }
 
-impl EventWakeups {
-    /// Subscribes to the window `key`'s wake-ups (again, if it was
-    /// followed: a [`WakeReason::Subscribed`] follows either way).
-    pub fn follow(&self, key: impl AsRef<[u8]>) {
+impl Subscription {
+    pub(crate) fn follow(&self, key: Vec<u8>) {
         self.start();
-        let _ = self.commands.send(Command::Follow(key.as_ref().to_vec()));
+        let _ = self.commands.send(Command::Follow(key));
     }
 
-    /// Stops following the window `key`.
-    pub fn unfollow(&self, key: impl AsRef<[u8]>) {
-        let _ = self.commands.send(Command::Unfollow(key.as_ref().to_vec()));
-    }
-
-    /// The next wake-up; `None` once the subscriber is gone (its runtime
-    /// shut down). Cancel-safe. One caller at a time gets each wake-up.
-    pub async fn next(&self) -> Option<Wakeup> {
-        self.start();
-        self.wakeups.lock().await.recv().await
-    }
-
-    /// A wake-up already here, without waiting (`None` also while another
-    /// caller waits in [`next`](Self::next)).
-    pub fn try_next(&self) -> Option<Wakeup> {
-        self.wakeups.try_lock().ok()?.try_recv().ok()
+    pub(crate) fn unfollow(&self, key: Vec<u8>) {
+        let _ = self.commands.send(Command::Unfollow(key));
     }
 
     /// Starts the subscriber task on the current runtime, once; outside
     /// a runtime, waits for a call inside one (follows are kept).
-    fn start(&self) {
+    pub(crate) fn start(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };

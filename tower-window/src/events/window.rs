@@ -81,14 +81,15 @@ impl EventWindow {
         }
     }
 
-    /// Live wake-ups of these windows pushed by the store (Redis 7,
-    /// single or cluster: see [`EventWakeups`](crate::events::EventWakeups)),
-    /// or why the store has none.
-    #[cfg(feature = "redis")]
+    /// Live wake-ups of these windows from the store's events backend:
+    /// pushed by Redis (Redis 7, single or cluster, a store built from a
+    /// URL or cluster seeds), sent by every append on the embedded store;
+    /// see [`EventWakeups`](crate::events::EventWakeups). Or why the store
+    /// has none.
     pub fn wakeups(&self) -> Result<crate::events::EventWakeups, StoreError> {
-        match self.inner.store.native() {
-            crate::store::Native::Redis(redis) => redis.event_wakeups(),
-            _ => Err(StoreError::unsupported("pushed event wake-ups")),
+        match &self.inner.backend {
+            Some(backend) => Arc::clone(backend).wakeups(),
+            None => Err(StoreError::unsupported("event wake-ups")),
         }
     }
 
@@ -97,9 +98,9 @@ impl EventWindow {
     /// store has none.
     #[cfg(feature = "redis")]
     pub fn tail(&self) -> Result<crate::events::EventTail, StoreError> {
-        match self.inner.store.native() {
-            crate::store::Native::Redis(redis) => redis.event_tail(),
-            _ => Err(StoreError::unsupported("tailed event reads")),
+        match crate::store::plugged!(self.inner.store, dyn super::tail::Tails) {
+            Some(tails) => tails.tail(),
+            None => Err(StoreError::unsupported("tailed event reads")),
         }
     }
 

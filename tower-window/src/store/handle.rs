@@ -169,13 +169,6 @@ impl Store {
         Some(parts.get_or_insert_with(|| plugged))
     }
 
-    /// The store behind this handle, for a capability's part that only one
-    /// kind of backend has (such as live wake-ups on Redis).
-    #[cfg(feature = "redis")]
-    pub(crate) fn native(&self) -> &Native {
-        &self.inner.backend.native
-    }
-
     /// One operation of a capability on its backend, through the store's
     /// resilience stack: the one way a capability reaches a backend.
     ///

@@ -52,9 +52,17 @@
 //!
 //! # The control channel
 //!
-//! Changes are appended to a Redis Stream (`XADD ... MAXLEN ~ 1000`) in the
+//! A registry made [`on_store`](TenantRegistry::on_store) records its
+//! lifecycle changes through the store's tenant backend, as every
+//! capability reaches its backend: through the store's resilience stack,
+//! so a change is bounded by the store's time budget, retried only when
+//! it certainly did not apply, and refused at once
+//! ([`CircuitOpen`](crate::StoreErrorKind::CircuitOpen)) while the store's
+//! breaker is open. On Redis,
+//! changes are appended to a Redis Stream (`XADD ... MAXLEN ~ 1000`) in the
 //! same script that records them. Each registry runs a background reader
-//! on a connection of its own: it loads the whole state atomically with the
+//! on a connection of its own (it blocks in `XREAD`, longer than any
+//! store budget): it loads the whole state atomically with the
 //! stream's last id, then follows with `XREAD BLOCK` from that id. A reader
 //! whose connection breaks reconnects with backoff and reads on from its
 //! last id, so a node that was cut off catches up with exactly what it
@@ -74,18 +82,20 @@
 //! semantics (its would-be denials admit, record nothing in the shadow
 //! window, and are counted in `tower_window_shadow_denials_total`).
 
+mod backend;
 mod config;
-#[cfg(feature = "redis")]
 mod control;
 mod error;
+#[cfg(feature = "redis")]
+mod follow;
+mod memory;
 mod name;
 #[cfg(feature = "redis")]
-pub(crate) mod redis;
+mod redis;
 mod registry;
 mod spec;
 
 pub use config::TenantsConfig;
-#[cfg(feature = "redis")]
 pub use control::ControlConfig;
 pub use error::TenantError;
 pub use name::{validate_tenant_name, MAX_TENANT_NAME_LEN};

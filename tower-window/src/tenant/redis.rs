@@ -1,16 +1,21 @@
 //! The tenant registry's Redis side: its records, generations and control
 //! stream (see [`crate::tenant`]), all under the hash tag `{tw-tenants}`.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Weak};
+use std::time::Duration;
 
 use redis::Value;
+use tokio::task::JoinHandle;
 
+use super::backend::{Backend, Recorded};
+use super::registry::{Change, Inner};
+use super::ControlConfig;
 use crate::store::redis::call::{send, Call};
-use crate::store::redis::connection::{is_connection_error, map_error, Conn, Dedicated};
-use crate::store::redis::keys::prefixed_key;
+use crate::store::redis::connection::{map_error, Conn, Dedicated};
+use crate::store::redis::keys::{prefixed_key, Crc16, Sink, CLUSTER_SLOTS};
 use crate::store::redis::script::LuaScript;
 use crate::store::redis::RedisStore;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::{Guard, Op, StoreError, StoreErrorKind};
 use crate::tenant::stream_id;
 
 static LIFECYCLE: LazyLock<LuaScript> =
@@ -25,6 +30,39 @@ fn keys(prefix: &str) -> [Vec<u8>; 3] {
         prefixed_key(prefix, b"{tw-tenants}:generations"),
         prefixed_key(prefix, b"{tw-tenants}:control"),
     ]
+}
+
+/// The hash slot of the registry's keys (their tag, `tw-tenants`).
+fn tenants_slot() -> u16 {
+    let mut crc = Crc16::default();
+    crc.put(b"tw-tenants");
+    crc.value() % CLUSTER_SLOTS
+}
+
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Backend for RedisStore {
+    fn record<'a>(&'a self, guard: &mut Guard<'a>, change: Recorded<'a>) -> Op<'a, u64> {
+        guard.run(move || self.tenant_change(change))
+    }
+
+    fn failure_domain(&self) -> Option<u16> {
+        self.slot_domain(tenants_slot())
+    }
+
+    /// The control-stream reader, on a connection of its own (see
+    /// `follow.rs`): it blocks in `XREAD` for up to
+    /// [`block`](ControlConfig::block), longer than any store budget, and
+    /// would otherwise hold one of the store's shared connections.
+    fn follow(
+        self: Arc<Self>,
+        registry: Weak<Inner>,
+        control: ControlConfig,
+    ) -> Option<JoinHandle<()>> {
+        Some(tokio::spawn(super::follow::follow(registry, self, control)))
+    }
 }
 
 /// The runtime state as one atomic read.
@@ -88,36 +126,26 @@ async fn query(conn: &Conn, cmd: &redis::Cmd) -> Result<Value, redis::RedisError
 
 impl RedisStore {
     /// Records one lifecycle change and appends it to the control stream,
-    /// atomically; returns the tenant's generation after it.
-    pub(crate) async fn tenant_change(
-        &self,
-        op: &str,
-        tenant: &str,
-        spec: &str,
-        max_len: u64,
-        ttl_ms: u64,
-    ) -> Result<u64, StoreError> {
+    /// atomically (one script); the tenant's generation after it.
+    async fn tenant_change(&self, recorded: Recorded<'_>) -> Result<u64, StoreError> {
         let [records, generations, control] = keys(&self.prefix);
+        let (op, spec) = match recorded.change {
+            Change::Init(spec) => ("init", spec.encode()),
+            Change::Reset => ("reset", String::new()),
+            Change::Close => ("close", String::new()),
+            Change::Revert => ("revert", String::new()),
+        };
         let mut call = LIFECYCLE.prepare_invoke();
         call.key(records)
             .key(generations)
             .key(control)
             .arg(op)
-            .arg(tenant)
+            .arg(recorded.tenant)
             .arg(spec)
-            .arg(max_len)
-            .arg(ttl_ms);
-        let (conn, generation) = self.connection.get().await?;
-        let reply: Result<(String, String), _> = send(&conn, &Call::Script(&call)).await;
-        let (_, tenant_generation) = reply.map_err(|error| {
-            if is_connection_error(&error) {
-                self.connection.invalidate(generation);
-            }
-            map_error(error)
-        })?;
-        tenant_generation
-            .parse()
-            .map_err(|_| protocol("generation"))
+            .arg(recorded.control.max_len)
+            .arg(millis(recorded.control.ttl));
+        let (_, generation): (String, String) = self.call(Call::Script(&call)).await?;
+        generation.parse().map_err(|_| protocol("generation"))
     }
 
     /// A connection of its own for the registry's control-stream reader.

@@ -2,14 +2,18 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::sync::lock;
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-use super::{validate_tenant_name, TenantError, TenantSpec, TenantsConfig};
-use crate::sync::lock;
-use crate::Policy;
+use super::backend::{Backend, Recorded};
+use super::{validate_tenant_name, ControlConfig, TenantError, TenantSpec, TenantsConfig};
+use crate::metrics::{Calls, LimiterMetrics};
+use crate::{Policy, Store};
 
 /// What a registry says about one tenant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,8 +105,51 @@ pub(crate) struct Inner {
     pub(crate) loaded: watch::Sender<u64>,
     /// Counts view rebuilds (every change, reload and load).
     version: watch::Sender<u64>,
-    #[cfg(feature = "redis")]
-    pub(crate) control: Option<super::control::Control>,
+    /// Where lifecycle changes are recorded (`None`: in this process only).
+    writer: Option<Writer>,
+    /// The task following the changes other registries record, stopped
+    /// with the registry.
+    follower: OnceLock<Follower>,
+}
+
+/// A registry's store: lifecycle changes go to its tenant backend through
+/// its resilience stack (budget, retries, in-flight bound, breakers).
+struct Writer {
+    store: Store,
+    backend: Arc<dyn Backend>,
+    control: ControlConfig,
+    /// Its store calls, recorded under the name `tenants`.
+    metrics: LimiterMetrics,
+}
+
+impl Writer {
+    /// Records `change` of `tenant`; the tenant's generation after it.
+    async fn record(&self, tenant: &str, change: &Change) -> Result<u64, TenantError> {
+        let recorded = Recorded {
+            tenant,
+            change,
+            control: &self.control,
+        };
+        self.store
+            .call(
+                Some(&*self.backend),
+                "tenant lifecycle changes",
+                |backend| backend.failure_domain(),
+                Calls::to(&self.metrics, None),
+                |backend, guard| backend.record(guard, recorded),
+            )
+            .await
+            .map_err(TenantError::Store)
+    }
+}
+
+/// The follower task, aborted when the registry goes.
+struct Follower(JoinHandle<()>);
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Resolves tenants to their [`Policy`], and carries their lifecycle
@@ -136,10 +183,14 @@ pub struct TenantRegistry {
 
 impl TenantRegistry {
     /// The registry of `config` on `store`, the one every other
-    /// capability of the node is made from: on Redis (or Redis Cluster) its
-    /// lifecycle changes persist there and reach every registry on it
-    /// ([`redis`](Self::redis), which needs a Tokio runtime); on an
-    /// in-process store they apply to this process ([`new`](Self::new)).
+    /// capability of the node is made from. Lifecycle changes are recorded
+    /// through the store's resilience stack (its time budget, retries,
+    /// in-flight bound and breakers, shared with every capability on it):
+    /// on Redis (or Redis Cluster) they persist there and reach every
+    /// registry on it (a background reader follows them, so this needs a
+    /// Tokio runtime); on an in-process store they apply to this process.
+    /// A store with no tenant backend (your own [`Backend`](crate::store::Backend))
+    /// gives an in-process registry ([`new`](Self::new)).
     ///
     /// ```
     /// use tower_window::tenant::{TenantRegistry, TenantsConfig};
@@ -149,36 +200,75 @@ impl TenantRegistry {
     /// let registry = TenantRegistry::on_store(TenantsConfig::new(), &store);
     /// # let _ = registry;
     /// ```
-    pub fn on_store(config: TenantsConfig, store: &crate::Store) -> Self {
-        #[cfg(feature = "redis")]
-        if let crate::store::Native::Redis(redis) = store.native() {
-            return Self::redis(config, std::sync::Arc::clone(redis));
+    pub fn on_store(config: TenantsConfig, store: &Store) -> Self {
+        Self::on_store_with(config, store, ControlConfig::default())
+    }
+
+    fn on_store_with(config: TenantsConfig, store: &Store, control: ControlConfig) -> Self {
+        let Some(backend) = crate::store::plugged!(store, dyn Backend) else {
+            return Self::new(config);
+        };
+        let registry = Self::with_writer(
+            config,
+            Some(Writer {
+                store: store.clone(),
+                backend: Arc::clone(&backend),
+                control: control.clone(),
+                metrics: LimiterMetrics::named("tenants"),
+            }),
+        );
+        match backend.follow(Arc::downgrade(&registry.inner), control) {
+            Some(task) => {
+                let _ = registry.inner.follower.set(Follower(task));
+            }
+            // Nobody else records changes: nothing to load.
+            None => {
+                registry.inner.loaded.send_replace(1);
+            }
         }
-        let _ = store;
-        Self::new(config)
+        registry
+    }
+
+    /// A registry of `config` whose lifecycle changes persist in `store`'s
+    /// Redis and reach every registry on it: see the [module docs](super).
+    /// Its changes go through a [`Store`] of its own on `store` (default
+    /// settings, [`ControlConfig::timeout`] as the budget); to share the
+    /// breakers of the node's other capabilities, use
+    /// [`on_store`](Self::on_store).
+    ///
+    /// Spawns the control-stream reader on the current Tokio runtime; it
+    /// first loads the whole runtime state ([`loaded`](Self::loaded) waits
+    /// for that), then follows the stream. Dropping the last clone of the
+    /// registry stops it.
+    #[cfg(feature = "redis")]
+    pub fn redis(config: TenantsConfig, store: Arc<crate::RedisStore>) -> Self {
+        Self::redis_with(config, store, ControlConfig::default())
+    }
+
+    /// [`redis`](Self::redis) with explicit settings.
+    #[cfg(feature = "redis")]
+    pub fn redis_with(
+        config: TenantsConfig,
+        store: Arc<crate::RedisStore>,
+        control: ControlConfig,
+    ) -> Self {
+        let store = Store::builder(store).timeout(control.timeout).build();
+        Self::on_store_with(config, &store, control)
     }
 
     /// An in-process registry of `config`: lifecycle calls apply to this
     /// process only (with a [`MemoryStore`](crate::MemoryStore), that is
     /// every node there is).
     pub fn new(config: TenantsConfig) -> Self {
-        let registry = Self::with_parts(config, |_| {
-            #[cfg(feature = "redis")]
-            {
-                None
-            }
-        });
+        let registry = Self::with_writer(config, None);
         registry.inner.loaded.send_replace(1);
         registry
     }
 
-    pub(crate) fn with_parts(
-        config: TenantsConfig,
-        #[allow(unused_variables)] control: impl FnOnce(&std::sync::Weak<Inner>) -> ControlSlot,
-    ) -> Self {
+    fn with_writer(config: TenantsConfig, writer: Option<Writer>) -> Self {
         let (loaded, _) = watch::channel(0);
         let (version, _) = watch::channel(0);
-        let inner = Arc::new_cyclic(|_weak| Inner {
+        let inner = Arc::new(Inner {
             version,
             view: ArcSwap::from_pointee(View::default()),
             sources: Mutex::new(Sources {
@@ -186,8 +276,8 @@ impl TenantRegistry {
                 ..Sources::default()
             }),
             loaded,
-            #[cfg(feature = "redis")]
-            control: control(_weak),
+            writer,
+            follower: OnceLock::new(),
         });
         let registry = Self { inner };
         registry.rebuild(&lock(&registry.inner.sources));
@@ -324,13 +414,11 @@ impl TenantRegistry {
     }
 
     async fn change(&self, name: &str, change: Change) -> Result<(), TenantError> {
-        #[cfg(feature = "redis")]
-        if let Some(control) = &self.inner.control {
-            let generation = control.publish(name, &change).await?;
-            self.apply(name, change, Some(generation));
-            return Ok(());
-        }
-        self.apply(name, change, None);
+        let generation = match &self.inner.writer {
+            Some(writer) => Some(writer.record(name, &change).await?),
+            None => None,
+        };
+        self.apply(name, change, generation);
         Ok(())
     }
 
@@ -456,11 +544,6 @@ fn listed(sources: &Sources, name: &str) -> Option<TenantInfo> {
     })
 }
 
-#[cfg(feature = "redis")]
-pub(crate) type ControlSlot = Option<super::control::Control>;
-#[cfg(not(feature = "redis"))]
-pub(crate) type ControlSlot = ();
-
 impl fmt::Debug for TenantRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let sources = lock(&self.inner.sources);
@@ -468,8 +551,7 @@ impl fmt::Debug for TenantRegistry {
         s.field("file_tenants", &sources.file.tenants.len())
             .field("runtime_records", &sources.runtime.len())
             .field("default", &sources.file.default.is_some());
-        #[cfg(feature = "redis")]
-        s.field("redis", &self.inner.control.is_some());
+        s.field("on_store", &self.inner.writer.is_some());
         s.finish()
     }
 }
@@ -588,6 +670,28 @@ mod tests {
             bare.revert("a b").await,
             Err(TenantError::InvalidName(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn on_an_embedded_store_changes_go_to_its_tenant_backend() {
+        let store = crate::Store::memory();
+        let a = TenantRegistry::on_store(file(), &store);
+        let b = TenantRegistry::on_store(file(), &store);
+        a.loaded().await;
+        assert_eq!(a.loads(), 1);
+        assert!(a.reset("acme").await.unwrap());
+        assert_eq!(a.tenant("acme").unwrap().generation, 1);
+        // The store keeps the generations: B's reset moves acme to one
+        // neither registry used, so B never shares A's fresh windows.
+        assert!(b.reset("acme").await.unwrap());
+        assert_eq!(b.tenant("acme").unwrap().generation, 2);
+        b.init("newco", TenantSpec::unlimited()).await.unwrap();
+        assert_eq!(b.resolve(b"newco"), Resolution::Unlimited);
+        assert_eq!(b.effective("newco").unwrap().generation, 0);
+        // A registry of its own counts on its own.
+        let alone = TenantRegistry::new(file());
+        assert!(alone.reset("acme").await.unwrap());
+        assert_eq!(alone.tenant("acme").unwrap().generation, 1);
     }
 
     #[tokio::test]

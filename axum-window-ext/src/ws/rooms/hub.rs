@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use axum::extract::ws::Utf8Bytes;
 use tokio::sync::{mpsc, Notify};
-use tower_window::events::{Epoch, Event, EventId, EventWindow, Position};
 #[cfg(feature = "redis")]
-use tower_window::events::{EventTail, EventWakeups};
+use tower_window::events::EventTail;
+use tower_window::events::{Epoch, Event, EventId, EventWakeups, EventWindow, Position};
 use tower_window::StoreError;
 
 use super::name::RoomName;
@@ -34,9 +34,9 @@ pub(super) enum Live {
     /// One blocking `XREAD` for all rooms (single-node Redis).
     #[cfg(feature = "redis")]
     Tail(Box<tokio::sync::Mutex<EventTail>>),
-    /// Wake-ups pushed by Redis (sharded pub/sub): a room is read only
-    /// when an append or a (re)subscription says so.
-    #[cfg(feature = "redis")]
+    /// Wake-ups from the events backend (pushed by Redis, sent by the
+    /// embedded store's appends): a room is read only when an append or a
+    /// (re)subscription says so.
     Push(Box<EventWakeups>),
     /// Polling the event window, woken at once by local appends.
     Poll,
@@ -49,7 +49,6 @@ pub(super) struct Inner {
     /// Wakes the reader: after a local append (polling) or a new room.
     pub(super) wake: Notify,
     /// Room names by window key, for wake-ups (which name windows).
-    #[cfg(feature = "redis")]
     pub(super) by_key: Mutex<HashMap<String, RoomName>>,
     started: AtomicBool,
     next_socket: AtomicU64,
@@ -91,7 +90,7 @@ pub(super) fn window_key(room: &RoomName) -> String {
 /// Builds a [`RoomHub`]: [`RoomHub::builder`].
 pub struct RoomHubBuilder {
     events: EventWindow,
-    /// `None`: pushed wake-ups on a Redis store that has them, else polling.
+    /// `None`: the store's wake-ups if it has them, else polling.
     live: Option<Live>,
     queue_capacity: usize,
 }
@@ -129,23 +128,23 @@ impl RoomHubBuilder {
         self
     }
 
-    /// Reads a room only when Redis pushes a wake-up for it (an append
-    /// publishes one on the room's shard channel, in the same script), on
-    /// `wakeups`' own connections
-    /// ([`RedisStore::event_wakeups`](tower_window::RedisStore::event_wakeups)):
-    /// no command at all for idle rooms, on a single Redis or a Redis
-    /// Cluster (Redis 7). The default for a store that has them (one built
-    /// from a URL or cluster seeds). `wakeups` must be of the store
+    /// Reads a room only when a wake-up for it comes
+    /// ([`EventWindow::wakeups`]): on Redis pushed on the room's shard
+    /// channel by the append's own script, on `wakeups`' own connections
+    /// (a single Redis or a Redis Cluster, Redis 7); on the embedded store
+    /// sent by the append itself. No command at all for idle rooms. The
+    /// default for a store that has them (the embedded store, a Redis store
+    /// built from a URL or cluster seeds). `wakeups` must be of the store
     /// `events` lives in.
-    #[cfg(feature = "redis")]
     pub fn wakeups(mut self, wakeups: EventWakeups) -> Self {
         self.live = Some(Live::Push(Box::new(wakeups)));
         self
     }
 
     /// Polls every room every [`POLL_EVERY`](super::POLL_EVERY) (and at
-    /// once after a local append) instead: the only way on the embedded
-    /// store, on a pool-built Redis store, and on a Redis before 7.
+    /// once after a local append) instead: the way on a store without
+    /// wake-ups (a pool-built Redis store, a Redis before 7, your own
+    /// backend).
     pub fn polling(mut self) -> Self {
         self.live = Some(Live::Poll);
         self
@@ -163,7 +162,6 @@ impl RoomHubBuilder {
             inner: Arc::new(Inner {
                 events: self.events,
                 live,
-                #[cfg(feature = "redis")]
                 by_key: Mutex::new(HashMap::new()),
                 rooms: Mutex::new(HashMap::new()),
                 wake: Notify::new(),
@@ -176,21 +174,18 @@ impl RoomHubBuilder {
 }
 
 impl Live {
-    /// Pushed wake-ups on a Redis store that has them, else polling.
+    /// The store's wake-ups if it has them, else polling.
     fn default_for(events: &EventWindow) -> Self {
-        #[cfg(feature = "redis")]
-        if let Ok(wakeups) = events.wakeups() {
-            return Live::Push(Box::new(wakeups));
+        match events.wakeups() {
+            Ok(wakeups) => Live::Push(Box::new(wakeups)),
+            Err(_) => Live::Poll,
         }
-        let _ = events;
-        Live::Poll
     }
 
     fn name(&self) -> &'static str {
         match self {
             #[cfg(feature = "redis")]
             Live::Tail(_) => "tail",
-            #[cfg(feature = "redis")]
             Live::Push(_) => "push",
             Live::Poll => "poll",
         }
@@ -208,9 +203,9 @@ impl fmt::Debug for RoomHub {
 }
 
 impl RoomHub {
-    /// Rooms on `events`, read live by pushed wake-ups on a Redis store
-    /// built from a URL or cluster seeds, else by polling, with the default
-    /// queue bound: `RoomHub::builder(events).build()`.
+    /// Rooms on `events`, read live by the store's wake-ups (the embedded
+    /// store, a Redis store built from a URL or cluster seeds), else by
+    /// polling, with the default queue bound: `RoomHub::builder(events).build()`.
     pub fn new(events: EventWindow) -> Self {
         Self::builder(events).build()
     }
@@ -419,29 +414,22 @@ impl RoomHub {
 
     /// Subscribes to `room`'s wake-ups (pushed mode only).
     fn follow(&self, room: &RoomName) {
-        #[cfg(feature = "redis")]
         if let Live::Push(wakeups) = &self.inner.live {
             let key = window_key(room);
             wakeups.follow(&key);
             lock(&self.inner.by_key).insert(key, room.clone());
         }
-        #[cfg(not(feature = "redis"))]
-        let _ = room;
     }
 
     fn unfollow(&self, room: &RoomName) {
-        #[cfg(feature = "redis")]
         if let Live::Push(wakeups) = &self.inner.live {
             let key = window_key(room);
             wakeups.unfollow(&key);
             lock(&self.inner.by_key).remove(&key);
         }
-        #[cfg(not(feature = "redis"))]
-        let _ = room;
     }
 
     /// Marks the room of the window `key` to be read (a wake-up).
-    #[cfg(feature = "redis")]
     pub(super) fn woken(&self, key: &[u8]) {
         let Ok(key) = std::str::from_utf8(key) else {
             return;

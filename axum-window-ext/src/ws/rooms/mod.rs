@@ -7,17 +7,19 @@
 //!
 //! * [`RoomHub`], one per node: which of the node's sockets are in which
 //!   room, and **one reader task** (started on the first join) that fetches
-//!   new events of every room the node serves. On Redis (a single server or
-//!   a Redis Cluster, Redis 7, a store built from a URL or cluster seeds;
-//!   `redis` feature) a room is read only when Redis pushes a wake-up for
-//!   it ([`EventWakeups`](tower_window::events::EventWakeups)): every
-//!   append publishes one on the room's shard channel in the same script,
-//!   the hub subscribes a room on its first socket and unsubscribes it with
-//!   its last, and after every (re)subscription (a failover, a resharding,
-//!   a lost connection) it reads the room again from its last id, so no
-//!   event is missed and idle rooms cost no command. The stream stays the
-//!   only source of events. Otherwise (the embedded store, a pool-built
-//!   store, or [`RoomHubBuilder::polling`]) each room is polled every
+//!   new events of every room the node serves. A room is read only when
+//!   the store's events backend wakes the hub for it
+//!   ([`EventWindow::wakeups`](tower_window::events::EventWindow::wakeups)):
+//!   on Redis (a single server or a Redis Cluster, Redis 7, a store built
+//!   from a URL or cluster seeds; `redis` feature) every append publishes
+//!   one on the room's shard channel in the same script, on the embedded
+//!   store every append sends one in process. The hub subscribes a room on
+//!   its first socket and unsubscribes it with its last, and after every
+//!   (re)subscription (a failover, a resharding, a lost connection) it
+//!   reads the room again from its last id, so no event is missed and idle
+//!   rooms cost no command. The stream stays the only source of events.
+//!   On a store without wake-ups (a pool-built store, your own backend, or
+//!   [`RoomHubBuilder::polling`]) each room is polled every
 //!   [`POLL_EVERY`] and at once after a local append;
 //!   [`RoomHubBuilder::tail`] selects one blocking `XREAD` over every room
 //!   on a single Redis instead (re-issued every [`READ_BLOCK`]). A room

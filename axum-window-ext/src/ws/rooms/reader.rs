@@ -10,9 +10,9 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tower_window::events::{Epoch, EventId, Position, Resume, ResyncReason};
 #[cfg(feature = "redis")]
-use tower_window::events::{EventTail, EventWakeups};
+use tower_window::events::EventTail;
+use tower_window::events::{Epoch, EventId, EventWakeups, Position, Resume, ResyncReason};
 use tower_window::StoreError;
 
 use super::hub::{lock, window_key, Inner, Live, RoomHub};
@@ -30,7 +30,6 @@ pub(super) async fn run(hub: Weak<Inner>) {
     loop {
         let Some(inner) = hub.upgrade() else { return };
         let hub_ref = RoomHub { inner };
-        #[cfg(feature = "redis")]
         if let Live::Push(wakeups) = &hub_ref.inner.live {
             match read_pushed(&hub_ref, wakeups).await {
                 Ok(()) => failures = 0,
@@ -67,7 +66,6 @@ pub(super) async fn run(hub: Weak<Inner>) {
             #[cfg(feature = "redis")]
             Live::Tail(tail) => read_tail(&hub_ref, tail, &rooms).await,
             Live::Poll => read_poll(&hub_ref, &rooms).await,
-            #[cfg(feature = "redis")]
             Live::Push(_) => Ok(()),
         };
         match result {
@@ -114,7 +112,6 @@ async fn read_tail(
 /// One round with pushed wake-ups: waits (at most [`READ_BLOCK`], so a
 /// dropped hub is seen) for a wake-up or a join, then reads every room
 /// marked to be read.
-#[cfg(feature = "redis")]
 async fn read_pushed(hub: &RoomHub, wakeups: &EventWakeups) -> Result<(), StoreError> {
     let dirty = |hub: &RoomHub| -> Cursors {
         lock(&hub.inner.rooms)

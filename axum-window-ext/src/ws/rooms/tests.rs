@@ -244,3 +244,47 @@ async fn ready_now_takes_only_what_is_already_there() {
     assert_eq!(got, data);
     assert_eq!(text(live.ready_now()), None);
 }
+
+/// On the embedded store the hub reads rooms by the store's wake-ups (a
+/// local notify fed by every append), not by polling: an append through
+/// another handle on the same store, which never touches the hub, wakes
+/// the reader all the same.
+#[tokio::test]
+async fn on_the_embedded_store_appends_wake_the_reader() {
+    let memory = MemoryStore::new();
+    let retention = Retention::new(Duration::from_secs(600), 1000).unwrap();
+    let hub = RoomHub::new(EventWindow::new(memory.clone(), retention));
+    assert!(format!("{hub:?}").contains("\"push\""), "{hub:?}");
+    let r = room("r");
+    let mut alice = hub.join(&r, None).await.unwrap();
+    assert_eq!(json(next(&mut alice).await)["type"], "joined");
+    let elsewhere = EventWindow::new(memory, retention);
+    for i in 0..3 {
+        let data = format!("m{i}");
+        elsewhere
+            .append("room:r", &[("from", b"u"), ("data", data.as_bytes())])
+            .await
+            .unwrap();
+        assert_eq!(json(next(&mut alice).await)["data"], data.as_str());
+    }
+}
+
+/// The polling reader (a store without wake-ups, or chosen) still
+/// delivers every event, in order.
+#[tokio::test]
+async fn the_polling_reader_delivers_in_order() {
+    let retention = Retention::new(Duration::from_secs(600), 1000).unwrap();
+    let hub = RoomHub::builder(EventWindow::new(MemoryStore::new(), retention))
+        .polling()
+        .build();
+    assert!(format!("{hub:?}").contains("\"poll\""), "{hub:?}");
+    let r = room("r");
+    let mut alice = hub.join(&r, None).await.unwrap();
+    assert_eq!(json(next(&mut alice).await)["type"], "joined");
+    for i in 0..3 {
+        hub.publish(&r, "u", &format!("m{i}")).await.unwrap();
+    }
+    for i in 0..3 {
+        assert_eq!(json(next(&mut alice).await)["data"], format!("m{i}"));
+    }
+}
