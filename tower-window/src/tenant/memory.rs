@@ -1,4 +1,4 @@
-//! The tenant [`Backend`](super::backend::Backend) for [`MemoryStore`]: the
+//! The tenant [`Backend`] for [`MemoryStore`]: the
 //! tenants' state generations, kept on the store so that every registry on
 //! one embedded store moves a tenant to a generation none of them used.
 //! There is no one else to tell: nothing to follow.
