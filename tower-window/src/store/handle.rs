@@ -23,7 +23,7 @@ use crate::{Clock, MemoryStore, SystemClock};
 ///
 /// Every capability is made from a store, so "on the same store" is what
 /// the types say: [`Limiter`](crate::Limiter)s (policies and quota leases),
-/// [`ConnectionLimiter`](crate::ConnectionLimiter)s (connection slots),
+/// [`ConnectionLimiter`](crate::ConnectionLimiter)s (connection seats),
 /// [`DedupWindow`](crate::DedupWindow)s and
 /// [`EventWindow`](crate::events::EventWindow)s share its breakers, budget
 /// and in-flight bound, and each records its store calls under its own name.
