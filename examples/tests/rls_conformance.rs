@@ -11,6 +11,7 @@
 //! case looked at, and the suite prints how many it covers.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -273,7 +274,10 @@ fn reference_cases_are_counted() {
             Not(why) => assert!(!why.is_empty(), "{case}: say why"),
         }
     }
-    println!(
+    // Straight to stderr, past the test harness's capture: CI's log shows
+    // the count on every run.
+    let _ = writeln!(
+        std::io::stderr(),
         "rls conformance: {covered} of {} reference cases",
         CASES.len()
     );
