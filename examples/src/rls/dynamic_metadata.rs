@@ -184,16 +184,22 @@ fn descriptor(descriptor: &RateLimitDescriptor) -> Value {
 }
 
 fn backend_of(descriptor: &RateLimitDescriptor) -> Option<(String, String)> {
+    model_of(descriptor).map(|(backend, model)| (backend.to_owned(), model.to_owned()))
+}
+
+/// A descriptor's `backend_name` and `model_name_override` values (the last
+/// of each, `""` for one absent), when it has either: the model it names,
+/// as envoyproxy/ratelimit reads it for quota groups and dynamic metadata.
+pub(super) fn model_of(descriptor: &RateLimitDescriptor) -> Option<(&str, &str)> {
     let value_of = |key: &str| {
         descriptor
             .entries
             .iter()
             .rev()
             .find(|e| e.key == key)
-            .map(|e| e.value.clone())
+            .map(|e| e.value.as_str())
     };
-    let backend = value_of("backend_name");
-    let model = value_of("model_name_override");
+    let (backend, model) = (value_of("backend_name"), value_of("model_name_override"));
     (backend.is_some() || model.is_some())
         .then(|| (backend.unwrap_or_default(), model.unwrap_or_default()))
 }

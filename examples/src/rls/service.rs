@@ -617,18 +617,9 @@ fn prepare(
 /// its `backend_name` and `model_name_override` values when it has either
 /// (one model's buckets are one group), else its whole entry list.
 fn quota_group_key(descriptor: &RateLimitDescriptor) -> String {
-    let value_of = |key: &str| {
-        descriptor
-            .entries
-            .iter()
-            .rev()
-            .find(|e| e.key == key)
-            .map(|e| e.value.as_str())
-    };
-    let (backend, model) = (value_of("backend_name"), value_of("model_name_override"));
-    if backend.is_some() || model.is_some() {
+    if let Some((backend, model)) = super::dynamic_metadata::model_of(descriptor) {
         let mut key = String::from("model;");
-        for part in [backend.unwrap_or(""), model.unwrap_or("")] {
+        for part in [backend, model] {
             let _ = write!(key, "{}:{part}", part.len());
         }
         return key;
