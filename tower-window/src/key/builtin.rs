@@ -312,25 +312,9 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use http::HeaderValue;
-
     use super::*;
+    use crate::key::test_requests::{request, subject};
     use crate::key::Constant;
-
-    fn subject(key: Option<WindowKey>) -> Option<Vec<u8>> {
-        key.map(|k| k.subject().to_vec())
-    }
-
-    fn request(uri: &str, headers: &[(&str, &[u8])]) -> http::Request<()> {
-        let mut request = http::Request::builder().uri(uri).body(()).unwrap();
-        for (name, value) in headers {
-            request.headers_mut().append(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(value).unwrap(),
-            );
-        }
-        request
-    }
 
     #[test]
     fn header_reads_raw_bytes_and_first_value() {

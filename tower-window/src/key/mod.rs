@@ -37,6 +37,8 @@ mod grpc;
 #[cfg(feature = "http")]
 mod net;
 pub(crate) mod state_key;
+#[cfg(all(test, feature = "http"))]
+mod test_requests;
 
 #[cfg(feature = "http")]
 pub use builtin::{Extension, Header, InvalidHeaderName, Query, DEFAULT_MAX_LEN};

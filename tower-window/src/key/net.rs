@@ -355,25 +355,10 @@ fn parse_hop(entry: &[u8]) -> Option<IpAddr> {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use http::header::HeaderName;
     use http::HeaderValue;
 
     use super::*;
-
-    fn subject(key: Option<WindowKey>) -> Option<Vec<u8>> {
-        key.map(|k| k.subject().to_vec())
-    }
-
-    fn request(uri: &str, headers: &[(&str, &[u8])]) -> http::Request<()> {
-        let mut request = http::Request::builder().uri(uri).body(()).unwrap();
-        for (name, value) in headers {
-            request.headers_mut().append(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(value).unwrap(),
-            );
-        }
-        request
-    }
+    use crate::key::test_requests::{request, subject};
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
