@@ -44,11 +44,19 @@ impl<S> Shared<S> {
 }
 
 impl<S: limit::Backend> limit::Backend for Shared<S> {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision> {
         self.0.check(guard, request)
     }
 
-    fn peek<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn peek<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision> {
         self.0.peek(guard, request)
     }
 

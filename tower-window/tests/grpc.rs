@@ -27,7 +27,7 @@ use tower_window::{
 struct DenyingStore(Option<Duration>);
 
 impl limit::Backend for DenyingStore {
-    fn check<'a>(&'a self, _: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(&'a self, _: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'static, Decision> {
         let quota = request.policy.first().clone();
         Op::ready(Ok(Decision::deny(
             quota,
@@ -42,7 +42,7 @@ impl limit::Backend for DenyingStore {
 struct FailingStore;
 
 impl limit::Backend for FailingStore {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'static, Decision> {
         guard.run(|| async {
             Err(StoreError::new(
                 StoreErrorKind::Unavailable,

@@ -85,22 +85,30 @@ struct Networked {
     calls: AtomicUsize,
 }
 
-impl limit::Backend for Networked {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
-        guard.run(move || async move {
-            tokio::task::yield_now().await;
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            limit::Backend::check(&self.inner, &mut Guard::bare(), request).await
-        })
-    }
-}
-
 /// `Networked` as a shared backend, so the test can read its counter.
 struct Shared(Arc<Networked>);
 
 impl limit::Backend for Shared {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
-        limit::Backend::check(&*self.0, guard, request)
+    fn check<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision> {
+        let (store, key, policy, cost) = (
+            Arc::clone(&self.0),
+            request.key.clone(),
+            request.policy.clone(),
+            request.cost,
+        );
+        guard.run(move || {
+            let (store, key, policy) = (Arc::clone(&store), key.clone(), policy.clone());
+            async move {
+                tokio::task::yield_now().await;
+                store.calls.fetch_add(1, Ordering::SeqCst);
+                let request = CheckRequest::new(&key, &policy, cost);
+                limit::Backend::check(&store.inner, &mut Guard::bare(), request).await
+            }
+        })
     }
 }
 
@@ -161,7 +169,7 @@ async fn remembered_denials_answer_from_the_local_tier() {
 struct Broken;
 
 impl limit::Backend for Broken {
-    fn check<'a>(&'a self, _: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(&'a self, _: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'static, Decision> {
         Op::ready(Err(broken()))
     }
 }
@@ -202,7 +210,7 @@ fn an_in_process_failure_is_answered_by_the_fallback_at_once() {
 struct BrokenLater;
 
 impl limit::Backend for BrokenLater {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'static, Decision> {
         guard.run(|| async {
             tokio::task::yield_now().await;
             Err(broken())

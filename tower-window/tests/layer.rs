@@ -39,7 +39,7 @@ fn networked(backend: impl limit::Backend) -> StoreBuilder {
 struct ScriptedStore(Decision);
 
 impl limit::Backend for ScriptedStore {
-    fn check<'a>(&'a self, _: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(&'a self, _: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'static, Decision> {
         // The scripted answer, reported against the request's quota.
         let d = &self.0;
         let quota = request.policy.first().clone();
@@ -58,7 +58,7 @@ impl limit::Backend for ScriptedStore {
 struct FailingStore;
 
 impl limit::Backend for FailingStore {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'static, Decision> {
         guard.run(|| async {
             Err(StoreError::new(
                 StoreErrorKind::Unavailable,
@@ -73,10 +73,24 @@ impl limit::Backend for FailingStore {
 struct YieldingStore(MemoryStore);
 
 impl limit::Backend for YieldingStore {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
-        guard.run(move || async move {
-            tokio::task::yield_now().await;
-            limit::Backend::check(&self.0, &mut Guard::bare(), request).await
+    fn check<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision> {
+        let (store, key, policy, cost) = (
+            self.0.clone(),
+            request.key.clone(),
+            request.policy.clone(),
+            request.cost,
+        );
+        guard.run(move || {
+            let (store, key, policy) = (store.clone(), key.clone(), policy.clone());
+            async move {
+                tokio::task::yield_now().await;
+                let request = CheckRequest::new(&key, &policy, cost);
+                limit::Backend::check(&store, &mut Guard::bare(), request).await
+            }
         })
     }
 }

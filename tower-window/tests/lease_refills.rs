@@ -83,7 +83,11 @@ impl lease::Backend for Gated {
 }
 
 impl limit::Backend for Gated {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision> {
         self.gate.checks.fetch_add(1, Ordering::SeqCst);
         limit::Backend::check(&self.store, guard, request)
     }

@@ -315,7 +315,11 @@ async fn leases_of_shadow_quotas_only_admit_everything_and_count_exactly() {
 struct ChecksOnly(MemoryStore);
 
 impl limit::Backend for ChecksOnly {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision> {
         limit::Backend::check(&self.0, guard, request)
     }
 }

@@ -112,14 +112,28 @@ impl ScriptedStore {
 }
 
 impl limit::Backend for ScriptedStore {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision> {
         // Each attempt (a retry too) takes the next scripted result.
+        let (this, key, policy, cost) = (
+            self.clone(),
+            request.key.clone(),
+            request.policy.clone(),
+            request.cost,
+        );
         guard.run(move || {
-            let next = self.script.lock().unwrap().pop_front();
+            let next = this.script.lock().unwrap().pop_front();
+            let (inner, key, policy) = (this.inner.clone(), key.clone(), policy.clone());
             async move {
                 match next {
                     Some(Err(kind)) => Err(StoreError::new(kind, "injected").not_applied()),
-                    _ => limit::Backend::check(&*self.inner, &mut Guard::bare(), request).await,
+                    _ => {
+                        let request = CheckRequest::new(&key, &policy, cost);
+                        limit::Backend::check(&*inner, &mut Guard::bare(), request).await
+                    }
                 }
             }
         })

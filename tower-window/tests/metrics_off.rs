@@ -22,7 +22,7 @@ use tower_window::{
 struct Down;
 
 impl limit::Backend for Down {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'static, Decision> {
         guard.run(|| async { Err(StoreError::new(StoreErrorKind::Unavailable, "down")) })
     }
 }

@@ -157,7 +157,7 @@ type Asked = (u32, Vec<u32>);
 struct Down;
 
 impl limit::Backend for Down {
-    fn check<'a>(&'a self, _: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(&'a self, _: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'static, Decision> {
         Op::ready(Err(StoreError::new(
             StoreErrorKind::Unavailable,
             "connection refused",

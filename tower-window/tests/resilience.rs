@@ -60,23 +60,27 @@ impl TestStore {
 /// A backend behind a network: each attempt (a retry too) is one call,
 /// made within the store handle's budget, in-flight bound and breaker.
 impl limit::Backend for TestStore {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
-        guard.run(move || self.call(request))
+    fn check<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision> {
+        let (this, quota) = (self.clone(), request.policy.first().clone());
+        guard.run(move || this.call(quota.clone()))
     }
 }
 
 impl TestStore {
-    fn call<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send + 'a {
+    fn call(
+        &self,
+        quota: Quota,
+    ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send + 'static {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let mode = *self.mode.lock().unwrap();
         if let Mode::Slow(took) = mode {
             self.clock.advance(took);
         }
         let now = self.clock.now_micros();
-        let quota = request.policy.first().clone();
         async move {
             match mode {
                 Mode::Allow => Ok(
@@ -671,12 +675,21 @@ impl TwoShards {
 }
 
 impl limit::Backend for TwoShards {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision> {
+        let (this, key, quota) = (
+            self.clone(),
+            request.key.clone(),
+            request.policy.first().clone(),
+        );
         guard.run(move || {
-            let shard = Self::shard_of(request.key);
-            self.calls[usize::from(shard)].fetch_add(1, Ordering::SeqCst);
-            let down = shard == 0 && self.shard0_down.load(Ordering::SeqCst);
-            let quota = request.policy.first().clone();
+            let shard = Self::shard_of(&key);
+            this.calls[usize::from(shard)].fetch_add(1, Ordering::SeqCst);
+            let down = shard == 0 && this.shard0_down.load(Ordering::SeqCst);
+            let quota = quota.clone();
             async move {
                 if down {
                     Err(StoreError::new(StoreErrorKind::Unavailable, "shard down"))

@@ -80,7 +80,7 @@ impl Subscriber for Capture {
 struct Down;
 
 impl limit::Backend for Down {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(&'a self, guard: &mut Guard<'a>, _: CheckRequest<'a>) -> Op<'static, Decision> {
         guard.run(|| async { Err(StoreError::new(StoreErrorKind::Unavailable, "refused")) })
     }
 }

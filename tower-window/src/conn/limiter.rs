@@ -82,7 +82,7 @@ pub(super) struct Shared {
     /// The store's backend of connection seats (`None`: it has none).
     pub(super) backend: Option<Arc<dyn Backend>>,
     /// Its store calls, recorded under the name `connections`.
-    metrics: LimiterMetrics,
+    metrics: Arc<LimiterMetrics>,
     pub(super) ttl: Duration,
     max_per_subject: u32,
     max_per_tenant: u32,

@@ -166,7 +166,7 @@ struct Inner {
     /// The store's backend of dedup windows (`None`: it has none).
     backend: Option<Arc<dyn Backend>>,
     /// Its store calls, recorded under the name `dedup`.
-    metrics: LimiterMetrics,
+    metrics: Arc<LimiterMetrics>,
     window: Duration,
     max_id_len: usize,
     fallback: OnFailure,

@@ -62,7 +62,7 @@ impl RedisStore {
         })?;
         Ok(EventTail {
             client,
-            prefix: self.prefix.clone(),
+            prefix: self.prefix.to_string(),
             conn: None,
             connect_timeout: crate::store::redis::DEFAULT_CONNECT_TIMEOUT,
         })

@@ -62,7 +62,7 @@ struct Inner {
     backend: Option<Arc<dyn Backend>>,
     retention: Retention,
     /// Its store calls, recorded under the name `events`.
-    metrics: LimiterMetrics,
+    metrics: Arc<LimiterMetrics>,
 }
 
 impl EventWindow {

@@ -6,15 +6,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use futures_util::future::BoxFuture;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{Rejection, Respond};
-use crate::Decision;
-
-/// The limiter's answer: an admission, or the rejection to answer with.
-pub(super) type DecisionFuture = BoxFuture<'static, Result<Decision, Rejection>>;
+use super::service::admission;
+use super::{Respond, Status};
+use crate::Check;
 
 pin_project! {
     /// The response future of [`SlidingWindow`](crate::SlidingWindow).
@@ -39,9 +36,11 @@ pin_project! {
         S: Service<Req>,
         M: Respond<Req, S::Response, S::Error>,
     {
-        // Waiting for the limiter; owns the readied inner service and the request.
+        // Waiting for the limiter's check (which owns what it waits with);
+        // owns the readied inner service and the request.
         Deciding {
-            decision: DecisionFuture,
+            check: Check<'static>,
+            degraded_status: Status,
             call: Option<(S, Req)>,
             mode: Arc<M>,
         },
@@ -64,14 +63,16 @@ where
     M: Respond<Req, S::Response, S::Error>,
 {
     pub(super) fn deciding(
-        decision: DecisionFuture,
+        check: Check<'static>,
+        degraded_status: Status,
         service: S,
         request: Req,
         mode: &Arc<M>,
     ) -> Self {
         Self {
             state: State::Deciding {
-                decision,
+                check,
+                degraded_status,
                 call: Some((service, request)),
                 mode: Arc::clone(mode),
             },
@@ -105,11 +106,12 @@ where
         loop {
             match state.as_mut().project() {
                 StateProj::Deciding {
-                    decision,
+                    check,
+                    degraded_status,
                     call,
                     mode,
                 } => {
-                    let result = ready!(decision.as_mut().poll(cx));
+                    let result = admission(ready!(Pin::new(check).poll(cx)), *degraded_status);
                     let Some((mut service, mut request)) = call.take() else {
                         panic!("ResponseFuture polled after completion");
                     };

@@ -2,14 +2,13 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use tower_service::Service;
 
-use super::future::{DecisionFuture, ResponseFuture};
+use super::future::ResponseFuture;
 use super::{MissingKey, Rejection, RequestCost, Respond, Status};
 use crate::key::NoKey;
-use crate::limit::AtOnce;
 use crate::tenant::{Resolution, TenantRegistry};
 use crate::{Decision, KeyExtractor, LimitError, Limiter};
 
@@ -146,83 +145,41 @@ where
                 }
             },
         };
-        let degraded_status = shared.degraded_status;
-        // An in-process store decides here, without a future or a box, and
-        // so does a live lease over any store; the answer is acted on where
-        // it lies (a decision is large: each move through an intermediate
-        // result is a copy).
+        // The check starts here: an in-process store, the local tier, an
+        // open breaker or a live lease answers at once, without a future or
+        // a box, and the answer is acted on where it lies (a decision is
+        // large: each move through an intermediate result is a copy). A
+        // check that has to wait owns what it waits with, and the response
+        // future keeps it as it is.
         let checked = policy.as_ref().unwrap_or(shared.limiter.policy());
-        let mut direct = false;
-        let at_once = if shared.limiter.answers_at_once(checked) {
-            // Not answered in its first poll after all: the check is
-            // dropped before it did anything that waits.
-            shared
-                .limiter
-                .check_policy(&key, checked, cost)
-                .into_ready()
-                .ok()
-        } else {
-            match shared
-                .limiter
-                .check_policy(&key, checked, cost)
-                .leased_at_once()
-            {
-                AtOnce::Decided(result) => Some(result),
-                // Counted as too cold to lease: the future below goes to
-                // the store directly, without counting it again.
-                AtOnce::Direct => {
-                    direct = true;
-                    None
-                }
-                AtOnce::Later => None,
-            }
-        };
-        if let Some(result) = at_once {
-            return match result {
-                Ok(decision) if decision.allowed => {
-                    // The readied inner service takes the request at
-                    // once, without the clone-and-swap and the extra state.
-                    let admitted = shared.mode.on_request(&mut request, decision);
-                    ResponseFuture::calling(self.inner.call(request), Some(admitted))
-                }
-                // The readied inner service stays ready for the next request.
-                other => ResponseFuture::ready(
-                    shared.mode.on_rejection(rejection(other, degraded_status)),
-                ),
-            };
-        }
-        let limiter = shared.limiter.clone();
-        let mut decision: DecisionFuture = Box::pin(async move {
-            let check = match &policy {
-                None => limiter.check(&key, cost),
-                Some(policy) => limiter.check_policy(&key, policy, cost),
-            };
-            let check = if direct {
-                check.without_leases()
-            } else {
-                check
-            };
-            admission(check.await, degraded_status)
-        });
-        // Most decisions over a network store still need no I/O
-        // (local tier, open breaker) and are ready at the first
-        // poll. Polling with a no-op waker is sound: a pending
-        // future is polled again, with the task's waker, by
-        // `ResponseFuture::poll` before anything waits on it.
-        let mut cx = Context::from_waker(Waker::noop());
-        match decision.as_mut().poll(&mut cx) {
-            Poll::Ready(Ok(decision)) => {
+        match shared
+            .limiter
+            .check_policy(&key, checked, cost)
+            .into_ready()
+        {
+            Ok(Ok(decision)) if decision.allowed => {
+                // The readied inner service takes the request at once,
+                // without the clone-and-swap and the extra state.
                 let admitted = shared.mode.on_request(&mut request, decision);
                 ResponseFuture::calling(self.inner.call(request), Some(admitted))
             }
-            Poll::Ready(Err(rejection)) => {
-                ResponseFuture::ready(shared.mode.on_rejection(rejection))
-            }
-            Poll::Pending => {
+            // The readied inner service stays ready for the next request.
+            Ok(other) => ResponseFuture::ready(
+                shared
+                    .mode
+                    .on_rejection(rejection(other, shared.degraded_status)),
+            ),
+            Err(check) => {
                 // The readied service goes with the request; a fresh clone stays.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::deciding(decision, inner, request, &shared.mode)
+                ResponseFuture::deciding(
+                    check,
+                    shared.degraded_status,
+                    inner,
+                    request,
+                    &shared.mode,
+                )
             }
         }
     }
@@ -231,7 +188,7 @@ where
 /// The limiter's answer as the layer acts on it: an admission, or the
 /// rejection to answer with.
 #[allow(clippy::result_large_err)] // both sides are moved once, into the response future
-fn admission(
+pub(super) fn admission(
     result: Result<Decision, LimitError>,
     degraded_status: Status,
 ) -> Result<Decision, Rejection> {
@@ -243,7 +200,10 @@ fn admission(
 
 /// The rejection for a limiter's answer that is not an admission: a
 /// denial, or an error.
-fn rejection(result: Result<Decision, LimitError>, degraded_status: Status) -> Rejection {
+pub(super) fn rejection(
+    result: Result<Decision, LimitError>,
+    degraded_status: Status,
+) -> Rejection {
     match result {
         Ok(decision) => Rejection::for_denial(decision, degraded_status),
         Err(error) => {

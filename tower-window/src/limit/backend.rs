@@ -18,10 +18,18 @@ use crate::{Decision, Policy, WindowKey};
 ///
 /// An in-process backend answers with [`Op::ready`]; a backend behind a
 /// network with [`Guard::run`], which bounds the call by the store handle's
-/// budget, retries, in-flight bound and breaker.
+/// budget, retries, in-flight bound and breaker. Either way the operation
+/// owns what it needs (`'static`): its future holds a clone of the
+/// backend's handle and of what the request names, so the check waiting
+/// for it owns it too (the layer keeps that check in its response future,
+/// unboxed).
 pub trait Backend: Send + Sync + 'static {
     /// Checks `request` and records it if admitted.
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision>;
+    fn check<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision>;
 
     /// Evaluates `request` against every quota of its policy and records
     /// nothing: each quota's state as it stands (`remaining` before the
@@ -30,7 +38,11 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// The default answers [`StoreErrorKind::InvalidRequest`]: a backend
     /// that cannot peek says so.
-    fn peek<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn peek<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision> {
         let _ = (guard, request);
         Op::ready(Err(StoreError::new(
             StoreErrorKind::InvalidRequest,

@@ -9,8 +9,6 @@ use std::task::{Context, Poll, Waker};
 use futures_util::future::BoxFuture;
 
 use crate::limit::lease_tier::Leased;
-#[cfg(feature = "tower")]
-use crate::limit::lease_tier::SpentAtOnce;
 use crate::limit::local::Lookup;
 use crate::limit::{LimitError, Limiter};
 use crate::store::{CheckRequest, StoreError};
@@ -23,11 +21,14 @@ use crate::{Cost, Decision, Policy, QuotaCosts, WindowKey};
 /// backend, whose answer is ready at once on an in-process backend (the
 /// check then completes in that poll, without allocating) and a future on
 /// a networked one (the backend's one boxed future, holding the time
-/// budget, retries and breaker bookkeeping too). So a `Check` stays a few
-/// words wide whatever the slow path holds, and moving it costs nothing.
+/// budget, retries and breaker bookkeeping too). A check that has to wait
+/// owns what it waits with (the limiter, the key and the policy, cloned
+/// then and only then), so it outlives the references it was made from.
 ///
 /// [`into_ready`](Self::into_ready) takes the answer when it is available
-/// at once, for loops that decide per message without awaiting:
+/// at once, for loops that decide per message without awaiting, and
+/// otherwise hands back the started check as a `Check<'static>`, to be
+/// kept and awaited anywhere (the layer keeps it in its response future):
 ///
 /// ```
 /// use tower_window::{Limiter, MemoryStore, Quota, WindowKey};
@@ -42,25 +43,7 @@ use crate::{Cost, Decision, Policy, QuotaCosts, WindowKey};
 /// ```
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct Check<'a> {
-    limiter: &'a Limiter,
-    key: &'a WindowKey,
-    policy: &'a Policy,
-    /// Each quota's cost when they differ (the check's own cost is then
-    /// the largest); `None`: one cost for every quota.
-    quota_costs: Option<&'a QuotaCosts>,
     state: State<'a>,
-}
-
-/// What [`Check::leased_at_once`] found.
-#[cfg(feature = "tower")]
-pub(crate) enum AtOnce {
-    /// A live lease decided the check.
-    Decided(Result<Decision, LimitError>),
-    /// The key is too cold to lease, and was counted: check it with
-    /// [`Check::without_leases`].
-    Direct,
-    /// Nothing done: check it as usual.
-    Later,
 }
 
 /// Why a check is refused before it starts.
@@ -89,27 +72,47 @@ impl From<Refused> for LimitError {
 }
 
 enum State<'a> {
-    Start(Result<Cost, Refused>),
-    /// Not started, and skips the lease tier: the layer already found the
-    /// key too cold to lease, and counted it (see [`Check::leased_at_once`]).
-    #[cfg(feature = "tower")]
-    StartWithoutLeases(Cost),
-    /// The store's answer is on its way. `traced`: the limiter clock's
-    /// reading at the start when a `tower_window.check` span is wanted,
-    /// else 0.
-    Store {
-        future: BoxFuture<'a, Result<Decision, StoreError>>,
-        cost: Cost,
-        stale: bool,
-        traced: u64,
-    },
-    /// A check with quota leases (spend, or reserve).
-    Leased {
-        future: BoxFuture<'a, Result<Decision, LimitError>>,
-        cost: Cost,
-        traced: u64,
-    },
+    /// Not started.
+    Start(Of<'a>, Result<Cost, Refused>),
+    /// The store's or the lease tier's answer is on its way. Boxed: what
+    /// a waiting check owns (the key above all) would make every check,
+    /// the ones decided at their first poll too, that much wider.
+    Waiting(Box<Waiting>),
     Done,
+}
+
+/// What a check is of: borrowed until it has to wait.
+#[derive(Clone, Copy)]
+struct Of<'a> {
+    limiter: &'a Limiter,
+    key: &'a WindowKey,
+    policy: &'a Policy,
+    /// Each quota's cost when they differ (the check's own cost is then
+    /// the largest); `None`: one cost for every quota.
+    quota_costs: Option<&'a QuotaCosts>,
+}
+
+/// A started check waiting for an answer; it owns what it is of.
+struct Waiting {
+    limiter: Limiter,
+    key: WindowKey,
+    policy: Policy,
+    quota_costs: Option<QuotaCosts>,
+    cost: Cost,
+    /// The limiter clock's reading at the start when a
+    /// `tower_window.check` span is wanted, else 0.
+    traced: u64,
+    on: On,
+}
+
+enum On {
+    /// The store's decision (`stale`: the local tier held an expired denial).
+    Store {
+        future: BoxFuture<'static, Result<Decision, StoreError>>,
+        stale: bool,
+    },
+    /// A check with quota leases (a reservation, or a wait for one).
+    Leased(BoxFuture<'static, Result<Decision, LimitError>>),
 }
 
 impl<'a> Check<'a> {
@@ -119,12 +122,14 @@ impl<'a> Check<'a> {
         policy: &'a Policy,
         cost: Result<Cost, Refused>,
     ) -> Self {
-        Self {
+        let of = Of {
             limiter,
             key,
             policy,
             quota_costs: None,
-            state: State::Start(cost),
+        };
+        Self {
+            state: State::Start(of, cost),
         }
     }
 
@@ -151,15 +156,42 @@ impl<'a> Check<'a> {
                 Some(costs),
             ),
         };
-        Self {
+        let of = Of {
+            limiter,
+            key,
+            policy,
             quota_costs,
-            ..Self::new(limiter, key, policy, cost)
+        };
+        Self {
+            state: State::Start(of, cost),
         }
     }
 
+    /// The decision, if it is available without waiting (an in-process
+    /// store, the local tier, a lease being spent); the check itself
+    /// otherwise, started and owning what it waits with, to be awaited
+    /// for its answer.
+    pub fn into_ready(mut self) -> Result<Result<Decision, LimitError>, Check<'static>> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match Pin::new(&mut self).poll(&mut cx) {
+            Poll::Ready(result) => Ok(result),
+            Poll::Pending => match self.state {
+                State::Waiting(waiting) => Err(Check {
+                    state: State::Waiting(waiting),
+                }),
+                // A check is pending only while it waits.
+                State::Start(..) | State::Done => {
+                    panic!("`Check` pending without waiting")
+                }
+            },
+        }
+    }
+}
+
+impl<'a> Of<'a> {
     /// The store request of this check (`cost`: its own, the largest when
     /// quotas cost differently).
-    fn request(&self, cost: Cost) -> CheckRequest<'a> {
+    fn request(self, cost: Cost) -> CheckRequest<'a> {
         let request = CheckRequest::new(self.key, self.policy, cost);
         match self.quota_costs {
             Some(costs) => request.with_quota_costs(costs.as_slice()),
@@ -167,69 +199,21 @@ impl<'a> Check<'a> {
         }
     }
 
-    /// The decision, if it is available without waiting (an in-process
-    /// store, the local tier, a lease being spent); the check itself
-    /// otherwise, started, to be awaited for its answer.
-    pub fn into_ready(mut self) -> Result<Result<Decision, LimitError>, Self> {
-        let mut cx = Context::from_waker(Waker::noop());
-        match Pin::new(&mut self).poll(&mut cx) {
-            Poll::Ready(result) => Ok(result),
-            Poll::Pending => Err(self),
-        }
+    /// The same check, owning what it names, waiting `on` an answer.
+    fn waiting(self, cost: Cost, traced: u64, on: On) -> Box<Waiting> {
+        Box::new(Waiting {
+            limiter: self.limiter.clone(),
+            key: self.key.clone(),
+            policy: self.policy.clone(),
+            quota_costs: self.quota_costs.cloned(),
+            cost,
+            traced,
+            on,
+        })
     }
 
-    /// The check's answer if a live lease gives it at once, with nothing
-    /// else to do (no reservation ahead of need); else whether the key is
-    /// too cold to lease ([`AtOnce::Direct`]: counted as such, to be
-    /// checked [`without_leases`](Self::without_leases)), or nothing done.
-    /// For callers that would otherwise box the check to await it (the
-    /// layer over a networked store).
-    #[cfg(feature = "tower")]
-    pub(crate) fn leased_at_once(mut self) -> AtOnce {
-        let State::Start(Ok(cost)) = self.state else {
-            return AtOnce::Later;
-        };
-        let limiter = self.limiter;
-        let inner = &*limiter.inner;
-        let Some((tier, ttl)) = inner
-            .leases
-            .as_ref()
-            .filter(|_| self.quota_costs.is_none())
-            .and_then(|tier| Some((tier, tier.lease_ttl(self.policy)?)))
-        else {
-            return AtOnce::Later;
-        };
-        let traced = if tracing::enabled!(tracing::Level::DEBUG) {
-            inner.clock.now_micros().max(1)
-        } else {
-            0
-        };
-        match limiter.spend_at_once(tier, ttl, self.key, self.policy, cost.get()) {
-            SpentAtOnce::Spent(decision) => match self.finish(Ok(decision), cost, traced) {
-                Poll::Ready(result) => AtOnce::Decided(result),
-                Poll::Pending => AtOnce::Later,
-            },
-            SpentAtOnce::Cold => AtOnce::Direct,
-            SpentAtOnce::Not => AtOnce::Later,
-        }
-    }
-
-    /// The check without the lease tier (see [`AtOnce::Direct`]).
-    #[cfg(feature = "tower")]
-    pub(crate) fn without_leases(mut self) -> Self {
-        if let State::Start(Ok(cost)) = self.state {
-            self.state = State::StartWithoutLeases(cost);
-        }
-        self
-    }
-
-    /// The first step: local tier, then the store (or the lease tier).
-    fn start(
-        &mut self,
-        cx: &mut Context<'_>,
-        cost: Cost,
-        leases: bool,
-    ) -> Poll<Result<Decision, LimitError>> {
+    /// The first step: the lease tier, else the local tier and the store.
+    fn start(self, cost: Cost) -> Result<Result<Decision, LimitError>, Box<Waiting>> {
         let limiter = self.limiter;
         let inner = &*limiter.inner;
         let traced = if tracing::enabled!(tracing::Level::DEBUG) {
@@ -243,66 +227,57 @@ impl<'a> Check<'a> {
         let leased = inner
             .leases
             .as_ref()
-            .filter(|_| leases && self.quota_costs.is_none())
+            .filter(|_| self.quota_costs.is_none())
             .and_then(|tier| Some((tier, tier.lease_ttl(self.policy)?)));
-        if let Some((tier, ttl)) = leased {
-            let (key, policy) = (self.key, self.policy);
-            let future: BoxFuture<'a, _> =
-                match limiter.spend_leased(tier, ttl, key, policy, cost.get()) {
-                    // Spent from a live lease: no store call, no wait.
-                    Leased::Spent(decision, None) => {
-                        return self.finish(Ok(decision), cost, traced)
-                    }
-                    Leased::Spent(decision, Some(slot)) => {
-                        Box::pin(limiter.refill_ahead(tier, slot, key, policy, decision))
-                    }
-                    Leased::Empty(slot, hot) => {
-                        Box::pin(limiter.decide_leased(tier, slot, hot, key, policy, cost))
-                    }
-                    // A key too cold to lease: as without leases.
-                    Leased::Direct => return self.start_direct(cx, cost, traced),
-                };
-            self.state = State::Leased {
-                future,
-                cost,
-                traced,
+        let Some((tier, ttl)) = leased else {
+            return self.start_direct(cost, traced);
+        };
+        let owned = || (limiter.clone(), self.key.clone(), self.policy.clone());
+        let future: BoxFuture<'static, _> =
+            match limiter.spend_leased(tier, ttl, self.key, self.policy, cost.get()) {
+                // Spent from a live lease: no store call, no wait.
+                Leased::Spent(decision, None) => {
+                    return Ok(self.finish(Ok(decision), cost, traced))
+                }
+                Leased::Spent(decision, Some(slot)) => {
+                    let (limiter, key, policy) = owned();
+                    Box::pin(
+                        async move { limiter.refill_ahead(slot, &key, &policy, decision).await },
+                    )
+                }
+                Leased::Empty(slot, hot) => {
+                    let (limiter, key, policy) = owned();
+                    Box::pin(
+                        async move { limiter.decide_leased(slot, hot, &key, &policy, cost).await },
+                    )
+                }
+                // A key too cold to lease: as without leases.
+                Leased::Direct => return self.start_direct(cost, traced),
             };
-            return self.poll_state(cx);
-        }
-        self.start_direct(cx, cost, traced)
+        Err(self.waiting(cost, traced, On::Leased(future)))
     }
 
     /// The first step without a lease: local tier, then the store.
     fn start_direct(
-        &mut self,
-        cx: &mut Context<'_>,
+        self,
         cost: Cost,
         traced: u64,
-    ) -> Poll<Result<Decision, LimitError>> {
-        let limiter = self.limiter;
-        let inner = &*limiter.inner;
+    ) -> Result<Result<Decision, LimitError>, Box<Waiting>> {
+        let inner = &*self.limiter.inner;
         let mut stale = false;
         if let Some(local) = &inner.local {
             let quota_costs = self.quota_costs.map(QuotaCosts::as_slice);
             match local.lookup(self.key, self.policy, cost.get(), quota_costs) {
                 Lookup::Hit(decision) => {
                     inner.stats.local_cache.fetch_add(1, Ordering::Relaxed);
-                    return self.finish(Ok(decision), cost, traced);
+                    return Ok(self.finish(Ok(decision), cost, traced));
                 }
                 Lookup::Miss { stale: s } => stale = s,
             }
         }
-        match limiter.check_store(self.request(cost)).split() {
-            Ok(result) => self.stored(result, cost, stale, traced),
-            Err(future) => {
-                self.state = State::Store {
-                    future,
-                    cost,
-                    stale,
-                    traced,
-                };
-                self.poll_state(cx)
-            }
+        match self.limiter.check_store(self.request(cost)).split() {
+            Ok(result) => Ok(self.stored(result, cost, stale, traced)),
+            Err(future) => Err(self.waiting(cost, traced, On::Store { future, stale })),
         }
     }
 
@@ -311,12 +286,12 @@ impl<'a> Check<'a> {
     // it, instead of being copied through each step (measured: callgrind).
     #[inline(always)]
     fn stored(
-        &mut self,
+        self,
         result: Result<Decision, StoreError>,
         cost: Cost,
         stale: bool,
         traced: u64,
-    ) -> Poll<Result<Decision, LimitError>> {
+    ) -> Result<Decision, LimitError> {
         match result {
             Ok(decision) => {
                 self.limiter
@@ -330,48 +305,15 @@ impl<'a> Check<'a> {
         }
     }
 
-    /// Polls the future the check waits on.
-    fn poll_state(&mut self, cx: &mut Context<'_>) -> Poll<Result<Decision, LimitError>> {
-        match &mut self.state {
-            State::Store {
-                future,
-                cost,
-                stale,
-                traced,
-            } => {
-                let (cost, stale, traced) = (*cost, *stale, *traced);
-                let result = std::task::ready!(future.as_mut().poll(cx));
-                self.stored(result, cost, stale, traced)
-            }
-            State::Leased {
-                future,
-                cost,
-                traced,
-            } => {
-                let (cost, traced) = (*cost, *traced);
-                let result = std::task::ready!(future.as_mut().poll(cx));
-                self.finish(result, cost, traced)
-            }
-            State::Start(_) | State::Done => panic!("`Check` polled after completion"),
-            #[cfg(feature = "tower")]
-            State::StartWithoutLeases(_) => panic!("`Check` polled after completion"),
-        }
-    }
-
     /// The check's answer: counted in the metrics, recorded in a span if
     /// one is wanted.
     #[inline(always)]
     fn finish(
-        &mut self,
+        self,
         mut result: Result<Decision, LimitError>,
         cost: Cost,
         traced: u64,
-    ) -> Poll<Result<Decision, LimitError>> {
-        if !matches!(self.state, State::Done) {
-            // Drops what the check waited on; a check decided in its first
-            // poll holds nothing to drop.
-            self.state = State::Done;
-        }
+    ) -> Result<Decision, LimitError> {
         let inner = &*self.limiter.inner;
         if let Ok(decision) = &mut result {
             // A denial names its policy (problem bodies say which one denied).
@@ -407,7 +349,33 @@ impl<'a> Check<'a> {
                 }
             }
         }
-        Poll::Ready(result)
+        result
+    }
+}
+
+impl Waiting {
+    fn of(&self) -> Of<'_> {
+        Of {
+            limiter: &self.limiter,
+            key: &self.key,
+            policy: &self.policy,
+            quota_costs: self.quota_costs.as_ref(),
+        }
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Decision, LimitError>> {
+        let (cost, traced) = (self.cost, self.traced);
+        Poll::Ready(match &mut self.on {
+            On::Store { future, stale } => {
+                let stale = *stale;
+                let result = std::task::ready!(future.as_mut().poll(cx));
+                self.of().stored(result, cost, stale, traced)
+            }
+            On::Leased(future) => {
+                let result = std::task::ready!(future.as_mut().poll(cx));
+                self.of().finish(result, cost, traced)
+            }
+        })
     }
 }
 
@@ -417,16 +385,24 @@ impl Future for Check<'_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // `Check` holds no self-reference: it is `Unpin`.
         let this = &mut *self;
-        match std::mem::replace(&mut this.state, State::Done) {
-            State::Start(Err(refused)) => Poll::Ready(Err(refused.into())),
-            State::Start(Ok(cost)) => this.start(cx, cost, true),
-            #[cfg(feature = "tower")]
-            State::StartWithoutLeases(cost) => this.start(cx, cost, false),
-            State::Done => panic!("`Check` polled after completion"),
-            waiting => {
-                this.state = waiting;
-                this.poll_state(cx)
+        if let State::Waiting(waiting) = &mut this.state {
+            let answer = waiting.poll(cx);
+            if answer.is_ready() {
+                // Drops what the check waited on.
+                this.state = State::Done;
             }
+            return answer;
+        }
+        match std::mem::replace(&mut this.state, State::Done) {
+            State::Start(_, Err(refused)) => Poll::Ready(Err(refused.into())),
+            State::Start(of, Ok(cost)) => match of.start(cost) {
+                Ok(result) => Poll::Ready(result),
+                Err(waiting) => {
+                    this.state = State::Waiting(waiting);
+                    Pin::new(this).poll(cx)
+                }
+            },
+            State::Waiting(_) | State::Done => panic!("`Check` polled after completion"),
         }
     }
 }
@@ -435,12 +411,12 @@ impl Unpin for Check<'_> {}
 
 impl fmt::Debug for Check<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match self.state {
-            State::Start(_) => "start",
-            #[cfg(feature = "tower")]
-            State::StartWithoutLeases(_) => "start",
-            State::Store { .. } => "store",
-            State::Leased { .. } => "leased",
+        let state = match &self.state {
+            State::Start(..) => "start",
+            State::Waiting(waiting) => match waiting.on {
+                On::Store { .. } => "store",
+                On::Leased(_) => "leased",
+            },
             State::Done => "done",
         };
         f.debug_struct("Check").field("state", &state).finish()

@@ -65,11 +65,11 @@ impl MemoryStore {
 
 impl Backend for MemoryStore {
     // Short critical sections with no I/O: every answer is ready at once.
-    fn check<'a>(&'a self, _: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check<'a>(&'a self, _: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'static, Decision> {
         Op::ready(self.check_now(request))
     }
 
-    fn peek<'a>(&'a self, _: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn peek<'a>(&'a self, _: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'static, Decision> {
         Op::ready(self.peek_now(request))
     }
 }

@@ -27,8 +27,6 @@ pub(crate) mod redis;
 
 pub use backend::Backend;
 pub use builder::LimiterBuilder;
-#[cfg(feature = "tower")]
-pub(crate) use check::AtOnce;
 pub use check::Check;
 pub use lease_tier::{LeaseConfig, LeaseStats};
 
@@ -200,33 +198,19 @@ impl Limiter {
         Check::per_quota(self, key, policy, costs)
     }
 
-    /// Whether a check against `policy` completes in its first poll: the
-    /// store answers in-process and no lease is involved (a spend from a
-    /// live lease does, but a check of an empty lease may wait for the
-    /// reservation another check has in flight).
-    #[cfg(feature = "tower")]
-    pub(crate) fn answers_at_once(&self, policy: &Policy) -> bool {
-        let inner = &*self.inner;
-        inner.store.is_in_process()
-            && !inner
-                .leases
-                .as_ref()
-                .is_some_and(|tier| tier.applies(policy))
-    }
-
     /// The policy check as one store operation, through the store's
     /// resilience stack (one boxed future on a networked backend, none on
     /// an in-process one).
-    fn check_store<'a>(&'a self, request: CheckRequest<'a>) -> Op<'a, Decision> {
+    fn check_store<'a>(&'a self, request: CheckRequest<'a>) -> Op<'static, Decision> {
         self.call_windows(request, |windows, guard| windows.check(guard, request))
     }
 
     /// One operation of `request` on the store's windows.
-    fn call_windows<'a, T: Send + 'a>(
+    fn call_windows<'a, 'o, T: Send + 'o>(
         &'a self,
         request: CheckRequest<'a>,
-        operation: impl FnOnce(&'a dyn Backend, &mut crate::store::Guard<'a>) -> Op<'a, T>,
-    ) -> Op<'a, T> {
+        operation: impl FnOnce(&'a dyn Backend, &mut crate::store::Guard<'a>) -> Op<'o, T>,
+    ) -> Op<'o, T> {
         let inner = &*self.inner;
         inner.store.call(
             inner.windows.as_deref(),
@@ -239,7 +223,7 @@ impl Limiter {
 
     /// Where the store calls for `policy` are recorded.
     fn calls<'a>(&'a self, policy: &'a Policy) -> Calls<'a> {
-        Calls::to(&self.inner.metrics, Some(policy.first())).for_policy(policy.name())
+        Calls::to(&self.inner.metrics, Some(policy.first())).for_policy(policy)
     }
 
     /// Bookkeeping after the store decided: counts it and updates the local

@@ -17,7 +17,7 @@ use crate::store::redis::keys::policy_slot;
 use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
 use crate::store::{CheckRequest, Guard, Op, StoreError};
-use crate::{Decision, Policy, WindowKey};
+use crate::{Cost, Decision, Policy, WindowKey};
 
 static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
 
@@ -57,19 +57,6 @@ pub(crate) fn invocation_of(
 /// `policy.lua`: the same KEYS and ARGV, no commit.
 static PEEK: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(crate::algorithm::redis::with_algorithms!("peek.lua")));
-
-impl RedisStore {
-    /// Evaluates the request's policy on the server's clock and records
-    /// nothing (expired state the evaluation drops is written back dropped,
-    /// which changes no decision). One round trip, in the policy's slot.
-    pub(super) async fn peek_policy(
-        &self,
-        request: CheckRequest<'_>,
-    ) -> Result<Decision, StoreError> {
-        let reply = self.policy_script(&PEEK, request).await?;
-        decision(request.policy, &reply)
-    }
-}
 
 impl RedisStore {
     /// Connects now and loads the script that decides every policy,
@@ -116,19 +103,70 @@ impl RedisStore {
         self.call(Call::Script(&call)).await
     }
 
-    async fn decide(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
-        let reply = self.policy_script(script(), request).await?;
-        decision(request.policy, &reply)
+    /// `script` (the check script, or the peek script: same KEYS and ARGV,
+    /// no commit) for `request`, as a guarded operation that owns a clone
+    /// of the store and of the request: its future borrows nothing.
+    fn policy_op(
+        &self,
+        guard: &mut Guard<'_>,
+        script: &'static LuaScript,
+        request: CheckRequest<'_>,
+    ) -> Op<'static, Decision> {
+        let (store, request) = (self.clone(), OwnedRequest::of(request));
+        guard.run(move || {
+            let (store, request) = (store.clone(), request.clone());
+            async move {
+                let request = request.get();
+                let reply = store.policy_script(script, request).await?;
+                decision(request.policy, &reply)
+            }
+        })
+    }
+}
+
+/// A [`CheckRequest`] that owns what it names.
+#[derive(Clone)]
+struct OwnedRequest {
+    key: WindowKey,
+    policy: Policy,
+    cost: Cost,
+    quota_costs: Option<Box<[Cost]>>,
+}
+
+impl OwnedRequest {
+    fn of(request: CheckRequest<'_>) -> Self {
+        Self {
+            key: request.key.clone(),
+            policy: request.policy.clone(),
+            cost: request.cost,
+            quota_costs: request.quota_costs.map(Box::from),
+        }
+    }
+
+    fn get(&self) -> CheckRequest<'_> {
+        let request = CheckRequest::new(&self.key, &self.policy, self.cost);
+        match &self.quota_costs {
+            Some(costs) => request.with_quota_costs(costs),
+            None => request,
+        }
     }
 }
 
 impl Backend for RedisStore {
-    fn check<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
-        guard.run(move || self.decide(request))
+    fn check<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision> {
+        self.policy_op(guard, script(), request)
     }
 
-    fn peek<'a>(&'a self, guard: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'a, Decision> {
-        guard.run(move || self.peek_policy(request))
+    fn peek<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: CheckRequest<'a>,
+    ) -> Op<'static, Decision> {
+        self.policy_op(guard, &PEEK, request)
     }
 
     /// On a cluster store, the primary that serves the hash slot of every

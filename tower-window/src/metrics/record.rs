@@ -4,14 +4,15 @@
 //! every entry point returns at once ([`ENABLED`] is a
 //! constant `false`, so the compiler drops the rest).
 
-use std::sync::OnceLock;
+use std::borrow::Cow;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use ::metrics::{Counter, Gauge, Histogram, Label, SharedString};
 
 use super::ENABLED;
 use super::*;
-use crate::{BreakerState, Decision, DecisionSource, FallbackReason, Quota, WindowKey};
+use crate::{BreakerState, Decision, DecisionSource, FallbackReason, Policy, Quota, WindowKey};
 use crate::{StoreError, StoreErrorKind};
 
 const SOURCES: [DecisionSource; 4] = [
@@ -269,8 +270,8 @@ impl LimiterMetrics {
 
     /// The store-call metrics of a capability called `name` (connection
     /// slots, dedup, events): its calls are labelled `quota = name`.
-    pub(crate) fn named(name: &str) -> Self {
-        Self {
+    pub(crate) fn named(name: &str) -> Arc<Self> {
+        Arc::new(Self {
             own: None,
             quota: SharedString::from(String::from(name)),
             tenant_label: false,
@@ -278,7 +279,7 @@ impl LimiterMetrics {
             handles: OnceLock::new(),
             lease_spent: OnceLock::new(),
             others: OnceLock::new(),
-        }
+        })
     }
 
     fn own_labels(&self) -> Labels {
@@ -637,30 +638,31 @@ pub(crate) fn register_quota(quota: &str) {
 
 /// Where one store call's metrics go: a limiter's (or a named
 /// capability's) series, under the quota the call is for (`None`: its
-/// own name), or nowhere.
-#[derive(Clone, Copy)]
+/// own name), or nowhere. Borrowed while a call starts;
+/// [`to_owned`](Self::to_owned) for a guarded future, which owns its share.
+#[derive(Clone)]
 pub(crate) struct Calls<'a> {
-    metrics: Option<&'a LimiterMetrics>,
-    quota: Option<&'a Quota>,
+    metrics: Option<Cow<'a, Arc<LimiterMetrics>>>,
+    quota: Option<Cow<'a, Quota>>,
     /// The policy the call is for, named in the failure's log line.
-    policy: Option<&'a str>,
+    policy: Option<Cow<'a, Policy>>,
 }
 
 impl<'a> Calls<'a> {
     /// Calls recorded in `metrics`, under `quota` (`None`: the
     /// capability's own name).
-    pub(crate) fn to(metrics: &'a LimiterMetrics, quota: Option<&'a Quota>) -> Self {
+    pub(crate) fn to(metrics: &'a Arc<LimiterMetrics>, quota: Option<&'a Quota>) -> Self {
         Self {
-            metrics: Some(metrics),
-            quota,
+            metrics: Some(Cow::Borrowed(metrics)),
+            quota: quota.map(Cow::Borrowed),
             policy: None,
         }
     }
 
     /// The same calls, for `policy` (named in the log line of a failure).
-    pub(crate) fn for_policy(self, policy: &'a str) -> Self {
+    pub(crate) fn for_policy(self, policy: &'a Policy) -> Self {
         Self {
-            policy: Some(policy),
+            policy: Some(Cow::Borrowed(policy)),
             ..self
         }
     }
@@ -674,11 +676,23 @@ impl<'a> Calls<'a> {
         }
     }
 
+    /// The same calls, owning what they name (reference counts).
+    pub(crate) fn to_owned(&self) -> Calls<'static> {
+        fn own<T: Clone>(cow: &Option<Cow<'_, T>>) -> Option<Cow<'static, T>> {
+            cow.as_deref().map(|value| Cow::Owned(value.clone()))
+        }
+        Calls {
+            metrics: own(&self.metrics),
+            quota: own(&self.quota),
+            policy: own(&self.policy),
+        }
+    }
+
     /// What a failed call's log line names: the policy, else the
     /// capability (`connections`, `dedup`, `events`).
     pub(crate) fn owner(&self) -> &str {
-        match (self.policy, self.metrics) {
-            (Some(policy), _) => policy,
+        match (&self.policy, &self.metrics) {
+            (Some(policy), _) => policy.name(),
             (None, Some(metrics)) => &metrics.quota,
             (None, None) => "",
         }
@@ -692,15 +706,15 @@ impl<'a> Calls<'a> {
             // in-process store): decided here, without a call.
             return;
         }
-        if let Some(metrics) = self.metrics {
-            metrics.store_call_for(self.quota, timer, error);
+        if let Some(metrics) = &self.metrics {
+            metrics.store_call_for(self.quota.as_deref(), timer, error);
         }
     }
 
     /// Records one retried store attempt.
     pub(crate) fn store_retry(&self) {
-        if let Some(metrics) = self.metrics {
-            metrics.store_retry_for(self.quota);
+        if let Some(metrics) = &self.metrics {
+            metrics.store_retry_for(self.quota.as_deref());
         }
     }
 }

@@ -54,7 +54,7 @@ pub struct Store {
 
 struct Inner {
     backend: Arc<Backend>,
-    resilience: Resilience,
+    resilience: Arc<Resilience>,
 }
 
 impl Store {
@@ -138,7 +138,7 @@ impl Store {
         Store {
             inner: Arc::new(Inner {
                 backend: Arc::clone(&self.inner.backend),
-                resilience: Resilience::bare(Arc::clone(&self.inner.resilience.clock)),
+                resilience: Arc::new(Resilience::bare(Arc::clone(&self.inner.resilience.clock))),
             }),
         }
     }
@@ -177,15 +177,16 @@ impl Store {
     /// naming `what`); `domain` tells the operation's failure domain when
     /// the store keeps breakers; `calls` is where the call is recorded.
     /// Ready at once on an in-process backend; one boxed future on a
-    /// networked one.
-    pub(crate) fn call<'a, B: ?Sized, T: Send + 'a>(
+    /// networked one, which borrows only what the operation's does
+    /// (`'o`: `'static` for an operation that owns its request).
+    pub(crate) fn call<'a, 'o, B: ?Sized, T: Send + 'o>(
         &'a self,
         backend: Option<&'a B>,
         what: &'static str,
         domain: impl FnOnce(&'a B) -> Option<u16>,
         calls: Calls<'a>,
-        operation: impl FnOnce(&'a B, &mut Guard<'a>) -> Op<'a, T>,
-    ) -> Op<'a, T> {
+        operation: impl FnOnce(&'a B, &mut Guard<'a>) -> Op<'o, T>,
+    ) -> Op<'o, T> {
         let Some(backend) = backend else {
             return Op::ready(Err(StoreError::unsupported(what)));
         };
@@ -423,13 +424,13 @@ impl StoreBuilder {
         Store {
             inner: Arc::new(Inner {
                 backend: Arc::new(self.backend),
-                resilience: Resilience {
+                resilience: Arc::new(Resilience {
                     timeout: self.timeout,
                     retry: self.retry,
                     in_flight: self.max_in_flight.map(Semaphore::new),
                     breakers,
                     clock: self.clock,
-                },
+                }),
             }),
         }
     }

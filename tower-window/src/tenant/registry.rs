@@ -119,7 +119,7 @@ struct Writer {
     backend: Arc<dyn Backend>,
     control: ControlConfig,
     /// Its store calls, recorded under the name `tenants`.
-    metrics: LimiterMetrics,
+    metrics: Arc<LimiterMetrics>,
 }
 
 impl Writer {

@@ -135,17 +135,6 @@ pub(crate) enum Leased {
     Empty(Arc<Slot>, bool),
 }
 
-/// What [`Limiter::spend_at_once`](super::Limiter) found.
-#[cfg(feature = "tower")]
-pub(crate) enum SpentAtOnce {
-    /// Spent from a live lease: the check's decision.
-    Spent(Decision),
-    /// Too cold to lease (counted): decide in the store directly.
-    Cold,
-    /// Nothing done.
-    Not,
-}
-
 impl LeaseTier {
     pub(crate) fn new(config: LeaseConfig, capacity: u64) -> Self {
         Self {
@@ -163,15 +152,9 @@ impl LeaseTier {
         }
     }
 
-    /// Whether checks of `policy` lease: the store supports leases and the
-    /// TTL leaves room in every quota (else checks decide directly).
-    #[cfg(feature = "tower")]
-    pub(crate) fn applies(&self, policy: &Policy) -> bool {
-        self.lease_ttl(policy).is_some()
-    }
-
-    /// The lease TTL of `policy` in µs, if its checks lease (see
-    /// [`applies`](Self::applies)).
+    /// The lease TTL of `policy` in µs, if its checks lease: the store
+    /// supports leases and the TTL leaves room in every quota (else checks
+    /// decide directly).
     pub(crate) fn lease_ttl(&self, policy: &Policy) -> Option<u64> {
         if self.unsupported.load(Ordering::Relaxed) {
             return None;

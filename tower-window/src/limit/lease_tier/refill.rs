@@ -49,13 +49,14 @@ impl crate::Limiter {
     /// spending meanwhile).
     pub(in crate::limit) async fn refill_ahead(
         &self,
-        tier: &LeaseTier,
         slot: Arc<Slot>,
         key: &WindowKey,
         policy: &Policy,
         decision: Decision,
     ) -> Result<Decision, crate::LimitError> {
-        self.refill(tier, Flight(slot), key, policy).await;
+        if let Some(tier) = &self.inner.leases {
+            self.refill(tier, Flight(slot), key, policy).await;
+        }
         Ok(decision)
     }
 

@@ -75,7 +75,6 @@ impl crate::Limiter {
     /// store directly (giving them back in that call).
     pub(in crate::limit) async fn decide_leased(
         &self,
-        tier: &LeaseTier,
         slot: Arc<Slot>,
         hot: bool,
         key: &WindowKey,
@@ -83,6 +82,9 @@ impl crate::Limiter {
         cost: crate::Cost,
     ) -> Result<Decision, crate::LimitError> {
         let inner = &*self.inner;
+        let Some(tier) = &inner.leases else {
+            return self.decide_direct(key, policy, cost, None).await;
+        };
         let units = cost.get();
         let mut waited = false;
         let (now, old, want, epoch) = loop {

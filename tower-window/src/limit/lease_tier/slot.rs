@@ -244,33 +244,6 @@ impl SlotState {
         }
     }
 
-    /// Whether [`spend`](Self::spend) of `cost` at `now` spends from a live
-    /// lease and, with `refill_wanted`, leaves more than the low watermark
-    /// (so that the check needs no reservation ahead of need).
-    #[cfg(feature = "tower")]
-    pub(crate) fn spends_at_once(&self, now: u64, cost: u32, refill_wanted: bool) -> bool {
-        let live = |held: &&Held| now < held.local_deadline && held.left > 0;
-        if !self
-            .held
-            .iter()
-            .filter(live)
-            .any(|held| held.left >= cost && now >= held.local_not_before)
-        {
-            return false;
-        }
-        if !refill_wanted {
-            return true;
-        }
-        // `low` after the spend, as `spend` leaves `held`: the live leases.
-        let left: u64 = self
-            .held
-            .iter()
-            .filter(live)
-            .map(|h| u64::from(h.left))
-            .sum();
-        (left - u64::from(cost)) * 2 > u64::from(self.last_granted.min(self.want))
-    }
-
     /// `now`, or a fresh reading of `clock` if a lease held was reserved
     /// after `now` was read: a spend is dated no earlier than the
     /// reservation of the lease it spends.

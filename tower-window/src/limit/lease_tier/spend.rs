@@ -6,8 +6,6 @@ use std::sync::atomic::Ordering;
 
 use super::hotness::Looked;
 use super::slot::Spend;
-#[cfg(feature = "tower")]
-use super::SpentAtOnce;
 use super::{LeaseTier, Leased};
 use crate::key::state_key::StateKeyRef;
 use crate::{Policy, WindowKey};
@@ -88,53 +86,6 @@ impl crate::Limiter {
         }
         drop(state);
         Leased::Empty(slot, hot)
-    }
-
-    /// A spend from a live lease that needs nothing more (no reservation
-    /// ahead of need, no wait), for a caller that would otherwise build a
-    /// future; or a key too cold to lease, counted as such (it goes to the
-    /// store directly, as [`spend_leased`](Self::spend_leased) would send
-    /// it); else nothing counted or changed, and the check goes through
-    /// `spend_leased`.
-    #[cfg(feature = "tower")]
-    pub(in crate::limit) fn spend_at_once(
-        &self,
-        tier: &LeaseTier,
-        ttl: u64,
-        key: &WindowKey,
-        policy: &Policy,
-        units: u32,
-    ) -> SpentAtOnce {
-        let inner = &*self.inner;
-        let hot_checks = tier.config.hot_checks;
-        let (state_key, now, looked) = self.look_hot(tier, ttl, key, policy);
-        let seen = looked.observed;
-        if !seen.slotted {
-            if seen.checks >= hot_checks {
-                // Hot, without a slot yet: `spend_leased` makes one.
-                return SpentAtOnce::Not;
-            }
-            looked.count();
-            return SpentAtOnce::Cold;
-        }
-        let Some(slot) = tier.slots.get(&state_key) else {
-            return SpentAtOnce::Not;
-        };
-        let mut state = slot.lock();
-        let now = state.dated(now, &*inner.clock);
-        let hot = seen.checks >= hot_checks;
-        let refill_wanted = tier.config.refill_ahead && hot && !state.refilling;
-        if !state.spends_at_once(now, units, refill_wanted) {
-            return SpentAtOnce::Not;
-        }
-        looked.count();
-        let Spend::Spent(decision) = state.spend(now, units) else {
-            // `spends_at_once` said it would, under the same lock.
-            return SpentAtOnce::Not;
-        };
-        drop(state);
-        self.count_spent(tier, policy, units);
-        SpentAtOnce::Spent(decision)
     }
 
     /// Counts `units` spent from a lease by a check.

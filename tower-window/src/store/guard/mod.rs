@@ -12,6 +12,7 @@
 //! bookkeeping and the call's metrics into that one boxed future: one
 //! allocation per call, whatever the stack does.
 
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,15 +79,14 @@ impl Resilience {
     /// once is reported to the breaker here; a guarded future reports its
     /// own.
     #[inline]
-    pub(crate) fn call<'a, T: Send + 'a>(
-        &'a self,
+    pub(crate) fn call<'a, 'o, T: Send + 'o>(
+        self: &'a Arc<Self>,
         domain: Option<u16>,
         calls: Calls<'a>,
-        operation: impl FnOnce(&mut Guard<'a>) -> Op<'a, T>,
-    ) -> Op<'a, T> {
-        let breaker = self.breakers.as_ref().map(|breakers| breakers.get(domain));
-        let ticket = match breaker {
-            Some(breaker) => match breaker.acquire() {
+        operation: impl FnOnce(&mut Guard<'a>) -> Op<'o, T>,
+    ) -> Op<'o, T> {
+        let ticket = match &self.breakers {
+            Some(breakers) => match breakers.get(domain).acquire() {
                 Some(ticket) => Some(ticket),
                 None => return Op::ready(Err(StoreError::circuit_open())),
             },
@@ -94,7 +94,11 @@ impl Resilience {
         };
         let mut guard = Guard {
             resilience: self,
-            outcome: Outcome { breaker, ticket },
+            outcome: Outcome {
+                resilience: &**self,
+                domain,
+                ticket,
+            },
             calls,
             ran: false,
         };
@@ -109,7 +113,7 @@ impl Resilience {
                 // at where it lies and handed on as it is (a decision is
                 // large: moving it out and back costs more than the rest).
                 let error = result.as_ref().err();
-                calls.store_call(StoreTimer::start(false), error);
+                guard.calls.store_call(StoreTimer::start(false), error);
                 match error {
                     None => guard.outcome.success(Duration::ZERO),
                     Some(error) => guard.outcome.failure_for(Some(error)),
@@ -129,8 +133,8 @@ impl Resilience {
 /// [`Op::ready`]. A backend behind a network answers with
 /// [`run`](Self::run).
 pub struct Guard<'a> {
-    resilience: &'a Resilience,
-    outcome: Outcome<'a>,
+    resilience: &'a Arc<Resilience>,
+    outcome: Outcome<&'a Resilience>,
     calls: Calls<'a>,
     ran: bool,
 }
@@ -141,12 +145,13 @@ impl<'a> Guard<'a> {
     /// (as its conformance tests do); a [`Store`](crate::Store) lends its
     /// own guard to every operation.
     pub fn bare() -> Self {
-        static BARE: std::sync::LazyLock<Resilience> =
-            std::sync::LazyLock::new(|| Resilience::bare(Arc::new(crate::SystemClock)));
+        static BARE: std::sync::LazyLock<Arc<Resilience>> =
+            std::sync::LazyLock::new(|| Arc::new(Resilience::bare(Arc::new(crate::SystemClock))));
         Guard {
             resilience: &BARE,
             outcome: Outcome {
-                breaker: None,
+                resilience: &BARE,
+                domain: None,
                 ticket: None,
             },
             calls: Calls::none(),
@@ -159,16 +164,23 @@ impl<'a> Guard<'a> {
     /// an error the store marked [`not_applied`](StoreError::not_applied)),
     /// all within the time budget and the in-flight bound; the outcome goes
     /// to the failure domain's breaker and to the store-call metrics.
-    pub fn run<T, F, Fut>(&mut self, attempt: F) -> Op<'a, T>
+    ///
+    /// The future owns its share of the stack: it borrows only what
+    /// `attempt` borrows (nothing, for an attempt that owns its request).
+    pub fn run<'o, T, F, Fut>(&mut self, attempt: F) -> Op<'o, T>
     where
-        T: Send + 'a,
-        F: FnMut() -> Fut + Send + 'a,
-        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'a,
+        T: Send + 'o,
+        F: FnMut() -> Fut + Send + 'o,
+        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'o,
     {
         self.ran = true;
-        let resilience = self.resilience;
-        let calls = self.calls;
-        let mut outcome = self.outcome.take();
+        let resilience = Arc::clone(self.resilience);
+        let calls = self.calls.to_owned();
+        let mut outcome = Outcome {
+            resilience: Arc::clone(&resilience),
+            domain: self.outcome.domain,
+            ticket: self.outcome.ticket.take(),
+        };
         Op::pending(async move {
             // Dropping `outcome` on an early return (or a cancelled call)
             // frees a half-open probe's slot without counting anything.
@@ -218,7 +230,7 @@ impl<'a> Guard<'a> {
 
     /// Bounds a future a backend built without [`run`](Self::run) (one
     /// attempt: the guard cannot make another).
-    fn run_once<T: Send + 'a>(mut self, op: Op<'a, T>) -> Op<'a, T> {
+    fn run_once<'o, T: Send + 'o>(mut self, op: Op<'o, T>) -> Op<'o, T> {
         let mut op = Some(op);
         self.run(move || {
             let op = op.take();
@@ -239,28 +251,32 @@ impl std::fmt::Debug for Guard<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Guard")
             .field("timeout", &self.resilience.timeout)
-            .field("breaker", &self.outcome.breaker.is_some())
+            .field("breaker", &self.resilience.breakers.is_some())
             .finish_non_exhaustive()
     }
 }
 
 /// Reports a call's outcome to its breaker exactly once; a call that is
-/// dropped (cancelled) reports nothing and frees its probe slot.
-struct Outcome<'a> {
-    breaker: Option<&'a Breaker>,
+/// dropped (cancelled) reports nothing and frees its probe slot. `R` is how
+/// it holds the stack: borrowed while the call starts, owned (`Arc`) by a
+/// guarded future.
+struct Outcome<R: Deref<Target = Resilience>> {
+    resilience: R,
+    domain: Option<u16>,
+    /// Held only with a breaker.
     ticket: Option<Ticket>,
 }
 
-impl<'a> Outcome<'a> {
-    fn take(&mut self) -> Outcome<'a> {
-        Outcome {
-            breaker: self.breaker,
-            ticket: self.ticket.take(),
-        }
+impl<R: Deref<Target = Resilience>> Outcome<R> {
+    /// The breaker and the ticket, once.
+    fn take(&mut self) -> Option<(&Breaker, Ticket)> {
+        let ticket = self.ticket.take()?;
+        let breakers = self.resilience.breakers.as_ref()?;
+        Some((breakers.get(self.domain), ticket))
     }
 
     fn success(&mut self, latency: Duration) {
-        if let (Some(b), Some(t)) = (self.breaker, self.ticket.take()) {
+        if let Some((b, t)) = self.take() {
             b.success(t, latency);
         }
     }
@@ -269,7 +285,7 @@ impl<'a> Outcome<'a> {
     /// fault or our own overload (a pool wait), which say nothing of the
     /// store's health.
     fn failure_for(&mut self, error: Option<&StoreError>) {
-        let (Some(b), Some(t)) = (self.breaker, self.ticket.take()) else {
+        let Some((b, t)) = self.take() else {
             return;
         };
         match error.map(StoreError::kind) {
@@ -284,9 +300,9 @@ impl<'a> Outcome<'a> {
     }
 }
 
-impl Drop for Outcome<'_> {
+impl<R: Deref<Target = Resilience>> Drop for Outcome<R> {
     fn drop(&mut self) {
-        if let (Some(b), Some(t)) = (self.breaker, self.ticket.take()) {
+        if let Some((b, t)) = self.take() {
             b.release(t);
         }
     }

@@ -67,10 +67,11 @@ enum State {
     },
 }
 
+#[derive(Clone)]
 pub(crate) struct Connection {
     connector: Arc<Connector>,
     state: Arc<Mutex<State>>,
-    generation: AtomicU64,
+    generation: Arc<AtomicU64>,
     connect_timeout: Duration,
 }
 
@@ -79,7 +80,7 @@ impl Connection {
         Self {
             connector: Arc::new(connector),
             state: Arc::new(Mutex::new(State::Idle)),
-            generation: AtomicU64::new(0),
+            generation: Arc::new(AtomicU64::new(0)),
             connect_timeout,
         }
     }

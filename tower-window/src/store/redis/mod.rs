@@ -173,9 +173,13 @@ pub(crate) const EXPLICIT_CLOCK_MIN_TTL_MS: u64 = 60_000;
 /// and [`clock`](Self::clock)).
 /// See the [module docs](crate::store::redis) for the key layout and how
 /// connections are used.
+///
+/// Cheap to clone: clones share the connection and the slot map, so a
+/// store operation's future owns one and borrows nothing.
+#[derive(Clone)]
 pub struct RedisStore {
     pub(crate) connection: Connection,
-    pub(crate) prefix: String,
+    pub(crate) prefix: Arc<str>,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     /// Hash slot to primary, for [`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain) on a cluster.
     pub(crate) topology: Arc<TopologyCache>,
@@ -185,7 +189,7 @@ impl RedisStore {
     fn new(connector: Connector) -> Self {
         Self {
             connection: Connection::new(connector, DEFAULT_CONNECT_TIMEOUT),
-            prefix: DEFAULT_PREFIX.to_owned(),
+            prefix: Arc::from(DEFAULT_PREFIX),
             topology: Arc::new(TopologyCache::new()),
             clock: None,
         }
@@ -251,7 +255,7 @@ impl RedisStore {
     /// Prefixes every key (default [`DEFAULT_PREFIX`], `"tw:"`); see
     /// [`RedisStoreBuilder::prefix`].
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
+        self.prefix = Arc::from(prefix.into());
         self
     }
 
@@ -484,7 +488,7 @@ impl RedisStoreBuilder {
         };
         Ok(RedisStore {
             connection: Connection::new(connector, self.connect_timeout),
-            prefix: self.prefix,
+            prefix: Arc::from(self.prefix),
             clock: self.clock,
             topology: Arc::new(TopologyCache::new()),
         })
