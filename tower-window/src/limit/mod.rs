@@ -363,7 +363,9 @@ struct Counters {
 pub struct LimiterStats {
     /// Decisions made by the store.
     pub store: u64,
-    /// Denials answered by the local tier.
+    /// Denials answered on this node without a store call, the ones whose
+    /// [`DecisionSource`] is `LocalCache`: a denial the local tier
+    /// remembers, and a leased key's denial until its next lease starts.
     pub local_cache: u64,
     /// Admissions spent from a quota lease this node held (no store call).
     pub lease: u64,
