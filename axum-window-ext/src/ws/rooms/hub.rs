@@ -48,13 +48,12 @@ pub(super) struct Inner {
     pub(super) rooms: Mutex<HashMap<RoomName, Room>>,
     /// Wakes the reader: after a local append (polling) or a new room.
     pub(super) wake: Notify,
-    /// Room names by window key, for wake-ups (which name windows).
-    pub(super) by_key: Mutex<HashMap<String, RoomName>>,
     started: AtomicBool,
     next_socket: AtomicU64,
     queue_capacity: usize,
 }
 
+#[derive(Default)]
 pub(super) struct Room {
     /// The last event the reader delivered (its epoch and id); `None`
     /// until the first join told where the room stands.
@@ -68,6 +67,16 @@ pub(super) struct Room {
 struct Socket {
     queue: mpsc::Sender<LiveEvent>,
     overflowed: Arc<AtomicBool>,
+}
+
+impl Socket {
+    /// Drops the socket from its room with an overflow: its session tells
+    /// it to resync.
+    fn overflow(&self) {
+        self.overflowed.store(true, Ordering::Release);
+        metrics::overflowed();
+        metrics::sockets(-1.0);
+    }
 }
 
 /// A live event, serialised once for every socket.
@@ -85,6 +94,12 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The event-window key of `room` (rooms have a namespace of their own).
 pub(super) fn window_key(room: &RoomName) -> String {
     format!("room:{room}")
+}
+
+/// The room of the window `key` (a wake-up's), if it is one.
+fn room_of(key: &[u8]) -> Option<RoomName> {
+    let name = std::str::from_utf8(key.strip_prefix(b"room:")?).ok()?;
+    RoomName::new(name).ok()
 }
 
 /// Builds a [`RoomHub`]: [`RoomHub::builder`].
@@ -162,7 +177,6 @@ impl RoomHubBuilder {
             inner: Arc::new(Inner {
                 events: self.events,
                 live,
-                by_key: Mutex::new(HashMap::new()),
                 rooms: Mutex::new(HashMap::new()),
                 wake: Notify::new(),
                 started: AtomicBool::new(false),
@@ -255,23 +269,15 @@ impl RoomHub {
                 // Followed before the room's position is read, so every
                 // append after that read wakes the reader; under the lock,
                 // so a follow and an unfollow of the room keep its order.
-                self.follow(room);
+                self.follow(room, true);
             }
-            rooms
-                .entry(room.clone())
-                .or_insert_with(|| Room {
-                    cursor: None,
-                    dirty: false,
-                    sockets: HashMap::new(),
-                })
-                .sockets
-                .insert(
-                    id,
-                    Socket {
-                        queue,
-                        overflowed: Arc::clone(&overflowed),
-                    },
-                );
+            rooms.entry(room.clone()).or_default().sockets.insert(
+                id,
+                Socket {
+                    queue,
+                    overflowed: Arc::clone(&overflowed),
+                },
+            );
         }
         metrics::sockets(1.0);
         let mut session = RoomSession {
@@ -339,7 +345,7 @@ impl RoomHub {
             }
             if state.sockets.is_empty() {
                 rooms.remove(room);
-                self.unfollow(room);
+                self.follow(room, false);
             }
         }
     }
@@ -353,26 +359,12 @@ impl RoomHub {
         from: &str,
         data: &str,
     ) -> Result<EventId, StoreError> {
-        let appended = self
-            .inner
-            .events
-            .append(
-                window_key(room),
-                &[
-                    (frame::FROM, from.as_bytes()),
-                    (frame::DATA, data.as_bytes()),
-                ],
-            )
-            .await?;
-        metrics::published(1);
-        self.inner.wake.notify_one();
-        // On an in-process store the append is ready at once, so a loop of
-        // publishes would never yield, and the reader just woken (queued on
-        // this worker, where no other worker can take it) would not run
-        // until the loop ends: every socket's queue would see the whole
-        // burst at once. Spending the task's cooperative budget makes such
-        // a loop yield now and then (a Redis append yields by itself).
-        tokio::task::consume_budget().await;
+        let fields = [
+            (frame::FROM, from.as_bytes()),
+            (frame::DATA, data.as_bytes()),
+        ];
+        let appended = self.inner.events.append(window_key(room), &fields).await?;
+        self.published(1).await;
         Ok(appended.id)
     }
 
@@ -405,38 +397,38 @@ impl RoomHub {
             .events
             .append_many(window_key(room), &events)
             .await?;
-        metrics::published(appended.len() as u64);
-        self.inner.wake.notify_one();
-        // As in `publish`: an in-process append is ready at once.
-        tokio::task::consume_budget().await;
+        self.published(appended.len()).await;
         Ok(appended.into_iter().map(|appended| appended.id).collect())
     }
 
-    /// Subscribes to `room`'s wake-ups (pushed mode only).
-    fn follow(&self, room: &RoomName) {
-        if let Live::Push(wakeups) = &self.inner.live {
-            let key = window_key(room);
-            wakeups.follow(&key);
-            lock(&self.inner.by_key).insert(key, room.clone());
-        }
+    /// After `count` events were appended: counts them and wakes the reader.
+    async fn published(&self, count: usize) {
+        metrics::published(count as u64);
+        self.inner.wake.notify_one();
+        // On an in-process store the append is ready at once, so a loop of
+        // publishes would never yield, and the reader just woken (queued on
+        // this worker, where no other worker can take it) would not run
+        // until the loop ends: every socket's queue would see the whole
+        // burst at once. Spending the task's cooperative budget makes such
+        // a loop yield now and then (a Redis append yields by itself).
+        tokio::task::consume_budget().await;
     }
 
-    fn unfollow(&self, room: &RoomName) {
+    /// Subscribes to `room`'s wake-ups (`follow`), or stops (pushed mode
+    /// only).
+    fn follow(&self, room: &RoomName, follow: bool) {
         if let Live::Push(wakeups) = &self.inner.live {
-            let key = window_key(room);
-            wakeups.unfollow(&key);
-            lock(&self.inner.by_key).remove(&key);
+            if follow {
+                wakeups.follow(window_key(room));
+            } else {
+                wakeups.unfollow(window_key(room));
+            }
         }
     }
 
     /// Marks the room of the window `key` to be read (a wake-up).
     pub(super) fn woken(&self, key: &[u8]) {
-        let Ok(key) = std::str::from_utf8(key) else {
-            return;
-        };
-        let Some(name) = lock(&self.inner.by_key).get(key).cloned() else {
-            return;
-        };
+        let Some(name) = room_of(key) else { return };
         if let Some(room) = lock(&self.inner.rooms).get_mut(&name) {
             room.dirty = true;
         }
@@ -476,9 +468,7 @@ impl RoomHub {
                         true
                     }
                     Err(mpsc::error::TrySendError::Full(_)) => {
-                        socket.overflowed.store(true, Ordering::Release);
-                        metrics::overflowed();
-                        metrics::sockets(-1.0);
+                        socket.overflow();
                         false
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => {
@@ -516,9 +506,7 @@ impl RoomHub {
         };
         state.cursor = Some((head.epoch.clone(), head.after()));
         for (_, socket) in state.sockets.drain() {
-            socket.overflowed.store(true, Ordering::Release);
-            metrics::overflowed();
-            metrics::sockets(-1.0);
+            socket.overflow();
         }
     }
 
