@@ -80,9 +80,6 @@ pub struct GuardedSocket {
     /// [`recv`](GuardedSocket::recv), so the next call charges it again
     /// instead of losing it.
     held: Option<Message>,
-    /// The socket can no longer be read: it ended, or a read failed
-    /// (after an error axum's socket yields nothing more).
-    unreadable: bool,
     /// What the connection needs after a close, before it is dropped.
     closing: Option<Closing>,
 }
@@ -98,7 +95,6 @@ impl GuardedSocket {
             drops: 0,
             closed: None,
             held: None,
-            unreadable: false,
             closing: None,
         }
     }
@@ -163,44 +159,35 @@ impl GuardedSocket {
     /// and once the socket closed (then [`closed`](Self::close_cause) is set).
     async fn read(&mut self) -> Option<Message> {
         let next = until_lost(&mut self.lost, present(&mut self.socket).recv()).await;
-        let message = match next {
+        match next {
             None => {
                 self.close(CloseCause::SeatLost, "connection seat lost")
                     .await;
-                return None;
             }
-            Some(None) => {
-                self.closed = Some(CloseCause::Peer);
-                self.unreadable = true;
-                return None;
-            }
-            Some(Some(Err(error))) => {
-                self.unreadable = true;
-                match classify(&error) {
-                    Some((cause, reason)) => self.close(cause, reason).await,
-                    None => self.closed = Some(CloseCause::Error),
+            Some(None) => self.closed = Some(CloseCause::Peer),
+            Some(Some(Err(error))) => match classify(&error) {
+                Some((cause, reason)) => {
+                    self.close(cause, reason).await;
+                    self.closing = self.closing.and(Some(Closing::Hold));
                 }
-                return None;
-            }
-            Some(Some(Ok(message))) => message,
-        };
-        match &message {
-            Message::Close(_) => {
+                None => self.closed = Some(CloseCause::Error),
+            },
+            Some(Some(Ok(Message::Close(_)))) => {
                 self.closed = Some(CloseCause::Peer);
-                self.unreadable = true;
                 // The reply (RFC 6455 5.5.1: a close is answered with a
                 // close) is queued, not sent: reading once more writes
                 // it and ends the stream (when the socket is dropped).
                 self.closing = Some(Closing::Discard);
-                None
             }
-            Message::Ping(_) | Message::Pong(_) => None,
-            _ if message_len(&message) > self.limits.inner.max_message_bytes => {
+            Some(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
+            Some(Some(Ok(message)))
+                if message_len(&message) > self.limits.inner.max_message_bytes =>
+            {
                 self.close(CloseCause::TooBig, "message too big").await;
-                None
             }
-            _ => Some(message),
+            Some(Some(Ok(message))) => return Some(message),
         }
+        None
     }
 
     /// Drops the held message that exceeded `quota` with the notice, or
@@ -239,7 +226,7 @@ impl GuardedSocket {
     ///
     /// [`close_timeout`]: super::MessageLimitsBuilder::close_timeout
     pub async fn close_with(&mut self, code: u16, reason: &str) {
-        if self.closed.is_some() || self.unreadable {
+        if self.closed.is_some() {
             return;
         }
         self.send_close(CloseCause::Peer, code, reason).await;
@@ -280,12 +267,7 @@ impl GuardedSocket {
         if !send_close(present(&mut self.socket), code, reason).await {
             return;
         }
-        self.closing = Some(if self.unreadable {
-            Closing::Hold
-        } else {
-            Closing::Discard
-        });
-        self.unreadable = true;
+        self.closing = Some(Closing::Discard);
     }
 }
 

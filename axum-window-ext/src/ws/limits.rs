@@ -1,6 +1,5 @@
 //! [`MessageLimits`]: what a [`GuardedSocket`](super::GuardedSocket) charges.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,11 +25,12 @@ pub enum ExceedAction {
 const READ_SLACK: usize = 64 * 1024;
 
 /// The per-message and per-byte limits of guarded sockets; cheap to clone.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct MessageLimits {
     pub(super) inner: Arc<Inner>,
 }
 
+#[derive(Debug)]
 pub(super) struct Inner {
     pub(super) limiter: Limiter,
     pub(super) messages: Option<Policy>,
@@ -123,31 +123,11 @@ impl MessageLimits {
 /// The read buffer [`MessageLimits::configure`] sets (see there).
 const READ_BUFFER: usize = 4096;
 
-impl fmt::Debug for MessageLimits {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let inner = &*self.inner;
-        f.debug_struct("MessageLimits")
-            .field("messages", &inner.messages)
-            .field("bytes", &inner.bytes)
-            .field("on_exceed", &inner.on_exceed)
-            .field("close_after_drops", &inner.close_after_drops)
-            .field("max_message_bytes", &inner.max_message_bytes)
-            .field("close_timeout", &inner.close_timeout)
-            .finish_non_exhaustive()
-    }
-}
-
 /// Builds [`MessageLimits`].
 #[must_use]
+#[derive(Debug)]
 pub struct MessageLimitsBuilder {
     inner: Inner,
-}
-
-impl fmt::Debug for MessageLimitsBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MessageLimitsBuilder")
-            .finish_non_exhaustive()
-    }
 }
 
 impl MessageLimitsBuilder {

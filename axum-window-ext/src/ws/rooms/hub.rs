@@ -30,6 +30,7 @@ pub struct RoomHub {
 }
 
 /// How the reader learns of new events.
+#[derive(Debug)]
 pub(super) enum Live {
     /// One blocking `XREAD` for all rooms (single-node Redis).
     #[cfg(feature = "redis")]
@@ -96,6 +97,12 @@ pub(super) fn window_key(room: &RoomName) -> String {
     format!("room:{room}")
 }
 
+/// Whether event `id` of `epoch` is at or before `cursor` (the last event
+/// delivered or sent).
+pub(super) fn reached(cursor: &Option<(Epoch, EventId)>, epoch: &Epoch, id: EventId) -> bool {
+    matches!(cursor, Some((at, last)) if at == epoch && id <= *last)
+}
+
 /// The room of the window `key` (a wake-up's), if it is one.
 fn room_of(key: &[u8]) -> Option<RoomName> {
     let name = std::str::from_utf8(key.strip_prefix(b"room:")?).ok()?;
@@ -103,21 +110,12 @@ fn room_of(key: &[u8]) -> Option<RoomName> {
 }
 
 /// Builds a [`RoomHub`]: [`RoomHub::builder`].
+#[derive(Debug)]
 pub struct RoomHubBuilder {
     events: EventWindow,
     /// `None`: the store's wake-ups if it has them, else polling.
     live: Option<Live>,
     queue_capacity: usize,
-}
-
-impl fmt::Debug for RoomHubBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RoomHubBuilder")
-            .field("events", &self.events)
-            .field("live", &self.live.as_ref().map(Live::name))
-            .field("queue_capacity", &self.queue_capacity)
-            .finish()
-    }
 }
 
 impl RoomHubBuilder {
@@ -294,24 +292,17 @@ impl RoomHub {
         // Subscribed first: every event after this point reaches the queue.
         // (A failure here drops the session, which leaves the room.)
         let head = inner.events.position(window_key(room)).await?;
-        let new_room = {
-            let mut rooms = lock(&inner.rooms);
-            match rooms.get_mut(room) {
-                Some(state) if state.cursor.is_none() => {
-                    state.cursor = Some((head.epoch.clone(), head.after()));
-                    // Read once from here: an append between the read and
-                    // the subscription taking hold woke nobody.
-                    state.dirty = true;
-                    true
-                }
-                _ => false,
-            }
-        };
-        if new_room {
+        let mut rooms = lock(&inner.rooms);
+        if let Some(state) = rooms.get_mut(room).filter(|state| state.cursor.is_none()) {
+            state.cursor = Some((head.epoch.clone(), head.after()));
+            // Read once from here: an append between the read and the
+            // subscription taking hold woke nobody.
+            state.dirty = true;
             // A reader waiting with no room starts at once; one blocked in
             // XREAD picks the room up within READ_BLOCK.
             inner.wake.notify_one();
         }
+        drop(rooms);
         session.opened(head, resume);
         Ok(session)
     }
@@ -450,10 +441,8 @@ impl RoomHub {
             return;
         };
         for (epoch, event) in events {
-            if let Some((cursor_epoch, cursor)) = &state.cursor {
-                if *cursor_epoch == epoch && event.id <= *cursor {
-                    continue; // already delivered
-                }
+            if reached(&state.cursor, &epoch, event.id) {
+                continue; // already delivered
             }
             let live = LiveEvent {
                 text: frame::event(room, &epoch, &event),
@@ -483,11 +472,10 @@ impl RoomHub {
     /// Moves `room`'s cursor into `to`'s epoch when it is still at `to`'s
     /// id in another one (the reader followed the room into a new epoch).
     pub(super) fn move_cursor(&self, room: &RoomName, to: &Position) {
-        if let Some(state) = lock(&self.inner.rooms).get_mut(room) {
-            if let Some((epoch, id)) = &mut state.cursor {
-                if *epoch != to.epoch && *id == to.after() {
-                    *epoch = to.epoch.clone();
-                }
+        let mut rooms = lock(&self.inner.rooms);
+        if let Some((epoch, id)) = rooms.get_mut(room).and_then(|r| r.cursor.as_mut()) {
+            if *epoch != to.epoch && *id == to.after() {
+                *epoch = to.epoch.clone();
             }
         }
     }
@@ -513,12 +501,9 @@ impl RoomHub {
     /// Moves `room`'s cursor to `last` (past entries that were not events).
     #[cfg(feature = "redis")]
     pub(super) fn skip_to(&self, room: &RoomName, last: EventId) {
-        if let Some(state) = lock(&self.inner.rooms).get_mut(room) {
-            if let Some((_, cursor)) = &mut state.cursor {
-                if *cursor < last {
-                    *cursor = last;
-                }
-            }
+        let mut rooms = lock(&self.inner.rooms);
+        if let Some((_, cursor)) = rooms.get_mut(room).and_then(|r| r.cursor.as_mut()) {
+            *cursor = last.max(*cursor);
         }
     }
 }
