@@ -10,7 +10,9 @@ use tower_window::{Limiter, Policy};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ExceedAction {
-    /// Discard it and send the `rate_limited` notice (the default).
+    /// Discard it and send the notice
+    /// `{"type":"rate_limited","quota":"<name>","retry_after_ms":<n>}`
+    /// (the default; see [`close_after_drops`](MessageLimitsBuilder::close_after_drops)).
     #[default]
     Drop,
     /// Close the socket with 1008.
@@ -48,8 +50,10 @@ impl MessageLimits {
     /// The default [close timeout](MessageLimitsBuilder::close_timeout) (1 s).
     pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
-    /// Limits charged to `limiter` (its store, resilience stack and
-    /// fallback); add quotas with the builder.
+    /// Limits charged to `limiter` (its store, resilience stack, fallback
+    /// and local tier); add quotas with the builder. They are checked as
+    /// policies of their own (`check_policy`), never the limiter's own
+    /// policy, so the limiter of an HTTP layer can be shared.
     pub fn builder(limiter: Limiter) -> MessageLimitsBuilder {
         MessageLimitsBuilder {
             inner: Inner {

@@ -145,7 +145,9 @@ impl RoomHubBuilder {
     /// ([`EventWindow::wakeups`]): on Redis pushed on the room's shard
     /// channel by the append's own script, on `wakeups`' own connections
     /// (a single Redis or a Redis Cluster, Redis 7); on the embedded store
-    /// sent by the append itself. No command at all for idle rooms. The
+    /// sent by the append itself. No command at all for idle rooms; after
+    /// every (re)subscription (a failover, a resharding, a lost connection)
+    /// the room is read again from the hub's last id, so nothing is missed. The
     /// default for a store that has them (the embedded store, a Redis store
     /// built from a URL or cluster seeds). `wakeups` must be of the store
     /// `events` lives in.
@@ -167,10 +169,11 @@ impl RoomHubBuilder {
     /// registers them at zero.
     pub fn build(self) -> RoomHub {
         metrics::register();
-        let live = match self.live {
-            Some(live) => live,
-            None => Live::default_for(&self.events),
-        };
+        // By default the store's wake-ups if it has them, else polling.
+        let live = self.live.unwrap_or_else(|| match self.events.wakeups() {
+            Ok(wakeups) => Live::Push(Box::new(wakeups)),
+            Err(_) => Live::Poll,
+        });
         RoomHub {
             inner: Arc::new(Inner {
                 events: self.events,
@@ -186,14 +189,6 @@ impl RoomHubBuilder {
 }
 
 impl Live {
-    /// The store's wake-ups if it has them, else polling.
-    fn default_for(events: &EventWindow) -> Self {
-        match events.wakeups() {
-            Ok(wakeups) => Live::Push(Box::new(wakeups)),
-            Err(_) => Live::Poll,
-        }
-    }
-
     fn name(&self) -> &'static str {
         match self {
             #[cfg(feature = "redis")]
