@@ -3,7 +3,7 @@
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::header::CONTENT_TYPE;
-use http::HeaderValue;
+use http::{HeaderValue, StatusCode};
 use serde::Serialize;
 use tower_window::layer::{
     ceil_secs, insert_rate_limit_headers, insert_retry_after, OnRejection, Rejection,
@@ -97,7 +97,7 @@ impl ProblemJson {
 }
 
 impl OnRejection<Body> for ProblemJson {
-    fn response(&self, rejection: &Rejection) -> http::Response<Body> {
+    fn response(&self, rejection: &Rejection) -> Response {
         problem_response(rejection)
     }
 }
@@ -127,8 +127,7 @@ struct LimitMembers<'a> {
     retry_after: Option<u64>,
 }
 
-/// The problem details document for `rejection`, as JSON bytes.
-fn problem_body(rejection: &Rejection) -> Vec<u8> {
+fn problem_response(rejection: &Rejection) -> Response {
     let kind = match rejection {
         Rejection::RateLimited(_) => TYPE_RATE_LIMITED,
         Rejection::MissingKey { .. } => TYPE_MISSING_KEY,
@@ -149,6 +148,7 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
         // Like `Retry-After`: rounded up, and at least 1 for a denial.
         retry_after: decision.retry_after().map(|wait| ceil_secs(wait).max(1)),
     });
+    let status = rejection.status().into();
     let problem = Problem {
         kind,
         title: rejection.title(),
@@ -156,29 +156,24 @@ fn problem_body(rejection: &Rejection) -> Vec<u8> {
         detail: rejection.detail(),
         limit,
     };
-    // Serializing strings and integers into a Vec cannot fail; fall back to
-    // an empty object rather than panicking.
-    serde_json::to_vec(&problem).unwrap_or_else(|_| b"{}".to_vec())
+    problem_json(status, &problem)
 }
 
 /// A problem+json response of the [`TYPE_INVALID_INPUT`] type.
-pub(crate) fn invalid_input(status: http::StatusCode, detail: &str) -> Response {
+pub(crate) fn invalid_input(status: StatusCode, detail: &str) -> Response {
     let body = serde_json::json!({
         "type": TYPE_INVALID_INPUT,
         "title": "Invalid input",
         "status": status.as_u16(),
         "detail": detail,
     });
-    let mut response = (status, axum::Json(body)).into_response();
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-    response
+    problem_json(status, &body)
 }
 
-fn problem_response(rejection: &Rejection) -> http::Response<Body> {
-    let mut response = http::Response::new(Body::from(problem_body(rejection)));
-    *response.status_mut() = rejection.status().into();
+/// An `application/problem+json` response: `status` with the problem
+/// details document `body`.
+pub(crate) fn problem_json(status: StatusCode, body: &impl Serialize) -> Response {
+    let mut response = (status, axum::Json(body)).into_response();
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));

@@ -1,12 +1,13 @@
 //! [`GuardedSocket`]: an axum `WebSocket` whose inbound messages are charged.
 
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use serde_json::json;
 use tower_window::conn::{ConnectionSeat, SeatLost};
-use tower_window::{Policy, WindowKey};
+use tower_window::{Decision, Policy, WindowKey};
 
 use super::limits::MessageLimits;
 use super::{
@@ -79,20 +80,8 @@ pub struct GuardedSocket {
     /// [`recv`](GuardedSocket::recv), so the next call charges it again
     /// instead of losing it.
     held: Option<Message>,
-    /// The socket can no longer be read: it ended, or a read failed
-    /// (after an error axum's socket yields nothing more).
-    unreadable: bool,
     /// What the connection needs after a close, before it is dropped.
     closing: Option<Closing>,
-}
-
-/// The outcome of charging one message.
-enum Charge {
-    Admitted,
-    Exceeded {
-        quota: String,
-        retry_after: Option<Duration>,
-    },
 }
 
 impl GuardedSocket {
@@ -106,7 +95,6 @@ impl GuardedSocket {
             drops: 0,
             closed: None,
             held: None,
-            unreadable: false,
             closing: None,
         }
     }
@@ -131,164 +119,97 @@ impl GuardedSocket {
     /// charged again by the next call (so it may be counted twice), never
     /// lost; `select!` it with other work freely.
     pub async fn recv(&mut self) -> Option<Message> {
-        if self.closed.is_some() {
-            return None;
-        }
-        loop {
-            if let Some(len) = self.held.as_ref().map(message_len) {
-                match self.admit(len).await {
-                    Some(admitted) => return admitted,
-                    None => continue,
-                }
-            }
-            let next = tokio::select! {
-                biased;
-                () = lost(&mut self.lost) => {
-                    self.close(CloseCause::SeatLost, CLOSE_POLICY, "connection seat lost").await;
-                    return None;
-                }
-                next = present(&mut self.socket).recv() => next,
+        while self.closed.is_none() {
+            let Some(held) = &self.held else {
+                // Held until admitted or dropped: cancel-safe from here on.
+                self.held = self.read().await;
+                continue;
             };
-            let message = match next {
-                None => {
-                    self.closed = Some(CloseCause::Peer);
-                    self.unreadable = true;
-                    return None;
-                }
-                Some(Err(error)) => {
-                    self.unreadable = true;
-                    match classify(&error) {
-                        Some(CloseCause::InvalidUtf8) => {
-                            self.close(
-                                CloseCause::InvalidUtf8,
-                                CLOSE_INVALID_PAYLOAD,
-                                "invalid utf-8",
-                            )
-                            .await;
-                        }
-                        Some(CloseCause::TooBig) => {
-                            self.close(CloseCause::TooBig, CLOSE_TOO_BIG, "message too big")
-                                .await;
-                        }
-                        Some(CloseCause::ProtocolError) => {
-                            self.close(
-                                CloseCause::ProtocolError,
-                                CLOSE_PROTOCOL_ERROR,
-                                "protocol error",
-                            )
-                            .await;
-                        }
-                        _ => self.closed = Some(CloseCause::Error),
-                    }
-                    return None;
-                }
-                Some(Ok(message)) => message,
+            let len = message_len(held);
+            let Err(denied) = charge(&self.limits, &self.key, len).await else {
+                self.drops = 0;
+                return self.held.take();
             };
-            let len = match &message {
-                Message::Text(text) => text.len(),
-                Message::Binary(bytes) => bytes.len(),
-                Message::Close(_) => {
-                    self.closed = Some(CloseCause::Peer);
-                    self.unreadable = true;
-                    // The reply (RFC 6455 5.5.1: a close is answered with a
-                    // close) is queued, not sent: reading once more writes
-                    // it and ends the stream (when the socket is dropped).
-                    self.closing = Some(Closing::Discard);
-                    return None;
-                }
-                Message::Ping(_) | Message::Pong(_) => continue,
-            };
-            if len > self.limits.inner.max_message_bytes {
-                self.close(CloseCause::TooBig, CLOSE_TOO_BIG, "message too big")
+            let Some(wait) = denied.retry_after() else {
+                // More bytes than the byte quota can ever admit.
+                self.close(CloseCause::TooBig, "message exceeds the quota")
                     .await;
-                return None;
-            }
-            // Held until admitted or dropped: cancel-safe from here on.
-            self.held = Some(message);
-            if let Some(admitted) = self.admit(len).await {
-                return admitted;
+                continue;
+            };
+            match self.limits.inner.on_exceed {
+                ExceedAction::Close => {
+                    self.close(CloseCause::RateLimited, "rate limit exceeded")
+                        .await;
+                }
+                // Not reading is the backpressure; the message is kept.
+                ExceedAction::Pause => {
+                    let paused = tokio::time::sleep(wait);
+                    if until_lost(&mut self.lost, paused).await.is_none() {
+                        self.close(CloseCause::SeatLost, "connection seat lost")
+                            .await;
+                    }
+                }
+                ExceedAction::Drop => self.drop_held(denied.quota().name(), wait).await,
             }
         }
+        None
     }
 
-    /// Charges the held message of `len` bytes: `Some(Some(message))` when
-    /// admitted, `Some(None)` when the socket closed, `None` when it was
-    /// dropped (read the next one).
-    async fn admit(&mut self, len: usize) -> Option<Option<Message>> {
-        loop {
-            match charge(&self.limits, &self.key, len).await {
-                Charge::Admitted => {
-                    self.drops = 0;
-                    return Some(self.held.take());
-                }
-                Charge::Exceeded {
-                    retry_after: None, ..
-                } => {
-                    // More bytes than the byte quota can ever admit.
-                    self.close(
-                        CloseCause::TooBig,
-                        CLOSE_TOO_BIG,
-                        "message exceeds the quota",
-                    )
+    /// Reads the next message worth charging: `None` for a ping or a pong,
+    /// and once the socket closed (then [`closed`](Self::close_cause) is set).
+    async fn read(&mut self) -> Option<Message> {
+        let next = until_lost(&mut self.lost, present(&mut self.socket).recv()).await;
+        match next {
+            None => {
+                self.close(CloseCause::SeatLost, "connection seat lost")
                     .await;
-                    self.held = None;
-                    return Some(None);
-                }
-                Charge::Exceeded {
-                    quota,
-                    retry_after: Some(wait),
-                } => match self.limits.inner.on_exceed {
-                    ExceedAction::Close => {
-                        self.close(CloseCause::RateLimited, CLOSE_POLICY, "rate limit exceeded")
-                            .await;
-                        self.held = None;
-                        return Some(None);
-                    }
-                    ExceedAction::Pause => {
-                        // Not reading is the backpressure; the message is kept.
-                        tokio::select! {
-                            biased;
-                            () = lost(&mut self.lost) => {
-                                self.close(CloseCause::SeatLost, CLOSE_POLICY, "connection seat lost").await;
-                                self.held = None;
-                                return Some(None);
-                            }
-                            () = tokio::time::sleep(wait) => {}
-                        }
-                    }
-                    ExceedAction::Drop => {
-                        self.drops = self.drops.saturating_add(1);
-                        let ladder = self.limits.inner.close_after_drops;
-                        if ladder > 0 && self.drops >= ladder {
-                            self.close(
-                                CloseCause::DropLadder,
-                                CLOSE_POLICY,
-                                "rate limit exceeded repeatedly",
-                            )
-                            .await;
-                            self.held = None;
-                            return Some(None);
-                        }
-                        let notice = json!({
-                            "type": "rate_limited",
-                            "quota": quota,
-                            "retry_after_ms": ceil_millis(wait),
-                        });
-                        if present(&mut self.socket)
-                            .send(Message::Text(notice.to_string().into()))
-                            .await
-                            .is_err()
-                        {
-                            self.closed = Some(CloseCause::Error);
-                            self.held = None;
-                            return Some(None);
-                        }
-                        self.held = None;
-                        return None;
-                    }
-                },
             }
+            Some(None) => self.closed = Some(CloseCause::Peer),
+            Some(Some(Err(error))) => match classify(&error) {
+                Some((cause, reason)) => {
+                    self.close(cause, reason).await;
+                    self.closing = self.closing.and(Some(Closing::Hold));
+                }
+                None => self.closed = Some(CloseCause::Error),
+            },
+            Some(Some(Ok(Message::Close(_)))) => {
+                self.closed = Some(CloseCause::Peer);
+                // The reply (RFC 6455 5.5.1: a close is answered with a
+                // close) is queued, not sent: reading once more writes
+                // it and ends the stream (when the socket is dropped).
+                self.closing = Some(Closing::Discard);
+            }
+            Some(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
+            Some(Some(Ok(message)))
+                if message_len(&message) > self.limits.inner.max_message_bytes =>
+            {
+                self.close(CloseCause::TooBig, "message too big").await;
+            }
+            Some(Some(Ok(message))) => return Some(message),
         }
+        None
+    }
+
+    /// Drops the held message that exceeded `quota` with the notice, or
+    /// closes the socket after too many drops in a row.
+    async fn drop_held(&mut self, quota: &str, wait: Duration) {
+        self.drops = self.drops.saturating_add(1);
+        let ladder = self.limits.inner.close_after_drops;
+        if ladder > 0 && self.drops >= ladder {
+            return self
+                .close(CloseCause::DropLadder, "rate limit exceeded repeatedly")
+                .await;
+        }
+        let notice = json!({
+            "type": "rate_limited",
+            "quota": quota,
+            "retry_after_ms": ceil_millis(wait),
+        });
+        let text = Message::Text(notice.to_string().into());
+        if present(&mut self.socket).send(text).await.is_err() {
+            self.closed = Some(CloseCause::Error);
+        }
+        self.held = None;
     }
 
     /// Sends a message (unlimited: limits apply to inbound messages).
@@ -305,10 +226,10 @@ impl GuardedSocket {
     ///
     /// [`close_timeout`]: super::MessageLimitsBuilder::close_timeout
     pub async fn close_with(&mut self, code: u16, reason: &str) {
-        if self.closed.is_some() || self.unreadable {
+        if self.closed.is_some() {
             return;
         }
-        self.close(CloseCause::Peer, code, reason).await;
+        self.send_close(CloseCause::Peer, code, reason).await;
     }
 
     /// The socket itself.
@@ -327,64 +248,74 @@ impl GuardedSocket {
         }
     }
 
+    /// Closes for `cause` with its code and `reason`.
+    async fn close(&mut self, cause: CloseCause, reason: &str) {
+        let code = match cause {
+            CloseCause::InvalidUtf8 => CLOSE_INVALID_PAYLOAD,
+            CloseCause::ProtocolError => CLOSE_PROTOCOL_ERROR,
+            CloseCause::TooBig => CLOSE_TOO_BIG,
+            _ => CLOSE_POLICY,
+        };
+        self.send_close(cause, code, reason).await;
+    }
+
     /// Sends the close; the connection is then finished when the guard is
     /// dropped (see [`Closing`]).
-    async fn close(&mut self, cause: CloseCause, code: u16, reason: &str) {
+    async fn send_close(&mut self, cause: CloseCause, code: u16, reason: &str) {
         self.closed = Some(cause);
         self.held = None;
-        let frame = CloseFrame {
-            code,
-            reason: reason.into(),
-        };
-        if let Err(error) = present(&mut self.socket)
-            .send(Message::Close(Some(frame)))
-            .await
-        {
-            tracing::debug!(%error, "websocket close failed");
+        if !send_close(present(&mut self.socket), code, reason).await {
             return;
         }
-        self.closing = Some(if self.unreadable {
-            Closing::Hold
-        } else {
-            Closing::Discard
-        });
-        self.unreadable = true;
+        self.closing = Some(Closing::Discard);
     }
 }
 
 impl Drop for GuardedSocket {
     fn drop(&mut self) {
-        let (Some(closing), Some(socket)) = (self.closing.take(), self.socket.take()) else {
+        let (Some(closing), Some(mut socket)) = (self.closing.take(), self.socket.take()) else {
             return;
         };
+        let wait = self.limits.inner.close_timeout;
         // Without a runtime (never under axum) the connection just drops.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(finish_close(
-                socket,
-                closing,
-                self.limits.inner.close_timeout,
-            ));
+            runtime.spawn(async move {
+                match closing {
+                    Closing::Hold => tokio::time::sleep(wait).await,
+                    Closing::Discard => discard_until_close(&mut socket, wait).await,
+                }
+            });
         }
     }
 }
 
-/// Finishes a closed connection (see [`Closing`]), for at most `wait`.
-async fn finish_close(mut socket: WebSocket, closing: Closing, wait: Duration) {
-    match closing {
-        Closing::Hold => tokio::time::sleep(wait).await,
-        Closing::Discard => {
-            let discard = async {
-                for _ in 0..MAX_DISCARDED {
-                    match socket.recv().await {
-                        // The peer's close: the handshake is complete.
-                        Some(Ok(Message::Close(_)) | Err(_)) | None => return,
-                        Some(Ok(_)) => {}
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(wait, discard).await;
-        }
+/// Sends a close with `code` and `reason`: whether it went out (a failure
+/// is logged).
+pub(super) async fn send_close(socket: &mut WebSocket, code: u16, reason: &str) -> bool {
+    let frame = CloseFrame {
+        code,
+        reason: reason.into(),
+    };
+    let sent = socket.send(Message::Close(Some(frame))).await;
+    if let Err(error) = &sent {
+        tracing::debug!(%error, "websocket close failed");
     }
+    sent.is_ok()
+}
+
+/// Reads and discards what the peer sends until its close or the end of
+/// the connection (reading also writes a queued reply to its close), for
+/// at most `wait`: a peer that never answers does not hold the socket.
+pub(super) async fn discard_until_close(socket: &mut WebSocket, wait: Duration) {
+    let discard = async {
+        for _ in 0..MAX_DISCARDED {
+            match socket.recv().await {
+                Some(Ok(Message::Close(_)) | Err(_)) | None => return,
+                Some(Ok(_)) => {}
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait, discard).await;
 }
 
 /// The socket of a guard that has not been consumed.
@@ -395,8 +326,9 @@ fn present(socket: &mut Option<WebSocket>) -> &mut WebSocket {
     }
 }
 
-/// Charges one message of `len` bytes (borrows no socket: the future stays `Send`).
-async fn charge(limits: &MessageLimits, key: &WindowKey, len: usize) -> Charge {
+/// Charges one message of `len` bytes: the denial, if a quota refused it
+/// (borrows no socket: the future stays `Send`).
+async fn charge(limits: &MessageLimits, key: &WindowKey, len: usize) -> Result<(), Decision> {
     let inner = &*limits.inner;
     let bytes = u32::try_from(len).unwrap_or(u32::MAX);
     let charges: [(Option<&Policy>, u32); 2] =
@@ -408,18 +340,13 @@ async fn charge(limits: &MessageLimits, key: &WindowKey, len: usize) -> Charge {
         }
         match inner.limiter.check_policy(key, policy, cost).await {
             Ok(decision) if decision.allowed() => {}
-            Ok(decision) => {
-                return Charge::Exceeded {
-                    quota: decision.quota().name().to_owned(),
-                    retry_after: decision.retry_after(),
-                }
-            }
+            Ok(denied) => return Err(denied),
             // No fallback configured and the store failed: a store
             // outage never stalls or closes a socket.
             Err(error) => tracing::debug!(%error, "message limit check failed; admitted"),
         }
     }
-    Charge::Admitted
+    Ok(())
 }
 
 impl fmt::Debug for GuardedSocket {
@@ -432,11 +359,19 @@ impl fmt::Debug for GuardedSocket {
     }
 }
 
-/// Resolves when the seat is lost; pending without a seat.
-async fn lost(lost: &mut Option<SeatLost>) {
-    match lost {
-        Some(lost) => lost.wait().await,
-        None => std::future::pending().await,
+/// `future`'s output, or `None` if the seat is lost first (never without a
+/// seat).
+async fn until_lost<T>(lost: &mut Option<SeatLost>, future: impl Future<Output = T>) -> Option<T> {
+    let lost = async {
+        match lost {
+            Some(lost) => lost.wait().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        () = lost => None,
+        output = future => Some(output),
     }
 }
 
@@ -454,15 +389,17 @@ fn message_len(message: &Message) -> usize {
     }
 }
 
-/// Which read errors the guard answers with a close code.
-fn classify(error: &axum::Error) -> Option<CloseCause> {
+/// Which read errors the guard answers with a close, and its reason.
+fn classify(error: &axum::Error) -> Option<(CloseCause, &'static str)> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(current) = source {
         if let Some(error) = current.downcast_ref::<tungstenite::Error>() {
             return match error {
-                tungstenite::Error::Utf8(_) => Some(CloseCause::InvalidUtf8),
-                tungstenite::Error::Capacity(_) => Some(CloseCause::TooBig),
-                tungstenite::Error::Protocol(_) => Some(CloseCause::ProtocolError),
+                tungstenite::Error::Utf8(_) => Some((CloseCause::InvalidUtf8, "invalid utf-8")),
+                tungstenite::Error::Capacity(_) => Some((CloseCause::TooBig, "message too big")),
+                tungstenite::Error::Protocol(_) => {
+                    Some((CloseCause::ProtocolError, "protocol error"))
+                }
                 _ => None,
             };
         }

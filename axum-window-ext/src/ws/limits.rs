@@ -1,6 +1,5 @@
 //! [`MessageLimits`]: what a [`GuardedSocket`](super::GuardedSocket) charges.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +10,9 @@ use tower_window::{Limiter, Policy};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ExceedAction {
-    /// Discard it and send the `rate_limited` notice (the default).
+    /// Discard it and send the notice
+    /// `{"type":"rate_limited","quota":"<name>","retry_after_ms":<n>}`
+    /// (the default; see [`close_after_drops`](MessageLimitsBuilder::close_after_drops)).
     #[default]
     Drop,
     /// Close the socket with 1008.
@@ -26,11 +27,12 @@ pub enum ExceedAction {
 const READ_SLACK: usize = 64 * 1024;
 
 /// The per-message and per-byte limits of guarded sockets; cheap to clone.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct MessageLimits {
     pub(super) inner: Arc<Inner>,
 }
 
+#[derive(Debug)]
 pub(super) struct Inner {
     pub(super) limiter: Limiter,
     pub(super) messages: Option<Policy>,
@@ -48,8 +50,10 @@ impl MessageLimits {
     /// The default [close timeout](MessageLimitsBuilder::close_timeout) (1 s).
     pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
-    /// Limits charged to `limiter` (its store, resilience stack and
-    /// fallback); add quotas with the builder.
+    /// Limits charged to `limiter` (its store, resilience stack, fallback
+    /// and local tier); add quotas with the builder. They are checked as
+    /// policies of their own (`check_policy`), never the limiter's own
+    /// policy, so the limiter of an HTTP layer can be shared.
     pub fn builder(limiter: Limiter) -> MessageLimitsBuilder {
         MessageLimitsBuilder {
             inner: Inner {
@@ -123,31 +127,11 @@ impl MessageLimits {
 /// The read buffer [`MessageLimits::configure`] sets (see there).
 const READ_BUFFER: usize = 4096;
 
-impl fmt::Debug for MessageLimits {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let inner = &*self.inner;
-        f.debug_struct("MessageLimits")
-            .field("messages", &inner.messages)
-            .field("bytes", &inner.bytes)
-            .field("on_exceed", &inner.on_exceed)
-            .field("close_after_drops", &inner.close_after_drops)
-            .field("max_message_bytes", &inner.max_message_bytes)
-            .field("close_timeout", &inner.close_timeout)
-            .finish_non_exhaustive()
-    }
-}
-
 /// Builds [`MessageLimits`].
 #[must_use]
+#[derive(Debug)]
 pub struct MessageLimitsBuilder {
     inner: Inner,
-}
-
-impl fmt::Debug for MessageLimitsBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MessageLimitsBuilder")
-            .finish_non_exhaustive()
-    }
 }
 
 impl MessageLimitsBuilder {

@@ -1,43 +1,22 @@
 //! WebSocket guards: limits after the upgrade, and a refusal before it.
 //!
 //! * [`MessageLimits`] + [`GuardedSocket`]: every inbound text or binary
-//!   message is charged to a [`Limiter`](tower_window::Limiter) — one unit
-//!   of the message quota, its payload bytes of the byte quota — shared by
-//!   all of a subject's sockets on all nodes. On exceed, as configured
-//!   ([`ExceedAction`]): `Drop` discards it and sends the notice
-//!   `{"type":"rate_limited","quota":"<name>","retry_after_ms":<n>}`
-//!   (`messages` or `bytes` for quotas built without a name; optionally
-//!   closing after N consecutive drops), `Close` closes with 1008, `Pause`
-//!   stops reading until the retry-after (TCP backpressure reaches the
-//!   client; nothing is lost). A message over the size limit closes with
-//!   1009 before being charged; invalid UTF-8 text closes with 1007; a
-//!   protocol violation (unmasked or reserved-bit frames, unknown opcodes,
-//!   a malformed close) closes with 1002; a lost
-//!   [connection seat](tower_window::conn) closes with 1008.
-//! * Every close reaches the client with its code and reason, whatever the
-//!   client is sending: the guard's closes, [`GuardedSocket::close_with`]
-//!   and the answer to the client's own close leave the connection, when
-//!   the `GuardedSocket` is dropped, to a task that reads and discards
-//!   until the client's close (at most
-//!   [`close_timeout`](MessageLimitsBuilder::close_timeout), 1 s), then
-//!   drops it. Dropped with the client's frames unread, the connection
-//!   would be reset and a client still writing would see the reset instead
-//!   of the close. After a read error (1002, 1007, or a frame past
-//!   [`read_limit`](MessageLimits::read_limit)) axum's socket yields
-//!   nothing more, so the connection is only held for that time.
-//! * [`ConnectionRefused`]: the answer to an upgrade request refused by a
-//!   connection cap — `429` with `Retry-After` and `RateLimit` headers,
-//!   sent instead of the `101`, so no upgrade happens. Extract axum's
-//!   `WebSocketUpgrade` (it recognises HTTP/1.1 `GET` upgrades and HTTP/2
-//!   extended `CONNECT`, and refuses anything else), then acquire the
-//!   seat, then upgrade.
-//! * Who: a `/ws` route behind the rate-limit [`layer`](crate::layer) is
-//!   keyed before the upgrade, so a request without a key, or with one
-//!   longer than its extractor accepts, is answered `400` (the
-//!   `missing-key` or the `key-too-long` problem) instead of the `101`.
-//! * [`rooms`]: rooms on event windows — one reader per node, bounded
-//!   per-socket queues, history then live with no gap, resume on any node
-//!   ([`rooms::RoomHub`]).
+//!   message is charged to a [`Limiter`](tower_window::Limiter) (one unit
+//!   of the message quota, its payload bytes of the byte quota), shared by
+//!   all of a subject's sockets on all nodes; what an exceeding message
+//!   does is the [`ExceedAction`]. The guard closes with 1009 past the
+//!   size limit, 1007 on invalid UTF-8, 1002 on a protocol violation and
+//!   1008 on a rate limit or a lost [connection seat](tower_window::conn)
+//!   ([`CloseCause`]), and every close reaches a client that keeps sending
+//!   (see [`close_timeout`](MessageLimitsBuilder::close_timeout)).
+//! * [`ConnectionRefused`]: the `429` for an upgrade refused by a
+//!   connection cap, sent instead of the `101`. Extract axum's
+//!   `WebSocketUpgrade` (HTTP/1.1 `GET` or HTTP/2 extended `CONNECT`),
+//!   then acquire the seat, then upgrade.
+//! * A `/ws` route behind the rate-limit [`layer`](crate::layer) is keyed
+//!   before the upgrade: a request without a key, or with one too long, is
+//!   answered `400` instead of the `101`.
+//! * [`rooms`]: rooms on event windows, resumable on any node.
 //!
 //! A complete `/ws` route: the state every socket shares, the node's
 //! heartbeat (it renews every seat of the node and reports the lost ones;

@@ -6,6 +6,8 @@ use serde_json::json;
 use tower_window::conn::ConnectionDenied;
 use tower_window::layer::{ceil_secs, insert_retry_after};
 
+use crate::problem::problem_json;
+
 /// The response to an upgrade refused by a connection cap: `429 Too Many
 /// Requests` with `Retry-After`, `RateLimit-Policy: "connections";q=<cap>`
 /// and `RateLimit: "connections";r=0;t=<secs>`, and a problem+json body.
@@ -48,12 +50,7 @@ impl IntoResponse for ConnectionRefused {
             "quota": "connections",
             "retry_after_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
         });
-        let mut response = (
-            StatusCode::TOO_MANY_REQUESTS,
-            [(axum::http::header::CONTENT_TYPE, crate::PROBLEM_JSON)],
-            body.to_string(),
-        )
-            .into_response();
+        let mut response = problem_json(StatusCode::TOO_MANY_REQUESTS, &body);
         let headers = response.headers_mut();
         insert_retry_after(headers, wait);
         if let Ok(value) = HeaderValue::from_str(&format!("\"connections\";q={}", denied.cap)) {

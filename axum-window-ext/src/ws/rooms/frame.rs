@@ -17,55 +17,49 @@ pub(super) const DATA: &str = "data";
 /// `{"type":"joined","room":R,"epoch":E,"last_event_id":ID}` (`ID` empty
 /// when the room has no event yet).
 pub(super) fn joined(room: &RoomName, head: &Position) -> Utf8Bytes {
-    json!({
+    text(json!({
         "type": "joined",
         "room": room.as_str(),
         "epoch": head.epoch.as_str(),
         "last_event_id": head.last_id.map(|id| id.to_string()).unwrap_or_default(),
-    })
-    .to_string()
-    .into()
+    }))
 }
 
 /// `{"type":"event","room":R,"id":ID,"epoch":E,"from":F,"data":D}` for
 /// `event` of `room` in `epoch`.
 pub(super) fn event(room: &RoomName, epoch: &Epoch, event: &Event) -> Utf8Bytes {
-    let text = |name: &str| {
+    let field = |name: &str| {
         event
             .field(name)
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .unwrap_or_default()
     };
-    json!({
+    text(json!({
         "type": "event",
         "room": room.as_str(),
         "id": event.id.to_string(),
         "epoch": epoch.as_str(),
-        "from": text(FROM),
-        "data": text(DATA),
-    })
-    .to_string()
-    .into()
+        "from": field(FROM),
+        "data": field(DATA),
+    }))
 }
 
 /// `{"type":"recovered","room":R,"count":N}`.
 pub(super) fn recovered(room: &RoomName, count: u64) -> Utf8Bytes {
-    json!({"type": "recovered", "room": room.as_str(), "count": count})
-        .to_string()
-        .into()
+    text(json!({"type": "recovered", "room": room.as_str(), "count": count}))
 }
 
 /// `{"type":"resync","room":R,"reason":REASON}`.
 pub(super) fn resync(room: &RoomName, reason: &str) -> Utf8Bytes {
-    json!({"type": "resync", "room": room.as_str(), "reason": reason})
-        .to_string()
-        .into()
+    text(json!({"type": "resync", "room": room.as_str(), "reason": reason}))
 }
 
 /// `{"type":"error","room":R,"reason":"unavailable"}`: a message could
 /// not be appended.
 pub(super) fn unavailable(room: &RoomName) -> Utf8Bytes {
-    json!({"type": "error", "room": room.as_str(), "reason": "unavailable"})
-        .to_string()
-        .into()
+    text(json!({"type": "error", "room": room.as_str(), "reason": "unavailable"}))
+}
+
+fn text(frame: serde_json::Value) -> Utf8Bytes {
+    frame.to_string().into()
 }

@@ -30,6 +30,7 @@ pub struct RoomHub {
 }
 
 /// How the reader learns of new events.
+#[derive(Debug)]
 pub(super) enum Live {
     /// One blocking `XREAD` for all rooms (single-node Redis).
     #[cfg(feature = "redis")]
@@ -48,13 +49,12 @@ pub(super) struct Inner {
     pub(super) rooms: Mutex<HashMap<RoomName, Room>>,
     /// Wakes the reader: after a local append (polling) or a new room.
     pub(super) wake: Notify,
-    /// Room names by window key, for wake-ups (which name windows).
-    pub(super) by_key: Mutex<HashMap<String, RoomName>>,
     started: AtomicBool,
     next_socket: AtomicU64,
     queue_capacity: usize,
 }
 
+#[derive(Default)]
 pub(super) struct Room {
     /// The last event the reader delivered (its epoch and id); `None`
     /// until the first join told where the room stands.
@@ -68,6 +68,16 @@ pub(super) struct Room {
 struct Socket {
     queue: mpsc::Sender<LiveEvent>,
     overflowed: Arc<AtomicBool>,
+}
+
+impl Socket {
+    /// Drops the socket from its room with an overflow: its session tells
+    /// it to resync.
+    fn overflow(&self) {
+        self.overflowed.store(true, Ordering::Release);
+        metrics::overflowed();
+        metrics::sockets(-1.0);
+    }
 }
 
 /// A live event, serialised once for every socket.
@@ -87,22 +97,25 @@ pub(super) fn window_key(room: &RoomName) -> String {
     format!("room:{room}")
 }
 
+/// Whether event `id` of `epoch` is at or before `cursor` (the last event
+/// delivered or sent).
+pub(super) fn reached(cursor: &Option<(Epoch, EventId)>, epoch: &Epoch, id: EventId) -> bool {
+    matches!(cursor, Some((at, last)) if at == epoch && id <= *last)
+}
+
+/// The room of the window `key` (a wake-up's), if it is one.
+fn room_of(key: &[u8]) -> Option<RoomName> {
+    let name = std::str::from_utf8(key.strip_prefix(b"room:")?).ok()?;
+    RoomName::new(name).ok()
+}
+
 /// Builds a [`RoomHub`]: [`RoomHub::builder`].
+#[derive(Debug)]
 pub struct RoomHubBuilder {
     events: EventWindow,
     /// `None`: the store's wake-ups if it has them, else polling.
     live: Option<Live>,
     queue_capacity: usize,
-}
-
-impl fmt::Debug for RoomHubBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RoomHubBuilder")
-            .field("events", &self.events)
-            .field("live", &self.live.as_ref().map(Live::name))
-            .field("queue_capacity", &self.queue_capacity)
-            .finish()
-    }
 }
 
 impl RoomHubBuilder {
@@ -132,7 +145,9 @@ impl RoomHubBuilder {
     /// ([`EventWindow::wakeups`]): on Redis pushed on the room's shard
     /// channel by the append's own script, on `wakeups`' own connections
     /// (a single Redis or a Redis Cluster, Redis 7); on the embedded store
-    /// sent by the append itself. No command at all for idle rooms. The
+    /// sent by the append itself. No command at all for idle rooms; after
+    /// every (re)subscription (a failover, a resharding, a lost connection)
+    /// the room is read again from the hub's last id, so nothing is missed. The
     /// default for a store that has them (the embedded store, a Redis store
     /// built from a URL or cluster seeds). `wakeups` must be of the store
     /// `events` lives in.
@@ -154,15 +169,15 @@ impl RoomHubBuilder {
     /// registers them at zero.
     pub fn build(self) -> RoomHub {
         metrics::register();
-        let live = match self.live {
-            Some(live) => live,
-            None => Live::default_for(&self.events),
-        };
+        // By default the store's wake-ups if it has them, else polling.
+        let live = self.live.unwrap_or_else(|| match self.events.wakeups() {
+            Ok(wakeups) => Live::Push(Box::new(wakeups)),
+            Err(_) => Live::Poll,
+        });
         RoomHub {
             inner: Arc::new(Inner {
                 events: self.events,
                 live,
-                by_key: Mutex::new(HashMap::new()),
                 rooms: Mutex::new(HashMap::new()),
                 wake: Notify::new(),
                 started: AtomicBool::new(false),
@@ -174,14 +189,6 @@ impl RoomHubBuilder {
 }
 
 impl Live {
-    /// The store's wake-ups if it has them, else polling.
-    fn default_for(events: &EventWindow) -> Self {
-        match events.wakeups() {
-            Ok(wakeups) => Live::Push(Box::new(wakeups)),
-            Err(_) => Live::Poll,
-        }
-    }
-
     fn name(&self) -> &'static str {
         match self {
             #[cfg(feature = "redis")]
@@ -255,23 +262,15 @@ impl RoomHub {
                 // Followed before the room's position is read, so every
                 // append after that read wakes the reader; under the lock,
                 // so a follow and an unfollow of the room keep its order.
-                self.follow(room);
+                self.follow(room, true);
             }
-            rooms
-                .entry(room.clone())
-                .or_insert_with(|| Room {
-                    cursor: None,
-                    dirty: false,
-                    sockets: HashMap::new(),
-                })
-                .sockets
-                .insert(
-                    id,
-                    Socket {
-                        queue,
-                        overflowed: Arc::clone(&overflowed),
-                    },
-                );
+            rooms.entry(room.clone()).or_default().sockets.insert(
+                id,
+                Socket {
+                    queue,
+                    overflowed: Arc::clone(&overflowed),
+                },
+            );
         }
         metrics::sockets(1.0);
         let mut session = RoomSession {
@@ -288,24 +287,17 @@ impl RoomHub {
         // Subscribed first: every event after this point reaches the queue.
         // (A failure here drops the session, which leaves the room.)
         let head = inner.events.position(window_key(room)).await?;
-        let new_room = {
-            let mut rooms = lock(&inner.rooms);
-            match rooms.get_mut(room) {
-                Some(state) if state.cursor.is_none() => {
-                    state.cursor = Some((head.epoch.clone(), head.after()));
-                    // Read once from here: an append between the read and
-                    // the subscription taking hold woke nobody.
-                    state.dirty = true;
-                    true
-                }
-                _ => false,
-            }
-        };
-        if new_room {
+        let mut rooms = lock(&inner.rooms);
+        if let Some(state) = rooms.get_mut(room).filter(|state| state.cursor.is_none()) {
+            state.cursor = Some((head.epoch.clone(), head.after()));
+            // Read once from here: an append between the read and the
+            // subscription taking hold woke nobody.
+            state.dirty = true;
             // A reader waiting with no room starts at once; one blocked in
             // XREAD picks the room up within READ_BLOCK.
             inner.wake.notify_one();
         }
+        drop(rooms);
         session.opened(head, resume);
         Ok(session)
     }
@@ -339,7 +331,7 @@ impl RoomHub {
             }
             if state.sockets.is_empty() {
                 rooms.remove(room);
-                self.unfollow(room);
+                self.follow(room, false);
             }
         }
     }
@@ -353,26 +345,12 @@ impl RoomHub {
         from: &str,
         data: &str,
     ) -> Result<EventId, StoreError> {
-        let appended = self
-            .inner
-            .events
-            .append(
-                window_key(room),
-                &[
-                    (frame::FROM, from.as_bytes()),
-                    (frame::DATA, data.as_bytes()),
-                ],
-            )
-            .await?;
-        metrics::published(1);
-        self.inner.wake.notify_one();
-        // On an in-process store the append is ready at once, so a loop of
-        // publishes would never yield, and the reader just woken (queued on
-        // this worker, where no other worker can take it) would not run
-        // until the loop ends: every socket's queue would see the whole
-        // burst at once. Spending the task's cooperative budget makes such
-        // a loop yield now and then (a Redis append yields by itself).
-        tokio::task::consume_budget().await;
+        let fields = [
+            (frame::FROM, from.as_bytes()),
+            (frame::DATA, data.as_bytes()),
+        ];
+        let appended = self.inner.events.append(window_key(room), &fields).await?;
+        self.published(1).await;
         Ok(appended.id)
     }
 
@@ -405,38 +383,38 @@ impl RoomHub {
             .events
             .append_many(window_key(room), &events)
             .await?;
-        metrics::published(appended.len() as u64);
-        self.inner.wake.notify_one();
-        // As in `publish`: an in-process append is ready at once.
-        tokio::task::consume_budget().await;
+        self.published(appended.len()).await;
         Ok(appended.into_iter().map(|appended| appended.id).collect())
     }
 
-    /// Subscribes to `room`'s wake-ups (pushed mode only).
-    fn follow(&self, room: &RoomName) {
-        if let Live::Push(wakeups) = &self.inner.live {
-            let key = window_key(room);
-            wakeups.follow(&key);
-            lock(&self.inner.by_key).insert(key, room.clone());
-        }
+    /// After `count` events were appended: counts them and wakes the reader.
+    async fn published(&self, count: usize) {
+        metrics::published(count as u64);
+        self.inner.wake.notify_one();
+        // On an in-process store the append is ready at once, so a loop of
+        // publishes would never yield, and the reader just woken (queued on
+        // this worker, where no other worker can take it) would not run
+        // until the loop ends: every socket's queue would see the whole
+        // burst at once. Spending the task's cooperative budget makes such
+        // a loop yield now and then (a Redis append yields by itself).
+        tokio::task::consume_budget().await;
     }
 
-    fn unfollow(&self, room: &RoomName) {
+    /// Subscribes to `room`'s wake-ups (`follow`), or stops (pushed mode
+    /// only).
+    fn follow(&self, room: &RoomName, follow: bool) {
         if let Live::Push(wakeups) = &self.inner.live {
-            let key = window_key(room);
-            wakeups.unfollow(&key);
-            lock(&self.inner.by_key).remove(&key);
+            if follow {
+                wakeups.follow(window_key(room));
+            } else {
+                wakeups.unfollow(window_key(room));
+            }
         }
     }
 
     /// Marks the room of the window `key` to be read (a wake-up).
     pub(super) fn woken(&self, key: &[u8]) {
-        let Ok(key) = std::str::from_utf8(key) else {
-            return;
-        };
-        let Some(name) = lock(&self.inner.by_key).get(key).cloned() else {
-            return;
-        };
+        let Some(name) = room_of(key) else { return };
         if let Some(room) = lock(&self.inner.rooms).get_mut(&name) {
             room.dirty = true;
         }
@@ -458,10 +436,8 @@ impl RoomHub {
             return;
         };
         for (epoch, event) in events {
-            if let Some((cursor_epoch, cursor)) = &state.cursor {
-                if *cursor_epoch == epoch && event.id <= *cursor {
-                    continue; // already delivered
-                }
+            if reached(&state.cursor, &epoch, event.id) {
+                continue; // already delivered
             }
             let live = LiveEvent {
                 text: frame::event(room, &epoch, &event),
@@ -476,9 +452,7 @@ impl RoomHub {
                         true
                     }
                     Err(mpsc::error::TrySendError::Full(_)) => {
-                        socket.overflowed.store(true, Ordering::Release);
-                        metrics::overflowed();
-                        metrics::sockets(-1.0);
+                        socket.overflow();
                         false
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => {
@@ -493,11 +467,10 @@ impl RoomHub {
     /// Moves `room`'s cursor into `to`'s epoch when it is still at `to`'s
     /// id in another one (the reader followed the room into a new epoch).
     pub(super) fn move_cursor(&self, room: &RoomName, to: &Position) {
-        if let Some(state) = lock(&self.inner.rooms).get_mut(room) {
-            if let Some((epoch, id)) = &mut state.cursor {
-                if *epoch != to.epoch && *id == to.after() {
-                    *epoch = to.epoch.clone();
-                }
+        let mut rooms = lock(&self.inner.rooms);
+        if let Some((epoch, id)) = rooms.get_mut(room).and_then(|r| r.cursor.as_mut()) {
+            if *epoch != to.epoch && *id == to.after() {
+                *epoch = to.epoch.clone();
             }
         }
     }
@@ -516,21 +489,16 @@ impl RoomHub {
         };
         state.cursor = Some((head.epoch.clone(), head.after()));
         for (_, socket) in state.sockets.drain() {
-            socket.overflowed.store(true, Ordering::Release);
-            metrics::overflowed();
-            metrics::sockets(-1.0);
+            socket.overflow();
         }
     }
 
     /// Moves `room`'s cursor to `last` (past entries that were not events).
     #[cfg(feature = "redis")]
     pub(super) fn skip_to(&self, room: &RoomName, last: EventId) {
-        if let Some(state) = lock(&self.inner.rooms).get_mut(room) {
-            if let Some((_, cursor)) = &mut state.cursor {
-                if *cursor < last {
-                    *cursor = last;
-                }
-            }
+        let mut rooms = lock(&self.inner.rooms);
+        if let Some((_, cursor)) = rooms.get_mut(room).and_then(|r| r.cursor.as_mut()) {
+            *cursor = last.max(*cursor);
         }
     }
 }

@@ -35,10 +35,10 @@ pub const ROOM_ALL: &[&str] = &[
 /// `epoch_changed` and `ahead`.
 pub const JOIN_RESULTS: [&str; 5] = ["live", "recovered", "too_old", "epoch_changed", "ahead"];
 
-/// Describes every room metric and registers it at zero.
 /// Whether anything is recorded: the `metrics` feature.
 const ENABLED: bool = cfg!(feature = "metrics");
 
+/// Describes every room metric and registers it at zero.
 pub(super) fn register() {
     if !ENABLED {
         return;
@@ -64,51 +64,50 @@ pub(super) fn register() {
         "Room sockets dropped because their queue overflowed."
     );
     describe_gauge!(ROOM_SOCKETS, Unit::Count, "Sockets in a room on this node.");
-    counter!(ROOM_PUBLISHED_TOTAL).increment(0);
-    counter!(ROOM_DELIVERED_TOTAL).increment(0);
+    for name in [
+        ROOM_PUBLISHED_TOTAL,
+        ROOM_DELIVERED_TOTAL,
+        ROOM_OVERFLOWS_TOTAL,
+    ] {
+        counter!(name).increment(0);
+    }
     for result in JOIN_RESULTS {
         counter!(ROOM_JOINS_TOTAL, "result" => result).increment(0);
     }
-    counter!(ROOM_OVERFLOWS_TOTAL).increment(0);
     gauge!(ROOM_SOCKETS).increment(0.0);
 }
 
-/// A message was appended.
+/// `count` messages were appended.
 pub(super) fn published(count: u64) {
-    if !ENABLED {
-        return;
+    if ENABLED {
+        counter!(ROOM_PUBLISHED_TOTAL).increment(count);
     }
-    counter!(ROOM_PUBLISHED_TOTAL).increment(count);
 }
 
 /// `n` live events were queued to sockets.
 pub(super) fn delivered(n: u64) {
-    if !ENABLED {
-        return;
+    if ENABLED {
+        counter!(ROOM_DELIVERED_TOTAL).increment(n);
     }
-    counter!(ROOM_DELIVERED_TOTAL).increment(n);
-}
-
-/// A join started as `result` (one of [`JOIN_RESULTS`]).
-pub(super) fn joined(result: &'static str) {
-    if !ENABLED {
-        return;
-    }
-    counter!(ROOM_JOINS_TOTAL, "result" => result).increment(1);
 }
 
 /// A socket's queue overflowed.
 pub(super) fn overflowed() {
-    if !ENABLED {
-        return;
+    if ENABLED {
+        counter!(ROOM_OVERFLOWS_TOTAL).increment(1);
     }
-    counter!(ROOM_OVERFLOWS_TOTAL).increment(1);
+}
+
+/// A join started as `result` (one of [`JOIN_RESULTS`]).
+pub(super) fn joined(result: &'static str) {
+    if ENABLED {
+        counter!(ROOM_JOINS_TOTAL, "result" => result).increment(1);
+    }
 }
 
 /// A socket entered (`+1`) or left (`-1`) a room.
 pub(super) fn sockets(delta: f64) {
-    if !ENABLED {
-        return;
+    if ENABLED {
+        gauge!(ROOM_SOCKETS).increment(delta);
     }
-    gauge!(ROOM_SOCKETS).increment(delta);
 }

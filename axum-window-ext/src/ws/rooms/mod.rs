@@ -6,44 +6,21 @@
 //! memory), so its history and epoch live in the store, not on a node.
 //!
 //! * [`RoomHub`], one per node: which of the node's sockets are in which
-//!   room, and **one reader task** (started on the first join) that fetches
-//!   new events of every room the node serves. A room is read only when
-//!   the store's events backend wakes the hub for it
-//!   ([`EventWindow::wakeups`](tower_window::events::EventWindow::wakeups)):
-//!   on Redis (a single server or a Redis Cluster, Redis 7, a store built
-//!   from a URL or cluster seeds; `redis` feature) every append publishes
-//!   one on the room's shard channel in the same script, on the embedded
-//!   store every append sends one in process. The hub subscribes a room on
-//!   its first socket and unsubscribes it with its last, and after every
-//!   (re)subscription (a failover, a resharding, a lost connection) it
-//!   reads the room again from its last id, so no event is missed and idle
-//!   rooms cost no command. The stream stays the only source of events.
-//!   On a store without wake-ups (a pool-built store, your own backend, or
-//!   [`RoomHubBuilder::polling`]) each room is polled every
-//!   [`POLL_EVERY`] and at once after a local append;
-//!   [`RoomHubBuilder::tail`] selects one blocking `XREAD` over every room
-//!   on a single Redis instead (re-issued every [`READ_BLOCK`]). A room
-//!   whose epoch changed (a failover) is read on from the hub's last id in
-//!   the new epoch when nothing was lost in between. Each live event is
-//!   serialised once and queued to every socket in its room. Each socket's
-//!   queue is bounded ([`RoomHubBuilder::queue_capacity`], default
-//!   [`DEFAULT_QUEUE`]); a socket whose queue is full is dropped from its
-//!   room and told to resync: one slow socket never blocks the others or
-//!   the reader.
-//! * [`RoomSession`] ([`RoomHub::join`]), one per socket: subscribes to the
-//!   live events first, then sends the welcome, then the history after the
-//!   client's position page by page ([`HISTORY_PAGE`] events per read), then
-//!   `recovered` (or `resync`), then live events, skipping live events it
-//!   already sent from history (ids only grow): no gap, no duplicate.
+//!   room, and **one reader task** for every room the node serves, woken
+//!   by the store's wake-ups (or polling, or a Redis tail: see
+//!   [`RoomHubBuilder`]). The stream stays the only source of events. Each
+//!   live event is serialised once and queued to every socket in its room;
+//!   a socket whose bounded queue is full is dropped from its room and told
+//!   to resync: one slow socket never blocks the others or the reader.
+//! * [`RoomSession`] ([`RoomHub::join`]), one per socket: the welcome, the
+//!   history after the client's position, `recovered` or `resync`, then
+//!   live events, with no gap and no duplicate.
 //! * [`RoomHub::serve`] / [`RoomSession::serve`]: a ready-made socket loop
-//!   on a plain axum `WebSocket`, or on a [`GuardedSocket`](super::GuardedSocket)
-//!   for message limits and a connection cap. For deduplication or
-//!   batching, write the loop with [`RoomSession::next`] (cancel-safe),
-//!   [`RoomSession::send_ready`] and [`RoomSession::publish`]
-//!   ([`RoomSession::serve`] shows the loop it runs).
-//! * [`Resume`]: the client's position from the upgrade's query
-//!   (`epoch`, `last_event_id`), an extractor that refuses a malformed one
-//!   with `400` before the upgrade.
+//!   on a plain axum `WebSocket` or a [`GuardedSocket`](super::GuardedSocket);
+//!   write your own with [`RoomSession::next`] for deduplication or
+//!   batching.
+//! * [`Resume`]: the client's position from the upgrade's query, refused
+//!   with `400` before the upgrade when malformed.
 //!
 //! # Rooms in your router
 //!
@@ -142,13 +119,6 @@
 //! # }
 //! ```
 //!
-//! [`MessageLimits::builder`](super::MessageLimits::builder) takes a
-//! [`Limiter`](tower_window::Limiter) for its store, resilience stack,
-//! fallback policy and local tier: the message and byte quotas are checked
-//! on it as policies of their own (`check_policy`), and the limiter's own
-//! policy is never charged, so the limiter an HTTP layer uses can be
-//! shared (its windows and the messages' are distinct).
-//!
 //! # The protocol
 //!
 //! Every frame the server sends is a JSON text frame with a `type`:
@@ -162,12 +132,9 @@
 //! | `{"type":"resync","room":R,"reason":"overflow"}` | the socket's queue filled, or the node's reader fell behind what the room keeps ([`Outgoing::Overflow`]): then the close [`CLOSE_OVERFLOW`] (1013); reconnect with the last position |
 //! | `{"type":"error","room":R,"reason":"unavailable"}` | a message could not be appended ([`RoomSession::unavailable`]); the socket stays open |
 //!
-//! A client resumes by passing its last position
-//! ([`Position`](tower_window::events::Position); the [`Resume`] extractor
-//! reads it from the query's `epoch` and `last_event_id`) to
-//! [`RoomHub::join`]. Positions are the client's word: whatever a client
-//! sends is answered to it alone and never changes the room for anyone
-//! else.
+//! A client resumes from its last position (`epoch`, `last_event_id`:
+//! [`Resume`]). Positions are the client's word: whatever a client sends
+//! is answered to it alone and never changes the room for anyone else.
 //!
 //! # Metrics
 //!

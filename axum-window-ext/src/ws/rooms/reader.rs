@@ -7,12 +7,12 @@
 //! new epoch when nothing was lost in between, so live sockets miss
 //! nothing.
 
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 use std::time::Duration;
 
 #[cfg(feature = "redis")]
 use tower_window::events::EventTail;
-use tower_window::events::{Epoch, EventId, EventWakeups, Position, Resume, ResyncReason};
+use tower_window::events::{Epoch, EventId, EventWakeups, Position, Resume, ResyncReason, Wakeup};
 use tower_window::StoreError;
 
 use super::hub::{lock, window_key, Inner, Live, RoomHub};
@@ -29,44 +29,12 @@ pub(super) async fn run(hub: Weak<Inner>) {
     let mut failures: u32 = 0;
     loop {
         let Some(inner) = hub.upgrade() else { return };
-        let hub_ref = RoomHub { inner };
-        if let Live::Push(wakeups) = &hub_ref.inner.live {
-            match read_pushed(&hub_ref, wakeups).await {
-                Ok(()) => failures = 0,
-                Err(error) => {
-                    failures = failures.saturating_add(1);
-                    tracing::warn!(%error, "room reader failed; retrying");
-                    let backoff = Duration::from_millis(50u64 << failures.min(5));
-                    drop(hub_ref);
-                    tokio::time::sleep(backoff).await;
-                }
-            }
-            continue;
-        }
-        let rooms: Cursors = lock(&hub_ref.inner.rooms)
-            .iter()
-            .filter_map(|(name, room)| {
-                room.cursor
-                    .as_ref()
-                    .map(|(epoch, id)| (name.clone(), epoch.clone(), *id))
-            })
-            .collect();
-        if rooms.is_empty() {
-            // Nothing to read: wait for a join (or look again soon),
-            // holding no clone of the hub meanwhile.
-            let inner = Arc::clone(&hub_ref.inner);
-            drop(hub_ref);
-            tokio::select! {
-                () = inner.wake.notified() => {}
-                () = tokio::time::sleep(READ_BLOCK) => {}
-            }
-            continue;
-        }
-        let result = match &hub_ref.inner.live {
+        let hub = RoomHub { inner };
+        let result = match &hub.inner.live {
             #[cfg(feature = "redis")]
-            Live::Tail(tail) => read_tail(&hub_ref, tail, &rooms).await,
-            Live::Poll => read_poll(&hub_ref, &rooms).await,
-            Live::Push(_) => Ok(()),
+            Live::Tail(tail) => read_tail(&hub, tail).await,
+            Live::Push(wakeups) => read_pushed(&hub, wakeups).await,
+            Live::Poll => read_poll(&hub).await,
         };
         match result {
             Ok(()) => failures = 0,
@@ -74,23 +42,50 @@ pub(super) async fn run(hub: Weak<Inner>) {
                 failures = failures.saturating_add(1);
                 tracing::warn!(%error, "room reader failed; retrying");
                 let backoff = Duration::from_millis(50u64 << failures.min(5));
-                drop(hub_ref);
+                drop(hub);
                 tokio::time::sleep(backoff).await;
             }
         }
     }
 }
 
+/// Every room with a cursor; with `only_dirty`, only those marked to be
+/// read, unmarking them.
+fn cursors(hub: &RoomHub, only_dirty: bool) -> Cursors {
+    let mut rooms = lock(&hub.inner.rooms);
+    let mut cursors = Vec::new();
+    for (name, room) in rooms.iter_mut() {
+        let Some((epoch, id)) = &room.cursor else {
+            continue;
+        };
+        if only_dirty && !std::mem::take(&mut room.dirty) {
+            continue;
+        }
+        cursors.push((name.clone(), epoch.clone(), *id));
+    }
+    cursors
+}
+
+/// Waits for the hub's wake (a join, a local append), at most `timeout`.
+async fn woken_or(hub: &RoomHub, timeout: Duration) {
+    tokio::select! {
+        () = hub.inner.wake.notified() => {}
+        () = tokio::time::sleep(timeout) => {}
+    }
+}
+
 #[cfg(feature = "redis")]
-async fn read_tail(
-    hub: &RoomHub,
-    tail: &tokio::sync::Mutex<EventTail>,
-    rooms: &Cursors,
-) -> Result<(), StoreError> {
+async fn read_tail(hub: &RoomHub, tail: &tokio::sync::Mutex<EventTail>) -> Result<(), StoreError> {
+    let rooms = cursors(hub, false);
+    if rooms.is_empty() {
+        // Nothing to read: wait for a join (or look again soon).
+        woken_or(hub, READ_BLOCK).await;
+        return Ok(());
+    }
     let keys: Vec<String> = rooms.iter().map(|(name, _, _)| window_key(name)).collect();
     let windows: Vec<(&[u8], EventId)> = keys
         .iter()
-        .zip(rooms)
+        .zip(&rooms)
         .map(|(key, (_, _, id))| (key.as_bytes(), *id))
         .collect();
     let batches = tail
@@ -113,36 +108,13 @@ async fn read_tail(
 /// dropped hub is seen) for a wake-up or a join, then reads every room
 /// marked to be read.
 async fn read_pushed(hub: &RoomHub, wakeups: &EventWakeups) -> Result<(), StoreError> {
-    let dirty = |hub: &RoomHub| -> Cursors {
-        lock(&hub.inner.rooms)
-            .iter_mut()
-            .filter(|(_, room)| room.dirty && room.cursor.is_some())
-            .filter_map(|(name, room)| {
-                room.dirty = false;
-                room.cursor
-                    .as_ref()
-                    .map(|(epoch, id)| (name.clone(), epoch.clone(), *id))
-            })
-            .collect()
-    };
-    // Every wake-up already here joins this round.
-    while let Some(wakeup) = wakeups.try_next() {
-        hub.woken(&wakeup.key);
-    }
-    let mut rooms = dirty(hub);
+    let mut rooms = woken_rooms(hub, wakeups, None);
     if rooms.is_empty() {
         let woken = tokio::select! {
             wakeup = wakeups.next() => wakeup,
-            () = hub.inner.wake.notified() => None,
-            () = tokio::time::sleep(READ_BLOCK) => None,
+            () = woken_or(hub, READ_BLOCK) => None,
         };
-        if let Some(wakeup) = woken {
-            hub.woken(&wakeup.key);
-        }
-        while let Some(wakeup) = wakeups.try_next() {
-            hub.woken(&wakeup.key);
-        }
-        rooms = dirty(hub);
+        rooms = woken_rooms(hub, wakeups, woken);
     }
     let mut result = Ok(());
     for (name, epoch, id) in rooms {
@@ -155,6 +127,18 @@ async fn read_pushed(hub: &RoomHub, wakeups: &EventWakeups) -> Result<(), StoreE
         }
     }
     result
+}
+
+/// Marks the rooms of `first` and of every wake-up already here to be
+/// read, then takes the rooms to read.
+fn woken_rooms(hub: &RoomHub, wakeups: &EventWakeups, first: Option<Wakeup>) -> Cursors {
+    for wakeup in first
+        .into_iter()
+        .chain(std::iter::from_fn(|| wakeups.try_next()))
+    {
+        hub.woken(&wakeup.key);
+    }
+    cursors(hub, true)
 }
 
 /// Reads `name` from its cursor (`epoch`, `id`) up to now and delivers
@@ -226,13 +210,10 @@ async fn read_room(
     }
 }
 
-async fn read_poll(hub: &RoomHub, rooms: &Cursors) -> Result<(), StoreError> {
-    for (name, epoch, id) in rooms {
-        read_room(hub, name, epoch.clone(), *id).await?;
+async fn read_poll(hub: &RoomHub) -> Result<(), StoreError> {
+    for (name, epoch, id) in cursors(hub, false) {
+        read_room(hub, &name, epoch, id).await?;
     }
-    tokio::select! {
-        () = hub.inner.wake.notified() => {}
-        () = tokio::time::sleep(POLL_EVERY) => {}
-    }
+    woken_or(hub, POLL_EVERY).await;
     Ok(())
 }

@@ -40,7 +40,7 @@ use tower_window::events::Position;
 pub struct Resume(pub Option<Position>);
 
 /// The query parameters a [`Resume`] reads (any others are ignored).
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 struct Params {
     epoch: Option<String>,
     last_event_id: Option<String>,
@@ -50,10 +50,7 @@ impl Resume {
     /// The position named by the query string `query` (without the `?`).
     pub fn from_query(query: Option<&str>) -> Result<Self, InvalidResume> {
         let params: Params = match query {
-            None => Params {
-                epoch: None,
-                last_event_id: None,
-            },
+            None => Params::default(),
             Some(query) => {
                 let uri = format!("/?{query}")
                     .parse()

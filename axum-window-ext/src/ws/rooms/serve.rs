@@ -1,18 +1,15 @@
 //! [`RoomSession::serve`]: a ready-made room socket loop, over a plain
 //! axum `WebSocket` or a [`GuardedSocket`](crate::ws::GuardedSocket).
 
-use std::time::Duration;
-
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use axum::extract::ws::{Message, Utf8Bytes, WebSocket};
 use futures_util::SinkExt;
 
 use super::session::{Outgoing, RoomSession};
 use super::socket::RoomSocket;
 use super::{CLOSE_OVERFLOW, CLOSE_STORE_ERROR, CLOSE_UNSUPPORTED};
 
-/// How long the peer may take to answer a close (its close frame, or the
-/// end of the connection) before the socket is dropped anyway.
-const CLOSE_WAIT: Duration = Duration::from_secs(1);
+/// How many frames one write may carry (see [`RoomSession::send_ready`]).
+pub const FRAMES_PER_FLUSH: usize = 64;
 
 impl RoomSession {
     /// Serves this session on `socket` until either side closes: the
@@ -122,12 +119,7 @@ impl RoomSession {
         drop(self);
         socket.close(code, reason).await;
     }
-}
 
-/// How many frames one write may carry (see [`RoomSession::send_ready`]).
-pub const FRAMES_PER_FLUSH: usize = 64;
-
-impl RoomSession {
     /// Writes `first` (a frame [`next`](Self::next) gave), then every frame
     /// [`ready_now`](Self::ready_now), at most [`FRAMES_PER_FLUSH`] in all,
     /// and flushes once if it wrote any: a burst of events costs one write
@@ -165,35 +157,3 @@ impl RoomSession {
 /// Close code 1001 (going away): the session ended without a reason of
 /// the protocol's own.
 const CLOSE_GOING_AWAY: u16 = 1001;
-
-/// Sends a close with `code` and `reason`, then reads until the peer's
-/// close or the end of the connection, for at most [`CLOSE_WAIT`], so the
-/// close reaches the client before the socket is dropped.
-pub(super) async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
-    let frame = CloseFrame {
-        code,
-        reason: reason.into(),
-    };
-    if let Err(error) = socket.send(Message::Close(Some(frame))).await {
-        tracing::debug!(%error, "websocket close failed");
-        return;
-    }
-    drain(socket).await;
-}
-
-/// Reads (and discards) until the peer's close or the end of the
-/// connection, for at most [`CLOSE_WAIT`]; bounded in time, so a peer
-/// that never answers does not hold the socket.
-pub(super) async fn drain(socket: &mut WebSocket) {
-    let _ = tokio::time::timeout(CLOSE_WAIT, async {
-        while let Some(Ok(message)) = socket.recv().await {
-            if matches!(message, Message::Close(_)) {
-                // Reading once more writes the queued reply, if any, and
-                // ends the stream.
-                let _ = socket.recv().await;
-                return;
-            }
-        }
-    })
-    .await;
-}

@@ -1,7 +1,6 @@
 //! [`RoomSession`]: one socket in one room, and what it sends next.
 
 use std::collections::VecDeque;
-use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -10,7 +9,7 @@ use tokio::sync::mpsc;
 use tower_window::events::{Epoch, EventId, Position, Resume};
 use tower_window::StoreError;
 
-use super::hub::{window_key, LiveEvent, RoomHub};
+use super::hub::{reached, window_key, LiveEvent, RoomHub};
 use super::name::RoomName;
 use super::{frame, metrics, HISTORY_PAGE};
 
@@ -33,6 +32,7 @@ pub enum Outgoing {
 }
 
 /// Where a session is in its opening sequence.
+#[derive(Debug)]
 pub(super) enum Phase {
     /// Reading history after this position (resumes only).
     History { from: Position, count: u64 },
@@ -48,6 +48,7 @@ pub(super) enum Phase {
 /// live events — with no gap and no duplicate between history and live.
 /// It is cancel-safe, so a socket loop can `select!` it with reading the
 /// socket; [`serve`](Self::serve) is such a loop.
+#[derive(Debug)]
 pub struct RoomSession {
     pub(super) hub: RoomHub,
     pub(super) room: RoomName,
@@ -61,16 +62,6 @@ pub struct RoomSession {
     pub(super) pending: VecDeque<Utf8Bytes>,
     /// The last event sent (epoch, id): live events up to it are skipped.
     pub(super) last_sent: Option<(Epoch, EventId)>,
-}
-
-impl fmt::Debug for RoomSession {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RoomSession")
-            .field("room", &self.room)
-            .field("head", &self.head)
-            .field("history", &matches!(self.phase, Phase::History { .. }))
-            .finish_non_exhaustive()
-    }
 }
 
 impl Drop for RoomSession {
@@ -178,10 +169,8 @@ impl RoomSession {
     /// `event`'s frame, unless it was sent already (history and live
     /// overlap at the switch); then it counts as sent.
     fn unsent(&mut self, event: LiveEvent) -> Option<Utf8Bytes> {
-        if let Some((epoch, last)) = &self.last_sent {
-            if *epoch == event.epoch && event.id <= *last {
-                return None;
-            }
+        if reached(&self.last_sent, &event.epoch, event.id) {
+            return None;
         }
         self.last_sent = Some((event.epoch.clone(), event.id));
         Some(event.text)

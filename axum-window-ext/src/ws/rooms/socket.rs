@@ -2,7 +2,8 @@
 
 use axum::extract::ws::{Message, WebSocket};
 
-use crate::ws::GuardedSocket;
+use crate::ws::guard::{discard_until_close, send_close};
+use crate::ws::{GuardedSocket, MessageLimits};
 
 mod sealed {
     pub trait Sealed {}
@@ -44,11 +45,13 @@ impl RoomSocket for WebSocket {
     }
 
     async fn closed_by_peer(&mut self) {
-        super::serve::drain(self).await;
+        discard_until_close(self, MessageLimits::DEFAULT_CLOSE_TIMEOUT).await;
     }
 
     async fn close(&mut self, code: u16, reason: &str) {
-        super::serve::close(self, code, reason).await;
+        if send_close(self, code, reason).await {
+            discard_until_close(self, MessageLimits::DEFAULT_CLOSE_TIMEOUT).await;
+        }
     }
 }
 
