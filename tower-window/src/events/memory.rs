@@ -13,8 +13,8 @@ use quick_cache::sync::Cache;
 
 use super::wakeups::LocalWakeups;
 use crate::events::{
-    self as events, check_batch, check_fields, check_limit, Appended, Epoch, Event, EventId,
-    EventRequest, Position, Resume, ResyncReason, Retention,
+    self as events, check_batch, check_limit, Appended, Epoch, Event, EventId, EventRequest,
+    Position, Resume, ResyncReason, Retention,
 };
 use crate::store::MemoryStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
@@ -132,30 +132,9 @@ impl MemoryStore {
         (now_us, now_us / 1000)
     }
 
+    /// Appends `events` in order (one event: an append), then wakes the
+    /// window's readers.
     fn append_now(
-        &self,
-        request: EventRequest<'_>,
-        fields: &[(&str, &[u8])],
-    ) -> Result<Appended, StoreError> {
-        check_fields(fields)?;
-        let (now_us, now_ms) = self.now();
-        let log = self.event_logs().log(request.key);
-        let mut log = lock(&log);
-        let epoch = log.live(now_us, &request);
-        let id = log.next_id(now_ms)?;
-        let prev = log.last;
-        let fields = fields
-            .iter()
-            .map(|(name, value)| ((*name).to_owned(), Bytes::copy_from_slice(value)))
-            .collect();
-        log.entries.push_back(Entry { id, prev, fields });
-        log.last = id;
-        log.trim(now_ms, request.retention);
-        log.touch(now_ms, request.retention);
-        Ok(Appended::new(epoch, id))
-    }
-
-    fn append_many_now(
         &self,
         request: EventRequest<'_>,
         events: &[&[(&str, &[u8])]],
@@ -179,17 +158,9 @@ impl MemoryStore {
         }
         log.trim(now_ms, request.retention);
         log.touch(now_ms, request.retention);
+        drop(log);
+        self.event_wakeups().appended(request.key);
         Ok(appended)
-    }
-
-    fn head_now(&self, request: EventRequest<'_>) -> Position {
-        let (now_us, now_ms) = self.now();
-        let log = self.event_logs().log(request.key);
-        let mut log = lock(&log);
-        let epoch = log.live(now_us, &request);
-        log.touch(now_ms, request.retention);
-        let last = log.last;
-        Position::new(epoch, (last != EventId::ZERO).then_some(last))
     }
 
     fn read_now(
@@ -237,18 +208,6 @@ impl MemoryStore {
                 .collect(),
         ))
     }
-
-    fn len_now(&self, request: EventRequest<'_>) -> u64 {
-        let (_, now_ms) = self.now();
-        let Some(log) = self.event_logs().logs.get(request.key) else {
-            return 0;
-        };
-        let log = lock(&log);
-        if log.epoch.is_none() || now_ms >= log.expires_at {
-            return 0;
-        }
-        log.entries.len() as u64
-    }
 }
 
 impl events::Backend for MemoryStore {
@@ -262,11 +221,8 @@ impl events::Backend for MemoryStore {
         request: EventRequest<'a>,
         fields: &'a [(&'a str, &'a [u8])],
     ) -> Op<'a, Appended> {
-        let appended = self.append_now(request, fields);
-        if appended.is_ok() {
-            self.event_wakeups().appended(request.key);
-        }
-        Op::ready(appended)
+        let appended = self.append_now(request, &[fields]);
+        Op::ready(appended.map(|mut appended| appended.remove(0)))
     }
 
     fn append_many<'a>(
@@ -275,15 +231,20 @@ impl events::Backend for MemoryStore {
         request: EventRequest<'a>,
         events: &'a [&'a [(&'a str, &'a [u8])]],
     ) -> Op<'a, Vec<Appended>> {
-        let appended = self.append_many_now(request, events);
-        if appended.is_ok() {
-            self.event_wakeups().appended(request.key);
-        }
-        Op::ready(appended)
+        Op::ready(self.append_now(request, events))
     }
 
     fn head<'a>(&'a self, _: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {
-        Op::ready(Ok(self.head_now(request)))
+        let (now_us, now_ms) = self.now();
+        let log = self.event_logs().log(request.key);
+        let mut log = lock(&log);
+        let epoch = log.live(now_us, &request);
+        log.touch(now_ms, request.retention);
+        let last = log.last;
+        Op::ready(Ok(Position::new(
+            epoch,
+            (last != EventId::ZERO).then_some(last),
+        )))
     }
 
     fn read<'a>(
@@ -297,7 +258,13 @@ impl events::Backend for MemoryStore {
     }
 
     fn len<'a>(&'a self, _: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64> {
-        Op::ready(Ok(self.len_now(request)))
+        let (_, now_ms) = self.now();
+        let Some(log) = self.event_logs().logs.get(request.key) else {
+            return Op::ready(Ok(0));
+        };
+        let log = lock(&log);
+        let live = log.epoch.is_some() && now_ms < log.expires_at;
+        Op::ready(Ok(if live { log.entries.len() as u64 } else { 0 }))
     }
 }
 

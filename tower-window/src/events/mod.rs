@@ -66,7 +66,7 @@ pub(crate) mod memory;
 mod redis;
 mod store;
 #[cfg(feature = "redis")]
-pub(crate) mod tail;
+mod tail;
 #[cfg(feature = "redis")]
 pub mod wake;
 mod wakeups;
@@ -80,5 +80,5 @@ pub use store::{
 #[cfg(feature = "redis")]
 pub use tail::{EventTail, TailBatch};
 pub use wakeups::{EventWakeups, WakeReason, Wakeup};
-pub(crate) use window::{check_batch, check_fields, check_limit};
+pub(crate) use window::{check_batch, check_limit};
 pub use window::{EventWindow, MAX_BATCH, MAX_FIELDS, MAX_FIELD_NAME, MAX_PAGE};

@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 
-use super::redis::{array, event_keys, id, tagged_event, text};
+use super::redis::{array, event_keys, parsed, protocol, tagged_event, text};
 use crate::events::{Epoch, Event, EventId};
 use crate::store::redis::connection::map_error;
 use crate::store::redis::RedisStore;
@@ -66,25 +66,6 @@ impl RedisStore {
             conn: None,
             connect_timeout: crate::store::redis::DEFAULT_CONNECT_TIMEOUT,
         })
-    }
-}
-
-/// Where [`EventWindow::tail`](crate::events::EventWindow::tail) finds
-/// its reader: a store's tail, plugged like a capability's backend (only
-/// a single Redis has one).
-pub(crate) trait Tails: Send + Sync + 'static {
-    fn tail(&self) -> Result<EventTail, StoreError>;
-}
-
-impl Tails for RedisStore {
-    fn tail(&self) -> Result<EventTail, StoreError> {
-        self.event_tail()
-    }
-}
-
-impl Tails for crate::MemoryStore {
-    fn tail(&self) -> Result<EventTail, StoreError> {
-        Err(StoreError::unsupported("tailed event reads"))
     }
 }
 
@@ -151,12 +132,12 @@ impl EventTail {
                     "XREAD replied a map (RESP3 is not supported here)",
                 ))
             }
-            _ => return Err(super::redis::protocol("XREAD: unexpected reply")),
+            _ => return Err(protocol("XREAD: unexpected reply")),
         };
         let mut batches = Vec::with_capacity(streams.len());
         for stream in streams {
             let [name, entries] = array(stream)? else {
-                return Err(super::redis::protocol("XREAD: a stream is [key, entries]"));
+                return Err(protocol("XREAD: a stream is [key, entries]"));
             };
             let name = text(name)?;
             let Some(index) = keys.iter().position(|k| k.as_slice() == name) else {
@@ -165,7 +146,7 @@ impl EventTail {
             let mut events = Vec::new();
             let mut last_id = None;
             for entry in array(entries)? {
-                if let Some(Ok(entry_id)) = array(entry).ok().and_then(|e| e.first()).map(id) {
+                if let Some(Ok(entry_id)) = array(entry).ok().and_then(|e| e.first()).map(parsed) {
                     last_id = Some(entry_id);
                 }
                 match tagged_event(entry) {

@@ -31,6 +31,12 @@ pub struct Wakeup {
     pub reason: WakeReason,
 }
 
+impl Wakeup {
+    pub(crate) fn new(key: Vec<u8>, reason: WakeReason) -> Self {
+        Self { key, reason }
+    }
+}
+
 /// Wake-ups of the event windows a reader follows, from the store's
 /// events backend ([`EventWindow::wakeups`](crate::events::EventWindow::wakeups)):
 /// on Redis pushed by the server (Redis 7, single or cluster; see
@@ -138,10 +144,7 @@ impl Follower {
     fn follow(&self, key: Vec<u8>) {
         lock(&self.keys).insert(key.clone());
         // Nothing to subscribe in process: it holds at once.
-        let _ = self.out.send(Wakeup {
-            key,
-            reason: WakeReason::Subscribed,
-        });
+        let _ = self.out.send(Wakeup::new(key, WakeReason::Subscribed));
     }
 }
 
@@ -167,10 +170,9 @@ impl LocalWakeups {
         let followers = lock(&self.followers);
         for follower in followers.iter().filter_map(Weak::upgrade) {
             if lock(&follower.keys).contains(key) {
-                let _ = follower.out.send(Wakeup {
-                    key: key.to_vec(),
-                    reason: WakeReason::Appended,
-                });
+                let _ = follower
+                    .out
+                    .send(Wakeup::new(key.to_vec(), WakeReason::Appended));
             }
         }
     }
@@ -187,10 +189,7 @@ mod tests {
     use crate::{MemoryStore, Store};
 
     fn wakeup(key: &str, reason: WakeReason) -> Option<Wakeup> {
-        Some(Wakeup {
-            key: key.as_bytes().to_vec(),
-            reason,
-        })
+        Some(Wakeup::new(key.as_bytes().to_vec(), reason))
     }
 
     #[tokio::test]

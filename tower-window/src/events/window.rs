@@ -98,8 +98,12 @@ impl EventWindow {
     /// store has none.
     #[cfg(feature = "redis")]
     pub fn tail(&self) -> Result<crate::events::EventTail, StoreError> {
-        match crate::store::plugged!(self.inner.store, dyn super::tail::Tails) {
-            Some(tails) => tails.tail(),
+        let redis = self.inner.store.backend(|native| match native {
+            crate::store::Native::Redis(redis) => Some(Arc::clone(redis)),
+            _ => None,
+        });
+        match redis {
+            Some(redis) => redis.event_tail(),
             None => Err(StoreError::unsupported("tailed event reads")),
         }
     }
@@ -114,10 +118,6 @@ impl EventWindow {
         self.inner.retention
     }
 
-    fn request<'a>(&self, key: &'a [u8]) -> EventRequest<'a> {
-        EventRequest::new(key, self.inner.retention, fastrand::u64(..))
-    }
-
     /// Appends an event with `fields` (1 to [`MAX_FIELDS`], names of 1 to
     /// [`MAX_FIELD_NAME`] bytes) to the window `key`, trimming what is past
     /// the window or beyond its `max_len`.
@@ -127,10 +127,10 @@ impl EventWindow {
         fields: &[(&str, &[u8])],
     ) -> Result<Appended, StoreError> {
         check_fields(fields)?;
-        let key = key.as_ref();
-        let request = self.request(key);
-        self.run(key, |backend, guard| backend.append(guard, request, fields))
-            .await
+        self.run(key.as_ref(), |backend, guard, request| {
+            backend.append(guard, request, fields)
+        })
+        .await
     }
 
     /// Appends `events` (1 to [`MAX_BATCH`], each with fields as
@@ -162,9 +162,7 @@ impl EventWindow {
         events: &[&[(&str, &[u8])]],
     ) -> Result<Vec<Appended>, StoreError> {
         check_batch(events)?;
-        let key = key.as_ref();
-        let request = self.request(key);
-        self.run(key, |backend, guard| {
+        self.run(key.as_ref(), |backend, guard, request| {
             backend.append_many(guard, request, events)
         })
         .await
@@ -175,10 +173,10 @@ impl EventWindow {
     /// resumes later gets every event appended in between. Refreshes the
     /// window's expiry.
     pub async fn position(&self, key: impl AsRef<[u8]>) -> Result<Position, StoreError> {
-        let key = key.as_ref();
-        let request = self.request(key);
-        self.run(key, |backend, guard| backend.head(guard, request))
-            .await
+        self.run(key.as_ref(), |backend, guard, request| {
+            backend.head(guard, request)
+        })
+        .await
     }
 
     /// One page: at most `limit` (1 to [`MAX_PAGE`]) events after `from`,
@@ -192,9 +190,7 @@ impl EventWindow {
         limit: u32,
     ) -> Result<Resume, StoreError> {
         check_limit(limit)?;
-        let key = key.as_ref();
-        let request = self.request(key);
-        self.run(key, |backend, guard| {
+        self.run(key.as_ref(), |backend, guard, request| {
             backend.read(guard, request, from, limit)
         })
         .await
@@ -230,26 +226,27 @@ impl EventWindow {
 
     /// How many events the window `key` holds (see [`Backend::len`]).
     pub async fn len(&self, key: impl AsRef<[u8]>) -> Result<u64, StoreError> {
-        let key = key.as_ref();
-        let request = self.request(key);
-        self.run(key, |backend, guard| backend.len(guard, request))
-            .await
+        self.run(key.as_ref(), |backend, guard, request| {
+            backend.len(guard, request)
+        })
+        .await
     }
 
     /// One operation on the window `key`, through the store's resilience
     /// stack.
     fn run<'a, T: Send + 'a>(
         &'a self,
-        key: &[u8],
-        operation: impl FnOnce(&'a dyn Backend, &mut Guard<'a>) -> Op<'a, T>,
+        key: &'a [u8],
+        operation: impl FnOnce(&'a dyn Backend, &mut Guard<'a>, EventRequest<'a>) -> Op<'a, T>,
     ) -> Op<'a, T> {
         let inner = &*self.inner;
+        let request = EventRequest::new(key, inner.retention, fastrand::u64(..));
         inner.store.call(
             inner.backend.as_deref(),
             "event windows",
             |backend| backend.failure_domain(key),
             Calls::to(&inner.metrics, None),
-            operation,
+            |backend, guard| operation(backend, guard, request),
         )
     }
 }
