@@ -6,6 +6,7 @@
 //! new epoch, so a position in the old one resyncs, never recovers.
 
 use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -20,37 +21,39 @@ use crate::store::MemoryStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
 use crate::sync::lock;
 
+/// Every window of one store: at most `max_keys` of them.
+type EventLogs = Cache<Vec<u8>, Arc<Mutex<Log>>>;
+
 impl MemoryStore {
     fn event_logs(&self) -> Arc<EventLogs> {
-        self.part(|store| Arc::new(EventLogs::new(store.max_keys())))
+        self.part(|store| {
+            let max_keys = usize::try_from(store.max_keys().max(1)).unwrap_or(usize::MAX);
+            Arc::new(Cache::new(max_keys))
+        })
     }
 
     /// The local notify every append of this store wakes readers by.
     fn event_wakeups(&self) -> Arc<LocalWakeups> {
         self.part(|_| Arc::new(LocalWakeups::default()))
     }
-}
 
-/// Every window of one store.
-pub(crate) struct EventLogs {
-    logs: Cache<Vec<u8>, Arc<Mutex<Log>>>,
-}
-
-impl EventLogs {
-    pub(crate) fn new(max_keys: u64) -> Self {
-        Self {
-            logs: Cache::new(usize::try_from(max_keys.max(1)).unwrap_or(usize::MAX)),
-        }
-    }
-
-    fn log(&self, key: &[u8]) -> Arc<Mutex<Log>> {
-        match self
-            .logs
-            .get_or_insert_with(key, || Ok::<_, std::convert::Infallible>(Arc::default()))
+    /// `f` on the window of `request`, locked, with its current epoch (a
+    /// new one, the window emptied, if it was gone) and now in ms.
+    fn event_window<T>(
+        &self,
+        request: &EventRequest<'_>,
+        f: impl FnOnce(&mut Log, Epoch, u64) -> T,
+    ) -> T {
+        let now_us = self.clock.now_micros();
+        let logs = self.event_logs();
+        let log = match logs.get_or_insert_with(request.key, || Ok::<_, Infallible>(Arc::default()))
         {
             Ok(log) => log,
             Err(never) => match never {},
-        }
+        };
+        let mut log = lock(&log);
+        let epoch = log.live(now_us, request);
+        f(&mut log, epoch, now_us / 1000)
     }
 }
 
@@ -127,11 +130,6 @@ impl Log {
 }
 
 impl MemoryStore {
-    fn now(&self) -> (u64, u64) {
-        let now_us = self.clock.now_micros();
-        (now_us, now_us / 1000)
-    }
-
     /// Appends `events` in order (one event: an append), then wakes the
     /// window's readers.
     fn append_now(
@@ -140,25 +138,23 @@ impl MemoryStore {
         events: &[&[(&str, &[u8])]],
     ) -> Result<Vec<Appended>, StoreError> {
         check_batch(events)?;
-        let (now_us, now_ms) = self.now();
-        let log = self.event_logs().log(request.key);
-        let mut log = lock(&log);
-        let epoch = log.live(now_us, &request);
-        let mut appended = Vec::with_capacity(events.len());
-        for fields in events {
-            let id = log.next_id(now_ms)?;
-            let prev = log.last;
-            let fields = fields
-                .iter()
-                .map(|(name, value)| ((*name).to_owned(), Bytes::copy_from_slice(value)))
-                .collect();
-            log.entries.push_back(Entry { id, prev, fields });
-            log.last = id;
-            appended.push(Appended::new(epoch.clone(), id));
-        }
-        log.trim(now_ms, request.retention);
-        log.touch(now_ms, request.retention);
-        drop(log);
+        let appended = self.event_window(&request, |log, epoch, now_ms| {
+            let mut appended = Vec::with_capacity(events.len());
+            for fields in events {
+                let id = log.next_id(now_ms)?;
+                let prev = log.last;
+                let fields = fields
+                    .iter()
+                    .map(|(name, value)| ((*name).to_owned(), Bytes::copy_from_slice(value)))
+                    .collect();
+                log.entries.push_back(Entry { id, prev, fields });
+                log.last = id;
+                appended.push(Appended::new(epoch.clone(), id));
+            }
+            log.trim(now_ms, request.retention);
+            log.touch(now_ms, request.retention);
+            Ok::<_, StoreError>(appended)
+        })?;
         self.event_wakeups().appended(request.key);
         Ok(appended)
     }
@@ -170,43 +166,42 @@ impl MemoryStore {
         limit: u32,
     ) -> Result<Resume, StoreError> {
         check_limit(limit)?;
-        let (now_us, now_ms) = self.now();
-        let log = self.event_logs().log(request.key);
-        let mut log = lock(&log);
-        let epoch = log.live(now_us, &request);
-        if epoch != from.epoch {
-            return Ok(Resume::Resync(ResyncReason::EpochChanged));
-        }
-        let after = from.after();
-        if after > log.last {
-            // The reader claims events this window never had (or lost):
-            // told so alone; a position never changes the window.
-            return Ok(Resume::Resync(ResyncReason::Ahead));
-        }
-        log.trim(now_ms, request.retention);
-        let start = log.entries.partition_point(|entry| entry.id <= after);
-        let Some(first) = log.entries.get(start) else {
-            return Ok(if log.last > after {
-                Resume::Resync(ResyncReason::TooOld)
-            } else {
-                Resume::Recovered(Vec::new())
-            });
-        };
-        // Recovered only if the first kept event after the position is the
-        // one that followed it. Entries leave only from the front, so the
-        // kept ones are a chain and the first one is all there is to check.
-        if first.prev != after {
-            return Ok(Resume::Resync(ResyncReason::TooOld));
-        }
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        Ok(Resume::Recovered(
-            log.entries
-                .iter()
-                .skip(start)
-                .take(limit)
-                .map(|entry| Event::new(entry.id, entry.fields.clone()))
-                .collect(),
-        ))
+        self.event_window(&request, |log, epoch, now_ms| {
+            if epoch != from.epoch {
+                return Ok(Resume::Resync(ResyncReason::EpochChanged));
+            }
+            let after = from.after();
+            if after > log.last {
+                // The reader claims events this window never had (or lost):
+                // told so alone; a position never changes the window.
+                return Ok(Resume::Resync(ResyncReason::Ahead));
+            }
+            log.trim(now_ms, request.retention);
+            let start = log.entries.partition_point(|entry| entry.id <= after);
+            let Some(first) = log.entries.get(start) else {
+                return Ok(if log.last > after {
+                    Resume::Resync(ResyncReason::TooOld)
+                } else {
+                    Resume::Recovered(Vec::new())
+                });
+            };
+            // Recovered only if the first kept event after the position is
+            // the one that followed it. Entries leave only from the front,
+            // so the kept ones are a chain and the first one is all there
+            // is to check.
+            if first.prev != after {
+                return Ok(Resume::Resync(ResyncReason::TooOld));
+            }
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            Ok(Resume::Recovered(
+                log.entries
+                    .iter()
+                    .skip(start)
+                    .take(limit)
+                    .map(|entry| Event::new(entry.id, entry.fields.clone()))
+                    .collect(),
+            ))
+        })
     }
 }
 
@@ -235,16 +230,10 @@ impl events::Backend for MemoryStore {
     }
 
     fn head<'a>(&'a self, _: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {
-        let (now_us, now_ms) = self.now();
-        let log = self.event_logs().log(request.key);
-        let mut log = lock(&log);
-        let epoch = log.live(now_us, &request);
-        log.touch(now_ms, request.retention);
-        let last = log.last;
-        Op::ready(Ok(Position::new(
-            epoch,
-            (last != EventId::ZERO).then_some(last),
-        )))
+        Op::ready(Ok(self.event_window(&request, |log, epoch, now_ms| {
+            log.touch(now_ms, request.retention);
+            Position::new(epoch, (log.last != EventId::ZERO).then_some(log.last))
+        })))
     }
 
     fn read<'a>(
@@ -258,8 +247,8 @@ impl events::Backend for MemoryStore {
     }
 
     fn len<'a>(&'a self, _: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64> {
-        let (_, now_ms) = self.now();
-        let Some(log) = self.event_logs().logs.get(request.key) else {
+        let now_ms = self.clock.now_micros() / 1000;
+        let Some(log) = self.event_logs().get(request.key) else {
             return Op::ready(Ok(0));
         };
         let log = lock(&log);

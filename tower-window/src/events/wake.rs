@@ -54,7 +54,7 @@ const MAX_RETRY: Duration = Duration::from_secs(1);
 /// How long one subscription command or check may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
-use super::wakeups::{EventWakeups, WakeReason, Wakeup};
+use super::wakeups::{EventWakeups, Source, WakeReason, Wakeup};
 
 enum Command {
     Follow(Vec<u8>),
@@ -63,7 +63,7 @@ enum Command {
 
 /// The Redis side of an [`EventWakeups`]: the subscriber task's commands,
 /// and the task itself until it is started.
-pub(crate) struct Subscription {
+struct Subscription {
     commands: mpsc::UnboundedSender<Command>,
     /// The subscriber, until it is started.
     idle: Mutex<Option<(Subscriber, mpsc::UnboundedReceiver<Command>)>>,
@@ -118,23 +118,23 @@ impl RedisStore {
             commands,
             idle: Mutex::new(Some((subscriber, command_rx))),
         };
-        Ok(EventWakeups::redis(subscription, wakeups))
+        Ok(EventWakeups::new(subscription, wakeups))
     }
 }
 
-impl Subscription {
-    pub(crate) fn follow(&self, key: Vec<u8>) {
+impl Source for Subscription {
+    fn follow(&self, key: Vec<u8>) {
         self.start();
         let _ = self.commands.send(Command::Follow(key));
     }
 
-    pub(crate) fn unfollow(&self, key: Vec<u8>) {
-        let _ = self.commands.send(Command::Unfollow(key));
+    fn unfollow(&self, key: &[u8]) {
+        let _ = self.commands.send(Command::Unfollow(key.to_vec()));
     }
 
     /// Starts the subscriber task on the current runtime, once; outside
     /// a runtime, waits for a call inside one (follows are kept).
-    pub(crate) fn start(&self) {
+    fn start(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
