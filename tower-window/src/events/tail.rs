@@ -37,7 +37,6 @@ pub struct EventTail {
     client: redis::Client,
     prefix: String,
     conn: Option<MultiplexedConnection>,
-    connect_timeout: Duration,
 }
 
 impl fmt::Debug for EventTail {
@@ -64,7 +63,6 @@ impl RedisStore {
             client,
             prefix: self.prefix.clone(),
             conn: None,
-            connect_timeout: crate::store::redis::DEFAULT_CONNECT_TIMEOUT,
         })
     }
 }
@@ -88,7 +86,7 @@ impl EventTail {
             Some(conn) => conn.clone(),
             None => {
                 let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_connection_timeout(Some(crate::store::redis::DEFAULT_CONNECT_TIMEOUT))
                     .set_response_timeout(None);
                 let conn = self
                     .client

@@ -58,10 +58,9 @@ pub struct EventWindow {
 
 struct Inner {
     store: Store,
-    /// The store's backend of event windows (`None`: it has none).
+    /// `None`: the store has no events backend.
     backend: Option<Arc<dyn Backend>>,
     retention: Retention,
-    /// Its store calls, recorded under the name `events`.
     metrics: LimiterMetrics,
 }
 
@@ -81,16 +80,14 @@ impl EventWindow {
         }
     }
 
-    /// Live wake-ups of these windows from the store's events backend:
-    /// pushed by Redis (Redis 7, single or cluster, a store built from a
-    /// URL or cluster seeds), sent by every append on the embedded store;
-    /// see [`EventWakeups`](crate::events::EventWakeups). Or why the store
-    /// has none.
+    /// Live wake-ups of these windows from the store's events backend
+    /// (see [`EventWakeups`](crate::events::EventWakeups)), or why the
+    /// store has none.
     pub fn wakeups(&self) -> Result<crate::events::EventWakeups, StoreError> {
-        match &self.inner.backend {
-            Some(backend) => Arc::clone(backend).wakeups(),
-            None => Err(StoreError::unsupported("event wake-ups")),
-        }
+        let backend = self.inner.backend.clone();
+        backend
+            .ok_or_else(|| StoreError::unsupported("event wake-ups"))?
+            .wakeups()
     }
 
     /// Live reads of these windows with one blocking `XREAD` (a single
@@ -102,10 +99,9 @@ impl EventWindow {
             crate::store::Native::Redis(redis) => Some(Arc::clone(redis)),
             _ => None,
         });
-        match redis {
-            Some(redis) => redis.event_tail(),
-            None => Err(StoreError::unsupported("tailed event reads")),
-        }
+        redis
+            .ok_or_else(|| StoreError::unsupported("tailed event reads"))?
+            .event_tail()
     }
 
     /// The store the windows live in.
@@ -255,10 +251,9 @@ fn invalid(message: &'static str) -> StoreError {
     StoreError::new(StoreErrorKind::InvalidRequest, message)
 }
 
-/// Whether `fields` can be an event: 1 to [`MAX_FIELDS`], names of 1 to
-/// [`MAX_FIELD_NAME`] bytes. Checked by the window and again by every
-/// store, so a direct [`events::Backend`](crate::events::Backend) caller gets the same typed error and
-/// a store's work per append stays bounded.
+/// Whether `fields` can be an event. Checked by the window and again by
+/// every store, so that a direct [`Backend`] caller gets the same typed
+/// error and a store's work per append stays bounded.
 pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
     if fields.is_empty() || fields.len() > MAX_FIELDS {
         return Err(invalid("an event has 1 to 32 fields"));
@@ -272,8 +267,7 @@ pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Whether `events` can be one batch: 1 to [`MAX_BATCH`] events, each
-/// one passing [`check_fields`]; checked like [`check_fields`].
+/// Whether `events` can be one batch; checked like [`check_fields`].
 pub(crate) fn check_batch(events: &[&[(&str, &[u8])]]) -> Result<(), StoreError> {
     if events.is_empty() || events.len() > MAX_BATCH {
         return Err(invalid("a batch has 1 to 64 events"));
@@ -281,8 +275,7 @@ pub(crate) fn check_batch(events: &[&[(&str, &[u8])]]) -> Result<(), StoreError>
     events.iter().try_for_each(|fields| check_fields(fields))
 }
 
-/// Whether `limit` is a page size (1 to [`MAX_PAGE`]); checked like
-/// [`check_fields`].
+/// Whether `limit` is a page size; checked like [`check_fields`].
 pub(crate) fn check_limit(limit: u32) -> Result<(), StoreError> {
     if limit == 0 || limit > MAX_PAGE {
         return Err(invalid("a page holds 1 to 10000 events"));
