@@ -88,15 +88,11 @@ impl Log {
                 self.entries.clear();
                 self.last = EventId::ZERO;
                 self.touch(now_ms, request.retention);
-                self.rotate(now_us, request.nonce)
+                let epoch = Epoch::made(format!("{now_us:x}{:016x}", request.nonce));
+                self.epoch = Some(epoch.clone());
+                epoch
             }
         }
-    }
-
-    fn rotate(&mut self, now_us: u64, nonce: u64) -> Epoch {
-        let epoch = Epoch::made(format!("{now_us:x}{nonce:016x}"));
-        self.epoch = Some(epoch.clone());
-        epoch
     }
 
     fn touch(&mut self, now_ms: u64, retention: Retention) {

@@ -159,56 +159,6 @@ impl RedisStore {
             )),
         }
     }
-
-    async fn event_head(&self, request: EventRequest<'_>) -> Result<Position, StoreError> {
-        let reply = self.event_call(&request, "h", |_| {}).await?;
-        match array(&reply)? {
-            [e, l] => {
-                let last: EventId = parsed(l)?;
-                Ok(Position::new(
-                    parsed(e)?,
-                    (last != EventId::ZERO).then_some(last),
-                ))
-            }
-            _ => Err(protocol("redis event script: head replies [epoch, id]")),
-        }
-    }
-
-    async fn event_read(
-        &self,
-        request: EventRequest<'_>,
-        from: &Position,
-        limit: u32,
-    ) -> Result<Resume, StoreError> {
-        check_limit(limit)?;
-        let reply = self
-            .event_call(&request, "r", |call| {
-                call.arg(from.epoch.as_str())
-                    .arg(from.after().to_string())
-                    .arg(limit);
-            })
-            .await?;
-        match array(&reply)? {
-            [Value::Int(0)] => Ok(Resume::Recovered(Vec::new())),
-            [Value::Int(0), entries] => Ok(Resume::Recovered(
-                array(entries)?
-                    .iter()
-                    .map(|entry| tagged_event(entry).map(|(_, event)| event))
-                    .collect::<Result<_, _>>()?,
-            )),
-            [Value::Int(1)] => Ok(Resume::Resync(ResyncReason::TooOld)),
-            [Value::Int(2)] => Ok(Resume::Resync(ResyncReason::EpochChanged)),
-            [Value::Int(3)] => Ok(Resume::Resync(ResyncReason::Ahead)),
-            _ => Err(protocol("redis event script: unexpected read reply")),
-        }
-    }
-
-    async fn event_len(&self, request: EventRequest<'_>) -> Result<u64, StoreError> {
-        match self.event_call(&request, "l", |_| {}).await? {
-            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
-            _ => Err(protocol("redis event script: len replies an integer")),
-        }
-    }
 }
 
 impl events::Backend for RedisStore {
@@ -239,7 +189,19 @@ impl events::Backend for RedisStore {
     }
 
     fn head<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {
-        guard.run(move || self.event_head(request))
+        guard.run(move || async move {
+            let reply = self.event_call(&request, "h", |_| {}).await?;
+            match array(&reply)? {
+                [e, l] => {
+                    let last: EventId = parsed(l)?;
+                    Ok(Position::new(
+                        parsed(e)?,
+                        (last != EventId::ZERO).then_some(last),
+                    ))
+                }
+                _ => Err(protocol("redis event script: head replies [epoch, id]")),
+            }
+        })
     }
 
     fn read<'a>(
@@ -249,11 +211,38 @@ impl events::Backend for RedisStore {
         from: &'a Position,
         limit: u32,
     ) -> Op<'a, Resume> {
-        guard.run(move || self.event_read(request, from, limit))
+        guard.run(move || async move {
+            check_limit(limit)?;
+            let reply = self
+                .event_call(&request, "r", |call| {
+                    call.arg(from.epoch.as_str())
+                        .arg(from.after().to_string())
+                        .arg(limit);
+                })
+                .await?;
+            match array(&reply)? {
+                [Value::Int(0)] => Ok(Resume::Recovered(Vec::new())),
+                [Value::Int(0), entries] => Ok(Resume::Recovered(
+                    array(entries)?
+                        .iter()
+                        .map(|entry| tagged_event(entry).map(|(_, event)| event))
+                        .collect::<Result<_, _>>()?,
+                )),
+                [Value::Int(1)] => Ok(Resume::Resync(ResyncReason::TooOld)),
+                [Value::Int(2)] => Ok(Resume::Resync(ResyncReason::EpochChanged)),
+                [Value::Int(3)] => Ok(Resume::Resync(ResyncReason::Ahead)),
+                _ => Err(protocol("redis event script: unexpected read reply")),
+            }
+        })
     }
 
     fn len<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64> {
-        guard.run(move || self.event_len(request))
+        guard.run(move || async move {
+            match self.event_call(&request, "l", |_| {}).await? {
+                Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+                _ => Err(protocol("redis event script: len replies an integer")),
+            }
+        })
     }
 
     /// On a cluster store, the primary serving the window's slot.
