@@ -8,21 +8,19 @@
 -- n = its number and e = the epoch it was appended in (for live readers
 -- of XREAD); the caller's fields follow.
 --
--- ARGV[1] op: 'a' append, 'b' batch append, 'h' head, 'r' read, 'l' len
+-- ARGV[1] op: 'b' (batch) append, 'h' head, 'r' read, 'l' len
 -- ARGV[2] now in ms, or '' for Redis TIME
 -- ARGV[3] window ms, ARGV[4] max_len, ARGV[5] ttl ms, ARGV[6] nonce (hex)
--- append: ARGV[7..] field, value pairs     -> {epoch, id}
---   and SPUBLISHes the new id on the window's wake-up channel (the
---   stream's name with its last letter 'w', so the same hash tag and
---   slot): published by the append itself, so no append goes without its
---   wake-up. A wake-up only says "read this window from your last id";
---   the stream stays the only source of events (see events/wake.rs).
--- batch: ARGV[7] k (1 to 64 events), then per event its number of
---   field, value arguments c (2 to 64) and those c arguments
---                                          -> {epoch, id 1, ..., id k}
+-- append: ARGV[7] k (1 to 64 events; one event is a batch of one), then
+--   per event its number of field, value arguments c (2 to 64) and those
+--   c arguments                            -> {epoch, id 1, ..., id k}
 --   appends the k events in order, each one's `p` the id before it, with
---   one trim and one SPUBLISH of the last id (a wake-up says "read from
---   your last id", so one delivers the whole batch).
+--   one trim, and SPUBLISHes the last id on the window's wake-up channel
+--   (the stream's name with its last letter 'w', so the same hash tag and
+--   slot): published by the append itself, so no append goes without its
+--   wake-up. A wake-up only says "read this window from your last id"
+--   (so one delivers the whole batch); the stream stays the only source
+--   of events (see events/wake.rs).
 -- head:                                    -> {epoch, last id}
 -- read: ARGV[7] epoch, ARGV[8] after id, ARGV[9] limit (1 to 10000)
 --   -> {0, entries...} | {1} too old | {2} epoch changed | {3} ahead
@@ -171,12 +169,6 @@ local function appended(new, count)
   -- pcall: on a Redis before 7 (no SPUBLISH) appends still work; its
   -- readers must poll (RoomHubBuilder::polling).
   redis.pcall('SPUBLISH', string.sub(stream, 1, -2) .. 'w', new)
-end
-
-if op == 'a' then
-  local new = add(last, n + 1, 7, #ARGV, true)
-  appended(new, n + 1)
-  return {epoch, new}
 end
 
 if op == 'b' then

@@ -76,10 +76,9 @@ impl FromStr for EventId {
 
 /// The generation of an event window's history.
 ///
-/// A new epoch starts whenever the history may have been lost: the stream
-/// vanished (expired, deleted, flushed) and was made again, or another
-/// primary (a failover, a restart) now holds it. An [`EventId`] means
-/// something only together with its epoch (a [`Position`]).
+/// A new epoch starts whenever the history may have been lost (see the
+/// [module](super)); an [`EventId`] means something only together with
+/// its epoch (a [`Position`]).
 ///
 /// Epochs are 1 to 64 lowercase hexadecimal digits (`[0-9a-f]`), which is
 /// what every store makes: anything else is malformed, so a client that

@@ -6,6 +6,7 @@
 //! new epoch, so a position in the old one resyncs, never recovers.
 
 use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -13,44 +14,46 @@ use quick_cache::sync::Cache;
 
 use super::wakeups::LocalWakeups;
 use crate::events::{
-    self as events, check_batch, check_fields, check_limit, Appended, Epoch, Event, EventId,
-    EventRequest, Position, Resume, ResyncReason, Retention,
+    self as events, check_batch, check_limit, Appended, Epoch, Event, EventId, EventRequest,
+    Position, Resume, ResyncReason, Retention,
 };
 use crate::store::MemoryStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
 use crate::sync::lock;
 
+/// Every window of one store: at most `max_keys` of them.
+type EventLogs = Cache<Vec<u8>, Arc<Mutex<Log>>>;
+
 impl MemoryStore {
     fn event_logs(&self) -> Arc<EventLogs> {
-        self.part(|store| Arc::new(EventLogs::new(store.max_keys())))
+        self.part(|store| {
+            let max_keys = usize::try_from(store.max_keys().max(1)).unwrap_or(usize::MAX);
+            Arc::new(Cache::new(max_keys))
+        })
     }
 
     /// The local notify every append of this store wakes readers by.
     fn event_wakeups(&self) -> Arc<LocalWakeups> {
         self.part(|_| Arc::new(LocalWakeups::default()))
     }
-}
 
-/// Every window of one store.
-pub(crate) struct EventLogs {
-    logs: Cache<Vec<u8>, Arc<Mutex<Log>>>,
-}
-
-impl EventLogs {
-    pub(crate) fn new(max_keys: u64) -> Self {
-        Self {
-            logs: Cache::new(usize::try_from(max_keys.max(1)).unwrap_or(usize::MAX)),
-        }
-    }
-
-    fn log(&self, key: &[u8]) -> Arc<Mutex<Log>> {
-        match self
-            .logs
-            .get_or_insert_with(key, || Ok::<_, std::convert::Infallible>(Arc::default()))
+    /// `f` on the window of `request`, locked, with its current epoch (a
+    /// new one, the window emptied, if it was gone) and now in ms.
+    fn event_window<T>(
+        &self,
+        request: &EventRequest<'_>,
+        f: impl FnOnce(&mut Log, Epoch, u64) -> T,
+    ) -> T {
+        let now_us = self.clock.now_micros();
+        let logs = self.event_logs();
+        let log = match logs.get_or_insert_with(request.key, || Ok::<_, Infallible>(Arc::default()))
         {
             Ok(log) => log,
             Err(never) => match never {},
-        }
+        };
+        let mut log = lock(&log);
+        let epoch = log.live(now_us, request);
+        f(&mut log, epoch, now_us / 1000)
     }
 }
 
@@ -85,15 +88,11 @@ impl Log {
                 self.entries.clear();
                 self.last = EventId::ZERO;
                 self.touch(now_ms, request.retention);
-                self.rotate(now_us, request.nonce)
+                let epoch = Epoch::made(format!("{now_us:x}{:016x}", request.nonce));
+                self.epoch = Some(epoch.clone());
+                epoch
             }
         }
-    }
-
-    fn rotate(&mut self, now_us: u64, nonce: u64) -> Epoch {
-        let epoch = Epoch::made(format!("{now_us:x}{nonce:016x}"));
-        self.epoch = Some(epoch.clone());
-        epoch
     }
 
     fn touch(&mut self, now_ms: u64, retention: Retention) {
@@ -127,69 +126,33 @@ impl Log {
 }
 
 impl MemoryStore {
-    fn now(&self) -> (u64, u64) {
-        let now_us = self.clock.now_micros();
-        (now_us, now_us / 1000)
-    }
-
+    /// Appends `events` in order (one event: an append), then wakes the
+    /// window's readers.
     fn append_now(
-        &self,
-        request: EventRequest<'_>,
-        fields: &[(&str, &[u8])],
-    ) -> Result<Appended, StoreError> {
-        check_fields(fields)?;
-        let (now_us, now_ms) = self.now();
-        let log = self.event_logs().log(request.key);
-        let mut log = lock(&log);
-        let epoch = log.live(now_us, &request);
-        let id = log.next_id(now_ms)?;
-        let prev = log.last;
-        let fields = fields
-            .iter()
-            .map(|(name, value)| ((*name).to_owned(), Bytes::copy_from_slice(value)))
-            .collect();
-        log.entries.push_back(Entry { id, prev, fields });
-        log.last = id;
-        log.trim(now_ms, request.retention);
-        log.touch(now_ms, request.retention);
-        Ok(Appended::new(epoch, id))
-    }
-
-    fn append_many_now(
         &self,
         request: EventRequest<'_>,
         events: &[&[(&str, &[u8])]],
     ) -> Result<Vec<Appended>, StoreError> {
         check_batch(events)?;
-        let (now_us, now_ms) = self.now();
-        let log = self.event_logs().log(request.key);
-        let mut log = lock(&log);
-        let epoch = log.live(now_us, &request);
-        let mut appended = Vec::with_capacity(events.len());
-        for fields in events {
-            let id = log.next_id(now_ms)?;
-            let prev = log.last;
-            let fields = fields
-                .iter()
-                .map(|(name, value)| ((*name).to_owned(), Bytes::copy_from_slice(value)))
-                .collect();
-            log.entries.push_back(Entry { id, prev, fields });
-            log.last = id;
-            appended.push(Appended::new(epoch.clone(), id));
-        }
-        log.trim(now_ms, request.retention);
-        log.touch(now_ms, request.retention);
+        let appended = self.event_window(&request, |log, epoch, now_ms| {
+            let mut appended = Vec::with_capacity(events.len());
+            for fields in events {
+                let id = log.next_id(now_ms)?;
+                let prev = log.last;
+                let fields = fields
+                    .iter()
+                    .map(|(name, value)| ((*name).to_owned(), Bytes::copy_from_slice(value)))
+                    .collect();
+                log.entries.push_back(Entry { id, prev, fields });
+                log.last = id;
+                appended.push(Appended::new(epoch.clone(), id));
+            }
+            log.trim(now_ms, request.retention);
+            log.touch(now_ms, request.retention);
+            Ok::<_, StoreError>(appended)
+        })?;
+        self.event_wakeups().appended(request.key);
         Ok(appended)
-    }
-
-    fn head_now(&self, request: EventRequest<'_>) -> Position {
-        let (now_us, now_ms) = self.now();
-        let log = self.event_logs().log(request.key);
-        let mut log = lock(&log);
-        let epoch = log.live(now_us, &request);
-        log.touch(now_ms, request.retention);
-        let last = log.last;
-        Position::new(epoch, (last != EventId::ZERO).then_some(last))
     }
 
     fn read_now(
@@ -199,55 +162,42 @@ impl MemoryStore {
         limit: u32,
     ) -> Result<Resume, StoreError> {
         check_limit(limit)?;
-        let (now_us, now_ms) = self.now();
-        let log = self.event_logs().log(request.key);
-        let mut log = lock(&log);
-        let epoch = log.live(now_us, &request);
-        if epoch != from.epoch {
-            return Ok(Resume::Resync(ResyncReason::EpochChanged));
-        }
-        let after = from.after();
-        if after > log.last {
-            // The reader claims events this window never had (or lost):
-            // told so alone; a position never changes the window.
-            return Ok(Resume::Resync(ResyncReason::Ahead));
-        }
-        log.trim(now_ms, request.retention);
-        let start = log.entries.partition_point(|entry| entry.id <= after);
-        let Some(first) = log.entries.get(start) else {
-            return Ok(if log.last > after {
-                Resume::Resync(ResyncReason::TooOld)
-            } else {
-                Resume::Recovered(Vec::new())
-            });
-        };
-        // Recovered only if the first kept event after the position is the
-        // one that followed it. Entries leave only from the front, so the
-        // kept ones are a chain and the first one is all there is to check.
-        if first.prev != after {
-            return Ok(Resume::Resync(ResyncReason::TooOld));
-        }
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        Ok(Resume::Recovered(
-            log.entries
-                .iter()
-                .skip(start)
-                .take(limit)
-                .map(|entry| Event::new(entry.id, entry.fields.clone()))
-                .collect(),
-        ))
-    }
-
-    fn len_now(&self, request: EventRequest<'_>) -> u64 {
-        let (_, now_ms) = self.now();
-        let Some(log) = self.event_logs().logs.get(request.key) else {
-            return 0;
-        };
-        let log = lock(&log);
-        if log.epoch.is_none() || now_ms >= log.expires_at {
-            return 0;
-        }
-        log.entries.len() as u64
+        self.event_window(&request, |log, epoch, now_ms| {
+            if epoch != from.epoch {
+                return Ok(Resume::Resync(ResyncReason::EpochChanged));
+            }
+            let after = from.after();
+            if after > log.last {
+                // The reader claims events this window never had (or lost):
+                // told so alone; a position never changes the window.
+                return Ok(Resume::Resync(ResyncReason::Ahead));
+            }
+            log.trim(now_ms, request.retention);
+            let start = log.entries.partition_point(|entry| entry.id <= after);
+            let Some(first) = log.entries.get(start) else {
+                return Ok(if log.last > after {
+                    Resume::Resync(ResyncReason::TooOld)
+                } else {
+                    Resume::Recovered(Vec::new())
+                });
+            };
+            // Recovered only if the first kept event after the position is
+            // the one that followed it. Entries leave only from the front,
+            // so the kept ones are a chain and the first one is all there
+            // is to check.
+            if first.prev != after {
+                return Ok(Resume::Resync(ResyncReason::TooOld));
+            }
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            Ok(Resume::Recovered(
+                log.entries
+                    .iter()
+                    .skip(start)
+                    .take(limit)
+                    .map(|entry| Event::new(entry.id, entry.fields.clone()))
+                    .collect(),
+            ))
+        })
     }
 }
 
@@ -262,11 +212,8 @@ impl events::Backend for MemoryStore {
         request: EventRequest<'a>,
         fields: &'a [(&'a str, &'a [u8])],
     ) -> Op<'a, Appended> {
-        let appended = self.append_now(request, fields);
-        if appended.is_ok() {
-            self.event_wakeups().appended(request.key);
-        }
-        Op::ready(appended)
+        let appended = self.append_now(request, &[fields]);
+        Op::ready(appended.map(|mut appended| appended.remove(0)))
     }
 
     fn append_many<'a>(
@@ -275,15 +222,14 @@ impl events::Backend for MemoryStore {
         request: EventRequest<'a>,
         events: &'a [&'a [(&'a str, &'a [u8])]],
     ) -> Op<'a, Vec<Appended>> {
-        let appended = self.append_many_now(request, events);
-        if appended.is_ok() {
-            self.event_wakeups().appended(request.key);
-        }
-        Op::ready(appended)
+        Op::ready(self.append_now(request, events))
     }
 
     fn head<'a>(&'a self, _: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {
-        Op::ready(Ok(self.head_now(request)))
+        Op::ready(Ok(self.event_window(&request, |log, epoch, now_ms| {
+            log.touch(now_ms, request.retention);
+            Position::new(epoch, (log.last != EventId::ZERO).then_some(log.last))
+        })))
     }
 
     fn read<'a>(
@@ -297,7 +243,13 @@ impl events::Backend for MemoryStore {
     }
 
     fn len<'a>(&'a self, _: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64> {
-        Op::ready(Ok(self.len_now(request)))
+        let now_ms = self.clock.now_micros() / 1000;
+        let Some(log) = self.event_logs().get(request.key) else {
+            return Op::ready(Ok(0));
+        };
+        let log = lock(&log);
+        let live = log.epoch.is_some() && now_ms < log.expires_at;
+        Op::ready(Ok(if live { log.entries.len() as u64 } else { 0 }))
     }
 }
 

@@ -15,11 +15,9 @@
 //!   per operation on Redis's own clock.
 //!
 //! * [`EventWakeups`] ([`EventWindow::wakeups`]) tells a live reader which
-//!   windows to read again, from the events backend: on Redis every append
-//!   publishes a wake-up on the window's shard channel (`SPUBLISH`, in the
-//!   same script), so a reader of any number of idle windows sends no
-//!   command at all (see [`wake`]); on the embedded store every append
-//!   wakes the readers following its window in process.
+//!   windows to read again: every append wakes the readers following its
+//!   window (on Redis by `SPUBLISH` in the append's own script, so idle
+//!   windows cost a reader no command at all: see [`wake`]).
 //!
 //! # Positions and epochs
 //!
@@ -66,7 +64,7 @@ pub(crate) mod memory;
 mod redis;
 mod store;
 #[cfg(feature = "redis")]
-pub(crate) mod tail;
+mod tail;
 #[cfg(feature = "redis")]
 pub mod wake;
 mod wakeups;
@@ -80,5 +78,5 @@ pub use store::{
 #[cfg(feature = "redis")]
 pub use tail::{EventTail, TailBatch};
 pub use wakeups::{EventWakeups, WakeReason, Wakeup};
-pub(crate) use window::{check_batch, check_fields, check_limit};
+pub(crate) use window::{check_batch, check_limit};
 pub use window::{EventWindow, MAX_BATCH, MAX_FIELDS, MAX_FIELD_NAME, MAX_PAGE};

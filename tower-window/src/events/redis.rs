@@ -15,8 +15,8 @@ use bytes::Bytes;
 use redis::Value;
 
 use crate::events::{
-    self as events, check_batch, check_fields, check_limit, Appended, Epoch, Event, EventId,
-    EventRequest, Position, Resume, ResyncReason,
+    self as events, check_batch, check_limit, Appended, Epoch, Event, EventId, EventRequest,
+    Position, Resume, ResyncReason,
 };
 use crate::store::redis::call::Call;
 use crate::store::redis::keys::{
@@ -65,18 +65,12 @@ pub(crate) fn text(value: &Value) -> Result<&[u8], StoreError> {
     }
 }
 
-pub(crate) fn id(value: &Value) -> Result<EventId, StoreError> {
+/// A string reply parsed as `T` (an event id, an epoch).
+pub(crate) fn parsed<T: std::str::FromStr>(value: &Value) -> Result<T, StoreError> {
     std::str::from_utf8(text(value)?)
         .ok()
         .and_then(|t| t.parse().ok())
-        .ok_or_else(|| protocol("redis event script: not an event id"))
-}
-
-fn epoch(value: &Value) -> Result<Epoch, StoreError> {
-    std::str::from_utf8(text(value)?)
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .ok_or_else(|| protocol("redis event script: not an epoch"))
+        .ok_or_else(|| protocol("redis event script: not an event id or epoch"))
 }
 
 pub(crate) fn array(value: &Value) -> Result<&[Value], StoreError> {
@@ -86,12 +80,8 @@ pub(crate) fn array(value: &Value) -> Result<&[Value], StoreError> {
     }
 }
 
-/// One `XRANGE` entry: `[id, [p, prev, n, number, e, epoch, name, value, ...]]`.
-fn event(value: &Value) -> Result<Event, StoreError> {
-    tagged_event(value).map(|(_, event)| event)
-}
-
-/// An entry and the epoch it was appended in.
+/// One `XRANGE` entry, `[id, [p, prev, n, number, e, epoch, name, value, ...]]`:
+/// the event and the epoch it was appended in.
 pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> {
     let [id_value, fields] = array(value)? else {
         return Err(protocol("redis event script: an entry is [id, fields]"));
@@ -109,7 +99,10 @@ pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> 
             Ok((name, Bytes::copy_from_slice(text(&pair[1])?)))
         })
         .collect::<Result<_, StoreError>>()?;
-    Ok((epoch(&fields_epoch)?, Event::new(id(id_value)?, fields)))
+    Ok((
+        parsed(&fields_epoch)?,
+        Event::new(parsed(id_value)?, fields),
+    ))
 }
 
 impl RedisStore {
@@ -137,25 +130,6 @@ impl RedisStore {
         self.call(Call::Script(&call)).await
     }
 
-    async fn event_append(
-        &self,
-        request: EventRequest<'_>,
-        fields: &[(&str, &[u8])],
-    ) -> Result<Appended, StoreError> {
-        check_fields(fields)?;
-        let reply = self
-            .event_call(&request, "a", |call| {
-                for (name, value) in fields {
-                    call.arg(*name).arg(*value);
-                }
-            })
-            .await?;
-        match array(&reply)? {
-            [e, i] => Ok(Appended::new(epoch(e)?, id(i)?)),
-            _ => Err(protocol("redis event script: append replies [epoch, id]")),
-        }
-    }
-
     async fn event_append_many(
         &self,
         request: EventRequest<'_>,
@@ -175,64 +149,14 @@ impl RedisStore {
             .await?;
         match array(&reply)? {
             [e, ids @ ..] if ids.len() == events.len() => {
-                let epoch = epoch(e)?;
+                let epoch: Epoch = parsed(e)?;
                 ids.iter()
-                    .map(|i| Ok(Appended::new(epoch.clone(), id(i)?)))
+                    .map(|i| Ok(Appended::new(epoch.clone(), parsed(i)?)))
                     .collect()
             }
             _ => Err(protocol(
                 "redis event script: a batch replies [epoch, id per event]",
             )),
-        }
-    }
-
-    async fn event_head(&self, request: EventRequest<'_>) -> Result<Position, StoreError> {
-        let reply = self.event_call(&request, "h", |_| {}).await?;
-        match array(&reply)? {
-            [e, l] => {
-                let last = id(l)?;
-                Ok(Position::new(
-                    epoch(e)?,
-                    (last != EventId::ZERO).then_some(last),
-                ))
-            }
-            _ => Err(protocol("redis event script: head replies [epoch, id]")),
-        }
-    }
-
-    async fn event_read(
-        &self,
-        request: EventRequest<'_>,
-        from: &Position,
-        limit: u32,
-    ) -> Result<Resume, StoreError> {
-        check_limit(limit)?;
-        let reply = self
-            .event_call(&request, "r", |call| {
-                call.arg(from.epoch.as_str())
-                    .arg(from.after().to_string())
-                    .arg(limit);
-            })
-            .await?;
-        match array(&reply)? {
-            [Value::Int(0)] => Ok(Resume::Recovered(Vec::new())),
-            [Value::Int(0), entries] => Ok(Resume::Recovered(
-                array(entries)?
-                    .iter()
-                    .map(event)
-                    .collect::<Result<_, _>>()?,
-            )),
-            [Value::Int(1)] => Ok(Resume::Resync(ResyncReason::TooOld)),
-            [Value::Int(2)] => Ok(Resume::Resync(ResyncReason::EpochChanged)),
-            [Value::Int(3)] => Ok(Resume::Resync(ResyncReason::Ahead)),
-            _ => Err(protocol("redis event script: unexpected read reply")),
-        }
-    }
-
-    async fn event_len(&self, request: EventRequest<'_>) -> Result<u64, StoreError> {
-        match self.event_call(&request, "l", |_| {}).await? {
-            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
-            _ => Err(protocol("redis event script: len replies an integer")),
         }
     }
 }
@@ -248,7 +172,11 @@ impl events::Backend for RedisStore {
         request: EventRequest<'a>,
         fields: &'a [(&'a str, &'a [u8])],
     ) -> Op<'a, Appended> {
-        guard.run(move || self.event_append(request, fields))
+        // One event is a batch of one (`events.lua` has one append).
+        guard.run(move || async move {
+            let mut appended = self.event_append_many(request, &[fields]).await?;
+            Ok(appended.remove(0))
+        })
     }
 
     fn append_many<'a>(
@@ -261,7 +189,19 @@ impl events::Backend for RedisStore {
     }
 
     fn head<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {
-        guard.run(move || self.event_head(request))
+        guard.run(move || async move {
+            let reply = self.event_call(&request, "h", |_| {}).await?;
+            match array(&reply)? {
+                [e, l] => {
+                    let last: EventId = parsed(l)?;
+                    Ok(Position::new(
+                        parsed(e)?,
+                        (last != EventId::ZERO).then_some(last),
+                    ))
+                }
+                _ => Err(protocol("redis event script: head replies [epoch, id]")),
+            }
+        })
     }
 
     fn read<'a>(
@@ -271,11 +211,38 @@ impl events::Backend for RedisStore {
         from: &'a Position,
         limit: u32,
     ) -> Op<'a, Resume> {
-        guard.run(move || self.event_read(request, from, limit))
+        guard.run(move || async move {
+            check_limit(limit)?;
+            let reply = self
+                .event_call(&request, "r", |call| {
+                    call.arg(from.epoch.as_str())
+                        .arg(from.after().to_string())
+                        .arg(limit);
+                })
+                .await?;
+            match array(&reply)? {
+                [Value::Int(0)] => Ok(Resume::Recovered(Vec::new())),
+                [Value::Int(0), entries] => Ok(Resume::Recovered(
+                    array(entries)?
+                        .iter()
+                        .map(|entry| tagged_event(entry).map(|(_, event)| event))
+                        .collect::<Result<_, _>>()?,
+                )),
+                [Value::Int(1)] => Ok(Resume::Resync(ResyncReason::TooOld)),
+                [Value::Int(2)] => Ok(Resume::Resync(ResyncReason::EpochChanged)),
+                [Value::Int(3)] => Ok(Resume::Resync(ResyncReason::Ahead)),
+                _ => Err(protocol("redis event script: unexpected read reply")),
+            }
+        })
     }
 
     fn len<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64> {
-        guard.run(move || self.event_len(request))
+        guard.run(move || async move {
+            match self.event_call(&request, "l", |_| {}).await? {
+                Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+                _ => Err(protocol("redis event script: len replies an integer")),
+            }
+        })
     }
 
     /// On a cluster store, the primary serving the window's slot.

@@ -129,19 +129,16 @@ impl Appended {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ResyncReason {
-    /// An event after the position is no longer kept: past the window,
-    /// beyond the newest `max_len`, or lost (the first kept event after
-    /// the position followed another one: history was restored or rolled
+    /// An event after the position is no longer kept: trimmed (past the
+    /// window or the newest `max_len`), or lost (history restored or rolled
     /// back past the position, or the position was never an event).
     TooOld,
     /// The position is of another epoch: the history it counted on may be
     /// lost.
     EpochChanged,
-    /// The position is after the window's last event: the reader claims
-    /// events this window does not have (lost in a restore or rollback
-    /// that kept the epoch, or never there). Answered to that reader
-    /// alone: the window and every other reader's position stay as they
-    /// were.
+    /// The position is after the window's last event (lost in a restore
+    /// or rollback that kept the epoch, or never there); the window and
+    /// every other reader stay as they were.
     Ahead,
 }
 
@@ -209,17 +206,9 @@ impl<'a> EventRequest<'a> {
 /// * ids of one window grow; an event's fields come back as appended;
 /// * an operation finding the window gone (never made, expired, deleted,
 ///   evicted) or moved to another primary starts a new [`Epoch`];
-/// * [`read`](Self::read) answers [`Resume::Recovered`] only if the
-///   position's epoch is current and the first kept event after the
-///   position is the one that followed it (nothing after it trimmed by
-///   time or length, or lost with the position's own event in a restore
-///   or rollback), and each event of the answer followed the one before
-///   it: the events after it, at most `limit`; a position of
-///   another epoch is [`ResyncReason::EpochChanged`], one after the
-///   window's last event [`ResyncReason::Ahead`], any other
-///   [`ResyncReason::TooOld`];
-/// * no read changes the window, whatever position it is given: what one
-///   reader sends never changes what another one gets;
+/// * [`read`](Self::read) answers as the [module](super) says under
+///   *Positions and epochs* (at most `limit` events, each one following
+///   the one before it), and no read changes the window;
 /// * fields outside 1 to [`MAX_FIELDS`](super::MAX_FIELDS) (names of 1
 ///   to [`MAX_FIELD_NAME`](super::MAX_FIELD_NAME) bytes) and a `limit`
 ///   outside 1 to [`MAX_PAGE`](super::MAX_PAGE) are

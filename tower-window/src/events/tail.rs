@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 
-use super::redis::{array, event_keys, id, tagged_event, text};
+use super::redis::{array, event_keys, parsed, protocol, tagged_event, text};
 use crate::events::{Epoch, Event, EventId};
 use crate::store::redis::connection::map_error;
 use crate::store::redis::RedisStore;
@@ -37,7 +37,6 @@ pub struct EventTail {
     client: redis::Client,
     prefix: String,
     conn: Option<MultiplexedConnection>,
-    connect_timeout: Duration,
 }
 
 impl fmt::Debug for EventTail {
@@ -64,27 +63,7 @@ impl RedisStore {
             client,
             prefix: self.prefix.to_string(),
             conn: None,
-            connect_timeout: crate::store::redis::DEFAULT_CONNECT_TIMEOUT,
         })
-    }
-}
-
-/// Where [`EventWindow::tail`](crate::events::EventWindow::tail) finds
-/// its reader: a store's tail, plugged like a capability's backend (only
-/// a single Redis has one).
-pub(crate) trait Tails: Send + Sync + 'static {
-    fn tail(&self) -> Result<EventTail, StoreError>;
-}
-
-impl Tails for RedisStore {
-    fn tail(&self) -> Result<EventTail, StoreError> {
-        self.event_tail()
-    }
-}
-
-impl Tails for crate::MemoryStore {
-    fn tail(&self) -> Result<EventTail, StoreError> {
-        Err(StoreError::unsupported("tailed event reads"))
     }
 }
 
@@ -107,7 +86,7 @@ impl EventTail {
             Some(conn) => conn.clone(),
             None => {
                 let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_connection_timeout(Some(crate::store::redis::DEFAULT_CONNECT_TIMEOUT))
                     .set_response_timeout(None);
                 let conn = self
                     .client
@@ -151,12 +130,12 @@ impl EventTail {
                     "XREAD replied a map (RESP3 is not supported here)",
                 ))
             }
-            _ => return Err(super::redis::protocol("XREAD: unexpected reply")),
+            _ => return Err(protocol("XREAD: unexpected reply")),
         };
         let mut batches = Vec::with_capacity(streams.len());
         for stream in streams {
             let [name, entries] = array(stream)? else {
-                return Err(super::redis::protocol("XREAD: a stream is [key, entries]"));
+                return Err(protocol("XREAD: a stream is [key, entries]"));
             };
             let name = text(name)?;
             let Some(index) = keys.iter().position(|k| k.as_slice() == name) else {
@@ -165,7 +144,7 @@ impl EventTail {
             let mut events = Vec::new();
             let mut last_id = None;
             for entry in array(entries)? {
-                if let Some(Ok(entry_id)) = array(entry).ok().and_then(|e| e.first()).map(id) {
+                if let Some(Ok(entry_id)) = array(entry).ok().and_then(|e| e.first()).map(parsed) {
                     last_id = Some(entry_id);
                 }
                 match tagged_event(entry) {

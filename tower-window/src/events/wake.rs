@@ -35,7 +35,7 @@ use redis::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::redis::{event_keys, event_slot};
+use super::redis::{event_keys, event_slot, text};
 use crate::store::redis::connection::{is_topology_change, map_error, Conn};
 use crate::store::redis::topology::primary_ranges;
 use crate::store::redis::RedisStore;
@@ -54,7 +54,7 @@ const MAX_RETRY: Duration = Duration::from_secs(1);
 /// How long one subscription command or check may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub use super::wakeups::{EventWakeups, WakeReason, Wakeup};
+use super::wakeups::{EventWakeups, Source, WakeReason, Wakeup};
 
 enum Command {
     Follow(Vec<u8>),
@@ -63,7 +63,7 @@ enum Command {
 
 /// The Redis side of an [`EventWakeups`]: the subscriber task's commands,
 /// and the task itself until it is started.
-pub(crate) struct Subscription {
+struct Subscription {
     commands: mpsc::UnboundedSender<Command>,
     /// The subscriber, until it is started.
     idle: Mutex<Option<(Subscriber, mpsc::UnboundedReceiver<Command>)>>,
@@ -102,8 +102,7 @@ impl RedisStore {
             store: Arc::clone(self),
             cluster,
             seed,
-            followed: HashMap::new(),
-            live: Arc::new(Mutex::new(HashMap::new())),
+            followed: Arc::default(),
             pending: HashSet::new(),
             nodes: HashMap::new(),
             ranges: Vec::new(),
@@ -119,23 +118,23 @@ impl RedisStore {
             commands,
             idle: Mutex::new(Some((subscriber, command_rx))),
         };
-        Ok(EventWakeups::redis(subscription, wakeups))
+        Ok(EventWakeups::new(subscription, wakeups))
     }
 }
 
-impl Subscription {
-    pub(crate) fn follow(&self, key: Vec<u8>) {
+impl Source for Subscription {
+    fn follow(&self, key: Vec<u8>) {
         self.start();
         let _ = self.commands.send(Command::Follow(key));
     }
 
-    pub(crate) fn unfollow(&self, key: Vec<u8>) {
-        let _ = self.commands.send(Command::Unfollow(key));
+    fn unfollow(&self, key: &[u8]) {
+        let _ = self.commands.send(Command::Unfollow(key.to_vec()));
     }
 
     /// Starts the subscriber task on the current runtime, once; outside
     /// a runtime, waits for a call inside one (follows are kept).
-    pub(crate) fn start(&self) {
+    fn start(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -162,12 +161,11 @@ struct Subscriber {
     cluster: bool,
     /// How to reach a node (its address replaced per primary), in RESP3.
     seed: ConnectionInfo,
-    /// Channel -> window key, of every window followed.
-    followed: HashMap<Vec<u8>, Vec<u8>>,
-    /// The same, read by the connections' push senders: an append's
-    /// wake-up goes straight to the reader, never waiting behind this
-    /// task's own work (a subscription round, a check).
-    live: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
+    /// Channel -> window key, of every window followed; shared with the
+    /// connections' push senders, so an append's wake-up goes straight to
+    /// the reader, never waiting behind this task's own work (a
+    /// subscription round, a check).
+    followed: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
     /// Followed channels not subscribed anywhere (new, or lost).
     pending: HashSet<Vec<u8>>,
     /// Connections by primary address (`host:port`; `""` on a single Redis).
@@ -194,34 +192,21 @@ fn channel_of(prefix: &str, key: &[u8]) -> Vec<u8> {
     channel
 }
 
-fn bytes(value: &Value) -> Option<&[u8]> {
-    match value {
-        Value::BulkString(bytes) => Some(bytes),
-        Value::SimpleString(text) => Some(text.as_bytes()),
-        _ => None,
-    }
+/// The channel a push is about.
+fn channel(push: &PushInfo) -> Option<&[u8]> {
+    text(push.data.first()?).ok()
 }
 
-/// `cmd` on `conn`, bounded by [`COMMAND_TIMEOUT`].
-async fn timed(
-    conn: &mut impl redis::aio::ConnectionLike,
-    cmd: &redis::Cmd,
-) -> Result<Value, StoreError> {
-    match tokio::time::timeout(COMMAND_TIMEOUT, cmd.query_async::<Value>(conn)).await {
-        Ok(result) => result.map_err(map_error),
-        Err(_) => Err(StoreError::new(
-            StoreErrorKind::Timeout,
-            "a wake-up subscriber's command timed out",
-        )),
-    }
+/// `cmd` on a subscription connection (bounded by its response timeout,
+/// [`COMMAND_TIMEOUT`]).
+async fn query(mut conn: MultiplexedConnection, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
+    cmd.query_async(&mut conn).await
 }
 
 /// Unsubscribes `channel` in the background (the answer is not needed:
 /// a push for a channel no longer followed is ignored).
-fn unsubscribe(mut conn: MultiplexedConnection, channel: Vec<u8>) {
-    tokio::spawn(async move {
-        let _ = timed(&mut conn, redis::cmd("SUNSUBSCRIBE").arg(channel)).await;
-    });
+fn unsubscribe(conn: MultiplexedConnection, channel: Vec<u8>) {
+    tokio::spawn(async move { query(conn, redis::cmd("SUNSUBSCRIBE").arg(channel)).await });
 }
 
 impl Subscriber {
@@ -256,8 +241,7 @@ impl Subscriber {
         match command {
             Command::Follow(key) => {
                 let channel = channel_of(&self.store.prefix, &key);
-                lock(&self.live).insert(channel.clone(), key.clone());
-                self.followed.insert(channel.clone(), key);
+                lock(&self.followed).insert(channel.clone(), key);
                 // Subscribed again even if it is: the caller gets its
                 // `Subscribed` wake-up either way.
                 for node in self.nodes.values_mut() {
@@ -268,8 +252,7 @@ impl Subscriber {
             }
             Command::Unfollow(key) => {
                 let channel = channel_of(&self.store.prefix, &key);
-                self.followed.remove(&channel);
-                lock(&self.live).remove(&channel);
+                lock(&self.followed).remove(&channel);
                 self.pending.remove(&channel);
                 for node in self.nodes.values_mut() {
                     if node.channels.remove(&channel) {
@@ -303,25 +286,15 @@ impl Subscriber {
             .nodes
             .get(addr)
             .is_some_and(|node| node.generation == generation);
-        let channel = push.data.first().and_then(bytes);
+        let channel = channel(&push);
         match push.kind {
-            PushKind::SMessage => {
-                if let Some(key) = channel.and_then(|c| self.followed.get(c)) {
-                    let _ = self.out.send(Wakeup {
-                        key: key.clone(),
-                        reason: WakeReason::Appended,
-                    });
-                }
-            }
+            // An `SMessage` never comes here: the push sender delivers it.
             PushKind::SSubscribe if current => {
                 let Some(channel) = channel else { return };
-                let Some(key) = self.followed.get(channel) else {
+                let Some(key) = lock(&self.followed).get(channel).cloned() else {
                     return;
                 };
-                let _ = self.out.send(Wakeup {
-                    key: key.clone(),
-                    reason: WakeReason::Subscribed,
-                });
+                let _ = self.out.send(Wakeup::new(key, WakeReason::Subscribed));
                 self.pending.remove(channel);
                 if let Some(node) = self.nodes.get_mut(addr) {
                     node.channels.insert(channel.to_vec());
@@ -335,7 +308,7 @@ impl Subscriber {
                     .nodes
                     .get_mut(addr)
                     .is_some_and(|node| node.channels.remove(channel));
-                if lost && self.followed.contains_key(channel) {
+                if lost && lock(&self.followed).contains_key(channel) {
                     tracing::debug!(addr, "a wake-up subscription was dropped by redis");
                     self.pending.insert(channel.to_vec());
                     self.stale = true;
@@ -356,11 +329,10 @@ impl Subscriber {
                 channels = node.channels.len(),
                 "a wake-up connection was lost; resubscribing"
             );
-            self.pending.extend(
-                node.channels
-                    .into_iter()
-                    .filter(|c| self.followed.contains_key(c)),
-            );
+            let followed = lock(&self.followed);
+            let channels = node.channels.into_iter();
+            self.pending
+                .extend(channels.filter(|c| followed.contains_key(c)));
         }
         self.stale = true;
         self.schedule();
@@ -371,8 +343,7 @@ impl Subscriber {
         if !self.cluster {
             return Some(String::new());
         }
-        let key = self.followed.get(channel)?;
-        let slot = event_slot(key);
+        let slot = event_slot(lock(&self.followed).get(channel)?);
         self.ranges
             .iter()
             .find(|(start, end, _)| (*start..=*end).contains(&slot))
@@ -392,7 +363,13 @@ impl Subscriber {
                 "a cluster store without a cluster connection",
             ));
         };
-        let reply = timed(&mut conn, redis::cmd("CLUSTER").arg("SLOTS")).await?;
+        let mut slots = redis::cmd("CLUSTER");
+        slots.arg("SLOTS");
+        let timeout = || StoreError::new(StoreErrorKind::Timeout, "CLUSTER SLOTS timed out");
+        let reply: Value = tokio::time::timeout(COMMAND_TIMEOUT, slots.query_async(&mut conn))
+            .await
+            .map_err(|_| timeout())?
+            .map_err(map_error)?;
         self.ranges = primary_ranges(&reply)
             .map_err(|message| StoreError::new(StoreErrorKind::Protocol, message))?;
         self.stale = false;
@@ -423,16 +400,12 @@ impl Subscriber {
         self.next_generation += 1;
         let generation = self.next_generation;
         let pushes = self.pushes_tx.clone();
-        let (live, out) = (Arc::clone(&self.live), self.out.clone());
+        let (followed, out) = (Arc::clone(&self.followed), self.out.clone());
         let tag = addr.to_owned();
         let sender = move |push: PushInfo| {
             if push.kind == PushKind::SMessage {
-                let channel = push.data.first().and_then(bytes);
-                if let Some(key) = channel.and_then(|c| lock(&live).get(c).cloned()) {
-                    let _ = out.send(Wakeup {
-                        key,
-                        reason: WakeReason::Appended,
-                    });
+                if let Some(key) = channel(&push).and_then(|c| lock(&followed).get(c).cloned()) {
+                    let _ = out.send(Wakeup::new(key, WakeReason::Appended));
                 }
                 return Ok(());
             }
@@ -504,7 +477,7 @@ impl Subscriber {
                     Ok(Value::Push {
                         kind: PushKind::SSubscribe,
                         data,
-                    }) if data.first().and_then(bytes) == Some(channel.as_slice()) => {
+                    }) if data.first().and_then(|v| text(v).ok()) == Some(channel.as_slice()) => {
                         self.pending.remove(&channel);
                         if let Some(node) = self.nodes.get_mut(&addr) {
                             node.channels.insert(channel);
@@ -541,12 +514,12 @@ impl Subscriber {
             .iter()
             .map(|(addr, node)| (addr.clone(), node.conn.clone()))
             .collect();
-        for (addr, mut conn) in addrs {
-            if timed(&mut conn, &redis::cmd("PING")).await.is_err() {
+        for (addr, conn) in addrs {
+            if query(conn, &redis::cmd("PING")).await.is_err() {
                 self.lose(&addr);
             }
         }
-        if !self.cluster || self.followed.is_empty() {
+        if !self.cluster || lock(&self.followed).is_empty() {
             return;
         }
         if let Err(error) = self.load_ranges().await {

@@ -31,6 +31,12 @@ pub struct Wakeup {
     pub reason: WakeReason,
 }
 
+impl Wakeup {
+    pub(crate) fn new(key: Vec<u8>, reason: WakeReason) -> Self {
+        Self { key, reason }
+    }
+}
+
 /// Wake-ups of the event windows a reader follows, from the store's
 /// events backend ([`EventWindow::wakeups`](crate::events::EventWindow::wakeups)):
 /// on Redis pushed by the server (Redis 7, single or cluster; see
@@ -43,39 +49,30 @@ pub struct Wakeup {
 /// ([`next`](Self::next)); a [`WakeReason::Subscribed`] comes once the
 /// subscription holds, and again after every resubscription.
 pub struct EventWakeups {
-    source: Source,
+    source: Box<dyn Source>,
     wakeups: tokio::sync::Mutex<mpsc::UnboundedReceiver<Wakeup>>,
 }
 
-enum Source {
-    /// The embedded store's appends.
-    Local(Arc<Follower>),
-    /// Redis's pushes, through the subscriber task.
-    #[cfg(feature = "redis")]
-    Redis(Box<super::wake::Subscription>),
+/// Where wake-ups come from: the embedded store's appends, or Redis's
+/// pushes through the subscriber task (see `wake.rs`).
+pub(crate) trait Source: Send + Sync + 'static {
+    fn follow(&self, key: Vec<u8>);
+    fn unfollow(&self, key: &[u8]);
+    /// Called by every [`EventWakeups::next`]: a task not started yet
+    /// starts on the caller's runtime.
+    fn start(&self) {}
 }
 
 impl fmt::Debug for EventWakeups {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let source = match &self.source {
-            Source::Local(_) => "local",
-            #[cfg(feature = "redis")]
-            Source::Redis(_) => "redis",
-        };
-        f.debug_struct("EventWakeups")
-            .field("source", &source)
-            .finish_non_exhaustive()
+        f.debug_struct("EventWakeups").finish_non_exhaustive()
     }
 }
 
 impl EventWakeups {
-    #[cfg(feature = "redis")]
-    pub(crate) fn redis(
-        subscription: super::wake::Subscription,
-        wakeups: mpsc::UnboundedReceiver<Wakeup>,
-    ) -> Self {
+    pub(crate) fn new(source: impl Source, wakeups: mpsc::UnboundedReceiver<Wakeup>) -> Self {
         Self {
-            source: Source::Redis(Box::new(subscription)),
+            source: Box::new(source),
             wakeups: tokio::sync::Mutex::new(wakeups),
         }
     }
@@ -83,34 +80,19 @@ impl EventWakeups {
     /// Subscribes to the window `key`'s wake-ups (again, if it was
     /// followed: a [`WakeReason::Subscribed`] follows either way).
     pub fn follow(&self, key: impl AsRef<[u8]>) {
-        let key = key.as_ref().to_vec();
-        match &self.source {
-            Source::Local(follower) => follower.follow(key),
-            #[cfg(feature = "redis")]
-            Source::Redis(subscription) => subscription.follow(key),
-        }
+        self.source.follow(key.as_ref().to_vec());
     }
 
     /// Stops following the window `key`.
     pub fn unfollow(&self, key: impl AsRef<[u8]>) {
-        let key = key.as_ref();
-        match &self.source {
-            Source::Local(follower) => {
-                lock(&follower.keys).remove(key);
-            }
-            #[cfg(feature = "redis")]
-            Source::Redis(subscription) => subscription.unfollow(key.to_vec()),
-        }
+        self.source.unfollow(key.as_ref());
     }
 
     /// The next wake-up; `None` once the source is gone (Redis's
     /// subscriber task, with its runtime). Cancel-safe. One caller at a
     /// time gets each wake-up.
     pub async fn next(&self) -> Option<Wakeup> {
-        #[cfg(feature = "redis")]
-        if let Source::Redis(subscription) = &self.source {
-            subscription.start();
-        }
+        self.source.start();
         self.wakeups.lock().await.recv().await
     }
 
@@ -134,14 +116,15 @@ pub(crate) struct Follower {
     out: mpsc::UnboundedSender<Wakeup>,
 }
 
-impl Follower {
+impl Source for Arc<Follower> {
     fn follow(&self, key: Vec<u8>) {
         lock(&self.keys).insert(key.clone());
         // Nothing to subscribe in process: it holds at once.
-        let _ = self.out.send(Wakeup {
-            key,
-            reason: WakeReason::Subscribed,
-        });
+        let _ = self.out.send(Wakeup::new(key, WakeReason::Subscribed));
+    }
+
+    fn unfollow(&self, key: &[u8]) {
+        lock(&self.keys).remove(key);
     }
 }
 
@@ -156,10 +139,7 @@ impl LocalWakeups {
         let mut followers = lock(&self.followers);
         followers.retain(|follower| follower.strong_count() > 0);
         followers.push(Arc::downgrade(&follower));
-        EventWakeups {
-            source: Source::Local(follower),
-            wakeups: tokio::sync::Mutex::new(wakeups),
-        }
+        EventWakeups::new(follower, wakeups)
     }
 
     /// Tells every reader following the window `key` that it grew.
@@ -167,10 +147,9 @@ impl LocalWakeups {
         let followers = lock(&self.followers);
         for follower in followers.iter().filter_map(Weak::upgrade) {
             if lock(&follower.keys).contains(key) {
-                let _ = follower.out.send(Wakeup {
-                    key: key.to_vec(),
-                    reason: WakeReason::Appended,
-                });
+                let _ = follower
+                    .out
+                    .send(Wakeup::new(key.to_vec(), WakeReason::Appended));
             }
         }
     }
@@ -187,10 +166,7 @@ mod tests {
     use crate::{MemoryStore, Store};
 
     fn wakeup(key: &str, reason: WakeReason) -> Option<Wakeup> {
-        Some(Wakeup {
-            key: key.as_bytes().to_vec(),
-            reason,
-        })
+        Some(Wakeup::new(key.as_bytes().to_vec(), reason))
     }
 
     #[tokio::test]

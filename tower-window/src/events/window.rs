@@ -58,7 +58,7 @@ pub struct EventWindow {
 
 struct Inner {
     store: Store,
-    /// The store's backend of event windows (`None`: it has none).
+    /// `None`: the store has no events backend.
     backend: Option<Arc<dyn Backend>>,
     retention: Retention,
     /// Its store calls, recorded under the name `events`.
@@ -81,16 +81,14 @@ impl EventWindow {
         }
     }
 
-    /// Live wake-ups of these windows from the store's events backend:
-    /// pushed by Redis (Redis 7, single or cluster, a store built from a
-    /// URL or cluster seeds), sent by every append on the embedded store;
-    /// see [`EventWakeups`](crate::events::EventWakeups). Or why the store
-    /// has none.
+    /// Live wake-ups of these windows from the store's events backend
+    /// (see [`EventWakeups`](crate::events::EventWakeups)), or why the
+    /// store has none.
     pub fn wakeups(&self) -> Result<crate::events::EventWakeups, StoreError> {
-        match &self.inner.backend {
-            Some(backend) => Arc::clone(backend).wakeups(),
-            None => Err(StoreError::unsupported("event wake-ups")),
-        }
+        let backend = self.inner.backend.clone();
+        backend
+            .ok_or_else(|| StoreError::unsupported("event wake-ups"))?
+            .wakeups()
     }
 
     /// Live reads of these windows with one blocking `XREAD` (a single
@@ -98,10 +96,13 @@ impl EventWindow {
     /// store has none.
     #[cfg(feature = "redis")]
     pub fn tail(&self) -> Result<crate::events::EventTail, StoreError> {
-        match crate::store::plugged!(self.inner.store, dyn super::tail::Tails) {
-            Some(tails) => tails.tail(),
-            None => Err(StoreError::unsupported("tailed event reads")),
-        }
+        let redis = self.inner.store.backend(|native| match native {
+            crate::store::Native::Redis(redis) => Some(Arc::clone(redis)),
+            _ => None,
+        });
+        redis
+            .ok_or_else(|| StoreError::unsupported("tailed event reads"))?
+            .event_tail()
     }
 
     /// The store the windows live in.
@@ -114,10 +115,6 @@ impl EventWindow {
         self.inner.retention
     }
 
-    fn request<'a>(&self, key: &'a [u8]) -> EventRequest<'a> {
-        EventRequest::new(key, self.inner.retention, fastrand::u64(..))
-    }
-
     /// Appends an event with `fields` (1 to [`MAX_FIELDS`], names of 1 to
     /// [`MAX_FIELD_NAME`] bytes) to the window `key`, trimming what is past
     /// the window or beyond its `max_len`.
@@ -127,10 +124,10 @@ impl EventWindow {
         fields: &[(&str, &[u8])],
     ) -> Result<Appended, StoreError> {
         check_fields(fields)?;
-        let key = key.as_ref();
-        let request = self.request(key);
-        self.run(key, |backend, guard| backend.append(guard, request, fields))
-            .await
+        self.run(key.as_ref(), |backend, guard, request| {
+            backend.append(guard, request, fields)
+        })
+        .await
     }
 
     /// Appends `events` (1 to [`MAX_BATCH`], each with fields as
@@ -162,9 +159,7 @@ impl EventWindow {
         events: &[&[(&str, &[u8])]],
     ) -> Result<Vec<Appended>, StoreError> {
         check_batch(events)?;
-        let key = key.as_ref();
-        let request = self.request(key);
-        self.run(key, |backend, guard| {
+        self.run(key.as_ref(), |backend, guard, request| {
             backend.append_many(guard, request, events)
         })
         .await
@@ -175,10 +170,10 @@ impl EventWindow {
     /// resumes later gets every event appended in between. Refreshes the
     /// window's expiry.
     pub async fn position(&self, key: impl AsRef<[u8]>) -> Result<Position, StoreError> {
-        let key = key.as_ref();
-        let request = self.request(key);
-        self.run(key, |backend, guard| backend.head(guard, request))
-            .await
+        self.run(key.as_ref(), |backend, guard, request| {
+            backend.head(guard, request)
+        })
+        .await
     }
 
     /// One page: at most `limit` (1 to [`MAX_PAGE`]) events after `from`,
@@ -192,9 +187,7 @@ impl EventWindow {
         limit: u32,
     ) -> Result<Resume, StoreError> {
         check_limit(limit)?;
-        let key = key.as_ref();
-        let request = self.request(key);
-        self.run(key, |backend, guard| {
+        self.run(key.as_ref(), |backend, guard, request| {
             backend.read(guard, request, from, limit)
         })
         .await
@@ -230,26 +223,27 @@ impl EventWindow {
 
     /// How many events the window `key` holds (see [`Backend::len`]).
     pub async fn len(&self, key: impl AsRef<[u8]>) -> Result<u64, StoreError> {
-        let key = key.as_ref();
-        let request = self.request(key);
-        self.run(key, |backend, guard| backend.len(guard, request))
-            .await
+        self.run(key.as_ref(), |backend, guard, request| {
+            backend.len(guard, request)
+        })
+        .await
     }
 
     /// One operation on the window `key`, through the store's resilience
     /// stack.
     fn run<'a, T: Send + 'a>(
         &'a self,
-        key: &[u8],
-        operation: impl FnOnce(&'a dyn Backend, &mut Guard<'a>) -> Op<'a, T>,
+        key: &'a [u8],
+        operation: impl FnOnce(&'a dyn Backend, &mut Guard<'a>, EventRequest<'a>) -> Op<'a, T>,
     ) -> Op<'a, T> {
         let inner = &*self.inner;
+        let request = EventRequest::new(key, inner.retention, fastrand::u64(..));
         inner.store.call(
             inner.backend.as_deref(),
             "event windows",
             |backend| backend.failure_domain(key),
             Calls::to(&inner.metrics, None),
-            operation,
+            |backend, guard| operation(backend, guard, request),
         )
     }
 }
@@ -258,10 +252,9 @@ fn invalid(message: &'static str) -> StoreError {
     StoreError::new(StoreErrorKind::InvalidRequest, message)
 }
 
-/// Whether `fields` can be an event: 1 to [`MAX_FIELDS`], names of 1 to
-/// [`MAX_FIELD_NAME`] bytes. Checked by the window and again by every
-/// store, so a direct [`events::Backend`](crate::events::Backend) caller gets the same typed error and
-/// a store's work per append stays bounded.
+/// Whether `fields` can be an event. Checked by the window and again by
+/// every store, so that a direct [`Backend`] caller gets the same typed
+/// error and a store's work per append stays bounded.
 pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
     if fields.is_empty() || fields.len() > MAX_FIELDS {
         return Err(invalid("an event has 1 to 32 fields"));
@@ -275,8 +268,7 @@ pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Whether `events` can be one batch: 1 to [`MAX_BATCH`] events, each
-/// one passing [`check_fields`]; checked like [`check_fields`].
+/// Whether `events` can be one batch; checked like [`check_fields`].
 pub(crate) fn check_batch(events: &[&[(&str, &[u8])]]) -> Result<(), StoreError> {
     if events.is_empty() || events.len() > MAX_BATCH {
         return Err(invalid("a batch has 1 to 64 events"));
@@ -284,8 +276,7 @@ pub(crate) fn check_batch(events: &[&[(&str, &[u8])]]) -> Result<(), StoreError>
     events.iter().try_for_each(|fields| check_fields(fields))
 }
 
-/// Whether `limit` is a page size (1 to [`MAX_PAGE`]); checked like
-/// [`check_fields`].
+/// Whether `limit` is a page size; checked like [`check_fields`].
 pub(crate) fn check_limit(limit: u32) -> Result<(), StoreError> {
     if limit == 0 || limit > MAX_PAGE {
         return Err(invalid("a page holds 1 to 10000 events"));
