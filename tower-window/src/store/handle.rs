@@ -278,14 +278,18 @@ pub(crate) enum Native {
 }
 
 impl Backend {
+    fn native(native: Native, in_process: bool) -> Self {
+        Self {
+            native,
+            parts: Parts::default(),
+            in_process,
+        }
+    }
+
     /// A backend of only what is given to it (in `with_part`), behind a
     /// network unless [`in_process`](Self::in_process) says otherwise.
     pub(crate) fn own() -> Self {
-        Self {
-            native: Native::Own,
-            parts: Parts::default(),
-            in_process: false,
-        }
+        Self::native(Native::Own, false)
     }
 
     /// With `backend` as the backend of the capability whose trait is `B`.
@@ -319,11 +323,7 @@ impl fmt::Debug for Backend {
 
 impl From<MemoryStore> for Backend {
     fn from(memory: MemoryStore) -> Self {
-        Self {
-            native: Native::Memory(memory),
-            parts: Parts::default(),
-            in_process: true,
-        }
+        Self::native(Native::Memory(memory), true)
     }
 }
 
@@ -337,11 +337,7 @@ impl From<crate::RedisStore> for Backend {
 #[cfg(feature = "redis")]
 impl From<Arc<crate::RedisStore>> for Backend {
     fn from(redis: Arc<crate::RedisStore>) -> Self {
-        Self {
-            native: Native::Redis(redis),
-            parts: Parts::default(),
-            in_process: false,
-        }
+        Self::native(Native::Redis(redis), false)
     }
 }
 

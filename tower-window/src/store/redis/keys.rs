@@ -159,25 +159,39 @@ pub(crate) fn encode_component(out: &mut impl Sink, bytes: &[u8]) {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn redis_key(prefix: &str, key: &WindowKey, policy: &Policy, quota: &Quota) -> Vec<u8> {
+    let tenant_form = policy.has_tenant_scope();
     let mut out = Vec::with_capacity(prefix.len() + 64);
     write_prefix(&mut out, prefix);
     out.push(b'{');
-    if policy.has_tenant_scope() {
-        out.push(b'@');
-        encode_component(&mut out, key.tenant());
-        out.extend_from_slice(b"}:");
-        if quota.scope() == Scope::Subject {
-            encode_component(&mut out, key.subject());
-            out.push(b':');
-        }
-    } else {
-        encode_component(&mut out, key.tenant());
-        out.push(b':');
+    write_tag(&mut out, key, tenant_form);
+    out.extend_from_slice(b"}:");
+    if tenant_form && quota.scope() == Scope::Subject {
         encode_component(&mut out, key.subject());
-        out.extend_from_slice(b"}:");
+        out.push(b':');
     }
     encode_component(&mut out, quota.state_id().as_bytes());
     out
+}
+
+/// Writes the hash tag of `key`'s keys, without its braces:
+/// `<tenant>:<subject>`, or `@<tenant>` in the tenant form (encoded).
+pub(crate) fn write_tag(out: &mut impl Sink, key: &WindowKey, tenant_form: bool) {
+    if tenant_form {
+        out.put(b"@");
+        encode_component(out, key.tenant());
+    } else {
+        encode_component(out, key.tenant());
+        out.put(b":");
+        encode_component(out, key.subject());
+    }
+}
+
+/// The Redis Cluster hash slot of [`write_tag`]'s tag: CRC-16/XMODEM of
+/// it, modulo 16384. Allocates nothing.
+pub(crate) fn tag_slot(key: &WindowKey, tenant_form: bool) -> u16 {
+    let mut crc = Crc16::default();
+    write_tag(&mut crc, key, tenant_form);
+    crc.value() % CLUSTER_SLOTS
 }
 
 /// `<prefix><suffix>`, the prefix escaped as [`redis_key`] escapes it
@@ -197,20 +211,9 @@ pub(crate) fn write_prefix(out: &mut Vec<u8>, prefix: &str) {
 }
 
 /// The Redis Cluster hash slot of every key [`redis_key`] makes for `key`
-/// under `policy` (any prefix, any quota of it): CRC-16/XMODEM of the hash
-/// tag, `<tenant>:<subject>` or, for a policy with a tenant-scoped quota,
-/// `@<tenant>` (encoded), modulo 16384. Allocates nothing.
+/// under `policy` (any prefix, any quota of it).
 pub(crate) fn policy_slot(key: &WindowKey, policy: &Policy) -> u16 {
-    let mut crc = Crc16::default();
-    if policy.has_tenant_scope() {
-        crc.put(b"@");
-        encode_component(&mut crc, key.tenant());
-    } else {
-        encode_component(&mut crc, key.tenant());
-        crc.put(b":");
-        encode_component(&mut crc, key.subject());
-    }
-    crc.value() % CLUSTER_SLOTS
+    tag_slot(key, policy.has_tenant_scope())
 }
 
 /// The hash tag Redis Cluster hashes for `key`, as Redis defines it: the
