@@ -102,29 +102,28 @@ impl Store {
     /// The state of the breakers, if the store has them: over several
     /// failure domains (a Redis Cluster's primaries) the worst one.
     pub fn breaker_state(&self) -> Option<BreakerState> {
-        self.inner.resilience.breakers.as_ref().map(Breakers::worst)
+        self.breakers().map(Breakers::worst)
+    }
+
+    fn breakers(&self) -> Option<&Breakers> {
+        self.inner.resilience.breakers.as_ref()
     }
 
     /// How many breakers are open (0 without breakers).
     pub fn open_breakers(&self) -> usize {
-        self.inner
-            .resilience
-            .breakers
-            .as_ref()
-            .map_or(0, Breakers::open)
+        self.breakers().map_or(0, Breakers::open)
     }
 
     /// The state of the breaker of failure domain `domain`, if the store
     /// has breakers. A domain no operation has reached yet is `Closed`.
     pub(crate) fn breaker_state_of(&self, domain: Option<u16>) -> Option<BreakerState> {
-        let breakers = self.inner.resilience.breakers.as_ref()?;
-        Some(breakers.state_of(domain))
+        Some(self.breakers()?.state_of(domain))
     }
 
     /// Exports the state of the store's breakers, if it has them, in
     /// `metrics` (a capability's) from now on.
     pub(crate) fn observe_breakers(&self, metrics: &Arc<crate::metrics::LimiterMetrics>) {
-        if let Some(breakers) = &self.inner.resilience.breakers {
+        if let Some(breakers) = self.breakers() {
             breakers.observe(metrics);
         }
     }

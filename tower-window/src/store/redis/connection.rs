@@ -44,13 +44,9 @@ pub(crate) struct Dedicated {
     _keeper: Keeper,
 }
 
-/// Keeps a pooled connection checked out while its handle is in use.
-#[allow(dead_code)] // held only for its Drop, which returns the connection to the pool
-enum Keeper {
-    None,
-    Pooled(deadpool_redis::Connection),
-    ClusterPooled(deadpool_redis::cluster::Connection),
-}
+/// Keeps a pooled connection checked out while its handle is in use (its
+/// `Drop` returns it to the pool).
+type Keeper = Option<Box<dyn std::any::Any + Send + Sync>>;
 
 type ConnectResult = Result<(Conn, u64), (StoreErrorKind, String)>;
 
@@ -257,11 +253,11 @@ async fn connect(
                     .get_multiplexed_async_connection_with_config(&config)
                     .await
                     .map_err(map_error)?;
-                Ok((Conn::Single(conn), Keeper::None))
+                Ok((Conn::Single(conn), None))
             }
             Connector::Pool(pool) => {
                 let pooled = pool.get().await.map_err(map_pool_error)?;
-                Ok((Conn::Single((*pooled).clone()), Keeper::Pooled(pooled)))
+                Ok((Conn::Single((*pooled).clone()), Some(Box::new(pooled) as _)))
             }
             Connector::Cluster(nodes, tls) => {
                 let mut builder = tls
@@ -281,13 +277,13 @@ async fn connect(
                 }
                 let client = builder.build().map_err(map_error)?;
                 let conn = client.get_async_connection().await.map_err(map_error)?;
-                Ok((Conn::Cluster(conn), Keeper::None))
+                Ok((Conn::Cluster(conn), None))
             }
             Connector::ClusterPool(pool) => {
                 let pooled = pool.get().await.map_err(map_pool_error)?;
                 Ok((
                     Conn::Cluster((*pooled).clone()),
-                    Keeper::ClusterPooled(pooled),
+                    Some(Box::new(pooled) as _),
                 ))
             }
         }

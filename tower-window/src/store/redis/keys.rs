@@ -1,28 +1,12 @@
-//! The Redis key layout.
-//!
-//! A quota's window lives under its [state id](crate::Quota::state_id), in
-//! one of two forms chosen per *policy*:
-//!
-//! * subject form, for a policy without a tenant-scoped quota:
-//!   `<prefix>{<tenant>:<subject>}:<quota>`; every quota of one subject
-//!   shares the slot of `{<tenant>:<subject>}`, so subjects spread over the
-//!   cluster;
-//! * tenant form, for a policy with a tenant-scoped quota
-//!   ([`Scope::Tenant`]): `<prefix>{@<tenant>}:<subject>:<quota>`
-//!   for its subject quotas and `<prefix>{@<tenant>}:<quota>` for its tenant
-//!   quotas (one window per tenant, no subject). One script touches the
-//!   tenant's window and the subject's together, so all keys of the policy
-//!   share the slot of `{@<tenant>}` (the `@` keeps the tag non-empty for
-//!   an empty tenant, and a tag without `:` apart from the subject form's):
-//!   every subject of such a tenant lives on
-//!   one slot (one primary), and adding a tenant-scoped quota to a tenant's
-//!   policy moves its subject windows to new keys (they start empty).
+//! The Redis key layout (see [`redis_key`] for both forms).
 //!
 //! Every user-supplied part goes through [`encode_component`], which is
 //! injective and never emits `{`, `}`, `:` or a leading `#` except for the
 //! hashed form. So the parts can always be told apart again (the number of
 //! `:` inside and after the braces tells the forms apart), the only hash tag
 //! in a key is ours, and no input can reach another tenant's namespace.
+//! The tenant form's tag starts with `@`, which keeps it non-empty for an
+//! empty tenant and apart from the subject form's.
 
 use sha2::{Digest, Sha256};
 
@@ -134,6 +118,11 @@ pub(crate) fn encode_component(out: &mut impl Sink, bytes: &[u8]) {
 ///   window key lands in one Redis Cluster hash slot and no input can
 ///   choose the slot.
 /// * Bounded: at most `prefix.len() * 3 + 392` bytes, whatever the input.
+///
+/// The price of the tenant form: all of a tenant's windows live on one
+/// slot (one primary), and adding a tenant-scoped quota to a tenant's
+/// policy (or removing the last one) moves its subject windows to new
+/// keys, which start empty.
 ///
 /// The prefix is escaped too, except that it may contain `:` and `#`.
 /// The sliding log also writes a companion key: this key followed by `:m`.

@@ -149,9 +149,9 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    fn new(connector: Connector) -> Self {
+    fn new(connector: Connector, connect_timeout: Duration) -> Self {
         Self {
-            connection: Connection::new(connector, DEFAULT_CONNECT_TIMEOUT),
+            connection: Connection::new(connector, connect_timeout),
             prefix: DEFAULT_PREFIX.to_owned(),
             topology: Arc::new(TopologyCache::new()),
             clock: None,
@@ -194,7 +194,7 @@ impl RedisStore {
     /// pool's wait timeout bounds that checkout; an exhausted pool is
     /// [`StoreErrorKind::Overloaded`](crate::StoreErrorKind::Overloaded).
     pub fn from_pool(pool: deadpool_redis::Pool) -> Self {
-        Self::new(Connector::Pool(pool))
+        Self::new(Connector::Pool(pool), DEFAULT_CONNECT_TIMEOUT)
     }
 
     /// A store on the Redis Cluster reachable through any of `urls`; short
@@ -212,7 +212,7 @@ impl RedisStore {
     /// A store on a Redis Cluster connection from a `deadpool_redis` cluster pool
     /// (checked out once and shared, like [`from_pool`](Self::from_pool)).
     pub fn from_cluster_pool(pool: deadpool_redis::cluster::Pool) -> Self {
-        Self::new(Connector::ClusterPool(pool))
+        Self::new(Connector::ClusterPool(pool), DEFAULT_CONNECT_TIMEOUT)
     }
 
     /// Prefixes every key (default [`DEFAULT_PREFIX`], `"tw:"`); see
@@ -440,10 +440,9 @@ impl RedisStoreBuilder {
             Target::ClusterPool(pool) => Connector::ClusterPool(pool),
         };
         Ok(RedisStore {
-            connection: Connection::new(connector, self.connect_timeout),
             prefix: self.prefix,
             clock: self.clock,
-            topology: Arc::new(TopologyCache::new()),
+            ..RedisStore::new(connector, self.connect_timeout)
         })
     }
 }
