@@ -102,29 +102,28 @@ impl Store {
     /// The state of the breakers, if the store has them: over several
     /// failure domains (a Redis Cluster's primaries) the worst one.
     pub fn breaker_state(&self) -> Option<BreakerState> {
-        self.inner.resilience.breakers.as_ref().map(Breakers::worst)
+        self.breakers().map(Breakers::worst)
+    }
+
+    fn breakers(&self) -> Option<&Breakers> {
+        self.inner.resilience.breakers.as_ref()
     }
 
     /// How many breakers are open (0 without breakers).
     pub fn open_breakers(&self) -> usize {
-        self.inner
-            .resilience
-            .breakers
-            .as_ref()
-            .map_or(0, Breakers::open)
+        self.breakers().map_or(0, Breakers::open)
     }
 
     /// The state of the breaker of failure domain `domain`, if the store
     /// has breakers. A domain no operation has reached yet is `Closed`.
     pub(crate) fn breaker_state_of(&self, domain: Option<u16>) -> Option<BreakerState> {
-        let breakers = self.inner.resilience.breakers.as_ref()?;
-        Some(breakers.state_of(domain))
+        Some(self.breakers()?.state_of(domain))
     }
 
     /// Exports the state of the store's breakers, if it has them, in
     /// `metrics` (a capability's) from now on.
     pub(crate) fn observe_breakers(&self, metrics: &Arc<crate::metrics::LimiterMetrics>) {
-        if let Some(breakers) = &self.inner.resilience.breakers {
+        if let Some(breakers) = self.breakers() {
             breakers.observe(metrics);
         }
     }
@@ -279,14 +278,18 @@ pub(crate) enum Native {
 }
 
 impl Backend {
+    fn native(native: Native, in_process: bool) -> Self {
+        Self {
+            native,
+            parts: Parts::default(),
+            in_process,
+        }
+    }
+
     /// A backend of only what is given to it (in `with_part`), behind a
     /// network unless [`in_process`](Self::in_process) says otherwise.
     pub(crate) fn own() -> Self {
-        Self {
-            native: Native::Own,
-            parts: Parts::default(),
-            in_process: false,
-        }
+        Self::native(Native::Own, false)
     }
 
     /// With `backend` as the backend of the capability whose trait is `B`.
@@ -320,11 +323,7 @@ impl fmt::Debug for Backend {
 
 impl From<MemoryStore> for Backend {
     fn from(memory: MemoryStore) -> Self {
-        Self {
-            native: Native::Memory(memory),
-            parts: Parts::default(),
-            in_process: true,
-        }
+        Self::native(Native::Memory(memory), true)
     }
 }
 
@@ -338,11 +337,7 @@ impl From<crate::RedisStore> for Backend {
 #[cfg(feature = "redis")]
 impl From<Arc<crate::RedisStore>> for Backend {
     fn from(redis: Arc<crate::RedisStore>) -> Self {
-        Self {
-            native: Native::Redis(redis),
-            parts: Parts::default(),
-            in_process: false,
-        }
+        Self::native(Native::Redis(redis), false)
     }
 }
 

@@ -14,12 +14,9 @@ use crate::store::StoreError;
 /// network, such as [`RedisStore`](crate::RedisStore)).
 ///
 /// One code path serves both: the caller asks [`into_ready`](Self::into_ready)
-/// and, only when the answer has to wait, awaits the rest. A backend behind a
-/// network builds its future with [`Guard::run`](crate::store::Guard::run),
-/// which puts the store handle's time budget, retries, in-flight bound and
-/// breaker bookkeeping into that one boxed future.
-///
-/// An `Op` is also a future itself, for callers that simply await it.
+/// and, only when the answer has to wait, awaits the rest (an `Op` is also
+/// a future itself). A backend behind a network builds its future with
+/// [`Guard::run`](crate::store::Guard::run).
 ///
 /// ```
 /// use tower_window::store::Op;

@@ -85,12 +85,10 @@ impl Resilience {
         calls: Calls<'a>,
         operation: impl FnOnce(&mut Guard<'a>) -> Op<'o, T>,
     ) -> Op<'o, T> {
-        let ticket = match &self.breakers {
-            Some(breakers) => match breakers.get(domain).acquire() {
-                Some(ticket) => Some(ticket),
-                None => return Op::ready(Err(StoreError::circuit_open())),
-            },
-            None => None,
+        let breaker = self.breakers.as_ref().map(|breakers| breakers.get(domain));
+        let ticket = match breaker.map(Breaker::acquire) {
+            Some(None) => return Op::ready(Err(StoreError::circuit_open())),
+            ticket => ticket.flatten(),
         };
         let mut guard = Guard {
             resilience: self,
@@ -116,7 +114,7 @@ impl Resilience {
                 guard.calls.store_call(StoreTimer::start(false), error);
                 match error {
                     None => guard.outcome.success(Duration::ZERO),
-                    Some(error) => guard.outcome.failure_for(Some(error)),
+                    Some(error) => guard.outcome.failure(error),
                 }
                 op
             }
@@ -184,10 +182,7 @@ impl<'a> Guard<'a> {
         Op::pending(async move {
             // Dropping `outcome` on an early return (or a cancelled call)
             // frees a half-open probe's slot without counting anything.
-            let _permit = match resilience.try_reserve() {
-                Ok(permit) => permit,
-                Err(error) => return Err(error),
-            };
+            let _permit = resilience.try_reserve()?;
             let timer = StoreTimer::start(true);
             let started = resilience.clock.now_micros();
             let deadline = resilience
@@ -221,7 +216,7 @@ impl<'a> Guard<'a> {
                         %error,
                         "rate-limit store call failed"
                     );
-                    outcome.failure_for(Some(error));
+                    outcome.failure(error);
                 }
             }
             result
@@ -284,17 +279,15 @@ impl<R: Deref<Target = Resilience>> Outcome<R> {
     /// A failed call: a store failure, unless `error` is the caller's
     /// fault or our own overload (a pool wait), which say nothing of the
     /// store's health.
-    fn failure_for(&mut self, error: Option<&StoreError>) {
+    fn failure(&mut self, error: &StoreError) {
         let Some((b, t)) = self.take() else {
             return;
         };
-        match error.map(StoreError::kind) {
-            Some(
-                StoreErrorKind::InvalidRequest
-                | StoreErrorKind::Unsupported
-                | StoreErrorKind::Overloaded
-                | StoreErrorKind::CircuitOpen,
-            ) => b.release(t),
+        match error.kind() {
+            StoreErrorKind::InvalidRequest
+            | StoreErrorKind::Unsupported
+            | StoreErrorKind::Overloaded
+            | StoreErrorKind::CircuitOpen => b.release(t),
             _ => b.failure(t),
         }
     }

@@ -80,17 +80,13 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
-    if retry.max_retries == 0 {
-        let mut operation = operation;
-        return operation().await;
-    }
     let backoff = ExponentialBuilder::new()
         .with_min_delay(retry.min_delay)
         .with_max_delay(retry.max_delay)
         .with_max_times(retry.max_retries)
         .with_factor(2.0);
     operation
-        .retry(FullJitter(backoff))
+        .retry(full_jitter(backoff))
         .sleep(tokio::time::sleep)
         // Only errors where the store certainly did not apply the
         // operation: a retry never charges a request twice.
@@ -113,33 +109,14 @@ where
 
 /// Full jitter over an exponential backoff: each delay is uniformly random
 /// in `[0, delay]` (backon's own jitter adds to the delay instead).
-#[derive(Debug, Clone, Copy)]
-struct FullJitter(ExponentialBuilder);
-
-impl BackoffBuilder for FullJitter {
-    type Backoff = FullJitterBackoff;
-
-    fn build(self) -> Self::Backoff {
-        FullJitterBackoff {
-            inner: self.0.build(),
-            rng: fastrand::Rng::new(),
-        }
-    }
-}
-
-struct FullJitterBackoff {
-    inner: <ExponentialBuilder as BackoffBuilder>::Backoff,
-    rng: fastrand::Rng,
-}
-
-impl Iterator for FullJitterBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let delay = self.inner.next()?;
+fn full_jitter(
+    backoff: ExponentialBuilder,
+) -> impl Iterator<Item = Duration> + Send + Sync + Unpin {
+    let mut rng = fastrand::Rng::new();
+    backoff.build().map(move |delay| {
         let micros = crate::clock::duration_micros(delay);
-        Some(Duration::from_micros(self.rng.u64(0..=micros)))
-    }
+        Duration::from_micros(rng.u64(0..=micros))
+    })
 }
 
 #[cfg(test)]
@@ -154,7 +131,7 @@ mod tests {
             .with_max_times(6);
         let limits = [2, 4, 8, 16, 20, 20];
         for _ in 0..100 {
-            let delays: Vec<_> = FullJitter(builder).build().collect();
+            let delays: Vec<_> = full_jitter(builder).collect();
             assert_eq!(delays.len(), 6);
             for (delay, limit) in delays.iter().zip(limits) {
                 assert!(*delay <= Duration::from_millis(limit));

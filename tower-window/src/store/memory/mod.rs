@@ -15,11 +15,8 @@
 //! push out the windows of active ones).
 //!
 //! Expiry is inside the values: a key whose window has passed reads as empty
-//! (the algorithms treat state older than its
-//! [longest lifetime](Quota::max_state_lifetime) as empty, on the store's
-//! clock) and is overwritten by its next admission, so entries need no
-//! timers; [`MemoryStore::run_pending_tasks`] drops such idle entries on
-//! demand.
+//! and is overwritten by its next admission, so entries need no timers
+//! ([`MemoryStore::run_pending_tasks`] drops idle ones on demand).
 //!
 //! # What a bounded store forgets
 //!

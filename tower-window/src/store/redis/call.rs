@@ -3,11 +3,12 @@
 //! topology change, `NOSCRIPT` answered by one `EVAL` (see
 //! [`script`](super::script)). Shared by every store operation.
 
+use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
-use redis::{ErrorKind, FromRedisValue, ServerErrorKind, Value};
+use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
 
 use super::connection::{is_connection_error, is_topology_change, map_error, Conn};
-use super::keys::{encode_component, Crc16, Sink, CLUSTER_SLOTS};
+use super::keys::{tag_slot, write_prefix, write_tag};
 use super::script::{LuaScript, ScriptCall};
 use super::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
@@ -32,19 +33,24 @@ impl RedisStore {
         if let Conn::Cluster(cluster) = &conn {
             self.refresh_topology_if_due(cluster);
         }
-        let reply = send(&conn, &call).await;
-        reply.map_err(|error| {
+        send(&conn, &call).await.map_err(|error| {
             if is_connection_error(&error) {
                 self.connection.invalidate(generation);
             }
             if let Conn::Cluster(cluster) = &conn {
-                if is_topology_change(&error) {
-                    self.topology.mark_stale();
-                    self.refresh_topology_if_due(cluster);
-                }
+                self.note_topology_change(cluster, &error);
             }
             map_error(error)
         })
+    }
+
+    /// Has the slot map reloaded (in the background, when due) if `error`
+    /// says the cluster's topology changed.
+    fn note_topology_change(&self, cluster: &ClusterConnection, error: &RedisError) {
+        if is_topology_change(error) {
+            self.topology.mark_stale();
+            self.refresh_topology_if_due(cluster);
+        }
     }
 
     /// Sends `calls` (of `script`, each touching one hash slot; the
@@ -88,21 +94,16 @@ impl RedisStore {
             .clone()
             .route_pipeline(pipeline, 0, calls.len() + 1, route)
             .await;
-        let moved = |error: &redis::RedisError| is_topology_change(error);
         match reply {
             Ok(mut replies) if replies.len() == calls.len() + 1 => {
                 replies.remove(0); // the SCRIPT LOAD's SHA1 (or its refusal)
-                let stale = replies.iter().any(|reply| {
-                    matches!(reply, Value::ServerError(_))
-                        && reply
-                            .clone()
-                            .extract_error()
-                            .err()
-                            .is_some_and(|e| moved(&e))
-                });
-                if stale {
-                    self.topology.mark_stale();
-                    self.refresh_topology_if_due(cluster);
+                let moved = replies
+                    .iter()
+                    .filter(|reply| matches!(reply, Value::ServerError(_)))
+                    .filter_map(|reply| reply.clone().extract_error().err())
+                    .find(is_topology_change);
+                if let Some(error) = moved {
+                    self.note_topology_change(cluster, &error);
                 }
                 Ok(Some(replies))
             }
@@ -111,10 +112,7 @@ impl RedisStore {
                 "a pipeline reply of the wrong length",
             )),
             Err(error) => {
-                if moved(&error) {
-                    self.topology.mark_stale();
-                    self.refresh_topology_if_due(cluster);
-                }
+                self.note_topology_change(cluster, &error);
                 if matches!(
                     error.kind(),
                     ErrorKind::Server(
@@ -203,19 +201,13 @@ async fn query<T: FromRedisValue>(conn: &Conn, cmd: &redis::Cmd) -> Result<T, re
 /// Appends `<prefix>{<tenant>:<subject>}` (the subject form's hash tag, as
 /// [`redis_key`](super::redis_key) writes it) to `out`.
 pub(crate) fn subject_tag(out: &mut Vec<u8>, prefix: &str, key: &WindowKey) {
-    super::keys::write_prefix(out, prefix);
+    write_prefix(out, prefix);
     out.push(b'{');
-    encode_component(out, key.tenant());
-    out.push(b':');
-    encode_component(out, key.subject());
+    write_tag(out, key, false);
     out.push(b'}');
 }
 
 /// The hash slot of [`subject_tag`]'s keys.
 pub(crate) fn subject_slot(key: &WindowKey) -> u16 {
-    let mut crc = Crc16::default();
-    encode_component(&mut crc, key.tenant());
-    crc.put(b":");
-    encode_component(&mut crc, key.subject());
-    crc.value() % CLUSTER_SLOTS
+    tag_slot(key, false)
 }

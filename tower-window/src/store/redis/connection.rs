@@ -44,13 +44,9 @@ pub(crate) struct Dedicated {
     _keeper: Keeper,
 }
 
-/// Keeps a pooled connection checked out while its handle is in use.
-#[allow(dead_code)] // held only for its Drop, which returns the connection to the pool
-enum Keeper {
-    None,
-    Pooled(deadpool_redis::Connection),
-    ClusterPooled(deadpool_redis::cluster::Connection),
-}
+/// Keeps a pooled connection checked out while its handle is in use (its
+/// `Drop` returns it to the pool).
+type Keeper = Option<Box<dyn std::any::Any + Send + Sync>>;
 
 type ConnectResult = Result<(Conn, u64), (StoreErrorKind, String)>;
 
@@ -161,16 +157,8 @@ impl Connection {
         let timeout = self.connect_timeout;
         let task_state = Arc::clone(&state);
         let task = tokio::spawn(async move {
-            let state = task_state;
-            let connecting = connect(&connector, timeout, Use::Shared);
-            let result = match tokio::time::timeout(timeout, connecting).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::new(
-                    StoreErrorKind::Timeout,
-                    format!("connecting to redis took longer than {timeout:?}"),
-                )),
-            };
-            let mut state = lock(&state);
+            let result = connect(&connector, timeout, Use::Shared).await;
+            let mut state = lock(&task_state);
             match result {
                 Ok((conn, keeper)) => {
                     *state = State::Ready {
@@ -204,28 +192,19 @@ impl Connection {
         .shared()
     }
 
-    /// Drops the connection of `generation` after a connection-level error,
-    /// so the next call connects again. Cluster connections heal themselves.
     /// A connection of its own, never shared with the store's calls (for
     /// a reader that blocks, such as the tenant registry's `XREAD BLOCK`);
     /// from a pool, one checked out for as long as it is held.
     pub(crate) async fn dedicated(&self) -> Result<Dedicated, StoreError> {
-        let timeout = self.connect_timeout;
-        let connecting = connect(&self.connector, timeout, Use::Dedicated);
-        let (conn, keeper) = tokio::time::timeout(timeout, connecting)
-            .await
-            .map_err(|_| {
-                StoreError::new(
-                    StoreErrorKind::Timeout,
-                    format!("connecting to redis took longer than {timeout:?}"),
-                )
-            })??;
+        let (conn, keeper) = connect(&self.connector, self.connect_timeout, Use::Dedicated).await?;
         Ok(Dedicated {
             conn,
             _keeper: keeper,
         })
     }
 
+    /// Drops the connection of `generation` after a connection-level error,
+    /// so the next call connects again. Cluster connections heal themselves.
     pub(crate) fn invalidate(&self, generation: u64) {
         if self.is_cluster() {
             return;
@@ -258,55 +237,66 @@ const CLUSTER_RETRIES: u32 = 2;
 const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 1;
 const CLUSTER_RETRY_WAIT_MAX_MS: u64 = 10;
 
+/// Connects within `timeout`.
 async fn connect(
     connector: &Connector,
     timeout: Duration,
     usage: Use,
 ) -> Result<(Conn, Keeper), StoreError> {
-    match connector {
-        Connector::Client(client) => {
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(timeout))
-                // Each call has its own deadline (see RedisStore::timeout).
-                .set_response_timeout(None);
-            let conn = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map_err(map_error)?;
-            Ok((Conn::Single(conn), Keeper::None))
-        }
-        Connector::Pool(pool) => {
-            let pooled = pool.get().await.map_err(map_pool_error)?;
-            Ok((Conn::Single((*pooled).clone()), Keeper::Pooled(pooled)))
-        }
-        Connector::Cluster(nodes, tls) => {
-            let mut builder = tls
-                .cluster(ClusterClient::builder(nodes.clone()))
-                .connection_timeout(timeout)
-                .retries(CLUSTER_RETRIES)
-                .min_retry_wait(CLUSTER_RETRY_WAIT_MIN_MS)
-                .max_retry_wait(CLUSTER_RETRY_WAIT_MAX_MS)
-                .retry_wait_formula(2, 2)
-                .tcp_settings(no_delay_settings());
-            if usage == Use::Shared {
-                // Bounds the client's own commands too (its slot refresh
-                // asks every known node in turn, holding its routing table
-                // meanwhile): a primary that vanished without closing its
-                // sockets would otherwise stall every call for good.
-                builder = builder.response_timeout(timeout);
+    let connecting = async {
+        match connector {
+            Connector::Client(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    // Each call has its own deadline (see RedisStore::timeout).
+                    .set_response_timeout(None);
+                let conn = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map_err(map_error)?;
+                Ok((Conn::Single(conn), None))
             }
-            let client = builder.build().map_err(map_error)?;
-            let conn = client.get_async_connection().await.map_err(map_error)?;
-            Ok((Conn::Cluster(conn), Keeper::None))
+            Connector::Pool(pool) => {
+                let pooled = pool.get().await.map_err(map_pool_error)?;
+                Ok((Conn::Single((*pooled).clone()), Some(Box::new(pooled) as _)))
+            }
+            Connector::Cluster(nodes, tls) => {
+                let mut builder = tls
+                    .cluster(ClusterClient::builder(nodes.clone()))
+                    .connection_timeout(timeout)
+                    .retries(CLUSTER_RETRIES)
+                    .min_retry_wait(CLUSTER_RETRY_WAIT_MIN_MS)
+                    .max_retry_wait(CLUSTER_RETRY_WAIT_MAX_MS)
+                    .retry_wait_formula(2, 2)
+                    .tcp_settings(no_delay_settings());
+                if usage == Use::Shared {
+                    // Bounds the client's own commands too (its slot refresh
+                    // asks every known node in turn, holding its routing table
+                    // meanwhile): a primary that vanished without closing its
+                    // sockets would otherwise stall every call for good.
+                    builder = builder.response_timeout(timeout);
+                }
+                let client = builder.build().map_err(map_error)?;
+                let conn = client.get_async_connection().await.map_err(map_error)?;
+                Ok((Conn::Cluster(conn), None))
+            }
+            Connector::ClusterPool(pool) => {
+                let pooled = pool.get().await.map_err(map_pool_error)?;
+                Ok((
+                    Conn::Cluster((*pooled).clone()),
+                    Some(Box::new(pooled) as _),
+                ))
+            }
         }
-        Connector::ClusterPool(pool) => {
-            let pooled = pool.get().await.map_err(map_pool_error)?;
-            Ok((
-                Conn::Cluster((*pooled).clone()),
-                Keeper::ClusterPooled(pooled),
+    };
+    tokio::time::timeout(timeout, connecting)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("connecting to redis took longer than {timeout:?}"),
             ))
-        }
-    }
+        })
 }
 
 /// Whether `error` means the connection itself is gone.
@@ -322,21 +312,25 @@ pub(crate) fn is_connection_error(error: &RedisError) -> bool {
 ///
 /// True only when the command never reached a server that could run it:
 /// the connection was refused or never made (nothing was sent), or the
-/// server refused it before running it (`CLUSTERDOWN`, `TRYAGAIN`, `MOVED`,
-/// `ASK`, `MASTERDOWN`, `LOADING`, `READONLY`: a replica runs no writes,
-/// `NOSCRIPT`: the script is not loaded). False for everything else: an I/O
-/// error or a dropped connection after sending, a timeout, and any error
-/// not known to be safe. A pool wait or exhaustion is a
-/// [`pool_error_cannot_have_run`].
+/// server refused it before running it ([`refused_unrun`]). False for
+/// everything else: an I/O error or a dropped connection after sending, a
+/// timeout, and any error not known to be safe.
 pub(crate) fn script_cannot_have_run(error: &RedisError) -> bool {
     if error.is_timeout() {
         return false;
     }
     // Connecting failed: nothing was sent. `is_connection_dropped` also
     // says yes for these, so they are checked first.
-    if error.is_connection_refusal() || io_kind(error) == Some(std::io::ErrorKind::NotConnected) {
-        return true;
-    }
+    error.is_connection_refusal()
+        || io_kind(error) == Some(std::io::ErrorKind::NotConnected)
+        || refused_unrun(error)
+}
+
+/// Whether a node refused the command before running it: `CLUSTERDOWN`,
+/// `TRYAGAIN`, `MOVED`, `ASK`, `MASTERDOWN`, `LOADING`, `READONLY` (a
+/// replica runs no writes), `NOSCRIPT` (the script is not loaded), or the
+/// cluster connection found no connection to send it on.
+fn refused_unrun(error: &RedisError) -> bool {
     matches!(
         error.kind(),
         ErrorKind::Server(
@@ -348,45 +342,21 @@ pub(crate) fn script_cannot_have_run(error: &RedisError) -> bool {
                 | ServerErrorKind::BusyLoading
                 | ServerErrorKind::ReadOnly
                 | ServerErrorKind::NoScript,
-        )
-        // A cluster connection found no connection to send it on.
-        | ErrorKind::ClusterConnectionNotFound
+        ) | ErrorKind::ClusterConnectionNotFound
     )
 }
 
-/// Whether the command that failed with the pool error `error` certainly
-/// did not run: true for waiting out the pool, a closed pool and a failed
-/// hook (no command was sent), and as [`script_cannot_have_run`] says for
-/// an error of making a connection.
-pub(crate) fn pool_error_cannot_have_run(error: &deadpool_redis::PoolError) -> bool {
-    use deadpool_redis::PoolError;
-    match error {
-        PoolError::Backend(error) => script_cannot_have_run(error),
-        PoolError::Timeout(_)
-        | PoolError::Closed
-        | PoolError::NoRuntimeSpecified
-        | PoolError::PostCreateHook(_) => true,
-    }
-}
-
 /// Whether `error` says the cluster's topology changed, so the slot map
-/// (`topology::TopologyCache`) should be refreshed: `MOVED`, `ASK`,
-/// `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `READONLY` (a primary was
-/// demoted), a refused connection or no connection to a node. Call it for
-/// cluster stores only: on a single node, a refused connection is just that.
+/// (`topology::TopologyCache`) should be refreshed: a [`refused_unrun`]
+/// error other than `LOADING` and `NOSCRIPT` (a `READONLY` primary was
+/// demoted), or a refused connection. Call it for cluster stores only: on
+/// a single node, a refused connection is just that.
 pub(crate) fn is_topology_change(error: &RedisError) -> bool {
-    error.is_connection_refusal()
-        || matches!(
-            error.kind(),
-            ErrorKind::Server(
-                ServerErrorKind::Moved
-                    | ServerErrorKind::Ask
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ReadOnly,
-            ) | ErrorKind::ClusterConnectionNotFound
-        )
+    let node_state = matches!(
+        error.kind(),
+        ErrorKind::Server(ServerErrorKind::BusyLoading | ServerErrorKind::NoScript)
+    );
+    error.is_connection_refusal() || (refused_unrun(error) && !node_state)
 }
 
 /// The kind of the `io::Error` inside `error`, if it wraps one.
@@ -407,68 +377,50 @@ fn io_kind(error: &RedisError) -> Option<std::io::ErrorKind> {
 pub(crate) fn map_error(error: RedisError) -> StoreError {
     let kind = if error.is_timeout() {
         StoreErrorKind::Timeout
-    } else if is_connection_error(&error) {
+    } else if is_connection_error(&error)
+        || (refused_unrun(&error) && error.kind() != ErrorKind::Server(ServerErrorKind::NoScript))
+        // Redis itself is out of memory or stuck in a script: the store's
+        // health, not our own overload, so it counts against the breaker.
+        || matches!(error.code(), Some("OOM" | "BUSY"))
+        || matches!(
+            error.kind(),
+            ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig
+        )
+    {
         StoreErrorKind::Unavailable
     } else {
-        match error.kind() {
-            ErrorKind::Server(
-                ServerErrorKind::ClusterDown
-                | ServerErrorKind::TryAgain
-                | ServerErrorKind::MasterDown
-                | ServerErrorKind::BusyLoading
-                | ServerErrorKind::ReadOnly
-                | ServerErrorKind::Moved
-                | ServerErrorKind::Ask,
-            )
-            | ErrorKind::ClusterConnectionNotFound
-            | ErrorKind::AuthenticationFailed
-            | ErrorKind::InvalidClientConfig => StoreErrorKind::Unavailable,
-            _ => match error.code() {
-                // Redis itself is out of memory or stuck in a script: the
-                // store's health, not our own overload, so it counts
-                // against the breaker.
-                Some("OOM" | "BUSY") => StoreErrorKind::Unavailable,
-                _ => StoreErrorKind::Protocol,
-            },
-        }
+        StoreErrorKind::Protocol
     };
-    let not_applied = script_cannot_have_run(&error);
-    let mapped = StoreError::new(kind, format!("redis: {error}")).with_source(error);
-    if not_applied {
-        mapped.not_applied()
-    } else {
-        mapped
-    }
+    let mut mapped = StoreError::new(kind, format!("redis: {error}"));
+    mapped.not_applied = script_cannot_have_run(&error);
+    mapped.with_source(error)
 }
 
+/// Maps a pool error: waiting out the pool, a closed pool and a failed
+/// hook sent no command (not applied); an error of making a connection is
+/// mapped as [`map_error`] maps it.
 fn map_pool_error(error: deadpool_redis::PoolError) -> StoreError {
-    let not_applied = pool_error_cannot_have_run(&error);
-    let mapped = map_pool_error_kind(error);
-    if not_applied {
-        mapped.not_applied()
-    } else {
-        mapped
-    }
-}
-
-fn map_pool_error_kind(error: deadpool_redis::PoolError) -> StoreError {
     use deadpool_redis::PoolError;
-    match error {
-        PoolError::Timeout(_) => StoreError::new(
+    let (kind, message) = match error {
+        PoolError::Backend(error) => return map_error(error),
+        PoolError::Timeout(_) => (
             StoreErrorKind::Overloaded,
-            "redis pool: timed out waiting for a connection",
+            "redis pool: timed out waiting for a connection".to_owned(),
         ),
-        PoolError::Backend(error) => map_error(error),
-        PoolError::Closed => StoreError::new(StoreErrorKind::Unavailable, "redis pool is closed"),
-        PoolError::NoRuntimeSpecified => StoreError::new(
+        PoolError::Closed => (
+            StoreErrorKind::Unavailable,
+            "redis pool is closed".to_owned(),
+        ),
+        PoolError::NoRuntimeSpecified => (
             StoreErrorKind::InvalidRequest,
-            "redis pool has timeouts but no runtime",
+            "redis pool has timeouts but no runtime".to_owned(),
         ),
-        PoolError::PostCreateHook(error) => StoreError::new(
+        PoolError::PostCreateHook(error) => (
             StoreErrorKind::Unavailable,
             format!("redis pool hook: {error}"),
         ),
-    }
+    };
+    StoreError::new(kind, message).not_applied()
 }
 
 /// TCP settings of every connection the store opens itself: `TCP_NODELAY`
@@ -547,14 +499,15 @@ mod tests {
     #[test]
     fn pool_errors() {
         use deadpool_redis::PoolError;
-        assert!(pool_error_cannot_have_run(&PoolError::Timeout(
+        let not_applied = |error| map_pool_error(error).is_not_applied();
+        assert!(not_applied(PoolError::Timeout(
             deadpool_redis::TimeoutType::Wait
         )));
-        assert!(pool_error_cannot_have_run(&PoolError::Closed));
-        assert!(pool_error_cannot_have_run(&PoolError::Backend(io(
+        assert!(not_applied(PoolError::Closed));
+        assert!(not_applied(PoolError::Backend(io(
             io::ErrorKind::ConnectionRefused
         ))));
-        assert!(!pool_error_cannot_have_run(&PoolError::Backend(io(
+        assert!(!not_applied(PoolError::Backend(io(
             io::ErrorKind::ConnectionReset
         ))));
     }

@@ -1,28 +1,12 @@
-//! The Redis key layout.
-//!
-//! A quota's window lives under its [state id](crate::Quota::state_id), in
-//! one of two forms chosen per *policy*:
-//!
-//! * subject form, for a policy without a tenant-scoped quota:
-//!   `<prefix>{<tenant>:<subject>}:<quota>`; every quota of one subject
-//!   shares the slot of `{<tenant>:<subject>}`, so subjects spread over the
-//!   cluster;
-//! * tenant form, for a policy with a tenant-scoped quota
-//!   ([`Scope::Tenant`]): `<prefix>{@<tenant>}:<subject>:<quota>`
-//!   for its subject quotas and `<prefix>{@<tenant>}:<quota>` for its tenant
-//!   quotas (one window per tenant, no subject). One script touches the
-//!   tenant's window and the subject's together, so all keys of the policy
-//!   share the slot of `{@<tenant>}` (the `@` keeps the tag non-empty for
-//!   an empty tenant, and a tag without `:` apart from the subject form's):
-//!   every subject of such a tenant lives on
-//!   one slot (one primary), and adding a tenant-scoped quota to a tenant's
-//!   policy moves its subject windows to new keys (they start empty).
+//! The Redis key layout (see [`redis_key`] for both forms).
 //!
 //! Every user-supplied part goes through [`encode_component`], which is
 //! injective and never emits `{`, `}`, `:` or a leading `#` except for the
 //! hashed form. So the parts can always be told apart again (the number of
 //! `:` inside and after the braces tells the forms apart), the only hash tag
 //! in a key is ours, and no input can reach another tenant's namespace.
+//! The tenant form's tag starts with `@`, which keeps it non-empty for an
+//! empty tenant and apart from the subject form's.
 
 use sha2::{Digest, Sha256};
 
@@ -135,6 +119,11 @@ pub(crate) fn encode_component(out: &mut impl Sink, bytes: &[u8]) {
 ///   choose the slot.
 /// * Bounded: at most `prefix.len() * 3 + 392` bytes, whatever the input.
 ///
+/// The price of the tenant form: all of a tenant's windows live on one
+/// slot (one primary), and adding a tenant-scoped quota to a tenant's
+/// policy (or removing the last one) moves its subject windows to new
+/// keys, which start empty.
+///
 /// The prefix is escaped too, except that it may contain `:` and `#`.
 /// The sliding log also writes a companion key: this key followed by `:m`.
 ///
@@ -159,25 +148,39 @@ pub(crate) fn encode_component(out: &mut impl Sink, bytes: &[u8]) {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn redis_key(prefix: &str, key: &WindowKey, policy: &Policy, quota: &Quota) -> Vec<u8> {
+    let tenant_form = policy.has_tenant_scope();
     let mut out = Vec::with_capacity(prefix.len() + 64);
     write_prefix(&mut out, prefix);
     out.push(b'{');
-    if policy.has_tenant_scope() {
-        out.push(b'@');
-        encode_component(&mut out, key.tenant());
-        out.extend_from_slice(b"}:");
-        if quota.scope() == Scope::Subject {
-            encode_component(&mut out, key.subject());
-            out.push(b':');
-        }
-    } else {
-        encode_component(&mut out, key.tenant());
-        out.push(b':');
+    write_tag(&mut out, key, tenant_form);
+    out.extend_from_slice(b"}:");
+    if tenant_form && quota.scope() == Scope::Subject {
         encode_component(&mut out, key.subject());
-        out.extend_from_slice(b"}:");
+        out.push(b':');
     }
     encode_component(&mut out, quota.state_id().as_bytes());
     out
+}
+
+/// Writes the hash tag of `key`'s keys, without its braces:
+/// `<tenant>:<subject>`, or `@<tenant>` in the tenant form (encoded).
+pub(crate) fn write_tag(out: &mut impl Sink, key: &WindowKey, tenant_form: bool) {
+    if tenant_form {
+        out.put(b"@");
+        encode_component(out, key.tenant());
+    } else {
+        encode_component(out, key.tenant());
+        out.put(b":");
+        encode_component(out, key.subject());
+    }
+}
+
+/// The Redis Cluster hash slot of [`write_tag`]'s tag: CRC-16/XMODEM of
+/// it, modulo 16384. Allocates nothing.
+pub(crate) fn tag_slot(key: &WindowKey, tenant_form: bool) -> u16 {
+    let mut crc = Crc16::default();
+    write_tag(&mut crc, key, tenant_form);
+    crc.value() % CLUSTER_SLOTS
 }
 
 /// `<prefix><suffix>`, the prefix escaped as [`redis_key`] escapes it
@@ -197,20 +200,9 @@ pub(crate) fn write_prefix(out: &mut Vec<u8>, prefix: &str) {
 }
 
 /// The Redis Cluster hash slot of every key [`redis_key`] makes for `key`
-/// under `policy` (any prefix, any quota of it): CRC-16/XMODEM of the hash
-/// tag, `<tenant>:<subject>` or, for a policy with a tenant-scoped quota,
-/// `@<tenant>` (encoded), modulo 16384. Allocates nothing.
+/// under `policy` (any prefix, any quota of it).
 pub(crate) fn policy_slot(key: &WindowKey, policy: &Policy) -> u16 {
-    let mut crc = Crc16::default();
-    if policy.has_tenant_scope() {
-        crc.put(b"@");
-        encode_component(&mut crc, key.tenant());
-    } else {
-        encode_component(&mut crc, key.tenant());
-        crc.put(b":");
-        encode_component(&mut crc, key.subject());
-    }
-    crc.value() % CLUSTER_SLOTS
+    tag_slot(key, policy.has_tenant_scope())
 }
 
 /// The hash tag Redis Cluster hashes for `key`, as Redis defines it: the

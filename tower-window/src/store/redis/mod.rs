@@ -25,104 +25,71 @@
 //! ```
 //!
 //! Deadlines, retries, the in-flight bound and circuit breakers are the
-//! resilience stack of the [`Store`](crate::Store) handle made from it,
-//! shared by every capability's operations; the Redis client itself only
-//! bounds how long one connection attempt may take
+//! resilience stack of the [`Store`](crate::Store) handle made from it;
+//! the Redis client itself only bounds one connection attempt
 //! ([`RedisStoreBuilder::connect_timeout`]).
 //!
 //! # Keys
 //!
-//! A quota's window lives at [`redis_key`]`(prefix, key, policy, quota)`,
-//! under the quota's [state id](crate::Quota::state_id) (so changing only
-//! a limit keeps the window), with user bytes escaped or hashed so that keys
-//! are injective and bounded. All keys of one decision share one hash slot:
-//!
-//! * a policy of subject-scoped quotas only:
-//!   `<prefix>{<tenant>:<subject>}:<quota>`, so subjects spread over the
-//!   cluster's slots;
-//! * a policy with a tenant-scoped quota ([`Scope::Tenant`](crate::Scope::Tenant),
-//!   one window per tenant): every key of the policy is tagged `{@<tenant>}`
-//!   (`<prefix>{@<tenant>}:<subject>:<quota>` and
-//!   `<prefix>{@<tenant>}:<quota>`). The price: all of that tenant's
-//!   windows live on one slot, hence one primary; and adding a
-//!   tenant-scoped quota to a tenant's policy (or removing the last one)
-//!   moves its subject windows to new keys, which start empty.
-//!
-//! The sliding log adds a companion key with the suffix `:m` in the same slot.
+//! A quota's window lives at [`redis_key`]`(prefix, key, policy, quota)`:
+//! injective, bounded, and every key of one decision in one hash slot.
 //!
 //! # Failure domains
 //!
 //! On a cluster store, the failure domain
 //! ([`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain))
-//! is the primary that serves
-//! the policy's hash slot, from the cluster's own slot map (`CLUSTER SLOTS`,
-//! loaded on connect and reloaded in the background after `MOVED`, a
-//! failover or a refused node, at most four times a second, and otherwise
-//! once a second while the store is used). So a
-//! [`Limiter`](crate::Limiter) keeps one circuit breaker per primary: a dead
-//! primary opens its one breaker after a few failures, whichever of its
-//! thousands of slots they hit, and keys of live primaries keep being
-//! decided by Redis. When its replica takes over, the next reload gives
-//! those slots the new primary's breaker, closed: their keys are decided by
-//! Redis again about a second after the failover, with no probe needed. A
-//! single-node store is one domain.
+//! is the primary that serves the policy's hash slot, from the cluster's
+//! own slot map (`CLUSTER SLOTS`, loaded on connect and reloaded in the
+//! background after `MOVED`, a failover or a refused node, at most four
+//! times a second, else once a second while the store is used). So a dead
+//! primary opens only its own breaker, and when its replica takes over,
+//! the next reload gives its slots the new primary's breaker, closed: their
+//! keys are decided by Redis again about a second after the failover, with
+//! no probe needed. A single-node store is one domain.
 //!
 //! # Failover, resharding, restarts
 //!
 //! - The cluster client follows `MOVED` and `ASK` itself, at most twice per
-//!   call and without long waits; other errors (`CLUSTERDOWN`, `TRYAGAIN`,
-//!   a refused node) come back at once to the limiter, whose retries fit
-//!   its time budget. (redis-rs's defaults wait 1.28 s and more between its
-//!   own retries, so every call of a failover outlived any budget.)
+//!   call and without long waits; other errors come back at once, to be
+//!   retried within the store's time budget (redis-rs's default waits
+//!   outlive any budget).
 //! - A node's replies and the client's own topology queries are bounded by
 //!   the connect timeout, so a node that vanished without closing its
 //!   sockets cannot stall the connection.
-//! - A node without our script (a promoted replica, a restarted server,
-//!   `SCRIPT FLUSH`) answers `NOSCRIPT`; the store then sends the script
-//!   itself with `EVAL` to that node, which runs and caches it. (A
-//!   `SCRIPT LOAD` goes to every primary the client knows, and fails as a
-//!   whole while one of them is the dead one.)
+//! - A node without our script (a promoted replica, a restart,
+//!   `SCRIPT FLUSH`) answers `NOSCRIPT`, and gets the script by one `EVAL`.
 //! - With Redis's default `cluster-require-full-coverage yes`, every node
-//!   answers `CLUSTERDOWN` for every key while a failed primary's slots have
-//!   no primary yet, so keys of every primary go to the fallback for that
-//!   interval; with `no`, only the failed primary's keys do.
-//! - The breakers' cooldown is 1 s by default
-//!   ([`BreakerConfig`](crate::BreakerConfig)), so an open breaker sends its
-//!   first probe at most a second after the store is back.
+//!   answers `CLUSTERDOWN` while a failed primary's slots have no primary
+//!   yet, so every key goes to the fallback for that interval; with `no`,
+//!   only the failed primary's keys do.
 //!
-//! `tests/tests/redis_fault_recovery.rs` in the repository checks, under
-//! load from two nodes: every key is decided by Redis again within 2 s of
-//! the cluster being whole after a primary is killed, a manual failover, a
-//! resharding, the old primary's return as a replica and a single server's
-//! restart; no decision outlasts the budget by more than a small constant;
-//! and nothing is admitted beyond what a promoted replica never received.
+//! `tests/tests/redis_fault_recovery.rs` in the repository checks that,
+//! under load from two nodes, every key is decided by Redis again within
+//! 2 s of the cluster being whole after a primary is killed, a manual
+//! failover, a resharding, the old primary's return as a replica and a
+//! single server's restart.
 //!
 //! # Errors and retries
 //!
 //! Only errors where Redis certainly did not run the script (a refused or
 //! never-made connection, `CLUSTERDOWN`, `TRYAGAIN`, `MOVED`, `ASK`,
 //! `MASTERDOWN`, `LOADING`, `READONLY`, `NOSCRIPT`) are marked
-//! [`not_applied`](crate::StoreError::not_applied) and may be retried by
-//! the limiter. A connection that breaks with a call in flight is never
-//! retried: the script may have run, and a retry must never charge twice.
-//! The price is that a connection which died while idle fails its first
-//! call (which then goes to the fallback) before the store reconnects.
+//! [`not_applied`](crate::StoreError::not_applied) and may be retried. A
+//! connection that breaks with a call in flight is never retried: the
+//! script may have run. So a connection that died while idle fails its
+//! first call before the store reconnects.
 //!
 //! # Connections
 //!
-//! All calls share one multiplexed connection (or one cluster connection):
-//! concurrent decisions are pipelined on it, and nothing but the `EVALSHA`
-//! is sent per decision — no `PING`, no `SCRIPT EXISTS`. The connection is
-//! made on first use (or by [`RedisStore::connect`]) and made again after a
-//! connection error. A `deadpool_redis` pool ([`RedisStoreBuilder::pool`])
-//! lends one connection that the store keeps, so deadpool's recycle `PING`
-//! is paid once per reconnect, never per decision.
-//!
+//! All calls share one multiplexed connection (or one cluster connection),
+//! made on first use (or by [`RedisStore::connect`]) and again after a
+//! connection error; nothing but the `EVALSHA` is sent per decision. A
+//! `deadpool_redis` pool ([`RedisStoreBuilder::pool`]) lends one connection
+//! that the store keeps, so its recycle `PING` is paid once per reconnect.
 //! [`redis`] and [`deadpool_redis`] are re-exported, so a pool or a cluster
-//! client is always built with the versions this crate uses. A cluster pool
-//! ([`RedisStoreBuilder::cluster_pool`]) brings its own client settings:
-//! give its `ClusterClient` few retries with short waits and a response
-//! timeout, as [`RedisStoreBuilder::cluster`] does (see above).
+//! client is built with the versions this crate uses; give a cluster pool's
+//! `ClusterClient` few retries with short waits and a response timeout, as
+//! [`RedisStoreBuilder::cluster`] does.
 
 use std::fmt;
 use std::sync::Arc;
@@ -151,7 +118,7 @@ pub use deadpool_redis;
 /// The `redis` crate this crate is built with.
 pub use redis;
 
-use connection::{is_connection_error, map_error, Conn, Connection, Connector};
+use connection::{Conn, Connection, Connector};
 pub use keys::redis_key;
 use redis::cluster_async::ClusterConnection;
 
@@ -186,9 +153,9 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    fn new(connector: Connector) -> Self {
+    fn new(connector: Connector, connect_timeout: Duration) -> Self {
         Self {
-            connection: Connection::new(connector, DEFAULT_CONNECT_TIMEOUT),
+            connection: Connection::new(connector, connect_timeout),
             prefix: Arc::from(DEFAULT_PREFIX),
             topology: Arc::new(TopologyCache::new()),
             clock: None,
@@ -231,7 +198,7 @@ impl RedisStore {
     /// pool's wait timeout bounds that checkout; an exhausted pool is
     /// [`StoreErrorKind::Overloaded`](crate::StoreErrorKind::Overloaded).
     pub fn from_pool(pool: deadpool_redis::Pool) -> Self {
-        Self::new(Connector::Pool(pool))
+        Self::new(Connector::Pool(pool), DEFAULT_CONNECT_TIMEOUT)
     }
 
     /// A store on the Redis Cluster reachable through any of `urls`; short
@@ -249,7 +216,7 @@ impl RedisStore {
     /// A store on a Redis Cluster connection from a `deadpool_redis` cluster pool
     /// (checked out once and shared, like [`from_pool`](Self::from_pool)).
     pub fn from_cluster_pool(pool: deadpool_redis::cluster::Pool) -> Self {
-        Self::new(Connector::ClusterPool(pool))
+        Self::new(Connector::ClusterPool(pool), DEFAULT_CONNECT_TIMEOUT)
     }
 
     /// Prefixes every key (default [`DEFAULT_PREFIX`], `"tw:"`); see
@@ -281,28 +248,18 @@ impl RedisStore {
     /// Connects now and loads `script`, instead of on the first call (see
     /// [`connect`](Self::connect)).
     pub(crate) async fn connect_loading(&self, script: &LuaScript) -> Result<(), StoreError> {
-        let (conn, generation) = self.connection.get().await?;
-        let load = script.load_cmd();
-        let loaded: Result<String, _> = match conn {
-            Conn::Single(mut conn) => load.query_async(&mut conn).await,
-            Conn::Cluster(mut conn) => {
-                // The slot map now too, so breakers are per primary from
-                // the first check.
-                if let Err(error) = self.topology.refresh(&mut conn).await {
-                    tracing::debug!(%error, "redis cluster topology load failed");
-                }
-                // To every primary; a node that misses it later (a
-                // promoted replica) gets it by `EVAL` on first use.
-                load.query_async(&mut conn).await
+        if let (Conn::Cluster(mut conn), _) = self.connection.get().await? {
+            // The slot map now too, so breakers are per primary from the
+            // first check.
+            if let Err(error) = self.topology.refresh(&mut conn).await {
+                tracing::debug!(%error, "redis cluster topology load failed");
             }
-        };
-        if let Err(error) = loaded {
-            if is_connection_error(&error) {
-                self.connection.invalidate(generation);
-            }
-            return Err(map_error(error));
         }
-        Ok(())
+        // To every primary of a cluster; a node that misses it later (a
+        // promoted replica) gets it by `EVAL` on first use.
+        self.call::<String>(call::Call::Cmd(&script.load_cmd()))
+            .await
+            .map(drop)
     }
 
     /// Reloads the slot map (`CLUSTER SLOTS`) in the background when it was
@@ -487,10 +444,9 @@ impl RedisStoreBuilder {
             Target::ClusterPool(pool) => Connector::ClusterPool(pool),
         };
         Ok(RedisStore {
-            connection: Connection::new(connector, self.connect_timeout),
             prefix: Arc::from(self.prefix),
             clock: self.clock,
-            topology: Arc::new(TopologyCache::new()),
+            ..RedisStore::new(connector, self.connect_timeout)
         })
     }
 }

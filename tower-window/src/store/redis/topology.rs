@@ -109,23 +109,16 @@ impl Topology {
     pub(crate) fn parse_with(value: &Value, interner: &mut Interner) -> Result<Topology, String> {
         let ranges = parse_ranges(value)?;
         let current: HashSet<&str> = ranges.iter().map(|r| r.primary.as_str()).collect();
-        let mut table = vec![UNASSIGNED; SLOTS].into_boxed_slice();
-        let mut ids = HashSet::new();
         // Overlaps are checked before interning, so a bad reply adds nothing.
-        let mut owned = vec![false; SLOTS];
-        for range in &ranges {
-            let span = usize::from(range.start)..=usize::from(range.end);
-            let start = *span.start();
-            for (offset, taken) in owned[span].iter_mut().enumerate() {
-                if std::mem::replace(taken, true) {
-                    let slot = start + offset;
-                    return Err(format!("slot {slot} is served by two primaries"));
-                }
-            }
+        let mut spans: Vec<(u16, u16)> = ranges.iter().map(|r| (r.start, r.end)).collect();
+        spans.sort_unstable();
+        if let Some(pair) = spans.windows(2).find(|pair| pair[1].0 <= pair[0].1) {
+            let slot = pair[1].0;
+            return Err(format!("slot {slot} is served by two primaries"));
         }
+        let mut table = vec![UNASSIGNED; SLOTS].into_boxed_slice();
         for range in &ranges {
             let id = interner.intern(&range.primary, &current)?;
-            ids.insert(id);
             table[usize::from(range.start)..=usize::from(range.end)].fill(id);
         }
         Ok(Topology { table })
@@ -256,12 +249,6 @@ pub(crate) struct TopologyCache {
     epoch: Instant,
 }
 
-impl Default for TopologyCache {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl TopologyCache {
     /// An empty cache: every slot's domain is unknown until the first
     /// [`refresh`](Self::refresh).
@@ -355,14 +342,8 @@ impl TopologyCache {
         if !self.claim(Instant::now()) {
             return Ok(());
         }
-        let result = match redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async::<Value>(conn)
-            .await
-        {
-            Ok(reply) => self.install(&reply),
-            Err(error) => Err(error),
-        };
+        let reply = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await;
+        let result = reply.and_then(|reply: Value| self.install(&reply));
         if result.is_err() {
             self.mark_stale();
         }

@@ -11,7 +11,7 @@ use crate::clock::duration_micros;
 type Hook = Arc<dyn Fn(BreakerState, BreakerState) + Send + Sync>;
 
 /// Ratios are kept in parts per million.
-pub(super) const RATIO_SCALE: u64 = 1_000_000;
+const RATIO_SCALE: u64 = 1_000_000;
 
 /// When a circuit breaker opens and how it recovers.
 ///
@@ -58,31 +58,44 @@ pub struct BreakerConfig {
     pub(super) hook: Option<Hook>,
 }
 
+/// A share of the window's calls that trips the breaker, once the window
+/// holds at least `min_calls` calls.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RatioConfig {
-    pub(super) ratio_ppm: u64,
-    pub(super) min_calls: u64,
+    ratio_ppm: u64,
+    min_calls: u64,
+}
+
+impl RatioConfig {
+    /// `ratio` in `[0, 1]` (clamped; NaN is 1) of at least `min_calls` (at least 1).
+    fn new(ratio: f64, min_calls: u32) -> Self {
+        let ratio = if ratio.is_nan() {
+            1.0
+        } else {
+            ratio.clamp(0.0, 1.0)
+        };
+        // In [0, RATIO_SCALE] by the clamp.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let ratio_ppm = (ratio * RATIO_SCALE as f64).round() as u64;
+        Self {
+            ratio_ppm,
+            min_calls: u64::from(min_calls.max(1)),
+        }
+    }
+
+    /// Whether `part` of `total` calls reaches the share.
+    pub(super) fn reached(self, part: u64, total: u64) -> bool {
+        total >= self.min_calls
+            && u128::from(part) * u128::from(RATIO_SCALE)
+                >= u128::from(self.ratio_ppm) * u128::from(total)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct SlowConfig {
     /// A success that took longer than this many microseconds is slow.
     pub(super) threshold_micros: u64,
-    pub(super) ratio_ppm: u64,
-    pub(super) min_calls: u64,
-}
-
-/// A ratio in `[0, 1]` (clamped; NaN is 1) in parts per million.
-fn ratio_ppm(ratio: f64) -> u64 {
-    let ratio = if ratio.is_nan() {
-        1.0
-    } else {
-        ratio.clamp(0.0, 1.0)
-    };
-    // In [0, RATIO_SCALE] by the clamp.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let ppm = (ratio * RATIO_SCALE as f64).round() as u64;
-    ppm
+    pub(super) share: RatioConfig,
 }
 
 impl Default for BreakerConfig {
@@ -90,14 +103,10 @@ impl Default for BreakerConfig {
         Self {
             consecutive_failures: 5,
             window: Duration::from_secs(10),
-            ratio: Some(RatioConfig {
-                ratio_ppm: RATIO_SCALE / 2,
-                min_calls: 20,
-            }),
+            ratio: Some(RatioConfig::new(0.5, 20)),
             slow: Some(SlowConfig {
                 threshold_micros: 25_000,
-                ratio_ppm: RATIO_SCALE / 2,
-                min_calls: 20,
+                share: RatioConfig::new(0.5, 20),
             }),
             cooldown: Duration::from_secs(1),
             half_open_probes: 1,
@@ -120,10 +129,7 @@ impl BreakerConfig {
     /// the same `window` (default 10 s).
     pub fn failure_ratio(mut self, ratio: f64, window: Duration, min_calls: u32) -> Self {
         self.window = window;
-        self.ratio = Some(RatioConfig {
-            ratio_ppm: ratio_ppm(ratio),
-            min_calls: u64::from(min_calls.max(1)),
-        });
+        self.ratio = Some(RatioConfig::new(ratio, min_calls));
         self
     }
 
@@ -144,8 +150,7 @@ impl BreakerConfig {
     pub fn slow_calls(mut self, threshold: Duration, ratio: f64, min_calls: u32) -> Self {
         self.slow = Some(SlowConfig {
             threshold_micros: duration_micros(threshold),
-            ratio_ppm: ratio_ppm(ratio),
-            min_calls: u64::from(min_calls.max(1)),
+            share: RatioConfig::new(ratio, min_calls),
         });
         self
     }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::shared::Shared;
-use super::window::{reached, Bucket, Outcome, Window};
+use super::window::{Outcome, Window};
 #[cfg(test)]
 use super::BreakerConfig;
 use crate::clock::duration_micros;
@@ -113,30 +113,27 @@ impl Breaker {
     pub(crate) fn acquire(&self) -> Option<Ticket> {
         let now = self.shared.clock.now_micros();
         let mut state = self.lock();
-        match state.mode {
-            Mode::Closed => Some(Ticket {
-                generation: state.generation,
-                probe: false,
-            }),
-            Mode::Open { until_micros } if now >= until_micros => {
-                let ticket = self.transition(&mut state, Mode::HalfOpen { probes: 1 });
-                drop(state);
-                self.notify(BreakerState::Open, BreakerState::HalfOpen);
-                Some(Ticket {
-                    generation: ticket,
-                    probe: true,
+        let mode = state.mode;
+        let generation = match mode {
+            Mode::Closed => {
+                return Some(Ticket {
+                    generation: state.generation,
+                    probe: false,
                 })
             }
-            Mode::Open { .. } => None,
+            Mode::Open { until_micros } if now >= until_micros => {
+                self.transition(state, Mode::HalfOpen { probes: 1 })
+            }
             Mode::HalfOpen { probes } if probes < self.shared.config.half_open_probes => {
                 state.mode = Mode::HalfOpen { probes: probes + 1 };
-                Some(Ticket {
-                    generation: state.generation,
-                    probe: true,
-                })
+                state.generation
             }
-            Mode::HalfOpen { .. } => None,
-        }
+            Mode::Open { .. } | Mode::HalfOpen { .. } => return None,
+        };
+        Some(Ticket {
+            generation,
+            probe: true,
+        })
     }
 
     /// The store answered, after `latency` (measured by the caller, from
@@ -158,24 +155,13 @@ impl Breaker {
         match state.mode {
             Mode::Closed => {
                 state.consecutive = 0;
-                self.count(&mut state, now, Outcome::Ok { slow });
-                if self.slow_share_reached(&state, now) {
-                    let open = self.open_mode(now);
-                    self.transition(&mut state, open);
-                    drop(state);
-                    self.notify(BreakerState::Closed, BreakerState::Open);
+                if self.count_trips(&mut state, now, Outcome::Ok { slow }) {
+                    self.open(state, now);
                 }
             }
-            Mode::HalfOpen { .. } if ticket.probe && slow => {
-                let open = self.open_mode(now);
-                self.transition(&mut state, open);
-                drop(state);
-                self.notify(BreakerState::HalfOpen, BreakerState::Open);
-            }
+            Mode::HalfOpen { .. } if ticket.probe && slow => self.open(state, now),
             Mode::HalfOpen { .. } if ticket.probe => {
-                self.transition(&mut state, Mode::Closed);
-                drop(state);
-                self.notify(BreakerState::HalfOpen, BreakerState::Closed);
+                self.transition(state, Mode::Closed);
             }
             _ => {}
         }
@@ -188,23 +174,16 @@ impl Breaker {
         if ticket.generation != state.generation {
             return;
         }
-        let from = state.mode.state();
-        let open = self.open_mode(now);
         match state.mode {
             Mode::Closed => {
                 state.consecutive = state.consecutive.saturating_add(1);
-                self.count(&mut state, now, Outcome::Failed);
-                if self.should_open(&state, now) || self.slow_share_reached(&state, now) {
-                    self.transition(&mut state, open);
-                    drop(state);
-                    self.notify(from, BreakerState::Open);
+                let n = self.shared.config.consecutive_failures;
+                let in_a_row = n > 0 && state.consecutive >= n;
+                if self.count_trips(&mut state, now, Outcome::Failed) || in_a_row {
+                    self.open(state, now);
                 }
             }
-            Mode::HalfOpen { .. } if ticket.probe => {
-                self.transition(&mut state, open);
-                drop(state);
-                self.notify(from, BreakerState::Open);
-            }
+            Mode::HalfOpen { .. } if ticket.probe => self.open(state, now),
             _ => {}
         }
     }
@@ -227,77 +206,56 @@ impl Breaker {
         }
     }
 
-    /// Moves to `mode`, resetting the counters; returns the new generation.
-    fn transition(&self, state: &mut State, mode: Mode) -> u64 {
+    /// Moves to `mode`, resetting the counters, then lets the lock go and
+    /// calls the hook; returns the new generation.
+    fn transition(&self, mut state: MutexGuard<'_, State>, mode: Mode) -> u64 {
+        let (from, to) = (state.mode.state(), mode.state());
         // Under the lock, so the tally follows the transitions in order.
-        self.shared.transition(state.mode.state(), mode.state());
+        self.shared.transition(from, to);
         tracing::debug!(
-            from = state.mode.state().as_str(),
-            to = mode.state().as_str(),
+            from = from.as_str(),
+            to = to.as_str(),
             "circuit breaker transition"
         );
         state.mode = mode;
         state.generation = state.generation.wrapping_add(1);
         state.consecutive = 0;
         state.window = Window::default();
-        state.generation
-    }
-
-    fn notify(&self, from: BreakerState, to: BreakerState) {
+        let generation = state.generation;
+        drop(state);
         if let Some(hook) = &self.shared.config.hook {
             hook(from, to);
         }
+        generation
     }
 
-    fn open_mode(&self, now: u64) -> Mode {
-        Mode::Open {
-            until_micros: now.saturating_add(duration_micros(self.shared.config.cooldown)),
-        }
+    /// Opens the breaker until the cooldown from `now` ends.
+    fn open(&self, state: MutexGuard<'_, State>, now: u64) {
+        let cooldown = duration_micros(self.shared.config.cooldown);
+        let until_micros = now.saturating_add(cooldown);
+        self.transition(state, Mode::Open { until_micros });
     }
 
-    fn count(&self, state: &mut State, now: u64, outcome: Outcome) {
-        if let Some(width) = self.shared.config.bucket_width() {
-            state.window.count(width, now, outcome);
-        }
-    }
-
-    /// The calls counted over the window ending at `now`, or `None` when no
-    /// trigger uses the window.
-    fn window_sum(&self, state: &State, now: u64) -> Option<Bucket> {
-        let width = self.shared.config.bucket_width()?;
-        Some(state.window.sum(width, now))
-    }
-
-    /// Whether the failure triggers fire.
-    fn should_open(&self, state: &State, now: u64) -> bool {
-        let n = self.shared.config.consecutive_failures;
-        if n > 0 && state.consecutive >= n {
-            return true;
-        }
-        let (Some(ratio), Some(sum)) = (self.shared.config.ratio, self.window_sum(state, now))
-        else {
-            return false;
-        };
-        reached(
-            sum.failed,
-            sum.ok + sum.failed,
-            ratio.ratio_ppm,
-            ratio.min_calls,
-        )
-    }
-
-    /// Whether the slow-call trigger fires (checked after every counted
+    /// Counts `outcome` at `now` in the rolling window, if a trigger uses
+    /// it, and tells whether the window's counts trip the breaker: the
+    /// failure ratio (after a failure) or the slow-call share (after any
     /// outcome, as a fast call or a failure may complete `min_calls`).
-    fn slow_share_reached(&self, state: &State, now: u64) -> bool {
-        let (Some(slow), Some(sum)) = (self.shared.config.slow, self.window_sum(state, now)) else {
+    fn count_trips(&self, state: &mut State, now: u64, outcome: Outcome) -> bool {
+        let config = &self.shared.config;
+        let Some(width) = config.bucket_width() else {
             return false;
         };
-        reached(
-            sum.slow,
-            sum.ok + sum.failed,
-            slow.ratio_ppm,
-            slow.min_calls,
-        )
+        state.window.count(width, now, outcome);
+        let sum = state.window.sum(width, now);
+        let total = sum.ok + sum.failed;
+        let failed = matches!(outcome, Outcome::Failed);
+        (failed
+            && config
+                .ratio
+                .is_some_and(|ratio| ratio.reached(sum.failed, total)))
+            || config
+                .slow
+                .is_some_and(|slow| slow.share.reached(sum.slow, total))
     }
 }
 

@@ -1,8 +1,6 @@
 //! The rolling window the ratio triggers count in: `BUCKETS` buckets of
 //! calls, failures and slow successes.
 
-use super::config::RATIO_SCALE;
-
 /// Number of buckets of the rolling window (failure ratio and slow calls).
 pub(super) const BUCKETS: u64 = 10;
 
@@ -63,11 +61,4 @@ pub(super) struct Bucket {
 pub(super) enum Outcome {
     Ok { slow: bool },
     Failed,
-}
-
-/// Whether `part` of `total` calls is at least `ratio_ppm`, once there are
-/// at least `min_calls` calls.
-pub(super) fn reached(part: u64, total: u64, ratio_ppm: u64, min_calls: u64) -> bool {
-    total >= min_calls
-        && u128::from(part) * u128::from(RATIO_SCALE) >= u128::from(ratio_ppm) * u128::from(total)
 }
