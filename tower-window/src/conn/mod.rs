@@ -83,6 +83,7 @@ mod backend;
 mod heartbeat;
 mod limiter;
 pub(crate) mod memory;
+mod metrics;
 #[cfg(feature = "redis")]
 mod redis;
 mod seat;
