@@ -161,24 +161,20 @@ impl ConnectionLimiter {
     }
 
     /// One heartbeat tick: renews every live seat of this node, each
-    /// store call through the store's resilience stack, 16 at a time and
-    /// at most one per route at a time (a primary's pipelines would
-    /// otherwise wait behind each other on it, outliving the budget).
+    /// store call through the store's resilience stack.
     ///
-    /// Seats are grouped by partition (a Redis Cluster hash slot), and
-    /// partitions by the route the store gives them
-    /// ([`renew_route`](super::Backend::renew_route): the primary serving
-    /// the slot), in batches of
-    /// [`max_renew_batch`](super::Backend::max_renew_batch) seats: on a
-    /// cluster one round trip per primary and batch (a pipeline of one
-    /// script per slot), on one Redis one call per batch. Seats a routed
-    /// call could not answer (their slot moved: a resharding, a failover;
-    /// or the call failed, unless the breaker or the in-flight bound
-    /// refused it) are sent again in the same tick with one call per
-    /// partition, the way that follows redirects and confines a failure
-    /// to its slot. Renewing is idempotent, so a seat renewed twice is
-    /// harmless. Seats found gone are removed and reported lost to their
-    /// holders.
+    /// Seats go in batches of
+    /// [`max_renew_batch`](super::Backend::max_renew_batch) per partition
+    /// (a Redis Cluster hash slot: a script touches one), and the
+    /// partitions of one [`renew_route`](super::Backend::renew_route) (the
+    /// primary serving the slot) together in one round trip (a pipeline of
+    /// one script per slot). 16 calls run at a time, at most one per route
+    /// (a primary's pipelines would wait behind each other on it, outliving
+    /// the budget). Seats a routed call could not answer (their slot moved,
+    /// or the call failed unless the stack refused it) are sent again in
+    /// the same tick, one call per partition: the way that follows
+    /// redirects and confines a failure to its slot (renewing twice is
+    /// harmless). Seats found gone are reported lost to their holders.
     pub async fn heartbeat(&self) -> HeartbeatReport {
         let shared = &*self.shared;
         let tenant_capped = shared.tenant_capped();
@@ -196,10 +192,14 @@ impl ConnectionLimiter {
             .collect();
         // Per route (several partitions), or per partition if unrouted.
         let mut buckets: BTreeMap<_, Vec<usize>> = BTreeMap::new();
+        let mut partitions: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, &partition) in seat_partitions.iter().enumerate() {
+            partitions.entry(partition).or_default().push(i);
+        }
+        for (partition, members) in partitions {
             let route = backend.renew_route(partition);
             let bucket = buckets.entry((route, route.unwrap_or(partition)));
-            bucket.or_default().push(i);
+            bucket.or_default().extend(members);
         }
         let batch = backend.max_renew_batch().max(1);
         let ttl = shared.ttl();
@@ -210,20 +210,16 @@ impl ConnectionLimiter {
                 .map(|&i| SeatRef::new(&snapshot[i].1, &snapshot[i].2, tenant_capped))
                 .collect();
             // A route's breaker is that of the partition of any seat.
-            let (partition, routed) = (seat_partitions[group.members[0]], group.route.is_some());
+            let (first, routed) = (&snapshot[group.members[0]].1, group.route.is_some());
             async move {
                 let refs = &refs;
-                let renew = shared.call(
-                    |_| partition,
-                    |backend, guard| {
-                        if routed {
-                            return backend.renew_routed(guard, refs, ttl);
-                        }
-                        let alive = backend.renew(guard, refs, ttl);
-                        alive
-                            .map(|result| result.map(|alive| alive.into_iter().map(Some).collect()))
-                    },
-                );
+                let renew = shared.call(first, |backend, guard| {
+                    if routed {
+                        return backend.renew_routed(guard, refs, ttl);
+                    }
+                    let alive = backend.renew(guard, refs, ttl);
+                    alive.map(|result| result.map(|alive| alive.into_iter().map(Some).collect()))
+                });
                 renew.await
             }
         };

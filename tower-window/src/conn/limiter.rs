@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use super::backend::{Backend, CapScope, GrantReply, GrantRequest, SeatRef};
 use super::metrics;
-use super::seat::{ConnectionSeat, SeatSource};
+use super::seat::{ConnectionSeat, SeatLost, SeatSource};
 use crate::metrics::{Calls, LimiterMetrics};
 use crate::store::guard::OnFailure;
 use crate::store::{Guard, Op, Store, StoreError};
@@ -128,30 +128,18 @@ impl Shared {
     }
 
     /// One operation on the store's connection backend, in the partition
-    /// `partition` names, through the store's resilience stack.
+    /// of `key`'s seats, through the store's resilience stack.
     pub(super) fn call<'a, T: Send + 'a>(
-        &'a self,
-        partition: impl FnOnce(&dyn Backend) -> u16,
-        operation: impl FnOnce(&'a dyn Backend, &mut Guard<'a>) -> Op<'a, T>,
-    ) -> Op<'a, T> {
-        self.store.call(
-            self.backend.as_deref(),
-            "connection caps",
-            |backend| backend.partition_failure_domain(partition(backend)),
-            Calls::to(&self.metrics, None),
-            operation,
-        )
-    }
-
-    /// [`call`](Self::call) in the partition of `key`'s seats.
-    fn call_for<'a, T: Send + 'a>(
         &'a self,
         key: &'a WindowKey,
         operation: impl FnOnce(&'a dyn Backend, &mut Guard<'a>) -> Op<'a, T>,
     ) -> Op<'a, T> {
         let tenant_capped = self.tenant_capped();
-        self.call(
-            |backend| backend.seat_partition(key, tenant_capped),
+        self.store.call(
+            self.backend.as_deref(),
+            "connection caps",
+            |backend| backend.partition_failure_domain(backend.seat_partition(key, tenant_capped)),
+            Calls::to(&self.metrics, None),
             operation,
         )
     }
@@ -160,7 +148,7 @@ impl Shared {
     pub(super) async fn release(&self, key: &WindowKey, id: &[u8]) -> Result<bool, StoreError> {
         let seat = SeatRef::new(key, id, self.tenant_capped());
         let released = self
-            .call_for(key, |backend, guard| backend.release(guard, seat))
+            .call(key, |backend, guard| backend.release(guard, seat))
             .await?;
         metrics::released();
         Ok(released)
@@ -223,11 +211,19 @@ impl ConnectionLimiter {
         )
         .with_fence_floor(shared.fence_floor.load(Ordering::Acquire));
         let result = shared
-            .call_for(key, |backend, guard| backend.grant(guard, request))
+            .call(key, |backend, guard| backend.grant(guard, request))
             .await;
-        let seat = |id, fence, source, lost| {
-            let seat = ConnectionSeat::new(&self.shared, seq, key, id, fence, source, lost);
-            Ok(Acquire::Granted(seat))
+        let seat = |id, fence, source, receiver| {
+            Ok(Acquire::Granted(ConnectionSeat {
+                shared: Arc::clone(&self.shared),
+                seq,
+                key: key.clone(),
+                id,
+                fence,
+                source,
+                lost: SeatLost { receiver },
+                released: matches!(source, SeatSource::Fallback(_)),
+            }))
         };
         let (outcome, answer) = match result {
             Ok(GrantReply::Granted { fence, .. }) => {
@@ -291,7 +287,7 @@ impl ConnectionLimiter {
         let tenant_capped = self.shared.tenant_capped();
         let connections = self
             .shared
-            .call_for(key, |backend, guard| {
+            .call(key, |backend, guard| {
                 backend.presence(guard, key, tenant_capped)
             })
             .await?;
@@ -367,7 +363,7 @@ impl ConnectionLimiterBuilder {
         }
         Ok(ConnectionLimiter {
             shared: Arc::new(Shared {
-                backend: super::backend::of(&self.store),
+                backend: crate::store::plugged!(self.store, dyn Backend),
                 store: self.store,
                 metrics: LimiterMetrics::named("connections"),
                 settings: self.settings,

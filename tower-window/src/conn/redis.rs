@@ -13,15 +13,10 @@
 //! `#conn` cannot be spelled by an escaped component (a leading `#` is
 //! only ever followed by 64 upper-case hex digits), so these keys never
 //! meet a window's or a dedup id's. Every script reads `TIME` itself (or
-//! the explicit test clock), gives every key it writes a TTL longer than
-//! the seat TTL, and touches keys of one slot. A TTL is only ever extended,
-//! never shortened: nodes with different seat TTLs (a rolling change of
-//! the setting) write the same keys, and a key must outlive the longest
-//! seat in it, whichever node wrote last. A heartbeat renews all of a
-//! node's seats of one slot in one `EVALSHA` (`conn_renew.lua`); on a
-//! cluster the calls of all slots one primary serves go to it in one
-//! pipeline (see `RedisStore::call_routed`), and a call whose slot moved
-//! is sent again on its own.
+//! the explicit test clock), touches keys of one slot and only ever
+//! extends a key's TTL (see `extend` in `conn_now.lua`). On a cluster the
+//! renewals of all slots one primary serves go to it in one pipeline
+//! (`RedisStore::call_routed`).
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;

@@ -23,7 +23,7 @@ pub enum SeatSource {
 /// task serving the connection).
 #[derive(Debug, Clone)]
 pub struct SeatLost {
-    receiver: watch::Receiver<bool>,
+    pub(super) receiver: watch::Receiver<bool>,
 }
 
 impl SeatLost {
@@ -57,39 +57,18 @@ impl SeatLost {
 /// Close the connection when [`lost`](Self::lost) fires: the store no
 /// longer counts it, and it is never silently re-acquired.
 pub struct ConnectionSeat {
-    shared: Arc<Shared>,
-    seq: u64,
-    key: WindowKey,
-    id: Vec<u8>,
-    fence: u64,
-    source: SeatSource,
-    lost: SeatLost,
-    released: bool,
+    pub(super) shared: Arc<Shared>,
+    pub(super) seq: u64,
+    pub(super) key: WindowKey,
+    pub(super) id: Vec<u8>,
+    pub(super) fence: u64,
+    pub(super) source: SeatSource,
+    pub(super) lost: SeatLost,
+    /// Released, or degraded (nothing to release).
+    pub(super) released: bool,
 }
 
 impl ConnectionSeat {
-    pub(super) fn new(
-        shared: &Arc<Shared>,
-        seq: u64,
-        key: &WindowKey,
-        id: Vec<u8>,
-        fence: u64,
-        source: SeatSource,
-        lost: watch::Receiver<bool>,
-    ) -> Self {
-        Self {
-            shared: Arc::clone(shared),
-            seq,
-            key: key.clone(),
-            id,
-            fence,
-            source,
-            lost: SeatLost { receiver: lost },
-            // A degraded seat has nothing to release.
-            released: matches!(source, SeatSource::Fallback(_)),
-        }
-    }
-
     /// Marks the seat released and leaves this node's live seats: whether
     /// the store still holds it.
     fn take(&mut self) -> bool {

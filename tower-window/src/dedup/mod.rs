@@ -7,13 +7,10 @@
 //! the first time, `false` for a repeat inside the window, `true` again once
 //! the window has passed.
 //!
-//! The answer comes from the store's dedup [`Backend`]: Redis (`SET key 1 NX PX window`,
-//! one round trip, expiry on Redis's own clock, so every node agrees) or the
-//! embedded [`MemoryStore`](crate::MemoryStore). Both pass one conformance
-//! suite. Every call goes through the [`Store`]'s resilience stack (its
-//! breakers, in-flight bound, time budget and retries), so a store outage is
-//! seen once, by one set of breakers, and never stalls a caller beyond the
-//! store's time budget; what an unknown answer means is
+//! The answer comes from the store's dedup [`Backend`]: Redis (`SET key 1 NX
+//! PX window`, one round trip, expiring on Redis's clock, so every node
+//! agrees) or the embedded [`MemoryStore`](crate::MemoryStore), through
+//! the [`Store`]'s resilience stack; what an unknown answer means is
 //! [explicit](OnFailure). Its store calls are recorded under the name
 //! `dedup` (the `quota` label of `tower_window_store_*`).
 //!
@@ -51,7 +48,7 @@ use crate::metrics::{Calls, LimiterMetrics};
 pub use crate::store::guard::OnFailure;
 use crate::store::{Guard, Op, Store, StoreError};
 
-pub(crate) mod memory;
+mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 use crate::{FallbackReason, WindowKey};
