@@ -43,10 +43,8 @@ pub struct GrantRequest<'a> {
     /// The most live seats per tenant (0: no cap; needs `tenant_capped`).
     pub max_per_tenant: u32,
     /// The fence must be larger than this: the highest token the caller
-    /// (a node's [`ConnectionLimiter`](super::ConnectionLimiter)) was
-    /// granted before, for any subject (0: none). It is kept by the caller,
-    /// not by the store, so it survives a store that lost the subject's
-    /// counter (a failover under asynchronous replication, a restart).
+    /// was granted before, for any subject (0: none), kept by the caller so
+    /// that it survives a store that lost the subject's counter.
     pub fence_floor: u64,
 }
 
@@ -101,10 +99,8 @@ impl CapScope {
 pub enum GrantReply {
     /// Granted; expired seats were purged first.
     Granted {
-        /// The fencing token: `max(the subject's last token + 1, the
-        /// store's clock in µs, request.fence_floor + 1)`; see
-        /// [`ConnectionSeat::fence`](super::ConnectionSeat::fence) for
-        /// what that guarantees.
+        /// The fencing token; see
+        /// [`ConnectionSeat::fence`](super::ConnectionSeat::fence).
         fence: u64,
         /// Live seats of the subject, this one included.
         count: u32,
@@ -206,12 +202,6 @@ pub trait Backend: Send + Sync + 'static {
         self.renew(guard, seats, ttl)
             .map(|result| result.map(|alive| alive.into_iter().map(Some).collect()))
     }
-}
-
-/// The connection seats' backend of `store`: the one it was given, or its
-/// native store's.
-pub(crate) fn of(store: &crate::Store) -> Option<std::sync::Arc<dyn Backend>> {
-    crate::store::plugged!(store, dyn Backend)
 }
 
 impl crate::store::Backend {

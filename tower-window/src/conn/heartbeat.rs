@@ -2,6 +2,7 @@
 //! and, where the store routes several partitions to one server, per route.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use futures_util::future::join_all;
@@ -9,6 +10,7 @@ use tokio::task::JoinHandle;
 
 use super::backend::SeatRef;
 use super::limiter::{ConnectionLimiter, Shared};
+use super::metrics;
 use crate::{StoreError, StoreErrorKind, WindowKey};
 
 /// Renewal calls of one tick in flight at once.
@@ -42,30 +44,25 @@ fn refused(error: &StoreError) -> bool {
     )
 }
 
-/// The seats of one store call of a tick.
+/// The seats of one store call of a tick: indexes into the tick's
+/// snapshot, and the route they are sent to with `renew_routed` (several
+/// partitions of one route), or `None` (one partition, sent with `renew`).
 struct Group {
-    /// The partition whose failure domain (breaker) the call goes to.
-    partition: u16,
-    /// Indexes into the tick's snapshot.
     members: Vec<usize>,
-    /// The route it is sent to with `renew_routed` (several partitions
-    /// of one route), or `None`: one partition, sent with `renew`.
     route: Option<u16>,
 }
 
-impl Group {
-    /// One call per `batch` seats of one partition.
-    fn per_partition(
-        partition: u16,
-        members: &[usize],
-        batch: usize,
-    ) -> impl Iterator<Item = Group> + '_ {
-        members.chunks(batch).map(move |chunk| Group {
-            partition,
+/// One call per `batch` seats of each bucket, keyed by the route and
+/// partition (`None` and the partition: unrouted) of its seats.
+fn groups(buckets: BTreeMap<(Option<u16>, u16), Vec<usize>>, batch: usize) -> Vec<Group> {
+    let mut groups = Vec::new();
+    for ((route, _), members) in buckets {
+        groups.extend(members.chunks(batch).map(|chunk| Group {
             members: chunk.to_vec(),
-            route: None,
-        })
+            route,
+        }));
     }
+    groups
 }
 
 /// Splits `groups` into waves (indexes into `groups`) of at most
@@ -138,7 +135,7 @@ impl ConnectionLimiter {
     ///
     /// Outside a Tokio runtime, like `tokio::spawn`.
     pub fn start_heartbeat(&self) -> HeartbeatHandle {
-        let period = self.shared.ttl / 3;
+        let period = self.shared.ttl() / 3;
         let weak: Weak<Shared> = Arc::downgrade(&self.shared);
         let task = tokio::spawn(async move {
             let mut interval = tokio::time::interval(period);
@@ -164,28 +161,24 @@ impl ConnectionLimiter {
     }
 
     /// One heartbeat tick: renews every live seat of this node, each
-    /// store call through the store's resilience stack, 16 at a time and
-    /// at most one per route at a time (a primary's pipelines would
-    /// otherwise wait behind each other on it, outliving the budget).
+    /// store call through the store's resilience stack.
     ///
-    /// Seats are grouped by partition (a Redis Cluster hash slot), and
-    /// partitions by the route the store gives them
-    /// ([`renew_route`](super::Backend::renew_route): the primary serving
-    /// the slot), in batches of
-    /// [`max_renew_batch`](super::Backend::max_renew_batch) seats: on a
-    /// cluster one round trip per primary and batch (a pipeline of one
-    /// script per slot), on one Redis one call per batch. Seats a routed
-    /// call could not answer (their slot moved: a resharding, a failover;
-    /// or the call failed, unless the breaker or the in-flight bound
-    /// refused it) are sent again in the same tick with one call per
-    /// partition, the way that follows redirects and confines a failure
-    /// to its slot. Renewing is idempotent, so a seat renewed twice is
-    /// harmless. Seats found gone are removed and reported lost to their
-    /// holders.
+    /// Seats go in batches of
+    /// [`max_renew_batch`](super::Backend::max_renew_batch) per partition
+    /// (a Redis Cluster hash slot: a script touches one), and the
+    /// partitions of one [`renew_route`](super::Backend::renew_route) (the
+    /// primary serving the slot) together in one round trip (a pipeline of
+    /// one script per slot). 16 calls run at a time, at most one per route
+    /// (a primary's pipelines would wait behind each other on it, outliving
+    /// the budget). Seats a routed call could not answer (their slot moved,
+    /// or the call failed unless the stack refused it) are sent again in
+    /// the same tick, one call per partition: the way that follows
+    /// redirects and confines a failure to its slot (renewing twice is
+    /// harmless). Seats found gone are reported lost to their holders.
     pub async fn heartbeat(&self) -> HeartbeatReport {
         let shared = &*self.shared;
         let tenant_capped = shared.tenant_capped();
-        let Some(store) = shared.backend.as_deref() else {
+        let Some(backend) = shared.backend.as_deref() else {
             return HeartbeatReport::default();
         };
         let snapshot: Vec<(u64, WindowKey, Vec<u8>)> = shared
@@ -195,62 +188,46 @@ impl ConnectionLimiter {
             .collect();
         let seat_partitions: Vec<u16> = snapshot
             .iter()
-            .map(|(_, key, _)| store.seat_partition(key, tenant_capped))
+            .map(|(_, key, _)| backend.seat_partition(key, tenant_capped))
             .collect();
+        // Per route (several partitions), or per partition if unrouted.
+        let mut buckets: BTreeMap<_, Vec<usize>> = BTreeMap::new();
         let mut partitions: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (i, partition) in seat_partitions.iter().enumerate() {
-            partitions.entry(*partition).or_default().push(i);
+        for (i, &partition) in seat_partitions.iter().enumerate() {
+            partitions.entry(partition).or_default().push(i);
         }
-        let batch = store.max_renew_batch().max(1);
-        let mut routes: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        let mut groups: Vec<Group> = Vec::new();
         for (partition, members) in partitions {
-            match store.renew_route(partition) {
-                Some(route) => routes.entry(route).or_default().extend(members),
-                None => groups.extend(Group::per_partition(partition, &members, batch)),
-            }
+            let route = backend.renew_route(partition);
+            let bucket = buckets.entry((route, route.unwrap_or(partition)));
+            bucket.or_default().extend(members);
         }
-        for (route, members) in routes {
-            groups.extend(members.chunks(batch).map(|chunk| Group {
-                // The route's breaker: that of the partition of any seat.
-                partition: seat_partitions[chunk[0]],
-                members: chunk.to_vec(),
-                route: Some(route),
-            }));
-        }
-        let ttl = shared.ttl;
+        let batch = backend.max_renew_batch().max(1);
+        let ttl = shared.ttl();
         let renew = |group: &Group| {
             let refs: Vec<SeatRef<'_>> = group
                 .members
                 .iter()
                 .map(|&i| SeatRef::new(&snapshot[i].1, &snapshot[i].2, tenant_capped))
                 .collect();
-            let (partition, routed) = (group.partition, group.route.is_some());
+            // A route's breaker is that of the partition of any seat.
+            let (first, routed) = (&snapshot[group.members[0]].1, group.route.is_some());
             async move {
                 let refs = &refs;
-                if routed {
-                    shared
-                        .call(
-                            |_| partition,
-                            |backend, guard| backend.renew_routed(guard, refs, ttl),
-                        )
-                        .await
-                } else {
-                    shared
-                        .call(
-                            |_| partition,
-                            |backend, guard| backend.renew(guard, refs, ttl),
-                        )
-                        .await
-                        .map(|alive| alive.into_iter().map(Some).collect())
-                }
+                let renew = shared.call(first, |backend, guard| {
+                    if routed {
+                        return backend.renew_routed(guard, refs, ttl);
+                    }
+                    let alive = backend.renew(guard, refs, ttl);
+                    alive.map(|result| result.map(|alive| alive.into_iter().map(Some).collect()))
+                });
+                renew.await
             }
         };
         let mut report = HeartbeatReport::default();
         let mut lost = Vec::new();
         // The routed calls, then (at most once) one call per partition for
         // the seats they could not answer.
-        let mut pending = groups;
+        let mut pending = groups(buckets, batch);
         for pass in 0..2 {
             if pending.is_empty() {
                 break;
@@ -264,7 +241,11 @@ impl ConnectionLimiter {
                 let answers = join_all(wave.iter().map(|&i| renew(&pending[i]))).await;
                 results.extend(wave.into_iter().zip(answers));
             }
-            let mut unanswered: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+            let mut unanswered: BTreeMap<_, Vec<usize>> = BTreeMap::new();
+            let mut resend = |i: usize| {
+                let bucket = unanswered.entry((None, seat_partitions[i]));
+                bucket.or_default().push(i);
+            };
             for (i, result) in results {
                 let group = &pending[i];
                 match result {
@@ -273,9 +254,7 @@ impl ConnectionLimiter {
                             match alive {
                                 Some(true) => report.renewed += 1,
                                 Some(false) => lost.push(snapshot[i].0),
-                                None if pass == 0 => {
-                                    unanswered.entry(seat_partitions[i]).or_default().push(i)
-                                }
+                                None if pass == 0 => resend(i),
                                 // Never found gone: not declared lost.
                                 None => report.failed += 1,
                             }
@@ -286,18 +265,13 @@ impl ConnectionLimiter {
                     // go the way with per-slot fault isolation, unless the
                     // stack refused the call (breaker open, node overloaded).
                     Err(error) if group.route.is_some() && pass == 0 && !refused(&error) => {
-                        for &i in &group.members {
-                            unanswered.entry(seat_partitions[i]).or_default().push(i);
-                        }
+                        group.members.iter().for_each(|&i| resend(i));
                     }
                     Ok(_) | Err(_) => report.failed += group.members.len(),
                 }
             }
             report.resent += unanswered.values().map(Vec::len).sum::<usize>();
-            pending = Vec::new();
-            for (partition, members) in unanswered {
-                pending.extend(Group::per_partition(partition, &members, batch));
-            }
+            pending = groups(unanswered, batch);
         }
         if !lost.is_empty() {
             let mut live = shared.live();
@@ -310,17 +284,8 @@ impl ConnectionLimiter {
             }
         }
         let live = i64::try_from(shared.live().len()).unwrap_or(i64::MAX);
-        let before = shared
-            .reported_live
-            .swap(live, std::sync::atomic::Ordering::AcqRel);
-        crate::metrics::connection_heartbeat(
-            crate::metrics::HeartbeatCounts {
-                lost: report.lost,
-                failed: report.failed,
-                calls: report.calls,
-            },
-            live - before,
-        );
+        let before = shared.reported_live.swap(live, Ordering::AcqRel);
+        metrics::heartbeat(&report, live - before);
         report
     }
 }
@@ -522,7 +487,6 @@ mod tests {
     #[test]
     fn conn_heartbeat_waves_hold_one_call_per_route() {
         let group = |route: Option<u16>| Group {
-            partition: 0,
             members: vec![0],
             route,
         };

@@ -2,14 +2,15 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use super::backend::{Backend, CapScope, GrantReply, GrantRequest, SeatRef};
-use super::seat::{ConnectionSeat, SeatSource};
+use super::metrics;
+use super::seat::{ConnectionSeat, SeatLost, SeatSource};
 use crate::metrics::{Calls, LimiterMetrics};
 use crate::store::guard::OnFailure;
 use crate::store::{Guard, Op, Store, StoreError};
@@ -77,16 +78,22 @@ pub struct ConnectionLimiter {
     pub(super) shared: Arc<Shared>,
 }
 
+/// What a [`ConnectionLimiterBuilder`] sets.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    ttl: Duration,
+    max_per_subject: u32,
+    max_per_tenant: u32,
+    fallback: OnFailure,
+}
+
 pub(super) struct Shared {
-    pub(super) store: Store,
+    store: Store,
     /// The store's backend of connection seats (`None`: it has none).
     pub(super) backend: Option<Arc<dyn Backend>>,
     /// Its store calls, recorded under the name `connections`.
     metrics: Arc<LimiterMetrics>,
-    pub(super) ttl: Duration,
-    max_per_subject: u32,
-    max_per_tenant: u32,
-    fallback: OnFailure,
+    settings: Settings,
     /// This node's random id: seat ids are `<node>:<sequence>`.
     node: String,
     seq: AtomicU64,
@@ -95,9 +102,9 @@ pub(super) struct Shared {
     /// when the store lost what it knew (see `ConnectionSeat::fence`).
     fence_floor: AtomicU64,
     /// The live seats this limiter last added to the node's gauge.
-    pub(super) reported_live: std::sync::atomic::AtomicI64,
+    pub(super) reported_live: AtomicI64,
     /// Seats granted by the store and not yet released or lost.
-    pub(super) live: Mutex<HashMap<u64, Live>>,
+    live: Mutex<HashMap<u64, Live>>,
 }
 
 /// One live seat, as the heartbeat sees it.
@@ -108,45 +115,42 @@ pub(super) struct Live {
 }
 
 impl Shared {
+    pub(super) fn ttl(&self) -> Duration {
+        self.settings.ttl
+    }
+
     pub(super) fn tenant_capped(&self) -> bool {
-        self.max_per_tenant > 0
+        self.settings.max_per_tenant > 0
     }
 
     pub(super) fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Live>> {
         crate::sync::lock(&self.live)
     }
 
-    /// One operation on the store's connection backend in `partition`,
-    /// through the store's resilience stack.
+    /// One operation on the store's connection backend, in the partition
+    /// of `key`'s seats, through the store's resilience stack.
     pub(super) fn call<'a, T: Send + 'a>(
         &'a self,
-        partition: impl FnOnce(&dyn Backend) -> u16,
+        key: &'a WindowKey,
         operation: impl FnOnce(&'a dyn Backend, &mut Guard<'a>) -> Op<'a, T>,
     ) -> Op<'a, T> {
+        let tenant_capped = self.tenant_capped();
         self.store.call(
             self.backend.as_deref(),
             "connection caps",
-            |backend| backend.partition_failure_domain(partition(backend)),
+            |backend| backend.partition_failure_domain(backend.seat_partition(key, tenant_capped)),
             Calls::to(&self.metrics, None),
             operation,
         )
     }
 
-    /// The partition of `key`'s seats.
-    fn partition_of<'k>(&self, key: &'k WindowKey) -> impl FnOnce(&dyn Backend) -> u16 + 'k {
-        let tenant_capped = self.tenant_capped();
-        move |backend| backend.seat_partition(key, tenant_capped)
-    }
-
-    /// Releases a seat in the store through the resilience stack.
+    /// Releases a seat in the store.
     pub(super) async fn release(&self, key: &WindowKey, id: &[u8]) -> Result<bool, StoreError> {
         let seat = SeatRef::new(key, id, self.tenant_capped());
         let released = self
-            .call(self.partition_of(key), |backend, guard| {
-                backend.release(guard, seat)
-            })
+            .call(key, |backend, guard| backend.release(guard, seat))
             .await?;
-        crate::metrics::connection_released();
+        metrics::released();
         Ok(released)
     }
 }
@@ -161,26 +165,28 @@ impl ConnectionLimiter {
     pub fn builder(store: impl Into<Store>) -> ConnectionLimiterBuilder {
         ConnectionLimiterBuilder {
             store: store.into(),
-            ttl: Self::DEFAULT_TTL,
-            max_per_subject: 0,
-            max_per_tenant: 0,
-            fallback: OnFailure::default(),
+            settings: Settings {
+                ttl: Self::DEFAULT_TTL,
+                max_per_subject: 0,
+                max_per_tenant: 0,
+                fallback: OnFailure::default(),
+            },
         }
     }
 
     /// The seat TTL.
     pub fn ttl(&self) -> Duration {
-        self.shared.ttl
+        self.shared.ttl()
     }
 
     /// The cap per subject (0: none).
     pub fn max_per_subject(&self) -> u32 {
-        self.shared.max_per_subject
+        self.shared.settings.max_per_subject
     }
 
     /// The cap per tenant (0: none).
     pub fn max_per_tenant(&self) -> u32 {
-        self.shared.max_per_tenant
+        self.shared.settings.max_per_tenant
     }
 
     /// Seats this node holds in the store and renews (degraded seats not
@@ -194,100 +200,94 @@ impl ConnectionLimiter {
     /// connection when [`ConnectionSeat::lost`] fires.
     pub async fn acquire(&self, key: &WindowKey) -> Result<Acquire, ConnectionError> {
         let shared = &*self.shared;
+        let settings = shared.settings;
         let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}:{seq:x}", shared.node).into_bytes();
-        let tenant_capped = shared.tenant_capped();
         let request = GrantRequest::new(
-            SeatRef::new(key, &id, tenant_capped),
-            shared.ttl,
-            shared.max_per_subject,
-            shared.max_per_tenant,
+            SeatRef::new(key, &id, shared.tenant_capped()),
+            settings.ttl,
+            settings.max_per_subject,
+            settings.max_per_tenant,
         )
         .with_fence_floor(shared.fence_floor.load(Ordering::Acquire));
         let result = shared
-            .call(shared.partition_of(key), |backend, guard| {
-                backend.grant(guard, request)
-            })
+            .call(key, |backend, guard| backend.grant(guard, request))
             .await;
-        match result {
+        let seat = |id, fence, source, receiver| {
+            Ok(Acquire::Granted(ConnectionSeat {
+                shared: Arc::clone(&self.shared),
+                seq,
+                key: key.clone(),
+                id,
+                fence,
+                source,
+                lost: SeatLost { receiver },
+                released: matches!(source, SeatSource::Fallback(_)),
+            }))
+        };
+        let (outcome, answer) = match result {
             Ok(GrantReply::Granted { fence, .. }) => {
                 shared.fence_floor.fetch_max(fence, Ordering::AcqRel);
                 let (sender, receiver) = watch::channel(false);
-                shared.live().insert(
-                    seq,
-                    Live {
-                        key: key.clone(),
-                        id: id.clone(),
-                        lost: sender,
-                    },
-                );
-                crate::metrics::connection_grant("granted");
-                Ok(Acquire::Granted(ConnectionSeat::new(
-                    Arc::clone(&self.shared),
-                    seq,
-                    key.clone(),
-                    id,
-                    fence,
-                    SeatSource::Store,
-                    receiver,
-                )))
+                let live = Live {
+                    key: key.clone(),
+                    id: id.clone(),
+                    lost: sender,
+                };
+                shared.live().insert(seq, live);
+                ("granted", seat(id, fence, SeatSource::Store, receiver))
             }
             Ok(GrantReply::Denied {
                 scope,
                 count,
                 retry_after,
             }) => {
-                crate::metrics::connection_grant("denied");
-                Ok(Acquire::Denied(ConnectionDenied {
+                let cap = match scope {
+                    CapScope::Subject => settings.max_per_subject,
+                    CapScope::Tenant => settings.max_per_tenant,
+                };
+                let denied = ConnectionDenied {
                     scope,
-                    cap: match scope {
-                        CapScope::Subject => shared.max_per_subject,
-                        CapScope::Tenant => shared.max_per_tenant,
-                    },
+                    cap,
                     count,
                     retry_after,
                     fallback: None,
-                }))
+                };
+                ("denied", Ok(Acquire::Denied(denied)))
             }
-            Err(error) => match shared.fallback {
-                OnFailure::FailOpen => {
-                    crate::metrics::connection_grant("fallback_granted");
-                    let (_sender, receiver) = watch::channel(false);
-                    Ok(Acquire::Granted(ConnectionSeat::new(
-                        Arc::clone(&self.shared),
-                        seq,
-                        key.clone(),
-                        id,
-                        0,
-                        SeatSource::Fallback(FallbackReason::for_error(&error)),
-                        receiver,
-                    )))
+            Err(error) => {
+                let reason = FallbackReason::for_error(&error);
+                match settings.fallback {
+                    OnFailure::FailOpen => {
+                        let source = SeatSource::Fallback(reason);
+                        let lost = watch::channel(false).1;
+                        ("fallback_granted", seat(id, 0, source, lost))
+                    }
+                    OnFailure::FailClosed => {
+                        let denied = ConnectionDenied {
+                            scope: CapScope::Subject,
+                            cap: settings.max_per_subject,
+                            count: 0,
+                            retry_after: Duration::from_secs(1),
+                            fallback: Some(reason),
+                        };
+                        ("fallback_denied", Ok(Acquire::Denied(denied)))
+                    }
+                    OnFailure::Error => ("error", Err(ConnectionError::Store(error))),
                 }
-                OnFailure::FailClosed => {
-                    crate::metrics::connection_grant("fallback_denied");
-                    Ok(Acquire::Denied(ConnectionDenied {
-                        scope: CapScope::Subject,
-                        cap: shared.max_per_subject,
-                        count: 0,
-                        retry_after: Duration::from_secs(1),
-                        fallback: Some(FallbackReason::for_error(&error)),
-                    }))
-                }
-                OnFailure::Error => {
-                    crate::metrics::connection_grant("error");
-                    Err(ConnectionError::Store(error))
-                }
-            },
-        }
+            }
+        };
+        metrics::grant(outcome);
+        answer
     }
 
     /// Whether `key` has a live connection anywhere in the cluster, and
     /// how many (live seats on the store's clock).
     pub async fn presence(&self, key: &WindowKey) -> Result<Presence, ConnectionError> {
-        let shared = &*self.shared;
-        let tenant_capped = shared.tenant_capped();
-        let connections = shared
-            .call(shared.partition_of(key), |backend, guard| {
+        let tenant_capped = self.shared.tenant_capped();
+        let connections = self
+            .shared
+            .call(key, |backend, guard| {
                 backend.presence(guard, key, tenant_capped)
             })
             .await?;
@@ -301,49 +301,32 @@ impl ConnectionLimiter {
 impl Drop for Shared {
     fn drop(&mut self) {
         // This limiter's seats leave the node's gauge with it.
-        crate::metrics::connection_live_change(-*self.reported_live.get_mut());
+        metrics::live_seats(-*self.reported_live.get_mut());
     }
 }
 
 impl fmt::Debug for ConnectionLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shared = &*self.shared;
         f.debug_struct("ConnectionLimiter")
-            .field("ttl", &shared.ttl)
-            .field("max_per_subject", &shared.max_per_subject)
-            .field("max_per_tenant", &shared.max_per_tenant)
-            .field("fallback", &shared.fallback)
+            .field("settings", &self.shared.settings)
             .field("live_seats", &self.live_seats())
             .finish_non_exhaustive()
     }
 }
 
 /// Builds a [`ConnectionLimiter`]; see [`ConnectionLimiter::builder`].
+#[derive(Debug)]
 #[must_use]
 pub struct ConnectionLimiterBuilder {
     store: Store,
-    ttl: Duration,
-    max_per_subject: u32,
-    max_per_tenant: u32,
-    fallback: OnFailure,
-}
-
-impl fmt::Debug for ConnectionLimiterBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConnectionLimiterBuilder")
-            .field("ttl", &self.ttl)
-            .field("max_per_subject", &self.max_per_subject)
-            .field("max_per_tenant", &self.max_per_tenant)
-            .field("fallback", &self.fallback)
-            .finish_non_exhaustive()
-    }
+    settings: Settings,
 }
 
 impl ConnectionLimiterBuilder {
     /// The most concurrent connections per subject (default 0: no cap;
     /// seats are still kept, for presence).
     pub fn max_per_subject(mut self, max: u32) -> Self {
-        self.max_per_subject = max;
+        self.settings.max_per_subject = max;
         self
     }
 
@@ -351,7 +334,7 @@ impl ConnectionLimiterBuilder {
     /// a tenant cap, a tenant's seats live in one slot (one primary) of a
     /// Redis Cluster, beside the tenant's set.
     pub fn max_per_tenant(mut self, max: u32) -> Self {
-        self.max_per_tenant = max;
+        self.settings.max_per_tenant = max;
         self
     }
 
@@ -360,37 +343,34 @@ impl ConnectionLimiterBuilder {
     /// node's connections are freed within it, and the heartbeat renews
     /// every `ttl / 3`.
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
+        self.settings.ttl = ttl;
         self
     }
 
     /// What a grant means when the store cannot answer (default
     /// [`OnFailure::FailOpen`]).
     pub fn on_store_failure(mut self, fallback: OnFailure) -> Self {
-        self.fallback = fallback;
+        self.settings.fallback = fallback;
         self
     }
 
     /// Checks the TTL and builds. Start the node's heartbeat with
     /// [`ConnectionLimiter::start_heartbeat`].
     pub fn build(self) -> Result<ConnectionLimiter, ConnectionError> {
-        if self.ttl < Duration::from_millis(30) || self.ttl > Duration::from_secs(3600) {
+        let ttl = self.settings.ttl;
+        if ttl < Duration::from_millis(30) || ttl > Duration::from_secs(3600) {
             return Err(ConnectionError::InvalidTtl);
         }
-        let node = format!("{:016x}", fastrand::u64(..));
         Ok(ConnectionLimiter {
             shared: Arc::new(Shared {
-                backend: super::backend::of(&self.store),
+                backend: crate::store::plugged!(self.store, dyn Backend),
                 store: self.store,
                 metrics: LimiterMetrics::named("connections"),
-                ttl: self.ttl,
-                max_per_subject: self.max_per_subject,
-                max_per_tenant: self.max_per_tenant,
-                fallback: self.fallback,
-                node,
+                settings: self.settings,
+                node: format!("{:016x}", fastrand::u64(..)),
                 seq: AtomicU64::new(0),
                 fence_floor: AtomicU64::new(0),
-                reported_live: std::sync::atomic::AtomicI64::new(0),
+                reported_live: AtomicI64::new(0),
                 live: Mutex::new(HashMap::new()),
             }),
         })

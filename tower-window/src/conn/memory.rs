@@ -11,6 +11,7 @@
 //! earlier token), so memory follows the number of live seats.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,15 +24,16 @@ use crate::store::{Guard, Op};
 use crate::sync::lock;
 use crate::WindowKey;
 
-/// Which set: a subject's (in one form) or a tenant's.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum SetKey {
-    Subject {
-        tenant: Bytes,
-        subject: Bytes,
-        tenant_capped: bool,
-    },
-    Tenant(Bytes),
+/// A seat set: a subject's, `(tenant, Some(subject), tenant_capped)` (the
+/// form in which its seats are kept), or a tenant's, `(tenant, None, true)`.
+type SetKey = (Bytes, Option<Bytes>, bool);
+
+/// The sets a seat of `key` is in: the subject's, and in the tenant form
+/// the tenant's.
+fn set_keys(key: &WindowKey, tenant_capped: bool) -> (SetKey, Option<SetKey>) {
+    let (tenant, subject) = key.shared_parts();
+    let tenant_set = tenant_capped.then(|| (tenant.clone(), None, true));
+    ((tenant, Some(subject), tenant_capped), tenant_set)
 }
 
 #[derive(Debug, Default)]
@@ -49,25 +51,36 @@ const KEY_TTL_MARGIN: u64 = 1_000_000;
 const SWEEP_EVERY: u64 = 64;
 
 impl SeatSet {
-    fn purge(&mut self, now: u64) {
-        self.seats.retain(|_, expiry| *expiry > now);
-    }
-
     fn count(&self) -> u32 {
         u32::try_from(self.seats.len()).unwrap_or(u32::MAX)
     }
 
-    /// Keeps the set until at least `key_expiry`, never shorter than it
-    /// was: nodes with different seat TTLs (a rolling change) write one
-    /// set, which must outlive its longest seat, not the last writer's.
-    fn extend(&mut self, key_expiry: u64) {
+    /// Purges expired seats; the refusal if `cap` (0: none) is reached,
+    /// with the wait until the oldest seat expires.
+    fn refuse(&mut self, now: u64, cap: u32, scope: CapScope) -> Option<GrantReply> {
+        self.seats.retain(|_, expiry| *expiry > now);
+        let count = self.count();
+        (cap > 0 && count >= cap).then(|| {
+            let oldest = self.seats.values().min().copied().unwrap_or(now);
+            GrantReply::Denied {
+                scope,
+                count,
+                retry_after: Duration::from_micros(oldest.saturating_sub(now)),
+            }
+        })
+    }
+
+    /// Keeps the set until at least a second past `until`, never shorter
+    /// than it was: nodes with different seat TTLs (a rolling change) write
+    /// one set, which must outlive its longest seat, not the last writer's.
+    fn extend(&mut self, until: u64) {
+        let key_expiry = until.saturating_add(KEY_TTL_MARGIN);
         self.key_expiry = self.key_expiry.max(key_expiry);
     }
 
-    /// The wait until the oldest seat expires.
-    fn retry_after(&self, now: u64) -> Duration {
-        let oldest = self.seats.values().min().copied().unwrap_or(now);
-        Duration::from_micros(oldest.saturating_sub(now))
+    fn add(&mut self, id: &[u8], until: u64) {
+        self.seats.insert(id.to_vec(), until);
+        self.extend(until);
     }
 }
 
@@ -81,20 +94,7 @@ impl MemoryStore {
 #[derive(Debug, Default)]
 pub(crate) struct ConnSeats {
     sets: Mutex<HashMap<SetKey, SeatSet>>,
-    grants: std::sync::atomic::AtomicU64,
-}
-
-fn subject_set(key: &WindowKey, tenant_capped: bool) -> SetKey {
-    let (tenant, subject) = key.shared_parts();
-    SetKey::Subject {
-        tenant,
-        subject,
-        tenant_capped,
-    }
-}
-
-fn tenant_set(key: &WindowKey) -> SetKey {
-    SetKey::Tenant(key.shared_parts().0)
+    grants: AtomicU64,
 }
 
 impl ConnSeats {
@@ -105,58 +105,35 @@ impl ConnSeats {
     fn grant(&self, request: &GrantRequest<'_>, now: u64) -> GrantReply {
         let seat = request.seat;
         let mut sets = lock(&self.sets);
-        let grants = self
+        if self
             .grants
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if grants.is_multiple_of(SWEEP_EVERY) {
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SWEEP_EVERY)
+        {
             sets.retain(|_, set| set.key_expiry > now);
         }
         let until = now.saturating_add(duration_micros(request.ttl));
-        let key_expiry = until.saturating_add(KEY_TTL_MARGIN);
-        let subject_key = subject_set(seat.key, seat.tenant_capped);
+        let (subject_key, tenant_key) = set_keys(seat.key, seat.tenant_capped);
         let subject = sets.entry(subject_key.clone()).or_default();
-        subject.purge(now);
-        let count = subject.count();
-        if request.max_per_subject > 0 && count >= request.max_per_subject {
-            let retry_after = subject.retry_after(now);
-            return GrantReply::Denied {
-                scope: CapScope::Subject,
-                count,
-                retry_after,
-            };
+        if let Some(denied) = subject.refuse(now, request.max_per_subject, CapScope::Subject) {
+            return denied;
         }
-        if seat.tenant_capped {
-            let tenant = sets.entry(tenant_set(seat.key)).or_default();
-            tenant.purge(now);
-            let tenant_count = tenant.count();
-            if request.max_per_tenant > 0 && tenant_count >= request.max_per_tenant {
-                let retry_after = tenant.retry_after(now);
-                if sets
-                    .get(&subject_key)
-                    .is_some_and(|set| set.seats.is_empty() && set.key_expiry <= now)
-                {
-                    sets.remove(&subject_key);
-                }
-                return GrantReply::Denied {
-                    scope: CapScope::Tenant,
-                    count: tenant_count,
-                    retry_after,
-                };
+        if let Some(tenant_key) = tenant_key {
+            let tenant = sets.entry(tenant_key).or_default();
+            if let Some(denied) = tenant.refuse(now, request.max_per_tenant, CapScope::Tenant) {
+                return denied;
             }
-            tenant.seats.insert(seat.id.to_vec(), until);
-            tenant.extend(key_expiry);
+            tenant.add(seat.id, until);
         }
         let subject = sets.entry(subject_key).or_default();
-        let fence = subject
+        subject.fence = subject
             .fence
             .saturating_add(1)
             .max(now)
             .max(request.fence_floor.saturating_add(1));
-        subject.fence = fence;
-        subject.seats.insert(seat.id.to_vec(), until);
-        subject.extend(key_expiry);
+        subject.add(seat.id, until);
         GrantReply::Granted {
-            fence,
+            fence: subject.fence,
             count: subject.count(),
         }
     }
@@ -164,14 +141,14 @@ impl ConnSeats {
     fn renew(&self, seats: &[SeatRef<'_>], ttl: Duration, now: u64) -> Vec<bool> {
         let mut sets = lock(&self.sets);
         let until = now.saturating_add(duration_micros(ttl));
-        let mut renew_in = |set_key: SetKey, id: &[u8]| -> bool {
+        let mut renew_in = |set_key: SetKey, id: &[u8]| {
             let Some(set) = sets.get_mut(&set_key) else {
                 return false;
             };
-            let alive = match set.seats.get_mut(id) {
+            match set.seats.get_mut(id) {
                 Some(expiry) if *expiry > now => {
                     *expiry = until;
-                    set.extend(until.saturating_add(KEY_TTL_MARGIN));
+                    set.extend(until);
                     true
                 }
                 Some(_) => {
@@ -179,37 +156,36 @@ impl ConnSeats {
                     false
                 }
                 None => false,
-            };
-            alive
+            }
         };
         seats
             .iter()
             .map(|seat| {
-                let subject = renew_in(subject_set(seat.key, seat.tenant_capped), seat.id);
-                let tenant = !seat.tenant_capped || renew_in(tenant_set(seat.key), seat.id);
-                subject && tenant
+                // Renewed in both sets, as the script does.
+                let (subject, tenant) = set_keys(seat.key, seat.tenant_capped);
+                let alive = renew_in(subject, seat.id);
+                tenant.is_none_or(|tenant| renew_in(tenant, seat.id)) && alive
             })
             .collect()
     }
 
     fn release(&self, seat: &SeatRef<'_>) -> bool {
         let mut sets = lock(&self.sets);
-        let mut remove_from = |set_key: SetKey| -> bool {
-            let Some(set) = sets.get_mut(&set_key) else {
-                return false;
-            };
-            set.seats.remove(seat.id).is_some()
+        let (subject, tenant) = set_keys(seat.key, seat.tenant_capped);
+        let mut remove_from = |set_key: SetKey| {
+            let set = sets.get_mut(&set_key);
+            set.is_some_and(|set| set.seats.remove(seat.id).is_some())
         };
-        let removed = remove_from(subject_set(seat.key, seat.tenant_capped));
-        if seat.tenant_capped {
-            remove_from(tenant_set(seat.key));
+        let removed = remove_from(subject);
+        if let Some(tenant) = tenant {
+            remove_from(tenant);
         }
         removed
     }
 
     fn presence(&self, key: &WindowKey, tenant_capped: bool, now: u64) -> u32 {
         let sets = lock(&self.sets);
-        sets.get(&subject_set(key, tenant_capped)).map_or(0, |set| {
+        sets.get(&set_keys(key, tenant_capped).0).map_or(0, |set| {
             let live = set.seats.values().filter(|expiry| **expiry > now).count();
             u32::try_from(live).unwrap_or(u32::MAX)
         })

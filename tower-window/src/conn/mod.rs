@@ -23,19 +23,9 @@
 //!   longest live seat, whichever node wrote it last.
 //! * **Batched heartbeats.** One task per node
 //!   ([`ConnectionLimiter::start_heartbeat`]) renews all of the node's live
-//!   seats every `ttl / 3`, in batches of at most
-//!   [`max_renew_batch`](Backend::max_renew_batch) (1,000) seats: on
-//!   one Redis, 10,000 connections cost 10 calls per tick. On a Redis
-//!   Cluster a script may only touch one hash slot, so there is still one
-//!   script per slot holding seats of the node, but the scripts of all
-//!   slots one primary serves go to it in one pipeline
-//!   ([`renew_route`](Backend::renew_route),
-//!   [`renew_routed`](Backend::renew_routed)): one round trip per primary
-//!   and batch of 1,000 seats (12 for 10,000 users on 3 primaries), one
-//!   at a time per primary so each fits the store's budget. A pipeline whose slots moved (a resharding, a
-//!   failover) or that failed has its seats sent again in the same tick
-//!   with one call per slot, each through the store's resilience stack;
-//!   see `benches/README.md`.
+//!   seats every `ttl / 3`: one round trip per batch of 1,000 seats on one
+//!   Redis, and per primary and batch on a Redis Cluster (see
+//!   [`ConnectionLimiter::heartbeat`] and `benches/README.md`).
 //! * **Lost means lost.** A renewal that finds its seat gone (expired
 //!   while the node was partitioned, or reset by an operator) reports it to
 //!   the seat ([`ConnectionSeat::lost`]); the seat is never re-acquired.
@@ -82,7 +72,8 @@
 mod backend;
 mod heartbeat;
 mod limiter;
-pub(crate) mod memory;
+mod memory;
+mod metrics;
 #[cfg(feature = "redis")]
 mod redis;
 mod seat;

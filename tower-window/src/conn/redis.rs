@@ -13,15 +13,10 @@
 //! `#conn` cannot be spelled by an escaped component (a leading `#` is
 //! only ever followed by 64 upper-case hex digits), so these keys never
 //! meet a window's or a dedup id's. Every script reads `TIME` itself (or
-//! the explicit test clock), gives every key it writes a TTL longer than
-//! the seat TTL, and touches keys of one slot. A TTL is only ever extended,
-//! never shortened: nodes with different seat TTLs (a rolling change of
-//! the setting) write the same keys, and a key must outlive the longest
-//! seat in it, whichever node wrote last. A heartbeat renews all of a
-//! node's seats of one slot in one `EVALSHA` (`conn_renew.lua`); on a
-//! cluster the calls of all slots one primary serves go to it in one
-//! pipeline (see `RedisStore::call_routed`), and a call whose slot moved
-//! is sent again on its own.
+//! the explicit test clock), touches keys of one slot and only ever
+//! extends a key's TTL (see `extend` in `conn_now.lua`). On a cluster the
+//! renewals of all slots one primary serves go to it in one pipeline
+//! (`RedisStore::call_routed`).
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -38,26 +33,18 @@ use crate::store::{StoreError, StoreErrorKind};
 use crate::WindowKey;
 use redis::FromRedisValue;
 
-static GRANT: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(concat!(
-        include_str!("conn_now.lua"),
-        include_str!("conn_grant.lua")
-    ))
-});
-static RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(concat!(
-        include_str!("conn_now.lua"),
-        include_str!("conn_renew.lua")
-    ))
-});
+/// A seat script after `conn_now.lua` (the clock and helpers).
+macro_rules! with_clock {
+    ($file:literal) => {
+        LazyLock::new(|| LuaScript::new(concat!(include_str!("conn_now.lua"), include_str!($file))))
+    };
+}
+
+static GRANT: LazyLock<LuaScript> = with_clock!("conn_grant.lua");
+static RENEW: LazyLock<LuaScript> = with_clock!("conn_renew.lua");
+static PRESENCE: LazyLock<LuaScript> = with_clock!("conn_presence.lua");
 static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("conn_release.lua")));
-static PRESENCE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(concat!(
-        include_str!("conn_now.lua"),
-        include_str!("conn_presence.lua")
-    ))
-});
 
 /// Extra life of seat keys beyond the seat TTL (ms): a key outlives the
 /// latest seat in it (the scripts only ever extend a key's TTL), so expiry
@@ -74,33 +61,27 @@ pub(crate) struct SeatKeys {
 
 /// The keys of `key`'s seats under `prefix`.
 pub(crate) fn seat_keys(prefix: &str, key: &WindowKey, tenant_capped: bool) -> SeatKeys {
-    if tenant_capped {
-        let mut tenant = Vec::with_capacity(prefix.len() + 48);
-        write_prefix(&mut tenant, prefix);
-        tenant.extend_from_slice(b"{@");
-        encode_component(&mut tenant, key.tenant());
-        tenant.extend_from_slice(b"}:#conn");
-        let mut subject = tenant.clone();
+    let mut subject = Vec::with_capacity(prefix.len() + 64);
+    let tenant = if tenant_capped {
+        write_prefix(&mut subject, prefix);
+        subject.extend_from_slice(b"{@");
+        encode_component(&mut subject, key.tenant());
+        subject.extend_from_slice(b"}:#conn");
+        let tenant = subject.clone();
         subject.push(b':');
         encode_component(&mut subject, key.subject());
-        let mut fence = subject.clone();
-        fence.extend_from_slice(b":f");
-        SeatKeys {
-            subject,
-            fence,
-            tenant: Some(tenant),
-        }
+        Some(tenant)
     } else {
-        let mut subject = Vec::with_capacity(prefix.len() + 64);
         subject_tag(&mut subject, prefix, key);
         subject.extend_from_slice(b":#conn");
-        let mut fence = subject.clone();
-        fence.extend_from_slice(b":f");
-        SeatKeys {
-            subject,
-            fence,
-            tenant: None,
-        }
+        None
+    };
+    let mut fence = subject.clone();
+    fence.extend_from_slice(b":f");
+    SeatKeys {
+        subject,
+        fence,
+        tenant,
     }
 }
 

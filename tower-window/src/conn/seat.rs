@@ -23,7 +23,7 @@ pub enum SeatSource {
 /// task serving the connection).
 #[derive(Debug, Clone)]
 pub struct SeatLost {
-    receiver: watch::Receiver<bool>,
+    pub(super) receiver: watch::Receiver<bool>,
 }
 
 impl SeatLost {
@@ -57,37 +57,26 @@ impl SeatLost {
 /// Close the connection when [`lost`](Self::lost) fires: the store no
 /// longer counts it, and it is never silently re-acquired.
 pub struct ConnectionSeat {
-    shared: Arc<Shared>,
-    seq: u64,
-    key: WindowKey,
-    id: Vec<u8>,
-    fence: u64,
-    source: SeatSource,
-    lost: SeatLost,
-    released: bool,
+    pub(super) shared: Arc<Shared>,
+    pub(super) seq: u64,
+    pub(super) key: WindowKey,
+    pub(super) id: Vec<u8>,
+    pub(super) fence: u64,
+    pub(super) source: SeatSource,
+    pub(super) lost: SeatLost,
+    /// Released, or degraded (nothing to release).
+    pub(super) released: bool,
 }
 
 impl ConnectionSeat {
-    pub(super) fn new(
-        shared: Arc<Shared>,
-        seq: u64,
-        key: WindowKey,
-        id: Vec<u8>,
-        fence: u64,
-        source: SeatSource,
-        lost: watch::Receiver<bool>,
-    ) -> Self {
-        Self {
-            shared,
-            seq,
-            key,
-            id,
-            fence,
-            source,
-            lost: SeatLost { receiver: lost },
-            // A degraded seat has nothing to release.
-            released: matches!(source, SeatSource::Fallback(_)),
+    /// Marks the seat released and leaves this node's live seats: whether
+    /// the store still holds it.
+    fn take(&mut self) -> bool {
+        let held = !std::mem::replace(&mut self.released, true);
+        if held {
+            self.shared.live().remove(&self.seq);
         }
+        held
     }
 
     /// The fencing token (0 for a degraded seat): the store grants
@@ -149,29 +138,24 @@ impl ConnectionSeat {
     /// Releases the seat now (through the store's resilience stack).
     /// On a store error the seat still expires after its TTL.
     pub async fn release(mut self) -> Result<(), ConnectionError> {
-        if self.released {
-            return Ok(());
+        if self.take() {
+            self.shared.release(&self.key, &self.id).await?;
         }
-        self.released = true;
-        self.shared.live().remove(&self.seq);
-        self.shared.release(&self.key, &self.id).await?;
         Ok(())
     }
 }
 
 impl Drop for ConnectionSeat {
     fn drop(&mut self) {
-        if self.released {
+        if !self.take() {
             return;
         }
-        self.shared.live().remove(&self.seq);
+        // Without a runtime to release on, the seat expires after its TTL.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime to release on: the seat expires after its TTL.
             return;
         };
         let shared = Arc::clone(&self.shared);
-        let key = self.key.clone();
-        let id = std::mem::take(&mut self.id);
+        let (key, id) = (self.key.clone(), std::mem::take(&mut self.id));
         runtime.spawn(async move {
             if let Err(error) = shared.release(&key, &id).await {
                 tracing::debug!(%error, "connection seat release failed; it expires after its ttl");

@@ -59,15 +59,8 @@ impl DedupIds {
         let window = crate::clock::duration_micros(request.window);
         let until = now.saturating_add(window.max(1));
         let hash = self.hash(request);
-        let deadline = match self.ids.get(&hash) {
-            Some(deadline) => deadline,
-            None => match self.ids.get_or_insert_with(&hash, || {
-                Ok::<_, std::convert::Infallible>(Arc::new(AtomicU64::new(0)))
-            }) {
-                Ok(deadline) => deadline,
-                Err(never) => match never {},
-            },
-        };
+        let new = || Ok::<_, std::convert::Infallible>(Arc::new(AtomicU64::new(0)));
+        let Ok(deadline) = self.ids.get_or_insert_with(&hash, new);
         let mut seen = deadline.load(Ordering::Acquire);
         loop {
             if seen > now {

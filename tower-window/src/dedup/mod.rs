@@ -7,13 +7,10 @@
 //! the first time, `false` for a repeat inside the window, `true` again once
 //! the window has passed.
 //!
-//! The answer comes from the store's dedup [`Backend`]: Redis (`SET key 1 NX PX window`,
-//! one round trip, expiry on Redis's own clock, so every node agrees) or the
-//! embedded [`MemoryStore`](crate::MemoryStore). Both pass one conformance
-//! suite. Every call goes through the [`Store`]'s resilience stack (its
-//! breakers, in-flight bound, time budget and retries), so a store outage is
-//! seen once, by one set of breakers, and never stalls a caller beyond the
-//! store's time budget; what an unknown answer means is
+//! The answer comes from the store's dedup [`Backend`]: Redis (`SET key 1 NX
+//! PX window`, one round trip, expiring on Redis's clock, so every node
+//! agrees) or the embedded [`MemoryStore`](crate::MemoryStore), through
+//! the [`Store`]'s resilience stack; what an unknown answer means is
 //! [explicit](OnFailure). Its store calls are recorded under the name
 //! `dedup` (the `quota` label of `tower_window_store_*`).
 //!
@@ -51,7 +48,7 @@ use crate::metrics::{Calls, LimiterMetrics};
 pub use crate::store::guard::OnFailure;
 use crate::store::{Guard, Op, Store, StoreError};
 
-pub(crate) mod memory;
+mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 use crate::{FallbackReason, WindowKey};
@@ -161,15 +158,21 @@ pub struct DedupWindow {
     inner: Arc<Inner>,
 }
 
+/// What a [`DedupWindowBuilder`] sets.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    window: Duration,
+    max_id_len: usize,
+    fallback: OnFailure,
+}
+
 struct Inner {
     store: Store,
     /// The store's backend of dedup windows (`None`: it has none).
     backend: Option<Arc<dyn Backend>>,
     /// Its store calls, recorded under the name `dedup`.
     metrics: Arc<LimiterMetrics>,
-    window: Duration,
-    max_id_len: usize,
-    fallback: OnFailure,
+    settings: Settings,
 }
 
 impl DedupWindow {
@@ -185,20 +188,22 @@ impl DedupWindow {
     pub fn builder(store: impl Into<Store>) -> DedupWindowBuilder {
         DedupWindowBuilder {
             store: store.into(),
-            window: Self::DEFAULT_WINDOW,
-            max_id_len: Self::DEFAULT_MAX_ID_LEN,
-            fallback: OnFailure::default(),
+            settings: Settings {
+                window: Self::DEFAULT_WINDOW,
+                max_id_len: Self::DEFAULT_MAX_ID_LEN,
+                fallback: OnFailure::default(),
+            },
         }
     }
 
     /// How long a seen id is remembered.
     pub fn window(&self) -> Duration {
-        self.inner.window
+        self.inner.settings.window
     }
 
     /// The longest id accepted, in bytes.
     pub fn max_id_len(&self) -> usize {
-        self.inner.max_id_len
+        self.inner.settings.max_id_len
     }
 
     /// Whether `id` is new for `key` within the window (and records it).
@@ -210,16 +215,17 @@ impl DedupWindow {
     /// Like [`first_seen`](Self::first_seen), saying who answered.
     pub async fn check(&self, key: &WindowKey, id: &[u8]) -> Result<DedupDecision, DedupError> {
         let inner = &*self.inner;
+        let settings = inner.settings;
         if id.is_empty() {
             return Err(DedupError::EmptyId);
         }
-        if id.len() > inner.max_id_len {
+        if id.len() > settings.max_id_len {
             return Err(DedupError::IdTooLong {
                 len: id.len(),
-                max: inner.max_id_len,
+                max: settings.max_id_len,
             });
         }
-        let request = DedupRequest::new(key, id, inner.window);
+        let request = DedupRequest::new(key, id, settings.window);
         let result = inner
             .store
             .call(
@@ -230,69 +236,53 @@ impl DedupWindow {
                 |backend, guard| backend.first_seen(guard, request),
             )
             .await;
-        match result {
-            Ok(first_seen) => {
-                crate::metrics::dedup_outcome(if first_seen {
-                    "first_seen"
-                } else {
-                    "duplicate"
-                });
-                Ok(DedupDecision {
-                    first_seen,
-                    source: DedupSource::Store,
-                })
-            }
+        let (first_seen, source) = match result {
+            Ok(first_seen) => (first_seen, DedupSource::Store),
             Err(error) => {
-                let reason = FallbackReason::for_error(&error);
-                let first_seen = match inner.fallback {
+                let first_seen = match settings.fallback {
                     OnFailure::FailOpen => true,
                     OnFailure::FailClosed => false,
                     OnFailure::Error => {
-                        crate::metrics::dedup_outcome("error");
+                        record("error");
                         return Err(DedupError::Store(error));
                     }
                 };
-                crate::metrics::dedup_outcome(if first_seen {
-                    "fallback_first_seen"
-                } else {
-                    "fallback_duplicate"
-                });
-                Ok(DedupDecision {
-                    first_seen,
-                    source: DedupSource::Fallback(reason),
-                })
+                let reason = FallbackReason::for_error(&error);
+                (first_seen, DedupSource::Fallback(reason))
             }
-        }
+        };
+        record(match (source, first_seen) {
+            (DedupSource::Store, true) => "first_seen",
+            (DedupSource::Store, false) => "duplicate",
+            (_, true) => "fallback_first_seen",
+            (_, false) => "fallback_duplicate",
+        });
+        Ok(DedupDecision { first_seen, source })
+    }
+}
+
+/// Counts one answer in `tower_window_dedup_checks_total` (nothing
+/// without the `metrics` feature).
+fn record(outcome: &'static str) {
+    if crate::metrics::ENABLED {
+        ::metrics::counter!(crate::metrics::DEDUP_CHECKS_TOTAL, "outcome" => outcome).increment(1);
     }
 }
 
 impl fmt::Debug for DedupWindow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DedupWindow")
-            .field("window", &self.inner.window)
-            .field("max_id_len", &self.inner.max_id_len)
-            .field("fallback", &self.inner.fallback)
+            .field("settings", &self.inner.settings)
             .finish_non_exhaustive()
     }
 }
 
 /// Builds a [`DedupWindow`]; see [`DedupWindow::builder`].
+#[derive(Debug)]
 #[must_use]
 pub struct DedupWindowBuilder {
     store: Store,
-    window: Duration,
-    max_id_len: usize,
-    fallback: OnFailure,
-}
-
-impl fmt::Debug for DedupWindowBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DedupWindowBuilder")
-            .field("window", &self.window)
-            .field("max_id_len", &self.max_id_len)
-            .field("fallback", &self.fallback)
-            .finish_non_exhaustive()
-    }
+    settings: Settings,
 }
 
 impl DedupWindowBuilder {
@@ -300,7 +290,7 @@ impl DedupWindowBuilder {
     /// [`DedupWindow::DEFAULT_WINDOW`], 2 minutes; 1 ms to 7 days, in whole
     /// milliseconds rounded up).
     pub fn window(mut self, window: Duration) -> Self {
-        self.window = window;
+        self.settings.window = window;
         self
     }
 
@@ -308,19 +298,20 @@ impl DedupWindowBuilder {
     /// [`DedupWindow::DEFAULT_MAX_ID_LEN`]; at least 1). Longer ids are a
     /// [`DedupError::IdTooLong`].
     pub fn max_id_len(mut self, max: usize) -> Self {
-        self.max_id_len = max.max(1);
+        self.settings.max_id_len = max.max(1);
         self
     }
 
     /// What an unknown answer means (default [`OnFailure::FailOpen`]).
     pub fn on_store_failure(mut self, fallback: OnFailure) -> Self {
-        self.fallback = fallback;
+        self.settings.fallback = fallback;
         self
     }
 
     /// Checks the window and builds.
     pub fn build(self) -> Result<DedupWindow, DedupError> {
-        if self.window < Duration::from_millis(1) || self.window > DedupWindow::MAX_WINDOW {
+        let window = self.settings.window;
+        if window < Duration::from_millis(1) || window > DedupWindow::MAX_WINDOW {
             return Err(DedupError::InvalidWindow);
         }
         Ok(DedupWindow {
@@ -328,9 +319,7 @@ impl DedupWindowBuilder {
                 backend: crate::store::plugged!(self.store, dyn Backend),
                 store: self.store,
                 metrics: LimiterMetrics::named("dedup"),
-                window: self.window,
-                max_id_len: self.max_id_len,
-                fallback: self.fallback,
+                settings: self.settings,
             }),
         })
     }

@@ -91,10 +91,7 @@ mod names;
 mod record;
 
 pub use names::*;
-pub(crate) use record::{
-    connection_grant, connection_heartbeat, connection_live_change, connection_released,
-    dedup_outcome, Calls, HeartbeatCounts, LimiterMetrics, Parts as MetricParts, StoreTimer,
-};
+pub(crate) use record::{Calls, LimiterMetrics, Parts as MetricParts, StoreTimer};
 
 /// Whether anything is recorded: the `metrics` feature. Off, every record
 /// returns at once and the recorder sees nothing.
