@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::header::HeaderMap;
 use http::Uri;
 
-use super::builtin::{bounded_key, Header, DEFAULT_MAX_LEN};
+use super::builtin::{bounded_key, Header, HttpRequest, DEFAULT_MAX_LEN};
 use super::{KeyExtractor, NoKey, WindowKey};
 
 /// A metadata key [`Metadata`] refuses (see [`Metadata::new`]).
@@ -166,23 +166,13 @@ impl Metadata {
     }
 }
 
-impl<B> KeyExtractor<http::Request<B>> for Metadata {
-    fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
-        self.key_of_headers(request.headers()).ok()
+impl<R: HttpRequest> KeyExtractor<R> for Metadata {
+    fn extract(&self, request: &R) -> Option<WindowKey> {
+        self.try_extract(request).ok()
     }
 
-    fn try_extract(&self, request: &http::Request<B>) -> Result<WindowKey, NoKey> {
-        self.key_of_headers(request.headers())
-    }
-}
-
-impl KeyExtractor<http::request::Parts> for Metadata {
-    fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
-        self.key_of_headers(&parts.headers).ok()
-    }
-
-    fn try_extract(&self, parts: &http::request::Parts) -> Result<WindowKey, NoKey> {
-        self.key_of_headers(&parts.headers)
+    fn try_extract(&self, request: &R) -> Result<WindowKey, NoKey> {
+        self.key_of_headers(request.parts().0)
     }
 }
 
@@ -288,15 +278,9 @@ fn split_path(path: &str) -> Option<(&str, &str)> {
     ok.then_some((service, method))
 }
 
-impl<B> KeyExtractor<http::Request<B>> for GrpcMethod {
-    fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
-        self.key_of_uri(request.uri())
-    }
-}
-
-impl KeyExtractor<http::request::Parts> for GrpcMethod {
-    fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
-        self.key_of_uri(&parts.uri)
+impl<R: HttpRequest> KeyExtractor<R> for GrpcMethod {
+    fn extract(&self, request: &R) -> Option<WindowKey> {
+        self.key_of_uri(request.parts().1)
     }
 }
 

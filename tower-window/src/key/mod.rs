@@ -232,12 +232,6 @@ impl KeyPart for Bytes {
     }
 }
 
-impl KeyPart for &Bytes {
-    fn into_key_bytes(self) -> Bytes {
-        self.clone()
-    }
-}
-
 impl KeyPart for String {
     fn into_key_bytes(self) -> Bytes {
         Bytes::from(self)
@@ -256,33 +250,10 @@ impl KeyPart for Box<[u8]> {
     }
 }
 
-impl KeyPart for &str {
+/// Any borrowed bytes (`&str`, `&String`, `&[u8]`, `&[u8; N]`, `&Bytes`...): copied.
+impl<T: AsRef<[u8]> + ?Sized> KeyPart for &T {
     fn into_key_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(self.as_bytes())
-    }
-}
-
-impl KeyPart for &String {
-    fn into_key_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(self.as_bytes())
-    }
-}
-
-impl KeyPart for &[u8] {
-    fn into_key_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(self)
-    }
-}
-
-impl<const N: usize> KeyPart for &[u8; N] {
-    fn into_key_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(self)
-    }
-}
-
-impl KeyPart for &Vec<u8> {
-    fn into_key_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(self)
+        Bytes::copy_from_slice(self.as_ref())
     }
 }
 
