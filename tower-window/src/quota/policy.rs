@@ -159,8 +159,8 @@ impl Policy {
     }
 
     /// The same identifier as a cheaply cloned shared string.
-    pub(crate) fn shared_id(&self) -> Arc<str> {
-        Arc::clone(&self.inner.id)
+    pub(crate) fn shared_id(&self) -> &Arc<str> {
+        &self.inner.id
     }
 
     /// The same policy with every quota replaced by `map(quota)` (names
