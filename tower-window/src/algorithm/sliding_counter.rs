@@ -44,7 +44,7 @@ use crate::Quota;
 pub(crate) type State = Timeline;
 
 /// The bucket width and count of `quota`: (G, n = W / G).
-fn buckets(quota: &Quota) -> (u64, u64) {
+pub(super) fn buckets(quota: &Quota) -> (u64, u64) {
     let window = quota.window_micros().max(1);
     // Quota validation guarantees a granularity dividing the window; a
     // mismatched quota degrades to one bucket per window rather than panic.
