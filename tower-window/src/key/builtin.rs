@@ -217,12 +217,9 @@ fn url_decode(input: &[u8]) -> Cow<'_, [u8]> {
 }
 
 fn hex(digit: u8) -> Option<u8> {
-    match digit {
-        b'0'..=b'9' => Some(digit - b'0'),
-        b'a'..=b'f' => Some(digit - b'a' + 10),
-        b'A'..=b'F' => Some(digit - b'A' + 10),
-        _ => None,
-    }
+    char::from(digit)
+        .to_digit(16)
+        .and_then(|d| u8::try_from(d).ok())
 }
 
 /// A key computed from a request extension of type `T`, for example one that

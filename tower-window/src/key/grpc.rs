@@ -6,8 +6,6 @@
 //! like the HTTP ones, and combine with them
 //! ([`KeyExtractorExt`](super::KeyExtractorExt)).
 
-use std::fmt;
-
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
@@ -83,51 +81,35 @@ impl Metadata {
     /// Keys calls by the ASCII metadata entry `key`; a binary key (ending
     /// in `-bin`) is refused: use [`binary`](Self::binary) for it.
     pub fn new(key: &str) -> Result<Self, InvalidMetadataKey> {
-        let header = Self::header(key)?;
-        if header.name().as_str().ends_with("-bin") {
-            return Err(InvalidMetadataKey::new(
-                key,
-                "a binary (-bin) key holds base64; use Metadata::binary",
-            ));
-        }
-        Ok(Self {
-            header,
-            binary: false,
-        })
+        Self::of_kind(key, false)
     }
 
     /// Keys calls by the decoded bytes of the binary metadata entry `key`,
     /// which must end in `-bin`.
     pub fn binary(key: &str) -> Result<Self, InvalidMetadataKey> {
-        let header = Self::header(key)?;
-        if !header.name().as_str().ends_with("-bin") {
-            return Err(InvalidMetadataKey::new(
-                key,
-                "a binary key ends in -bin; use Metadata::new for an ASCII one",
-            ));
-        }
-        Ok(Self {
-            header,
-            binary: true,
-        })
+        Self::of_kind(key, true)
     }
 
-    fn header(key: &str) -> Result<Header, InvalidMetadataKey> {
+    fn of_kind(key: &str, binary: bool) -> Result<Self, InvalidMetadataKey> {
         let lower = key.to_ascii_lowercase();
         let valid = !lower.is_empty()
             && lower
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
-        if !valid {
-            return Err(InvalidMetadataKey::new(
-                key,
-                "keys are lowercase letters, digits, '-', '_' and '.'",
-            ));
-        }
-        if lower.starts_with("grpc-") {
-            return Err(InvalidMetadataKey::new(key, "grpc- keys are reserved"));
-        }
-        Header::new(&lower).map_err(|_| InvalidMetadataKey::new(key, "not a header name"))
+        let reason = if !valid {
+            "keys are lowercase letters, digits, '-', '_' and '.'"
+        } else if lower.starts_with("grpc-") {
+            "grpc- keys are reserved"
+        } else if lower.ends_with("-bin") && !binary {
+            "a binary (-bin) key holds base64; use Metadata::binary"
+        } else if !lower.ends_with("-bin") && binary {
+            "a binary key ends in -bin; use Metadata::new for an ASCII one"
+        } else {
+            let header = Header::new(&lower)
+                .map_err(|_| InvalidMetadataKey::new(key, "not a header name"))?;
+            return Ok(Self { header, binary });
+        };
+        Err(InvalidMetadataKey::new(key, reason))
     }
 
     /// Values longer than `max_len` bytes (decoded, for a binary key) give
@@ -177,8 +159,9 @@ impl<R: HttpRequest> KeyExtractor<R> for Metadata {
 }
 
 /// Which part of `/package.Service/Method` a [`GrpcMethod`] keys by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum Part {
+    #[default]
     Method,
     Service,
     Path,
@@ -209,7 +192,7 @@ enum Part {
 /// let not_grpc = http::Request::builder().uri("/index.html").body(()).unwrap();
 /// assert!(GrpcMethod::new().extract(&not_grpc).is_none());
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GrpcMethod {
     part: Part,
 }
@@ -246,20 +229,6 @@ impl GrpcMethod {
                 WindowKey::for_subject(Bytes::from(name))
             }
         })
-    }
-}
-
-impl Default for GrpcMethod {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl fmt::Debug for GrpcMethod {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GrpcMethod")
-            .field("part", &self.part)
-            .finish()
     }
 }
 

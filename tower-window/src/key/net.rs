@@ -130,29 +130,27 @@ struct Network {
 
 impl Network {
     fn new(addr: IpAddr, prefix_len: u8) -> Option<Self> {
-        let addr = addr.to_canonical();
-        let addr = match addr {
-            IpAddr::V4(v4) if prefix_len <= 32 => {
-                IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask_v4(prefix_len)))
-            }
-            IpAddr::V6(v6) if prefix_len <= 128 => {
-                IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask_v6(prefix_len)))
-            }
-            _ => return None,
-        };
+        let addr = masked(addr.to_canonical(), prefix_len)?;
         Some(Self { addr, prefix_len })
     }
 
     fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                u32::from(ip) & mask_v4(self.prefix_len) == u32::from(net)
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                u128::from(ip) & mask_v6(self.prefix_len) == u128::from(net)
-            }
-            _ => false,
+        // An address of the other family never masks to this network.
+        masked(ip, self.prefix_len) == Some(self.addr)
+    }
+}
+
+/// `addr` with all but its first `prefix_len` bits cleared; `None` when
+/// the prefix is longer than the address.
+fn masked(addr: IpAddr, prefix_len: u8) -> Option<IpAddr> {
+    match addr {
+        IpAddr::V4(v4) if prefix_len <= 32 => {
+            Some(Ipv4Addr::from(u32::from(v4) & mask_v4(prefix_len)).into())
         }
+        IpAddr::V6(v6) if prefix_len <= 128 => {
+            Some(Ipv6Addr::from(u128::from(v6) & mask_v6(prefix_len)).into())
+        }
+        _ => None,
     }
 }
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use quick_cache::{Equivalent, Options, OptionsBuilder};
 
+use super::InlineBytes;
 use crate::quota::Scope;
 use crate::{Policy, Quota, WindowKey};
 
@@ -30,45 +31,13 @@ pub(crate) struct StateKey {
     /// `quota`'s hash, computed once per quota (see [`id_hash`]).
     quota_hash: u64,
     /// The tenant's bytes followed by the subject's.
-    bytes: KeyBytes,
+    bytes: InlineBytes<INLINE_KEY_BYTES>,
     /// Where the tenant's bytes end in `bytes`.
     tenant_len: u32,
 }
 
 /// The most bytes of tenant and subject a [`StateKey`] holds inline.
 pub(crate) const INLINE_KEY_BYTES: usize = 38;
-
-/// Bytes inline up to [`INLINE_KEY_BYTES`], on the heap beyond.
-#[derive(Clone)]
-enum KeyBytes {
-    Inline {
-        len: u8,
-        buf: [u8; INLINE_KEY_BYTES],
-    },
-    Heap(Box<[u8]>),
-}
-
-impl KeyBytes {
-    fn new(first: &[u8], second: &[u8]) -> Self {
-        let len = first.len() + second.len();
-        match u8::try_from(len) {
-            Ok(short) if len <= INLINE_KEY_BYTES => {
-                let mut buf = [0; INLINE_KEY_BYTES];
-                buf[..first.len()].copy_from_slice(first);
-                buf[first.len()..len].copy_from_slice(second);
-                Self::Inline { len: short, buf }
-            }
-            _ => Self::Heap([first, second].concat().into_boxed_slice()),
-        }
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Self::Inline { len, buf } => &buf[..usize::from(*len)],
-            Self::Heap(bytes) => bytes,
-        }
-    }
-}
 
 impl StateKey {
     /// The owned key of `key`'s state under `quota` (see [`StateKeyRef::new`]).
@@ -134,7 +103,7 @@ impl<'a> StateKeyRef<'a> {
         StateKey {
             quota: Arc::clone(self.quota),
             quota_hash: self.quota_hash,
-            bytes: KeyBytes::new(self.tenant, self.subject),
+            bytes: InlineBytes::copy_of(&[self.tenant, self.subject]),
             // A tenant is at most a WindowKey part: far below 4 GiB.
             tenant_len: u32::try_from(self.tenant.len()).unwrap_or(u32::MAX),
         }
@@ -242,8 +211,8 @@ mod tests {
         assert_eq!(hasher.hash_one(&owned), hasher.hash_one(borrowed));
         let long = WindowKey::new("acme", "a-subject-longer-than-what-fits-inline");
         let long_owned = StateKey::new(&long, &quota);
-        assert!(matches!(long_owned.bytes, KeyBytes::Heap(_)));
-        assert!(matches!(owned.bytes, KeyBytes::Inline { .. }));
+        assert!(matches!(long_owned.bytes, InlineBytes::Shared(_)));
+        assert!(matches!(owned.bytes, InlineBytes::Inline { .. }));
         assert!(StateKeyRef::new(&long, &quota).equivalent(&long_owned));
         assert_eq!(
             hasher.hash_one(&long_owned),
