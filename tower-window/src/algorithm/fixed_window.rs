@@ -34,6 +34,18 @@ pub(crate) struct State {
     pub(super) count: u64,
 }
 
+impl State {
+    /// The units counted in window `k`: a count from another window is
+    /// over, the state logically empty.
+    fn count_in(&self, k: u64) -> u64 {
+        if self.window_index == k {
+            self.count
+        } else {
+            0
+        }
+    }
+}
+
 /// Evaluates `cost` units of `quota` at `now` against `state`, recording
 /// nothing. Never panics.
 pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Evaluation {
@@ -45,12 +57,7 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
         .saturating_add(1)
         .saturating_mul(window)
         .saturating_sub(now);
-    // A count from another window is over: the state is logically empty.
-    let count = if state.window_index == k {
-        state.count
-    } else {
-        0
-    };
+    let count = state.count_in(k);
     let remaining = saturate_u32(limit.saturating_sub(count));
 
     if cost > limit {
@@ -69,14 +76,9 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
 /// Records `cost` units in the window of `now` (after [`evaluate`]).
 pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
     let k = now / quota.window_micros().max(1);
-    let count = if state.window_index == k {
-        state.count
-    } else {
-        0
-    };
     *state = State {
         window_index: k,
-        count: count.saturating_add(u64::from(cost)),
+        count: state.count_in(k).saturating_add(u64::from(cost)),
     };
 }
 

@@ -9,7 +9,6 @@
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
-use bytes::Bytes;
 use http::header::HeaderMap;
 use http::Uri;
 
@@ -221,13 +220,7 @@ impl GrpcMethod {
         Some(match self.part {
             Part::Path => WindowKey::for_subject_copy(path.as_bytes()),
             Part::Service => WindowKey::for_subject_copy(service.as_bytes()),
-            Part::Method => {
-                let mut name = Vec::with_capacity(service.len() + 1 + method.len());
-                name.extend_from_slice(service.as_bytes());
-                name.push(b'.');
-                name.extend_from_slice(method.as_bytes());
-                WindowKey::for_subject(Bytes::from(name))
-            }
+            Part::Method => WindowKey::for_subject(format!("{service}.{method}")),
         })
     }
 }

@@ -186,20 +186,10 @@ impl TrustedProxies {
     /// `172.16.0.0/12`, `192.168.0.0/16`, `::1/128`, `fc00::/7`), where
     /// load balancers usually live.
     pub fn private_networks() -> Self {
-        let networks = [
-            (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)), 8),
-            (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 0)), 8),
-            (IpAddr::V4(Ipv4Addr::new(172, 16, 0, 0)), 12),
-            (IpAddr::V4(Ipv4Addr::new(192, 168, 0, 0)), 16),
-            (IpAddr::V6(Ipv6Addr::LOCALHOST), 128),
-            (IpAddr::V6(Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0)), 7),
-        ];
-        Self {
-            networks: networks
-                .into_iter()
-                .filter_map(|(addr, len)| Network::new(addr, len))
-                .collect(),
-        }
+        // Valid networks: the parse cannot fail.
+        "127.0.0.0/8 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 ::1/128 fc00::/7"
+            .parse()
+            .unwrap_or_default()
     }
 
     /// Also trusts `network`: an address or `address/prefix-length`.
