@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-#[cfg(test)]
-use crate::Quota;
-use crate::{Decision, Policy, QuotaDecision};
+use crate::{Decision, Policy, Quota, QuotaDecision};
 
 /// What one check decided, in integer microseconds (all four algorithms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,21 +41,22 @@ impl Outcome {
         }
     }
 
+    /// `quota`'s state in a [`Decision`].
+    pub(crate) fn for_quota(self, quota: &Quota) -> QuotaDecision {
+        let micros = Duration::from_micros;
+        QuotaDecision {
+            quota: quota.clone(),
+            allowed: self.allowed,
+            remaining: self.remaining,
+            reset_after: micros(self.reset_after),
+            retry_after: self.retry_after.map(micros),
+        }
+    }
+
     /// The public [`Decision`] for `quota`, decided at `now` (µs since epoch).
     #[cfg(test)]
     pub(crate) fn into_decision(self, quota: &Quota, now: u64) -> Decision {
-        let reset_after = Duration::from_micros(self.reset_after);
-        let decision = if self.allowed {
-            Decision::allow(quota.clone(), self.remaining, reset_after)
-        } else {
-            Decision::deny(
-                quota.clone(),
-                self.remaining,
-                reset_after,
-                self.retry_after.map(Duration::from_micros),
-            )
-        };
-        decision.with_timestamp_micros(now)
+        Decision::single_at(self.for_quota(quota), now)
     }
 }
 
@@ -110,32 +109,16 @@ pub(crate) fn policy_decision(
     evaluations: &[Evaluation],
     now: u64,
 ) -> Option<Decision> {
-    let micros = Duration::from_micros;
     if let ([quota], [e]) = (policy.quotas(), evaluations) {
         // One quota (the common case): its own outcome, without collecting.
-        let o = e.outcome;
-        let state = QuotaDecision {
-            quota: quota.clone(),
-            allowed: o.allowed,
-            remaining: o.remaining,
-            reset_after: micros(o.reset_after),
-            retry_after: o.retry_after.map(micros),
-        };
-        return Some(Decision::single_at(state, now));
+        return Some(Decision::single_at(e.outcome.for_quota(quota), now));
     }
     let admitted = policy_admits(policy, evaluations);
     let states = policy.quotas().iter().zip(evaluations).map(|(quota, e)| {
-        let o = e.outcome;
-        if admitted || !o.allowed {
-            QuotaDecision {
-                quota: quota.clone(),
-                allowed: o.allowed,
-                remaining: o.remaining,
-                reset_after: micros(o.reset_after),
-                retry_after: o.retry_after.map(micros),
-            }
+        if admitted || !e.fits() {
+            e.outcome.for_quota(quota)
         } else {
-            QuotaDecision::allow(quota.clone(), e.unchanged.0, micros(e.unchanged.1))
+            Outcome::allow(e.unchanged.0, e.unchanged.1).for_quota(quota)
         }
     });
     Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now))
