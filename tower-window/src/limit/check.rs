@@ -23,7 +23,8 @@ use crate::{Cost, Decision, Policy, QuotaCosts, WindowKey};
 /// a networked one (the backend's one boxed future, holding the time
 /// budget, retries and breaker bookkeeping too). A check that has to wait
 /// owns what it waits with (the limiter, the key and the policy, cloned
-/// then and only then), so it outlives the references it was made from.
+/// then and only then, beside that future), so it outlives the references
+/// it was made from; a `Check` stays a few words wide whatever it waits on.
 ///
 /// [`into_ready`](Self::into_ready) takes the answer when it is available
 /// at once, for loops that decide per message without awaiting, and
