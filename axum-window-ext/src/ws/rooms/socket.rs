@@ -14,7 +14,7 @@ mod sealed {
 /// A socket [`RoomSession::serve`](super::RoomSession::serve) and
 /// [`RoomHub::serve`](super::RoomHub::serve) serve a room on: a plain axum
 /// `WebSocket` (no limits), or a [`GuardedSocket`], whose inbound
-/// messages are charged to its [`MessageLimits`](crate::ws::MessageLimits)
+/// messages are charged to its [`MessageLimits`]
 /// (and which closes when its connection seat is lost) before they are
 /// published. Sealed: implemented for those two only.
 pub trait RoomSocket: sealed::Sealed + Send {
