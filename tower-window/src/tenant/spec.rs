@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::TenantError;
-use crate::{Policy, Quota, Scope};
+use crate::{Policy, Quota, QuotaError, Scope};
 
 /// A tenant's definition: its named quotas (each per subject or per
 /// tenant, some possibly [shadow](Quota::shadowed)), or unlimited.
@@ -110,7 +110,7 @@ impl TenantSpec {
         match lines.next() {
             Some("U") => Ok(Self::unlimited()),
             Some("Q") => {
-                let mut quotas = Vec::new();
+                let mut builder = Self::builder();
                 for line in lines {
                     let mut parts = line.splitn(4, '\t');
                     let (Some(name), Some(scope), Some(shadow), Some(dsl)) =
@@ -118,16 +118,11 @@ impl TenantSpec {
                     else {
                         return Err(bad());
                     };
-                    let scope: Scope = scope.parse().map_err(|_| bad())?;
-                    let quota = dsl
-                        .parse::<Quota>()
-                        .and_then(|q| q.named(name))
-                        .map_err(|_| bad())?
-                        .scoped(scope)
-                        .shadowed(shadow == "1");
-                    quotas.push(quota);
+                    builder
+                        .add(name, dsl, scope.parse(), shadow == "1")
+                        .map_err(|_| bad())?;
                 }
-                Self::new(quotas)
+                builder.build()
             }
             _ => Err(bad()),
         }
@@ -168,27 +163,34 @@ pub struct TenantSpecBuilder {
 
 impl TenantSpecBuilder {
     /// Adds the per-subject quota `dsl` (see [`crate::quota`]) as `name`.
-    pub fn quota(self, name: &str, dsl: &str) -> Result<Self, TenantError> {
-        self.scoped(name, dsl, Scope::Subject)
+    pub fn quota(mut self, name: &str, dsl: &str) -> Result<Self, TenantError> {
+        self.add(name, dsl, Ok(Scope::Subject), false)?;
+        Ok(self)
     }
 
     /// Adds the per-tenant quota `dsl` as `name` (one window shared by
     /// every subject of the tenant).
-    pub fn tenant_quota(self, name: &str, dsl: &str) -> Result<Self, TenantError> {
-        self.scoped(name, dsl, Scope::Tenant)
+    pub fn tenant_quota(mut self, name: &str, dsl: &str) -> Result<Self, TenantError> {
+        self.add(name, dsl, Ok(Scope::Tenant), false)?;
+        Ok(self)
     }
 
-    fn scoped(mut self, name: &str, dsl: &str, scope: Scope) -> Result<Self, TenantError> {
-        let quota = dsl
-            .parse::<Quota>()
-            .and_then(|q| q.named(name))
-            .map_err(|error| TenantError::Quota {
-                tenant: None,
-                quota: name.chars().take(80).collect(),
-                error,
-            })?;
-        self.quotas.push(quota.scoped(scope));
-        Ok(self)
+    /// Adds the quota `dsl` as `name`, of `scope` and maybe a shadow one.
+    pub(crate) fn add(
+        &mut self,
+        name: &str,
+        dsl: &str,
+        scope: Result<Scope, QuotaError>,
+        shadow: bool,
+    ) -> Result<(), TenantError> {
+        let quota = dsl.parse::<Quota>().and_then(|q| q.named(name));
+        let quota = quota.and_then(|q| Ok(q.scoped(scope?).shadowed(shadow)));
+        self.quotas.push(quota.map_err(|error| TenantError::Quota {
+            tenant: None,
+            quota: name.chars().take(80).collect(),
+            error,
+        })?);
+        Ok(())
     }
 
     /// Adds a quota as it is.
@@ -199,16 +201,18 @@ impl TenantSpecBuilder {
 
     /// Makes the quota `name` (added before) a shadow quota.
     pub fn shadow(mut self, name: &str) -> Result<Self, TenantError> {
-        let quota = self
-            .quotas
-            .iter_mut()
-            .find(|q| q.name() == name)
-            .ok_or_else(|| TenantError::UnknownShadow {
-                tenant: None,
-                quota: name.chars().take(80).collect(),
-            })?;
-        *quota = quota.clone().shadowed(true);
+        self.set_shadow(name)?;
         Ok(self)
+    }
+
+    pub(crate) fn set_shadow(&mut self, name: &str) -> Result<(), TenantError> {
+        let quota = self.quotas.iter_mut().find(|q| q.name() == name);
+        let quota = quota.ok_or_else(|| TenantError::UnknownShadow {
+            tenant: None,
+            quota: name.chars().take(80).collect(),
+        })?;
+        *quota = quota.clone().shadowed(true);
+        Ok(())
     }
 
     /// Checks the quotas and builds the spec.
