@@ -66,7 +66,8 @@ pub const TYPE_METHOD_NOT_ALLOWED: &str = "urn:tower-window:problem:method-not-a
 struct Admin {
     registry: TenantRegistry,
     limiter: Limiter,
-    token_digest: [u8; 32],
+    /// The token's digest; `None` for an empty token (refuses everything).
+    token_digest: Option<[u8; 32]>,
 }
 
 /// The admin routes over `registry`, with usage read through `limiter`'s
@@ -87,9 +88,8 @@ pub fn router(registry: TenantRegistry, limiter: Limiter, token: &str) -> Router
     let admin = Admin {
         registry,
         limiter,
-        token_digest: Sha256::digest(token.as_bytes()).into(),
+        token_digest: (!token.is_empty()).then(|| Sha256::digest(token.as_bytes()).into()),
     };
-    let empty_token = token.is_empty();
     Router::new()
         .route("/tenants", get(list))
         .route("/tenants/{tenant}", get(show).put(put).delete(close))
@@ -98,10 +98,7 @@ pub fn router(registry: TenantRegistry, limiter: Limiter, token: &str) -> Router
         .route("/tenants/{tenant}/usage/{subject}", get(usage))
         // Before the guard: a 405 without the token is a 401 like the rest.
         .method_not_allowed_fallback(method_not_allowed)
-        .route_layer(middleware::from_fn_with_state(
-            (admin.clone(), empty_token),
-            authorize,
-        ))
+        .route_layer(middleware::from_fn_with_state(admin.clone(), authorize))
         .fallback(no_route)
         .with_state(admin)
 }
@@ -129,11 +126,7 @@ async fn method_not_allowed(method: axum::http::Method) -> Response {
     )
 }
 
-async fn authorize(
-    State((admin, empty_token)): State<(Admin, bool)>,
-    request: Request,
-    next: Next,
-) -> Response {
+async fn authorize(State(admin): State<Admin>, request: Request, next: Next) -> Response {
     let presented = request
         .headers()
         .get(AUTHORIZATION)
@@ -142,10 +135,10 @@ async fn authorize(
             let (scheme, token) = v.split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
         });
-    let ok = match presented {
-        Some(token) if !empty_token => {
+    let ok = match (presented, admin.token_digest) {
+        (Some(token), Some(expected)) => {
             let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-            bool::from(digest.ct_eq(&admin.token_digest))
+            bool::from(digest.ct_eq(&expected))
         }
         _ => false,
     };

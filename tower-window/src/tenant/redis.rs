@@ -301,17 +301,14 @@ fn apply_entry(registry: &TenantRegistry, fields: &HashMap<String, String>) {
         return;
     };
     let change = match op {
-        "init" => match TenantSpec::decode(field("spec").unwrap_or("")) {
-            Ok(spec) => Change::Init(spec),
-            Err(error) => {
-                tracing::warn!(%error, "skipping an unreadable tenant control entry");
-                return;
-            }
-        },
-        "reset" => Change::Reset,
-        "close" => Change::Close,
-        "revert" => Change::Revert,
+        "init" => TenantSpec::decode(field("spec").unwrap_or("")).map(Change::Init),
+        "reset" => Ok(Change::Reset),
+        "close" => Ok(Change::Close),
+        "revert" => Ok(Change::Revert),
         _ => return,
     };
-    registry.apply(tenant, change, Some(generation));
+    match change {
+        Ok(change) => registry.apply(tenant, change, Some(generation)),
+        Err(error) => tracing::warn!(%error, "skipping an unreadable tenant control entry"),
+    }
 }

@@ -88,18 +88,11 @@ impl TenantSpec {
         if self.unlimited {
             return "U".to_owned();
         }
-        let mut out = String::from("Q");
-        for q in &self.quotas {
-            out.push('\n');
-            out.push_str(q.name());
-            out.push('\t');
-            out.push_str(q.scope().as_str());
-            out.push('\t');
-            out.push(if q.is_shadow() { '1' } else { '0' });
-            out.push('\t');
-            out.push_str(&q.to_string());
-        }
-        out
+        let lines = self.quotas.iter().map(|q| {
+            let shadow = u8::from(q.is_shadow());
+            format!("\n{}\t{}\t{shadow}\t{q}", q.name(), q.scope().as_str())
+        });
+        std::iter::once("Q".to_owned()).chain(lines).collect()
     }
 
     /// Parses [`encode`](Self::encode)'s text.
