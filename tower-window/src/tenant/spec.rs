@@ -73,12 +73,14 @@ impl TenantSpec {
         if self.unlimited {
             return None;
         }
-        let name = policy_name(tenant);
-        let quotas = self
-            .quotas
-            .iter()
-            .map(|q| q.clone().with_generation(generation));
-        Policy::new(name, quotas).ok()
+        let quotas = || {
+            let quotas = self.quotas.iter();
+            quotas.map(|q| q.clone().with_generation(generation))
+        };
+        // Policy names appear in logs; a tenant's own name may hold any
+        // character, and when it is not a valid policy name it is `tenant`.
+        let policy = Policy::new(tenant, quotas());
+        policy.or_else(|_| Policy::new("tenant", quotas())).ok()
     }
 
     /// The record text kept in Redis: `U` (unlimited), or `Q` then one
@@ -119,22 +121,6 @@ impl TenantSpec {
             }
             _ => Err(bad()),
         }
-    }
-}
-
-/// A policy name for `tenant`: the name itself when it is a valid policy
-/// name, else `tenant` (policy names appear in logs; the tenant's own name
-/// may hold any character).
-fn policy_name(tenant: &str) -> &str {
-    let ok = !tenant.is_empty()
-        && tenant.len() <= 64
-        && tenant
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    if ok {
-        tenant
-    } else {
-        "tenant"
     }
 }
 
