@@ -206,15 +206,12 @@ pub struct TenantRegistry {
 }
 
 impl TenantRegistry {
-    /// The registry of `config` on `store`, the one every other
-    /// capability of the node is made from. Lifecycle changes are recorded
-    /// through the store's resilience stack (its time budget, retries,
-    /// in-flight bound and breakers, shared with every capability on it):
-    /// on Redis (or Redis Cluster) they persist there and reach every
-    /// registry on it (a background reader follows them, so this needs a
-    /// Tokio runtime); on an in-process store they apply to this process.
-    /// A store with no tenant backend (your own [`Backend`](crate::store::Backend))
-    /// gives an in-process registry ([`new`](Self::new)).
+    /// The registry of `config` on `store`, its lifecycle changes recorded
+    /// through the store's resilience stack (see the [module docs](super)):
+    /// on Redis they reach every registry on it (a background reader
+    /// follows them, so this needs a Tokio runtime). A store with no tenant
+    /// backend (your own [`Backend`](crate::store::Backend)) gives an
+    /// in-process registry ([`new`](Self::new)).
     ///
     /// ```
     /// use tower_window::tenant::{TenantRegistry, TenantsConfig};
@@ -238,17 +235,11 @@ impl TenantRegistry {
         Self::with_writer(config, writer)
     }
 
-    /// A registry of `config` whose lifecycle changes persist in `store`'s
-    /// Redis and reach every registry on it: see the [module docs](super).
-    /// Its changes go through a [`Store`] of its own on `store` (default
-    /// settings, [`ControlConfig::timeout`] as the budget); to share the
-    /// breakers of the node's other capabilities, use
-    /// [`on_store`](Self::on_store).
-    ///
-    /// Spawns the control-stream reader on the current Tokio runtime; it
+    /// [`on_store`](Self::on_store) on a [`Store`] of its own on `store`
+    /// (default settings, [`ControlConfig::timeout`] as the budget), not
+    /// sharing the breakers of the node's other capabilities. Its reader
     /// first loads the whole runtime state ([`loaded`](Self::loaded) waits
-    /// for that), then follows the stream. Dropping the last clone of the
-    /// registry stops it.
+    /// for that); dropping the last clone of the registry stops it.
     #[cfg(feature = "redis")]
     pub fn redis(config: TenantsConfig, store: Arc<crate::RedisStore>) -> Self {
         Self::redis_with(config, store, ControlConfig::default())
