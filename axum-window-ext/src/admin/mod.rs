@@ -35,6 +35,7 @@
 //! `Allow`), both with a problem+json body. Every problem body has `type`,
 //! `title`, `status` and `detail`.
 
+use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use axum::http::{HeaderValue, StatusCode};
@@ -65,7 +66,8 @@ pub const TYPE_METHOD_NOT_ALLOWED: &str = "urn:tower-window:problem:method-not-a
 struct Admin {
     registry: TenantRegistry,
     limiter: Limiter,
-    token_digest: [u8; 32],
+    /// The token's digest; `None` for an empty token (refuses everything).
+    token_digest: Option<[u8; 32]>,
 }
 
 /// The admin routes over `registry`, with usage read through `limiter`'s
@@ -86,9 +88,8 @@ pub fn router(registry: TenantRegistry, limiter: Limiter, token: &str) -> Router
     let admin = Admin {
         registry,
         limiter,
-        token_digest: Sha256::digest(token.as_bytes()).into(),
+        token_digest: (!token.is_empty()).then(|| Sha256::digest(token.as_bytes()).into()),
     };
-    let empty_token = token.is_empty();
     Router::new()
         .route("/tenants", get(list))
         .route("/tenants/{tenant}", get(show).put(put).delete(close))
@@ -97,10 +98,7 @@ pub fn router(registry: TenantRegistry, limiter: Limiter, token: &str) -> Router
         .route("/tenants/{tenant}/usage/{subject}", get(usage))
         // Before the guard: a 405 without the token is a 401 like the rest.
         .method_not_allowed_fallback(method_not_allowed)
-        .route_layer(middleware::from_fn_with_state(
-            (admin.clone(), empty_token),
-            authorize,
-        ))
+        .route_layer(middleware::from_fn_with_state(admin.clone(), authorize))
         .fallback(no_route)
         .with_state(admin)
 }
@@ -128,11 +126,7 @@ async fn method_not_allowed(method: axum::http::Method) -> Response {
     )
 }
 
-async fn authorize(
-    State((admin, empty_token)): State<(Admin, bool)>,
-    request: Request,
-    next: Next,
-) -> Response {
+async fn authorize(State(admin): State<Admin>, request: Request, next: Next) -> Response {
     let presented = request
         .headers()
         .get(AUTHORIZATION)
@@ -141,10 +135,10 @@ async fn authorize(
             let (scheme, token) = v.split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
         });
-    let ok = match presented {
-        Some(token) if !empty_token => {
+    let ok = match (presented, admin.token_digest) {
+        (Some(token), Some(expected)) => {
             let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-            bool::from(digest.ct_eq(&admin.token_digest))
+            bool::from(digest.ct_eq(&expected))
         }
         _ => false,
     };
@@ -185,10 +179,15 @@ fn not_found(admin: &Admin, tenant: &str) -> Response {
     problem(StatusCode::NOT_FOUND, TYPE_NOT_FOUND, "Not found", detail)
 }
 
+/// A registry call's answer: 400 for bad input, else 503 (store failure).
 fn failed(error: TenantError) -> Response {
     if error.is_invalid_input() {
         return bad_request(error.to_string());
     }
+    unavailable(&error)
+}
+
+fn unavailable(error: &dyn std::fmt::Display) -> Response {
     tracing::warn!(%error, "tenant admin call failed");
     problem(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -198,62 +197,32 @@ fn failed(error: TenantError) -> Response {
     )
 }
 
-fn tenant_json(info: &TenantInfo) -> Value {
-    let mut object = spec_json(&info.spec, info.source.as_str());
-    object.insert("name".to_owned(), Value::from(info.name.clone()));
-    Value::Object(object)
-}
-
-/// The 400 for an invalid tenant name, if it is one.
-fn invalid(tenant: &str) -> Option<Response> {
-    validate_tenant_name(tenant)
-        .err()
-        .map(|e| bad_request(e.to_string()))
-}
-
-/// A spec as JSON with its source (and, for a tenant, its name).
-fn spec_json(spec: &TenantSpec, source: &str) -> Map<String, Value> {
+/// A spec as JSON with its source.
+fn spec_json(spec: &TenantSpec, source: TenantSource) -> Map<String, Value> {
     let mut object = match serde_json::to_value(spec) {
         Ok(Value::Object(map)) => map,
         _ => Map::new(),
     };
-    object.insert("source".to_owned(), Value::from(source));
+    object.insert("source".to_owned(), Value::from(source.as_str()));
     object
+}
+
+fn tenant_json(info: &TenantInfo) -> Value {
+    let mut object = spec_json(&info.spec, info.source);
+    object.insert("name".to_owned(), Value::from(info.name.clone()));
+    Value::Object(object)
 }
 
 async fn list(State(admin): State<Admin>) -> Response {
     let tenants: Vec<Value> = admin.registry.tenants().iter().map(tenant_json).collect();
-    let default = admin
-        .registry
-        .config()
-        .default
-        .map(|spec| Value::Object(spec_json(&spec, TenantSource::Default.as_str())));
+    let default = admin.registry.config().default;
+    let default = default.map(|spec| spec_json(&spec, TenantSource::Default));
     Json(json!({ "tenants": tenants, "default": default })).into_response()
 }
 
+/// Tenant `tenant` as listed: its JSON, or 404 (400 for a bad name).
 async fn show(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
-    if let Some(response) = invalid(&tenant) {
-        return response;
-    }
-    match admin.registry.tenant(&tenant) {
-        Some(info) => Json(tenant_json(&info)).into_response(),
-        None => not_found(&admin, &tenant),
-    }
-}
-
-async fn put(
-    State(admin): State<Admin>,
-    Path(tenant): Path<String>,
-    body: axum::body::Bytes,
-) -> Response {
-    if let Some(response) = invalid(&tenant) {
-        return response;
-    }
-    let spec: TenantSpec = match serde_json::from_slice(&body) {
-        Ok(spec) => spec,
-        Err(error) => return bad_request(format!("tenant {tenant:?}: {error}")),
-    };
-    if let Err(error) = admin.registry.init(&tenant, spec).await {
+    if let Err(error) = validate_tenant_name(&tenant) {
         return failed(error);
     }
     match admin.registry.tenant(&tenant) {
@@ -262,41 +231,47 @@ async fn put(
     }
 }
 
-async fn reset(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
-    if let Some(response) = invalid(&tenant) {
-        return response;
-    }
-    match admin.registry.reset(&tenant).await {
-        Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => not_found(&admin, &tenant),
+async fn put(state: State<Admin>, Path(tenant): Path<String>, body: Bytes) -> Response {
+    // The name first: a bad one is the problem, whatever the body.
+    let spec = validate_tenant_name(&tenant).and_then(|()| {
+        serde_json::from_slice::<TenantSpec>(&body)
+            .map_err(|error| TenantError::Syntax(format!("tenant {tenant:?}: {error}")))
+    });
+    match spec {
+        Ok(spec) => match state.registry.init(&tenant, spec).await {
+            Ok(()) => show(state, Path(tenant)).await,
+            Err(error) => failed(error),
+        },
         Err(error) => failed(error),
     }
+}
+
+/// The answer to a lifecycle call (the registry checks the name).
+fn done(admin: &Admin, tenant: &str, result: Result<bool, TenantError>) -> Response {
+    match result {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => not_found(admin, tenant),
+        Err(error) => failed(error),
+    }
+}
+
+async fn reset(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
+    done(&admin, &tenant, admin.registry.reset(&tenant).await)
 }
 
 async fn close(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
-    if let Some(response) = invalid(&tenant) {
-        return response;
-    }
-    match admin.registry.close(&tenant).await {
-        Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => not_found(&admin, &tenant),
-        Err(error) => failed(error),
-    }
+    done(&admin, &tenant, admin.registry.close(&tenant).await)
 }
 
 async fn revert(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
-    if let Some(response) = invalid(&tenant) {
-        return response;
-    }
     match admin.registry.revert(&tenant).await {
-        Ok(true) => StatusCode::NO_CONTENT.into_response(),
         Ok(false) => problem(
             StatusCode::NOT_FOUND,
             TYPE_NOT_FOUND,
             "Not found",
             format!("tenant {tenant:?} has no runtime record: the file already decides it"),
         ),
-        Err(error) => failed(error),
+        result => done(&admin, &tenant, result),
     }
 }
 
@@ -304,8 +279,8 @@ async fn usage(
     State(admin): State<Admin>,
     Path((tenant, subject)): Path<(String, String)>,
 ) -> Response {
-    if let Some(response) = invalid(&tenant) {
-        return response;
+    if let Err(error) = validate_tenant_name(&tenant) {
+        return failed(error);
     }
     if subject.is_empty() || subject.len() > 1024 {
         return bad_request("the subject must be 1 to 1024 bytes".to_owned());
@@ -318,27 +293,22 @@ async fn usage(
         _ => return not_found(&admin, &tenant),
     };
     let key = WindowKey::new(tenant, subject);
-    match admin.limiter.peek_policy(&key, &policy, 1).await {
-        Ok(decision) => {
-            let mut quotas = Map::new();
-            for q in decision.quotas() {
-                quotas.insert(
-                    q.quota().name().to_owned(),
-                    json!({
-                        "limit": q.quota().capacity(),
-                        "remaining": q.remaining(),
-                        "reset_after_ms": u64::try_from(q.reset_after().as_millis()).unwrap_or(u64::MAX),
-                    }),
-                );
-            }
-            Json(json!({ "quotas": quotas })).into_response()
-        }
-        Err(error) => failed(TenantError::Store(match error {
-            tower_window::LimitError::Store(error) => error,
-            other => tower_window::StoreError::new(
-                tower_window::StoreErrorKind::InvalidRequest,
-                other.to_string(),
-            ),
-        })),
-    }
+    let decision = match admin.limiter.peek_policy(&key, &policy, 1).await {
+        Ok(decision) => decision,
+        Err(error) => return unavailable(&error),
+    };
+    let quotas: Map<String, Value> = decision
+        .quotas()
+        .iter()
+        .map(|q| {
+            let reset_after_ms = u64::try_from(q.reset_after().as_millis()).unwrap_or(u64::MAX);
+            let usage = json!({
+                "limit": q.quota().capacity(),
+                "remaining": q.remaining(),
+                "reset_after_ms": reset_after_ms,
+            });
+            (q.quota().name().to_owned(), usage)
+        })
+        .collect();
+    Json(json!({ "quotas": quotas })).into_response()
 }

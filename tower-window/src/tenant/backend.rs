@@ -16,12 +16,10 @@ use crate::store::{Guard, Op};
 /// Implemented by [`MemoryStore`](crate::MemoryStore) (`memory.rs`) and,
 /// with the `redis` feature, [`RedisStore`](crate::RedisStore) (`redis.rs`);
 /// a registry reaches it through its store's resilience stack
-/// ([`Store::call`](crate::Store)), so a lifecycle write is bounded by the
-/// store's time budget and refused at once while its breaker is open.
+/// ([`Store::call`](crate::Store)).
 pub(crate) trait Backend: Send + Sync + 'static {
     /// Records `change` and announces it to every registry on this
-    /// backend, atomically; the tenant's generation after it (`reset` and
-    /// `close` move it on, `init` and `revert` keep it).
+    /// backend, atomically; the tenant's generation after it.
     fn record<'a>(&'a self, guard: &mut Guard<'a>, change: Recorded<'a>) -> Op<'a, u64>;
 
     /// The failure domain of the tenant records, for the store's
@@ -31,9 +29,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     }
 
     /// Starts following the changes other registries record, into
-    /// `registry` until it is gone (the task first loads the whole state
-    /// and counts it in `loaded`). `None`: this process is the only one
-    /// on the backend, there is nothing to follow.
+    /// `registry` until it is gone (the task first loads the whole
+    /// state). `None`: this process is the only one on the backend.
     fn follow(
         self: Arc<Self>,
         registry: Weak<Inner>,
@@ -47,18 +44,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
 /// One lifecycle change for [`Backend::record`].
 #[derive(Clone, Copy)]
 pub(crate) struct Recorded<'a> {
-    /// Whose.
     pub(crate) tenant: &'a str,
-    /// What.
     pub(crate) change: &'a Change,
     /// How the records and the control stream are kept (Redis).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) control: &'a ControlConfig,
-}
-
-impl Recorded<'_> {
-    /// Whether the change moves the tenant to a new state generation.
-    pub(crate) fn bumps_generation(&self) -> bool {
-        matches!(self.change, Change::Reset | Change::Close)
-    }
 }

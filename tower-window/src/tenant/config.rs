@@ -122,8 +122,8 @@ mod file {
                 }
                 fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Ordered, A::Error> {
                     let mut entries = Vec::new();
-                    while let Some((name, quota)) = map.next_entry::<String, QuotaRepr>()? {
-                        entries.push((name, quota));
+                    while let Some(entry) = map.next_entry()? {
+                        entries.push(entry);
                     }
                     Ok(Ordered(entries))
                 }
@@ -151,7 +151,7 @@ mod file {
                 return Ok(TenantSpec::unlimited());
             }
             let mut problems = Vec::new();
-            let mut quotas = Vec::new();
+            let mut builder = TenantSpec::builder();
             for (name, repr) in self.quotas.0 {
                 let (text, scope, shadow) = match repr {
                     QuotaRepr::Text(text) => (text, None, false),
@@ -161,38 +161,20 @@ mod file {
                         shadow,
                     } => (limit, scope, shadow),
                 };
-                let parsed = text
-                    .parse::<Quota>()
-                    .and_then(|q| q.named(&name))
-                    .and_then(|q| {
-                        let scope = scope.as_deref().map_or(Ok(Scope::Subject), str::parse)?;
-                        Ok(q.scoped(scope).shadowed(shadow))
-                    });
-                match parsed {
-                    Ok(quota) => quotas.push(quota),
-                    Err(error) => problems.push(named(TenantError::Quota {
-                        tenant: None,
-                        quota: name,
-                        error,
-                    })),
-                }
-            }
-            for name in &self.shadow {
-                match quotas.iter_mut().find(|q| q.name() == name) {
-                    Some(quota) => *quota = quota.clone().shadowed(true),
-                    None if problems.is_empty() => {
-                        problems.push(named(TenantError::UnknownShadow {
-                            tenant: None,
-                            quota: name.clone(),
-                        }))
-                    }
-                    None => {}
+                let scope = scope.as_deref().map_or(Ok(Scope::Subject), str::parse);
+                if let Err(error) = builder.add(&name, &text, scope, shadow) {
+                    problems.push(named(error));
                 }
             }
             if !problems.is_empty() {
                 return Err(problems);
             }
-            TenantSpec::new(quotas).map_err(|e| vec![named(e)])
+            // Only now: a quota that failed would look like an unknown shadow.
+            let mut shadow = self.shadow.iter();
+            if let Some(error) = shadow.find_map(|name| builder.set_shadow(name).err()) {
+                return Err(vec![named(error)]);
+            }
+            builder.build().map_err(|e| vec![named(e)])
         }
     }
 
@@ -285,11 +267,7 @@ mod file {
 
     impl Serialize for QuotasOut<'_> {
         fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            let mut map = serializer.serialize_map(Some(self.0.len()))?;
-            for quota in self.0 {
-                map.serialize_entry(quota.name(), &QuotaOut(quota))?;
-            }
-            map.end()
+            serializer.collect_map(self.0.iter().map(|quota| (quota.name(), QuotaOut(quota))))
         }
     }
 

@@ -56,45 +56,37 @@ crate::error_debug::debug_as_display!(TenantError {
     Store,
 });
 
-fn tenant_prefix(f: &mut fmt::Formatter<'_>, tenant: &Option<String>) -> fmt::Result {
-    match tenant {
-        Some(tenant) => write!(f, "tenant {tenant:?}: "),
-        None => Ok(()),
-    }
-}
-
 impl fmt::Display for TenantError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Self::Quota {
+            tenant: Some(tenant),
+            ..
+        }
+        | Self::Policy {
+            tenant: Some(tenant),
+            ..
+        }
+        | Self::UnknownShadow {
+            tenant: Some(tenant),
+            ..
+        } = self
+        {
+            write!(f, "tenant {tenant:?}: ")?;
+        }
         match self {
             Self::InvalidName(name) => write!(
                 f,
                 "invalid tenant name {name:?}: use 1 to 128 bytes without control characters, whitespace or '/'"
             ),
-            Self::Quota {
-                tenant,
-                quota,
-                error,
-            } => {
-                tenant_prefix(f, tenant)?;
-                write!(f, "quota {quota:?}: {error}")
-            }
-            Self::Policy { tenant, error } => {
-                tenant_prefix(f, tenant)?;
-                write!(f, "{error}")
-            }
-            Self::UnknownShadow { tenant, quota } => {
-                tenant_prefix(f, tenant)?;
+            Self::Quota { quota, error, .. } => write!(f, "quota {quota:?}: {error}"),
+            Self::Policy { error, .. } => write!(f, "{error}"),
+            Self::UnknownShadow { quota, .. } => {
                 write!(f, "quota {quota:?}: listed in shadow but not defined in quotas")
             }
             Self::Syntax(message) => write!(f, "{message}"),
             Self::Invalid(problems) => {
-                for (i, problem) in problems.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str("; ")?;
-                    }
-                    write!(f, "{problem}")?;
-                }
-                Ok(())
+                let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+                f.write_str(&problems.join("; "))
             }
             Self::Record(text) => write!(f, "unreadable tenant record {text:?}"),
             Self::Store(error) => write!(f, "tenant registry: {error}"),
@@ -116,24 +108,14 @@ impl std::error::Error for TenantError {
 impl TenantError {
     /// The same error, naming `tenant`.
     #[cfg_attr(not(feature = "serde"), allow(dead_code))]
-    pub(crate) fn for_tenant(self, name: &str) -> Self {
-        let named = Some(name.to_owned());
-        match self {
-            Self::Quota { quota, error, .. } => Self::Quota {
-                tenant: named,
-                quota,
-                error,
-            },
-            Self::Policy { error, .. } => Self::Policy {
-                tenant: named,
-                error,
-            },
-            Self::UnknownShadow { quota, .. } => Self::UnknownShadow {
-                tenant: named,
-                quota,
-            },
-            other => other,
+    pub(crate) fn for_tenant(mut self, name: &str) -> Self {
+        if let Self::Quota { tenant, .. }
+        | Self::Policy { tenant, .. }
+        | Self::UnknownShadow { tenant, .. } = &mut self
+        {
+            *tenant = Some(name.to_owned());
         }
+        self
     }
 
     /// Whether the caller's input is at fault (a 400), not the store.

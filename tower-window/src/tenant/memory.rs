@@ -18,7 +18,7 @@ impl Backend for MemoryStore {
         let generations = self.part(|_| Arc::new(Generations::default()));
         let mut generations = generations.0.lock().unwrap_or_else(PoisonError::into_inner);
         let generation = generations.entry(change.tenant.to_owned()).or_insert(0);
-        if change.bumps_generation() {
+        if change.change.bumps_generation() {
             *generation += 1;
         }
         Op::ready(Ok(*generation))

@@ -86,8 +86,6 @@ mod backend;
 mod config;
 mod control;
 mod error;
-#[cfg(feature = "redis")]
-mod follow;
 mod memory;
 mod name;
 #[cfg(feature = "redis")]
@@ -101,10 +99,3 @@ pub use error::TenantError;
 pub use name::{validate_tenant_name, MAX_TENANT_NAME_LEN};
 pub use registry::{Resolution, TenantInfo, TenantRegistry, TenantSource};
 pub use spec::{TenantSpec, TenantSpecBuilder};
-
-/// A stream id `ms-seq` as a comparable pair (`(0, 0)` when unreadable).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn stream_id(id: &str) -> (u64, u64) {
-    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
-}

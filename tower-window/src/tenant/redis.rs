@@ -1,22 +1,25 @@
 //! The tenant registry's Redis side: its records, generations and control
-//! stream (see [`crate::tenant`]), all under the hash tag `{tw-tenants}`.
+//! stream (see [`crate::tenant`]), all under the hash tag `{tw-tenants}`,
+//! and the control-stream reader each registry runs on a connection of
+//! its own.
 
+use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
 
-use redis::Value;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use redis::{FromRedisValue, Value};
 use tokio::task::JoinHandle;
 
 use super::backend::{Backend, Recorded};
 use super::registry::{Change, Inner};
-use super::ControlConfig;
+use super::{ControlConfig, TenantError, TenantRegistry, TenantSpec};
 use crate::store::redis::call::{send, Call};
-use crate::store::redis::connection::{map_error, Conn, Dedicated};
+use crate::store::redis::connection::{map_error, Dedicated};
 use crate::store::redis::keys::{prefixed_key, Crc16, Sink, CLUSTER_SLOTS};
 use crate::store::redis::script::LuaScript;
 use crate::store::redis::RedisStore;
-use crate::store::{Guard, Op, StoreError, StoreErrorKind};
-use crate::tenant::stream_id;
+use crate::store::{Guard, Op, StoreError};
 
 static LIFECYCLE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/lifecycle.lua")));
@@ -32,15 +35,14 @@ fn keys(prefix: &str) -> [Vec<u8>; 3] {
     ]
 }
 
-/// The hash slot of the registry's keys (their tag, `tw-tenants`).
-fn tenants_slot() -> u16 {
-    let mut crc = Crc16::default();
-    crc.put(b"tw-tenants");
-    crc.value() % CLUSTER_SLOTS
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+/// A stream id `ms-seq` as a comparable pair (`(0, 0)` when unreadable).
+fn stream_id(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
 }
 
 impl Backend for RedisStore {
@@ -49,79 +51,22 @@ impl Backend for RedisStore {
     }
 
     fn failure_domain(&self) -> Option<u16> {
-        self.slot_domain(tenants_slot())
+        // The hash slot of the registry's keys (their tag, `tw-tenants`).
+        let mut crc = Crc16::default();
+        crc.put(b"tw-tenants");
+        self.slot_domain(crc.value() % CLUSTER_SLOTS)
     }
 
-    /// The control-stream reader, on a connection of its own (see
-    /// `follow.rs`): it blocks in `XREAD` for up to
-    /// [`block`](ControlConfig::block), longer than any store budget, and
-    /// would otherwise hold one of the store's shared connections.
+    /// The control-stream reader blocks in `XREAD` for up to
+    /// [`block`](ControlConfig::block), longer than any store budget, so
+    /// it reads on a connection of its own.
     fn follow(
         self: Arc<Self>,
         registry: Weak<Inner>,
         control: ControlConfig,
     ) -> Option<JoinHandle<()>> {
-        Some(tokio::spawn(super::follow::follow(registry, self, control)))
+        Some(tokio::spawn(follow(registry, self, control)))
     }
-}
-
-/// The runtime state as one atomic read.
-pub(crate) struct Loaded {
-    pub(crate) last_id: String,
-    /// Entries ever added to the stream up to `last_id` (`None` before Redis 7).
-    pub(crate) entries_added: Option<u64>,
-    pub(crate) records: Vec<(String, String)>,
-    pub(crate) generations: Vec<(String, u64)>,
-}
-
-/// One control-stream entry.
-pub(crate) struct Entry {
-    pub(crate) id: String,
-    pub(crate) fields: Vec<(String, String)>,
-}
-
-impl Entry {
-    pub(crate) fn field(&self, name: &str) -> Option<&str> {
-        self.fields
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-fn protocol(what: &str) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Protocol,
-        format!("unexpected tenant registry reply: {what}"),
-    )
-}
-
-fn text(value: &Value) -> Option<String> {
-    match value {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::Int(i) => Some(i.to_string()),
-        _ => None,
-    }
-}
-
-fn items(value: &Value) -> Option<Vec<&Value>> {
-    match value {
-        Value::Array(items) | Value::Set(items) => Some(items.iter().collect()),
-        Value::Map(pairs) => Some(pairs.iter().flat_map(|(k, v)| [k, v]).collect()),
-        _ => None,
-    }
-}
-
-fn pairs(value: &Value) -> Option<Vec<(String, String)>> {
-    let flat = items(value)?;
-    flat.chunks_exact(2)
-        .map(|pair| Some((text(pair[0])?, text(pair[1])?)))
-        .collect()
-}
-
-async fn query(conn: &Conn, cmd: &redis::Cmd) -> Result<Value, redis::RedisError> {
-    send(conn, &Call::Cmd(cmd)).await
 }
 
 impl RedisStore {
@@ -144,55 +89,69 @@ impl RedisStore {
             .arg(spec)
             .arg(recorded.control.max_len)
             .arg(millis(recorded.control.ttl));
-        let (_, generation): (String, String) = self.call(Call::Script(&call)).await?;
-        generation.parse().map_err(|_| protocol("generation"))
-    }
-
-    /// A connection of its own for the registry's control-stream reader.
-    pub(crate) async fn tenant_reader(&self) -> Result<TenantReader, StoreError> {
-        Ok(TenantReader {
-            conn: self.connection.dedicated().await?,
-            keys: keys(&self.prefix),
-        })
+        let (_, generation): (String, u64) = self.call(Call::Script(&call)).await?;
+        Ok(generation)
     }
 }
 
+/// One control-stream entry: its id and fields.
+type Entry = (String, HashMap<String, String>);
+
 /// The control-stream reader's own connection (it blocks in `XREAD`).
-pub(crate) struct TenantReader {
+struct Reader {
     conn: Dedicated,
     keys: [Vec<u8>; 3],
 }
 
-impl TenantReader {
-    /// Reads the whole runtime state and the stream's first and last ids,
-    /// atomically, refreshing the keys' TTL.
-    pub(crate) async fn load(&mut self, ttl_ms: u64) -> Result<Loaded, StoreError> {
+impl Reader {
+    async fn send<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, redis::RedisError> {
+        send(&self.conn.conn, &call).await
+    }
+
+    /// Loads the whole runtime state into `registry`, atomically with the
+    /// stream's last id (refreshing the keys' TTL); the position to follow
+    /// from, or `None` once the registry is gone.
+    async fn load(
+        &self,
+        registry: &Weak<Inner>,
+        control: &ControlConfig,
+    ) -> Result<Option<Position>, StoreError> {
         let mut call = LOAD.prepare_invoke();
         for key in &self.keys {
             call.key(key.clone());
         }
-        call.arg(ttl_ms);
-        let reply: Value = send(&self.conn.conn, &Call::Script(&call))
-            .await
-            .map_err(map_error)?;
-        let parts = items(&reply).ok_or_else(|| protocol("load"))?;
-        let [last, _first, records, generations, added] = parts[..] else {
-            return Err(protocol("load arity"));
+        call.arg(millis(control.ttl));
+        let loaded: (
+            String,
+            String,
+            HashMap<String, String>,
+            HashMap<String, u64>,
+            i64,
+        ) = self.send(Call::Script(&call)).await.map_err(map_error)?;
+        let (last_id, _first, records, generations, entries_added) = loaded;
+        let Some(inner) = registry.upgrade() else {
+            return Ok(None);
         };
-        let generations = pairs(generations)
-            .ok_or_else(|| protocol("generations"))?
-            .into_iter()
-            .map(|(k, v)| Ok((k, v.parse().map_err(|_| protocol("generation"))?)))
-            .collect::<Result<_, StoreError>>()?;
-        Ok(Loaded {
-            last_id: text(last).ok_or_else(|| protocol("last id"))?,
-            entries_added: match added {
-                Value::Int(n) => u64::try_from(*n).ok(),
-                _ => None,
-            },
-            records: pairs(records).ok_or_else(|| protocol("records"))?,
-            generations,
-        })
+        let runtime = records.into_iter().filter_map(|(tenant, record)| {
+            let record = match record.split_once('\n') {
+                Some(("A", spec)) => TenantSpec::decode(spec).map(Some),
+                None if record == "C" => Ok(None),
+                _ => Err(TenantError::Record(record.chars().take(80).collect())),
+            };
+            match record {
+                Ok(record) => Some((tenant, record)),
+                Err(error) => {
+                    tracing::warn!(%error, "skipping an unreadable tenant record");
+                    None
+                }
+            }
+        });
+        TenantRegistry { inner }.replace_runtime(runtime.collect(), generations);
+        Ok(Some(Position {
+            last_id: Some(last_id),
+            // -1 before Redis 7: unknown.
+            seen: u64::try_from(entries_added).ok(),
+        }))
     }
 
     /// Whether an entry after our position was trimmed from the stream.
@@ -203,15 +162,11 @@ impl TenantReader {
     /// them come after our position exactly when there are more of them
     /// than `seen` (`XINFO STREAM`, Redis 7). Before Redis 7: whether the
     /// oldest entry left is newer than a position other than the start.
-    pub(crate) async fn trimmed_past(
-        &mut self,
-        last_id: &str,
-        seen: Option<u64>,
-    ) -> Result<bool, StoreError> {
+    async fn trimmed_past(&self, last_id: &str, seen: Option<u64>) -> Result<bool, StoreError> {
         let mut cmd = redis::cmd("XINFO");
         cmd.arg("STREAM").arg(&self.keys[2]);
-        let reply = match query(&self.conn.conn, &cmd).await {
-            Ok(reply) => reply,
+        let info: HashMap<String, Value> = match self.send(Call::Cmd(&cmd)).await {
+            Ok(info) => info,
             // No stream (yet, or it expired): nothing after us was trimmed.
             Err(error)
                 if error.kind()
@@ -221,75 +176,139 @@ impl TenantReader {
             }
             Err(error) => return Err(map_error(error)),
         };
-        let info = items(&reply).ok_or_else(|| protocol("xinfo"))?;
-        let field = |name: &str| {
-            info.chunks_exact(2)
-                .find(|pair| text(pair[0]).as_deref() == Some(name))
-                .map(|pair| pair[1])
-        };
-        let number = |name: &str| {
-            field(name)
-                .and_then(text)
-                .and_then(|n| n.parse::<u64>().ok())
-        };
-        if let (Some(added), Some(length), Some(seen)) =
-            (number("entries-added"), number("length"), seen)
+        let field = |name: &str| info.get(name).map(redis::from_redis_value_ref);
+        if let (Some(Ok(added)), Some(Ok(length)), Some(seen)) =
+            (field("entries-added"), field("length"), seen)
         {
-            return Ok(added.saturating_sub(length) > seen);
+            return Ok(u64::saturating_sub(added, length) > seen);
         }
-        let first = field("first-entry")
-            .and_then(items)
-            .and_then(|entry| entry.first().and_then(|id| text(id)));
-        Ok(last_id != "0-0" && first.is_some_and(|first| stream_id(&first) > stream_id(last_id)))
+        let first = info.get("first-entry").map(redis::from_redis_value_ref);
+        let first: Option<(String, Value)> = first.and_then(Result::ok);
+        Ok(last_id != "0-0"
+            && first.is_some_and(|(first, _)| stream_id(&first) > stream_id(last_id)))
     }
 
-    /// Entries after `last_id`, waiting up to `block_ms` for one.
-    pub(crate) async fn read(
-        &mut self,
-        last_id: &str,
-        block_ms: u64,
-        count: u64,
-    ) -> Result<Vec<Entry>, StoreError> {
+    /// Entries after `last_id`, waiting up to `block` for one.
+    async fn read(&self, last_id: &str, block: Duration) -> Result<Vec<Entry>, StoreError> {
         let mut cmd = redis::cmd("XREAD");
         cmd.arg("COUNT")
-            .arg(count)
+            .arg(100)
             .arg("BLOCK")
-            .arg(block_ms)
+            .arg(millis(block))
             .arg("STREAMS")
             .arg(&self.keys[2])
             .arg(last_id);
-        let reply = query(&self.conn.conn, &cmd).await.map_err(map_error)?;
-        if matches!(reply, Value::Nil) {
-            return Ok(Vec::new());
-        }
-        // One stream: [[stream, [[id, [field, value, ...]], ...]]], or
-        // {stream: [...]} in RESP3.
-        let entries = match &reply {
-            Value::Map(streams) => streams.first().map(|(_, entries)| entries),
-            Value::Array(streams) => streams.first().and_then(|stream| match stream {
-                Value::Array(pair) => pair.get(1),
-                _ => None,
-            }),
-            _ => None,
-        }
-        .ok_or_else(|| protocol("xread"))?;
-        entries_of(entries)
+        // One stream: [[stream, entries]], {stream: entries} in RESP3, or nil.
+        let streams: Vec<(String, Vec<Entry>)> =
+            self.send(Call::Cmd(&cmd)).await.map_err(map_error)?;
+        Ok(streams
+            .into_iter()
+            .flat_map(|(_, entries)| entries)
+            .collect())
     }
 }
 
-fn entries_of(value: &Value) -> Result<Vec<Entry>, StoreError> {
-    let entries = items(value).ok_or_else(|| protocol("xread entries"))?;
-    entries
-        .into_iter()
-        .map(|entry| {
-            let parts = items(entry).ok_or_else(|| protocol("xread entry"))?;
-            let [id, fields] = parts[..] else {
-                return Err(protocol("xread entry arity"));
-            };
-            Ok(Entry {
-                id: text(id).ok_or_else(|| protocol("xread id"))?,
-                fields: pairs(fields).ok_or_else(|| protocol("xread fields"))?,
-            })
+/// Where a reader is in the control stream.
+#[derive(Default)]
+struct Position {
+    /// The last entry applied (or the last at the load); `None`: load first.
+    last_id: Option<String>,
+    /// Entries ever added to the stream up to `last_id`, when known.
+    seen: Option<u64>,
+}
+
+/// The reader: load everything, then follow the stream from the loaded
+/// id. After an error it reconnects (with backoff) and reads on from its
+/// last id, so a node that was cut off catches up with what it missed;
+/// if that id was trimmed from the stream meanwhile, it loads everything
+/// again instead.
+async fn follow(registry: Weak<Inner>, store: Arc<RedisStore>, control: ControlConfig) {
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(20))
+        .with_max_delay(Duration::from_secs(1))
+        .with_jitter()
+        .without_max_times();
+    let mut delays = backoff.build();
+    let mut position = Position::default();
+    loop {
+        match follow_once(&registry, &store, &control, &mut position, &mut || {
+            delays = backoff.build();
         })
-        .collect()
+        .await
+        {
+            Ok(()) => return, // the registry is gone
+            Err(error) => {
+                tracing::warn!(%error, "tenant control stream: reconnecting");
+                if let Some(delay) = delays.next() {
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+}
+
+async fn follow_once(
+    registry: &Weak<Inner>,
+    store: &RedisStore,
+    control: &ControlConfig,
+    position: &mut Position,
+    connected: &mut (dyn FnMut() + Send),
+) -> Result<(), StoreError> {
+    let reader = Reader {
+        conn: store.connection.dedicated().await?,
+        keys: keys(&store.prefix),
+    };
+    loop {
+        let reload = match position.last_id.as_deref() {
+            None => true,
+            Some(last) => {
+                let trimmed = reader.trimmed_past(last, position.seen).await?;
+                if trimmed {
+                    tracing::info!("tenant control stream trimmed past this node: reloading");
+                }
+                trimmed
+            }
+        };
+        if reload {
+            match reader.load(registry, control).await? {
+                Some(loaded) => *position = loaded,
+                None => return Ok(()),
+            }
+        }
+        connected();
+        let from = position.last_id.as_deref().unwrap_or("0-0");
+        let entries = reader.read(from, control.block).await?;
+        let Some(inner) = registry.upgrade() else {
+            return Ok(());
+        };
+        let registry = TenantRegistry { inner };
+        for (id, fields) in entries {
+            apply_entry(&registry, &fields);
+            position.last_id = Some(id);
+            position.seen = position.seen.map(|n| n + 1);
+        }
+    }
+}
+
+fn apply_entry(registry: &TenantRegistry, fields: &HashMap<String, String>) {
+    let field = |name: &str| fields.get(name).map(String::as_str);
+    let (Some(op), Some(tenant), Some(generation)) = (
+        field("op"),
+        field("tenant"),
+        field("gen").and_then(|g| g.parse::<u64>().ok()),
+    ) else {
+        tracing::warn!("skipping a malformed tenant control entry");
+        return;
+    };
+    let change = match op {
+        "init" => TenantSpec::decode(field("spec").unwrap_or("")).map(Change::Init),
+        "reset" => Ok(Change::Reset),
+        "close" => Ok(Change::Close),
+        "revert" => Ok(Change::Revert),
+        _ => return,
+    };
+    match change {
+        Ok(change) => registry.apply(tenant, change, Some(generation)),
+        Err(error) => tracing::warn!(%error, "skipping an unreadable tenant control entry"),
+    }
 }

@@ -65,13 +65,6 @@ pub struct TenantInfo {
     pub generation: u64,
 }
 
-/// A runtime record: set by `init`, or a tombstone left by `close`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Record {
-    Active(TenantSpec),
-    Closed,
-}
-
 /// A lifecycle change, as applied to a registry (locally, or read from the
 /// control stream).
 #[derive(Debug, Clone)]
@@ -83,12 +76,64 @@ pub(crate) enum Change {
     Revert,
 }
 
+impl Change {
+    /// Whether the change moves the tenant to a new state generation.
+    pub(crate) fn bumps_generation(&self) -> bool {
+        matches!(self, Self::Reset | Self::Close)
+    }
+}
+
 /// Everything a registry's view is built from.
 #[derive(Default)]
-pub(crate) struct Sources {
-    pub(crate) file: TenantsConfig,
-    pub(crate) runtime: HashMap<String, Record>,
-    pub(crate) generations: HashMap<String, u64>,
+struct Sources {
+    file: TenantsConfig,
+    /// Runtime records: a definition set by `init`, or `None`, the
+    /// tombstone left by `close`.
+    runtime: HashMap<String, Option<TenantSpec>>,
+    generations: HashMap<String, u64>,
+}
+
+impl Sources {
+    /// Every name a source mentions, in order.
+    fn names(&self) -> BTreeSet<&String> {
+        let file = self.file.tenants.keys();
+        file.chain(self.runtime.keys())
+            .chain(self.generations.keys())
+            .collect()
+    }
+
+    /// Tenant `name` as listed (runtime record, else the file; closed ones
+    /// are not), or else as the default serves it when `or_default`.
+    fn info(&self, name: &str, or_default: bool) -> Option<TenantInfo> {
+        let listed = match self.runtime.get(name) {
+            Some(record) => record.as_ref().map(|spec| (spec, TenantSource::Runtime)),
+            None => self
+                .file
+                .tenants
+                .get(name)
+                .map(|spec| (spec, TenantSource::File)),
+        };
+        let default = || Some((self.file.default.as_ref()?, TenantSource::Default));
+        let (spec, source) = listed.or_else(|| default().filter(|_| or_default))?;
+        Some(TenantInfo {
+            name: name.to_owned(),
+            spec: spec.clone(),
+            source,
+            generation: self.generations.get(name).copied().unwrap_or(0),
+        })
+    }
+
+    /// Raises the generation of `name` to `generation` (they only grow).
+    fn bump(&mut self, name: &str, generation: u64) {
+        let entry = self.generations.entry(name.to_owned()).or_insert(0);
+        *entry = (*entry).max(generation);
+    }
+}
+
+/// What `spec` resolves to for tenant `name` in `generation`.
+fn resolution(spec: &TenantSpec, name: &str, generation: u64) -> Resolution {
+    spec.policy(name, generation)
+        .map_or(Resolution::Unlimited, Resolution::Limited)
 }
 
 /// The resolved view the hot path reads (swapped whole on every change).
@@ -120,27 +165,6 @@ struct Writer {
     control: ControlConfig,
     /// Its store calls, recorded under the name `tenants`.
     metrics: Arc<LimiterMetrics>,
-}
-
-impl Writer {
-    /// Records `change` of `tenant`; the tenant's generation after it.
-    async fn record(&self, tenant: &str, change: &Change) -> Result<u64, TenantError> {
-        let recorded = Recorded {
-            tenant,
-            change,
-            control: &self.control,
-        };
-        self.store
-            .call(
-                Some(&*self.backend),
-                "tenant lifecycle changes",
-                |backend| backend.failure_domain(),
-                Calls::to(&self.metrics, None),
-                |backend, guard| backend.record(guard, recorded),
-            )
-            .await
-            .map_err(TenantError::Store)
-    }
 }
 
 /// The follower task, aborted when the registry goes.
@@ -182,15 +206,12 @@ pub struct TenantRegistry {
 }
 
 impl TenantRegistry {
-    /// The registry of `config` on `store`, the one every other
-    /// capability of the node is made from. Lifecycle changes are recorded
-    /// through the store's resilience stack (its time budget, retries,
-    /// in-flight bound and breakers, shared with every capability on it):
-    /// on Redis (or Redis Cluster) they persist there and reach every
-    /// registry on it (a background reader follows them, so this needs a
-    /// Tokio runtime); on an in-process store they apply to this process.
-    /// A store with no tenant backend (your own [`Backend`](crate::store::Backend))
-    /// gives an in-process registry ([`new`](Self::new)).
+    /// The registry of `config` on `store`, its lifecycle changes recorded
+    /// through the store's resilience stack (see the [module docs](super)):
+    /// on Redis they reach every registry on it (a background reader
+    /// follows them, so this needs a Tokio runtime). A store with no tenant
+    /// backend (your own [`Backend`](crate::store::Backend)) gives an
+    /// in-process registry ([`new`](Self::new)).
     ///
     /// ```
     /// use tower_window::tenant::{TenantRegistry, TenantsConfig};
@@ -205,41 +226,20 @@ impl TenantRegistry {
     }
 
     fn on_store_with(config: TenantsConfig, store: &Store, control: ControlConfig) -> Self {
-        let Some(backend) = crate::store::plugged!(store, dyn Backend) else {
-            return Self::new(config);
-        };
-        let registry = Self::with_writer(
-            config,
-            Some(Writer {
-                store: store.clone(),
-                backend: Arc::clone(&backend),
-                control: control.clone(),
-                metrics: LimiterMetrics::named("tenants"),
-            }),
-        );
-        match backend.follow(Arc::downgrade(&registry.inner), control) {
-            Some(task) => {
-                let _ = registry.inner.follower.set(Follower(task));
-            }
-            // Nobody else records changes: nothing to load.
-            None => {
-                registry.inner.loaded.send_replace(1);
-            }
-        }
-        registry
+        let writer = crate::store::plugged!(store, dyn Backend).map(|backend| Writer {
+            store: store.clone(),
+            backend,
+            control,
+            metrics: LimiterMetrics::named("tenants"),
+        });
+        Self::with_writer(config, writer)
     }
 
-    /// A registry of `config` whose lifecycle changes persist in `store`'s
-    /// Redis and reach every registry on it: see the [module docs](super).
-    /// Its changes go through a [`Store`] of its own on `store` (default
-    /// settings, [`ControlConfig::timeout`] as the budget); to share the
-    /// breakers of the node's other capabilities, use
-    /// [`on_store`](Self::on_store).
-    ///
-    /// Spawns the control-stream reader on the current Tokio runtime; it
+    /// [`on_store`](Self::on_store) on a [`Store`] of its own on `store`
+    /// (default settings, [`ControlConfig::timeout`] as the budget), not
+    /// sharing the breakers of the node's other capabilities. Its reader
     /// first loads the whole runtime state ([`loaded`](Self::loaded) waits
-    /// for that), then follows the stream. Dropping the last clone of the
-    /// registry stops it.
+    /// for that); dropping the last clone of the registry stops it.
     #[cfg(feature = "redis")]
     pub fn redis(config: TenantsConfig, store: Arc<crate::RedisStore>) -> Self {
         Self::redis_with(config, store, ControlConfig::default())
@@ -260,27 +260,37 @@ impl TenantRegistry {
     /// process only (with a [`MemoryStore`](crate::MemoryStore), that is
     /// every node there is).
     pub fn new(config: TenantsConfig) -> Self {
-        let registry = Self::with_writer(config, None);
-        registry.inner.loaded.send_replace(1);
-        registry
+        Self::with_writer(config, None)
     }
 
     fn with_writer(config: TenantsConfig, writer: Option<Writer>) -> Self {
-        let (loaded, _) = watch::channel(0);
-        let (version, _) = watch::channel(0);
-        let inner = Arc::new(Inner {
-            version,
-            view: ArcSwap::from_pointee(View::default()),
-            sources: Mutex::new(Sources {
-                file: config,
-                ..Sources::default()
+        let registry = Self {
+            inner: Arc::new(Inner {
+                view: ArcSwap::from_pointee(View::default()),
+                sources: Mutex::new(Sources {
+                    file: config,
+                    ..Sources::default()
+                }),
+                loaded: watch::channel(0).0,
+                version: watch::channel(0).0,
+                writer,
+                follower: OnceLock::new(),
             }),
-            loaded,
-            writer,
-            follower: OnceLock::new(),
-        });
-        let registry = Self { inner };
+        };
         registry.rebuild(&lock(&registry.inner.sources));
+        let follower = registry.inner.writer.as_ref().and_then(|writer| {
+            let registry = Arc::downgrade(&registry.inner);
+            Arc::clone(&writer.backend).follow(registry, writer.control.clone())
+        });
+        match follower {
+            Some(task) => {
+                let _ = registry.inner.follower.set(Follower(task));
+            }
+            // Nobody else records changes: nothing to load.
+            None => {
+                registry.inner.loaded.send_replace(1);
+            }
+        }
         registry
     }
 
@@ -316,53 +326,32 @@ impl TenantRegistry {
     /// out), by name.
     pub fn tenants(&self) -> Vec<TenantInfo> {
         let sources = lock(&self.inner.sources);
-        let names: BTreeSet<&String> = sources
-            .file
-            .tenants
-            .keys()
-            .chain(sources.runtime.keys())
-            .collect();
-        names
-            .into_iter()
-            .filter_map(|name| listed(&sources, name))
-            .collect()
+        let names = sources.names().into_iter();
+        names.filter_map(|name| sources.info(name, false)).collect()
     }
 
     /// The tenant `name`, if listed (from the file or runtime, not closed).
     pub fn tenant(&self, name: &str) -> Option<TenantInfo> {
-        listed(&lock(&self.inner.sources), name)
+        lock(&self.inner.sources).info(name, false)
     }
 
     /// The definition `name` is served with: listed, or the default for a
     /// tenant not listed; `None` when it is unknown.
     pub fn effective(&self, name: &str) -> Option<TenantInfo> {
-        let sources = lock(&self.inner.sources);
-        listed(&sources, name).or_else(|| {
-            sources.file.default.clone().map(|spec| TenantInfo {
-                name: name.to_owned(),
-                spec,
-                source: TenantSource::Default,
-                generation: sources.generations.get(name).copied().unwrap_or(0),
-            })
-        })
+        lock(&self.inner.sources).info(name, true)
     }
 
     /// Defines (or replaces) tenant `name` at runtime, on every node. A
     /// replaced limit keeps its windows, like a reloaded file's.
     pub async fn init(&self, name: &str, spec: TenantSpec) -> Result<(), TenantError> {
-        validate_tenant_name(name)?;
-        self.change(name, Change::Init(spec)).await
+        self.change(name, Change::Init(spec)).await.map(drop)
     }
 
     /// Starts every window of tenant `name` afresh, in the store and in
     /// every node's local tier, by moving it to a new state generation.
     /// The tenant must be listed or covered by the default.
     pub async fn reset(&self, name: &str) -> Result<bool, TenantError> {
-        validate_tenant_name(name)?;
-        if self.effective(name).is_none() {
-            return Ok(false);
-        }
-        self.change(name, Change::Reset).await.map(|()| true)
+        self.change(name, Change::Reset).await
     }
 
     /// Closes tenant `name` on every node: later requests get the
@@ -374,11 +363,7 @@ impl TenantRegistry {
     /// keeps a later file entry for it from applying, until
     /// [`revert`](Self::revert).
     pub async fn close(&self, name: &str) -> Result<bool, TenantError> {
-        validate_tenant_name(name)?;
-        if self.effective(name).is_none() {
-            return Ok(false);
-        }
-        self.change(name, Change::Close).await.map(|()| true)
+        self.change(name, Change::Close).await
     }
 
     /// Hands tenant `name` back to the file, on every node: its runtime
@@ -406,47 +391,65 @@ impl TenantRegistry {
     /// # }).unwrap();
     /// ```
     pub async fn revert(&self, name: &str) -> Result<bool, TenantError> {
-        validate_tenant_name(name)?;
-        if !lock(&self.inner.sources).runtime.contains_key(name) {
-            return Ok(false);
-        }
-        self.change(name, Change::Revert).await.map(|()| true)
+        self.change(name, Change::Revert).await
     }
 
-    async fn change(&self, name: &str, change: Change) -> Result<(), TenantError> {
+    /// Records and applies `change` of `name`; `Ok(false)` (nothing done)
+    /// for a tenant it does not apply to.
+    async fn change(&self, name: &str, change: Change) -> Result<bool, TenantError> {
+        validate_tenant_name(name)?;
+        let applies = {
+            let sources = lock(&self.inner.sources);
+            match change {
+                Change::Init(_) => true,
+                Change::Reset | Change::Close => sources.info(name, true).is_some(),
+                Change::Revert => sources.runtime.contains_key(name),
+            }
+        };
+        if !applies {
+            return Ok(false);
+        }
         let generation = match &self.inner.writer {
-            Some(writer) => Some(writer.record(name, &change).await?),
+            Some(writer) => {
+                let recorded = Recorded {
+                    tenant: name,
+                    change: &change,
+                    control: &writer.control,
+                };
+                let generation = writer.store.call(
+                    Some(&*writer.backend),
+                    "tenant lifecycle changes",
+                    |backend| backend.failure_domain(),
+                    Calls::to(&writer.metrics, None),
+                    |backend, guard| backend.record(guard, recorded),
+                );
+                Some(generation.await.map_err(TenantError::Store)?)
+            }
             None => None,
         };
         self.apply(name, change, generation);
-        Ok(())
+        Ok(true)
     }
 
     /// Applies one change; `generation` is the store's (`None`: count here).
     pub(crate) fn apply(&self, name: &str, change: Change, generation: Option<u64>) {
         let mut sources = lock(&self.inner.sources);
         let current = sources.generations.get(name).copied().unwrap_or(0);
-        let bumped = generation.unwrap_or(current + 1);
+        let bumped = change.bumps_generation().then_some(current + 1);
         match change {
             Change::Init(spec) => {
-                sources
-                    .runtime
-                    .insert(name.to_owned(), Record::Active(spec));
-                if let Some(generation) = generation {
-                    bump(&mut sources, name, generation);
-                }
+                sources.runtime.insert(name.to_owned(), Some(spec));
             }
-            Change::Reset => bump(&mut sources, name, bumped),
             Change::Close => {
-                sources.runtime.insert(name.to_owned(), Record::Closed);
-                bump(&mut sources, name, bumped);
+                sources.runtime.insert(name.to_owned(), None);
             }
             Change::Revert => {
                 sources.runtime.remove(name);
-                if let Some(generation) = generation {
-                    bump(&mut sources, name, generation);
-                }
             }
+            Change::Reset => {}
+        }
+        if let Some(generation) = generation.or(bumped) {
+            sources.bump(name, generation);
         }
         self.rebuild(&sources);
     }
@@ -455,7 +458,7 @@ impl TenantRegistry {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn replace_runtime(
         &self,
-        runtime: HashMap<String, Record>,
+        runtime: HashMap<String, Option<TenantSpec>>,
         generations: HashMap<String, u64>,
     ) {
         let mut sources = lock(&self.inner.sources);
@@ -463,9 +466,10 @@ impl TenantRegistry {
         // Generations only grow: a load older than a change applied here
         // must not move a tenant back to windows it left.
         for (name, generation) in generations {
-            bump(&mut sources, &name, generation);
+            sources.bump(&name, generation);
         }
         self.rebuild(&sources);
+        self.inner.loaded.send_modify(|n| *n += 1);
     }
 
     /// Waits until the registry has loaded the runtime state from the store
@@ -484,33 +488,17 @@ impl TenantRegistry {
     }
 
     fn rebuild(&self, sources: &Sources) {
-        let default_spec = sources.file.default.as_ref();
-        let resolve =
-            |name: &str, spec: Option<&TenantSpec>, generation: u64| match spec.or(default_spec) {
-                None => Resolution::Unknown,
-                Some(spec) => match spec.policy(name, generation) {
-                    Some(policy) => Resolution::Limited(policy),
-                    None => Resolution::Unlimited,
-                },
-            };
-        let mut tenants = HashMap::new();
-        let names: BTreeSet<&String> = sources
-            .file
-            .tenants
-            .keys()
-            .chain(sources.runtime.keys())
-            .chain(sources.generations.keys())
-            .collect();
-        for name in names {
-            let generation = sources.generations.get(name).copied().unwrap_or(0);
-            let spec = match sources.runtime.get(name) {
-                Some(Record::Active(spec)) => Some(spec),
-                Some(Record::Closed) => None,
-                None => sources.file.tenants.get(name),
-            };
-            tenants.insert(Box::from(name.as_bytes()), resolve(name, spec, generation));
-        }
-        let default = default_spec.map(|_| resolve("default", None, 0));
+        let tenants = sources.names().into_iter().map(|name| {
+            let resolved = sources
+                .info(name, true)
+                .map_or(Resolution::Unknown, |info| {
+                    resolution(&info.spec, name, info.generation)
+                });
+            (Box::from(name.as_bytes()), resolved)
+        });
+        let tenants = tenants.collect();
+        let default = sources.file.default.as_ref();
+        let default = default.map(|spec| resolution(spec, "default", 0));
         self.inner.view.store(Arc::new(View { tenants, default }));
         self.inner.version.send_modify(|v| *v += 1);
     }
@@ -524,35 +512,15 @@ impl TenantRegistry {
     }
 }
 
-fn bump(sources: &mut Sources, name: &str, generation: u64) {
-    let entry = sources.generations.entry(name.to_owned()).or_insert(0);
-    *entry = (*entry).max(generation);
-}
-
-fn listed(sources: &Sources, name: &str) -> Option<TenantInfo> {
-    let generation = sources.generations.get(name).copied().unwrap_or(0);
-    let (spec, source) = match sources.runtime.get(name) {
-        Some(Record::Active(spec)) => (spec.clone(), TenantSource::Runtime),
-        Some(Record::Closed) => return None,
-        None => (sources.file.tenants.get(name)?.clone(), TenantSource::File),
-    };
-    Some(TenantInfo {
-        name: name.to_owned(),
-        spec,
-        source,
-        generation,
-    })
-}
-
 impl fmt::Debug for TenantRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let sources = lock(&self.inner.sources);
-        let mut s = f.debug_struct("TenantRegistry");
-        s.field("file_tenants", &sources.file.tenants.len())
+        f.debug_struct("TenantRegistry")
+            .field("file_tenants", &sources.file.tenants.len())
             .field("runtime_records", &sources.runtime.len())
-            .field("default", &sources.file.default.is_some());
-        s.field("on_store", &self.inner.writer.is_some());
-        s.finish()
+            .field("default", &sources.file.default.is_some())
+            .field("on_store", &self.inner.writer.is_some())
+            .finish()
     }
 }
 

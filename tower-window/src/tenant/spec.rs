@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::TenantError;
-use crate::{Policy, Quota, Scope};
+use crate::{Policy, Quota, QuotaError, Scope};
 
 /// A tenant's definition: its named quotas (each per subject or per
 /// tenant, some possibly [shadow](Quota::shadowed)), or unlimited.
@@ -73,12 +73,14 @@ impl TenantSpec {
         if self.unlimited {
             return None;
         }
-        let name = policy_name(tenant);
-        let quotas = self
-            .quotas
-            .iter()
-            .map(|q| q.clone().with_generation(generation));
-        Policy::new(name, quotas).ok()
+        let quotas = || {
+            let quotas = self.quotas.iter();
+            quotas.map(|q| q.clone().with_generation(generation))
+        };
+        // Policy names appear in logs; a tenant's own name may hold any
+        // character, and when it is not a valid policy name it is `tenant`.
+        let policy = Policy::new(tenant, quotas());
+        policy.or_else(|_| Policy::new("tenant", quotas())).ok()
     }
 
     /// The record text kept in Redis: `U` (unlimited), or `Q` then one
@@ -88,18 +90,11 @@ impl TenantSpec {
         if self.unlimited {
             return "U".to_owned();
         }
-        let mut out = String::from("Q");
-        for q in &self.quotas {
-            out.push('\n');
-            out.push_str(q.name());
-            out.push('\t');
-            out.push_str(q.scope().as_str());
-            out.push('\t');
-            out.push(if q.is_shadow() { '1' } else { '0' });
-            out.push('\t');
-            out.push_str(&q.to_string());
-        }
-        out
+        let lines = self.quotas.iter().map(|q| {
+            let shadow = u8::from(q.is_shadow());
+            format!("\n{}\t{}\t{shadow}\t{q}", q.name(), q.scope().as_str())
+        });
+        std::iter::once("Q".to_owned()).chain(lines).collect()
     }
 
     /// Parses [`encode`](Self::encode)'s text.
@@ -110,7 +105,7 @@ impl TenantSpec {
         match lines.next() {
             Some("U") => Ok(Self::unlimited()),
             Some("Q") => {
-                let mut quotas = Vec::new();
+                let mut builder = Self::builder();
                 for line in lines {
                     let mut parts = line.splitn(4, '\t');
                     let (Some(name), Some(scope), Some(shadow), Some(dsl)) =
@@ -118,35 +113,14 @@ impl TenantSpec {
                     else {
                         return Err(bad());
                     };
-                    let scope: Scope = scope.parse().map_err(|_| bad())?;
-                    let quota = dsl
-                        .parse::<Quota>()
-                        .and_then(|q| q.named(name))
-                        .map_err(|_| bad())?
-                        .scoped(scope)
-                        .shadowed(shadow == "1");
-                    quotas.push(quota);
+                    builder
+                        .add(name, dsl, scope.parse(), shadow == "1")
+                        .map_err(|_| bad())?;
                 }
-                Self::new(quotas)
+                builder.build()
             }
             _ => Err(bad()),
         }
-    }
-}
-
-/// A policy name for `tenant`: the name itself when it is a valid policy
-/// name, else `tenant` (policy names appear in logs; the tenant's own name
-/// may hold any character).
-fn policy_name(tenant: &str) -> &str {
-    let ok = !tenant.is_empty()
-        && tenant.len() <= 64
-        && tenant
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    if ok {
-        tenant
-    } else {
-        "tenant"
     }
 }
 
@@ -168,27 +142,34 @@ pub struct TenantSpecBuilder {
 
 impl TenantSpecBuilder {
     /// Adds the per-subject quota `dsl` (see [`crate::quota`]) as `name`.
-    pub fn quota(self, name: &str, dsl: &str) -> Result<Self, TenantError> {
-        self.scoped(name, dsl, Scope::Subject)
+    pub fn quota(mut self, name: &str, dsl: &str) -> Result<Self, TenantError> {
+        self.add(name, dsl, Ok(Scope::Subject), false)?;
+        Ok(self)
     }
 
     /// Adds the per-tenant quota `dsl` as `name` (one window shared by
     /// every subject of the tenant).
-    pub fn tenant_quota(self, name: &str, dsl: &str) -> Result<Self, TenantError> {
-        self.scoped(name, dsl, Scope::Tenant)
+    pub fn tenant_quota(mut self, name: &str, dsl: &str) -> Result<Self, TenantError> {
+        self.add(name, dsl, Ok(Scope::Tenant), false)?;
+        Ok(self)
     }
 
-    fn scoped(mut self, name: &str, dsl: &str, scope: Scope) -> Result<Self, TenantError> {
-        let quota = dsl
-            .parse::<Quota>()
-            .and_then(|q| q.named(name))
-            .map_err(|error| TenantError::Quota {
-                tenant: None,
-                quota: name.chars().take(80).collect(),
-                error,
-            })?;
-        self.quotas.push(quota.scoped(scope));
-        Ok(self)
+    /// Adds the quota `dsl` as `name`, of `scope` and maybe a shadow one.
+    pub(crate) fn add(
+        &mut self,
+        name: &str,
+        dsl: &str,
+        scope: Result<Scope, QuotaError>,
+        shadow: bool,
+    ) -> Result<(), TenantError> {
+        let quota = dsl.parse::<Quota>().and_then(|q| q.named(name));
+        let quota = quota.and_then(|q| Ok(q.scoped(scope?).shadowed(shadow)));
+        self.quotas.push(quota.map_err(|error| TenantError::Quota {
+            tenant: None,
+            quota: name.chars().take(80).collect(),
+            error,
+        })?);
+        Ok(())
     }
 
     /// Adds a quota as it is.
@@ -199,16 +180,18 @@ impl TenantSpecBuilder {
 
     /// Makes the quota `name` (added before) a shadow quota.
     pub fn shadow(mut self, name: &str) -> Result<Self, TenantError> {
-        let quota = self
-            .quotas
-            .iter_mut()
-            .find(|q| q.name() == name)
-            .ok_or_else(|| TenantError::UnknownShadow {
-                tenant: None,
-                quota: name.chars().take(80).collect(),
-            })?;
-        *quota = quota.clone().shadowed(true);
+        self.set_shadow(name)?;
         Ok(self)
+    }
+
+    pub(crate) fn set_shadow(&mut self, name: &str) -> Result<(), TenantError> {
+        let quota = self.quotas.iter_mut().find(|q| q.name() == name);
+        let quota = quota.ok_or_else(|| TenantError::UnknownShadow {
+            tenant: None,
+            quota: name.chars().take(80).collect(),
+        })?;
+        *quota = quota.clone().shadowed(true);
+        Ok(())
     }
 
     /// Checks the quotas and builds the spec.
