@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tower_window::fallback::{FailOpen, FallbackPolicy, FallbackRequest};
-use tower_window::store::{Backend, Guard, Op};
+use tower_window::store::{Backend, Guard, Op, OwnedCheckRequest};
 use tower_window::{
     limit, CheckRequest, Decision, DecisionSource, FallbackReason, LimitError, Limiter,
     MemoryStore, Quota, Store, StoreError, StoreErrorKind, WindowKey,
@@ -94,19 +94,13 @@ impl limit::Backend for Shared {
         guard: &mut Guard<'a>,
         request: CheckRequest<'a>,
     ) -> Op<'static, Decision> {
-        let (store, key, policy, cost) = (
-            Arc::clone(&self.0),
-            request.key.clone(),
-            request.policy.clone(),
-            request.cost,
-        );
+        let (store, request) = (Arc::clone(&self.0), OwnedCheckRequest::from(request));
         guard.run(move || {
-            let (store, key, policy) = (Arc::clone(&store), key.clone(), policy.clone());
+            let (store, request) = (Arc::clone(&store), request.clone());
             async move {
                 tokio::task::yield_now().await;
                 store.calls.fetch_add(1, Ordering::SeqCst);
-                let request = CheckRequest::new(&key, &policy, cost);
-                limit::Backend::check(&store.inner, &mut Guard::bare(), request).await
+                limit::Backend::check(&store.inner, &mut Guard::bare(), request.as_request()).await
             }
         })
     }

@@ -21,7 +21,7 @@ use tower_window::key::{Constant, Header};
 use tower_window::layer::{
     Http, MissingKey, Rejection, ResponseFuture, SlidingWindow, SlidingWindowLayer, Typed, UnitCost,
 };
-use tower_window::store::{Backend, Guard, Op, StoreBuilder};
+use tower_window::store::{Backend, Guard, Op, OwnedCheckRequest, StoreBuilder};
 use tower_window::{
     limit, BreakerConfig, CheckRequest, Decision, DecisionSource, FallbackPolicy, FallbackReason,
     Limiter, ManualClock, MemoryStore, Policy, Quota, RetryConfig, Store, StoreError,
@@ -78,18 +78,12 @@ impl limit::Backend for YieldingStore {
         guard: &mut Guard<'a>,
         request: CheckRequest<'a>,
     ) -> Op<'static, Decision> {
-        let (store, key, policy, cost) = (
-            self.0.clone(),
-            request.key.clone(),
-            request.policy.clone(),
-            request.cost,
-        );
+        let (store, request) = (self.0.clone(), OwnedCheckRequest::from(request));
         guard.run(move || {
-            let (store, key, policy) = (store.clone(), key.clone(), policy.clone());
+            let (store, request) = (store.clone(), request.clone());
             async move {
                 tokio::task::yield_now().await;
-                let request = CheckRequest::new(&key, &policy, cost);
-                limit::Backend::check(&store, &mut Guard::bare(), request).await
+                limit::Backend::check(&store, &mut Guard::bare(), request.as_request()).await
             }
         })
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tower_window::fallback::{FailClosed, FailOpen};
 use tower_window::metrics as names;
-use tower_window::store::{Backend, Guard, Op, StoreBuilder};
+use tower_window::store::{Backend, Guard, Op, OwnedCheckRequest, StoreBuilder};
 use tower_window::{
     limit, BreakerConfig, CheckRequest, Decision, Limiter, ManualClock, MemoryStore, Policy, Quota,
     RetryConfig, Store, StoreError, StoreErrorKind, WindowKey,
@@ -118,21 +118,16 @@ impl limit::Backend for ScriptedStore {
         request: CheckRequest<'a>,
     ) -> Op<'static, Decision> {
         // Each attempt (a retry too) takes the next scripted result.
-        let (this, key, policy, cost) = (
-            self.clone(),
-            request.key.clone(),
-            request.policy.clone(),
-            request.cost,
-        );
+        let (this, request) = (self.clone(), OwnedCheckRequest::from(request));
         guard.run(move || {
             let next = this.script.lock().unwrap().pop_front();
-            let (inner, key, policy) = (this.inner.clone(), key.clone(), policy.clone());
+            let (inner, request) = (this.inner.clone(), request.clone());
             async move {
                 match next {
                     Some(Err(kind)) => Err(StoreError::new(kind, "injected").not_applied()),
                     _ => {
-                        let request = CheckRequest::new(&key, &policy, cost);
-                        limit::Backend::check(&*inner, &mut Guard::bare(), request).await
+                        limit::Backend::check(&*inner, &mut Guard::bare(), request.as_request())
+                            .await
                     }
                 }
             }

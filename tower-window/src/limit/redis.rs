@@ -16,8 +16,8 @@ use crate::store::redis::call::Call;
 use crate::store::redis::keys::policy_slot;
 use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
-use crate::store::{CheckRequest, Guard, Op, StoreError};
-use crate::{Cost, Decision, Policy, WindowKey};
+use crate::store::{CheckRequest, Guard, Op, OwnedCheckRequest, StoreError};
+use crate::{Decision, Policy, WindowKey};
 
 static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
 
@@ -112,43 +112,15 @@ impl RedisStore {
         script: &'static LuaScript,
         request: CheckRequest<'_>,
     ) -> Op<'static, Decision> {
-        let (store, request) = (self.clone(), OwnedRequest::of(request));
+        let (store, request) = (self.clone(), OwnedCheckRequest::from(request));
         guard.run(move || {
             let (store, request) = (store.clone(), request.clone());
             async move {
-                let request = request.get();
+                let request = request.as_request();
                 let reply = store.policy_script(script, request).await?;
                 decision(request.policy, &reply)
             }
         })
-    }
-}
-
-/// A [`CheckRequest`] that owns what it names.
-#[derive(Clone)]
-struct OwnedRequest {
-    key: WindowKey,
-    policy: Policy,
-    cost: Cost,
-    quota_costs: Option<Box<[Cost]>>,
-}
-
-impl OwnedRequest {
-    fn of(request: CheckRequest<'_>) -> Self {
-        Self {
-            key: request.key.clone(),
-            policy: request.policy.clone(),
-            cost: request.cost,
-            quota_costs: request.quota_costs.map(Box::from),
-        }
-    }
-
-    fn get(&self) -> CheckRequest<'_> {
-        let request = CheckRequest::new(&self.key, &self.policy, self.cost);
-        match &self.quota_costs {
-            Some(costs) => request.with_quota_costs(costs),
-            None => request,
-        }
     }
 }
 

@@ -99,6 +99,52 @@ impl<'a> CheckRequest<'a> {
     }
 }
 
+/// A [`CheckRequest`] that owns what it names: for a backend behind a
+/// network, whose operation's future owns what it needs and outlives the
+/// call (see [`limit::Backend`](crate::limit::Backend)).
+///
+/// ```
+/// use tower_window::store::OwnedCheckRequest;
+/// use tower_window::{CheckRequest, Cost, Policy, Quota, WindowKey};
+///
+/// let owned = {
+///     let key = WindowKey::for_subject("alice");
+///     let policy = Policy::from("10/1s".parse::<Quota>()?);
+///     OwnedCheckRequest::from(CheckRequest::new(&key, &policy, Cost::ONE))
+/// };
+/// assert_eq!(owned.as_request().key.subject(), b"alice");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct OwnedCheckRequest {
+    key: WindowKey,
+    policy: Policy,
+    cost: crate::Cost,
+    quota_costs: Option<Box<[crate::Cost]>>,
+}
+
+impl OwnedCheckRequest {
+    /// The request, borrowed from this one.
+    pub fn as_request(&self) -> CheckRequest<'_> {
+        let request = CheckRequest::new(&self.key, &self.policy, self.cost);
+        match &self.quota_costs {
+            Some(costs) => request.with_quota_costs(costs),
+            None => request,
+        }
+    }
+}
+
+impl From<CheckRequest<'_>> for OwnedCheckRequest {
+    fn from(request: CheckRequest<'_>) -> Self {
+        Self {
+            key: request.key.clone(),
+            policy: request.policy.clone(),
+            cost: request.cost,
+            quota_costs: request.quota_costs.map(Box::from),
+        }
+    }
+}
+
 type Source = Box<dyn StdError + Send + Sync + 'static>;
 
 /// What kind of failure a [`StoreError`] is, for fallback and retry decisions.
