@@ -34,18 +34,6 @@ pub(crate) struct State {
     pub(super) count: u64,
 }
 
-impl State {
-    /// The units counted in window `k`: a count from another window is
-    /// over, the state logically empty.
-    fn count_in(&self, k: u64) -> u64 {
-        if self.window_index == k {
-            self.count
-        } else {
-            0
-        }
-    }
-}
-
 /// Evaluates `cost` units of `quota` at `now` against `state`, recording
 /// nothing. Never panics.
 pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Evaluation {
@@ -57,7 +45,12 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
         .saturating_add(1)
         .saturating_mul(window)
         .saturating_sub(now);
-    let count = state.count_in(k);
+    // A count from another window is over: the state is logically empty.
+    let count = if state.window_index == k {
+        state.count
+    } else {
+        0
+    };
     let remaining = saturate_u32(limit.saturating_sub(count));
 
     if cost > limit {
@@ -76,10 +69,21 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
 /// Records `cost` units in the window of `now` (after [`evaluate`]).
 pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
     let k = now / quota.window_micros().max(1);
+    let count = if state.window_index == k {
+        state.count
+    } else {
+        0
+    };
     *state = State {
         window_index: k,
-        count: state.count_in(k).saturating_add(u64::from(cost)),
+        count: count.saturating_add(u64::from(cost)),
     };
+}
+
+/// Evaluates and, if admitted, commits: a one-quota decision.
+#[cfg(test)]
+pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+    super::check_with(state, quota, now, cost, evaluate, commit)
 }
 
 #[cfg(test)]
@@ -88,13 +92,7 @@ mod tests {
 
     use super::*;
 
-    use crate::algorithm::outcome::Outcome;
-    use crate::algorithm::test_support::{self, allow, quota, S, T0};
-
-    /// Evaluates and, if admitted, commits: a one-quota decision.
-    fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-        test_support::check(state, quota, now, cost, evaluate, commit)
-    }
+    use crate::algorithm::test_support::{allow, quota, S, T0};
 
     // 1_700_000_000 s is 20 s into a minute: the window ends at T0 + 40 s.
     const END: u64 = T0 + 40 * S;

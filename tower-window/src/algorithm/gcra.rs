@@ -41,22 +41,14 @@ pub(crate) struct State {
     pub(super) tat: u64,
 }
 
-/// `quota`'s emission interval `T` (at least 1 µs) and how far ahead of
-/// now `tat` may run, the whole bucket: `B T`.
-pub(crate) fn bucket(quota: &Quota) -> (u64, u64) {
-    let interval = quota.emission_interval_micros().max(1);
-    (
-        interval,
-        u64::from(quota.capacity()).saturating_mul(interval),
-    )
-}
-
 /// Evaluates `cost` units of `quota` at `now` against `state`, recording
 /// nothing. Never panics.
 pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Evaluation {
-    let (interval, tolerance) = bucket(quota);
+    let interval = quota.emission_interval_micros().max(1);
     let burst = u64::from(quota.capacity());
     let cost = u64::from(cost);
+    // How far ahead of now tat may run: the whole bucket.
+    let tolerance = burst.saturating_mul(interval);
     let tat0 = state.tat.max(now);
     let backlog = tat0 - now;
     let remaining_before = saturate_u32(tolerance.saturating_sub(backlog) / interval);
@@ -90,19 +82,19 @@ pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
         .saturating_add(u64::from(cost).saturating_mul(interval));
 }
 
+/// Evaluates and, if admitted, commits: a one-quota decision.
+#[cfg(test)]
+pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+    super::check_with(state, quota, now, cost, evaluate, commit)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
 
-    use crate::algorithm::outcome::Outcome;
-    use crate::algorithm::test_support::{self, allow, quota, S, T0};
-
-    /// Evaluates and, if admitted, commits: a one-quota decision.
-    fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-        test_support::check(state, quota, now, cost, evaluate, commit)
-    }
+    use crate::algorithm::test_support::{allow, quota, S, T0};
 
     #[test]
     fn steady_rate_after_the_burst() {

@@ -4,18 +4,22 @@
 
 use std::time::Duration;
 
-use super::{fixed_window, gcra, sliding_counter, State};
-use crate::{Algorithm, Quota, QuotaDecision};
+use super::State;
+use crate::{Quota, QuotaDecision};
 
 /// The latest deadline a lease reserved at `now` may have for `quota`:
 /// the end of the window (fixed window) or bucket (sliding counter) that
 /// counts its units; `None` where the algorithm needs no bound.
 pub(crate) fn deadline_cap(quota: &Quota, now: u64) -> Option<u64> {
     let width = match quota.algorithm() {
-        Algorithm::FixedWindow => quota.window_micros().max(1),
-        Algorithm::SlidingCounter { .. } => sliding_counter::buckets(quota).0,
+        crate::Algorithm::FixedWindow => quota.window_micros(),
+        crate::Algorithm::SlidingCounter { .. } => quota
+            .granularity_micros()
+            .filter(|g| *g > 0)
+            .unwrap_or(quota.window_micros()),
         _ => return None,
-    };
+    }
+    .max(1);
     (now / width).checked_add(1)?.checked_mul(width)
 }
 
@@ -23,8 +27,12 @@ pub(crate) fn deadline_cap(quota: &Quota, now: u64) -> Option<u64> {
 /// GCRA lease dates its tokens at the deadline, so its TTL must be at most
 /// `(B - 1) T` to leave room for one token.
 pub(crate) fn ttl_fits(quota: &Quota, ttl_micros: u64) -> bool {
-    let (interval, tolerance) = gcra::bucket(quota);
-    quota.algorithm() != Algorithm::Gcra || ttl_micros.saturating_add(interval) <= tolerance
+    if quota.algorithm() != crate::Algorithm::Gcra {
+        return true;
+    }
+    let interval = quota.emission_interval_micros().max(1);
+    let tolerance = u64::from(quota.capacity()).saturating_mul(interval);
+    ttl_micros.saturating_add(interval) <= tolerance
 }
 
 /// Refuses a lease TTL that no GCRA quota of `policy` could ever grant
@@ -54,7 +62,8 @@ pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) ->
     let reset = evaluation.unchanged.1;
     match state {
         State::Gcra(s) => {
-            let (interval, tolerance) = gcra::bucket(quota);
+            let interval = quota.emission_interval_micros().max(1);
+            let tolerance = u64::from(quota.capacity()).saturating_mul(interval);
             let from = s.tat.max(deadline);
             (
                 now.saturating_add(tolerance).saturating_sub(from) / interval,
@@ -109,17 +118,22 @@ pub(crate) fn commit(
     units: u32,
 ) -> (u64, u64, u64) {
     match state {
-        State::FixedWindow(s) => {
-            fixed_window::commit(s, quota, now, units);
-            let end = deadline_cap(quota, now).unwrap_or(u64::MAX);
-            (s.window_index, end, 0)
+        State::FixedWindow(_) => {
+            state.commit(quota, now, units);
+            let window = quota.window_micros().max(1);
+            let k = now / window;
+            (k, deadline_cap(quota, now).unwrap_or(u64::MAX), 0)
         }
         State::SlidingCounter(_) => {
             state.commit(quota, now, units);
-            let (g, n) = sliding_counter::buckets(quota);
+            let window = quota.window_micros().max(1);
+            let g = quota
+                .granularity_micros()
+                .filter(|g| *g > 0)
+                .unwrap_or(window);
             let b = now / g;
             let end = b
-                .checked_add(n)
+                .checked_add(window / g)
                 .and_then(|j| j.checked_add(1))
                 .and_then(|j| j.checked_mul(g))
                 .unwrap_or(u64::MAX);
@@ -130,8 +144,12 @@ pub(crate) fn commit(
             (deadline, deadline.saturating_add(quota.window_micros()), 0)
         }
         State::Gcra(s) => {
+            let interval = quota.emission_interval_micros().max(1);
             let prior = s.tat;
-            gcra::commit(s, quota, deadline, units);
+            s.tat = s
+                .tat
+                .max(deadline)
+                .saturating_add(u64::from(units).saturating_mul(interval));
             (s.tat, s.tat, prior)
         }
     }
@@ -165,7 +183,7 @@ pub(crate) fn refund(
             if s.tat == anchor {
                 // Every unit back: as if the lease never was. Fewer: the
                 // grant of the rest, still dated at the deadline.
-                let (interval, _) = gcra::bucket(quota);
+                let interval = quota.emission_interval_micros().max(1);
                 s.tat = if units >= u64::from(granted) {
                     prior
                 } else {
@@ -198,13 +216,14 @@ pub(crate) fn later_grant(
     if quotas.len() != tats.len()
         || quotas
             .iter()
-            .any(|q| q.is_shadow() || q.algorithm() != Algorithm::Gcra)
+            .any(|q| q.is_shadow() || q.algorithm() != crate::Algorithm::Gcra)
     {
         return None;
     }
     let mut units = u64::from(want);
     for (quota, &tat) in quotas.iter().zip(tats) {
-        let (interval, tolerance) = gcra::bucket(quota);
+        let interval = quota.emission_interval_micros().max(1);
+        let tolerance = u64::from(quota.capacity()).saturating_mul(interval);
         // Spent until `s + ttl`, dated there: `ttl + g T <= B T`.
         units = units.min(tolerance.saturating_sub(ttl) / interval);
         // Fits as seen at `s <= now + max_wait`: `tat + g T <= s + B T`.
@@ -213,7 +232,8 @@ pub(crate) fn later_grant(
     }
     let units = u32::try_from(units).ok().filter(|u| *u > 0)?;
     let start = quotas.iter().zip(tats).fold(now, |start, (quota, &tat)| {
-        let (interval, tolerance) = gcra::bucket(quota);
+        let interval = quota.emission_interval_micros().max(1);
+        let tolerance = u64::from(quota.capacity()).saturating_mul(interval);
         let fits_from = tat
             .saturating_add(u64::from(units).saturating_mul(interval))
             .saturating_sub(tolerance);

@@ -63,9 +63,15 @@ impl State {
         // Stores key state by the quota's state id, which names the
         // algorithm, so the state always matches; start afresh rather than
         // panic if not.
-        let empty = Self::empty(quota.algorithm());
-        if std::mem::discriminant(self) != std::mem::discriminant(&empty) {
-            *self = empty;
+        let matches = matches!(
+            (&*self, quota.algorithm()),
+            (Self::SlidingLog(_), Algorithm::SlidingLog)
+                | (Self::SlidingCounter(_), Algorithm::SlidingCounter { .. })
+                | (Self::FixedWindow(_), Algorithm::FixedWindow)
+                | (Self::Gcra(_), Algorithm::Gcra)
+        );
+        if !matches {
+            *self = Self::empty(quota.algorithm());
         }
         match self {
             Self::SlidingLog(s) => sliding_log::evaluate(s, quota, now, cost),
@@ -85,6 +91,23 @@ impl State {
             Self::Gcra(s) => gcra::commit(s, quota, now, cost),
         }
     }
+}
+
+/// Evaluates, and commits when the cost fits: one quota decided alone.
+#[cfg(test)]
+fn check_with<S>(
+    state: &mut S,
+    quota: &crate::Quota,
+    now: u64,
+    cost: u32,
+    evaluate: fn(&mut S, &crate::Quota, u64, u32) -> outcome::Evaluation,
+    commit: fn(&mut S, &crate::Quota, u64, u32),
+) -> outcome::Outcome {
+    let evaluation = evaluate(state, quota, now, cost);
+    if evaluation.fits() {
+        commit(state, quota, now, cost);
+    }
+    evaluation.outcome
 }
 
 /// Shared fixtures of the algorithms' unit tests.
@@ -108,22 +131,6 @@ pub(crate) mod test_support {
     /// An admission.
     pub(crate) fn allow(remaining: u32, reset: u64) -> Outcome {
         Outcome::allow(remaining, reset)
-    }
-
-    /// Evaluates, and commits when the cost fits: one quota decided alone.
-    pub(crate) fn check<S>(
-        state: &mut S,
-        quota: &Quota,
-        now: u64,
-        cost: u32,
-        evaluate: fn(&mut S, &Quota, u64, u32) -> super::outcome::Evaluation,
-        commit: fn(&mut S, &Quota, u64, u32),
-    ) -> Outcome {
-        let evaluation = evaluate(state, quota, now, cost);
-        if evaluation.fits() {
-            commit(state, quota, now, cost);
-        }
-        evaluation.outcome
     }
 }
 

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use crate::{Decision, Policy, Quota, QuotaDecision};
+#[cfg(test)]
+use crate::Quota;
+use crate::{Decision, Policy, QuotaDecision};
 
 /// What one check decided, in integer microseconds (all four algorithms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,22 +43,21 @@ impl Outcome {
         }
     }
 
-    /// `quota`'s state in a [`Decision`].
-    pub(crate) fn for_quota(self, quota: &Quota) -> QuotaDecision {
-        let micros = Duration::from_micros;
-        QuotaDecision {
-            quota: quota.clone(),
-            allowed: self.allowed,
-            remaining: self.remaining,
-            reset_after: micros(self.reset_after),
-            retry_after: self.retry_after.map(micros),
-        }
-    }
-
     /// The public [`Decision`] for `quota`, decided at `now` (µs since epoch).
     #[cfg(test)]
     pub(crate) fn into_decision(self, quota: &Quota, now: u64) -> Decision {
-        Decision::single_at(self.for_quota(quota), now)
+        let reset_after = Duration::from_micros(self.reset_after);
+        let decision = if self.allowed {
+            Decision::allow(quota.clone(), self.remaining, reset_after)
+        } else {
+            Decision::deny(
+                quota.clone(),
+                self.remaining,
+                reset_after,
+                self.retry_after.map(Duration::from_micros),
+            )
+        };
+        decision.with_timestamp_micros(now)
     }
 }
 
@@ -109,16 +110,32 @@ pub(crate) fn policy_decision(
     evaluations: &[Evaluation],
     now: u64,
 ) -> Option<Decision> {
+    let micros = Duration::from_micros;
     if let ([quota], [e]) = (policy.quotas(), evaluations) {
         // One quota (the common case): its own outcome, without collecting.
-        return Some(Decision::single_at(e.outcome.for_quota(quota), now));
+        let o = e.outcome;
+        let state = QuotaDecision {
+            quota: quota.clone(),
+            allowed: o.allowed,
+            remaining: o.remaining,
+            reset_after: micros(o.reset_after),
+            retry_after: o.retry_after.map(micros),
+        };
+        return Some(Decision::single_at(state, now));
     }
     let admitted = policy_admits(policy, evaluations);
     let states = policy.quotas().iter().zip(evaluations).map(|(quota, e)| {
-        if admitted || !e.fits() {
-            e.outcome.for_quota(quota)
+        let o = e.outcome;
+        if admitted || !o.allowed {
+            QuotaDecision {
+                quota: quota.clone(),
+                allowed: o.allowed,
+                remaining: o.remaining,
+                reset_after: micros(o.reset_after),
+                retry_after: o.retry_after.map(micros),
+            }
         } else {
-            Outcome::allow(e.unchanged.0, e.unchanged.1).for_quota(quota)
+            QuotaDecision::allow(quota.clone(), e.unchanged.0, micros(e.unchanged.1))
         }
     });
     Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now))

@@ -6,11 +6,12 @@
 
 use redis::ToRedisArgs;
 
-use super::outcome::Outcome;
 use crate::store::redis::keys::{redis_key, META_SUFFIX};
+use std::time::Duration;
+
 use crate::store::redis::script::ScriptCall;
 use crate::store::{StoreError, StoreErrorKind};
-use crate::{Algorithm, Decision, Policy, WindowKey};
+use crate::{Algorithm, Decision, Policy, QuotaDecision, WindowKey};
 
 /// The source of a script that decides with the algorithms: the prelude
 /// and every algorithm's fragment, then `$tail` (a path relative to the
@@ -18,27 +19,30 @@ use crate::{Algorithm, Decision, Policy, WindowKey};
 macro_rules! with_algorithms {
     ($tail:literal) => {
         concat!(
-            $crate::algorithm::redis::lua!("prelude"),
-            $crate::algorithm::redis::lua!("sliding_log"),
-            $crate::algorithm::redis::lua!("sliding_counter"),
-            $crate::algorithm::redis::lua!("fixed_window"),
-            $crate::algorithm::redis::lua!("gcra"),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/algorithm/prelude.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/algorithm/sliding_log.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/algorithm/sliding_counter.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/algorithm/fixed_window.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/algorithm/gcra.lua"
+            )),
             include_str!($tail),
         )
     };
 }
-/// The source of `src/algorithm/<name>.lua`.
-macro_rules! lua {
-    ($name:literal) => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/src/algorithm/",
-            $name,
-            ".lua"
-        ))
-    };
-}
-pub(crate) use lua;
 pub(crate) use with_algorithms;
 
 /// The algorithm's code in `ALGORITHMS` (see the fragments).
@@ -118,38 +122,32 @@ pub(crate) fn lay_out(
     }
 }
 
+pub(crate) fn micros(value: i64) -> Duration {
+    Duration::from_micros(u64::try_from(value).unwrap_or(0))
+}
+
 /// Turns the script's reply `{allowed, now, then per quota allowed,
 /// remaining, reset_after, retry_after}` into the decision of `policy`.
 pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, StoreError> {
     let expected = 2 + 4 * policy.len();
-    let (Some((&[allowed, now], per_quota)), true) =
-        (reply.split_first_chunk::<2>(), reply.len() == expected)
-    else {
-        return Err(StoreError::new(
-            StoreErrorKind::Protocol,
-            format!(
-                "redis script replied {} values, expected {expected}",
-                reply.len()
-            ),
-        ));
+    let Some((&[allowed, now], per_quota)) = reply.split_first_chunk::<2>() else {
+        return Err(wrong_length(reply.len(), expected));
     };
-    let micros = |value: i64| u64::try_from(value).unwrap_or(0);
-    let (per_quota, _) = per_quota.as_chunks::<4>();
-    let states = policy
-        .quotas()
-        .iter()
-        .zip(per_quota)
-        .map(|(quota, values)| {
-            let &[allowed, remaining, reset_after, retry_after] = values;
-            let remaining = u32::try_from(remaining.max(0)).unwrap_or(u32::MAX);
-            let outcome = if allowed == 1 {
-                Outcome::allow(remaining, micros(reset_after))
-            } else {
-                let retry_after = u64::try_from(retry_after).ok();
-                Outcome::deny(remaining, micros(reset_after), retry_after)
-            };
-            outcome.for_quota(quota)
+    if reply.len() != expected {
+        return Err(wrong_length(reply.len(), expected));
+    }
+    let mut states = Vec::with_capacity(policy.len());
+    for (quota, values) in policy.quotas().iter().zip(per_quota.chunks_exact(4)) {
+        let [allowed, remaining, reset_after, retry_after] =
+            <[i64; 4]>::try_from(values).map_err(|_| wrong_length(reply.len(), expected))?;
+        let remaining = u32::try_from(remaining.max(0)).unwrap_or(u32::MAX);
+        states.push(if allowed == 1 {
+            QuotaDecision::allow(quota.clone(), remaining, micros(reset_after))
+        } else {
+            let retry_after = (retry_after >= 0).then(|| micros(retry_after));
+            QuotaDecision::deny(quota.clone(), remaining, micros(reset_after), retry_after)
         });
+    }
     let decision = Decision::from_quotas(states).ok_or_else(|| {
         StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas")
     })?;
@@ -159,5 +157,12 @@ pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, Store
             "the redis script's verdict disagrees with its quotas",
         ));
     }
-    Ok(decision.with_timestamp_micros(micros(now)))
+    Ok(decision.with_timestamp_micros(u64::try_from(now).unwrap_or(0)))
+}
+
+fn wrong_length(got: usize, expected: usize) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        format!("redis script replied {got} values, expected {expected}"),
+    )
 }

@@ -35,6 +35,8 @@
 //! `b` whenever time has not gone back.
 
 use super::outcome::Evaluation;
+#[cfg(test)]
+use super::outcome::Outcome;
 use super::timeline::{self, Timeline};
 use crate::Quota;
 
@@ -42,7 +44,7 @@ use crate::Quota;
 pub(crate) type State = Timeline;
 
 /// The bucket width and count of `quota`: (G, n = W / G).
-pub(super) fn buckets(quota: &Quota) -> (u64, u64) {
+fn buckets(quota: &Quota) -> (u64, u64) {
     let window = quota.window_micros().max(1);
     // Quota validation guarantees a granularity dividing the window; a
     // mismatched quota degrades to one bucket per window rather than panic.
@@ -75,19 +77,19 @@ pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
     timeline::commit(state, now / granularity, cost);
 }
 
+/// Evaluates and, if admitted, commits: a one-quota decision.
+#[cfg(test)]
+pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+    super::check_with(state, quota, now, cost, evaluate, commit)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
 
-    use crate::algorithm::outcome::Outcome;
-    use crate::algorithm::test_support::{self, allow, quota, S, T0};
-
-    /// Evaluates and, if admitted, commits: a one-quota decision.
-    fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-        test_support::check(state, quota, now, cost, evaluate, commit)
-    }
+    use crate::algorithm::test_support::{allow, quota, S, T0};
 
     // 1_700_000_000 s: a multiple of 10 s, so a bucket boundary for G = 10 s.
 

@@ -34,6 +34,8 @@
 //!
 
 use super::outcome::Evaluation;
+#[cfg(test)]
+use super::outcome::Outcome;
 use super::timeline::{self, Timeline};
 use crate::Quota;
 
@@ -59,19 +61,19 @@ pub(crate) fn commit(state: &mut State, _quota: &Quota, now: u64, cost: u32) {
     timeline::commit(state, now, cost);
 }
 
+/// Evaluates and, if admitted, commits: a one-quota decision.
+#[cfg(test)]
+pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+    super::check_with(state, quota, now, cost, evaluate, commit)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
 
-    use crate::algorithm::outcome::Outcome;
-    use crate::algorithm::test_support::{self, allow, quota, S, T0};
-
-    /// Evaluates and, if admitted, commits: a one-quota decision.
-    fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-        test_support::check(state, quota, now, cost, evaluate, commit)
-    }
+    use crate::algorithm::test_support::{allow, quota, S, T0};
 
     #[test]
     fn admits_up_to_the_limit_then_waits_for_the_oldest_entry() {

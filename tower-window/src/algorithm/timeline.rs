@@ -82,17 +82,27 @@ impl Slots {
     }
 
     fn len(&self) -> usize {
-        let (a, b) = self.as_slices();
-        a.len() + b.len()
+        match self {
+            Self::Inline { len, .. } => usize::from(*len),
+            Self::Spilled(ring) => ring.len(),
+        }
     }
 
     fn front(&self) -> Option<&(u64, u64)> {
-        self.iter().next()
+        match self {
+            Self::Inline { len: 0, .. } => None,
+            Self::Inline { slots, .. } => slots.first(),
+            Self::Spilled(ring) => ring.front(),
+        }
     }
 
     fn back(&self) -> Option<&(u64, u64)> {
-        let (a, b) = self.as_slices();
-        b.last().or(a.last())
+        match self {
+            Self::Inline { len, slots } => usize::from(*len)
+                .checked_sub(1)
+                .and_then(|last| slots.get(last)),
+            Self::Spilled(ring) => ring.back(),
+        }
     }
 
     fn get_mut(&mut self, i: usize) -> Option<&mut (u64, u64)> {
@@ -150,6 +160,26 @@ impl Slots {
             Self::Spilled(ring) => ring.insert(i.min(ring.len()), slot),
         }
     }
+
+    fn push_back(&mut self, slot: (u64, u64)) {
+        match self {
+            Self::Spilled(ring) => ring.push_back(slot),
+            Self::Inline { len, .. } => {
+                let end = usize::from(*len);
+                self.insert(end, slot);
+            }
+        }
+    }
+
+    fn back_mut(&mut self) -> Option<&mut (u64, u64)> {
+        match self {
+            Self::Inline { len, slots } => {
+                let last = usize::from(*len).checked_sub(1)?;
+                slots.get_mut(last)
+            }
+            Self::Spilled(ring) => ring.back_mut(),
+        }
+    }
 }
 
 // Slots compare and print by content, wherever they are kept.
@@ -200,16 +230,16 @@ impl Timeline {
     /// the newest one only appears when the clock stepped back.
     pub(crate) fn add(&mut self, at: u64, units: u64) {
         self.total = self.total.saturating_add(units);
-        // Mostly at the newest slot or after it; before it only when the
-        // clock stepped back.
-        let i = match self.slots.back() {
-            Some(&(newest, _)) if newest > at => self.slots.partition_point(|&(slot, _)| slot < at),
-            Some(&(newest, _)) if newest == at => self.slots.len() - 1,
-            _ => self.slots.len(),
-        };
-        match self.slots.get_mut(i) {
-            Some((slot, c)) if *slot == at => *c = c.saturating_add(units),
-            _ => self.slots.insert(i, (at, units)),
+        match self.slots.back_mut() {
+            Some((newest, c)) if *newest == at => *c = c.saturating_add(units),
+            Some((newest, _)) if *newest > at => {
+                let i = self.slots.partition_point(|&(slot, _)| slot < at);
+                match self.slots.get_mut(i) {
+                    Some((slot, c)) if *slot == at => *c = c.saturating_add(units),
+                    _ => self.slots.insert(i, (at, units)),
+                }
+            }
+            _ => self.slots.push_back((at, units)),
         }
     }
 }
@@ -289,7 +319,7 @@ pub(crate) fn commit(timeline: &mut Timeline, at: u64, cost: u32) {
 #[cfg(test)]
 mod tests {
     use super::{steps, Timeline, INLINE_SLOTS, MAX_RETRY_WALK};
-    use crate::algorithm::test_support::{self, quota, T0};
+    use crate::algorithm::test_support::{quota, T0};
     use crate::algorithm::{sliding_counter, sliding_log};
 
     const HOUR: i64 = 3_600_000_000;
@@ -375,12 +405,9 @@ mod tests {
                     let held = state.len() as u64;
                     let before = steps();
                     if log {
-                        let (evaluate, commit) = (sliding_log::evaluate, sliding_log::commit);
-                        test_support::check(&mut state, &q, now, cost, evaluate, commit);
+                        sliding_log::check(&mut state, &q, now, cost);
                     } else {
-                        let (evaluate, commit) =
-                            (sliding_counter::evaluate, sliding_counter::commit);
-                        test_support::check(&mut state, &q, now, cost, evaluate, commit);
+                        sliding_counter::check(&mut state, &q, now, cost);
                     }
                     let work = steps() - before;
                     most = most.max(work);

@@ -22,12 +22,16 @@ pub struct Constant {
 impl Constant {
     /// Every request gets the subject `subject` (in the default tenant).
     pub fn new(subject: impl Into<Bytes>) -> Self {
-        Self::from_key(WindowKey::for_subject(subject))
+        Self {
+            key: WindowKey::for_subject(subject),
+        }
     }
 
     /// Every request gets [`WindowKey::global`].
     pub fn global() -> Self {
-        Self::from_key(WindowKey::global())
+        Self {
+            key: WindowKey::global(),
+        }
     }
 
     /// Every request gets `key`.

@@ -149,8 +149,10 @@ impl Quota {
     /// # Ok::<(), tower_window::QuotaError>(())
     /// ```
     #[must_use]
-    pub fn scoped(self, scope: Scope) -> Self {
-        self.changed(|data| data.scope = scope)
+    pub fn scoped(mut self, scope: Scope) -> Self {
+        Arc::make_mut(&mut self.0).scope = scope;
+        self.renew_ids();
+        self
     }
 
     /// Whose window this quota counts: per subject or per tenant.
@@ -183,22 +185,15 @@ impl Quota {
     /// # Ok::<(), tower_window::QuotaError>(())
     /// ```
     #[must_use]
-    pub fn shadowed(self, shadow: bool) -> Self {
-        self.changed(|data| data.shadow = shadow)
+    pub fn shadowed(mut self, shadow: bool) -> Self {
+        Arc::make_mut(&mut self.0).shadow = shadow;
+        self.renew_ids();
+        self
     }
 
     /// Whether this is a shadow quota (see [`shadowed`](Self::shadowed)).
     pub fn is_shadow(&self) -> bool {
         self.0.shadow
-    }
-
-    /// The same quota with `change` made to its values, and its ids
-    /// recomputed (under the same name).
-    fn changed(mut self, change: impl FnOnce(&mut QuotaData)) -> Self {
-        change(Arc::make_mut(&mut self.0));
-        let name = self.name().to_owned();
-        self.set_ids(&name);
-        self
     }
 
     /// Whether `other` is a clone of this very quota (one allocation): a
@@ -215,8 +210,10 @@ impl Quota {
     /// primary at once, without deleting a key (the old windows expire by
     /// their TTLs).
     #[must_use]
-    pub fn with_generation(self, generation: u64) -> Self {
-        self.changed(|data| data.generation = generation)
+    pub fn with_generation(mut self, generation: u64) -> Self {
+        Arc::make_mut(&mut self.0).generation = generation;
+        self.renew_ids();
+        self
     }
 
     /// The state generation (see [`with_generation`](Self::with_generation)).
@@ -263,8 +260,10 @@ impl Quota {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[must_use]
-    pub fn with_instance(self, instance: &str) -> Self {
-        self.changed(|data| data.instance = Some(Arc::from(instance)))
+    pub fn with_instance(mut self, instance: &str) -> Self {
+        Arc::make_mut(&mut self.0).instance = Some(Arc::from(instance));
+        self.renew_ids();
+        self
     }
 
     /// The instance this quota's window is for (see
