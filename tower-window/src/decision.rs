@@ -240,7 +240,7 @@ pub struct Decision {
 impl Decision {
     /// An admission by a one-quota policy.
     pub fn allow(quota: Quota, remaining: u32, reset_after: Duration) -> Self {
-        Self::single(QuotaDecision::allow(quota, remaining, reset_after))
+        Self::single_at(QuotaDecision::allow(quota, remaining, reset_after), 0)
     }
 
     /// A denial by a one-quota policy; `retry_after = None` means the cost
@@ -251,41 +251,15 @@ impl Decision {
         reset_after: Duration,
         retry_after: Option<Duration>,
     ) -> Self {
-        Self::single(QuotaDecision::deny(
-            quota,
-            remaining,
-            reset_after,
-            retry_after,
-        ))
-    }
-
-    /// The decision of a one-quota policy.
-    pub(crate) fn single(state: QuotaDecision) -> Self {
+        let state = QuotaDecision::deny(quota, remaining, reset_after, retry_after);
         Self::single_at(state, 0)
     }
 
-    /// The decision of a one-quota policy, decided at `timestamp_micros`:
-    /// [`from_states`](Self::from_states) for one state, built in place
+    /// The decision of a one-quota policy, decided at `timestamp_micros`
     /// (every in-memory check of a one-quota policy builds one).
     #[inline]
     pub(crate) fn single_at(state: QuotaDecision, timestamp_micros: u64) -> Self {
-        // A shadow quota never denies.
-        let allowed = state.allowed || state.quota.is_shadow();
-        Self {
-            allowed,
-            remaining: state.remaining,
-            reset_after: state.reset_after,
-            retry_after: if allowed {
-                Some(Duration::ZERO)
-            } else {
-                state.retry_after
-            },
-            source: DecisionSource::Store,
-            timestamp_micros,
-            quotas: QuotaStates::from_buf([state]),
-            decider: 0,
-            policy: None,
-        }
+        Self::from_states(QuotaStates::from_buf([state]), 0, timestamp_micros)
     }
 
     /// The decision of a policy from every quota's state, in policy order:
@@ -317,10 +291,11 @@ impl Decision {
                 decider = i;
             }
         }
-        (!quotas.is_empty()).then(|| Self::from_states(quotas, decider))
+        (!quotas.is_empty()).then(|| Self::from_states(quotas, decider, 0))
     }
 
-    fn from_states(quotas: QuotaStates, decider: usize) -> Self {
+    #[inline]
+    fn from_states(quotas: QuotaStates, decider: usize, timestamp_micros: u64) -> Self {
         // Shadow quotas never deny.
         let allowed = quotas.iter().all(|q| q.allowed || q.quota.is_shadow());
         let d = &quotas[decider];
@@ -334,7 +309,7 @@ impl Decision {
                 d.retry_after
             },
             source: DecisionSource::Store,
-            timestamp_micros: 0,
+            timestamp_micros,
             quotas,
             // A policy holds at most `MAX_QUOTAS` (16) quotas.
             decider: u8::try_from(decider).unwrap_or(u8::MAX),

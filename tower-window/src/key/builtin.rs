@@ -23,32 +23,23 @@ use super::{KeyExtractor, NoKey, WindowKey};
 /// [`Rejection::KeyTooLong`](crate::layer::Rejection::KeyTooLong).
 pub const DEFAULT_MAX_LEN: usize = 1024;
 
-/// Implements `KeyExtractor` for `http::Request<B>` and `http::request::Parts`
-/// through the type's `key_of_parts`.
-macro_rules! http_extractor {
-    ($ty:ty) => {
-        impl<B> KeyExtractor<http::Request<B>> for $ty {
-            fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
-                self.try_extract(request).ok()
-            }
-
-            fn try_extract(&self, request: &http::Request<B>) -> Result<WindowKey, NoKey> {
-                self.key_of_parts(request.headers(), request.uri(), request.extensions())
-            }
-        }
-
-        impl KeyExtractor<http::request::Parts> for $ty {
-            fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
-                self.try_extract(parts).ok()
-            }
-
-            fn try_extract(&self, parts: &http::request::Parts) -> Result<WindowKey, NoKey> {
-                self.key_of_parts(&parts.headers, &parts.uri, &parts.extensions)
-            }
-        }
-    };
+/// A request the HTTP extractors read: `http::Request<B>` (any body) or
+/// `http::request::Parts`, which hold the same three parts.
+pub(crate) trait HttpRequest {
+    fn parts(&self) -> (&HeaderMap, &Uri, &Extensions);
 }
-pub(super) use http_extractor;
+
+impl<B> HttpRequest for http::Request<B> {
+    fn parts(&self) -> (&HeaderMap, &Uri, &Extensions) {
+        (self.headers(), self.uri(), self.extensions())
+    }
+}
+
+impl HttpRequest for http::request::Parts {
+    fn parts(&self) -> (&HeaderMap, &Uri, &Extensions) {
+        (&self.headers, &self.uri, &self.extensions)
+    }
+}
 
 /// `value` as a key, when it is neither empty ([`NoKey::Missing`]) nor
 /// longer than `max_len` bytes ([`NoKey::TooLong`]).
@@ -117,15 +108,6 @@ impl Header {
         &self.name
     }
 
-    fn key_of_parts(
-        &self,
-        headers: &HeaderMap,
-        _: &Uri,
-        _: &Extensions,
-    ) -> Result<WindowKey, NoKey> {
-        self.key_of_headers(headers)
-    }
-
     /// The longest value that gives a key, in bytes.
     #[cfg(feature = "grpc")]
     pub(super) fn max_len_bytes(&self) -> usize {
@@ -138,7 +120,15 @@ impl Header {
     }
 }
 
-http_extractor!(Header);
+impl<R: HttpRequest> KeyExtractor<R> for Header {
+    fn extract(&self, request: &R) -> Option<WindowKey> {
+        self.try_extract(request).ok()
+    }
+
+    fn try_extract(&self, request: &R) -> Result<WindowKey, NoKey> {
+        self.key_of_headers(request.parts().0)
+    }
+}
 
 /// The URL-decoded value of a query parameter (its first occurrence).
 ///
@@ -176,9 +166,15 @@ impl Query {
         self.max_len = max_len;
         self
     }
+}
 
-    fn key_of_parts(&self, _: &HeaderMap, uri: &Uri, _: &Extensions) -> Result<WindowKey, NoKey> {
-        let query = uri.query().ok_or(NoKey::Missing)?;
+impl<R: HttpRequest> KeyExtractor<R> for Query {
+    fn extract(&self, request: &R) -> Option<WindowKey> {
+        self.try_extract(request).ok()
+    }
+
+    fn try_extract(&self, request: &R) -> Result<WindowKey, NoKey> {
+        let query = request.parts().1.query().ok_or(NoKey::Missing)?;
         for pair in query.as_bytes().split(|&b| b == b'&') {
             let (name, value) = match pair.iter().position(|&b| b == b'=') {
                 Some(eq) => (&pair[..eq], &pair[eq + 1..]),
@@ -192,8 +188,6 @@ impl Query {
         Err(NoKey::Missing)
     }
 }
-
-http_extractor!(Query);
 
 /// `application/x-www-form-urlencoded` decoding, leaving malformed escapes as they are.
 fn url_decode(input: &[u8]) -> Cow<'_, [u8]> {
@@ -223,12 +217,9 @@ fn url_decode(input: &[u8]) -> Cow<'_, [u8]> {
 }
 
 fn hex(digit: u8) -> Option<u8> {
-    match digit {
-        b'0'..=b'9' => Some(digit - b'0'),
-        b'a'..=b'f' => Some(digit - b'a' + 10),
-        b'A'..=b'F' => Some(digit - b'A' + 10),
-        _ => None,
-    }
+    char::from(digit)
+        .to_digit(16)
+        .and_then(|d| u8::try_from(d).ok())
 }
 
 /// A key computed from a request extension of type `T`, for example one that
@@ -260,16 +251,6 @@ impl<T, F> Extension<T, F> {
             _extension: PhantomData,
         }
     }
-
-    fn key_of_extension<V>(&self, extensions: &Extensions) -> Option<WindowKey>
-    where
-        T: Send + Sync + 'static,
-        F: Fn(&T) -> V,
-        V: Into<Bytes>,
-    {
-        let extension = extensions.get::<T>()?;
-        Some(WindowKey::for_subject((self.subject)(extension)))
-    }
 }
 
 impl<T, F: Clone> Clone for Extension<T, F> {
@@ -286,25 +267,16 @@ impl<T, F> fmt::Debug for Extension<T, F> {
     }
 }
 
-impl<T, F, V, B> KeyExtractor<http::Request<B>> for Extension<T, F>
+impl<T, F, V, R> KeyExtractor<R> for Extension<T, F>
 where
     T: Send + Sync + 'static,
     F: Fn(&T) -> V + Send + Sync,
     V: Into<Bytes>,
+    R: HttpRequest,
 {
-    fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
-        self.key_of_extension(request.extensions())
-    }
-}
-
-impl<T, F, V> KeyExtractor<http::request::Parts> for Extension<T, F>
-where
-    T: Send + Sync + 'static,
-    F: Fn(&T) -> V + Send + Sync,
-    V: Into<Bytes>,
-{
-    fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
-        self.key_of_extension(&parts.extensions)
+    fn extract(&self, request: &R) -> Option<WindowKey> {
+        let extension = request.parts().2.get::<T>()?;
+        Some(WindowKey::for_subject((self.subject)(extension)))
     }
 }
 

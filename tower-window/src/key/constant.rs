@@ -22,16 +22,12 @@ pub struct Constant {
 impl Constant {
     /// Every request gets the subject `subject` (in the default tenant).
     pub fn new(subject: impl Into<Bytes>) -> Self {
-        Self {
-            key: WindowKey::for_subject(subject),
-        }
+        Self::from_key(WindowKey::for_subject(subject))
     }
 
     /// Every request gets [`WindowKey::global`].
     pub fn global() -> Self {
-        Self {
-            key: WindowKey::global(),
-        }
+        Self::from_key(WindowKey::global())
     }
 
     /// Every request gets `key`.

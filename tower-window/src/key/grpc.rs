@@ -6,16 +6,13 @@
 //! like the HTTP ones, and combine with them
 //! ([`KeyExtractorExt`](super::KeyExtractorExt)).
 
-use std::fmt;
-
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
-use bytes::Bytes;
 use http::header::HeaderMap;
 use http::Uri;
 
-use super::builtin::{bounded_key, Header, DEFAULT_MAX_LEN};
+use super::builtin::{bounded_key, Header, HttpRequest, DEFAULT_MAX_LEN};
 use super::{KeyExtractor, NoKey, WindowKey};
 
 /// A metadata key [`Metadata`] refuses (see [`Metadata::new`]).
@@ -83,51 +80,35 @@ impl Metadata {
     /// Keys calls by the ASCII metadata entry `key`; a binary key (ending
     /// in `-bin`) is refused: use [`binary`](Self::binary) for it.
     pub fn new(key: &str) -> Result<Self, InvalidMetadataKey> {
-        let header = Self::header(key)?;
-        if header.name().as_str().ends_with("-bin") {
-            return Err(InvalidMetadataKey::new(
-                key,
-                "a binary (-bin) key holds base64; use Metadata::binary",
-            ));
-        }
-        Ok(Self {
-            header,
-            binary: false,
-        })
+        Self::of_kind(key, false)
     }
 
     /// Keys calls by the decoded bytes of the binary metadata entry `key`,
     /// which must end in `-bin`.
     pub fn binary(key: &str) -> Result<Self, InvalidMetadataKey> {
-        let header = Self::header(key)?;
-        if !header.name().as_str().ends_with("-bin") {
-            return Err(InvalidMetadataKey::new(
-                key,
-                "a binary key ends in -bin; use Metadata::new for an ASCII one",
-            ));
-        }
-        Ok(Self {
-            header,
-            binary: true,
-        })
+        Self::of_kind(key, true)
     }
 
-    fn header(key: &str) -> Result<Header, InvalidMetadataKey> {
+    fn of_kind(key: &str, binary: bool) -> Result<Self, InvalidMetadataKey> {
         let lower = key.to_ascii_lowercase();
         let valid = !lower.is_empty()
             && lower
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
-        if !valid {
-            return Err(InvalidMetadataKey::new(
-                key,
-                "keys are lowercase letters, digits, '-', '_' and '.'",
-            ));
-        }
-        if lower.starts_with("grpc-") {
-            return Err(InvalidMetadataKey::new(key, "grpc- keys are reserved"));
-        }
-        Header::new(&lower).map_err(|_| InvalidMetadataKey::new(key, "not a header name"))
+        let reason = if !valid {
+            "keys are lowercase letters, digits, '-', '_' and '.'"
+        } else if lower.starts_with("grpc-") {
+            "grpc- keys are reserved"
+        } else if lower.ends_with("-bin") && !binary {
+            "a binary (-bin) key holds base64; use Metadata::binary"
+        } else if !lower.ends_with("-bin") && binary {
+            "a binary key ends in -bin; use Metadata::new for an ASCII one"
+        } else {
+            let header = Header::new(&lower)
+                .map_err(|_| InvalidMetadataKey::new(key, "not a header name"))?;
+            return Ok(Self { header, binary });
+        };
+        Err(InvalidMetadataKey::new(key, reason))
     }
 
     /// Values longer than `max_len` bytes (decoded, for a binary key) give
@@ -166,29 +147,20 @@ impl Metadata {
     }
 }
 
-impl<B> KeyExtractor<http::Request<B>> for Metadata {
-    fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
-        self.key_of_headers(request.headers()).ok()
+impl<R: HttpRequest> KeyExtractor<R> for Metadata {
+    fn extract(&self, request: &R) -> Option<WindowKey> {
+        self.try_extract(request).ok()
     }
 
-    fn try_extract(&self, request: &http::Request<B>) -> Result<WindowKey, NoKey> {
-        self.key_of_headers(request.headers())
-    }
-}
-
-impl KeyExtractor<http::request::Parts> for Metadata {
-    fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
-        self.key_of_headers(&parts.headers).ok()
-    }
-
-    fn try_extract(&self, parts: &http::request::Parts) -> Result<WindowKey, NoKey> {
-        self.key_of_headers(&parts.headers)
+    fn try_extract(&self, request: &R) -> Result<WindowKey, NoKey> {
+        self.key_of_headers(request.parts().0)
     }
 }
 
 /// Which part of `/package.Service/Method` a [`GrpcMethod`] keys by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum Part {
+    #[default]
     Method,
     Service,
     Path,
@@ -219,7 +191,7 @@ enum Part {
 /// let not_grpc = http::Request::builder().uri("/index.html").body(()).unwrap();
 /// assert!(GrpcMethod::new().extract(&not_grpc).is_none());
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GrpcMethod {
     part: Part,
 }
@@ -248,28 +220,8 @@ impl GrpcMethod {
         Some(match self.part {
             Part::Path => WindowKey::for_subject_copy(path.as_bytes()),
             Part::Service => WindowKey::for_subject_copy(service.as_bytes()),
-            Part::Method => {
-                let mut name = Vec::with_capacity(service.len() + 1 + method.len());
-                name.extend_from_slice(service.as_bytes());
-                name.push(b'.');
-                name.extend_from_slice(method.as_bytes());
-                WindowKey::for_subject(Bytes::from(name))
-            }
+            Part::Method => WindowKey::for_subject(format!("{service}.{method}")),
         })
-    }
-}
-
-impl Default for GrpcMethod {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl fmt::Debug for GrpcMethod {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GrpcMethod")
-            .field("part", &self.part)
-            .finish()
     }
 }
 
@@ -288,15 +240,9 @@ fn split_path(path: &str) -> Option<(&str, &str)> {
     ok.then_some((service, method))
 }
 
-impl<B> KeyExtractor<http::Request<B>> for GrpcMethod {
-    fn extract(&self, request: &http::Request<B>) -> Option<WindowKey> {
-        self.key_of_uri(request.uri())
-    }
-}
-
-impl KeyExtractor<http::request::Parts> for GrpcMethod {
-    fn extract(&self, parts: &http::request::Parts) -> Option<WindowKey> {
-        self.key_of_uri(&parts.uri)
+impl<R: HttpRequest> KeyExtractor<R> for GrpcMethod {
+    fn extract(&self, request: &R) -> Option<WindowKey> {
+        self.key_of_uri(request.parts().1)
     }
 }
 

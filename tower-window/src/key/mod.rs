@@ -68,39 +68,43 @@ pub(crate) const INLINE_PART: usize = 46;
 /// inline. The built-in extractors copy a request's bytes (a header value
 /// cannot lend its buffer); held inline, a short copy allocates nothing,
 /// where a `Bytes` copy costs an allocation and a free on every request.
+type Part = InlineBytes<INLINE_PART>;
+
+/// Bytes held inline up to `N`, in a shared buffer beyond (or when given
+/// one).
 #[derive(Clone)]
-enum Part {
-    // Made only by the HTTP and gRPC extractors.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    Inline {
-        len: u8,
-        buf: [u8; INLINE_PART],
-    },
+pub(crate) enum InlineBytes<const N: usize> {
+    Inline { len: u8, buf: [u8; N] },
     Shared(Bytes),
 }
 
-impl Part {
-    /// A copy of `bytes`: inline when short, else a new shared buffer.
-    #[cfg(feature = "http")]
-    fn copy_of(bytes: &[u8]) -> Self {
-        match u8::try_from(bytes.len()) {
-            Ok(len) if bytes.len() <= INLINE_PART => {
-                let mut buf = [0; INLINE_PART];
-                buf[..bytes.len()].copy_from_slice(bytes);
-                Self::Inline { len, buf }
+impl<const N: usize> InlineBytes<N> {
+    /// A copy of `parts`, concatenated: inline when short, else a new
+    /// shared buffer.
+    pub(crate) fn copy_of(parts: &[&[u8]]) -> Self {
+        let len: usize = parts.iter().map(|part| part.len()).sum();
+        match u8::try_from(len) {
+            Ok(short) if len <= N => {
+                let mut buf = [0; N];
+                let mut end = 0;
+                for part in parts {
+                    buf[end..end + part.len()].copy_from_slice(part);
+                    end += part.len();
+                }
+                Self::Inline { len: short, buf }
             }
-            _ => Self::Shared(Bytes::copy_from_slice(bytes)),
+            _ => Self::Shared(Bytes::from(parts.concat())),
         }
     }
 
-    fn as_slice(&self) -> &[u8] {
+    pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
             Self::Inline { len, buf } => &buf[..usize::from(*len)],
             Self::Shared(bytes) => bytes,
         }
     }
 
-    /// The part as a shared buffer (an inline part is copied into one).
+    /// The bytes as a shared buffer (inline ones are copied into one).
     fn to_bytes(&self) -> Bytes {
         match self {
             Self::Inline { .. } => Bytes::copy_from_slice(self.as_slice()),
@@ -172,7 +176,7 @@ impl WindowKey {
     pub(crate) fn for_subject_copy(subject: &[u8]) -> Self {
         Self {
             tenant: Part::Shared(Bytes::from_static(Self::DEFAULT_TENANT)),
-            subject: Part::copy_of(subject),
+            subject: Part::copy_of(&[subject]),
         }
     }
 
@@ -232,12 +236,6 @@ impl KeyPart for Bytes {
     }
 }
 
-impl KeyPart for &Bytes {
-    fn into_key_bytes(self) -> Bytes {
-        self.clone()
-    }
-}
-
 impl KeyPart for String {
     fn into_key_bytes(self) -> Bytes {
         Bytes::from(self)
@@ -256,33 +254,10 @@ impl KeyPart for Box<[u8]> {
     }
 }
 
-impl KeyPart for &str {
+/// Any borrowed bytes (`&str`, `&String`, `&[u8]`, `&[u8; N]`, `&Bytes`...): copied.
+impl<T: AsRef<[u8]> + ?Sized> KeyPart for &T {
     fn into_key_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(self.as_bytes())
-    }
-}
-
-impl KeyPart for &String {
-    fn into_key_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(self.as_bytes())
-    }
-}
-
-impl KeyPart for &[u8] {
-    fn into_key_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(self)
-    }
-}
-
-impl<const N: usize> KeyPart for &[u8; N] {
-    fn into_key_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(self)
-    }
-}
-
-impl KeyPart for &Vec<u8> {
-    fn into_key_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(self)
+        Bytes::copy_from_slice(self.as_ref())
     }
 }
 

@@ -2,48 +2,14 @@
 //! optionally grouped into IPv6 prefixes) and [`TrustedProxies`] (whose
 //! `X-Forwarded-For` entries are believed).
 
-use std::fmt;
+use std::io::{Cursor, Write as _};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
 use http::header::HeaderMap;
-use http::{Extensions, Uri};
 
-use super::builtin::http_extractor;
+use super::builtin::HttpRequest;
 use super::{KeyExtractor, NoKey, WindowKey};
-
-/// An IP address (or network) as text, written on the stack.
-struct IpText {
-    len: usize,
-    buf: [u8; super::INLINE_PART],
-}
-
-impl Default for IpText {
-    fn default() -> Self {
-        Self {
-            len: 0,
-            buf: [0; super::INLINE_PART],
-        }
-    }
-}
-
-impl IpText {
-    fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
-impl fmt::Write for IpText {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let end = self.len + s.len();
-        self.buf
-            .get_mut(self.len..end)
-            .ok_or(fmt::Error)?
-            .copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
-    }
-}
 
 /// The client's IP address, from a `std::net::SocketAddr` (or `IpAddr`)
 /// request extension holding the peer address, as servers insert it.
@@ -113,34 +79,27 @@ impl PeerIp {
     /// that keep the peer address elsewhere than in a request extension).
     pub fn key_for(&self, peer: IpAddr, headers: &HeaderMap) -> WindowKey {
         // Written on the stack and held inline in the key: no allocation.
-        fn write_ip(out: &mut impl fmt::Write, ip: IpAddr, ipv6_prefix: u8) -> fmt::Result {
-            match ip {
-                IpAddr::V6(ip) if ipv6_prefix < 128 => {
-                    let masked = Ipv6Addr::from(u128::from(ip) & mask_v6(ipv6_prefix));
-                    write!(out, "{masked}/{ipv6_prefix}")
-                }
-                ip => write!(out, "{ip}"),
+        // The longest text, `ffff:…:ffff/128`, is 43 bytes: it always fits.
+        let mut text = Cursor::new([0; super::INLINE_PART]);
+        let _ = match self.client_ip(peer, headers) {
+            IpAddr::V6(ip) if self.ipv6_prefix < 128 => {
+                let masked = Ipv6Addr::from(u128::from(ip) & mask_v6(self.ipv6_prefix));
+                write!(text, "{masked}/{}", self.ipv6_prefix)
             }
-        }
-        let ip = self.client_ip(peer, headers);
-        let mut text = IpText::default();
-        match write_ip(&mut text, ip, self.ipv6_prefix) {
-            Ok(()) => WindowKey::for_subject_copy(text.as_bytes()),
-            // Longer than the stack buffer (no address is): on the heap.
-            Err(fmt::Error) => {
-                let mut owned = String::new();
-                let _ = write_ip(&mut owned, ip, self.ipv6_prefix);
-                WindowKey::for_subject(owned)
-            }
-        }
+            ip => write!(text, "{ip}"),
+        };
+        let len = text.position() as usize;
+        WindowKey::for_subject_copy(&text.get_ref()[..len])
+    }
+}
+
+impl<R: HttpRequest> KeyExtractor<R> for PeerIp {
+    fn extract(&self, request: &R) -> Option<WindowKey> {
+        self.try_extract(request).ok()
     }
 
-    fn key_of_parts(
-        &self,
-        headers: &HeaderMap,
-        _: &Uri,
-        extensions: &Extensions,
-    ) -> Result<WindowKey, NoKey> {
+    fn try_extract(&self, request: &R) -> Result<WindowKey, NoKey> {
+        let (headers, _, extensions) = request.parts();
         let peer = match extensions.get::<SocketAddr>() {
             Some(addr) => addr.ip(),
             None => *extensions.get::<IpAddr>().ok_or(NoKey::Missing)?,
@@ -148,8 +107,6 @@ impl PeerIp {
         Ok(self.key_for(peer, headers))
     }
 }
-
-http_extractor!(PeerIp);
 
 /// The most `X-Forwarded-For` entries [`TrustedProxies::client_ip`] examines.
 const MAX_HOPS: usize = 32;
@@ -173,29 +130,27 @@ struct Network {
 
 impl Network {
     fn new(addr: IpAddr, prefix_len: u8) -> Option<Self> {
-        let addr = addr.to_canonical();
-        let addr = match addr {
-            IpAddr::V4(v4) if prefix_len <= 32 => {
-                IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask_v4(prefix_len)))
-            }
-            IpAddr::V6(v6) if prefix_len <= 128 => {
-                IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask_v6(prefix_len)))
-            }
-            _ => return None,
-        };
+        let addr = masked(addr.to_canonical(), prefix_len)?;
         Some(Self { addr, prefix_len })
     }
 
     fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                u32::from(ip) & mask_v4(self.prefix_len) == u32::from(net)
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                u128::from(ip) & mask_v6(self.prefix_len) == u128::from(net)
-            }
-            _ => false,
+        // An address of the other family never masks to this network.
+        masked(ip, self.prefix_len) == Some(self.addr)
+    }
+}
+
+/// `addr` with all but its first `prefix_len` bits cleared; `None` when
+/// the prefix is longer than the address.
+fn masked(addr: IpAddr, prefix_len: u8) -> Option<IpAddr> {
+    match addr {
+        IpAddr::V4(v4) if prefix_len <= 32 => {
+            Some(Ipv4Addr::from(u32::from(v4) & mask_v4(prefix_len)).into())
         }
+        IpAddr::V6(v6) if prefix_len <= 128 => {
+            Some(Ipv6Addr::from(u128::from(v6) & mask_v6(prefix_len)).into())
+        }
+        _ => None,
     }
 }
 
@@ -231,20 +186,10 @@ impl TrustedProxies {
     /// `172.16.0.0/12`, `192.168.0.0/16`, `::1/128`, `fc00::/7`), where
     /// load balancers usually live.
     pub fn private_networks() -> Self {
-        let networks = [
-            (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)), 8),
-            (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 0)), 8),
-            (IpAddr::V4(Ipv4Addr::new(172, 16, 0, 0)), 12),
-            (IpAddr::V4(Ipv4Addr::new(192, 168, 0, 0)), 16),
-            (IpAddr::V6(Ipv6Addr::LOCALHOST), 128),
-            (IpAddr::V6(Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0)), 7),
-        ];
-        Self {
-            networks: networks
-                .into_iter()
-                .filter_map(|(addr, len)| Network::new(addr, len))
-                .collect(),
-        }
+        // Valid networks: the parse cannot fail.
+        "127.0.0.0/8 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 ::1/128 fc00::/7"
+            .parse()
+            .unwrap_or_default()
     }
 
     /// Also trusts `network`: an address or `address/prefix-length`.

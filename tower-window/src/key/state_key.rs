@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use quick_cache::{Equivalent, Options, OptionsBuilder};
 
+use super::InlineBytes;
 use crate::quota::Scope;
 use crate::{Policy, Quota, WindowKey};
 
@@ -30,7 +31,7 @@ pub(crate) struct StateKey {
     /// `quota`'s hash, computed once per quota (see [`id_hash`]).
     quota_hash: u64,
     /// The tenant's bytes followed by the subject's.
-    bytes: KeyBytes,
+    bytes: InlineBytes<INLINE_KEY_BYTES>,
     /// Where the tenant's bytes end in `bytes`.
     tenant_len: u32,
 }
@@ -38,80 +39,21 @@ pub(crate) struct StateKey {
 /// The most bytes of tenant and subject a [`StateKey`] holds inline.
 pub(crate) const INLINE_KEY_BYTES: usize = 38;
 
-/// Bytes inline up to [`INLINE_KEY_BYTES`], on the heap beyond.
-#[derive(Clone)]
-enum KeyBytes {
-    Inline {
-        len: u8,
-        buf: [u8; INLINE_KEY_BYTES],
-    },
-    Heap(Box<[u8]>),
-}
-
-impl KeyBytes {
-    fn new(first: &[u8], second: &[u8]) -> Self {
-        let len = first.len() + second.len();
-        match u8::try_from(len) {
-            Ok(short) if len <= INLINE_KEY_BYTES => {
-                let mut buf = [0; INLINE_KEY_BYTES];
-                buf[..first.len()].copy_from_slice(first);
-                buf[first.len()..len].copy_from_slice(second);
-                Self::Inline { len: short, buf }
-            }
-            _ => Self::Heap([first, second].concat().into_boxed_slice()),
-        }
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Self::Inline { len, buf } => &buf[..usize::from(*len)],
-            Self::Heap(bytes) => bytes,
-        }
-    }
-}
-
 impl StateKey {
-    /// The owned key of `key`'s state under `quota`: by the quota's
-    /// [state id](Quota::state_id), so a changed limit finds the same
-    /// state, and without the subject for a tenant-scoped quota (whose
-    /// state id says so).
+    /// The owned key of `key`'s state under `quota` (see [`StateKeyRef::new`]).
     pub(crate) fn new(key: &WindowKey, quota: &Quota) -> Self {
-        let subject = match quota.scope() {
-            Scope::Subject => key.subject(),
-            Scope::Tenant => &[],
-        };
-        Self::from_parts(
-            key.tenant(),
-            subject,
-            quota.shared_state_id(),
-            quota.state_id_hash(),
-        )
+        StateKeyRef::new(key, quota).owned()
     }
 
     /// The owned key of `key` under a whole policy (the local tier's).
     pub(crate) fn for_policy(key: &WindowKey, policy: &Policy) -> Self {
-        Self::from_parts(
-            key.tenant(),
-            key.subject(),
-            policy.shared_id(),
-            policy.id_hash(),
-        )
+        StateKeyRef::for_policy(key, policy).owned()
     }
 
-    fn from_parts(tenant: &[u8], subject: &[u8], quota: Arc<str>, quota_hash: u64) -> Self {
-        Self {
-            quota,
-            quota_hash,
-            bytes: KeyBytes::new(tenant, subject),
-            // A tenant is at most a WindowKey part: far below 4 GiB.
-            tenant_len: u32::try_from(tenant.len()).unwrap_or(u32::MAX),
-        }
-    }
-
-    fn parts(&self) -> Parts<'_> {
+    fn borrowed(&self) -> StateKeyRef<'_> {
         let bytes = self.bytes.as_slice();
         let (tenant, subject) = bytes.split_at(bytes.len().min(self.tenant_len as usize));
-        Parts {
+        StateKeyRef {
             tenant,
             subject,
             quota: &self.quota,
@@ -120,17 +62,21 @@ impl StateKey {
     }
 }
 
-/// The same identity, borrowed from a check: what a lookup uses.
+/// The same identity, borrowed from a check: what a lookup uses, and what
+/// both forms hash and compare by.
 #[derive(Clone, Copy)]
 pub(crate) struct StateKeyRef<'a> {
     tenant: &'a [u8],
     subject: &'a [u8],
-    quota: &'a str,
+    quota: &'a Arc<str>,
     quota_hash: u64,
 }
 
 impl<'a> StateKeyRef<'a> {
-    /// The borrowed key of `key`'s state under `quota` (see [`StateKey::new`]).
+    /// The key of `key`'s state under `quota`: by the quota's
+    /// [state id](Quota::state_id), so a changed limit finds the same
+    /// state, and without the subject for a tenant-scoped quota (whose
+    /// state id says so).
     pub(crate) fn new(key: &'a WindowKey, quota: &'a Quota) -> Self {
         Self {
             tenant: key.tenant(),
@@ -138,40 +84,33 @@ impl<'a> StateKeyRef<'a> {
                 Scope::Subject => key.subject(),
                 Scope::Tenant => &[],
             },
-            quota: quota.state_id(),
+            quota: quota.shared_state_id(),
             quota_hash: quota.state_id_hash(),
         }
     }
 
-    /// The borrowed key of `key` under a whole policy.
+    /// The key of `key` under a whole policy.
     pub(crate) fn for_policy(key: &'a WindowKey, policy: &'a Policy) -> Self {
         Self {
             tenant: key.tenant(),
             subject: key.subject(),
-            quota: policy.id(),
+            quota: policy.shared_id(),
             quota_hash: policy.id_hash(),
         }
     }
 
-    fn parts(&self) -> Parts<'a> {
-        Parts {
-            tenant: self.tenant,
-            subject: self.subject,
-            quota: self.quota,
+    fn owned(self) -> StateKey {
+        StateKey {
+            quota: Arc::clone(self.quota),
             quota_hash: self.quota_hash,
+            bytes: InlineBytes::copy_of(&[self.tenant, self.subject]),
+            // A tenant is at most a WindowKey part: far below 4 GiB.
+            tenant_len: u32::try_from(self.tenant.len()).unwrap_or(u32::MAX),
         }
     }
 }
 
-/// What both key forms hash and compare by.
-struct Parts<'a> {
-    tenant: &'a [u8],
-    subject: &'a [u8],
-    quota: &'a str,
-    quota_hash: u64,
-}
-
-impl Hash for Parts<'_> {
+impl Hash for StateKeyRef<'_> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         // The quota's id hashed once, not its text on every lookup; the
         // cache's own seeded hasher still mixes everything.
@@ -181,14 +120,14 @@ impl Hash for Parts<'_> {
     }
 }
 
-impl PartialEq for Parts<'_> {
+impl PartialEq for StateKeyRef<'_> {
     fn eq(&self, other: &Self) -> bool {
         self.quota_hash == other.quota_hash
             && self.tenant == other.tenant
             && self.subject == other.subject
             // Keys of one quota share its id's allocation: compare the
             // pointers before the text.
-            && (std::ptr::eq(self.quota, other.quota) || self.quota == other.quota)
+            && (Arc::ptr_eq(self.quota, other.quota) || self.quota == other.quota)
     }
 }
 
@@ -200,30 +139,24 @@ pub(crate) fn id_hash(id: &str) -> u64 {
         .hash_one(id)
 }
 
-// `StateKey` and `StateKeyRef` hash and compare alike, as `Equivalent`
-// lookups require: both through their parts.
+// `StateKey` hashes and compares as its `StateKeyRef`, as `Equivalent`
+// lookups require.
 impl Hash for StateKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.parts().hash(state);
-    }
-}
-
-impl Hash for StateKeyRef<'_> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.parts().hash(state);
+        self.borrowed().hash(state);
     }
 }
 
 impl PartialEq for StateKey {
     fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
+        self.borrowed() == other.borrowed()
     }
 }
 
 impl Eq for StateKey {}
 
 impl Equivalent<StateKey> for StateKeyRef<'_> {
-    // The same test as `Parts::eq`, in the order that rejects a different
+    // The same test as `StateKeyRef::eq`, in the order that rejects a different
     // key soonest, with one comparison of lengths before any of bytes: this
     // runs on every lookup (and for every key sharing a hash group).
     fn equivalent(&self, key: &StateKey) -> bool {
@@ -234,7 +167,7 @@ impl Equivalent<StateKey> for StateKeyRef<'_> {
             && bytes.len() == tenant + self.subject.len()
             && bytes.get(tenant..) == Some(self.subject)
             && bytes.get(..tenant) == Some(self.tenant)
-            && (std::ptr::eq(self.quota, &*key.quota) || self.quota == &*key.quota)
+            && (Arc::ptr_eq(self.quota, &key.quota) || *self.quota == key.quota)
     }
 }
 
@@ -278,8 +211,8 @@ mod tests {
         assert_eq!(hasher.hash_one(&owned), hasher.hash_one(borrowed));
         let long = WindowKey::new("acme", "a-subject-longer-than-what-fits-inline");
         let long_owned = StateKey::new(&long, &quota);
-        assert!(matches!(long_owned.bytes, KeyBytes::Heap(_)));
-        assert!(matches!(owned.bytes, KeyBytes::Inline { .. }));
+        assert!(matches!(long_owned.bytes, InlineBytes::Shared(_)));
+        assert!(matches!(owned.bytes, InlineBytes::Inline { .. }));
         assert!(StateKeyRef::new(&long, &quota).equivalent(&long_owned));
         assert_eq!(
             hasher.hash_one(&long_owned),

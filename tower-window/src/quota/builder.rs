@@ -74,9 +74,6 @@ impl QuotaBuilder {
         let limit = NonZeroU32::new(limit).ok_or(QuotaError::ZeroLimit)?;
         let window = self.window.ok_or(QuotaError::MissingWindow)?;
         let window_micros = checked_millis_as_micros(window, QuotaError::ZeroWindow)?;
-        if window > MAX_WINDOW {
-            return Err(QuotaError::WindowTooLong);
-        }
         let algorithm = match self.algorithm {
             Algorithm::SlidingCounter { granularity } => {
                 let granularity = self.granularity.unwrap_or(granularity);

@@ -1,6 +1,7 @@
 //! A quota's identities: its name, its id (name and definition) and its
 //! state id (what a store keys its windows by).
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use super::parse::FormatDuration;
@@ -47,15 +48,8 @@ impl Quota {
     }
 
     /// The state id as a cheaply cloned shared string.
-    pub(crate) fn shared_state_id(&self) -> Arc<str> {
-        Arc::clone(&self.0.state_id)
-    }
-
-    /// Recomputes both ids after a change of anything they hold, keeping
-    /// the name.
-    pub(super) fn renew_ids(&mut self) {
-        let name = self.name().to_owned();
-        self.set_ids(&name);
+    pub(crate) fn shared_state_id(&self) -> &Arc<str> {
+        &self.0.state_id
     }
 
     /// Computes both ids under `name` from the quota's values.
@@ -87,9 +81,7 @@ impl Quota {
             text.push_str("i:");
             for byte in instance.bytes() {
                 if matches!(byte, b'%' | b'|' | b',' | b':') || !(b' '..0x7f).contains(&byte) {
-                    text.push('%');
-                    text.push(char::from(HEX_DIGITS[usize::from(byte >> 4)]));
-                    text.push(char::from(HEX_DIGITS[usize::from(byte & 15)]));
+                    let _ = write!(text, "%{byte:02X}");
                 } else {
                     text.push(char::from(byte));
                 }
@@ -112,9 +104,6 @@ impl Quota {
         data.state_id = state_id;
     }
 }
-
-/// Upper-case hex digits for [`Quota::with_instance`]'s escapes.
-const HEX_DIGITS: &[u8; 16] = b"0123456789ABCDEF";
 
 pub(super) fn validate_name(name: &str) -> Result<(), QuotaError> {
     let ok = !name.is_empty()

@@ -149,10 +149,8 @@ impl Quota {
     /// # Ok::<(), tower_window::QuotaError>(())
     /// ```
     #[must_use]
-    pub fn scoped(mut self, scope: Scope) -> Self {
-        Arc::make_mut(&mut self.0).scope = scope;
-        self.renew_ids();
-        self
+    pub fn scoped(self, scope: Scope) -> Self {
+        self.changed(|data| data.scope = scope)
     }
 
     /// Whose window this quota counts: per subject or per tenant.
@@ -185,15 +183,22 @@ impl Quota {
     /// # Ok::<(), tower_window::QuotaError>(())
     /// ```
     #[must_use]
-    pub fn shadowed(mut self, shadow: bool) -> Self {
-        Arc::make_mut(&mut self.0).shadow = shadow;
-        self.renew_ids();
-        self
+    pub fn shadowed(self, shadow: bool) -> Self {
+        self.changed(|data| data.shadow = shadow)
     }
 
     /// Whether this is a shadow quota (see [`shadowed`](Self::shadowed)).
     pub fn is_shadow(&self) -> bool {
         self.0.shadow
+    }
+
+    /// The same quota with `change` made to its values, and its ids
+    /// recomputed (under the same name).
+    fn changed(mut self, change: impl FnOnce(&mut QuotaData)) -> Self {
+        change(Arc::make_mut(&mut self.0));
+        let name = self.name().to_owned();
+        self.set_ids(&name);
+        self
     }
 
     /// Whether `other` is a clone of this very quota (one allocation): a
@@ -210,10 +215,8 @@ impl Quota {
     /// primary at once, without deleting a key (the old windows expire by
     /// their TTLs).
     #[must_use]
-    pub fn with_generation(mut self, generation: u64) -> Self {
-        Arc::make_mut(&mut self.0).generation = generation;
-        self.renew_ids();
-        self
+    pub fn with_generation(self, generation: u64) -> Self {
+        self.changed(|data| data.generation = generation)
     }
 
     /// The state generation (see [`with_generation`](Self::with_generation)).
@@ -260,10 +263,8 @@ impl Quota {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[must_use]
-    pub fn with_instance(mut self, instance: &str) -> Self {
-        Arc::make_mut(&mut self.0).instance = Some(Arc::from(instance));
-        self.renew_ids();
-        self
+    pub fn with_instance(self, instance: &str) -> Self {
+        self.changed(|data| data.instance = Some(Arc::from(instance)))
     }
 
     /// The instance this quota's window is for (see

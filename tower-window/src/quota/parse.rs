@@ -82,12 +82,11 @@ impl FromStr for Quota {
         let (limit, window) = rate
             .split_once('/')
             .ok_or_else(|| syntax(input, "expected <limit>/<window>, e.g. 100/1m"))?;
-        if limit.is_empty() || !limit.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(QuotaError::InvalidLimit(limit.chars().take(32).collect()));
-        }
-        let limit: u32 = limit
-            .parse()
-            .map_err(|_| QuotaError::InvalidLimit(limit.chars().take(32).collect()))?;
+        // Digits only: `u32`'s parser would also take a sign.
+        let limit: u32 = Some(limit)
+            .filter(|l| l.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|l| l.parse().ok())
+            .ok_or_else(|| QuotaError::InvalidLimit(limit.chars().take(32).collect()))?;
         let mut builder = Quota::builder()
             .limit(limit)
             .window(parse_duration(window)?);

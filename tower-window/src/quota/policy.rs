@@ -75,15 +75,8 @@ impl Policy {
     }
 
     fn from_checked(name: &str, quotas: Vec<Quota>) -> Self {
-        let mut id = String::with_capacity(name.len() + 32 * quotas.len());
-        id.push_str(name);
-        id.push(':');
-        for (i, quota) in quotas.iter().enumerate() {
-            if i > 0 {
-                id.push(',');
-            }
-            id.push_str(quota.id());
-        }
+        let ids: Vec<&str> = quotas.iter().map(Quota::id).collect();
+        let id = format!("{name}:{}", ids.join(","));
         let tenant_scoped = quotas.iter().any(|q| q.scope() == Scope::Tenant);
         Self {
             inner: Arc::new(Inner {
@@ -159,8 +152,8 @@ impl Policy {
     }
 
     /// The same identifier as a cheaply cloned shared string.
-    pub(crate) fn shared_id(&self) -> Arc<str> {
-        Arc::clone(&self.inner.id)
+    pub(crate) fn shared_id(&self) -> &Arc<str> {
+        &self.inner.id
     }
 
     /// The same policy with every quota replaced by `map(quota)` (names
