@@ -231,12 +231,10 @@ async fn run(
     let clock = ManualClock::new(START);
     let (store, handle) = backend.store(&unique("diff"), &clock);
     let handle = Store::builder(handle)
-        .clock(clock.clone())
         .without_timeout()
         .without_breaker()
         .build();
     let limiter = Limiter::builder(handle, policy.clone())
-        .clock(clock.clone())
         .leases(LeaseConfig::new(4).ttl(Duration::from_secs(5)))
         .build();
     let keys: Vec<WindowKey> = (0..3)

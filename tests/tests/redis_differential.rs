@@ -55,9 +55,11 @@ fn redis_matches_memory_store() {
         .build()
         .unwrap();
     let clock = ManualClock::new(START);
-    let redis = RedisStore::from_url(&server.url())
-        .unwrap()
-        .clock(clock.clone());
+    let redis = RedisStore::builder()
+        .url(server.url())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     static CASE: AtomicU64 = AtomicU64::new(0);
     static ALLOWED: AtomicU64 = AtomicU64::new(0);

@@ -289,14 +289,13 @@ async fn resilient(
     );
     store.connect().await.unwrap();
     let clock = ManualClock::new(T0);
-    // The breakers run on the store handle's clock, the fallback on the
-    // limiter's: both the manual one.
-    let handle = Store::builder(Arc::clone(&store))
-        .clock(clock.clone())
-        .timeout(BUDGET)
-        .build();
+    // The store's clock (its breakers', the fallback's) is the manual one;
+    // Redis decides on its own TIME.
+    let handle =
+        Store::builder(tower_window::store::Backend::from(Arc::clone(&store)).clock(clock.clone()))
+            .timeout(BUDGET)
+            .build();
     let limiter = Limiter::builder(handle, quota)
-        .clock(clock.clone())
         .fallback(FailClosed::new())
         .build();
     (store, limiter, clock)

@@ -207,10 +207,9 @@ fn node(url: &str, clock: &ManualClock, policy: Policy, prefix: &str) -> Limiter
         .unwrap()
         .prefix(prefix)
         .connect_timeout(Duration::from_millis(500));
-    // The breaker runs on the store handle's clock, the fallback on the
-    // limiter's: both the manual one.
-    let store = Store::builder(store)
-        .clock(clock.clone())
+    // The store's clock (its breaker's, the fallback's) is the manual one;
+    // Redis decides on its own TIME.
+    let store = Store::builder(tower_window::store::Backend::from(store).clock(clock.clone()))
         .timeout(BUDGET)
         .breaker(
             BreakerConfig::default()
@@ -219,7 +218,7 @@ fn node(url: &str, clock: &ManualClock, policy: Policy, prefix: &str) -> Limiter
                 .cooldown(COOLDOWN),
         )
         .build();
-    let builder = Limiter::builder(store, quota()).clock(clock.clone());
+    let builder = Limiter::builder(store, quota());
     match policy {
         Policy::FailOpen => builder.fallback(FailOpen).build(),
         Policy::FailClosed => builder.fallback(FailClosed::default()).build(),
@@ -581,13 +580,11 @@ async fn a_denied_hot_key_costs_redis_one_call_per_node_per_retry_period() {
     let nodes: Vec<Limiter> = (0..3)
         .map(|_| {
             let store = RedisStore::from_url(&redis.url()).unwrap().prefix("hot:");
-            let store = Store::builder(store)
-                .clock(clock.clone())
-                .timeout(Duration::from_secs(2))
-                .build();
-            Limiter::builder(store, "5/1m".parse::<Quota>().unwrap())
-                .clock(clock.clone())
-                .build()
+            let store =
+                Store::builder(tower_window::store::Backend::from(store).clock(clock.clone()))
+                    .timeout(Duration::from_secs(2))
+                    .build();
+            Limiter::builder(store, "5/1m".parse::<Quota>().unwrap()).build()
         })
         .collect();
     let key = WindowKey::for_subject("hot");
@@ -625,8 +622,7 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
         let store = RedisStore::from_url(&proxy.redis_url())
             .unwrap()
             .prefix("bound:");
-        let store = Store::builder(store)
-            .clock(clock.clone())
+        let store = Store::builder(tower_window::store::Backend::from(store).clock(clock.clone()))
             .timeout(BUDGET)
             .breaker(
                 BreakerConfig::default()
@@ -636,7 +632,6 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
             .build();
         nodes.push(
             Limiter::builder(store, quota.clone())
-                .clock(clock.clone())
                 .local_capacity(0)
                 .fallback(LocalWindow::per_node(
                     std::num::NonZeroU32::new(NODES as u32).unwrap(),

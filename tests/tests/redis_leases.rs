@@ -270,19 +270,17 @@ async fn refunds_return_every_unspent_unit() {
         let clock = ManualClock::new(1_700_000_000_000_000);
         let key = WindowKey::new(format!("refund-{}", std::process::id()), format!("k{i}"));
         let store = || {
-            RedisStore::from_url(&server.url())
-                .unwrap()
+            RedisStore::builder()
+                .url(server.url())
                 .prefix("lease-refund:")
                 .clock(clock.clone())
+                .build()
+                .unwrap()
         };
         let nodes: Vec<Limiter> = (0..NODES)
             .map(|_| {
-                let store = Store::builder(store())
-                    .clock(clock.clone())
-                    .without_timeout()
-                    .build();
+                let store = Store::builder(store()).without_timeout().build();
                 Limiter::builder(store, quota.clone())
-                    .clock(clock.clone())
                     .leases(LeaseConfig::new(MAX_LEASE))
                     .build()
             })

@@ -119,14 +119,12 @@ async fn a_killed_primary_opens_one_breaker_and_recovers() {
     assert!(domain_ports.values().all(|ports| ports.len() == 1));
 
     let clock = ManualClock::new(T0);
-    // The breakers run on the store handle's clock, the fallback on the
-    // limiter's: both the manual one.
-    let store = Store::builder(store)
-        .clock(clock.clone())
+    // The store's clock (its breakers', the fallback's) is the manual one;
+    // Redis decides on its own TIME.
+    let store = Store::builder(tower_window::store::Backend::from(store).clock(clock.clone()))
         .timeout(BUDGET)
         .build();
     let limiter = Limiter::builder(store, quota)
-        .clock(clock.clone())
         .fallback(FailClosed::new())
         .build();
     for key in users.iter().take(30) {

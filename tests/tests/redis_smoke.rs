@@ -3,16 +3,20 @@
 
 use std::time::Duration;
 
-use tower_window::{Limiter, ManualClock, Quota, RedisStore, Store, StoreErrorKind, WindowKey};
+use tower_window::{
+    Limiter, ManualClock, Quota, RedisStore, RedisStoreBuilder, Store, StoreErrorKind, WindowKey,
+};
 use tower_window_tests::redis_cluster::RedisCluster;
 use tower_window_tests::redis_server::RedisServer;
 
 const T0: u64 = 1_700_000_000_000_000;
 
-async fn exercise(store: RedisStore) {
+async fn exercise(store: RedisStoreBuilder) {
     let clock = ManualClock::new(T0);
+    let store = store.clock(clock.clone()).build().unwrap();
+    store.connect().await.unwrap();
     // One bare handle (no time budget) shared by every limiter.
-    let store = Store::bare(store.clock(clock.clone()));
+    let store = Store::bare(store);
     for (text, admitted) in [
         ("3/1m", 3),
         ("3/1m sliding-counter(10s)", 3),
@@ -40,12 +44,7 @@ async fn exercise(store: RedisStore) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_server_all_algorithms() {
     let server = RedisServer::shared();
-    exercise(
-        RedisStore::from_url(&server.url())
-            .unwrap()
-            .prefix("smoke:"),
-    )
-    .await;
+    exercise(RedisStore::builder().url(server.url()).prefix("smoke:")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,11 +91,12 @@ async fn unreachable_server_is_unavailable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_all_algorithms() {
     let cluster = RedisCluster::shared();
-    let store = RedisStore::cluster(cluster.urls())
-        .unwrap()
-        .prefix("smoke:");
-    store.connect().await.unwrap();
-    exercise(store).await;
+    exercise(
+        RedisStore::builder()
+            .cluster(cluster.urls())
+            .prefix("smoke:"),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,10 +105,15 @@ async fn pools_single_and_cluster() {
     let pool = deadpool_redis::Config::from_url(server.url())
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .unwrap();
-    exercise(RedisStore::from_pool(pool).prefix("smoke-pool:")).await;
+    exercise(RedisStore::builder().pool(pool).prefix("smoke-pool:")).await;
     let cluster = RedisCluster::shared();
     let pool = deadpool_redis::cluster::Config::from_urls(cluster.urls())
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .unwrap();
-    exercise(RedisStore::from_cluster_pool(pool).prefix("smoke-pool:")).await;
+    exercise(
+        RedisStore::builder()
+            .cluster_pool(pool)
+            .prefix("smoke-pool:"),
+    )
+    .await;
 }

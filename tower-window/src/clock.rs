@@ -135,6 +135,11 @@ impl ManualClock {
     pub fn set(&self, micros: u64) {
         self.micros.store(micros, Ordering::SeqCst);
     }
+
+    /// Moves the clock forward to `micros`, if it reads less.
+    pub(crate) fn advance_to(&self, micros: u64) {
+        self.micros.fetch_max(micros, Ordering::SeqCst);
+    }
 }
 
 impl Clock for ManualClock {

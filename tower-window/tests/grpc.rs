@@ -234,12 +234,10 @@ async fn a_missing_key_is_invalid_argument_or_the_configured_code() {
 #[tokio::test]
 async fn a_degraded_denial_is_unavailable_with_retry_info() {
     let clock = ManualClock::new(1_700_000_040_000_000);
-    let store = Store::builder(Backend::windows(FailingStore))
-        .clock(clock.clone())
+    let store = Store::builder(Backend::windows(FailingStore).clock(clock.clone()))
         .retry(RetryConfig::none())
         .build();
     let limiter = Limiter::builder(store, quota("5/1m"))
-        .clock(clock)
         .fallback(FailClosed::new().retry_after(Duration::from_millis(2_500)))
         .build();
     let service = layer(limiter.clone()).layer(service_fn(handler));

@@ -1037,14 +1037,10 @@ async fn typed_mode_maps_readiness_errors() {
 /// A resilient limiter on the always-failing store: no retries (each check
 /// fails at once), the default breaker, `policy` as the fallback.
 fn degraded_limiter(dsl: &str, policy: impl FallbackPolicy, clock: &ManualClock) -> Limiter {
-    let store = networked(FailingStore)
-        .clock(clock.clone())
+    let store = Store::builder(Backend::windows(FailingStore).clock(clock.clone()))
         .retry(RetryConfig::none())
         .build();
-    Limiter::builder(store, quota(dsl))
-        .clock(clock.clone())
-        .fallback(policy)
-        .build()
+    Limiter::builder(store, quota(dsl)).fallback(policy).build()
 }
 
 /// Echoes the `Decision` extension's source and whether it is degraded.
@@ -1204,13 +1200,11 @@ async fn closure_policy_decides_and_the_limiter_marks_it_degraded() {
 #[tokio::test]
 async fn open_breaker_denials_name_the_reason() {
     let clock = clock_at(Duration::ZERO);
-    let store = networked(FailingStore)
-        .clock(clock.clone())
+    let store = Store::builder(Backend::windows(FailingStore).clock(clock.clone()))
         .retry(RetryConfig::none())
         .breaker(BreakerConfig::default().consecutive_failures(1))
         .build();
     let limiter = Limiter::builder(store, quota("5/1m"))
-        .clock(clock.clone())
         .fallback(FailClosed::default())
         .build();
     let service = degraded_service(limiter.clone());
@@ -1242,7 +1236,6 @@ async fn store_denials_stay_429_rate_limited_under_a_fail_closed_limiter() {
         MemoryStore::builder().clock(clock.clone()).build(),
         quota("1/1m fixed-window"),
     )
-    .clock(clock.clone())
     .fallback(FailClosed::default())
     .build();
     let service = degraded_service(limiter);

@@ -120,9 +120,10 @@ fn gated_on(quota: &str, config: LeaseConfig) -> (Limiter, Arc<Gate>, ManualCloc
         store,
         gate: Arc::clone(&gate),
     };
-    let backend = Backend::windows(gated.clone()).with_leases(gated);
+    let backend = Backend::windows(gated.clone())
+        .with_leases(gated)
+        .clock(clock.clone());
     let limiter = Limiter::builder(Store::from(backend), quota.parse::<Quota>().unwrap())
-        .clock(clock.clone())
         .leases(config)
         .build();
     (limiter, gate, clock)
@@ -268,7 +269,6 @@ async fn only_keys_hot_enough_lease() {
     let (store, clock) = setup();
     // A TTL of 1 s (a tenth of the minute, at most 1 s); the default rule.
     let limiter = Limiter::builder(store.clone(), "100000/1m".parse::<Quota>().unwrap())
-        .clock(clock.clone())
         .leases(LeaseConfig::new(64))
         .build();
     assert_eq!(LeaseConfig::DEFAULT_HOT_CHECKS, 8);

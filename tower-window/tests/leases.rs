@@ -14,9 +14,8 @@ use tower_window::{
 
 const START: u64 = 1_700_000_000_000_000;
 
-fn limiter(store: &MemoryStore, clock: &ManualClock, quota: &str, max: u32) -> Limiter {
+fn limiter(store: &MemoryStore, quota: &str, max: u32) -> Limiter {
     Limiter::builder(store.clone(), quota.parse::<Quota>().unwrap())
-        .clock(clock.clone())
         .leases(classic(max))
         .build()
 }
@@ -37,8 +36,8 @@ fn setup() -> (MemoryStore, ManualClock) {
 
 #[tokio::test]
 async fn leases_double_while_hot_and_are_spent_without_the_store() {
-    let (store, clock) = setup();
-    let limiter = limiter(&store, &clock, "1000/1m", 8);
+    let (store, _) = setup();
+    let limiter = limiter(&store, "1000/1m", 8);
     let key = WindowKey::for_subject("hot");
     let mut sources = Vec::new();
     for _ in 0..30 {
@@ -76,7 +75,7 @@ async fn leases_double_while_hot_and_are_spent_without_the_store() {
 #[tokio::test]
 async fn an_expired_lease_is_refunded_and_the_next_one_is_smaller() {
     let (store, clock) = setup();
-    let limiter = limiter(&store, &clock, "1000/1m", 8);
+    let limiter = limiter(&store, "1000/1m", 8);
     let key = WindowKey::for_subject("cooling");
     limiter.check(&key, 1).await.unwrap();
     // A lease of 2: one admitted with it, one held.
@@ -106,8 +105,8 @@ async fn an_expired_lease_is_refunded_and_the_next_one_is_smaller() {
 #[tokio::test]
 async fn a_denial_waits_no_longer_than_the_leases_others_hold() {
     let (store, clock) = setup();
-    let a = limiter(&store, &clock, "4/1m", 4);
-    let b = limiter(&store, &clock, "4/1m", 4);
+    let a = limiter(&store, "4/1m", 4);
+    let b = limiter(&store, "4/1m", 4);
     let key = WindowKey::for_subject("shared");
     assert!(a.check(&key, 1).await.unwrap().allowed());
     assert!(a.check(&key, 1).await.unwrap().allowed()); // a lease of 2, one held
@@ -127,7 +126,7 @@ async fn a_denial_waits_no_longer_than_the_leases_others_hold() {
 
 #[tokio::test]
 async fn multi_quota_leases_take_from_every_quota() {
-    let (store, clock) = setup();
+    let (store, _) = setup();
     let policy = Policy::new(
         "p",
         [
@@ -141,7 +140,6 @@ async fn multi_quota_leases_take_from_every_quota() {
     )
     .unwrap();
     let limiter = Limiter::builder(store.clone(), policy.clone())
-        .clock(clock.clone())
         .leases(classic(64))
         .build();
     let key = WindowKey::for_subject("multi");
@@ -204,10 +202,9 @@ async fn leased_checks(
 
 #[tokio::test]
 async fn leased_admissions_report_a_shadow_quotas_would_be_denials() {
-    let (store, clock) = setup();
+    let (store, _) = setup();
     let policy = with_shadow("3/1m");
     let limiter = Limiter::builder(store.clone(), policy.clone())
-        .clock(clock.clone())
         .leases(classic(8))
         .build();
     let key = WindowKey::for_subject("trial");
@@ -250,10 +247,9 @@ async fn a_shadow_quota_keeps_only_the_spends_it_would_have_admitted() {
     // Costs of 2 against a shadow hold of 3: one spend fits, the unit left
     // never does. The limiter names what each shadow quota still holds when
     // it refunds, so the window counts exactly the spends that fit.
-    let (store, clock) = setup();
+    let (store, _) = setup();
     let policy = with_shadow("3/1m");
     let limiter = Limiter::builder(store.clone(), policy.clone())
-        .clock(clock.clone())
         .leases(classic(8))
         .build();
     let key = WindowKey::for_subject("straddle");
@@ -278,7 +274,7 @@ async fn a_shadow_quota_keeps_only_the_spends_it_would_have_admitted() {
 
 #[tokio::test]
 async fn leases_of_shadow_quotas_only_admit_everything_and_count_exactly() {
-    let (store, clock) = setup();
+    let (store, _) = setup();
     let trial = "5/1m"
         .parse::<Quota>()
         .unwrap()
@@ -287,7 +283,6 @@ async fn leases_of_shadow_quotas_only_admit_everything_and_count_exactly() {
         .shadowed(true);
     let policy = Policy::from(trial.clone());
     let limiter = Limiter::builder(store.clone(), policy.clone())
-        .clock(clock.clone())
         .leases(classic(8))
         .build();
     let key = WindowKey::for_subject("only");
@@ -327,9 +322,8 @@ impl limit::Backend for ChecksOnly {
 #[tokio::test]
 async fn a_store_without_leases_decides_every_check() {
     let (store, clock) = setup();
-    let checks_only = Store::from(Backend::windows(ChecksOnly(store)));
+    let checks_only = Store::from(Backend::windows(ChecksOnly(store)).clock(clock));
     let limiter = Limiter::builder(checks_only, "3/1m".parse::<Quota>().unwrap())
-        .clock(clock)
         .leases(classic(8))
         .build();
     let key = WindowKey::for_subject("plain");
@@ -385,7 +379,7 @@ mod metrics {
                 .unwrap();
             runtime.block_on(async {
                 let (store, clock) = setup();
-                let limiter = limiter(&store, &clock, "1000/1m", 8);
+                let limiter = limiter(&store, "1000/1m", 8);
                 let key = WindowKey::for_subject("m");
                 for _ in 0..30 {
                     limiter.check(&key, 1).await.unwrap();
@@ -434,9 +428,8 @@ mod metrics {
                 .build()
                 .unwrap();
             runtime.block_on(async {
-                let (store, clock) = setup();
+                let (store, _) = setup();
                 let limiter = Limiter::builder(store, with_shadow("3/1m"))
-                    .clock(clock)
                     .leases(classic(8))
                     .build();
                 let key = WindowKey::for_subject("m");
@@ -468,8 +461,8 @@ mod metrics {
 
 #[tokio::test]
 async fn discarded_leases_are_not_spent_nor_refunded() {
-    let (store, clock) = setup();
-    let limiter = limiter(&store, &clock, "1000/1m", 8);
+    let (store, _) = setup();
+    let limiter = limiter(&store, "1000/1m", 8);
     let key = WindowKey::for_subject("reset");
     for _ in 0..2 {
         limiter.check(&key, 1).await.unwrap();

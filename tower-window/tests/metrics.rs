@@ -107,7 +107,7 @@ impl ScriptedStore {
     /// A store on this backend, behind a network (its calls are timed and
     /// bounded), whose breakers run on `clock`.
     fn store(&self, clock: &ManualClock) -> StoreBuilder {
-        Store::builder(Backend::windows(self.clone())).clock(clock.clone())
+        Store::builder(Backend::windows(self.clone()).clock(clock.clone()))
     }
 }
 
@@ -157,11 +157,8 @@ async fn store_and_local_cache_decisions() {
     // stay closed.
     let store = Store::builder(store)
         .breaker(BreakerConfig::default())
-        .clock(clock.clone())
         .build();
-    let limiter = Limiter::builder(store, quota("3/1m"))
-        .clock(clock.clone())
-        .build();
+    let limiter = Limiter::builder(store, quota("3/1m")).build();
     let alice = WindowKey::for_subject("alice");
     let mut allowed = 0;
     for _ in 0..6 {
@@ -255,7 +252,6 @@ async fn fail_open_counts_fallback_admissions_and_opens_the_breaker() {
         )
         .build();
     let limiter = Limiter::builder(store, quota("100/1m"))
-        .clock(clock.clone())
         .fallback(FailOpen::new())
         .build();
     let key = WindowKey::for_subject("bob");
@@ -359,7 +355,6 @@ async fn fail_closed_denials_are_not_admissions() {
         store.store(&clock).without_breaker().build(),
         quota("100/1m"),
     )
-    .clock(clock.clone())
     .fallback(FailClosed::default())
     .build();
     let key = WindowKey::for_subject("carol");
@@ -411,9 +406,7 @@ async fn store_errors_by_kind_and_retries() {
         .without_timeout()
         .without_breaker()
         .build();
-    let limiter = Limiter::builder(backend, quota("100/1m"))
-        .clock(clock.clone())
-        .build();
+    let limiter = Limiter::builder(backend, quota("100/1m")).build();
     let key = WindowKey::for_subject("dave");
     assert!(limiter.check(&key, 1).await.unwrap().allowed());
     store.fail(StoreErrorKind::Protocol, 1);

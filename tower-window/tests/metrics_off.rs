@@ -39,7 +39,6 @@ async fn metrics_off_records_nothing() {
         MemoryStore::builder().clock(clock.clone()).build(),
         quota.clone(),
     )
-    .clock(clock.clone())
     .build();
     let key = WindowKey::for_subject("quiet");
     let mut allowed = 0;
@@ -48,15 +47,11 @@ async fn metrics_off_records_nothing() {
     }
     assert_eq!(allowed, 2, "the limiter works; it just records nothing");
 
-    let down = Store::builder(Backend::windows(Down))
-        .clock(clock.clone())
+    let down = Store::builder(Backend::windows(Down).clock(clock.clone()))
         .retry(RetryConfig::none())
         .timeout(Duration::from_millis(10))
         .build();
-    let degraded = Limiter::builder(down, quota)
-        .clock(clock.clone())
-        .fallback(FailOpen)
-        .build();
+    let degraded = Limiter::builder(down, quota).fallback(FailOpen).build();
     for _ in 0..10 {
         let d = degraded.check(&key, 1).await.unwrap();
         assert!(d.is_degraded());

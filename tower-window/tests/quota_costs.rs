@@ -37,7 +37,7 @@ fn policy() -> Policy {
 fn on_memory(policy: &Policy) -> LimiterBuilder {
     let clock = ManualClock::new(START);
     let store = MemoryStore::builder().clock(clock.clone()).build();
-    Limiter::builder(store, policy.clone()).clock(clock)
+    Limiter::builder(store, policy.clone())
 }
 
 fn remaining(d: &Decision) -> Vec<u32> {
@@ -165,8 +165,8 @@ impl limit::Backend for Down {
     }
 }
 
-fn down() -> Store {
-    Store::from(Backend::windows(Down).in_process(true))
+fn down(clock: &ManualClock) -> Store {
+    Store::from(Backend::windows(Down).in_process(true).clock(clock.clone()))
 }
 
 #[tokio::test]
@@ -176,8 +176,7 @@ async fn the_fallback_sees_every_quotas_cost() {
     let record = Arc::clone(&seen);
     // A fallback that records what it was asked, and admits.
     let policy = policy();
-    let limiter = Limiter::builder(down(), policy.clone())
-        .clock(clock.clone())
+    let limiter = Limiter::builder(down(&clock), policy.clone())
         .fallback(move |r: &FallbackRequest<'_>| {
             let each = (0..r.policy.len()).map(|i| r.cost_of(i).get()).collect();
             record.lock().unwrap().push((r.cost.get(), each));
@@ -195,8 +194,7 @@ async fn the_fallback_sees_every_quotas_cost() {
     assert_eq!(*seen.lock().unwrap(), [(30, vec![2, 30])]);
     // LocalWindow decides each quota at its own cost (half of each limit:
     // 5 requests, 50 bytes): 30 bytes fit once.
-    let local = Limiter::builder(down(), policy.clone())
-        .clock(clock)
+    let local = Limiter::builder(down(&clock), policy.clone())
         .fallback(LocalWindow::new(0.5).unwrap())
         .build();
     let mut admitted = Vec::new();

@@ -129,7 +129,6 @@ fn key() -> WindowKey {
 /// both in one chain; `build` makes the store, then the limiter on it.
 struct Setup {
     store: StoreBuilder,
-    clock: ManualClock,
     limiter: Vec<Box<dyn FnOnce(LimiterBuilder) -> LimiterBuilder>>,
 }
 
@@ -166,7 +165,7 @@ impl Setup {
     }
 
     fn build(self) -> Limiter {
-        let builder = Limiter::builder(self.store.build(), quota()).clock(self.clock);
+        let builder = Limiter::builder(self.store.build(), quota());
         self.limiter
             .into_iter()
             .fold(builder, |builder, set| set(builder))
@@ -174,9 +173,9 @@ impl Setup {
     }
 }
 
-/// A store on `backend` behind a network, its breakers on `clock`.
+/// A store on `backend` behind a network, on `clock`.
 fn networked(backend: impl limit::Backend, clock: &ManualClock) -> StoreBuilder {
-    Store::builder(Backend::windows(backend)).clock(clock.clone())
+    Store::builder(Backend::windows(backend).clock(clock.clone()))
 }
 
 /// A store with no breaker and no retries, and a limiter with no local
@@ -189,7 +188,6 @@ fn setup() -> (TestStore, ManualClock, Setup) {
             .without_breaker()
             .retry(RetryConfig::none())
             .timeout(BUDGET),
-        clock: clock.clone(),
         limiter: Vec::new(),
     }
     .local_capacity(0);
@@ -714,7 +712,6 @@ async fn one_failing_shard_opens_only_its_own_breaker() {
         .retry(RetryConfig::none())
         .build();
     let limiter = Limiter::builder(shards, "1000/1s".parse::<Quota>().unwrap())
-        .clock(clock.clone())
         .local_capacity(0)
         .fallback(FailClosed::default())
         .build();
@@ -1005,7 +1002,6 @@ async fn builder_defaults_work_end_to_end() {
     let clock = ManualClock::new(T0);
     let store = TestStore::new(&clock);
     let limiter = Limiter::builder(networked(store.clone(), &clock).build(), quota())
-        .clock(clock.clone())
         .fallback(FailOpen)
         .build();
     assert_eq!(limiter.breaker_state(), Some(BreakerState::Closed));

@@ -4,7 +4,7 @@
 //! `skew_node [--caller-clock] <redis-url> <prefix> <quota>...` builds one bare
 //! `Limiter::new(Store::bare(RedisStore::from_url(url)?.prefix(prefix)), quota)` per quota
 //! DSL (index 0, 1, … in argument order). With `--caller-clock` the store is
-//! given `.clock(SystemClock)`, i.e. it decides on this process's clock
+//! built with `RedisStoreBuilder::clock(SystemClock)`, i.e. it decides on this process's clock
 //! instead of Redis `TIME` (the anti-pattern the test shows failing).
 //!
 //! Commands, one per line on stdin:
@@ -43,12 +43,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .map(|dsl| {
                 let quota: Quota = dsl.parse()?;
-                let store = RedisStore::from_url(url)?.prefix(prefix.as_str());
+                let store = RedisStore::builder().url(url).prefix(prefix.as_str());
                 let store = if caller_clock {
                     store.clock(SystemClock)
                 } else {
                     store
                 };
+                let store = store.build()?;
                 // Bare: no time budget or breaker (their clocks would be
                 // this process's skewed one).
                 Ok(Limiter::new(Store::bare(store), quota))

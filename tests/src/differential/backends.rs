@@ -39,12 +39,16 @@ impl Backends {
         let server = RedisServer::shared();
         let nodes = RedisCluster::shared();
         let clock = ManualClock::new(START);
-        let redis = RedisStore::from_url(&server.url())
-            .expect("a redis url")
-            .clock(clock.clone());
-        let cluster = RedisStore::cluster(nodes.urls())
-            .expect("cluster urls")
-            .clock(clock.clone());
+        let redis = RedisStore::builder()
+            .url(server.url())
+            .clock(clock.clone())
+            .build()
+            .expect("a redis url");
+        let cluster = RedisStore::builder()
+            .cluster(nodes.urls())
+            .clock(clock.clone())
+            .build()
+            .expect("cluster urls");
         let (redis_admin, cluster_admin) = runtime.block_on(async {
             let single = server.async_connection().await;
             let cluster = redis::cluster::ClusterClient::new(nodes.urls())

@@ -8,19 +8,18 @@ use crate::fallback::FallbackPolicy;
 use crate::limit::local::{LocalTier, DEFAULT_LOCAL_CAPACITY};
 use crate::metrics::{LimiterMetrics, MetricParts};
 use crate::store::Store;
-use crate::{Clock, Policy, SystemClock};
+use crate::Policy;
 
 /// Builds a [`Limiter`]; see [`Limiter::builder`].
 ///
-/// Defaults: a local tier of 100 000 keys, the [`SystemClock`], no leases,
-/// and no fallback policy (a store failure is returned as an error). The
-/// time budget, retries, in-flight bound and breakers are the store's
-/// ([`Store::builder`]).
+/// Defaults: a local tier of 100 000 keys, no leases, and no fallback
+/// policy (a store failure is returned as an error). The time budget,
+/// retries, in-flight bound, breakers and clock are the store's
+/// ([`Store::builder`], [`Backend::clock`](crate::store::Backend::clock)).
 #[must_use]
 pub struct LimiterBuilder {
     store: Store,
     policy: Policy,
-    clock: Arc<dyn Clock>,
     local_capacity: u64,
     fallback: Option<Box<dyn FallbackPolicy>>,
     metrics_tenant_label: bool,
@@ -35,21 +34,11 @@ impl LimiterBuilder {
         Self {
             store,
             policy,
-            clock: Arc::new(SystemClock),
             local_capacity: DEFAULT_LOCAL_CAPACITY,
             fallback: None,
             metrics_tenant_label: false,
             leases: None,
         }
-    }
-
-    /// The clock of the local tier, the lease tier and the fallback policy
-    /// (default [`SystemClock`]). The store's breakers have their own
-    /// ([`StoreBuilder::clock`](crate::StoreBuilder::clock)), and the
-    /// backend keeps its own time.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
     }
 
     /// How many keys the local tier of recent denials holds (default
@@ -92,11 +81,8 @@ impl LimiterBuilder {
 
     /// Builds the limiter.
     pub fn build(self) -> Limiter {
-        let clock = self.clock;
-        let fallback = self.fallback.map(|mut policy| {
-            policy.attach_clock(clock.clone());
-            policy
-        });
+        let clock = Arc::clone(self.store.clock());
+        let fallback = self.fallback;
         let parts = MetricParts {
             fallback: fallback.is_some(),
             breaker: self.store.breaker_state().is_some(),

@@ -48,14 +48,14 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use crate::store::guard::OnFailure;
 use crate::store::{CheckRequest, StoreError};
 use crate::{
-    Algorithm, Clock, Cost, Decision, FallbackReason, MemoryStore, Policy, Quota, QuotaDecision,
-    WindowKey,
+    Algorithm, Cost, Decision, FallbackReason, ManualClock, MemoryStore, Policy, Quota,
+    QuotaDecision, WindowKey,
 };
 
 /// The check the store could not answer, handed to a [`FallbackPolicy`].
@@ -133,14 +133,6 @@ pub trait FallbackPolicy: Send + Sync + 'static {
     /// failed). The limiter sets the decision's `source` to
     /// `Fallback(request.reason)` and, if it is zero, its timestamp.
     fn decide(&self, request: FallbackRequest<'_>) -> Decision;
-
-    /// Called once by [`LimiterBuilder::build`](crate::LimiterBuilder::build)
-    /// with the limiter's clock, so a policy that keeps time (such as
-    /// [`LocalWindow`]) uses the same time as the rest of the limiter.
-    /// The default does nothing.
-    fn attach_clock(&mut self, clock: Arc<dyn Clock>) {
-        let _ = clock;
-    }
 }
 
 impl<F> FallbackPolicy for F
@@ -257,8 +249,10 @@ pub struct LocalWindow {
     /// The share as the fraction `numerator / denominator`.
     numerator: u64,
     denominator: u64,
-    max_keys: u64,
     store: MemoryStore,
+    /// The embedded store's clock: the latest reading handed in by a
+    /// request, so the window runs on the limiter's (the store's) time.
+    now: ManualClock,
     /// The first policy scaled, and its scaled form: a limiter checks its
     /// own policy far more than any other, so this answers without a lookup.
     first: OnceLock<(Policy, Option<Policy>)>,
@@ -296,11 +290,12 @@ impl LocalWindow {
     }
 
     fn from_fraction(numerator: u64, denominator: u64) -> Self {
+        let now = ManualClock::new(0);
         Self {
             numerator,
             denominator,
-            max_keys: MemoryStore::DEFAULT_MAX_KEYS,
-            store: MemoryStore::new(),
+            store: Self::store(&now, MemoryStore::DEFAULT_MAX_KEYS),
+            now,
             first: OnceLock::new(),
             scaled: quick_cache::sync::Cache::new(64),
         }
@@ -310,9 +305,15 @@ impl LocalWindow {
     /// [`MemoryStore::DEFAULT_MAX_KEYS`]); beyond it the least useful keys
     /// are forgotten.
     pub fn max_keys(mut self, max_keys: u64) -> Self {
-        self.max_keys = max_keys;
-        self.store = MemoryStore::builder().max_keys(max_keys).build();
+        self.store = Self::store(&self.now, max_keys);
         self
+    }
+
+    fn store(now: &ManualClock, max_keys: u64) -> MemoryStore {
+        MemoryStore::builder()
+            .clock(now.clone())
+            .max_keys(max_keys)
+            .build()
     }
 
     /// `ceil(share × limit)`, at least 1 and at most `limit`.
@@ -376,6 +377,9 @@ impl fmt::Debug for LocalWindow {
 impl FallbackPolicy for LocalWindow {
     fn decide(&self, request: FallbackRequest<'_>) -> Decision {
         let policy = request.policy;
+        // Concurrent requests may hand in readings out of order: the window's
+        // time never steps back.
+        self.now.advance_to(request.now_micros);
         let denied = || {
             let states = policy.quotas().iter().map(|quota| {
                 let window = quota.window();
@@ -397,13 +401,6 @@ impl FallbackPolicy for LocalWindow {
             Some(Err(_)) | None => denied(),
         };
         decision
-    }
-
-    fn attach_clock(&mut self, clock: Arc<dyn Clock>) {
-        self.store = MemoryStore::builder()
-            .clock(clock)
-            .max_keys(self.max_keys)
-            .build();
     }
 }
 

@@ -58,6 +58,12 @@ struct Inner {
 }
 
 impl Store {
+    /// The store's one clock (its backend's): the breakers', and the local
+    /// tier's, lease tier's and fallback's of every limiter on the store.
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.resilience.clock
+    }
+
     /// A store on the embedded [`MemoryStore`] with default settings.
     pub fn memory() -> Self {
         Self::from(MemoryStore::new())
@@ -75,7 +81,6 @@ impl Store {
         let networked = !backend.in_process;
         StoreBuilder {
             backend,
-            clock: Arc::new(SystemClock),
             timeout: networked.then_some(DEFAULT_TIMEOUT),
             retry: if networked {
                 RetryConfig::default()
@@ -243,6 +248,7 @@ pub struct Backend {
     /// Capabilities' backends: given here, or plugged on first use.
     parts: Parts,
     in_process: bool,
+    clock: Arc<dyn Clock>,
 }
 
 /// The backend of the capability whose backend trait is `$backend` on the
@@ -278,18 +284,19 @@ pub(crate) enum Native {
 }
 
 impl Backend {
-    fn native(native: Native, in_process: bool) -> Self {
+    fn native(native: Native, in_process: bool, clock: Arc<dyn Clock>) -> Self {
         Self {
             native,
             parts: Parts::default(),
             in_process,
+            clock,
         }
     }
 
     /// A backend of only what is given to it (in `with_part`), behind a
     /// network unless [`in_process`](Self::in_process) says otherwise.
     pub(crate) fn own() -> Self {
-        Self::native(Native::Own, false)
+        Self::native(Native::Own, false, Arc::new(SystemClock))
     }
 
     /// With `backend` as the backend of the capability whose trait is `B`.
@@ -302,6 +309,15 @@ impl Backend {
     /// defaults bound nothing).
     pub fn in_process(mut self, in_process: bool) -> Self {
         self.in_process = in_process;
+        self
+    }
+
+    /// The store's clock, for a backend of your own (default
+    /// [`SystemClock`]): what its breakers, and the local tier, lease tier
+    /// and fallback of every limiter on it, read. [`MemoryStore`] and
+    /// [`RedisStore`](crate::RedisStore) bring their own.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
         self
     }
 }
@@ -323,7 +339,8 @@ impl fmt::Debug for Backend {
 
 impl From<MemoryStore> for Backend {
     fn from(memory: MemoryStore) -> Self {
-        Self::native(Native::Memory(memory), true)
+        let clock = Arc::clone(&memory.clock);
+        Self::native(Native::Memory(memory), true, clock)
     }
 }
 
@@ -337,7 +354,8 @@ impl From<crate::RedisStore> for Backend {
 #[cfg(feature = "redis")]
 impl From<Arc<crate::RedisStore>> for Backend {
     fn from(redis: Arc<crate::RedisStore>) -> Self {
-        Self::native(Native::Redis(redis), false)
+        let clock = redis.clock.clone().unwrap_or_else(|| Arc::new(SystemClock));
+        Self::native(Native::Redis(redis), false, clock)
     }
 }
 
@@ -345,7 +363,6 @@ impl From<Arc<crate::RedisStore>> for Backend {
 #[must_use]
 pub struct StoreBuilder {
     backend: Backend,
-    clock: Arc<dyn Clock>,
     timeout: Option<Duration>,
     retry: RetryConfig,
     breaker: Option<BreakerConfig>,
@@ -358,13 +375,6 @@ impl StoreBuilder {
     pub const DEFAULT_TIMEOUT: Duration = DEFAULT_TIMEOUT;
     /// The default bound on calls in flight: 1024.
     pub const DEFAULT_MAX_IN_FLIGHT: usize = DEFAULT_MAX_IN_FLIGHT;
-
-    /// The breakers' clock (cooldowns, rolling windows; default
-    /// [`SystemClock`]). The backend keeps its own time.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
 
     /// The time budget of one operation, retries included: past it the
     /// operation fails with [`StoreErrorKind::Timeout`](crate::StoreErrorKind::Timeout).
@@ -415,7 +425,8 @@ impl StoreBuilder {
     pub fn build(self) -> Store {
         let breakers = self
             .breaker
-            .map(|config| Breakers::new(config, self.clock.clone()));
+            .map(|config| Breakers::new(config, Arc::clone(&self.backend.clock)));
+        let clock = Arc::clone(&self.backend.clock);
         Store {
             inner: Arc::new(Inner {
                 backend: Arc::new(self.backend),
@@ -424,7 +435,7 @@ impl StoreBuilder {
                     retry: self.retry,
                     in_flight: self.max_in_flight.map(Semaphore::new),
                     breakers,
-                    clock: self.clock,
+                    clock,
                 }),
             }),
         }

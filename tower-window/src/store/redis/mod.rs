@@ -233,13 +233,6 @@ impl RedisStore {
         self
     }
 
-    /// Decides with `clock` instead of the Redis server's `TIME`; see
-    /// [`RedisStoreBuilder::clock`].
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Some(Arc::new(clock));
-        self
-    }
-
     /// The key prefix in use.
     pub fn key_prefix(&self) -> &str {
         &self.prefix
@@ -397,14 +390,15 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Decides with `clock` instead of the Redis server's `TIME`.
+    /// Decides with `clock` instead of the Redis server's `TIME`, and makes
+    /// it the store's clock (breakers, local and lease tiers, fallback);
+    /// without it those read the [`SystemClock`](crate::SystemClock).
     ///
-    /// For tests and benchmarks (the conformance suite drives a
-    /// [`ManualClock`](crate::ManualClock)). In production leave it unset:
-    /// with the server's clock, node clock skew cannot move the windows.
-    /// Because Redis expires keys by its own clock, keys then get a TTL of
-    /// at least one minute; expired state is still ignored by the given
-    /// clock's time. Readings beyond 2^52 µs are refused.
+    /// For tests and simulations that drive a [`ManualClock`](crate::ManualClock).
+    /// In production leave it unset: with the server's clock, node clock
+    /// skew cannot move the windows. Redis expires keys by its own clock,
+    /// so keys then get a TTL of at least one minute; expired state is still
+    /// ignored by the given clock's time. Readings beyond 2^52 µs are refused.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
