@@ -12,6 +12,11 @@
 //!   no admission is doubled, and none acknowledged by the new primary is
 //!   lost (writes the dead primary acknowledged but had not replicated yet
 //!   may be: replication is asynchronous).
+//! - Tenant lifecycle writes while the primary holding the registry is
+//!   killed: each write ends within the store's budget with `Ok` or a typed
+//!   store error; once the replica is promoted, writes succeed again, and
+//!   every node (one started afterwards included) agrees on every write the
+//!   new primary acknowledged.
 //! - `READONLY` (a write sent to a replica) and `MOVED` (a key sent to a
 //!   node that does not serve its slot) map to `StoreErrorKind::Unavailable`
 //!   and are marked not applied, so the limiter may retry them.
@@ -28,11 +33,12 @@ use tower_window::fallback::FailClosed;
 use tower_window::limit::Backend as _;
 use tower_window::store::redis::redis_key;
 use tower_window::store::Guard;
+use tower_window::tenant::{TenantError, TenantRegistry, TenantSpec, TenantsConfig};
 use tower_window::{
     CheckRequest, Cost, DecisionSource, FallbackReason, Limiter, ManualClock, Policy, Quota,
     RedisStore, Store, StoreErrorKind, WindowKey,
 };
-use tower_window_tests::redis_cluster::RedisCluster;
+use tower_window_tests::redis_cluster::{key_slot, RedisCluster};
 use tower_window_tests::redis_server::RedisServer;
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -447,6 +453,159 @@ async fn a_killed_primary_is_replaced_by_its_replica() {
          lost with the dead primary (unreplicated) {lost}, ambiguous {ambiguous}"
     );
     assert!(charged <= admitted + ambiguous);
+}
+
+/// A tenant registry on the cluster, its writes bounded by [`BUDGET`].
+async fn tenant_node(cluster: &RedisCluster, prefix: &str) -> TenantRegistry {
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .prefix(prefix)
+        .connect_timeout(BUDGET)
+        .build()
+        .unwrap();
+    let store = Store::builder(store).timeout(BUDGET).build();
+    let config = TenantsConfig::new().with_tenant("acme", burst(2)).unwrap();
+    let registry = TenantRegistry::on_store(config, &store);
+    tokio::time::timeout(Duration::from_secs(20), registry.loaded())
+        .await
+        .expect("the registry loads its state");
+    registry
+}
+
+fn burst(limit: u32) -> TenantSpec {
+    TenantSpec::builder()
+        .quota("burst", &format!("{limit}/1m"))
+        .unwrap()
+        .build()
+        .unwrap()
+}
+
+/// Polls `done` every 10 ms, at most 3000 times.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..3000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never: {what}");
+}
+
+/// The registry's keys share the `{tw-tenants}` hash tag: kill the primary
+/// serving it while one node keeps writing. Writes end within the budget,
+/// `Ok` or a store error (never a hang, a panic or another error); after the
+/// promotion they succeed again; and the node that wrote, a node that only
+/// followed, and a node started afterwards all hold the same tenants and
+/// generations: every write the new primary acknowledged, none doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_writes_survive_a_killed_primary() {
+    let cluster = RedisCluster::start_with_replicas();
+    let prefix = "failover-tenants:";
+    let slot = key_slot(b"{tw-tenants}");
+    let (primary, replica) = cluster
+        .pairs()
+        .into_iter()
+        .find(|(primary, _)| cluster.owner(*primary, slot) == *primary)
+        .expect("a primary serves the registry's slot");
+    let writer = tenant_node(&cluster, prefix).await;
+    let follower = tenant_node(&cluster, prefix).await;
+    assert!(writer.reset("acme").await.unwrap());
+    // Replicated before the kill, so it cannot be lost with the primary.
+    let replicas: i64 = query(&cluster.nodes()[primary], &["WAIT", "1", "2000"]);
+    assert_eq!(replicas, 1);
+
+    let info: String = query(&cluster.nodes()[primary], &["INFO", "server"]);
+    let pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert!(Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .unwrap()
+        .success());
+
+    // Write until the new primary has acknowledged a few rounds: each round
+    // a reset of acme and the init of a new tenant.
+    let mut resets = (1u64, 1u64); // (acknowledged, attempted), the first included
+    let mut created = Vec::new();
+    let mut failed = 0;
+    let mut after_promotion = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for round in 0.. {
+        assert!(
+            Instant::now() < deadline,
+            "writes did not recover within 60 s"
+        );
+        let bounded = BUDGET * 4;
+        let reset = tokio::time::timeout(bounded, writer.reset("acme"))
+            .await
+            .expect("a reset ends within the store's budget");
+        let name = format!("t{round}");
+        let init = tokio::time::timeout(bounded, writer.init(&name, burst(3)))
+            .await
+            .expect("an init ends within the store's budget");
+        resets.1 += 1;
+        for error in [reset.as_ref().err(), init.as_ref().err()]
+            .into_iter()
+            .flatten()
+        {
+            assert!(matches!(error, TenantError::Store(_)), "{error}");
+            failed += 1;
+        }
+        if let Ok(true) = reset {
+            resets.0 += 1;
+        }
+        if init.is_ok() {
+            created.push(name);
+        }
+        if role(&cluster.nodes()[replica]) == "master" && reset.is_ok() && init.is_ok() {
+            after_promotion += 1;
+            if after_promotion == 3 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "tenant writes: {} resets acknowledged of {} attempted, {} inits acknowledged, {failed} failed",
+        resets.0,
+        resets.1,
+        created.len()
+    );
+    assert!(
+        failed > 0,
+        "the kill went unnoticed: the test did not test a failover"
+    );
+
+    let late = tenant_node(&cluster, prefix).await;
+    for (who, node) in [
+        ("writer", &writer),
+        ("follower", &follower),
+        ("late", &late),
+    ] {
+        eventually(&format!("{who} holds every acknowledged init"), || {
+            created.iter().all(|name| node.tenant(name).is_some())
+        })
+        .await;
+    }
+    let generation = |node: &TenantRegistry| node.effective("acme").map(|t| t.generation);
+    eventually("the three nodes agree on acme's generation", || {
+        let g = generation(&late);
+        g == generation(&writer) && g == generation(&follower)
+    })
+    .await;
+    let held = generation(&late).unwrap();
+    eprintln!("acme's generation: {held}");
+    // A reset that timed out may have run; none runs twice.
+    assert!(
+        (resets.0..=resets.1).contains(&held),
+        "acme reset {held} times, acknowledged {}, attempted {}",
+        resets.0,
+        resets.1
+    );
 }
 
 /// A write on a replica answers READONLY; a key on a node that does not
