@@ -12,6 +12,10 @@
 //!   no admission is doubled, and none acknowledged by the new primary is
 //!   lost (writes the dead primary acknowledged but had not replicated yet
 //!   may be: replication is asynchronous).
+//! - Leased hot keys through a planned failover, their leases expiring
+//!   every round so that each refill carries refunds: no key admits more
+//!   than its limit, and the new primary takes refills (and their refunds)
+//!   again.
 //! - Tenant lifecycle writes while the primary holding the registry is
 //!   killed: each write ends within the store's budget with `Ok` or a typed
 //!   store error; once the replica is promoted, writes succeed again, and
@@ -35,8 +39,8 @@ use tower_window::store::redis::redis_key;
 use tower_window::store::Guard;
 use tower_window::tenant::{TenantError, TenantRegistry, TenantSpec, TenantsConfig};
 use tower_window::{
-    CheckRequest, Cost, DecisionSource, FallbackReason, Limiter, ManualClock, Policy, Quota,
-    RedisStore, Store, StoreErrorKind, WindowKey,
+    CheckRequest, Cost, DecisionSource, FallbackReason, LeaseConfig, LimitError, Limiter,
+    ManualClock, Policy, Quota, RedisStore, Store, StoreErrorKind, WindowKey,
 };
 use tower_window_tests::redis_cluster::{key_slot, RedisCluster};
 use tower_window_tests::redis_server::RedisServer;
@@ -453,6 +457,116 @@ async fn a_killed_primary_is_replaced_by_its_replica() {
          lost with the dead primary (unreplicated) {lost}, ambiguous {ambiguous}"
     );
     assert!(charged <= admitted + ambiguous);
+}
+
+/// Leases on hot keys of the primary that fails over, with a lease TTL of
+/// one second and the store's (manual) clock moved two seconds each round:
+/// every lease expires between rounds, so each refill refunds what the last
+/// lease left, in the reservation's own call. Two nodes check each key until
+/// the store denies everything; a planned failover happens on the way. A
+/// refund applied twice, or a reservation retried after it ran, would admit
+/// past the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_riding_on_reservations_survive_a_planned_failover() {
+    const LIMIT: u64 = 120;
+    const CHECKS: usize = 4;
+    let cluster = RedisCluster::start_with_replicas();
+    let quota: Quota = format!("{LIMIT}/1h").parse().unwrap();
+    let policy = Policy::from(quota.clone());
+    let prefix = "failover-refunds:";
+    let (primary, replica) = pairs(&cluster)[2];
+    let keys: Vec<WindowKey> = keys_on(&cluster, primary, prefix, &policy, &quota)
+        .into_iter()
+        .take(4)
+        .collect();
+    let clock = ManualClock::new(T0);
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::builder()
+            .cluster(cluster.urls())
+            .prefix(prefix)
+            .connect_timeout(BUDGET)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        store.connect().await.unwrap();
+        let leases = LeaseConfig::new(8).ttl(Duration::from_secs(1)).hot_after(1);
+        let store = Store::builder(store).timeout(BUDGET).build();
+        nodes.push(
+            Limiter::builder(store, quota.clone())
+                .leases(leases)
+                .build(),
+        );
+    }
+    let stats = |nodes: &[Limiter]| {
+        nodes.iter().fold((0, 0), |(reservations, returned), node| {
+            let s = node.lease_stats().unwrap();
+            (reservations + s.reservations, returned + s.returned)
+        })
+    };
+
+    let mut admitted: BTreeMap<WindowKey, u64> = BTreeMap::new();
+    let mut errors = 0;
+    let mut at_promotion = None;
+    for round in 0..400 {
+        if round == 3 {
+            let _: () = query(&cluster.nodes()[replica], &["CLUSTER", "FAILOVER"]);
+        }
+        // The two nodes check at once, each key CHECKS times.
+        let check_all = |node: &Limiter| {
+            let keys = &keys;
+            let node = node.clone();
+            async move {
+                let mut outcomes = Vec::new();
+                for key in keys {
+                    for _ in 0..CHECKS {
+                        outcomes.push((key.clone(), node.check(key, 1).await));
+                    }
+                }
+                outcomes
+            }
+        };
+        let (a, b) = tokio::join!(check_all(&nodes[0]), check_all(&nodes[1]));
+        let mut denied_everywhere = true;
+        for (key, outcome) in a.into_iter().chain(b) {
+            match outcome {
+                Ok(d) if d.allowed() => {
+                    *admitted.entry(key).or_default() += 1;
+                    denied_everywhere = false;
+                }
+                Ok(_) => {}
+                Err(LimitError::Store(_)) => {
+                    errors += 1;
+                    denied_everywhere = false;
+                }
+                Err(other) => panic!("{other}"),
+            }
+        }
+        if at_promotion.is_none() && role(&cluster.nodes()[replica]) == "master" {
+            at_promotion = Some((round, stats(&nodes)));
+        }
+        if denied_everywhere && at_promotion.is_some() {
+            break;
+        }
+        clock.advance(Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (round, before) = at_promotion.expect("the replica was promoted");
+    let after = stats(&nodes);
+    eprintln!(
+        "promoted in round {round}; admitted per key {:?}; {errors} store errors; \
+         reservations {} before the promotion, {} after; units refunded {}",
+        admitted.values().collect::<Vec<_>>(),
+        before.0,
+        after.0 - before.0,
+        after.1
+    );
+    assert!(after.0 > before.0, "the new primary took no reservation");
+    assert!(after.1 > 0, "no refund rode on a reservation");
+    for key in &keys {
+        let a = admitted.get(key).copied().unwrap_or(0);
+        assert!(a <= LIMIT, "{key:?}: {a} admitted, limit {LIMIT}");
+    }
 }
 
 /// A tenant registry on the cluster, its writes bounded by [`BUDGET`].
