@@ -175,10 +175,7 @@ impl WindowKey {
 
     /// One key shared by every request (a global limit).
     pub fn global() -> Self {
-        Self::new(
-            Bytes::from_static(Self::DEFAULT_TENANT),
-            Bytes::from_static(b"global"),
-        )
+        Self::for_subject(Bytes::from_static(b"global"))
     }
 
     /// The same subject in another tenant.

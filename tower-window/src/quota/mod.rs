@@ -142,13 +142,11 @@ impl Quota {
         self.0.scope
     }
 
-    /// The same quota as a *shadow* quota (or enforced again with `false`),
-    /// for trying a new limit safely: checked, counted and reported like
-    /// any other (with a `shadow` parameter in `RateLimit-Policy`), but it
-    /// never denies. A cost it does not fit is not recorded in it, and is
-    /// reported as a [shadow denial](crate::QuotaDecision::is_shadow_denial)
-    /// (`tower_window_shadow_denials_total`). Not part of the
-    /// [state id](Self::state_id): enforcing it later keeps its windows.
+    /// The same quota as a *shadow* quota (or enforced again with `false`):
+    /// checked, counted and reported like any other, but it never denies. A
+    /// cost it does not fit is not recorded in it, and is reported as a
+    /// [shadow denial](crate::QuotaDecision::is_shadow_denial) (counted in
+    /// `tower_window_shadow_denials_total`). Enforcing it keeps its windows.
     ///
     /// ```
     /// use tower_window::Quota;
@@ -181,11 +179,10 @@ impl Quota {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
-    /// The same quota in state generation `generation` (default 0). It is
-    /// part of the [state id](Self::state_id), so windows of one generation
-    /// are never read by another: a
-    /// [`TenantRegistry`](crate::tenant::TenantRegistry) resets a tenant
-    /// everywhere at once by bumping it, deleting no key.
+    /// The same quota in state generation `generation` (default 0), part of
+    /// the [state id](Self::state_id): bumping it starts fresh windows
+    /// everywhere without deleting a key (how a
+    /// [`TenantRegistry`](crate::tenant::TenantRegistry) resets a tenant).
     #[must_use]
     pub fn with_generation(self, generation: u64) -> Self {
         self.changed(|data| data.generation = generation)
@@ -196,17 +193,13 @@ impl Quota {
         self.0.generation
     }
 
-    /// The same quota counting a window of its own for `instance`: many
-    /// independent windows of one definition under one
-    /// [`WindowKey`](crate::WindowKey), told apart by arbitrary text (an
-    /// Envoy descriptor's entries, say), which one [`Policy`] can decide
-    /// together.
+    /// The same quota counting a window of its own for `instance`
+    /// (arbitrary text: an Envoy descriptor's entries, say), so that one
+    /// [`Policy`] can decide many windows of one definition together.
     ///
-    /// The instance, percent-escaped, takes the name's place in the
-    /// [state id](Self::state_id): distinct instances never share a window
-    /// nor pass for a name, and the window stays the instance's whatever
-    /// the name (which metrics and headers still show). An empty instance
-    /// is a window apart from the quota's plain one.
+    /// The instance, escaped, replaces the name in the
+    /// [state id](Self::state_id): distinct instances never share a window,
+    /// whatever the names (which metrics and headers still show).
     ///
     /// ```
     /// use tower_window::{Policy, Quota};
@@ -268,8 +261,8 @@ impl Quota {
         self.0.burst.map(NonZeroU32::get)
     }
 
-    /// The most units one key can be admitted at once: the burst for GCRA
-    /// (default `limit`), otherwise the limit. A cost above it never fits.
+    /// The most units one key can be admitted at once: the GCRA burst, else
+    /// the limit.
     pub fn capacity(&self) -> u32 {
         match self.0.algorithm {
             Algorithm::Gcra => self.0.burst.unwrap_or(self.0.limit).get(),
@@ -277,7 +270,7 @@ impl Quota {
         }
     }
 
-    /// The sliding counter's bucket width in microseconds, if that is the algorithm.
+    /// The sliding counter's bucket width in microseconds.
     pub fn granularity_micros(&self) -> Option<u64> {
         match self.0.algorithm {
             Algorithm::SlidingCounter { granularity } => Some(duration_micros(granularity)),
