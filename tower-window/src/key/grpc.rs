@@ -11,7 +11,7 @@ use http::Uri;
 use super::builtin::{bounded_key, Header, HttpRequest, DEFAULT_MAX_LEN};
 use super::{KeyExtractor, NoKey, WindowKey};
 
-/// A metadata key [`Metadata`] refuses (see [`Metadata::new`]).
+/// A metadata key [`Metadata`] refuses.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid gRPC metadata key {key:?}: {reason}")]
 pub struct InvalidMetadataKey {
@@ -155,14 +155,6 @@ enum Part {
 }
 
 /// The called gRPC method, from the request path `/package.Service/Method`.
-///
-/// - [`new`](Self::new): the method's full name, `package.Service.Method`
-///   (a valid [tenant name](crate::tenant::validate_tenant_name), so it can
-///   select a per-method policy from a
-///   [`TenantRegistry`](crate::tenant::TenantRegistry));
-/// - [`service`](Self::service): the service's full name, `package.Service`;
-/// - [`path`](Self::path): the path as sent, `/package.Service/Method`.
-///
 /// A path that is not `/<service>/<method>` (ASCII letters, digits, `_`,
 /// `-` and `.`, no `.` in the method, at most [`DEFAULT_MAX_LEN`] bytes)
 /// gives no key.
@@ -183,7 +175,9 @@ pub struct GrpcMethod {
 }
 
 impl GrpcMethod {
-    /// Keys calls by the method's full name, `package.Service.Method`.
+    /// Keys calls by the method's full name, `package.Service.Method`: a
+    /// valid [tenant name](crate::tenant::validate_tenant_name), to select a
+    /// per-method policy from a [`TenantRegistry`](crate::tenant::TenantRegistry).
     pub fn new() -> Self {
         Self { part: Part::Method }
     }

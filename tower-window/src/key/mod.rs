@@ -242,7 +242,7 @@ impl fmt::Debug for WindowKey {
     }
 }
 
-/// Why a [`KeyExtractor`] found no key ([`KeyExtractor::try_extract`]).
+/// Why a [`KeyExtractor`] found no key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum NoKey {
@@ -347,7 +347,7 @@ pub trait KeyExtractorExt<Req>: KeyExtractor<Req> + Sized {
 
 impl<E: KeyExtractor<Req>, Req> KeyExtractorExt<Req> for E {}
 
-/// Tries one extractor, then another. See [`KeyExtractorExt::or`].
+/// See [`KeyExtractorExt::or`].
 pub struct Or<A, B, Req> {
     first: A,
     second: B,
@@ -391,7 +391,7 @@ impl<A: fmt::Debug, B: fmt::Debug, Req> fmt::Debug for Or<A, B, Req> {
     }
 }
 
-/// Takes the tenant from another extractor. See [`KeyExtractorExt::with_tenant`].
+/// See [`KeyExtractorExt::with_tenant`].
 pub struct WithTenant<S, T, Req> {
     subject: S,
     tenant: T,
