@@ -1,10 +1,5 @@
-//! Built-in key extractors for HTTP requests' values: [`Header`],
-//! [`Query`] and [`Extension`] ([`PeerIp`](super::PeerIp) keys by the client's address).
-//!
-//! Each implements [`KeyExtractor`] for `http::Request<B>` (any body) and for
-//! `http::request::Parts`, and produces [`WindowKey::for_subject`] keys;
-//! combine them with [`KeyExtractorExt`](super::KeyExtractorExt) for tenants
-//! and fallbacks. [`Constant`](super::Constant) works for any request type.
+//! Key extractors for HTTP request values: [`Header`], [`Query`] and
+//! [`Extension`], for `http::Request<B>` and `http::request::Parts`.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -16,15 +11,12 @@ use http::{Extensions, Uri};
 
 use super::{KeyExtractor, NoKey, WindowKey};
 
-/// The longest key value [`Header`] and [`Query`] accept by default, in bytes.
-///
-/// A longer value is no key ([`NoKey::TooLong`]): the layer answers it
-/// `400 Bad Request`, as a
+/// The longest key value [`Header`] and [`Query`] accept by default, in
+/// bytes. The layer answers a longer one with
 /// [`Rejection::KeyTooLong`](crate::layer::Rejection::KeyTooLong).
 pub const DEFAULT_MAX_LEN: usize = 1024;
 
-/// A request the HTTP extractors read: `http::Request<B>` (any body) or
-/// `http::request::Parts`, which hold the same three parts.
+/// A request the HTTP extractors read: `http::Request<B>` or `Parts`.
 pub(crate) trait HttpRequest {
     fn parts(&self) -> (&HeaderMap, &Uri, &Extensions);
 }
@@ -41,8 +33,7 @@ impl HttpRequest for http::request::Parts {
     }
 }
 
-/// `value` as a key, when it is neither empty ([`NoKey::Missing`]) nor
-/// longer than `max_len` bytes ([`NoKey::TooLong`]).
+/// `value` as a key, unless empty or longer than `max_len` bytes.
 pub(super) fn bounded_key(value: &[u8], max_len: usize) -> Result<WindowKey, NoKey> {
     match value.len() {
         0 => Err(NoKey::Missing),
@@ -58,11 +49,8 @@ pub struct InvalidHeaderName(String);
 
 crate::error_debug::debug_as_display!(InvalidHeaderName);
 
-/// The value of a request header (the first one, if repeated), as raw bytes.
-///
-/// An absent or empty header gives no key ([`NoKey::Missing`]), and so does
-/// one longer than [`max_len`](Self::max_len) ([`DEFAULT_MAX_LEN`] by
-/// default), for another reason ([`NoKey::TooLong`]).
+/// The value of a request header (the first one, if repeated), as raw
+/// bytes. Absent, empty or longer than [`max_len`](Self::max_len), no key.
 ///
 /// ```
 /// use tower_window::key::{Header, KeyExtractor};
@@ -77,19 +65,18 @@ crate::error_debug::debug_as_display!(InvalidHeaderName);
 #[derive(Debug, Clone)]
 pub struct Header {
     name: HeaderName,
-    max_len: usize,
+    pub(super) max_len: usize,
 }
 
 impl Header {
-    /// Keys requests by the header `name` (any case), or fails if it is not
-    /// a valid header name.
+    /// Keys requests by the header `name` (any case).
     pub fn new(name: &str) -> Result<Self, InvalidHeaderName> {
         let parsed = HeaderName::try_from(name)
             .map_err(|_| InvalidHeaderName(name.chars().take(80).collect()))?;
         Ok(Self::from_name(parsed))
     }
 
-    /// Keys requests by the header `name` (already a valid name: cannot fail).
+    /// Keys requests by the header `name`.
     pub fn from_name(name: HeaderName) -> Self {
         Self {
             name,
@@ -97,7 +84,8 @@ impl Header {
         }
     }
 
-    /// Values longer than `max_len` bytes give no key ([`NoKey::TooLong`]).
+    /// Values longer than `max_len` bytes give no key ([`NoKey::TooLong`];
+    /// default [`DEFAULT_MAX_LEN`]).
     pub fn max_len(mut self, max_len: usize) -> Self {
         self.max_len = max_len;
         self
@@ -106,12 +94,6 @@ impl Header {
     /// The header's name.
     pub fn name(&self) -> &HeaderName {
         &self.name
-    }
-
-    /// The longest value that gives a key, in bytes.
-    #[cfg(feature = "grpc")]
-    pub(super) fn max_len_bytes(&self) -> usize {
-        self.max_len
     }
 
     pub(super) fn key_of_headers(&self, headers: &HeaderMap) -> Result<WindowKey, NoKey> {
@@ -130,13 +112,9 @@ impl<R: HttpRequest> KeyExtractor<R> for Header {
     }
 }
 
-/// The URL-decoded value of a query parameter (its first occurrence).
-///
-/// `+` decodes to a space and `%XX` to its byte; malformed escapes are kept
-/// as they are. An absent or empty parameter gives no key
-/// ([`NoKey::Missing`]), and so does a value longer than
-/// [`max_len`](Self::max_len) ([`DEFAULT_MAX_LEN`] by default), for another
-/// reason ([`NoKey::TooLong`]).
+/// The URL-decoded value of a query parameter (its first occurrence);
+/// malformed escapes are kept as they are. Absent, empty or longer than
+/// [`max_len`](Self::max_len), no key.
 ///
 /// ```
 /// use tower_window::key::{KeyExtractor, Query};
@@ -161,7 +139,7 @@ impl Query {
     }
 
     /// Values longer than `max_len` bytes (decoded) give no key
-    /// ([`NoKey::TooLong`]).
+    /// ([`NoKey::TooLong`]; default [`DEFAULT_MAX_LEN`]).
     pub fn max_len(mut self, max_len: usize) -> Self {
         self.max_len = max_len;
         self
@@ -222,8 +200,8 @@ fn hex(digit: u8) -> Option<u8> {
         .and_then(|d| u8::try_from(d).ok())
 }
 
-/// A key computed from a request extension of type `T`, for example one that
-/// an authentication layer inserted. No such extension, no key.
+/// A key computed from a request extension of type `T` (one an
+/// authentication layer inserted, say). No such extension, no key.
 ///
 /// ```
 /// use tower_window::key::{Extension, KeyExtractor};
@@ -243,8 +221,7 @@ pub struct Extension<T, F = fn(&T) -> Bytes> {
 }
 
 impl<T, F> Extension<T, F> {
-    /// Keys requests by `subject(extension)`; `subject` returns anything
-    /// convertible into [`Bytes`] (`String`, `Vec<u8>`, `&'static str`, ...).
+    /// Keys requests by `subject(extension)`, anything `Into<Bytes>`.
     pub fn new(subject: F) -> Self {
         Self {
             subject,

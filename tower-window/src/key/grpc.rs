@@ -1,10 +1,6 @@
-//! Key extractors for gRPC requests: [`Metadata`] and [`GrpcMethod`].
-//!
-//! A gRPC call reaches a Tower service as an `http::Request` whose headers
-//! are the call's metadata and whose path is `/package.Service/Method`, so
-//! both extractors work on `http::Request<B>` and `http::request::Parts`
-//! like the HTTP ones, and combine with them
-//! ([`KeyExtractorExt`](super::KeyExtractorExt)).
+//! Key extractors for gRPC calls: [`Metadata`] and [`GrpcMethod`]. A call
+//! is an `http::Request` (metadata in the headers, `/package.Service/Method`
+//! the path), so they read what the HTTP extractors read.
 
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
@@ -15,7 +11,7 @@ use http::Uri;
 use super::builtin::{bounded_key, Header, HttpRequest, DEFAULT_MAX_LEN};
 use super::{KeyExtractor, NoKey, WindowKey};
 
-/// A metadata key [`Metadata`] refuses (see [`Metadata::new`]).
+/// A metadata key [`Metadata`] refuses.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid gRPC metadata key {key:?}: {reason}")]
 pub struct InvalidMetadataKey {
@@ -34,8 +30,8 @@ impl InvalidMetadataKey {
     }
 }
 
-/// Base64 as gRPC sends binary metadata: standard alphabet, with or without
-/// padding (senders omit it, receivers must accept both).
+/// Base64 as gRPC sends binary metadata: receivers must accept it padded
+/// or not.
 const BINARY: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::STANDARD,
     GeneralPurposeConfig::new()
@@ -45,17 +41,11 @@ const BINARY: GeneralPurpose = GeneralPurpose::new(
 
 /// The value of a gRPC call's metadata entry (the first one, if repeated).
 ///
-/// An ASCII key ([`new`](Self::new)) is an HTTP header, read as the
-/// [`Header`] extractor reads it: raw bytes, no key when absent or empty
-/// ([`NoKey::Missing`]) or longer than [`max_len`](Self::max_len)
-/// ([`DEFAULT_MAX_LEN`] by default; [`NoKey::TooLong`], which the layer
-/// answers `INVALID_ARGUMENT` with its own message). A binary key (`-bin`
-/// suffix, [`binary`](Self::binary)) is base64 on the wire, padded or not;
-/// it is decoded, so both spellings of one value are one window, and a
-/// value that is not base64 gives no key ([`NoKey::Missing`]).
-///
-/// Keys follow gRPC's rules: lowercase letters, digits, `-`, `_` and `.`
-/// (uppercase is lowercased), not starting with the reserved `grpc-`.
+/// An ASCII key ([`new`](Self::new)) is read as [`Header`] reads it. A
+/// binary key ([`binary`](Self::binary)) is decoded from base64, padded or
+/// not (one window for both spellings); a value that is not base64 is no
+/// key. Keys follow gRPC's rules: lowercase letters, digits, `-`, `_` and
+/// `.` (uppercase is lowercased), not starting with the reserved `grpc-`.
 ///
 /// ```
 /// use tower_window::key::{KeyExtractor, Metadata};
@@ -77,8 +67,7 @@ pub struct Metadata {
 }
 
 impl Metadata {
-    /// Keys calls by the ASCII metadata entry `key`; a binary key (ending
-    /// in `-bin`) is refused: use [`binary`](Self::binary) for it.
+    /// Keys calls by the ASCII metadata entry `key` (not ending in `-bin`).
     pub fn new(key: &str) -> Result<Self, InvalidMetadataKey> {
         Self::of_kind(key, false)
     }
@@ -111,8 +100,8 @@ impl Metadata {
         Err(InvalidMetadataKey::new(key, reason))
     }
 
-    /// Values longer than `max_len` bytes (decoded, for a binary key) give
-    /// no key ([`NoKey::TooLong`]).
+    /// Values longer than `max_len` bytes (decoded) give no key
+    /// ([`NoKey::TooLong`]; default [`DEFAULT_MAX_LEN`]).
     pub fn max_len(mut self, max_len: usize) -> Self {
         self.header = self.header.max_len(max_len);
         self
@@ -136,9 +125,8 @@ impl Metadata {
             .get(self.header.name())
             .ok_or(NoKey::Missing)?
             .as_bytes();
-        let max_len = self.header.max_len_bytes();
-        // Decoding never shrinks below 3/4 of the text: skip hopeless
-        // values before decoding them.
+        let max_len = self.header.max_len;
+        // Decoding never shrinks below 3/4 of the text: skip hopeless values.
         if encoded.len() / 4 * 3 > max_len.saturating_add(3) {
             return Err(NoKey::TooLong { max_len });
         }
@@ -167,19 +155,9 @@ enum Part {
 }
 
 /// The called gRPC method, from the request path `/package.Service/Method`.
-///
-/// - [`new`](Self::new): the method's full name, `package.Service.Method`
-///   (its protobuf name; no `/`, so it is also a valid
-///   [tenant name](crate::tenant::validate_tenant_name): as the tenant of
-///   a key, with [`with_tenant`](super::KeyExtractorExt::with_tenant), it
-///   selects a per-method policy from a
-///   [`TenantRegistry`](crate::tenant::TenantRegistry));
-/// - [`service`](Self::service): the service's full name, `package.Service`;
-/// - [`path`](Self::path): the path as sent, `/package.Service/Method`.
-///
-/// A path that is not `/<service>/<method>` (two non-empty segments of
-/// ASCII letters, digits, `_`, `-` and `.`, no `.` in the method, at most
-/// [`DEFAULT_MAX_LEN`] bytes) gives no key.
+/// A path that is not `/<service>/<method>` (ASCII letters, digits, `_`,
+/// `-` and `.`, no `.` in the method, at most [`DEFAULT_MAX_LEN`] bytes)
+/// gives no key.
 ///
 /// ```
 /// use tower_window::key::{GrpcMethod, KeyExtractor};
@@ -197,7 +175,9 @@ pub struct GrpcMethod {
 }
 
 impl GrpcMethod {
-    /// Keys calls by the method's full name, `package.Service.Method`.
+    /// Keys calls by the method's full name, `package.Service.Method`: a
+    /// valid [tenant name](crate::tenant::validate_tenant_name), to select a
+    /// per-method policy from a [`TenantRegistry`](crate::tenant::TenantRegistry).
     pub fn new() -> Self {
         Self { part: Part::Method }
     }
@@ -225,8 +205,7 @@ impl GrpcMethod {
     }
 }
 
-/// `/service/method` as `(service, method)`, or `None` when `path` is not
-/// a gRPC method path.
+/// `/service/method` as `(service, method)`.
 fn split_path(path: &str) -> Option<(&str, &str)> {
     if path.len() > DEFAULT_MAX_LEN {
         return None;

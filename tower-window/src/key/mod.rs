@@ -1,13 +1,10 @@
 //! Who is being limited: [`WindowKey`] and the [`KeyExtractor`] trait.
 //!
-//! An extractor looks at a request and names the window it counts against:
-//! a tenant and a subject (user, API key, IP address...). Returning `None`
-//! means "no key here"; what happens then is the layer's
-//! [`MissingKey`](crate::MissingKey) policy, or another extractor tried with
-//! [`KeyExtractorExt::or`]. [`KeyExtractor::try_extract`] also says why
-//! there is none ([`NoKey`]): a value longer than the extractor's bound
-//! ([`NoKey::TooLong`]) is not a missing one, and the layer answers it
-//! with its own rejection.
+//! An extractor names the window a request counts against: a tenant and a
+//! subject (user, API key, IP address...). With no key, the layer applies
+//! its [`MissingKey`](crate::MissingKey) policy (or try another extractor
+//! with [`KeyExtractorExt::or`]); a key too long ([`NoKey::TooLong`]) gets
+//! its own rejection.
 //!
 //! ```
 //! use tower_window::key::{Constant, Header, KeyExtractor, KeyExtractorExt};
@@ -50,28 +47,24 @@ pub use net::{InvalidNetwork, PeerIp, TrustedProxies};
 
 /// The identity of one window: a tenant and a subject within it.
 ///
-/// Both parts are arbitrary bytes (header values need not be UTF-8); stores
-/// escape them so that no input can collide with or reach another key.
-/// Keys compare, order and hash by their parts' bytes (the tenant's, then
-/// the subject's), however each part is held.
+/// Both parts are arbitrary bytes; stores escape them so that no input can
+/// collide with or reach another key. Keys compare, order and hash by the
+/// tenant's bytes, then the subject's.
 #[derive(Clone)]
 pub struct WindowKey {
     tenant: Part,
     subject: Part,
 }
 
-/// The most bytes a [`WindowKey`] part holds inline: a UUID's text fits,
-/// and an IPv6 network (`ffff:…:ffff/128`, 43 bytes).
+/// The most bytes a [`WindowKey`] part holds inline: a UUID's text or an
+/// IPv6 network (`ffff:…:ffff/128`, 43 bytes) fits.
 pub(crate) const INLINE_PART: usize = 46;
 
-/// One part of a [`WindowKey`]: a shared buffer, or a short copy held
-/// inline. The built-in extractors copy a request's bytes (a header value
-/// cannot lend its buffer); held inline, a short copy allocates nothing,
-/// where a `Bytes` copy costs an allocation and a free on every request.
+/// One part of a [`WindowKey`]. The built-in extractors must copy a
+/// request's bytes; held inline, a short copy allocates nothing.
 type Part = InlineBytes<INLINE_PART>;
 
-/// Bytes held inline up to `N`, in a shared buffer beyond (or when given
-/// one).
+/// Bytes held inline up to `N`, in a shared buffer beyond.
 #[derive(Clone)]
 pub(crate) enum InlineBytes<const N: usize> {
     Inline { len: u8, buf: [u8; N] },
@@ -79,8 +72,7 @@ pub(crate) enum InlineBytes<const N: usize> {
 }
 
 impl<const N: usize> InlineBytes<N> {
-    /// A copy of `parts`, concatenated: inline when short, else a new
-    /// shared buffer.
+    /// A copy of `parts`, concatenated.
     pub(crate) fn copy_of(parts: &[&[u8]]) -> Self {
         let len: usize = parts.iter().map(|part| part.len()).sum();
         match u8::try_from(len) {
@@ -104,7 +96,7 @@ impl<const N: usize> InlineBytes<N> {
         }
     }
 
-    /// The bytes as a shared buffer (inline ones are copied into one).
+    /// The bytes as a shared buffer (copied if inline).
     fn to_bytes(&self) -> Bytes {
         match self {
             Self::Inline { .. } => Bytes::copy_from_slice(self.as_slice()),
@@ -146,10 +138,7 @@ impl WindowKey {
 
     /// A key for `subject` within `tenant`.
     ///
-    /// Each part is anything [`KeyPart`] covers: owned buffers (`Bytes`,
-    /// `String`, `Vec<u8>`) are moved in without a copy, borrowed ones
-    /// (`&str`, `&String`, `&[u8]`) are copied, so a key can be made from a
-    /// request's borrowed strings:
+    /// Owned buffers are moved in, borrowed ones copied (see [`KeyPart`]):
     ///
     /// ```
     /// use tower_window::WindowKey;
@@ -169,9 +158,8 @@ impl WindowKey {
         }
     }
 
-    /// A key for a copy of `subject` in the default tenant: what the
-    /// built-in extractors make of a request's bytes (inline when short,
-    /// so no allocation).
+    /// A key for a copy of `subject` in the default tenant (inline when
+    /// short: no allocation).
     #[cfg(feature = "http")]
     pub(crate) fn for_subject_copy(subject: &[u8]) -> Self {
         Self {
@@ -187,10 +175,7 @@ impl WindowKey {
 
     /// One key shared by every request (a global limit).
     pub fn global() -> Self {
-        Self::new(
-            Bytes::from_static(Self::DEFAULT_TENANT),
-            Bytes::from_static(b"global"),
-        )
+        Self::for_subject(Bytes::from_static(b"global"))
     }
 
     /// The same subject in another tenant.
@@ -199,8 +184,7 @@ impl WindowKey {
         self
     }
 
-    /// The same subject in the tenant named by `other`'s subject (what
-    /// [`KeyExtractorExt::with_tenant`] makes), without copying it.
+    /// The same subject in the tenant named by `other`'s subject, uncopied.
     fn with_tenant_of(mut self, other: WindowKey) -> Self {
         self.tenant = other.subject;
         self
@@ -211,8 +195,7 @@ impl WindowKey {
         self.tenant.as_slice()
     }
 
-    /// Both parts as shared buffers (a short part held inline is copied
-    /// into one; a shared one is not copied).
+    /// Both parts as shared buffers.
     pub(crate) fn shared_parts(&self) -> (Bytes, Bytes) {
         (self.tenant.to_bytes(), self.subject.to_bytes())
     }
@@ -223,38 +206,26 @@ impl WindowKey {
     }
 }
 
-/// What a [`WindowKey`] part ([`WindowKey::new`]'s tenant or subject) can
-/// be made from: owned buffers are moved in, borrowed ones copied.
+/// What a [`WindowKey`] part can be made from: owned buffers (`Bytes`,
+/// `String`, `Vec<u8>`, `Box<[u8]>`) are moved in, borrowed ones copied.
 pub trait KeyPart {
     /// The part's bytes.
     fn into_key_bytes(self) -> Bytes;
 }
 
-impl KeyPart for Bytes {
-    fn into_key_bytes(self) -> Bytes {
-        self
-    }
+macro_rules! owned_key_part {
+    ($($owned:ty),+) => {
+        $(impl KeyPart for $owned {
+            fn into_key_bytes(self) -> Bytes {
+                Bytes::from(self)
+            }
+        })+
+    };
 }
 
-impl KeyPart for String {
-    fn into_key_bytes(self) -> Bytes {
-        Bytes::from(self)
-    }
-}
+owned_key_part!(Bytes, String, Vec<u8>, Box<[u8]>);
 
-impl KeyPart for Vec<u8> {
-    fn into_key_bytes(self) -> Bytes {
-        Bytes::from(self)
-    }
-}
-
-impl KeyPart for Box<[u8]> {
-    fn into_key_bytes(self) -> Bytes {
-        Bytes::from(self)
-    }
-}
-
-/// Any borrowed bytes (`&str`, `&String`, `&[u8]`, `&[u8; N]`, `&Bytes`...): copied.
+/// Any borrowed bytes (`&str`, `&[u8]`, `&[u8; N]`, `&Bytes`...).
 impl<T: AsRef<[u8]> + ?Sized> KeyPart for &T {
     fn into_key_bytes(self) -> Bytes {
         Bytes::copy_from_slice(self.as_ref())
@@ -271,15 +242,14 @@ impl fmt::Debug for WindowKey {
     }
 }
 
-/// Why a [`KeyExtractor`] found no key ([`KeyExtractor::try_extract`]).
+/// Why a [`KeyExtractor`] found no key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum NoKey {
-    /// The request carries no value to key by (or an empty one).
+    /// The request carries no value to key by, or an empty one.
     #[error("the request carries no rate-limit key")]
     Missing,
-    /// The value is longer than the extractor accepts (for the built-ins,
-    /// their `max_len`, `DEFAULT_MAX_LEN` bytes by default).
+    /// The value is longer than the extractor accepts.
     #[error("the rate-limit key is longer than {max_len} bytes")]
     TooLong {
         /// The longest value the extractor accepts, in bytes.
@@ -288,8 +258,7 @@ pub enum NoKey {
 }
 
 impl NoKey {
-    /// The more telling of two reasons: a key that is too long says more
-    /// than a missing one (the client sent something, and can fix it).
+    /// The more telling of two reasons: too long (the client can fix it).
     fn or(self, other: Self) -> Self {
         match (self, other) {
             (Self::Missing, other) => other,
@@ -301,19 +270,15 @@ impl NoKey {
 /// Names the window a request counts against.
 ///
 /// Implemented for closures `Fn(&Req) -> Option<WindowKey>`, for `Option<E>`
-/// (`None` never finds a key) and for the built-ins in this module; combine
-/// them with [`KeyExtractorExt`].
+/// (`None` finds no key) and the built-ins; combine them with
+/// [`KeyExtractorExt`].
 pub trait KeyExtractor<Req>: Send + Sync {
     /// The request's key, or `None` when the request carries none.
     fn extract(&self, request: &Req) -> Option<WindowKey>;
 
-    /// The request's key, or why there is none: what the layer calls, so
-    /// that a key longer than the extractor accepts is answered as such
-    /// rather than as a missing one. Always `extract(request)` with the
-    /// reason added: `try_extract(request).ok() == extract(request)`.
-    ///
-    /// The default says [`NoKey::Missing`] whenever `extract` finds
-    /// nothing; an extractor with a length bound overrides it.
+    /// The request's key, or why there is none (what the layer calls).
+    /// `try_extract(request).ok()` must equal `extract(request)`; the
+    /// default always says [`NoKey::Missing`].
     ///
     /// ```
     /// use tower_window::key::{Header, KeyExtractor, NoKey};
@@ -356,12 +321,11 @@ where
 /// Combinators for every [`KeyExtractor`].
 ///
 /// The combined extractors remember the request type `Req`, so it is
-/// inferred where they are used (`key.extract(&request)`, or the layer's
-/// service), and can also be named: `KeyExtractorExt::<Request>::or(a, b)`.
+/// inferred where they are used; name it with
+/// `KeyExtractorExt::<Request>::or(a, b)`.
 pub trait KeyExtractorExt<Req>: KeyExtractor<Req> + Sized {
-    /// Tries `self`, then `other` when `self` finds no key (a key too
-    /// long for `self` included). When neither finds one, a key too long
-    /// for either is the reason ([`NoKey::TooLong`]).
+    /// Tries `self`, then `other` when `self` finds no key (or one too
+    /// long). A key too long for either is the reason when both fail.
     fn or<E: KeyExtractor<Req>>(self, other: E) -> Or<Self, E, Req> {
         Or {
             first: self,
@@ -370,10 +334,8 @@ pub trait KeyExtractorExt<Req>: KeyExtractor<Req> + Sized {
         }
     }
 
-    /// Uses `tenant`'s subject as the tenant of `self`'s key. When `tenant`
-    /// finds nothing, there is no key (combine with [`or`](Self::or) and
-    /// [`Constant`] for a default tenant). When either part is too long,
-    /// that is the reason there is none ([`NoKey::TooLong`]).
+    /// Uses `tenant`'s subject as the tenant of `self`'s key; no tenant,
+    /// no key (add a default with [`or`](Self::or) and [`Constant`]).
     fn with_tenant<T: KeyExtractor<Req>>(self, tenant: T) -> WithTenant<Self, T, Req> {
         WithTenant {
             subject: self,
@@ -385,7 +347,7 @@ pub trait KeyExtractorExt<Req>: KeyExtractor<Req> + Sized {
 
 impl<E: KeyExtractor<Req>, Req> KeyExtractorExt<Req> for E {}
 
-/// Tries one extractor, then another. See [`KeyExtractorExt::or`].
+/// See [`KeyExtractorExt::or`].
 pub struct Or<A, B, Req> {
     first: A,
     second: B,
@@ -398,9 +360,7 @@ where
     B: KeyExtractor<Req>,
 {
     fn extract(&self, request: &Req) -> Option<WindowKey> {
-        self.first
-            .extract(request)
-            .or_else(|| self.second.extract(request))
+        self.try_extract(request).ok()
     }
 
     fn try_extract(&self, request: &Req) -> Result<WindowKey, NoKey> {
@@ -431,7 +391,7 @@ impl<A: fmt::Debug, B: fmt::Debug, Req> fmt::Debug for Or<A, B, Req> {
     }
 }
 
-/// Takes the tenant from another extractor. See [`KeyExtractorExt::with_tenant`].
+/// See [`KeyExtractorExt::with_tenant`].
 pub struct WithTenant<S, T, Req> {
     subject: S,
     tenant: T,
@@ -444,9 +404,7 @@ where
     T: KeyExtractor<Req>,
 {
     fn extract(&self, request: &Req) -> Option<WindowKey> {
-        let tenant = self.tenant.extract(request)?;
-        let subject = self.subject.extract(request)?;
-        Some(subject.with_tenant_of(tenant))
+        self.try_extract(request).ok()
     }
 
     fn try_extract(&self, request: &Req) -> Result<WindowKey, NoKey> {

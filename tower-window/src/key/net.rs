@@ -1,6 +1,4 @@
-//! Keys by the client's network address: [`PeerIp`] (the client IP,
-//! optionally grouped into IPv6 prefixes) and [`TrustedProxies`] (whose
-//! `X-Forwarded-For` entries are believed).
+//! Keys by the client's network address: [`PeerIp`] and [`TrustedProxies`].
 
 use std::io::{Cursor, Write as _};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -11,15 +9,13 @@ use http::header::HeaderMap;
 use super::builtin::HttpRequest;
 use super::{KeyExtractor, NoKey, WindowKey};
 
-/// The client's IP address, from a `std::net::SocketAddr` (or `IpAddr`)
-/// request extension holding the peer address, as servers insert it.
+/// The client's IP address, from the peer address servers insert as a
+/// `SocketAddr` (or `IpAddr`) request extension (axum's `ConnectInfo` is
+/// read by `axum-window-ext`).
 ///
-/// Without [`trusted_proxies`](Self::trusted_proxies) the peer address is
-/// the key and `X-Forwarded-For` is ignored (any client can send it). With
-/// them, see [`TrustedProxies::client_ip`]. The key's subject is the address
-/// in text form (`192.0.2.7`, `2001:db8::1`), or the network for IPv6 with
-/// [`ipv6_prefix`](Self::ipv6_prefix) (`2001:db8::/64`). (axum's
-/// `ConnectInfo<SocketAddr>` is a different type; `axum-window-ext` reads it.)
+/// `X-Forwarded-For` is ignored unless [`trusted_proxies`](Self::trusted_proxies)
+/// are set. The subject is the address as text (`192.0.2.7`), or for IPv6
+/// with [`ipv6_prefix`](Self::ipv6_prefix) the network (`2001:db8::/64`).
 ///
 /// ```
 /// use std::net::SocketAddr;
@@ -35,7 +31,7 @@ use super::{KeyExtractor, NoKey, WindowKey};
 /// ```
 #[derive(Debug, Clone)]
 pub struct PeerIp {
-    proxies: Option<TrustedProxies>,
+    proxies: TrustedProxies,
     ipv6_prefix: u8,
 }
 
@@ -49,14 +45,14 @@ impl PeerIp {
     /// Keys requests by the peer address, trusting no proxy.
     pub fn new() -> Self {
         Self {
-            proxies: None,
+            proxies: TrustedProxies::new(),
             ipv6_prefix: 128,
         }
     }
 
     /// Walks `X-Forwarded-For` through these proxies (see [`TrustedProxies::client_ip`]).
     pub fn trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
-        self.proxies = Some(proxies);
+        self.proxies = proxies;
         self
     }
 
@@ -69,24 +65,20 @@ impl PeerIp {
 
     /// The client address for a connection from `peer` carrying `headers`.
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-        match &self.proxies {
-            Some(proxies) => proxies.client_ip(peer, headers),
-            None => peer.to_canonical(),
-        }
+        self.proxies.client_ip(peer, headers)
     }
 
     /// The key for a connection from `peer` carrying `headers` (for servers
     /// that keep the peer address elsewhere than in a request extension).
     pub fn key_for(&self, peer: IpAddr, headers: &HeaderMap) -> WindowKey {
         // Written on the stack and held inline in the key: no allocation.
-        // The longest text, `ffff:…:ffff/128`, is 43 bytes: it always fits.
         let mut text = Cursor::new([0; super::INLINE_PART]);
-        let _ = match self.client_ip(peer, headers) {
-            IpAddr::V6(ip) if self.ipv6_prefix < 128 => {
-                let masked = Ipv6Addr::from(u128::from(ip) & mask_v6(self.ipv6_prefix));
-                write!(text, "{masked}/{}", self.ipv6_prefix)
+        let _ = match (self.client_ip(peer, headers), self.ipv6_prefix) {
+            (ip @ IpAddr::V6(_), prefix) if prefix < 128 => {
+                let network = masked(ip, prefix).unwrap_or(ip);
+                write!(text, "{network}/{prefix}")
             }
-            ip => write!(text, "{ip}"),
+            (ip, _) => write!(text, "{ip}"),
         };
         let len = text.position() as usize;
         WindowKey::for_subject_copy(&text.get_ref()[..len])
@@ -111,12 +103,10 @@ impl<R: HttpRequest> KeyExtractor<R> for PeerIp {
 /// The most `X-Forwarded-For` entries [`TrustedProxies::client_ip`] examines.
 const MAX_HOPS: usize = 32;
 
-/// The proxies whose `X-Forwarded-For` entries are believed: a list of IP
-/// networks (`10.0.0.0/8`, `2001:db8::/32`) and addresses (`192.0.2.1`).
-///
-/// Parse one from a comma- or space-separated list, or build it with
-/// [`trust`](Self::trust). IPv4-mapped IPv6 addresses (`::ffff:10.0.0.1`)
-/// count as their IPv4 address.
+/// The proxies whose `X-Forwarded-For` entries are believed: IP networks
+/// (`10.0.0.0/8`) and addresses (`192.0.2.1`), parsed from a comma- or
+/// space-separated list or added with [`trust`](Self::trust). IPv4-mapped
+/// IPv6 addresses count as their IPv4 address.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrustedProxies {
     networks: Vec<Network>,
@@ -143,27 +133,18 @@ impl Network {
 /// `addr` with all but its first `prefix_len` bits cleared; `None` when
 /// the prefix is longer than the address.
 fn masked(addr: IpAddr, prefix_len: u8) -> Option<IpAddr> {
+    let bits = u32::from(prefix_len);
     match addr {
-        IpAddr::V4(v4) if prefix_len <= 32 => {
-            Some(Ipv4Addr::from(u32::from(v4) & mask_v4(prefix_len)).into())
+        IpAddr::V4(v4) if bits <= 32 => {
+            let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+            Some(Ipv4Addr::from_bits(v4.to_bits() & mask).into())
         }
-        IpAddr::V6(v6) if prefix_len <= 128 => {
-            Some(Ipv6Addr::from(u128::from(v6) & mask_v6(prefix_len)).into())
+        IpAddr::V6(v6) if bits <= 128 => {
+            let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+            Some(Ipv6Addr::from_bits(v6.to_bits() & mask).into())
         }
         _ => None,
     }
-}
-
-fn mask_v4(prefix_len: u8) -> u32 {
-    u32::MAX
-        .checked_shl(32 - u32::from(prefix_len.min(32)))
-        .unwrap_or(0)
-}
-
-fn mask_v6(prefix_len: u8) -> u128 {
-    u128::MAX
-        .checked_shl(128 - u32::from(prefix_len.min(128)))
-        .unwrap_or(0)
 }
 
 /// A trusted-proxy network that could not be parsed.
@@ -182,9 +163,8 @@ impl TrustedProxies {
         Self::default()
     }
 
-    /// Trusts loopback and private networks (`127.0.0.0/8`, `10.0.0.0/8`,
-    /// `172.16.0.0/12`, `192.168.0.0/16`, `::1/128`, `fc00::/7`), where
-    /// load balancers usually live.
+    /// Trusts loopback and private networks: `127.0.0.0/8`, `10.0.0.0/8`,
+    /// `172.16.0.0/12`, `192.168.0.0/16`, `::1/128` and `fc00::/7`.
     pub fn private_networks() -> Self {
         // Valid networks: the parse cannot fail.
         "127.0.0.0/8 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 ::1/128 fc00::/7"
@@ -206,14 +186,12 @@ impl TrustedProxies {
 
     /// The client address of a connection from `peer` carrying `headers`.
     ///
-    /// If `peer` is not trusted, it is the client. Otherwise the
-    /// `X-Forwarded-For` entries (all header lines, in order) are walked from
-    /// the right, the end the trusted proxies appended to, skipping trusted
-    /// addresses: the first untrusted entry is the client. Entries to its left
-    /// were written by the client and are never believed. An entry that is not
-    /// an IP address (`unknown`, garbage, non-UTF-8) stops the walk, and so do
-    /// more than 32 entries: then the last trusted address seen is returned.
-    /// If every entry is trusted, the left-most is returned.
+    /// An untrusted `peer` is the client. Otherwise `X-Forwarded-For` (all
+    /// lines, in order) is walked from the right, the end trusted proxies
+    /// append to: the first untrusted entry is the client (entries left of
+    /// it are the client's own, never believed). An entry that is not an IP
+    /// address, or more than 32 entries, stops the walk at the last trusted
+    /// address seen; if every entry is trusted, the left-most is returned.
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let mut current = peer.to_canonical();
         if !self.is_trusted(current) {

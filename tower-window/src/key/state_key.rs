@@ -1,12 +1,6 @@
 //! [`StateKey`]: a window's identity (tenant, subject, quota id) as a cache
-//! key that can be looked up without cloning the request's key.
-//!
-//! [`quick_cache`] looks keys up by any `Q: Hash + Equivalent<K>`.
-//! [`StateKeyRef`] borrows the parts of a [`WindowKey`] and a [`Quota`] (or
-//! [`Policy`]) and hashes and compares like the owned [`StateKey`], so a hit
-//! on the hot path copies nothing and bumps no reference count (cloning a
-//! `WindowKey` built from a header value would allocate to share its buffer).
-//! Only an insert builds the owned key.
+//! key. [`StateKeyRef`] borrows the same parts and hashes and compares
+//! alike, so a cache hit copies nothing; only an insert builds the owned key.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -19,12 +13,9 @@ use crate::{Policy, Quota, WindowKey};
 
 /// A window's identity, owned: what a cache stores.
 ///
-/// The tenant's and the subject's bytes are copied into the key, inline
-/// when together they fit [`INLINE_KEY_BYTES`] (a UUID does): comparing a
-/// looked-up key with a stored one then reads the cache's entry and
-/// nothing else, where a shared buffer would cost a cache miss per lookup
-/// on a store of many keys, and a stored key never keeps a request's
-/// buffer alive.
+/// The tenant's and subject's bytes are copied in, inline when they fit
+/// [`INLINE_KEY_BYTES`]: a lookup then reads only the cache's entry, and a
+/// stored key never keeps a request's buffer alive.
 #[derive(Clone)]
 pub(crate) struct StateKey {
     quota: Arc<str>,
@@ -40,12 +31,12 @@ pub(crate) struct StateKey {
 pub(crate) const INLINE_KEY_BYTES: usize = 38;
 
 impl StateKey {
-    /// The owned key of `key`'s state under `quota` (see [`StateKeyRef::new`]).
+    /// See [`StateKeyRef::new`].
     pub(crate) fn new(key: &WindowKey, quota: &Quota) -> Self {
         StateKeyRef::new(key, quota).owned()
     }
 
-    /// The owned key of `key` under a whole policy (the local tier's).
+    /// See [`StateKeyRef::for_policy`].
     pub(crate) fn for_policy(key: &WindowKey, policy: &Policy) -> Self {
         StateKeyRef::for_policy(key, policy).owned()
     }
@@ -62,8 +53,7 @@ impl StateKey {
     }
 }
 
-/// The same identity, borrowed from a check: what a lookup uses, and what
-/// both forms hash and compare by.
+/// The same identity, borrowed: what a lookup uses.
 #[derive(Clone, Copy)]
 pub(crate) struct StateKeyRef<'a> {
     tenant: &'a [u8],
@@ -73,10 +63,8 @@ pub(crate) struct StateKeyRef<'a> {
 }
 
 impl<'a> StateKeyRef<'a> {
-    /// The key of `key`'s state under `quota`: by the quota's
-    /// [state id](Quota::state_id), so a changed limit finds the same
-    /// state, and without the subject for a tenant-scoped quota (whose
-    /// state id says so).
+    /// The key of `key`'s state under `quota`'s [state id](Quota::state_id)
+    /// (without the subject for a tenant-scoped quota).
     pub(crate) fn new(key: &'a WindowKey, quota: &'a Quota) -> Self {
         Self {
             tenant: key.tenant(),
@@ -112,27 +100,15 @@ impl<'a> StateKeyRef<'a> {
 
 impl Hash for StateKeyRef<'_> {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        // The quota's id hashed once, not its text on every lookup; the
-        // cache's own seeded hasher still mixes everything.
+        // The id's precomputed hash, not its text; the cache's seeded
+        // hasher still mixes everything.
         state.write_u64(self.quota_hash);
         self.tenant.hash(state);
         self.subject.hash(state);
     }
 }
 
-impl PartialEq for StateKeyRef<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.quota_hash == other.quota_hash
-            && self.tenant == other.tenant
-            && self.subject == other.subject
-            // Keys of one quota share its id's allocation: compare the
-            // pointers before the text.
-            && (Arc::ptr_eq(self.quota, other.quota) || self.quota == other.quota)
-    }
-}
-
-/// A quota's or policy's id hashed with a fixed hasher, once when it is
-/// built: the state keys hash this instead of the id's text.
+/// A quota's or policy's id hashed with a fixed hasher, once when built.
 pub(crate) fn id_hash(id: &str) -> u64 {
     use std::hash::BuildHasher;
     std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
@@ -140,7 +116,7 @@ pub(crate) fn id_hash(id: &str) -> u64 {
 }
 
 // `StateKey` hashes and compares as its `StateKeyRef`, as `Equivalent`
-// lookups require.
+// requires.
 impl Hash for StateKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.borrowed().hash(state);
@@ -149,16 +125,15 @@ impl Hash for StateKey {
 
 impl PartialEq for StateKey {
     fn eq(&self, other: &Self) -> bool {
-        self.borrowed() == other.borrowed()
+        self.borrowed().equivalent(other)
     }
 }
 
 impl Eq for StateKey {}
 
 impl Equivalent<StateKey> for StateKeyRef<'_> {
-    // The same test as `StateKeyRef::eq`, in the order that rejects a different
-    // key soonest, with one comparison of lengths before any of bytes: this
-    // runs on every lookup (and for every key sharing a hash group).
+    // Ordered to reject a different key soonest (lengths before bytes), and
+    // the shared id's pointer before its text: this runs on every lookup.
     fn equivalent(&self, key: &StateKey) -> bool {
         let bytes = key.bytes.as_slice();
         let tenant = self.tenant.len();
@@ -171,9 +146,8 @@ impl Equivalent<StateKey> for StateKeyRef<'_> {
     }
 }
 
-/// Cache options for at most `max` entries, split in shards that each hold
-/// at least 32 and together never more than `max` (quick_cache rounds each
-/// shard's capacity up).
+/// Cache options for at most `max` entries, in shards of at least 32
+/// (quick_cache rounds each shard's capacity up).
 pub(crate) fn bounded_options(max: u64) -> Options {
     let max = max.max(1);
     let parallelism = std::thread::available_parallelism().map_or(1, |n| n.get());

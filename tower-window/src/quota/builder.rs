@@ -15,8 +15,7 @@ use crate::Algorithm;
 pub struct QuotaBuilder {
     name: Option<String>,
     limit: Option<u32>,
-    /// Read by the DSL parser: a sliding counter without a granularity
-    /// gets the window's default one.
+    /// Read by the DSL parser, for a sliding counter's default granularity.
     pub(super) window: Option<Duration>,
     algorithm: Algorithm,
     granularity: Option<Duration>,
@@ -103,9 +102,8 @@ impl QuotaBuilder {
             Some(b) => Some(NonZeroU32::new(b).ok_or(QuotaError::InvalidBurst(b.to_string()))?),
         };
         if algorithm == Algorithm::Gcra {
-            // burst × emission interval is how far ahead GCRA's theoretical
-            // arrival time may run; bounding it by the longest window keeps
-            // every sum far below 2^53 µs, exact in u64 and in Lua's doubles.
+            // How far ahead GCRA's theoretical arrival time may run: bounded,
+            // every sum stays below 2^53 µs, exact in Lua's doubles too.
             let capacity = u64::from(burst.unwrap_or(limit).get());
             let span = capacity.saturating_mul(window_micros.div_ceil(u64::from(limit.get())));
             if span > duration_micros(MAX_WINDOW) {
@@ -133,8 +131,8 @@ impl QuotaBuilder {
     }
 }
 
-/// A sensible sliding-counter granularity for `window`: the smallest bucket
-/// that divides the window into at most 60 whole-millisecond buckets.
+/// The smallest sliding-counter bucket dividing `window` into at most 60
+/// whole-millisecond buckets.
 pub fn default_granularity(window: Duration) -> Duration {
     let millis = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
     let buckets = (1..=60u64)

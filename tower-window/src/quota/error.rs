@@ -75,7 +75,7 @@ pub enum QuotaError {
     /// A scope other than `subject` or `tenant`.
     #[error("unknown quota scope {0:?}: expected subject or tenant")]
     UnknownScope(String),
-    /// The quota name is empty, too long or has characters outside `[A-Za-z0-9_.-]`.
+    /// The quota name is not 1 to 64 characters of `[A-Za-z0-9_.-]`.
     #[error("invalid quota name {0:?}: use 1 to 64 characters of A-Z, a-z, 0-9, '_', '.', '-'")]
     InvalidName(String),
 }

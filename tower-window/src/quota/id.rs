@@ -1,17 +1,15 @@
-//! A quota's identities: its name, its id (name and definition) and its
-//! state id (what a store keys its windows by).
+//! A quota's id (name and definition) and state id (what a store keys its
+//! windows by).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 
 use super::parse::FormatDuration;
 use super::{Quota, QuotaError, Scope};
-use crate::Algorithm;
 
 impl Quota {
-    /// A stable identifier of this quota's definition and name
-    /// (`"<name>|<definition>"`), used to keep the state of different quotas
-    /// apart in a store.
+    /// A stable identifier of this quota's name and definition
+    /// (`"<name>|<definition>..."`).
     pub fn id(&self) -> &str {
         &self.0.id
     }
@@ -22,12 +20,9 @@ impl Quota {
     }
 
     /// The identity of this quota's state in a store:
-    /// `"<name>|<window>|<shape>"` (plus `|tenant` when tenant-scoped),
-    /// where the shape is the algorithm with its granularity. The limit and
-    /// the GCRA burst are not part of it, so a rolling change from `100/1m`
-    /// to `200/1m` keeps every window (and `remaining` counts on from what
-    /// was used); changing the name, window, algorithm, granularity or
-    /// scope starts fresh windows.
+    /// `"<name>|<window>|<algorithm>..."`. It leaves out the limit and the
+    /// GCRA burst, so changing only those keeps every window; changing
+    /// anything else starts fresh ones.
     ///
     /// ```
     /// use tower_window::Quota;
@@ -47,7 +42,7 @@ impl Quota {
         self.0.state_id_hash
     }
 
-    /// The state id as a cheaply cloned shared string.
+    /// The state id as a shared string.
     pub(crate) fn shared_state_id(&self) -> &Arc<str> {
         &self.0.state_id
     }
@@ -58,24 +53,14 @@ impl Quota {
             Scope::Subject => "",
             Scope::Tenant => "|tenant",
         };
-        let shape = match self.0.algorithm {
-            // The burst is GCRA's other limit: it may change like the limit.
-            Algorithm::Gcra => "gcra".to_owned(),
-            other => other.to_string(),
-        };
-        // The generation is part of both ids (a reset tenant's windows are
-        // new keys everywhere); the shadow flag only of the id (switching a
-        // quota from shadow to enforced keeps its windows).
         let generation = match self.0.generation {
             0 => String::new(),
             g => format!("|g{g}"),
         };
         let shadow = if self.0.shadow { "|shadow" } else { "" };
-        // The instance goes last in the id, so nothing after it needs
-        // telling apart from it, and in the name's place in the state id,
-        // so the window is the instance's whatever the name (`i:` cannot
-        // start a name, which holds no `:`). Escaped, it holds no `|`
-        // (ids) or `,` (policy ids) of its own.
+        // The instance goes last in the id, and in the name's place in the
+        // state id (`i:` cannot start a name). Escaped, it holds no `|` (ids)
+        // or `,` (policy ids) of its own.
         let instance = self.0.instance.as_deref().map(|instance| {
             let mut text = String::with_capacity(instance.len() + 2);
             text.push_str("i:");
@@ -88,19 +73,22 @@ impl Quota {
             }
             text
         });
-        let id = Arc::from(match &instance {
-            Some(instance) => format!("{name}|{self}{scope}{generation}{shadow}|{instance}"),
-            None => format!("{name}|{self}{scope}{generation}{shadow}"),
-        });
-        let state_id = Arc::from(format!(
-            "{}|{}|{shape}{scope}{generation}",
+        let mut id = format!("{name}|{self}{scope}{generation}{shadow}");
+        if let Some(instance) = &instance {
+            let _ = write!(id, "|{instance}");
+        }
+        // Neither the limit, the GCRA burst (not in the algorithm's
+        // `Display`) nor the shadow flag: changing them keeps the windows.
+        let state_id: Arc<str> = Arc::from(format!(
+            "{}|{}|{}{scope}{generation}",
             instance.as_deref().unwrap_or(name),
-            FormatDuration(self.window())
+            FormatDuration(self.window()),
+            self.0.algorithm
         ));
         let data = Arc::make_mut(&mut self.0);
         data.name_len = name.len();
         data.state_id_hash = crate::key::state_key::id_hash(&state_id);
-        data.id = id;
+        data.id = Arc::from(id);
         data.state_id = state_id;
     }
 }

@@ -11,12 +11,9 @@
 //! | `100/1m fixed-window` | 100 per aligned minute |
 //! | `10/s gcra(burst=20)` | 10 per second, bursts of up to 20 |
 //!
-//! Units are `ms`, `s`, `m`, `h` and `d`. [`Quota`]'s `Display` writes the same
-//! DSL, so `q.to_string().parse::<Quota>() == Ok(q)` for every quota (the name
-//! and the [`Scope`] are carried separately, see [`Quota::name`] and
-//! [`Quota::scoped`]).
-//!
-//! Several named quotas decided together form a [`Policy`].
+//! Units are `ms`, `s`, `m`, `h` and `d`. `Display` writes the same DSL (the
+//! name and [`Scope`] are carried separately). Several named quotas decided
+//! together form a [`Policy`].
 
 mod builder;
 mod error;
@@ -53,9 +50,7 @@ pub(crate) const DEFAULT_NAME: &str = "default";
 
 /// A rate limit: `limit` units per `window`, counted by an [`Algorithm`].
 ///
-/// Cheap to clone. Build one by parsing the DSL (see the [module
-/// docs](crate::quota)) or with [`Quota::builder`]; every invalid value is a
-/// [`QuotaError`].
+/// Cheap to clone. Parse the [DSL](crate::quota) or use [`Quota::builder`].
 ///
 /// ```
 /// use std::time::Duration;
@@ -74,32 +69,23 @@ pub(crate) const DEFAULT_NAME: &str = "default";
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Quota(Arc<QuotaData>);
 
-/// A quota's values, behind one reference count: a decision names its
-/// quota on every check, and cloning one pointer is what keeps that cheap.
+/// A quota's values, behind one reference count: decisions clone it.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct QuotaData {
-    /// `"<name>|<definition>"` (plus `|tenant` for a tenant-scoped quota),
-    /// computed once. The name is read from it (names hold no `|`).
+    /// See [`Quota::id`]; it starts with the name.
     id: Arc<str>,
-    /// The name's length: `id[..name_len]` is the name.
+    /// `id[..name_len]` is the name.
     name_len: usize,
-    /// `state_id`'s hash (see `crate::key::state_key::id_hash`).
     state_id_hash: u64,
-    /// `"<name>|<window>|<shape>[|tenant]"`: what a store keys the state by.
-    /// It leaves out the limit (and the GCRA burst), so changing only the
-    /// limit keeps every window; see [`Quota::state_id`].
+    /// See [`Quota::state_id`].
     state_id: Arc<str>,
     limit: NonZeroU32,
     window_micros: u64,
     algorithm: Algorithm,
     burst: Option<NonZeroU32>,
     scope: Scope,
-    /// Checked and counted, never denies (see [`Quota::shadowed`]).
     shadow: bool,
-    /// The tenant's state generation (see [`Quota::with_generation`]).
     generation: u64,
-    /// Which of the quota's separate windows this is (see
-    /// [`Quota::with_instance`]); `None` for the quota's one window.
     instance: Option<Arc<str>>,
 }
 
@@ -129,17 +115,15 @@ impl Quota {
         Self::per(limit, Duration::from_secs(3600))
     }
 
-    /// The same quota under another name (used in `RateLimit-Policy` headers
-    /// and store keys). Names are 1 to 64 characters of `[A-Za-z0-9_.-]`.
+    /// The same quota under another name (shown in `RateLimit-Policy`
+    /// headers, part of store keys): 1 to 64 characters of `[A-Za-z0-9_.-]`.
     pub fn named(mut self, name: &str) -> Result<Self, QuotaError> {
         validate_name(name)?;
         self.set_ids(name);
         Ok(self)
     }
 
-    /// The same quota counted per `scope`: per subject (the default, one
-    /// window per tenant and subject) or per tenant (one window shared by
-    /// every subject of the tenant).
+    /// The same quota counted per `scope` (default [`Scope::Subject`]).
     ///
     /// ```
     /// use tower_window::quota::{Quota, Scope};
@@ -153,26 +137,16 @@ impl Quota {
         self.changed(|data| data.scope = scope)
     }
 
-    /// Whose window this quota counts: per subject or per tenant.
+    /// Whose window this quota counts.
     pub fn scope(&self) -> Scope {
         self.0.scope
     }
 
     /// The same quota as a *shadow* quota (or enforced again with `false`):
-    /// checked and counted like any other, reported in `RateLimit-Policy`
-    /// (with a `shadow` parameter) and in the metrics, but it never denies.
-    /// For trying a new limit safely.
-    ///
-    /// Precisely: a policy admits a request when every enforced quota
-    /// admits it. A shadow quota that the cost fits records it like an
-    /// enforced one (when the request is admitted); a shadow quota that the
-    /// cost does not fit records nothing (its window keeps counting what
-    /// it would itself have admitted) and reports the would-be denial in
-    /// [`QuotaDecision::allowed`](crate::QuotaDecision::allowed) = `false`
-    /// and [`QuotaDecision::is_shadow_denial`](crate::QuotaDecision::is_shadow_denial),
-    /// counted in `tower_window_shadow_denials_total`. The flag is not
-    /// part of the [state id](Self::state_id): turning a shadow quota into
-    /// an enforced one keeps its windows.
+    /// checked, counted and reported like any other, but it never denies. A
+    /// cost it does not fit is not recorded in it, and is reported as a
+    /// [shadow denial](crate::QuotaDecision::is_shadow_denial) (counted in
+    /// `tower_window_shadow_denials_total`). Enforcing it keeps its windows.
     ///
     /// ```
     /// use tower_window::Quota;
@@ -192,8 +166,7 @@ impl Quota {
         self.0.shadow
     }
 
-    /// The same quota with `change` made to its values, and its ids
-    /// recomputed (under the same name).
+    /// The same quota with `change` made to its values, ids recomputed.
     fn changed(mut self, change: impl FnOnce(&mut QuotaData)) -> Self {
         change(Arc::make_mut(&mut self.0));
         let name = self.name().to_owned();
@@ -201,19 +174,15 @@ impl Quota {
         self
     }
 
-    /// Whether `other` is a clone of this very quota (one allocation): a
-    /// cheap first test before comparing ids (the metrics' own-quota test).
+    /// Whether `other` is a clone of this very quota: cheaper than `==`.
     pub(crate) fn same_allocation(&self, other: &Quota) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
-    /// The same quota in state generation `generation` (default 0): the
-    /// generation is part of the [state id](Self::state_id), so windows of
-    /// one generation are never read by another. A
-    /// [`TenantRegistry`](crate::tenant::TenantRegistry) bumps a tenant's
-    /// generation to reset it: on every node and every Redis Cluster
-    /// primary at once, without deleting a key (the old windows expire by
-    /// their TTLs).
+    /// The same quota in state generation `generation` (default 0), part of
+    /// the [state id](Self::state_id): bumping it starts fresh windows
+    /// everywhere without deleting a key (how a
+    /// [`TenantRegistry`](crate::tenant::TenantRegistry) resets a tenant).
     #[must_use]
     pub fn with_generation(self, generation: u64) -> Self {
         self.changed(|data| data.generation = generation)
@@ -224,24 +193,13 @@ impl Quota {
         self.0.generation
     }
 
-    /// The same quota counting a window of its own for `instance`: one
-    /// quota definition, many independent windows under one
-    /// [`WindowKey`](crate::WindowKey), told apart by arbitrary text (an
-    /// Envoy rate limit descriptor's entries, say), so that several of
-    /// them can be decided together in one [`Policy`] — one store call,
-    /// all or nothing.
+    /// The same quota counting a window of its own for `instance`
+    /// (arbitrary text: an Envoy descriptor's entries, say), so that one
+    /// [`Policy`] can decide many windows of one definition together.
     ///
-    /// The instance takes the name's place in the [state id](Self::state_id)
-    /// (`i:<instance>|<window>|<shape>...`) and is added to the
-    /// [id](Self::id), percent-escaped (`%`, `|`, `,`, `:`, control bytes
-    /// and non-ASCII bytes become `%XX`): distinct instances never share a
-    /// window, no instance can pass for a name (names hold no `:`), and the
-    /// name is free to differ from one policy to the next (a descriptor's
-    /// position in a request, say) while the window stays the instance's.
-    /// Stores escape state ids again (the Redis keys hash a long one and
-    /// never let it pick a hash slot). The name stays what metrics and
-    /// headers show. An empty instance is a window of its own, apart from
-    /// the quota's plain one.
+    /// The instance, escaped, replaces the name in the
+    /// [state id](Self::state_id): distinct instances never share a window,
+    /// whatever the names (which metrics and headers still show).
     ///
     /// ```
     /// use tower_window::{Policy, Quota};
@@ -267,16 +225,14 @@ impl Quota {
         self.changed(|data| data.instance = Some(Arc::from(instance)))
     }
 
-    /// The instance this quota's window is for (see
-    /// [`with_instance`](Self::with_instance)); `None` for the quota's one
-    /// plain window.
+    /// The instance this quota's window is for, if any (see
+    /// [`with_instance`](Self::with_instance)).
     pub fn instance(&self) -> Option<&str> {
         self.0.instance.as_deref()
     }
 
     /// The quota's name; `"default"` unless set.
     pub fn name(&self) -> &str {
-        // The id starts with the name and `|`, an ASCII character boundary.
         self.0.id.get(..self.0.name_len).unwrap_or(&self.0.id)
     }
 
@@ -305,8 +261,8 @@ impl Quota {
         self.0.burst.map(NonZeroU32::get)
     }
 
-    /// The most units one key can be admitted at once: the burst for GCRA
-    /// (default `limit`), otherwise the limit. A cost above it never fits.
+    /// The most units one key can be admitted at once: the GCRA burst, else
+    /// the limit.
     pub fn capacity(&self) -> u32 {
         match self.0.algorithm {
             Algorithm::Gcra => self.0.burst.unwrap_or(self.0.limit).get(),
@@ -314,7 +270,7 @@ impl Quota {
         }
     }
 
-    /// The sliding counter's bucket width in microseconds, if that is the algorithm.
+    /// The sliding counter's bucket width in microseconds.
     pub fn granularity_micros(&self) -> Option<u64> {
         match self.0.algorithm {
             Algorithm::SlidingCounter { granularity } => Some(duration_micros(granularity)),
@@ -322,16 +278,14 @@ impl Quota {
         }
     }
 
-    /// GCRA emission interval in microseconds: `ceil(window / limit)`.
-    /// Rounding up means the rate is never faster than `limit / window`.
+    /// GCRA emission interval in microseconds, `ceil(window / limit)`: never
+    /// faster than `limit / window`.
     pub fn emission_interval_micros(&self) -> u64 {
         self.0.window_micros.div_ceil(u64::from(self.0.limit.get()))
     }
 
-    /// The longest a key's state can matter after its last write: past it,
-    /// every algorithm treats the state as empty. Stores use it as an idle
-    /// expiry. (`W` for the log and the fixed window, `W + G` for the
-    /// sliding counter, `burst × emission interval` for GCRA.)
+    /// The longest a key's state can matter after its last write (past it,
+    /// the state counts as empty): stores' idle expiry.
     pub fn max_state_lifetime(&self) -> Duration {
         let micros = match self.0.algorithm {
             Algorithm::SlidingLog | Algorithm::FixedWindow => self.0.window_micros,

@@ -18,14 +18,10 @@ const UNITS: [(&str, u64); 5] = [
     ("d", 86_400_000_000),
 ];
 
-/// Parses a duration as the DSL writes it: `<n><unit>`, or `<unit>`
-/// meaning 1, with the units `ms`, `s`, `m`, `h` and `d`.
-///
-/// The quota DSL's own parser, public so that programs reading durations
-/// elsewhere (flags, config files) accept exactly what a quota does. It
-/// checks only the form: no surrounding whitespace, a whole number, a known
-/// unit, and a result that fits in `u64` microseconds; bounds (zero, a
-/// maximum) are the caller's.
+/// Parses a duration as the quota DSL writes it: `<n><unit>`, or `<unit>`
+/// meaning 1, with the units `ms`, `s`, `m`, `h` and `d`. It checks the
+/// form and that the result fits in `u64` microseconds; other bounds are
+/// the caller's.
 ///
 /// ```
 /// use std::time::Duration;
@@ -82,7 +78,7 @@ impl FromStr for Quota {
         let (limit, window) = rate
             .split_once('/')
             .ok_or_else(|| syntax(input, "expected <limit>/<window>, e.g. 100/1m"))?;
-        // Digits only: `u32`'s parser would also take a sign.
+        // `u32`'s parser would also take a sign.
         let limit: u32 = Some(limit)
             .filter(|l| l.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|l| l.parse().ok())
@@ -97,7 +93,6 @@ impl FromStr for Quota {
     }
 }
 
-/// Parses the DSL's algorithm part onto a builder.
 fn apply_algorithm(builder: QuotaBuilder, text: &str) -> Result<QuotaBuilder, QuotaError> {
     let (name, argument) = match text.split_once('(') {
         Some((name, rest)) => {

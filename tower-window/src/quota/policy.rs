@@ -13,9 +13,7 @@ pub const MAX_QUOTAS: usize = 16;
 /// together: a request is admitted only if every quota admits it, and a
 /// denied request consumes nothing in any of them.
 ///
-/// Cheap to clone (one reference count). A [`Quota`] converts into a
-/// one-quota policy of the quota's name, so everything that takes
-/// `impl Into<Policy>` takes a quota too.
+/// Cheap to clone. A [`Quota`] converts into a one-quota policy of its name.
 ///
 /// ```
 /// use tower_window::{Policy, Quota};
@@ -43,19 +41,16 @@ pub struct Policy {
 struct Inner {
     name: Box<str>,
     quotas: Box<[Quota]>,
-    /// `"<name>:<quota id>,<quota id>..."`: equal for equal policies.
+    /// `"<name>:<quota id>,<quota id>..."`.
     id: Arc<str>,
-    /// `id`'s hash (see `crate::key::state_key::id_hash`).
     id_hash: u64,
     tenant_scoped: bool,
-    /// The shortest window of `quotas` (the lease TTL derives from it on
-    /// every leased check).
+    /// Read on every leased check (the lease TTL derives from it).
     shortest_window: std::time::Duration,
 }
 
 impl Policy {
-    /// A policy of `quotas`, in order. Fails on an invalid name, no quotas,
-    /// more than [`MAX_QUOTAS`], or two quotas of one name.
+    /// A policy of `quotas`, in order.
     pub fn new(name: &str, quotas: impl IntoIterator<Item = Quota>) -> Result<Self, PolicyError> {
         validate_name(name)
             .map_err(|_| PolicyError::InvalidName(name.chars().take(80).collect()))?;
@@ -98,20 +93,18 @@ impl Policy {
         }
     }
 
-    /// The policy's name (used in logs and metrics; the quotas' own names
-    /// appear in headers).
+    /// The policy's name (for logs and metrics; headers show the quotas').
     pub fn name(&self) -> &str {
         &self.inner.name
     }
 
-    /// The quotas, in the order they were given (at least one).
+    /// The quotas, in order (at least one).
     pub fn quotas(&self) -> &[Quota] {
         &self.inner.quotas
     }
 
     /// The first quota (every policy has one).
     pub fn first(&self) -> &Quota {
-        // `new` refuses an empty policy.
         &self.inner.quotas[0]
     }
 
@@ -151,14 +144,13 @@ impl Policy {
         crate::clock::duration_micros(self.inner.shortest_window)
     }
 
-    /// The same identifier as a cheaply cloned shared string.
+    /// The same identifier as a shared string.
     pub(crate) fn shared_id(&self) -> &Arc<str> {
         &self.inner.id
     }
 
-    /// The same policy with every quota replaced by `map(quota)` (names
-    /// must stay unique; a quota `map` drops is left out). For fallbacks
-    /// that scale limits.
+    /// The same policy with every quota replaced by `map(quota)`, which must
+    /// keep names unique; `None` if `map` drops one.
     pub(crate) fn map_quotas(&self, map: impl Fn(&Quota) -> Option<Quota>) -> Option<Self> {
         let quotas: Vec<Quota> = self.quotas().iter().filter_map(map).collect();
         (quotas.len() == self.len()).then(|| Self::from_checked(self.name(), quotas))
@@ -196,8 +188,7 @@ impl fmt::Debug for Policy {
 }
 
 impl fmt::Display for Policy {
-    /// `name = quota, name = quota` (each quota in the DSL, with
-    /// `scope=tenant` after a tenant-scoped one).
+    /// `name = quota, name = quota scope=tenant`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, quota) in self.quotas().iter().enumerate() {
             if i > 0 {
@@ -258,8 +249,7 @@ pub enum PolicyError {
     /// Two quotas of one policy share a name.
     #[error("two quotas of one policy are both named {0:?}")]
     DuplicateName(String),
-    /// The policy name is empty, too long or has characters outside
-    /// `[A-Za-z0-9_.-]`.
+    /// The policy name is not 1 to 64 characters of `[A-Za-z0-9_.-]`.
     #[error("invalid policy name {0:?}: use 1 to 64 characters of A-Z, a-z, 0-9, '_', '.', '-'")]
     InvalidName(String),
     /// A quota of the policy is invalid.
