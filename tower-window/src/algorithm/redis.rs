@@ -126,6 +126,11 @@ pub(crate) fn micros(value: i64) -> Duration {
     Duration::from_micros(u64::try_from(value).unwrap_or(0))
 }
 
+/// A count in a script's reply, clamped to `u32`.
+pub(crate) fn count(value: i64) -> u32 {
+    u32::try_from(value.max(0)).unwrap_or(u32::MAX)
+}
+
 /// Turns the script's reply `{allowed, now, then per quota allowed,
 /// remaining, reset_after, retry_after}` into the decision of `policy`.
 pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, StoreError> {
@@ -140,7 +145,7 @@ pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, Store
     for (quota, values) in policy.quotas().iter().zip(per_quota.chunks_exact(4)) {
         let [allowed, remaining, reset_after, retry_after] =
             <[i64; 4]>::try_from(values).map_err(|_| wrong_length(reply.len(), expected))?;
-        let remaining = u32::try_from(remaining.max(0)).unwrap_or(u32::MAX);
+        let remaining = count(remaining);
         states.push(if allowed == 1 {
             QuotaDecision::allow(quota.clone(), remaining, micros(reset_after))
         } else {
