@@ -93,30 +93,13 @@ impl State {
     }
 }
 
-/// Evaluates, and commits when the cost fits: one quota decided alone.
-#[cfg(test)]
-fn check_with<S>(
-    state: &mut S,
-    quota: &crate::Quota,
-    now: u64,
-    cost: u32,
-    evaluate: fn(&mut S, &crate::Quota, u64, u32) -> outcome::Evaluation,
-    commit: fn(&mut S, &crate::Quota, u64, u32),
-) -> outcome::Outcome {
-    let evaluation = evaluate(state, quota, now, cost);
-    if evaluation.fits() {
-        commit(state, quota, now, cost);
-    }
-    evaluation.outcome
-}
-
 /// Shared fixtures of the algorithms' unit tests.
 #[cfg(test)]
 pub(crate) mod test_support {
     #![allow(clippy::unwrap_used)]
 
-    use super::outcome::Outcome;
-    use crate::Quota;
+    use super::outcome::{Evaluation, Outcome};
+    use crate::{Decision, Quota};
 
     /// One second in microseconds.
     pub(crate) const S: u64 = 1_000_000;
@@ -131,6 +114,40 @@ pub(crate) mod test_support {
     /// An admission.
     pub(crate) fn allow(remaining: u32, reset: u64) -> Outcome {
         Outcome::allow(remaining, reset)
+    }
+
+    /// Evaluates, and commits when the cost fits: one quota decided alone.
+    pub(crate) fn check_with<S>(
+        state: &mut S,
+        quota: &Quota,
+        now: u64,
+        cost: u32,
+        evaluate: fn(&mut S, &Quota, u64, u32) -> Evaluation,
+        commit: fn(&mut S, &Quota, u64, u32),
+    ) -> Outcome {
+        let evaluation = evaluate(state, quota, now, cost);
+        if evaluation.fits() {
+            commit(state, quota, now, cost);
+        }
+        evaluation.outcome
+    }
+
+    impl Outcome {
+        /// The public [`Decision`] for `quota`, decided at `now` (µs since epoch).
+        pub(crate) fn into_decision(self, quota: &Quota, now: u64) -> Decision {
+            let reset_after = std::time::Duration::from_micros(self.reset_after);
+            let decision = if self.allowed {
+                Decision::allow(quota.clone(), self.remaining, reset_after)
+            } else {
+                Decision::deny(
+                    quota.clone(),
+                    self.remaining,
+                    reset_after,
+                    self.retry_after.map(std::time::Duration::from_micros),
+                )
+            };
+            decision.with_timestamp_micros(now)
+        }
     }
 }
 

@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-#[cfg(test)]
-use crate::Quota;
-use crate::{Decision, Policy, QuotaDecision};
+use crate::{Decision, Policy, Quota, QuotaDecision};
 
 /// What one check decided, in integer microseconds (all four algorithms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,23 +39,6 @@ impl Outcome {
             reset_after,
             retry_after,
         }
-    }
-
-    /// The public [`Decision`] for `quota`, decided at `now` (µs since epoch).
-    #[cfg(test)]
-    pub(crate) fn into_decision(self, quota: &Quota, now: u64) -> Decision {
-        let reset_after = Duration::from_micros(self.reset_after);
-        let decision = if self.allowed {
-            Decision::allow(quota.clone(), self.remaining, reset_after)
-        } else {
-            Decision::deny(
-                quota.clone(),
-                self.remaining,
-                reset_after,
-                self.retry_after.map(Duration::from_micros),
-            )
-        };
-        decision.with_timestamp_micros(now)
     }
 }
 
@@ -111,29 +92,21 @@ pub(crate) fn policy_decision(
     now: u64,
 ) -> Option<Decision> {
     let micros = Duration::from_micros;
+    let state = |quota: &Quota, o: Outcome| QuotaDecision {
+        quota: quota.clone(),
+        allowed: o.allowed,
+        remaining: o.remaining,
+        reset_after: micros(o.reset_after),
+        retry_after: o.retry_after.map(micros),
+    };
     if let ([quota], [e]) = (policy.quotas(), evaluations) {
         // One quota (the common case): its own outcome, without collecting.
-        let o = e.outcome;
-        let state = QuotaDecision {
-            quota: quota.clone(),
-            allowed: o.allowed,
-            remaining: o.remaining,
-            reset_after: micros(o.reset_after),
-            retry_after: o.retry_after.map(micros),
-        };
-        return Some(Decision::single_at(state, now));
+        return Some(Decision::single_at(state(quota, e.outcome), now));
     }
     let admitted = policy_admits(policy, evaluations);
     let states = policy.quotas().iter().zip(evaluations).map(|(quota, e)| {
-        let o = e.outcome;
-        if admitted || !o.allowed {
-            QuotaDecision {
-                quota: quota.clone(),
-                allowed: o.allowed,
-                remaining: o.remaining,
-                reset_after: micros(o.reset_after),
-                retry_after: o.retry_after.map(micros),
-            }
+        if admitted || !e.fits() {
+            state(quota, e.outcome)
         } else {
             QuotaDecision::allow(quota.clone(), e.unchanged.0, micros(e.unchanged.1))
         }

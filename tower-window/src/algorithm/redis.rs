@@ -13,32 +13,29 @@ use crate::store::redis::script::ScriptCall;
 use crate::store::{StoreError, StoreErrorKind};
 use crate::{Algorithm, Decision, Policy, QuotaDecision, WindowKey};
 
+/// One of the algorithms' Lua fragments.
+macro_rules! fragment {
+    ($name:literal) => {
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/algorithm/",
+            $name
+        ))
+    };
+}
+pub(crate) use fragment;
+
 /// The source of a script that decides with the algorithms: the prelude
 /// and every algorithm's fragment, then `$tail` (a path relative to the
 /// file naming it).
 macro_rules! with_algorithms {
     ($tail:literal) => {
         concat!(
-            include_str!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/src/algorithm/prelude.lua"
-            )),
-            include_str!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/src/algorithm/sliding_log.lua"
-            )),
-            include_str!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/src/algorithm/sliding_counter.lua"
-            )),
-            include_str!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/src/algorithm/fixed_window.lua"
-            )),
-            include_str!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/src/algorithm/gcra.lua"
-            )),
+            $crate::algorithm::redis::fragment!("prelude.lua"),
+            $crate::algorithm::redis::fragment!("sliding_log.lua"),
+            $crate::algorithm::redis::fragment!("sliding_counter.lua"),
+            $crate::algorithm::redis::fragment!("fixed_window.lua"),
+            $crate::algorithm::redis::fragment!("gcra.lua"),
             include_str!($tail),
         )
     };

@@ -2,12 +2,9 @@
 //!
 //! # Guarantee
 //!
-//! Never more than `L` units admitted in any window of length `W`. It counts
-//! every bucket that overlaps the window `(t - W, t]` — that is `n + 1`
-//! buckets, the oldest only partly inside — so it errs on the side of
-//! denying: an admission keeps counting until the end of the bucket it fell
-//! in plus `W`, up to `G` longer than the exact [sliding
-//! log](super::sliding_log). Memory is O(n + 1) per key.
+//! Never more than `L` units admitted in any window of length `W`: it
+//! counts the `n + 1` buckets that overlap `(t - W, t]`, so an admission
+//! counts up to `G` longer than in the exact [sliding log](super::sliding_log).
 //!
 //! # Semantics (the contract shared with the Redis scripts)
 //!
@@ -29,10 +26,8 @@
 //! Why the bound holds: two admissions at `s < u` with `u - s < W` are both
 //! counted at `u`, because `floor(s/G) >= floor((u - W)/G) = floor(u/G) - n`.
 //!
-//! Robustness beyond the contract (never reached with a monotonic clock):
-//! buckets newer than `b` (after the clock stepped back) keep counting, and
-//! the reset/TTL of an admission is taken from the newest bucket, which is
-//! `b` whenever time has not gone back.
+//! If the clock steps back, buckets newer than `b` keep counting, and an
+//! admission's reset/TTL is taken from the newest bucket.
 
 use super::outcome::Evaluation;
 #[cfg(test)]
@@ -74,13 +69,13 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
 /// Records `cost` units in the bucket of `now` (after [`evaluate`]).
 pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
     let (granularity, _) = buckets(quota);
-    timeline::commit(state, now / granularity, cost);
+    state.add(now / granularity, u64::from(cost));
 }
 
 /// Evaluates and, if admitted, commits: a one-quota decision.
 #[cfg(test)]
 pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-    super::check_with(state, quota, now, cost, evaluate, commit)
+    super::test_support::check_with(state, quota, now, cost, evaluate, commit)
 }
 
 #[cfg(test)]

@@ -1,10 +1,7 @@
 //! Sliding log: the exact algorithm.
 //!
-//! # Guarantee
-//!
-//! At most `L` units are admitted in every half-open window `(t - W, t]`, for
-//! every `t`. Nothing is approximated; memory is O(number of admissions in
-//! the last `W`), at most `L` entries per key.
+//! At most `L` units are admitted in every window `(t - W, t]`, with at
+//! most `L` entries per key.
 //!
 //! # Semantics (the contract shared with the Redis scripts)
 //!
@@ -26,12 +23,9 @@
 //! again with the same cost is admitted (if nothing else was admitted in
 //! between), and waiting one microsecond less is not.
 //!
-//! Robustness beyond the contract (never reached with a monotonic clock):
-//! if the clock steps back, entries newer than `t` keep counting and
-//! admissions are kept in timestamp order, and `reset_after`/TTL on an
-//! admission is `newest_ts + W - t`, which equals `W` whenever the newest
-//! entry is now.
-//!
+//! If the clock steps back, entries newer than `t` keep counting, in
+//! timestamp order, and an admission's `reset_after`/TTL is
+//! `newest_ts + W - t`.
 
 use super::outcome::Evaluation;
 #[cfg(test)]
@@ -39,10 +33,8 @@ use super::outcome::Outcome;
 use super::timeline::{self, Timeline};
 use crate::Quota;
 
-/// The log of one key: admissions `(timestamp, cost)`, oldest first.
-///
-/// Admissions at the same microsecond are merged into one entry, which
-/// changes no decision (they expire together) and keeps bursts small.
+/// The log of one key: admissions `(timestamp, cost)`, oldest first; those
+/// of one microsecond share an entry (they expire together).
 pub(crate) type State = Timeline;
 
 /// Evaluates `cost` units of `quota` at `now` against `state`, recording
@@ -58,13 +50,13 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
 
 /// Records `cost` units at `now` (after [`evaluate`] admitted them).
 pub(crate) fn commit(state: &mut State, _quota: &Quota, now: u64, cost: u32) {
-    timeline::commit(state, now, cost);
+    state.add(now, u64::from(cost));
 }
 
 /// Evaluates and, if admitted, commits: a one-quota decision.
 #[cfg(test)]
 pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-    super::check_with(state, quota, now, cost, evaluate, commit)
+    super::test_support::check_with(state, quota, now, cost, evaluate, commit)
 }
 
 #[cfg(test)]

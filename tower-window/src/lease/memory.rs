@@ -49,31 +49,15 @@ impl MemoryStore {
 }
 
 /// A slot's lease records, kept beside its state and allocated on first
-/// change: a slot of a store without leases keeps only a null pointer.
-trait SlotLeases {
-    /// The records (an empty set when none were made).
-    fn leases(&self) -> &Records;
-    fn leases_mut(&mut self) -> &mut Records;
-}
-
-impl SlotLeases for SlotInner {
-    fn leases(&self) -> &Records {
-        static NONE: std::sync::LazyLock<Records> = std::sync::LazyLock::new(Records::default);
-        self.extra
-            .as_ref()
-            .and_then(|extra| extra.downcast_ref())
-            .unwrap_or(&NONE)
+/// use: a slot of a store without leases keeps only a null pointer.
+fn lease_records(inner: &mut SlotInner) -> &mut Records {
+    let extra = inner.extra.get_or_insert_with(|| Box::<Records>::default());
+    if !extra.is::<Records>() {
+        *extra = Box::<Records>::default();
     }
-
-    fn leases_mut(&mut self) -> &mut Records {
-        let extra = self.extra.get_or_insert_with(|| Box::<Records>::default());
-        if !extra.is::<Records>() {
-            *extra = Box::<Records>::default();
-        }
-        extra
-            .downcast_mut()
-            .expect("a slot's extra state is its lease records")
-    }
+    extra
+        .downcast_mut()
+        .expect("a slot's extra state is its lease records")
 }
 
 /// The leases one slot keeps records of: by id, and by when they stop
@@ -130,7 +114,7 @@ impl MemoryStore {
                 .fold(now.saturating_add(ttl), u64::min);
             for inner in locked.guards.iter_mut() {
                 inner.last_check = inner.last_check.max(now);
-                inner.leases_mut().drop_dead(now);
+                lease_records(inner).drop_dead(now);
             }
             // The refunds first: the reservation sees the room they free.
             let refunded = request.refunds.iter().fold(0u32, |sum, refund| {
@@ -172,8 +156,8 @@ impl MemoryStore {
             }
             // Where the Redis store keeps the latest deadline: beside the
             // policy's first quota.
-            let held_until = |locked: &Locked<'_>| {
-                let latest = locked.guards.first()?.leases().latest_deadline;
+            let held_until = |locked: &mut Locked<'_>| {
+                let latest = lease_records(locked.guards.first_mut()?).latest_deadline;
                 (latest > now).then_some(latest)
             };
             if granted == 0 {
@@ -231,7 +215,7 @@ impl MemoryStore {
             let last = records.iter().map(|r| r.expires).fold(deadline, u64::max);
             for (inner, mut record) in locked.guards.iter_mut().zip(records) {
                 record.expires = last;
-                inner.leases_mut().insert(id, record, deadline);
+                lease_records(inner).insert(id, record, deadline);
             }
             let lease = Lease::new(id, granted, now, deadline)
                 .with_held(holds)
@@ -252,7 +236,7 @@ impl MemoryStore {
             self.with_policy_locked(request.key, request.policy, |locked| {
                 let now = self.clock.now_micros();
                 for inner in locked.guards.iter_mut() {
-                    inner.leases_mut().drop_dead(now);
+                    lease_records(inner).drop_dead(now);
                 }
                 refund_locked(locked, &request, now)
             }),
@@ -270,7 +254,7 @@ fn refund_locked(locked: &mut Locked<'_>, request: &RefundRequest<'_>, now: u64)
     let found: SmallVec<[Option<Record>; 4]> = locked
         .guards
         .iter_mut()
-        .map(|inner| inner.leases_mut().remove(request.lease.id))
+        .map(|inner| lease_records(inner).remove(request.lease.id))
         .collect();
     if !found.iter().flatten().any(|record| record.expires > now) {
         return 0;

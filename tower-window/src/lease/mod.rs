@@ -24,13 +24,6 @@
 //! ([`Limiter::check_policy_per_quota`](crate::Limiter::check_policy_per_quota))
 //! never spends from a lease, which holds the same units in every quota.
 //!
-//! # One round trip per refill
-//!
-//! A [reservation](Backend::reserve) applies the refunds of the key's old
-//! leases first ([`ReserveRequest::refunds`]), in the same atomic call, and
-//! one that grants nothing decides the check that asked
-//! ([`ReserveRequest::decides`]) as a direct check would.
-//!
 //! # Refunds, and nodes that die holding a lease
 //!
 //! An unrefunded lease counts as if spent at the latest moment it could
@@ -45,7 +38,8 @@
 //! where they count) until its units stop counting, and applies a refund to
 //! it once, only where the units still count (for GCRA only while no later
 //! grant moved the arrival time, which may have been computed from it). A
-//! second or late refund is a no-op.
+//! second or late refund is a no-op. Each call drops at most a fixed batch
+//! of dead records, so its work stays bounded whatever the key's history.
 //!
 //! # How much one lease takes
 //!
@@ -90,13 +84,6 @@
 //! lease's, they keep the bound with `s` in the place of `t`. The half
 //! share does not apply, and the [decision](Reservation::decision) is a
 //! denial until `s`.
-//!
-//! # Bounded work
-//!
-//! Whatever the key's history, a call drops at most a fixed batch of
-//! records whose units stopped counting (the rest go with later calls or
-//! the keys' TTL), and a refund reads at most a fixed number of log
-//! entries.
 
 use std::time::Duration;
 
@@ -116,12 +103,12 @@ mod redis;
 /// Implemented by [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
 /// [`RedisStore`](crate::RedisStore).
 pub trait Backend: Send + Sync + 'static {
-    /// In one atomic store call: applies `request.refunds` (each as
-    /// [`refund`](Self::refund) would), then takes up to `request.want`
-    /// units (at least `request.at_least`, else none) from every quota of
-    /// the policy as a [`Lease`]. A reservation that grants nothing and
-    /// [`decides`](ReserveRequest::decides) decides a check of `at_least`
-    /// units instead, as
+    /// In one atomic store call (one round trip per refill): applies
+    /// `request.refunds` (each as [`refund`](Self::refund) would), then
+    /// takes up to `request.want` units (at least `request.at_least`, else
+    /// none) from every quota of the policy as a [`Lease`]. A reservation
+    /// that grants nothing and [`decides`](ReserveRequest::decides) decides
+    /// a check of `at_least` units instead, as
     /// [`limit::Backend::check`](crate::limit::Backend::check) would.
     fn reserve<'a>(
         &'a self,
