@@ -33,16 +33,6 @@ pub(crate) enum State {
 }
 
 impl State {
-    /// Whether the state is held inline, without a buffer of its own (for
-    /// tests of memory use).
-    #[cfg(test)]
-    pub(crate) fn is_inline(&self) -> bool {
-        match self {
-            Self::SlidingLog(s) | Self::SlidingCounter(s) => s.is_inline(),
-            Self::FixedWindow(_) | Self::Gcra(_) => true,
-        }
-    }
-
     /// An empty state for `algorithm`.
     pub(crate) fn empty(algorithm: Algorithm) -> Self {
         match algorithm {
@@ -130,6 +120,16 @@ pub(crate) mod test_support {
             commit(state, quota, now, cost);
         }
         evaluation.outcome
+    }
+
+    impl super::State {
+        /// Whether the state is held inline, without a buffer of its own.
+        pub(crate) fn is_inline(&self) -> bool {
+            match self {
+                Self::SlidingLog(s) | Self::SlidingCounter(s) => s.is_inline(),
+                Self::FixedWindow(_) | Self::Gcra(_) => true,
+            }
+        }
     }
 
     impl Outcome {

@@ -9,22 +9,38 @@ use std::slice;
 
 use super::outcome::{saturate_u32, Evaluation, Outcome};
 
-// Loop iterations of `evaluate` on this thread, for the tests that bound
-// the work of a check by the state held (never by how far the clock moved).
 #[cfg(test)]
-thread_local! {
-    static STEPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
+use test_support::{count_step, steps};
 
+/// Loop iterations of `evaluate` on this thread, for the tests that bound
+/// the work of a check by the state held (never by how far the clock
+/// moved), and the tests' view of a timeline's memory use.
 #[cfg(test)]
-fn count_step() {
-    STEPS.with(|steps| steps.set(steps.get() + 1));
-}
+mod test_support {
+    thread_local! {
+        static STEPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
 
-/// The loop iterations counted so far on this thread.
-#[cfg(test)]
-pub(crate) fn steps() -> u64 {
-    STEPS.with(std::cell::Cell::get)
+    pub(super) fn count_step() {
+        STEPS.with(|steps| steps.set(steps.get() + 1));
+    }
+
+    /// The loop iterations counted so far on this thread.
+    pub(crate) fn steps() -> u64 {
+        STEPS.with(std::cell::Cell::get)
+    }
+
+    impl super::Timeline {
+        /// Number of slots kept.
+        pub(crate) fn len(&self) -> usize {
+            self.slots.iter().count()
+        }
+
+        /// Whether the slots are kept inline.
+        pub(crate) fn is_inline(&self) -> bool {
+            matches!(self.slots, super::Slots::Inline { .. })
+        }
+    }
 }
 
 /// Slots `(at, units)`, ascending by `at`, and their sum (kept beside them
@@ -153,18 +169,6 @@ impl std::fmt::Debug for Slots {
 }
 
 impl Timeline {
-    /// Number of slots kept (for tests of memory use).
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.slots.iter().count()
-    }
-
-    /// Whether the slots are kept inline (for tests of memory use).
-    #[cfg(test)]
-    pub(crate) fn is_inline(&self) -> bool {
-        matches!(self.slots, Slots::Inline { .. })
-    }
-
     /// Takes up to `units` back from the slot at `at`, if it is still
     /// kept; answers how many were taken.
     pub(crate) fn take_back(&mut self, at: u64, units: u64) -> u64 {
