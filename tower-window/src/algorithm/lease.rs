@@ -80,17 +80,6 @@ pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) ->
     }
 }
 
-/// The units of a lease of `granted` that `quota` holds, with `room` for
-/// it: all of them for an enforced quota, what it has room for for a shadow
-/// quota.
-pub(crate) fn held(quota: &Quota, room: u64, granted: u32) -> u32 {
-    if quota.is_shadow() {
-        u32::try_from(room.min(u64::from(granted))).unwrap_or(granted)
-    } else {
-        granted
-    }
-}
-
 /// One quota's state in a reservation's decision: an admission of the
 /// `at_least` units that reserved, `remaining` once it holds `held` units.
 /// A shadow quota that holds fewer than `at_least` reports its would-be
@@ -134,8 +123,7 @@ pub(crate) fn commit(
     match state {
         State::FixedWindow(_) => {
             state.commit(quota, now, units);
-            let window = quota.window_micros().max(1);
-            let k = now / window;
+            let k = now / quota.window_micros().max(1);
             (k, deadline_cap(quota, now).unwrap_or(u64::MAX), 0)
         }
         State::SlidingCounter(_) => {

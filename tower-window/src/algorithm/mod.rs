@@ -50,9 +50,8 @@ impl State {
         now: u64,
         cost: u32,
     ) -> outcome::Evaluation {
-        // Stores key state by the quota's state id, which names the
-        // algorithm, so the state always matches; start afresh rather than
-        // panic if not.
+        // State ids name the algorithm, so the state always matches; start
+        // afresh rather than panic if not.
         let matches = matches!(
             (&*self, quota.algorithm()),
             (Self::SlidingLog(_), Algorithm::SlidingLog)

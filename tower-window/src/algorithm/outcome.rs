@@ -20,8 +20,7 @@ pub(crate) struct Outcome {
 
 impl Outcome {
     /// An admission. Its state matters for `reset_after` microseconds, which
-    /// is also the TTL a store gives it (see [`Quota::max_state_lifetime`](crate::Quota::max_state_lifetime)
-    /// for the bound stores use without reading it).
+    /// is also the TTL a store gives it.
     pub(crate) fn allow(remaining: u32, reset_after: u64) -> Self {
         Self {
             allowed: true,
@@ -69,10 +68,9 @@ impl Evaluation {
 }
 
 /// Whether `policy` admits a request whose quotas evaluated to
-/// `evaluations` (in policy order): every enforced quota's cost fits
-/// ([shadow](crate::Quota::shadowed) quotas never deny). When it does, a
-/// store commits the cost to every quota it fits, and to no other: a
-/// shadow quota that would deny records nothing.
+/// `evaluations`: every enforced quota's cost fits. A store then commits
+/// the cost to every quota it fits, so a shadow quota that would deny
+/// records nothing.
 pub(crate) fn policy_admits(policy: &Policy, evaluations: &[Evaluation]) -> bool {
     policy
         .quotas()
@@ -81,11 +79,9 @@ pub(crate) fn policy_admits(policy: &Policy, evaluations: &[Evaluation]) -> bool
         .all(|(quota, e)| e.fits() || quota.is_shadow())
 }
 
-/// The [`Decision`] of `policy` from each quota's evaluation (in policy
-/// order), decided at `now`: admitted (and by then committed) only if every
-/// enforced quota's cost fits (see [`policy_admits`]). A quota that fits
-/// while another denies reports its state unchanged; a shadow quota that
-/// does not fit reports its would-be denial.
+/// The [`Decision`] of `policy` at `now` from each quota's evaluation (see
+/// [`policy_admits`]): a quota that fits while another denies reports its
+/// state unchanged; a shadow quota that does not fit, its would-be denial.
 pub(crate) fn policy_decision(
     policy: &Policy,
     evaluations: &[Evaluation],
@@ -114,8 +110,7 @@ pub(crate) fn policy_decision(
     Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now))
 }
 
-/// `x` as a `u32`, clamped (remaining counts never exceed the limit, but a
-/// clamp is cheaper to trust than a proof).
+/// `x` as a `u32`, clamped.
 pub(crate) fn saturate_u32(x: u64) -> u32 {
     u32::try_from(x).unwrap_or(u32::MAX)
 }

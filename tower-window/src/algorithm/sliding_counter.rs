@@ -8,26 +8,13 @@
 //!
 //! # Semantics (the contract shared with the Redis scripts)
 //!
-//! Integer microseconds; `t` now, `W` window, `G` granularity (divides `W`),
-//! `n = W / G`, `L` limit, `c` cost. Time `x` falls in bucket `floor(x / G)`.
-//! At `t`, with `b = floor(t / G)`:
-//!
-//! 1. Buckets `j < b - n` are dropped; the rest (`j` in `[b - n, b]`) count.
-//!    `used = Σ count`. Bucket `j` stops counting at `(j + n + 1) * G`.
-//! 2. `c > L`: deny, `retry_after = None`, `remaining = L - used`,
-//!    `reset_after = (newest_j + n + 1) * G - t` (0 with no buckets).
-//! 3. `used + c <= L`: admit, `bucket[b] += c`; `remaining = L - used - c`,
-//!    `reset_after = (b + n + 1) * G - t`, which is also the state's TTL.
-//! 4. Otherwise deny: `remaining = L - used`; walk buckets ascending,
-//!    accumulating `freed`; the first `j` with `used - freed + c <= L` gives
-//!    `retry_after = (j + n + 1) * G - t`;
-//!    `reset_after = (newest_j + n + 1) * G - t`.
+//! The [timeline](super::timeline)'s, with one slot per bucket: time `x`
+//! falls in bucket `floor(x / G)`, and bucket `j` stops counting at
+//! `(j + n + 1) G`, so at `t` the buckets `[b - n, b]` count
+//! (`b = floor(t / G)`).
 //!
 //! Why the bound holds: two admissions at `s < u` with `u - s < W` are both
 //! counted at `u`, because `floor(s/G) >= floor((u - W)/G) = floor(u/G) - n`.
-//!
-//! If the clock steps back, buckets newer than `b` keep counting, and an
-//! admission's reset/TTL is taken from the newest bucket.
 
 use super::outcome::Evaluation;
 #[cfg(test)]

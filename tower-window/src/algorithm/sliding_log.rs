@@ -5,27 +5,10 @@
 //!
 //! # Semantics (the contract shared with the Redis scripts)
 //!
-//! All values are integer microseconds; `t` is now, `W` the window, `L` the
-//! limit, `c` the cost. The state is a log of admissions `(ts, cost)`.
-//!
-//! 1. Entries with `ts <= t - W` no longer count and are dropped.
-//!    `used = Σ cost` of the rest.
-//! 2. `c > L`: deny, `retry_after = None`, `remaining = L - used`,
-//!    `reset_after = newest_ts + W - t` (0 with no entries). Nothing recorded.
-//! 3. `used + c <= L`: admit and record `(t, c)`; `remaining = L - used - c`,
-//!    `reset_after = W`; the state must live `W` (its TTL).
-//! 4. Otherwise deny: `remaining = L - used`; walk the entries oldest first,
-//!    accumulating `freed`; the first entry `i` with
-//!    `used - freed + c <= L` gives `retry_after = ts_i + W - t`;
-//!    `reset_after = newest_ts + W - t`.
-//!
-//! A denial records nothing, so waiting exactly `retry_after` and asking
-//! again with the same cost is admitted (if nothing else was admitted in
-//! between), and waiting one microsecond less is not.
-//!
-//! If the clock steps back, entries newer than `t` keep counting, in
-//! timestamp order, and an admission's `reset_after`/TTL is
-//! `newest_ts + W - t`.
+//! The [timeline](super::timeline)'s, with one slot per admission
+//! timestamp `ts`, counting until `ts + W`. So waiting exactly
+//! `retry_after` and asking again with the same cost is admitted (if
+//! nothing else was admitted in between), and one microsecond less is not.
 
 use super::outcome::Evaluation;
 #[cfg(test)]

@@ -1,7 +1,21 @@
 //! An ordered record of admissions that expire: the common core of the
 //! sliding log (one slot per timestamp) and the sliding counter (one slot
 //! per bucket), which differ only in the slot of "now" and when a slot
-//! expires.
+//! stops counting. The contract shared with the Redis scripts, in integer
+//! microseconds (`t` now, `L` limit, `c` cost):
+//!
+//! 1. Slots that stopped counting are dropped; `used = Σ units` of the rest.
+//! 2. `c > L`: deny, `retry_after = None`, `remaining = L - used`,
+//!    `reset_after` = until the newest slot stops counting (0 with none).
+//! 3. `used + c <= L`: admit, add `c` to the slot of `t`;
+//!    `remaining = L - used - c`, `reset_after` (also the TTL) as in 2,
+//!    after the admission.
+//! 4. Otherwise deny: `remaining = L - used`, `reset_after` as in 2; walk
+//!    the slots oldest first, accumulating `freed`: the first with
+//!    `used - freed + c <= L` gives `retry_after` = until it stops counting.
+//!
+//! A denial records nothing. Slots newer than `t` (the clock stepped back)
+//! keep counting, in order.
 
 use std::collections::VecDeque;
 use std::iter::Chain;

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::algorithm::lease as algo;
+use crate::algorithm::outcome::saturate_u32;
 use crate::clock::duration_micros;
 use crate::lease::{Lease, RefundRequest, Reservation, ReserveRequest};
 use crate::store::memory::{Locked, SlotInner};
@@ -38,14 +39,6 @@ struct Record {
     units: u32,
     /// When the last of the lease's units, in any quota, stops counting.
     expires: u64,
-}
-
-impl MemoryStore {
-    /// A lease id no lease of this store had.
-    fn next_lease_id(&self) -> u64 {
-        let next = self.part(|_| Arc::new(AtomicU64::new(1)));
-        next.fetch_add(1, Ordering::Relaxed)
-    }
 }
 
 /// A slot's lease records, kept beside its state and allocated on first
@@ -99,6 +92,12 @@ impl Records {
 }
 
 impl MemoryStore {
+    /// A lease id no lease of this store had.
+    fn next_lease_id(&self) -> u64 {
+        let next = self.part(|_| Arc::new(AtomicU64::new(1)));
+        next.fetch_add(1, Ordering::Relaxed)
+    }
+
     pub(crate) fn reserve_now(
         &self,
         request: ReserveRequest<'_>,
@@ -174,7 +173,12 @@ impl MemoryStore {
                 .zip(locked.guards.iter_mut())
                 .zip(rooms)
                 .map(|((quota, inner), (room, reset))| {
-                    let units = algo::held(quota, room, granted);
+                    // A shadow quota holds what it has room for.
+                    let units = if quota.is_shadow() {
+                        saturate_u32(room).min(granted)
+                    } else {
+                        granted
+                    };
                     let (anchor, expires, prior, reset_after) = if units == 0 {
                         // A full shadow quota holds nothing: as it stands.
                         (0, deadline, 0, reset)

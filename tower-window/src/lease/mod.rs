@@ -26,11 +26,9 @@
 //!
 //! # Refunds, and nodes that die holding a lease
 //!
-//! An unrefunded lease counts as if spent at the latest moment it could
-//! have been (its node may have spent it all just before dying): its units
-//! come back for the fixed window at the window's end, for the sliding log
-//! and counter one window after the deadline (or its bucket), for GCRA as
-//! the bucket drains. Meanwhile a denial's `retry_after` is no later than
+//! An unrefunded lease counts as above, as if spent at the latest moment it
+//! could have been (its node may have spent it all just before dying);
+//! meanwhile a denial's `retry_after` is no later than
 //! [`Reservation::held_until_micros`].
 //!
 //! A refund removes only units its lease reserved and never spent, so it is
@@ -55,22 +53,19 @@
 //! A [shadow](crate::Quota::shadowed) quota is counted, never enforced
 //! (`g` the units granted):
 //!
-//! * Only the enforced quotas size `g`; with none, a lease gets the units
-//!   wanted.
-//! * A shadow quota holds `h = min(g, room)` units ([`Lease::held`]).
+//! * Only the enforced quotas size `g` (with none, `g` is the units
+//!   wanted); a shadow quota holds `h = min(g, room)` ([`Lease::held`]).
 //! * A spend is the shadow's would-be admission while its hold still has
-//!   the units (which it then loses), else its would-be denial (reported,
-//!   and counted in `tower_window_shadow_denials_total`). The reservation
-//!   spends its `at_least` units first, so its
-//!   [decision](Reservation::decision) reports a would-be denial when
-//!   `h < at_least`.
+//!   the units (which it then loses), else its would-be denial (counted in
+//!   `tower_window_shadow_denials_total`). The reservation spends its
+//!   `at_least` units first: its [decision](Reservation::decision) reports
+//!   a would-be denial when `h < at_least`.
 //! * A refund gives a shadow quota back [`RefundRequest::shadow_unused`],
-//!   or else `h - min(h, g - unused)`. It answers the enforced quotas'
+//!   or else `h - min(h, g - unused)`; it answers the enforced quotas'
 //!   count (with shadow quotas only, `unused` while the lease is known).
-//! * Otherwise a shadow quota is treated as an enforced one (it bounds the
-//!   deadline; a GCRA shadow refuses a TTL that leaves it no room), so it
-//!   counts exactly what it would have admitted, and never changes what a
-//!   lease grants.
+//! * Otherwise a shadow quota is treated as enforced (it bounds the
+//!   deadline and the GCRA TTL), so it counts exactly what it would have
+//!   admitted.
 //!
 //! # GCRA leases that start later
 //!
@@ -95,12 +90,10 @@ pub(crate) mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 
-/// What a backend does for quota leases ([`Limiter`](crate::Limiter)s with
-/// [`LimiterBuilder::leases`](crate::LimiterBuilder::leases)), on the same
-/// windows as its [`limit::Backend`](crate::limit::Backend) and in the same
-/// failure domains.
-///
-/// Implemented by [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
+/// Quota leases ([`LimiterBuilder::leases`](crate::LimiterBuilder::leases)),
+/// on the same windows and failure domains as the store's
+/// [`limit::Backend`](crate::limit::Backend). Implemented by
+/// [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
 /// [`RedisStore`](crate::RedisStore).
 pub trait Backend: Send + Sync + 'static {
     /// In one atomic store call (one round trip per refill): applies
@@ -306,9 +299,8 @@ pub struct Reservation {
     /// The store's clock (µs) at the reservation.
     pub now_micros: u64,
     /// The latest deadline, if later than now, of the leases of this key
-    /// and policy whose records the store still keeps (refunded ones
-    /// included: an early hint, never a late one); the units they hold may
-    /// come back by then.
+    /// and policy the store still records (refunded ones included: an early
+    /// hint, never a late one), by which the units they hold come back.
     pub held_until_micros: Option<u64>,
     /// With a lease: the policy's state once it was taken, as an admission
     /// of the `at_least` units (a shadow quota holding fewer reports its
@@ -316,8 +308,7 @@ pub struct Reservation {
     /// [start](Lease::not_before_micros). Without a lease, for a request
     /// that [`decides`](ReserveRequest::decides): the check decided.
     pub decision: Option<Decision>,
-    /// Units the request's [refunds](ReserveRequest::refunds) returned in
-    /// all.
+    /// Units the request's [refunds](ReserveRequest::refunds) returned.
     pub refunded: u32,
 }
 

@@ -47,19 +47,15 @@ impl RedisStore {
         key: &WindowKey,
         policy: &Policy,
         units: u32,
-        now: Option<u64>,
     ) -> Result<ScriptCall, StoreError> {
+        let now = self.explicit_now()?;
         let Some(first) = policy.quotas().first() else {
             return Err(StoreError::new(
                 StoreErrorKind::InvalidRequest,
                 "a policy without quotas",
             ));
         };
-        let min_ttl_ms = if now.is_some() {
-            crate::store::redis::EXPLICIT_CLOCK_MIN_TTL_MS
-        } else {
-            0
-        };
+        let min_ttl_ms = now.map_or(0, |_| crate::store::redis::EXPLICIT_CLOCK_MIN_TTL_MS);
         let mut call = SCRIPT.prepare_invoke();
         lay_out(&mut call, &self.prefix, key, policy, units, now, min_ttl_ms);
         let base = redis_key(&self.prefix, key, policy, first);
@@ -81,8 +77,7 @@ impl RedisStore {
                 "a lease needs a TTL between 1 microsecond and 2^40 microseconds",
             ));
         }
-        let now = self.explicit_now()?;
-        let mut call = self.lease_call(request.key, request.policy, request.want, now)?;
+        let mut call = self.lease_call(request.key, request.policy, request.want)?;
         let max_wait = crate::clock::duration_micros(request.max_wait).min(1 << 40);
         let refunds: Vec<&RefundRequest<'_>> = request
             .refunds
@@ -115,8 +110,7 @@ impl RedisStore {
             return Ok(0);
         }
         let unused = request.unused.min(request.lease.granted);
-        let now = self.explicit_now()?;
-        let mut call = self.lease_call(request.key, request.policy, unused, now)?;
+        let mut call = self.lease_call(request.key, request.policy, unused)?;
         call.arg("refund").arg(field(request.lease));
         if let Some(units) = request.shadow_unused {
             // One value per quota; the script reads them for shadow quotas.
