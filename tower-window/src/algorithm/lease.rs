@@ -59,8 +59,7 @@ pub(crate) fn check_ttl(policy: &Policy, ttl_micros: u64) -> Result<(), StoreErr
 }
 
 /// Units of `quota` a lease reserved at `now` with deadline `deadline` may
-/// take (dropping state that no longer counts), and the quota's
-/// `reset_after` (µs) as it stands.
+/// take, and the quota's `reset_after` (µs) as it stands.
 pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) -> (u64, u64) {
     // Evaluating one unit resets a state of another algorithm and drops
     // what expired; `unchanged.0` is the limit minus what counts at `now`
@@ -195,10 +194,9 @@ pub(crate) fn refund(
 
 /// A GCRA grant that starts later (see [`crate::lease`], "GCRA leases that
 /// start later"): the most tokens, up to `want`, that every quota's bucket
-/// (arrival times `tats`, in policy order) can give a lease of `ttl`
-/// starting at most `max_wait` after `now`, and that start (the latest of
-/// the quotas'). `None` unless every quota is an enforced GCRA quota, or
-/// if not one token fits.
+/// (arrival times `tats`) can give a lease of `ttl` starting at most
+/// `max_wait` after `now`, and that start. `None` unless every quota is an
+/// enforced GCRA quota and one token fits.
 pub(crate) fn later_grant(
     policy: &Policy,
     tats: &[u64],

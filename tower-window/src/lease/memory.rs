@@ -1,10 +1,6 @@
 //! Quota leases on the embedded store: [`Backend`](super::Backend) for
-//! [`MemoryStore`] (see [`crate::lease`]).
-//!
-//! A reservation locks the policy's slots in the same global order as a
-//! check and keeps a record of the lease in each slot until its units stop
-//! counting; every call drops a bounded batch of dead records, as
-//! `lease.lua` does.
+//! [`MemoryStore`], locking the policy's slots as a check does and keeping a
+//! record of each lease in each slot, as `lease.lua` does.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,8 +30,7 @@ struct Record {
     /// GCRA: the arrival time before the grant.
     prior: u64,
     granted: u32,
-    /// Units of it this slot's quota holds (fewer than `granted` for a
-    /// shadow quota).
+    /// Units of it this slot's (maybe shadow) quota holds.
     units: u32,
     /// When the last of the lease's units, in any quota, stops counting.
     expires: u64,
@@ -248,8 +243,8 @@ impl MemoryStore {
     }
 }
 
-/// Applies `request` to the policy's slots, locked: gives back its unused
-/// units where they still count, once; answers the units returned.
+/// Applies `request` to the policy's locked slots; answers the units
+/// returned.
 fn refund_locked(locked: &mut Locked<'_>, request: &RefundRequest<'_>, now: u64) -> u32 {
     if !request.returns_anything() {
         return 0;
