@@ -1,12 +1,5 @@
 //! Fixed window: one counter per window aligned to multiples of `W` since
-//! the Unix epoch.
-//!
-//! # Guarantee
-//!
-//! At most `L` units admitted in each aligned window `[k W, (k + 1) W)`.
-//! Across a boundary up to `2 L` can pass within a short time (the end of
-//! one window and the start of the next); use the sliding log or counter
-//! when that matters. O(1) memory per key.
+//! the Unix epoch (see [`Algorithm::FixedWindow`](super::Algorithm::FixedWindow)).
 //!
 //! # Semantics (the contract shared with the Redis scripts)
 //!
@@ -21,8 +14,8 @@
 //! 3. Otherwise deny: `remaining = L - count`,
 //!    `retry_after = reset_after = reset`.
 //!
-//! A denial records nothing. Note `reset_after` is the end of the current
-//! window even when the window holds nothing (case 1 on an empty state).
+//! `reset_after` is the end of the current window even when the window
+//! holds nothing (case 1 on an empty state).
 
 use super::outcome::{saturate_u32, Evaluation, Outcome};
 use crate::Quota;
@@ -32,6 +25,17 @@ use crate::Quota;
 pub(crate) struct State {
     pub(super) window_index: u64,
     pub(super) count: u64,
+}
+
+impl State {
+    /// The count of window `k`: one from another window is over.
+    fn count_in(&self, k: u64) -> u64 {
+        if self.window_index == k {
+            self.count
+        } else {
+            0
+        }
+    }
 }
 
 /// Evaluates `cost` units of `quota` at `now` against `state`, recording
@@ -45,12 +49,7 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
         .saturating_add(1)
         .saturating_mul(window)
         .saturating_sub(now);
-    // A count from another window is over: the state is logically empty.
-    let count = if state.window_index == k {
-        state.count
-    } else {
-        0
-    };
+    let count = state.count_in(k);
     let remaining = saturate_u32(limit.saturating_sub(count));
 
     if cost > limit {
@@ -69,21 +68,16 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
 /// Records `cost` units in the window of `now` (after [`evaluate`]).
 pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
     let k = now / quota.window_micros().max(1);
-    let count = if state.window_index == k {
-        state.count
-    } else {
-        0
-    };
     *state = State {
         window_index: k,
-        count: count.saturating_add(u64::from(cost)),
+        count: state.count_in(k).saturating_add(u64::from(cost)),
     };
 }
 
 /// Evaluates and, if admitted, commits: a one-quota decision.
 #[cfg(test)]
 pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-    super::check_with(state, quota, now, cost, evaluate, commit)
+    super::test_support::check_with(state, quota, now, cost, evaluate, commit)
 }
 
 #[cfg(test)]

@@ -2,11 +2,9 @@
 //!
 //! # Guarantee
 //!
-//! A steady rate of one unit per emission interval `T = ceil(W / L)` (never
-//! faster than `L / W`, since `T` rounds up) with bursts of up to `B` units
-//! (the quota's capacity: its burst, default `L`). Precisely: in any closed
-//! interval `[a, b]`, the admitted units `N` satisfy `N T <= B T + (b - a)`.
-//! O(1) memory per key.
+//! One unit per emission interval `T = ceil(W / L)` with bursts of up to
+//! `B` units (the quota's capacity): in any closed interval `[a, b]`, the
+//! admitted units `N` satisfy `N T <= B T + (b - a)`.
 //!
 //! # Semantics (the contract shared with the Redis scripts)
 //!
@@ -24,13 +22,10 @@
 //!    `remaining = (B T - (tat0 - t)) / T`, `reset_after = tat0 - t`.
 //!
 //! Why the bound holds: each admission moves `tat` forward by exactly `c T`
-//! from at least its own arrival time, and is admitted only if the result
-//! is at most `B T` ahead of that arrival. So admissions in `[a, b]` push
-//! `tat` from at least `a` to at least `a + N T`, which must be at most
-//! `b + B T`.
-//!
-//! The arithmetic saturates instead of overflowing; it is exact while
-//! `t + 2 B T < 2^64` (for realistic quotas by many orders of magnitude).
+//! from at least its own arrival time, and only to at most `B T` ahead of
+//! it, so admissions in `[a, b]` push `tat` from at least `a` by `N T`, to
+//! at most `b + B T`. The arithmetic saturates; it is exact while
+//! `t + 2 B T < 2^64`.
 
 use super::outcome::{saturate_u32, Evaluation, Outcome};
 use crate::Quota;
@@ -85,7 +80,7 @@ pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
 /// Evaluates and, if admitted, commits: a one-quota decision.
 #[cfg(test)]
 pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-    super::check_with(state, quota, now, cost, evaluate, commit)
+    super::test_support::check_with(state, quota, now, cost, evaluate, commit)
 }
 
 #[cfg(test)]

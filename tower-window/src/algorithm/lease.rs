@@ -1,25 +1,38 @@
-//! Leases on each algorithm's state, for the embedded store (the Redis
-//! script `lease.lua` mirrors it). Why the global bound stays exact is
-//! written down in [`crate::lease`].
+//! Leases on each algorithm's state, for the embedded store; `lease.lua`
+//! mirrors it, and [`crate::lease`] says why the global bound stays exact.
 
 use std::time::Duration;
 
 use super::State;
-use crate::{Quota, QuotaDecision};
+use crate::{Algorithm, Policy, Quota, QuotaDecision, StoreError, StoreErrorKind};
+
+/// A GCRA quota's emission interval `T` and tolerance `B T` (µs).
+fn gcra_span(quota: &Quota) -> (u64, u64) {
+    let interval = quota.emission_interval_micros().max(1);
+    (
+        interval,
+        u64::from(quota.capacity()).saturating_mul(interval),
+    )
+}
+
+/// A sliding counter's bucket width.
+fn bucket_width(quota: &Quota) -> u64 {
+    quota
+        .granularity_micros()
+        .filter(|g| *g > 0)
+        .unwrap_or(quota.window_micros())
+        .max(1)
+}
 
 /// The latest deadline a lease reserved at `now` may have for `quota`:
 /// the end of the window (fixed window) or bucket (sliding counter) that
 /// counts its units; `None` where the algorithm needs no bound.
 pub(crate) fn deadline_cap(quota: &Quota, now: u64) -> Option<u64> {
     let width = match quota.algorithm() {
-        crate::Algorithm::FixedWindow => quota.window_micros(),
-        crate::Algorithm::SlidingCounter { .. } => quota
-            .granularity_micros()
-            .filter(|g| *g > 0)
-            .unwrap_or(quota.window_micros()),
+        Algorithm::FixedWindow => quota.window_micros().max(1),
+        Algorithm::SlidingCounter { .. } => bucket_width(quota),
         _ => return None,
-    }
-    .max(1);
+    };
     (now / width).checked_add(1)?.checked_mul(width)
 }
 
@@ -27,21 +40,16 @@ pub(crate) fn deadline_cap(quota: &Quota, now: u64) -> Option<u64> {
 /// GCRA lease dates its tokens at the deadline, so its TTL must be at most
 /// `(B - 1) T` to leave room for one token.
 pub(crate) fn ttl_fits(quota: &Quota, ttl_micros: u64) -> bool {
-    if quota.algorithm() != crate::Algorithm::Gcra {
-        return true;
-    }
-    let interval = quota.emission_interval_micros().max(1);
-    let tolerance = u64::from(quota.capacity()).saturating_mul(interval);
-    ttl_micros.saturating_add(interval) <= tolerance
+    let (interval, tolerance) = gcra_span(quota);
+    quota.algorithm() != Algorithm::Gcra || ttl_micros.saturating_add(interval) <= tolerance
 }
 
-/// Refuses a lease TTL that no GCRA quota of `policy` could ever grant
-/// (see [`ttl_fits`]), with a typed error naming the quota.
-pub(crate) fn check_ttl(policy: &crate::Policy, ttl_micros: u64) -> Result<(), crate::StoreError> {
+/// Refuses a lease TTL that a GCRA quota of `policy` could never grant.
+pub(crate) fn check_ttl(policy: &Policy, ttl_micros: u64) -> Result<(), StoreError> {
     match policy.quotas().iter().find(|q| !ttl_fits(q, ttl_micros)) {
         None => Ok(()),
-        Some(quota) => Err(crate::StoreError::new(
-            crate::StoreErrorKind::InvalidRequest,
+        Some(quota) => Err(StoreError::new(
+            StoreErrorKind::InvalidRequest,
             format!(
                 "a lease TTL this long leaves no room in gcra quota `{}`: it must be at most (burst - 1) x the emission interval",
                 quota.name()
@@ -51,9 +59,7 @@ pub(crate) fn check_ttl(policy: &crate::Policy, ttl_micros: u64) -> Result<(), c
 }
 
 /// Units of `quota` a lease reserved at `now` with deadline `deadline` may
-/// take (dropping state that no longer counts), and the quota's
-/// `reset_after` (µs) as it stands, which a quota that holds nothing of the
-/// lease reports.
+/// take, and the quota's `reset_after` (µs) as it stands.
 pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) -> (u64, u64) {
     // Evaluating one unit resets a state of another algorithm and drops
     // what expired; `unchanged.0` is the limit minus what counts at `now`
@@ -62,8 +68,7 @@ pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) ->
     let reset = evaluation.unchanged.1;
     match state {
         State::Gcra(s) => {
-            let interval = quota.emission_interval_micros().max(1);
-            let tolerance = u64::from(quota.capacity()).saturating_mul(interval);
+            let (interval, tolerance) = gcra_span(quota);
             let from = s.tat.max(deadline);
             (
                 now.saturating_add(tolerance).saturating_sub(from) / interval,
@@ -74,32 +79,29 @@ pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) ->
     }
 }
 
-/// The units of a lease of `granted` that `quota` holds, with `room` for
-/// it: all of them for an enforced quota (the grant fits its room), what
-/// it has room for for a shadow quota (see [`crate::lease`]).
-pub(crate) fn held(quota: &Quota, room: u64, granted: u32) -> u32 {
-    if quota.is_shadow() {
-        u32::try_from(room.min(u64::from(granted))).unwrap_or(granted)
-    } else {
-        granted
-    }
-}
-
-/// One quota's state in a reservation's decision (an admission of the
-/// `at_least` units that reserved): `remaining` once it holds `held` units,
-/// `reset_after` (µs). A shadow quota that holds fewer than `at_least`
-/// reports its would-be denial, with its reset as the wait (a bound: what
-/// it counts has stopped counting by then).
+/// One quota's state in a reservation's decision: an admission of the
+/// `at_least` units that reserved, `remaining` once it holds `held` units.
+/// A shadow quota that holds fewer than `at_least` reports its would-be
+/// denial, with its reset as the wait (what it counts has stopped counting
+/// by then). A lease that starts `wait` µs later is a denial until then.
 pub(crate) fn quota_decision(
     quota: &Quota,
     remaining: u64,
     reset_after: u64,
     held: u32,
     at_least: u32,
+    wait: u64,
 ) -> QuotaDecision {
     let remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
     let reset_after = Duration::from_micros(reset_after);
-    if quota.is_shadow() && held < at_least {
+    if wait > 0 {
+        QuotaDecision::deny(
+            quota.clone(),
+            0,
+            reset_after,
+            Some(Duration::from_micros(wait)),
+        )
+    } else if quota.is_shadow() && held < at_least {
         QuotaDecision::deny(quota.clone(), remaining, reset_after, Some(reset_after))
     } else {
         QuotaDecision::allow(quota.clone(), remaining, reset_after)
@@ -120,17 +122,13 @@ pub(crate) fn commit(
     match state {
         State::FixedWindow(_) => {
             state.commit(quota, now, units);
-            let window = quota.window_micros().max(1);
-            let k = now / window;
+            let k = now / quota.window_micros().max(1);
             (k, deadline_cap(quota, now).unwrap_or(u64::MAX), 0)
         }
         State::SlidingCounter(_) => {
             state.commit(quota, now, units);
             let window = quota.window_micros().max(1);
-            let g = quota
-                .granularity_micros()
-                .filter(|g| *g > 0)
-                .unwrap_or(window);
+            let g = bucket_width(quota);
             let b = now / g;
             let end = b
                 .checked_add(window / g)
@@ -144,7 +142,7 @@ pub(crate) fn commit(
             (deadline, deadline.saturating_add(quota.window_micros()), 0)
         }
         State::Gcra(s) => {
-            let interval = quota.emission_interval_micros().max(1);
+            let (interval, _) = gcra_span(quota);
             let prior = s.tat;
             s.tat = s
                 .tat
@@ -155,57 +153,52 @@ pub(crate) fn commit(
     }
 }
 
-/// Takes back up to `units` of a lease of `granted` counted at `anchor`,
-/// where they still count; answers how many. `prior` is what [`commit`]
-/// answered third.
+/// Takes back up to `units` of the `held` a quota holds of a lease counted
+/// at `anchor`, where they still count; answers how many. `prior` is what
+/// [`commit`] answered third.
 pub(crate) fn refund(
     state: &mut State,
     quota: &Quota,
     anchor: u64,
     prior: u64,
-    granted: u32,
+    held: u32,
     units: u32,
 ) -> u32 {
+    if units == 0 {
+        return 0;
+    }
     let units = u64::from(units);
     let taken = match state {
-        State::FixedWindow(s) => {
-            if s.window_index == anchor {
-                let taken = units.min(s.count);
-                s.count -= taken;
-                taken
-            } else {
-                0
-            }
+        State::FixedWindow(s) if s.window_index == anchor => {
+            let taken = units.min(s.count);
+            s.count -= taken;
+            taken
         }
         State::SlidingCounter(s) | State::SlidingLog(s) => s.take_back(anchor, units),
-        State::Gcra(s) => {
-            // Only while no later grant was computed from this arrival time.
-            if s.tat == anchor {
-                // Every unit back: as if the lease never was. Fewer: the
-                // grant of the rest, still dated at the deadline.
-                let interval = quota.emission_interval_micros().max(1);
-                s.tat = if units >= u64::from(granted) {
-                    prior
-                } else {
-                    s.tat.saturating_sub(units.saturating_mul(interval))
-                };
-                units
+        // Only while no later grant was computed from this arrival time.
+        State::Gcra(s) if s.tat == anchor => {
+            // Every unit back: as if the lease never was. Fewer: the grant
+            // of the rest, still dated at the deadline.
+            let (interval, _) = gcra_span(quota);
+            s.tat = if units >= u64::from(held) {
+                prior
             } else {
-                0
-            }
+                s.tat.saturating_sub(units.saturating_mul(interval))
+            };
+            units
         }
+        State::FixedWindow(_) | State::Gcra(_) => 0,
     };
     u32::try_from(taken).unwrap_or(u32::MAX)
 }
 
 /// A GCRA grant that starts later (see [`crate::lease`], "GCRA leases that
 /// start later"): the most tokens, up to `want`, that every quota's bucket
-/// (arrival times `tats`, in policy order) can give a lease of `ttl`
-/// starting at most `max_wait` after `now`, and that start (the latest of
-/// the quotas'). `None` unless every quota is an enforced GCRA quota, or
-/// if not one token fits.
+/// (arrival times `tats`) can give a lease of `ttl` starting at most
+/// `max_wait` after `now`, and that start. `None` unless every quota is an
+/// enforced GCRA quota and one token fits.
 pub(crate) fn later_grant(
-    policy: &crate::Policy,
+    policy: &Policy,
     tats: &[u64],
     now: u64,
     ttl: u64,
@@ -216,14 +209,13 @@ pub(crate) fn later_grant(
     if quotas.len() != tats.len()
         || quotas
             .iter()
-            .any(|q| q.is_shadow() || q.algorithm() != crate::Algorithm::Gcra)
+            .any(|q| q.is_shadow() || q.algorithm() != Algorithm::Gcra)
     {
         return None;
     }
     let mut units = u64::from(want);
     for (quota, &tat) in quotas.iter().zip(tats) {
-        let interval = quota.emission_interval_micros().max(1);
-        let tolerance = u64::from(quota.capacity()).saturating_mul(interval);
+        let (interval, tolerance) = gcra_span(quota);
         // Spent until `s + ttl`, dated there: `ttl + g T <= B T`.
         units = units.min(tolerance.saturating_sub(ttl) / interval);
         // Fits as seen at `s <= now + max_wait`: `tat + g T <= s + B T`.
@@ -232,25 +224,13 @@ pub(crate) fn later_grant(
     }
     let units = u32::try_from(units).ok().filter(|u| *u > 0)?;
     let start = quotas.iter().zip(tats).fold(now, |start, (quota, &tat)| {
-        let interval = quota.emission_interval_micros().max(1);
-        let tolerance = u64::from(quota.capacity()).saturating_mul(interval);
+        let (interval, tolerance) = gcra_span(quota);
         let fits_from = tat
             .saturating_add(u64::from(units).saturating_mul(interval))
             .saturating_sub(tolerance);
         start.max(fits_from)
     });
     Some((units, start))
-}
-
-/// One quota's state in the decision of a reservation whose lease starts
-/// `wait` µs later: a denial until then.
-pub(crate) fn later_decision(quota: &Quota, reset_after: u64, wait: u64) -> QuotaDecision {
-    QuotaDecision::deny(
-        quota.clone(),
-        0,
-        Duration::from_micros(reset_after),
-        Some(Duration::from_micros(wait)),
-    )
 }
 
 /// A GCRA state's theoretical arrival time (`None` for another algorithm).

@@ -33,16 +33,6 @@ pub(crate) enum State {
 }
 
 impl State {
-    /// Whether the state is held inline, without a buffer of its own (for
-    /// tests of memory use).
-    #[cfg(test)]
-    pub(crate) fn is_inline(&self) -> bool {
-        match self {
-            Self::SlidingLog(s) | Self::SlidingCounter(s) => s.is_inline(),
-            Self::FixedWindow(_) | Self::Gcra(_) => true,
-        }
-    }
-
     /// An empty state for `algorithm`.
     pub(crate) fn empty(algorithm: Algorithm) -> Self {
         match algorithm {
@@ -60,9 +50,8 @@ impl State {
         now: u64,
         cost: u32,
     ) -> outcome::Evaluation {
-        // Stores key state by the quota's state id, which names the
-        // algorithm, so the state always matches; start afresh rather than
-        // panic if not.
+        // State ids name the algorithm, so the state always matches; start
+        // afresh rather than panic if not.
         let matches = matches!(
             (&*self, quota.algorithm()),
             (Self::SlidingLog(_), Algorithm::SlidingLog)
@@ -93,30 +82,13 @@ impl State {
     }
 }
 
-/// Evaluates, and commits when the cost fits: one quota decided alone.
-#[cfg(test)]
-fn check_with<S>(
-    state: &mut S,
-    quota: &crate::Quota,
-    now: u64,
-    cost: u32,
-    evaluate: fn(&mut S, &crate::Quota, u64, u32) -> outcome::Evaluation,
-    commit: fn(&mut S, &crate::Quota, u64, u32),
-) -> outcome::Outcome {
-    let evaluation = evaluate(state, quota, now, cost);
-    if evaluation.fits() {
-        commit(state, quota, now, cost);
-    }
-    evaluation.outcome
-}
-
 /// Shared fixtures of the algorithms' unit tests.
 #[cfg(test)]
 pub(crate) mod test_support {
     #![allow(clippy::unwrap_used)]
 
-    use super::outcome::Outcome;
-    use crate::Quota;
+    use super::outcome::{Evaluation, Outcome};
+    use crate::{Decision, Quota};
 
     /// One second in microseconds.
     pub(crate) const S: u64 = 1_000_000;
@@ -131,6 +103,50 @@ pub(crate) mod test_support {
     /// An admission.
     pub(crate) fn allow(remaining: u32, reset: u64) -> Outcome {
         Outcome::allow(remaining, reset)
+    }
+
+    /// Evaluates, and commits when the cost fits: one quota decided alone.
+    pub(crate) fn check_with<S>(
+        state: &mut S,
+        quota: &Quota,
+        now: u64,
+        cost: u32,
+        evaluate: fn(&mut S, &Quota, u64, u32) -> Evaluation,
+        commit: fn(&mut S, &Quota, u64, u32),
+    ) -> Outcome {
+        let evaluation = evaluate(state, quota, now, cost);
+        if evaluation.fits() {
+            commit(state, quota, now, cost);
+        }
+        evaluation.outcome
+    }
+
+    impl super::State {
+        /// Whether the state is held inline, without a buffer of its own.
+        pub(crate) fn is_inline(&self) -> bool {
+            match self {
+                Self::SlidingLog(s) | Self::SlidingCounter(s) => s.is_inline(),
+                Self::FixedWindow(_) | Self::Gcra(_) => true,
+            }
+        }
+    }
+
+    impl Outcome {
+        /// The public [`Decision`] for `quota`, decided at `now` (µs since epoch).
+        pub(crate) fn into_decision(self, quota: &Quota, now: u64) -> Decision {
+            let reset_after = std::time::Duration::from_micros(self.reset_after);
+            let decision = if self.allowed {
+                Decision::allow(quota.clone(), self.remaining, reset_after)
+            } else {
+                Decision::deny(
+                    quota.clone(),
+                    self.remaining,
+                    reset_after,
+                    self.retry_after.map(std::time::Duration::from_micros),
+                )
+            };
+            decision.with_timestamp_micros(now)
+        }
     }
 }
 

@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-#[cfg(test)]
-use crate::Quota;
-use crate::{Decision, Policy, QuotaDecision};
+use crate::{Decision, Policy, Quota, QuotaDecision};
 
 /// What one check decided, in integer microseconds (all four algorithms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,8 +20,7 @@ pub(crate) struct Outcome {
 
 impl Outcome {
     /// An admission. Its state matters for `reset_after` microseconds, which
-    /// is also the TTL a store gives it (see [`Quota::max_state_lifetime`](crate::Quota::max_state_lifetime)
-    /// for the bound stores use without reading it).
+    /// is also the TTL a store gives it.
     pub(crate) fn allow(remaining: u32, reset_after: u64) -> Self {
         Self {
             allowed: true,
@@ -41,23 +38,6 @@ impl Outcome {
             reset_after,
             retry_after,
         }
-    }
-
-    /// The public [`Decision`] for `quota`, decided at `now` (µs since epoch).
-    #[cfg(test)]
-    pub(crate) fn into_decision(self, quota: &Quota, now: u64) -> Decision {
-        let reset_after = Duration::from_micros(self.reset_after);
-        let decision = if self.allowed {
-            Decision::allow(quota.clone(), self.remaining, reset_after)
-        } else {
-            Decision::deny(
-                quota.clone(),
-                self.remaining,
-                reset_after,
-                self.retry_after.map(Duration::from_micros),
-            )
-        };
-        decision.with_timestamp_micros(now)
     }
 }
 
@@ -88,10 +68,9 @@ impl Evaluation {
 }
 
 /// Whether `policy` admits a request whose quotas evaluated to
-/// `evaluations` (in policy order): every enforced quota's cost fits
-/// ([shadow](crate::Quota::shadowed) quotas never deny). When it does, a
-/// store commits the cost to every quota it fits, and to no other: a
-/// shadow quota that would deny records nothing.
+/// `evaluations`: every enforced quota's cost fits. A store then commits
+/// the cost to every quota it fits, so a shadow quota that would deny
+/// records nothing.
 pub(crate) fn policy_admits(policy: &Policy, evaluations: &[Evaluation]) -> bool {
     policy
         .quotas()
@@ -100,40 +79,30 @@ pub(crate) fn policy_admits(policy: &Policy, evaluations: &[Evaluation]) -> bool
         .all(|(quota, e)| e.fits() || quota.is_shadow())
 }
 
-/// The [`Decision`] of `policy` from each quota's evaluation (in policy
-/// order), decided at `now`: admitted (and by then committed) only if every
-/// enforced quota's cost fits (see [`policy_admits`]). A quota that fits
-/// while another denies reports its state unchanged; a shadow quota that
-/// does not fit reports its would-be denial.
+/// The [`Decision`] of `policy` at `now` from each quota's evaluation (see
+/// [`policy_admits`]): a quota that fits while another denies reports its
+/// state unchanged; a shadow quota that does not fit, its would-be denial.
 pub(crate) fn policy_decision(
     policy: &Policy,
     evaluations: &[Evaluation],
     now: u64,
 ) -> Option<Decision> {
     let micros = Duration::from_micros;
+    let state = |quota: &Quota, o: Outcome| QuotaDecision {
+        quota: quota.clone(),
+        allowed: o.allowed,
+        remaining: o.remaining,
+        reset_after: micros(o.reset_after),
+        retry_after: o.retry_after.map(micros),
+    };
     if let ([quota], [e]) = (policy.quotas(), evaluations) {
         // One quota (the common case): its own outcome, without collecting.
-        let o = e.outcome;
-        let state = QuotaDecision {
-            quota: quota.clone(),
-            allowed: o.allowed,
-            remaining: o.remaining,
-            reset_after: micros(o.reset_after),
-            retry_after: o.retry_after.map(micros),
-        };
-        return Some(Decision::single_at(state, now));
+        return Some(Decision::single_at(state(quota, e.outcome), now));
     }
     let admitted = policy_admits(policy, evaluations);
     let states = policy.quotas().iter().zip(evaluations).map(|(quota, e)| {
-        let o = e.outcome;
-        if admitted || !o.allowed {
-            QuotaDecision {
-                quota: quota.clone(),
-                allowed: o.allowed,
-                remaining: o.remaining,
-                reset_after: micros(o.reset_after),
-                retry_after: o.retry_after.map(micros),
-            }
+        if admitted || !e.fits() {
+            state(quota, e.outcome)
         } else {
             QuotaDecision::allow(quota.clone(), e.unchanged.0, micros(e.unchanged.1))
         }
@@ -141,8 +110,7 @@ pub(crate) fn policy_decision(
     Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now))
 }
 
-/// `x` as a `u32`, clamped (remaining counts never exceed the limit, but a
-/// clamp is cheaper to trust than a proof).
+/// `x` as a `u32`, clamped.
 pub(crate) fn saturate_u32(x: u64) -> u32 {
     u32::try_from(x).unwrap_or(u32::MAX)
 }

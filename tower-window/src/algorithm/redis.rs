@@ -13,32 +13,29 @@ use crate::store::redis::script::ScriptCall;
 use crate::store::{StoreError, StoreErrorKind};
 use crate::{Algorithm, Decision, Policy, QuotaDecision, WindowKey};
 
+/// One of the algorithms' Lua fragments.
+macro_rules! fragment {
+    ($name:literal) => {
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/algorithm/",
+            $name
+        ))
+    };
+}
+pub(crate) use fragment;
+
 /// The source of a script that decides with the algorithms: the prelude
 /// and every algorithm's fragment, then `$tail` (a path relative to the
 /// file naming it).
 macro_rules! with_algorithms {
     ($tail:literal) => {
         concat!(
-            include_str!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/src/algorithm/prelude.lua"
-            )),
-            include_str!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/src/algorithm/sliding_log.lua"
-            )),
-            include_str!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/src/algorithm/sliding_counter.lua"
-            )),
-            include_str!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/src/algorithm/fixed_window.lua"
-            )),
-            include_str!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/src/algorithm/gcra.lua"
-            )),
+            $crate::algorithm::redis::fragment!("prelude.lua"),
+            $crate::algorithm::redis::fragment!("sliding_log.lua"),
+            $crate::algorithm::redis::fragment!("sliding_counter.lua"),
+            $crate::algorithm::redis::fragment!("fixed_window.lua"),
+            $crate::algorithm::redis::fragment!("gcra.lua"),
             include_str!($tail),
         )
     };
@@ -94,14 +91,11 @@ pub(crate) fn lay_out(
     for quota in policy.quotas() {
         let algorithm = quota.algorithm();
         let window_key = redis_key(prefix, key, policy, quota);
-        if algorithm == Algorithm::SlidingLog {
-            let mut meta = Vec::with_capacity(window_key.len() + META_SUFFIX.len());
-            meta.extend_from_slice(&window_key);
-            meta.extend_from_slice(META_SUFFIX);
-            call.key(window_key);
+        let meta =
+            (algorithm == Algorithm::SlidingLog).then(|| [&window_key, META_SUFFIX].concat());
+        call.key(window_key);
+        if let Some(meta) = meta {
             call.key(meta);
-        } else {
-            call.key(window_key);
         }
         let shadow = if quota.is_shadow() { SHADOW_FLAG } else { 0 };
         call.arg(code(algorithm) + shadow);
@@ -126,43 +120,45 @@ pub(crate) fn micros(value: i64) -> Duration {
     Duration::from_micros(u64::try_from(value).unwrap_or(0))
 }
 
+/// A count in a script's reply, clamped to `u32`.
+pub(crate) fn count(value: i64) -> u32 {
+    u32::try_from(value.max(0)).unwrap_or(u32::MAX)
+}
+
 /// Turns the script's reply `{allowed, now, then per quota allowed,
 /// remaining, reset_after, retry_after}` into the decision of `policy`.
 pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, StoreError> {
     let expected = 2 + 4 * policy.len();
-    let Some((&[allowed, now], per_quota)) = reply.split_first_chunk::<2>() else {
-        return Err(wrong_length(reply.len(), expected));
-    };
     if reply.len() != expected {
-        return Err(wrong_length(reply.len(), expected));
+        return Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            format!(
+                "redis script replied {} values, expected {expected}",
+                reply.len()
+            ),
+        ));
     }
-    let mut states = Vec::with_capacity(policy.len());
-    for (quota, values) in policy.quotas().iter().zip(per_quota.chunks_exact(4)) {
-        let [allowed, remaining, reset_after, retry_after] =
-            <[i64; 4]>::try_from(values).map_err(|_| wrong_length(reply.len(), expected))?;
-        let remaining = u32::try_from(remaining.max(0)).unwrap_or(u32::MAX);
-        states.push(if allowed == 1 {
-            QuotaDecision::allow(quota.clone(), remaining, micros(reset_after))
-        } else {
-            let retry_after = (retry_after >= 0).then(|| micros(retry_after));
-            QuotaDecision::deny(quota.clone(), remaining, micros(reset_after), retry_after)
+    let states = policy
+        .quotas()
+        .iter()
+        .zip(reply[2..].chunks_exact(4))
+        .map(|(quota, v)| {
+            let remaining = count(v[1]);
+            if v[0] == 1 {
+                QuotaDecision::allow(quota.clone(), remaining, micros(v[2]))
+            } else {
+                let retry_after = (v[3] >= 0).then(|| micros(v[3]));
+                QuotaDecision::deny(quota.clone(), remaining, micros(v[2]), retry_after)
+            }
         });
-    }
     let decision = Decision::from_quotas(states).ok_or_else(|| {
         StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas")
     })?;
-    if decision.allowed != (allowed == 1) {
+    if decision.allowed != (reply[0] == 1) {
         return Err(StoreError::new(
             StoreErrorKind::Protocol,
             "the redis script's verdict disagrees with its quotas",
         ));
     }
-    Ok(decision.with_timestamp_micros(u64::try_from(now).unwrap_or(0)))
-}
-
-fn wrong_length(got: usize, expected: usize) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Protocol,
-        format!("redis script replied {got} values, expected {expected}"),
-    )
+    Ok(decision.with_timestamp_micros(u64::try_from(reply[1]).unwrap_or(0)))
 }

@@ -2,37 +2,19 @@
 //!
 //! # Guarantee
 //!
-//! Never more than `L` units admitted in any window of length `W`. It counts
-//! every bucket that overlaps the window `(t - W, t]` — that is `n + 1`
-//! buckets, the oldest only partly inside — so it errs on the side of
-//! denying: an admission keeps counting until the end of the bucket it fell
-//! in plus `W`, up to `G` longer than the exact [sliding
-//! log](super::sliding_log). Memory is O(n + 1) per key.
+//! Never more than `L` units admitted in any window of length `W`: it
+//! counts the `n + 1` buckets that overlap `(t - W, t]`, so an admission
+//! counts up to `G` longer than in the exact [sliding log](super::sliding_log).
 //!
 //! # Semantics (the contract shared with the Redis scripts)
 //!
-//! Integer microseconds; `t` now, `W` window, `G` granularity (divides `W`),
-//! `n = W / G`, `L` limit, `c` cost. Time `x` falls in bucket `floor(x / G)`.
-//! At `t`, with `b = floor(t / G)`:
-//!
-//! 1. Buckets `j < b - n` are dropped; the rest (`j` in `[b - n, b]`) count.
-//!    `used = Σ count`. Bucket `j` stops counting at `(j + n + 1) * G`.
-//! 2. `c > L`: deny, `retry_after = None`, `remaining = L - used`,
-//!    `reset_after = (newest_j + n + 1) * G - t` (0 with no buckets).
-//! 3. `used + c <= L`: admit, `bucket[b] += c`; `remaining = L - used - c`,
-//!    `reset_after = (b + n + 1) * G - t`, which is also the state's TTL.
-//! 4. Otherwise deny: `remaining = L - used`; walk buckets ascending,
-//!    accumulating `freed`; the first `j` with `used - freed + c <= L` gives
-//!    `retry_after = (j + n + 1) * G - t`;
-//!    `reset_after = (newest_j + n + 1) * G - t`.
+//! The [timeline](super::timeline)'s, with one slot per bucket: time `x`
+//! falls in bucket `floor(x / G)`, and bucket `j` stops counting at
+//! `(j + n + 1) G`, so at `t` the buckets `[b - n, b]` count
+//! (`b = floor(t / G)`).
 //!
 //! Why the bound holds: two admissions at `s < u` with `u - s < W` are both
 //! counted at `u`, because `floor(s/G) >= floor((u - W)/G) = floor(u/G) - n`.
-//!
-//! Robustness beyond the contract (never reached with a monotonic clock):
-//! buckets newer than `b` (after the clock stepped back) keep counting, and
-//! the reset/TTL of an admission is taken from the newest bucket, which is
-//! `b` whenever time has not gone back.
 
 use super::outcome::Evaluation;
 #[cfg(test)]
@@ -74,13 +56,13 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
 /// Records `cost` units in the bucket of `now` (after [`evaluate`]).
 pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
     let (granularity, _) = buckets(quota);
-    timeline::commit(state, now / granularity, cost);
+    state.add(now / granularity, u64::from(cost));
 }
 
 /// Evaluates and, if admitted, commits: a one-quota decision.
 #[cfg(test)]
 pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-    super::check_with(state, quota, now, cost, evaluate, commit)
+    super::test_support::check_with(state, quota, now, cost, evaluate, commit)
 }
 
 #[cfg(test)]

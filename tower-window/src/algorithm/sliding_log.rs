@@ -1,37 +1,14 @@
 //! Sliding log: the exact algorithm.
 //!
-//! # Guarantee
-//!
-//! At most `L` units are admitted in every half-open window `(t - W, t]`, for
-//! every `t`. Nothing is approximated; memory is O(number of admissions in
-//! the last `W`), at most `L` entries per key.
+//! At most `L` units are admitted in every window `(t - W, t]`, with at
+//! most `L` entries per key.
 //!
 //! # Semantics (the contract shared with the Redis scripts)
 //!
-//! All values are integer microseconds; `t` is now, `W` the window, `L` the
-//! limit, `c` the cost. The state is a log of admissions `(ts, cost)`.
-//!
-//! 1. Entries with `ts <= t - W` no longer count and are dropped.
-//!    `used = Σ cost` of the rest.
-//! 2. `c > L`: deny, `retry_after = None`, `remaining = L - used`,
-//!    `reset_after = newest_ts + W - t` (0 with no entries). Nothing recorded.
-//! 3. `used + c <= L`: admit and record `(t, c)`; `remaining = L - used - c`,
-//!    `reset_after = W`; the state must live `W` (its TTL).
-//! 4. Otherwise deny: `remaining = L - used`; walk the entries oldest first,
-//!    accumulating `freed`; the first entry `i` with
-//!    `used - freed + c <= L` gives `retry_after = ts_i + W - t`;
-//!    `reset_after = newest_ts + W - t`.
-//!
-//! A denial records nothing, so waiting exactly `retry_after` and asking
-//! again with the same cost is admitted (if nothing else was admitted in
-//! between), and waiting one microsecond less is not.
-//!
-//! Robustness beyond the contract (never reached with a monotonic clock):
-//! if the clock steps back, entries newer than `t` keep counting and
-//! admissions are kept in timestamp order, and `reset_after`/TTL on an
-//! admission is `newest_ts + W - t`, which equals `W` whenever the newest
-//! entry is now.
-//!
+//! The [timeline](super::timeline)'s, with one slot per admission
+//! timestamp `ts`, counting until `ts + W`. So waiting exactly
+//! `retry_after` and asking again with the same cost is admitted (if
+//! nothing else was admitted in between), and one microsecond less is not.
 
 use super::outcome::Evaluation;
 #[cfg(test)]
@@ -39,10 +16,8 @@ use super::outcome::Outcome;
 use super::timeline::{self, Timeline};
 use crate::Quota;
 
-/// The log of one key: admissions `(timestamp, cost)`, oldest first.
-///
-/// Admissions at the same microsecond are merged into one entry, which
-/// changes no decision (they expire together) and keeps bursts small.
+/// The log of one key: admissions `(timestamp, cost)`, oldest first; those
+/// of one microsecond share an entry (they expire together).
 pub(crate) type State = Timeline;
 
 /// Evaluates `cost` units of `quota` at `now` against `state`, recording
@@ -58,13 +33,13 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
 
 /// Records `cost` units at `now` (after [`evaluate`] admitted them).
 pub(crate) fn commit(state: &mut State, _quota: &Quota, now: u64, cost: u32) {
-    timeline::commit(state, now, cost);
+    state.add(now, u64::from(cost));
 }
 
 /// Evaluates and, if admitted, commits: a one-quota decision.
 #[cfg(test)]
 pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-    super::check_with(state, quota, now, cost, evaluate, commit)
+    super::test_support::check_with(state, quota, now, cost, evaluate, commit)
 }
 
 #[cfg(test)]

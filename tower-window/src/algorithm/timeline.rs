@@ -1,33 +1,60 @@
 //! An ordered record of admissions that expire: the common core of the
-//! sliding log (one slot per timestamp) and the sliding counter (one slot per
-//! bucket).
+//! sliding log (one slot per timestamp) and the sliding counter (one slot
+//! per bucket), which differ only in the slot of "now" and when a slot
+//! stops counting. The contract shared with the Redis scripts, in integer
+//! microseconds (`t` now, `L` limit, `c` cost):
 //!
-//! Each slot `(at, units)` counts until `expires_at(at)`. Both algorithms
-//! keep slots ascending by `at`, drop the expired prefix, admit when the
-//! units still counting plus the cost fit the limit, and on a denial wait
-//! until enough of the oldest slots have expired. Only the slot of "now" and
-//! the expiry of a slot differ, so they are the two parameters.
+//! 1. Slots that stopped counting are dropped; `used = Σ units` of the rest.
+//! 2. `c > L`: deny, `retry_after = None`, `remaining = L - used`,
+//!    `reset_after` = until the newest slot stops counting (0 with none).
+//! 3. `used + c <= L`: admit, add `c` to the slot of `t`;
+//!    `remaining = L - used - c`, `reset_after` (also the TTL) as in 2,
+//!    after the admission.
+//! 4. Otherwise deny: `remaining = L - used`, `reset_after` as in 2; walk
+//!    the slots oldest first, accumulating `freed`: the first with
+//!    `used - freed + c <= L` gives `retry_after` = until it stops counting.
+//!
+//! A denial records nothing. Slots newer than `t` (the clock stepped back)
+//! keep counting, in order.
 
 use std::collections::VecDeque;
+use std::iter::Chain;
+use std::slice;
 
 use super::outcome::{saturate_u32, Evaluation, Outcome};
 
-// Loop iterations of `evaluate` on this thread, for the tests that bound
-// the work of a check by the state held (never by how far the clock moved).
 #[cfg(test)]
-thread_local! {
-    static STEPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
+use test_support::{count_step, steps};
 
+/// Loop iterations of `evaluate` on this thread, for the tests that bound
+/// the work of a check by the state held (never by how far the clock
+/// moved), and the tests' view of a timeline's memory use.
 #[cfg(test)]
-fn count_step() {
-    STEPS.with(|steps| steps.set(steps.get() + 1));
-}
+mod test_support {
+    thread_local! {
+        static STEPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
 
-/// The loop iterations counted so far on this thread.
-#[cfg(test)]
-pub(crate) fn steps() -> u64 {
-    STEPS.with(std::cell::Cell::get)
+    pub(super) fn count_step() {
+        STEPS.with(|steps| steps.set(steps.get() + 1));
+    }
+
+    /// The loop iterations counted so far on this thread.
+    pub(crate) fn steps() -> u64 {
+        STEPS.with(std::cell::Cell::get)
+    }
+
+    impl super::Timeline {
+        /// Number of slots kept.
+        pub(crate) fn len(&self) -> usize {
+            self.slots.iter().count()
+        }
+
+        /// Whether the slots are kept inline.
+        pub(crate) fn is_inline(&self) -> bool {
+            matches!(self.slots, super::Slots::Inline { .. })
+        }
+    }
 }
 
 /// Slots `(at, units)`, ascending by `at`, and their sum (kept beside them
@@ -40,23 +67,22 @@ pub(crate) struct Timeline {
 }
 
 /// How many slots a [`Timeline`] keeps inline, in the store's entry for
-/// the key, before it moves them to a buffer of their own: a key checked a
-/// few times per window (most keys of a store of many) then costs no
-/// second cache miss for its state.
+/// the key: a key checked a few times per window (most keys of a large
+/// store) then costs no second cache miss for its state.
 pub(crate) const INLINE_SLOTS: usize = 2;
 
-/// The slots of a [`Timeline`]: inline while they are few, in a ring
-/// buffer beyond (and inline again once they have all expired).
 /// One slot: `(at, units)`.
 type Slot = (u64, u64);
 
+/// The slots of a [`Timeline`]: inline while they are few, in a ring
+/// buffer beyond (and inline again once they have all expired).
 #[derive(Clone)]
 enum Slots {
     Inline {
         len: u8,
-        slots: [(u64, u64); INLINE_SLOTS],
+        slots: [Slot; INLINE_SLOTS],
     },
-    Spilled(VecDeque<(u64, u64)>),
+    Spilled(VecDeque<Slot>),
 }
 
 impl Default for Slots {
@@ -76,43 +102,24 @@ impl Slots {
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = &(u64, u64)> {
+    fn as_mut_slices(&mut self) -> (&mut [Slot], &mut [Slot]) {
+        match self {
+            Self::Inline { len, slots } => (&mut slots[..usize::from(*len)], &mut []),
+            Self::Spilled(ring) => ring.as_mut_slices(),
+        }
+    }
+
+    fn iter(&self) -> Chain<slice::Iter<'_, Slot>, slice::Iter<'_, Slot>> {
         let (a, b) = self.as_slices();
         a.iter().chain(b)
     }
 
-    fn len(&self) -> usize {
-        match self {
-            Self::Inline { len, .. } => usize::from(*len),
-            Self::Spilled(ring) => ring.len(),
-        }
+    fn iter_mut(&mut self) -> Chain<slice::IterMut<'_, Slot>, slice::IterMut<'_, Slot>> {
+        let (a, b) = self.as_mut_slices();
+        a.iter_mut().chain(b)
     }
 
-    fn front(&self) -> Option<&(u64, u64)> {
-        match self {
-            Self::Inline { len: 0, .. } => None,
-            Self::Inline { slots, .. } => slots.first(),
-            Self::Spilled(ring) => ring.front(),
-        }
-    }
-
-    fn back(&self) -> Option<&(u64, u64)> {
-        match self {
-            Self::Inline { len, slots } => usize::from(*len)
-                .checked_sub(1)
-                .and_then(|last| slots.get(last)),
-            Self::Spilled(ring) => ring.back(),
-        }
-    }
-
-    fn get_mut(&mut self, i: usize) -> Option<&mut (u64, u64)> {
-        match self {
-            Self::Inline { len, slots } => slots[..usize::from(*len)].get_mut(i),
-            Self::Spilled(ring) => ring.get_mut(i),
-        }
-    }
-
-    fn partition_point(&self, pred: impl Fn(&(u64, u64)) -> bool) -> usize {
+    fn partition_point(&self, pred: impl Fn(&Slot) -> bool) -> usize {
         match self {
             Self::Inline { len, slots } => slots[..usize::from(*len)].partition_point(pred),
             Self::Spilled(ring) => ring.partition_point(pred),
@@ -132,17 +139,15 @@ impl Slots {
             Self::Spilled(ring) => {
                 ring.pop_front();
                 if ring.is_empty() {
-                    // The buffer goes with the last slot: an idle key is
-                    // back to one allocation (its slot).
                     *self = Self::default();
                 }
             }
         }
     }
 
-    /// Inserts `slot` at `i` (at most `len`), moving the slots to a
+    /// Inserts `slot` at `i` (the end if beyond it), moving the slots to a
     /// buffer of their own when they no longer fit inline.
-    fn insert(&mut self, i: usize, slot: (u64, u64)) {
+    fn insert(&mut self, i: usize, slot: Slot) {
         match self {
             Self::Inline { len, slots } if usize::from(*len) < INLINE_SLOTS => {
                 let n = usize::from(*len);
@@ -160,32 +165,12 @@ impl Slots {
             Self::Spilled(ring) => ring.insert(i.min(ring.len()), slot),
         }
     }
-
-    fn push_back(&mut self, slot: (u64, u64)) {
-        match self {
-            Self::Spilled(ring) => ring.push_back(slot),
-            Self::Inline { len, .. } => {
-                let end = usize::from(*len);
-                self.insert(end, slot);
-            }
-        }
-    }
-
-    fn back_mut(&mut self) -> Option<&mut (u64, u64)> {
-        match self {
-            Self::Inline { len, slots } => {
-                let last = usize::from(*len).checked_sub(1)?;
-                slots.get_mut(last)
-            }
-            Self::Spilled(ring) => ring.back_mut(),
-        }
-    }
 }
 
 // Slots compare and print by content, wherever they are kept.
 impl PartialEq for Slots {
     fn eq(&self, other: &Self) -> bool {
-        self.len() == other.len() && self.iter().eq(other.iter())
+        self.iter().eq(other.iter())
     }
 }
 
@@ -198,28 +183,13 @@ impl std::fmt::Debug for Slots {
 }
 
 impl Timeline {
-    /// Number of slots kept (for tests of memory use).
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    /// Whether the slots are kept inline (for tests of memory use).
-    #[cfg(test)]
-    pub(crate) fn is_inline(&self) -> bool {
-        matches!(self.slots, Slots::Inline { .. })
-    }
-
     /// Takes up to `units` back from the slot at `at`, if it is still
     /// kept; answers how many were taken.
     pub(crate) fn take_back(&mut self, at: u64, units: u64) -> u64 {
         let i = self.slots.partition_point(|&(slot, _)| slot < at);
-        let Some((slot, c)) = self.slots.get_mut(i) else {
+        let Some((_, c)) = self.slots.iter_mut().nth(i).filter(|(slot, _)| *slot == at) else {
             return 0;
         };
-        if *slot != at {
-            return 0;
-        }
         let taken = units.min(*c);
         *c -= taken;
         self.total = self.total.saturating_sub(taken);
@@ -230,32 +200,28 @@ impl Timeline {
     /// the newest one only appears when the clock stepped back.
     pub(crate) fn add(&mut self, at: u64, units: u64) {
         self.total = self.total.saturating_add(units);
-        match self.slots.back_mut() {
+        match self.slots.iter_mut().next_back() {
             Some((newest, c)) if *newest == at => *c = c.saturating_add(units),
             Some((newest, _)) if *newest > at => {
                 let i = self.slots.partition_point(|&(slot, _)| slot < at);
-                match self.slots.get_mut(i) {
+                match self.slots.iter_mut().nth(i) {
                     Some((slot, c)) if *slot == at => *c = c.saturating_add(units),
                     _ => self.slots.insert(i, (at, units)),
                 }
             }
-            _ => self.slots.push_back((at, units)),
+            _ => self.slots.insert(usize::MAX, (at, units)),
         }
     }
 }
 
-/// The most slots a denial's retry computation walks: past it, the wait
-/// reported is until everything counted now has expired (`reset_after`),
-/// which is later than the exact answer, never earlier. The Redis scripts
-/// walk the same number, so both stores answer alike, and a denial's work
-/// stays bounded whatever the state holds.
+/// The most slots a denial's retry computation walks (as the Redis scripts
+/// do), so that its work stays bounded: past it, the wait reported is
+/// `reset_after`, later than the exact answer, never earlier.
 pub(crate) const MAX_RETRY_WALK: usize = 128;
 
 /// Evaluates `cost` units against `limit` at `now`, for recording in slot
-/// `at`, without recording anything (expired slots are dropped: they no
-/// longer count either way). Slot `s` counts until `expires_at(s)` (µs
-/// since the epoch; `None` when that lies beyond `u64`, i.e. never).
-/// Never panics.
+/// `at`, recording nothing but dropping expired slots. Slot `s` counts
+/// until `expires_at(s)` (`None`: never). Never panics.
 pub(crate) fn evaluate(
     timeline: &mut Timeline,
     now: u64,
@@ -268,7 +234,7 @@ pub(crate) fn evaluate(
     let wait_for = |slot: u64| expires_at(slot).unwrap_or(u64::MAX).saturating_sub(now);
 
     // Slots are ascending, so the expired ones are a prefix.
-    while let Some(&(slot, units)) = timeline.slots.front() {
+    while let Some(&(slot, units)) = timeline.slots.iter().next() {
         #[cfg(test)]
         count_step();
         if expires_at(slot).is_none_or(|end| end > now) {
@@ -278,7 +244,7 @@ pub(crate) fn evaluate(
         timeline.total = timeline.total.saturating_sub(units);
     }
     let used = timeline.total;
-    let newest = timeline.slots.back().map(|&(newest, _)| newest);
+    let newest = timeline.slots.iter().next_back().map(|&(newest, _)| newest);
     let reset_after = newest.map_or(0, wait_for);
     let remaining = saturate_u32(limit.saturating_sub(used));
 
@@ -309,11 +275,6 @@ pub(crate) fn evaluate(
         }
     }
     Evaluation::denied(Outcome::deny(remaining, reset_after, Some(retry)))
-}
-
-/// Records `cost` units in slot `at` (after [`evaluate`] said they fit).
-pub(crate) fn commit(timeline: &mut Timeline, at: u64, cost: u32) {
-    timeline.add(at, u64::from(cost));
 }
 
 #[cfg(test)]

@@ -1,33 +1,24 @@
-//! Quota leases on the embedded store: [`Backend::reserve`](super::Backend::reserve)
-//! and [`Backend::refund`](super::Backend::refund) for [`MemoryStore`].
-//!
-//! A reservation locks every quota's slot of the policy (in the same global
-//! order as a check), applies the refunds it carries, takes units from all
-//! of them or none (a shadow quota what it has room for), or, granting
-//! nothing, decides the check that asked as a check would; it keeps a
-//! record of the lease in each slot until its units stop counting, and a
-//! refund applies to those records once. Every call drops a bounded batch
-//! of dead records, as the Redis script does. See [`crate::lease`] for why
-//! the bound stays exact and what a lease means for a shadow quota.
+//! Quota leases on the embedded store: [`Backend`](super::Backend) for
+//! [`MemoryStore`], locking the policy's slots as a check does and keeping a
+//! record of each lease in each slot, as `lease.lua` does.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
 use crate::algorithm::lease as algo;
+use crate::algorithm::outcome::saturate_u32;
 use crate::clock::duration_micros;
 use crate::lease::{Lease, RefundRequest, Reservation, ReserveRequest};
 use crate::store::memory::{Locked, SlotInner};
 use crate::store::MemoryStore;
-use crate::store::{Guard, Op, StoreError, StoreErrorKind};
-use crate::{Decision, Policy, QuotaDecision};
+use crate::store::{Guard, Op, StoreError};
+use crate::{Decision, QuotaDecision};
 
-/// The most records of leases whose units stopped counting that one call
-/// drops (as `MAX_DEAD` in `lease.lua`): the work of a call stays bounded
-/// whatever the history; the rest go with later calls (a dead record is
-/// never used: a refund of it finds its units stopped counting).
+/// The most dead records one call drops (`MAX_DEAD` in `lease.lua`), so
+/// that its work stays bounded whatever the history.
 const MAX_DEAD: usize = 128;
 
 /// One lease as one slot knows it.
@@ -38,62 +29,33 @@ struct Record {
     anchor: u64,
     /// GCRA: the arrival time before the grant.
     prior: u64,
-    /// Units the lease granted.
     granted: u32,
-    /// Units of it this slot's quota holds (fewer than `granted` for a
-    /// shadow quota).
+    /// Units of it this slot's (maybe shadow) quota holds.
     units: u32,
-    /// When the last of the lease's units (in any quota of its policy)
-    /// stops counting: the record is dropped then.
+    /// When the last of the lease's units, in any quota, stops counting.
     expires: u64,
 }
 
-/// The quota leases one slot keeps records of: by id, and by when they
-/// stop counting, so that dropping dead ones is cheap and bounded. Empty,
-/// and never allocated, unless leases are used.
-impl MemoryStore {
-    /// A lease id no lease of this store had.
-    fn next_lease_id(&self) -> u64 {
-        let next = self.part(|_| Arc::new(std::sync::atomic::AtomicU64::new(1)));
-        next.fetch_add(1, Ordering::Relaxed)
+/// A slot's lease records, kept beside its state and allocated on first
+/// use: a slot of a store without leases keeps only a null pointer.
+fn lease_records(inner: &mut SlotInner) -> &mut Records {
+    let extra = inner.extra.get_or_insert_with(|| Box::<Records>::default());
+    if !extra.is::<Records>() {
+        *extra = Box::<Records>::default();
     }
+    extra
+        .downcast_mut()
+        .expect("a slot's extra state is its lease records")
 }
 
-/// The lease records a window's slot keeps beside its state, allocated on
-/// first change: a slot of a store without leases keeps one null pointer
-/// for them, so that its state and lock share a cache line or two.
-trait SlotLeases {
-    /// The records (an empty set when none were made).
-    fn leases(&self) -> &Records;
-    fn leases_mut(&mut self) -> &mut Records;
-}
-
-impl SlotLeases for SlotInner {
-    fn leases(&self) -> &Records {
-        static NONE: std::sync::LazyLock<Records> = std::sync::LazyLock::new(Records::default);
-        self.extra
-            .as_ref()
-            .and_then(|extra| extra.downcast_ref())
-            .unwrap_or(&NONE)
-    }
-
-    fn leases_mut(&mut self) -> &mut Records {
-        let extra = self.extra.get_or_insert_with(|| Box::<Records>::default());
-        if !extra.is::<Records>() {
-            *extra = Box::<Records>::default();
-        }
-        extra
-            .downcast_mut()
-            .expect("a slot's extra state is its lease records")
-    }
-}
-
+/// The leases one slot keeps records of: by id, and by when they stop
+/// counting, so that dropping dead ones is cheap.
 #[derive(Debug, Default)]
 pub(crate) struct Records {
     by_id: BTreeMap<u64, Record>,
     by_expiry: BTreeSet<(u64, u64)>,
-    /// The latest deadline of a lease recorded here (as the Redis store's
-    /// `ld`: refunds do not lower it).
+    /// The latest deadline of a lease recorded here (as `ld` in
+    /// `lease.lua`: refunds do not lower it).
     latest_deadline: u64,
 }
 
@@ -122,53 +84,42 @@ impl Records {
         self.by_expiry.remove(&(record.expires, id));
         Some(record)
     }
-
-    /// The latest deadline of the leases recorded here, if later than now.
-    fn held_until(&self, now: u64) -> Option<u64> {
-        (self.latest_deadline > now).then_some(self.latest_deadline)
-    }
 }
 
 impl MemoryStore {
+    /// A lease id no lease of this store had.
+    fn next_lease_id(&self) -> u64 {
+        let next = self.part(|_| Arc::new(AtomicU64::new(1)));
+        next.fetch_add(1, Ordering::Relaxed)
+    }
+
     pub(crate) fn reserve_now(
         &self,
         request: ReserveRequest<'_>,
     ) -> Result<Reservation, StoreError> {
         let policy = request.policy;
-        request.validate()?;
-        let ttl = duration_micros(request.ttl);
-        if ttl == 0 {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "a lease needs a TTL of at least 1 microsecond",
-            ));
-        }
-        algo::check_ttl(policy, ttl)?;
-        if policy.len() == 0 {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "a policy without quotas",
-            ));
-        }
+        let ttl = request.validate()?;
         self.with_policy_locked(request.key, policy, |locked| {
             let now = self.clock.now_micros();
-            let deadline = policy
+            let mut deadline = policy
                 .quotas()
                 .iter()
                 .filter_map(|quota| algo::deadline_cap(quota, now))
                 .fold(now.saturating_add(ttl), u64::min);
             for inner in locked.guards.iter_mut() {
                 inner.last_check = inner.last_check.max(now);
-                inner.leases_mut().drop_dead(now);
+                lease_records(inner).drop_dead(now);
             }
             // The refunds first: the reservation sees the room they free.
             let refunded = request.refunds.iter().fold(0u32, |sum, refund| {
                 sum.saturating_add(refund_locked(locked, refund, now))
             });
-            let mut rooms: SmallVec<[(u64, u64); 4]> = SmallVec::new();
-            for (quota, inner) in policy.quotas().iter().zip(locked.guards.iter_mut()) {
-                rooms.push(algo::room(&mut inner.state, quota, now, deadline));
-            }
+            let rooms: SmallVec<[(u64, u64); 4]> = policy
+                .quotas()
+                .iter()
+                .zip(locked.guards.iter_mut())
+                .map(|(quota, inner)| algo::room(&mut inner.state, quota, now, deadline))
+                .collect();
             // Only the enforced quotas size the grant; with none, nothing
             // bounds it.
             let room = policy
@@ -178,14 +129,7 @@ impl MemoryStore {
                 .filter(|(quota, _)| !quota.is_shadow())
                 .map(|(_, (room, _))| *room)
                 .min();
-            let mut granted = match room {
-                Some(room) => grant(room, request.want, request.at_least, share_of(policy)),
-                None => request.want,
-            };
-            // A GCRA policy's lease that may start later (see the module
-            // docs of `crate::lease`): the tokens the buckets free until
-            // then, when that is more than the room now grants.
-            let mut deadline = deadline;
+            let mut granted = room.map_or(request.want, |room| grant(room, &request));
             let mut not_before = now;
             let max_wait = duration_micros(request.max_wait);
             if granted < request.want && max_wait > 0 {
@@ -204,91 +148,81 @@ impl MemoryStore {
                     }
                 }
             }
-            // The latest deadline of the leases recorded beside the
-            // policy's first quota (where the Redis store keeps them).
-            let held_until = |locked: &Locked<'_>| {
-                locked
-                    .guards
-                    .first()
-                    .and_then(|inner| inner.leases().held_until(now))
+            // Where the Redis store keeps the latest deadline: beside the
+            // policy's first quota.
+            let held_until = |locked: &mut Locked<'_>| {
+                let latest = lease_records(locked.guards.first_mut()?).latest_deadline;
+                (latest > now).then_some(latest)
             };
             if granted == 0 {
-                let decision = if request.decides {
-                    Some(locked.decide(policy, now, |_| request.at_least)?)
-                } else {
-                    None
-                };
-                return Ok(Reservation {
-                    lease: None,
-                    now_micros: now,
-                    held_until_micros: held_until(locked),
-                    decision,
-                    refunded,
-                });
+                let mut reservation =
+                    Reservation::empty(now, held_until(locked)).with_refunded(refunded);
+                if request.decides {
+                    reservation.decision = Some(locked.decide(policy, now, |_| request.at_least)?);
+                }
+                return Ok(reservation);
             }
-            let id = self.next_lease_id();
-            let shadows = policy.quotas().iter().any(crate::Quota::is_shadow);
-            let mut holds = Vec::with_capacity(if shadows { policy.len() } else { 0 });
-            let mut states: SmallVec<[QuotaDecision; 4]> = SmallVec::new();
-            let mut records: SmallVec<[Record; 4]> = SmallVec::new();
-            for ((quota, inner), (room, reset)) in policy
+            let (records, states): (SmallVec<[Record; 4]>, SmallVec<[QuotaDecision; 4]>) = policy
                 .quotas()
                 .iter()
                 .zip(locked.guards.iter_mut())
-                .zip(rooms.iter())
-            {
-                let units = algo::held(quota, *room, granted);
-                let (anchor, expires, prior, reset_after) = if units == 0 {
-                    // A full shadow quota holds nothing: as it stands.
-                    (0, deadline, 0, *reset)
-                } else {
-                    let (anchor, expires, prior) =
-                        algo::commit(&mut inner.state, quota, now, deadline, units);
-                    (anchor, expires, prior, expires.saturating_sub(now))
-                };
-                // Idle expiry counts from here: a sliding log's leased units
-                // are dated at the deadline and count W after it.
-                inner.last_check = inner.last_check.max(deadline);
-                records.push(Record {
-                    anchor,
-                    prior,
-                    granted,
-                    units,
-                    expires,
-                });
-                states.push(if not_before > now {
-                    algo::later_decision(quota, reset_after, not_before - now)
-                } else {
-                    algo::quota_decision(
+                .zip(rooms)
+                .map(|((quota, inner), (room, reset))| {
+                    // A shadow quota holds what it has room for.
+                    let units = if quota.is_shadow() {
+                        saturate_u32(room).min(granted)
+                    } else {
+                        granted
+                    };
+                    let (anchor, expires, prior, reset_after) = if units == 0 {
+                        // A full shadow quota holds nothing: as it stands.
+                        (0, deadline, 0, reset)
+                    } else {
+                        let (anchor, expires, prior) =
+                            algo::commit(&mut inner.state, quota, now, deadline, units);
+                        (anchor, expires, prior, expires.saturating_sub(now))
+                    };
+                    // Idle expiry counts from here: a sliding log's leased
+                    // units are dated at the deadline and count W after it.
+                    inner.last_check = inner.last_check.max(deadline);
+                    let record = Record {
+                        anchor,
+                        prior,
+                        granted,
+                        units,
+                        expires,
+                    };
+                    let state = algo::quota_decision(
                         quota,
                         room.saturating_sub(u64::from(units)),
                         reset_after,
                         units,
                         request.at_least,
-                    )
-                });
-                if shadows {
-                    holds.push(units);
-                }
-            }
+                        not_before - now,
+                    );
+                    (record, state)
+                })
+                .unzip();
+            let holds = if policy.quotas().iter().any(crate::Quota::is_shadow) {
+                records.iter().map(|record| record.units).collect()
+            } else {
+                Vec::new()
+            };
             // The lease matters until the last of its units stops counting,
             // in every slot alike (as the Redis store's one record).
+            let id = self.next_lease_id();
             let last = records.iter().map(|r| r.expires).fold(deadline, u64::max);
             for (inner, mut record) in locked.guards.iter_mut().zip(records) {
                 record.expires = last;
-                inner.leases_mut().insert(id, record, deadline);
+                lease_records(inner).insert(id, record, deadline);
             }
-            let decision = Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now));
+            let lease = Lease::new(id, granted, now, deadline)
+                .with_held(holds)
+                .starting_at(not_before);
             Ok(Reservation {
-                lease: Some(
-                    Lease::new(id, granted, now, deadline)
-                        .with_held(holds)
-                        .starting_at(not_before),
-                ),
-                now_micros: now,
-                held_until_micros: held_until(locked),
-                decision,
-                refunded,
+                lease: Some(lease),
+                decision: Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now)),
+                ..Reservation::empty(now, held_until(locked)).with_refunded(refunded)
             })
         })
     }
@@ -301,7 +235,7 @@ impl MemoryStore {
             self.with_policy_locked(request.key, request.policy, |locked| {
                 let now = self.clock.now_micros();
                 for inner in locked.guards.iter_mut() {
-                    inner.leases_mut().drop_dead(now);
+                    lease_records(inner).drop_dead(now);
                 }
                 refund_locked(locked, &request, now)
             }),
@@ -309,10 +243,9 @@ impl MemoryStore {
     }
 }
 
-/// Applies `request` to the policy's slots, locked: gives back its unused
-/// units where they still count, once; answers the units returned.
+/// Applies `request` to the policy's locked slots; answers the units
+/// returned.
 fn refund_locked(locked: &mut Locked<'_>, request: &RefundRequest<'_>, now: u64) -> u32 {
-    let lease = request.lease;
     if !request.returns_anything() {
         return 0;
     }
@@ -320,12 +253,9 @@ fn refund_locked(locked: &mut Locked<'_>, request: &RefundRequest<'_>, now: u64)
     let found: SmallVec<[Option<Record>; 4]> = locked
         .guards
         .iter_mut()
-        .map(|inner| inner.leases_mut().remove(lease.id))
+        .map(|inner| lease_records(inner).remove(request.lease.id))
         .collect();
-    // Nothing to give back once every unit of the lease stopped counting
-    // (every record of it says when).
-    let alive = found.iter().flatten().any(|record| record.expires > now);
-    if !alive {
+    if !found.iter().flatten().any(|record| record.expires > now) {
         return 0;
     }
     let mut returned: Option<u32> = None;
@@ -338,26 +268,18 @@ fn refund_locked(locked: &mut Locked<'_>, request: &RefundRequest<'_>, now: u64)
         .zip(&found)
         .enumerate()
     {
-        let taken = match record {
-            Some(record) => {
-                granted = record.granted;
-                let units =
-                    request.unused_of(index, quota.is_shadow(), record.granted, record.units);
-                if units == 0 {
-                    0
-                } else {
-                    algo::refund(
-                        &mut inner.state,
-                        quota,
-                        record.anchor,
-                        record.prior,
-                        record.units,
-                        units,
-                    )
-                }
-            }
-            None => 0,
-        };
+        let taken = record.map_or(0, |record| {
+            granted = record.granted;
+            let units = request.unused_of(index, quota.is_shadow(), record.granted, record.units);
+            algo::refund(
+                &mut inner.state,
+                quota,
+                record.anchor,
+                record.prior,
+                record.units,
+                units,
+            )
+        });
         if !quota.is_shadow() {
             returned = Some(returned.map_or(taken, |r| r.min(taken)));
         }
@@ -367,43 +289,21 @@ fn refund_locked(locked: &mut Locked<'_>, request: &RefundRequest<'_>, now: u64)
     returned.unwrap_or(request.unused.min(granted))
 }
 
-/// How much of the room one lease may take (see `crate::lease`, "How much
-/// one lease takes").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Share {
-    /// Half of it, rounded up.
-    Half,
-    /// All of it: the enforced quotas are all sliding logs.
-    Whole,
-}
-
-/// The share of the room a lease of `policy` may take.
-pub(crate) fn share_of(policy: &Policy) -> Share {
-    let all_logs = policy
+/// Units to grant from `room`: up to `want`, at most half the room (rounded
+/// up), or all of it when every enforced quota is a sliding log (see
+/// [`crate::lease`], "How much one lease takes"), unless that is below
+/// `at_least`; none if `at_least` does not fit.
+fn grant(room: u64, request: &ReserveRequest<'_>) -> u32 {
+    let all_logs = request
+        .policy
         .quotas()
         .iter()
         .filter(|quota| !quota.is_shadow())
         .all(|quota| quota.algorithm() == crate::Algorithm::SlidingLog);
-    if all_logs {
-        Share::Whole
-    } else {
-        Share::Half
-    }
-}
-
-/// Units to grant: up to `want`, at most the `share` of the room (half,
-/// rounded up, or all of it) unless that is below `at_least`, and none if
-/// `at_least` does not fit. The half is the share of the remaining budget
-/// one lease may take, so one node cannot take a whole window while others
-/// wait.
-pub(crate) fn grant(room: u64, want: u32, at_least: u32, share: Share) -> u32 {
-    let share = match share {
-        Share::Half => room.div_ceil(2),
-        Share::Whole => room,
-    }
-    .max(u64::from(at_least));
-    let granted = room.min(share).min(u64::from(want));
-    if granted < u64::from(at_least) {
+    let share = if all_logs { room } else { room.div_ceil(2) };
+    let at_least = u64::from(request.at_least);
+    let granted = room.min(share.max(at_least)).min(u64::from(request.want));
+    if granted < at_least {
         0
     } else {
         u32::try_from(granted).unwrap_or(u32::MAX)

@@ -1,185 +1,108 @@
 //! Quota leases: the [`Backend`] trait and its types.
 //!
 //! A lease is a block of units a node takes from every quota of a policy in
-//! one store call and then spends locally, without a store call per request.
-//! The invariant stays exact: in every window of every quota, the units
-//! admitted across all nodes never exceed the limit, whether admitted
-//! directly or from leases. A leased unit counts in the store from its
-//! reservation until the algorithm lets an admission made at the lease's
-//! deadline go, or until it is refunded. Per algorithm (all on the store's
-//! clock, `t` the reservation, `d` the deadline):
+//! one store call and then spends locally. The bound stays exact: in every
+//! window of every quota, the units admitted across all nodes, directly or
+//! from leases, never exceed the limit. A leased unit counts in the store
+//! from its reservation until an admission made at the lease's deadline
+//! would stop counting, or until it is refunded (store clock, `t` the
+//! reservation, `d` the deadline):
 //!
-//! * **Fixed window**: the units are counted in the window of `t`, and `d`
-//!   is at most that window's end, so every leased unit is spent inside the
-//!   window that counts it.
-//! * **Sliding counter**: the units are counted in the bucket of `t`, and
-//!   `d` is at most that bucket's end, so every leased unit is spent inside
-//!   the bucket that counts it; the counter's argument (two admissions less
-//!   than `W` apart are both counted at the later one) then holds as if each
-//!   unit had been admitted directly when spent.
+//! * **Fixed window**, **sliding counter**: the units count in the window
+//!   (bucket) of `t`, and `d` is at most its end, so every unit is spent
+//!   inside the window (bucket) that counts it.
 //! * **Sliding log**: the units are recorded at `d` (the log counts entries
-//!   dated in the future), so they count at every moment from `t` until
-//!   `d + W`, which covers `[s, s + W)` for every spending time `s` in
-//!   `[t, d)`.
-//! * **GCRA**: the tokens are taken at reservation, but dated at the
-//!   deadline: the bucket's theoretical arrival time moves from
-//!   `max(tat, d)` (not `max(tat, t)`), and the grant must fit as seen at
-//!   `t`. Dating them at `t` would not be exact: a lease taken at `t` and
-//!   spent at `d` plus the tokens that drip in between could exceed the
-//!   burst within a short interval. With the deadline, the proof of the
-//!   bound (admissions in `[a, b]` push `tat` from at least `a` by `N T`, to
-//!   at most `b + B T`) holds unchanged, since a lease spent in `[a, b]` has
-//!   `d >= a`. The price is `(d - t) / T` tokens of room per lease, so a
-//!   lease TTL above `(B - 1) T` is refused
-//!   ([`StoreErrorKind::InvalidRequest`]):
-//!   no lease could ever be granted.
+//!   dated in the future), so they count from `t` until `d + W`.
+//! * **GCRA**: the tokens are taken at `t` but dated at `d`: the arrival
+//!   time moves from `max(tat, d)`, and the grant must fit as seen at `t`.
+//!   The GCRA bound (admissions in `[a, b]` push `tat` from at least `a` to
+//!   at most `b + B T`) then holds, since a lease spent in `[a, b]` has
+//!   `d >= a`. The price is `(d - t) / T` tokens of room per lease, so a TTL
+//!   above `(B - 1) T` is refused ([`StoreErrorKind::InvalidRequest`]).
 //!
-//! A lease holds the same units in every quota, so a check with a cost per
-//! quota ([`Limiter::check_policy_per_quota`](crate::Limiter::check_policy_per_quota))
-//! never spends from one: it goes to the store, which counts the units
-//! leases hold, and the bound stays exact.
+//! A check with a cost per quota
+//! ([`Limiter::check_policy_per_quota`](crate::Limiter::check_policy_per_quota))
+//! never spends from a lease, which holds the same units in every quota.
 //!
-//! # One round trip per refill
+//! # Refunds, and nodes that die holding a lease
 //!
-//! A [reservation](Backend::reserve) carries the refunds of the key's old
-//! leases ([`ReserveRequest::refunds`]) and applies them first, in the same
-//! atomic call, so that it sees the room they free; and one that grants
-//! nothing decides the check that asked ([`ReserveRequest::decides`]),
-//! exactly as a direct check would. A limiter therefore makes one store call
-//! per reservation, whatever it gives back or finds, and none per spend.
+//! An unrefunded lease counts as above, as if spent at the latest moment it
+//! could have been (its node may have spent it all just before dying);
+//! meanwhile a denial's `retry_after` is no later than
+//! [`Reservation::held_until_micros`].
 //!
-//! # A node that dies holding a lease
-//!
-//! Its refund never comes, so the store keeps counting the lease's units as
-//! above: as spent at the latest moment the node could have spent them.
-//! Nothing earlier is possible without over-admitting (the node may have
-//! spent them all just before it died). So the others can use them again
-//! when an admission made at the deadline would free them: for the fixed
-//! window at the window's end, which is the deadline itself when the lease
-//! TTL reaches it; for the sliding log and counter one window after the
-//! deadline (or its bucket); for GCRA as the bucket drains. Meanwhile a
-//! denial reports a `retry_after` no later than the deadline of the leases
-//! still outstanding ([`Reservation::held_until_micros`]), when live nodes
-//! refund theirs.
-//!
-//! A refund returns units that were reserved and never spent; removing them
-//! from the count can only make the store's count closer to what was
-//! admitted, so a refund is safe at any time, late ones included, as long
-//! as it removes units of that very lease and no more than it reserved. The
-//! store therefore records every lease (an id, its units and where they were
-//! counted: the window, bucket, log entry or arrival time) until its units
-//! stop counting; a refund applies to that record once and only where the
-//! units are still counted (the same window, bucket or log entry; for GCRA
-//! only while no later grant moved the arrival time, because a later grant
-//! may have been computed from it). A second or late refund is a no-op,
-//! and so is a refund of a lease whose units all stopped counting (its
-//! record may still be waiting to be dropped: see below).
+//! A refund removes only units its lease reserved and never spent, so it is
+//! safe at any time. The store keeps a record of each lease (its units and
+//! where they count) until its units stop counting, and applies a refund to
+//! it once, only where the units still count (for GCRA only while no later
+//! grant moved the arrival time, which may have been computed from it). A
+//! second or late refund is a no-op. Each call drops at most a fixed batch
+//! of dead records, so its work stays bounded whatever the key's history.
 //!
 //! # How much one lease takes
 //!
-//! A reservation gets up to the units it wants, but at most **half of the
-//! room** the enforced quotas have left (rounded up, and never less than
-//! its `at_least`), so one node cannot take what is left of a window while
-//! others wait. When every enforced quota is a **sliding log**, a lease may
-//! take the **whole room** (still up to what it wants): a log's room comes
-//! back in the pieces earlier leases took (one entry each, freed together
-//! `W` after its deadline), and halving each freed piece would split the
-//! pieces again every window, until a saturated hot key reserved once per
-//! unit. A whole piece goes to the node that asks first.
+//! Up to `want`, but at most **half of the room** the enforced quotas have
+//! left (rounded up, never less than `at_least`), so one node cannot take
+//! what is left of a window while others wait. When every enforced quota
+//! is a sliding log, a lease may take the **whole room**: a log's room
+//! comes back in the pieces earlier leases took, and halving each piece
+//! every window would leave a saturated hot key reserving once per unit.
 //!
 //! # Shadow quotas
 //!
-//! A [shadow](crate::Quota::shadowed) quota is counted, never enforced,
-//! leased or not. In a lease that means, exactly (`g` the units granted):
+//! A [shadow](crate::Quota::shadowed) quota is counted, never enforced
+//! (`g` the units granted):
 //!
-//! * **The grant is sized by the enforced quotas only**: the least room of
-//!   the enforced quotas decides `g` (at most half of it, or all of it for
-//!   sliding logs: see above). A
-//!   policy of shadow quotas only has nothing to bound it: its leases get
-//!   the units wanted.
-//! * **A shadow quota holds what it has room for**: `h = min(g, room)`
-//!   units, recorded like an enforced quota's (the same window, bucket,
-//!   log entry or arrival time), `h = 0` when it is full. The shadow's
-//!   hold is reported per quota in [`Lease::held`].
-//! * **A spend is a shadow quota's would-be admission when its hold still
-//!   has the spend's units**, which the hold then loses; otherwise it is
-//!   the shadow's would-be denial (reported in the decision, counted in
-//!   `tower_window_shadow_denials_total`) and the hold keeps them: as a
-//!   direct check, a shadow quota records only what fits. The reservation
-//!   itself spends its `at_least` units first, and its
-//!   [decision](Reservation::decision) reports the shadow's would-be
-//!   denial when `h < at_least`.
-//! * **A refund gives each shadow quota back what it still holds**: the
-//!   units the caller names in [`RefundRequest::shadow_unused`] (the
-//!   limiter tracks them), or, when it names none, what the shadow held
-//!   beyond the `g - unused` units spent (as if it had admitted the first
-//!   units spent): `h - min(h, g - unused)`. What a refund returns is the
-//!   enforced quotas' count; with shadow quotas only, `unused` when the
-//!   lease was still known.
-//! * Everything else is as for an enforced quota: a shadow quota bounds the
-//!   deadline (fixed window, sliding counter) and a GCRA shadow quota
-//!   refuses a TTL that leaves it no room, so that it counts exactly what
-//!   it would have admitted had it been enforced.
-//!
-//! So a shadow quota's would-be admissions obey its own bound, exactly as
-//! the enforced quotas' admissions obey theirs, and a shadow quota never
-//! changes what a lease grants or what the enforced quotas admit.
+//! * Only the enforced quotas size `g` (with none, `g` is the units
+//!   wanted); a shadow quota holds `h = min(g, room)` ([`Lease::held`]).
+//! * A spend is the shadow's would-be admission while its hold still has
+//!   the units (which it then loses), else its would-be denial (counted in
+//!   `tower_window_shadow_denials_total`). The reservation spends its
+//!   `at_least` units first: its [decision](Reservation::decision) reports
+//!   a would-be denial when `h < at_least`.
+//! * A refund gives a shadow quota back [`RefundRequest::shadow_unused`],
+//!   or else `h - min(h, g - unused)`; it answers the enforced quotas'
+//!   count (with shadow quotas only, `unused` while the lease is known).
+//! * Otherwise a shadow quota is treated as enforced (it bounds the
+//!   deadline and the GCRA TTL), so it counts exactly what it would have
+//!   admitted.
 //!
 //! # GCRA leases that start later
 //!
-//! A GCRA bucket near empty frees one token per emission interval `T`, so
-//! leases of what it has room for now hold a token or two and a hot key
-//! reserves about once per token. A reservation may therefore say how long
-//! it can wait ([`ReserveRequest::max_wait`], `M`): for a policy of GCRA
-//! quotas (no shadow quota) whose room now grants fewer than `want` units,
-//! the store grants `g` tokens that may be spent only from a later time
-//! `s` ([`Lease::not_before_micros`]) until the deadline `d = s + ttl`:
-//! `g` is the most (up to `want`) that fit as seen at `s`, with `s - t <=
-//! M`, and `s = max(t, tat + g T - B T)` per quota (the latest). They are
-//! taken and dated as any lease's (from `max(tat, d)`), so the grant fits
-//! `tat' <= s + B T`, and the proof above holds with `s` in the place of
-//! `t`: every unit of the lease is spent at or after `s`, so a lease spent
-//! in `[a, b]` still pushes `tat` from at least `a` to at most `b + B T`.
-//! Such a grant takes the bucket's room now and the tokens it frees until
-//! `s`, in order of request (a GCRA bucket is one timeline), so the
-//! half-of-the-room share does not apply; `want` and `M` bound it. Its
-//! [decision](Reservation::decision) is a denial until `s` when `s` is
-//! later than the reservation.
-//!
-//! # Bounded work
-//!
-//! Every lease call does work bounded by constants, whatever the history of
-//! the key: a reservation or refund drops at most a fixed batch of records
-//! whose units stopped counting (the rest go with later calls or with the
-//! keys' TTL), and a refund reads at most a fixed number of log entries at
-//! the lease's timestamp. Records still needed are never dropped.
+//! Near empty, a GCRA bucket frees one token per interval `T`, so a hot key
+//! would reserve about once per token. With [`ReserveRequest::max_wait`]
+//! (`M`), a policy of enforced GCRA quotas whose room grants fewer than
+//! `want` units may get `g` tokens spendable from a later `s`
+//! ([`Lease::not_before_micros`]) until `d = s + ttl`: the most (up to
+//! `want`) that fit as seen at `s`, with `s - t <= M` and
+//! `s = max(t, tat + g T - B T)` per quota (the latest). Dated as any
+//! lease's, they keep the bound with `s` in the place of `t`. The half
+//! share does not apply, and the [decision](Reservation::decision) is a
+//! denial until `s`.
 
 use std::time::Duration;
 
+use crate::clock::duration_micros;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
+use crate::{Decision, Policy, WindowKey};
 
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 mod redis;
-use crate::{Decision, Policy, WindowKey};
 
-/// What a backend does for quota leases ([`Limiter`](crate::Limiter)s with
-/// [`LimiterBuilder::leases`](crate::LimiterBuilder::leases)), on the same
-/// windows as its [`limit::Backend`](crate::limit::Backend) and in the same
-/// failure domains.
-///
-/// Implemented by [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
+/// Quota leases ([`LimiterBuilder::leases`](crate::LimiterBuilder::leases)),
+/// on the same windows and failure domains as the store's
+/// [`limit::Backend`](crate::limit::Backend). Implemented by
+/// [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
 /// [`RedisStore`](crate::RedisStore).
 pub trait Backend: Send + Sync + 'static {
-    /// In one atomic store call: first applies `request.refunds` (each as
-    /// [`refund`](Self::refund) would), then takes up to `request.want`
-    /// units (at least `request.at_least`, else none) from every quota of
-    /// the policy, as a [`Lease`] to spend locally until its deadline; see
-    /// the [module docs](self) for why the global bound stays exact. A
-    /// reservation that grants nothing and [`decides`](ReserveRequest::decides)
-    /// decides a check of `at_least` units instead, exactly as
-    /// [`limit::Backend::check`](crate::limit::Backend::check) would, and
-    /// answers it in [`Reservation::decision`].
+    /// In one atomic store call (one round trip per refill): applies
+    /// `request.refunds` (each as [`refund`](Self::refund) would), then
+    /// takes up to `request.want` units (at least `request.at_least`, else
+    /// none) from every quota of the policy as a [`Lease`]. A reservation
+    /// that grants nothing and [`decides`](ReserveRequest::decides) decides
+    /// a check of `at_least` units instead, as
+    /// [`limit::Backend::check`](crate::limit::Backend::check) would.
     fn reserve<'a>(
         &'a self,
         guard: &mut Guard<'a>,
@@ -193,8 +116,8 @@ pub trait Backend: Send + Sync + 'static {
     fn refund<'a>(&'a self, guard: &mut Guard<'a>, request: RefundRequest<'a>) -> Op<'a, u32>;
 }
 
-/// One reservation to run against a store: up to `want` units of every
-/// quota of a policy, for at most `ttl`.
+/// One reservation: up to `want` units of every quota of a policy, for at
+/// most `ttl`.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct ReserveRequest<'a> {
@@ -210,27 +133,22 @@ pub struct ReserveRequest<'a> {
     /// How long the lease may be spent, at most; the store shortens it to
     /// the end of the current window or bucket where the algorithm needs it.
     pub ttl: Duration,
-    /// How long after the reservation the lease may start (zero: it starts
-    /// at once). Read only for a policy of GCRA quotas without shadow
-    /// quotas whose room now grants fewer than `want` units: the store may
-    /// then grant up to `want` of the tokens the bucket will have within
-    /// `max_wait`, spendable from [`Lease::not_before_micros`] (see the
-    /// [module](self), "GCRA leases that start later").
+    /// How long after the reservation the lease may start (zero: at once).
+    /// Read only for a policy of enforced GCRA quotas whose room now grants
+    /// fewer than `want` units (see the [module](self), "GCRA leases that
+    /// start later").
     pub max_wait: Duration,
-    /// Leases of the same key and policy to refund before the reservation,
-    /// in the same call (what [`Reservation::refunded`] answers for).
+    /// Leases of the same key and policy to refund first, in the same call.
     pub refunds: &'a [RefundRequest<'a>],
     /// Whether a reservation that grants nothing decides the check of
-    /// `at_least` units that asked for it (admitted or denied, all quotas
-    /// or none, a denial consuming nothing), in the same call.
+    /// `at_least` units that asked for it, in the same call.
     pub decides: bool,
 }
 
 impl<'a> ReserveRequest<'a> {
     /// A reservation of up to `want` units (at least `at_least`, else none)
     /// of every quota of `policy` for `key`, to be spent within `ttl`. A
-    /// `want` of 0 reserves nothing: the call only refunds (see
-    /// [`refunding`](Self::refunding)) and, if it [`decides`](Self::deciding),
+    /// `want` of 0 only refunds and, if it [`decides`](Self::deciding),
     /// decides the check of `at_least` units.
     pub fn new(
         key: &'a WindowKey,
@@ -251,8 +169,7 @@ impl<'a> ReserveRequest<'a> {
         }
     }
 
-    /// The same reservation, refunding `refunds` first in the same call
-    /// (leases of the same key and policy).
+    /// The same reservation, refunding `refunds` first.
     #[must_use]
     pub fn refunding(mut self, refunds: &'a [RefundRequest<'a>]) -> Self {
         self.refunds = refunds;
@@ -260,33 +177,11 @@ impl<'a> ReserveRequest<'a> {
     }
 
     /// The same reservation, deciding the check of `at_least` units when
-    /// it grants nothing (see [`decides`](Self::decides)).
+    /// it grants nothing.
     #[must_use]
     pub fn deciding(mut self) -> Self {
         self.decides = true;
         self
-    }
-
-    /// Refuses what no store can serve: `at_least` of 0, a `want` below
-    /// `at_least` (other than 0), a refund of another key or policy.
-    pub(crate) fn validate(&self) -> Result<(), StoreError> {
-        if self.at_least == 0 || (self.want != 0 && self.want < self.at_least) {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "a lease must want at least 1 unit, and at least what it needs",
-            ));
-        }
-        let foreign = self
-            .refunds
-            .iter()
-            .any(|refund| refund.key != self.key || refund.policy != self.policy);
-        if foreign {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "a reservation refunds only leases of its own key and policy",
-            ));
-        }
-        Ok(())
     }
 
     /// The same reservation, which may start up to `max_wait` later (see
@@ -296,10 +191,35 @@ impl<'a> ReserveRequest<'a> {
         self.max_wait = max_wait;
         self
     }
+
+    /// Refuses what no store can serve; answers the TTL in microseconds.
+    pub(crate) fn validate(&self) -> Result<u64, StoreError> {
+        let invalid = |message| Err(StoreError::new(StoreErrorKind::InvalidRequest, message));
+        if self.at_least == 0 || (self.want != 0 && self.want < self.at_least) {
+            return invalid("a lease must want at least 1 unit, and at least what it needs");
+        }
+        let foreign = self
+            .refunds
+            .iter()
+            .any(|refund| refund.key != self.key || refund.policy != self.policy);
+        if foreign {
+            return invalid("a reservation refunds only leases of its own key and policy");
+        }
+        let ttl = duration_micros(self.ttl);
+        if ttl == 0 {
+            return invalid("a lease needs a TTL of at least 1 microsecond");
+        }
+        crate::algorithm::lease::check_ttl(self.policy, ttl)?;
+        if self.policy.len() == 0 {
+            return invalid("a policy without quotas");
+        }
+        Ok(ttl)
+    }
 }
 
-/// Units a store granted: spend them locally before [`deadline_micros`](Self::deadline_micros)
-/// (store clock), then [refund](Backend::refund) what is left.
+/// Units a store granted: spend them locally before
+/// [`deadline_micros`](Self::deadline_micros), then [refund](Backend::refund)
+/// what is left.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Lease {
@@ -315,18 +235,17 @@ pub struct Lease {
     /// spent: the reservation's time, or later for a GCRA lease granted
     /// with [`ReserveRequest::max_wait`].
     pub not_before_micros: u64,
-    /// Per quota of the policy, in policy order, the units of the lease
-    /// that quota holds: `granted` for an enforced quota, at most that for
-    /// a [shadow](crate::Quota::shadowed) one (see the [module](self)).
-    /// Empty when every quota holds `granted` (a policy without shadow
-    /// quotas): read it with [`held_by`](Self::held_by).
+    /// Per quota of the policy, in policy order, the units of the lease it
+    /// holds: `granted`, or fewer for a [shadow](crate::Quota::shadowed)
+    /// quota. Empty when every quota holds `granted`: read it with
+    /// [`held_by`](Self::held_by).
     pub held: Vec<u32>,
 }
 
 impl Lease {
     /// A lease of `granted` units taken at `reserved_at_micros`, spendable
-    /// until `deadline_micros` (store clock), named `id` by its store (for
-    /// stores outside this crate); every quota holds `granted`.
+    /// until `deadline_micros`, named `id` by its store (for stores outside
+    /// this crate); every quota holds `granted`.
     pub fn new(id: u64, granted: u32, reserved_at_micros: u64, deadline_micros: u64) -> Self {
         Self {
             id,
@@ -338,16 +257,14 @@ impl Lease {
         }
     }
 
-    /// The same lease, spendable only from `not_before_micros` (store
-    /// clock; see [`ReserveRequest::max_wait`]).
+    /// The same lease, spendable only from `not_before_micros`.
     #[must_use]
     pub fn starting_at(mut self, not_before_micros: u64) -> Self {
         self.not_before_micros = not_before_micros;
         self
     }
 
-    /// The same lease with the units each quota holds, in policy order
-    /// (see [`held`](Self::held)).
+    /// The same lease with the units each quota holds (see [`held`](Self::held)).
     #[must_use]
     pub fn with_held(mut self, held: Vec<u32>) -> Self {
         self.held = held;
@@ -381,23 +298,17 @@ pub struct Reservation {
     pub lease: Option<Lease>,
     /// The store's clock (µs) at the reservation.
     pub now_micros: u64,
-    /// The latest deadline of the leases of this key and policy still
-    /// outstanding in the store (this one included), if any is later than
-    /// now: the units they hold may come back by then. Precisely, on both
-    /// stores of this crate: the latest deadline of the leases recorded
-    /// beside the policy's first quota while their records live (a
-    /// refunded lease's included: an early hint, never a late one).
+    /// The latest deadline, if later than now, of the leases of this key
+    /// and policy the store still records (refunded ones included: an early
+    /// hint, never a late one), by which the units they hold come back.
     pub held_until_micros: Option<u64>,
     /// With a lease: the policy's state once it was taken, as an admission
-    /// of the `at_least` units (every quota's remaining and reset; a shadow
-    /// quota that holds fewer than `at_least` units reports its would-be
-    /// denial); for a lease that starts later
-    /// ([`Lease::not_before_micros`]), a denial until it starts. Without a
-    /// lease, for a request that [`decides`](ReserveRequest::decides): the
-    /// check of `at_least` units, decided as a direct check.
+    /// of the `at_least` units (a shadow quota holding fewer reports its
+    /// would-be denial), or a denial until a later
+    /// [start](Lease::not_before_micros). Without a lease, for a request
+    /// that [`decides`](ReserveRequest::decides): the check decided.
     pub decision: Option<Decision>,
-    /// Units the request's [refunds](ReserveRequest::refunds) returned, in
-    /// all (each as [`Backend::refund`] answers).
+    /// Units the request's [refunds](ReserveRequest::refunds) returned.
     pub refunded: u32,
 }
 
@@ -412,10 +323,7 @@ impl Reservation {
     ) -> Self {
         Self {
             lease: Some(lease),
-            now_micros,
-            held_until_micros,
-            decision: Some(decision),
-            refunded: 0,
+            ..Self::empty(now_micros, held_until_micros).with_decision(decision)
         }
     }
 
@@ -475,9 +383,8 @@ pub struct RefundRequest<'a> {
     pub unused: u32,
     /// Per quota of the policy, in policy order, the units a
     /// [shadow](crate::Quota::shadowed) quota still holds unspent (capped
-    /// at what it held; entries of enforced quotas are ignored: they get
-    /// `unused`). `None`: each shadow quota gets back what it held beyond
-    /// the `granted - unused` units spent (see the [module](self)).
+    /// at what it held; enforced quotas' entries are ignored). `None`: what
+    /// it held beyond the `granted - unused` units spent.
     pub shadow_unused: Option<&'a [u32]>,
 }
 
@@ -494,17 +401,15 @@ impl<'a> RefundRequest<'a> {
     }
 
     /// The same refund, naming what each shadow quota still holds unspent
-    /// (one entry per quota of the policy, in policy order).
+    /// (see [`shadow_unused`](Self::shadow_unused)).
     #[must_use]
     pub fn with_shadow_unused(mut self, units: &'a [u32]) -> Self {
         self.shadow_unused = Some(units);
         self
     }
 
-    /// Units to give back to the policy's quota at `index`, of the `held`
-    /// it holds, for a lease of `granted`: `unused` for an enforced quota;
-    /// for a shadow quota what the request names, else what it held
-    /// beyond the units spent.
+    /// Units to give back to the policy's quota at `index`, which holds
+    /// `held` of a lease of `granted`.
     pub(crate) fn unused_of(&self, index: usize, shadow: bool, granted: u32, held: u32) -> u32 {
         let unused = self.unused.min(granted);
         if !shadow {

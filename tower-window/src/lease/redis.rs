@@ -1,35 +1,23 @@
-//! Quota leases on Redis: [`Backend::reserve`](super::Backend::reserve)
-//! and [`Backend::refund`](super::Backend::refund) for [`RedisStore`].
+//! Quota leases on Redis: [`Backend`](super::Backend) for [`RedisStore`]
+//! (see [`crate::lease`]).
 //!
-//! Each is one `EVALSHA` of one script (`lease.lua` after the shared
-//! prelude and the algorithm fragments, so the lease reads and writes the
-//! very state a check does, and decides a check as the check script does),
-//! on Redis's own `TIME`. A reservation carries the refunds of the key's
-//! old leases as arguments and applies them first, and one that grants
-//! nothing decides the check that asked: one round trip per refill. Besides
-//! the quotas' keys it touches two keys of its own beside the policy's first
-//! quota key, in the same hash slot: `<key>:lr` (a hash of the outstanding
-//! leases, the lease counter and the latest deadline) and `<key>:lx` (the
-//! leases by the time their units stop counting, so that every call drops
-//! dead records in bounded batches: at most `MAX_DEAD` (128) per call, so
-//! that no amount of history makes a call fail or take long; each
-//! reservation adds one record, so the dead ones never pile up faster than
-//! they go). Both carry a TTL: the time the last recorded lease stops
-//! mattering.
-//!
-//! Shadow quotas are read from the algorithm code as the check script
-//! reads them (`quota_code` in the prelude); each record keeps the units
-//! each quota holds, so a refund gives a shadow quota back only what it
-//! held (see [`crate::lease`]).
+//! Each call is one `EVALSHA` of `lease.lua` after the shared prelude and
+//! algorithm fragments, so a lease reads and writes the very state a check
+//! does, on Redis's own `TIME`. Besides the quotas' keys it uses two keys
+//! beside the policy's first quota key, in the same hash slot: `<key>:lr`
+//! (a hash of the outstanding leases, the lease counter and the latest
+//! deadline) and `<key>:lx` (the leases by when their units stop counting,
+//! so that every call drops at most `MAX_DEAD` dead records). Both expire
+//! when the last recorded lease stops mattering.
 //!
 //! A lease is named by the store time of its reservation and a counter
 //! (`<t>:<seq>`), so a refund that arrives after its record was dropped
-//! (or twice) finds nothing and changes nothing. See [`crate::lease`] for
-//! why the bound stays exact per algorithm.
+//! (or twice) finds nothing and changes nothing.
 
 use std::sync::LazyLock;
 
-use crate::algorithm::redis::{lay_out, Parts};
+use crate::algorithm::lease::quota_decision;
+use crate::algorithm::redis::{count, decision, lay_out, Parts};
 use crate::lease::{Lease, RefundRequest, Reservation, ReserveRequest};
 use crate::store::redis::call::Call;
 use crate::store::redis::keys::redis_key;
@@ -38,15 +26,9 @@ use crate::store::redis::RedisStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
 use crate::{Decision, Policy, WindowKey};
 
-/// The lease script: the check script's prelude and algorithms, then
-/// `lease.lua`.
 const SOURCE: &str = crate::algorithm::redis::with_algorithms!("lease.lua");
 
 static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
-
-/// Suffixes of the lease keys, after the policy's first quota key.
-const RECORDS_SUFFIX: &[u8] = b":lr";
-const EXPIRY_SUFFIX: &[u8] = b":lx";
 
 /// A lease's name in the store: reservation time and counter.
 fn field(lease: &Lease) -> String {
@@ -65,53 +47,37 @@ impl RedisStore {
         key: &WindowKey,
         policy: &Policy,
         units: u32,
-        now: Option<u64>,
     ) -> Result<ScriptCall, StoreError> {
+        let now = self.explicit_now()?;
         let Some(first) = policy.quotas().first() else {
             return Err(StoreError::new(
                 StoreErrorKind::InvalidRequest,
                 "a policy without quotas",
             ));
         };
-        let min_ttl_ms = if now.is_some() {
-            crate::store::redis::EXPLICIT_CLOCK_MIN_TTL_MS
-        } else {
-            0
-        };
+        let min_ttl_ms = now.map_or(0, |_| crate::store::redis::EXPLICIT_CLOCK_MIN_TTL_MS);
         let mut call = SCRIPT.prepare_invoke();
         lay_out(&mut call, &self.prefix, key, policy, units, now, min_ttl_ms);
         let base = redis_key(&self.prefix, key, policy, first);
-        for suffix in [RECORDS_SUFFIX, EXPIRY_SUFFIX] {
-            let mut lease_key = Vec::with_capacity(base.len() + suffix.len());
-            lease_key.extend_from_slice(&base);
-            lease_key.extend_from_slice(suffix);
-            Parts::key(&mut call, lease_key);
+        for suffix in [b":lr", b":lx"] {
+            Parts::key(&mut call, [&base[..], suffix].concat());
         }
         Ok(call)
-    }
-
-    /// Runs one lease script call on the store's connection (as a check
-    /// runs: one `EVALSHA`, reloading the script on `NOSCRIPT`).
-    async fn run_lease(&self, call: ScriptCall) -> Result<Vec<i64>, StoreError> {
-        self.call(Call::Script(&call)).await
     }
 
     pub(super) async fn reserve_lease(
         &self,
         request: ReserveRequest<'_>,
     ) -> Result<Reservation, StoreError> {
-        request.validate()?;
-        let ttl = crate::clock::duration_micros(request.ttl);
+        let ttl = request.validate()?;
         // Beyond 2^40 µs (12 days) a lease is no lease; keeps Lua exact.
-        if ttl == 0 || ttl > 1 << 40 {
+        if ttl > 1 << 40 {
             return Err(StoreError::new(
                 StoreErrorKind::InvalidRequest,
                 "a lease needs a TTL between 1 microsecond and 2^40 microseconds",
             ));
         }
-        crate::algorithm::lease::check_ttl(request.policy, ttl)?;
-        let now = self.explicit_now()?;
-        let mut call = self.lease_call(request.key, request.policy, request.want, now)?;
+        let mut call = self.lease_call(request.key, request.policy, request.want)?;
         let max_wait = crate::clock::duration_micros(request.max_wait).min(1 << 40);
         let refunds: Vec<&RefundRequest<'_>> = request
             .refunds
@@ -135,7 +101,7 @@ impl RedisStore {
                 };
             }
         }
-        let reply = self.run_lease(call).await?;
+        let reply: Vec<i64> = self.call(Call::Script(&call)).await?;
         reservation(request.policy, request.at_least, &reply)
     }
 
@@ -144,8 +110,7 @@ impl RedisStore {
             return Ok(0);
         }
         let unused = request.unused.min(request.lease.granted);
-        let now = self.explicit_now()?;
-        let mut call = self.lease_call(request.key, request.policy, unused, now)?;
+        let mut call = self.lease_call(request.key, request.policy, unused)?;
         call.arg("refund").arg(field(request.lease));
         if let Some(units) = request.shadow_unused {
             // One value per quota; the script reads them for shadow quotas.
@@ -153,9 +118,9 @@ impl RedisStore {
                 call.arg(units.get(i).copied().unwrap_or(0));
             }
         }
-        let reply = self.run_lease(call).await?;
+        let reply: Vec<i64> = self.call(Call::Script(&call)).await?;
         match reply.as_slice() {
-            [returned] => Ok(u32::try_from((*returned).max(0)).unwrap_or(u32::MAX)),
+            [returned] => Ok(count(*returned)),
             other => Err(StoreError::new(
                 StoreErrorKind::Protocol,
                 format!(
@@ -167,11 +132,7 @@ impl RedisStore {
     }
 }
 
-/// Turns the reserve reply `{granted, now, deadline, seq, latest deadline,
-/// units refunded, then with a lease per quota remaining, reset_after,
-/// units held, then the time the lease may be spent from; without one, the
-/// check's reply if it decided}` into a [`Reservation`] (the decision an
-/// admission of `at_least` units, or the check decided).
+/// Turns the reserve reply (see `lease.lua`) into a [`Reservation`].
 fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservation, StoreError> {
     let wrong_length = || {
         StoreError::new(
@@ -186,50 +147,41 @@ fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservat
     };
     let positive = |v: i64| u64::try_from(v).unwrap_or(0);
     let now = positive(now);
-    let held_until_micros = (held > 0).then(|| positive(held));
-    let refunded = u32::try_from(refunded.max(0)).unwrap_or(u32::MAX);
+    let empty =
+        Reservation::empty(now, (held > 0).then(|| positive(held))).with_refunded(count(refunded));
     if granted <= 0 {
-        let empty = Reservation::empty(now, held_until_micros).with_refunded(refunded);
         return Ok(if rest.is_empty() {
             empty
         } else {
-            empty.with_decision(crate::algorithm::redis::decision(policy, rest)?)
+            empty.with_decision(decision(policy, rest)?)
         });
     }
-    // Then the time the lease may be spent from.
-    let Some((per_quota, &[not_before])) = rest.split_last_chunk::<1>() else {
+    let Some((&not_before, per_quota)) = rest
+        .split_last()
+        .filter(|(_, per_quota)| per_quota.len() == 3 * policy.len())
+    else {
         return Err(wrong_length());
     };
-    if per_quota.len() != 3 * policy.len() {
-        return Err(wrong_length());
-    }
     let not_before = positive(not_before).max(now);
-    let granted = u32::try_from(granted).unwrap_or(u32::MAX);
-    let units = |v: i64| u32::try_from(v.max(0)).unwrap_or(u32::MAX).min(granted);
+    let granted = count(granted);
+    let held = |v: i64| count(v).min(granted);
     let states = policy
         .quotas()
         .iter()
         .zip(per_quota.chunks_exact(3))
-        .map(|(quota, values)| {
-            if not_before > now {
-                crate::algorithm::lease::later_decision(
-                    quota,
-                    positive(values[1]),
-                    not_before - now,
-                )
-            } else {
-                crate::algorithm::lease::quota_decision(
-                    quota,
-                    positive(values[0]),
-                    positive(values[1]),
-                    units(values[2]),
-                    at_least,
-                )
-            }
+        .map(|(quota, v)| {
+            let (remaining, reset) = (positive(v[0]), positive(v[1]));
+            quota_decision(
+                quota,
+                remaining,
+                reset,
+                held(v[2]),
+                at_least,
+                not_before - now,
+            )
         });
-    let decision = Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now));
     let holds = if policy.quotas().iter().any(crate::Quota::is_shadow) {
-        per_quota.chunks_exact(3).map(|v| units(v[2])).collect()
+        per_quota.chunks_exact(3).map(|v| held(v[2])).collect()
     } else {
         Vec::new()
     };
@@ -238,10 +190,8 @@ fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservat
         .starting_at(not_before);
     Ok(Reservation {
         lease: Some(lease),
-        now_micros: now,
-        held_until_micros,
-        decision,
-        refunded,
+        decision: Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now)),
+        ..empty
     })
 }
 
