@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::service::{Shared, SlidingWindow};
+use super::service::SlidingWindow;
 use super::{Http, Status, Typed, UnitCost};
 use crate::tenant::TenantRegistry;
 use crate::Limiter;
@@ -81,15 +81,7 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
     /// Weighs each request with `cost` (a [`RequestCost`](super::RequestCost),
     /// e.g. a closure `Fn(&Req) -> u32`) instead of the current cost function.
     pub fn cost<C2>(self, cost: C2) -> SlidingWindowLayer<K, C2, M> {
-        SlidingWindowLayer {
-            limiter: self.limiter,
-            key: self.key,
-            cost: Arc::new(cost),
-            missing_key: self.missing_key,
-            degraded_status: self.degraded_status,
-            mode: self.mode,
-            tenants: self.tenants,
-        }
+        self.map(|_| Arc::new(cost), |mode| mode)
     }
 
     /// What to do when a request has no key (default: reject with 400).
@@ -125,13 +117,21 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
 
     /// Switches to another mode (a custom [`Respond`](super::Respond)).
     pub fn mode<M2>(self, mode: M2) -> SlidingWindowLayer<K, C, M2> {
+        self.map(|cost| cost, |_| mode)
+    }
+
+    fn map<C2, M2>(
+        self,
+        cost: impl FnOnce(Arc<C>) -> Arc<C2>,
+        mode: impl FnOnce(M) -> M2,
+    ) -> SlidingWindowLayer<K, C2, M2> {
         SlidingWindowLayer {
             limiter: self.limiter,
             key: self.key,
-            cost: self.cost,
+            cost: cost(self.cost),
             missing_key: self.missing_key,
             degraded_status: self.degraded_status,
-            mode,
+            mode: mode(self.mode),
             tenants: self.tenants,
         }
     }
@@ -200,15 +200,7 @@ impl<K, C, R> SlidingWindowLayer<K, C, Http<R>> {
     /// Builds rejection responses (status and body) with `rejection`, an
     /// [`OnRejection`](super::OnRejection) for the service's response body.
     pub fn rejection<R2>(self, rejection: R2) -> SlidingWindowLayer<K, C, Http<R2>> {
-        SlidingWindowLayer {
-            limiter: self.limiter,
-            key: self.key,
-            cost: self.cost,
-            missing_key: self.missing_key,
-            degraded_status: self.degraded_status,
-            mode: self.mode.rejection(rejection),
-            tenants: self.tenants,
-        }
+        self.map(|cost| cost, |mode| mode.rejection(rejection))
     }
 }
 
@@ -253,17 +245,6 @@ impl<S, K, C, M: Clone> Layer<S> for SlidingWindowLayer<K, C, M> {
     type Service = SlidingWindow<S, K, C, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        SlidingWindow::new(
-            inner,
-            Arc::new(Shared {
-                limiter: self.limiter.clone(),
-                key: Arc::clone(&self.key),
-                cost: Arc::clone(&self.cost),
-                missing_key: self.missing_key,
-                degraded_status: self.degraded_status,
-                mode: Arc::new(self.mode.clone()),
-                tenants: self.tenants.clone(),
-            }),
-        )
+        SlidingWindow::new(inner, Arc::new(self.clone().map(|cost| cost, Arc::new)))
     }
 }

@@ -7,21 +7,14 @@ use std::task::{Context, Poll};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::{MissingKey, Rejection, RequestCost, Respond, Status};
+use super::{MissingKey, Rejection, RequestCost, Respond, SlidingWindowLayer, Status};
 use crate::key::NoKey;
-use crate::tenant::{Resolution, TenantRegistry};
+use crate::tenant::Resolution;
 use crate::{Decision, KeyExtractor, LimitError, Limiter};
 
-/// What every clone of one [`SlidingWindow`] shares.
-pub(super) struct Shared<K, C, M> {
-    pub(super) limiter: Limiter,
-    pub(super) key: Arc<K>,
-    pub(super) cost: Arc<C>,
-    pub(super) missing_key: MissingKey,
-    pub(super) degraded_status: Status,
-    pub(super) mode: Arc<M>,
-    pub(super) tenants: Option<TenantRegistry>,
-}
+/// What every clone of one [`SlidingWindow`] shares: its layer, the mode
+/// behind an `Arc` that response futures hold.
+type Shared<K, C, M> = SlidingWindowLayer<K, C, Arc<M>>;
 
 /// Checks each request against a [`Limiter`] before calling `S`.
 ///
@@ -97,11 +90,7 @@ where
     type Future = ResponseFuture<S, Req, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        match self.inner.poll_ready(cx) {
-            Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
-            Poll::Ready(Err(error)) => Poll::Ready(Err(M::map_error(error))),
-            Poll::Pending => Poll::Pending,
-        }
+        self.inner.poll_ready(cx).map_err(M::map_error)
     }
 
     fn call(&mut self, mut request: Req) -> Self::Future {
