@@ -244,43 +244,22 @@ impl Cached {
         }
     }
 
-    /// The quota's `RateLimit` member: `"<name>";r=<remaining>;t=<reset>`.
-    ///
-    /// Written from the cached prefix with plain copies into a stack
-    /// buffer, then copied once into an exactly sized `Bytes` (this value
-    /// is built for every admitted request).
+    /// The quota's `RateLimit` member: `"<name>";r=<remaining>;t=<reset>`,
+    /// built for every admitted request with one exactly sized allocation.
     fn state(&self, remaining: u64, reset: u64) -> Option<HeaderValue> {
         if self.state_prefix.is_empty() {
             return None;
         }
-        let prefix = self.state_prefix.len();
-        let needed = prefix + 3 + 2 * MAX_U64_DIGITS;
-        let mut stack = [0u8; STATE_ON_STACK];
-        let mut heap = Vec::new();
-        let buf: &mut [u8] = if needed <= STATE_ON_STACK {
-            &mut stack
-        } else {
-            // Longer than any valid quota's name allows.
-            heap.resize(needed, 0);
-            &mut heap
-        };
-        let mut numbers = itoa::Buffer::new();
-        buf.get_mut(..prefix)?.copy_from_slice(&self.state_prefix);
-        let digits = numbers.format(remaining).as_bytes();
-        let mut at = prefix + digits.len();
-        buf.get_mut(prefix..at)?.copy_from_slice(digits);
-        buf.get_mut(at..at + 3)?.copy_from_slice(b";t=");
-        at += 3;
-        let digits = numbers.format(reset).as_bytes();
-        let end = at + digits.len();
-        buf.get_mut(at..end)?.copy_from_slice(digits);
-        HeaderValue::from_maybe_shared(Bytes::copy_from_slice(buf.get(..end)?)).ok()
+        let (mut remaining_digits, mut reset_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let parts: [&[u8]; 4] = [
+            &self.state_prefix,
+            remaining_digits.format(remaining).as_bytes(),
+            b";t=",
+            reset_digits.format(reset).as_bytes(),
+        ];
+        HeaderValue::from_maybe_shared(Bytes::from(parts.concat())).ok()
     }
 }
-
-/// The longest `RateLimit` member: a 64-byte name, its quotes and `;r=`,
-/// two 20-digit numbers and `;t=`.
-const STATE_ON_STACK: usize = 2 + 64 + 3 + MAX_U64_DIGITS + 3 + MAX_U64_DIGITS;
 
 thread_local! {
     /// The header parts last built on this thread, by quota id, the newest
@@ -313,39 +292,27 @@ fn with_cached<T>(quota: &Quota, f: impl FnOnce(&Cached) -> T) -> T {
 /// The `RateLimit-Policy` member of `quota` (see [`Cached`]).
 fn policy_item(quota: &Quota) -> Option<HeaderValue> {
     let (q, w) = sustained_rate(quota);
-    let burst = match (quota.algorithm(), quota.burst()) {
-        (crate::Algorithm::Gcra, Some(burst)) if burst != quota.limit() => Some(burst),
-        _ => None,
-    };
-    let value = match burst {
-        Some(burst) => item(
+    let mut value = match (quota.algorithm(), quota.burst()) {
+        (crate::Algorithm::Gcra, Some(burst)) if burst != quota.limit() => item(
             quota.name(),
             &[(b"q", q), (b"w", w), (b"burst", u64::from(burst))],
         ),
-        None => item(quota.name(), &[(b"q", q), (b"w", w)]),
+        _ => item(quota.name(), &[(b"q", q), (b"w", w)]),
     }?;
     if quota.is_shadow() {
         // A boolean parameter: checked and reported, never enforced.
-        let mut bytes = value.as_bytes().to_vec();
-        bytes.extend_from_slice(b";shadow");
-        HeaderValue::from_bytes(&bytes).ok()
-    } else {
-        Some(value)
+        value.extend_from_slice(b";shadow");
     }
+    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
 }
 
 /// `a, b, c`: one structured-field list of the given members.
 fn join_list(items: &[HeaderValue]) -> Option<HeaderValue> {
-    let mut buf = Vec::with_capacity(items.iter().map(|i| i.len() + 2).sum());
-    for (i, value) in items.iter().enumerate() {
-        if i > 0 {
-            buf.extend_from_slice(b", ");
-        }
-        buf.extend_from_slice(value.as_bytes());
-    }
-    (!buf.is_empty())
-        .then(|| HeaderValue::from_maybe_shared(Bytes::from(buf)).ok())
-        .flatten()
+    let items: Vec<&[u8]> = items.iter().map(HeaderValue::as_bytes).collect();
+    let list = Bytes::from(items.join(&b", "[..]));
+    HeaderValue::from_maybe_shared(list)
+        .ok()
+        .filter(|list| !list.is_empty())
 }
 
 /// Sets `Retry-After` to `wait` in whole seconds, rounded up and at least 1
@@ -358,48 +325,19 @@ pub fn insert_retry_after(headers: &mut HeaderMap, wait: Duration) {
 ///
 /// Quota names are `[A-Za-z0-9_.-]`, so they need no escaping; anything else
 /// (impossible for a valid quota) is skipped rather than sent malformed.
-fn item(name: &str, params: &[(&[u8], u64)]) -> Option<HeaderValue> {
+fn item(name: &str, params: &[(&[u8], u64)]) -> Option<Vec<u8>> {
     if !valid_name(name) {
         return None;
     }
-    // Written into a stack buffer with plain copies (a `SmallVec` push
-    // checks its capacity and where it lives on every byte or slice: this
-    // item is built for every admitted request), then copied once into an
-    // exactly sized `Bytes`. Longer items (very long quota names) take a `Vec`.
     let mut numbers = itoa::Buffer::new();
-    let mut stack = [0u8; ITEM_ON_STACK];
-    let mut heap = Vec::new();
-    let len = 2
-        + name.len()
-        + params
-            .iter()
-            .map(|(key, _)| key.len() + 2 + MAX_U64_DIGITS)
-            .sum::<usize>();
-    let buf: &mut [u8] = if len <= ITEM_ON_STACK {
-        &mut stack
-    } else {
-        heap.resize(len, 0);
-        &mut heap
-    };
-    let mut at = 0;
-    let mut put = |bytes: &[u8]| {
-        let end = at + bytes.len();
-        if let Some(to) = buf.get_mut(at..end) {
-            to.copy_from_slice(bytes);
-        }
-        at = end;
-    };
-    put(b"\"");
-    put(name.as_bytes());
-    put(b"\"");
-    for &(key, value) in params {
-        put(b";");
-        put(key);
-        put(b"=");
-        put(numbers.format(value).as_bytes());
+    let mut value = [b"\"", name.as_bytes(), b"\""].concat();
+    for &(key, number) in params {
+        value.push(b';');
+        value.extend_from_slice(key);
+        value.push(b'=');
+        value.extend_from_slice(numbers.format(number).as_bytes());
     }
-    let written = buf.get(..at)?;
-    HeaderValue::from_maybe_shared(Bytes::copy_from_slice(written)).ok()
+    Some(value)
 }
 
 /// Whether `name` can be sent unescaped: `[A-Za-z0-9_.-]`, as every
@@ -408,13 +346,6 @@ fn valid_name(name: &str) -> bool {
     name.bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
-
-/// The digits of the largest `u64`.
-const MAX_U64_DIGITS: usize = 20;
-
-/// The longest item [`item`] writes on the stack: a quota name of up to 50
-/// bytes with two parameters, or 30 with three.
-const ITEM_ON_STACK: usize = 104;
 
 #[cfg(test)]
 mod tests {
