@@ -47,25 +47,10 @@ fn outcome(allowed: bool) -> &'static str {
     }
 }
 
-fn source_index(source: DecisionSource) -> usize {
-    match source {
-        DecisionSource::Store => 0,
-        DecisionSource::LocalCache => 1,
-        DecisionSource::Lease => 2,
-        _ => 3,
-    }
-}
-
-fn reason_index(reason: FallbackReason) -> usize {
-    REASONS.iter().position(|r| *r == reason).unwrap_or(4)
-}
-
-fn kind_index(kind: StoreErrorKind) -> usize {
-    KINDS.iter().position(|k| *k == kind).unwrap_or(3)
-}
-
-fn state_index(state: BreakerState) -> usize {
-    STATES.iter().position(|s| *s == state).unwrap_or(2)
+/// The index of `value` in `all`, else `other`'s (a fallback source by any
+/// reason is `Fallback(Error)`'s).
+fn index_of<T: PartialEq>(all: &[T], value: &T, other: usize) -> usize {
+    all.iter().position(|v| v == value).unwrap_or(other)
 }
 
 /// The labels every series of one record carries.
@@ -143,14 +128,14 @@ impl DecisionHandles {
 
     fn record(&self, decision: &Decision) {
         let allowed = usize::from(decision.allowed);
-        self.decisions[allowed][source_index(decision.source)].increment(1);
+        self.decisions[allowed][index_of(&SOURCES, &decision.source, 3)].increment(1);
         if decision.allowed && is_near_limit(decision.remaining, decision.limit()) {
             self.near_limit.increment(1);
         }
         if let (DecisionSource::Fallback(reason), Some(fallback)) =
             (decision.source, &self.fallback)
         {
-            let r = reason_index(reason);
+            let r = index_of(&REASONS, &reason, 4);
             fallback.decisions[r][allowed].increment(1);
             if decision.allowed {
                 fallback.admissions[r].increment(1);
@@ -190,12 +175,54 @@ struct LocalHandles {
     misses: Counter,
 }
 
-/// Every series of the limiter's own quota, registered together.
+/// Every series of one quota's [`Parts`], registered together.
 struct Handles {
     decisions: DecisionHandles,
     store: StoreHandles,
     breaker: Option<BreakerHandles>,
     local: Option<LocalHandles>,
+}
+
+impl Handles {
+    fn new(labels: &Labels, parts: Parts) -> Self {
+        Self {
+            decisions: DecisionHandles::new(labels, parts.fallback),
+            store: StoreHandles::new(labels),
+            breaker: parts.breaker.then(|| BreakerHandles {
+                state: labels.gauge(BREAKER_STATE),
+                open_shards: labels.gauge(BREAKER_OPEN_SHARDS),
+                transitions: STATES
+                    .map(|s| labels.counter(BREAKER_TRANSITIONS_TOTAL, &[("to", s.as_str())])),
+            }),
+            local: parts.local.then(|| LocalHandles {
+                entries: labels.gauge(LOCAL_CACHE_ENTRIES),
+                hits: labels.counter(LOCAL_CACHE_HITS_TOTAL, &[]),
+                misses: labels.counter(LOCAL_CACHE_MISSES_TOTAL, &[]),
+            }),
+        }
+    }
+
+    fn counters(&self) -> impl Iterator<Item = &Counter> {
+        let decisions = &self.decisions;
+        let fallback = decisions.fallback.iter();
+        decisions
+            .decisions
+            .iter()
+            .flatten()
+            .chain([&decisions.near_limit, &self.store.retries])
+            .chain(fallback.clone().flat_map(|f| f.decisions.iter().flatten()))
+            .chain(fallback.flat_map(|f| f.admissions.iter()))
+            .chain(&self.store.errors)
+            .chain(self.breaker.iter().flat_map(|b| b.transitions.iter()))
+            .chain(self.local.iter().flat_map(|l| [&l.hits, &l.misses]))
+    }
+
+    fn gauges(&self) -> impl Iterator<Item = &Gauge> {
+        let breaker = self.breaker.iter();
+        breaker
+            .flat_map(|b| [&b.state, &b.open_shards])
+            .chain(self.local.iter().map(|l| &l.entries))
+    }
 }
 
 /// What a limiter has, which decides the series it registers.
@@ -259,19 +286,20 @@ impl LimiterMetrics {
     pub(crate) fn new(quota: &Quota, tenant_label: bool, parts: Parts) -> Self {
         Self {
             own: Some(quota.clone()),
-            quota: SharedString::from(String::from(quota.name())),
             tenant_label,
             parts,
-            handles: OnceLock::new(),
-            lease_spent: OnceLock::new(),
-            others: OnceLock::new(),
+            ..Self::with_name(quota.name())
         }
     }
 
     /// The store-call metrics of a capability called `name` (connection
     /// slots, dedup, events): its calls are labelled `quota = name`.
     pub(crate) fn named(name: &str) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new(Self::with_name(name))
+    }
+
+    fn with_name(name: &str) -> Self {
+        Self {
             own: None,
             quota: SharedString::from(String::from(name)),
             tenant_label: false,
@@ -279,13 +307,6 @@ impl LimiterMetrics {
             handles: OnceLock::new(),
             lease_spent: OnceLock::new(),
             others: OnceLock::new(),
-        })
-    }
-
-    fn own_labels(&self) -> Labels {
-        Labels {
-            quota: self.quota.clone(),
-            tenant: None,
         }
     }
 
@@ -293,34 +314,9 @@ impl LimiterMetrics {
     /// first use.
     fn handles(&self) -> &Handles {
         self.handles.get_or_init(|| {
-            let labels = self.own_labels();
-            let breaker = self.parts.breaker.then(|| {
-                let state = labels.gauge(BREAKER_STATE);
-                state.set(0.0);
-                let open_shards = labels.gauge(BREAKER_OPEN_SHARDS);
-                open_shards.set(0.0);
-                BreakerHandles {
-                    state,
-                    open_shards,
-                    transitions: STATES
-                        .map(|s| labels.counter(BREAKER_TRANSITIONS_TOTAL, &[("to", s.as_str())])),
-                }
-            });
-            let local = self.parts.local.then(|| {
-                let entries = labels.gauge(LOCAL_CACHE_ENTRIES);
-                entries.set(0.0);
-                LocalHandles {
-                    entries,
-                    hits: labels.counter(LOCAL_CACHE_HITS_TOTAL, &[]),
-                    misses: labels.counter(LOCAL_CACHE_MISSES_TOTAL, &[]),
-                }
-            });
-            Handles {
-                decisions: DecisionHandles::new(&labels, self.parts.fallback),
-                store: StoreHandles::new(&labels),
-                breaker,
-                local,
-            }
+            let handles = Handles::new(&self.labels_for(None, None), self.parts);
+            handles.gauges().for_each(|gauge| gauge.set(0.0));
+            handles
         })
     }
 
@@ -334,24 +330,17 @@ impl LimiterMetrics {
             || quota.name() == &*self.quota
     }
 
-    fn labels_for(&self, quota: &Quota, key: Option<&WindowKey>) -> Labels {
-        let quota = if self.is_own(quota) {
-            self.quota.clone()
-        } else {
-            SharedString::from(String::from(quota.name()))
+    /// The labels of `quota` (`None`: the own name), with `key`'s tenant
+    /// when the limiter labels tenants.
+    fn labels_for(&self, quota: Option<&Quota>, key: Option<&WindowKey>) -> Labels {
+        let quota = match quota {
+            Some(quota) if !self.is_own(quota) => SharedString::from(String::from(quota.name())),
+            _ => self.quota.clone(),
         };
         let tenant = key
             .filter(|_| self.tenant_label)
             .map(|key| SharedString::from(String::from_utf8_lossy(key.tenant()).into_owned()));
         Labels { quota, tenant }
-    }
-
-    /// The labels of a store call for `quota` (`None`: the own name).
-    fn labels_for_call(&self, quota: Option<&Quota>) -> Labels {
-        match quota {
-            Some(quota) => self.labels_for(quota, None),
-            None => self.own_labels(),
-        }
     }
 
     /// The counter `series{extra, quota}` of `quota` (not the own one),
@@ -364,7 +353,7 @@ impl LimiterMetrics {
         extra: &[(&'static str, &'static str)],
     ) -> Counter {
         if (self.tenant_label && key.is_some()) || extra.len() > 2 {
-            return self.labels_for(quota, key).counter(series, extra);
+            return self.labels_for(Some(quota), key).counter(series, extra);
         }
         let mut values = [""; 2];
         for (value, (_, v)) in values.iter_mut().zip(extra) {
@@ -381,7 +370,7 @@ impl LimiterMetrics {
         if let Some(counter) = cache.get(&probe) {
             return counter;
         }
-        let counter = self.labels_for(quota, None).counter(series, extra);
+        let counter = self.labels_for(Some(quota), None).counter(series, extra);
         cache.insert(
             OtherKey {
                 quota: quota.name().into(),
@@ -399,7 +388,7 @@ impl LimiterMetrics {
             return;
         }
         for shadow in decision.shadow_denials() {
-            self.labels_for(&shadow.quota, Some(key))
+            self.labels_for(Some(&shadow.quota), Some(key))
                 .counter(SHADOW_DENIALS_TOTAL, &[])
                 .increment(1);
         }
@@ -408,36 +397,24 @@ impl LimiterMetrics {
         } else {
             // Make sure the limiter-wide series exist too.
             let _ = self.handles();
-            let quota = decision.quota();
-            let outcome = outcome(decision.allowed);
-            self.other_counter(
-                quota,
-                Some(key),
-                DECISIONS_TOTAL,
-                &[("outcome", outcome), ("source", decision.source.as_str())],
-            )
-            .increment(1);
-            if decision.allowed && is_near_limit(decision.remaining, decision.limit()) {
-                self.other_counter(quota, Some(key), NEAR_LIMIT_TOTAL, &[])
+            let count = |series: &'static str, extra: &[(&'static str, &'static str)]| {
+                self.other_counter(decision.quota(), Some(key), series, extra)
                     .increment(1);
+            };
+            let outcome = outcome(decision.allowed);
+            let source = decision.source.as_str();
+            count(DECISIONS_TOTAL, &[("outcome", outcome), ("source", source)]);
+            if decision.allowed && is_near_limit(decision.remaining, decision.limit()) {
+                count(NEAR_LIMIT_TOTAL, &[]);
             }
             if let DecisionSource::Fallback(reason) = decision.source {
                 let reason = reason.as_str();
-                self.other_counter(
-                    quota,
-                    Some(key),
+                count(
                     FALLBACK_DECISIONS_TOTAL,
                     &[("reason", reason), ("outcome", outcome)],
-                )
-                .increment(1);
+                );
                 if decision.allowed {
-                    self.other_counter(
-                        quota,
-                        Some(key),
-                        FALLBACK_ADMISSIONS_TOTAL,
-                        &[("reason", reason)],
-                    )
-                    .increment(1);
+                    count(FALLBACK_ADMISSIONS_TOTAL, &[("reason", reason)]);
                 }
             }
         }
@@ -450,11 +427,8 @@ impl LimiterMetrics {
         }
         if self.is_own(quota) {
             if let Some(local) = &self.handles().local {
-                if hit {
-                    local.hits.increment(1);
-                } else {
-                    local.misses.increment(1);
-                }
+                let counter = if hit { &local.hits } else { &local.misses };
+                counter.increment(1);
             }
         } else {
             let name = if hit {
@@ -462,7 +436,9 @@ impl LimiterMetrics {
             } else {
                 LOCAL_CACHE_MISSES_TOTAL
             };
-            self.labels_for(quota, None).counter(name, &[]).increment(1);
+            self.labels_for(Some(quota), None)
+                .counter(name, &[])
+                .increment(1);
         }
     }
 
@@ -487,7 +463,7 @@ impl LimiterMetrics {
         }
         self.breaker_state(worst, open);
         if let Some(breaker) = &self.handles().breaker {
-            breaker.transitions[state_index(to)].increment(1);
+            breaker.transitions[index_of(&STATES, &to, 2)].increment(1);
         }
     }
 
@@ -500,27 +476,23 @@ impl LimiterMetrics {
             // Small integers: no precision loss.
             #[allow(clippy::cast_precision_loss)]
             {
-                breaker.state.set(state_index(worst) as f64);
+                breaker.state.set(index_of(&STATES, &worst, 2) as f64);
                 breaker.open_shards.set(open as f64);
             }
         }
     }
 
-    /// Records one retried store attempt.
     /// Counts `units` of leases of the limiter's policy for `event`
     /// (`granted`, `spent`, `refunded`, `expired`); off the hot path of
     /// a check without leases.
     pub(crate) fn lease_units(&self, quota: &Quota, event: &'static str, units: u64) {
-        if !ENABLED {
-            return;
-        }
-        if units == 0 {
+        if !ENABLED || units == 0 {
             return;
         }
         if event == "spent" && self.is_own(quota) {
             self.lease_spent
                 .get_or_init(|| {
-                    self.own_labels()
+                    self.labels_for(None, None)
                         .counter(LEASE_UNITS_TOTAL, &[("event", "spent")])
                 })
                 .increment(units);
@@ -530,51 +502,32 @@ impl LimiterMetrics {
             .increment(units);
     }
 
-    pub(crate) fn store_retry_for(&self, quota: Option<&Quota>) {
-        if !ENABLED {
-            return;
-        }
+    fn store_retry(&self, quota: Option<&Quota>) {
         if quota.is_none_or(|quota| self.is_own(quota)) {
             self.handles().store.retries.increment(1);
         } else {
-            self.labels_for_call(quota)
+            self.labels_for(quota, None)
                 .counter(STORE_RETRIES_TOTAL, &[])
                 .increment(1);
         }
     }
 
-    /// Records a finished store call started at `timer`.
-    pub(crate) fn store_call_for(
-        &self,
-        quota: Option<&Quota>,
-        timer: StoreTimer,
-        error: Option<&StoreError>,
-    ) {
-        if !ENABLED {
-            return;
-        }
-        if timer.0.is_none() && error.is_none() {
-            // An untimed success records nothing.
-            return;
-        }
-        let seconds = timer.0.map(|started| started.elapsed().as_secs_f64());
+    fn store_call(&self, quota: Option<&Quota>, seconds: Option<f64>, error: Option<&StoreError>) {
         if quota.is_none_or(|quota| self.is_own(quota)) {
             let store = &self.handles().store;
-            match error {
-                None => {
-                    if let Some(seconds) = seconds {
-                        store.ok.record(seconds);
-                    }
-                }
-                Some(error) => {
-                    if let Some(seconds) = seconds {
-                        store.error.record(seconds);
-                    }
-                    store.errors[kind_index(error.kind())].increment(1);
-                }
+            if let Some(seconds) = seconds {
+                let histogram = if error.is_some() {
+                    &store.error
+                } else {
+                    &store.ok
+                };
+                histogram.record(seconds);
+            }
+            if let Some(error) = error {
+                store.errors[index_of(&KINDS, &error.kind(), 3)].increment(1);
             }
         } else {
-            let labels = self.labels_for_call(quota);
+            let labels = self.labels_for(quota, None);
             let outcome = if error.is_some() { "error" } else { "ok" };
             if let Some(seconds) = seconds {
                 labels
@@ -593,42 +546,20 @@ impl LimiterMetrics {
 /// See [`super::register_quota`]: the same label sets the records use
 /// (built by the same handles), each incremented by zero.
 pub(crate) fn register_quota(quota: &str) {
-    if !ENABLED {
-        return;
-    }
     let labels = Labels {
         quota: SharedString::from(String::from(quota)),
         tenant: None,
     };
-    let decisions = DecisionHandles::new(&labels, true);
-    let fallback = decisions.fallback.iter();
-    let counters = decisions
-        .decisions
-        .iter()
-        .flatten()
-        .chain(std::iter::once(&decisions.near_limit))
-        .chain(fallback.clone().flat_map(|f| f.decisions.iter().flatten()))
-        .chain(fallback.flat_map(|f| f.admissions.iter()));
-    counters.for_each(|c| c.increment(0));
+    let all = Parts {
+        fallback: true,
+        breaker: true,
+        local: true,
+    };
     // Histograms are exported from their registration on.
-    let store = StoreHandles::new(&labels);
-    store.errors.iter().for_each(|c| c.increment(0));
-    store.retries.increment(0);
-    for gauge in [BREAKER_STATE, BREAKER_OPEN_SHARDS, LOCAL_CACHE_ENTRIES] {
-        labels.gauge(gauge).increment(0.0);
-    }
-    for state in STATES {
-        labels
-            .counter(BREAKER_TRANSITIONS_TOTAL, &[("to", state.as_str())])
-            .increment(0);
-    }
-    for name in [
-        LOCAL_CACHE_HITS_TOTAL,
-        LOCAL_CACHE_MISSES_TOTAL,
-        SHADOW_DENIALS_TOTAL,
-    ] {
-        labels.counter(name, &[]).increment(0);
-    }
+    let handles = Handles::new(&labels, all);
+    handles.counters().for_each(|counter| counter.increment(0));
+    handles.gauges().for_each(|gauge| gauge.increment(0.0));
+    labels.counter(SHADOW_DENIALS_TOTAL, &[]).increment(0);
     for event in LEASE_EVENTS {
         labels
             .counter(LEASE_UNITS_TOTAL, &[("event", event)])
@@ -701,20 +632,21 @@ impl<'a> Calls<'a> {
     /// Records a finished store call started at `timer`.
     #[inline]
     pub(crate) fn store_call(&self, timer: StoreTimer, error: Option<&StoreError>) {
-        if timer.0.is_none() && error.is_none() {
-            // An untimed success records nothing (the hot path of an
-            // in-process store): decided here, without a call.
+        // An untimed success (the hot path of an in-process store) records
+        // nothing: decided here, without a call.
+        if !ENABLED || (timer.0.is_none() && error.is_none()) {
             return;
         }
         if let Some(metrics) = &self.metrics {
-            metrics.store_call_for(self.quota.as_deref(), timer, error);
+            let seconds = timer.0.map(|started| started.elapsed().as_secs_f64());
+            metrics.store_call(self.quota.as_deref(), seconds, error);
         }
     }
 
     /// Records one retried store attempt.
     pub(crate) fn store_retry(&self) {
-        if let Some(metrics) = &self.metrics {
-            metrics.store_retry_for(self.quota.as_deref());
+        if let Some(metrics) = self.metrics.as_ref().filter(|_| ENABLED) {
+            metrics.store_retry(self.quota.as_deref());
         }
     }
 }
