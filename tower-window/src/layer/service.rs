@@ -18,15 +18,11 @@ type Shared<K, C, M> = SlidingWindowLayer<K, C, Arc<M>>;
 
 /// Checks each request against a [`Limiter`] before calling `S`.
 ///
-/// Built by [`SlidingWindowLayer`](crate::SlidingWindowLayer). Cloning is
-/// cheap (the inner service plus one `Arc`), and all clones share the limiter.
+/// Built by [`SlidingWindowLayer`]; clones share the limiter.
 ///
-/// The check starts in `call`. When the limiter decides at once (memory
-/// store, local tier, open breaker), an admitted request goes straight to the
-/// inner service that `poll_ready` readied. When the decision must wait (a
-/// store call over the network), `call` takes the readied inner service along
-/// with the request and leaves a clone of it behind. Either way the request
-/// reaches the inner service only after the limiter admitted it.
+/// The check starts in `call`. A decision made at once sends an admitted
+/// request straight to the inner service `poll_ready` readied; one that must
+/// wait (a store call) takes the readied service along and leaves a clone.
 pub struct SlidingWindow<S, K, C, M> {
     inner: S,
     shared: Arc<Shared<K, C, M>>,
@@ -116,8 +112,6 @@ where
             // Free requests are neither checked nor counted.
             return ResponseFuture::calling(self.inner.call(request), None);
         }
-        // With a registry, the tenant's own policy (one atomic load and a
-        // lookup); without one, the limiter's policy as always.
         let policy = match &shared.tenants {
             None => None,
             Some(registry) => match registry.resolve(key.tenant()) {
@@ -134,12 +128,8 @@ where
                 }
             },
         };
-        // The check starts here: an in-process store, the local tier, an
-        // open breaker or a live lease answers at once, without a future or
-        // a box, and the answer is acted on where it lies (a decision is
-        // large: each move through an intermediate result is a copy). A
-        // check that has to wait owns what it waits with, and the response
-        // future keeps it as it is.
+        // An answer available at once is acted on where it lies, without a
+        // future or a box (each move of a decision is a copy).
         let checked = policy.as_ref().unwrap_or(shared.limiter.policy());
         match shared
             .limiter
@@ -147,12 +137,9 @@ where
             .into_ready()
         {
             Ok(Ok(decision)) if decision.allowed => {
-                // The readied inner service takes the request at once,
-                // without the clone-and-swap and the extra state.
                 let admitted = shared.mode.on_request(&mut request, decision);
                 ResponseFuture::calling(self.inner.call(request), Some(admitted))
             }
-            // The readied inner service stays ready for the next request.
             Ok(other) => ResponseFuture::ready(
                 shared
                     .mode
@@ -174,9 +161,8 @@ where
     }
 }
 
-/// The limiter's answer as the layer acts on it: an admission, or the
-/// rejection to answer with.
-#[allow(clippy::result_large_err)] // both sides are moved once, into the response future
+/// The limiter's answer as an admission or the rejection to answer with.
+#[allow(clippy::result_large_err)] // moved once, into the response future
 pub(super) fn admission(
     result: Result<Decision, LimitError>,
     degraded_status: Status,
@@ -187,8 +173,7 @@ pub(super) fn admission(
     }
 }
 
-/// The rejection for a limiter's answer that is not an admission: a
-/// denial, or an error.
+/// The rejection for a denial or an error.
 pub(super) fn rejection(
     result: Result<Decision, LimitError>,
     degraded_status: Status,

@@ -1,8 +1,5 @@
 //! Recording: each capability instance's handles, and what it records.
-//!
-//! One implementation whatever the features: with the `metrics` feature off
-//! every entry point returns at once ([`ENABLED`] is a
-//! constant `false`, so the compiler drops the rest).
+//! Without the `metrics` feature every entry point returns at once.
 
 use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
@@ -22,9 +19,7 @@ const SOURCES: [DecisionSource; 4] = [
     DecisionSource::Fallback(FallbackReason::Error),
 ];
 const REASONS: [FallbackReason; 5] = FallbackReason::ALL;
-/// The kinds of a failed store call (a call refused by an open
-/// breaker never reached the store: it is a fallback reason, not a
-/// store error).
+/// The kinds of a failed store call (an open breaker calls nothing).
 const KINDS: [StoreErrorKind; 6] = [
     StoreErrorKind::Unavailable,
     StoreErrorKind::Timeout,
@@ -233,8 +228,7 @@ pub(crate) struct Parts {
     pub(crate) local: bool,
 }
 
-/// The metrics of one limiter (or of another capability made from a
-/// store handle, under its own name).
+/// The metrics of one limiter, or of another capability under its name.
 pub(crate) struct LimiterMetrics {
     /// The limiter's own quota: its decisions use the cached handles.
     own: Option<Quota>,
@@ -242,24 +236,20 @@ pub(crate) struct LimiterMetrics {
     tenant_label: bool,
     parts: Parts,
     handles: OnceLock<Handles>,
-    /// `tower_window_lease_units_total{event="spent"}` of the own quota,
-    /// registered on the first leased spend (a spend is a memory-speed
-    /// admission: no registry lookup per spend).
+    /// The own quota's `spent` lease units, looked up once (a spend is a
+    /// memory-speed admission).
     lease_spent: OnceLock<Counter>,
-    /// Counters of the other quotas this limiter decides (the policies
-    /// passed to each check: the Envoy rls's rules, say), registered on
-    /// first use and then found by name without building labels or asking
-    /// the recorder's registry (some 3,000 instructions a decision).
-    /// Bounded; made on first use.
+    /// Counters of the other quotas this limiter decides (policies passed
+    /// to each check), found without building labels or asking the
+    /// recorder's registry.
     others: OnceLock<quick_cache::sync::Cache<OtherKey, Counter>>,
 }
 
-/// How many counters of other quotas a limiter keeps (a few per quota and
-/// label values: ~300 quotas); an evicted one is registered again.
+/// How many counters of other quotas a limiter keeps (~300 quotas).
 const OTHERS: usize = 4_096;
 
 /// A counter of another quota: its name, the series and the values of
-/// its extra labels (at most two; the series names their keys).
+/// its (at most two) extra labels.
 #[derive(Hash, PartialEq, Eq)]
 struct OtherKey {
     quota: Box<str>,
@@ -267,8 +257,8 @@ struct OtherKey {
     values: [&'static str; 2],
 }
 
-/// [`OtherKey`] borrowed, to look one up without allocating; hashes as
-/// it does (same fields, same order).
+/// [`OtherKey`] borrowed, to look one up without allocating (same fields,
+/// same hash).
 #[derive(Hash)]
 struct OtherKeyRef<'a> {
     quota: &'a str,
@@ -292,8 +282,8 @@ impl LimiterMetrics {
         }
     }
 
-    /// The store-call metrics of a capability called `name` (connection
-    /// slots, dedup, events): its calls are labelled `quota = name`.
+    /// The store-call metrics of a capability (`connections`, `dedup`, ...),
+    /// labelled `quota = name`.
     pub(crate) fn named(name: &str) -> Arc<Self> {
         Arc::new(Self::with_name(name))
     }
@@ -322,8 +312,7 @@ impl LimiterMetrics {
 
     /// Whether `quota` is the limiter's own: its handles are cached.
     fn is_own(&self, quota: &Quota) -> bool {
-        // Decisions of the limiter's own policy share its quota's
-        // allocation: no text compared on the hot path.
+        // The own policy's decisions share its quota's allocation.
         self.own
             .as_ref()
             .is_some_and(|own| quota.same_allocation(own))
@@ -454,9 +443,7 @@ impl LimiterMetrics {
         }
     }
 
-    /// Records one breaker's transition into `to`; after it, `worst`
-    /// is the worst state over the store handle's breakers and `open`
-    /// of them are open.
+    /// Records one breaker's transition into `to`, then the state.
     pub(crate) fn breaker_transition(&self, to: BreakerState, worst: BreakerState, open: usize) {
         if !ENABLED {
             return;
@@ -482,9 +469,7 @@ impl LimiterMetrics {
         }
     }
 
-    /// Counts `units` of leases of the limiter's policy for `event`
-    /// (`granted`, `spent`, `refunded`, `expired`); off the hot path of
-    /// a check without leases.
+    /// Counts `units` of leases for `event` (see [`LEASE_UNITS_TOTAL`]).
     pub(crate) fn lease_units(&self, quota: &Quota, event: &'static str, units: u64) {
         if !ENABLED || units == 0 {
             return;
@@ -543,8 +528,8 @@ impl LimiterMetrics {
     }
 }
 
-/// See [`super::register_quota`]: the same label sets the records use
-/// (built by the same handles), each incremented by zero.
+/// See [`super::register_quota`]: the records' own handles, each
+/// incremented by zero.
 pub(crate) fn register_quota(quota: &str) {
     let labels = Labels {
         quota: SharedString::from(String::from(quota)),
@@ -567,21 +552,18 @@ pub(crate) fn register_quota(quota: &str) {
     }
 }
 
-/// Where one store call's metrics go: a limiter's (or a named
-/// capability's) series, under the quota the call is for (`None`: its
-/// own name), or nowhere. Borrowed while a call starts;
-/// [`to_owned`](Self::to_owned) for a guarded future, which owns its share.
+/// Where one store call's metrics go: a limiter's series under the call's
+/// quota (`None`: its own name), or nowhere.
 #[derive(Clone)]
 pub(crate) struct Calls<'a> {
     metrics: Option<Cow<'a, Arc<LimiterMetrics>>>,
     quota: Option<Cow<'a, Quota>>,
-    /// The policy the call is for, named in the failure's log line.
+    /// The policy the call is for, named in a failure's log line.
     policy: Option<Cow<'a, Policy>>,
 }
 
 impl<'a> Calls<'a> {
-    /// Calls recorded in `metrics`, under `quota` (`None`: the
-    /// capability's own name).
+    /// Calls recorded in `metrics`, under `quota`.
     pub(crate) fn to(metrics: &'a Arc<LimiterMetrics>, quota: Option<&'a Quota>) -> Self {
         Self {
             metrics: Some(Cow::Borrowed(metrics)),
@@ -590,7 +572,7 @@ impl<'a> Calls<'a> {
         }
     }
 
-    /// The same calls, for `policy` (named in the log line of a failure).
+    /// The same calls, for `policy`.
     pub(crate) fn for_policy(self, policy: &'a Policy) -> Self {
         Self {
             policy: Some(Cow::Borrowed(policy)),
@@ -619,8 +601,7 @@ impl<'a> Calls<'a> {
         }
     }
 
-    /// What a failed call's log line names: the policy, else the
-    /// capability (`connections`, `dedup`, `events`).
+    /// What a failed call's log line names: the policy, else the capability.
     pub(crate) fn owner(&self) -> &str {
         match (&self.policy, &self.metrics) {
             (Some(policy), _) => policy.name(),
@@ -632,8 +613,7 @@ impl<'a> Calls<'a> {
     /// Records a finished store call started at `timer`.
     #[inline]
     pub(crate) fn store_call(&self, timer: StoreTimer, error: Option<&StoreError>) {
-        // An untimed success (the hot path of an in-process store) records
-        // nothing: decided here, without a call.
+        // An untimed success (an in-process store) records nothing.
         if !ENABLED || (timer.0.is_none() && error.is_none()) {
             return;
         }
@@ -655,9 +635,8 @@ impl<'a> Calls<'a> {
 pub(crate) struct StoreTimer(Option<Instant>);
 
 impl StoreTimer {
-    /// Starts timing a store call, if `timed`. An in-process store
-    /// decides in well under the histogram's smallest bucket; two clock
-    /// readings would cost more than its whole call, so it is not timed.
+    /// Starts timing a store call, if `timed` (not for an in-process store,
+    /// where two clock readings cost more than the call).
     pub(crate) fn start(timed: bool) -> Self {
         Self((timed && ENABLED).then(Instant::now))
     }
