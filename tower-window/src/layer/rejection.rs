@@ -1,4 +1,4 @@
-//! Why the layer did not call the inner service, and how that becomes a response.
+//! Why the layer did not call the inner service.
 
 use std::fmt;
 use std::sync::Arc;
@@ -32,8 +32,7 @@ pub enum Rejection {
         /// The longest key the extractor accepts, in bytes.
         max_len: usize,
     },
-    /// The store could not decide and the limiter's fallback policy denied
-    /// the request; `decision.source` is `Fallback(reason)`.
+    /// The store could not decide and the fallback policy denied the request.
     Degraded {
         /// The fallback policy's denial.
         decision: Decision,

@@ -1,4 +1,4 @@
-//! How the layer talks back: HTTP responses ([`Http`]) or typed errors ([`Typed`]).
+//! How the layer talks back: [`Http`] responses or [`Typed`] errors.
 
 use std::fmt;
 
@@ -135,9 +135,8 @@ where
     }
 }
 
-/// Typed mode, for any `Service<Req>`: a rejection is the service's error.
-///
-/// The error is a [`BoxError`]: the [`Rejection`], or the inner error.
+/// Typed mode, for any `Service<Req>`: the error is a [`BoxError`], the
+/// [`Rejection`] or the inner error.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Typed;
 

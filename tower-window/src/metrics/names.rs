@@ -8,15 +8,14 @@ pub const NEAR_LIMIT_TOTAL: &str = "tower_window_near_limit_total";
 pub const FALLBACK_DECISIONS_TOTAL: &str = "tower_window_fallback_decisions_total";
 /// Admissions made without the store, by `reason`.
 pub const FALLBACK_ADMISSIONS_TOTAL: &str = "tower_window_fallback_admissions_total";
-/// Duration of one decision's store call (retries included), by `outcome`;
-/// not for [`MemoryStore`](crate::MemoryStore), whose calls take well under a bucket.
+/// Duration of one decision's store call (retries included), by `outcome`
+/// (not for [`MemoryStore`](crate::MemoryStore)).
 pub const STORE_CALL_DURATION_SECONDS: &str = "tower_window_store_call_duration_seconds";
 /// Failed store calls by error `kind`.
 pub const STORE_ERRORS_TOTAL: &str = "tower_window_store_errors_total";
 /// Retried store attempts.
 pub const STORE_RETRIES_TOTAL: &str = "tower_window_store_retries_total";
-/// Circuit breaker state: 0 closed, 1 half-open, 2 open; with one breaker
-/// per shard, the worst state over them.
+/// Circuit breaker state: 0 closed, 1 half-open, 2 open (the worst shard's).
 pub const BREAKER_STATE: &str = "tower_window_breaker_state";
 /// Circuit breakers currently open (one per shard of a sharded store).
 pub const BREAKER_OPEN_SHARDS: &str = "tower_window_breaker_open_shards";
@@ -28,8 +27,7 @@ pub const LOCAL_CACHE_ENTRIES: &str = "tower_window_local_cache_entries";
 pub const LOCAL_CACHE_HITS_TOTAL: &str = "tower_window_local_cache_hits_total";
 /// Local-tier lookups that went on to the store.
 pub const LOCAL_CACHE_MISSES_TOTAL: &str = "tower_window_local_cache_misses_total";
-/// Units of quota leases, by `event`: `granted`, `spent`, `refunded`
-/// (given back early), `expired` (unspent at the deadline).
+/// Units of quota leases, by `event` (`granted`, `spent`, `refunded`, `expired`).
 pub const LEASE_UNITS_TOTAL: &str = "tower_window_lease_units_total";
 
 /// Would-be denials of shadow quotas, by `quota`.

@@ -78,22 +78,40 @@ impl Labels {
     }
 }
 
-/// Decision-level series of one (quota, tenant).
-struct DecisionHandles {
-    /// `[allowed][source]`.
-    decisions: [[Counter; 4]; 2],
-    near_limit: Counter,
-    /// `[reason][allowed]`; `None` without a fallback policy.
-    fallback: Option<FallbackHandles>,
-}
-
 struct FallbackHandles {
+    /// `[reason][allowed]`.
     decisions: [[Counter; 2]; 5],
     admissions: [Counter; 5],
 }
 
-impl DecisionHandles {
-    fn new(labels: &Labels, fallback: bool) -> Self {
+struct BreakerHandles {
+    state: Gauge,
+    open_shards: Gauge,
+    transitions: [Counter; 3],
+}
+
+struct LocalHandles {
+    entries: Gauge,
+    hits: Counter,
+    misses: Counter,
+}
+
+/// Every series of one quota's [`Parts`], registered together.
+struct Handles {
+    /// `[allowed][source]`.
+    decisions: [[Counter; 4]; 2],
+    near_limit: Counter,
+    fallback: Option<FallbackHandles>,
+    store_ok: Histogram,
+    store_error: Histogram,
+    store_errors: [Counter; 6],
+    store_retries: Counter,
+    breaker: Option<BreakerHandles>,
+    local: Option<LocalHandles>,
+}
+
+impl Handles {
+    fn new(labels: &Labels, parts: Parts) -> Self {
         let decisions = [false, true].map(|allowed| {
             SOURCES.map(|s| {
                 labels.counter(
@@ -102,7 +120,7 @@ impl DecisionHandles {
                 )
             })
         });
-        let fallback = fallback.then(|| FallbackHandles {
+        let fallback = parts.fallback.then(|| FallbackHandles {
             decisions: REASONS.map(|r| {
                 [false, true].map(|allowed| {
                     labels.counter(
@@ -118,6 +136,22 @@ impl DecisionHandles {
             decisions,
             near_limit: labels.counter(NEAR_LIMIT_TOTAL, &[]),
             fallback,
+            store_ok: labels.histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", "ok")]),
+            store_error: labels.histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", "error")]),
+            store_errors: KINDS
+                .map(|k| labels.counter(STORE_ERRORS_TOTAL, &[("kind", k.as_str())])),
+            store_retries: labels.counter(STORE_RETRIES_TOTAL, &[]),
+            breaker: parts.breaker.then(|| BreakerHandles {
+                state: labels.gauge(BREAKER_STATE),
+                open_shards: labels.gauge(BREAKER_OPEN_SHARDS),
+                transitions: STATES
+                    .map(|s| labels.counter(BREAKER_TRANSITIONS_TOTAL, &[("to", s.as_str())])),
+            }),
+            local: parts.local.then(|| LocalHandles {
+                entries: labels.gauge(LOCAL_CACHE_ENTRIES),
+                hits: labels.counter(LOCAL_CACHE_HITS_TOTAL, &[]),
+                misses: labels.counter(LOCAL_CACHE_MISSES_TOTAL, &[]),
+            }),
         }
     }
 
@@ -137,77 +171,16 @@ impl DecisionHandles {
             }
         }
     }
-}
-
-/// Store-call series of one quota.
-struct StoreHandles {
-    ok: Histogram,
-    error: Histogram,
-    errors: [Counter; 6],
-    retries: Counter,
-}
-
-impl StoreHandles {
-    fn new(labels: &Labels) -> Self {
-        Self {
-            ok: labels.histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", "ok")]),
-            error: labels.histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", "error")]),
-            errors: KINDS.map(|k| labels.counter(STORE_ERRORS_TOTAL, &[("kind", k.as_str())])),
-            retries: labels.counter(STORE_RETRIES_TOTAL, &[]),
-        }
-    }
-}
-
-struct BreakerHandles {
-    state: Gauge,
-    open_shards: Gauge,
-    transitions: [Counter; 3],
-}
-
-struct LocalHandles {
-    entries: Gauge,
-    hits: Counter,
-    misses: Counter,
-}
-
-/// Every series of one quota's [`Parts`], registered together.
-struct Handles {
-    decisions: DecisionHandles,
-    store: StoreHandles,
-    breaker: Option<BreakerHandles>,
-    local: Option<LocalHandles>,
-}
-
-impl Handles {
-    fn new(labels: &Labels, parts: Parts) -> Self {
-        Self {
-            decisions: DecisionHandles::new(labels, parts.fallback),
-            store: StoreHandles::new(labels),
-            breaker: parts.breaker.then(|| BreakerHandles {
-                state: labels.gauge(BREAKER_STATE),
-                open_shards: labels.gauge(BREAKER_OPEN_SHARDS),
-                transitions: STATES
-                    .map(|s| labels.counter(BREAKER_TRANSITIONS_TOTAL, &[("to", s.as_str())])),
-            }),
-            local: parts.local.then(|| LocalHandles {
-                entries: labels.gauge(LOCAL_CACHE_ENTRIES),
-                hits: labels.counter(LOCAL_CACHE_HITS_TOTAL, &[]),
-                misses: labels.counter(LOCAL_CACHE_MISSES_TOTAL, &[]),
-            }),
-        }
-    }
 
     fn counters(&self) -> impl Iterator<Item = &Counter> {
-        let decisions = &self.decisions;
-        let fallback = decisions.fallback.iter();
-        decisions
-            .decisions
+        let fallback = self.fallback.iter();
+        self.decisions
             .iter()
             .flatten()
-            .chain([&decisions.near_limit, &self.store.retries])
+            .chain([&self.near_limit, &self.store_retries])
             .chain(fallback.clone().flat_map(|f| f.decisions.iter().flatten()))
             .chain(fallback.flat_map(|f| f.admissions.iter()))
-            .chain(&self.store.errors)
+            .chain(&self.store_errors)
             .chain(self.breaker.iter().flat_map(|b| b.transitions.iter()))
             .chain(self.local.iter().flat_map(|l| [&l.hits, &l.misses]))
     }
@@ -382,7 +355,7 @@ impl LimiterMetrics {
                 .increment(1);
         }
         if !self.tenant_label && self.is_own(decision.quota()) {
-            self.handles().decisions.record(decision);
+            self.handles().record(decision);
         } else {
             // Make sure the limiter-wide series exist too.
             let _ = self.handles();
@@ -489,7 +462,7 @@ impl LimiterMetrics {
 
     fn store_retry(&self, quota: Option<&Quota>) {
         if quota.is_none_or(|quota| self.is_own(quota)) {
-            self.handles().store.retries.increment(1);
+            self.handles().store_retries.increment(1);
         } else {
             self.labels_for(quota, None)
                 .counter(STORE_RETRIES_TOTAL, &[])
@@ -499,17 +472,16 @@ impl LimiterMetrics {
 
     fn store_call(&self, quota: Option<&Quota>, seconds: Option<f64>, error: Option<&StoreError>) {
         if quota.is_none_or(|quota| self.is_own(quota)) {
-            let store = &self.handles().store;
+            let handles = self.handles();
             if let Some(seconds) = seconds {
-                let histogram = if error.is_some() {
-                    &store.error
-                } else {
-                    &store.ok
+                let histogram = match error {
+                    None => &handles.store_ok,
+                    Some(_) => &handles.store_error,
                 };
                 histogram.record(seconds);
             }
             if let Some(error) = error {
-                store.errors[index_of(&KINDS, &error.kind(), 3)].increment(1);
+                handles.store_errors[index_of(&KINDS, &error.kind(), 3)].increment(1);
             }
         } else {
             let labels = self.labels_for(quota, None);
