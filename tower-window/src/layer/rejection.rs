@@ -147,17 +147,15 @@ impl Rejection {
                     crate::DecisionSource::Fallback(reason) => reason.as_str(),
                     _ => "unknown",
                 };
-                match decision.retry_after {
-                    Some(wait) => format!(
-                        "the rate limiter is degraded ({reason}) and its fallback policy \
-                         denied the request; retry in {} s",
-                        super::ceil_secs(wait).max(1)
-                    ),
-                    None => format!(
-                        "the rate limiter is degraded ({reason}) and its fallback policy \
-                         denied the request; try again later"
-                    ),
-                }
+                let retry = decision
+                    .retry_after
+                    .map_or("try again later".to_owned(), |wait| {
+                        format!("retry in {} s", super::ceil_secs(wait).max(1))
+                    });
+                format!(
+                    "the rate limiter is degraded ({reason}) and its fallback policy \
+                     denied the request; {retry}"
+                )
             }
             Self::Unavailable { .. } => {
                 "the rate limiter could not decide; try again later".to_owned()
