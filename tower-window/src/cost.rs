@@ -3,11 +3,8 @@
 use std::fmt;
 use std::num::NonZeroU32;
 
-/// The units one request consumes in every quota of its policy: at least 1.
-///
-/// A zero cost cannot be represented, so no store, script or algorithm
-/// checks for one: the one check is where a plain number becomes a `Cost`
-/// ([`IntoCost`]), at the API's edge.
+/// The units one request consumes in every quota of its policy: at least 1,
+/// so nothing past the API's edge ([`IntoCost`]) checks for zero.
 ///
 /// ```
 /// use tower_window::Cost;
@@ -98,10 +95,7 @@ impl IntoCost for u32 {
 
 /// A cost per quota: `costs[i]` units in quota `i` of a policy, for
 /// [`Limiter::check_policy_per_quota`](crate::Limiter::check_policy_per_quota).
-///
-/// A list of its own (not a slice) so a check holds it by one thin
-/// reference and stays as small as any other; up to four costs are kept
-/// inline.
+/// Not a slice, so a check holds it by one thin reference.
 ///
 /// ```
 /// use tower_window::{Cost, QuotaCosts};

@@ -15,8 +15,7 @@ pub enum DecisionSource {
     Store,
     /// The node's local tier answered from a remembered denial.
     LocalCache,
-    /// The node admitted from a quota lease it holds: units the store
-    /// granted it earlier, spent without a store call.
+    /// The node admitted from a quota lease it holds, without a store call.
     Lease,
     /// The store could not decide; the fallback policy did.
     Fallback(FallbackReason),
@@ -69,9 +68,7 @@ impl FallbackReason {
         Self::Error,
     ];
 
-    /// Why the fallback answers a store operation that failed with `error`:
-    /// the one mapping from [`StoreErrorKind`](crate::StoreErrorKind)s to
-    /// reasons, for every capability.
+    /// The reason for a store operation that failed with `error`.
     pub fn for_error(error: &crate::StoreError) -> Self {
         use crate::StoreErrorKind as Kind;
         match error.kind() {
@@ -118,14 +115,13 @@ impl QuotaDecision {
         &self.quota
     }
 
-    /// Whether this quota admits the request's cost. The request itself is
-    /// admitted only if every quota of its policy admits it.
+    /// Whether this quota admits the request's cost.
     pub fn allowed(&self) -> bool {
         self.allowed
     }
 
-    /// Units left in this quota's window after the decision (after the
-    /// cost if the whole request was admitted, else before it).
+    /// Units left in this quota's window (after the cost if the request
+    /// was admitted).
     pub fn remaining(&self) -> u32 {
         self.remaining
     }
@@ -168,9 +164,7 @@ impl QuotaDecision {
         }
     }
 
-    /// Whether this is a [shadow](Quota::shadowed) quota's would-be
-    /// denial: the quota does not admit the cost, yet (being a shadow
-    /// quota) it did not deny the request.
+    /// Whether this is a [shadow](Quota::shadowed) quota's would-be denial.
     pub fn is_shadow_denial(&self) -> bool {
         self.quota.is_shadow() && !self.allowed
     }
@@ -180,45 +174,34 @@ impl QuotaDecision {
     /// denials the longer wait (never fitting is the longest); between
     /// admissions the smaller share of the capacity left.
     fn is_tighter_than(&self, other: &Self) -> bool {
-        match (self.quota.is_shadow(), other.quota.is_shadow()) {
-            (false, true) => return true,
-            (true, false) => return false,
-            _ => {}
+        let rank = |q: &Self| (!q.quota.is_shadow(), !q.allowed);
+        if rank(self) != rank(other) {
+            return rank(self) > rank(other);
         }
-        match (self.allowed, other.allowed) {
-            (false, true) => true,
-            (true, false) => false,
-            (false, false) => match (self.retry_after, other.retry_after) {
-                (None, Some(_)) => true,
-                (Some(a), Some(b)) => a > b,
-                _ => false,
-            },
-            (true, true) => {
-                // remaining / capacity, compared without division.
-                let mine = u64::from(self.remaining) * u64::from(other.quota.capacity());
-                let theirs = u64::from(other.remaining) * u64::from(self.quota.capacity());
-                mine < theirs
-            }
+        if !self.allowed {
+            // Never fitting (`None`) is the longest wait.
+            let theirs = other.retry_after;
+            return self.retry_after.map_or(theirs.is_some(), |mine| {
+                theirs.is_some_and(|wait| mine > wait)
+            });
         }
+        // remaining / capacity, compared without division.
+        let mine = u64::from(self.remaining) * u64::from(other.quota.capacity());
+        let theirs = u64::from(other.remaining) * u64::from(self.quota.capacity());
+        mine < theirs
     }
 }
 
 /// Every quota's state, in policy order; one inline for a one-quota policy.
 type QuotaStates = SmallVec<[QuotaDecision; 1]>;
 
-/// The outcome of checking one request against a [`Policy`](crate::Policy)
-/// (one or more quotas, decided together).
+/// The outcome of checking one request against a [`Policy`](crate::Policy).
 ///
-/// The accessors ([`allowed`](Self::allowed), [`remaining`](Self::remaining),
-/// [`reset_after`](Self::reset_after), [`retry_after`](Self::retry_after))
-/// answer for the *deciding* quota: the tightest one
-/// (a denying quota with the longest wait, else the quota with the least
-/// share of its capacity left). [`quotas`](Self::quotas) has every quota's
-/// state, which the `RateLimit-Policy` header lists.
-///
-/// Build one with [`Decision::allow`] or [`Decision::deny`] for one quota,
-/// or [`Decision::from_quotas`] for several (custom stores and fallback
-/// closures do).
+/// The accessors answer for the *deciding* quota, the tightest one (a
+/// denying quota with the longest wait, else the least share of capacity
+/// left); [`quotas`](Self::quotas) has every quota's state. Custom stores
+/// and fallbacks build one with [`allow`](Self::allow), [`deny`](Self::deny)
+/// or [`from_quotas`](Self::from_quotas).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Decision {
@@ -231,9 +214,8 @@ pub struct Decision {
     quotas: QuotaStates,
     /// The deciding quota's index in `quotas` (below `MAX_QUOTAS`).
     decider: u8,
-    /// The policy a [`Limiter`](crate::Limiter) denied against (see
-    /// [`policy_name`](Self::policy_name)); recorded on denials only, so an
-    /// admission pays no reference count for it.
+    /// The policy of a denial (see [`policy_name`](Self::policy_name)); not
+    /// kept for admissions, which then pay no reference count.
     policy: Option<crate::Policy>,
 }
 
@@ -255,15 +237,13 @@ impl Decision {
         Self::single_at(state, 0)
     }
 
-    /// The decision of a one-quota policy, decided at `timestamp_micros`
-    /// (every in-memory check of a one-quota policy builds one).
+    /// The decision of a one-quota policy, decided at `timestamp_micros`.
     #[inline]
     pub(crate) fn single_at(state: QuotaDecision, timestamp_micros: u64) -> Self {
         Self::from_states(QuotaStates::from_buf([state]), 0, timestamp_micros)
     }
 
-    /// The decision of a policy from every quota's state, in policy order:
-    /// admitted if every quota admits, decided by the tightest quota.
+    /// The decision of a policy from every quota's state, in policy order;
     /// `None` for no quotas.
     ///
     /// ```
@@ -333,9 +313,8 @@ impl Decision {
         self.reset_after
     }
 
-    /// For a denial: how long until the same cost could be admitted by
-    /// every quota, or `None` when it never can (cost larger than a limit).
-    /// For an admission: `Some(Duration::ZERO)`.
+    /// For a denial, how long until the cost could be admitted, or `None`
+    /// when it never can; `Some(ZERO)` for an admission.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
@@ -345,20 +324,18 @@ impl Decision {
         self.source
     }
 
-    /// The deciding clock's reading, in microseconds since the Unix epoch
-    /// (the Redis server's `TIME` for `RedisStore`).
+    /// The deciding clock's reading, in microseconds since the Unix epoch.
     pub fn timestamp_micros(&self) -> u64 {
         self.timestamp_micros
     }
 
-    /// The deciding quota: the tightest one of the policy (see the type's
-    /// docs). Its state is also in [`quotas`](Self::quotas).
+    /// The deciding quota (see the type's docs).
     pub fn quota(&self) -> &Quota {
         let decider = &self.quotas[usize::from(self.decider).min(self.quotas.len() - 1)];
         &decider.quota
     }
 
-    /// Every quota's state, in policy order (the deciding one included).
+    /// Every quota's state, in policy order.
     pub fn quotas(&self) -> &[QuotaDecision] {
         &self.quotas
     }
@@ -369,13 +346,9 @@ impl Decision {
         self.quotas.iter().filter(|q| q.is_shadow_denial())
     }
 
-    /// The name of the policy that denied the request, when known: a
-    /// [`Limiter`](crate::Limiter) records it on every denial it returns
-    /// (the policy it checked: its own, or the one given to
-    /// [`check_policy`](crate::Limiter::check_policy), a tenant's say), and
-    /// [`with_policy`](Self::with_policy) sets it. `None` for admissions
-    /// and for decisions built by hand. The deciding quota within that
-    /// policy is [`quota`](Self::quota).
+    /// The name of the policy that denied the request: set on every denial
+    /// a [`Limiter`](crate::Limiter) returns, or by
+    /// [`with_policy`](Self::with_policy); else `None`.
     ///
     /// ```
     /// use tower_window::{Limiter, MemoryStore, Policy, WindowKey};
@@ -394,16 +367,14 @@ impl Decision {
         self.policy.as_ref().map(crate::Policy::name)
     }
 
-    /// Records `policy` as the policy this decision was made against (see
-    /// [`policy_name`](Self::policy_name)).
+    /// Sets the [`policy_name`](Self::policy_name).
     pub fn with_policy(mut self, policy: &crate::Policy) -> Self {
         self.policy = Some(policy.clone());
         self
     }
 
-    /// [`with_policy`](Self::with_policy) for a denial; an admission is
-    /// left as it is (what the limiter's hot path returns).
-    /// In place: the hot path never moves a decision just to look at it.
+    /// [`with_policy`](Self::with_policy) for a denial, in place (the hot
+    /// path never moves a decision just to look at it).
     #[inline]
     pub(crate) fn record_denial_policy(&mut self, policy: &crate::Policy) {
         if !self.allowed {
@@ -417,7 +388,7 @@ impl Decision {
         self
     }
 
-    /// Sets the deciding clock's reading (microseconds since the epoch).
+    /// Sets the [`timestamp_micros`](Self::timestamp_micros).
     pub fn with_timestamp_micros(mut self, micros: u64) -> Self {
         self.timestamp_micros = micros;
         self
@@ -433,8 +404,8 @@ impl Decision {
         matches!(self.source, DecisionSource::Fallback(_))
     }
 
-    /// The same decision reported against `policy`'s quotas (same order and
-    /// names; a fallback decides on scaled copies of them).
+    /// The same decision reported against `policy`'s quotas (a fallback
+    /// decides on scaled copies of them).
     pub(crate) fn reported_as(mut self, policy: &crate::Policy) -> Self {
         for (state, quota) in self.quotas.iter_mut().zip(policy.quotas()) {
             state.quota = quota.clone();
@@ -442,8 +413,8 @@ impl Decision {
         self
     }
 
-    /// Shifts every duration as seen `elapsed` later (for a remembered
-    /// denial answered again), never below zero.
+    /// Every duration as seen `elapsed` later (a remembered denial
+    /// answered again).
     pub(crate) fn aged(mut self, elapsed: Duration, retry_after: Duration) -> Self {
         for q in &mut self.quotas {
             q.reset_after = q.reset_after.saturating_sub(elapsed);

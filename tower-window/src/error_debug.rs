@@ -1,15 +1,9 @@
-//! `Debug` for the crate's public errors: what `?` in `main` prints.
-//!
-//! A `main` returning `Result<(), Box<dyn Error>>` prints its error as
-//! `Error: {:?}`. A derived `Debug` would say `UnknownUnit("x")` where the
-//! `Display` text says what is wrong and what was expected, so every public
-//! error's `Debug` is its variant's name (what to `match` on) and its
-//! `Display` text: `UnknownUnit: unknown duration unit "x": expected ms, s,
-//! m, h or d`.
+//! `Debug` for the crate's public errors, which `?` in `main` prints: the
+//! variant's name and the `Display` text (`UnknownUnit: unknown duration
+//! unit "x": expected ms, s, m, h or d`), not a derived `UnknownUnit("x")`.
 
 /// Implements `Debug` as `<Variant>: <Display>` for an enum (every variant
-/// listed: the match is exhaustive inside the crate, so a new variant
-/// cannot be forgotten), or as `<Type>: <Display>` for a struct.
+/// listed, so none is forgotten), or `<Type>: <Display>` for a struct.
 macro_rules! debug_as_display {
     ($type:ident { $($variant:ident),+ $(,)? }) => {
         impl ::std::fmt::Debug for $type {

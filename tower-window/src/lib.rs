@@ -1,11 +1,9 @@
 //! Distributed sliding-window rate limiting for [Tower] services.
 //!
-//! A [`SlidingWindowLayer`] wraps any service. For each request a
-//! [`KeyExtractor`] names the window (tenant and subject), a [`Limiter`]
-//! checks it against a [`Quota`] in a [`Store`] — the embedded
-//! [`MemoryStore`] for one process, or Redis for a cluster of nodes — and the
-//! request either proceeds with `RateLimit` headers or is answered
-//! `429 Too Many Requests` with `Retry-After`.
+//! A [`SlidingWindowLayer`] wraps any service: a [`KeyExtractor`] names
+//! each request's window, a [`Limiter`] checks it against a [`Quota`] in a
+//! [`Store`] ([`MemoryStore`] in process, or Redis), and the request
+//! proceeds with `RateLimit` headers or gets `429` with `Retry-After`.
 //!
 //! ```
 //! use tower::{ServiceBuilder, ServiceExt};
@@ -27,7 +25,6 @@
 //! ```
 //!
 //! [Tower]: https://docs.rs/tower
-// docs.rs (`--cfg docsrs`, nightly) marks each feature-gated item with its feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
@@ -52,8 +49,7 @@ pub mod tenant;
 
 /// The `bytes` crate this one is built with ([`WindowKey`] parts are `Bytes`).
 pub use bytes;
-/// The `http` crate this one is built with (requests, headers and statuses
-/// in the layer's and the extractors' signatures).
+/// The `http` crate of the layer's and the extractors' signatures.
 #[cfg(feature = "http")]
 pub use http;
 

@@ -1,11 +1,8 @@
 //! How many units a request consumes.
 
-/// The number of quota units a request consumes (its weight).
-///
-/// Closures `Fn(&Req) -> u32` implement it; [`UnitCost`] (every request
-/// costs 1) is the default. A cost of `0` makes the request free: it is
-/// passed to the inner service without being checked or counted, and its
-/// response carries no rate-limit headers.
+/// The quota units a request consumes; closures `Fn(&Req) -> u32`
+/// implement it. A cost of `0` passes the request unchecked, uncounted and
+/// without rate-limit headers.
 pub trait RequestCost<Req>: Send + Sync {
     /// The cost of `request`.
     fn cost(&self, request: &Req) -> u32;

@@ -14,11 +14,8 @@ use super::{Respond, Status};
 use crate::Check;
 
 pin_project! {
-    /// The response future of [`SlidingWindow`](crate::SlidingWindow).
-    ///
-    /// It first awaits the limiter's decision, then (if admitted) calls the
-    /// inner service and awaits its response. `Send` when the inner service,
-    /// its future and the request are.
+    /// The response future of [`SlidingWindow`](crate::SlidingWindow): the
+    /// limiter's decision, then (if admitted) the inner service's response.
     pub struct ResponseFuture<S, Req, M>
     where
         S: Service<Req>,
@@ -36,8 +33,7 @@ pin_project! {
         S: Service<Req>,
         M: Respond<Req, S::Response, S::Error>,
     {
-        // Waiting for the limiter's check (which owns what it waits with);
-        // owns the readied inner service and the request.
+        // Waiting for the check, with the readied inner service and the request.
         Deciding {
             check: Check<'static>,
             degraded_status: Status,
@@ -50,7 +46,7 @@ pin_project! {
             future: S::Future,
             admitted: Option<M::Admitted>,
         },
-        // Answered without the inner service (missing key).
+        // Answered without the inner service.
         Ready {
             output: Option<Result<S::Response, M::Error>>,
         },

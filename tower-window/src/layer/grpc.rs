@@ -11,11 +11,8 @@ use super::headers::{insert_rate_limit_headers, RateLimitHeaders};
 use super::{ceil_secs, Rejection, Respond, Status};
 use crate::Decision;
 
-/// A gRPC status code (`grpc-status`), as the layer answers with it.
-///
-/// The layer's own type, so its signatures name no gRPC framework; it
-/// holds any code (`0..=16` are the defined ones) and converts to the
-/// number with [`as_i32`](Self::as_i32).
+/// A gRPC status code (`grpc-status`): the layer's own type, so its
+/// signatures name no gRPC framework.
 ///
 /// ```
 /// use tower_window::layer::{GrpcCode, Status};
@@ -31,8 +28,7 @@ pub struct GrpcCode(i32);
 impl GrpcCode {
     /// `2 UNKNOWN`: an HTTP status with no closer gRPC code.
     pub const UNKNOWN: Self = Self(2);
-    /// `3 INVALID_ARGUMENT`: a request without a key, or with one too
-    /// long (`400`).
+    /// `3 INVALID_ARGUMENT`: a missing key or one too long (`400`).
     pub const INVALID_ARGUMENT: Self = Self(3);
     /// `5 NOT_FOUND` (`404`).
     pub const NOT_FOUND: Self = Self(5);
@@ -42,8 +38,7 @@ impl GrpcCode {
     pub const RESOURCE_EXHAUSTED: Self = Self(8);
     /// `13 INTERNAL` (`500`).
     pub const INTERNAL: Self = Self(13);
-    /// `14 UNAVAILABLE`: a degraded denial or a limiter that could not
-    /// decide (`503`).
+    /// `14 UNAVAILABLE`: degraded or undecided (`503`).
     pub const UNAVAILABLE: Self = Self(14);
     /// `16 UNAUTHENTICATED` (`401`).
     pub const UNAUTHENTICATED: Self = Self(16);
@@ -60,11 +55,8 @@ impl GrpcCode {
         self.0
     }
 
-    /// The gRPC code closest to an HTTP status, for the statuses a
-    /// [`Rejection`] carries: `400` `INVALID_ARGUMENT`, `401`
-    /// `UNAUTHENTICATED`, `403` `PERMISSION_DENIED`, `404` `NOT_FOUND`, `429`
-    /// `RESOURCE_EXHAUSTED`, `500` `INTERNAL`, `503` `UNAVAILABLE`, anything
-    /// else `UNKNOWN`.
+    /// The gRPC code closest to an HTTP status (the constants above;
+    /// anything else `UNKNOWN`).
     #[must_use]
     pub fn for_http_status(status: Status) -> Self {
         match status.as_u16() {
@@ -125,15 +117,9 @@ impl PartialEq<i32> for GrpcCode {
 }
 
 impl Rejection {
-    /// The gRPC status code of this rejection, as [`Grpc`] mode answers it:
-    /// `RESOURCE_EXHAUSTED` for an exhausted quota; the code of the
-    /// rejection's HTTP [`status`](Self::status) otherwise (see
-    /// [`GrpcCode::for_http_status`]): a degraded denial `UNAVAILABLE` (or
-    /// `RESOURCE_EXHAUSTED` with a `429` degraded status), a missing key
-    /// `INVALID_ARGUMENT` (`UNAUTHENTICATED` for a `401` one), a key too
-    /// long `INVALID_ARGUMENT` (with its own `grpc-message`), an unknown
-    /// tenant `PERMISSION_DENIED`, a limiter that could not decide
-    /// `UNAVAILABLE`.
+    /// The gRPC status code [`Grpc`] mode answers with: `RESOURCE_EXHAUSTED`
+    /// for an exhausted quota, else [`GrpcCode::for_http_status`] of the
+    /// [`status`](Self::status).
     pub fn grpc_code(&self) -> GrpcCode {
         match self {
             Self::RateLimited(_) => GrpcCode::RESOURCE_EXHAUSTED,
@@ -142,34 +128,18 @@ impl Rejection {
     }
 }
 
-/// gRPC mode, for tonic (or any gRPC-over-HTTP/2) services: decisions
-/// become response metadata, rejections gRPC statuses.
+/// gRPC mode ([`SlidingWindowLayer::grpc`](crate::SlidingWindowLayer::grpc)),
+/// for tonic services.
 ///
-/// Switch to it with [`SlidingWindowLayer::grpc`](crate::SlidingWindowLayer::grpc).
-/// It wraps the same `Service<http::Request<B>>` a tonic server routes to
-/// (`tonic::transport::Server::builder().layer(...)`), and its answers are
-/// what a gRPC client reads as a status:
-///
-/// - An admitted request gets its [`Decision`] in its extensions (tonic
-///   hands them to the handler: `request.extensions().get::<Decision>()`),
-///   and the response's metadata gets the `RateLimit` and
-///   `RateLimit-Policy` headers of HTTP mode (shadow quotas only in
-///   `RateLimit-Policy`; see
-///   [`insert_rate_limit_headers`]).
-/// - A rejection is a *trailers-only* response: HTTP `200`, `content-type:
-///   application/grpc`, an empty body, and in its one header block
-///   `grpc-status` ([`Rejection::grpc_code`]: `8 RESOURCE_EXHAUSTED` for an
-///   exhausted quota, `14 UNAVAILABLE` for a degraded denial, `3
-///   INVALID_ARGUMENT` for a missing key or one too long), `grpc-message` (the rejection's
-///   [`detail`](Rejection::detail), percent-encoded), the `RateLimit`
-///   metadata of its decision, and — when the request can be retried —
-///   `grpc-status-details-bin`: a `google.rpc.Status` whose details hold a
-///   `google.rpc.RetryInfo` (`type.googleapis.com/google.rpc.RetryInfo`).
-///   Its `retry_delay` is the wait in whole seconds rounded up, never `0`
-///   (the number HTTP mode sends as `Retry-After`). A cost that can never
-///   fit has no `RetryInfo`. The [`Rejection`] is in the response's
-///   extensions.
-/// - Errors of the inner service pass through unchanged.
+/// - Admitted: the [`Decision`] goes into the request's extensions and the
+///   `RateLimit` headers into the response metadata, as in HTTP mode.
+/// - Rejected: a *trailers-only* response (HTTP `200`, `application/grpc`,
+///   empty body) with `grpc-status` ([`Rejection::grpc_code`]),
+///   `grpc-message` ([`Rejection::detail`]), the `RateLimit` metadata and,
+///   when a retry can succeed, `grpc-status-details-bin` holding a
+///   `google.rpc.RetryInfo` whose `retry_delay` is `Retry-After`'s number.
+///   The [`Rejection`] is in the response's extensions.
+/// - Inner errors pass through unchanged.
 ///
 /// ```
 /// use std::convert::Infallible;
@@ -206,7 +176,7 @@ impl Rejection {
 /// # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
 /// # }).unwrap();
 /// ```
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct Grpc {
     decision_extension: bool,
@@ -226,24 +196,13 @@ impl Grpc {
         }
     }
 
-    /// Whether an admitted request carries its [`Decision`] in its
-    /// extensions (on by default); see
-    /// [`Http::decision_extension`](super::Http::decision_extension).
+    /// See [`Http::decision_extension`](super::Http::decision_extension).
     pub fn decision_extension(mut self, enabled: bool) -> Self {
         self.decision_extension = enabled;
         self
     }
 }
 
-impl fmt::Debug for Grpc {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Grpc")
-            .field("decision_extension", &self.decision_extension)
-            .finish()
-    }
-}
-
-/// `application/grpc`: what a trailers-only response declares.
 const APPLICATION_GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
 /// `grpc-status`, set alone when the full status cannot be written.
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -284,29 +243,21 @@ where
     }
 }
 
-/// The `retry_delay` of a wait: whole seconds rounded up, at least one (a
-/// client told to wait 0 would retry at once and be denied again).
-pub(crate) fn retry_delay(wait: Duration) -> Duration {
-    Duration::from_secs(ceil_secs(wait).max(1))
-}
-
-/// Writes `grpc-status`, `grpc-message` and (for a retryable denial)
-/// `grpc-status-details-bin` for `rejection`.
 fn insert_grpc_status(headers: &mut HeaderMap, rejection: &Rejection) {
     let code = rejection.grpc_code();
     let tonic_code = tonic::Code::from_i32(code.as_i32());
     let message = rejection.detail();
     let status = match rejection.decision().and_then(|d| d.retry_after) {
-        Some(wait) => tonic::Status::with_error_details(
-            tonic_code,
-            message,
-            ErrorDetails::with_retry_info(Some(retry_delay(wait))),
-        ),
+        Some(wait) => {
+            // `Retry-After`'s number: never 0, or the client retries at once.
+            let delay = Duration::from_secs(ceil_secs(wait).max(1));
+            let details = ErrorDetails::with_retry_info(Some(delay));
+            tonic::Status::with_error_details(tonic_code, message, details)
+        }
         None => tonic::Status::new(tonic_code, message),
     };
     if status.add_header(headers).is_err() {
-        // Unreachable with the layer's messages (percent-encoded) and
-        // base64 details; never a response without a status.
+        // Unreachable (encoded message and details); never omit the status.
         headers.insert(GRPC_STATUS, HeaderValue::from(code.as_i32()));
     }
 }

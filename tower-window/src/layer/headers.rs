@@ -9,17 +9,9 @@
 //! ```
 //!
 //! where `q` is the quota's capacity, `w` its window, `r` the units left and
-//! `t` the seconds until the window is full again. Seconds are rounded up.
-//!
-//! `t` and a denial's `Retry-After` answer two questions. `t` is when the
-//! window is full again: when every unit it counts has stopped counting.
-//! `Retry-After` is when the denied request would fit: when enough of the
-//! oldest units have stopped counting. On a sliding window they differ: a
-//! `100/1m` quota spent by requests spread over the last minute, the first
-//! of them 2 s ago, answers the 101st with `Retry-After: 58` (the first
-//! request stops counting in 58 s, and one unit is all it needs) and
-//! `t=60` (the latest stops counting in 60 s). axum-window-ext's
-//! problem+json body says the same as `retry_after` and `reset_after`.
+//! `t` the seconds (rounded up) until every counted unit has stopped
+//! counting. A denial's `Retry-After` is sooner: when enough of the oldest
+//! units have stopped counting for the request to fit.
 //!
 //! ```
 //! use std::time::Duration;
@@ -55,40 +47,25 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use super::ceil_secs;
 use crate::{Decision, Quota};
 
-/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers).
 pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// Legacy `X-RateLimit-Limit`.
 pub(crate) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-/// Legacy `X-RateLimit-Remaining`.
 pub(crate) const X_RATELIMIT_REMAINING: HeaderName =
     HeaderName::from_static("x-ratelimit-remaining");
-/// Legacy `X-RateLimit-Reset`.
 pub(crate) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// Adds the `RateLimit` and `RateLimit-Policy` headers for `decision` to
-/// `headers`, and with `legacy` also `X-RateLimit-Limit`, `X-RateLimit-Remaining`
-/// and `X-RateLimit-Reset` (seconds until reset, rounded up).
+/// Adds `RateLimit` and `RateLimit-Policy` for `decision` to `headers`,
+/// and with `legacy` also `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
 ///
-/// `RateLimit-Policy` lists every quota of the decision's policy;
-/// `RateLimit` (and the legacy headers) describe the deciding quota, the
-/// tightest enforced one. Both are appended, so nested limiters each contribute
-/// their own list members; the legacy headers are replaced. `Retry-After`
-/// is not added here (see [`insert_retry_after`]).
+/// `RateLimit-Policy` lists every quota of the policy; `RateLimit` (and the
+/// legacy headers) the tightest enforced one, so a policy of
+/// [shadow](crate::Quota::shadowed) quotas only sends no `RateLimit`. Both
+/// are appended (nested limiters each add their members); the legacy
+/// headers are replaced.
 ///
-/// Each policy item states the quota's sustained rate as `q` units per `w`
-/// whole seconds: a window that is not a whole number of seconds is scaled
-/// to the shortest whole-second span holding whole windows (`250/500ms`
-/// is `q=500;w=1`), and a GCRA quota adds its burst as `burst` when it
-/// differs from the limit (`10/s gcra(burst=20)` is `q=10;w=1;burst=20`).
-/// A [shadow](crate::Quota::shadowed) quota adds the boolean parameter
-/// `shadow` (`"trial";q=5;w=60;shadow`): it is counted, never enforced,
-/// and never described by `RateLimit`: that header (and the legacy ones)
-/// names the tightest *enforced* quota, and a policy whose quotas are all
-/// shadow sends no `RateLimit` (nor `X-RateLimit-*`) header at all, only
-/// its `RateLimit-Policy`: nothing is enforced, so there is no limit a
-/// client should back off from.
+/// A policy item states the sustained rate as `q` units per `w` whole
+/// seconds (`250/500ms` is `q=500;w=1`), plus a GCRA burst other than the
+/// limit (`burst=20`) and `shadow` for a shadow quota.
 ///
 /// ```
 /// use std::time::Duration;
@@ -106,21 +83,16 @@ pub fn insert_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision, l
     RateLimitHeaders::new(decision, legacy).append_to(headers);
 }
 
-/// The rate-limit headers of one decision, built when it is made, added to
-/// the response later (see [`insert_rate_limit_headers`] for what they
-/// hold). The HTTP layer builds them before the request moves on, so the
-/// [`Decision`] itself can move into the request's extensions.
+/// The headers of [`insert_rate_limit_headers`], built from a decision
+/// that then moves on (into the request's extensions), added later.
 #[derive(Debug, Clone)]
 pub struct RateLimitHeaders {
     policy: Option<HeaderValue>,
     state: Option<HeaderValue>,
-    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`, as numbers until they
-    /// are appended: this value travels in the response future, and three
-    /// header values would more than double its size.
+    /// Numbers, not header values: this travels in the response future.
     legacy: Option<Legacy>,
 }
 
-/// The legacy headers' numbers.
 #[derive(Debug, Clone, Copy)]
 struct Legacy {
     limit: u32,
@@ -132,14 +104,12 @@ impl RateLimitHeaders {
     /// The headers of `decision`; with `legacy`, the `X-RateLimit-*` ones too.
     pub fn new(decision: &Decision, legacy: bool) -> Self {
         let reset = ceil_secs(decision.reset_after);
-        // The deciding quota is a shadow one only when every quota of the
-        // policy is: then nothing is enforced and there is no limit to
+        // The deciding quota is a shadow one only when all are: nothing to
         // advertise (a client honouring `r=0` would back off for nothing).
         let enforced = !decision.quota().is_shadow();
         let remaining = u64::from(decision.remaining);
         let (policy, state) = match decision.quotas() {
-            // One quota: its cached policy member and `RateLimit` prefix,
-            // found with one look-up.
+            // One quota: one cache look-up.
             [only] => with_cached(&only.quota, |cached| {
                 let state = enforced.then(|| cached.state(remaining, reset)).flatten();
                 (cached.policy.clone(), state)
@@ -167,9 +137,7 @@ impl RateLimitHeaders {
         }
     }
 
-    /// Adds them to `headers`: `RateLimit-Policy` and `RateLimit` are
-    /// appended (nested limiters each contribute their members), the legacy
-    /// headers replaced.
+    /// Adds them to `headers` (see [`insert_rate_limit_headers`]).
     pub fn append_to(self, headers: &mut HeaderMap) {
         if let Some(policy) = self.policy {
             headers.append(RATELIMIT_POLICY, policy);
@@ -215,8 +183,7 @@ fn lcm(a: u64, b: u64) -> u64 {
 const POLICY_CACHE: usize = crate::quota::MAX_QUOTAS;
 
 /// What the headers of every decision of one quota share, built once per
-/// thread and quota (a limiter has one policy of a few quotas, so in
-/// practice once per thread and quota) and reused after that.
+/// thread and quota.
 struct Cached {
     /// The quota's id (name and definition).
     id: Arc<str>,
@@ -244,52 +211,29 @@ impl Cached {
         }
     }
 
-    /// The quota's `RateLimit` member: `"<name>";r=<remaining>;t=<reset>`.
-    ///
-    /// Written from the cached prefix with plain copies into a stack
-    /// buffer, then copied once into an exactly sized `Bytes` (this value
-    /// is built for every admitted request).
+    /// The quota's `RateLimit` member: `"<name>";r=<remaining>;t=<reset>`,
+    /// built for every admitted request with one exactly sized allocation.
     fn state(&self, remaining: u64, reset: u64) -> Option<HeaderValue> {
         if self.state_prefix.is_empty() {
             return None;
         }
-        let prefix = self.state_prefix.len();
-        let needed = prefix + 3 + 2 * MAX_U64_DIGITS;
-        let mut stack = [0u8; STATE_ON_STACK];
-        let mut heap = Vec::new();
-        let buf: &mut [u8] = if needed <= STATE_ON_STACK {
-            &mut stack
-        } else {
-            // Longer than any valid quota's name allows.
-            heap.resize(needed, 0);
-            &mut heap
-        };
-        let mut numbers = itoa::Buffer::new();
-        buf.get_mut(..prefix)?.copy_from_slice(&self.state_prefix);
-        let digits = numbers.format(remaining).as_bytes();
-        let mut at = prefix + digits.len();
-        buf.get_mut(prefix..at)?.copy_from_slice(digits);
-        buf.get_mut(at..at + 3)?.copy_from_slice(b";t=");
-        at += 3;
-        let digits = numbers.format(reset).as_bytes();
-        let end = at + digits.len();
-        buf.get_mut(at..end)?.copy_from_slice(digits);
-        HeaderValue::from_maybe_shared(Bytes::copy_from_slice(buf.get(..end)?)).ok()
+        let (mut remaining_digits, mut reset_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let parts: [&[u8]; 4] = [
+            &self.state_prefix,
+            remaining_digits.format(remaining).as_bytes(),
+            b";t=",
+            reset_digits.format(reset).as_bytes(),
+        ];
+        HeaderValue::from_maybe_shared(Bytes::from(parts.concat())).ok()
     }
 }
 
-/// The longest `RateLimit` member: a 64-byte name, its quotes and `;r=`,
-/// two 20-digit numbers and `;t=`.
-const STATE_ON_STACK: usize = 2 + 64 + 3 + MAX_U64_DIGITS + 3 + MAX_U64_DIGITS;
-
 thread_local! {
-    /// The header parts last built on this thread, by quota id, the newest
-    /// last.
+    /// The header parts last built on this thread, the newest last.
     static LAST_QUOTAS: RefCell<Vec<Cached>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Calls `f` with `quota`'s cached header parts (built on the first call
-/// for the quota on this thread).
+/// Calls `f` with `quota`'s cached header parts.
 fn with_cached<T>(quota: &Quota, f: impl FnOnce(&Cached) -> T) -> T {
     LAST_QUOTAS.with(|last| {
         let mut last = last.borrow_mut();
@@ -313,43 +257,31 @@ fn with_cached<T>(quota: &Quota, f: impl FnOnce(&Cached) -> T) -> T {
 /// The `RateLimit-Policy` member of `quota` (see [`Cached`]).
 fn policy_item(quota: &Quota) -> Option<HeaderValue> {
     let (q, w) = sustained_rate(quota);
-    let burst = match (quota.algorithm(), quota.burst()) {
-        (crate::Algorithm::Gcra, Some(burst)) if burst != quota.limit() => Some(burst),
-        _ => None,
-    };
-    let value = match burst {
-        Some(burst) => item(
+    let mut value = match (quota.algorithm(), quota.burst()) {
+        (crate::Algorithm::Gcra, Some(burst)) if burst != quota.limit() => item(
             quota.name(),
             &[(b"q", q), (b"w", w), (b"burst", u64::from(burst))],
         ),
-        None => item(quota.name(), &[(b"q", q), (b"w", w)]),
+        _ => item(quota.name(), &[(b"q", q), (b"w", w)]),
     }?;
     if quota.is_shadow() {
         // A boolean parameter: checked and reported, never enforced.
-        let mut bytes = value.as_bytes().to_vec();
-        bytes.extend_from_slice(b";shadow");
-        HeaderValue::from_bytes(&bytes).ok()
-    } else {
-        Some(value)
+        value.extend_from_slice(b";shadow");
     }
+    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
 }
 
 /// `a, b, c`: one structured-field list of the given members.
 fn join_list(items: &[HeaderValue]) -> Option<HeaderValue> {
-    let mut buf = Vec::with_capacity(items.iter().map(|i| i.len() + 2).sum());
-    for (i, value) in items.iter().enumerate() {
-        if i > 0 {
-            buf.extend_from_slice(b", ");
-        }
-        buf.extend_from_slice(value.as_bytes());
-    }
-    (!buf.is_empty())
-        .then(|| HeaderValue::from_maybe_shared(Bytes::from(buf)).ok())
-        .flatten()
+    let items: Vec<&[u8]> = items.iter().map(HeaderValue::as_bytes).collect();
+    let list = Bytes::from(items.join(&b", "[..]));
+    HeaderValue::from_maybe_shared(list)
+        .ok()
+        .filter(|list| !list.is_empty())
 }
 
 /// Sets `Retry-After` to `wait` in whole seconds, rounded up and at least 1
-/// (a client told to wait 0 seconds would retry at once and be denied again).
+/// (told 0, a client would retry at once).
 pub fn insert_retry_after(headers: &mut HeaderMap, wait: Duration) {
     headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(wait).max(1)));
 }
@@ -358,63 +290,26 @@ pub fn insert_retry_after(headers: &mut HeaderMap, wait: Duration) {
 ///
 /// Quota names are `[A-Za-z0-9_.-]`, so they need no escaping; anything else
 /// (impossible for a valid quota) is skipped rather than sent malformed.
-fn item(name: &str, params: &[(&[u8], u64)]) -> Option<HeaderValue> {
+fn item(name: &str, params: &[(&[u8], u64)]) -> Option<Vec<u8>> {
     if !valid_name(name) {
         return None;
     }
-    // Written into a stack buffer with plain copies (a `SmallVec` push
-    // checks its capacity and where it lives on every byte or slice: this
-    // item is built for every admitted request), then copied once into an
-    // exactly sized `Bytes`. Longer items (very long quota names) take a `Vec`.
     let mut numbers = itoa::Buffer::new();
-    let mut stack = [0u8; ITEM_ON_STACK];
-    let mut heap = Vec::new();
-    let len = 2
-        + name.len()
-        + params
-            .iter()
-            .map(|(key, _)| key.len() + 2 + MAX_U64_DIGITS)
-            .sum::<usize>();
-    let buf: &mut [u8] = if len <= ITEM_ON_STACK {
-        &mut stack
-    } else {
-        heap.resize(len, 0);
-        &mut heap
-    };
-    let mut at = 0;
-    let mut put = |bytes: &[u8]| {
-        let end = at + bytes.len();
-        if let Some(to) = buf.get_mut(at..end) {
-            to.copy_from_slice(bytes);
-        }
-        at = end;
-    };
-    put(b"\"");
-    put(name.as_bytes());
-    put(b"\"");
-    for &(key, value) in params {
-        put(b";");
-        put(key);
-        put(b"=");
-        put(numbers.format(value).as_bytes());
+    let mut value = [b"\"", name.as_bytes(), b"\""].concat();
+    for &(key, number) in params {
+        value.push(b';');
+        value.extend_from_slice(key);
+        value.push(b'=');
+        value.extend_from_slice(numbers.format(number).as_bytes());
     }
-    let written = buf.get(..at)?;
-    HeaderValue::from_maybe_shared(Bytes::copy_from_slice(written)).ok()
+    Some(value)
 }
 
-/// Whether `name` can be sent unescaped: `[A-Za-z0-9_.-]`, as every
-/// valid quota's name is.
+/// Whether `name` can be sent unescaped: `[A-Za-z0-9_.-]`.
 fn valid_name(name: &str) -> bool {
     name.bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
-
-/// The digits of the largest `u64`.
-const MAX_U64_DIGITS: usize = 20;
-
-/// The longest item [`item`] writes on the stack: a quota name of up to 50
-/// bytes with two parameters, or 30 with three.
-const ITEM_ON_STACK: usize = 104;
 
 #[cfg(test)]
 mod tests {

@@ -5,20 +5,17 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::service::{Shared, SlidingWindow};
+use super::service::SlidingWindow;
 use super::{Http, Status, Typed, UnitCost};
 use crate::tenant::TenantRegistry;
 use crate::Limiter;
 
-/// What to do with a request from which the key extractor gets no key.
-///
-/// A key longer than the extractor accepts is not a missing one: it is
-/// always answered `400` ([`Rejection::KeyTooLong`](super::Rejection::KeyTooLong)),
-/// even with [`Skip`](Self::Skip).
+/// What to do with a request from which the key extractor gets no key (a
+/// key too long is always [`Rejection::KeyTooLong`](super::Rejection::KeyTooLong)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// Answer with this status (the default: `400 Bad Request`), as a
+    /// Answer with this status (default `400`), as a
     /// [`Rejection::MissingKey`](super::Rejection::MissingKey).
     Reject(Status),
     /// Let the request through unlimited and without rate-limit headers.
@@ -33,24 +30,14 @@ impl Default for MissingKey {
 
 /// Applies a [`Limiter`] to every request of a service.
 ///
-/// - `K` is the [`KeyExtractor`](crate::KeyExtractor) naming each request's window;
-/// - `C` the [`RequestCost`](super::RequestCost) (default [`UnitCost`]);
-/// - `M` the mode: [`Http`] (default; 429 responses and `RateLimit`
-///   headers), [`Typed`] (rejections as errors, for non-HTTP services) or,
-///   with the `grpc` feature, `Grpc` (gRPC statuses, for tonic services).
+/// `K` is the [`KeyExtractor`](crate::KeyExtractor), `C` the
+/// [`RequestCost`](super::RequestCost), `M` the mode ([`Http`], [`Typed`] or
+/// `Grpc`). Every service built, and every clone, shares the one `Limiter`;
+/// `K` and `C` are shared behind an `Arc` and need not be `Clone`.
 ///
-/// Every service this layer builds, and every clone of those, shares the one
-/// `Limiter`, so a service cloned per connection or per request (as axum
-/// does) still limits together. The key extractor, cost function and mode are
-/// shared behind one `Arc` too and need not be `Clone`.
-///
-/// Nested layers decide one after the other, outer first: a request that an
-/// inner layer denies has already consumed a unit of every outer layer's
-/// quota (an outer denial never reaches the inner layers). For
-/// all-or-nothing limits, use one layer whose [`Policy`](crate::Policy)
-/// holds every quota: a denial then consumes nothing in any of them.
-///
-/// See the [module docs](crate::layer) for examples.
+/// Nested layers decide outer first, so an inner denial has already
+/// consumed the outer quotas; for all-or-nothing limits use one layer whose
+/// [`Policy`](crate::Policy) holds every quota. Examples: [module docs](crate::layer).
 pub struct SlidingWindowLayer<K, C = UnitCost, M = Http> {
     pub(super) limiter: Limiter,
     pub(super) key: Arc<K>,
@@ -62,8 +49,8 @@ pub struct SlidingWindowLayer<K, C = UnitCost, M = Http> {
 }
 
 impl<K> SlidingWindowLayer<K> {
-    /// A layer checking every request against `limiter`, keyed by `key`, each
-    /// request costing one unit, answering over HTTP.
+    /// A layer checking every request against `limiter`, keyed by `key`,
+    /// each request costing one unit, answering over HTTP.
     pub fn new(limiter: Limiter, key: K) -> Self {
         Self {
             limiter,
@@ -78,18 +65,10 @@ impl<K> SlidingWindowLayer<K> {
 }
 
 impl<K, C, M> SlidingWindowLayer<K, C, M> {
-    /// Weighs each request with `cost` (a [`RequestCost`](super::RequestCost),
-    /// e.g. a closure `Fn(&Req) -> u32`) instead of the current cost function.
+    /// Weighs each request with `cost`, a [`RequestCost`](super::RequestCost)
+    /// such as a closure `Fn(&Req) -> u32`.
     pub fn cost<C2>(self, cost: C2) -> SlidingWindowLayer<K, C2, M> {
-        SlidingWindowLayer {
-            limiter: self.limiter,
-            key: self.key,
-            cost: Arc::new(cost),
-            missing_key: self.missing_key,
-            degraded_status: self.degraded_status,
-            mode: self.mode,
-            tenants: self.tenants,
-        }
+        self.map(|_| Arc::new(cost), |mode| mode)
     }
 
     /// What to do when a request has no key (default: reject with 400).
@@ -98,26 +77,19 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
         self
     }
 
-    /// The status of a degraded denial: one the limiter's
-    /// [`FallbackPolicy`](crate::FallbackPolicy) made because the store
-    /// could not decide (default `503 Service Unavailable`; `429 Too Many
-    /// Requests` makes an outage look like rate limiting to clients), as a
-    /// [`Rejection::Degraded`](super::Rejection::Degraded).
+    /// The status of a [`Rejection::Degraded`](super::Rejection::Degraded)
+    /// (default `503`; `429` makes an outage look like rate limiting).
     pub fn degraded_status(mut self, status: impl Into<Status>) -> Self {
         self.degraded_status = status.into();
         self
     }
 
-    /// Switches to [`Typed`] mode, for any `Service<Req>`: rejections become
-    /// errors (a boxed [`Rejection`](super::Rejection)).
+    /// Switches to [`Typed`] mode, for any `Service<Req>`.
     pub fn typed_errors(self) -> SlidingWindowLayer<K, C, Typed> {
         self.mode(Typed)
     }
 
-    /// Switches to [`Grpc`](super::Grpc) mode, for tonic services:
-    /// rejections become gRPC statuses (`RESOURCE_EXHAUSTED` with
-    /// `google.rpc.RetryInfo`, `UNAVAILABLE`, `INVALID_ARGUMENT`) in the
-    /// trailers-only form, decisions `RateLimit` metadata.
+    /// Switches to [`Grpc`](super::Grpc) mode, for tonic services.
     #[cfg(feature = "grpc")]
     pub fn grpc(self) -> SlidingWindowLayer<K, C, super::Grpc> {
         self.mode(super::Grpc::new())
@@ -125,25 +97,29 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
 
     /// Switches to another mode (a custom [`Respond`](super::Respond)).
     pub fn mode<M2>(self, mode: M2) -> SlidingWindowLayer<K, C, M2> {
+        self.map(|cost| cost, |_| mode)
+    }
+
+    fn map<C2, M2>(
+        self,
+        cost: impl FnOnce(Arc<C>) -> Arc<C2>,
+        mode: impl FnOnce(M) -> M2,
+    ) -> SlidingWindowLayer<K, C2, M2> {
         SlidingWindowLayer {
             limiter: self.limiter,
             key: self.key,
-            cost: self.cost,
+            cost: cost(self.cost),
             missing_key: self.missing_key,
             degraded_status: self.degraded_status,
-            mode,
+            mode: mode(self.mode),
             tenants: self.tenants,
         }
     }
 
-    /// Resolves each request's tenant (the key's tenant) in `registry`
-    /// and checks the request against that tenant's policy instead of the
-    /// limiter's own: an [unlimited](crate::tenant::TenantSpec::unlimited)
-    /// tenant passes without reaching the store (and without rate-limit
-    /// headers), an unknown one is rejected with
-    /// [`Rejection::UnknownTenant`](super::Rejection::UnknownTenant)
-    /// (`403`). Without a registry (the default) every request is checked
-    /// against the limiter's policy, exactly as before.
+    /// Checks each request against its key's tenant's policy in `registry`
+    /// instead of the limiter's: an [unlimited](crate::tenant::TenantSpec::unlimited)
+    /// tenant passes unchecked and without headers, an unknown one is
+    /// [`Rejection::UnknownTenant`](super::Rejection::UnknownTenant) (`403`).
     ///
     /// ```
     /// use tower::{ServiceBuilder, ServiceExt};
@@ -200,15 +176,7 @@ impl<K, C, R> SlidingWindowLayer<K, C, Http<R>> {
     /// Builds rejection responses (status and body) with `rejection`, an
     /// [`OnRejection`](super::OnRejection) for the service's response body.
     pub fn rejection<R2>(self, rejection: R2) -> SlidingWindowLayer<K, C, Http<R2>> {
-        SlidingWindowLayer {
-            limiter: self.limiter,
-            key: self.key,
-            cost: self.cost,
-            missing_key: self.missing_key,
-            degraded_status: self.degraded_status,
-            mode: self.mode.rejection(rejection),
-            tenants: self.tenants,
-        }
+        self.map(|cost| cost, |mode| mode.rejection(rejection))
     }
 }
 
@@ -253,17 +221,6 @@ impl<S, K, C, M: Clone> Layer<S> for SlidingWindowLayer<K, C, M> {
     type Service = SlidingWindow<S, K, C, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        SlidingWindow::new(
-            inner,
-            Arc::new(Shared {
-                limiter: self.limiter.clone(),
-                key: Arc::clone(&self.key),
-                cost: Arc::clone(&self.cost),
-                missing_key: self.missing_key,
-                degraded_status: self.degraded_status,
-                mode: Arc::new(self.mode.clone()),
-                tenants: self.tenants.clone(),
-            }),
-        )
+        SlidingWindow::new(inner, Arc::new(self.clone().map(|cost| cost, Arc::new)))
     }
 }

@@ -1,35 +1,23 @@
 //! The Tower middleware: [`SlidingWindowLayer`] and [`SlidingWindow`].
 //!
-//! For each request the layer asks its [`KeyExtractor`](crate::KeyExtractor)
-//! for a key, weighs the request with a [`RequestCost`], and checks it
-//! against the [`Limiter`](crate::Limiter). Only an admitted request reaches
-//! the inner service.
+//! For each request the layer extracts a key, weighs the request with a
+//! [`RequestCost`] and checks it against the [`Limiter`](crate::Limiter);
+//! only an admitted request reaches the inner service.
 //!
 //! # HTTP (the default mode, [`Http`])
 //!
-//! - Admitted: the [`Decision`](crate::Decision) is in the request's
-//!   extensions for handlers, and the response carries `RateLimit` and
-//!   `RateLimit-Policy` headers (draft-ietf-httpapi-ratelimit-headers;
-//!   legacy `X-RateLimit-*` ones with
-//!   [`legacy_headers(true)`](SlidingWindowLayer::legacy_headers)).
-//!   `RateLimit` describes the tightest enforced quota: shadow quotas are
-//!   only listed in `RateLimit-Policy`, and a policy of shadow quotas only
-//!   sends no `RateLimit` (see [`insert_rate_limit_headers`]).
-//! - Denied: `429 Too Many Requests` built by an [`OnRejection`] (by default
-//!   [`DefaultRejection`], an empty body), with `Retry-After` in whole
-//!   seconds rounded up (absent when the cost can never fit), the same
-//!   `RateLimit` headers, and the [`Rejection`] in the response's extensions.
-//! - No key: [`MissingKey::Reject`] (400 by default) or [`MissingKey::Skip`].
-//! - A key longer than the extractor accepts (`key::DEFAULT_MAX_LEN`, 1024
-//!   bytes, by default): `400 Bad Request` ([`Rejection::KeyTooLong`], whose
-//!   docs say why not `431`), whatever the missing-key policy.
-//! - Limiter failure: `503 Service Unavailable` ([`Rejection::Unavailable`]).
-//! - Degraded (the store cannot decide, the limiter's
-//!   [`FallbackPolicy`](crate::FallbackPolicy) answers): an admission reaches
-//!   the inner service with a [`Decision`](crate::Decision) whose `source` is
-//!   `Fallback(reason)`; a denial is a [`Rejection::Degraded`] answered with
-//!   the layer's [`degraded_status`](SlidingWindowLayer::degraded_status)
-//!   (`503` by default, `429` if so configured) and `Retry-After`.
+//! - Admitted: the [`Decision`](crate::Decision) goes into the request's
+//!   extensions, and the response gets `RateLimit` and `RateLimit-Policy`
+//!   headers (see [`insert_rate_limit_headers`]).
+//! - Denied: `429` from an [`OnRejection`] (default [`DefaultRejection`]),
+//!   with `Retry-After` and the same headers; the [`Rejection`] is in the
+//!   response's extensions.
+//! - No key: [`MissingKey`]; a key too long: `400` ([`Rejection::KeyTooLong`]).
+//! - Limiter failure: `503` ([`Rejection::Unavailable`]).
+//! - Degraded (the [`FallbackPolicy`](crate::FallbackPolicy) answers): an
+//!   admission goes through with `source = Fallback(reason)`; a denial is a
+//!   [`Rejection::Degraded`] with the layer's
+//!   [`degraded_status`](SlidingWindowLayer::degraded_status).
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -66,18 +54,13 @@
 //!
 //! # gRPC (`Grpc`, feature `grpc`)
 //!
-//! `SlidingWindowLayer::grpc` answers tonic callers in their protocol: a
-//! denial is a trailers-only `RESOURCE_EXHAUSTED` with a
-//! `google.rpc.RetryInfo` detail (a degraded one `UNAVAILABLE`, a missing
-//! key or one too long `INVALID_ARGUMENT`, each with its own message), and the `RateLimit` headers travel as response
-//! metadata. `key::Metadata` and `key::GrpcMethod` key calls by metadata
-//! and by method. See `Grpc` for an example.
+//! `SlidingWindowLayer::grpc` answers tonic callers with gRPC statuses and
+//! sends the `RateLimit` headers as metadata; see `Grpc`.
 //!
 //! # Any other service ([`Typed`])
 //!
-//! [`typed_errors`](SlidingWindowLayer::typed_errors) turns the layer into
-//! one for any `Service<Req>`: a rejection is the error, a boxed
-//! [`Rejection`]; inner errors are boxed unchanged.
+//! [`typed_errors`](SlidingWindowLayer::typed_errors): a rejection is the
+//! service's error, a boxed [`Rejection`].
 //!
 //! ```
 //! use tower::{ServiceBuilder, ServiceExt};

@@ -1,4 +1,4 @@
-//! Why the layer did not call the inner service, and how that becomes a response.
+//! Why the layer did not call the inner service.
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,17 +8,11 @@ use crate::Decision;
 
 /// Why the layer answered instead of the inner service.
 ///
-/// For HTTP it is also inserted into the rejection response's extensions, so
-/// outer layers can tell a limiter's 429 from the application's. In typed
-/// (non-HTTP) mode it is the service's error (boxed; downcast to read it).
-///
-/// A denial by the store (or by the local tier, which only repeats the
-/// store's denials) is [`RateLimited`](Self::RateLimited), answered `429`. A
-/// denial by the limiter's [`FallbackPolicy`](crate::fallback::FallbackPolicy)
-/// while the store cannot decide is [`Degraded`](Self::Degraded), answered
-/// with the layer's
-/// [`degraded_status`](super::SlidingWindowLayer::degraded_status) (`503`
-/// by default), so clients and operators can tell "you sent too much" from
+/// Over HTTP it is in the response's extensions (so outer layers can tell
+/// the limiter's 429 from the application's); in typed mode it is the
+/// boxed error. A store denial is [`RateLimited`](Self::RateLimited), a
+/// [`FallbackPolicy`](crate::fallback::FallbackPolicy) denial while the store
+/// cannot decide [`Degraded`](Self::Degraded): "you sent too much" versus
 /// "the limiter is degraded".
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -30,35 +24,23 @@ pub enum Rejection {
         /// The status to answer with (400 or 401 are usual).
         status: Status,
     },
-    /// The request's key is longer than the key extractor accepts
-    /// ([`NoKey::TooLong`](crate::key::NoKey::TooLong)): answered `400 Bad
-    /// Request` whatever the [`MissingKey`](super::MissingKey) policy, since
-    /// the client did name itself, wrongly.
-    ///
-    /// Why `400` and not `431 Request Header Fields Too Large`: the request
-    /// is well-formed HTTP that the server read in full; it is one field's
-    /// value that this service refuses, as it would refuse any malformed
-    /// value, and the key may come from the query, a path or gRPC metadata,
-    /// where `431` would name the wrong thing. Clients and proxies read
-    /// `431` as "the header section is too large for this server", a
-    /// transport limit; the `400`'s detail says which limit was passed.
+    /// The key is longer than the extractor accepts
+    /// ([`NoKey::TooLong`](crate::key::NoKey::TooLong)): `400` whatever the
+    /// [`MissingKey`](super::MissingKey) policy. Not `431`: the key may come
+    /// from a query, path or gRPC metadata, and `431` means a transport limit.
     KeyTooLong {
         /// The longest key the extractor accepts, in bytes.
         max_len: usize,
     },
-    /// The store could not decide and the limiter's fallback policy denied
-    /// the request; `decision.source` is `Fallback(reason)`.
+    /// The store could not decide and the fallback policy denied the request.
     Degraded {
-        /// The fallback policy's denial (its `retry_after` becomes
-        /// `Retry-After`).
+        /// The fallback policy's denial.
         decision: Decision,
-        /// The status to answer with: the policy's
-        /// layer's [`degraded_status`](super::SlidingWindowLayer::degraded_status).
+        /// The layer's [`degraded_status`](super::SlidingWindowLayer::degraded_status).
         status: Status,
     },
-    /// The request's tenant is neither defined nor covered by a default
-    /// policy in the layer's [tenant registry](crate::tenant::TenantRegistry)
-    /// (or was closed).
+    /// The key's tenant has no policy in the layer's
+    /// [tenant registry](crate::tenant::TenantRegistry).
     UnknownTenant {
         /// The status to answer with (`403 Forbidden`).
         status: Status,
@@ -72,11 +54,8 @@ pub enum Rejection {
 
 impl Rejection {
     /// The rejection for a denial: [`Degraded`](Self::Degraded) with
-    /// `degraded_status` when the decision came from the fallback policy,
-    /// else [`RateLimited`](Self::RateLimited).
-    ///
-    /// The layer uses it; code that calls a [`Limiter`](crate::Limiter) by
-    /// itself can too.
+    /// `degraded_status` for a fallback decision, else
+    /// [`RateLimited`](Self::RateLimited).
     ///
     /// ```
     /// use std::time::Duration;
@@ -124,8 +103,7 @@ impl Rejection {
         }
     }
 
-    /// Whether the fallback policy denied the request because the store
-    /// could not decide.
+    /// Whether this is [`Degraded`](Self::Degraded).
     pub fn is_degraded(&self) -> bool {
         matches!(self, Self::Degraded { .. })
     }
@@ -169,17 +147,15 @@ impl Rejection {
                     crate::DecisionSource::Fallback(reason) => reason.as_str(),
                     _ => "unknown",
                 };
-                match decision.retry_after {
-                    Some(wait) => format!(
-                        "the rate limiter is degraded ({reason}) and its fallback policy \
-                         denied the request; retry in {} s",
-                        super::ceil_secs(wait).max(1)
-                    ),
-                    None => format!(
-                        "the rate limiter is degraded ({reason}) and its fallback policy \
-                         denied the request; try again later"
-                    ),
-                }
+                let retry = decision
+                    .retry_after
+                    .map_or("try again later".to_owned(), |wait| {
+                        format!("retry in {} s", super::ceil_secs(wait).max(1))
+                    });
+                format!(
+                    "the rate limiter is degraded ({reason}) and its fallback policy \
+                     denied the request; {retry}"
+                )
             }
             Self::Unavailable { .. } => {
                 "the rate limiter could not decide; try again later".to_owned()
@@ -202,11 +178,9 @@ impl fmt::Display for Rejection {
 
 impl std::error::Error for Rejection {}
 
-/// Builds the HTTP response for a [`Rejection`] (its status and body).
-///
-/// The layer adds `Retry-After` and `RateLimit` headers and the
-/// [`Rejection`] extension afterwards, so implementations only choose a body.
-/// Closures `Fn(&Rejection) -> http::Response<B>` implement it.
+/// Builds the HTTP response (status and body) for a [`Rejection`]; the
+/// layer adds the headers and extension. Closures
+/// `Fn(&Rejection) -> http::Response<B>` implement it.
 #[cfg(feature = "http")]
 pub trait OnRejection<B>: Clone + Send + Sync + 'static {
     /// The response for `rejection`.
@@ -223,9 +197,8 @@ where
     }
 }
 
-/// An empty body (`B::default()`) with the rejection's status.
-/// `axum-window-ext` offers an `application/problem+json` one. (Without the
-/// `http` feature it is only the default type parameter of [`Http`](super::Http).)
+/// An empty body (`B::default()`) with the rejection's status
+/// (`axum-window-ext` has a problem+json one).
 #[derive(Debug, Clone, Copy, Default)]
 #[non_exhaustive]
 pub struct DefaultRejection;

@@ -1,4 +1,4 @@
-//! How the layer talks back: HTTP responses ([`Http`]) or typed errors ([`Typed`]).
+//! How the layer talks back: [`Http`] responses or [`Typed`] errors.
 
 use std::fmt;
 
@@ -12,24 +12,17 @@ use crate::Decision;
 /// A boxed error, as returned by [`Typed`] services.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// The layer's mode: how a decision shows up on the request and response, and
-/// how a [`Rejection`] becomes the service's output.
-///
-/// [`SlidingWindow`](crate::SlidingWindow) has one `Service` implementation;
-/// everything that differs between HTTP and other protocols lives here.
-/// [`Http`] (the default) and [`Typed`] cover the usual cases; implement it
-/// for other request and response types (gRPC metadata, a message envelope).
+/// The layer's mode: how a decision shows up on the request and response,
+/// and how a [`Rejection`] becomes the service's output. Everything that
+/// differs between protocols lives here.
 pub trait Respond<Req, Res, E>: Send + Sync + 'static {
     /// The service's error type.
     type Error;
 
-    /// What the response of an admitted request needs from its decision
-    /// ([`Http`]: the rate-limit headers, built at decision time).
+    /// What the response of an admitted request needs from its decision.
     type Admitted: Send + 'static;
 
-    /// Called with an admitted request before the inner service sees it;
-    /// takes the decision (to hand it to the request, say) and returns what
-    /// [`on_response`](Self::on_response) needs.
+    /// Called with an admitted request before the inner service sees it.
     fn on_request(&self, request: &mut Req, decision: Decision) -> Self::Admitted;
 
     /// Called with the inner service's response to an admitted request.
@@ -42,27 +35,10 @@ pub trait Respond<Req, Res, E>: Send + Sync + 'static {
     fn map_error(error: E) -> Self::Error;
 }
 
-/// HTTP mode (the default): decisions become headers, rejections responses.
-///
-/// It answers only with the `http` feature; without it `Http` is the
-/// layer's inert default mode, to be switched to
-/// [`typed_errors`](crate::SlidingWindowLayer::typed_errors).
-///
-/// - An admitted request gets its [`Decision`] in its extensions; the inner
-///   service's response gets `RateLimit` and `RateLimit-Policy` headers (and
-///   the legacy `X-RateLimit-*` ones when enabled; neither `RateLimit` nor
-///   those for a policy of shadow quotas only).
-/// - A rejection is answered with the response of the [`OnRejection`] `R`
-///   (status 429, 400/401 or 503), with `Retry-After` and the `RateLimit`
-///   headers when the quota is exhausted, and the [`Rejection`] in the
-///   response's extensions. A denial by the fallback policy while the store
-///   is down is a [`Rejection::Degraded`] with the policy's status (`503`
-///   for `FailClosed` by default), also with `Retry-After`.
-/// - An admission by the fallback policy reaches the inner service like any
-///   other, its [`Decision`] saying `source = Fallback(reason)`
-///   ([`Decision::is_degraded`]).
-/// - Errors of the inner service pass through unchanged, so an infallible
-///   service stays infallible.
+/// HTTP mode (the default; inert without the `http` feature): decisions
+/// become headers, rejections the [`OnRejection`] `R`'s responses with
+/// `Retry-After` and the headers. Inner errors pass through unchanged. See
+/// the [module docs](crate::layer).
 #[derive(Clone, Copy)]
 pub struct Http<R = DefaultRejection> {
     // Read only by the `Respond` impl, which needs the `http` feature.
@@ -95,10 +71,7 @@ impl<R> Http<R> {
     }
 
     /// Whether an admitted request carries its [`Decision`] in its
-    /// extensions (on by default). Off, handlers cannot read it (axum's
-    /// `RateLimitInfo` extractor finds none), and each admitted request
-    /// saves the allocations `http::Extensions` makes to hold it (its map
-    /// and the boxed value).
+    /// extensions (on by default; off saves two allocations a request).
     pub fn decision_extension(mut self, enabled: bool) -> Self {
         self.decision_extension = enabled;
         self
@@ -133,7 +106,6 @@ where
     type Admitted = RateLimitHeaders;
 
     fn on_request(&self, request: &mut http::Request<B>, decision: Decision) -> RateLimitHeaders {
-        // The headers now, so the decision itself moves into the request.
         let headers = RateLimitHeaders::new(&decision, self.legacy_headers);
         if self.decision_extension {
             request.extensions_mut().insert(decision);
@@ -163,11 +135,8 @@ where
     }
 }
 
-/// Typed mode, for any `Service<Req>`: a rejection is the service's error.
-///
-/// The error is a [`BoxError`] holding the [`Rejection`]
-/// (`error.downcast_ref::<Rejection>()`); errors of the inner service are
-/// boxed unchanged. Requests and responses are not touched.
+/// Typed mode, for any `Service<Req>`: the error is a [`BoxError`], the
+/// [`Rejection`] or the inner error.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Typed;
 

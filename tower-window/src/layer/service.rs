@@ -7,33 +7,22 @@ use std::task::{Context, Poll};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::{MissingKey, Rejection, RequestCost, Respond, Status};
+use super::{MissingKey, Rejection, RequestCost, Respond, SlidingWindowLayer, Status};
 use crate::key::NoKey;
-use crate::tenant::{Resolution, TenantRegistry};
+use crate::tenant::Resolution;
 use crate::{Decision, KeyExtractor, LimitError, Limiter};
 
-/// What every clone of one [`SlidingWindow`] shares.
-pub(super) struct Shared<K, C, M> {
-    pub(super) limiter: Limiter,
-    pub(super) key: Arc<K>,
-    pub(super) cost: Arc<C>,
-    pub(super) missing_key: MissingKey,
-    pub(super) degraded_status: Status,
-    pub(super) mode: Arc<M>,
-    pub(super) tenants: Option<TenantRegistry>,
-}
+/// What every clone of one [`SlidingWindow`] shares: its layer, the mode
+/// behind an `Arc` that response futures hold.
+type Shared<K, C, M> = SlidingWindowLayer<K, C, Arc<M>>;
 
 /// Checks each request against a [`Limiter`] before calling `S`.
 ///
-/// Built by [`SlidingWindowLayer`](crate::SlidingWindowLayer). Cloning is
-/// cheap (the inner service plus one `Arc`), and all clones share the limiter.
+/// Built by [`SlidingWindowLayer`]; clones share the limiter.
 ///
-/// The check starts in `call`. When the limiter decides at once (memory
-/// store, local tier, open breaker), an admitted request goes straight to the
-/// inner service that `poll_ready` readied. When the decision must wait (a
-/// store call over the network), `call` takes the readied inner service along
-/// with the request and leaves a clone of it behind. Either way the request
-/// reaches the inner service only after the limiter admitted it.
+/// The check starts in `call`. A decision made at once sends an admitted
+/// request straight to the inner service `poll_ready` readied; one that must
+/// wait (a store call) takes the readied service along and leaves a clone.
 pub struct SlidingWindow<S, K, C, M> {
     inner: S,
     shared: Arc<Shared<K, C, M>>,
@@ -97,11 +86,7 @@ where
     type Future = ResponseFuture<S, Req, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        match self.inner.poll_ready(cx) {
-            Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
-            Poll::Ready(Err(error)) => Poll::Ready(Err(M::map_error(error))),
-            Poll::Pending => Poll::Pending,
-        }
+        self.inner.poll_ready(cx).map_err(M::map_error)
     }
 
     fn call(&mut self, mut request: Req) -> Self::Future {
@@ -127,8 +112,6 @@ where
             // Free requests are neither checked nor counted.
             return ResponseFuture::calling(self.inner.call(request), None);
         }
-        // With a registry, the tenant's own policy (one atomic load and a
-        // lookup); without one, the limiter's policy as always.
         let policy = match &shared.tenants {
             None => None,
             Some(registry) => match registry.resolve(key.tenant()) {
@@ -145,12 +128,8 @@ where
                 }
             },
         };
-        // The check starts here: an in-process store, the local tier, an
-        // open breaker or a live lease answers at once, without a future or
-        // a box, and the answer is acted on where it lies (a decision is
-        // large: each move through an intermediate result is a copy). A
-        // check that has to wait owns what it waits with, and the response
-        // future keeps it as it is.
+        // An answer available at once is acted on where it lies, without a
+        // future or a box (each move of a decision is a copy).
         let checked = policy.as_ref().unwrap_or(shared.limiter.policy());
         match shared
             .limiter
@@ -158,12 +137,9 @@ where
             .into_ready()
         {
             Ok(Ok(decision)) if decision.allowed => {
-                // The readied inner service takes the request at once,
-                // without the clone-and-swap and the extra state.
                 let admitted = shared.mode.on_request(&mut request, decision);
                 ResponseFuture::calling(self.inner.call(request), Some(admitted))
             }
-            // The readied inner service stays ready for the next request.
             Ok(other) => ResponseFuture::ready(
                 shared
                     .mode
@@ -185,9 +161,8 @@ where
     }
 }
 
-/// The limiter's answer as the layer acts on it: an admission, or the
-/// rejection to answer with.
-#[allow(clippy::result_large_err)] // both sides are moved once, into the response future
+/// The limiter's answer as an admission or the rejection to answer with.
+#[allow(clippy::result_large_err)] // moved once, into the response future
 pub(super) fn admission(
     result: Result<Decision, LimitError>,
     degraded_status: Status,
@@ -198,8 +173,7 @@ pub(super) fn admission(
     }
 }
 
-/// The rejection for a limiter's answer that is not an admission: a
-/// denial, or an error.
+/// The rejection for a denial or an error.
 pub(super) fn rejection(
     result: Result<Decision, LimitError>,
     degraded_status: Status,

@@ -2,15 +2,9 @@
 
 use std::fmt;
 
-/// The status code a [`Rejection`](super::Rejection) answers with: an HTTP
-/// status (`100..=999`) in both modes, so the layer's configuration reads the
-/// same with or without the `http` feature ([`Typed`](super::Typed) services
-/// build without it).
-///
-/// With the `http` feature it converts to and from
-/// [`http::StatusCode`] both ways and compares with
-/// it, so `MissingKey::Reject(StatusCode::UNAUTHORIZED.into())` and
-/// `rejection.status() == StatusCode::TOO_MANY_REQUESTS` work.
+/// The HTTP status (`100..=999`) a [`Rejection`](super::Rejection) answers
+/// with, also without the `http` feature; with it, converts to and from
+/// and compares with [`http::StatusCode`].
 ///
 /// ```
 /// use tower_window::layer::Status;
@@ -32,11 +26,10 @@ impl Status {
     pub const FORBIDDEN: Self = Self(403);
     /// `429 Too Many Requests`: an exhausted quota.
     pub const TOO_MANY_REQUESTS: Self = Self(429);
-    /// `503 Service Unavailable`: the default for a degraded denial, and a
-    /// limiter that could not decide.
+    /// `503 Service Unavailable`: degraded or undecided.
     pub const SERVICE_UNAVAILABLE: Self = Self(503);
 
-    /// The status `code`, or `None` outside `100..=999` (what HTTP allows).
+    /// The status `code`, or `None` outside `100..=999`.
     #[must_use]
     pub const fn new(code: u16) -> Option<Self> {
         if code >= 100 && code <= 999 {

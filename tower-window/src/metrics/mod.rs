@@ -1,13 +1,8 @@
 //! Metric names, units and labels, recorded through the [`metrics`] facade.
 //!
-//! With the `metrics` cargo feature (on by default) every [`Limiter`]
-//! records the series below into whatever recorder the application installs
-//! (for example `metrics-exporter-prometheus`); without a recorder each
-//! record is a no-op. With the feature off nothing is recorded and nothing
-//! is compiled in; the names stay available here.
-//!
-//! Call [`describe`] once after installing a recorder to give each series
-//! its unit and help text.
+//! With the `metrics` feature (default) every [`Limiter`] records the series
+//! below into the installed recorder; with it off nothing is recorded, and
+//! the names stay available. [`describe`] gives each series its unit and help.
 //!
 //! | name | type | unit | labels |
 //! |------|------|------|--------|
@@ -27,14 +22,9 @@
 //! | `tower_window_shadow_denials_total` | counter | decisions | `quota`, (`tenant`) |
 //! | `tower_window_config_reload_total` | counter | reloads | `result` |
 //!
-//! A shadow denial is a [shadow quota](crate::Quota::shadowed)'s would-be
-//! denial of a request that was admitted anyway (labelled with the shadow
-//! quota). Config reloads (`result` = `ok` or `error`) are recorded by
-//! whoever reloads a tenants file (see [`crate::tenant`]).
-//!
-//! Recorded by [`DedupWindow`](crate::dedup::DedupWindow)s and
-//! [`ConnectionLimiter`](crate::conn::ConnectionLimiter)s (not in [`ALL`],
-//! which lists a limiter's own series; see [`WS_ALL`]):
+//! Config reloads are recorded by whoever reloads a tenants file (see
+//! [`crate::tenant`]). Recorded by [`DedupWindow`](crate::dedup::DedupWindow)s
+//! and [`ConnectionLimiter`](crate::conn::ConnectionLimiter)s ([`WS_ALL`]):
 //!
 //! | name | type | unit | labels |
 //! |------|------|------|--------|
@@ -56,33 +46,22 @@
 //!   `invalid_request`, `unsupported` ([`StoreErrorKind::as_str`](crate::StoreErrorKind::as_str)).
 //! - `to`: `closed`, `half_open`, `open`; the state gauge is 0 closed,
 //!   1 half-open, 2 open.
-//! - `quota`: the checked quota's [name](crate::Quota::name); for the breaker
-//!   and the local-tier size, the limiter's own quota.
+//! - `quota`: the checked quota's [name](crate::Quota::name) (the shadow
+//!   quota's for shadow denials); the limiter's own for the breaker and
+//!   local-tier size.
 //! - `tenant`: only with
-//!   [`LimiterBuilder::metrics_tenant_label`](crate::LimiterBuilder::metrics_tenant_label)
-//!   (off by default: one series per tenant). The subject (user, IP, ...)
-//!   is never a label.
+//!   [`LimiterBuilder::metrics_tenant_label`](crate::LimiterBuilder::metrics_tenant_label).
+//!   The subject is never a label.
 //!
-//! A near-limit decision is an admission that left less than 20 % of the
-//! limit (`5 × remaining < limit`). A fallback admission is a request let
-//! through without the store: the possible over-admission while the store
-//! is away. Store errors count failed store calls after retries; an open
-//! breaker or a full in-flight bound calls nothing and shows up as
-//! fallback decisions with reason `circuit_open` or `overloaded`.
+//! Near limit: `5 × remaining < limit`. Store errors count failed calls
+//! after retries; an open breaker or full in-flight bound shows up as
+//! fallback decisions (`circuit_open`, `overloaded`). With one breaker per
+//! [failure domain](crate::limit::Backend::failure_domain), the state gauge
+//! is the worst state and the open-shards gauge counts the open ones.
 //!
-//! A store of several failure domains
-//! ([`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain),
-//! for example a Redis Cluster: one domain per primary) has one breaker per
-//! domain. The state gauge is then the worst state over them (open if
-//! any is open, else half-open if any is), the open-shards gauge counts the
-//! open ones, and the transitions counter counts every breaker's
-//! transitions.
-//!
-//! Every series of a limiter is registered at zero when it first records,
-//! so dashboards see each name before the first error or transition. For a
-//! limiter's own quota (and no tenant label) the handles are resolved once
-//! and recording allocates nothing; install the recorder before the first
-//! check. Other quotas and tenant labels resolve their series per record.
+//! A limiter registers its series at zero on its first record, so install
+//! the recorder before the first check; its own quota's handles are
+//! resolved once (recording allocates nothing).
 //!
 //! [`Limiter`]: crate::Limiter
 //! [`metrics`]: https://docs.rs/metrics
@@ -93,8 +72,7 @@ mod record;
 pub use names::*;
 pub(crate) use record::{Calls, LimiterMetrics, Parts as MetricParts, StoreTimer};
 
-/// Whether anything is recorded: the `metrics` feature. Off, every record
-/// returns at once and the recorder sees nothing.
+/// Whether anything is recorded: the `metrics` feature.
 pub(crate) const ENABLED: bool = cfg!(feature = "metrics");
 
 /// Describes every metric (unit and help text) to the installed recorder.
@@ -105,134 +83,102 @@ pub fn describe() {
         return;
     }
     use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(
-        DECISIONS_TOTAL,
-        Unit::Count,
-        "Rate-limit decisions by outcome (allowed, denied) and source (store, local_cache, lease, fallback)."
-    );
-    describe_counter!(
-        NEAR_LIMIT_TOTAL,
-        Unit::Count,
-        "Admitted decisions that left less than 20% of the limit."
-    );
-    describe_counter!(
-        FALLBACK_DECISIONS_TOTAL,
-        Unit::Count,
-        "Decisions made by the fallback policy because the store could not decide, by reason and outcome."
-    );
-    describe_counter!(
-        FALLBACK_ADMISSIONS_TOTAL,
-        Unit::Count,
-        "Requests admitted without the store (possible over-admission), by reason."
+    let counters = [
+        (
+            DECISIONS_TOTAL,
+            "Rate-limit decisions by outcome (allowed, denied) and source (store, local_cache, lease, fallback).",
+        ),
+        (
+            NEAR_LIMIT_TOTAL,
+            "Admitted decisions that left less than 20% of the limit.",
+        ),
+        (
+            FALLBACK_DECISIONS_TOTAL,
+            "Decisions made by the fallback policy because the store could not decide, by reason and outcome.",
+        ),
+        (
+            FALLBACK_ADMISSIONS_TOTAL,
+            "Requests admitted without the store (possible over-admission), by reason.",
+        ),
+        (STORE_ERRORS_TOTAL, "Failed store calls by error kind."),
+        (
+            STORE_RETRIES_TOTAL,
+            "Store attempts retried after a retryable error.",
+        ),
+        (
+            BREAKER_TRANSITIONS_TOTAL,
+            "Circuit breaker state changes, by the state entered.",
+        ),
+        (
+            LOCAL_CACHE_HITS_TOTAL,
+            "Local-tier lookups answered without the store.",
+        ),
+        (
+            SHADOW_DENIALS_TOTAL,
+            "Requests a shadow quota would have denied (admitted anyway), by the shadow quota.",
+        ),
+        (
+            CONFIG_RELOAD_TOTAL,
+            "Tenants-file reloads by result (ok, error: the old configuration stays).",
+        ),
+        (
+            LOCAL_CACHE_MISSES_TOTAL,
+            "Local-tier lookups that went on to the store.",
+        ),
+        (
+            LEASE_UNITS_TOTAL,
+            "Units of quota leases: granted, spent, refunded, expired unspent.",
+        ),
+        (DEDUP_CHECKS_TOTAL, "Dedup-window answers by outcome."),
+        (CONNECTION_GRANTS_TOTAL, "Connection seat grants by outcome."),
+        (CONNECTION_RELEASES_TOTAL, "Connection seats released."),
+        (
+            CONNECTION_SEATS_LOST_TOTAL,
+            "Connection seats a heartbeat found gone (expired or reset) and reported lost.",
+        ),
+        (
+            CONNECTION_RENEW_FAILURES_TOTAL,
+            "Connection seats whose heartbeat renewal call failed.",
+        ),
+        (
+            CONNECTION_HEARTBEAT_CALLS_TOTAL,
+            "Store calls made by connection heartbeats.",
+        ),
+    ];
+    for (name, help) in counters {
+        describe_counter!(name, Unit::Count, help);
+    }
+    let gauges = [
+        (
+            BREAKER_OPEN_SHARDS,
+            "Circuit breakers currently open: one per shard (Redis Cluster hash slot) of a sharded store, at most 1 otherwise.",
+        ),
+        (
+            LOCAL_CACHE_ENTRIES,
+            "Keys held by the local tier of recent denials.",
+        ),
+        (
+            CONNECTION_LIVE_SEATS,
+            "Connection seats this node holds and renews.",
+        ),
+    ];
+    for (name, help) in gauges {
+        describe_gauge!(name, Unit::Count, help);
+    }
+    describe_gauge!(
+        BREAKER_STATE,
+        "Circuit breaker state: 0 closed, 1 half-open, 2 open; with one breaker per shard (Redis Cluster hash slot), the worst over them."
     );
     describe_histogram!(
         STORE_CALL_DURATION_SECONDS,
         Unit::Seconds,
         "Duration of one decision's store call, retries included, by outcome (ok, error)."
     );
-    describe_counter!(
-        STORE_ERRORS_TOTAL,
-        Unit::Count,
-        "Failed store calls by error kind."
-    );
-    describe_counter!(
-        STORE_RETRIES_TOTAL,
-        Unit::Count,
-        "Store attempts retried after a retryable error."
-    );
-    describe_gauge!(
-        BREAKER_STATE,
-        "Circuit breaker state: 0 closed, 1 half-open, 2 open; with one breaker per shard (Redis Cluster hash slot), the worst over them."
-    );
-    describe_gauge!(
-        BREAKER_OPEN_SHARDS,
-        Unit::Count,
-        "Circuit breakers currently open: one per shard (Redis Cluster hash slot) of a sharded store, at most 1 otherwise."
-    );
-    describe_counter!(
-        BREAKER_TRANSITIONS_TOTAL,
-        Unit::Count,
-        "Circuit breaker state changes, by the state entered."
-    );
-    describe_gauge!(
-        LOCAL_CACHE_ENTRIES,
-        Unit::Count,
-        "Keys held by the local tier of recent denials."
-    );
-    describe_counter!(
-        LOCAL_CACHE_HITS_TOTAL,
-        Unit::Count,
-        "Local-tier lookups answered without the store."
-    );
-    describe_counter!(
-        SHADOW_DENIALS_TOTAL,
-        Unit::Count,
-        "Requests a shadow quota would have denied (admitted anyway), by the shadow quota."
-    );
-    describe_counter!(
-        CONFIG_RELOAD_TOTAL,
-        Unit::Count,
-        "Tenants-file reloads by result (ok, error: the old configuration stays)."
-    );
-    describe_counter!(
-        LOCAL_CACHE_MISSES_TOTAL,
-        Unit::Count,
-        "Local-tier lookups that went on to the store."
-    );
-    describe_counter!(
-        LEASE_UNITS_TOTAL,
-        Unit::Count,
-        "Units of quota leases: granted, spent, refunded, expired unspent."
-    );
-    describe_counter!(
-        DEDUP_CHECKS_TOTAL,
-        Unit::Count,
-        "Dedup-window answers by outcome."
-    );
-    describe_counter!(
-        CONNECTION_GRANTS_TOTAL,
-        Unit::Count,
-        "Connection seat grants by outcome."
-    );
-    describe_counter!(
-        CONNECTION_RELEASES_TOTAL,
-        Unit::Count,
-        "Connection seats released."
-    );
-    describe_counter!(
-        CONNECTION_SEATS_LOST_TOTAL,
-        Unit::Count,
-        "Connection seats a heartbeat found gone (expired or reset) and reported lost."
-    );
-    describe_counter!(
-        CONNECTION_RENEW_FAILURES_TOTAL,
-        Unit::Count,
-        "Connection seats whose heartbeat renewal call failed."
-    );
-    describe_counter!(
-        CONNECTION_HEARTBEAT_CALLS_TOTAL,
-        Unit::Count,
-        "Store calls made by connection heartbeats."
-    );
-    describe_gauge!(
-        CONNECTION_LIVE_SEATS,
-        Unit::Count,
-        "Connection seats this node holds and renews."
-    );
 }
 
-/// Registers, at zero, every series a limiter records for the quota named
-/// `quota` (without a tenant label): decisions by every outcome and source,
-/// fallback decisions and admissions by every reason, store-call durations
-/// and errors by every kind, retries, the breaker and local-tier series,
-/// shadow denials and lease units by every event.
-///
-/// A limiter registers its own quota's series on its first record, and
-/// other quotas' series when they first occur; call this after installing
-/// the recorder, for every quota an application knows it will check, so a
-/// dashboard charts zero rather than "No data" before the first decision
-/// (and `rate()` sees the start). Adding zero never changes a value, so
-/// calling it again, or after records, is harmless.
+/// Registers, at zero, every series (every label value, no tenant) a
+/// limiter records for the quota named `quota`, so dashboards chart zero
+/// rather than "No data" for quotas not yet checked. Harmless to repeat.
 pub fn register_quota(quota: &str) {
     if !ENABLED {
         return;
@@ -240,9 +186,7 @@ pub fn register_quota(quota: &str) {
     record::register_quota(quota);
 }
 
-/// Registers, at zero, every series dedup windows and connection limiters
-/// record (every `outcome`; see the second table above). Harmless to call
-/// again.
+/// Registers, at zero, every series of [`WS_ALL`] (every `outcome`).
 pub fn register_ws() {
     if !ENABLED {
         return;

@@ -1,5 +1,4 @@
-//! Every metric's name: the one table of names (units and help texts are
-//! in [`describe`](super::describe)).
+//! Every metric's name (units and help texts: [`describe`](super::describe)).
 
 /// Decisions by `outcome` and `source`.
 pub const DECISIONS_TOTAL: &str = "tower_window_decisions_total";
@@ -9,20 +8,16 @@ pub const NEAR_LIMIT_TOTAL: &str = "tower_window_near_limit_total";
 pub const FALLBACK_DECISIONS_TOTAL: &str = "tower_window_fallback_decisions_total";
 /// Admissions made without the store, by `reason`.
 pub const FALLBACK_ADMISSIONS_TOTAL: &str = "tower_window_fallback_admissions_total";
-/// Duration of one decision's store call (retries included), by `outcome`.
-/// Recorded for stores that do I/O (Redis); a store that decides in process
-/// (the embedded [`MemoryStore`](crate::MemoryStore)) is not timed: its call takes well under the
-/// smallest bucket, and timing it would cost more than the call.
+/// Duration of one decision's store call (retries included), by `outcome`
+/// (not for [`MemoryStore`](crate::MemoryStore)).
 pub const STORE_CALL_DURATION_SECONDS: &str = "tower_window_store_call_duration_seconds";
 /// Failed store calls by error `kind`.
 pub const STORE_ERRORS_TOTAL: &str = "tower_window_store_errors_total";
 /// Retried store attempts.
 pub const STORE_RETRIES_TOTAL: &str = "tower_window_store_retries_total";
-/// Circuit breaker state: 0 closed, 1 half-open, 2 open; with one breaker
-/// per shard, the worst state over them.
+/// Circuit breaker state: 0 closed, 1 half-open, 2 open (the worst shard's).
 pub const BREAKER_STATE: &str = "tower_window_breaker_state";
-/// Circuit breakers currently open (one per shard of a sharded store, such
-/// as a Redis Cluster hash slot; at most 1 for an unsharded store).
+/// Circuit breakers currently open (one per shard of a sharded store).
 pub const BREAKER_OPEN_SHARDS: &str = "tower_window_breaker_open_shards";
 /// Circuit breaker transitions, by the state entered (`to`).
 pub const BREAKER_TRANSITIONS_TOTAL: &str = "tower_window_breaker_transitions_total";
@@ -32,10 +27,7 @@ pub const LOCAL_CACHE_ENTRIES: &str = "tower_window_local_cache_entries";
 pub const LOCAL_CACHE_HITS_TOTAL: &str = "tower_window_local_cache_hits_total";
 /// Local-tier lookups that went on to the store.
 pub const LOCAL_CACHE_MISSES_TOTAL: &str = "tower_window_local_cache_misses_total";
-/// Counter: units of quota leases, by `event`: `granted` (taken from the
-/// store), `spent` (admitted locally or with the reservation), `refunded`
-/// (given back before the deadline), `expired` (left unspent at the
-/// deadline; given back then where the store still counts them).
+/// Units of quota leases, by `event` (`granted`, `spent`, `refunded`, `expired`).
 pub const LEASE_UNITS_TOTAL: &str = "tower_window_lease_units_total";
 
 /// Would-be denials of shadow quotas, by `quota`.
@@ -43,7 +35,7 @@ pub const SHADOW_DENIALS_TOTAL: &str = "tower_window_shadow_denials_total";
 /// Tenants-file reloads, by `result` (`ok`, `error`).
 pub const CONFIG_RELOAD_TOTAL: &str = "tower_window_config_reload_total";
 
-/// Every metric name above.
+/// Every metric name above (a limiter's series).
 pub const ALL: &[&str] = &[
     DECISIONS_TOTAL,
     NEAR_LIMIT_TOTAL,
@@ -69,9 +61,7 @@ pub const STORE_CALL_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
-// Dedup windows (`crate::dedup`): recorded by every `DedupWindow`.
-
-/// `fallback_duplicate`, `error`.
+/// Dedup-window answers, by `outcome`.
 pub const DEDUP_CHECKS_TOTAL: &str = "tower_window_dedup_checks_total";
 
 /// Every dedup and connection-seat metric name.
@@ -85,9 +75,7 @@ pub const WS_ALL: &[&str] = &[
     CONNECTION_LIVE_SEATS,
 ];
 
-// Connection seats (`crate::conn`): recorded by every `ConnectionLimiter`.
-
-/// `fallback_denied`, `error`.
+/// Connection seat grants, by `outcome`.
 pub const CONNECTION_GRANTS_TOTAL: &str = "tower_window_connection_grants_total";
 /// Connection seats released.
 pub const CONNECTION_RELEASES_TOTAL: &str = "tower_window_connection_releases_total";

@@ -1,8 +1,5 @@
 //! Recording: each capability instance's handles, and what it records.
-//!
-//! One implementation whatever the features: with the `metrics` feature off
-//! every entry point returns at once ([`ENABLED`] is a
-//! constant `false`, so the compiler drops the rest).
+//! Without the `metrics` feature every entry point returns at once.
 
 use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
@@ -22,9 +19,7 @@ const SOURCES: [DecisionSource; 4] = [
     DecisionSource::Fallback(FallbackReason::Error),
 ];
 const REASONS: [FallbackReason; 5] = FallbackReason::ALL;
-/// The kinds of a failed store call (a call refused by an open
-/// breaker never reached the store: it is a fallback reason, not a
-/// store error).
+/// The kinds of a failed store call (an open breaker calls nothing).
 const KINDS: [StoreErrorKind; 6] = [
     StoreErrorKind::Unavailable,
     StoreErrorKind::Timeout,
@@ -47,25 +42,10 @@ fn outcome(allowed: bool) -> &'static str {
     }
 }
 
-fn source_index(source: DecisionSource) -> usize {
-    match source {
-        DecisionSource::Store => 0,
-        DecisionSource::LocalCache => 1,
-        DecisionSource::Lease => 2,
-        _ => 3,
-    }
-}
-
-fn reason_index(reason: FallbackReason) -> usize {
-    REASONS.iter().position(|r| *r == reason).unwrap_or(4)
-}
-
-fn kind_index(kind: StoreErrorKind) -> usize {
-    KINDS.iter().position(|k| *k == kind).unwrap_or(3)
-}
-
-fn state_index(state: BreakerState) -> usize {
-    STATES.iter().position(|s| *s == state).unwrap_or(2)
+/// The index of `value` in `all`, else `other`'s (a fallback source by any
+/// reason is `Fallback(Error)`'s).
+fn index_of<T: PartialEq>(all: &[T], value: &T, other: usize) -> usize {
+    all.iter().position(|v| v == value).unwrap_or(other)
 }
 
 /// The labels every series of one record carries.
@@ -98,22 +78,40 @@ impl Labels {
     }
 }
 
-/// Decision-level series of one (quota, tenant).
-struct DecisionHandles {
-    /// `[allowed][source]`.
-    decisions: [[Counter; 4]; 2],
-    near_limit: Counter,
-    /// `[reason][allowed]`; `None` without a fallback policy.
-    fallback: Option<FallbackHandles>,
-}
-
 struct FallbackHandles {
+    /// `[reason][allowed]`.
     decisions: [[Counter; 2]; 5],
     admissions: [Counter; 5],
 }
 
-impl DecisionHandles {
-    fn new(labels: &Labels, fallback: bool) -> Self {
+struct BreakerHandles {
+    state: Gauge,
+    open_shards: Gauge,
+    transitions: [Counter; 3],
+}
+
+struct LocalHandles {
+    entries: Gauge,
+    hits: Counter,
+    misses: Counter,
+}
+
+/// Every series of one quota's [`Parts`], registered together.
+struct Handles {
+    /// `[allowed][source]`.
+    decisions: [[Counter; 4]; 2],
+    near_limit: Counter,
+    fallback: Option<FallbackHandles>,
+    store_ok: Histogram,
+    store_error: Histogram,
+    store_errors: [Counter; 6],
+    store_retries: Counter,
+    breaker: Option<BreakerHandles>,
+    local: Option<LocalHandles>,
+}
+
+impl Handles {
+    fn new(labels: &Labels, parts: Parts) -> Self {
         let decisions = [false, true].map(|allowed| {
             SOURCES.map(|s| {
                 labels.counter(
@@ -122,7 +120,7 @@ impl DecisionHandles {
                 )
             })
         });
-        let fallback = fallback.then(|| FallbackHandles {
+        let fallback = parts.fallback.then(|| FallbackHandles {
             decisions: REASONS.map(|r| {
                 [false, true].map(|allowed| {
                     labels.counter(
@@ -138,64 +136,61 @@ impl DecisionHandles {
             decisions,
             near_limit: labels.counter(NEAR_LIMIT_TOTAL, &[]),
             fallback,
+            store_ok: labels.histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", "ok")]),
+            store_error: labels.histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", "error")]),
+            store_errors: KINDS
+                .map(|k| labels.counter(STORE_ERRORS_TOTAL, &[("kind", k.as_str())])),
+            store_retries: labels.counter(STORE_RETRIES_TOTAL, &[]),
+            breaker: parts.breaker.then(|| BreakerHandles {
+                state: labels.gauge(BREAKER_STATE),
+                open_shards: labels.gauge(BREAKER_OPEN_SHARDS),
+                transitions: STATES
+                    .map(|s| labels.counter(BREAKER_TRANSITIONS_TOTAL, &[("to", s.as_str())])),
+            }),
+            local: parts.local.then(|| LocalHandles {
+                entries: labels.gauge(LOCAL_CACHE_ENTRIES),
+                hits: labels.counter(LOCAL_CACHE_HITS_TOTAL, &[]),
+                misses: labels.counter(LOCAL_CACHE_MISSES_TOTAL, &[]),
+            }),
         }
     }
 
     fn record(&self, decision: &Decision) {
         let allowed = usize::from(decision.allowed);
-        self.decisions[allowed][source_index(decision.source)].increment(1);
+        self.decisions[allowed][index_of(&SOURCES, &decision.source, 3)].increment(1);
         if decision.allowed && is_near_limit(decision.remaining, decision.limit()) {
             self.near_limit.increment(1);
         }
         if let (DecisionSource::Fallback(reason), Some(fallback)) =
             (decision.source, &self.fallback)
         {
-            let r = reason_index(reason);
+            let r = index_of(&REASONS, &reason, 4);
             fallback.decisions[r][allowed].increment(1);
             if decision.allowed {
                 fallback.admissions[r].increment(1);
             }
         }
     }
-}
 
-/// Store-call series of one quota.
-struct StoreHandles {
-    ok: Histogram,
-    error: Histogram,
-    errors: [Counter; 6],
-    retries: Counter,
-}
-
-impl StoreHandles {
-    fn new(labels: &Labels) -> Self {
-        Self {
-            ok: labels.histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", "ok")]),
-            error: labels.histogram(STORE_CALL_DURATION_SECONDS, &[("outcome", "error")]),
-            errors: KINDS.map(|k| labels.counter(STORE_ERRORS_TOTAL, &[("kind", k.as_str())])),
-            retries: labels.counter(STORE_RETRIES_TOTAL, &[]),
-        }
+    fn counters(&self) -> impl Iterator<Item = &Counter> {
+        let fallback = self.fallback.iter();
+        self.decisions
+            .iter()
+            .flatten()
+            .chain([&self.near_limit, &self.store_retries])
+            .chain(fallback.clone().flat_map(|f| f.decisions.iter().flatten()))
+            .chain(fallback.flat_map(|f| f.admissions.iter()))
+            .chain(&self.store_errors)
+            .chain(self.breaker.iter().flat_map(|b| b.transitions.iter()))
+            .chain(self.local.iter().flat_map(|l| [&l.hits, &l.misses]))
     }
-}
 
-struct BreakerHandles {
-    state: Gauge,
-    open_shards: Gauge,
-    transitions: [Counter; 3],
-}
-
-struct LocalHandles {
-    entries: Gauge,
-    hits: Counter,
-    misses: Counter,
-}
-
-/// Every series of the limiter's own quota, registered together.
-struct Handles {
-    decisions: DecisionHandles,
-    store: StoreHandles,
-    breaker: Option<BreakerHandles>,
-    local: Option<LocalHandles>,
+    fn gauges(&self) -> impl Iterator<Item = &Gauge> {
+        let breaker = self.breaker.iter();
+        breaker
+            .flat_map(|b| [&b.state, &b.open_shards])
+            .chain(self.local.iter().map(|l| &l.entries))
+    }
 }
 
 /// What a limiter has, which decides the series it registers.
@@ -206,8 +201,7 @@ pub(crate) struct Parts {
     pub(crate) local: bool,
 }
 
-/// The metrics of one limiter (or of another capability made from a
-/// store handle, under its own name).
+/// The metrics of one limiter, or of another capability under its name.
 pub(crate) struct LimiterMetrics {
     /// The limiter's own quota: its decisions use the cached handles.
     own: Option<Quota>,
@@ -215,24 +209,20 @@ pub(crate) struct LimiterMetrics {
     tenant_label: bool,
     parts: Parts,
     handles: OnceLock<Handles>,
-    /// `tower_window_lease_units_total{event="spent"}` of the own quota,
-    /// registered on the first leased spend (a spend is a memory-speed
-    /// admission: no registry lookup per spend).
+    /// The own quota's `spent` lease units, looked up once (a spend is a
+    /// memory-speed admission).
     lease_spent: OnceLock<Counter>,
-    /// Counters of the other quotas this limiter decides (the policies
-    /// passed to each check: the Envoy rls's rules, say), registered on
-    /// first use and then found by name without building labels or asking
-    /// the recorder's registry (some 3,000 instructions a decision).
-    /// Bounded; made on first use.
+    /// Counters of the other quotas this limiter decides (policies passed
+    /// to each check), found without building labels or asking the
+    /// recorder's registry.
     others: OnceLock<quick_cache::sync::Cache<OtherKey, Counter>>,
 }
 
-/// How many counters of other quotas a limiter keeps (a few per quota and
-/// label values: ~300 quotas); an evicted one is registered again.
+/// How many counters of other quotas a limiter keeps (~300 quotas).
 const OTHERS: usize = 4_096;
 
 /// A counter of another quota: its name, the series and the values of
-/// its extra labels (at most two; the series names their keys).
+/// its (at most two) extra labels.
 #[derive(Hash, PartialEq, Eq)]
 struct OtherKey {
     quota: Box<str>,
@@ -240,8 +230,8 @@ struct OtherKey {
     values: [&'static str; 2],
 }
 
-/// [`OtherKey`] borrowed, to look one up without allocating; hashes as
-/// it does (same fields, same order).
+/// [`OtherKey`] borrowed, to look one up without allocating (same fields,
+/// same hash).
 #[derive(Hash)]
 struct OtherKeyRef<'a> {
     quota: &'a str,
@@ -259,19 +249,20 @@ impl LimiterMetrics {
     pub(crate) fn new(quota: &Quota, tenant_label: bool, parts: Parts) -> Self {
         Self {
             own: Some(quota.clone()),
-            quota: SharedString::from(String::from(quota.name())),
             tenant_label,
             parts,
-            handles: OnceLock::new(),
-            lease_spent: OnceLock::new(),
-            others: OnceLock::new(),
+            ..Self::with_name(quota.name())
         }
     }
 
-    /// The store-call metrics of a capability called `name` (connection
-    /// slots, dedup, events): its calls are labelled `quota = name`.
+    /// The store-call metrics of a capability (`connections`, `dedup`, ...),
+    /// labelled `quota = name`.
     pub(crate) fn named(name: &str) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new(Self::with_name(name))
+    }
+
+    fn with_name(name: &str) -> Self {
+        Self {
             own: None,
             quota: SharedString::from(String::from(name)),
             tenant_label: false,
@@ -279,13 +270,6 @@ impl LimiterMetrics {
             handles: OnceLock::new(),
             lease_spent: OnceLock::new(),
             others: OnceLock::new(),
-        })
-    }
-
-    fn own_labels(&self) -> Labels {
-        Labels {
-            quota: self.quota.clone(),
-            tenant: None,
         }
     }
 
@@ -293,65 +277,32 @@ impl LimiterMetrics {
     /// first use.
     fn handles(&self) -> &Handles {
         self.handles.get_or_init(|| {
-            let labels = self.own_labels();
-            let breaker = self.parts.breaker.then(|| {
-                let state = labels.gauge(BREAKER_STATE);
-                state.set(0.0);
-                let open_shards = labels.gauge(BREAKER_OPEN_SHARDS);
-                open_shards.set(0.0);
-                BreakerHandles {
-                    state,
-                    open_shards,
-                    transitions: STATES
-                        .map(|s| labels.counter(BREAKER_TRANSITIONS_TOTAL, &[("to", s.as_str())])),
-                }
-            });
-            let local = self.parts.local.then(|| {
-                let entries = labels.gauge(LOCAL_CACHE_ENTRIES);
-                entries.set(0.0);
-                LocalHandles {
-                    entries,
-                    hits: labels.counter(LOCAL_CACHE_HITS_TOTAL, &[]),
-                    misses: labels.counter(LOCAL_CACHE_MISSES_TOTAL, &[]),
-                }
-            });
-            Handles {
-                decisions: DecisionHandles::new(&labels, self.parts.fallback),
-                store: StoreHandles::new(&labels),
-                breaker,
-                local,
-            }
+            let handles = Handles::new(&self.labels_for(None, None), self.parts);
+            handles.gauges().for_each(|gauge| gauge.set(0.0));
+            handles
         })
     }
 
     /// Whether `quota` is the limiter's own: its handles are cached.
     fn is_own(&self, quota: &Quota) -> bool {
-        // Decisions of the limiter's own policy share its quota's
-        // allocation: no text compared on the hot path.
+        // The own policy's decisions share its quota's allocation.
         self.own
             .as_ref()
             .is_some_and(|own| quota.same_allocation(own))
             || quota.name() == &*self.quota
     }
 
-    fn labels_for(&self, quota: &Quota, key: Option<&WindowKey>) -> Labels {
-        let quota = if self.is_own(quota) {
-            self.quota.clone()
-        } else {
-            SharedString::from(String::from(quota.name()))
+    /// The labels of `quota` (`None`: the own name), with `key`'s tenant
+    /// when the limiter labels tenants.
+    fn labels_for(&self, quota: Option<&Quota>, key: Option<&WindowKey>) -> Labels {
+        let quota = match quota {
+            Some(quota) if !self.is_own(quota) => SharedString::from(String::from(quota.name())),
+            _ => self.quota.clone(),
         };
         let tenant = key
             .filter(|_| self.tenant_label)
             .map(|key| SharedString::from(String::from_utf8_lossy(key.tenant()).into_owned()));
         Labels { quota, tenant }
-    }
-
-    /// The labels of a store call for `quota` (`None`: the own name).
-    fn labels_for_call(&self, quota: Option<&Quota>) -> Labels {
-        match quota {
-            Some(quota) => self.labels_for(quota, None),
-            None => self.own_labels(),
-        }
     }
 
     /// The counter `series{extra, quota}` of `quota` (not the own one),
@@ -364,7 +315,7 @@ impl LimiterMetrics {
         extra: &[(&'static str, &'static str)],
     ) -> Counter {
         if (self.tenant_label && key.is_some()) || extra.len() > 2 {
-            return self.labels_for(quota, key).counter(series, extra);
+            return self.labels_for(Some(quota), key).counter(series, extra);
         }
         let mut values = [""; 2];
         for (value, (_, v)) in values.iter_mut().zip(extra) {
@@ -381,7 +332,7 @@ impl LimiterMetrics {
         if let Some(counter) = cache.get(&probe) {
             return counter;
         }
-        let counter = self.labels_for(quota, None).counter(series, extra);
+        let counter = self.labels_for(Some(quota), None).counter(series, extra);
         cache.insert(
             OtherKey {
                 quota: quota.name().into(),
@@ -399,45 +350,33 @@ impl LimiterMetrics {
             return;
         }
         for shadow in decision.shadow_denials() {
-            self.labels_for(&shadow.quota, Some(key))
+            self.labels_for(Some(&shadow.quota), Some(key))
                 .counter(SHADOW_DENIALS_TOTAL, &[])
                 .increment(1);
         }
         if !self.tenant_label && self.is_own(decision.quota()) {
-            self.handles().decisions.record(decision);
+            self.handles().record(decision);
         } else {
             // Make sure the limiter-wide series exist too.
             let _ = self.handles();
-            let quota = decision.quota();
-            let outcome = outcome(decision.allowed);
-            self.other_counter(
-                quota,
-                Some(key),
-                DECISIONS_TOTAL,
-                &[("outcome", outcome), ("source", decision.source.as_str())],
-            )
-            .increment(1);
-            if decision.allowed && is_near_limit(decision.remaining, decision.limit()) {
-                self.other_counter(quota, Some(key), NEAR_LIMIT_TOTAL, &[])
+            let count = |series: &'static str, extra: &[(&'static str, &'static str)]| {
+                self.other_counter(decision.quota(), Some(key), series, extra)
                     .increment(1);
+            };
+            let outcome = outcome(decision.allowed);
+            let source = decision.source.as_str();
+            count(DECISIONS_TOTAL, &[("outcome", outcome), ("source", source)]);
+            if decision.allowed && is_near_limit(decision.remaining, decision.limit()) {
+                count(NEAR_LIMIT_TOTAL, &[]);
             }
             if let DecisionSource::Fallback(reason) = decision.source {
                 let reason = reason.as_str();
-                self.other_counter(
-                    quota,
-                    Some(key),
+                count(
                     FALLBACK_DECISIONS_TOTAL,
                     &[("reason", reason), ("outcome", outcome)],
-                )
-                .increment(1);
+                );
                 if decision.allowed {
-                    self.other_counter(
-                        quota,
-                        Some(key),
-                        FALLBACK_ADMISSIONS_TOTAL,
-                        &[("reason", reason)],
-                    )
-                    .increment(1);
+                    count(FALLBACK_ADMISSIONS_TOTAL, &[("reason", reason)]);
                 }
             }
         }
@@ -450,11 +389,8 @@ impl LimiterMetrics {
         }
         if self.is_own(quota) {
             if let Some(local) = &self.handles().local {
-                if hit {
-                    local.hits.increment(1);
-                } else {
-                    local.misses.increment(1);
-                }
+                let counter = if hit { &local.hits } else { &local.misses };
+                counter.increment(1);
             }
         } else {
             let name = if hit {
@@ -462,7 +398,9 @@ impl LimiterMetrics {
             } else {
                 LOCAL_CACHE_MISSES_TOTAL
             };
-            self.labels_for(quota, None).counter(name, &[]).increment(1);
+            self.labels_for(Some(quota), None)
+                .counter(name, &[])
+                .increment(1);
         }
     }
 
@@ -478,16 +416,14 @@ impl LimiterMetrics {
         }
     }
 
-    /// Records one breaker's transition into `to`; after it, `worst`
-    /// is the worst state over the store handle's breakers and `open`
-    /// of them are open.
+    /// Records one breaker's transition into `to`, then the state.
     pub(crate) fn breaker_transition(&self, to: BreakerState, worst: BreakerState, open: usize) {
         if !ENABLED {
             return;
         }
         self.breaker_state(worst, open);
         if let Some(breaker) = &self.handles().breaker {
-            breaker.transitions[state_index(to)].increment(1);
+            breaker.transitions[index_of(&STATES, &to, 2)].increment(1);
         }
     }
 
@@ -500,27 +436,21 @@ impl LimiterMetrics {
             // Small integers: no precision loss.
             #[allow(clippy::cast_precision_loss)]
             {
-                breaker.state.set(state_index(worst) as f64);
+                breaker.state.set(index_of(&STATES, &worst, 2) as f64);
                 breaker.open_shards.set(open as f64);
             }
         }
     }
 
-    /// Records one retried store attempt.
-    /// Counts `units` of leases of the limiter's policy for `event`
-    /// (`granted`, `spent`, `refunded`, `expired`); off the hot path of
-    /// a check without leases.
+    /// Counts `units` of leases for `event` (see [`LEASE_UNITS_TOTAL`]).
     pub(crate) fn lease_units(&self, quota: &Quota, event: &'static str, units: u64) {
-        if !ENABLED {
-            return;
-        }
-        if units == 0 {
+        if !ENABLED || units == 0 {
             return;
         }
         if event == "spent" && self.is_own(quota) {
             self.lease_spent
                 .get_or_init(|| {
-                    self.own_labels()
+                    self.labels_for(None, None)
                         .counter(LEASE_UNITS_TOTAL, &[("event", "spent")])
                 })
                 .increment(units);
@@ -530,51 +460,31 @@ impl LimiterMetrics {
             .increment(units);
     }
 
-    pub(crate) fn store_retry_for(&self, quota: Option<&Quota>) {
-        if !ENABLED {
-            return;
-        }
+    fn store_retry(&self, quota: Option<&Quota>) {
         if quota.is_none_or(|quota| self.is_own(quota)) {
-            self.handles().store.retries.increment(1);
+            self.handles().store_retries.increment(1);
         } else {
-            self.labels_for_call(quota)
+            self.labels_for(quota, None)
                 .counter(STORE_RETRIES_TOTAL, &[])
                 .increment(1);
         }
     }
 
-    /// Records a finished store call started at `timer`.
-    pub(crate) fn store_call_for(
-        &self,
-        quota: Option<&Quota>,
-        timer: StoreTimer,
-        error: Option<&StoreError>,
-    ) {
-        if !ENABLED {
-            return;
-        }
-        if timer.0.is_none() && error.is_none() {
-            // An untimed success records nothing.
-            return;
-        }
-        let seconds = timer.0.map(|started| started.elapsed().as_secs_f64());
+    fn store_call(&self, quota: Option<&Quota>, seconds: Option<f64>, error: Option<&StoreError>) {
         if quota.is_none_or(|quota| self.is_own(quota)) {
-            let store = &self.handles().store;
-            match error {
-                None => {
-                    if let Some(seconds) = seconds {
-                        store.ok.record(seconds);
-                    }
-                }
-                Some(error) => {
-                    if let Some(seconds) = seconds {
-                        store.error.record(seconds);
-                    }
-                    store.errors[kind_index(error.kind())].increment(1);
-                }
+            let handles = self.handles();
+            if let Some(seconds) = seconds {
+                let histogram = match error {
+                    None => &handles.store_ok,
+                    Some(_) => &handles.store_error,
+                };
+                histogram.record(seconds);
+            }
+            if let Some(error) = error {
+                handles.store_errors[index_of(&KINDS, &error.kind(), 3)].increment(1);
             }
         } else {
-            let labels = self.labels_for_call(quota);
+            let labels = self.labels_for(quota, None);
             let outcome = if error.is_some() { "error" } else { "ok" };
             if let Some(seconds) = seconds {
                 labels
@@ -590,45 +500,23 @@ impl LimiterMetrics {
     }
 }
 
-/// See [`super::register_quota`]: the same label sets the records use
-/// (built by the same handles), each incremented by zero.
+/// See [`super::register_quota`]: the records' own handles, each
+/// incremented by zero.
 pub(crate) fn register_quota(quota: &str) {
-    if !ENABLED {
-        return;
-    }
     let labels = Labels {
         quota: SharedString::from(String::from(quota)),
         tenant: None,
     };
-    let decisions = DecisionHandles::new(&labels, true);
-    let fallback = decisions.fallback.iter();
-    let counters = decisions
-        .decisions
-        .iter()
-        .flatten()
-        .chain(std::iter::once(&decisions.near_limit))
-        .chain(fallback.clone().flat_map(|f| f.decisions.iter().flatten()))
-        .chain(fallback.flat_map(|f| f.admissions.iter()));
-    counters.for_each(|c| c.increment(0));
+    let all = Parts {
+        fallback: true,
+        breaker: true,
+        local: true,
+    };
     // Histograms are exported from their registration on.
-    let store = StoreHandles::new(&labels);
-    store.errors.iter().for_each(|c| c.increment(0));
-    store.retries.increment(0);
-    for gauge in [BREAKER_STATE, BREAKER_OPEN_SHARDS, LOCAL_CACHE_ENTRIES] {
-        labels.gauge(gauge).increment(0.0);
-    }
-    for state in STATES {
-        labels
-            .counter(BREAKER_TRANSITIONS_TOTAL, &[("to", state.as_str())])
-            .increment(0);
-    }
-    for name in [
-        LOCAL_CACHE_HITS_TOTAL,
-        LOCAL_CACHE_MISSES_TOTAL,
-        SHADOW_DENIALS_TOTAL,
-    ] {
-        labels.counter(name, &[]).increment(0);
-    }
+    let handles = Handles::new(&labels, all);
+    handles.counters().for_each(|counter| counter.increment(0));
+    handles.gauges().for_each(|gauge| gauge.increment(0.0));
+    labels.counter(SHADOW_DENIALS_TOTAL, &[]).increment(0);
     for event in LEASE_EVENTS {
         labels
             .counter(LEASE_UNITS_TOTAL, &[("event", event)])
@@ -636,21 +524,18 @@ pub(crate) fn register_quota(quota: &str) {
     }
 }
 
-/// Where one store call's metrics go: a limiter's (or a named
-/// capability's) series, under the quota the call is for (`None`: its
-/// own name), or nowhere. Borrowed while a call starts;
-/// [`to_owned`](Self::to_owned) for a guarded future, which owns its share.
+/// Where one store call's metrics go: a limiter's series under the call's
+/// quota (`None`: its own name), or nowhere.
 #[derive(Clone)]
 pub(crate) struct Calls<'a> {
     metrics: Option<Cow<'a, Arc<LimiterMetrics>>>,
     quota: Option<Cow<'a, Quota>>,
-    /// The policy the call is for, named in the failure's log line.
+    /// The policy the call is for, named in a failure's log line.
     policy: Option<Cow<'a, Policy>>,
 }
 
 impl<'a> Calls<'a> {
-    /// Calls recorded in `metrics`, under `quota` (`None`: the
-    /// capability's own name).
+    /// Calls recorded in `metrics`, under `quota`.
     pub(crate) fn to(metrics: &'a Arc<LimiterMetrics>, quota: Option<&'a Quota>) -> Self {
         Self {
             metrics: Some(Cow::Borrowed(metrics)),
@@ -659,7 +544,7 @@ impl<'a> Calls<'a> {
         }
     }
 
-    /// The same calls, for `policy` (named in the log line of a failure).
+    /// The same calls, for `policy`.
     pub(crate) fn for_policy(self, policy: &'a Policy) -> Self {
         Self {
             policy: Some(Cow::Borrowed(policy)),
@@ -688,8 +573,7 @@ impl<'a> Calls<'a> {
         }
     }
 
-    /// What a failed call's log line names: the policy, else the
-    /// capability (`connections`, `dedup`, `events`).
+    /// What a failed call's log line names: the policy, else the capability.
     pub(crate) fn owner(&self) -> &str {
         match (&self.policy, &self.metrics) {
             (Some(policy), _) => policy.name(),
@@ -701,20 +585,20 @@ impl<'a> Calls<'a> {
     /// Records a finished store call started at `timer`.
     #[inline]
     pub(crate) fn store_call(&self, timer: StoreTimer, error: Option<&StoreError>) {
-        if timer.0.is_none() && error.is_none() {
-            // An untimed success records nothing (the hot path of an
-            // in-process store): decided here, without a call.
+        // An untimed success (an in-process store) records nothing.
+        if !ENABLED || (timer.0.is_none() && error.is_none()) {
             return;
         }
         if let Some(metrics) = &self.metrics {
-            metrics.store_call_for(self.quota.as_deref(), timer, error);
+            let seconds = timer.0.map(|started| started.elapsed().as_secs_f64());
+            metrics.store_call(self.quota.as_deref(), seconds, error);
         }
     }
 
     /// Records one retried store attempt.
     pub(crate) fn store_retry(&self) {
-        if let Some(metrics) = &self.metrics {
-            metrics.store_retry_for(self.quota.as_deref());
+        if let Some(metrics) = self.metrics.as_ref().filter(|_| ENABLED) {
+            metrics.store_retry(self.quota.as_deref());
         }
     }
 }
@@ -723,9 +607,8 @@ impl<'a> Calls<'a> {
 pub(crate) struct StoreTimer(Option<Instant>);
 
 impl StoreTimer {
-    /// Starts timing a store call, if `timed`. An in-process store
-    /// decides in well under the histogram's smallest bucket; two clock
-    /// readings would cost more than its whole call, so it is not timed.
+    /// Starts timing a store call, if `timed` (not for an in-process store,
+    /// where two clock readings cost more than the call).
     pub(crate) fn start(timed: bool) -> Self {
         Self((timed && ENABLED).then(Instant::now))
     }
