@@ -4,7 +4,6 @@ use std::fmt;
 
 use axum::extract::{FromRequestParts, Query};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use tower_window::events::Position;
@@ -113,6 +112,6 @@ impl std::error::Error for InvalidResume {}
 
 impl IntoResponse for InvalidResume {
     fn into_response(self) -> Response {
-        crate::problem::invalid_input(StatusCode::BAD_REQUEST, &self.to_string())
+        crate::problem::invalid_input(self.to_string())
     }
 }
