@@ -22,8 +22,7 @@ pub enum ExceedAction {
     Pause,
 }
 
-/// How far past the size limit a message is still read whole (see
-/// [`MessageLimits::read_limit`]).
+/// See [`MessageLimits::read_limit`].
 const READ_SLACK: usize = 64 * 1024;
 
 /// The per-message and per-byte limits of guarded sockets; cheap to clone.
@@ -87,13 +86,10 @@ impl MessageLimits {
         self.inner.bytes.as_ref()
     }
 
-    /// The largest frame and message the socket reads at all
-    /// ([`configure`](Self::configure) sets it): twice
+    /// The largest frame and message the socket reads at all: twice
     /// [`max_message_bytes`](Self::max_message_bytes), and at least 64 KiB
-    /// more than it. Past `max_message_bytes` the guard closes with 1009
-    /// and can still discard what the peer sends until its close; past
-    /// this, the frame is refused by its header and the socket cannot be
-    /// read any more.
+    /// more. Between the two the guard can still read on after its 1009,
+    /// discarding until the peer's close; past this it cannot.
     pub fn read_limit(&self) -> usize {
         let max = self.inner.max_message_bytes;
         max.saturating_add(max.max(READ_SLACK))
@@ -102,9 +98,8 @@ impl MessageLimits {
     /// Sets the upgrade's frame and message size limits to
     /// [`read_limit`](Self::read_limit), and its read buffer to 4 KiB.
     ///
-    /// tungstenite zero-fills the read buffer's free part on every read
-    /// attempt, and a room socket tries a read after every frame it sends:
-    /// at the default 128 KiB that is expensive. The buffer still grows to
+    /// tungstenite zero-fills the buffer's free part on every read attempt,
+    /// which at its default 128 KiB is expensive; the buffer still grows to
     /// a frame's length.
     pub fn configure<F>(&self, upgrade: WebSocketUpgrade<F>) -> WebSocketUpgrade<F> {
         upgrade
@@ -182,10 +177,8 @@ impl MessageLimitsBuilder {
     }
 
     /// How long a closed socket, once dropped, waits for the peer's close,
-    /// discarding what the peer still sends (default
-    /// [`MessageLimits::DEFAULT_CLOSE_TIMEOUT`]): a connection dropped with
-    /// unread data is reset, and the peer would see the reset instead of
-    /// the close.
+    /// discarding what the peer still sends, so the peer sees the close
+    /// rather than a reset (default [`MessageLimits::DEFAULT_CLOSE_TIMEOUT`]).
     pub fn close_timeout(mut self, timeout: Duration) -> Self {
         self.inner.close_timeout = timeout;
         self
