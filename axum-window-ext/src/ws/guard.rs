@@ -16,11 +16,9 @@ use super::{
 /// The most frames discarded while waiting for the peer's close.
 const MAX_DISCARDED: usize = 10_000;
 
-/// What a closed connection needs before it is dropped, done by a task
-/// the [`GuardedSocket`]'s drop spawns (bounded by
-/// [`close_timeout`](super::MessageLimitsBuilder::close_timeout)): a
-/// connection dropped with the peer's frames unread is reset, and a peer
-/// still writing would see the reset instead of the close (RFC 6455 7.1.1).
+/// What a closed connection needs before it is dropped (by a task the
+/// guard's drop spawns): dropped with the peer's frames unread, it is
+/// reset, and a peer still writing would see the reset, not the close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Closing {
     /// Read and discard until the peer's close; after the peer's own close
@@ -43,8 +41,7 @@ pub enum CloseCause {
     InvalidUtf8,
     /// A WebSocket protocol violation: closed with 1002.
     ProtocolError,
-    /// A message over the size limit (or one the byte quota can never
-    /// admit): closed with 1009.
+    /// A message over the size limit or the byte quota: closed with 1009.
     TooBig,
     /// A quota was exceeded with [`ExceedAction::Close`]: closed with 1008.
     RateLimited,

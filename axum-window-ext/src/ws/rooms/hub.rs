@@ -34,8 +34,7 @@ pub(super) enum Live {
     /// One blocking `XREAD` for all rooms (single-node Redis).
     #[cfg(feature = "redis")]
     Tail(Box<tokio::sync::Mutex<EventTail>>),
-    /// The events backend's wake-ups: a room is read only when an append or
-    /// a (re)subscription says so.
+    /// The events backend's wake-ups.
     Push(Box<EventWakeups>),
     /// Polling, woken at once by local appends.
     Poll,

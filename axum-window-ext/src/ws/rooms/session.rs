@@ -68,7 +68,7 @@ impl RoomSession {
         &self.room
     }
 
-    /// Where the room stood at the join (the welcome's position).
+    /// The welcome's position: where the room stood at the join.
     pub fn head(&self) -> Option<&Position> {
         self.head.as_ref()
     }
