@@ -9,18 +9,13 @@ use http::request::Parts;
 use http::StatusCode;
 use tower_window::Decision;
 
-/// The [`Decision`] the rate-limit layer made for this request.
+/// The [`Decision`] the rate-limit layer made for this request (from the
+/// request's extensions).
 ///
-/// The layer inserts it into the request's extensions before calling the
-/// handler. Extracting `RateLimitInfo` where no layer ran is a server
-/// misconfiguration and fails with [`MissingRateLimitInfo`] (500); extract
-/// `Option<RateLimitInfo>` where the layer is optional.
-///
-/// Its `remaining`, `reset_after` and `limit()` are the deciding quota's,
-/// which is a [shadow](tower_window::Quota::shadowed) quota only when every
-/// quota of the policy is (`decision.quota().is_shadow()`): nothing is
-/// enforced then, and like the layer's `RateLimit` header (left out then),
-/// a handler should not present them as a limit.
+/// Where no layer ran, extraction fails with [`MissingRateLimitInfo`]
+/// (500); extract `Option<RateLimitInfo>` where the layer is optional.
+/// When `decision.quota().is_shadow()` nothing is enforced: like the
+/// layer's `RateLimit` header, do not present its figures as a limit.
 ///
 /// ```
 /// use axum::{routing::get, Router};
@@ -44,12 +39,7 @@ impl<S: Send + Sync> FromRequestParts<S> for RateLimitInfo {
     type Rejection = MissingRateLimitInfo;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        parts
-            .extensions
-            .get::<Decision>()
-            .cloned()
-            .map(Self)
-            .ok_or(MissingRateLimitInfo { _priv: () })
+        from_parts(parts).ok_or(MissingRateLimitInfo { _priv: () })
     }
 }
 
@@ -60,8 +50,16 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for RateLimitInfo {
         parts: &mut Parts,
         _state: &S,
     ) -> Result<Option<Self>, Self::Rejection> {
-        Ok(parts.extensions.get::<Decision>().cloned().map(Self))
+        Ok(from_parts(parts))
     }
+}
+
+fn from_parts(parts: &Parts) -> Option<RateLimitInfo> {
+    parts
+        .extensions
+        .get::<Decision>()
+        .cloned()
+        .map(RateLimitInfo)
 }
 
 impl std::ops::Deref for RateLimitInfo {
@@ -72,8 +70,7 @@ impl std::ops::Deref for RateLimitInfo {
     }
 }
 
-/// [`RateLimitInfo`] was extracted but no rate-limit layer ran for the
-/// request (500 Internal Server Error: the route is missing its layer).
+/// [`RateLimitInfo`] was extracted but no rate-limit layer ran (500).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MissingRateLimitInfo {
     _priv: (),

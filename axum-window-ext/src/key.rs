@@ -9,13 +9,10 @@ use tower_window::key::{KeyExtractor, PeerIp, TrustedProxies, WindowKey};
 
 /// Limits per value of a path parameter, e.g. per `{id}` of `/users/{id}`.
 ///
-/// axum routes first and then runs the route's layers, so
-/// `Router::layer`, `Router::route_layer` and a method router's
-/// `route_layer` all see the matched route's template ([`MatchedPath`]); `PathParam` finds the parameter's segment in
-/// it and takes the same segment of the request path, percent-decoded. A
-/// catch-all parameter (`{*rest}`) takes the rest of the path. Requests
-/// without a matched route (the fallback) or without the parameter have no
-/// key.
+/// Reads the matched route's template ([`MatchedPath`], seen by every
+/// layer since axum routes first) and takes the parameter's segment of the
+/// request path, percent-decoded; a catch-all (`{*rest}`) takes the rest of
+/// the path. Requests without a matched route or the parameter have no key.
 ///
 /// ```
 /// use axum::{routing::get, Router};
@@ -39,8 +36,7 @@ impl PathParam {
         Self { name: name.into() }
     }
 
-    /// The raw (still percent-encoded) value of the parameter in `path`, for
-    /// the route `template`.
+    /// The parameter's raw (percent-encoded) value in `path` for `template`.
     fn find<'p>(&self, template: &str, path: &'p str) -> Option<Cow<'p, str>> {
         let template: Vec<&str> = template.trim_start_matches('/').split('/').collect();
         let path_segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -49,9 +45,8 @@ impl PathParam {
                 let (prefix, suffix, catch_all) = self.locate(segment)?;
                 Some((i, prefix, suffix, catch_all))
             })?;
-        // `Router::nest` strips the nest path from the URI of the nested
-        // routes' requests but keeps it in `MatchedPath`: then line the
-        // segments up from the end. Literal segments must agree either way.
+        // `Router::nest` strips the nest path from the URI but not from
+        // `MatchedPath`: then line the segments up from the end.
         let offset = if catch_all || path_segments.len() >= template.len() {
             0
         } else {
@@ -79,8 +74,8 @@ impl PathParam {
         (!value.is_empty()).then_some(Cow::Borrowed(value))
     }
 
-    /// Where `{name}` sits in one template segment: the literal text before
-    /// and after it, and whether it is a catch-all.
+    /// The literal text around `{name}` in `segment`, and whether it is a
+    /// catch-all.
     fn locate<'t>(&self, segment: &'t str) -> Option<(&'t str, &'t str, bool)> {
         for (open, catch_all) in [("{", false), ("{*", true)] {
             let needle = format!("{open}{}}}", self.name);
@@ -95,9 +90,7 @@ impl PathParam {
         }
         None
     }
-}
 
-impl PathParam {
     fn key(&self, extensions: &http::Extensions, uri: &http::Uri) -> Option<WindowKey> {
         let template = extensions.get::<MatchedPath>()?;
         let raw = self.find(template.as_str(), uri.path())?;
@@ -118,16 +111,10 @@ impl KeyExtractor<http::request::Parts> for PathParam {
     }
 }
 
-/// Limits per client IP address, read from axum's `ConnectInfo<SocketAddr>`.
-///
-/// Serve the app with
-/// `into_make_service_with_connect_info::<SocketAddr>()` so the extension is
-/// there; without it a request has no key. By default the peer address is the
-/// client. Behind reverse proxies, list them with
-/// [`trusted_proxies`](Self::trusted_proxies): `X-Forwarded-For` is then
-/// walked from the right, skipping trusted hops, exactly as
-/// [`PeerIp`] and [`TrustedProxies::client_ip`] do — the left-most (client-controlled)
-/// entry is never trusted on its own.
+/// Limits per client IP address, read from axum's `ConnectInfo<SocketAddr>`
+/// (serve with `into_make_service_with_connect_info::<SocketAddr>()`;
+/// without it a request has no key), keyed as [`PeerIp`] keys it: behind
+/// [`trusted_proxies`](Self::trusted_proxies), from `X-Forwarded-For`.
 ///
 /// ```
 /// use axum::{routing::get, Router};
@@ -159,8 +146,7 @@ impl ConnectInfoIp {
         }
     }
 
-    /// Keys IPv6 clients by their network of this prefix length (at most
-    /// 128, the default) rather than by address; see [`PeerIp::ipv6_prefix`].
+    /// See [`PeerIp::ipv6_prefix`].
     pub fn ipv6_prefix(self, prefix_len: u8) -> Self {
         Self {
             peer: self.peer.ipv6_prefix(prefix_len),

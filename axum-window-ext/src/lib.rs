@@ -1,19 +1,13 @@
 //! [axum] integration for [`tower_window`].
 //!
-//! - [`layer`] / [`AxumSlidingWindowLayer`]: a
-//!   [`SlidingWindowLayer`] whose rejections are RFC 9457
-//!   `application/problem+json` bodies ([`ProblemJson`]). Put it on a
-//!   route's method router (`get(handler).route_layer(layer)`) so that only
-//!   requests the route serves are charged: `Router::route_layer` also
-//!   wraps axum's `405` for a method the route does not serve (and so
-//!   charges it), `Router::layer` every request, `404`s included.
-//! - [`RateLimitInfo`]: an extractor that gives handlers the layer's
-//!   [`Decision`](tower_window::Decision) (also as `Option<RateLimitInfo>`).
-//! - [`RejectionResponse`]: a [`Rejection`] handlers can return
-//!   (`IntoResponse`), for limits checked inside a handler.
-//! - Key extractors that need axum: [`PathParam`] (a route's path
-//!   parameter, via `MatchedPath`) and [`ConnectInfoIp`] (the client IP from
-//!   `ConnectInfo<SocketAddr>`, trusted-proxy aware).
+//! - [`layer`]: a [`SlidingWindowLayer`] answering rejections with RFC 9457
+//!   problem+json ([`ProblemJson`]). Put it on a route's method router
+//!   (`get(handler).route_layer(layer)`) so only requests the route serves
+//!   are charged: `Router::route_layer` also charges axum's `405`s, and
+//!   `Router::layer` every request, `404`s included.
+//! - [`RateLimitInfo`]: the layer's [`Decision`](tower_window::Decision) in
+//!   a handler; [`RejectionResponse`]: a [`Rejection`] a handler can return.
+//! - [`PathParam`] and [`ConnectInfoIp`]: key extractors that need axum.
 //!
 //! ```
 //! use axum::{routing::get, Router};
@@ -64,8 +58,7 @@ pub use problem::{
 
 pub use tower_window::layer::Rejection;
 
-// The READMEs' Rust examples are compiled (and, unless `no_run`, run) as
-// doctests of this crate, so they cannot drift from the API.
+// The READMEs' Rust examples are doctests of this crate.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct WorkspaceReadme;
@@ -84,12 +77,8 @@ use tower_window::{Limiter, SlidingWindowLayer};
 /// A [`SlidingWindowLayer`] answering rejections with [`ProblemJson`].
 pub type AxumSlidingWindowLayer<K, C = UnitCost> = SlidingWindowLayer<K, C, Http<ProblemJson>>;
 
-/// `SlidingWindowLayer::new(limiter, key).rejection(ProblemJson::new())`: limits
-/// with `limiter`, per window named by `key`, and answers rejections with
-/// `application/problem+json`.
-///
-/// The result is an ordinary [`SlidingWindowLayer`]; keep configuring it
-/// (`.cost(...)`, `.on_missing_key(...)`, `.legacy_headers(true)`).
+/// `SlidingWindowLayer::new(limiter, key).rejection(ProblemJson::new())`;
+/// configure it further like any [`SlidingWindowLayer`].
 pub fn layer<K>(limiter: Limiter, key: K) -> AxumSlidingWindowLayer<K> {
     SlidingWindowLayer::new(limiter, key).rejection(ProblemJson::new())
 }

@@ -26,14 +26,13 @@ pub const TYPE_INVALID_INPUT: &str = "urn:tower-window:problem:invalid-input";
 pub const TYPE_UNAVAILABLE: &str = "urn:tower-window:problem:unavailable";
 /// The `type` of a request whose tenant is unknown (403).
 pub const TYPE_UNKNOWN_TENANT: &str = "urn:tower-window:problem:unknown-tenant";
-/// Problem type of a denial by the fallback policy while the store cannot
-/// decide (`503` by default, or the policy's status).
+/// The `type` of a denial by the fallback policy while the store cannot
+/// decide (503, or the policy's status).
 pub const TYPE_DEGRADED: &str = "urn:tower-window:problem:degraded";
 
-/// Answers rejections with an RFC 9457 `application/problem+json` body.
-///
-/// Every body has `type`, `title`, `status` and `detail`. A rate-limit
-/// denial (429, and a degraded denial) also has
+/// Answers rejections with an RFC 9457 `application/problem+json` body of
+/// `type`, `title`, `status` and `detail`; a rate-limit denial (429, and a
+/// degraded denial) also has
 ///
 /// | member | holds |
 /// |---|---|
@@ -46,22 +45,6 @@ pub const TYPE_DEGRADED: &str = "urn:tower-window:problem:degraded";
 /// | `retry_after` | seconds until the same request could be admitted, rounded up and at least 1, as in `Retry-After`; `null` when the request's cost can never fit |
 ///
 /// Store failure messages are never shown to clients.
-///
-/// ```json
-/// {
-///   "type": "urn:tower-window:problem:rate-limited",
-///   "title": "Too Many Requests",
-///   "status": 429,
-///   "detail": "quota \"burst\" (20/1s) exhausted; retry in 1 s",
-///   "policy": "api",
-///   "quota": "burst",
-///   "definition": "20/1s",
-///   "limit": 20,
-///   "remaining": 0,
-///   "reset_after": 1,
-///   "retry_after": 1
-/// }
-/// ```
 ///
 /// ```
 /// use axum_window_ext::ProblemJson;
@@ -82,9 +65,6 @@ pub const TYPE_DEGRADED: &str = "urn:tower-window:problem:degraded";
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
-///
-/// Use it as the layer's rejection (see [`layer`](crate::layer)), or
-/// directly through [`RejectionResponse`].
 #[derive(Debug, Clone, Copy, Default)]
 #[non_exhaustive]
 pub struct ProblemJson;
@@ -115,11 +95,8 @@ struct Problem<'a> {
 
 #[derive(Serialize)]
 struct LimitMembers<'a> {
-    /// The policy's name (`null` when the decision does not say).
     policy: Option<&'a str>,
-    /// The deciding quota's name.
     quota: &'a str,
-    /// The deciding quota in the DSL.
     definition: String,
     limit: u32,
     remaining: u32,
@@ -159,19 +136,28 @@ fn problem_response(rejection: &Rejection) -> Response {
     problem_json(status, &problem)
 }
 
-/// A problem+json response of the [`TYPE_INVALID_INPUT`] type.
-pub(crate) fn invalid_input(status: StatusCode, detail: &str) -> Response {
+/// A problem+json response with no members beyond the standard four.
+pub(crate) fn problem(status: StatusCode, kind: &str, title: &str, detail: String) -> Response {
     let body = serde_json::json!({
-        "type": TYPE_INVALID_INPUT,
-        "title": "Invalid input",
+        "type": kind,
+        "title": title,
         "status": status.as_u16(),
         "detail": detail,
     });
     problem_json(status, &body)
 }
 
-/// An `application/problem+json` response: `status` with the problem
-/// details document `body`.
+/// A `400` of the [`TYPE_INVALID_INPUT`] type.
+pub(crate) fn invalid_input(detail: String) -> Response {
+    problem(
+        StatusCode::BAD_REQUEST,
+        TYPE_INVALID_INPUT,
+        "Invalid input",
+        detail,
+    )
+}
+
+/// `status` with the problem details document `body`.
 pub(crate) fn problem_json(status: StatusCode, body: &impl Serialize) -> Response {
     let mut response = (status, axum::Json(body)).into_response();
     response
@@ -180,13 +166,9 @@ pub(crate) fn problem_json(status: StatusCode, body: &impl Serialize) -> Respons
     response
 }
 
-/// A [`Rejection`] that handlers can return: a complete response with the
-/// problem+json body, `Retry-After` and `RateLimit` headers (for a
-/// rate-limit denial), and the [`Rejection`] in the response's extensions —
-/// the same response the layer with [`ProblemJson`] would give.
-///
-/// Useful where a handler calls a [`Limiter`](tower_window::Limiter)
-/// itself (for example per WebSocket message or for a second quota):
+/// A [`Rejection`] a handler can return, answered as the layer with
+/// [`ProblemJson`] answers it (headers included, the [`Rejection`] in the
+/// response's extensions); for limits a handler checks itself:
 ///
 /// ```
 /// use axum::response::{IntoResponse, Response};
@@ -211,8 +193,8 @@ pub(crate) fn problem_json(status: StatusCode, body: &impl Serialize) -> Respons
 pub struct RejectionResponse(pub Rejection);
 
 impl RejectionResponse {
-    /// A 503 for a limiter that could not decide; `message` is kept in the
-    /// [`Rejection`] extension for logs and is not sent to the client.
+    /// A 503 for a limiter that could not decide; `message` goes to the
+    /// [`Rejection`] extension, not to the client.
     pub fn unavailable(message: impl Into<std::sync::Arc<str>>) -> Self {
         Self(Rejection::Unavailable {
             message: message.into(),

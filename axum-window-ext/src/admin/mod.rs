@@ -11,33 +11,21 @@
 //! | `DELETE /tenants/{tenant}/runtime` | hand it back to the file ([`TenantRegistry::revert`]): 204, then it is served as the file says (its entry, `[default]`, or unknown); 404 if it has no runtime record (no `PUT` or `DELETE` since the file) |
 //! | `GET /tenants/{tenant}/usage/{subject}` | `{"quotas":{"burst":{"limit":10,"remaining":7,"reset_after_ms":800}}}`, read from the store consuming nothing |
 //!
-//! A tenant object is `{"name", "quotas", "source": "file" | "runtime"}`,
-//! plus `"shadow": [...]` when some quota is a shadow one and
-//! `"unlimited": true` for an unlimited tenant; a tenant-scoped quota is
-//! `{"limit": "5000/1m", "scope": "tenant"}`. A `PUT` body has the shape of
-//! a tenant in the tenants file (`quotas`, `shadow`, `unlimited`). The
-//! listing's `default` is the file's `[default]`, what every tenant not
-//! listed gets, in the same shape without a name and with
-//! `"source": "default"`.
+//! A tenant object is its [`TenantSpec`] as in the tenants file (also the
+//! shape of a `PUT` body) plus `"name"` and `"source": "file" | "runtime"`;
+//! the listing's `default` is the file's `[default]` with
+//! `"source": "default"`. A runtime change (`PUT`, `DELETE`) wins over the
+//! file, reloads included, until the next runtime change.
 //!
-//! A runtime change (`PUT`, `DELETE`) wins over the file until the next
-//! runtime change: a reload does not undo it. `DELETE /tenants/{tenant}/runtime`
-//! is that next change when the file should decide again.
-//!
-//! Every request needs `Authorization: Bearer <token>`, compared in constant
-//! time (SHA-256 digests compared with `subtle`); without it, with another
-//! scheme or another token the answer is `401` with `WWW-Authenticate:
-//! Bearer`. Bad input — a tenant name outside the registry's rules
-//! ([`validate_tenant_name`]), a body that is not JSON of that shape, an
-//! invalid quota — is `400` with an `application/problem+json` body that
-//! names the problem. Store failures are `503`. A path that is not one of
-//! these routes is `404`, a method a route does not serve `405` (with
-//! `Allow`), both with a problem+json body. Every problem body has `type`,
-//! `title`, `status` and `detail`.
+//! Every request needs `Authorization: Bearer <token>` (compared in constant
+//! time), else `401` with `WWW-Authenticate: Bearer`. Bad input (a tenant
+//! name [`validate_tenant_name`] refuses, a bad body or quota) is `400`,
+//! store failures `503`, unknown paths `404` and methods `405` (with
+//! `Allow`), each with a problem+json body.
 
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -52,7 +40,7 @@ use tower_window::tenant::{
 };
 use tower_window::{Limiter, WindowKey};
 
-use crate::PROBLEM_JSON;
+use crate::problem::{invalid_input, problem};
 
 /// The problem `type` of invalid admin input (400).
 pub use crate::TYPE_INVALID_INPUT;
@@ -66,13 +54,12 @@ pub const TYPE_METHOD_NOT_ALLOWED: &str = "urn:tower-window:problem:method-not-a
 struct Admin {
     registry: TenantRegistry,
     limiter: Limiter,
-    /// The token's digest; `None` for an empty token (refuses everything).
+    /// `None` for an empty token, which refuses everything.
     token_digest: Option<[u8; 32]>,
 }
 
-/// The admin routes over `registry`, with usage read through `limiter`'s
-/// store (and resilience stack), guarded by `token` (an empty token
-/// refuses every request).
+/// The admin routes over `registry`, reading usage through `limiter`,
+/// guarded by `token` (an empty one refuses every request).
 ///
 /// ```
 /// use axum::Router;
@@ -103,20 +90,16 @@ pub fn router(registry: TenantRegistry, limiter: Limiter, token: &str) -> Router
         .with_state(admin)
 }
 
-/// Any path that is not an admin route (no token needed to learn that:
-/// the routes are documented).
+/// Any other path (no token needed: the routes are documented).
 async fn no_route() -> Response {
-    problem(
-        StatusCode::NOT_FOUND,
-        TYPE_NOT_FOUND,
-        "Not found",
+    not_found(
         "no admin route has this path; the routes are tenants, tenants/{tenant}, \
          tenants/{tenant}/runtime, tenants/{tenant}/reset and tenants/{tenant}/usage/{subject}"
             .to_owned(),
     )
 }
 
-/// A method an admin route does not serve (axum adds `Allow`).
+/// axum adds `Allow`.
 async fn method_not_allowed(method: axum::http::Method) -> Response {
     problem(
         StatusCode::METHOD_NOT_ALLOWED,
@@ -157,32 +140,22 @@ async fn authorize(State(admin): State<Admin>, request: Request, next: Next) -> 
     next.run(request).await
 }
 
-fn problem(status: StatusCode, kind: &str, title: &str, detail: String) -> Response {
-    let body = json!({"type": kind, "title": title, "status": status.as_u16(), "detail": detail});
-    let mut response = (status, Json(body)).into_response();
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-    response
+fn not_found(detail: String) -> Response {
+    problem(StatusCode::NOT_FOUND, TYPE_NOT_FOUND, "Not found", detail)
 }
 
-fn bad_request(detail: String) -> Response {
-    crate::problem::invalid_input(StatusCode::BAD_REQUEST, &detail)
-}
-
-fn not_found(admin: &Admin, tenant: &str) -> Response {
-    let detail = if admin.registry.effective(tenant).is_some() {
+fn tenant_not_found(admin: &Admin, tenant: &str) -> Response {
+    not_found(if admin.registry.effective(tenant).is_some() {
         format!("tenant {tenant:?} is not listed: it is served by [default]")
     } else {
         format!("tenant {tenant:?} is not listed and there is no [default]")
-    };
-    problem(StatusCode::NOT_FOUND, TYPE_NOT_FOUND, "Not found", detail)
+    })
 }
 
 /// A registry call's answer: 400 for bad input, else 503 (store failure).
 fn failed(error: TenantError) -> Response {
     if error.is_invalid_input() {
-        return bad_request(error.to_string());
+        return invalid_input(error.to_string());
     }
     unavailable(&error)
 }
@@ -197,7 +170,6 @@ fn unavailable(error: &dyn std::fmt::Display) -> Response {
     )
 }
 
-/// A spec as JSON with its source.
 fn spec_json(spec: &TenantSpec, source: TenantSource) -> Map<String, Value> {
     let mut object = match serde_json::to_value(spec) {
         Ok(Value::Object(map)) => map,
@@ -220,19 +192,18 @@ async fn list(State(admin): State<Admin>) -> Response {
     Json(json!({ "tenants": tenants, "default": default })).into_response()
 }
 
-/// Tenant `tenant` as listed: its JSON, or 404 (400 for a bad name).
 async fn show(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
     if let Err(error) = validate_tenant_name(&tenant) {
         return failed(error);
     }
     match admin.registry.tenant(&tenant) {
         Some(info) => Json(tenant_json(&info)).into_response(),
-        None => not_found(&admin, &tenant),
+        None => tenant_not_found(&admin, &tenant),
     }
 }
 
 async fn put(state: State<Admin>, Path(tenant): Path<String>, body: Bytes) -> Response {
-    // The name first: a bad one is the problem, whatever the body.
+    // A bad name is the problem, whatever the body.
     let spec = validate_tenant_name(&tenant).and_then(|()| {
         serde_json::from_slice::<TenantSpec>(&body)
             .map_err(|error| TenantError::Syntax(format!("tenant {tenant:?}: {error}")))
@@ -246,11 +217,11 @@ async fn put(state: State<Admin>, Path(tenant): Path<String>, body: Bytes) -> Re
     }
 }
 
-/// The answer to a lifecycle call (the registry checks the name).
+/// The registry checks the name.
 fn done(admin: &Admin, tenant: &str, result: Result<bool, TenantError>) -> Response {
     match result {
         Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => not_found(admin, tenant),
+        Ok(false) => tenant_not_found(admin, tenant),
         Err(error) => failed(error),
     }
 }
@@ -265,12 +236,9 @@ async fn close(State(admin): State<Admin>, Path(tenant): Path<String>) -> Respon
 
 async fn revert(State(admin): State<Admin>, Path(tenant): Path<String>) -> Response {
     match admin.registry.revert(&tenant).await {
-        Ok(false) => problem(
-            StatusCode::NOT_FOUND,
-            TYPE_NOT_FOUND,
-            "Not found",
-            format!("tenant {tenant:?} has no runtime record: the file already decides it"),
-        ),
+        Ok(false) => not_found(format!(
+            "tenant {tenant:?} has no runtime record: the file already decides it"
+        )),
         result => done(&admin, &tenant, result),
     }
 }
@@ -283,14 +251,14 @@ async fn usage(
         return failed(error);
     }
     if subject.is_empty() || subject.len() > 1024 {
-        return bad_request("the subject must be 1 to 1024 bytes".to_owned());
+        return invalid_input("the subject must be 1 to 1024 bytes".to_owned());
     }
     let policy = match admin.registry.resolve(tenant.as_bytes()) {
         Resolution::Limited(policy) => policy,
         Resolution::Unlimited => {
             return Json(json!({"quotas": {}, "unlimited": true})).into_response()
         }
-        _ => return not_found(&admin, &tenant),
+        _ => return tenant_not_found(&admin, &tenant),
     };
     let key = WindowKey::new(tenant, subject);
     let decision = match admin.limiter.peek_policy(&key, &policy, 1).await {

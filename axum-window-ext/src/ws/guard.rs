@@ -1,6 +1,5 @@
 //! [`GuardedSocket`]: an axum `WebSocket` whose inbound messages are charged.
 
-use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
@@ -17,26 +16,16 @@ use super::{
 /// The most frames discarded while waiting for the peer's close.
 const MAX_DISCARDED: usize = 10_000;
 
-/// What the connection still needs once a close was sent, before it may be
-/// dropped (done by a task spawned when the [`GuardedSocket`] is dropped,
-/// so neither a cancelled [`recv`](GuardedSocket::recv) nor the caller's
-/// own cleanup cuts it short).
-///
-/// A connection dropped while the peer's frames sit unread in it is reset
-/// (TCP RST), and a peer that is still writing then sees the reset instead
-/// of the close; RFC 6455 7.1.1 has the server close the TCP connection
-/// after the closing handshake instead. Bounded by
-/// [`close_timeout`](super::MessageLimitsBuilder::close_timeout).
+/// What a closed connection needs before it is dropped (by a task the
+/// guard's drop spawns): dropped with the peer's frames unread, it is
+/// reset, and a peer still writing would see the reset, not the close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Closing {
-    /// Read and discard until the peer's close (or the end): after the
-    /// guard's close, and after the peer's (reading once more writes the
-    /// queued reply).
+    /// Read and discard until the peer's close; after the peer's own close
+    /// this also writes the queued reply.
     Discard,
-    /// Hold the connection without reading: after a read error axum's
-    /// socket yields nothing more, so the peer's frames cannot be
-    /// discarded; holding it lets the close be transmitted and read before
-    /// the reset.
+    /// Wait without reading: after a read error axum's socket yields
+    /// nothing more, but the close can still reach the peer.
     Hold,
 }
 
@@ -50,12 +39,9 @@ pub enum CloseCause {
     Error,
     /// Invalid UTF-8 text: closed with 1007.
     InvalidUtf8,
-    /// A WebSocket protocol violation (an unmasked or reserved-bit frame,
-    /// an unknown opcode, a stray continuation, an oversized control
-    /// frame, a malformed close): closed with 1002.
+    /// A WebSocket protocol violation: closed with 1002.
     ProtocolError,
-    /// A message over the size limit (or one the byte quota can never
-    /// admit): closed with 1009.
+    /// A message over the size limit or the byte quota: closed with 1009.
     TooBig,
     /// A quota was exceeded with [`ExceedAction::Close`]: closed with 1008.
     RateLimited,
@@ -68,6 +54,7 @@ pub enum CloseCause {
 /// A WebSocket whose inbound text and binary messages are charged to
 /// [`MessageLimits`] before [`recv`](Self::recv) yields them; see the
 /// [module docs](super).
+#[derive(Debug)]
 pub struct GuardedSocket {
     /// Present until [`into_inner`](Self::into_inner) or the drop.
     socket: Option<WebSocket>,
@@ -76,11 +63,8 @@ pub struct GuardedSocket {
     lost: Option<SeatLost>,
     drops: u32,
     closed: Option<CloseCause>,
-    /// A message read but not yet admitted: kept across a cancelled
-    /// [`recv`](GuardedSocket::recv), so the next call charges it again
-    /// instead of losing it.
+    /// Read but not yet admitted: kept across a cancelled `recv`.
     held: Option<Message>,
-    /// What the connection needs after a close, before it is dropped.
     closing: Option<Closing>,
 }
 
@@ -111,17 +95,14 @@ impl GuardedSocket {
     }
 
     /// The next admitted text or binary message; `None` once the socket is
-    /// closed (by the peer, or by the guard: see [`close_cause`](Self::close_cause)).
-    /// Pings are answered by axum; dropped messages are answered with the
-    /// notice and never yielded.
+    /// closed (see [`close_cause`](Self::close_cause)). Dropped messages
+    /// are answered with the notice and never yielded.
     ///
-    /// Cancel-safe: a message read but not yet admitted is kept and
-    /// charged again by the next call (so it may be counted twice), never
-    /// lost; `select!` it with other work freely.
+    /// Cancel-safe: a message read but not yet admitted is charged again
+    /// by the next call (so it may be counted twice), never lost.
     pub async fn recv(&mut self) -> Option<Message> {
         while self.closed.is_none() {
             let Some(held) = &self.held else {
-                // Held until admitted or dropped: cancel-safe from here on.
                 self.held = self.read().await;
                 continue;
             };
@@ -155,8 +136,8 @@ impl GuardedSocket {
         None
     }
 
-    /// Reads the next message worth charging: `None` for a ping or a pong,
-    /// and once the socket closed (then [`closed`](Self::close_cause) is set).
+    /// The next message worth charging; `None` for a ping or a pong, and
+    /// once the socket closed (then `closed` is set).
     async fn read(&mut self) -> Option<Message> {
         let next = until_lost(&mut self.lost, present(&mut self.socket).recv()).await;
         match next {
@@ -174,9 +155,8 @@ impl GuardedSocket {
             },
             Some(Some(Ok(Message::Close(_)))) => {
                 self.closed = Some(CloseCause::Peer);
-                // The reply (RFC 6455 5.5.1: a close is answered with a
-                // close) is queued, not sent: reading once more writes
-                // it and ends the stream (when the socket is dropped).
+                // The reply to the close is queued, not sent: reading once
+                // more (when the guard is dropped) writes it.
                 self.closing = Some(Closing::Discard);
             }
             Some(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
@@ -190,8 +170,8 @@ impl GuardedSocket {
         None
     }
 
-    /// Drops the held message that exceeded `quota` with the notice, or
-    /// closes the socket after too many drops in a row.
+    /// Drops the held message with the notice, or closes after too many
+    /// drops in a row.
     async fn drop_held(&mut self, quota: &str, wait: Duration) {
         self.drops = self.drops.saturating_add(1);
         let ladder = self.limits.inner.close_after_drops;
@@ -217,14 +197,11 @@ impl GuardedSocket {
         present(&mut self.socket).send(message).await
     }
 
-    /// Closes with `code` and `reason` and stops yielding messages, the way
-    /// the guard's own closes do (see [`close_timeout`]): the close is
-    /// sent, and once the `GuardedSocket` is dropped, what the peer still
-    /// sends is read and discarded until its close arrives, so the close
-    /// reaches a peer that keeps writing instead of a TCP reset. A no-op
-    /// once the socket is closed.
-    ///
-    /// [`close_timeout`]: super::MessageLimitsBuilder::close_timeout
+    /// Closes with `code` and `reason` as the guard's own closes do: once
+    /// the guard is dropped, what the peer still sends is discarded until
+    /// its close (see
+    /// [`close_timeout`](super::MessageLimitsBuilder::close_timeout)). A
+    /// no-op once the socket is closed.
     pub async fn close_with(&mut self, code: u16, reason: &str) {
         if self.closed.is_some() {
             return;
@@ -237,18 +214,13 @@ impl GuardedSocket {
         present(&mut self.socket)
     }
 
-    /// Unwraps the socket. The guard's closing handshake (see
-    /// [`close_with`](Self::close_with)) is then the caller's: a closed
-    /// socket should be read until the peer's close before it is dropped.
+    /// Unwraps the socket; finishing a closing handshake (see
+    /// [`close_with`](Self::close_with)) is then the caller's job.
     pub fn into_inner(mut self) -> WebSocket {
         self.closing = None;
-        match self.socket.take() {
-            Some(socket) => socket,
-            None => unreachable!("the socket is present until the guard is consumed"),
-        }
+        self.socket.take().expect(PRESENT)
     }
 
-    /// Closes for `cause` with its code and `reason`.
     async fn close(&mut self, cause: CloseCause, reason: &str) {
         let code = match cause {
             CloseCause::InvalidUtf8 => CLOSE_INVALID_PAYLOAD,
@@ -259,15 +231,12 @@ impl GuardedSocket {
         self.send_close(cause, code, reason).await;
     }
 
-    /// Sends the close; the connection is then finished when the guard is
-    /// dropped (see [`Closing`]).
     async fn send_close(&mut self, cause: CloseCause, code: u16, reason: &str) {
         self.closed = Some(cause);
         self.held = None;
-        if !send_close(present(&mut self.socket), code, reason).await {
-            return;
+        if send_close(present(&mut self.socket), code, reason).await {
+            self.closing = Some(Closing::Discard);
         }
-        self.closing = Some(Closing::Discard);
     }
 }
 
@@ -289,8 +258,7 @@ impl Drop for GuardedSocket {
     }
 }
 
-/// Sends a close with `code` and `reason`: whether it went out (a failure
-/// is logged).
+/// Whether the close went out (a failure is logged).
 pub(super) async fn send_close(socket: &mut WebSocket, code: u16, reason: &str) -> bool {
     let frame = CloseFrame {
         code,
@@ -303,9 +271,8 @@ pub(super) async fn send_close(socket: &mut WebSocket, code: u16, reason: &str) 
     sent.is_ok()
 }
 
-/// Reads and discards what the peer sends until its close or the end of
-/// the connection (reading also writes a queued reply to its close), for
-/// at most `wait`: a peer that never answers does not hold the socket.
+/// Reads and discards until the peer's close or the end, for at most
+/// `wait` (reading also writes a queued reply to the peer's close).
 pub(super) async fn discard_until_close(socket: &mut WebSocket, wait: Duration) {
     let discard = async {
         for _ in 0..MAX_DISCARDED {
@@ -318,16 +285,14 @@ pub(super) async fn discard_until_close(socket: &mut WebSocket, wait: Duration) 
     let _ = tokio::time::timeout(wait, discard).await;
 }
 
-/// The socket of a guard that has not been consumed.
 fn present(socket: &mut Option<WebSocket>) -> &mut WebSocket {
-    match socket {
-        Some(socket) => socket,
-        None => unreachable!("the socket is present until the guard is consumed"),
-    }
+    socket.as_mut().expect(PRESENT)
 }
 
-/// Charges one message of `len` bytes: the denial, if a quota refused it
-/// (borrows no socket: the future stays `Send`).
+const PRESENT: &str = "the socket is present until the guard is consumed";
+
+/// Charges one message of `len` bytes; `Err` is the denial. Borrows no
+/// socket, so the future stays `Send`.
 async fn charge(limits: &MessageLimits, key: &WindowKey, len: usize) -> Result<(), Decision> {
     let inner = &*limits.inner;
     let bytes = u32::try_from(len).unwrap_or(u32::MAX);
@@ -341,26 +306,15 @@ async fn charge(limits: &MessageLimits, key: &WindowKey, len: usize) -> Result<(
         match inner.limiter.check_policy(key, policy, cost).await {
             Ok(decision) if decision.allowed() => {}
             Ok(denied) => return Err(denied),
-            // No fallback configured and the store failed: a store
-            // outage never stalls or closes a socket.
+            // A store outage (without a fallback) never stalls or closes a
+            // socket.
             Err(error) => tracing::debug!(%error, "message limit check failed; admitted"),
         }
     }
     Ok(())
 }
 
-impl fmt::Debug for GuardedSocket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GuardedSocket")
-            .field("limits", &self.limits)
-            .field("drops", &self.drops)
-            .field("closed", &self.closed)
-            .finish_non_exhaustive()
-    }
-}
-
-/// `future`'s output, or `None` if the seat is lost first (never without a
-/// seat).
+/// `future`'s output, or `None` if the seat is lost first.
 async fn until_lost<T>(lost: &mut Option<SeatLost>, future: impl Future<Output = T>) -> Option<T> {
     let lost = async {
         match lost {
@@ -389,7 +343,7 @@ fn message_len(message: &Message) -> usize {
     }
 }
 
-/// Which read errors the guard answers with a close, and its reason.
+/// The close, if any, the guard answers a read error with.
 fn classify(error: &axum::Error) -> Option<(CloseCause, &'static str)> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(current) = source {

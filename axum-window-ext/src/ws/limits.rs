@@ -17,13 +17,12 @@ pub enum ExceedAction {
     Drop,
     /// Close the socket with 1008.
     Close,
-    /// Stop reading until the retry-after, then charge it again: TCP
-    /// backpressure reaches the client and nothing is lost.
+    /// Stop reading until the retry-after, then charge it again (TCP
+    /// backpressure; nothing is lost).
     Pause,
 }
 
-/// How far past the size limit a message is still read whole (see
-/// [`MessageLimits::read_limit`]).
+/// See [`MessageLimits::read_limit`].
 const READ_SLACK: usize = 64 * 1024;
 
 /// The per-message and per-byte limits of guarded sockets; cheap to clone.
@@ -50,10 +49,9 @@ impl MessageLimits {
     /// The default [close timeout](MessageLimitsBuilder::close_timeout) (1 s).
     pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
-    /// Limits charged to `limiter` (its store, resilience stack, fallback
-    /// and local tier); add quotas with the builder. They are checked as
-    /// policies of their own (`check_policy`), never the limiter's own
-    /// policy, so the limiter of an HTTP layer can be shared.
+    /// Limits charged through `limiter` (its store, resilience stack,
+    /// fallback and local tier) as policies of their own: the limiter's own
+    /// policy is never charged, so an HTTP layer's limiter can be shared.
     pub fn builder(limiter: Limiter) -> MessageLimitsBuilder {
         MessageLimitsBuilder {
             inner: Inner {
@@ -88,34 +86,21 @@ impl MessageLimits {
         self.inner.bytes.as_ref()
     }
 
-    /// The largest frame and message the socket reads at all
-    /// ([`configure`](Self::configure) sets it): twice
+    /// The largest frame and message the socket reads at all: twice
     /// [`max_message_bytes`](Self::max_message_bytes), and at least 64 KiB
-    /// more than it.
-    ///
-    /// A message over `max_message_bytes` but within this is read whole,
-    /// then refused by the guard, which closes with 1009 and reads on
-    /// (discarding) until the peer's close, so the close reaches a client
-    /// that keeps sending. A frame over this is refused by its header,
-    /// before its payload is buffered; the socket cannot be read after
-    /// that, so the guard sends the 1009 and holds the connection for 1 s
-    /// before dropping it.
+    /// more. Between the two the guard can still read on after its 1009,
+    /// discarding until the peer's close; past this it cannot.
     pub fn read_limit(&self) -> usize {
         let max = self.inner.max_message_bytes;
         max.saturating_add(max.max(READ_SLACK))
     }
 
     /// Sets the upgrade's frame and message size limits to
-    /// [`read_limit`](Self::read_limit) (the guard itself closes with 1009
-    /// past [`max_message_bytes`](Self::max_message_bytes)), and its read
-    /// buffer to 4 KiB.
+    /// [`read_limit`](Self::read_limit), and its read buffer to 4 KiB.
     ///
-    /// The read buffer: tungstenite's default is 128 KiB, and tungstenite
-    /// zero-fills the buffer's free part on every read attempt, including
-    /// the ones that find nothing; a room socket tries a read after every
-    /// frame it sends, so at 128 KiB that fill was a fifth of a gateway
-    /// node's CPU in `benches/socketio`. Larger messages still arrive whole:
-    /// the buffer grows to a frame's length.
+    /// tungstenite zero-fills the buffer's free part on every read attempt,
+    /// which at its default 128 KiB is expensive; the buffer still grows to
+    /// a frame's length.
     pub fn configure<F>(&self, upgrade: WebSocketUpgrade<F>) -> WebSocketUpgrade<F> {
         upgrade
             .max_message_size(self.read_limit())
@@ -124,7 +109,7 @@ impl MessageLimits {
     }
 }
 
-/// The read buffer [`MessageLimits::configure`] sets (see there).
+/// See [`MessageLimits::configure`].
 const READ_BUFFER: usize = 4096;
 
 /// Builds [`MessageLimits`].
@@ -137,11 +122,9 @@ pub struct MessageLimitsBuilder {
 impl MessageLimitsBuilder {
     /// The policy charged one unit per message (none by default).
     ///
-    /// A quota left with the default name (`default`, a quota parsed or
-    /// built without [`named`](tower_window::Quota::named)) is named
-    /// `messages`, as the `rate_limited` notice and the metrics show it
-    /// (and a policy of that default name too); named quotas keep their
-    /// names. The name is part of the quota's windows in the store.
+    /// A quota (and a policy) of the default name `default` (not
+    /// [`named`](tower_window::Quota::named)) is named `messages`, as the
+    /// `rate_limited` notice and the store's windows show it.
     ///
     /// ```
     /// use axum_window_ext::ws::MessageLimits;
@@ -161,13 +144,11 @@ impl MessageLimitsBuilder {
         self
     }
 
-    /// The policy charged the payload's bytes per message (none by default).
-    /// A quota left with the default name is named `bytes` (see
-    /// [`messages`](Self::messages)).
+    /// The policy charged the payload's bytes per message (none by default);
+    /// a quota of the default name is named `bytes`.
     ///
-    /// The message policy is charged first, then this one (their costs
-    /// differ, so they are two store calls): a message the message quota
-    /// admits and this quota refuses still counts as one message. An empty
+    /// Charged after the message policy, in a store call of its own: a
+    /// message this policy refuses still counts as one message. An empty
     /// message charges no bytes.
     pub fn bytes(mut self, policy: impl Into<Policy>) -> Self {
         self.inner.bytes = Some(named_by_default(policy.into(), "bytes"));
@@ -188,20 +169,16 @@ impl MessageLimitsBuilder {
     }
 
     /// The largest payload accepted (default
-    /// [`MessageLimits::DEFAULT_MAX_MESSAGE_BYTES`]; at least 1): larger
-    /// messages close the socket with 1009 before being charged.
+    /// [`MessageLimits::DEFAULT_MAX_MESSAGE_BYTES`]; at least 1); larger
+    /// messages close the socket with 1009.
     pub fn max_message_bytes(mut self, max: usize) -> Self {
         self.inner.max_message_bytes = max.max(1);
         self
     }
 
-    /// How long a closing socket waits for the peer (default
-    /// [`MessageLimits::DEFAULT_CLOSE_TIMEOUT`]): after the guard's close,
-    /// for the peer's close, reading and discarding what the peer still
-    /// sends (a connection dropped with unread data is reset, and the peer
-    /// would see the reset instead of the close); after the peer's close,
-    /// for the reply to be written. The connection is dropped when it ends
-    /// or the peer's close arrives, whichever is first.
+    /// How long a closed socket, once dropped, waits for the peer's close,
+    /// discarding what the peer still sends, so the peer sees the close
+    /// rather than a reset (default [`MessageLimits::DEFAULT_CLOSE_TIMEOUT`]).
     pub fn close_timeout(mut self, timeout: Duration) -> Self {
         self.inner.close_timeout = timeout;
         self
@@ -218,26 +195,20 @@ impl MessageLimitsBuilder {
 /// The name a quota (and a policy) gets when none was given.
 const DEFAULT_NAME: &str = "default";
 
-/// `policy` with its quota of the default name (and the policy itself, if
-/// of the default name) named `name` instead; unchanged when it has no such
-/// quota or already has one named `name`.
+/// `policy` with its quota (and its own name) `default` renamed `name`,
+/// unless it has no such quota or one named `name` already.
 fn named_by_default(policy: Policy, name: &str) -> Policy {
     if policy.quota(DEFAULT_NAME).is_none() || policy.quota(name).is_some() {
         return policy;
     }
-    let quotas = policy.quotas().iter().map(|quota| {
-        if quota.name() == DEFAULT_NAME {
-            quota.clone().named(name).unwrap_or_else(|_| quota.clone())
-        } else {
-            quota.clone()
-        }
+    let quotas = policy.quotas().iter().map(|quota| match quota.name() {
+        DEFAULT_NAME => quota.clone().named(name).unwrap_or_else(|_| quota.clone()),
+        _ => quota.clone(),
     });
-    let policy_name = if policy.name() == DEFAULT_NAME {
-        name
-    } else {
-        policy.name()
+    let policy_name = match policy.name() {
+        DEFAULT_NAME => name,
+        other => other,
     };
-    // Same quotas, one renamed to a valid name no other quota has.
     Policy::new(policy_name, quotas).unwrap_or(policy)
 }
 

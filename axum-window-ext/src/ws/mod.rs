@@ -1,27 +1,19 @@
 //! WebSocket guards: limits after the upgrade, and a refusal before it.
 //!
-//! * [`MessageLimits`] + [`GuardedSocket`]: every inbound text or binary
-//!   message is charged to a [`Limiter`](tower_window::Limiter) (one unit
-//!   of the message quota, its payload bytes of the byte quota), shared by
-//!   all of a subject's sockets on all nodes; what an exceeding message
-//!   does is the [`ExceedAction`]. The guard closes with 1009 past the
-//!   size limit, 1007 on invalid UTF-8, 1002 on a protocol violation and
-//!   1008 on a rate limit or a lost [connection seat](tower_window::conn)
-//!   ([`CloseCause`]), and every close reaches a client that keeps sending
-//!   (see [`close_timeout`](MessageLimitsBuilder::close_timeout)).
-//! * [`ConnectionRefused`]: the `429` for an upgrade refused by a
-//!   connection cap, sent instead of the `101`. Extract axum's
-//!   `WebSocketUpgrade` (HTTP/1.1 `GET` or HTTP/2 extended `CONNECT`),
-//!   then acquire the seat, then upgrade.
+//! * [`GuardedSocket`]: every inbound text or binary message is charged to
+//!   [`MessageLimits`] (a unit of the message quota, its bytes of the byte
+//!   quota), shared by all of a subject's sockets on all nodes; an
+//!   exceeding message is handled per [`ExceedAction`]. The guard's closes
+//!   ([`CloseCause`]) reach a client that keeps sending.
+//! * [`ConnectionRefused`]: the `429` instead of the `101` for an upgrade
+//!   refused by a connection cap: extract `WebSocketUpgrade`, acquire the
+//!   seat, then upgrade.
 //! * A `/ws` route behind the rate-limit [`layer`](crate::layer) is keyed
-//!   before the upgrade: a request without a key, or with one too long, is
-//!   answered `400` instead of the `101`.
+//!   before the upgrade: no key, or one too long, is a `400`.
 //! * [`rooms`]: rooms on event windows, resumable on any node.
 //!
-//! A complete `/ws` route: the state every socket shares, the node's
-//! heartbeat (it renews every seat of the node and reports the lost ones;
-//! without it a seat expires after its TTL while its socket lives on, and
-//! the cap stops counting it), the seat, the guard, an echo:
+//! A complete `/ws` route, with the node's heartbeat (it renews the node's
+//! seats; without it a seat expires while its socket lives on):
 //!
 //! ```no_run
 //! use axum::extract::ws::WebSocketUpgrade;

@@ -8,14 +8,13 @@ use tower_window::layer::{ceil_secs, insert_retry_after};
 
 use crate::problem::problem_json;
 
-/// The response to an upgrade refused by a connection cap: `429 Too Many
-/// Requests` with `Retry-After`, `RateLimit-Policy: "connections";q=<cap>`
-/// and `RateLimit: "connections";r=0;t=<secs>`, and a problem+json body.
-/// Returned instead of the `101`, so no upgrade happens.
+/// The response to an upgrade refused by a connection cap, instead of the
+/// `101`: `429` with `Retry-After`, `RateLimit-Policy: "connections";q=<cap>`,
+/// `RateLimit: "connections";r=0;t=<secs>` and a problem+json body.
 ///
-/// The wait is the time until a place frees for certain (the oldest seat
-/// expiring), capped at [`MAX_RETRY_AFTER`](Self::MAX_RETRY_AFTER):
-/// connections usually close sooner than their seats expire.
+/// The wait (until the oldest seat expires) is capped at
+/// [`MAX_RETRY_AFTER`](Self::MAX_RETRY_AFTER): connections usually close
+/// sooner than their seats expire.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionRefused {
     denied: ConnectionDenied,

@@ -1,7 +1,4 @@
 //! The text frames of the room protocol (see the [module docs](super)).
-//!
-//! Each is one JSON object with a `type`; a live event is serialised once
-//! and the same bytes go to every socket in the room.
 
 use axum::extract::ws::Utf8Bytes;
 use serde_json::json;
@@ -9,13 +6,15 @@ use tower_window::events::{Epoch, Event, Position};
 
 use super::name::RoomName;
 
-/// The event field holding the sender.
-pub(super) const FROM: &str = "from";
-/// The event field holding the message text.
-pub(super) const DATA: &str = "data";
+/// The event fields holding the sender and the message text.
+const FROM: &str = "from";
+const DATA: &str = "data";
 
-/// `{"type":"joined","room":R,"epoch":E,"last_event_id":ID}` (`ID` empty
-/// when the room has no event yet).
+/// The fields of a message `data` from `from`.
+pub(super) fn fields<'a>(from: &'a str, data: &'a str) -> [(&'static str, &'a [u8]); 2] {
+    [(FROM, from.as_bytes()), (DATA, data.as_bytes())]
+}
+
 pub(super) fn joined(room: &RoomName, head: &Position) -> Utf8Bytes {
     text(json!({
         "type": "joined",
@@ -25,8 +24,6 @@ pub(super) fn joined(room: &RoomName, head: &Position) -> Utf8Bytes {
     }))
 }
 
-/// `{"type":"event","room":R,"id":ID,"epoch":E,"from":F,"data":D}` for
-/// `event` of `room` in `epoch`.
 pub(super) fn event(room: &RoomName, epoch: &Epoch, event: &Event) -> Utf8Bytes {
     let field = |name: &str| {
         event
@@ -44,18 +41,14 @@ pub(super) fn event(room: &RoomName, epoch: &Epoch, event: &Event) -> Utf8Bytes 
     }))
 }
 
-/// `{"type":"recovered","room":R,"count":N}`.
 pub(super) fn recovered(room: &RoomName, count: u64) -> Utf8Bytes {
     text(json!({"type": "recovered", "room": room.as_str(), "count": count}))
 }
 
-/// `{"type":"resync","room":R,"reason":REASON}`.
 pub(super) fn resync(room: &RoomName, reason: &str) -> Utf8Bytes {
     text(json!({"type": "resync", "room": room.as_str(), "reason": reason}))
 }
 
-/// `{"type":"error","room":R,"reason":"unavailable"}`: a message could
-/// not be appended.
 pub(super) fn unavailable(room: &RoomName) -> Utf8Bytes {
     text(json!({"type": "error", "room": room.as_str(), "reason": "unavailable"}))
 }

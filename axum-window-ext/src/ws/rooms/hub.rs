@@ -1,5 +1,5 @@
-//! [`RoomHub`]: one node's rooms — who is in which room, and the one
-//! reader that feeds them.
+//! [`RoomHub`]: who is in which room on this node, and the reader that
+//! feeds them.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -20,10 +20,9 @@ use super::{frame, metrics, reader, DEFAULT_QUEUE};
 
 /// One node's rooms on an [`EventWindow`]; see the [module docs](super).
 ///
-/// Cheap to clone (every clone is the same hub). Build one per node and
-/// share it (axum `State`): its one reader task serves every room the
-/// node's sockets are in. The reader starts on the first
-/// [`join`](Self::join) and ends when the last clone is dropped.
+/// Cheap to clone (every clone is the same hub): build one per node. Its
+/// reader task starts on the first [`join`](Self::join) and ends when the
+/// last clone is dropped.
 #[derive(Clone)]
 pub struct RoomHub {
     pub(super) inner: Arc<Inner>,
@@ -35,11 +34,9 @@ pub(super) enum Live {
     /// One blocking `XREAD` for all rooms (single-node Redis).
     #[cfg(feature = "redis")]
     Tail(Box<tokio::sync::Mutex<EventTail>>),
-    /// Wake-ups from the events backend (pushed by Redis, sent by the
-    /// embedded store's appends): a room is read only when an append or a
-    /// (re)subscription says so.
+    /// The events backend's wake-ups.
     Push(Box<EventWakeups>),
-    /// Polling the event window, woken at once by local appends.
+    /// Polling, woken at once by local appends.
     Poll,
 }
 
@@ -47,7 +44,7 @@ pub(super) struct Inner {
     pub(super) events: EventWindow,
     pub(super) live: Live,
     pub(super) rooms: Mutex<HashMap<RoomName, Room>>,
-    /// Wakes the reader: after a local append (polling) or a new room.
+    /// Wakes the reader after a local append or a new room.
     pub(super) wake: Notify,
     started: AtomicBool,
     next_socket: AtomicU64,
@@ -56,11 +53,10 @@ pub(super) struct Inner {
 
 #[derive(Default)]
 pub(super) struct Room {
-    /// The last event the reader delivered (its epoch and id); `None`
-    /// until the first join told where the room stands.
+    /// The last event the reader delivered; `None` until the first join
+    /// read where the room stands.
     pub(super) cursor: Option<(Epoch, EventId)>,
-    /// To be read from the cursor (pushed wake-ups): set by a wake-up,
-    /// the first join, or a failed read; cleared by the reader.
+    /// To be read from the cursor (pushed wake-ups only).
     pub(super) dirty: bool,
     sockets: HashMap<u64, Socket>,
 }
@@ -71,8 +67,8 @@ struct Socket {
 }
 
 impl Socket {
-    /// Drops the socket from its room with an overflow: its session tells
-    /// it to resync.
+    /// Marks the socket, being dropped from its room, for its session's
+    /// resync.
     fn overflow(&self) {
         self.overflowed.store(true, Ordering::Release);
         metrics::overflowed();
@@ -92,18 +88,17 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The event-window key of `room` (rooms have a namespace of their own).
+/// The event-window key of `room`.
 pub(super) fn window_key(room: &RoomName) -> String {
     format!("room:{room}")
 }
 
-/// Whether event `id` of `epoch` is at or before `cursor` (the last event
-/// delivered or sent).
+/// Whether event `id` of `epoch` is at or before `cursor`.
 pub(super) fn reached(cursor: &Option<(Epoch, EventId)>, epoch: &Epoch, id: EventId) -> bool {
     matches!(cursor, Some((at, last)) if at == epoch && id <= *last)
 }
 
-/// The room of the window `key` (a wake-up's), if it is one.
+/// The room of the window `key`, if it is one.
 fn room_of(key: &[u8]) -> Option<RoomName> {
     let name = std::str::from_utf8(key.strip_prefix(b"room:")?).ok()?;
     RoomName::new(name).ok()
@@ -113,28 +108,23 @@ fn room_of(key: &[u8]) -> Option<RoomName> {
 #[derive(Debug)]
 pub struct RoomHubBuilder {
     events: EventWindow,
-    /// `None`: the store's wake-ups if it has them, else polling.
     live: Option<Live>,
     queue_capacity: usize,
 }
 
 impl RoomHubBuilder {
     /// The bound of every socket's queue of live events (at least 1;
-    /// default [`DEFAULT_QUEUE`]). A socket whose queue is full when an
-    /// event arrives is dropped from its room and told to resync
-    /// ([`Outgoing::Overflow`](super::Outgoing::Overflow)): one slow
-    /// socket never blocks the others.
+    /// default [`DEFAULT_QUEUE`]); see
+    /// [`Outgoing::Overflow`](super::Outgoing::Overflow).
     pub fn queue_capacity(mut self, capacity: usize) -> Self {
         self.queue_capacity = capacity.max(1);
         self
     }
 
-    /// Reads live events with one blocking `XREAD` over every room the
-    /// node serves, on `tail`'s own connection
-    /// ([`RedisStore::event_tail`](tower_window::RedisStore::event_tail)),
-    /// instead of polling. Single-node Redis only: a cluster cannot
-    /// `XREAD` keys of several slots at once (its rooms are polled).
-    /// `tail` must be of the store `events` lives in.
+    /// Reads live events with one blocking `XREAD` over every room of the
+    /// node, on `tail`'s own connection
+    /// ([`RedisStore::event_tail`](tower_window::RedisStore::event_tail),
+    /// of the store `events` lives in). Single-node Redis only.
     #[cfg(feature = "redis")]
     pub fn tail(mut self, tail: EventTail) -> Self {
         self.live = Some(Live::Tail(Box::new(tokio::sync::Mutex::new(tail))));
@@ -142,34 +132,26 @@ impl RoomHubBuilder {
     }
 
     /// Reads a room only when a wake-up for it comes
-    /// ([`EventWindow::wakeups`]): on Redis pushed on the room's shard
-    /// channel by the append's own script, on `wakeups`' own connections
-    /// (a single Redis or a Redis Cluster, Redis 7); on the embedded store
-    /// sent by the append itself. No command at all for idle rooms; after
-    /// every (re)subscription (a failover, a resharding, a lost connection)
-    /// the room is read again from the hub's last id, so nothing is missed. The
-    /// default for a store that has them (the embedded store, a Redis store
-    /// built from a URL or cluster seeds). `wakeups` must be of the store
-    /// `events` lives in.
+    /// ([`EventWindow::wakeups`], of the store `events` lives in): no
+    /// command for idle rooms, and after every (re)subscription the room is
+    /// read again from the hub's last id, so nothing is missed. The default
+    /// for a store that has wake-ups.
     pub fn wakeups(mut self, wakeups: EventWakeups) -> Self {
         self.live = Some(Live::Push(Box::new(wakeups)));
         self
     }
 
     /// Polls every room every [`POLL_EVERY`](super::POLL_EVERY) (and at
-    /// once after a local append) instead: the way on a store without
-    /// wake-ups (a pool-built Redis store, a Redis before 7, your own
-    /// backend).
+    /// once after a local append): the default for a store without
+    /// wake-ups.
     pub fn polling(mut self) -> Self {
         self.live = Some(Live::Poll);
         self
     }
 
-    /// The hub. Describes the [room metrics](super::metrics) and
-    /// registers them at zero.
+    /// The hub; registers the [room metrics](super::metrics).
     pub fn build(self) -> RoomHub {
         metrics::register();
-        // By default the store's wake-ups if it has them, else polling.
         let live = self.live.unwrap_or_else(|| match self.events.wakeups() {
             Ok(wakeups) => Live::Push(Box::new(wakeups)),
             Err(_) => Live::Poll,
@@ -210,15 +192,12 @@ impl fmt::Debug for RoomHub {
 }
 
 impl RoomHub {
-    /// Rooms on `events`, read live by the store's wake-ups (the embedded
-    /// store, a Redis store built from a URL or cluster seeds), else by
-    /// polling, with the default queue bound: `RoomHub::builder(events).build()`.
+    /// `RoomHub::builder(events).build()`.
     pub fn new(events: EventWindow) -> Self {
         Self::builder(events).build()
     }
 
-    /// A builder of rooms on `events` (set the queue bound, or a Redis
-    /// tail with the `redis` feature).
+    /// A builder of rooms on `events`.
     pub fn builder(events: EventWindow) -> RoomHubBuilder {
         RoomHubBuilder {
             events,
@@ -227,8 +206,7 @@ impl RoomHub {
         }
     }
 
-    /// The event window rooms live in (each room is the window
-    /// `room:<name>`).
+    /// The event window rooms live in.
     pub fn events(&self) -> &EventWindow {
         &self.inner.events
     }
@@ -240,12 +218,9 @@ impl RoomHub {
             .map_or(0, |r| r.sockets.len())
     }
 
-    /// Joins `room`: subscribes to its live events first, then reads
-    /// where the room stands. `resume` is the client's position, if it
-    /// has one (it is the client's word: whatever it is, the answer is
-    /// for this session alone). [`RoomSession::next`] then yields the
-    /// welcome, the history after `resume` and `recovered` or `resync`,
-    /// then live events. The session leaves the room when dropped.
+    /// Joins `room` from the client's position `resume`, if any: subscribes
+    /// to its live events first, then reads where the room stands. The
+    /// session leaves the room when dropped.
     pub async fn join(
         &self,
         room: &RoomName,
@@ -259,9 +234,9 @@ impl RoomHub {
         {
             let mut rooms = lock(&inner.rooms);
             if !rooms.contains_key(room) {
-                // Followed before the room's position is read, so every
-                // append after that read wakes the reader; under the lock,
-                // so a follow and an unfollow of the room keep its order.
+                // Before the room's position is read, so every append after
+                // that read wakes the reader; under the lock, so a follow and
+                // an unfollow of the room keep their order.
                 self.follow(room, true);
             }
             rooms.entry(room.clone()).or_default().sockets.insert(
@@ -285,16 +260,12 @@ impl RoomHub {
             last_sent: None,
         };
         // Subscribed first: every event after this point reaches the queue.
-        // (A failure here drops the session, which leaves the room.)
         let head = inner.events.position(window_key(room)).await?;
         let mut rooms = lock(&inner.rooms);
         if let Some(state) = rooms.get_mut(room).filter(|state| state.cursor.is_none()) {
             state.cursor = Some((head.epoch.clone(), head.after()));
-            // Read once from here: an append between the read and the
-            // subscription taking hold woke nobody.
+            // An append before the subscription took hold woke nobody.
             state.dirty = true;
-            // A reader waiting with no room starts at once; one blocked in
-            // XREAD picks the room up within READ_BLOCK.
             inner.wake.notify_one();
         }
         drop(rooms);
@@ -302,8 +273,7 @@ impl RoomHub {
         Ok(session)
     }
 
-    /// Joins `room` and serves it on `socket` until either side closes:
-    /// [`join`](Self::join), then [`RoomSession::serve`]. A failed join
+    /// [`join`](Self::join), then [`RoomSession::serve`]; a failed join
     /// closes the socket with [`CLOSE_STORE_ERROR`](super::CLOSE_STORE_ERROR).
     pub async fn serve(
         &self,
@@ -336,47 +306,32 @@ impl RoomHub {
         }
     }
 
-    /// Appends a message `data` from `from` to `room` and wakes the
-    /// reader: every socket in the room on every node gets it (the
-    /// sender's own session included). Returns the event's id.
+    /// Appends a message `data` from `from` to `room`: every socket in the
+    /// room on every node gets it, the sender's included.
     pub async fn publish(
         &self,
         room: &RoomName,
         from: &str,
         data: &str,
     ) -> Result<EventId, StoreError> {
-        let fields = [
-            (frame::FROM, from.as_bytes()),
-            (frame::DATA, data.as_bytes()),
-        ];
+        let fields = frame::fields(from, data);
         let appended = self.inner.events.append(window_key(room), &fields).await?;
         self.published(1).await;
         Ok(appended.id)
     }
 
-    /// Appends several messages `data` from `from` to `room`, in order, in
-    /// one store call (one script call and one wake-up on Redis; see
-    /// [`EventWindow::append_many`](tower_window::events::EventWindow::append_many)):
-    /// every socket in the room gets them in this order, as if published
-    /// one by one. 1 to [`MAX_BATCH`](tower_window::events::MAX_BATCH)
-    /// messages, else
-    /// [`StoreErrorKind::InvalidRequest`](tower_window::StoreErrorKind::InvalidRequest)
-    /// and nothing is published. Returns the events' ids, in order.
+    /// [`publish`](Self::publish) for 1 to
+    /// [`MAX_BATCH`](tower_window::events::MAX_BATCH) messages, in order, in
+    /// one store call
+    /// ([`EventWindow::append_many`](tower_window::events::EventWindow::append_many)).
     pub async fn publish_many(
         &self,
         room: &RoomName,
         from: &str,
         data: &[&str],
     ) -> Result<Vec<EventId>, StoreError> {
-        let fields: Vec<[(&str, &[u8]); 2]> = data
-            .iter()
-            .map(|data| {
-                [
-                    (frame::FROM, from.as_bytes()),
-                    (frame::DATA, data.as_bytes()),
-                ]
-            })
-            .collect();
+        let fields: Vec<[(&str, &[u8]); 2]> =
+            data.iter().map(|data| frame::fields(from, data)).collect();
         let events: Vec<&[(&str, &[u8])]> = fields.iter().map(|f| f.as_slice()).collect();
         let appended = self
             .inner
@@ -387,21 +342,16 @@ impl RoomHub {
         Ok(appended.into_iter().map(|appended| appended.id).collect())
     }
 
-    /// After `count` events were appended: counts them and wakes the reader.
     async fn published(&self, count: usize) {
         metrics::published(count as u64);
         self.inner.wake.notify_one();
-        // On an in-process store the append is ready at once, so a loop of
-        // publishes would never yield, and the reader just woken (queued on
-        // this worker, where no other worker can take it) would not run
-        // until the loop ends: every socket's queue would see the whole
-        // burst at once. Spending the task's cooperative budget makes such
-        // a loop yield now and then (a Redis append yields by itself).
+        // An in-process append never yields, so a loop of publishes would
+        // starve the reader just woken on this worker until the loop ends;
+        // spending the cooperative budget makes such a loop yield.
         tokio::task::consume_budget().await;
     }
 
-    /// Subscribes to `room`'s wake-ups (`follow`), or stops (pushed mode
-    /// only).
+    /// Subscribes to `room`'s wake-ups, or stops (pushed mode only).
     fn follow(&self, room: &RoomName, follow: bool) {
         if let Live::Push(wakeups) = &self.inner.live {
             if follow {
@@ -428,8 +378,8 @@ impl RoomHub {
         tokio::spawn(reader::run(weak));
     }
 
-    /// Delivers `events` of `room` (in `epoch` order) to its sockets, never
-    /// waiting: a full queue drops that socket (it is told to resync).
+    /// Queues `events` of `room` to its sockets, never waiting: a full
+    /// queue drops that socket.
     pub(super) fn deliver(&self, room: &RoomName, events: Vec<(Epoch, Event)>) {
         let mut rooms = lock(&self.inner.rooms);
         let Some(state) = rooms.get_mut(room) else {
@@ -464,8 +414,8 @@ impl RoomHub {
         }
     }
 
-    /// Moves `room`'s cursor into `to`'s epoch when it is still at `to`'s
-    /// id in another one (the reader followed the room into a new epoch).
+    /// Moves `room`'s cursor into `to`'s epoch when it is at `to`'s id in
+    /// another one.
     pub(super) fn move_cursor(&self, room: &RoomName, to: &Position) {
         let mut rooms = lock(&self.inner.rooms);
         if let Some((epoch, id)) = rooms.get_mut(room).and_then(|r| r.cursor.as_mut()) {
@@ -475,13 +425,9 @@ impl RoomHub {
         }
     }
 
-    /// Moves `room`'s cursor to `head` after the reader lost events it
-    /// cannot recover (the room's history moved past its cursor), and
-    /// drops every socket of the room with an overflow: each is told to
-    /// resync and closed ([`Outgoing::Overflow`](super::Outgoing::Overflow)),
-    /// so none stays on silently missing the lost events. A client
-    /// reconnects with its own last position, and its resume says what it
-    /// can recover.
+    /// Moves `room`'s cursor to `head` after the reader lost events, and
+    /// drops every socket of the room with an overflow, so none stays on
+    /// silently missing them.
     pub(super) fn restart_at(&self, room: &RoomName, head: &Position) {
         let mut rooms = lock(&self.inner.rooms);
         let Some(state) = rooms.get_mut(room) else {

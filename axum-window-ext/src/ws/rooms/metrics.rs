@@ -1,10 +1,7 @@
 //! What rooms record, through the [`metrics`](https://docs.rs/metrics)
-//! facade (nothing happens until a recorder is installed).
-//!
-//! Every series is described and registered at zero when a
-//! [`RoomHub`](super::RoomHub) is built, so `rate()` and `increase()` work
-//! from the first scrape on and a node with no room traffic yet still
-//! shows every series: install the recorder before building the hub.
+//! facade. Every series is registered at zero when a
+//! [`RoomHub`](super::RoomHub) is built (install the recorder first), so
+//! `rate()` and `increase()` work from the first scrape on.
 
 use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 
@@ -12,11 +9,10 @@ use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 pub const ROOM_PUBLISHED_TOTAL: &str = "tower_window_room_published_total";
 /// Counter: live room events this node queued to its sockets.
 pub const ROOM_DELIVERED_TOTAL: &str = "tower_window_room_delivered_total";
-/// Counter: room joins, by label `result`: how they started —
-/// [`JOIN_RESULTS`].
+/// Counter: room joins, by label `result` ([`JOIN_RESULTS`]).
 pub const ROOM_JOINS_TOTAL: &str = "tower_window_room_joins_total";
 /// Counter: sockets dropped from their room because their queue
-/// overflowed (told to resync).
+/// overflowed.
 pub const ROOM_OVERFLOWS_TOTAL: &str = "tower_window_room_overflows_total";
 /// Gauge: sockets in a room on this node.
 pub const ROOM_SOCKETS: &str = "tower_window_room_sockets";
@@ -35,10 +31,8 @@ pub const ROOM_ALL: &[&str] = &[
 /// `epoch_changed` and `ahead`.
 pub const JOIN_RESULTS: [&str; 5] = ["live", "recovered", "too_old", "epoch_changed", "ahead"];
 
-/// Whether anything is recorded: the `metrics` feature.
 const ENABLED: bool = cfg!(feature = "metrics");
 
-/// Describes every room metric and registers it at zero.
 pub(super) fn register() {
     if !ENABLED {
         return;
@@ -77,35 +71,30 @@ pub(super) fn register() {
     gauge!(ROOM_SOCKETS).increment(0.0);
 }
 
-/// `count` messages were appended.
 pub(super) fn published(count: u64) {
     if ENABLED {
         counter!(ROOM_PUBLISHED_TOTAL).increment(count);
     }
 }
 
-/// `n` live events were queued to sockets.
 pub(super) fn delivered(n: u64) {
     if ENABLED {
         counter!(ROOM_DELIVERED_TOTAL).increment(n);
     }
 }
 
-/// A socket's queue overflowed.
 pub(super) fn overflowed() {
     if ENABLED {
         counter!(ROOM_OVERFLOWS_TOTAL).increment(1);
     }
 }
 
-/// A join started as `result` (one of [`JOIN_RESULTS`]).
 pub(super) fn joined(result: &'static str) {
     if ENABLED {
         counter!(ROOM_JOINS_TOTAL, "result" => result).increment(1);
     }
 }
 
-/// A socket entered (`+1`) or left (`-1`) a room.
 pub(super) fn sockets(delta: f64) {
     if ENABLED {
         gauge!(ROOM_SOCKETS).increment(delta);

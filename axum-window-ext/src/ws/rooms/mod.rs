@@ -1,31 +1,24 @@
 //! Rooms: WebSockets that share a room's events, delivered in order on
 //! every node sharing the store, resumable after a reconnect to any node.
 //!
-//! A room is an [event window](tower_window::events) (`room:<name>`; a
-//! Redis Stream on a [`RedisStore`](tower_window::RedisStore), or in
-//! memory), so its history and epoch live in the store, not on a node.
+//! A room is the [event window](tower_window::events) `room:<name>`, so its
+//! history and epoch live in the store, not on a node.
 //!
 //! * [`RoomHub`], one per node: which of the node's sockets are in which
-//!   room, and **one reader task** for every room the node serves, woken
-//!   by the store's wake-ups (or polling, or a Redis tail: see
-//!   [`RoomHubBuilder`]). The stream stays the only source of events. Each
-//!   live event is serialised once and queued to every socket in its room;
-//!   a socket whose bounded queue is full is dropped from its room and told
-//!   to resync: one slow socket never blocks the others or the reader.
+//!   room, and one reader task for all its rooms (see [`RoomHubBuilder`]).
+//!   Each live event is serialised once and queued to every socket in its
+//!   room; a socket whose bounded queue is full is dropped from its room
+//!   and told to resync, so one slow socket never blocks the others.
 //! * [`RoomSession`] ([`RoomHub::join`]), one per socket: the welcome, the
 //!   history after the client's position, `recovered` or `resync`, then
 //!   live events, with no gap and no duplicate.
-//! * [`RoomHub::serve`] / [`RoomSession::serve`]: a ready-made socket loop
-//!   on a plain axum `WebSocket` or a [`GuardedSocket`](super::GuardedSocket);
-//!   write your own with [`RoomSession::next`] for deduplication or
-//!   batching.
-//! * [`Resume`]: the client's position from the upgrade's query, refused
-//!   with `400` before the upgrade when malformed.
+//! * [`RoomHub::serve`] / [`RoomSession::serve`]: a ready-made socket loop.
+//! * [`Resume`]: the client's position from the upgrade's query.
 //!
 //! # Rooms in your router
 //!
-//! A room per path, resumable after a reconnect, with a message quota per
-//! user (every guest is one user here: key by your authenticated user):
+//! A room per path, with a message quota per user (every guest is one user
+//! here: key by your authenticated user):
 //!
 //! ```
 //! use std::time::Duration;
@@ -60,63 +53,6 @@
 //! async fn serve(listener: tokio::net::TcpListener) -> Result<(), Box<dyn std::error::Error>> {
 //!     Ok(axum::serve(listener, app()?).await?)
 //! }
-//! # type Ws = tokio_tungstenite::WebSocketStream<
-//! #     tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
-//! # >;
-//! # async fn frame(ws: &mut Ws) -> serde_json::Value {
-//! #     use futures_util::StreamExt;
-//! #     let next = tokio::time::timeout(Duration::from_secs(10), ws.next());
-//! #     match next.await.expect("a frame in time").expect("open").expect("a frame") {
-//! #         tokio_tungstenite::tungstenite::Message::Text(text) => {
-//! #             serde_json::from_str(&text).expect("json")
-//! #         }
-//! #         other => panic!("{other:?}"),
-//! #     }
-//! # }
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # use futures_util::SinkExt;
-//! # use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-//! # let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-//! # runtime.block_on(async {
-//! #     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-//! #     let url = format!("ws://{}/rooms/lobby", listener.local_addr()?);
-//! #     let clients = async {
-//! #         let (mut alice, _) = tokio_tungstenite::connect_async(url.as_str()).await?;
-//! #         let (mut bob, _) = tokio_tungstenite::connect_async(url.as_str()).await?;
-//! #         let joined = frame(&mut alice).await;
-//! #         assert_eq!(joined["type"], "joined");
-//! #         assert_eq!(frame(&mut bob).await["type"], "joined");
-//! #         alice.send(Message::text("hello")).await?;
-//! #         let mut first = serde_json::Value::Null;
-//! #         for ws in [&mut alice, &mut bob] {
-//! #             first = frame(ws).await;
-//! #             assert_eq!((&first["type"], &first["data"]), (&"event".into(), &"hello".into()));
-//! #         }
-//! #         alice.send(Message::text("again")).await?;
-//! #         assert_eq!(frame(&mut alice).await["data"], "again");
-//! #         // The third message of the minute is over the guests' quota: dropped, with a notice.
-//! #         alice.send(Message::text("spam")).await?;
-//! #         let notice = frame(&mut alice).await;
-//! #         assert_eq!((&notice["type"], &notice["quota"]), (&"rate_limited".into(), &"messages".into()));
-//! #         // Resuming after the first event: the second, then `recovered`.
-//! #         let resume = format!("{url}?epoch={}&last_event_id={}", first["epoch"].as_str().unwrap(), first["id"].as_str().unwrap());
-//! #         let (mut carol, _) = tokio_tungstenite::connect_async(resume.as_str()).await?;
-//! #         assert_eq!(frame(&mut carol).await["type"], "joined");
-//! #         assert_eq!(frame(&mut carol).await["data"], "again");
-//! #         assert_eq!(frame(&mut carol).await["type"], "recovered");
-//! #         // A malformed position is refused before the upgrade.
-//! #         match tokio_tungstenite::connect_async(format!("{url}?last_event_id=1-0")).await {
-//! #             Err(WsError::Http(response)) => assert_eq!(response.status(), 400),
-//! #             other => panic!("{other:?}"),
-//! #         }
-//! #         Ok::<(), Box<dyn std::error::Error>>(())
-//! #     };
-//! #     tokio::select! {
-//! #         served = serve(listener) => panic!("the server stopped: {served:?}"),
-//! #         checked = clients => checked,
-//! #     }
-//! # })
-//! # }
 //! ```
 //!
 //! # The protocol
@@ -132,14 +68,8 @@
 //! | `{"type":"resync","room":R,"reason":"overflow"}` | the socket's queue filled, or the node's reader fell behind what the room keeps ([`Outgoing::Overflow`]): then the close [`CLOSE_OVERFLOW`] (1013); reconnect with the last position |
 //! | `{"type":"error","room":R,"reason":"unavailable"}` | a message could not be appended ([`RoomSession::unavailable`]); the socket stays open |
 //!
-//! A client resumes from its last position (`epoch`, `last_event_id`:
-//! [`Resume`]). Positions are the client's word: whatever a client sends
-//! is answered to it alone and never changes the room for anyone else.
-//!
-//! # Metrics
-//!
-//! Recorded through the `metrics` facade and registered at zero when a hub
-//! is built (install the recorder first): see [`metrics`].
+//! A client resumes from its last position ([`Resume`]); whatever position
+//! a client sends is answered to it alone. Metrics: see [`metrics`].
 
 mod frame;
 mod hub;
@@ -160,26 +90,22 @@ pub use serve::FRAMES_PER_FLUSH;
 pub use session::{Outgoing, RoomSession};
 pub use socket::RoomSocket;
 
-/// How long one blocking `XREAD` of the Redis tail waits: a room joined
-/// meanwhile is read from the next one on. Also how long the pushed
-/// reader waits for a wake-up before it looks whether its hub is gone (a
-/// local timer, no command).
+/// How long one blocking `XREAD` of the Redis tail waits (a room joined
+/// meanwhile is read from the next one on), and how long the pushed reader
+/// waits before it looks whether its hub is gone.
 pub const READ_BLOCK: Duration = Duration::from_millis(100);
 /// How often the polling reader looks when nothing woke it.
 pub const POLL_EVERY: Duration = Duration::from_millis(100);
-/// Events per history page (sent as separate frames; any number of pages).
+/// Events per history page.
 pub const HISTORY_PAGE: u32 = 200;
 /// The default bound of a socket's queue of live events.
 pub const DEFAULT_QUEUE: usize = 1024;
 
 /// Close code 1003 (unsupported data): a binary message in a room.
 pub const CLOSE_UNSUPPORTED: u16 = 1003;
-/// Close code 1011 (internal error): the store failed while joining or
-/// reading the room.
+/// Close code 1011 (internal error): the store failed.
 pub const CLOSE_STORE_ERROR: u16 = 1011;
-/// Close code 1013 (try again later): the socket read too slowly and its
-/// queue overflowed, or the node's reader fell behind what the room keeps;
-/// reconnect with the last position.
+/// Close code 1013 (try again later): after an overflow's `resync`.
 pub const CLOSE_OVERFLOW: u16 = 1013;
 
 #[cfg(test)]

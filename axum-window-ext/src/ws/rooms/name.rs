@@ -8,11 +8,9 @@ use serde::{Deserialize, Serialize};
 /// A room's name: 1 to [`MAX_LEN`](Self::MAX_LEN) characters of
 /// `[A-Za-z0-9_.-]`.
 ///
-/// The name is part of the room's event-window key, so the narrow
-/// alphabet keeps every room in a key of its own and out of any other
-/// namespace. It deserializes from a string and refuses anything else, so
-/// `Path<RoomName>` or a `Query` field of this type answers a bad name
-/// with `400` before any upgrade.
+/// The narrow alphabet keeps each room's event-window key its own. It
+/// deserializes only from a valid string, so `Path<RoomName>` answers a
+/// bad name with `400` before any upgrade.
 ///
 /// ```
 /// use axum_window_ext::ws::rooms::RoomName;
@@ -30,8 +28,7 @@ impl RoomName {
     /// The longest name, in characters (all ASCII, so also in bytes).
     pub const MAX_LEN: usize = 64;
 
-    /// `name`, if it is 1 to [`MAX_LEN`](Self::MAX_LEN) characters of
-    /// `[A-Za-z0-9_.-]`.
+    /// `name`, if it is valid.
     pub fn new(name: impl Into<String>) -> Result<Self, InvalidRoomName> {
         let name = name.into();
         if Self::is_valid(&name) {
@@ -41,7 +38,7 @@ impl RoomName {
         }
     }
 
-    /// Whether `name` is a valid room name (without making one).
+    /// Whether `name` is a valid room name.
     pub fn is_valid(name: &str) -> bool {
         (1..=Self::MAX_LEN).contains(&name.len())
             && name
@@ -93,7 +90,7 @@ impl From<RoomName> for String {
 #[derive(Clone, PartialEq, Eq)]
 pub struct InvalidRoomName(());
 
-/// What `?` in `main` prints (`Error: {:?}`): the readable message.
+/// The readable message, for `?` in `main`.
 impl fmt::Debug for InvalidRoomName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "InvalidRoomName: {self}")

@@ -1,11 +1,5 @@
 //! The node's one reader: fetches new events of every room with sockets
 //! and hands them to the hub, until the hub is dropped.
-//!
-//! With pushed wake-ups it reads a room only when told to (an append's
-//! wake-up, a (re)subscription, a first join), from the room's cursor; a
-//! room whose epoch changed (a failover) is read on from the same id in the
-//! new epoch when nothing was lost in between, so live sockets miss
-//! nothing.
 
 use std::sync::Weak;
 use std::time::Duration;
@@ -22,7 +16,6 @@ use super::{POLL_EVERY, READ_BLOCK};
 /// Events per room per read.
 const READ_COUNT: u32 = 1000;
 
-/// Every room the reader follows, with its cursor.
 type Cursors = Vec<(RoomName, Epoch, EventId)>;
 
 pub(super) async fn run(hub: Weak<Inner>) {
@@ -50,7 +43,7 @@ pub(super) async fn run(hub: Weak<Inner>) {
 }
 
 /// Every room with a cursor; with `only_dirty`, only those marked to be
-/// read, unmarking them.
+/// read (unmarked).
 fn cursors(hub: &RoomHub, only_dirty: bool) -> Cursors {
     let mut rooms = lock(&hub.inner.rooms);
     let mut cursors = Vec::new();
@@ -66,7 +59,7 @@ fn cursors(hub: &RoomHub, only_dirty: bool) -> Cursors {
     cursors
 }
 
-/// Waits for the hub's wake (a join, a local append), at most `timeout`.
+/// Waits for the hub's wake, at most `timeout`.
 async fn woken_or(hub: &RoomHub, timeout: Duration) {
     tokio::select! {
         () = hub.inner.wake.notified() => {}
@@ -78,7 +71,6 @@ async fn woken_or(hub: &RoomHub, timeout: Duration) {
 async fn read_tail(hub: &RoomHub, tail: &tokio::sync::Mutex<EventTail>) -> Result<(), StoreError> {
     let rooms = cursors(hub, false);
     if rooms.is_empty() {
-        // Nothing to read: wait for a join (or look again soon).
         woken_or(hub, READ_BLOCK).await;
         return Ok(());
     }
@@ -104,9 +96,8 @@ async fn read_tail(hub: &RoomHub, tail: &tokio::sync::Mutex<EventTail>) -> Resul
     Ok(())
 }
 
-/// One round with pushed wake-ups: waits (at most [`READ_BLOCK`], so a
-/// dropped hub is seen) for a wake-up or a join, then reads every room
-/// marked to be read.
+/// One round with pushed wake-ups: waits (at most [`READ_BLOCK`]) for a
+/// wake-up or a join, then reads every room marked to be read.
 async fn read_pushed(hub: &RoomHub, wakeups: &EventWakeups) -> Result<(), StoreError> {
     let mut rooms = woken_rooms(hub, wakeups, None);
     if rooms.is_empty() {
@@ -119,7 +110,6 @@ async fn read_pushed(hub: &RoomHub, wakeups: &EventWakeups) -> Result<(), StoreE
     let mut result = Ok(());
     for (name, epoch, id) in rooms {
         if let Err(error) = read_room(hub, &name, epoch, id).await {
-            // Read again next round (after the caller's backoff).
             if let Some(room) = lock(&hub.inner.rooms).get_mut(&name) {
                 room.dirty = true;
             }
@@ -129,8 +119,8 @@ async fn read_pushed(hub: &RoomHub, wakeups: &EventWakeups) -> Result<(), StoreE
     result
 }
 
-/// Marks the rooms of `first` and of every wake-up already here to be
-/// read, then takes the rooms to read.
+/// Marks the rooms of `first` and of the wake-ups already here, then takes
+/// the rooms to read.
 fn woken_rooms(hub: &RoomHub, wakeups: &EventWakeups, first: Option<Wakeup>) -> Cursors {
     for wakeup in first
         .into_iter()
@@ -142,13 +132,10 @@ fn woken_rooms(hub: &RoomHub, wakeups: &EventWakeups, first: Option<Wakeup>) -> 
 }
 
 /// Reads `name` from its cursor (`epoch`, `id`) up to now and delivers
-/// what came. A new epoch whose events still follow `id` (a failover that
-/// lost nothing this reader saw) is read on from `id`; a window whose
-/// events no longer follow `id` (a restore, a lost stream) is read from
-/// its start, delivering what is after `id`; if that is not recoverable
-/// either (trimmed), the cursor moves to the room's head and the room's
-/// sockets are dropped with a resync (their own resumes tell them what
-/// they can recover).
+/// what came: in a new epoch from `id` if the events still follow it (a
+/// failover that lost nothing), else from the window's start, delivering
+/// what is after `id`; if even that cannot be recovered, the cursor moves
+/// to the head and the room's sockets are dropped with a resync.
 async fn read_room(
     hub: &RoomHub,
     name: &RoomName,
@@ -166,14 +153,12 @@ async fn read_room(
                 let last = events.last().map(|event| event.id);
                 let tagged = events
                     .into_iter()
-                    // Read from the start: what the cursor passed was sent.
                     .filter(|e| !from_start || e.id > id)
                     .map(|e| (from.epoch.clone(), e))
                     .collect();
                 hub.deliver(name, tagged);
                 if epoch_checked {
-                    // Nothing new in the new epoch yet: the cursor moves
-                    // to it, so the next read needs one call.
+                    // So the next read needs one call.
                     hub.move_cursor(name, &from);
                 }
                 match last {
@@ -187,20 +172,12 @@ async fn read_room(
                 from = Position::new(head.epoch, from.last_id);
             }
             Resume::Resync(ResyncReason::Ahead | ResyncReason::TooOld) if !from_start => {
-                // The window lost events up to the cursor (a restore, a
-                // rollback, a stream lost with a new epoch) or the events
-                // after it do not follow it: what was appended since still
-                // has later ids. Read the window from its start (bounded by
-                // its retention) and deliver what is after the cursor, as
-                // a live tail would; a window trimmed at its start too
-                // resyncs the cursor to the head below.
+                // The events no longer follow the cursor (a restore, a
+                // lost stream), but what was appended since has later ids.
                 from_start = true;
                 from.last_id = None;
             }
             Resume::Resync(reason) => {
-                // History moved on past what can be recovered: follow the
-                // room from now, and tell its sockets, which would
-                // otherwise miss the lost events without a word.
                 tracing::debug!(%reason, room = %name, "room reader resyncs to the head");
                 let head = hub.inner.events.position(&key).await?;
                 hub.restart_at(name, &head);

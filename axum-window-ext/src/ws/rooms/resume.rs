@@ -4,27 +4,21 @@ use std::fmt;
 
 use axum::extract::{FromRequestParts, Query};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use tower_window::events::Position;
 
 /// Where a room socket resumes: the `epoch` and `last_event_id` query
-/// parameters of its upgrade request, checked (`None`: a fresh join).
+/// parameters of its upgrade request.
 ///
 /// - neither: `Resume(None)`, a fresh join;
 /// - `epoch` alone (or with an empty `last_event_id`): from the start of
-///   that epoch (a client that never received an event resumes from the
-///   `joined` frame's epoch);
+///   that epoch (the `joined` frame's, for a client that got no event);
 /// - both: after that event of that epoch;
-/// - `last_event_id` without `epoch`, a malformed epoch (not 1 to 64
-///   lowercase hexadecimal digits) or id (not `<ms>-<seq>`, or a part above
-///   2^53 - 1), a parameter given twice or not UTF-8:
-///   [`InvalidResume`], answered `400` (problem+json) before the upgrade.
-///
-/// A well-formed position is still the client's word: whatever it names,
-/// [`RoomHub::join`](super::RoomHub::join) answers it to this client alone
-/// (history, then `recovered`, or `resync`).
+/// - anything else (an epoch not 1 to 64 lowercase hex digits, an id not
+///   `<ms>-<seq>` within 2^53 - 1, `last_event_id` without `epoch`, a
+///   parameter given twice or not UTF-8): [`InvalidResume`], a `400`
+///   before the upgrade.
 ///
 /// ```
 /// use axum_window_ext::ws::rooms::{InvalidResume, Resume};
@@ -39,7 +33,7 @@ use tower_window::events::Position;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Resume(pub Option<Position>);
 
-/// The query parameters a [`Resume`] reads (any others are ignored).
+/// Any other parameters are ignored.
 #[derive(Default, Deserialize)]
 struct Params {
     epoch: Option<String>,
@@ -63,8 +57,7 @@ impl Resume {
         Self::parse(params.epoch.as_deref(), params.last_event_id.as_deref())
     }
 
-    /// The position named by the (decoded) parameters `epoch` and
-    /// `last_event_id`, each absent or present.
+    /// The position named by the decoded parameters.
     pub fn parse(epoch: Option<&str>, last_event_id: Option<&str>) -> Result<Self, InvalidResume> {
         match (epoch, last_event_id) {
             (Some(epoch), last) => Position::parse(epoch, last.unwrap_or(""))
@@ -84,9 +77,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Resume {
     }
 }
 
-/// Why a [`Resume`] was refused: a `400` with a problem+json body
-/// (`type` [`TYPE_INVALID_INPUT`](crate::TYPE_INVALID_INPUT), `detail` the
-/// message).
+/// Why a [`Resume`] was refused: a `400` problem+json of
+/// [`TYPE_INVALID_INPUT`](crate::TYPE_INVALID_INPUT).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum InvalidResume {
@@ -94,8 +86,7 @@ pub enum InvalidResume {
     Malformed,
     /// `last_event_id` without the `epoch` it belongs to.
     MissingEpoch,
-    /// The query cannot be read (a parameter given twice, not UTF-8):
-    /// axum's reason.
+    /// The query cannot be read: axum's reason.
     Query(String),
 }
 
@@ -113,6 +104,6 @@ impl std::error::Error for InvalidResume {}
 
 impl IntoResponse for InvalidResume {
     fn into_response(self) -> Response {
-        crate::problem::invalid_input(StatusCode::BAD_REQUEST, &self.to_string())
+        crate::problem::invalid_input(self.to_string())
     }
 }

@@ -1,5 +1,4 @@
-//! [`RoomSession::serve`]: a ready-made room socket loop, over a plain
-//! axum `WebSocket` or a [`GuardedSocket`](crate::ws::GuardedSocket).
+//! [`RoomSession::serve`]: a ready-made room socket loop.
 
 use axum::extract::ws::{Message, Utf8Bytes, WebSocket};
 use futures_util::SinkExt;
@@ -8,27 +7,20 @@ use super::session::{Outgoing, RoomSession};
 use super::socket::RoomSocket;
 use super::{CLOSE_OVERFLOW, CLOSE_STORE_ERROR, CLOSE_UNSUPPORTED};
 
-/// How many frames one write may carry (see [`RoomSession::send_ready`]).
+/// The most frames [`RoomSession::send_ready`] writes before it flushes.
 pub const FRAMES_PER_FLUSH: usize = 64;
 
 impl RoomSession {
     /// Serves this session on `socket` until either side closes: the
-    /// session's frames out; every text message in, published to the room
-    /// as sent by `from` (a failed append is answered with
-    /// [`unavailable`](Self::unavailable) and the socket stays open).
+    /// session's frames out; every text message in, published as sent by
+    /// `from` (a failed append is answered with
+    /// [`unavailable`](Self::unavailable)). A binary message closes with
+    /// [`CLOSE_UNSUPPORTED`], a store failure with [`CLOSE_STORE_ERROR`],
+    /// an overflow with [`CLOSE_OVERFLOW`]; the peer's answer is awaited
+    /// for a bounded time. On a [`GuardedSocket`](crate::ws::GuardedSocket)
+    /// inbound messages are charged first.
     ///
-    /// Closes as the room protocol says: a binary message with
-    /// [`CLOSE_UNSUPPORTED`] (1003), a store failure while reading with
-    /// [`CLOSE_STORE_ERROR`] (1011), an overflow (after its `resync`) with
-    /// [`CLOSE_OVERFLOW`] (1013); each close is sent, then the peer's
-    /// answer awaited for a bounded time.
-    ///
-    /// On a plain `WebSocket` no limits apply to inbound messages. On a
-    /// [`GuardedSocket`](crate::ws::GuardedSocket) each is charged to its
-    /// message and byte quotas first, and the guard's closes (1008, 1009,
-    /// ...) end the loop. For deduplication or batching, write the loop
-    /// yourself with [`next`](Self::next), [`send_ready`](Self::send_ready)
-    /// and [`publish`](Self::publish): this one is
+    /// For deduplication or batching, write the loop yourself; this one is
     ///
     /// ```
     /// use axum::extract::ws::Message;
@@ -68,8 +60,6 @@ impl RoomSession {
     /// ```
     pub async fn serve(mut self, mut socket: impl RoomSocket, from: &str) {
         let (code, reason) = loop {
-            // Both arms are cancel-safe: a frame or message not taken now
-            // is taken by the next turn.
             tokio::select! {
                 frame = self.next() => match frame {
                     Ok(Some(Outgoing::Text(text))) => {
@@ -122,12 +112,8 @@ impl RoomSession {
 
     /// Writes `first` (a frame [`next`](Self::next) gave), then every frame
     /// [`ready_now`](Self::ready_now), at most [`FRAMES_PER_FLUSH`] in all,
-    /// and flushes once if it wrote any: a burst of events costs one write
-    /// instead of one per frame, and each frame still leaves as soon as it
-    /// is ready. (With `TCP_NODELAY` on the socket, as a latency-minded
-    /// server sets it, a flush per frame would also be a TCP segment per
-    /// frame.) A loop that publishes calls it with `None` after each
-    /// publish too, so the socket's own events go out before it reads
+    /// and flushes once if it wrote any. Call it with `None` after each
+    /// publish too: the socket's own events then go out before it reads
     /// more, and a fast publisher is held back by its own connection
     /// rather than dropped for a full queue.
     pub async fn send_ready(
@@ -154,6 +140,5 @@ impl RoomSession {
     }
 }
 
-/// Close code 1001 (going away): the session ended without a reason of
-/// the protocol's own.
+/// Close code 1001 (going away).
 const CLOSE_GOING_AWAY: u16 = 1001;

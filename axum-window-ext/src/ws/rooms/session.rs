@@ -15,23 +15,19 @@ use super::{frame, metrics, HISTORY_PAGE};
 
 /// What a session sends next: a text frame of the room protocol.
 ///
-/// Exhaustive on purpose: each variant asks the socket loop for its own
-/// action, so a new one is a breaking change a loop must handle, not a
-/// wildcard arm that would guess.
+/// Exhaustive on purpose: a new variant needs its own action in every
+/// socket loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outgoing {
     /// A text frame to send (`joined`, `event`, `recovered`, `resync`).
     Text(Utf8Bytes),
     /// The socket's queue overflowed, or the node's reader fell behind
-    /// what the room keeps (events it can no longer send live), and the
-    /// socket has left the room: send this
-    /// `resync` (reason `overflow`), then close the socket with
-    /// [`CLOSE_OVERFLOW`](super::CLOSE_OVERFLOW). The session yields
-    /// nothing after it.
+    /// what the room keeps, and the socket has left the room: send this
+    /// `resync` (reason `overflow`), then close with
+    /// [`CLOSE_OVERFLOW`](super::CLOSE_OVERFLOW). Nothing follows it.
     Overflow(Utf8Bytes),
 }
 
-/// Where a session is in its opening sequence.
 #[derive(Debug)]
 pub(super) enum Phase {
     /// Reading history after this position (resumes only).
@@ -43,11 +39,9 @@ pub(super) enum Phase {
 /// One socket in one room, from [`RoomHub::join`]; leaves the room when
 /// dropped.
 ///
-/// [`next`](Self::next) yields, in order: the welcome (`joined`), then,
-/// when resuming, the history pages and `recovered` or `resync`, then
-/// live events — with no gap and no duplicate between history and live.
-/// It is cancel-safe, so a socket loop can `select!` it with reading the
-/// socket; [`serve`](Self::serve) is such a loop.
+/// [`next`](Self::next) yields the welcome (`joined`), then, when resuming,
+/// the history and `recovered` or `resync`, then live events, with no gap
+/// and no duplicate.
 #[derive(Debug)]
 pub struct RoomSession {
     pub(super) hub: RoomHub,
@@ -55,12 +49,10 @@ pub struct RoomSession {
     pub(super) socket: u64,
     pub(super) receiver: mpsc::Receiver<LiveEvent>,
     pub(super) overflowed: Arc<AtomicBool>,
-    /// Where the room stood at the join (the welcome's position).
     pub(super) head: Option<Position>,
     pub(super) phase: Phase,
-    /// Frames ready to send before anything else.
     pub(super) pending: VecDeque<Utf8Bytes>,
-    /// The last event sent (epoch, id): live events up to it are skipped.
+    /// Live events up to the last one sent are skipped.
     pub(super) last_sent: Option<(Epoch, EventId)>,
 }
 
@@ -76,13 +68,12 @@ impl RoomSession {
         &self.room
     }
 
-    /// The position the welcome announced: where the room stood at the
-    /// join.
+    /// The welcome's position: where the room stood at the join.
     pub fn head(&self) -> Option<&Position> {
         self.head.as_ref()
     }
 
-    /// The hub this session is of.
+    /// The session's hub.
     pub fn hub(&self) -> &RoomHub {
         &self.hub
     }
@@ -97,11 +88,8 @@ impl RoomSession {
         }
     }
 
-    /// The next frame to send. `Ok(None)` when the session can yield
-    /// nothing more (it was dropped from the room without an overflow).
-    /// An error is the store's, while reading history.
-    ///
-    /// Cancel-safe: a cancelled call loses nothing.
+    /// The next frame to send; `Ok(None)` once the session can yield
+    /// nothing more. Errors are the store's, reading history. Cancel-safe.
     pub async fn next(&mut self) -> Result<Option<Outgoing>, StoreError> {
         loop {
             if let Some(frame) = self.pending.pop_front() {
@@ -136,8 +124,7 @@ impl RoomSession {
                     if full {
                         self.phase = Phase::History { from, count };
                     } else {
-                        // History may run past the welcome's position:
-                        // live events up to what it sent are skipped.
+                        // History may run past the welcome's position.
                         if let Some((epoch, last)) = &self.last_sent {
                             if *epoch == from.epoch && from.after() > *last {
                                 self.last_sent = Some((epoch.clone(), from.after()));
@@ -167,7 +154,7 @@ impl RoomSession {
     }
 
     /// `event`'s frame, unless it was sent already (history and live
-    /// overlap at the switch); then it counts as sent.
+    /// overlap); it then counts as sent.
     fn unsent(&mut self, event: LiveEvent) -> Option<Utf8Bytes> {
         if reached(&self.last_sent, &event.epoch, event.id) {
             return None;
@@ -176,15 +163,10 @@ impl RoomSession {
         Some(event.text)
     }
 
-    /// A text frame that is ready now, without waiting and without a store
-    /// call: a queued frame, or a live event already received. `None` when
-    /// [`next`](Self::next) would have to wait, read history, or end the
-    /// session (an overflow, a session dropped from its room): `next` still
-    /// yields those.
-    ///
-    /// For a socket loop that writes every ready frame and then flushes
-    /// once, so a burst of events costs one write instead of one per frame
-    /// (as the example gateway does).
+    /// A text frame that is ready without waiting or a store call, for a
+    /// socket loop that writes every ready frame and then flushes once.
+    /// `None` when [`next`](Self::next) would have to wait, read history,
+    /// or end the session: `next` still yields those.
     pub fn ready_now(&mut self) -> Option<Utf8Bytes> {
         if let Some(frame) = self.pending.pop_front() {
             return Some(frame);
@@ -205,8 +187,7 @@ impl RoomSession {
         self.hub.publish(&self.room, from, data).await
     }
 
-    /// Publishes several messages `data` from `from` to the room, in
-    /// order, in one store call (see [`RoomHub::publish_many`]).
+    /// See [`RoomHub::publish_many`].
     pub async fn publish_many(
         &self,
         from: &str,
@@ -215,8 +196,8 @@ impl RoomSession {
         self.hub.publish_many(&self.room, from, data).await
     }
 
-    /// The frame to send when a message could not be published (the
-    /// store failed): `{"type":"error","room":R,"reason":"unavailable"}`.
+    /// The frame to send when a message could not be published:
+    /// `{"type":"error","room":R,"reason":"unavailable"}`.
     pub fn unavailable(&self) -> Utf8Bytes {
         frame::unavailable(&self.room)
     }

@@ -11,12 +11,9 @@ mod sealed {
     impl Sealed for crate::ws::GuardedSocket {}
 }
 
-/// A socket [`RoomSession::serve`](super::RoomSession::serve) and
-/// [`RoomHub::serve`](super::RoomHub::serve) serve a room on: a plain axum
-/// `WebSocket` (no limits), or a [`GuardedSocket`], whose inbound
-/// messages are charged to its [`MessageLimits`]
-/// (and which closes when its connection seat is lost) before they are
-/// published. Sealed: implemented for those two only.
+/// A socket [`RoomSession::serve`](super::RoomSession::serve) serves a
+/// room on: a plain axum `WebSocket` (no limits), or a [`GuardedSocket`].
+/// Sealed.
 pub trait RoomSocket: sealed::Sealed + Send {
     /// The next message; `None` once the socket ended.
     #[doc(hidden)]

@@ -288,3 +288,125 @@ async fn the_polling_reader_delivers_in_order() {
         assert_eq!(json(next(&mut alice).await)["data"], format!("m{i}"));
     }
 }
+
+/// The module docs' example app, served to real WebSocket clients (moved
+/// from the doctest's hidden part).
+mod module_example {
+    use std::time::Duration;
+
+    use axum::extract::{ws::WebSocketUpgrade, Path, State};
+    use axum::{response::Response, routing::get, Router};
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+    use tower_window::events::{EventWindow, Retention};
+    use tower_window::{Limiter, MemoryStore, Quota, Store, WindowKey};
+
+    use crate::ws::rooms::{Resume, RoomHub, RoomName};
+    use crate::ws::{GuardedSocket, MessageLimits};
+
+    #[derive(Clone)]
+    struct Rooms {
+        hub: RoomHub,
+        limits: MessageLimits,
+    }
+
+    async fn room(
+        State(rooms): State<Rooms>,
+        Path(room): Path<RoomName>,
+        Resume(resume): Resume,
+        ws: WebSocketUpgrade,
+    ) -> Response {
+        rooms
+            .limits
+            .configure(ws)
+            .on_upgrade(move |socket| async move {
+                let socket =
+                    GuardedSocket::new(socket, rooms.limits, WindowKey::for_subject("guest"));
+                rooms.hub.serve(socket, &room, resume, "guest").await
+            })
+    }
+
+    fn app() -> Result<Router, Box<dyn std::error::Error>> {
+        let store = Store::from(MemoryStore::new());
+        let retention = Retention::new(Duration::from_secs(600), 1000)?;
+        let hub = RoomHub::new(EventWindow::new(store.clone(), retention));
+        let limits = MessageLimits::builder(Limiter::new(store, "100/1m".parse::<Quota>()?))
+            .messages("2/1m".parse::<Quota>()?)
+            .build();
+        Ok(Router::new()
+            .route("/rooms/{room}", get(room))
+            .with_state(Rooms { hub, limits }))
+    }
+
+    async fn serve(listener: tokio::net::TcpListener) -> Result<(), Box<dyn std::error::Error>> {
+        Ok(axum::serve(listener, app()?).await?)
+    }
+
+    type Ws = tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >;
+
+    async fn frame(ws: &mut Ws) -> serde_json::Value {
+        let next = tokio::time::timeout(Duration::from_secs(10), ws.next());
+        match next
+            .await
+            .expect("a frame in time")
+            .expect("open")
+            .expect("a frame")
+        {
+            Message::Text(text) => serde_json::from_str(&text).expect("json"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn serves_resumes_and_refuses() -> Result<(), Box<dyn std::error::Error>> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("ws://{}/rooms/lobby", listener.local_addr()?);
+        let clients = async {
+            let (mut alice, _) = tokio_tungstenite::connect_async(url.as_str()).await?;
+            let (mut bob, _) = tokio_tungstenite::connect_async(url.as_str()).await?;
+            let joined = frame(&mut alice).await;
+            assert_eq!(joined["type"], "joined");
+            assert_eq!(frame(&mut bob).await["type"], "joined");
+            alice.send(Message::text("hello")).await?;
+            let mut first = serde_json::Value::Null;
+            for ws in [&mut alice, &mut bob] {
+                first = frame(ws).await;
+                assert_eq!(
+                    (&first["type"], &first["data"]),
+                    (&"event".into(), &"hello".into())
+                );
+            }
+            alice.send(Message::text("again")).await?;
+            assert_eq!(frame(&mut alice).await["data"], "again");
+            // The third message of the minute is over the guests' quota: dropped, with a notice.
+            alice.send(Message::text("spam")).await?;
+            let notice = frame(&mut alice).await;
+            assert_eq!(
+                (&notice["type"], &notice["quota"]),
+                (&"rate_limited".into(), &"messages".into())
+            );
+            // Resuming after the first event: the second, then `recovered`.
+            let resume = format!(
+                "{url}?epoch={}&last_event_id={}",
+                first["epoch"].as_str().unwrap(),
+                first["id"].as_str().unwrap()
+            );
+            let (mut carol, _) = tokio_tungstenite::connect_async(resume.as_str()).await?;
+            assert_eq!(frame(&mut carol).await["type"], "joined");
+            assert_eq!(frame(&mut carol).await["data"], "again");
+            assert_eq!(frame(&mut carol).await["type"], "recovered");
+            // A malformed position is refused before the upgrade.
+            match tokio_tungstenite::connect_async(format!("{url}?last_event_id=1-0")).await {
+                Err(WsError::Http(response)) => assert_eq!(response.status(), 400),
+                other => panic!("{other:?}"),
+            }
+            Ok::<(), Box<dyn std::error::Error>>(())
+        };
+        tokio::select! {
+            served = serve(listener) => panic!("the server stopped: {served:?}"),
+            checked = clients => checked,
+        }
+    }
+}
