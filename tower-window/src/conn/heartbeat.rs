@@ -64,20 +64,16 @@ fn groups(buckets: BTreeMap<(Option<u16>, u16), Vec<usize>>, batch: usize) -> Ve
 /// at most one per route: a primary's pipelines would queue behind each
 /// other, and each must fit the store's time budget on its own.
 fn waves(groups: &[Group]) -> Vec<Vec<usize>> {
+    let full = |wave: &Vec<usize>| wave.len() >= HEARTBEAT_CONCURRENCY;
     let mut waves: Vec<Vec<usize>> = Vec::new();
+    // Per route, the first wave it may join.
     let mut next: BTreeMap<u16, usize> = BTreeMap::new();
     // Waves before `open` are full.
     let mut open = 0;
     for (i, group) in groups.iter().enumerate() {
-        let mut wave = group
-            .route
-            .and_then(|route| next.get(&route).copied())
-            .unwrap_or(0)
-            .max(open);
-        while waves
-            .get(wave)
-            .is_some_and(|w| w.len() >= HEARTBEAT_CONCURRENCY)
-        {
+        let first = group.route.and_then(|route| next.get(&route).copied());
+        let mut wave = first.unwrap_or(0).max(open);
+        while waves.get(wave).is_some_and(full) {
             wave += 1;
         }
         if wave == waves.len() {
@@ -87,10 +83,7 @@ fn waves(groups: &[Group]) -> Vec<Vec<usize>> {
         if let Some(route) = group.route {
             next.insert(route, wave + 1);
         }
-        while waves
-            .get(open)
-            .is_some_and(|w| w.len() >= HEARTBEAT_CONCURRENCY)
-        {
+        while waves.get(open).is_some_and(full) {
             open += 1;
         }
     }

@@ -207,25 +207,17 @@ mod file {
             let repr: FileRepr =
                 toml::from_str(text).map_err(|e| TenantError::Syntax(e.to_string()))?;
             let mut problems = Vec::new();
-            let default = match repr.default.map(|d| d.into_spec(Some("[default]"))) {
-                Some(Ok(spec)) => Some(spec),
-                Some(Err(mut errors)) => {
-                    problems.append(&mut errors);
-                    None
-                }
-                None => None,
+            let mut keep = |spec: Result<TenantSpec, Vec<TenantError>>| {
+                spec.map_err(|mut errors| problems.append(&mut errors)).ok()
             };
+            let default = repr
+                .default
+                .and_then(|d| keep(d.into_spec(Some("[default]"))));
             let mut tenants = BTreeMap::new();
-            for (name, spec) in repr.tenants {
-                if let Err(error) = validate_tenant_name(&name) {
-                    problems.push(error);
-                    continue;
-                }
-                match spec.into_spec(Some(&name)) {
-                    Ok(spec) => {
-                        tenants.insert(name, spec);
-                    }
-                    Err(mut errors) => problems.append(&mut errors),
+            for (name, repr) in repr.tenants {
+                let valid = validate_tenant_name(&name).map_err(|error| vec![error]);
+                if let Some(spec) = keep(valid.and_then(|()| repr.into_spec(Some(&name)))) {
+                    tenants.insert(name, spec);
                 }
             }
             match problems.len() {
