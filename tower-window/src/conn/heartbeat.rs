@@ -22,7 +22,7 @@ const HEARTBEAT_CONCURRENCY: usize = 16;
 pub struct HeartbeatReport {
     /// Seats found live and extended.
     pub renewed: usize,
-    /// Seats found gone (expired or reset), reported to their holders.
+    /// Seats found gone, reported to their holders.
     pub lost: usize,
     /// Seats whose renewal call failed (not declared lost).
     pub failed: usize,

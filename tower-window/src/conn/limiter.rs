@@ -29,7 +29,7 @@ pub struct ConnectionDenied {
     /// Until the oldest seat expires unless renewed (a release frees a
     /// place sooner).
     pub retry_after: Duration,
-    /// `Some` when the store could not answer and [`OnFailure::FailClosed`] did.
+    /// `Some` when [`OnFailure::FailClosed`] answered for the store.
     pub fallback: Option<FallbackReason>,
 }
 
@@ -59,8 +59,7 @@ pub enum ConnectionError {
     /// The seat TTL is not between 30 ms and 1 hour.
     #[error("a connection seat ttl must be between 30ms and 1h")]
     InvalidTtl,
-    /// The store failed (and, for a grant, the fallback is
-    /// [`OnFailure::Error`]).
+    /// The store failed (for a grant: with [`OnFailure::Error`]).
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -74,7 +73,6 @@ pub struct ConnectionLimiter {
     pub(super) shared: Arc<Shared>,
 }
 
-/// What a [`ConnectionLimiterBuilder`] sets.
 #[derive(Debug, Clone, Copy)]
 struct Settings {
     ttl: Duration,
@@ -95,7 +93,7 @@ pub(super) struct Shared {
     /// The highest fencing token granted here: every grant asks for a
     /// larger one (see `ConnectionSeat::fence`).
     fence_floor: AtomicU64,
-    /// The live seats this limiter last added to the node's gauge.
+    /// The live seats this limiter last added to the gauge.
     pub(super) reported_live: AtomicI64,
     /// Seats granted by the store and not yet released or lost.
     live: Mutex<HashMap<u64, Live>>,
@@ -137,13 +135,12 @@ impl Shared {
         )
     }
 
-    pub(super) async fn release(&self, key: &WindowKey, id: &[u8]) -> Result<bool, StoreError> {
+    pub(super) async fn release(&self, key: &WindowKey, id: &[u8]) -> Result<(), StoreError> {
         let seat = SeatRef::new(key, id, self.tenant_capped());
-        let released = self
-            .call(key, |backend, guard| backend.release(guard, seat))
+        self.call(key, |backend, guard| backend.release(guard, seat))
             .await?;
         metrics::released();
-        Ok(released)
+        Ok(())
     }
 }
 

@@ -186,9 +186,8 @@ impl ConnSeats {
 
 impl conn::Backend for MemoryStore {
     fn grant<'a>(&'a self, _: &mut Guard<'a>, request: GrantRequest<'a>) -> Op<'a, GrantReply> {
-        Op::ready(Ok(self
-            .conn_seats()
-            .grant(&request, self.clock.now_micros())))
+        let now = self.clock.now_micros();
+        Op::ready(Ok(self.conn_seats().grant(&request, now)))
     }
 
     fn renew<'a>(
@@ -197,11 +196,8 @@ impl conn::Backend for MemoryStore {
         seats: &'a [SeatRef<'a>],
         ttl: Duration,
     ) -> Op<'a, Vec<bool>> {
-        Op::ready(Ok(self.conn_seats().renew(
-            seats,
-            ttl,
-            self.clock.now_micros(),
-        )))
+        let now = self.clock.now_micros();
+        Op::ready(Ok(self.conn_seats().renew(seats, ttl, now)))
     }
 
     fn release<'a>(&'a self, _: &mut Guard<'a>, seat: SeatRef<'a>) -> Op<'a, bool> {
@@ -214,11 +210,8 @@ impl conn::Backend for MemoryStore {
         key: &'a WindowKey,
         tenant_capped: bool,
     ) -> Op<'a, u32> {
-        Op::ready(Ok(self.conn_seats().presence(
-            key,
-            tenant_capped,
-            self.clock.now_micros(),
-        )))
+        let now = self.clock.now_micros();
+        Op::ready(Ok(self.conn_seats().presence(key, tenant_capped, now)))
     }
 
     fn max_renew_batch(&self) -> usize {

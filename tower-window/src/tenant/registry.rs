@@ -143,7 +143,7 @@ pub(crate) struct Inner {
     pub(crate) loaded: watch::Sender<u64>,
     /// Counts view rebuilds.
     version: watch::Sender<u64>,
-    /// Where lifecycle changes are recorded (`None`: in this process only).
+    /// `None`: changes apply in this process only.
     writer: Option<Writer>,
     follower: OnceLock<Follower>,
 }
@@ -195,15 +195,6 @@ impl TenantRegistry {
     /// on Redis they reach every registry on it (a background reader
     /// follows them, so this needs a Tokio runtime). A store without a
     /// tenant backend gives an in-process registry ([`new`](Self::new)).
-    ///
-    /// ```
-    /// use tower_window::tenant::{TenantRegistry, TenantsConfig};
-    /// use tower_window::Store;
-    ///
-    /// let store = Store::memory();
-    /// let registry = TenantRegistry::on_store(TenantsConfig::new(), &store);
-    /// # let _ = registry;
-    /// ```
     pub fn on_store(config: TenantsConfig, store: &Store) -> Self {
         Self::on_store_with(config, store, ControlConfig::default())
     }
@@ -308,8 +299,7 @@ impl TenantRegistry {
         lock(&self.inner.sources).info(name, false)
     }
 
-    /// The definition `name` is served with: listed, or the default for a
-    /// tenant not listed; `None` when it is unknown.
+    /// The definition `name` is served with (listed, or the default).
     pub fn effective(&self, name: &str) -> Option<TenantInfo> {
         lock(&self.inner.sources).info(name, true)
     }
