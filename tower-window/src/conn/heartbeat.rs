@@ -143,16 +143,11 @@ impl ConnectionLimiter {
         HeartbeatHandle { task }
     }
 
-    /// One heartbeat tick: renews every live seat of this limiter.
-    ///
-    /// Seats go in batches of
-    /// [`max_renew_batch`](super::Backend::max_renew_batch) per partition,
-    /// the partitions of one [`renew_route`](super::Backend::renew_route)
-    /// together in one round trip; 16 calls at a time, at most one per
-    /// route. Seats a routed call could not answer (a slot moved, or the
-    /// call failed without the stack refusing it) are sent again in the
-    /// same tick, one call per partition, which follows redirects and
-    /// confines a failure to its slot. Seats found gone are reported lost.
+    /// One heartbeat tick: renews every live seat of this limiter, in
+    /// batches per partition or per [`renew_route`](super::Backend::renew_route),
+    /// 16 calls at a time. Seats a routed call could not answer are sent
+    /// again per partition, which follows redirects and confines a failure
+    /// to its slot. Seats found gone are reported lost.
     pub async fn heartbeat(&self) -> HeartbeatReport {
         let shared = &*self.shared;
         let tenant_capped = shared.tenant_capped();

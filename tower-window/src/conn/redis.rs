@@ -1,12 +1,11 @@
 //! The connection-cap [`Backend`](conn::Backend) of [`RedisStore`]: one
 //! sorted set of seat ids per subject, scored by expiry on Redis `TIME`.
 //!
-//! Keys, in the hash tag of the subject's windows (or, with a tenant cap,
-//! the tenant's, so one script checks both caps):
-//! `<prefix>{<tenant>:<subject>}:#conn` or, in the tenant form,
-//! `<prefix>{@<tenant>}:#conn:<subject>`; the fencing counter at `…:f`;
-//! the tenant's set at `<prefix>{@<tenant>}:#conn`. An escaped component never spells `#conn`,
-//! so these keys never meet a window's.
+//! Keys: `<prefix>{<tenant>:<subject>}:#conn` (the slot of the subject's
+//! windows) or, with a tenant cap, `<prefix>{@<tenant>}:#conn:<subject>`
+//! beside the tenant's set `<prefix>{@<tenant>}:#conn` (one slot, so one
+//! script checks both caps); the fencing counter at `…:f`. An escaped
+//! component never spells `#conn`, so these keys never meet a window's.
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;

@@ -132,13 +132,10 @@ impl Reader {
                 None if record == "C" => Ok(None),
                 _ => Err(TenantError::Record(record.chars().take(80).collect())),
             };
-            match record {
-                Ok(record) => Some((tenant, record)),
-                Err(error) => {
-                    tracing::warn!(%error, "skipping an unreadable tenant record");
-                    None
-                }
-            }
+            let record = record.inspect_err(|error| {
+                tracing::warn!(%error, "skipping an unreadable tenant record");
+            });
+            Some((tenant, record.ok()?))
         });
         TenantRegistry { inner }.replace_runtime(runtime.collect(), generations);
         Ok(Some(Position {

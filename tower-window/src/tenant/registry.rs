@@ -252,13 +252,10 @@ impl TenantRegistry {
             let registry = Arc::downgrade(&registry.inner);
             Arc::clone(&writer.backend).follow(registry, writer.control.clone())
         });
-        match follower {
-            Some(task) => {
-                let _ = registry.inner.follower.set(Follower(task));
-            }
-            None => {
-                registry.inner.loaded.send_replace(1);
-            }
+        if let Some(task) = follower {
+            let _ = registry.inner.follower.set(Follower(task));
+        } else {
+            registry.inner.loaded.send_replace(1);
         }
         registry
     }

@@ -105,10 +105,8 @@ impl TenantSpec {
             Some("Q") => {
                 let mut builder = Self::builder();
                 for line in lines {
-                    let mut parts = line.splitn(4, '\t');
-                    let (Some(name), Some(scope), Some(shadow), Some(dsl)) =
-                        (parts.next(), parts.next(), parts.next(), parts.next())
-                    else {
+                    let parts: Vec<&str> = line.splitn(4, '\t').collect();
+                    let [name, scope, shadow, dsl] = parts[..] else {
                         return Err(bad());
                     };
                     builder
