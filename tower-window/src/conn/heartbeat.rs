@@ -1,5 +1,5 @@
-//! The node's one heartbeat: renews all live seats, batched per partition
-//! and, where the store routes several partitions to one server, per route.
+//! The node's heartbeat: renews all live seats, batched per partition or
+//! per route.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -22,21 +22,17 @@ const HEARTBEAT_CONCURRENCY: usize = 16;
 pub struct HeartbeatReport {
     /// Seats found live and extended.
     pub renewed: usize,
-    /// Seats found gone (expired or reset), reported to their holders.
+    /// Seats found gone, reported to their holders.
     pub lost: usize,
     /// Seats whose renewal call failed (not declared lost).
     pub failed: usize,
-    /// Store calls made: one per round trip (a cluster pipeline of one
-    /// script per hash slot counts once), re-sent partitions included.
+    /// Store calls (round trips) made, re-sent ones included.
     pub calls: usize,
-    /// Seats a routed call could not answer (their hash slot had moved,
-    /// or the call failed) and that were sent again with one call per
-    /// partition.
+    /// Seats a routed call could not answer, sent again per partition.
     pub resent: usize,
 }
 
-/// Whether the store handle's stack refused a call before it reached the
-/// store: sending its seats again at once would be refused too.
+/// Whether the stack refused a call before it reached the store.
 fn refused(error: &StoreError) -> bool {
     matches!(
         error.kind(),
@@ -44,16 +40,15 @@ fn refused(error: &StoreError) -> bool {
     )
 }
 
-/// The seats of one store call of a tick: indexes into the tick's
-/// snapshot, and the route they are sent to with `renew_routed` (several
-/// partitions of one route), or `None` (one partition, sent with `renew`).
+/// The seats of one store call (indexes into the tick's snapshot), and
+/// their route (`None`: one partition, sent with `renew`).
 struct Group {
     members: Vec<usize>,
     route: Option<u16>,
 }
 
-/// One call per `batch` seats of each bucket, keyed by the route and
-/// partition (`None` and the partition: unrouted) of its seats.
+/// One call per `batch` seats of each bucket, keyed by route and
+/// partition.
 fn groups(buckets: BTreeMap<(Option<u16>, u16), Vec<usize>>, batch: usize) -> Vec<Group> {
     let mut groups = Vec::new();
     for ((route, _), members) in buckets {
@@ -65,26 +60,20 @@ fn groups(buckets: BTreeMap<(Option<u16>, u16), Vec<usize>>, batch: usize) -> Ve
     groups
 }
 
-/// Splits `groups` into waves (indexes into `groups`) of at most
-/// [`HEARTBEAT_CONCURRENCY`] calls each, with at most one call per route in
-/// a wave: the pipelines of one primary would wait behind each other on it,
-/// and each must fit the store's time budget on its own.
+/// Splits `groups` into waves of at most [`HEARTBEAT_CONCURRENCY`] calls,
+/// at most one per route: a primary's pipelines would queue behind each
+/// other, and each must fit the store's time budget on its own.
 fn waves(groups: &[Group]) -> Vec<Vec<usize>> {
+    let full = |wave: &Vec<usize>| wave.len() >= HEARTBEAT_CONCURRENCY;
     let mut waves: Vec<Vec<usize>> = Vec::new();
     // Per route, the first wave it may join.
     let mut next: BTreeMap<u16, usize> = BTreeMap::new();
-    // Waves before this one are full.
+    // Waves before `open` are full.
     let mut open = 0;
     for (i, group) in groups.iter().enumerate() {
-        let mut wave = group
-            .route
-            .and_then(|route| next.get(&route).copied())
-            .unwrap_or(0)
-            .max(open);
-        while waves
-            .get(wave)
-            .is_some_and(|w| w.len() >= HEARTBEAT_CONCURRENCY)
-        {
+        let first = group.route.and_then(|route| next.get(&route).copied());
+        let mut wave = first.unwrap_or(0).max(open);
+        while waves.get(wave).is_some_and(full) {
             wave += 1;
         }
         if wave == waves.len() {
@@ -94,28 +83,22 @@ fn waves(groups: &[Group]) -> Vec<Vec<usize>> {
         if let Some(route) = group.route {
             next.insert(route, wave + 1);
         }
-        while waves
-            .get(open)
-            .is_some_and(|w| w.len() >= HEARTBEAT_CONCURRENCY)
-        {
+        while waves.get(open).is_some_and(full) {
             open += 1;
         }
     }
     waves
 }
 
-/// The running heartbeat task of a [`ConnectionLimiter`].
-///
-/// Dropping the handle leaves the task running (it ends when every clone
-/// of the limiter is gone); [`abort`](Self::abort) stops it.
+/// The running heartbeat task of a [`ConnectionLimiter`]. Dropping the
+/// handle leaves it running until every clone of the limiter is gone.
 #[derive(Debug)]
 pub struct HeartbeatHandle {
     task: JoinHandle<()>,
 }
 
 impl HeartbeatHandle {
-    /// Stops the heartbeat: this node's seats then expire after their TTL
-    /// (what a crashed node looks like to the cluster).
+    /// Stops the heartbeat: this node's seats then expire after their TTL.
     pub fn abort(&self) {
         self.task.abort();
     }
@@ -127,9 +110,9 @@ impl HeartbeatHandle {
 }
 
 impl ConnectionLimiter {
-    /// Spawns the node's heartbeat on the current Tokio runtime: every
-    /// `ttl / 3` one [`heartbeat`](Self::heartbeat). Call it once per node
-    /// (per limiter); it ends when every clone of the limiter is dropped.
+    /// Spawns a task running [`heartbeat`](Self::heartbeat) every
+    /// `ttl / 3` until every clone of the limiter is dropped. Call it once
+    /// per limiter.
     ///
     /// # Panics
     ///
@@ -160,21 +143,11 @@ impl ConnectionLimiter {
         HeartbeatHandle { task }
     }
 
-    /// One heartbeat tick: renews every live seat of this node, each
-    /// store call through the store's resilience stack.
-    ///
-    /// Seats go in batches of
-    /// [`max_renew_batch`](super::Backend::max_renew_batch) per partition
-    /// (a Redis Cluster hash slot: a script touches one), and the
-    /// partitions of one [`renew_route`](super::Backend::renew_route) (the
-    /// primary serving the slot) together in one round trip (a pipeline of
-    /// one script per slot). 16 calls run at a time, at most one per route
-    /// (a primary's pipelines would wait behind each other on it, outliving
-    /// the budget). Seats a routed call could not answer (their slot moved,
-    /// or the call failed unless the stack refused it) are sent again in
-    /// the same tick, one call per partition: the way that follows
-    /// redirects and confines a failure to its slot (renewing twice is
-    /// harmless). Seats found gone are reported lost to their holders.
+    /// One heartbeat tick: renews every live seat of this limiter, in
+    /// batches per partition or per [`renew_route`](super::Backend::renew_route),
+    /// 16 calls at a time. Seats a routed call could not answer are sent
+    /// again per partition, which follows redirects and confines a failure
+    /// to its slot. Seats found gone are reported lost.
     pub async fn heartbeat(&self) -> HeartbeatReport {
         let shared = &*self.shared;
         let tenant_capped = shared.tenant_capped();
@@ -190,7 +163,6 @@ impl ConnectionLimiter {
             .iter()
             .map(|(_, key, _)| backend.seat_partition(key, tenant_capped))
             .collect();
-        // Per route (several partitions), or per partition if unrouted.
         let mut buckets: BTreeMap<_, Vec<usize>> = BTreeMap::new();
         let mut partitions: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, &partition) in seat_partitions.iter().enumerate() {
@@ -209,7 +181,7 @@ impl ConnectionLimiter {
                 .iter()
                 .map(|&i| SeatRef::new(&snapshot[i].1, &snapshot[i].2, tenant_capped))
                 .collect();
-            // A route's breaker is that of the partition of any seat.
+            // A route's breaker is that of any of its seats' partitions.
             let (first, routed) = (&snapshot[group.members[0]].1, group.route.is_some());
             async move {
                 let refs = &refs;
@@ -225,17 +197,16 @@ impl ConnectionLimiter {
         };
         let mut report = HeartbeatReport::default();
         let mut lost = Vec::new();
-        // The routed calls, then (at most once) one call per partition for
-        // the seats they could not answer.
+        // The routed calls, then one call per partition for the seats they
+        // could not answer.
         let mut pending = groups(buckets, batch);
         for pass in 0..2 {
             if pending.is_empty() {
                 break;
             }
             report.calls += pending.len();
-            // A bounded number at once: a cluster node may hold seats in
-            // thousands of slots, and the heartbeat must not crowd out (or
-            // be refused by) the limiter's in-flight bound.
+            // Bounded: the heartbeat must not crowd out (or be refused by)
+            // the store's in-flight bound.
             let mut results = Vec::with_capacity(pending.len());
             for wave in waves(&pending) {
                 let answers = join_all(wave.iter().map(|&i| renew(&pending[i]))).await;
@@ -260,10 +231,8 @@ impl ConnectionLimiter {
                             }
                         }
                     }
-                    // A routed call that failed (a timeout while a slot
-                    // migrates, a node that is a replica now...): its seats
-                    // go the way with per-slot fault isolation, unless the
-                    // stack refused the call (breaker open, node overloaded).
+                    // Sent again per partition, unless the stack refused the
+                    // call (it would refuse those too).
                     Err(error) if group.route.is_some() && pass == 0 && !refused(&error) => {
                         group.members.iter().for_each(|&i| resend(i));
                     }
@@ -277,7 +246,6 @@ impl ConnectionLimiter {
             let mut live = shared.live();
             for seq in lost {
                 if let Some(entry) = live.remove(&seq) {
-                    // The holder learns it; the seat is never re-acquired.
                     entry.lost.send_replace(true);
                     report.lost += 1;
                 }

@@ -26,15 +26,14 @@ pub struct ConnectionDenied {
     pub cap: u32,
     /// Live seats counted against it.
     pub count: u32,
-    /// Until the oldest seat would expire unless renewed: an upper bound
-    /// on the wait when its holder died; a release frees a place sooner.
+    /// Until the oldest seat expires unless renewed (a release frees a
+    /// place sooner).
     pub retry_after: Duration,
-    /// `Some` when the store could not answer and [`OnFailure::FailClosed`] did.
+    /// `Some` when [`OnFailure::FailClosed`] answered for the store.
     pub fallback: Option<FallbackReason>,
 }
 
-/// The answer of [`ConnectionLimiter::acquire`] (exhaustive: a
-/// connection is admitted or not).
+/// The answer of [`ConnectionLimiter::acquire`].
 #[derive(Debug)]
 pub enum Acquire {
     /// Admitted: hold the seat for the connection's life.
@@ -57,12 +56,10 @@ pub struct Presence {
 #[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectionError {
-    /// The seat TTL must be between 30 ms and 1 hour (a heartbeat every
-    /// ttl/3 must stay above 10 ms).
+    /// The seat TTL is not between 30 ms and 1 hour.
     #[error("a connection seat ttl must be between 30ms and 1h")]
     InvalidTtl,
-    /// The store failed (and, for a grant, the fallback is
-    /// [`OnFailure::Error`]).
+    /// The store failed (for a grant: with [`OnFailure::Error`]).
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -70,15 +67,12 @@ pub enum ConnectionError {
 crate::error_debug::debug_as_display!(ConnectionError { InvalidTtl, Store });
 
 /// A cluster-wide cap on concurrent connections per subject; see the
-/// [module docs](super).
-///
-/// Cheap to clone; clones share the node's live seats and heartbeat.
+/// [module docs](super). Clones share the live seats and heartbeat.
 #[derive(Clone)]
 pub struct ConnectionLimiter {
     pub(super) shared: Arc<Shared>,
 }
 
-/// What a [`ConnectionLimiterBuilder`] sets.
 #[derive(Debug, Clone, Copy)]
 struct Settings {
     ttl: Duration,
@@ -89,25 +83,22 @@ struct Settings {
 
 pub(super) struct Shared {
     store: Store,
-    /// The store's backend of connection seats (`None`: it has none).
+    /// `None`: the store has no connection backend.
     pub(super) backend: Option<Arc<dyn Backend>>,
-    /// Its store calls, recorded under the name `connections`.
     metrics: Arc<LimiterMetrics>,
     settings: Settings,
     /// This node's random id: seat ids are `<node>:<sequence>`.
     node: String,
     seq: AtomicU64,
-    /// The highest fencing token this node was granted (any subject): every
-    /// grant asks for a larger one, so this node's tokens never go back even
-    /// when the store lost what it knew (see `ConnectionSeat::fence`).
+    /// The highest fencing token granted here: every grant asks for a
+    /// larger one (see `ConnectionSeat::fence`).
     fence_floor: AtomicU64,
-    /// The live seats this limiter last added to the node's gauge.
+    /// The live seats this limiter last added to the gauge.
     pub(super) reported_live: AtomicI64,
     /// Seats granted by the store and not yet released or lost.
     live: Mutex<HashMap<u64, Live>>,
 }
 
-/// One live seat, as the heartbeat sees it.
 pub(super) struct Live {
     pub(super) key: WindowKey,
     pub(super) id: Vec<u8>,
@@ -127,8 +118,8 @@ impl Shared {
         crate::sync::lock(&self.live)
     }
 
-    /// One operation on the store's connection backend, in the partition
-    /// of `key`'s seats, through the store's resilience stack.
+    /// One call to the connection backend, in the partition of `key`'s
+    /// seats, through the store's resilience stack.
     pub(super) fn call<'a, T: Send + 'a>(
         &'a self,
         key: &'a WindowKey,
@@ -144,14 +135,12 @@ impl Shared {
         )
     }
 
-    /// Releases a seat in the store.
-    pub(super) async fn release(&self, key: &WindowKey, id: &[u8]) -> Result<bool, StoreError> {
+    pub(super) async fn release(&self, key: &WindowKey, id: &[u8]) -> Result<(), StoreError> {
         let seat = SeatRef::new(key, id, self.tenant_capped());
-        let released = self
-            .call(key, |backend, guard| backend.release(guard, seat))
+        self.call(key, |backend, guard| backend.release(guard, seat))
             .await?;
         metrics::released();
-        Ok(released)
+        Ok(())
     }
 }
 
@@ -159,9 +148,8 @@ impl ConnectionLimiter {
     /// The default seat TTL (15 s).
     pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 
-    /// A builder for a limiter keeping seats in `store`, whose calls run
-    /// through the store's resilience stack (recorded under the name
-    /// `connections`).
+    /// A builder for a limiter keeping seats in `store` (its calls are
+    /// recorded under the name `connections`).
     pub fn builder(store: impl Into<Store>) -> ConnectionLimiterBuilder {
         ConnectionLimiterBuilder {
             store: store.into(),
@@ -189,15 +177,14 @@ impl ConnectionLimiter {
         self.shared.settings.max_per_tenant
     }
 
-    /// Seats this node holds in the store and renews (degraded seats not
-    /// included).
+    /// Seats this limiter holds in the store and renews (not degraded ones).
     pub fn live_seats(&self) -> usize {
         self.shared.live().len()
     }
 
     /// Grants a seat for one connection of `key`, or refuses it past a
-    /// cap. Hold the seat while the connection lives, and close the
-    /// connection when [`ConnectionSeat::lost`] fires.
+    /// cap. Hold it while the connection lives; close the connection when
+    /// [`ConnectionSeat::lost`] fires.
     pub async fn acquire(&self, key: &WindowKey) -> Result<Acquire, ConnectionError> {
         let shared = &*self.shared;
         let settings = shared.settings;
@@ -225,6 +212,19 @@ impl ConnectionLimiter {
                 released: matches!(source, SeatSource::Fallback(_)),
             }))
         };
+        let denied = |scope, count, retry_after, fallback| {
+            let cap = match scope {
+                CapScope::Subject => settings.max_per_subject,
+                CapScope::Tenant => settings.max_per_tenant,
+            };
+            Ok(Acquire::Denied(ConnectionDenied {
+                scope,
+                cap,
+                count,
+                retry_after,
+                fallback,
+            }))
+        };
         let (outcome, answer) = match result {
             Ok(GrantReply::Granted { fence, .. }) => {
                 shared.fence_floor.fetch_max(fence, Ordering::AcqRel);
@@ -241,20 +241,7 @@ impl ConnectionLimiter {
                 scope,
                 count,
                 retry_after,
-            }) => {
-                let cap = match scope {
-                    CapScope::Subject => settings.max_per_subject,
-                    CapScope::Tenant => settings.max_per_tenant,
-                };
-                let denied = ConnectionDenied {
-                    scope,
-                    cap,
-                    count,
-                    retry_after,
-                    fallback: None,
-                };
-                ("denied", Ok(Acquire::Denied(denied)))
-            }
+            }) => ("denied", denied(scope, count, retry_after, None)),
             Err(error) => {
                 let reason = FallbackReason::for_error(&error);
                 match settings.fallback {
@@ -264,14 +251,9 @@ impl ConnectionLimiter {
                         ("fallback_granted", seat(id, 0, source, lost))
                     }
                     OnFailure::FailClosed => {
-                        let denied = ConnectionDenied {
-                            scope: CapScope::Subject,
-                            cap: settings.max_per_subject,
-                            count: 0,
-                            retry_after: Duration::from_secs(1),
-                            fallback: Some(reason),
-                        };
-                        ("fallback_denied", Ok(Acquire::Denied(denied)))
+                        let retry_after = Duration::from_secs(1);
+                        let answer = denied(CapScope::Subject, 0, retry_after, Some(reason));
+                        ("fallback_denied", answer)
                     }
                     OnFailure::Error => ("error", Err(ConnectionError::Store(error))),
                 }
@@ -281,8 +263,7 @@ impl ConnectionLimiter {
         answer
     }
 
-    /// Whether `key` has a live connection anywhere in the cluster, and
-    /// how many (live seats on the store's clock).
+    /// How many live connections `key` has, cluster-wide.
     pub async fn presence(&self, key: &WindowKey) -> Result<Presence, ConnectionError> {
         let tenant_capped = self.shared.tenant_capped();
         let connections = self
@@ -300,7 +281,6 @@ impl ConnectionLimiter {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // This limiter's seats leave the node's gauge with it.
         metrics::live_seats(-*self.reported_live.get_mut());
     }
 }
@@ -330,18 +310,16 @@ impl ConnectionLimiterBuilder {
         self
     }
 
-    /// The most concurrent connections per tenant (default 0: none). With
-    /// a tenant cap, a tenant's seats live in one slot (one primary) of a
-    /// Redis Cluster, beside the tenant's set.
+    /// The most concurrent connections per tenant (default 0: none). A
+    /// tenant's seats then live in one Redis Cluster slot.
     pub fn max_per_tenant(mut self, max: u32) -> Self {
         self.settings.max_per_tenant = max;
         self
     }
 
     /// How long a seat lives without renewal (default
-    /// [`ConnectionLimiter::DEFAULT_TTL`], 15 s; 30 ms to 1 h): a dead
-    /// node's connections are freed within it, and the heartbeat renews
-    /// every `ttl / 3`.
+    /// [`ConnectionLimiter::DEFAULT_TTL`]; 30 ms to 1 h): a dead node's
+    /// connections are freed within it.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.settings.ttl = ttl;
         self
@@ -354,7 +332,7 @@ impl ConnectionLimiterBuilder {
         self
     }
 
-    /// Checks the TTL and builds. Start the node's heartbeat with
+    /// Checks the TTL and builds. Start the heartbeat with
     /// [`ConnectionLimiter::start_heartbeat`].
     pub fn build(self) -> Result<ConnectionLimiter, ConnectionError> {
         let ttl = self.settings.ttl;

@@ -1,14 +1,8 @@
-//! The connection-cap [`Backend`](conn::Backend) of [`MemoryStore`]: seat sets in one map.
-//!
-//! The same semantics as the Redis scripts (`store/redis/conn.rs`), on the
-//! store's clock: per subject (and, in the tenant form, per tenant) a map
-//! of seat id to expiry; a grant purges expired seats and admits below
-//! the caps; the fencing token is `max(previous + 1, now, floor + 1)`. Like a Redis
-//! key, a set lives until a second past the latest expiry any grant or
-//! renewal gave a seat in it (so its token survives releases, and a node
-//! with a shorter TTL never shortens it); a sweep every 64 grants drops sets past that
-//! (a token then restarts from the clock, which has moved past every
-//! earlier token), so memory follows the number of live seats.
+//! The connection-cap [`Backend`](conn::Backend) of [`MemoryStore`], with
+//! the semantics of the Redis scripts (`conn/redis.rs`) on the store's
+//! clock. Like a Redis key, a set lives until a second past its latest
+//! seat expiry; a sweep every 64 grants drops older sets, so memory follows
+//! the number of live seats.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,12 +18,11 @@ use crate::store::{Guard, Op};
 use crate::sync::lock;
 use crate::WindowKey;
 
-/// A seat set: a subject's, `(tenant, Some(subject), tenant_capped)` (the
-/// form in which its seats are kept), or a tenant's, `(tenant, None, true)`.
+/// A subject's seat set, `(tenant, Some(subject), tenant_capped)`, or a
+/// tenant's, `(tenant, None, true)`.
 type SetKey = (Bytes, Option<Bytes>, bool);
 
-/// The sets a seat of `key` is in: the subject's, and in the tenant form
-/// the tenant's.
+/// The sets a seat of `key` is in.
 fn set_keys(key: &WindowKey, tenant_capped: bool) -> (SetKey, Option<SetKey>) {
     let (tenant, subject) = key.shared_parts();
     let tenant_set = tenant_capped.then(|| (tenant.clone(), None, true));
@@ -40,14 +33,13 @@ fn set_keys(key: &WindowKey, tenant_capped: bool) -> (SetKey, Option<SetKey>) {
 struct SeatSet {
     seats: HashMap<Vec<u8>, u64>,
     fence: u64,
-    /// When the set (and its token) is forgotten, like a Redis key's TTL.
+    /// When the set (and its token) is forgotten.
     key_expiry: u64,
 }
 
-/// How long a set outlives its newest seat (µs), as the Redis keys do.
+/// How long a set outlives its latest seat (µs).
 const KEY_TTL_MARGIN: u64 = 1_000_000;
 
-/// Grants between two sweeps of forgotten sets.
 const SWEEP_EVERY: u64 = 64;
 
 impl SeatSet {
@@ -55,8 +47,7 @@ impl SeatSet {
         u32::try_from(self.seats.len()).unwrap_or(u32::MAX)
     }
 
-    /// Purges expired seats; the refusal if `cap` (0: none) is reached,
-    /// with the wait until the oldest seat expires.
+    /// Purges expired seats; the refusal if `cap` (0: none) is reached.
     fn refuse(&mut self, now: u64, cap: u32, scope: CapScope) -> Option<GrantReply> {
         self.seats.retain(|_, expiry| *expiry > now);
         let count = self.count();
@@ -70,9 +61,8 @@ impl SeatSet {
         })
     }
 
-    /// Keeps the set until at least a second past `until`, never shorter
-    /// than it was: nodes with different seat TTLs (a rolling change) write
-    /// one set, which must outlive its longest seat, not the last writer's.
+    /// Keeps the set until at least a second past `until`, never shorter:
+    /// it must outlive its longest seat, whichever node's TTL that was.
     fn extend(&mut self, until: u64) {
         let key_expiry = until.saturating_add(KEY_TTL_MARGIN);
         self.key_expiry = self.key_expiry.max(key_expiry);
@@ -84,24 +74,27 @@ impl SeatSet {
     }
 }
 
-/// The seats a memory store keeps.
 impl MemoryStore {
     fn conn_seats(&self) -> Arc<ConnSeats> {
         self.part(|_| Arc::default())
     }
+
+    /// The number of connection seat entries held (subject and tenant
+    /// sets), expired ones not yet purged included.
+    pub fn connection_seat_entries(&self) -> usize {
+        let seats = self.conn_seats();
+        let sets = lock(&seats.sets);
+        sets.values().map(|set| set.seats.len()).sum()
+    }
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct ConnSeats {
+struct ConnSeats {
     sets: Mutex<HashMap<SetKey, SeatSet>>,
     grants: AtomicU64,
 }
 
 impl ConnSeats {
-    pub(crate) fn len(&self) -> usize {
-        lock(&self.sets).values().map(|set| set.seats.len()).sum()
-    }
-
     fn grant(&self, request: &GrantRequest<'_>, now: u64) -> GrantReply {
         let seat = request.seat;
         let mut sets = lock(&self.sets);
@@ -161,7 +154,6 @@ impl ConnSeats {
         seats
             .iter()
             .map(|seat| {
-                // Renewed in both sets, as the script does.
                 let (subject, tenant) = set_keys(seat.key, seat.tenant_capped);
                 let alive = renew_in(subject, seat.id);
                 tenant.is_none_or(|tenant| renew_in(tenant, seat.id)) && alive
@@ -192,19 +184,10 @@ impl ConnSeats {
     }
 }
 
-impl MemoryStore {
-    /// The number of connection seat entries held (subject and tenant
-    /// sets), expired ones not yet purged included.
-    pub fn connection_seat_entries(&self) -> usize {
-        self.conn_seats().len()
-    }
-}
-
 impl conn::Backend for MemoryStore {
     fn grant<'a>(&'a self, _: &mut Guard<'a>, request: GrantRequest<'a>) -> Op<'a, GrantReply> {
-        Op::ready(Ok(self
-            .conn_seats()
-            .grant(&request, self.clock.now_micros())))
+        let now = self.clock.now_micros();
+        Op::ready(Ok(self.conn_seats().grant(&request, now)))
     }
 
     fn renew<'a>(
@@ -213,11 +196,8 @@ impl conn::Backend for MemoryStore {
         seats: &'a [SeatRef<'a>],
         ttl: Duration,
     ) -> Op<'a, Vec<bool>> {
-        Op::ready(Ok(self.conn_seats().renew(
-            seats,
-            ttl,
-            self.clock.now_micros(),
-        )))
+        let now = self.clock.now_micros();
+        Op::ready(Ok(self.conn_seats().renew(seats, ttl, now)))
     }
 
     fn release<'a>(&'a self, _: &mut Guard<'a>, seat: SeatRef<'a>) -> Op<'a, bool> {
@@ -230,11 +210,8 @@ impl conn::Backend for MemoryStore {
         key: &'a WindowKey,
         tenant_capped: bool,
     ) -> Op<'a, u32> {
-        Op::ready(Ok(self.conn_seats().presence(
-            key,
-            tenant_capped,
-            self.clock.now_micros(),
-        )))
+        let now = self.clock.now_micros();
+        Op::ready(Ok(self.conn_seats().presence(key, tenant_capped, now)))
     }
 
     fn max_renew_batch(&self) -> usize {

@@ -1,22 +1,11 @@
-//! The connection-cap [`Backend`](conn::Backend) of [`RedisStore`]: one sorted set of seat ids per
-//! subject, scored by expiry on Redis `TIME`.
+//! The connection-cap [`Backend`](conn::Backend) of [`RedisStore`]: one
+//! sorted set of seat ids per subject, scored by expiry on Redis `TIME`.
 //!
-//! Keys (user bytes escaped as for windows, see `keys.rs`):
-//!
-//! * subject form: `<prefix>{<tenant>:<subject>}:#conn` (the seat set)
-//!   and `…:#conn:f` (the fencing counter), in the slot of the subject's
-//!   windows;
-//! * tenant form (a per-tenant cap): `<prefix>{@<tenant>}:#conn:<subject>`,
-//!   `…:#conn:<subject>:f` and the tenant's set `<prefix>{@<tenant>}:#conn`,
-//!   all in the tenant's slot, so one script admits against both caps.
-//!
-//! `#conn` cannot be spelled by an escaped component (a leading `#` is
-//! only ever followed by 64 upper-case hex digits), so these keys never
-//! meet a window's or a dedup id's. Every script reads `TIME` itself (or
-//! the explicit test clock), touches keys of one slot and only ever
-//! extends a key's TTL (see `extend` in `conn_now.lua`). On a cluster the
-//! renewals of all slots one primary serves go to it in one pipeline
-//! (`RedisStore::call_routed`).
+//! Keys: `<prefix>{<tenant>:<subject>}:#conn` (the slot of the subject's
+//! windows) or, with a tenant cap, `<prefix>{@<tenant>}:#conn:<subject>`
+//! beside the tenant's set `<prefix>{@<tenant>}:#conn` (one slot, so one
+//! script checks both caps); the fencing counter at `…:f`. An escaped
+//! component never spells `#conn`, so these keys never meet a window's.
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -24,8 +13,8 @@ use std::time::Duration;
 
 use crate::clock::duration_micros;
 use crate::conn::{self, CapScope, GrantReply, GrantRequest, SeatRef};
-use crate::store::redis::call::{subject_slot, subject_tag, Call};
-use crate::store::redis::keys::{encode_component, write_prefix, Crc16, Sink, CLUSTER_SLOTS};
+use crate::store::redis::call::Call;
+use crate::store::redis::keys::{encode_component, tag_slot, write_prefix, write_tag};
 use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
 use crate::store::{Guard, Op};
@@ -46,13 +35,10 @@ static PRESENCE: LazyLock<LuaScript> = with_clock!("conn_presence.lua");
 static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("conn_release.lua")));
 
-/// Extra life of seat keys beyond the seat TTL (ms): a key outlives the
-/// latest seat in it (the scripts only ever extend a key's TTL), so expiry
-/// of the key never cuts a live seat.
+/// How long a seat key outlives the latest seat in it (ms).
 const KEY_TTL_MARGIN_MS: u64 = 1_000;
 
-/// The keys of one seat's sets: the subject's set, its fencing counter,
-/// and in the tenant form the tenant's set.
+/// One seat's keys (the tenant's set only in the tenant form).
 pub(crate) struct SeatKeys {
     pub(crate) subject: Vec<u8>,
     pub(crate) fence: Vec<u8>,
@@ -62,20 +48,15 @@ pub(crate) struct SeatKeys {
 /// The keys of `key`'s seats under `prefix`.
 pub(crate) fn seat_keys(prefix: &str, key: &WindowKey, tenant_capped: bool) -> SeatKeys {
     let mut subject = Vec::with_capacity(prefix.len() + 64);
-    let tenant = if tenant_capped {
-        write_prefix(&mut subject, prefix);
-        subject.extend_from_slice(b"{@");
-        encode_component(&mut subject, key.tenant());
-        subject.extend_from_slice(b"}:#conn");
-        let tenant = subject.clone();
+    write_prefix(&mut subject, prefix);
+    subject.push(b'{');
+    write_tag(&mut subject, key, tenant_capped);
+    subject.extend_from_slice(b"}:#conn");
+    let tenant = tenant_capped.then(|| subject.clone());
+    if tenant_capped {
         subject.push(b':');
         encode_component(&mut subject, key.subject());
-        Some(tenant)
-    } else {
-        subject_tag(&mut subject, prefix, key);
-        subject.extend_from_slice(b":#conn");
-        None
-    };
+    }
     let mut fence = subject.clone();
     fence.extend_from_slice(b":f");
     SeatKeys {
@@ -85,21 +66,8 @@ pub(crate) fn seat_keys(prefix: &str, key: &WindowKey, tenant_capped: bool) -> S
     }
 }
 
-/// The hash slot of `key`'s seat keys.
-fn seat_slot(key: &WindowKey, tenant_capped: bool) -> u16 {
-    if tenant_capped {
-        let mut crc = Crc16::default();
-        crc.put(b"@");
-        encode_component(&mut crc, key.tenant());
-        crc.value() % CLUSTER_SLOTS
-    } else {
-        subject_slot(key)
-    }
-}
-
 /// The highest floor sent to the grant script: floor + 1 must stay an
-/// exact integer in Lua's doubles (the store's clock reaches 2^52 µs in
-/// 2112; a larger floor could only come from a misbehaving store).
+/// exact integer in Lua's doubles.
 const MAX_FENCE_FLOOR: u64 = (1 << 53) - 2;
 
 /// Per seat whether it was live, from a `conn_renew.lua` reply of
@@ -219,12 +187,9 @@ impl RedisStore {
         renew_reply(&reply, &entries)
     }
 
-    /// Renews seats of several hash slots served by one primary: one
-    /// `conn_renew.lua` per slot (and batch), all in one pipeline to the
-    /// primary serving the first seat's slot. A seat whose call was
-    /// refused (its slot moved) answers `None`; so do all when the
-    /// pipeline was redirected as a whole. Seats of one slot (or on one
-    /// Redis) take the one call of [`seat_renew`](Self::seat_renew),
+    /// Renews seats of several hash slots of one primary: one script per
+    /// slot and batch, in one pipeline. Seats whose slot moved answer
+    /// `None`. Seats of one slot take [`seat_renew`](Self::seat_renew),
     /// which follows redirects.
     async fn seat_renew_routed(
         &self,
@@ -234,7 +199,7 @@ impl RedisStore {
         let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, seat) in seats.iter().enumerate() {
             slots
-                .entry(seat_slot(seat.key, seat.tenant_capped))
+                .entry(tag_slot(seat.key, seat.tenant_capped))
                 .or_default()
                 .push(i);
         }
@@ -274,7 +239,7 @@ impl RedisStore {
         Ok(alive)
     }
 
-    async fn lease_release(&self, seat: SeatRef<'_>) -> Result<bool, StoreError> {
+    async fn seat_release(&self, seat: SeatRef<'_>) -> Result<bool, StoreError> {
         let keys = seat_keys(&self.prefix, seat.key, seat.tenant_capped);
         let mut invocation = RELEASE.key(keys.subject);
         if let Some(tenant) = keys.tenant {
@@ -309,8 +274,6 @@ impl conn::Backend for RedisStore {
         guard.run(move || self.seat_renew(seats, ttl))
     }
 
-    /// On a cluster, the failure domain of the slot: the primary serving
-    /// it (`None` before the slot map is loaded, and on one Redis).
     fn renew_route(&self, partition: u16) -> Option<u16> {
         self.slot_domain(partition)
     }
@@ -325,7 +288,7 @@ impl conn::Backend for RedisStore {
     }
 
     fn release<'a>(&'a self, guard: &mut Guard<'a>, seat: SeatRef<'a>) -> Op<'a, bool> {
-        guard.run(move || self.lease_release(seat))
+        guard.run(move || self.seat_release(seat))
     }
 
     fn presence<'a>(
@@ -337,11 +300,9 @@ impl conn::Backend for RedisStore {
         guard.run(move || self.seat_presence(key, tenant_capped))
     }
 
-    /// On a cluster, the hash slot of the seat's keys; one partition on a
-    /// single node.
     fn seat_partition(&self, key: &WindowKey, tenant_capped: bool) -> u16 {
         if self.connection.is_cluster() {
-            seat_slot(key, tenant_capped)
+            tag_slot(key, tenant_capped)
         } else {
             0
         }
@@ -349,16 +310,6 @@ impl conn::Backend for RedisStore {
 
     fn partition_failure_domain(&self, partition: u16) -> Option<u16> {
         self.slot_domain(partition)
-    }
-
-    /// 1,000 seats per script call (about 30 ms of Redis time on a busy
-    /// 2-core machine, so one call never blocks Redis for long): 10,000
-    /// seats of one node on one Redis renew in 10 calls. On a cluster, also
-    /// 1,000 seats per pipeline to one primary (its scripts, one per slot,
-    /// cost Redis about as much), so a pipeline stays within the store's
-    /// time budget (50 ms by default).
-    fn max_renew_batch(&self) -> usize {
-        1_000
     }
 }
 

@@ -12,15 +12,14 @@ use crate::{FallbackReason, WindowKey};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SeatSource {
-    /// The store: the seat counts against the caps and is renewed.
+    /// The store: the seat counts and is renewed.
     Store,
-    /// The store could not answer and [`OnFailure::FailOpen`](super::OnFailure::FailOpen)
-    /// admitted: not counted, not renewed, never lost.
+    /// [`OnFailure::FailOpen`](super::OnFailure::FailOpen) admitted while
+    /// the store could not answer: not counted, renewed or lost.
     Fallback(FallbackReason),
 }
 
-/// Resolves when a seat is reported lost (cheap to clone; hand it to the
-/// task serving the connection).
+/// Resolves when a seat is reported lost (cheap to clone).
 #[derive(Debug, Clone)]
 pub struct SeatLost {
     pub(super) receiver: watch::Receiver<bool>,
@@ -32,30 +31,19 @@ impl SeatLost {
         *self.receiver.borrow()
     }
 
-    /// Waits until the seat is reported lost; pending forever for a seat
-    /// that is released or degraded (those are never lost).
+    /// Waits until the seat is reported lost; forever for a released or
+    /// degraded seat.
     pub async fn wait(&mut self) {
-        loop {
-            if *self.receiver.borrow_and_update() {
-                return;
-            }
-            if self.receiver.changed().await.is_err() {
-                // The sender is gone: released, or never renewed.
-                if *self.receiver.borrow() {
-                    return;
-                }
-                std::future::pending::<()>().await;
-            }
+        if self.receiver.wait_for(|lost| *lost).await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 }
 
-/// One connection's seat: released explicitly with
-/// [`release`](Self::release) or when dropped (a spawned release on the
-/// current Tokio runtime; without one, the seat expires after its TTL).
-///
-/// Close the connection when [`lost`](Self::lost) fires: the store no
-/// longer counts it, and it is never silently re-acquired.
+/// One connection's seat: released by [`release`](Self::release) or on
+/// drop (spawned on the current Tokio runtime; without one, the seat
+/// expires after its TTL). Close the connection when [`lost`](Self::lost)
+/// fires: the seat is never re-acquired.
 pub struct ConnectionSeat {
     pub(super) shared: Arc<Shared>,
     pub(super) seq: u64,
@@ -69,8 +57,7 @@ pub struct ConnectionSeat {
 }
 
 impl ConnectionSeat {
-    /// Marks the seat released and leaves this node's live seats: whether
-    /// the store still holds it.
+    /// Marks the seat released; whether the store still holds it.
     fn take(&mut self) -> bool {
         let held = !std::mem::replace(&mut self.released, true);
         if held {
@@ -79,28 +66,19 @@ impl ConnectionSeat {
         held
     }
 
-    /// The fencing token (0 for a degraded seat): the store grants
-    /// `max(the subject's last token + 1, its clock in µs, the highest
-    /// token this limiter was granted + 1)`. What that guarantees:
+    /// The fencing token (0 for a degraded seat): `max(the subject's last
+    /// token + 1, the store's clock in µs, this limiter's highest token + 1)`.
     ///
-    /// * **While the store keeps the subject's counter** (at least one
-    ///   seat TTL + 1 s past the subject's last grant, the longest TTL any
-    ///   node granted with counting): larger than every token granted earlier
-    ///   to the subject, by any node, whatever the store's clock does
-    ///   (steps back or forward by days).
-    /// * **Per limiter (node), always**: larger than every token this
-    ///   limiter was granted before, for any subject, also when the store
-    ///   lost the counter (a failover that lost the last grants under
-    ///   asynchronous replication, a restart without persistence) and its
-    ///   clock is behind: the floor is kept by the node, not in the store.
+    /// * **While the store keeps the subject's counter** (the longest seat
+    ///   TTL + 1 s past its last grant): larger than every earlier token of
+    ///   the subject, from any node, whatever the store's clock does.
+    /// * **Per limiter, always**: larger than every token it was granted
+    ///   before, also when the store lost the counter (a failover under
+    ///   asynchronous replication, a restart without persistence).
     /// * **Across nodes, after the counter was lost**: at least the new
-    ///   primary's clock, so larger than every lost token as long as that
-    ///   clock reads later than the old primary's did at the lost grants —
-    ///   true unless it is behind by more than the failover took (at
-    ///   least `cluster-node-timeout`, or Sentinel's
-    ///   `down-after-milliseconds`). A token another node was handed by the
-    ///   lost primary cannot be known otherwise: that would need
-    ///   synchronous replication (`WAIT`) on every grant.
+    ///   primary's clock, so larger than the lost tokens unless that clock
+    ///   is behind by more than the failover took. Anything stronger needs
+    ///   `WAIT` on every grant.
     pub fn fence(&self) -> u64 {
         self.fence
     }
@@ -110,7 +88,7 @@ impl ConnectionSeat {
         self.source
     }
 
-    /// Whether the store could not answer and the fallback admitted.
+    /// Whether the fallback admitted it ([`SeatSource::Fallback`]).
     pub fn is_degraded(&self) -> bool {
         matches!(self.source, SeatSource::Fallback(_))
     }
@@ -135,8 +113,7 @@ impl ConnectionSeat {
         self.lost.clone()
     }
 
-    /// Releases the seat now (through the store's resilience stack).
-    /// On a store error the seat still expires after its TTL.
+    /// Releases the seat now; on a store error it expires after its TTL.
     pub async fn release(mut self) -> Result<(), ConnectionError> {
         if self.take() {
             self.shared.release(&self.key, &self.id).await?;
@@ -150,7 +127,6 @@ impl Drop for ConnectionSeat {
         if !self.take() {
             return;
         }
-        // Without a runtime to release on, the seat expires after its TTL.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };

@@ -9,14 +9,8 @@ use super::registry::{Change, Inner};
 use super::ControlConfig;
 use crate::store::{Guard, Op};
 
-/// What a store does for tenant registries: record lifecycle changes
-/// (with the tenant's state generation) and, on a store shared by several
-/// processes, carry them to every registry on it.
-///
-/// Implemented by [`MemoryStore`](crate::MemoryStore) (`memory.rs`) and,
-/// with the `redis` feature, [`RedisStore`](crate::RedisStore) (`redis.rs`);
-/// a registry reaches it through its store's resilience stack
-/// ([`Store::call`](crate::Store)).
+/// What a store does for tenant registries: record lifecycle changes and,
+/// on a store shared by several processes, carry them to every registry.
 pub(crate) trait Backend: Send + Sync + 'static {
     /// Records `change` and announces it to every registry on this
     /// backend, atomically; the tenant's generation after it.
@@ -28,9 +22,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
         None
     }
 
-    /// Starts following the changes other registries record, into
-    /// `registry` until it is gone (the task first loads the whole
-    /// state). `None`: this process is the only one on the backend.
+    /// Starts following the changes other registries record into
+    /// `registry` until it is gone. `None`: nobody else records any.
     fn follow(
         self: Arc<Self>,
         registry: Weak<Inner>,
@@ -46,7 +39,6 @@ pub(crate) trait Backend: Send + Sync + 'static {
 pub(crate) struct Recorded<'a> {
     pub(crate) tenant: &'a str,
     pub(crate) change: &'a Change,
-    /// How the records and the control stream are kept (Redis).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) control: &'a ControlConfig,
 }

@@ -4,10 +4,8 @@ use std::collections::BTreeMap;
 
 use super::{validate_tenant_name, TenantError, TenantSpec};
 
-/// Every tenant a file defines, and the default for tenants it does not.
-///
-/// The file format (TOML, with the `serde` feature; see
-/// [`from_toml`](Self::from_toml)):
+/// Every tenant a file defines, and the default for the others. The file
+/// format (TOML, feature `serde`; see [`from_toml`](Self::from_toml)):
 ///
 /// ```toml
 /// [default]                       # tenants not listed; omit it and unknown tenants get 403
@@ -29,13 +27,11 @@ use super::{validate_tenant_name, TenantError, TenantSpec};
 ///
 /// A quota is the DSL text (see [`crate::quota`]) or a table `{ limit =
 /// "<dsl>", scope = "subject" | "tenant", shadow = true | false }`;
-/// `shadow` lists quotas that are checked and reported but never deny;
-/// `unlimited = true` makes a tenant that is never limited (and then has
-/// no quotas). Quotas keep the order in which the file lists them.
+/// `shadow` lists quotas that never deny. Quotas keep the file's order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TenantsConfig {
-    /// The policy of tenants not listed; `None`: they are unknown (403).
+    /// The spec of tenants not listed; `None`: they are unknown.
     pub default: Option<TenantSpec>,
     /// Tenants by name.
     pub tenants: BTreeMap<String, TenantSpec>,
@@ -83,7 +79,6 @@ mod file {
         tenants: BTreeMap<String, SpecRepr>,
     }
 
-    /// A tenant as a file or a request body writes it.
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct SpecRepr {
@@ -108,7 +103,7 @@ mod file {
         },
     }
 
-    /// A map that keeps its entries in the order written.
+    /// A map kept in the order written.
     #[derive(Default)]
     struct Ordered(Vec<(String, QuotaRepr)>);
 
@@ -133,7 +128,7 @@ mod file {
     }
 
     impl SpecRepr {
-        /// Every problem of this definition, each naming `tenant` and the quota.
+        /// Every problem of this definition.
         fn into_spec(self, tenant: Option<&str>) -> Result<TenantSpec, Vec<TenantError>> {
             let named = |e: TenantError| match tenant {
                 Some(t) => e.for_tenant(t),
@@ -169,7 +164,8 @@ mod file {
             if !problems.is_empty() {
                 return Err(problems);
             }
-            // Only now: a quota that failed would look like an unknown shadow.
+            // After the quotas: a quota that failed would look like an
+            // unknown shadow.
             let mut shadow = self.shadow.iter();
             if let Some(error) = shadow.find_map(|name| builder.set_shadow(name).err()) {
                 return Err(vec![named(error)]);
@@ -179,9 +175,8 @@ mod file {
     }
 
     impl TenantsConfig {
-        /// Parses and validates a tenants file (see the [type docs](TenantsConfig)
-        /// for the format) as a whole: every problem is reported, each naming
-        /// its tenant and quota, and nothing is returned unless all is valid.
+        /// Parses and validates a tenants file (see the [type
+        /// docs](TenantsConfig)) as a whole, reporting every problem.
         ///
         /// ```
         /// use tower_window::tenant::TenantsConfig;
@@ -207,25 +202,17 @@ mod file {
             let repr: FileRepr =
                 toml::from_str(text).map_err(|e| TenantError::Syntax(e.to_string()))?;
             let mut problems = Vec::new();
-            let default = match repr.default.map(|d| d.into_spec(Some("[default]"))) {
-                Some(Ok(spec)) => Some(spec),
-                Some(Err(mut errors)) => {
-                    problems.append(&mut errors);
-                    None
-                }
-                None => None,
+            let mut keep = |spec: Result<TenantSpec, Vec<TenantError>>| {
+                spec.map_err(|mut errors| problems.append(&mut errors)).ok()
             };
+            let default = repr
+                .default
+                .and_then(|d| keep(d.into_spec(Some("[default]"))));
             let mut tenants = BTreeMap::new();
-            for (name, spec) in repr.tenants {
-                if let Err(error) = validate_tenant_name(&name) {
-                    problems.push(error);
-                    continue;
-                }
-                match spec.into_spec(Some(&name)) {
-                    Ok(spec) => {
-                        tenants.insert(name, spec);
-                    }
-                    Err(mut errors) => problems.append(&mut errors),
+            for (name, repr) in repr.tenants {
+                let valid = validate_tenant_name(&name).map_err(|error| vec![error]);
+                if let Some(spec) = keep(valid.and_then(|()| repr.into_spec(Some(&name)))) {
+                    tenants.insert(name, spec);
                 }
             }
             match problems.len() {
@@ -237,8 +224,7 @@ mod file {
     }
 
     impl<'de> Deserialize<'de> for TenantSpec {
-        /// `{"quotas": {...}, "shadow": [...], "unlimited": bool}`, as in
-        /// the tenants file.
+        /// As in the tenants file.
         fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
             SpecRepr::deserialize(deserializer)?
                 .into_spec(None)
@@ -246,8 +232,7 @@ mod file {
         }
     }
 
-    /// A quota as the admin API shows it: the DSL text, or a table for a
-    /// tenant-scoped one.
+    /// A quota as the admin API shows it.
     struct QuotaOut<'a>(&'a Quota);
 
     impl Serialize for QuotaOut<'_> {
@@ -272,9 +257,8 @@ mod file {
     }
 
     impl Serialize for TenantSpec {
-        /// `{"quotas": {"burst": "10/1s", "org": {"limit": "5000/1m",
-        /// "scope": "tenant"}}, "shadow": ["..."]}` (`shadow` only when some
-        /// quota is one), or `{"quotas": {}, "unlimited": true}`.
+        /// As in the tenants file, quotas as DSL text (a table for a
+        /// tenant-scoped one).
         fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
             let shadow: Vec<&str> = self
                 .quotas()

@@ -14,10 +14,8 @@ pub struct ControlConfig {
     pub ttl: Duration,
     /// How long one `XREAD` blocks (default 500 ms; an entry ends it at once).
     pub block: Duration,
-    /// The time budget of a lifecycle call, retries included, on the store
-    /// `TenantRegistry::redis` makes for the registry (default 2 s). A
-    /// registry [`on_store`](super::TenantRegistry::on_store) has its
-    /// store's budget (and breakers) instead.
+    /// The time budget of a lifecycle call of a
+    /// [`TenantRegistry::redis`](super::TenantRegistry) (default 2 s).
     pub timeout: Duration,
 }
 

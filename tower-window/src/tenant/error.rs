@@ -1,34 +1,43 @@
 //! [`TenantError`]: why a tenant definition, file or lifecycle call failed.
 
-use std::fmt;
-
 use crate::{PolicyError, QuotaError, StoreError};
 
 /// Why a tenant definition, a tenants file or a lifecycle call failed.
-///
 /// Definition errors name the tenant (when known), the quota and the problem.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum TenantError {
-    /// The tenant name is empty, too long, or holds control characters,
-    /// whitespace or `/` (see [`validate_tenant_name`](super::validate_tenant_name)).
+    /// The tenant name is not valid (see
+    /// [`validate_tenant_name`](super::validate_tenant_name)).
+    #[error(
+        "invalid tenant name {0:?}: use 1 to 128 bytes without control characters, whitespace or '/'"
+    )]
     InvalidName(String),
     /// A quota is invalid.
+    #[error("{}quota {quota:?}: {error}", named(.tenant))]
     Quota {
         /// The tenant (`None` for a definition not yet given a name).
         tenant: Option<String>,
         /// The quota's name.
         quota: String,
         /// What is wrong with it.
+        #[source]
         error: QuotaError,
     },
     /// The quotas do not make a policy (none, too many, two of one name).
+    #[error("{}{error}", named(.tenant))]
     Policy {
         /// The tenant.
         tenant: Option<String>,
         /// What is wrong.
+        #[source]
         error: PolicyError,
     },
     /// `shadow` names a quota the tenant does not have.
+    #[error(
+        "{}quota {quota:?}: listed in shadow but not defined in quotas",
+        named(.tenant)
+    )]
     UnknownShadow {
         /// The tenant.
         tenant: Option<String>,
@@ -36,13 +45,17 @@ pub enum TenantError {
         quota: String,
     },
     /// The file (or request body) is not valid TOML (JSON) of the expected shape.
+    #[error("{0}")]
     Syntax(String),
     /// Several problems of one file, each naming its tenant and quota.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Invalid(Vec<TenantError>),
     /// A record kept in the store could not be read back.
+    #[error("unreadable tenant record {0:?}")]
     Record(String),
     /// The store failed.
-    Store(StoreError),
+    #[error("tenant registry: {0}")]
+    Store(#[source] StoreError),
 }
 
 crate::error_debug::debug_as_display!(TenantError {
@@ -56,53 +69,10 @@ crate::error_debug::debug_as_display!(TenantError {
     Store,
 });
 
-impl fmt::Display for TenantError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Self::Quota {
-            tenant: Some(tenant),
-            ..
-        }
-        | Self::Policy {
-            tenant: Some(tenant),
-            ..
-        }
-        | Self::UnknownShadow {
-            tenant: Some(tenant),
-            ..
-        } = self
-        {
-            write!(f, "tenant {tenant:?}: ")?;
-        }
-        match self {
-            Self::InvalidName(name) => write!(
-                f,
-                "invalid tenant name {name:?}: use 1 to 128 bytes without control characters, whitespace or '/'"
-            ),
-            Self::Quota { quota, error, .. } => write!(f, "quota {quota:?}: {error}"),
-            Self::Policy { error, .. } => write!(f, "{error}"),
-            Self::UnknownShadow { quota, .. } => {
-                write!(f, "quota {quota:?}: listed in shadow but not defined in quotas")
-            }
-            Self::Syntax(message) => write!(f, "{message}"),
-            Self::Invalid(problems) => {
-                let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
-                f.write_str(&problems.join("; "))
-            }
-            Self::Record(text) => write!(f, "unreadable tenant record {text:?}"),
-            Self::Store(error) => write!(f, "tenant registry: {error}"),
-        }
-    }
-}
-
-impl std::error::Error for TenantError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Quota { error, .. } => Some(error),
-            Self::Policy { error, .. } => Some(error),
-            Self::Store(error) => Some(error),
-            _ => None,
-        }
-    }
+/// `tenant "<name>": `, or nothing.
+fn named(tenant: &Option<String>) -> String {
+    let prefix = tenant.as_ref().map(|tenant| format!("tenant {tenant:?}: "));
+    prefix.unwrap_or_default()
 }
 
 impl TenantError {

@@ -8,11 +8,8 @@ pub const MAX_TENANT_NAME_LEN: usize = 128;
 /// Checks a tenant name: 1 to [`MAX_TENANT_NAME_LEN`] bytes of UTF-8,
 /// without control characters, whitespace or `/`.
 ///
-/// Anything else is allowed — separators such as `:` and `|`, braces,
-/// `%`, `#`, any script — because store keys escape every byte (see
-/// [`redis_key`](crate::store::redis_key) with the `redis` feature), so
-/// no name reaches another tenant's keys or picks a cluster slot. `/` is
-/// refused so that a name is always one path segment of the admin API.
+/// Anything else is allowed, since store keys escape every byte; `/` is
+/// refused so that a name is one path segment of the admin API.
 ///
 /// ```
 /// use tower_window::tenant::validate_tenant_name;

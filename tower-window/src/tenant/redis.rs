@@ -1,7 +1,5 @@
-//! The tenant registry's Redis side: its records, generations and control
-//! stream (see [`crate::tenant`]), all under the hash tag `{tw-tenants}`,
-//! and the control-stream reader each registry runs on a connection of
-//! its own.
+//! The tenant registry's Redis side: records, generations and control
+//! stream under the hash tag `{tw-tenants}`, and the control-stream reader.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Weak};
@@ -51,15 +49,13 @@ impl Backend for RedisStore {
     }
 
     fn failure_domain(&self) -> Option<u16> {
-        // The hash slot of the registry's keys (their tag, `tw-tenants`).
         let mut crc = Crc16::default();
         crc.put(b"tw-tenants");
         self.slot_domain(crc.value() % CLUSTER_SLOTS)
     }
 
-    /// The control-stream reader blocks in `XREAD` for up to
-    /// [`block`](ControlConfig::block), longer than any store budget, so
-    /// it reads on a connection of its own.
+    /// The reader blocks in `XREAD` longer than any store budget, so it
+    /// reads on a connection of its own.
     fn follow(
         self: Arc<Self>,
         registry: Weak<Inner>,
@@ -70,8 +66,8 @@ impl Backend for RedisStore {
 }
 
 impl RedisStore {
-    /// Records one lifecycle change and appends it to the control stream,
-    /// atomically (one script); the tenant's generation after it.
+    /// Records one change and appends it to the control stream, in one
+    /// script; the tenant's generation after it.
     async fn tenant_change(&self, recorded: Recorded<'_>) -> Result<u64, StoreError> {
         let [records, generations, control] = keys(&self.prefix);
         let (op, spec) = match recorded.change {
@@ -94,10 +90,9 @@ impl RedisStore {
     }
 }
 
-/// One control-stream entry: its id and fields.
 type Entry = (String, HashMap<String, String>);
 
-/// The control-stream reader's own connection (it blocks in `XREAD`).
+/// The control-stream reader's own connection.
 struct Reader {
     conn: Dedicated,
     keys: [Vec<u8>; 3],
@@ -108,9 +103,8 @@ impl Reader {
         send(&self.conn.conn, &call).await
     }
 
-    /// Loads the whole runtime state into `registry`, atomically with the
-    /// stream's last id (refreshing the keys' TTL); the position to follow
-    /// from, or `None` once the registry is gone.
+    /// Loads the whole runtime state into `registry`; the position to
+    /// follow from, or `None` once the registry is gone.
     async fn load(
         &self,
         registry: &Weak<Inner>,
@@ -138,13 +132,10 @@ impl Reader {
                 None if record == "C" => Ok(None),
                 _ => Err(TenantError::Record(record.chars().take(80).collect())),
             };
-            match record {
-                Ok(record) => Some((tenant, record)),
-                Err(error) => {
-                    tracing::warn!(%error, "skipping an unreadable tenant record");
-                    None
-                }
-            }
+            let record = record.inspect_err(|error| {
+                tracing::warn!(%error, "skipping an unreadable tenant record");
+            });
+            Some((tenant, record.ok()?))
         });
         TenantRegistry { inner }.replace_runtime(runtime.collect(), generations);
         Ok(Some(Position {
@@ -154,20 +145,16 @@ impl Reader {
         }))
     }
 
-    /// Whether an entry after our position was trimmed from the stream.
-    ///
-    /// `seen` counts the entries ever added up to our position (`None`
-    /// when unknown). `MAXLEN` trims from the oldest end, so the trimmed
-    /// entries are the first `entries-added - length` ever added: some of
-    /// them come after our position exactly when there are more of them
-    /// than `seen` (`XINFO STREAM`, Redis 7). Before Redis 7: whether the
-    /// oldest entry left is newer than a position other than the start.
+    /// Whether an entry after our position was trimmed from the stream:
+    /// on Redis 7, whether more than `seen` (the entries added up to our
+    /// position) were trimmed (`entries-added - length`); before, whether
+    /// the oldest entry left is newer than our position.
     async fn trimmed_past(&self, last_id: &str, seen: Option<u64>) -> Result<bool, StoreError> {
         let mut cmd = redis::cmd("XINFO");
         cmd.arg("STREAM").arg(&self.keys[2]);
         let info: HashMap<String, Value> = match self.send(Call::Cmd(&cmd)).await {
             Ok(info) => info,
-            // No stream (yet, or it expired): nothing after us was trimmed.
+            // No stream: nothing was trimmed.
             Err(error)
                 if error.kind()
                     == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
@@ -208,20 +195,16 @@ impl Reader {
     }
 }
 
-/// Where a reader is in the control stream.
 #[derive(Default)]
 struct Position {
-    /// The last entry applied (or the last at the load); `None`: load first.
+    /// The last entry applied or loaded; `None`: load first.
     last_id: Option<String>,
-    /// Entries ever added to the stream up to `last_id`, when known.
+    /// Entries added to the stream up to `last_id`, when known.
     seen: Option<u64>,
 }
 
-/// The reader: load everything, then follow the stream from the loaded
-/// id. After an error it reconnects (with backoff) and reads on from its
-/// last id, so a node that was cut off catches up with what it missed;
-/// if that id was trimmed from the stream meanwhile, it loads everything
-/// again instead.
+/// The reader: load everything, then follow the stream; after an error,
+/// reconnect with backoff and read on from the last id.
 async fn follow(registry: Weak<Inner>, store: Arc<RedisStore>, control: ControlConfig) {
     let backoff = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(20))
@@ -230,29 +213,28 @@ async fn follow(registry: Weak<Inner>, store: Arc<RedisStore>, control: ControlC
         .without_max_times();
     let mut delays = backoff.build();
     let mut position = Position::default();
-    loop {
-        match follow_once(&registry, &store, &control, &mut position, &mut || {
+    let mut connected = false;
+    while let Err(error) =
+        follow_once(&registry, &store, &control, &mut position, &mut connected).await
+    {
+        tracing::warn!(%error, "tenant control stream: reconnecting");
+        if std::mem::take(&mut connected) {
             delays = backoff.build();
-        })
-        .await
-        {
-            Ok(()) => return, // the registry is gone
-            Err(error) => {
-                tracing::warn!(%error, "tenant control stream: reconnecting");
-                if let Some(delay) = delays.next() {
-                    tokio::time::sleep(delay).await;
-                }
-            }
+        }
+        if let Some(delay) = delays.next() {
+            tokio::time::sleep(delay).await;
         }
     }
 }
 
+/// Follows until the registry is gone (`Ok`) or an error; sets `connected`
+/// once loaded.
 async fn follow_once(
     registry: &Weak<Inner>,
     store: &RedisStore,
     control: &ControlConfig,
     position: &mut Position,
-    connected: &mut (dyn FnMut() + Send),
+    connected: &mut bool,
 ) -> Result<(), StoreError> {
     let reader = Reader {
         conn: store.connection.dedicated().await?,
@@ -275,7 +257,7 @@ async fn follow_once(
                 None => return Ok(()),
             }
         }
-        connected();
+        *connected = true;
         let from = position.last_id.as_deref().unwrap_or("0-0");
         let entries = reader.read(from, control.block).await?;
         let Some(inner) = registry.upgrade() else {

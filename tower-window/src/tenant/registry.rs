@@ -23,7 +23,7 @@ pub enum Resolution {
     Limited(Policy),
     /// Never limited: requests do not reach the store.
     Unlimited,
-    /// Neither defined nor covered by a default: reject (403 over HTTP).
+    /// Neither listed nor covered by a default: reject (403 over HTTP).
     Unknown,
 }
 
@@ -33,7 +33,7 @@ pub enum Resolution {
 pub enum TenantSource {
     /// The tenants file.
     File,
-    /// A lifecycle call ([`TenantRegistry::init`]), persisted in the store.
+    /// [`TenantRegistry::init`].
     Runtime,
     /// Not listed: the file's `[default]`.
     Default,
@@ -60,13 +60,11 @@ pub struct TenantInfo {
     pub spec: TenantSpec,
     /// Where the definition comes from.
     pub source: TenantSource,
-    /// Its state generation: how many times it was reset or closed. Part
-    /// of every window key of the tenant.
+    /// How many times it was reset or closed (part of its window keys).
     pub generation: u64,
 }
 
-/// A lifecycle change, as applied to a registry (locally, or read from the
-/// control stream).
+/// A lifecycle change.
 #[derive(Debug, Clone)]
 pub(crate) enum Change {
     Init(TenantSpec),
@@ -77,24 +75,20 @@ pub(crate) enum Change {
 }
 
 impl Change {
-    /// Whether the change moves the tenant to a new state generation.
     pub(crate) fn bumps_generation(&self) -> bool {
         matches!(self, Self::Reset | Self::Close)
     }
 }
 
-/// Everything a registry's view is built from.
 #[derive(Default)]
 struct Sources {
     file: TenantsConfig,
-    /// Runtime records: a definition set by `init`, or `None`, the
-    /// tombstone left by `close`.
+    /// Runtime records: `init`'s spec, or `close`'s tombstone (`None`).
     runtime: HashMap<String, Option<TenantSpec>>,
     generations: HashMap<String, u64>,
 }
 
 impl Sources {
-    /// Every name a source mentions, in order.
     fn names(&self) -> BTreeSet<&String> {
         let file = self.file.tenants.keys();
         file.chain(self.runtime.keys())
@@ -102,8 +96,8 @@ impl Sources {
             .collect()
     }
 
-    /// Tenant `name` as listed (runtime record, else the file; closed ones
-    /// are not), or else as the default serves it when `or_default`.
+    /// Tenant `name` as listed (runtime record, else file), or else, when
+    /// `or_default`, as the default serves it.
     fn info(&self, name: &str, or_default: bool) -> Option<TenantInfo> {
         let listed = match self.runtime.get(name) {
             Some(record) => record.as_ref().map(|spec| (spec, TenantSource::Runtime)),
@@ -123,20 +117,19 @@ impl Sources {
         })
     }
 
-    /// Raises the generation of `name` to `generation` (they only grow).
+    /// Raises the generation of `name` to `generation`.
     fn bump(&mut self, name: &str, generation: u64) {
         let entry = self.generations.entry(name.to_owned()).or_insert(0);
         *entry = (*entry).max(generation);
     }
 }
 
-/// What `spec` resolves to for tenant `name` in `generation`.
 fn resolution(spec: &TenantSpec, name: &str, generation: u64) -> Resolution {
     spec.policy(name, generation)
         .map_or(Resolution::Unlimited, Resolution::Limited)
 }
 
-/// The resolved view the hot path reads (swapped whole on every change).
+/// What the hot path reads, swapped whole on every change.
 #[derive(Default)]
 struct View {
     tenants: HashMap<Box<[u8]>, Resolution>,
@@ -148,26 +141,22 @@ pub(crate) struct Inner {
     sources: Mutex<Sources>,
     /// Counts full loads from the store (0 until the first).
     pub(crate) loaded: watch::Sender<u64>,
-    /// Counts view rebuilds (every change, reload and load).
+    /// Counts view rebuilds.
     version: watch::Sender<u64>,
-    /// Where lifecycle changes are recorded (`None`: in this process only).
+    /// `None`: changes apply in this process only.
     writer: Option<Writer>,
-    /// The task following the changes other registries record, stopped
-    /// with the registry.
     follower: OnceLock<Follower>,
 }
 
-/// A registry's store: lifecycle changes go to its tenant backend through
-/// its resilience stack (budget, retries, in-flight bound, breakers).
+/// Where lifecycle changes are recorded, through the store's stack.
 struct Writer {
     store: Store,
     backend: Arc<dyn Backend>,
     control: ControlConfig,
-    /// Its store calls, recorded under the name `tenants`.
     metrics: Arc<LimiterMetrics>,
 }
 
-/// The follower task, aborted when the registry goes.
+/// The task following other registries' changes, aborted with the registry.
 struct Follower(JoinHandle<()>);
 
 impl Drop for Follower {
@@ -176,12 +165,8 @@ impl Drop for Follower {
     }
 }
 
-/// Resolves tenants to their [`Policy`], and carries their lifecycle
-/// (`init`, `reset`, `close`) to every node.
-///
-/// Cheap to clone (one `Arc`); clones share everything. See the [module
-/// docs](super) for the sources (file, runtime), which wins, and how
-/// changes reach other nodes.
+/// Resolves tenants to their [`Policy`], and carries their lifecycle to
+/// every node; see the [module docs](super). Clones share everything.
 ///
 /// ```
 /// use tower_window::tenant::{Resolution, TenantRegistry, TenantSpec, TenantsConfig};
@@ -206,21 +191,10 @@ pub struct TenantRegistry {
 }
 
 impl TenantRegistry {
-    /// The registry of `config` on `store`, its lifecycle changes recorded
-    /// through the store's resilience stack (see the [module docs](super)):
+    /// The registry of `config`, recording lifecycle changes on `store`:
     /// on Redis they reach every registry on it (a background reader
-    /// follows them, so this needs a Tokio runtime). A store with no tenant
-    /// backend (your own [`Backend`](crate::store::Backend)) gives an
-    /// in-process registry ([`new`](Self::new)).
-    ///
-    /// ```
-    /// use tower_window::tenant::{TenantRegistry, TenantsConfig};
-    /// use tower_window::Store;
-    ///
-    /// let store = Store::memory();
-    /// let registry = TenantRegistry::on_store(TenantsConfig::new(), &store);
-    /// # let _ = registry;
-    /// ```
+    /// follows them, so this needs a Tokio runtime). A store without a
+    /// tenant backend gives an in-process registry ([`new`](Self::new)).
     pub fn on_store(config: TenantsConfig, store: &Store) -> Self {
         Self::on_store_with(config, store, ControlConfig::default())
     }
@@ -235,11 +209,8 @@ impl TenantRegistry {
         Self::with_writer(config, writer)
     }
 
-    /// [`on_store`](Self::on_store) on a [`Store`] of its own on `store`
-    /// (default settings, [`ControlConfig::timeout`] as the budget), not
-    /// sharing the breakers of the node's other capabilities. Its reader
-    /// first loads the whole runtime state ([`loaded`](Self::loaded) waits
-    /// for that); dropping the last clone of the registry stops it.
+    /// [`on_store`](Self::on_store) on a [`Store`] of its own (its budget
+    /// [`ControlConfig::timeout`], its own breakers).
     #[cfg(feature = "redis")]
     pub fn redis(config: TenantsConfig, store: Arc<crate::RedisStore>) -> Self {
         Self::redis_with(config, store, ControlConfig::default())
@@ -257,8 +228,7 @@ impl TenantRegistry {
     }
 
     /// An in-process registry of `config`: lifecycle calls apply to this
-    /// process only (with a [`MemoryStore`](crate::MemoryStore), that is
-    /// every node there is).
+    /// process only.
     pub fn new(config: TenantsConfig) -> Self {
         Self::with_writer(config, None)
     }
@@ -282,21 +252,15 @@ impl TenantRegistry {
             let registry = Arc::downgrade(&registry.inner);
             Arc::clone(&writer.backend).follow(registry, writer.control.clone())
         });
-        match follower {
-            Some(task) => {
-                let _ = registry.inner.follower.set(Follower(task));
-            }
-            // Nobody else records changes: nothing to load.
-            None => {
-                registry.inner.loaded.send_replace(1);
-            }
+        if let Some(task) = follower {
+            let _ = registry.inner.follower.set(Follower(task));
+        } else {
+            registry.inner.loaded.send_replace(1);
         }
         registry
     }
 
-    /// What `tenant` gets: its policy, unlimited, or unknown. One atomic
-    /// load and one hash lookup; never blocks, never allocates (a policy
-    /// is cloned by reference count).
+    /// What `tenant` gets. Never blocks or allocates.
     pub fn resolve(&self, tenant: &[u8]) -> Resolution {
         let view = self.inner.view.load();
         view.tenants
@@ -306,11 +270,9 @@ impl TenantRegistry {
             .unwrap_or(Resolution::Unknown)
     }
 
-    /// Replaces the file's configuration (a hot reload), atomically: a
-    /// request sees the old or the new configuration, never a mix. Runtime
-    /// records keep winning over it (see the [module docs](super)).
-    /// Unchanged limits keep their windows; a changed limit keeps them too
-    /// (windows are keyed by name, window and algorithm, not by limit).
+    /// Replaces the file's configuration (a hot reload), atomically.
+    /// Runtime records keep winning over it. Windows are kept, also for a
+    /// changed limit (they are keyed by name, window and algorithm).
     pub fn set_config(&self, config: TenantsConfig) {
         let mut sources = lock(&self.inner.sources);
         sources.file = config;
@@ -322,57 +284,46 @@ impl TenantRegistry {
         lock(&self.inner.sources).file.clone()
     }
 
-    /// Every listed tenant (from the file or runtime, closed ones left
-    /// out), by name.
+    /// Every listed tenant (not closed ones), by name.
     pub fn tenants(&self) -> Vec<TenantInfo> {
         let sources = lock(&self.inner.sources);
         let names = sources.names().into_iter();
         names.filter_map(|name| sources.info(name, false)).collect()
     }
 
-    /// The tenant `name`, if listed (from the file or runtime, not closed).
+    /// The tenant `name`, if listed (and not closed).
     pub fn tenant(&self, name: &str) -> Option<TenantInfo> {
         lock(&self.inner.sources).info(name, false)
     }
 
-    /// The definition `name` is served with: listed, or the default for a
-    /// tenant not listed; `None` when it is unknown.
+    /// The definition `name` is served with (listed, or the default).
     pub fn effective(&self, name: &str) -> Option<TenantInfo> {
         lock(&self.inner.sources).info(name, true)
     }
 
-    /// Defines (or replaces) tenant `name` at runtime, on every node. A
-    /// replaced limit keeps its windows, like a reloaded file's.
+    /// Defines (or replaces) tenant `name` at runtime, on every node.
     pub async fn init(&self, name: &str, spec: TenantSpec) -> Result<(), TenantError> {
         self.change(name, Change::Init(spec)).await.map(drop)
     }
 
-    /// Starts every window of tenant `name` afresh, in the store and in
-    /// every node's local tier, by moving it to a new state generation.
-    /// The tenant must be listed or covered by the default.
+    /// Starts every window of tenant `name` afresh, on every node, by
+    /// moving it to a new state generation. `Ok(false)` for an unknown
+    /// tenant.
     pub async fn reset(&self, name: &str) -> Result<bool, TenantError> {
         self.change(name, Change::Reset).await
     }
 
-    /// Closes tenant `name` on every node: later requests get the
-    /// unknown-tenant behaviour (the default policy, or a rejection), and
-    /// its windows are left to expire (a new generation is never the old
-    /// one). The tenant must be listed or covered by the default, as for
-    /// [`reset`](Self::reset); `Ok(false)` otherwise. A tenant served by the
-    /// default stays on it, with fresh windows, and the close (a tombstone)
-    /// keeps a later file entry for it from applying, until
-    /// [`revert`](Self::revert).
+    /// Closes tenant `name` on every node: later requests get the default
+    /// (with fresh windows) or a rejection, and the tombstone keeps a file
+    /// entry from applying until [`revert`](Self::revert). `Ok(false)` for
+    /// an unknown tenant.
     pub async fn close(&self, name: &str) -> Result<bool, TenantError> {
         self.change(name, Change::Close).await
     }
 
-    /// Hands tenant `name` back to the file, on every node: its runtime
-    /// record (a definition from [`init`](Self::init) or the tombstone of
-    /// [`close`](Self::close)) is dropped, so the file's entry applies
-    /// again, or the default (or the unknown-tenant behaviour) when the
-    /// file does not list it. The generation is kept: windows go on as
-    /// after a reload (a closed tenant's are already fresh). `Ok(false)` if
-    /// the tenant has no runtime record.
+    /// Hands tenant `name` back to the file, on every node, by dropping
+    /// its runtime record; the generation is kept. `Ok(false)` if it has
+    /// none.
     ///
     /// ```
     /// use tower_window::tenant::{Resolution, TenantRegistry, TenantSource, TenantSpec, TenantsConfig};
@@ -394,8 +345,7 @@ impl TenantRegistry {
         self.change(name, Change::Revert).await
     }
 
-    /// Records and applies `change` of `name`; `Ok(false)` (nothing done)
-    /// for a tenant it does not apply to.
+    /// Records and applies `change`; `Ok(false)` if it does not apply.
     async fn change(&self, name: &str, change: Change) -> Result<bool, TenantError> {
         validate_tenant_name(name)?;
         let applies = {
@@ -463,8 +413,8 @@ impl TenantRegistry {
     ) {
         let mut sources = lock(&self.inner.sources);
         sources.runtime = runtime;
-        // Generations only grow: a load older than a change applied here
-        // must not move a tenant back to windows it left.
+        // A load older than a change applied here must not move a tenant
+        // back to windows it left.
         for (name, generation) in generations {
             sources.bump(&name, generation);
         }
@@ -472,17 +422,15 @@ impl TenantRegistry {
         self.inner.loaded.send_modify(|n| *n += 1);
     }
 
-    /// Waits until the registry has loaded the runtime state from the store
-    /// at least once (at once for an in-process registry). A node serving
-    /// before that serves the file's configuration.
+    /// Waits until the runtime state was loaded from the store once (at
+    /// once for an in-process registry); until then the file applies.
     pub async fn loaded(&self) {
         let mut rx = self.inner.loaded.subscribe();
-        // The sender lives as long as `self`: this cannot fail.
         let _ = rx.wait_for(|n| *n > 0).await;
     }
 
-    /// How many full loads of the runtime state from the store happened
-    /// (start, reconnects, a trimmed control stream).
+    /// How many full loads of the runtime state happened (start,
+    /// reconnects, a trimmed control stream).
     pub fn loads(&self) -> u64 {
         *self.inner.loaded.borrow()
     }
@@ -504,9 +452,7 @@ impl TenantRegistry {
     }
 
     /// A receiver that sees a new value after every change of what the
-    /// registry resolves (a lifecycle change from this or another node, a
-    /// reload, a load from the store): for tests, benches and caches of
-    /// their own.
+    /// registry resolves.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.version.subscribe()
     }

@@ -1,12 +1,12 @@
-//! [`TenantSpec`]: what a tenant gets — quotas (some shadow) or unlimited.
+//! [`TenantSpec`]: a tenant's quotas, or unlimited.
 
 use std::fmt;
 
 use super::TenantError;
 use crate::{Policy, Quota, QuotaError, Scope};
 
-/// A tenant's definition: its named quotas (each per subject or per
-/// tenant, some possibly [shadow](Quota::shadowed)), or unlimited.
+/// A tenant's definition: its named quotas (some possibly
+/// [shadow](Quota::shadowed)), or unlimited.
 ///
 /// ```
 /// use tower_window::tenant::TenantSpec;
@@ -38,7 +38,6 @@ impl TenantSpec {
     /// [`MAX_QUOTAS`](crate::quota::MAX_QUOTAS)).
     pub fn new(quotas: impl IntoIterator<Item = Quota>) -> Result<Self, TenantError> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();
-        // The same checks a policy makes.
         Policy::new("tenant", quotas.iter().cloned()).map_err(|error| TenantError::Policy {
             tenant: None,
             error,
@@ -62,7 +61,7 @@ impl TenantSpec {
         self.unlimited
     }
 
-    /// The quotas, in order (empty for an unlimited tenant).
+    /// The quotas, in order.
     pub fn quotas(&self) -> &[Quota] {
         &self.quotas
     }
@@ -77,14 +76,13 @@ impl TenantSpec {
             let quotas = self.quotas.iter();
             quotas.map(|q| q.clone().with_generation(generation))
         };
-        // Policy names appear in logs; a tenant's own name may hold any
-        // character, and when it is not a valid policy name it is `tenant`.
+        // A tenant name that is not a valid policy name becomes `tenant`.
         let policy = Policy::new(tenant, quotas());
         policy.or_else(|_| Policy::new("tenant", quotas())).ok()
     }
 
-    /// The record text kept in Redis: `U` (unlimited), or `Q` then one
-    /// line per quota, `name\tscope\tshadow(0/1)\tdsl`.
+    /// The Redis record: `U` (unlimited), or `Q` then one line per quota,
+    /// `name\tscope\tshadow(0/1)\tdsl`.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn encode(&self) -> String {
         if self.unlimited {
@@ -107,10 +105,8 @@ impl TenantSpec {
             Some("Q") => {
                 let mut builder = Self::builder();
                 for line in lines {
-                    let mut parts = line.splitn(4, '\t');
-                    let (Some(name), Some(scope), Some(shadow), Some(dsl)) =
-                        (parts.next(), parts.next(), parts.next(), parts.next())
-                    else {
+                    let parts: Vec<&str> = line.splitn(4, '\t').collect();
+                    let [name, scope, shadow, dsl] = parts[..] else {
                         return Err(bad());
                     };
                     builder
@@ -147,14 +143,12 @@ impl TenantSpecBuilder {
         Ok(self)
     }
 
-    /// Adds the per-tenant quota `dsl` as `name` (one window shared by
-    /// every subject of the tenant).
+    /// Adds the per-tenant quota `dsl` as `name`.
     pub fn tenant_quota(mut self, name: &str, dsl: &str) -> Result<Self, TenantError> {
         self.add(name, dsl, Ok(Scope::Tenant), false)?;
         Ok(self)
     }
 
-    /// Adds the quota `dsl` as `name`, of `scope` and maybe a shadow one.
     pub(crate) fn add(
         &mut self,
         name: &str,
