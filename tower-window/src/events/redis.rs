@@ -2,12 +2,9 @@
 //!
 //! A window `key` is two keys in one hash slot: the stream
 //! `<prefix>ev:{<key>}:s` and its meta hash `<prefix>ev:{<key>}:m` (epoch,
-//! the primary's replication id, last id, count), with `<key>` escaped as
-//! every user part of a key is (see `keys.rs`): injective, and no input can
-//! choose the slot. The `ev:` before the brace keeps them apart from
-//! rate-limit windows (whose brace follows the prefix). Each operation is
-//! one `EVALSHA` of `scripts/events.lua`, on Redis `TIME` unless the store
-//! has an explicit clock.
+//! the primary's replication id, last id, count), `<key>` escaped by
+//! `encode_component`; the `ev:` before the brace keeps them apart from
+//! rate-limit windows. Each operation is one call of `events.lua`.
 
 use std::sync::LazyLock;
 
@@ -19,9 +16,7 @@ use crate::events::{
     Position, Resume, ResyncReason,
 };
 use crate::store::redis::call::Call;
-use crate::store::redis::keys::{
-    encode_component, escape_into, needs_escape, Crc16, CLUSTER_SLOTS,
-};
+use crate::store::redis::keys::{encode_component, write_prefix, Crc16, CLUSTER_SLOTS};
 use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::RedisStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
@@ -35,9 +30,7 @@ const OWN_FIELDS: usize = 6;
 /// The stream key and the meta key of the window `key`.
 pub(crate) fn event_keys(prefix: &str, key: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let mut stream = Vec::with_capacity(prefix.len() + key.len() + 12);
-    escape_into(&mut stream, prefix.as_bytes(), |b| {
-        b != b':' && b != b'#' && needs_escape(b)
-    });
+    write_prefix(&mut stream, prefix);
     stream.extend_from_slice(b"ev:{");
     encode_component(&mut stream, key);
     stream.extend_from_slice(b"}:");
@@ -172,7 +165,6 @@ impl events::Backend for RedisStore {
         request: EventRequest<'a>,
         fields: &'a [(&'a str, &'a [u8])],
     ) -> Op<'a, Appended> {
-        // One event is a batch of one (`events.lua` has one append).
         guard.run(move || async move {
             let mut appended = self.event_append_many(request, &[fields]).await?;
             Ok(appended.remove(0))

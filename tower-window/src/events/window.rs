@@ -14,19 +14,15 @@ pub const MAX_FIELDS: usize = 32;
 pub const MAX_FIELD_NAME: usize = 64;
 /// The largest page [`EventWindow::since`] reads at once.
 pub const MAX_PAGE: u32 = 10_000;
-/// The most events one [`EventWindow::append_many`] appends (a bound on
-/// one store call's work; the Redis script refuses more as well).
+/// The most events one [`EventWindow::append_many`] appends.
 pub const MAX_BATCH: usize = 64;
 
-/// An append-only, time-bounded log of events per key, with epochs, so
-/// that a reader resuming from a [`Position`] gets exactly the events it
-/// missed, in order, or is told to resync — never a false "recovered".
+/// An append-only, time-bounded log of events per key, with epochs (see
+/// the [module](super)).
 ///
-/// Every operation is one store call that runs through its [`Store`]'s
-/// resilience stack (its breaker for the key's failure domain, in-flight
-/// bound, time budget and retries of calls the store certainly did not
-/// apply), so one set of breakers describes the store's health for rate
-/// limits and events alike; its store calls are recorded under the name
+/// Every operation is one store call through its [`Store`]'s resilience
+/// stack, so one set of breakers describes the store's health for rate
+/// limits and events alike; the calls are recorded under the name
 /// `events`. Cheap to clone.
 ///
 /// ```
@@ -61,29 +57,27 @@ struct Inner {
     /// `None`: the store has no events backend.
     backend: Option<Arc<dyn Backend>>,
     retention: Retention,
-    /// Its store calls, recorded under the name `events`.
     metrics: Arc<LimiterMetrics>,
 }
 
 impl EventWindow {
     /// Event windows in `store`, keeping what `retention` says.
     pub fn new(store: impl Into<Store>, retention: Retention) -> Self {
+        let store = store.into();
+        let inner = Inner {
+            backend: crate::store::plugged!(store, dyn Backend),
+            store,
+            retention,
+            metrics: LimiterMetrics::named("events"),
+        };
         Self {
-            inner: Arc::new({
-                let store = store.into();
-                Inner {
-                    backend: crate::store::plugged!(store, dyn Backend),
-                    store,
-                    retention,
-                    metrics: LimiterMetrics::named("events"),
-                }
-            }),
+            inner: Arc::new(inner),
         }
     }
 
-    /// Live wake-ups of these windows from the store's events backend
-    /// (see [`EventWakeups`](crate::events::EventWakeups)), or why the
-    /// store has none.
+    /// Live wake-ups of these windows (see
+    /// [`EventWakeups`](crate::events::EventWakeups)), or why the store has
+    /// none.
     pub fn wakeups(&self) -> Result<crate::events::EventWakeups, StoreError> {
         let backend = self.inner.backend.clone();
         backend
@@ -91,9 +85,8 @@ impl EventWindow {
             .wakeups()
     }
 
-    /// Live reads of these windows with one blocking `XREAD` (a single
-    /// Redis: see [`EventTail`](crate::events::EventTail)), or why the
-    /// store has none.
+    /// Live reads of these windows with one blocking `XREAD` (see
+    /// [`EventTail`](crate::events::EventTail)), or why the store has none.
     #[cfg(feature = "redis")]
     pub fn tail(&self) -> Result<crate::events::EventTail, StoreError> {
         let redis = self.inner.store.backend(|native| match native {
@@ -131,11 +124,9 @@ impl EventWindow {
     }
 
     /// Appends `events` (1 to [`MAX_BATCH`], each with fields as
-    /// [`append`](Self::append) takes them) to the window `key`, in order,
-    /// in one store call: on Redis one script call and one wake-up for the
-    /// whole batch, where separate appends would take a round trip each
-    /// (and, sent at once, could overtake each other). Each event follows
-    /// the one before it as if appended alone; a batch out of bounds is
+    /// [`append`](Self::append) takes them) to the window `key` in order,
+    /// in one store call (separate appends sent at once could overtake
+    /// each other). A batch out of bounds is
     /// [`StoreErrorKind::InvalidRequest`] and appends nothing. Returns
     /// where each event went, in order.
     ///
@@ -165,10 +156,9 @@ impl EventWindow {
         .await
     }
 
-    /// The window's current position: its epoch (a new one if the window
-    /// was gone) and its last event's id. A reader that starts here and
-    /// resumes later gets every event appended in between. Refreshes the
-    /// window's expiry.
+    /// The window's current position (a new epoch if the window was
+    /// gone), from which a reader resuming later gets every event appended
+    /// in between. Refreshes the window's expiry.
     pub async fn position(&self, key: impl AsRef<[u8]>) -> Result<Position, StoreError> {
         self.run(key.as_ref(), |backend, guard, request| {
             backend.head(guard, request)
@@ -177,9 +167,7 @@ impl EventWindow {
     }
 
     /// One page: at most `limit` (1 to [`MAX_PAGE`]) events after `from`,
-    /// in order, if none after it was dropped and its epoch is current;
-    /// else why not. A full page may have more after it: read on from its
-    /// last id.
+    /// or why they cannot be given. A full page may have more after it.
     pub async fn since(
         &self,
         key: impl AsRef<[u8]>,
@@ -193,8 +181,8 @@ impl EventWindow {
         .await
     }
 
-    /// Every event after `from`, read in pages of `page` events: each page
-    /// is checked again, so events dropped while paging make it a resync.
+    /// Every event after `from`, read in pages of `page` events, each
+    /// checked as [`since`](Self::since) checks it.
     pub async fn resume(
         &self,
         key: impl AsRef<[u8]>,
@@ -229,8 +217,6 @@ impl EventWindow {
         .await
     }
 
-    /// One operation on the window `key`, through the store's resilience
-    /// stack.
     fn run<'a, T: Send + 'a>(
         &'a self,
         key: &'a [u8],
@@ -252,9 +238,9 @@ fn invalid(message: &'static str) -> StoreError {
     StoreError::new(StoreErrorKind::InvalidRequest, message)
 }
 
-/// Whether `fields` can be an event. Checked by the window and again by
-/// every store, so that a direct [`Backend`] caller gets the same typed
-/// error and a store's work per append stays bounded.
+/// Whether `fields` can be an event. Checked by the window (no store call
+/// for a bad request) and again by every store (for direct [`Backend`]
+/// callers).
 pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
     if fields.is_empty() || fields.len() > MAX_FIELDS {
         return Err(invalid("an event has 1 to 32 fields"));
