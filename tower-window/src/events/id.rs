@@ -140,15 +140,13 @@ impl Position {
         Self { epoch, last_id }
     }
 
-    /// A position from its text form: an epoch and an event id, or an
-    /// empty id for "no event received yet".
+    /// A position from text: an epoch and an event id (empty: none yet).
     pub fn parse(epoch: &str, last_id: &str) -> Result<Self, InvalidPosition> {
         let last_id = (!last_id.is_empty()).then(|| last_id.parse()).transpose()?;
         Ok(Self::new(epoch.parse()?, last_id))
     }
 
-    /// The id after which the reader's next event comes
-    /// ([`EventId::ZERO`] when it received none).
+    /// The id the reader's next event follows ([`EventId::ZERO`] if none).
     pub fn after(&self) -> EventId {
         self.last_id.unwrap_or(EventId::ZERO)
     }

@@ -31,8 +31,7 @@ impl MemoryStore {
         self.part(|_| Arc::new(LocalWakeups::default()))
     }
 
-    /// `f` on the window of `request`, locked, with its current epoch (a
-    /// new one, the window emptied, if it was gone) and now in ms.
+    /// `f` on the window, locked, with its current epoch and now in ms.
     fn event_window<T>(
         &self,
         request: &EventRequest<'_>,

@@ -23,11 +23,10 @@ use crate::store::{Guard, Op, StoreError, StoreErrorKind};
 
 static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("events.lua")));
 
-/// Our own fields at the head of every entry (`p` prev id, `n` number,
-/// `e` epoch), as name-value pairs.
+/// Our own fields (`p` prev id, `n` number, `e` epoch) before the event's.
 const OWN_FIELDS: usize = 6;
 
-/// The stream key and the meta key of the window `key`.
+/// The stream key and the meta key.
 pub(crate) fn event_keys(prefix: &str, key: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let mut stream = Vec::with_capacity(prefix.len() + key.len() + 12);
     write_prefix(&mut stream, prefix);
@@ -58,7 +57,6 @@ pub(crate) fn text(value: &Value) -> Result<&[u8], StoreError> {
     }
 }
 
-/// A string reply parsed as `T` (an event id, an epoch).
 pub(crate) fn parsed<T: std::str::FromStr>(value: &Value) -> Result<T, StoreError> {
     std::str::from_utf8(text(value)?)
         .ok()
@@ -73,8 +71,7 @@ pub(crate) fn array(value: &Value) -> Result<&[Value], StoreError> {
     }
 }
 
-/// One `XRANGE` entry, `[id, [p, prev, n, number, e, epoch, name, value, ...]]`:
-/// the event and the epoch it was appended in.
+/// One entry, `[id, [p, prev, n, number, e, epoch, name, value, ...]]`.
 pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> {
     let [id_value, fields] = array(value)? else {
         return Err(protocol("redis event script: an entry is [id, fields]"));
@@ -99,8 +96,8 @@ pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> 
 }
 
 impl RedisStore {
-    /// Runs the event script's `op` on the window of `request`, with
-    /// `extra` arguments after the common ones.
+    /// Runs the event script's `op`, with `extra` arguments after the
+    /// common ones.
     async fn event_call(
         &self,
         request: &EventRequest<'_>,
@@ -237,7 +234,6 @@ impl events::Backend for RedisStore {
         })
     }
 
-    /// On a cluster store, the primary serving the window's slot.
     fn failure_domain(&self, key: &[u8]) -> Option<u16> {
         self.slot_domain(event_slot(key))
     }

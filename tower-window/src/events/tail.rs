@@ -18,20 +18,16 @@ use crate::store::{StoreError, StoreErrorKind};
 pub struct TailBatch {
     /// The index of the window in the `read` call's list.
     pub index: usize,
-    /// The events after the given id, in order, each with the epoch it
-    /// was appended in (entries not written by an event window are
-    /// skipped).
+    /// The events after the given id, each with its epoch (entries not
+    /// written by an event window are skipped).
     pub events: Vec<(Epoch, Event)>,
-    /// The id of the last entry read, skipped or not: read on from here.
+    /// The id of the last entry read, skipped or not.
     pub last_id: Option<EventId>,
 }
 
 /// Reads new events of many event windows with one blocking `XREAD`, on
-/// a connection of its own (a blocking read would stall the store's
-/// shared connection).
-///
-/// Made by [`RedisStore::event_tail`]; one per node is enough. Single-node
-/// Redis only (a cluster cannot `XREAD` keys of several slots at once).
+/// a connection of its own. Single-node Redis only (a cluster cannot
+/// `XREAD` keys of several slots at once).
 pub struct EventTail {
     client: redis::Client,
     prefix: String,
@@ -49,8 +45,8 @@ impl fmt::Debug for EventTail {
 
 impl RedisStore {
     /// A live reader of this store's event windows, connecting on its
-    /// first read. Only for a store built from a URL: a pool or a cluster
-    /// is [`StoreErrorKind::InvalidRequest`].
+    /// first read. A store not built from a URL is
+    /// [`StoreErrorKind::InvalidRequest`].
     pub fn event_tail(&self) -> Result<EventTail, StoreError> {
         let client = self.connection.client().ok_or_else(|| {
             StoreError::new(
@@ -67,10 +63,9 @@ impl RedisStore {
 }
 
 impl EventTail {
-    /// Events after each `(window key, last id seen)`, waiting up to
-    /// `block` for the first; at most `count` per window. An empty answer
-    /// means nothing came in time. On a connection error the next call
-    /// reconnects.
+    /// Events after each `(window key, last id seen)`, at most `count` per
+    /// window, waiting up to `block` for the first (an empty answer: none
+    /// came). After a connection error the next call reconnects.
     pub async fn read(
         &mut self,
         windows: &[(&[u8], EventId)],

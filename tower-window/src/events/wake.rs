@@ -1,20 +1,14 @@
-//! [`EventWakeups`] on Redis: live wake-ups by sharded pub/sub.
+//! [`EventWakeups`] on Redis, by sharded pub/sub.
 //!
-//! Every append (`events.lua`) `SPUBLISH`es the new id in its own script on
-//! the window's channel (the stream's key with `w` for its last letter:
-//! same slot, same primary), so no append goes without its wake-up. A
-//! wake-up only says "read this window from your last id".
-//!
-//! The subscriptions live on RESP3 connections of their own, one per
-//! primary serving a followed window, driven by the cluster's slot map
-//! rather than redis-rs's cluster client, which resubscribes only when a
-//! command of its own fails and reports nothing about wake-ups lost
-//! meanwhile. Here every confirmed subscription is reported
-//! ([`WakeReason::Subscribed`]), so the reader reads the window again. A
-//! subscription lost (connection dropped, `SUNSUBSCRIBE` pushed when the
-//! slot left the node, or the slot found on another primary by the check
-//! every [`CHECK_EVERY`]) is subscribed again where the slot is served
-//! now, with a backoff until it holds.
+//! Every append `SPUBLISH`es in its own script on the window's channel
+//! (the stream's key ending in `w`: same slot), so no append goes without
+//! its wake-up. Subscriptions live on RESP3 connections of their own, one
+//! per primary, placed by the slot map rather than by redis-rs's cluster
+//! client, which resubscribes without telling. Every confirmed
+//! subscription is reported ([`WakeReason::Subscribed`]) so the reader
+//! reads again; one lost (connection dropped, `SUNSUBSCRIBE` pushed, slot
+//! moved as seen by the check every [`CHECK_EVERY`]) is subscribed again
+//! where its slot is served now, with a backoff.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -35,12 +29,10 @@ use crate::store::redis::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
 use crate::sync::lock;
 
-/// How often the subscriber checks its connections (`PING`) and, on a
-/// cluster, the slot map (`CLUSTER SLOTS`), whatever the number of windows
-/// followed.
+/// How often the subscriber pings its connections and, on a cluster,
+/// checks the slot map.
 pub const CHECK_EVERY: Duration = Duration::from_secs(2);
-/// The first wait before subscribing again after a failure (doubling up to
-/// [`MAX_RETRY`]).
+/// The first backoff after a failure (doubling up to [`MAX_RETRY`]).
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 const MAX_RETRY: Duration = Duration::from_secs(1);
 /// How long one subscription command or check may take.
@@ -61,9 +53,8 @@ struct Subscription {
 }
 
 impl RedisStore {
-    /// Live wake-ups of this store's event windows (Redis 7, `SSUBSCRIBE`).
-    /// For a store built from a URL or from plain TCP cluster seeds; a
-    /// pool, or cluster seeds over TLS, is
+    /// Live wake-ups of this store's event windows (Redis 7). A store not
+    /// built from a URL or plain TCP cluster seeds is
     /// [`StoreErrorKind::InvalidRequest`].
     pub fn event_wakeups(self: &Arc<Self>) -> Result<EventWakeups, StoreError> {
         let seed = self.connection.node_info().ok_or_else(|| {
@@ -137,8 +128,7 @@ impl Source for Subscription {
 /// One primary's subscription connection.
 struct Node {
     conn: MultiplexedConnection,
-    /// Tells this connection's pushes from an older one's to the same
-    /// address.
+    /// Tells its pushes from an older connection's to the same address.
     generation: u64,
     channels: HashSet<Vec<u8>>,
 }
@@ -183,8 +173,7 @@ fn channel(push: &PushInfo) -> Option<&[u8]> {
     text(push.data.first()?).ok()
 }
 
-/// Unsubscribes `channel` in the background (a push for a channel no
-/// longer followed is ignored).
+/// In the background: a push for a channel no longer followed is ignored.
 fn unsubscribe(mut conn: MultiplexedConnection, channel: Vec<u8>) {
     let unsubscribe = redis::cmd("SUNSUBSCRIBE").arg(channel).clone();
     tokio::spawn(async move { unsubscribe.query_async::<Value>(&mut conn).await });
@@ -223,8 +212,7 @@ impl Subscriber {
             Command::Follow(key) => {
                 let channel = channel_of(&self.store.prefix, &key);
                 lock(&self.followed).insert(channel.clone(), key);
-                // Subscribed again even if it is, for the caller's
-                // `Subscribed` wake-up.
+                // Subscribed again even if it is, for `Subscribed`.
                 for node in self.nodes.values_mut() {
                     node.channels.remove(&channel);
                 }
@@ -244,8 +232,7 @@ impl Subscriber {
         }
     }
 
-    /// Subscribes the pending channels at once, unless failures call for
-    /// a backoff (then when it ends).
+    /// Subscribes the pending channels now, or after a backoff.
     fn schedule(&mut self) {
         if self.pending.is_empty() {
             self.retry_at = None;
@@ -301,8 +288,7 @@ impl Subscriber {
         }
     }
 
-    /// The connection to `addr` is gone: every channel on it is subscribed
-    /// again where its slot is served now.
+    /// The connection to `addr` is gone: its channels are pending again.
     fn lose(&mut self, addr: &str) {
         if let Some(node) = self.nodes.remove(addr) {
             tracing::debug!(
@@ -410,8 +396,8 @@ impl Subscriber {
         Ok(conn)
     }
 
-    /// One round: subscribes every pending channel on the primary serving
-    /// it. What fails stays pending, retried after a backoff.
+    /// Subscribes every pending channel on its primary; what fails stays
+    /// pending.
     async fn subscribe_pending(&mut self) {
         self.retry_at = None;
         let mut failed = false;
@@ -484,9 +470,8 @@ impl Subscriber {
         self.schedule();
     }
 
-    /// Every [`CHECK_EVERY`]: a connection that no longer answers is lost,
-    /// and (cluster) channels whose slot moved to another primary are
-    /// subscribed there.
+    /// A connection that no longer answers is lost; channels whose slot
+    /// moved are subscribed on its new primary.
     async fn check(&mut self) {
         let addrs: Vec<(String, MultiplexedConnection)> = self
             .nodes

@@ -75,9 +75,7 @@ impl EventWindow {
         }
     }
 
-    /// Live wake-ups of these windows (see
-    /// [`EventWakeups`](crate::events::EventWakeups)), or why the store has
-    /// none.
+    /// Live [`EventWakeups`](crate::events::EventWakeups) of these windows.
     pub fn wakeups(&self) -> Result<crate::events::EventWakeups, StoreError> {
         let backend = self.inner.backend.clone();
         backend
@@ -85,8 +83,7 @@ impl EventWindow {
             .wakeups()
     }
 
-    /// Live reads of these windows with one blocking `XREAD` (see
-    /// [`EventTail`](crate::events::EventTail)), or why the store has none.
+    /// Live reads of these windows: an [`EventTail`](crate::events::EventTail).
     #[cfg(feature = "redis")]
     pub fn tail(&self) -> Result<crate::events::EventTail, StoreError> {
         let redis = self.inner.store.backend(|native| match native {
@@ -109,8 +106,7 @@ impl EventWindow {
     }
 
     /// Appends an event with `fields` (1 to [`MAX_FIELDS`], names of 1 to
-    /// [`MAX_FIELD_NAME`] bytes) to the window `key`, trimming what is past
-    /// the window or beyond its `max_len`.
+    /// [`MAX_FIELD_NAME`] bytes) to the window `key`.
     pub async fn append(
         &self,
         key: impl AsRef<[u8]>,
@@ -123,12 +119,9 @@ impl EventWindow {
         .await
     }
 
-    /// Appends `events` (1 to [`MAX_BATCH`], each with fields as
-    /// [`append`](Self::append) takes them) to the window `key` in order,
-    /// in one store call (separate appends sent at once could overtake
-    /// each other). A batch out of bounds is
-    /// [`StoreErrorKind::InvalidRequest`] and appends nothing. Returns
-    /// where each event went, in order.
+    /// Appends `events` (1 to [`MAX_BATCH`], each as [`append`](Self::append)
+    /// takes it) to the window `key` in order, in one store call; a bad
+    /// batch is [`StoreErrorKind::InvalidRequest`] and appends nothing.
     ///
     /// ```
     /// use std::time::Duration;
@@ -157,8 +150,7 @@ impl EventWindow {
     }
 
     /// The window's current position (a new epoch if the window was
-    /// gone), from which a reader resuming later gets every event appended
-    /// in between. Refreshes the window's expiry.
+    /// gone), refreshing its expiry.
     pub async fn position(&self, key: impl AsRef<[u8]>) -> Result<Position, StoreError> {
         self.run(key.as_ref(), |backend, guard, request| {
             backend.head(guard, request)
@@ -238,9 +230,8 @@ fn invalid(message: &'static str) -> StoreError {
     StoreError::new(StoreErrorKind::InvalidRequest, message)
 }
 
-/// Whether `fields` can be an event. Checked by the window (no store call
-/// for a bad request) and again by every store (for direct [`Backend`]
-/// callers).
+/// Checked by the window (no store call for a bad request) and again by
+/// every store (for direct [`Backend`] callers).
 pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
     if fields.is_empty() || fields.len() > MAX_FIELDS {
         return Err(invalid("an event has 1 to 32 fields"));
@@ -254,7 +245,7 @@ pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Whether `events` can be one batch; checked like [`check_fields`].
+/// Checked like [`check_fields`].
 pub(crate) fn check_batch(events: &[&[(&str, &[u8])]]) -> Result<(), StoreError> {
     if events.is_empty() || events.len() > MAX_BATCH {
         return Err(invalid("a batch has 1 to 64 events"));
@@ -262,7 +253,7 @@ pub(crate) fn check_batch(events: &[&[(&str, &[u8])]]) -> Result<(), StoreError>
     events.iter().try_for_each(|fields| check_fields(fields))
 }
 
-/// Whether `limit` is a page size; checked like [`check_fields`].
+/// Checked like [`check_fields`].
 pub(crate) fn check_limit(limit: u32) -> Result<(), StoreError> {
     if limit == 0 || limit > MAX_PAGE {
         return Err(invalid("a page holds 1 to 10000 events"));
