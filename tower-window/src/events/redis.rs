@@ -80,7 +80,7 @@ pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> 
     if fields.len() < OWN_FIELDS || fields.len() % 2 != 0 {
         return Err(protocol("redis event script: bad entry fields"));
     }
-    let fields_epoch = fields[5].clone();
+    let epoch = parsed(&fields[5])?;
     let fields = fields[OWN_FIELDS..]
         .chunks_exact(2)
         .map(|pair| {
@@ -89,10 +89,7 @@ pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> 
             Ok((name, Bytes::copy_from_slice(text(&pair[1])?)))
         })
         .collect::<Result<_, StoreError>>()?;
-    Ok((
-        parsed(&fields_epoch)?,
-        Event::new(parsed(id_value)?, fields),
-    ))
+    Ok((epoch, Event::new(parsed(id_value)?, fields)))
 }
 
 impl RedisStore {

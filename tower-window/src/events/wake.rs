@@ -250,40 +250,35 @@ impl Subscriber {
     }
 
     fn push(&mut self, addr: &str, generation: u64, push: PushInfo) {
-        let current = self
-            .nodes
-            .get(addr)
-            .is_some_and(|node| node.generation == generation);
-        let channel = channel(&push);
+        let node = self.nodes.get_mut(addr);
+        let Some(node) = node.filter(|node| node.generation == generation) else {
+            return;
+        };
+        if push.kind == PushKind::Disconnection {
+            return self.lose(addr);
+        }
+        let Some(channel) = channel(&push) else {
+            return;
+        };
+        let key = lock(&self.followed).get(channel).cloned();
         match push.kind {
             // An `SMessage` never comes here: the push sender delivers it.
-            PushKind::SSubscribe if current => {
-                let Some(channel) = channel else { return };
-                let Some(key) = lock(&self.followed).get(channel).cloned() else {
-                    return;
-                };
+            PushKind::SSubscribe => {
+                let Some(key) = key else { return };
                 let _ = self.out.send(Wakeup::new(key, WakeReason::Subscribed));
                 self.pending.remove(channel);
-                if let Some(node) = self.nodes.get_mut(addr) {
-                    node.channels.insert(channel.to_vec());
-                }
+                node.channels.insert(channel.to_vec());
             }
-            PushKind::SUnsubscribe if current => {
-                // Dropped by the server (its slot left the node), or the
-                // answer to our own unsubscribe (then no longer followed).
-                let Some(channel) = channel else { return };
-                let lost = self
-                    .nodes
-                    .get_mut(addr)
-                    .is_some_and(|node| node.channels.remove(channel));
-                if lost && lock(&self.followed).contains_key(channel) {
+            // Dropped by the server (its slot left the node), or the answer
+            // to our own unsubscribe (then no longer followed).
+            PushKind::SUnsubscribe => {
+                if node.channels.remove(channel) && key.is_some() {
                     tracing::debug!(addr, "a wake-up subscription was dropped by redis");
                     self.pending.insert(channel.to_vec());
                     self.stale = true;
                     self.schedule();
                 }
             }
-            PushKind::Disconnection if current => self.lose(addr),
             _ => {}
         }
     }

@@ -185,18 +185,15 @@ impl EventWindow {
         let mut all: Vec<Event> = Vec::new();
         let mut at = from.clone();
         loop {
-            match self.since(key, &at, page).await? {
-                Resume::Resync(reason) => return Ok(Resume::Resync(reason)),
-                Resume::Recovered(events) => {
-                    let full = events.len() >= page as usize;
-                    if let Some(last) = events.last() {
-                        at.last_id = Some(last.id);
-                    }
-                    all.extend(events);
-                    if !full {
-                        return Ok(Resume::Recovered(all));
-                    }
-                }
+            let events = match self.since(key, &at, page).await? {
+                Resume::Recovered(events) => events,
+                resync => return Ok(resync),
+            };
+            let full = events.len() >= page as usize;
+            at.last_id = events.last().map(|last| last.id).or(at.last_id);
+            all.extend(events);
+            if !full {
+                return Ok(Resume::Recovered(all));
             }
         }
     }
