@@ -100,11 +100,12 @@ impl Log {
         match &self.epoch {
             Some(epoch) if now_ms < self.expires_at => epoch.clone(),
             _ => {
-                self.entries.clear();
-                self.last = EventId::ZERO;
-                self.touch(now_ms, request.retention);
                 let epoch = Epoch::made(format!("{now_us:x}{:016x}", request.nonce));
-                self.epoch = Some(epoch.clone());
+                *self = Log {
+                    epoch: Some(epoch.clone()),
+                    ..Log::default()
+                };
+                self.touch(now_ms, request.retention);
                 epoch
             }
         }
@@ -116,17 +117,12 @@ impl Log {
 
     fn trim(&mut self, now_ms: u64, retention: Retention) {
         let horizon = now_ms.saturating_sub(retention.window_millis());
-        while self
+        let expired = self
             .entries
-            .front()
-            .is_some_and(|entry| entry.id.millis() < horizon)
-        {
-            self.entries.pop_front();
-        }
+            .partition_point(|entry| entry.id.millis() < horizon);
         let max_len = usize::try_from(retention.max_len()).unwrap_or(usize::MAX);
-        while self.entries.len() > max_len {
-            self.entries.pop_front();
-        }
+        let excess = self.entries.len().saturating_sub(max_len);
+        self.entries.drain(..expired.max(excess));
     }
 
     fn next_id(&self, now_ms: u64) -> Result<EventId, StoreError> {

@@ -9,7 +9,7 @@
 use std::sync::LazyLock;
 
 use bytes::Bytes;
-use redis::Value;
+use redis::{FromRedisValue, Value};
 
 use crate::events::{
     self as events, check_batch, check_limit, Appended, Epoch, Event, EventId, EventRequest,
@@ -95,12 +95,12 @@ pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> 
 impl RedisStore {
     /// Runs the event script's `op`, with `extra` arguments after the
     /// common ones.
-    async fn event_call(
+    async fn event_call<T: FromRedisValue>(
         &self,
         request: &EventRequest<'_>,
         op: &str,
         extra: impl FnOnce(&mut ScriptCall),
-    ) -> Result<Value, StoreError> {
+    ) -> Result<T, StoreError> {
         let (stream, meta) = event_keys(&self.prefix, request.key);
         let mut call = SCRIPT.prepare_invoke();
         call.key(stream).key(meta).arg(op);
@@ -123,7 +123,7 @@ impl RedisStore {
         events: &[&[(&str, &[u8])]],
     ) -> Result<Vec<Appended>, StoreError> {
         check_batch(events)?;
-        let reply = self
+        let reply: Value = self
             .event_call(&request, "b", |call| {
                 call.arg(events.len());
                 for fields in events {
@@ -176,17 +176,10 @@ impl events::Backend for RedisStore {
 
     fn head<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {
         guard.run(move || async move {
-            let reply = self.event_call(&request, "h", |_| {}).await?;
-            match array(&reply)? {
-                [e, l] => {
-                    let last: EventId = parsed(l)?;
-                    Ok(Position::new(
-                        parsed(e)?,
-                        (last != EventId::ZERO).then_some(last),
-                    ))
-                }
-                _ => Err(protocol("redis event script: head replies [epoch, id]")),
-            }
+            let (epoch, last): (Value, Value) = self.event_call(&request, "h", |_| {}).await?;
+            let last: EventId = parsed(&last)?;
+            let last = (last != EventId::ZERO).then_some(last);
+            Ok(Position::new(parsed(&epoch)?, last))
         })
     }
 
@@ -199,7 +192,7 @@ impl events::Backend for RedisStore {
     ) -> Op<'a, Resume> {
         guard.run(move || async move {
             check_limit(limit)?;
-            let reply = self
+            let reply: Value = self
                 .event_call(&request, "r", |call| {
                     call.arg(from.epoch.as_str())
                         .arg(from.after().to_string())
@@ -224,10 +217,8 @@ impl events::Backend for RedisStore {
 
     fn len<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64> {
         guard.run(move || async move {
-            match self.event_call(&request, "l", |_| {}).await? {
-                Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
-                _ => Err(protocol("redis event script: len replies an integer")),
-            }
+            let len: i64 = self.event_call(&request, "l", |_| {}).await?;
+            Ok(u64::try_from(len).unwrap_or(0))
         })
     }
 
