@@ -1,21 +1,15 @@
 //! [`DedupWindow`]: "have we seen this message id lately?", across a cluster.
 //!
-//! A [`DedupWindow`] remembers every `(tenant, subject, id)` it was asked
-//! about for a fixed window on the store's clock, for clients that retry
-//! (a reconnecting WebSocket, an at-least-once queue):
-//! [`first_seen`](DedupWindow::first_seen) is `true` the first time,
-//! `false` for a repeat inside the window.
-//!
-//! The store's dedup [`Backend`] answers — Redis (`SET key 1 NX PX window`,
-//! expiring on Redis's clock, so every node agrees) or the embedded
-//! [`MemoryStore`](crate::MemoryStore) — through the [`Store`]'s resilience
-//! stack, with an explicit [`OnFailure`]. Store calls are recorded under
-//! the name `dedup`.
-//!
-//! Memory is bounded: ids longer than [`max_id_len`](DedupWindowBuilder::max_id_len)
-//! are refused, Redis keys hash long ids and expire with the window, and
-//! the memory store keeps at most
-//! [`max_dedup_ids`](crate::store::MemoryStoreBuilder::max_dedup_ids) ids.
+//! For clients that retry (a reconnecting WebSocket, an at-least-once
+//! queue): [`first_seen`](DedupWindow::first_seen) is `true` the first time
+//! a `(tenant, subject, id)` is asked about and `false` for a repeat within
+//! the window. The store's dedup [`Backend`] answers (Redis `SET key 1 NX PX
+//! window`, expiring on Redis's clock, or the embedded
+//! [`MemoryStore`](crate::MemoryStore)) through the [`Store`]'s resilience
+//! stack, with an explicit [`OnFailure`]; store calls are recorded as
+//! `dedup`. Memory is bounded: long ids are refused
+//! ([`max_id_len`](DedupWindowBuilder::max_id_len)) and the memory store
+//! keeps at most [`max_dedup_ids`](crate::store::MemoryStoreBuilder::max_dedup_ids).
 //!
 //! ```
 //! use std::time::Duration;
@@ -74,13 +68,11 @@ impl<'a> DedupRequest<'a> {
     }
 }
 
-/// What a backend does for dedup windows: answer atomically — the first
-/// of any number of concurrent callers asking about one `(key, id)` gets
-/// `true`, all others `false`, until the window has passed on the
-/// backend's clock.
-///
-/// Implemented by [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
-/// [`RedisStore`](crate::RedisStore).
+/// What a backend does for dedup windows, implemented by
+/// [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
+/// [`RedisStore`](crate::RedisStore): answer atomically — of concurrent
+/// callers asking about one `(key, id)`, only the first gets `true` until
+/// the window has passed on the backend's clock.
 pub trait Backend: Send + Sync + 'static {
     /// Records `request.id` for `request.key` if it is not already recorded
     /// within its window; `true` when it was not (first seen).
@@ -144,8 +136,7 @@ crate::error_debug::debug_as_display!(DedupError {
     Store,
 });
 
-/// Remembers message ids for a window, cluster-wide; see the
-/// [module docs](self). Cheap to clone.
+/// Remembers message ids for a window (see the [module docs](self)). Cheap to clone.
 #[derive(Clone)]
 pub struct DedupWindow {
     inner: Arc<Inner>,
@@ -272,16 +263,14 @@ pub struct DedupWindowBuilder {
 }
 
 impl DedupWindowBuilder {
-    /// How long a seen id is remembered (default
-    /// [`DedupWindow::DEFAULT_WINDOW`]; 1 ms to
-    /// [`DedupWindow::MAX_WINDOW`], rounded up to whole milliseconds).
+    /// How long a seen id is remembered (default [`DedupWindow::DEFAULT_WINDOW`];
+    /// 1 ms to [`DedupWindow::MAX_WINDOW`], rounded up to whole milliseconds).
     pub fn window(mut self, window: Duration) -> Self {
         self.settings.window = window;
         self
     }
 
-    /// The longest id accepted, in bytes (default
-    /// [`DedupWindow::DEFAULT_MAX_ID_LEN`]; at least 1).
+    /// The longest id accepted, in bytes (default [`DedupWindow::DEFAULT_MAX_ID_LEN`]; at least 1).
     pub fn max_id_len(mut self, max: usize) -> Self {
         self.settings.max_id_len = max.max(1);
         self

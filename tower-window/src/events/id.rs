@@ -7,9 +7,8 @@ use std::str::FromStr;
 /// numbers (doubles) are exact up to 2^53.
 pub const MAX_ID_PART: u64 = (1 << 53) - 1;
 
-/// The id of one event: the store clock's milliseconds when it was
-/// appended and a sequence number within that millisecond (a Redis stream
-/// id, `<ms>-<seq>`). Ids of one window only grow.
+/// The id of one event, `<ms>-<seq>` (a Redis stream id): the store clock's
+/// millisecond and a sequence number in it. Ids of one window only grow.
 ///
 /// ```
 /// use tower_window::events::EventId;
@@ -69,10 +68,8 @@ impl FromStr for EventId {
     }
 }
 
-/// The generation of an event window's history: a new one starts whenever
-/// history may have been lost (see the [module](super)).
-///
-/// 1 to 64 lowercase hexadecimal digits, as every store makes them: a
+/// The generation of an event window's history (see the [module](super)):
+/// 1 to 64 lowercase hexadecimal digits, as every store makes them, so a
 /// client sending anything else gets a refusal, not a resync.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Epoch(String);
@@ -111,8 +108,7 @@ impl FromStr for Epoch {
     }
 }
 
-/// Where a reader stands in an event window: the epoch it read in and the
-/// last event it received in it, if any.
+/// Where a reader stands: the epoch it read in and the last event it received.
 ///
 /// ```
 /// use tower_window::events::{EventId, Position};

@@ -9,8 +9,7 @@ use bytes::Bytes;
 use super::id::{Epoch, EventId, Position};
 use crate::store::{Guard, Op, StoreError};
 
-/// How much history an event window keeps: events of the last `window` of
-/// the store's clock, at most about `max_len` of them.
+/// How much history an event window keeps: the last `window`, at most about `max_len` events.
 ///
 /// ```
 /// use std::time::Duration;
@@ -62,8 +61,7 @@ impl Retention {
         self.max_len
     }
 
-    /// The TTL every write sets on a window's keys: the window plus
-    /// [`IDLE_GRACE`](Self::IDLE_GRACE).
+    /// The TTL every write sets: the window plus [`IDLE_GRACE`](Self::IDLE_GRACE).
     pub fn ttl_millis(&self) -> u64 {
         self.window_millis + Self::IDLE_GRACE.as_millis() as u64
     }
@@ -126,14 +124,12 @@ impl Appended {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ResyncReason {
-    /// An event after the position is no longer kept: trimmed, or lost
-    /// (history restored or rolled back, or the position was never an
-    /// event).
+    /// An event after the position is no longer kept (trimmed, or lost in
+    /// a restore), or the position was never an event.
     TooOld,
     /// The position is of another epoch.
     EpochChanged,
-    /// The position is after the window's last event (lost in a restore
-    /// that kept the epoch, or never there).
+    /// The position is after the window's last event.
     Ahead,
 }
 
@@ -160,8 +156,7 @@ impl fmt::Display for ResyncReason {
 pub enum Resume {
     /// The events after the position (or a page of them), in order.
     Recovered(Vec<Event>),
-    /// Events after the position may be lost: start again from the
-    /// window's current position.
+    /// Events may be lost: start again from the window's current position.
     Resync(ResyncReason),
 }
 
@@ -188,25 +183,19 @@ impl<'a> EventRequest<'a> {
     }
 }
 
-/// An append-only, time-bounded log per key with epochs: the storage of an
-/// [`EventWindow`](super::EventWindow).
-///
-/// Implemented by [`MemoryStore`](crate::MemoryStore) and (feature
-/// `redis`) [`RedisStore`](crate::RedisStore). The contract, checked by
-/// the conformance suite in `tower-window-tests`:
+/// The storage of [`EventWindow`](super::EventWindow)s: implemented by
+/// [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
+/// [`RedisStore`](crate::RedisStore). The contract (checked by the
+/// conformance suite in `tower-window-tests`):
 ///
 /// * ids of one window grow; fields come back as appended;
-/// * finding the window gone or moved to another primary starts a new
-///   [`Epoch`];
-/// * [`read`](Self::read) answers as the [module](super) says, and no read
-///   changes the window;
-/// * fields or a `limit` out of the bounds [`EventWindow`](super::EventWindow)
-///   documents are
+/// * finding the window gone or moved to another primary starts a new [`Epoch`];
+/// * [`read`](Self::read) answers as the [module](super) says and never changes the window;
+/// * requests out of [`EventWindow`](super::EventWindow)'s bounds are
 ///   [`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest);
 /// * every write refreshes the window's expiry ([`Retention::ttl_millis`]).
 pub trait Backend: Send + Sync + 'static {
-    /// Appends one event with `fields`, trimming what the retention no
-    /// longer keeps.
+    /// Appends one event, trimming what the retention no longer keeps.
     fn append<'a>(
         &'a self,
         guard: &mut Guard<'a>,
@@ -215,11 +204,8 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Op<'a, Appended>;
 
     /// Appends `events` in one operation, as
-    /// [`EventWindow::append_many`](super::EventWindow::append_many) says.
-    ///
-    /// The default answers
-    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported):
-    /// separate appends could overtake each other.
+    /// [`EventWindow::append_many`](super::EventWindow::append_many) says. The
+    /// default answers [`Unsupported`](crate::StoreErrorKind::Unsupported).
     fn append_many<'a>(
         &'a self,
         guard: &mut Guard<'a>,
@@ -230,8 +216,7 @@ pub trait Backend: Send + Sync + 'static {
         Op::ready(Err(StoreError::unsupported("batched event appends")))
     }
 
-    /// The window's current position (its epoch, made if needed, and its
-    /// last event's id), refreshing its expiry.
+    /// The window's current position (a new epoch if needed), refreshing its expiry.
     fn head<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position>;
 
     /// At most `limit` events after `from`, or why they cannot be given.
@@ -243,8 +228,7 @@ pub trait Backend: Send + Sync + 'static {
         limit: u32,
     ) -> Op<'a, Resume>;
 
-    /// How many events the window holds (a backend that trims lazily may
-    /// count a few more than the retention keeps).
+    /// How many events the window holds (a lazily trimming backend may count a few more).
     fn len<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64>;
 
     /// The failure domain of the window `key` (see
@@ -255,8 +239,7 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Live wake-ups of this backend's windows. The default answers
-    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported)
-    /// (readers poll instead).
+    /// [`Unsupported`](crate::StoreErrorKind::Unsupported) (readers poll).
     fn wakeups(self: Arc<Self>) -> Result<super::EventWakeups, StoreError> {
         Err(StoreError::unsupported("event wake-ups"))
     }

@@ -18,12 +18,9 @@ pub const MAX_PAGE: u32 = 10_000;
 pub const MAX_BATCH: usize = 64;
 
 /// An append-only, time-bounded log of events per key, with epochs (see
-/// the [module](super)).
-///
-/// Every operation is one store call through its [`Store`]'s resilience
-/// stack, so one set of breakers describes the store's health for rate
-/// limits and events alike; the calls are recorded under the name
-/// `events`. Cheap to clone.
+/// the [module](super)). Every operation is one store call through the
+/// [`Store`]'s resilience stack, recorded under the name `events`. Cheap
+/// to clone.
 ///
 /// ```
 /// use std::time::Duration;
@@ -149,8 +146,7 @@ impl EventWindow {
         .await
     }
 
-    /// The window's current position (a new epoch if the window was
-    /// gone), refreshing its expiry.
+    /// The window's current position (a new epoch if it was gone), refreshing its expiry.
     pub async fn position(&self, key: impl AsRef<[u8]>) -> Result<Position, StoreError> {
         self.run(key.as_ref(), |backend, guard, request| {
             backend.head(guard, request)
@@ -173,8 +169,7 @@ impl EventWindow {
         .await
     }
 
-    /// Every event after `from`, read in pages of `page` events, each
-    /// checked as [`since`](Self::since) checks it.
+    /// Every event after `from`, read in pages of `page` like [`since`](Self::since).
     pub async fn resume(
         &self,
         key: impl AsRef<[u8]>,
