@@ -2,14 +2,12 @@
 //! with epochs, so that a reader who reconnects — to this node or another
 //! — gets exactly the events it missed, in order, or is told to resync.
 //!
-//! * [`EventWindow`] appends, reads pages after a [`Position`] and tells
-//!   the current position, through the [`Store`](crate::Store)'s
-//!   resilience stack.
-//! * The events [`Backend`] holds the windows: [`MemoryStore`](crate::MemoryStore)
-//!   in one process, [`RedisStore`](crate::RedisStore) on Redis Streams,
-//!   one Lua script per operation on Redis's own clock.
-//! * [`EventWakeups`] tells a live reader which windows to read again (on
-//!   Redis by `SPUBLISH` in the append's own script: see [`wake`]).
+//! [`EventWindow`] appends and reads through the [`Store`](crate::Store)'s
+//! resilience stack; the events [`Backend`] holds the windows
+//! ([`MemoryStore`](crate::MemoryStore), or [`RedisStore`](crate::RedisStore)
+//! on Redis Streams, one Lua script per operation on Redis's clock);
+//! [`EventWakeups`] tells a live reader which windows to read again (see
+//! [`wake`]).
 //!
 //! # Positions and epochs
 //!
@@ -23,17 +21,14 @@
 //! trimming or by a restore that kept the epoch is seen exactly; a
 //! position older than everything a restore took away gets the history
 //! that is kept). Otherwise it is [`Resume::Resync`], with a
-//! [`ResyncReason`].
-//!
-//! Positions come from clients and are not trusted: a read never changes
-//! the window's epoch or events, so no reader can make another one resync.
+//! [`ResyncReason`]. Positions come from clients and are not trusted: a
+//! read never changes the window, so no reader can make another resync.
 //!
 //! # Retention
 //!
-//! [`Retention`] bounds each window by time on the store's clock and by
-//! count. Redis trims with `~` (whole stream nodes), so a stream may hold
-//! a few events more until its next append; those are never returned.
-//! Every write sets [`Retention::ttl_millis`] on the window's keys, so
+//! [`Retention`] bounds each window by time and count. Redis trims with `~`
+//! (whole stream nodes), so a stream may briefly hold a few events more,
+//! which are never returned. Every write sets [`Retention::ttl_millis`], so
 //! idle windows vanish.
 
 mod id;

@@ -144,9 +144,8 @@ struct Subscriber {
     followed: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
     /// Followed channels not subscribed anywhere (new, or lost).
     pending: HashSet<Vec<u8>>,
-    /// Connections by primary address (`host:port`; `""` on a single Redis).
+    /// By primary address (`host:port`; `""` on a single Redis).
     nodes: HashMap<String, Node>,
-    /// The cluster's slot ranges and their primaries.
     ranges: Vec<(u16, u16, String)>,
     /// `ranges` must be loaded again before use.
     stale: bool,
@@ -336,7 +335,6 @@ impl Subscriber {
         Ok(())
     }
 
-    /// A connection to `addr`, made if needed.
     async fn node(&mut self, addr: &str) -> Result<MultiplexedConnection, StoreError> {
         if let Some(node) = self.nodes.get(addr) {
             return Ok(node.conn.clone());

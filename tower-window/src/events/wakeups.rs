@@ -15,8 +15,7 @@ use tokio::sync::mpsc;
 pub enum WakeReason {
     /// An event was appended.
     Appended,
-    /// The window's subscription was (re)confirmed: wake-ups sent while it
-    /// was not subscribed were lost.
+    /// The subscription was (re)confirmed: wake-ups sent before were lost.
     Subscribed,
 }
 
@@ -52,8 +51,7 @@ pub struct EventWakeups {
 pub(crate) trait Source: Send + Sync + 'static {
     fn follow(&self, key: Vec<u8>);
     fn unfollow(&self, key: &[u8]);
-    /// Called by every [`EventWakeups::next`], to start a task on the
-    /// caller's runtime.
+    /// Called by every [`EventWakeups::next`], to start a task on its runtime.
     fn start(&self) {}
 }
 
