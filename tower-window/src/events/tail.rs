@@ -100,10 +100,8 @@ impl EventTail {
             .arg(count.max(1))
             .arg("BLOCK")
             .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX).max(1))
-            .arg("STREAMS");
-        for key in &keys {
-            cmd.arg(key.as_slice());
-        }
+            .arg("STREAMS")
+            .arg(&keys);
         for (_, after) in windows {
             cmd.arg(after.to_string());
         }
