@@ -270,13 +270,11 @@ impl Subscriber {
             }
             // Dropped by the server (its slot left the node), or the answer
             // to our own unsubscribe (then no longer followed).
-            PushKind::SUnsubscribe => {
-                if node.channels.remove(channel) && key.is_some() {
-                    tracing::debug!(addr, "a wake-up subscription was dropped by redis");
-                    self.pending.insert(channel.to_vec());
-                    self.stale = true;
-                    self.schedule();
-                }
+            PushKind::SUnsubscribe if node.channels.remove(channel) && key.is_some() => {
+                tracing::debug!(addr, "a wake-up subscription was dropped by redis");
+                self.pending.insert(channel.to_vec());
+                self.stale = true;
+                self.schedule();
             }
             _ => {}
         }
