@@ -2,12 +2,9 @@
 //!
 //! Each `(tenant, subject, id)` is hashed to 128 bits (two SipHash runs
 //! keyed at random per store, so no input can aim at a collision) and kept
-//! with the end of its window on the store's clock. An atomic
-//! compare-and-swap on that deadline makes exactly one of any number of
-//! concurrent callers the first. The cache holds at most
-//! [`max_dedup_ids`](crate::store::MemoryStoreBuilder::max_dedup_ids) ids; beyond
-//! that it evicts (S3-FIFO), and an evicted id reads as first seen again:
-//! the bound errs towards delivering.
+//! with the end of its window. A compare-and-swap on that deadline makes
+//! exactly one concurrent caller the first. An evicted id reads as first
+//! seen again: the bound errs towards delivering.
 
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,21 +58,16 @@ impl DedupIds {
         let hash = self.hash(request);
         let new = || Ok::<_, std::convert::Infallible>(Arc::new(AtomicU64::new(0)));
         let Ok(deadline) = self.ids.get_or_insert_with(&hash, new);
-        let mut seen = deadline.load(Ordering::Acquire);
-        loop {
-            if seen > now {
-                return false;
-            }
-            match deadline.compare_exchange(seen, until, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return true,
-                Err(current) => seen = current,
-            }
-        }
+        deadline
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |seen| {
+                (seen <= now).then_some(until)
+            })
+            .is_ok()
     }
 }
 
 impl MemoryStore {
-    /// The default bound on dedup ids kept ([`MemoryStoreBuilder::max_dedup_ids`]).
+    /// The default of [`MemoryStoreBuilder::max_dedup_ids`].
     pub const DEFAULT_MAX_DEDUP_IDS: u64 = 100_000;
 
     /// The number of dedup ids held (expired ones included until evicted).
@@ -91,8 +83,8 @@ impl MemoryStore {
 impl MemoryStoreBuilder {
     /// The most message ids kept for
     /// [`DedupWindow`](crate::dedup::DedupWindow)s (default
-    /// [`MemoryStore::DEFAULT_MAX_DEDUP_IDS`]; at least 1). Beyond it the
-    /// oldest-used ids are forgotten and read as first seen again.
+    /// [`MemoryStore::DEFAULT_MAX_DEDUP_IDS`]; at least 1); beyond it ids
+    /// are forgotten and read as first seen again.
     pub fn max_dedup_ids(mut self, max: u64) -> Self {
         self.parts.insert(Arc::new(DedupIds::new(max)));
         self

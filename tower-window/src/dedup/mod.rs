@@ -1,24 +1,15 @@
 //! [`DedupWindow`]: "have we seen this message id lately?", across a cluster.
 //!
-//! Clients that retry (a reconnecting WebSocket, an at-least-once queue)
-//! send the same message twice. A [`DedupWindow`] remembers every
-//! `(tenant, subject, id)` it was asked about for a fixed window on the
-//! store's clock and answers [`first_seen`](DedupWindow::first_seen): `true`
-//! the first time, `false` for a repeat inside the window, `true` again once
-//! the window has passed.
-//!
-//! The answer comes from the store's dedup [`Backend`]: Redis (`SET key 1 NX
-//! PX window`, one round trip, expiring on Redis's clock, so every node
-//! agrees) or the embedded [`MemoryStore`](crate::MemoryStore), through
-//! the [`Store`]'s resilience stack; what an unknown answer means is
-//! [explicit](OnFailure). Its store calls are recorded under the name
-//! `dedup` (the `quota` label of `tower_window_store_*`).
-//!
-//! Memory is bounded: ids longer than [`max_id_len`](DedupWindowBuilder::max_id_len)
-//! are refused (a typed error), Redis keys hash long ids (SHA-256) and every
-//! key carries the window as its TTL; the memory store keeps a bounded
-//! number of 128-bit id hashes
-//! ([`max_dedup_ids`](crate::store::MemoryStoreBuilder::max_dedup_ids)).
+//! For clients that retry (a reconnecting WebSocket, an at-least-once
+//! queue): [`first_seen`](DedupWindow::first_seen) is `true` the first time
+//! a `(tenant, subject, id)` is asked about and `false` for a repeat within
+//! the window. The store's dedup [`Backend`] answers (Redis `SET key 1 NX PX
+//! window`, expiring on Redis's clock, or the embedded
+//! [`MemoryStore`](crate::MemoryStore)) through the [`Store`]'s resilience
+//! stack, with an explicit [`OnFailure`]; store calls are recorded as
+//! `dedup`. Memory is bounded: long ids are refused
+//! ([`max_id_len`](DedupWindowBuilder::max_id_len)) and the memory store
+//! keeps at most [`max_dedup_ids`](crate::store::MemoryStoreBuilder::max_dedup_ids).
 //!
 //! ```
 //! use std::time::Duration;
@@ -43,8 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::metrics::{Calls, LimiterMetrics};
-/// What a dedup answer is while the store cannot (the crate's one
-/// vocabulary for yes-or-no fallbacks).
+/// What a dedup answer is while the store cannot.
 pub use crate::store::guard::OnFailure;
 use crate::store::{Guard, Op, Store, StoreError};
 
@@ -59,7 +49,7 @@ use crate::{FallbackReason, WindowKey};
 pub struct DedupRequest<'a> {
     /// Whose ids (tenant and subject).
     pub key: &'a WindowKey,
-    /// The message id (already checked for length by [`DedupWindow`]).
+    /// The message id.
     pub id: &'a [u8],
     /// How long a seen id is remembered (at least 1 ms).
     pub window: Duration,
@@ -78,21 +68,18 @@ impl<'a> DedupRequest<'a> {
     }
 }
 
-/// What a backend does for dedup windows: answer dedup questions
-/// atomically — the first of any number of concurrent callers asking about
-/// one `(key, id)` gets `true`, all others `false`, until the window has
-/// passed on the backend's clock.
-///
-/// Implemented by [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
-/// [`RedisStore`](crate::RedisStore); the differential suite checks both.
+/// What a backend does for dedup windows, implemented by
+/// [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
+/// [`RedisStore`](crate::RedisStore): answer atomically — of concurrent
+/// callers asking about one `(key, id)`, only the first gets `true` until
+/// the window has passed on the backend's clock.
 pub trait Backend: Send + Sync + 'static {
     /// Records `request.id` for `request.key` if it is not already recorded
     /// within its window; `true` when it was not (first seen).
     fn first_seen<'a>(&'a self, guard: &mut Guard<'a>, request: DedupRequest<'a>) -> Op<'a, bool>;
 
-    /// The failure domain (see
-    /// [`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain))
-    /// of `key`'s dedup keys, for the store's per-domain breakers.
+    /// The failure domain of `key`'s dedup keys (see
+    /// [`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain)).
     fn failure_domain(&self, key: &WindowKey) -> Option<u16> {
         let _ = key;
         None
@@ -105,7 +92,7 @@ pub trait Backend: Send + Sync + 'static {
 pub enum DedupSource {
     /// The store answered.
     Store,
-    /// The store could not answer; the [`OnFailure`] did.
+    /// The [`OnFailure`] answered, for this reason.
     Fallback(FallbackReason),
 }
 
@@ -113,7 +100,7 @@ pub enum DedupSource {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DedupDecision {
-    /// Whether the id is new within the window (deliver it).
+    /// Whether the id is new within the window.
     pub first_seen: bool,
     /// Who answered.
     pub source: DedupSource,
@@ -123,7 +110,7 @@ pub struct DedupDecision {
 #[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum DedupError {
-    /// An empty id cannot name a message.
+    /// The id is empty.
     #[error("an empty message id")]
     EmptyId,
     /// The id is longer than the window accepts.
@@ -149,10 +136,7 @@ crate::error_debug::debug_as_display!(DedupError {
     Store,
 });
 
-/// Remembers message ids for a window, cluster-wide; see the
-/// [module docs](self).
-///
-/// Cheap to clone; clones share one configuration.
+/// Remembers message ids for a window (see the [module docs](self)). Cheap to clone.
 #[derive(Clone)]
 pub struct DedupWindow {
     inner: Arc<Inner>,
@@ -168,9 +152,8 @@ struct Settings {
 
 struct Inner {
     store: Store,
-    /// The store's backend of dedup windows (`None`: it has none).
+    /// `None`: the store has no dedup backend.
     backend: Option<Arc<dyn Backend>>,
-    /// Its store calls, recorded under the name `dedup`.
     metrics: Arc<LimiterMetrics>,
     settings: Settings,
 }
@@ -183,8 +166,7 @@ impl DedupWindow {
     /// The longest window accepted (7 days).
     pub const MAX_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 
-    /// A builder for a window on `store`, whose calls run through the
-    /// store's resilience stack.
+    /// A builder for a window on `store`.
     pub fn builder(store: impl Into<Store>) -> DedupWindowBuilder {
         DedupWindowBuilder {
             store: store.into(),
@@ -207,7 +189,6 @@ impl DedupWindow {
     }
 
     /// Whether `id` is new for `key` within the window (and records it).
-    /// A store failure answers per the [`OnFailure`].
     pub async fn first_seen(&self, key: &WindowKey, id: &[u8]) -> Result<bool, DedupError> {
         Ok(self.check(key, id).await?.first_seen)
     }
@@ -238,16 +219,13 @@ impl DedupWindow {
             .await;
         let (first_seen, source) = match result {
             Ok(first_seen) => (first_seen, DedupSource::Store),
+            Err(error) if settings.fallback == OnFailure::Error => {
+                record("error");
+                return Err(DedupError::Store(error));
+            }
             Err(error) => {
-                let first_seen = match settings.fallback {
-                    OnFailure::FailOpen => true,
-                    OnFailure::FailClosed => false,
-                    OnFailure::Error => {
-                        record("error");
-                        return Err(DedupError::Store(error));
-                    }
-                };
                 let reason = FallbackReason::for_error(&error);
+                let first_seen = settings.fallback == OnFailure::FailOpen;
                 (first_seen, DedupSource::Fallback(reason))
             }
         };
@@ -261,8 +239,7 @@ impl DedupWindow {
     }
 }
 
-/// Counts one answer in `tower_window_dedup_checks_total` (nothing
-/// without the `metrics` feature).
+/// Counts one answer in `tower_window_dedup_checks_total`.
 fn record(outcome: &'static str) {
     if crate::metrics::ENABLED {
         ::metrics::counter!(crate::metrics::DEDUP_CHECKS_TOTAL, "outcome" => outcome).increment(1);
@@ -286,17 +263,14 @@ pub struct DedupWindowBuilder {
 }
 
 impl DedupWindowBuilder {
-    /// How long a seen id is remembered (default
-    /// [`DedupWindow::DEFAULT_WINDOW`], 2 minutes; 1 ms to 7 days, in whole
-    /// milliseconds rounded up).
+    /// How long a seen id is remembered (default [`DedupWindow::DEFAULT_WINDOW`];
+    /// 1 ms to [`DedupWindow::MAX_WINDOW`], rounded up to whole milliseconds).
     pub fn window(mut self, window: Duration) -> Self {
         self.settings.window = window;
         self
     }
 
-    /// The longest id accepted, in bytes (default
-    /// [`DedupWindow::DEFAULT_MAX_ID_LEN`]; at least 1). Longer ids are a
-    /// [`DedupError::IdTooLong`].
+    /// The longest id accepted, in bytes (default [`DedupWindow::DEFAULT_MAX_ID_LEN`]; at least 1).
     pub fn max_id_len(mut self, max: usize) -> Self {
         self.settings.max_id_len = max.max(1);
         self

@@ -1,15 +1,9 @@
 //! [`dedup::Backend`] for [`RedisStore`]: `SET <key> 1 NX PX <window>`.
 //!
 //! One id is one key, `<prefix>{<tenant>:<subject>}:#dedup:<id>`: the
-//! subject's hash tag (so a subject's ids spread with its windows, one
-//! primary per subject), then a segment no escaped component can spell
-//! (`encode_component` never emits a leading `#` except before 64
-//! upper-case hex digits), then the id escaped, or `#<SHA-256>` when long.
-//! `SET NX PX` answers and records in one command, and the key expires on
-//! Redis's clock after the window: every key has a TTL, and nodes agree.
-//!
-//! With an explicit clock (tests) the same answer comes from a small
-//! script comparing the stored deadline with the given time.
+//! subject's hash tag, a segment no escaped component can spell (none
+//! starts with `#` but the hashed form), then the id encoded. With an
+//! explicit clock (tests) `dedup.lua` compares a stored deadline instead.
 
 use std::sync::LazyLock;
 
@@ -23,7 +17,6 @@ use crate::WindowKey;
 
 static EXPLICIT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("dedup.lua")));
 
-/// The key remembering `id` of `key` under `prefix`.
 pub(crate) fn dedup_key(prefix: &str, key: &WindowKey, id: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + 64 + id.len());
     subject_tag(&mut out, prefix, key);

@@ -3,15 +3,12 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// The largest millisecond or sequence part an [`EventId`] may have: the
-/// store's scripts compute with Lua numbers (doubles), exact up to 2^53.
+/// The largest millisecond or sequence part an [`EventId`] may have: Lua
+/// numbers (doubles) are exact up to 2^53.
 pub const MAX_ID_PART: u64 = (1 << 53) - 1;
 
-/// The id of one event: milliseconds of the store's clock when it was
-/// appended, and a sequence number within that millisecond (a Redis
-/// stream id, written `<ms>-<seq>`).
-///
-/// Ids of one window only grow: they order its events.
+/// The id of one event, `<ms>-<seq>` (a Redis stream id): the store clock's
+/// millisecond and a sequence number in it. Ids of one window only grow.
 ///
 /// ```
 /// use tower_window::events::EventId;
@@ -38,7 +35,7 @@ impl EventId {
         (millis <= MAX_ID_PART && seq <= MAX_ID_PART).then_some(Self { millis, seq })
     }
 
-    /// The store clock's milliseconds when the event was appended.
+    /// The millisecond part.
     pub fn millis(&self) -> u64 {
         self.millis
     }
@@ -55,34 +52,25 @@ impl fmt::Display for EventId {
     }
 }
 
+/// Digits only (`parse` alone takes a sign), at most 16 of them.
 fn part(text: &str) -> Option<u64> {
-    // Digits only (no sign, no spaces), at most 16 of them.
-    if text.is_empty() || text.len() > 16 || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
+    let digits = text.len() <= 16 && text.bytes().all(|b| b.is_ascii_digit());
+    digits.then(|| text.parse().ok()).flatten()
 }
 
 impl FromStr for EventId {
     type Err = InvalidPosition;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let (millis, seq) = text.split_once('-').ok_or(InvalidPosition::EventId)?;
-        let millis = part(millis).ok_or(InvalidPosition::EventId)?;
-        let seq = part(seq).ok_or(InvalidPosition::EventId)?;
-        Self::new(millis, seq).ok_or(InvalidPosition::EventId)
+        text.split_once('-')
+            .and_then(|(millis, seq)| Self::new(part(millis)?, part(seq)?))
+            .ok_or(InvalidPosition::EventId)
     }
 }
 
-/// The generation of an event window's history.
-///
-/// A new epoch starts whenever the history may have been lost (see the
-/// [module](super)); an [`EventId`] means something only together with
-/// its epoch (a [`Position`]).
-///
-/// Epochs are 1 to 64 lowercase hexadecimal digits (`[0-9a-f]`), which is
-/// what every store makes: anything else is malformed, so a client that
-/// sends one gets a clear refusal instead of a resync.
+/// The generation of an event window's history (see the [module](super)):
+/// 1 to 64 lowercase hexadecimal digits, as every store makes them, so a
+/// client sending anything else gets a refusal, not a resync.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Epoch(String);
 
@@ -90,7 +78,7 @@ impl Epoch {
     /// The most characters an epoch has.
     pub const MAX_LEN: usize = 64;
 
-    /// An epoch a store made (already in the alphabet above).
+    /// An epoch a store made.
     pub(crate) fn made(text: String) -> Self {
         debug_assert!(text.parse::<Epoch>().is_ok(), "{text}");
         Self(text)
@@ -112,21 +100,15 @@ impl FromStr for Epoch {
     type Err = InvalidPosition;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let valid = !text.is_empty()
-            && text.len() <= Self::MAX_LEN
-            && text
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        if valid {
-            Ok(Self(text.to_owned()))
-        } else {
-            Err(InvalidPosition::Epoch)
-        }
+        let valid = (1..=Self::MAX_LEN).contains(&text.len())
+            && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        valid
+            .then(|| Self(text.to_owned()))
+            .ok_or(InvalidPosition::Epoch)
     }
 }
 
-/// Where a reader stands in an event window: the epoch it read in and the
-/// last event it received (`None`: none yet in that epoch).
+/// Where a reader stands: the epoch it read in and the last event it received.
 ///
 /// ```
 /// use tower_window::events::{EventId, Position};
@@ -142,9 +124,9 @@ impl FromStr for Epoch {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Position {
-    /// The epoch of the window when the reader read it.
+    /// The epoch the reader read in.
     pub epoch: Epoch,
-    /// The last event received, if any.
+    /// The last event received.
     pub last_id: Option<EventId>,
 }
 
@@ -154,22 +136,13 @@ impl Position {
         Self { epoch, last_id }
     }
 
-    /// A position from its text form: an epoch and an event id, or an
-    /// empty id for "no event received yet".
+    /// A position from text: an epoch and an event id (empty: none yet).
     pub fn parse(epoch: &str, last_id: &str) -> Result<Self, InvalidPosition> {
-        let last_id = if last_id.is_empty() {
-            None
-        } else {
-            Some(last_id.parse()?)
-        };
-        Ok(Self {
-            epoch: epoch.parse()?,
-            last_id,
-        })
+        let last_id = (!last_id.is_empty()).then(|| last_id.parse()).transpose()?;
+        Ok(Self::new(epoch.parse()?, last_id))
     }
 
-    /// The id after which the reader's next event comes
-    /// ([`EventId::ZERO`] when it received none).
+    /// The id the reader's next event follows ([`EventId::ZERO`] if none).
     pub fn after(&self) -> EventId {
         self.last_id.unwrap_or(EventId::ZERO)
     }

@@ -1,12 +1,8 @@
-//! [`events::Backend`] for [`MemoryStore`]: event windows in process memory,
-//! with the same answers as the Redis streams (see `crate::events`).
-//!
-//! Windows live in a bounded cache (at most `max_keys` of them, like the
-//! rate-limit windows); an evicted or expired window is made again with a
-//! new epoch, so a position in the old one resyncs, never recovers.
+//! [`events::Backend`] for [`MemoryStore`]: event windows in a bounded
+//! cache (`max_keys` of them); an evicted or expired window is made again
+//! with a new epoch, so a position in the old one resyncs.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -21,7 +17,6 @@ use crate::store::MemoryStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
 use crate::sync::lock;
 
-/// Every window of one store: at most `max_keys` of them.
 type EventLogs = Cache<Vec<u8>, Arc<Mutex<Log>>>;
 
 impl MemoryStore {
@@ -32,13 +27,11 @@ impl MemoryStore {
         })
     }
 
-    /// The local notify every append of this store wakes readers by.
     fn event_wakeups(&self) -> Arc<LocalWakeups> {
         self.part(|_| Arc::new(LocalWakeups::default()))
     }
 
-    /// `f` on the window of `request`, locked, with its current epoch (a
-    /// new one, the window emptied, if it was gone) and now in ms.
+    /// `f` on the window, locked, with its current epoch and now in ms.
     fn event_window<T>(
         &self,
         request: &EventRequest<'_>,
@@ -46,88 +39,14 @@ impl MemoryStore {
     ) -> T {
         let now_us = self.clock.now_micros();
         let logs = self.event_logs();
-        let log = match logs.get_or_insert_with(request.key, || Ok::<_, Infallible>(Arc::default()))
-        {
-            Ok(log) => log,
-            Err(never) => match never {},
-        };
+        let new = || Ok::<_, std::convert::Infallible>(Arc::default());
+        let Ok(log) = logs.get_or_insert_with(request.key, new);
         let mut log = lock(&log);
         let epoch = log.live(now_us, request);
         f(&mut log, epoch, now_us / 1000)
     }
-}
 
-/// One window.
-#[derive(Default)]
-struct Log {
-    /// `None` until first made.
-    epoch: Option<Epoch>,
-    /// The last id generated in this window (kept or not).
-    last: EventId,
-    /// When the window vanishes if nothing writes (store ms).
-    expires_at: u64,
-    entries: VecDeque<Entry>,
-}
-
-struct Entry {
-    id: EventId,
-    /// The id generated before this one: a gap between a position and the
-    /// first kept event after it is seen exactly.
-    prev: EventId,
-    fields: Vec<(String, Bytes)>,
-}
-
-impl Log {
-    /// The current epoch, made anew (with an empty window) if the window
-    /// was never made or expired.
-    fn live(&mut self, now_us: u64, request: &EventRequest<'_>) -> Epoch {
-        let now_ms = now_us / 1000;
-        match &self.epoch {
-            Some(epoch) if now_ms < self.expires_at => epoch.clone(),
-            _ => {
-                self.entries.clear();
-                self.last = EventId::ZERO;
-                self.touch(now_ms, request.retention);
-                let epoch = Epoch::made(format!("{now_us:x}{:016x}", request.nonce));
-                self.epoch = Some(epoch.clone());
-                epoch
-            }
-        }
-    }
-
-    fn touch(&mut self, now_ms: u64, retention: Retention) {
-        self.expires_at = now_ms.saturating_add(retention.ttl_millis());
-    }
-
-    /// Drops what the retention no longer keeps at `now_ms`.
-    fn trim(&mut self, now_ms: u64, retention: Retention) {
-        let horizon = now_ms.saturating_sub(retention.window_millis());
-        while self
-            .entries
-            .front()
-            .is_some_and(|entry| entry.id.millis() < horizon)
-        {
-            self.entries.pop_front();
-        }
-        let max_len = usize::try_from(retention.max_len()).unwrap_or(usize::MAX);
-        while self.entries.len() > max_len {
-            self.entries.pop_front();
-        }
-    }
-
-    fn next_id(&self, now_ms: u64) -> Result<EventId, StoreError> {
-        let next = if now_ms > self.last.millis() {
-            EventId::new(now_ms, 0)
-        } else {
-            EventId::new(self.last.millis(), self.last.seq() + 1)
-        };
-        next.ok_or_else(|| StoreError::new(StoreErrorKind::InvalidRequest, "event ids exhausted"))
-    }
-}
-
-impl MemoryStore {
-    /// Appends `events` in order (one event: an append), then wakes the
-    /// window's readers.
+    /// Appends `events` in order, then wakes the window's readers.
     fn append_now(
         &self,
         request: EventRequest<'_>,
@@ -154,50 +73,65 @@ impl MemoryStore {
         self.event_wakeups().appended(request.key);
         Ok(appended)
     }
+}
 
-    fn read_now(
-        &self,
-        request: EventRequest<'_>,
-        from: &Position,
-        limit: u32,
-    ) -> Result<Resume, StoreError> {
-        check_limit(limit)?;
-        self.event_window(&request, |log, epoch, now_ms| {
-            if epoch != from.epoch {
-                return Ok(Resume::Resync(ResyncReason::EpochChanged));
+#[derive(Default)]
+struct Log {
+    epoch: Option<Epoch>,
+    /// The last id generated (kept or not).
+    last: EventId,
+    /// Store ms.
+    expires_at: u64,
+    entries: VecDeque<Entry>,
+}
+
+struct Entry {
+    id: EventId,
+    /// The id generated before this one, to see gaps exactly.
+    prev: EventId,
+    fields: Vec<(String, Bytes)>,
+}
+
+impl Log {
+    /// The current epoch, made anew (emptying the window) if it was never
+    /// made or expired.
+    fn live(&mut self, now_us: u64, request: &EventRequest<'_>) -> Epoch {
+        let now_ms = now_us / 1000;
+        match &self.epoch {
+            Some(epoch) if now_ms < self.expires_at => epoch.clone(),
+            _ => {
+                let epoch = Epoch::made(format!("{now_us:x}{:016x}", request.nonce));
+                *self = Log {
+                    epoch: Some(epoch.clone()),
+                    ..Log::default()
+                };
+                self.touch(now_ms, request.retention);
+                epoch
             }
-            let after = from.after();
-            if after > log.last {
-                // The reader claims events this window never had (or lost):
-                // told so alone; a position never changes the window.
-                return Ok(Resume::Resync(ResyncReason::Ahead));
-            }
-            log.trim(now_ms, request.retention);
-            let start = log.entries.partition_point(|entry| entry.id <= after);
-            let Some(first) = log.entries.get(start) else {
-                return Ok(if log.last > after {
-                    Resume::Resync(ResyncReason::TooOld)
-                } else {
-                    Resume::Recovered(Vec::new())
-                });
-            };
-            // Recovered only if the first kept event after the position is
-            // the one that followed it. Entries leave only from the front,
-            // so the kept ones are a chain and the first one is all there
-            // is to check.
-            if first.prev != after {
-                return Ok(Resume::Resync(ResyncReason::TooOld));
-            }
-            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-            Ok(Resume::Recovered(
-                log.entries
-                    .iter()
-                    .skip(start)
-                    .take(limit)
-                    .map(|entry| Event::new(entry.id, entry.fields.clone()))
-                    .collect(),
-            ))
-        })
+        }
+    }
+
+    fn touch(&mut self, now_ms: u64, retention: Retention) {
+        self.expires_at = now_ms.saturating_add(retention.ttl_millis());
+    }
+
+    fn trim(&mut self, now_ms: u64, retention: Retention) {
+        let horizon = now_ms.saturating_sub(retention.window_millis());
+        let expired = self
+            .entries
+            .partition_point(|entry| entry.id.millis() < horizon);
+        let max_len = usize::try_from(retention.max_len()).unwrap_or(usize::MAX);
+        let excess = self.entries.len().saturating_sub(max_len);
+        self.entries.drain(..expired.max(excess));
+    }
+
+    fn next_id(&self, now_ms: u64) -> Result<EventId, StoreError> {
+        let next = if now_ms > self.last.millis() {
+            EventId::new(now_ms, 0)
+        } else {
+            EventId::new(self.last.millis(), self.last.seq() + 1)
+        };
+        next.ok_or_else(|| StoreError::new(StoreErrorKind::InvalidRequest, "event ids exhausted"))
     }
 }
 
@@ -239,7 +173,33 @@ impl events::Backend for MemoryStore {
         from: &'a Position,
         limit: u32,
     ) -> Op<'a, Resume> {
-        Op::ready(self.read_now(request, from, limit))
+        let read = |log: &mut Log, epoch: Epoch, now_ms: u64| {
+            if epoch != from.epoch {
+                return Resume::Resync(ResyncReason::EpochChanged);
+            }
+            let after = from.after();
+            if after > log.last {
+                return Resume::Resync(ResyncReason::Ahead);
+            }
+            log.trim(now_ms, request.retention);
+            let start = log.entries.partition_point(|entry| entry.id <= after);
+            // Entries leave only from the front, so the kept ones are a
+            // chain: checking the first one after the position is enough.
+            let unbroken = match log.entries.get(start) {
+                Some(first) => first.prev == after,
+                None => log.last == after,
+            };
+            if !unbroken {
+                return Resume::Resync(ResyncReason::TooOld);
+            }
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            let page = log.entries.range(start..).take(limit);
+            Resume::Recovered(
+                page.map(|entry| Event::new(entry.id, entry.fields.clone()))
+                    .collect(),
+            )
+        };
+        Op::ready(check_limit(limit).map(|()| self.event_window(&request, read)))
     }
 
     fn len<'a>(&'a self, _: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64> {

@@ -2,42 +2,34 @@
 //!
 //! A window `key` is two keys in one hash slot: the stream
 //! `<prefix>ev:{<key>}:s` and its meta hash `<prefix>ev:{<key>}:m` (epoch,
-//! the primary's replication id, last id, count), with `<key>` escaped as
-//! every user part of a key is (see `keys.rs`): injective, and no input can
-//! choose the slot. The `ev:` before the brace keeps them apart from
-//! rate-limit windows (whose brace follows the prefix). Each operation is
-//! one `EVALSHA` of `scripts/events.lua`, on Redis `TIME` unless the store
-//! has an explicit clock.
+//! the primary's replication id, last id, count), `<key>` escaped by
+//! `encode_component`; the `ev:` before the brace keeps them apart from
+//! rate-limit windows. Each operation is one call of `events.lua`.
 
 use std::sync::LazyLock;
 
 use bytes::Bytes;
-use redis::Value;
+use redis::{FromRedisValue, Value};
 
 use crate::events::{
     self as events, check_batch, check_limit, Appended, Epoch, Event, EventId, EventRequest,
     Position, Resume, ResyncReason,
 };
 use crate::store::redis::call::Call;
-use crate::store::redis::keys::{
-    encode_component, escape_into, needs_escape, Crc16, CLUSTER_SLOTS,
-};
+use crate::store::redis::keys::{encode_component, write_prefix, Crc16, CLUSTER_SLOTS};
 use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::RedisStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
 
 static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("events.lua")));
 
-/// Our own fields at the head of every entry (`p` prev id, `n` number,
-/// `e` epoch), as name-value pairs.
+/// Our own fields (`p` prev id, `n` number, `e` epoch) before the event's.
 const OWN_FIELDS: usize = 6;
 
-/// The stream key and the meta key of the window `key`.
+/// The stream key and the meta key.
 pub(crate) fn event_keys(prefix: &str, key: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let mut stream = Vec::with_capacity(prefix.len() + key.len() + 12);
-    escape_into(&mut stream, prefix.as_bytes(), |b| {
-        b != b':' && b != b'#' && needs_escape(b)
-    });
+    write_prefix(&mut stream, prefix);
     stream.extend_from_slice(b"ev:{");
     encode_component(&mut stream, key);
     stream.extend_from_slice(b"}:");
@@ -65,7 +57,6 @@ pub(crate) fn text(value: &Value) -> Result<&[u8], StoreError> {
     }
 }
 
-/// A string reply parsed as `T` (an event id, an epoch).
 pub(crate) fn parsed<T: std::str::FromStr>(value: &Value) -> Result<T, StoreError> {
     std::str::from_utf8(text(value)?)
         .ok()
@@ -80,8 +71,7 @@ pub(crate) fn array(value: &Value) -> Result<&[Value], StoreError> {
     }
 }
 
-/// One `XRANGE` entry, `[id, [p, prev, n, number, e, epoch, name, value, ...]]`:
-/// the event and the epoch it was appended in.
+/// One entry, `[id, [p, prev, n, number, e, epoch, name, value, ...]]`.
 pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> {
     let [id_value, fields] = array(value)? else {
         return Err(protocol("redis event script: an entry is [id, fields]"));
@@ -90,7 +80,7 @@ pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> 
     if fields.len() < OWN_FIELDS || fields.len() % 2 != 0 {
         return Err(protocol("redis event script: bad entry fields"));
     }
-    let fields_epoch = fields[5].clone();
+    let epoch = parsed(&fields[5])?;
     let fields = fields[OWN_FIELDS..]
         .chunks_exact(2)
         .map(|pair| {
@@ -99,21 +89,18 @@ pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> 
             Ok((name, Bytes::copy_from_slice(text(&pair[1])?)))
         })
         .collect::<Result<_, StoreError>>()?;
-    Ok((
-        parsed(&fields_epoch)?,
-        Event::new(parsed(id_value)?, fields),
-    ))
+    Ok((epoch, Event::new(parsed(id_value)?, fields)))
 }
 
 impl RedisStore {
-    /// Runs the event script's `op` on the window of `request`, with
-    /// `extra` arguments after the common ones.
-    async fn event_call(
+    /// Runs the event script's `op`, with `extra` arguments after the
+    /// common ones.
+    async fn event_call<T: FromRedisValue>(
         &self,
         request: &EventRequest<'_>,
         op: &str,
         extra: impl FnOnce(&mut ScriptCall),
-    ) -> Result<Value, StoreError> {
+    ) -> Result<T, StoreError> {
         let (stream, meta) = event_keys(&self.prefix, request.key);
         let mut call = SCRIPT.prepare_invoke();
         call.key(stream).key(meta).arg(op);
@@ -136,7 +123,7 @@ impl RedisStore {
         events: &[&[(&str, &[u8])]],
     ) -> Result<Vec<Appended>, StoreError> {
         check_batch(events)?;
-        let reply = self
+        let reply: Value = self
             .event_call(&request, "b", |call| {
                 call.arg(events.len());
                 for fields in events {
@@ -172,7 +159,6 @@ impl events::Backend for RedisStore {
         request: EventRequest<'a>,
         fields: &'a [(&'a str, &'a [u8])],
     ) -> Op<'a, Appended> {
-        // One event is a batch of one (`events.lua` has one append).
         guard.run(move || async move {
             let mut appended = self.event_append_many(request, &[fields]).await?;
             Ok(appended.remove(0))
@@ -190,17 +176,10 @@ impl events::Backend for RedisStore {
 
     fn head<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position> {
         guard.run(move || async move {
-            let reply = self.event_call(&request, "h", |_| {}).await?;
-            match array(&reply)? {
-                [e, l] => {
-                    let last: EventId = parsed(l)?;
-                    Ok(Position::new(
-                        parsed(e)?,
-                        (last != EventId::ZERO).then_some(last),
-                    ))
-                }
-                _ => Err(protocol("redis event script: head replies [epoch, id]")),
-            }
+            let (epoch, last): (Value, Value) = self.event_call(&request, "h", |_| {}).await?;
+            let last: EventId = parsed(&last)?;
+            let last = (last != EventId::ZERO).then_some(last);
+            Ok(Position::new(parsed(&epoch)?, last))
         })
     }
 
@@ -213,7 +192,7 @@ impl events::Backend for RedisStore {
     ) -> Op<'a, Resume> {
         guard.run(move || async move {
             check_limit(limit)?;
-            let reply = self
+            let reply: Value = self
                 .event_call(&request, "r", |call| {
                     call.arg(from.epoch.as_str())
                         .arg(from.after().to_string())
@@ -238,14 +217,11 @@ impl events::Backend for RedisStore {
 
     fn len<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64> {
         guard.run(move || async move {
-            match self.event_call(&request, "l", |_| {}).await? {
-                Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
-                _ => Err(protocol("redis event script: len replies an integer")),
-            }
+            let len: i64 = self.event_call(&request, "l", |_| {}).await?;
+            Ok(u64::try_from(len).unwrap_or(0))
         })
     }
 
-    /// On a cluster store, the primary serving the window's slot.
     fn failure_domain(&self, key: &[u8]) -> Option<u16> {
         self.slot_domain(event_slot(key))
     }

@@ -9,8 +9,7 @@ use bytes::Bytes;
 use super::id::{Epoch, EventId, Position};
 use crate::store::{Guard, Op, StoreError};
 
-/// How much history an event window keeps: events of the last `window` of
-/// the store's clock, and at most about `max_len` of them.
+/// How much history an event window keeps: the last `window`, at most about `max_len` events.
 ///
 /// ```
 /// use std::time::Duration;
@@ -33,14 +32,11 @@ impl Retention {
     pub const MAX_WINDOW: Duration = Duration::from_secs(30 * 24 * 3600);
     /// The largest `max_len`.
     pub const MAX_LEN: u64 = 10_000_000;
-    /// How long an idle window's keys outlive its window: a key is dropped
-    /// (its TTL runs out) only once every event in it is past the window,
-    /// plus this grace.
+    /// How long an idle window's keys outlive its window.
     pub const IDLE_GRACE: Duration = Duration::from_secs(60);
 
-    /// Events of the last `window` (at least 1 ms, at most
-    /// [`MAX_WINDOW`](Self::MAX_WINDOW)), at most `max_len` of them (1 to
-    /// [`MAX_LEN`](Self::MAX_LEN)).
+    /// Events of the last `window` (1 ms to [`MAX_WINDOW`](Self::MAX_WINDOW)),
+    /// at most `max_len` (1 to [`MAX_LEN`](Self::MAX_LEN)) of them.
     pub fn new(window: Duration, max_len: u64) -> Result<Self, InvalidRetention> {
         let window_millis = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
         if window_millis == 0 || window > Self::MAX_WINDOW {
@@ -65,8 +61,7 @@ impl Retention {
         self.max_len
     }
 
-    /// The TTL every write sets on a window's keys: the window plus
-    /// [`IDLE_GRACE`](Self::IDLE_GRACE).
+    /// The TTL every write sets: the window plus [`IDLE_GRACE`](Self::IDLE_GRACE).
     pub fn ttl_millis(&self) -> u64 {
         self.window_millis + Self::IDLE_GRACE.as_millis() as u64
     }
@@ -90,7 +85,7 @@ crate::error_debug::debug_as_display!(InvalidRetention { Window, MaxLen });
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Event {
-    /// Its id (orders the window's events).
+    /// Its id.
     pub id: EventId,
     /// Its fields (name, value).
     pub fields: Vec<(String, Bytes)>,
@@ -129,16 +124,12 @@ impl Appended {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ResyncReason {
-    /// An event after the position is no longer kept: trimmed (past the
-    /// window or the newest `max_len`), or lost (history restored or rolled
-    /// back past the position, or the position was never an event).
+    /// An event after the position is no longer kept (trimmed, or lost in
+    /// a restore), or the position was never an event.
     TooOld,
-    /// The position is of another epoch: the history it counted on may be
-    /// lost.
+    /// The position is of another epoch.
     EpochChanged,
-    /// The position is after the window's last event (lost in a restore
-    /// or rollback that kept the epoch, or never there); the window and
-    /// every other reader stay as they were.
+    /// The position is after the window's last event.
     Ahead,
 }
 
@@ -163,16 +154,13 @@ impl fmt::Display for ResyncReason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub enum Resume {
-    /// Every event after the position is still kept: here they are (or
-    /// the first ones of them, for a page), in order.
+    /// The events after the position (or a page of them), in order.
     Recovered(Vec<Event>),
-    /// Events after the position may be lost: start again from the
-    /// window's current position.
+    /// Events may be lost: start again from the window's current position.
     Resync(ResyncReason),
 }
 
-/// One operation's target: the window's key, its retention and a random
-/// value the store may use to make a new [`Epoch`] unique.
+/// One operation's target window.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct EventRequest<'a> {
@@ -180,7 +168,7 @@ pub struct EventRequest<'a> {
     pub key: &'a [u8],
     /// What the window keeps.
     pub retention: Retention,
-    /// Random bits for a new epoch, should one be made.
+    /// Random bits to make a new [`Epoch`] unique, should one be made.
     pub nonce: u64,
 }
 
@@ -195,29 +183,19 @@ impl<'a> EventRequest<'a> {
     }
 }
 
-/// An append-only, time-bounded log per key with epochs: the storage of an
-/// [`EventWindow`](super::EventWindow).
+/// The storage of [`EventWindow`](super::EventWindow)s: implemented by
+/// [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
+/// [`RedisStore`](crate::RedisStore). The contract (checked by the
+/// conformance suite in `tower-window-tests`):
 ///
-/// Implemented by [`MemoryStore`](crate::MemoryStore) and (feature
-/// `redis`) [`RedisStore`](crate::RedisStore) (Redis Streams). Every
-/// implementation keeps the same contract, checked by the conformance
-/// suite in `tower-window-tests`:
-///
-/// * ids of one window grow; an event's fields come back as appended;
-/// * an operation finding the window gone (never made, expired, deleted,
-///   evicted) or moved to another primary starts a new [`Epoch`];
-/// * [`read`](Self::read) answers as the [module](super) says under
-///   *Positions and epochs* (at most `limit` events, each one following
-///   the one before it), and no read changes the window;
-/// * fields outside 1 to [`MAX_FIELDS`](super::MAX_FIELDS) (names of 1
-///   to [`MAX_FIELD_NAME`](super::MAX_FIELD_NAME) bytes) and a `limit`
-///   outside 1 to [`MAX_PAGE`](super::MAX_PAGE) are
+/// * ids of one window grow; fields come back as appended;
+/// * finding the window gone or moved to another primary starts a new [`Epoch`];
+/// * [`read`](Self::read) answers as the [module](super) says and never changes the window;
+/// * requests out of [`EventWindow`](super::EventWindow)'s bounds are
 ///   [`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest);
-/// * every write refreshes the window's expiry
-///   ([`Retention::ttl_millis`]).
+/// * every write refreshes the window's expiry ([`Retention::ttl_millis`]).
 pub trait Backend: Send + Sync + 'static {
-    /// Appends one event with `fields`, trimming what the retention no
-    /// longer keeps.
+    /// Appends one event, trimming what the retention no longer keeps.
     fn append<'a>(
         &'a self,
         guard: &mut Guard<'a>,
@@ -225,17 +203,9 @@ pub trait Backend: Send + Sync + 'static {
         fields: &'a [(&'a str, &'a [u8])],
     ) -> Op<'a, Appended>;
 
-    /// Appends `events` (1 to [`MAX_BATCH`](super::MAX_BATCH), each with
-    /// fields as [`append`](Self::append) takes them) in order, in one
-    /// operation: each event follows the one before it, as if appended one
-    /// by one with nothing in between, and a bad batch appends nothing
-    /// ([`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest)).
-    /// Returns where each one went, in order.
-    ///
-    /// The default answers
-    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported):
-    /// separate appends would not keep the order on a backend whose calls
-    /// may overtake each other.
+    /// Appends `events` in one operation, as
+    /// [`EventWindow::append_many`](super::EventWindow::append_many) says. The
+    /// default answers [`Unsupported`](crate::StoreErrorKind::Unsupported).
     fn append_many<'a>(
         &'a self,
         guard: &mut Guard<'a>,
@@ -246,8 +216,7 @@ pub trait Backend: Send + Sync + 'static {
         Op::ready(Err(StoreError::unsupported("batched event appends")))
     }
 
-    /// The window's current position (its epoch, made if needed, and its
-    /// last event's id), refreshing its expiry.
+    /// The window's current position (a new epoch if needed), refreshing its expiry.
     fn head<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, Position>;
 
     /// At most `limit` events after `from`, or why they cannot be given.
@@ -259,8 +228,7 @@ pub trait Backend: Send + Sync + 'static {
         limit: u32,
     ) -> Op<'a, Resume>;
 
-    /// How many events the window holds (trimming may lag behind the
-    /// window and `max_len` by a little in a backend that trims lazily).
+    /// How many events the window holds (a lazily trimming backend may count a few more).
     fn len<'a>(&'a self, guard: &mut Guard<'a>, request: EventRequest<'a>) -> Op<'a, u64>;
 
     /// The failure domain of the window `key` (see
@@ -270,11 +238,8 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
-    /// Live wake-ups of this backend's windows: every append wakes the
-    /// readers following its window (on Redis pushed by the server, on
-    /// the embedded store sent in process). The default answers
-    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported)
-    /// (readers poll instead).
+    /// Live wake-ups of this backend's windows. The default answers
+    /// [`Unsupported`](crate::StoreErrorKind::Unsupported) (readers poll).
     fn wakeups(self: Arc<Self>) -> Result<super::EventWakeups, StoreError> {
         Err(StoreError::unsupported("event wake-ups"))
     }

@@ -18,21 +18,16 @@ use crate::store::{StoreError, StoreErrorKind};
 pub struct TailBatch {
     /// The index of the window in the `read` call's list.
     pub index: usize,
-    /// The events after the given id, in order, each with the epoch it
-    /// was appended in (entries not written by an event window are
-    /// skipped).
+    /// The events after the given id, each with its epoch (entries not
+    /// written by an event window are skipped).
     pub events: Vec<(Epoch, Event)>,
-    /// The id of the last entry read, skipped or not: read on from here.
+    /// The id of the last entry read, skipped or not.
     pub last_id: Option<EventId>,
 }
 
-/// Reads new events of many event windows at once with one blocking
-/// `XREAD` on a connection of its own (a blocking read would stall every
-/// call multiplexed on the store's shared connection).
-///
-/// Made by [`RedisStore::event_tail`]; one per node is enough: pass every
-/// window the node serves and the last id seen of each. Single-node Redis
-/// only (a cluster cannot `XREAD` keys of several slots at once).
+/// Reads new events of many event windows with one blocking `XREAD`, on
+/// a connection of its own. Single-node Redis only (a cluster cannot
+/// `XREAD` keys of several slots at once).
 pub struct EventTail {
     client: redis::Client,
     prefix: String,
@@ -49,9 +44,9 @@ impl fmt::Debug for EventTail {
 }
 
 impl RedisStore {
-    /// A live reader of this store's event windows on a connection of its
-    /// own (made on first read). Only for a store built from a URL: a
-    /// pool or a cluster is [`StoreErrorKind::InvalidRequest`].
+    /// A live reader of this store's event windows, connecting on its
+    /// first read. A store not built from a URL is
+    /// [`StoreErrorKind::InvalidRequest`].
     pub fn event_tail(&self) -> Result<EventTail, StoreError> {
         let client = self.connection.client().ok_or_else(|| {
             StoreError::new(
@@ -68,10 +63,9 @@ impl RedisStore {
 }
 
 impl EventTail {
-    /// Events after each `(window key, last id seen)`, waiting up to
-    /// `block` for the first; at most `count` per window. An empty answer
-    /// means nothing came in time. A window that does not exist yet is
-    /// simply empty. On a connection error the next call reconnects.
+    /// Events after each `(window key, last id seen)`, at most `count` per
+    /// window, waiting up to `block` for the first (an empty answer: none
+    /// came). After a connection error the next call reconnects.
     pub async fn read(
         &mut self,
         windows: &[(&[u8], EventId)],
@@ -82,7 +76,7 @@ impl EventTail {
             tokio::time::sleep(block).await;
             return Ok(Vec::new());
         }
-        let conn = match &self.conn {
+        let mut conn = match &self.conn {
             Some(conn) => conn.clone(),
             None => {
                 let config = AsyncConnectionConfig::new()
@@ -106,31 +100,19 @@ impl EventTail {
             .arg(count.max(1))
             .arg("BLOCK")
             .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX).max(1))
-            .arg("STREAMS");
-        for key in &keys {
-            cmd.arg(key.as_slice());
-        }
+            .arg("STREAMS")
+            .arg(&keys);
         for (_, after) in windows {
             cmd.arg(after.to_string());
         }
-        let mut conn = conn;
-        let reply: Value = match cmd.query_async(&mut conn).await {
-            Ok(reply) => reply,
-            Err(error) => {
-                self.conn = None;
-                return Err(map_error(error));
-            }
-        };
+        let reply: Value = cmd.query_async(&mut conn).await.map_err(|error| {
+            self.conn = None;
+            map_error(error)
+        })?;
         let streams = match &reply {
             Value::Nil => return Ok(Vec::new()),
             Value::Array(streams) => streams.as_slice(),
-            Value::Map(_) => {
-                return Err(StoreError::new(
-                    StoreErrorKind::Protocol,
-                    "XREAD replied a map (RESP3 is not supported here)",
-                ))
-            }
-            _ => return Err(protocol("XREAD: unexpected reply")),
+            _ => return Err(protocol("XREAD: unexpected reply (RESP3 is not supported)")),
         };
         let mut batches = Vec::with_capacity(streams.len());
         for stream in streams {

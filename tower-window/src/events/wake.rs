@@ -1,27 +1,14 @@
-//! [`EventWakeups`]: live wake-ups of event windows on Redis by sharded
-//! pub/sub, without polling.
+//! [`EventWakeups`] on Redis, by sharded pub/sub.
 //!
-//! Every append (`events.lua`) `SPUBLISH`es the new id on the window's
-//! wake-up channel: the stream's key with `w` for its last letter, so the
-//! same hash tag, slot and primary. The append publishes it itself, in the
-//! same script, so no append can go without its wake-up. A wake-up only
-//! says "read this window from your last id": the stream stays the only
-//! source of events.
-//!
-//! The subscriptions live on plain RESP3 connections of their own, one per
-//! primary serving a followed window (one for a single Redis), driven by
-//! the cluster's slot map (`CLUSTER SLOTS`), not by redis-rs's cluster
-//! client: that client resubscribes by itself after a reconnect or a slot
-//! change, but only when a command of its own fails, and says nothing
-//! about the wake-ups lost meanwhile; here every subscription the server
-//! confirms is reported ([`WakeReason::Subscribed`]), so the reader reads
-//! the window again from its last id and nothing published while the
-//! subscription was gone is missed. A subscription is lost when its
-//! connection drops (a primary killed, a restart), when the server drops
-//! it (`SUNSUBSCRIBE` pushed when its slot left the node: a resharding or
-//! failover), or when a slot-map check (every [`CHECK_EVERY`]) finds its
-//! slot on another primary; each lost channel is subscribed again on the
-//! primary that serves it now, retried with a backoff until it is.
+//! Every append `SPUBLISH`es in its own script on the window's channel
+//! (the stream's key ending in `w`: same slot), so no append goes without
+//! its wake-up. Subscriptions live on RESP3 connections of their own, one
+//! per primary, placed by the slot map rather than by redis-rs's cluster
+//! client, which resubscribes without telling. Every confirmed
+//! subscription is reported ([`WakeReason::Subscribed`]) so the reader
+//! reads again; one lost (connection dropped, `SUNSUBSCRIBE` pushed, slot
+//! moved as seen by the check every [`CHECK_EVERY`]) is subscribed again
+//! where its slot is served now, with a backoff.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -42,14 +29,11 @@ use crate::store::redis::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
 use crate::sync::lock;
 
-/// How often the subscriber checks its connections (`PING`) and, on a
-/// cluster, the slot map (`CLUSTER SLOTS`): a few commands per node every
-/// two seconds, whatever the number of windows followed.
+/// How often the subscriber pings its connections and, on a cluster,
+/// checks the slot map.
 pub const CHECK_EVERY: Duration = Duration::from_secs(2);
-/// The first wait before subscribing again after a failure (doubling up to
-/// [`MAX_RETRY`]).
+/// The first backoff after a failure (doubling up to [`MAX_RETRY`]).
 const FIRST_RETRY: Duration = Duration::from_millis(50);
-/// The longest wait between two attempts to subscribe.
 const MAX_RETRY: Duration = Duration::from_secs(1);
 /// How long one subscription command or check may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -61,20 +45,17 @@ enum Command {
     Unfollow(Vec<u8>),
 }
 
-/// The Redis side of an [`EventWakeups`]: the subscriber task's commands,
-/// and the task itself until it is started.
+/// The Redis side of an [`EventWakeups`].
 struct Subscription {
     commands: mpsc::UnboundedSender<Command>,
-    /// The subscriber, until it is started.
+    /// The subscriber task, until it is started.
     idle: Mutex<Option<(Subscriber, mpsc::UnboundedReceiver<Command>)>>,
 }
 
 impl RedisStore {
-    /// Live wake-ups of this store's event windows, on connections of
-    /// their own (one per primary serving a followed window). For a store
-    /// built from a URL or from cluster seeds (plain TCP); a pool, or
-    /// cluster seeds over TLS, is [`StoreErrorKind::InvalidRequest`].
-    /// Needs Redis 7 (`SSUBSCRIBE`).
+    /// Live wake-ups of this store's event windows (Redis 7). A store not
+    /// built from a URL or plain TCP cluster seeds is
+    /// [`StoreErrorKind::InvalidRequest`].
     pub fn event_wakeups(self: &Arc<Self>) -> Result<EventWakeups, StoreError> {
         let seed = self.connection.node_info().ok_or_else(|| {
             StoreError::new(
@@ -132,8 +113,7 @@ impl Source for Subscription {
         let _ = self.commands.send(Command::Unfollow(key.to_vec()));
     }
 
-    /// Starts the subscriber task on the current runtime, once; outside
-    /// a runtime, waits for a call inside one (follows are kept).
+    /// Outside a runtime, waits for a call inside one (follows are kept).
     fn start(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -148,10 +128,8 @@ impl Source for Subscription {
 /// One primary's subscription connection.
 struct Node {
     conn: MultiplexedConnection,
-    /// Tells this connection's pushes from an older one's to the same
-    /// address.
+    /// Tells its pushes from an older connection's to the same address.
     generation: u64,
-    /// The channels subscribed on it.
     channels: HashSet<Vec<u8>>,
 }
 
@@ -161,18 +139,15 @@ struct Subscriber {
     cluster: bool,
     /// How to reach a node (its address replaced per primary), in RESP3.
     seed: ConnectionInfo,
-    /// Channel -> window key, of every window followed; shared with the
-    /// connections' push senders, so an append's wake-up goes straight to
-    /// the reader, never waiting behind this task's own work (a
-    /// subscription round, a check).
+    /// Channel -> window key of every window followed; shared with the
+    /// push senders, so a wake-up never waits behind this task's work.
     followed: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
     /// Followed channels not subscribed anywhere (new, or lost).
     pending: HashSet<Vec<u8>>,
-    /// Connections by primary address (`host:port`; `""` on a single Redis).
+    /// By primary address (`host:port`; `""` on a single Redis).
     nodes: HashMap<String, Node>,
-    /// The cluster's slot ranges and their primaries.
     ranges: Vec<(u16, u16, String)>,
-    /// Whether `ranges` must be loaded again before use.
+    /// `ranges` must be loaded again before use.
     stale: bool,
     next_generation: u64,
     pushes_tx: mpsc::UnboundedSender<(String, u64, PushInfo)>,
@@ -197,16 +172,10 @@ fn channel(push: &PushInfo) -> Option<&[u8]> {
     text(push.data.first()?).ok()
 }
 
-/// `cmd` on a subscription connection (bounded by its response timeout,
-/// [`COMMAND_TIMEOUT`]).
-async fn query(mut conn: MultiplexedConnection, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
-    cmd.query_async(&mut conn).await
-}
-
-/// Unsubscribes `channel` in the background (the answer is not needed:
-/// a push for a channel no longer followed is ignored).
-fn unsubscribe(conn: MultiplexedConnection, channel: Vec<u8>) {
-    tokio::spawn(async move { query(conn, redis::cmd("SUNSUBSCRIBE").arg(channel)).await });
+/// In the background: a push for a channel no longer followed is ignored.
+fn unsubscribe(mut conn: MultiplexedConnection, channel: Vec<u8>) {
+    let unsubscribe = redis::cmd("SUNSUBSCRIBE").arg(channel).clone();
+    tokio::spawn(async move { unsubscribe.query_async::<Value>(&mut conn).await });
 }
 
 impl Subscriber {
@@ -242,8 +211,7 @@ impl Subscriber {
             Command::Follow(key) => {
                 let channel = channel_of(&self.store.prefix, &key);
                 lock(&self.followed).insert(channel.clone(), key);
-                // Subscribed again even if it is: the caller gets its
-                // `Subscribed` wake-up either way.
+                // Subscribed again even if it is, for `Subscribed`.
                 for node in self.nodes.values_mut() {
                     node.channels.remove(&channel);
                 }
@@ -263,8 +231,7 @@ impl Subscriber {
         }
     }
 
-    /// Subscribes the pending channels at once, unless failures call for
-    /// a backoff (then when it ends).
+    /// Subscribes the pending channels now, or after a backoff.
     fn schedule(&mut self) {
         if self.pending.is_empty() {
             self.retry_at = None;
@@ -282,46 +249,38 @@ impl Subscriber {
     }
 
     fn push(&mut self, addr: &str, generation: u64, push: PushInfo) {
-        let current = self
-            .nodes
-            .get(addr)
-            .is_some_and(|node| node.generation == generation);
-        let channel = channel(&push);
+        let node = self.nodes.get_mut(addr);
+        let Some(node) = node.filter(|node| node.generation == generation) else {
+            return;
+        };
+        if push.kind == PushKind::Disconnection {
+            return self.lose(addr);
+        }
+        let Some(channel) = channel(&push) else {
+            return;
+        };
+        let key = lock(&self.followed).get(channel).cloned();
         match push.kind {
             // An `SMessage` never comes here: the push sender delivers it.
-            PushKind::SSubscribe if current => {
-                let Some(channel) = channel else { return };
-                let Some(key) = lock(&self.followed).get(channel).cloned() else {
-                    return;
-                };
+            PushKind::SSubscribe => {
+                let Some(key) = key else { return };
                 let _ = self.out.send(Wakeup::new(key, WakeReason::Subscribed));
                 self.pending.remove(channel);
-                if let Some(node) = self.nodes.get_mut(addr) {
-                    node.channels.insert(channel.to_vec());
-                }
+                node.channels.insert(channel.to_vec());
             }
-            PushKind::SUnsubscribe if current => {
-                // Dropped by the server (its slot left the node), or the
-                // answer to our own unsubscribe (then no longer followed).
-                let Some(channel) = channel else { return };
-                let lost = self
-                    .nodes
-                    .get_mut(addr)
-                    .is_some_and(|node| node.channels.remove(channel));
-                if lost && lock(&self.followed).contains_key(channel) {
-                    tracing::debug!(addr, "a wake-up subscription was dropped by redis");
-                    self.pending.insert(channel.to_vec());
-                    self.stale = true;
-                    self.schedule();
-                }
+            // Dropped by the server (its slot left the node), or the answer
+            // to our own unsubscribe (then no longer followed).
+            PushKind::SUnsubscribe if node.channels.remove(channel) && key.is_some() => {
+                tracing::debug!(addr, "a wake-up subscription was dropped by redis");
+                self.pending.insert(channel.to_vec());
+                self.stale = true;
+                self.schedule();
             }
-            PushKind::Disconnection if current => self.lose(addr),
             _ => {}
         }
     }
 
-    /// The connection to `addr` is gone: every channel on it is subscribed
-    /// again where its slot is served now.
+    /// The connection to `addr` is gone: its channels are pending again.
     fn lose(&mut self, addr: &str) {
         if let Some(node) = self.nodes.remove(addr) {
             tracing::debug!(
@@ -363,12 +322,10 @@ impl Subscriber {
                 "a cluster store without a cluster connection",
             ));
         };
-        let mut slots = redis::cmd("CLUSTER");
-        slots.arg("SLOTS");
-        let timeout = || StoreError::new(StoreErrorKind::Timeout, "CLUSTER SLOTS timed out");
+        let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
         let reply: Value = tokio::time::timeout(COMMAND_TIMEOUT, slots.query_async(&mut conn))
             .await
-            .map_err(|_| timeout())?
+            .map_err(|_| StoreError::new(StoreErrorKind::Timeout, "CLUSTER SLOTS timed out"))?
             .map_err(map_error)?;
         self.ranges = primary_ranges(&reply)
             .map_err(|message| StoreError::new(StoreErrorKind::Protocol, message))?;
@@ -376,7 +333,6 @@ impl Subscriber {
         Ok(())
     }
 
-    /// A connection to `addr`, made if needed.
     async fn node(&mut self, addr: &str) -> Result<MultiplexedConnection, StoreError> {
         if let Some(node) = self.nodes.get(addr) {
             return Ok(node.conn.clone());
@@ -431,8 +387,8 @@ impl Subscriber {
         Ok(conn)
     }
 
-    /// One round: subscribes every pending channel on the primary serving
-    /// it. What fails stays pending, retried after a backoff.
+    /// Subscribes every pending channel on its primary; what fails stays
+    /// pending.
     async fn subscribe_pending(&mut self) {
         self.retry_at = None;
         let mut failed = false;
@@ -505,17 +461,17 @@ impl Subscriber {
         self.schedule();
     }
 
-    /// Every [`CHECK_EVERY`]: a connection that no longer answers is lost,
-    /// and (cluster) channels whose slot moved to another primary are
-    /// subscribed there.
+    /// A connection that no longer answers is lost; channels whose slot
+    /// moved are subscribed on its new primary.
     async fn check(&mut self) {
         let addrs: Vec<(String, MultiplexedConnection)> = self
             .nodes
             .iter()
             .map(|(addr, node)| (addr.clone(), node.conn.clone()))
             .collect();
-        for (addr, conn) in addrs {
-            if query(conn, &redis::cmd("PING")).await.is_err() {
+        for (addr, mut conn) in addrs {
+            let ping = redis::cmd("PING").query_async::<Value>(&mut conn).await;
+            if ping.is_err() {
                 self.lose(&addr);
             }
         }

@@ -1,6 +1,5 @@
-//! [`EventWakeups`]: "read this window again", from the events backend:
-//! pushed by Redis (sharded pub/sub, see `wake.rs`), or in process by the
-//! embedded store's appends themselves (a local notify).
+//! [`EventWakeups`]: "read this window again", pushed by Redis (see
+//! `wake.rs`) or sent in process by the embedded store's appends.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -14,10 +13,9 @@ use tokio::sync::mpsc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum WakeReason {
-    /// An event was appended (the append published it).
+    /// An event was appended.
     Appended,
-    /// The window's subscription was (re)confirmed: events appended while
-    /// it was not subscribed sent wake-ups nobody heard.
+    /// The subscription was (re)confirmed: wake-ups sent before were lost.
     Subscribed,
 }
 
@@ -37,29 +35,23 @@ impl Wakeup {
     }
 }
 
-/// Wake-ups of the event windows a reader follows, from the store's
-/// events backend ([`EventWindow::wakeups`](crate::events::EventWindow::wakeups)):
-/// on Redis pushed by the server (Redis 7, single or cluster; see
-/// [`wake`](crate::events::wake) for how subscriptions survive failovers
-/// and reshardings), on the embedded store sent by every append in
-/// process.
+/// Wake-ups of the event windows a reader follows
+/// ([`EventWindow::wakeups`](crate::events::EventWindow::wakeups)): pushed
+/// by Redis 7 (see [`wake`](crate::events::wake)), or sent in process by
+/// the embedded store's appends.
 ///
-/// Follow a window ([`follow`](Self::follow)) before reading where it
-/// stands, then read it from the last id seen on every [`Wakeup`]
-/// ([`next`](Self::next)); a [`WakeReason::Subscribed`] comes once the
-/// subscription holds, and again after every resubscription.
+/// [`follow`](Self::follow) a window before reading where it stands, then
+/// read it from the last id seen on every [`Wakeup`].
 pub struct EventWakeups {
     source: Box<dyn Source>,
     wakeups: tokio::sync::Mutex<mpsc::UnboundedReceiver<Wakeup>>,
 }
 
-/// Where wake-ups come from: the embedded store's appends, or Redis's
-/// pushes through the subscriber task (see `wake.rs`).
+/// Where wake-ups come from: the embedded store's appends, or Redis.
 pub(crate) trait Source: Send + Sync + 'static {
     fn follow(&self, key: Vec<u8>);
     fn unfollow(&self, key: &[u8]);
-    /// Called by every [`EventWakeups::next`]: a task not started yet
-    /// starts on the caller's runtime.
+    /// Called by every [`EventWakeups::next`], to start a task on its runtime.
     fn start(&self) {}
 }
 
@@ -89,8 +81,7 @@ impl EventWakeups {
     }
 
     /// The next wake-up; `None` once the source is gone (Redis's
-    /// subscriber task, with its runtime). Cancel-safe. One caller at a
-    /// time gets each wake-up.
+    /// subscriber task, with its runtime). Cancel-safe.
     pub async fn next(&self) -> Option<Wakeup> {
         self.source.start();
         self.wakeups.lock().await.recv().await
@@ -103,8 +94,7 @@ impl EventWakeups {
     }
 }
 
-/// The local notify of one embedded store: every reader's follower,
-/// told of each append to a window it follows.
+/// The local notify of one embedded store.
 #[derive(Default)]
 pub(crate) struct LocalWakeups {
     followers: Mutex<Vec<Weak<Follower>>>,
@@ -129,7 +119,6 @@ impl Source for Arc<Follower> {
 }
 
 impl LocalWakeups {
-    /// Wake-ups of this store's appends.
     pub(crate) fn wakeups(&self) -> EventWakeups {
         let (out, wakeups) = mpsc::unbounded_channel();
         let follower = Arc::new(Follower {

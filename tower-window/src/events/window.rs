@@ -14,20 +14,13 @@ pub const MAX_FIELDS: usize = 32;
 pub const MAX_FIELD_NAME: usize = 64;
 /// The largest page [`EventWindow::since`] reads at once.
 pub const MAX_PAGE: u32 = 10_000;
-/// The most events one [`EventWindow::append_many`] appends (a bound on
-/// one store call's work; the Redis script refuses more as well).
+/// The most events one [`EventWindow::append_many`] appends.
 pub const MAX_BATCH: usize = 64;
 
-/// An append-only, time-bounded log of events per key, with epochs, so
-/// that a reader resuming from a [`Position`] gets exactly the events it
-/// missed, in order, or is told to resync — never a false "recovered".
-///
-/// Every operation is one store call that runs through its [`Store`]'s
-/// resilience stack (its breaker for the key's failure domain, in-flight
-/// bound, time budget and retries of calls the store certainly did not
-/// apply), so one set of breakers describes the store's health for rate
-/// limits and events alike; its store calls are recorded under the name
-/// `events`. Cheap to clone.
+/// An append-only, time-bounded log of events per key, with epochs (see
+/// the [module](super)). Every operation is one store call through the
+/// [`Store`]'s resilience stack, recorded under the name `events`. Cheap
+/// to clone.
 ///
 /// ```
 /// use std::time::Duration;
@@ -61,29 +54,25 @@ struct Inner {
     /// `None`: the store has no events backend.
     backend: Option<Arc<dyn Backend>>,
     retention: Retention,
-    /// Its store calls, recorded under the name `events`.
     metrics: Arc<LimiterMetrics>,
 }
 
 impl EventWindow {
     /// Event windows in `store`, keeping what `retention` says.
     pub fn new(store: impl Into<Store>, retention: Retention) -> Self {
+        let store = store.into();
+        let inner = Inner {
+            backend: crate::store::plugged!(store, dyn Backend),
+            store,
+            retention,
+            metrics: LimiterMetrics::named("events"),
+        };
         Self {
-            inner: Arc::new({
-                let store = store.into();
-                Inner {
-                    backend: crate::store::plugged!(store, dyn Backend),
-                    store,
-                    retention,
-                    metrics: LimiterMetrics::named("events"),
-                }
-            }),
+            inner: Arc::new(inner),
         }
     }
 
-    /// Live wake-ups of these windows from the store's events backend
-    /// (see [`EventWakeups`](crate::events::EventWakeups)), or why the
-    /// store has none.
+    /// Live [`EventWakeups`](crate::events::EventWakeups) of these windows.
     pub fn wakeups(&self) -> Result<crate::events::EventWakeups, StoreError> {
         let backend = self.inner.backend.clone();
         backend
@@ -91,9 +80,7 @@ impl EventWindow {
             .wakeups()
     }
 
-    /// Live reads of these windows with one blocking `XREAD` (a single
-    /// Redis: see [`EventTail`](crate::events::EventTail)), or why the
-    /// store has none.
+    /// Live reads of these windows: an [`EventTail`](crate::events::EventTail).
     #[cfg(feature = "redis")]
     pub fn tail(&self) -> Result<crate::events::EventTail, StoreError> {
         let redis = self.inner.store.backend(|native| match native {
@@ -116,8 +103,7 @@ impl EventWindow {
     }
 
     /// Appends an event with `fields` (1 to [`MAX_FIELDS`], names of 1 to
-    /// [`MAX_FIELD_NAME`] bytes) to the window `key`, trimming what is past
-    /// the window or beyond its `max_len`.
+    /// [`MAX_FIELD_NAME`] bytes) to the window `key`.
     pub async fn append(
         &self,
         key: impl AsRef<[u8]>,
@@ -130,14 +116,9 @@ impl EventWindow {
         .await
     }
 
-    /// Appends `events` (1 to [`MAX_BATCH`], each with fields as
-    /// [`append`](Self::append) takes them) to the window `key`, in order,
-    /// in one store call: on Redis one script call and one wake-up for the
-    /// whole batch, where separate appends would take a round trip each
-    /// (and, sent at once, could overtake each other). Each event follows
-    /// the one before it as if appended alone; a batch out of bounds is
-    /// [`StoreErrorKind::InvalidRequest`] and appends nothing. Returns
-    /// where each event went, in order.
+    /// Appends `events` (1 to [`MAX_BATCH`], each as [`append`](Self::append)
+    /// takes it) to the window `key` in order, in one store call; a bad
+    /// batch is [`StoreErrorKind::InvalidRequest`] and appends nothing.
     ///
     /// ```
     /// use std::time::Duration;
@@ -165,10 +146,7 @@ impl EventWindow {
         .await
     }
 
-    /// The window's current position: its epoch (a new one if the window
-    /// was gone) and its last event's id. A reader that starts here and
-    /// resumes later gets every event appended in between. Refreshes the
-    /// window's expiry.
+    /// The window's current position (a new epoch if it was gone), refreshing its expiry.
     pub async fn position(&self, key: impl AsRef<[u8]>) -> Result<Position, StoreError> {
         self.run(key.as_ref(), |backend, guard, request| {
             backend.head(guard, request)
@@ -177,9 +155,7 @@ impl EventWindow {
     }
 
     /// One page: at most `limit` (1 to [`MAX_PAGE`]) events after `from`,
-    /// in order, if none after it was dropped and its epoch is current;
-    /// else why not. A full page may have more after it: read on from its
-    /// last id.
+    /// or why they cannot be given. A full page may have more after it.
     pub async fn since(
         &self,
         key: impl AsRef<[u8]>,
@@ -193,8 +169,7 @@ impl EventWindow {
         .await
     }
 
-    /// Every event after `from`, read in pages of `page` events: each page
-    /// is checked again, so events dropped while paging make it a resync.
+    /// Every event after `from`, read in pages of `page` like [`since`](Self::since).
     pub async fn resume(
         &self,
         key: impl AsRef<[u8]>,
@@ -205,18 +180,15 @@ impl EventWindow {
         let mut all: Vec<Event> = Vec::new();
         let mut at = from.clone();
         loop {
-            match self.since(key, &at, page).await? {
-                Resume::Resync(reason) => return Ok(Resume::Resync(reason)),
-                Resume::Recovered(events) => {
-                    let full = events.len() >= page as usize;
-                    if let Some(last) = events.last() {
-                        at.last_id = Some(last.id);
-                    }
-                    all.extend(events);
-                    if !full {
-                        return Ok(Resume::Recovered(all));
-                    }
-                }
+            let events = match self.since(key, &at, page).await? {
+                Resume::Recovered(events) => events,
+                resync => return Ok(resync),
+            };
+            let full = events.len() >= page as usize;
+            at.last_id = events.last().map(|last| last.id).or(at.last_id);
+            all.extend(events);
+            if !full {
+                return Ok(Resume::Recovered(all));
             }
         }
     }
@@ -229,8 +201,6 @@ impl EventWindow {
         .await
     }
 
-    /// One operation on the window `key`, through the store's resilience
-    /// stack.
     fn run<'a, T: Send + 'a>(
         &'a self,
         key: &'a [u8],
@@ -252,9 +222,8 @@ fn invalid(message: &'static str) -> StoreError {
     StoreError::new(StoreErrorKind::InvalidRequest, message)
 }
 
-/// Whether `fields` can be an event. Checked by the window and again by
-/// every store, so that a direct [`Backend`] caller gets the same typed
-/// error and a store's work per append stays bounded.
+/// Checked by the window (no store call for a bad request) and again by
+/// every store (for direct [`Backend`] callers).
 pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
     if fields.is_empty() || fields.len() > MAX_FIELDS {
         return Err(invalid("an event has 1 to 32 fields"));
@@ -268,7 +237,7 @@ pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Whether `events` can be one batch; checked like [`check_fields`].
+/// Checked like [`check_fields`].
 pub(crate) fn check_batch(events: &[&[(&str, &[u8])]]) -> Result<(), StoreError> {
     if events.is_empty() || events.len() > MAX_BATCH {
         return Err(invalid("a batch has 1 to 64 events"));
@@ -276,7 +245,7 @@ pub(crate) fn check_batch(events: &[&[(&str, &[u8])]]) -> Result<(), StoreError>
     events.iter().try_for_each(|fields| check_fields(fields))
 }
 
-/// Whether `limit` is a page size; checked like [`check_fields`].
+/// Checked like [`check_fields`].
 pub(crate) fn check_limit(limit: u32) -> Result<(), StoreError> {
     if limit == 0 || limit > MAX_PAGE {
         return Err(invalid("a page holds 1 to 10000 events"));
