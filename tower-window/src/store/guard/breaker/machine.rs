@@ -7,11 +7,7 @@ use std::time::Duration;
 
 use super::shared::Shared;
 use super::window::{Outcome, Window};
-#[cfg(test)]
-use super::BreakerConfig;
 use crate::clock::duration_micros;
-#[cfg(test)]
-use crate::Clock;
 
 /// The state of a circuit breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,11 +80,6 @@ pub(crate) struct Breaker {
 }
 
 impl Breaker {
-    #[cfg(test)]
-    pub(crate) fn new(config: BreakerConfig, clock: Arc<dyn Clock>) -> Self {
-        Self::with_shared(Shared::new(config, clock))
-    }
-
     pub(super) fn with_shared(shared: Arc<Shared>) -> Self {
         Self {
             shared,
@@ -266,7 +257,14 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::ManualClock;
+    use crate::store::guard::breaker::BreakerConfig;
+    use crate::{Clock, ManualClock};
+
+    impl Breaker {
+        fn new(config: BreakerConfig, clock: Arc<dyn Clock>) -> Self {
+            Self::with_shared(Shared::new(config, clock))
+        }
+    }
 
     const FAST: Duration = Duration::from_millis(1);
     const SLOW: Duration = Duration::from_millis(30);
