@@ -1,11 +1,10 @@
-//! One breaker's state machine: closed, open until a cooldown ends,
-//! half-open with a few probes.
+//! One breaker's state machine.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::shared::Shared;
+use super::shards::Shared;
 use super::window::{Outcome, Window};
 use crate::clock::duration_micros;
 
@@ -73,7 +72,6 @@ pub(crate) struct Ticket {
     probe: bool,
 }
 
-/// A circuit breaker.
 pub(crate) struct Breaker {
     shared: Arc<Shared>,
     state: Mutex<State>,
@@ -127,11 +125,7 @@ impl Breaker {
         })
     }
 
-    /// The store answered, after `latency` (measured by the caller, from
-    /// sending the call to its answer).
-    ///
-    /// A success slower than the slow-call threshold counts toward the
-    /// slow-call trigger; as a half-open probe it opens the breaker again.
+    /// The store answered, after `latency`.
     pub(crate) fn success(&self, ticket: Ticket, latency: Duration) {
         let now = self.shared.clock.now_micros();
         let slow = self
@@ -158,7 +152,6 @@ impl Breaker {
         }
     }
 
-    /// The store failed.
     pub(crate) fn failure(&self, ticket: Ticket) {
         let now = self.shared.clock.now_micros();
         let mut state = self.lock();
@@ -179,9 +172,8 @@ impl Breaker {
         }
     }
 
-    /// The call ended without an outcome: cancelled, or not a store fault
-    /// (our own overload: the in-flight bound was full, the pool wait ran
-    /// out). Never counts toward opening; a probe's slot is freed.
+    /// The call ended without an outcome (cancelled, or not the store's
+    /// fault): nothing is counted, and a probe's slot is freed.
     pub(crate) fn release(&self, ticket: Ticket) {
         if !ticket.probe {
             return;
@@ -220,17 +212,16 @@ impl Breaker {
         generation
     }
 
-    /// Opens the breaker until the cooldown from `now` ends.
     fn open(&self, state: MutexGuard<'_, State>, now: u64) {
         let cooldown = duration_micros(self.shared.config.cooldown);
         let until_micros = now.saturating_add(cooldown);
         self.transition(state, Mode::Open { until_micros });
     }
 
-    /// Counts `outcome` at `now` in the rolling window, if a trigger uses
-    /// it, and tells whether the window's counts trip the breaker: the
-    /// failure ratio (after a failure) or the slow-call share (after any
-    /// outcome, as a fast call or a failure may complete `min_calls`).
+    /// Counts `outcome` in the rolling window, if a trigger uses it, and
+    /// tells whether a trigger trips: the failure ratio after a failure,
+    /// the slow-call share after any outcome (any may complete
+    /// `min_calls`).
     fn count_trips(&self, state: &mut State, now: u64, outcome: Outcome) -> bool {
         let config = &self.shared.config;
         let Some(width) = config.bucket_width() else {
