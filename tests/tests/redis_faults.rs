@@ -203,10 +203,12 @@ fn quota() -> Quota {
 
 /// One gateway node: its own store (connection), breaker and fallback.
 fn node(url: &str, clock: &ManualClock, policy: Policy, prefix: &str) -> Limiter {
-    let store = RedisStore::from_url(url)
-        .unwrap()
+    let store = RedisStore::builder()
+        .url(url)
         .prefix(prefix)
-        .connect_timeout(Duration::from_millis(500));
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
     // The breaker runs on the store handle's clock, the fallback on the
     // limiter's: both the manual one.
     let store = Store::builder(store)
@@ -580,7 +582,11 @@ async fn a_denied_hot_key_costs_redis_one_call_per_node_per_retry_period() {
     let clock = ManualClock::new(T0);
     let nodes: Vec<Limiter> = (0..3)
         .map(|_| {
-            let store = RedisStore::from_url(&redis.url()).unwrap().prefix("hot:");
+            let store = RedisStore::builder()
+                .url(redis.url())
+                .prefix("hot:")
+                .build()
+                .unwrap();
             let store = Store::builder(store)
                 .clock(clock.clone())
                 .timeout(Duration::from_secs(2))
@@ -622,9 +628,11 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
     let mut nodes = Vec::new();
     for _ in 0..NODES {
         let proxy = FaultProxy::start(redis.addr()).await.unwrap();
-        let store = RedisStore::from_url(&proxy.redis_url())
-            .unwrap()
-            .prefix("bound:");
+        let store = RedisStore::builder()
+            .url(proxy.redis_url())
+            .prefix("bound:")
+            .build()
+            .unwrap();
         let store = Store::builder(store)
             .clock(clock.clone())
             .timeout(BUDGET)
@@ -745,7 +753,13 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
     // Redis says so.
     assert_eq!(recorded, LIMIT, "units in the log");
     let direct = Limiter::new(
-        Store::bare(RedisStore::from_url(&redis.url()).unwrap().prefix("bound:")),
+        Store::bare(
+            RedisStore::builder()
+                .url(redis.url())
+                .prefix("bound:")
+                .build()
+                .unwrap(),
+        ),
         quota,
     );
     let d = direct.check(&key, 1).await.unwrap();

@@ -41,9 +41,11 @@ async fn exercise(store: RedisStore) {
 async fn single_server_all_algorithms() {
     let server = RedisServer::shared();
     exercise(
-        RedisStore::from_url(&server.url())
-            .unwrap()
-            .prefix("smoke:"),
+        RedisStore::builder()
+            .url(server.url())
+            .prefix("smoke:")
+            .build()
+            .unwrap(),
     )
     .await;
 }
@@ -51,9 +53,11 @@ async fn single_server_all_algorithms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_time_is_used_without_a_clock() {
     let server = RedisServer::shared();
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .prefix("smoke-time:");
+    let store = RedisStore::builder()
+        .url(server.url())
+        .prefix("smoke-time:")
+        .build()
+        .unwrap();
     // Bare: the first call connects, which no time budget should decide.
     let limiter = Limiter::new(Store::bare(store), "2/1m".parse::<Quota>().unwrap());
     let d = limiter
@@ -92,9 +96,11 @@ async fn unreachable_server_is_unavailable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_all_algorithms() {
     let cluster = RedisCluster::shared();
-    let store = RedisStore::cluster(cluster.urls())
-        .unwrap()
-        .prefix("smoke:");
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .prefix("smoke:")
+        .build()
+        .unwrap();
     store.connect().await.unwrap();
     exercise(store).await;
 }
@@ -105,10 +111,24 @@ async fn pools_single_and_cluster() {
     let pool = deadpool_redis::Config::from_url(server.url())
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .unwrap();
-    exercise(RedisStore::from_pool(pool).prefix("smoke-pool:")).await;
+    exercise(
+        RedisStore::builder()
+            .pool(pool)
+            .prefix("smoke-pool:")
+            .build()
+            .unwrap(),
+    )
+    .await;
     let cluster = RedisCluster::shared();
     let pool = deadpool_redis::cluster::Config::from_urls(cluster.urls())
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .unwrap();
-    exercise(RedisStore::from_cluster_pool(pool).prefix("smoke-pool:")).await;
+    exercise(
+        RedisStore::builder()
+            .cluster_pool(pool)
+            .prefix("smoke-pool:")
+            .build()
+            .unwrap(),
+    )
+    .await;
 }

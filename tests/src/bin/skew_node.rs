@@ -2,7 +2,7 @@
 //! meant to run under libfaketime so its own clock is skewed.
 //!
 //! `skew_node [--caller-clock] <redis-url> <prefix> <quota>...` builds one bare
-//! `Limiter::new(Store::bare(RedisStore::from_url(url)?.prefix(prefix)), quota)` per quota
+//! `Limiter::new(Store::bare(RedisStore::builder().url(url).prefix(prefix).build()?), quota)` per quota
 //! DSL (index 0, 1, … in argument order). With `--caller-clock` the store is
 //! given `.clock(SystemClock)`, i.e. it decides on this process's clock
 //! instead of Redis `TIME` (the anti-pattern the test shows failing).
@@ -43,7 +43,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .map(|dsl| {
                 let quota: Quota = dsl.parse()?;
-                let store = RedisStore::from_url(url)?.prefix(prefix.as_str());
+                let store = RedisStore::builder()
+                    .url(url)
+                    .prefix(prefix.as_str())
+                    .build()?;
                 let store = if caller_clock {
                     store.clock(SystemClock)
                 } else {

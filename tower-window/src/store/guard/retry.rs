@@ -87,11 +87,10 @@ where
         })
         .adjust(move |_, delay| {
             let delay = delay?;
-            match (deadline, Instant::now().checked_add(delay)) {
-                (_, None) => None,
-                (Some(deadline), Some(end)) if end >= deadline => None,
-                _ => Some(delay),
-            }
+            let end = Instant::now().checked_add(delay)?;
+            deadline
+                .is_none_or(|deadline| end < deadline)
+                .then_some(delay)
         })
         .await
 }

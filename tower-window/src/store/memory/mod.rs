@@ -143,13 +143,9 @@ impl MemoryStore {
             return slot;
         }
         let owned = StateKey::new(key, quota);
-        match self
-            .cache
+        self.cache
             .get_or_insert_with(&owned, || Ok::<_, Infallible>(Arc::new(Slot::new(quota))))
-        {
-            Ok(slot) => slot,
-            Err(never) => match never {},
-        }
+            .unwrap_or_else(|never| match never {})
     }
 }
 

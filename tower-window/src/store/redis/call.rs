@@ -134,19 +134,17 @@ impl RedisStore {
 
     /// The explicit clock's reading, if the store has one.
     pub(crate) fn explicit_now(&self) -> Result<Option<u64>, StoreError> {
-        match &self.clock {
-            Some(clock) => {
-                let now = clock.now_micros();
-                if now > MAX_EXPLICIT_MICROS {
-                    return Err(StoreError::new(
-                        StoreErrorKind::InvalidRequest,
-                        "clock reading beyond 2^52 microseconds",
-                    ));
-                }
-                Ok(Some(now))
-            }
-            None => Ok(None),
+        let Some(clock) = &self.clock else {
+            return Ok(None);
+        };
+        let now = clock.now_micros();
+        if now > MAX_EXPLICIT_MICROS {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "clock reading beyond 2^52 microseconds",
+            ));
         }
+        Ok(Some(now))
     }
 }
 

@@ -73,10 +73,6 @@ impl Connection {
         }
     }
 
-    pub(crate) fn set_connect_timeout(&mut self, timeout: Duration) {
-        self.connect_timeout = timeout;
-    }
-
     pub(crate) fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }

@@ -179,18 +179,6 @@ impl RedisStore {
         Self::new(Connector::ClusterPool(pool), DEFAULT_CONNECT_TIMEOUT)
     }
 
-    /// See [`RedisStoreBuilder::prefix`].
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = Arc::from(prefix.into());
-        self
-    }
-
-    /// See [`RedisStoreBuilder::connect_timeout`].
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connection.set_connect_timeout(timeout);
-        self
-    }
-
     /// See [`RedisStoreBuilder::clock`].
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::shards::Shared;
 use super::window::{Outcome, Window};
 use crate::clock::duration_micros;
+use crate::sync::lock;
 
 /// The state of a circuit breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -90,18 +91,14 @@ impl Breaker {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        crate::sync::lock(&self.state)
-    }
-
     pub(crate) fn state(&self) -> BreakerState {
-        self.lock().mode.state()
+        lock(&self.state).mode.state()
     }
 
     /// Asks to call the store; `None` means go to the fallback.
     pub(crate) fn acquire(&self) -> Option<Ticket> {
         let now = self.shared.clock.now_micros();
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         let mode = state.mode;
         let generation = match mode {
             Mode::Closed => {
@@ -133,7 +130,7 @@ impl Breaker {
             .config
             .slow
             .is_some_and(|slow| duration_micros(latency) > slow.threshold_micros);
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         if ticket.generation != state.generation {
             return;
         }
@@ -154,7 +151,7 @@ impl Breaker {
 
     pub(crate) fn failure(&self, ticket: Ticket) {
         let now = self.shared.clock.now_micros();
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         if ticket.generation != state.generation {
             return;
         }
@@ -178,7 +175,7 @@ impl Breaker {
         if !ticket.probe {
             return;
         }
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         if ticket.generation != state.generation {
             return;
         }
