@@ -74,16 +74,7 @@ impl Resilience {
             Some(None) => return Op::ready(Err(StoreError::circuit_open())),
             ticket => ticket.flatten(),
         };
-        let mut guard = Guard {
-            resilience: self,
-            outcome: Outcome {
-                resilience: &**self,
-                domain,
-                ticket,
-            },
-            calls,
-            ran: false,
-        };
+        let mut guard = Guard::new(self, domain, ticket, calls);
         let op = operation(&mut guard);
         if guard.ran {
             return op;
@@ -123,14 +114,23 @@ impl<'a> Guard<'a> {
     pub fn bare() -> Self {
         static BARE: std::sync::LazyLock<Arc<Resilience>> =
             std::sync::LazyLock::new(|| Arc::new(Resilience::bare(Arc::new(crate::SystemClock))));
+        Guard::new(&BARE, None, None, Calls::none())
+    }
+
+    fn new(
+        resilience: &'a Arc<Resilience>,
+        domain: Option<u16>,
+        ticket: Option<Ticket>,
+        calls: Calls<'a>,
+    ) -> Self {
         Guard {
-            resilience: &BARE,
+            resilience,
             outcome: Outcome {
-                resilience: &BARE,
-                domain: None,
-                ticket: None,
+                resilience,
+                domain,
+                ticket,
             },
-            calls: Calls::none(),
+            calls,
             ran: false,
         }
     }

@@ -124,47 +124,44 @@ impl Breaker {
 
     /// The store answered, after `latency`.
     pub(crate) fn success(&self, ticket: Ticket, latency: Duration) {
-        let now = self.shared.clock.now_micros();
         let slow = self
             .shared
             .config
             .slow
             .is_some_and(|slow| duration_micros(latency) > slow.threshold_micros);
-        let mut state = lock(&self.state);
-        if ticket.generation != state.generation {
-            return;
-        }
-        match state.mode {
-            Mode::Closed => {
-                state.consecutive = 0;
-                if self.count_trips(&mut state, now, Outcome::Ok { slow }) {
-                    self.open(state, now);
-                }
-            }
-            Mode::HalfOpen { .. } if ticket.probe && slow => self.open(state, now),
-            Mode::HalfOpen { .. } if ticket.probe => {
-                self.transition(state, Mode::Closed);
-            }
-            _ => {}
-        }
+        self.settle(ticket, Outcome::Ok { slow });
     }
 
     pub(crate) fn failure(&self, ticket: Ticket) {
+        self.settle(ticket, Outcome::Failed);
+    }
+
+    /// Counts a call's `outcome`, unless it was admitted under an older
+    /// generation; a slow or failed half-open probe opens the breaker again.
+    fn settle(&self, ticket: Ticket, outcome: Outcome) {
         let now = self.shared.clock.now_micros();
         let mut state = lock(&self.state);
         if ticket.generation != state.generation {
             return;
         }
-        match state.mode {
-            Mode::Closed => {
-                state.consecutive = state.consecutive.saturating_add(1);
+        match (state.mode, outcome) {
+            (Mode::Closed, _) => {
+                let failed = matches!(outcome, Outcome::Failed);
+                state.consecutive = if failed {
+                    state.consecutive.saturating_add(1)
+                } else {
+                    0
+                };
                 let n = self.shared.config.consecutive_failures;
-                let in_a_row = n > 0 && state.consecutive >= n;
-                if self.count_trips(&mut state, now, Outcome::Failed) || in_a_row {
+                let in_a_row = failed && n > 0 && state.consecutive >= n;
+                if self.count_trips(&mut state, now, outcome) || in_a_row {
                     self.open(state, now);
                 }
             }
-            Mode::HalfOpen { .. } if ticket.probe => self.open(state, now),
+            (Mode::HalfOpen { .. }, Outcome::Ok { slow: false }) if ticket.probe => {
+                self.transition(state, Mode::Closed);
+            }
+            (Mode::HalfOpen { .. }, _) if ticket.probe => self.open(state, now),
             _ => {}
         }
     }
