@@ -1,10 +1,9 @@
 //! [`RedisStore`]: windows in Redis or Redis Cluster, shared by every node.
 //!
-//! Each decision is one `EVALSHA` of one Lua script, whatever the policy:
-//! it reads Redis's own `TIME`, evaluates every quota of the policy, records
-//! the cost in all of them only if all admit, and sets a TTL on every key it
-//! writes — atomically, in one round trip. Node clocks play no part, so skew
-//! between gateway nodes changes nothing.
+//! Each decision is one `EVALSHA` of one Lua script: it reads Redis's own
+//! `TIME`, evaluates every quota of the policy, records the cost in all of
+//! them only if all admit, and sets a TTL on every key it writes, atomically
+//! in one round trip. Node clocks and their skew play no part.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -24,28 +23,22 @@
 //! # }
 //! ```
 //!
-//! Deadlines, retries, the in-flight bound and circuit breakers belong to
-//! the [`Store`](crate::Store) made from it; the client itself bounds only
-//! a connection attempt ([`RedisStoreBuilder::connect_timeout`]). Keys are
-//! laid out by [`redis_key`].
+//! Deadlines, retries and breakers belong to the [`Store`](crate::Store)
+//! made from it. Keys are laid out by [`redis_key`].
 //!
 //! # Failure domains and failover
 //!
-//! On a cluster, an operation's failure domain
-//! ([`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain))
-//! is the primary serving its hash slot, from the cluster's `CLUSTER SLOTS`
-//! (loaded on connect, reloaded in the background after `MOVED`, a failover
-//! or a refused node, at most four times a second, else once a second). A
+//! On a cluster, an operation's failure domain is the primary serving its
+//! hash slot, from `CLUSTER SLOTS` (reloaded in the background after a
+//! topology change, at most four times a second, else once a second). A
 //! dead primary opens only its own breaker, and about a second after a
-//! failover its slots get the new primary's closed breaker. A single node
-//! is one domain.
+//! failover its slots get the new primary's closed breaker.
 //!
-//! - The cluster client follows `MOVED` and `ASK` itself, at most twice and
-//!   without long waits; other errors come back at once, to be retried
-//!   within the store's budget.
-//! - Replies, the client's topology queries included, are bounded by the
-//!   connect timeout, so a node that vanished without closing its sockets
-//!   cannot stall the connection.
+//! - The cluster client follows `MOVED` and `ASK` itself, at most twice;
+//!   other errors come back at once, to be retried within the store's
+//!   budget.
+//! - Cluster replies are bounded by the connect timeout, so a node gone
+//!   without closing its sockets cannot stall the connection.
 //! - A node without our script (a promoted replica, a restart,
 //!   `SCRIPT FLUSH`) answers `NOSCRIPT` and gets it by one `EVAL`.
 //! - With `cluster-require-full-coverage yes` (Redis's default) every key
@@ -54,22 +47,20 @@
 //!
 //! # Errors and retries
 //!
-//! Only errors where Redis certainly did not run the script (a refused or
-//! never-made connection, `CLUSTERDOWN`, `TRYAGAIN`, `MOVED`, `ASK`,
-//! `MASTERDOWN`, `LOADING`, `READONLY`, `NOSCRIPT`) are
+//! Only errors where Redis certainly did not run the script (a refused
+//! connection, `CLUSTERDOWN`, `TRYAGAIN`, `MOVED`, `ASK`, `MASTERDOWN`,
+//! `LOADING`, `READONLY`, `NOSCRIPT`) are
 //! [`not_applied`](crate::StoreError::not_applied) and may be retried; a
-//! connection that breaks with a call in flight is not, since the script
-//! may have run.
+//! connection that breaks with a call in flight is not.
 //!
 //! # Connections
 //!
 //! All calls share one multiplexed (or cluster) connection, made on first
-//! use or by [`RedisStore::connect`] and again after a connection error. A
-//! `deadpool_redis` pool ([`RedisStoreBuilder::pool`]) lends one connection
-//! that the store keeps until it fails. [`redis`] and [`deadpool_redis`]
-//! are re-exported so a pool or cluster client is built with this crate's
-//! versions; give a cluster pool's `ClusterClient` few retries with short
-//! waits and a response timeout, as [`RedisStoreBuilder::cluster`] does.
+//! use or by [`RedisStore::connect`] and again after a connection error.
+//! [`redis`] and [`deadpool_redis`] are re-exported for building a pool or
+//! cluster client with this crate's versions; give a cluster pool's
+//! `ClusterClient` few retries with short waits and a response timeout, as
+//! [`RedisStoreBuilder::cluster`] does.
 
 use std::fmt;
 use std::sync::Arc;
@@ -92,8 +83,7 @@ pub(crate) mod topology;
 pub use tls::{RedisTls, RedisTlsError};
 use topology::TopologyCache;
 
-/// The `deadpool_redis` this crate is built with (for
-/// [`RedisStoreBuilder::pool`] and [`RedisStoreBuilder::cluster_pool`]).
+/// The `deadpool_redis` crate this crate is built with.
 pub use deadpool_redis;
 /// The `redis` crate this crate is built with.
 pub use redis;
@@ -327,21 +317,16 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long one connection attempt may take (default
-    /// [`DEFAULT_CONNECT_TIMEOUT`]). Attempts run in the background, so an
-    /// operation waits for one no longer than its
-    /// [`Store`](crate::Store)'s budget.
+    /// How long one connection attempt (on a cluster, also one reply) may
+    /// take (default [`DEFAULT_CONNECT_TIMEOUT`]).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
-    /// Decides with `clock` instead of the Redis server's `TIME`.
-    ///
-    /// For tests and benchmarks; in production the server's clock keeps
-    /// node clock skew out of the windows. Keys then get a TTL of at least
-    /// one minute (Redis expires them by its own clock). Readings beyond
-    /// 2^52 µs are refused.
+    /// Decides with `clock` instead of the Redis server's `TIME`: for tests
+    /// and benchmarks. Keys then get a TTL of at least one minute (Redis
+    /// expires them by its own clock); readings beyond 2^52 µs are refused.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
