@@ -215,6 +215,7 @@ store_from!(
 /// [`with_dedup`](Self::with_dedup) or [`with_events`](Self::with_events);
 /// a capability it lacks answers
 /// [`Unsupported`](crate::StoreErrorKind::Unsupported).
+#[derive(Debug)]
 pub struct Backend {
     native: Native,
     /// Capabilities' backends: given here, or plugged on first use.
@@ -242,6 +243,7 @@ pub(crate) use plugged;
 
 /// The store behind a [`Backend`]; each capability's folder implements
 /// its backend trait for both.
+#[derive(Debug)]
 pub(crate) enum Native {
     Memory(MemoryStore),
     #[cfg(feature = "redis")]
@@ -274,21 +276,6 @@ impl Backend {
     pub fn in_process(mut self, in_process: bool) -> Self {
         self.in_process = in_process;
         self
-    }
-}
-
-impl fmt::Debug for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let native = match self.native {
-            Native::Memory(_) => "memory",
-            #[cfg(feature = "redis")]
-            Native::Redis(_) => "redis",
-            Native::Own => "own",
-        };
-        f.debug_struct("Backend")
-            .field("native", &native)
-            .field("in_process", &self.in_process)
-            .finish_non_exhaustive()
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 /// One value per type, made on first use; looked up per call of an
 /// embedded backend (a read lock and a scan of a few entries).
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Parts(RwLock<Vec<(TypeId, Arc<dyn Any + Send + Sync>)>>);
 
 impl Parts {
