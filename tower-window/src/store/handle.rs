@@ -311,9 +311,10 @@ pub struct StoreBuilder {
 }
 
 impl StoreBuilder {
-    /// The default time budget of one operation on a networked backend.
+    /// The default time budget of one operation on a networked backend:
+    /// 50 ms.
     pub const DEFAULT_TIMEOUT: Duration = DEFAULT_TIMEOUT;
-    /// The default bound on calls in flight.
+    /// The default bound on calls in flight: 1024.
     pub const DEFAULT_MAX_IN_FLIGHT: usize = DEFAULT_MAX_IN_FLIGHT;
 
     /// The breakers' clock (default [`SystemClock`]); the backend keeps
