@@ -75,9 +75,11 @@ fn window(store: Arc<RedisStore>) -> EventWindow {
 async fn a_vanished_stream_changes_the_epoch() {
     let server = RedisServer::shared();
     let store = Arc::new(
-        RedisStore::from_url(&server.url())
-            .expect("url")
-            .prefix("evdel:"),
+        RedisStore::builder()
+            .url(server.url())
+            .prefix("evdel:")
+            .build()
+            .expect("url"),
     );
     let events = window(store);
     let mut conn = server.async_connection().await;
@@ -120,9 +122,11 @@ async fn a_vanished_stream_changes_the_epoch() {
 async fn both_keys_carry_a_ttl_and_share_a_slot() {
     let server = RedisServer::shared();
     let store = Arc::new(
-        RedisStore::from_url(&server.url())
-            .expect("url")
-            .prefix("evttl:"),
+        RedisStore::builder()
+            .url(server.url())
+            .prefix("evttl:")
+            .build()
+            .expect("url"),
     );
     let events = window(store);
     let mut conn = server.async_connection().await;
@@ -581,9 +585,11 @@ async fn one_wakeup_delivers_a_batch(store: Arc<RedisStore>, single: bool) {
 #[tokio::test]
 async fn one_wakeup_delivers_a_batch_single() {
     let server = RedisServer::shared();
-    let store = RedisStore::from_url(&server.url())
-        .expect("url")
-        .prefix("evbatch:");
+    let store = RedisStore::builder()
+        .url(server.url())
+        .prefix("evbatch:")
+        .build()
+        .expect("url");
     one_wakeup_delivers_a_batch(Arc::new(store), true).await;
 }
 

@@ -28,9 +28,11 @@ const LIMIT: u32 = 1000;
 const MAX_IN_FLIGHT: usize = 4;
 
 fn limiter(server: &RedisServer, algorithm: &str) -> Limiter {
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .prefix("cancel:");
+    let store = RedisStore::builder()
+        .url(server.url())
+        .prefix("cancel:")
+        .build()
+        .unwrap();
     // A day: GCRA refills one unit per 86 s, so `remaining` only goes down
     // during the test.
     let quota: Quota = format!("{LIMIT}/1d {algorithm}").trim().parse().unwrap();

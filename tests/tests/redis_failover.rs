@@ -292,10 +292,12 @@ async fn resilient(
     quota: Quota,
 ) -> (Arc<RedisStore>, Limiter, ManualClock) {
     let store = Arc::new(
-        RedisStore::cluster(cluster.urls())
-            .unwrap()
+        RedisStore::builder()
+            .cluster(cluster.urls())
             .prefix(prefix)
-            .connect_timeout(BUDGET),
+            .connect_timeout(BUDGET)
+            .build()
+            .unwrap(),
     );
     store.connect().await.unwrap();
     let clock = ManualClock::new(T0);
@@ -796,9 +798,11 @@ async fn readonly_and_moved_are_unavailable_and_not_applied() {
             })
         })
         .unwrap();
-    let store = RedisStore::from_url(&cluster.nodes()[0].url())
-        .unwrap()
-        .prefix(prefix);
+    let store = RedisStore::builder()
+        .url(cluster.nodes()[0].url())
+        .prefix(prefix)
+        .build()
+        .unwrap();
     let error = store
         .check(
             &mut Guard::bare(),

@@ -203,10 +203,12 @@ fn quota() -> Quota {
 
 /// One gateway node: its own store (connection), breaker and fallback.
 fn node(url: &str, clock: &ManualClock, policy: Policy, prefix: &str) -> Limiter {
-    let store = RedisStore::from_url(url)
-        .unwrap()
+    let store = RedisStore::builder()
+        .url(url)
         .prefix(prefix)
-        .connect_timeout(Duration::from_millis(500));
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
     // The store's clock (its breaker's, the fallback's) is the manual one;
     // Redis decides on its own TIME.
     let store = Store::builder(tower_window::store::Backend::from(store).clock(clock.clone()))
@@ -579,7 +581,11 @@ async fn a_denied_hot_key_costs_redis_one_call_per_node_per_retry_period() {
     let clock = ManualClock::new(T0);
     let nodes: Vec<Limiter> = (0..3)
         .map(|_| {
-            let store = RedisStore::from_url(&redis.url()).unwrap().prefix("hot:");
+            let store = RedisStore::builder()
+                .url(redis.url())
+                .prefix("hot:")
+                .build()
+                .unwrap();
             let store =
                 Store::builder(tower_window::store::Backend::from(store).clock(clock.clone()))
                     .timeout(Duration::from_secs(2))
@@ -619,9 +625,11 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
     let mut nodes = Vec::new();
     for _ in 0..NODES {
         let proxy = FaultProxy::start(redis.addr()).await.unwrap();
-        let store = RedisStore::from_url(&proxy.redis_url())
-            .unwrap()
-            .prefix("bound:");
+        let store = RedisStore::builder()
+            .url(proxy.redis_url())
+            .prefix("bound:")
+            .build()
+            .unwrap();
         let store = Store::builder(tower_window::store::Backend::from(store).clock(clock.clone()))
             .timeout(BUDGET)
             .breaker(
@@ -740,7 +748,13 @@ async fn the_global_bound_holds_across_nodes_and_faults() {
     // Redis says so.
     assert_eq!(recorded, LIMIT, "units in the log");
     let direct = Limiter::new(
-        Store::bare(RedisStore::from_url(&redis.url()).unwrap().prefix("bound:")),
+        Store::bare(
+            RedisStore::builder()
+                .url(redis.url())
+                .prefix("bound:")
+                .build()
+                .unwrap(),
+        ),
         quota,
     );
     let d = direct.check(&key, 1).await.unwrap();

@@ -229,9 +229,11 @@ async fn global_bound_on_single_redis() {
     for (i, quota) in quotas().into_iter().enumerate() {
         let nodes = nodes(
             || {
-                RedisStore::from_url(&server.url())
-                    .unwrap()
+                RedisStore::builder()
+                    .url(server.url())
                     .prefix("bound:")
+                    .build()
+                    .unwrap()
             },
             &quota,
         );
@@ -263,9 +265,11 @@ async fn global_bound_on_cluster_with_keys_on_every_primary() {
     for quota in quotas() {
         let nodes = nodes(
             || {
-                RedisStore::cluster(cluster.urls())
-                    .unwrap()
+                RedisStore::builder()
+                    .cluster(cluster.urls())
                     .prefix("bound:")
+                    .build()
+                    .unwrap()
             },
             &quota,
         );

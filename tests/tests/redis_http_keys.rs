@@ -277,15 +277,19 @@ fn run_id() -> u64 {
 }
 
 fn single(server: &RedisServer, name: &str) -> RedisStore {
-    RedisStore::from_url(&server.url())
-        .unwrap()
+    RedisStore::builder()
+        .url(server.url())
         .prefix(format!("hostile-{name}-{:x}:", run_id()))
+        .build()
+        .unwrap()
 }
 
 fn cluster(cluster: &RedisCluster, name: &str) -> RedisStore {
-    RedisStore::cluster(cluster.urls())
-        .unwrap()
+    RedisStore::builder()
+        .cluster(cluster.urls())
         .prefix(format!("hostile-{name}-{:x}:", run_id()))
+        .build()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

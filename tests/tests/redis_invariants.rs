@@ -105,7 +105,11 @@ fn assert_all_keys_expire(conn: &mut redis::Connection, prefix: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_has_a_ttl() {
     let server = RedisServer::shared();
-    let store = RedisStore::from_url(&server.url()).unwrap().prefix("ttl:");
+    let store = RedisStore::builder()
+        .url(server.url())
+        .prefix("ttl:")
+        .build()
+        .unwrap();
     let store = Arc::new(store);
     let decisions = workload(store).await;
     assert!(decisions.iter().any(|d| d.allowed()));
@@ -180,7 +184,13 @@ async fn ttls_end_when_the_state_stops_mattering() {
         let quota: Quota = text.parse().unwrap();
         let prefix = format!("exact-ttl-{}-{i}:", std::process::id());
         let limiter = Limiter::new(
-            Store::bare(RedisStore::from_url(&server.url()).unwrap().prefix(&prefix)),
+            Store::bare(
+                RedisStore::builder()
+                    .url(server.url())
+                    .prefix(&prefix)
+                    .build()
+                    .unwrap(),
+            ),
             quota.clone(),
         );
         let key = WindowKey::for_subject("ttl");
@@ -259,9 +269,11 @@ async fn cluster_slots_and_ttls() {
             .collect();
         assert!(slots.windows(2).all(|w| w[0] == w[1]), "{slots:?}");
     }
-    let store = RedisStore::cluster(cluster.urls())
-        .unwrap()
-        .prefix("slots:");
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .prefix("slots:")
+        .build()
+        .unwrap();
     store.connect().await.unwrap();
     let store = Arc::new(store);
     let decisions = workload(store).await; // unwraps: no CROSSSLOT or any other error

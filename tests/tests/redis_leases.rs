@@ -221,9 +221,11 @@ async fn global_bound_with_leases_on_single_redis() {
     for (i, quota) in quotas().into_iter().enumerate() {
         let nodes: Vec<Limiter> = (0..NODES)
             .map(|_| {
-                let store = RedisStore::from_url(&server.url())
-                    .unwrap()
-                    .prefix("lease:");
+                let store = RedisStore::builder()
+                    .url(server.url())
+                    .prefix("lease:")
+                    .build()
+                    .unwrap();
                 leased(store, &quota, bound_config())
             })
             .collect();
@@ -240,9 +242,11 @@ async fn global_bound_with_leases_on_cluster() {
     for (i, quota) in quotas().into_iter().enumerate() {
         let nodes: Vec<Limiter> = (0..NODES)
             .map(|_| {
-                let store = RedisStore::cluster(cluster.urls())
-                    .unwrap()
-                    .prefix("lease:");
+                let store = RedisStore::builder()
+                    .cluster(cluster.urls())
+                    .prefix("lease:")
+                    .build()
+                    .unwrap();
                 leased(store, &quota, bound_config())
             })
             .collect();
@@ -418,9 +422,11 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
         let w = quota.window_micros();
         wait_for_server_time(&server.url(), (server_time(&server.url()) / w + 1) * w).await;
         // The dead node: it reserves, spends nothing, never refunds.
-        let dead = RedisStore::from_url(&server.url())
-            .unwrap()
-            .prefix("lease-dead:");
+        let dead = RedisStore::builder()
+            .url(server.url())
+            .prefix("lease-dead:")
+            .build()
+            .unwrap();
         let lease = dead
             .reserve(
                 &mut Guard::bare(),
@@ -436,9 +442,11 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
         // until the local clock's "now + retry_after", a round trip later
         // than the store's deadline.
         let other = Store::builder(
-            RedisStore::from_url(&server.url())
-                .unwrap()
-                .prefix("lease-dead:"),
+            RedisStore::builder()
+                .url(server.url())
+                .prefix("lease-dead:")
+                .build()
+                .unwrap(),
         )
         .without_timeout()
         .without_breaker()
@@ -497,9 +505,11 @@ async fn a_dead_nodes_units_come_back_by_its_lease_deadline() {
 async fn during_an_outage_held_leases_are_spent_then_the_fallback_decides() {
     let mut server = RedisServer::start();
     let quota: Quota = "1000/1m".parse().unwrap();
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .prefix("lease-outage:");
+    let store = RedisStore::builder()
+        .url(server.url())
+        .prefix("lease-outage:")
+        .build()
+        .unwrap();
     let store = Store::builder(store)
         .timeout(Duration::from_secs(1))
         .build();
@@ -551,9 +561,11 @@ async fn during_an_outage_held_leases_are_spent_then_the_fallback_decides() {
 async fn during_an_outage_refills_ahead_fail_and_waiting_checks_fall_back() {
     let mut server = RedisServer::start();
     let quota: Quota = "1000/1m".parse().unwrap();
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .prefix("lease-outage-ahead:");
+    let store = RedisStore::builder()
+        .url(server.url())
+        .prefix("lease-outage-ahead:")
+        .build()
+        .unwrap();
     let store = Store::builder(store)
         .timeout(Duration::from_secs(1))
         .build();
@@ -730,9 +742,11 @@ async fn a_reservation_that_grants_nothing_decides_its_check_in_the_same_call() 
     let quotas = ["40/1m", "40/1m sliding-counter(1s)", "40/1m fixed-window"];
     for (i, quota) in quotas.iter().enumerate() {
         let quota: Quota = quota.parse().unwrap();
-        let store = RedisStore::from_url(&server.url())
-            .unwrap()
-            .prefix(format!("nothing-{i}:"));
+        let store = RedisStore::builder()
+            .url(server.url())
+            .prefix(format!("nothing-{i}:"))
+            .build()
+            .unwrap();
         let store = Store::builder(store)
             .without_timeout()
             .without_breaker()

@@ -297,7 +297,11 @@ async fn acl_denied_keys_log_no_secret() {
         "redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{}/",
         server.port()
     );
-    let store = RedisStore::from_url(&url).unwrap().prefix("acl-denied:");
+    let store = RedisStore::builder()
+        .url(&url)
+        .prefix("acl-denied:")
+        .build()
+        .unwrap();
     drive(store, "acl-denied", Duration::from_secs(2)).await;
     let wrong = format!(
         "redis://{ACL_USER}:{WRONG_PASSWORD}@127.0.0.1:{}/",

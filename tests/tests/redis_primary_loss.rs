@@ -101,10 +101,12 @@ async fn a_killed_primary_opens_one_breaker_and_recovers() {
     assert!(dead.len() > USERS / 5, "{} keys on the victim", dead.len());
 
     let store = Arc::new(
-        RedisStore::cluster(cluster.urls())
-            .unwrap()
+        RedisStore::builder()
+            .cluster(cluster.urls())
             .prefix(prefix)
-            .connect_timeout(Duration::from_millis(500)),
+            .connect_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap(),
     );
     // Connecting loads the cluster's slot map: a key's failure domain is
     // its primary, the same for every slot that primary serves.

@@ -50,9 +50,11 @@ async fn single_server_all_algorithms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_time_is_used_without_a_clock() {
     let server = RedisServer::shared();
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .prefix("smoke-time:");
+    let store = RedisStore::builder()
+        .url(server.url())
+        .prefix("smoke-time:")
+        .build()
+        .unwrap();
     // Bare: the first call connects, which no time budget should decide.
     let limiter = Limiter::new(Store::bare(store), "2/1m".parse::<Quota>().unwrap());
     let d = limiter

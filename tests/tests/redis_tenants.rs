@@ -47,7 +47,13 @@ struct Node {
 }
 
 async fn node(url: &str, prefix: &str, config: TenantsConfig) -> Node {
-    let store = Arc::new(RedisStore::from_url(url).unwrap().prefix(prefix));
+    let store = Arc::new(
+        RedisStore::builder()
+            .url(url)
+            .prefix(prefix)
+            .build()
+            .unwrap(),
+    );
     let registry = TenantRegistry::redis(config, Arc::clone(&store));
     let limiter = Limiter::builder(store, "1000/1m".parse::<tower_window::Quota>().unwrap())
         .local_capacity(1000)
@@ -187,7 +193,13 @@ async fn a_cut_off_node_catches_up_and_a_trimmed_one_reloads() {
 
     // Cut off again while the stream is trimmed far past B's position.
     let small = ControlConfig::default().max_len(1);
-    let store = Arc::new(RedisStore::from_url(&redis.url()).unwrap().prefix(&prefix));
+    let store = Arc::new(
+        RedisStore::builder()
+            .url(redis.url())
+            .prefix(&prefix)
+            .build()
+            .unwrap(),
+    );
     let trimmer = TenantRegistry::redis_with(file(), store, small);
     trimmer.loaded().await;
     proxy.set_mode(Mode::Refuse);
@@ -219,10 +231,12 @@ async fn lifecycle_writes_go_through_the_stores_budget_and_breakers() {
     let proxy = FaultProxy::start(redis.addr().parse().unwrap())
         .await
         .unwrap();
-    let redis_store = RedisStore::from_url(&proxy.redis_url())
-        .unwrap()
+    let redis_store = RedisStore::builder()
+        .url(proxy.redis_url())
         .prefix(&prefix)
-        .connect_timeout(Duration::from_millis(200));
+        .connect_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
     let store = Store::builder(redis_store)
         .timeout(Duration::from_millis(100))
         .breaker(
@@ -371,7 +385,13 @@ async fn reset_works_on_redis_cluster() {
         let urls = cluster.urls();
         let prefix = prefix.clone();
         async move {
-            let store = Arc::new(RedisStore::cluster(&urls).unwrap().prefix(&prefix));
+            let store = Arc::new(
+                RedisStore::builder()
+                    .cluster(&urls)
+                    .prefix(&prefix)
+                    .build()
+                    .unwrap(),
+            );
             let registry = TenantRegistry::redis(config, Arc::clone(&store));
             let limiter =
                 Limiter::builder(store, "1000/1m".parse::<tower_window::Quota>().unwrap()).build();
@@ -425,7 +445,13 @@ fn tenants_are_isolated_whatever_their_names() {
         .unwrap();
     let redis = RedisServer::shared();
     let prefix = prefix("isolation");
-    let store = Arc::new(RedisStore::from_url(&redis.url()).unwrap().prefix(&prefix));
+    let store = Arc::new(
+        RedisStore::builder()
+            .url(redis.url())
+            .prefix(&prefix)
+            .build()
+            .unwrap(),
+    );
     let limiter = Limiter::new(
         Store::bare(Arc::clone(&store)),
         "1/1m".parse::<tower_window::Quota>().unwrap(),

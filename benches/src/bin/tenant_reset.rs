@@ -65,13 +65,21 @@ async fn main() {
     let server = RedisServer::start();
     let url = server.url();
     measure("single", || {
-        RedisStore::from_url(&url).unwrap().prefix("bench:")
+        RedisStore::builder()
+            .url(&url)
+            .prefix("bench:")
+            .build()
+            .unwrap()
     })
     .await;
     let cluster = RedisCluster::start();
     let urls = cluster.urls();
     measure("cluster", || {
-        RedisStore::cluster(&urls).unwrap().prefix("bench:")
+        RedisStore::builder()
+            .cluster(&urls)
+            .prefix("bench:")
+            .build()
+            .unwrap()
     })
     .await;
 }

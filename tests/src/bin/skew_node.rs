@@ -2,7 +2,7 @@
 //! meant to run under libfaketime so its own clock is skewed.
 //!
 //! `skew_node [--caller-clock] <redis-url> <prefix> <quota>...` builds one bare
-//! `Limiter::new(Store::bare(RedisStore::from_url(url)?.prefix(prefix)), quota)` per quota
+//! `Limiter::new(Store::bare(RedisStore::builder().url(url).prefix(prefix).build()?), quota)` per quota
 //! DSL (index 0, 1, … in argument order). With `--caller-clock` the store is
 //! built with `RedisStoreBuilder::clock(SystemClock)`, i.e. it decides on this process's clock
 //! instead of Redis `TIME` (the anti-pattern the test shows failing).

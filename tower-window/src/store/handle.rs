@@ -15,20 +15,17 @@ use crate::metrics::Calls;
 use crate::{Clock, MemoryStore, SystemClock};
 
 /// A store: one backend ([`MemoryStore`], [`RedisStore`](crate::RedisStore)
-/// on one node or a cluster, or your own) and the one resilience stack
-/// every operation on it goes through: a time budget, retries only where
-/// the backend certainly did not apply the operation, a bound on calls in
-/// flight, and circuit breakers per failure domain (a Redis Cluster
-/// primary) that also trip on slow calls.
+/// or your own) and the resilience stack every operation on it goes
+/// through: a time budget, retries only where the backend certainly did not
+/// apply the operation, a bound on calls in flight, and circuit breakers
+/// per failure domain (a Redis Cluster primary) that also trip on slow
+/// calls.
 ///
-/// Every capability is made from a store, so "on the same store" is what
-/// the types say: [`Limiter`](crate::Limiter)s (policies and quota leases),
-/// [`ConnectionLimiter`](crate::ConnectionLimiter)s (connection seats),
-/// [`DedupWindow`](crate::DedupWindow)s and
-/// [`EventWindow`](crate::events::EventWindow)s share its breakers, budget
-/// and in-flight bound, and each records its store calls under its own name.
-///
-/// Cheap to clone: clones are the same store.
+/// Every capability ([`Limiter`](crate::Limiter),
+/// [`ConnectionLimiter`](crate::ConnectionLimiter),
+/// [`DedupWindow`](crate::DedupWindow),
+/// [`EventWindow`](crate::events::EventWindow)) is made from a store and
+/// shares its stack. Cheap to clone: clones are the same store.
 ///
 /// ```
 /// use std::time::Duration;
@@ -49,10 +46,6 @@ use crate::{Clock, MemoryStore, SystemClock};
 /// ```
 #[derive(Clone)]
 pub struct Store {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
     backend: Arc<Backend>,
     resilience: Arc<Resilience>,
 }
@@ -61,7 +54,7 @@ impl Store {
     /// The store's one clock (its backend's): the breakers', and the local
     /// tier's, lease tier's and fallback's of every limiter on the store.
     pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
-        &self.inner.resilience.clock
+        &self.resilience.clock
     }
 
     /// A store on the embedded [`MemoryStore`] with default settings.
@@ -69,13 +62,13 @@ impl Store {
         Self::from(MemoryStore::new())
     }
 
-    /// A builder for a store on `backend`, to set its resilience.
+    /// A builder for a store on `backend`.
     ///
-    /// Defaults: for a backend behind a network, a 50 ms budget per
-    /// operation, [`RetryConfig::default`], [`BreakerConfig::default`] and
-    /// at most 1024 calls in flight; for an in-process backend none of them
-    /// (its answers are immediate). The budget and retries use tokio's timer,
-    /// so operations must run inside a tokio runtime with time enabled.
+    /// Defaults: for a backend behind a network,
+    /// [`StoreBuilder::DEFAULT_TIMEOUT`], [`RetryConfig::default`],
+    /// [`BreakerConfig::default`] and [`StoreBuilder::DEFAULT_MAX_IN_FLIGHT`];
+    /// for an in-process backend none of them. The budget and retries need
+    /// a tokio runtime with time enabled.
     pub fn builder(backend: impl Into<Backend>) -> StoreBuilder {
         let backend = backend.into();
         let networked = !backend.in_process;
@@ -93,8 +86,7 @@ impl Store {
     }
 
     /// A store on `backend` with no budget, retries, in-flight bound or
-    /// breaker: every operation is one call to the backend, its error
-    /// returned as it is.
+    /// breaker: every operation is one call, its error returned as it is.
     pub fn bare(backend: impl Into<Backend>) -> Self {
         Self::builder(backend)
             .without_timeout()
@@ -104,14 +96,13 @@ impl Store {
             .build()
     }
 
-    /// The state of the breakers, if the store has them: over several
-    /// failure domains (a Redis Cluster's primaries) the worst one.
+    /// The worst state of the store's breakers, if it has them.
     pub fn breaker_state(&self) -> Option<BreakerState> {
         self.breakers().map(Breakers::worst)
     }
 
     fn breakers(&self) -> Option<&Breakers> {
-        self.inner.resilience.breakers.as_ref()
+        self.resilience.breakers.as_ref()
     }
 
     /// How many breakers are open (0 without breakers).
@@ -119,70 +110,60 @@ impl Store {
         self.breakers().map_or(0, Breakers::open)
     }
 
-    /// The state of the breaker of failure domain `domain`, if the store
-    /// has breakers. A domain no operation has reached yet is `Closed`.
+    /// The state of failure domain `domain`'s breaker, if the store has
+    /// breakers.
     pub(crate) fn breaker_state_of(&self, domain: Option<u16>) -> Option<BreakerState> {
         Some(self.breakers()?.state_of(domain))
     }
 
-    /// Exports the state of the store's breakers, if it has them, in
-    /// `metrics` (a capability's) from now on.
+    /// Exports the breakers' state in a capability's `metrics`.
     pub(crate) fn observe_breakers(&self, metrics: &Arc<crate::metrics::LimiterMetrics>) {
         if let Some(breakers) = self.breakers() {
             breakers.observe(metrics);
         }
     }
 
-    /// The same backend without this store's resilience stack (no budget,
-    /// retries, in-flight bound or breaker): every operation is one call to
-    /// the backend, its error returned as it is. For a probe that must see
-    /// what the backend itself answers (an unresolvable host, a refused
-    /// connection) rather than an open breaker.
+    /// The same backend as a [`bare`](Self::bare) store: for a probe that
+    /// must see what the backend answers rather than an open breaker.
     pub fn without_resilience(&self) -> Self {
         Store {
-            inner: Arc::new(Inner {
-                backend: Arc::clone(&self.inner.backend),
-                resilience: Arc::new(Resilience::bare(Arc::clone(&self.inner.resilience.clock))),
-            }),
+            backend: Arc::clone(&self.backend),
+            resilience: Arc::new(Resilience::bare(Arc::clone(&self.resilience.clock))),
         }
     }
 
     /// The time budget of one operation, if any.
     pub fn timeout(&self) -> Option<Duration> {
-        self.inner.resilience.timeout
+        self.resilience.timeout
     }
 
     /// Whether the backend answers every operation in-process.
     pub fn is_in_process(&self) -> bool {
-        self.inner.backend.in_process
+        self.backend.in_process
     }
 
     /// The backend of the capability whose backend trait is `B`: the one
-    /// given to [`Backend`], else the one `plug` makes of the store's
-    /// native backend ([`Native`]). Made once per store and shared by every
-    /// capability made from it; `None` when the store has none.
+    /// given to [`Backend`], else the one `plug` makes of the native store,
+    /// once per store.
     pub(crate) fn backend<B: ?Sized + Send + Sync + 'static>(
         &self,
         plug: impl FnOnce(&Native) -> Option<Arc<B>>,
     ) -> Option<Arc<B>> {
-        let parts = &self.inner.backend.parts;
+        let parts = &self.backend.parts;
         if let Some(backend) = parts.get::<Arc<B>>() {
             return Some(backend);
         }
-        let plugged = plug(&self.inner.backend.native)?;
+        let plugged = plug(&self.backend.native)?;
         Some(parts.get_or_insert_with(|| plugged))
     }
 
-    /// One operation of a capability on its backend, through the store's
+    /// One operation of a capability on its backend, through the
     /// resilience stack: the one way a capability reaches a backend.
     ///
-    /// `backend` is the capability's backend (`None`: the store has none,
-    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported),
-    /// naming `what`); `domain` tells the operation's failure domain when
-    /// the store keeps breakers; `calls` is where the call is recorded.
-    /// Ready at once on an in-process backend; one boxed future on a
-    /// networked one, which borrows only what the operation's does
-    /// (`'o`: `'static` for an operation that owns its request).
+    /// A missing `backend` is
+    /// [`Unsupported`](crate::StoreErrorKind::Unsupported) `what`; `domain`
+    /// is asked only when the store keeps breakers. The result borrows only
+    /// what the operation's does (`'o`).
     pub(crate) fn call<'a, 'o, B: ?Sized, T: Send + 'o>(
         &'a self,
         backend: Option<&'a B>,
@@ -194,7 +175,7 @@ impl Store {
         let Some(backend) = backend else {
             return Op::ready(Err(StoreError::unsupported(what)));
         };
-        let resilience = &self.inner.resilience;
+        let resilience = &self.resilience;
         let domain = resilience.breakers.as_ref().and_then(|_| domain(backend));
         resilience.call(domain, calls, |guard| operation(backend, guard))
     }
@@ -203,9 +184,9 @@ impl Store {
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store")
-            .field("backend", &self.inner.backend)
-            .field("timeout", &self.inner.resilience.timeout)
-            .field("retry", &self.inner.resilience.retry)
+            .field("backend", &self.backend)
+            .field("timeout", &self.resilience.timeout)
+            .field("retry", &self.resilience.retry)
             .field("breaker", &self.breaker_state())
             .finish_non_exhaustive()
     }
@@ -232,17 +213,13 @@ store_from!(
     Arc<crate::RedisStore>
 );
 
-/// A store's backend: the native store every capability plugs its own
-/// backend into ([`MemoryStore`], [`RedisStore`](crate::RedisStore)), or
-/// your own implementations of the capabilities' backend traits.
-///
-/// [`MemoryStore`] and [`RedisStore`](crate::RedisStore) convert into one
-/// with every capability. Your own backend starts from
-/// [`windows`](Self::windows) and adds what else it implements
-/// ([`with_leases`](Self::with_leases), [`with_connections`](Self::with_connections),
-/// [`with_dedup`](Self::with_dedup), [`with_events`](Self::with_events)); a
-/// capability it lacks answers
-/// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported).
+/// A store's backend: [`MemoryStore`] or [`RedisStore`](crate::RedisStore)
+/// (every capability), or your own implementations of the capabilities'
+/// backend traits, starting from [`windows`](Self::windows) and adding
+/// [`with_leases`](Self::with_leases), [`with_connections`](Self::with_connections),
+/// [`with_dedup`](Self::with_dedup) or [`with_events`](Self::with_events);
+/// a capability it lacks answers
+/// [`Unsupported`](crate::StoreErrorKind::Unsupported).
 pub struct Backend {
     native: Native,
     /// Capabilities' backends: given here, or plugged on first use.
@@ -251,10 +228,8 @@ pub struct Backend {
     clock: Arc<dyn Clock>,
 }
 
-/// The backend of the capability whose backend trait is `$backend` on the
-/// store `$store`: the one its [`Backend`] was given, else its native
-/// store's (the embedded and the Redis store implement every capability's
-/// trait, each in the capability's own folder).
+/// The backend of the capability whose backend trait is `$backend` on
+/// `$store` (see [`Store::backend`]).
 macro_rules! plugged {
     ($store:expr, $backend:ty) => {
         $store.backend::<$backend>(|native| match native {
@@ -271,12 +246,11 @@ macro_rules! plugged {
 }
 pub(crate) use plugged;
 
-/// The store behind a [`Backend`], which each capability plugs its backend
-/// into (its own folder implements its backend trait for both).
+/// The store behind a [`Backend`]; each capability's folder implements
+/// its backend trait for both.
+#[derive(Debug)]
 pub(crate) enum Native {
-    /// The embedded store.
     Memory(MemoryStore),
-    /// Redis or Redis Cluster.
     #[cfg(feature = "redis")]
     Redis(Arc<crate::RedisStore>),
     /// Only the backends given to the [`Backend`].
@@ -293,20 +267,18 @@ impl Backend {
         }
     }
 
-    /// A backend of only what is given to it (in `with_part`), behind a
-    /// network unless [`in_process`](Self::in_process) says otherwise.
+    /// A backend of only what `with_part` gives it, behind a network.
     pub(crate) fn own() -> Self {
         Self::native(Native::Own, false, Arc::new(SystemClock))
     }
 
-    /// With `backend` as the backend of the capability whose trait is `B`.
     pub(crate) fn with_part<B: ?Sized + Send + Sync + 'static>(mut self, backend: Arc<B>) -> Self {
         self.parts.insert(backend);
         self
     }
 
-    /// Whether every operation is answered in-process (then the store's
-    /// defaults bound nothing).
+    /// Whether every operation is answered in-process (then
+    /// [`Store::builder`]'s defaults bound nothing).
     pub fn in_process(mut self, in_process: bool) -> Self {
         self.in_process = in_process;
         self
@@ -324,14 +296,10 @@ impl Backend {
 
 impl fmt::Debug for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let native = match self.native {
-            Native::Memory(_) => "memory",
-            #[cfg(feature = "redis")]
-            Native::Redis(_) => "redis",
-            Native::Own => "own",
-        };
+        // The clock is a `dyn Clock`, which has no `Debug`.
         f.debug_struct("Backend")
-            .field("native", &native)
+            .field("native", &self.native)
+            .field("parts", &self.parts)
             .field("in_process", &self.in_process)
             .finish_non_exhaustive()
     }
@@ -370,8 +338,8 @@ pub struct StoreBuilder {
 }
 
 impl StoreBuilder {
-    /// The default time budget of one operation on a backend behind a
-    /// network: 50 ms.
+    /// The default time budget of one operation on a networked backend:
+    /// 50 ms.
     pub const DEFAULT_TIMEOUT: Duration = DEFAULT_TIMEOUT;
     /// The default bound on calls in flight: 1024.
     pub const DEFAULT_MAX_IN_FLIGHT: usize = DEFAULT_MAX_IN_FLIGHT;
@@ -389,8 +357,7 @@ impl StoreBuilder {
         self
     }
 
-    /// How failed calls are retried (only those the backend certainly did
-    /// not apply).
+    /// How failed calls are retried.
     pub fn retry(mut self, retry: RetryConfig) -> Self {
         self.retry = retry;
         self
@@ -408,8 +375,8 @@ impl StoreBuilder {
         self
     }
 
-    /// At most `n` calls in flight on this node; past it an operation fails
-    /// at once with [`StoreErrorKind::Overloaded`](crate::StoreErrorKind::Overloaded).
+    /// At most `n` calls in flight; past it an operation fails at once
+    /// with [`Overloaded`](crate::StoreErrorKind::Overloaded).
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = Some(n);
         self
@@ -428,15 +395,13 @@ impl StoreBuilder {
             .map(|config| Breakers::new(config, Arc::clone(&self.backend.clock)));
         let clock = Arc::clone(&self.backend.clock);
         Store {
-            inner: Arc::new(Inner {
-                backend: Arc::new(self.backend),
-                resilience: Arc::new(Resilience {
-                    timeout: self.timeout,
-                    retry: self.retry,
-                    in_flight: self.max_in_flight.map(Semaphore::new),
-                    breakers,
-                    clock,
-                }),
+            backend: Arc::new(self.backend),
+            resilience: Arc::new(Resilience {
+                timeout: self.timeout,
+                retry: self.retry,
+                in_flight: self.max_in_flight.map(Semaphore::new),
+                breakers,
+                clock,
             }),
         }
     }

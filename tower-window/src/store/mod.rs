@@ -1,15 +1,8 @@
-//! The store: the [`Store`] handle, its backends ([`MemoryStore`],
-//! [`RedisStore`]) and what a backend operation returns ([`Op`]).
-//!
-//! A [`Store`] is one backend and the one resilience stack every operation
-//! on it goes through ([`guard`]); every capability — policies
-//! ([`Limiter`](crate::Limiter)), quota leases, connection slots, dedup
-//! windows, event windows — is made from a store. Each capability defines
-//! the small backend trait it needs in its own module
-//! ([`limit::Backend`](crate::limit::Backend), [`lease::Backend`](crate::lease::Backend),
-//! [`conn::Backend`](crate::conn::Backend), [`dedup::Backend`](crate::dedup::Backend),
-//! [`events::Backend`](crate::events::Backend)); the embedded and the Redis
-//! backend implement each of them.
+//! The [`Store`] handle every capability is made from, its resilience
+//! stack ([`guard`]), its backends ([`MemoryStore`], [`RedisStore`]) and
+//! what a backend operation returns ([`Op`]). Each capability defines the
+//! backend trait it needs (e.g. [`limit::Backend`](crate::limit::Backend));
+//! both backends implement every one.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -33,11 +26,8 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use op::Op;
 pub(crate) use parts::Parts;
 
-/// One check to run against a store: a cost against every quota of a policy.
-///
-/// The cost is one number for every quota, unless the request carries a
-/// cost per quota ([`with_quota_costs`](Self::with_quota_costs)); a backend
-/// reads each quota's with [`cost_of`](Self::cost_of).
+/// One check to run against a store: a cost against every quota of a
+/// policy, read per quota with [`cost_of`](Self::cost_of).
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct CheckRequest<'a> {
@@ -45,12 +35,10 @@ pub struct CheckRequest<'a> {
     pub key: &'a WindowKey,
     /// Which quotas, decided together.
     pub policy: &'a Policy,
-    /// Units this request consumes in every quota if admitted; with
+    /// Units consumed in every quota if admitted; with
     /// [`quota_costs`](Self::quota_costs), the largest of them.
     pub cost: crate::Cost,
-    /// The units each quota consumes, in policy order, when they differ
-    /// (`None`: [`cost`](Self::cost) in every quota). As long as the
-    /// policy when set.
+    /// The units of each quota, in policy order, when they differ.
     pub quota_costs: Option<&'a [crate::Cost]>,
 }
 
@@ -66,8 +54,8 @@ impl<'a> CheckRequest<'a> {
     }
 
     /// The same check with `costs[i]` units for quota `i` of the policy
-    /// ([`cost`](Self::cost) becomes the largest). The caller keeps
-    /// `costs` as long as the policy: a missing cost reads as `cost`.
+    /// ([`cost`](Self::cost) becomes the largest; a missing one reads as
+    /// it).
     pub fn with_quota_costs(mut self, costs: &'a [crate::Cost]) -> Self {
         if let Some(largest) = costs.iter().max() {
             self.cost = *largest;
@@ -99,9 +87,8 @@ impl<'a> CheckRequest<'a> {
     }
 }
 
-/// A [`CheckRequest`] that owns what it names: for a backend behind a
-/// network, whose operation's future owns what it needs and outlives the
-/// call (see [`limit::Backend`](crate::limit::Backend)).
+/// A [`CheckRequest`] that owns what it names, for a future that outlives
+/// the call.
 ///
 /// ```
 /// use tower_window::store::OwnedCheckRequest;
@@ -147,7 +134,7 @@ impl From<CheckRequest<'_>> for OwnedCheckRequest {
 
 type Source = Box<dyn StdError + Send + Sync + 'static>;
 
-/// What kind of failure a [`StoreError`] is, for fallback and retry decisions.
+/// What kind of failure a [`StoreError`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum StoreErrorKind {
@@ -163,8 +150,7 @@ pub enum StoreErrorKind {
     InvalidRequest,
     /// The store does not implement this operation.
     Unsupported,
-    /// The store was not called: the circuit breaker of its failure domain
-    /// is open (it failed recently and is cooling down).
+    /// The store was not called: its failure domain's breaker is open.
     CircuitOpen,
 }
 
@@ -208,8 +194,7 @@ impl StoreError {
         }
     }
 
-    /// The circuit breaker of the operation's failure domain is open: the
-    /// store was not called.
+    /// A [`CircuitOpen`](StoreErrorKind::CircuitOpen) error.
     pub fn circuit_open() -> Self {
         Self::new(StoreErrorKind::CircuitOpen, "circuit breaker open")
     }
@@ -222,17 +207,15 @@ impl StoreError {
         )
     }
 
-    /// Marks the error as one where the store certainly did not apply the
-    /// operation (the connection was refused, the cluster said `TRYAGAIN`
-    /// or `MOVED`, ...): only such errors are retried, so a retry never
-    /// charges a request twice.
+    /// Marks that the store certainly did not apply the operation (a
+    /// refused connection, `TRYAGAIN`, ...): only such errors are retried,
+    /// so a retry never charges a request twice.
     pub fn not_applied(mut self) -> Self {
         self.not_applied = true;
         self
     }
 
-    /// Whether the store certainly did not apply the operation (see
-    /// [`not_applied`](Self::not_applied)).
+    /// Whether the error is [`not_applied`](Self::not_applied).
     pub fn is_not_applied(&self) -> bool {
         self.not_applied
     }
@@ -253,8 +236,8 @@ impl StoreError {
         &self.message
     }
 
-    /// Whether trying again soon may succeed without charging twice: the
-    /// store is unavailable and certainly did not apply the operation.
+    /// Whether the error is [`Unavailable`](StoreErrorKind::Unavailable)
+    /// and [`not_applied`](Self::not_applied): worth retrying.
     pub fn is_retryable(&self) -> bool {
         self.not_applied && matches!(self.kind, StoreErrorKind::Unavailable)
     }
@@ -266,8 +249,7 @@ impl fmt::Display for StoreError {
     }
 }
 
-/// What `?` in `main` prints: the `Display` text (the kind included) and
-/// the cause, which `Display` leaves to [`source`](StdError::source).
+/// What `?` in `main` prints: the `Display` text and the cause.
 impl fmt::Debug for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{self}")?;

@@ -9,14 +9,11 @@ use futures_util::future::BoxFuture;
 
 use crate::store::StoreError;
 
-/// One store operation's answer: ready at once (an in-process backend such
-/// as [`MemoryStore`](crate::MemoryStore)), or a future (a backend behind a
-/// network, such as [`RedisStore`](crate::RedisStore)).
-///
-/// One code path serves both: the caller asks [`into_ready`](Self::into_ready)
-/// and, only when the answer has to wait, awaits the rest (an `Op` is also
-/// a future itself). A backend behind a network builds its future with
-/// [`Guard::run`](crate::store::Guard::run).
+/// One store operation's answer: ready at once (an in-process backend), or
+/// a future (a networked one, built with
+/// [`Guard::run`](crate::store::Guard::run)). The caller asks
+/// [`into_ready`](Self::into_ready) and awaits only an answer that has to
+/// wait (an `Op` is a future itself).
 ///
 /// ```
 /// use tower_window::store::Op;
@@ -62,7 +59,6 @@ impl<'a, T> Op<'a, T> {
         matches!(self.state, State::Ready(Some(_)))
     }
 
-    /// The answer, if it is available now, left in place.
     #[inline]
     pub(crate) fn ready_ref(&self) -> Option<&Result<T, StoreError>> {
         match &self.state {

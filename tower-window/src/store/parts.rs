@@ -1,30 +1,22 @@
-//! [`Parts`]: what capabilities keep on a store, one value per type.
-//!
-//! The store names no capability. A capability keeps what it needs on the
-//! store under a type of its own: its backend on a [`Store`](crate::Store)
-//! handle (so every capability made from one store shares it), its
-//! embedded state on a [`MemoryStore`](crate::MemoryStore) (so every store
-//! handle on one embedded store shares that).
+//! [`Parts`]: what capabilities keep on a store under a type of their own,
+//! so the store names no capability.
 
 use std::any::{Any, TypeId};
 use std::sync::{Arc, PoisonError, RwLock};
 
-/// One value per type, made on first use. Looked up when a capability is
-/// made or per call of an embedded backend (a read lock and a scan of a few
-/// entries), never held across a call.
-#[derive(Default)]
+/// One value per type, made on first use; looked up per call of an
+/// embedded backend (a read lock and a scan of a few entries).
+#[derive(Debug, Default)]
 pub(crate) struct Parts(RwLock<Vec<(TypeId, Arc<dyn Any + Send + Sync>)>>);
 
 impl Parts {
-    /// The value of type `T`, if one was kept.
     pub(crate) fn get<T: Clone + Send + Sync + 'static>(&self) -> Option<T> {
         let parts = self.0.read().unwrap_or_else(PoisonError::into_inner);
         find(&parts)
     }
 
-    /// The value of type `T`, made by `make` and kept if there was none.
-    /// Two callers racing both may make one; the first kept wins, so every
-    /// caller gets the same value.
+    /// The value of type `T`, made by `make` if there was none (of racing
+    /// callers, the first to keep one wins).
     pub(crate) fn get_or_insert_with<T: Clone + Send + Sync + 'static>(
         &self,
         make: impl FnOnce() -> T,
@@ -41,7 +33,7 @@ impl Parts {
         made
     }
 
-    /// Keeps `value` as the value of type `T`, in place of any before it.
+    /// Keeps `value` in place of any value of type `T`.
     pub(crate) fn insert<T: Send + Sync + 'static>(&mut self, value: T) {
         let parts = self.0.get_mut().unwrap_or_else(PoisonError::into_inner);
         parts.retain(|(id, _)| *id != TypeId::of::<T>());

@@ -1,16 +1,8 @@
-//! The store handle's one resilience stack: a time budget, retries only
-//! where the store certainly did not apply an operation, a bound on calls
-//! in flight, and circuit breakers per failure domain with the slow-call
-//! trip.
-//!
-//! Every operation of every capability goes through
-//! [`Store::call`](crate::Store): it asks the failure domain's breaker,
-//! lends the operation a [`Guard`], and, for an answer ready at once (an
-//! in-process backend), reports it to the breaker there and then. A
-//! backend behind a network builds its future with [`Guard::run`], which
-//! puts the budget, the retries, the in-flight bound, the breaker's
-//! bookkeeping and the call's metrics into that one boxed future: one
-//! allocation per call, whatever the stack does.
+//! The [`Store`](crate::Store)'s resilience stack. Every operation asks
+//! its failure domain's breaker and is lent a [`Guard`]; an answer ready at
+//! once is reported to the breaker there and then, and a networked backend
+//! builds its future with [`Guard::run`], which puts the whole stack and
+//! the call's metrics into that one boxed future.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -32,24 +24,20 @@ use crate::metrics::{Calls, StoreTimer};
 use crate::store::{StoreError, StoreErrorKind};
 use crate::Clock;
 
-/// Default time budget of one store operation, retries included.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
-/// Default bound on store calls in flight per store handle.
 pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
-/// The bounds put on each store call, and the breakers.
 pub(crate) struct Resilience {
     pub(crate) timeout: Option<Duration>,
     pub(crate) retry: RetryConfig,
     pub(crate) in_flight: Option<Semaphore>,
     pub(crate) breakers: Option<Breakers>,
-    /// The breakers' clock (cooldowns, rolling windows, probe latency).
+    /// The breakers' clock.
     pub(crate) clock: Arc<dyn Clock>,
 }
 
 impl Resilience {
-    /// No timeout, no retries, no in-flight bound, no breaker: a bare call.
     pub(crate) fn bare(clock: Arc<dyn Clock>) -> Self {
         Self {
             timeout: None,
@@ -60,8 +48,7 @@ impl Resilience {
         }
     }
 
-    /// Reserves a slot for one store call, or an `Overloaded` error when
-    /// the node already has as many in flight as allowed.
+    /// Reserves a slot for one store call, if the bound allows.
     fn try_reserve(&self) -> Result<Option<SemaphorePermit<'_>>, StoreError> {
         match &self.in_flight {
             None => Ok(None),
@@ -74,10 +61,7 @@ impl Resilience {
         }
     }
 
-    /// Starts one operation in failure domain `domain`: the breaker's
-    /// permission, then `operation` with a [`Guard`]. An answer ready at
-    /// once is reported to the breaker here; a guarded future reports its
-    /// own.
+    /// Runs `operation` in failure domain `domain` if its breaker allows.
     #[inline]
     pub(crate) fn call<'a, 'o, T: Send + 'o>(
         self: &'a Arc<Self>,
@@ -90,26 +74,16 @@ impl Resilience {
             Some(None) => return Op::ready(Err(StoreError::circuit_open())),
             ticket => ticket.flatten(),
         };
-        let mut guard = Guard {
-            resilience: self,
-            outcome: Outcome {
-                resilience: &**self,
-                domain,
-                ticket,
-            },
-            calls,
-            ran: false,
-        };
+        let mut guard = Guard::new(self, domain, ticket, calls);
         let op = operation(&mut guard);
         if guard.ran {
             return op;
         }
         match op.ready_ref() {
             Some(result) => {
-                // Decided in-process: nothing to time, retry or bound, and
-                // no latency worth a slow-call trip. The answer is looked
-                // at where it lies and handed on as it is (a decision is
-                // large: moving it out and back costs more than the rest).
+                // Decided in-process: nothing to time, retry or bound. The
+                // answer is looked at in place (a decision is large:
+                // moving it out and back costs more than the rest).
                 let error = result.as_ref().err();
                 guard.calls.store_call(StoreTimer::start(false), error);
                 match error {
@@ -124,12 +98,9 @@ impl Resilience {
     }
 }
 
-/// One store call's share of its store handle's resilience, lent to the
-/// backend operation by the handle.
-///
-/// An in-process backend ignores it and answers with
-/// [`Op::ready`]. A backend behind a network answers with
-/// [`run`](Self::run).
+/// One call's share of its [`Store`](crate::Store)'s resilience stack,
+/// lent to the backend operation: an in-process backend ignores it and
+/// answers [`Op::ready`]; a networked one answers with [`run`](Self::run).
 pub struct Guard<'a> {
     resilience: &'a Arc<Resilience>,
     outcome: Outcome<&'a Resilience>,
@@ -138,33 +109,36 @@ pub struct Guard<'a> {
 }
 
 impl<'a> Guard<'a> {
-    /// A guard of no store handle: no budget, no retries, no in-flight
-    /// bound, no breaker, nothing recorded. For calling a backend directly
-    /// (as its conformance tests do); a [`Store`](crate::Store) lends its
-    /// own guard to every operation.
+    /// A guard of no store: nothing bounded or recorded. For calling a
+    /// backend directly, as its conformance tests do.
     pub fn bare() -> Self {
         static BARE: std::sync::LazyLock<Arc<Resilience>> =
             std::sync::LazyLock::new(|| Arc::new(Resilience::bare(Arc::new(crate::SystemClock))));
+        Guard::new(&BARE, None, None, Calls::none())
+    }
+
+    fn new(
+        resilience: &'a Arc<Resilience>,
+        domain: Option<u16>,
+        ticket: Option<Ticket>,
+        calls: Calls<'a>,
+    ) -> Self {
         Guard {
-            resilience: &BARE,
+            resilience,
             outcome: Outcome {
-                resilience: &BARE,
-                domain: None,
-                ticket: None,
+                resilience,
+                domain,
+                ticket,
             },
-            calls: Calls::none(),
+            calls,
             ran: false,
         }
     }
 
-    /// The operation as a future bounded by the store handle's stack:
-    /// `attempt` makes one attempt (called again for a retry, only after
-    /// an error the store marked [`not_applied`](StoreError::not_applied)),
-    /// all within the time budget and the in-flight bound; the outcome goes
-    /// to the failure domain's breaker and to the store-call metrics.
-    ///
-    /// The future owns its share of the stack: it borrows only what
-    /// `attempt` borrows (nothing, for an attempt that owns its request).
+    /// The operation as a future bounded by the stack: `attempt` makes one
+    /// attempt, and is called again only after an error marked
+    /// [`not_applied`](StoreError::not_applied). The future borrows only
+    /// what `attempt` does.
     pub fn run<'o, T, F, Fut>(&mut self, attempt: F) -> Op<'o, T>
     where
         T: Send + 'o,
@@ -180,8 +154,7 @@ impl<'a> Guard<'a> {
             ticket: self.outcome.ticket.take(),
         };
         Op::pending(async move {
-            // Dropping `outcome` on an early return (or a cancelled call)
-            // frees a half-open probe's slot without counting anything.
+            // Dropping `outcome` early (or cancelled) frees a probe's slot.
             let _permit = resilience.try_reserve()?;
             let timer = StoreTimer::start(true);
             let started = resilience.clock.now_micros();
@@ -223,8 +196,7 @@ impl<'a> Guard<'a> {
         })
     }
 
-    /// Bounds a future a backend built without [`run`](Self::run) (one
-    /// attempt: the guard cannot make another).
+    /// Bounds a future built without [`run`](Self::run), with no retry.
     fn run_once<'o, T: Send + 'o>(mut self, op: Op<'o, T>) -> Op<'o, T> {
         let mut op = Some(op);
         self.run(move || {
@@ -251,19 +223,16 @@ impl std::fmt::Debug for Guard<'_> {
     }
 }
 
-/// Reports a call's outcome to its breaker exactly once; a call that is
-/// dropped (cancelled) reports nothing and frees its probe slot. `R` is how
-/// it holds the stack: borrowed while the call starts, owned (`Arc`) by a
-/// guarded future.
+/// Reports a call's outcome to its breaker once; dropped unreported, it
+/// frees its probe slot. `R` borrows the stack while the call starts and
+/// owns it in a guarded future.
 struct Outcome<R: Deref<Target = Resilience>> {
     resilience: R,
     domain: Option<u16>,
-    /// Held only with a breaker.
     ticket: Option<Ticket>,
 }
 
 impl<R: Deref<Target = Resilience>> Outcome<R> {
-    /// The breaker and the ticket, once.
     fn take(&mut self) -> Option<(&Breaker, Ticket)> {
         let ticket = self.ticket.take()?;
         let breakers = self.resilience.breakers.as_ref()?;
@@ -276,9 +245,8 @@ impl<R: Deref<Target = Resilience>> Outcome<R> {
         }
     }
 
-    /// A failed call: a store failure, unless `error` is the caller's
-    /// fault or our own overload (a pool wait), which say nothing of the
-    /// store's health.
+    /// A store failure, unless `error` is the caller's fault or our own
+    /// overload, which say nothing of the store's health.
     fn failure(&mut self, error: &StoreError) {
         let Some((b, t)) = self.take() else {
             return;

@@ -1,6 +1,4 @@
-//! Retries of a store call: exponential backoff with full jitter, only of
-//! errors where the store certainly did not apply the call, within the
-//! time budget.
+//! Retries of a store call.
 
 use std::time::Duration;
 
@@ -9,15 +7,10 @@ use tokio::time::Instant;
 
 use crate::store::StoreError;
 
-/// How a failed store call is retried.
-///
-/// Only errors the store marks retryable ([`StoreError::is_retryable`]:
-/// unavailable, and certainly not applied — connection refused, cluster
-/// down or resharding; never a reset after the command was sent, so a retry
-/// never charges a request twice) are retried,
-/// with exponential backoff and full jitter (each wait is uniformly random
-/// between zero and the exponential delay). A retry whose wait would end
-/// past the time budget is not made.
+/// How a failed store call is retried: only
+/// [retryable](StoreError::is_retryable) errors, so a retry never charges
+/// a request twice, with exponential backoff and full jitter (each wait
+/// uniform between zero and the delay), and never past the time budget.
 ///
 /// Default: up to 2 retries, delays from 2 ms doubling up to 20 ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,9 +60,8 @@ impl RetryConfig {
     }
 }
 
-/// Runs `operation` with retries of the errors where the store certainly
-/// did not apply it ([`StoreError::is_retryable`]), never starting a wait
-/// that would end past `deadline`; `on_retry` is called before each retry.
+/// Runs `operation` with `retry`'s retries, never starting a wait that
+/// would end past `deadline`; `on_retry` is called before each.
 pub(crate) async fn with_retries<T, F, Fut>(
     retry: RetryConfig,
     operation: F,
@@ -88,8 +80,6 @@ where
     operation
         .retry(full_jitter(backoff))
         .sleep(tokio::time::sleep)
-        // Only errors where the store certainly did not apply the
-        // operation: a retry never charges a request twice.
         .when(StoreError::is_retryable)
         .notify(|error, _| {
             on_retry();
@@ -97,18 +87,15 @@ where
         })
         .adjust(move |_, delay| {
             let delay = delay?;
-            // Never start a wait that would end past the budget.
-            match (deadline, Instant::now().checked_add(delay)) {
-                (_, None) => None,
-                (Some(deadline), Some(end)) if end >= deadline => None,
-                _ => Some(delay),
-            }
+            let end = Instant::now().checked_add(delay)?;
+            deadline
+                .is_none_or(|deadline| end < deadline)
+                .then_some(delay)
         })
         .await
 }
 
-/// Full jitter over an exponential backoff: each delay is uniformly random
-/// in `[0, delay]` (backon's own jitter adds to the delay instead).
+/// Each delay uniform in `[0, delay]` (backon's jitter adds to it instead).
 fn full_jitter(
     backoff: ExponentialBuilder,
 ) -> impl Iterator<Item = Duration> + Send + Sync + Unpin {

@@ -1,6 +1,4 @@
-//! A policy's slots locked together, and a policy decided on them: the one
-//! way a check and a quota lease of the embedded store touch several
-//! windows at once.
+//! A policy's slots locked together, and a policy decided on them.
 
 use std::sync::{Arc, MutexGuard};
 
@@ -18,11 +16,9 @@ pub(crate) struct Locked<'a> {
 }
 
 impl MemoryStore {
-    /// Runs `f` with every slot of `policy` for `key` locked. The locks are
-    /// taken in one global order (by address), so two calls on overlapping
-    /// policies never wait on each other in a cycle and none sees a
-    /// half-recorded policy; a slot found evicted is looked up again, with
-    /// every lock let go meanwhile (never held while waiting for the cache).
+    /// Runs `f` with every slot of `policy` for `key` locked, in one global
+    /// order (by address) so overlapping policies never deadlock. A slot
+    /// found evicted is looked up again, with every lock let go meanwhile.
     pub(crate) fn with_policy_locked<T>(
         &self,
         key: &WindowKey,
@@ -58,11 +54,9 @@ impl MemoryStore {
 }
 
 impl Locked<'_> {
-    /// Decides one request against `policy` at `now`: every quota is
-    /// evaluated, and only if every enforced one fits is the cost
-    /// (`cost_of` the quota's index) committed, to every quota it fits (a
-    /// shadow quota that does not records nothing). How a check decides,
-    /// and a lease reservation that grants nothing.
+    /// Decides one request against `policy` at `now`: the cost (`cost_of`
+    /// each quota's index) is committed only if every enforced quota fits,
+    /// and then to every quota it fits.
     pub(crate) fn decide(
         &mut self,
         policy: &Policy,
@@ -87,7 +81,6 @@ impl Locked<'_> {
                 .zip(&evaluations)
                 .enumerate()
             {
-                // A shadow quota the cost does not fit records nothing.
                 if evaluation.fits() {
                     inner.state.commit(quota, now, cost_of(i));
                 }

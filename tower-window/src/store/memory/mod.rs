@@ -1,33 +1,10 @@
 //! [`MemoryStore`]: the embedded, single-process store.
 //!
-//! State lives in a bounded, sharded [quick_cache] cache keyed by (tenant,
-//! subject, quota state id), one entry per quota window, each behind its own
-//! lock. A check of a policy locks every quota's entry in one global order,
-//! evaluates all of them and records the cost in all only if all admit:
-//! atomic per policy, with no deadlock between overlapping policies.
-//! Decisions use the algorithms in [`crate::algorithm`] with time from an
-//! injectable [`Clock`].
-//!
-//! Memory is bounded by the number of keys ([`MemoryStoreBuilder::max_keys`],
-//! default [`MemoryStore::DEFAULT_MAX_KEYS`]); a new key is always stored,
-//! and beyond the bound the cache evicts by S3-FIFO (keys checked only once
-//! go before keys checked repeatedly, so a flood of one-off keys does not
-//! push out the windows of active ones).
-//!
-//! Expiry is inside the values: a key whose window has passed reads as empty
-//! and is overwritten by its next admission, so entries need no timers
-//! ([`MemoryStore::run_pending_tasks`] drops idle ones on demand).
-//!
-//! # What a bounded store forgets
-//!
-//! Eviction by capacity forgets a key's window: the units that key was
-//! charged in its current window. The next check of the key starts a new,
-//! empty window, so within one window the key can be admitted up to its limit
-//! again on top of what was forgotten — never more. A check already in
-//! flight on the evicted entry when it is evicted (holding its lock) sees
-//! that the entry was evicted and decides on the key's new entry instead, so
-//! it is counted once, in the new window. Size `max_keys` for the number of
-//! keys active within one window and eviction forgets only idle keys.
+//! One entry per (key, quota) window in a bounded, sharded [quick_cache]
+//! cache, each behind its own lock. A policy's check locks every quota's
+//! entry in one global order (`locked`), so it is atomic per policy and
+//! overlapping policies cannot deadlock. Expiry is inside the values: a
+//! window that has passed reads as empty, so entries need no timers.
 //!
 //! [quick_cache]: https://docs.rs/quick_cache
 
@@ -54,13 +31,18 @@ use crate::{Clock, MonotonicClock, Quota, WindowKey};
 pub(crate) type SlotCache =
     Cache<StateKey, Arc<Slot>, UnitWeighter, DefaultHashBuilder, MarkEvicted>;
 
-/// How often a check retries on a key's new entry after finding the one it
-/// locked evicted. Each retry follows an eviction of that very entry, which
-/// needs an insert of another key in between; past this, a check decides on
-/// the entry it holds (its admission is then part of what the eviction forgot).
+/// How often a check looks a key up again after finding the entry it
+/// locked evicted; past this it decides on the entry it holds (its
+/// admission is then part of what the eviction forgot).
 pub(crate) const MAX_EVICTED_RETRIES: usize = 8;
 
-/// The embedded store: bounded, in-process, atomic per key.
+/// The embedded store: bounded, in-process, atomic per policy.
+///
+/// At most [`max_keys`](MemoryStoreBuilder::max_keys) keys are kept; past
+/// that the cache evicts by S3-FIFO (keys seen once go before keys seen
+/// repeatedly). Eviction forgets a key's window, so the key may be admitted
+/// up to its limit again within that window, never more: size `max_keys`
+/// for the keys active within one window and only idle keys are forgotten.
 ///
 /// Cheap to clone; clones share one cache. Use it for a single process, or
 /// in tests with a [`ManualClock`](crate::ManualClock):
@@ -83,13 +65,11 @@ pub(crate) const MAX_EVICTED_RETRIES: usize = 8;
 /// ```
 #[derive(Clone)]
 pub struct MemoryStore {
-    /// Windows: one slot per (key, quota).
     pub(crate) cache: Arc<SlotCache>,
     pub(crate) clock: Arc<dyn Clock>,
     max_keys: u64,
     grace_micros: u64,
-    /// Each capability's embedded state, defined in its own folder and
-    /// made on first use.
+    /// Each capability's embedded state, made on first use.
     parts: Arc<Parts>,
 }
 
@@ -100,8 +80,7 @@ impl MemoryStore {
     /// The default [`expiry_grace`](MemoryStoreBuilder::expiry_grace).
     pub const DEFAULT_EXPIRY_GRACE: Duration = Duration::from_secs(1);
 
-    /// A store with default settings: the [`MonotonicClock`] and at most
-    /// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys.
+    /// A store with default settings.
     pub fn new() -> Self {
         Self::builder().build()
     }
@@ -116,23 +95,17 @@ impl MemoryStore {
         self.max_keys
     }
 
-    /// The number of keys held, at most [`max_keys`](Self::max_keys). It
-    /// includes keys whose windows have passed (they read as empty) until
-    /// capacity pressure or [`run_pending_tasks`](Self::run_pending_tasks)
-    /// drops them.
+    /// The number of keys held, idle ones included until capacity pressure
+    /// or [`run_pending_tasks`](Self::run_pending_tasks) drops them.
     pub fn entry_count(&self) -> u64 {
         self.cache.len() as u64
     }
 
     /// Drops every entry idle for longer than its quota's
     /// [longest state lifetime](Quota::max_state_lifetime) plus the
-    /// [grace](MemoryStoreBuilder::expiry_grace), on the store's clock, so
-    /// that [`entry_count`](Self::entry_count) counts live keys only.
-    ///
-    /// Never needed for correctness or for the memory bound (evictions by
-    /// size happen inline, and an idle entry reads as empty); it walks the
-    /// whole cache, so it is for tests and diagnostics, not the hot path.
-    /// Entries being checked at that moment are kept.
+    /// [grace](MemoryStoreBuilder::expiry_grace), except those being
+    /// checked. Never needed for correctness or the memory bound; it walks
+    /// the whole cache, so it is for tests and diagnostics.
     pub fn run_pending_tasks(&self) {
         let now = self.clock.now_micros();
         let grace = self.grace_micros;
@@ -155,8 +128,7 @@ impl MemoryStore {
         });
     }
 
-    /// A capability's embedded state of type `T`, made by `make` on first
-    /// use and shared by every clone of this store.
+    /// A capability's embedded state of type `T`, made on first use.
     pub(crate) fn part<T: Clone + Send + Sync + 'static>(
         &self,
         make: impl FnOnce(&Self) -> T,
@@ -164,21 +136,16 @@ impl MemoryStore {
         self.parts.get_or_insert_with(|| make(self))
     }
 
-    /// The slot of `key`'s state under `quota`: one lookup by borrowed parts
-    /// (a hit clones nothing but the `Arc`), or an insert for a new key that
-    /// gives every concurrent check of that key the same slot.
+    /// The slot of `key`'s state under `quota` (looked up by borrowed
+    /// parts; a new key's concurrent checks all get the same slot).
     pub(crate) fn slot(&self, key: &WindowKey, quota: &Quota) -> Arc<Slot> {
         if let Some(slot) = self.cache.get(&StateKeyRef::new(key, quota)) {
             return slot;
         }
         let owned = StateKey::new(key, quota);
-        match self
-            .cache
+        self.cache
             .get_or_insert_with(&owned, || Ok::<_, Infallible>(Arc::new(Slot::new(quota))))
-        {
-            Ok(slot) => slot,
-            Err(never) => match never {},
-        }
+            .unwrap_or_else(|never| match never {})
     }
 }
 
@@ -213,7 +180,7 @@ pub struct MemoryStoreBuilder {
     clock: Arc<dyn Clock>,
     max_keys: u64,
     expiry_grace: Duration,
-    /// Capabilities' embedded state set up by their builder methods.
+    /// Capabilities' state set up by their builder methods.
     pub(crate) parts: Parts,
 }
 
@@ -238,29 +205,25 @@ impl fmt::Debug for MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
-    /// The time source for all decisions (default [`MonotonicClock`]; give
-    /// [`SystemClock`](crate::SystemClock) to follow wall-clock adjustments).
+    /// The time source of all decisions (default [`MonotonicClock`];
+    /// [`SystemClock`](crate::SystemClock) follows wall-clock adjustments).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
     }
 
-    /// The most keys kept (default [`MemoryStore::DEFAULT_MAX_KEYS`]; at
-    /// least 1). A key is one (tenant, subject, quota) triple.
-    ///
-    /// The cache is split in shards by key hash, each bounded to its share,
-    /// so under capacity pressure a key may be evicted while the store as a
-    /// whole holds somewhat fewer than `max_keys`.
+    /// The most (tenant, subject, quota) keys kept (default
+    /// [`MemoryStore::DEFAULT_MAX_KEYS`]; at least 1). Each shard of the
+    /// cache is bounded to its share, so a key may be evicted while the
+    /// store holds somewhat fewer.
     pub fn max_keys(mut self, max_keys: u64) -> Self {
         self.max_keys = max_keys.max(1);
         self
     }
 
-    /// How long past its quota's longest state lifetime, on the store's
-    /// clock, an idle key's entry is kept by
-    /// [`MemoryStore::run_pending_tasks`] (default
-    /// [`MemoryStore::DEFAULT_EXPIRY_GRACE`]). Decisions never depend on it:
-    /// an idle entry reads as empty either way.
+    /// How long past its quota's longest state lifetime an idle entry is
+    /// kept by [`MemoryStore::run_pending_tasks`] (default
+    /// [`MemoryStore::DEFAULT_EXPIRY_GRACE`]). Decisions never depend on it.
     pub fn expiry_grace(mut self, grace: Duration) -> Self {
         self.expiry_grace = grace;
         self
@@ -286,23 +249,19 @@ impl MemoryStoreBuilder {
 
 /// One key's state.
 pub(crate) struct Slot {
-    /// Locked for the duration of one check: that is what makes a check
-    /// atomic per key.
+    /// Locked for the duration of one check.
     pub(crate) inner: Mutex<SlotInner>,
-    /// [`Quota::max_state_lifetime`] in µs: how long the state may matter
-    /// after the last check.
+    /// [`Quota::max_state_lifetime`] in µs.
     pub(crate) lifetime_micros: u64,
 }
 
 pub(crate) struct SlotInner {
     pub(crate) state: State,
-    /// The clock reading of the last check (µs).
     pub(crate) last_check: u64,
-    /// Set, under this lock, once the cache has dropped the slot: a check
-    /// that then gets the lock looks the key up again.
+    /// Set once the cache dropped the slot: a check that then gets the
+    /// lock looks the key up again.
     pub(crate) evicted: bool,
-    /// What a capability keeps beside the window (the quota leases whose
-    /// units still count here): a null pointer unless one does.
+    /// What a capability keeps beside the window (quota leases).
     pub(crate) extra: Option<Box<dyn std::any::Any + Send>>,
 }
 
@@ -320,9 +279,8 @@ impl Slot {
     }
 }
 
-/// Marks slots the cache evicts, once the cache's shard lock is released
-/// (a check holding a slot's lock never waits for a shard, and an eviction
-/// never waits for a slot under a shard's lock).
+/// Marks slots the cache evicts once its shard lock is released, so no
+/// one waits for a slot's lock under a shard's.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct MarkEvicted;
 

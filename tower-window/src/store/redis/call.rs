@@ -1,7 +1,6 @@
-//! One Redis call (a command or a script) with the store's connection
-//! handling: reconnect after a connection error, slot-map refresh after a
-//! topology change, `NOSCRIPT` answered by one `EVAL` (see
-//! [`script`](super::script)). Shared by every store operation.
+//! One Redis call with the store's connection handling: reconnect after a
+//! connection error, slot-map refresh after a topology change, `NOSCRIPT`
+//! answered by one `EVAL` (see [`script`](super::script)).
 
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
@@ -14,15 +13,11 @@ use super::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
 use crate::WindowKey;
 
-/// The largest explicit timestamp a script accepts: Lua numbers are
-/// doubles, exact for integers up to 2^53.
+/// The largest explicit timestamp: Lua numbers are doubles.
 pub(crate) const MAX_EXPLICIT_MICROS: u64 = 1 << 52;
 
-/// What to send.
 pub(crate) enum Call<'a> {
-    /// A plain command.
     Cmd(&'a redis::Cmd),
-    /// A script, by `EVALSHA` (by `EVAL` on `NOSCRIPT`).
     Script(&'a ScriptCall),
 }
 
@@ -44,8 +39,7 @@ impl RedisStore {
         })
     }
 
-    /// Has the slot map reloaded (in the background, when due) if `error`
-    /// says the cluster's topology changed.
+    /// Has the slot map reloaded if `error` says the topology changed.
     fn note_topology_change(&self, cluster: &ClusterConnection, error: &RedisError) {
         if is_topology_change(error) {
             self.topology.mark_stale();
@@ -53,23 +47,14 @@ impl RedisStore {
         }
     }
 
-    /// Sends `calls` (of `script`, each touching one hash slot; the
-    /// slots may differ) to the cluster primary that serves `slot`, in one
-    /// pipeline: one round trip for all of them. The pipeline opens with a
-    /// `SCRIPT LOAD` of `script`, so a node without it (a promoted
-    /// replica, a restart) runs every call instead of answering
-    /// `NOSCRIPT`.
+    /// Sends `calls` of `script` (each on one hash slot, not necessarily
+    /// the same) to the primary serving `slot` in one pipeline, after a
+    /// `SCRIPT LOAD` so a node without the script runs them all.
     ///
-    /// Answers each call's reply, in order (an error reply as
-    /// `Value::ServerError`: a call whose slot is served elsewhere answers
-    /// `MOVED`), or `None` when the pipeline as a whole was redirected
-    /// (`MOVED`, `ASK`, `TRYAGAIN`: some slot moved, and the cluster
-    /// client sends the whole pipeline after the redirect, where the other
-    /// calls are refused in turn; `READONLY`: the node is a replica now)
-    /// and no call's reply is known. Either way
-    /// the slot map is refreshed when a reply says the topology changed.
-    /// Only for calls that may run twice: the cluster client may resend
-    /// the pipeline after a redirect.
+    /// Answers each call's reply in order (a call whose slot moved answers
+    /// `MOVED` as a `Value::ServerError`), or `None` when the whole
+    /// pipeline was redirected and no reply is known. Only for calls that
+    /// may run twice: the cluster client may resend it after a redirect.
     pub(crate) async fn call_routed(
         &self,
         slot: u16,
@@ -122,8 +107,8 @@ impl RedisStore {
                             | ServerErrorKind::ReadOnly
                     )
                 ) {
-                    // The node answered, but not for every slot: nothing
-                    // wrong with it (its breaker hears a success).
+                    // The node answered, only not for every slot: a
+                    // success for its breaker.
                     return Ok(None);
                 }
                 Err(map_error(error))
@@ -131,12 +116,10 @@ impl RedisStore {
         }
     }
 
-    /// The failure domain of the hash slot `slot` (a cluster primary), or
-    /// `None` on a single node or before the slot map loaded. Computed
-    /// without I/O; it also has the slot map reloaded in the background
-    /// when it is due, since it is asked for operations whose breaker is
-    /// open and that never reach Redis: a failed primary's slots move to
-    /// their new primary's (closed) breaker without a call first.
+    /// The failure domain of hash slot `slot` (a cluster primary), if
+    /// known. Also has the slot map reloaded when due: it is asked even
+    /// while a breaker is open and nothing reaches Redis, so a failed
+    /// primary's slots reach their new primary's breaker without a call.
     pub(crate) fn slot_domain(&self, slot: u16) -> Option<u16> {
         if !self.connection.is_cluster() {
             return None;
@@ -149,30 +132,24 @@ impl RedisStore {
         self.topology.domain_of(slot)
     }
 
-    /// The explicit clock's reading, if the store has one (tests), checked
-    /// to fit a Lua number exactly.
+    /// The explicit clock's reading, if the store has one.
     pub(crate) fn explicit_now(&self) -> Result<Option<u64>, StoreError> {
-        match &self.clock {
-            Some(clock) => {
-                let now = clock.now_micros();
-                if now > MAX_EXPLICIT_MICROS {
-                    return Err(StoreError::new(
-                        crate::StoreErrorKind::InvalidRequest,
-                        "clock reading beyond 2^52 microseconds",
-                    ));
-                }
-                Ok(Some(now))
-            }
-            None => Ok(None),
+        let Some(clock) = &self.clock else {
+            return Ok(None);
+        };
+        let now = clock.now_micros();
+        if now > MAX_EXPLICIT_MICROS {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidRequest,
+                "clock reading beyond 2^52 microseconds",
+            ));
         }
+        Ok(Some(now))
     }
 }
 
-/// Sends `call` on `conn`: a command as it is; a script by `EVALSHA`, and
-/// when the node answers `NOSCRIPT` (a restart, a promoted replica, a
-/// `SCRIPT FLUSH`) by one `EVAL` of its source to the same node, which runs
-/// it and caches it there. `NOSCRIPT` means the script did not run, so the
-/// `EVAL` cannot apply it twice.
+/// Sends `call` on `conn`; a script by `EVALSHA`, then by `EVAL` on
+/// `NOSCRIPT` (which means it did not run, so it cannot run twice).
 pub(crate) async fn send<T: FromRedisValue>(
     conn: &Conn,
     call: &Call<'_>,
@@ -198,8 +175,8 @@ async fn query<T: FromRedisValue>(conn: &Conn, cmd: &redis::Cmd) -> Result<T, re
     }
 }
 
-/// Appends `<prefix>{<tenant>:<subject>}` (the subject form's hash tag, as
-/// [`redis_key`](super::redis_key) writes it) to `out`.
+/// Appends `<prefix>{<tenant>:<subject>}`, as
+/// [`redis_key`](super::redis_key) writes it.
 pub(crate) fn subject_tag(out: &mut Vec<u8>, prefix: &str, key: &WindowKey) {
     write_prefix(out, prefix);
     out.push(b'{');

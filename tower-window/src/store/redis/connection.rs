@@ -1,10 +1,7 @@
-//! Getting a connection without paying for it on the hot path.
-//!
-//! All decisions of one store share one multiplexed connection (or one
-//! cluster connection), cloned per call: a clone is a handle, not a socket,
-//! and sends nothing. A connection is made on first use by a background task
-//! (so a caller's deadline never cuts a slow connect short for everyone) and
-//! made again only after a connection-level error.
+//! The store's one shared connection, cloned per call (a handle, not a
+//! socket). It is made on first use by a background task, so one caller's
+//! deadline never cuts a slow connect short for everyone, and made again
+//! only after a connection-level error.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,17 +18,13 @@ use crate::sync::lock;
 
 /// How to make a connection.
 pub(crate) enum Connector {
-    /// A plain client from a URL.
     Client(redis::Client),
-    /// A deadpool pool: one pooled connection is taken and multiplexed.
     Pool(deadpool_redis::Pool),
-    /// Redis Cluster seed nodes, and the TLS settings for every node.
+    /// Seed nodes, and the TLS settings for every node.
     Cluster(Vec<redis::ConnectionInfo>, super::tls::TlsSettings),
-    /// A deadpool cluster pool: one pooled cluster connection is taken and shared.
     ClusterPool(deadpool_redis::cluster::Pool),
 }
 
-/// A cheap, cloneable handle to send commands on.
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(MultiplexedConnection),
@@ -44,8 +37,7 @@ pub(crate) struct Dedicated {
     _keeper: Keeper,
 }
 
-/// Keeps a pooled connection checked out while its handle is in use (its
-/// `Drop` returns it to the pool).
+/// A pooled connection, checked out until dropped.
 type Keeper = Option<Box<dyn std::any::Any + Send + Sync>>;
 
 type ConnectResult = Result<(Conn, u64), (StoreErrorKind, String)>;
@@ -81,17 +73,11 @@ impl Connection {
         }
     }
 
-    pub(crate) fn set_connect_timeout(&mut self, timeout: Duration) {
-        self.connect_timeout = timeout;
-    }
-
-    /// How long one connection attempt may take.
     pub(crate) fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
 
-    /// The client of a store made from a URL (to open a dedicated
-    /// connection, e.g. for blocking reads), `None` otherwise.
+    /// The client of a store made from a URL.
     pub(crate) fn client(&self) -> Option<redis::Client> {
         match &*self.connector {
             Connector::Client(client) => Some(client.clone()),
@@ -99,10 +85,8 @@ impl Connection {
         }
     }
 
-    /// How to reach one node of this store directly (for a connection
-    /// of another kind, such as the event windows' RESP3 subscriptions):
-    /// the URL's server, or the first cluster seed (whose user, password
-    /// and settings every node shares). `None` for a pool.
+    /// The URL's server, or the first cluster seed (whose credentials and
+    /// settings every node shares); `None` for a pool.
     pub(crate) fn node_info(&self) -> Option<redis::ConnectionInfo> {
         match &*self.connector {
             Connector::Client(client) => Some(client.get_connection_info().clone()),
@@ -192,9 +176,8 @@ impl Connection {
         .shared()
     }
 
-    /// A connection of its own, never shared with the store's calls (for
-    /// a reader that blocks, such as the tenant registry's `XREAD BLOCK`);
-    /// from a pool, one checked out for as long as it is held.
+    /// A connection of its own, for a reader that blocks (`XREAD BLOCK`);
+    /// from a pool, one checked out while it is held.
     pub(crate) async fn dedicated(&self) -> Result<Dedicated, StoreError> {
         let (conn, keeper) = connect(&self.connector, self.connect_timeout, Use::Dedicated).await?;
         Ok(Dedicated {
@@ -203,8 +186,8 @@ impl Connection {
         })
     }
 
-    /// Drops the connection of `generation` after a connection-level error,
-    /// so the next call connects again. Cluster connections heal themselves.
+    /// Drops the connection of `generation` after a connection-level error
+    /// (a cluster connection heals itself).
     pub(crate) fn invalidate(&self, generation: u64) {
         if self.is_cluster() {
             return;
@@ -219,25 +202,21 @@ impl Connection {
 /// What a connection is for.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Use {
-    /// The store's shared connection: calls with a time budget each.
+    /// The store's calls, each with a time budget.
     Shared,
-    /// A connection of its own that may block (`XREAD BLOCK`).
+    /// A reader that may block.
     Dedicated,
 }
 
-/// How often the cluster client retries a call itself: enough to follow a
-/// `MOVED` and then an `ASK` redirect. Everything else (`CLUSTERDOWN`,
-/// `TRYAGAIN`, a refused connection) comes back to the limiter, whose
-/// retries fit its time budget and never repeat a call that may have run.
-/// redis-rs's default (16 retries, waits from 1.28 s) outlasts any budget,
-/// so during a failover every call used to time out instead of failing.
+/// The cluster client's own retries: enough to follow a `MOVED` and then an
+/// `ASK`. Other errors come back to the store, whose retries fit its budget
+/// and never repeat a call that may have run (redis-rs's default waits
+/// outlast any budget).
 const CLUSTER_RETRIES: u32 = 2;
-/// The cluster client's wait before its own retry: 1 ms up to
-/// `2 * 2^retry` ms (4, 8), at most 10 ms.
+/// Its wait before a retry: `2 * 2^retry` ms within 1..=10 ms.
 const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 1;
 const CLUSTER_RETRY_WAIT_MAX_MS: u64 = 10;
 
-/// Connects within `timeout`.
 async fn connect(
     connector: &Connector,
     timeout: Duration,
@@ -248,7 +227,7 @@ async fn connect(
             Connector::Client(client) => {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(timeout))
-                    // Each call has its own deadline (see RedisStore::timeout).
+                    // Each call has its own deadline.
                     .set_response_timeout(None);
                 let conn = client
                     .get_multiplexed_async_connection_with_config(&config)
@@ -270,10 +249,9 @@ async fn connect(
                     .retry_wait_formula(2, 2)
                     .tcp_settings(no_delay_settings());
                 if usage == Use::Shared {
-                    // Bounds the client's own commands too (its slot refresh
-                    // asks every known node in turn, holding its routing table
-                    // meanwhile): a primary that vanished without closing its
-                    // sockets would otherwise stall every call for good.
+                    // Also bounds the client's own slot refresh, which holds
+                    // its routing table while it asks each node: a primary
+                    // gone without closing its sockets would stall every call.
                     builder = builder.response_timeout(timeout);
                 }
                 let client = builder.build().map_err(map_error)?;
@@ -307,29 +285,21 @@ pub(crate) fn is_connection_error(error: &RedisError) -> bool {
         || error.is_unrecoverable_error()
 }
 
-/// Whether the server certainly did not execute the command that failed
-/// with `error`, so that sending it again cannot apply it twice.
-///
-/// True only when the command never reached a server that could run it:
-/// the connection was refused or never made (nothing was sent), or the
-/// server refused it before running it ([`refused_unrun`]). False for
-/// everything else: an I/O error or a dropped connection after sending, a
-/// timeout, and any error not known to be safe.
+/// Whether the server certainly did not run the command that failed with
+/// `error` (nothing was sent, or [`refused_unrun`]), so sending it again
+/// cannot apply it twice. False for any error not known to be safe.
 pub(crate) fn script_cannot_have_run(error: &RedisError) -> bool {
     if error.is_timeout() {
         return false;
     }
-    // Connecting failed: nothing was sent. `is_connection_dropped` also
-    // says yes for these, so they are checked first.
+    // Connecting failed: nothing was sent.
     error.is_connection_refusal()
         || io_kind(error) == Some(std::io::ErrorKind::NotConnected)
         || refused_unrun(error)
 }
 
-/// Whether a node refused the command before running it: `CLUSTERDOWN`,
-/// `TRYAGAIN`, `MOVED`, `ASK`, `MASTERDOWN`, `LOADING`, `READONLY` (a
-/// replica runs no writes), `NOSCRIPT` (the script is not loaded), or the
-/// cluster connection found no connection to send it on.
+/// Whether a node refused the command before running it, or the cluster
+/// connection had none to send it on.
 fn refused_unrun(error: &RedisError) -> bool {
     matches!(
         error.kind(),
@@ -346,11 +316,9 @@ fn refused_unrun(error: &RedisError) -> bool {
     )
 }
 
-/// Whether `error` says the cluster's topology changed, so the slot map
-/// (`topology::TopologyCache`) should be refreshed: a [`refused_unrun`]
-/// error other than `LOADING` and `NOSCRIPT` (a `READONLY` primary was
-/// demoted), or a refused connection. Call it for cluster stores only: on
-/// a single node, a refused connection is just that.
+/// Whether `error` on a cluster says its topology changed (so the slot map
+/// is due): a refused connection, or a [`refused_unrun`] error other than
+/// `LOADING` and `NOSCRIPT` (`READONLY`: a primary was demoted).
 pub(crate) fn is_topology_change(error: &RedisError) -> bool {
     let node_state = matches!(
         error.kind(),
@@ -363,7 +331,7 @@ pub(crate) fn is_topology_change(error: &RedisError) -> bool {
 fn io_kind(error: &RedisError) -> Option<std::io::ErrorKind> {
     type Shared = Arc<dyn std::error::Error + Send + Sync>;
     let source = std::error::Error::source(error)?;
-    // redis-rs keeps the io::Error in an Arc and hands out the Arc.
+    // redis-rs hands out the io::Error in an Arc.
     let inner: &(dyn std::error::Error + 'static) = match source.downcast_ref::<Shared>() {
         Some(shared) => &**shared,
         None => source,
@@ -379,8 +347,7 @@ pub(crate) fn map_error(error: RedisError) -> StoreError {
         StoreErrorKind::Timeout
     } else if is_connection_error(&error)
         || (refused_unrun(&error) && error.kind() != ErrorKind::Server(ServerErrorKind::NoScript))
-        // Redis itself is out of memory or stuck in a script: the store's
-        // health, not our own overload, so it counts against the breaker.
+        // The store's health, not our own overload: counts for the breaker.
         || matches!(error.code(), Some("OOM" | "BUSY"))
         || matches!(
             error.kind(),
@@ -396,9 +363,7 @@ pub(crate) fn map_error(error: RedisError) -> StoreError {
     mapped.with_source(error)
 }
 
-/// Maps a pool error: waiting out the pool, a closed pool and a failed
-/// hook sent no command (not applied); an error of making a connection is
-/// mapped as [`map_error`] maps it.
+/// Maps a pool error: all but a connection error sent no command.
 fn map_pool_error(error: deadpool_redis::PoolError) -> StoreError {
     use deadpool_redis::PoolError;
     let (kind, message) = match error {
@@ -423,12 +388,9 @@ fn map_pool_error(error: deadpool_redis::PoolError) -> StoreError {
     StoreError::new(kind, message).not_applied()
 }
 
-/// TCP settings of every connection the store opens itself: `TCP_NODELAY`
-/// on. redis-rs leaves Nagle's algorithm on by default, and a multiplexed
-/// connection writes many small commands while earlier ones are still
-/// unanswered: with Nagle a small write can wait for the acknowledgement
-/// of the previous one, up to the peer's delayed-ACK timer (40 ms on
-/// Linux).
+/// `TCP_NODELAY` for every connection the store opens: with Nagle's
+/// algorithm (redis-rs's default) a multiplexed connection's small writes
+/// can wait for the peer's delayed ACK (40 ms on Linux).
 pub(crate) fn no_delay_settings() -> redis::io::tcp::TcpSettings {
     redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }

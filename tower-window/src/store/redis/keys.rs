@@ -1,12 +1,6 @@
-//! The Redis key layout (see [`redis_key`] for both forms).
-//!
-//! Every user-supplied part goes through [`encode_component`], which is
-//! injective and never emits `{`, `}`, `:` or a leading `#` except for the
-//! hashed form. So the parts can always be told apart again (the number of
-//! `:` inside and after the braces tells the forms apart), the only hash tag
-//! in a key is ours, and no input can reach another tenant's namespace.
-//! The tenant form's tag starts with `@`, which keeps it non-empty for an
-//! empty tenant and apart from the subject form's.
+//! The Redis key layout: see [`redis_key`]. The tenant form's tag starts
+//! with `@`, which keeps it non-empty for an empty tenant and apart from
+//! the subject form's.
 
 use sha2::{Digest, Sha256};
 
@@ -15,7 +9,7 @@ use crate::{Policy, Quota, Scope, WindowKey};
 /// Escaped components longer than this are replaced by `#<sha256 hex>`.
 pub(crate) const MAX_COMPONENT_LEN: usize = 128;
 
-/// Suffix of the sliding log's companion key (its running sum and newest timestamp).
+/// Suffix of the sliding log's companion key.
 pub(crate) const META_SUFFIX: &[u8] = b":m";
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
@@ -25,7 +19,7 @@ pub(crate) fn needs_escape(byte: u8) -> bool {
     matches!(byte, b'%' | b'{' | b'}' | b':' | b'#') || byte <= b' ' || byte >= 0x7f
 }
 
-/// Where encoded key bytes go: a key being built, or a running CRC.
+/// Where encoded key bytes go: a key, or a running CRC.
 pub(crate) trait Sink {
     fn put(&mut self, bytes: &[u8]);
 }
@@ -36,8 +30,7 @@ impl Sink for Vec<u8> {
     }
 }
 
-/// CRC-16/XMODEM (polynomial 0x1021, initial 0, no reflection), the hash
-/// Redis Cluster takes of a key's hash tag.
+/// CRC-16/XMODEM, Redis Cluster's hash of a key's hash tag.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Crc16(u16);
 
@@ -79,13 +72,8 @@ pub(crate) fn escape_into(out: &mut impl Sink, bytes: &[u8], escape: impl Fn(u8)
     }
 }
 
-/// Encodes one user-supplied part of a key.
-///
-/// Short values are percent-escaped (`%`, `{`, `}`, `:`, `#`, space, control
-/// bytes and every byte ≥ 0x7f become `%XX`); values whose escaped form would
-/// exceed [`MAX_COMPONENT_LEN`] bytes become `#` followed by the 64 hex digits
-/// of their SHA-256. An escaped value never contains `#`, so the two forms
-/// never meet.
+/// Encodes one user-supplied part of a key, as [`redis_key`] describes (an
+/// escaped value never contains `#`, so the two forms never meet).
 pub(crate) fn encode_component(out: &mut impl Sink, bytes: &[u8]) {
     let escaped_len: usize = bytes
         .iter()
@@ -162,8 +150,7 @@ pub fn redis_key(prefix: &str, key: &WindowKey, policy: &Policy, quota: &Quota) 
     out
 }
 
-/// Writes the hash tag of `key`'s keys, without its braces:
-/// `<tenant>:<subject>`, or `@<tenant>` in the tenant form (encoded).
+/// Writes the hash tag of `key`'s keys, without its braces.
 pub(crate) fn write_tag(out: &mut impl Sink, key: &WindowKey, tenant_form: bool) {
     if tenant_form {
         out.put(b"@");
@@ -175,16 +162,14 @@ pub(crate) fn write_tag(out: &mut impl Sink, key: &WindowKey, tenant_form: bool)
     }
 }
 
-/// The Redis Cluster hash slot of [`write_tag`]'s tag: CRC-16/XMODEM of
-/// it, modulo 16384. Allocates nothing.
+/// The Redis Cluster hash slot of [`write_tag`]'s tag, without allocating.
 pub(crate) fn tag_slot(key: &WindowKey, tenant_form: bool) -> u16 {
     let mut crc = Crc16::default();
     write_tag(&mut crc, key, tenant_form);
     crc.value() % CLUSTER_SLOTS
 }
 
-/// `<prefix><suffix>`, the prefix escaped as [`redis_key`] escapes it
-/// (for keys of the library's own, such as the tenant registry's).
+/// `<prefix><suffix>`, the prefix escaped as [`redis_key`] escapes it.
 pub(crate) fn prefixed_key(prefix: &str, suffix: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + suffix.len());
     write_prefix(&mut out, prefix);
@@ -199,24 +184,9 @@ pub(crate) fn write_prefix(out: &mut Vec<u8>, prefix: &str) {
     });
 }
 
-/// The Redis Cluster hash slot of every key [`redis_key`] makes for `key`
-/// under `policy` (any prefix, any quota of it).
+/// The hash slot of every key [`redis_key`] makes for `key` and `policy`.
 pub(crate) fn policy_slot(key: &WindowKey, policy: &Policy) -> u16 {
     tag_slot(key, policy.has_tenant_scope())
-}
-
-/// The hash tag Redis Cluster hashes for `key`, as Redis defines it: the
-/// bytes between the first `{` and the first `}` after it, if non-empty.
-#[cfg(test)]
-fn hash_tag(key: &[u8]) -> &[u8] {
-    if let Some(open) = key.iter().position(|&b| b == b'{') {
-        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
-    }
-    key
 }
 
 #[cfg(test)]
@@ -225,6 +195,19 @@ mod tests {
 
     use super::*;
     use proptest::prelude::*;
+
+    /// The hash tag Redis Cluster hashes for `key`, as Redis defines it: the
+    /// bytes between the first `{` and the first `}` after it, if non-empty.
+    fn hash_tag(key: &[u8]) -> &[u8] {
+        if let Some(open) = key.iter().position(|&b| b == b'{') {
+            if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
+                if len > 0 {
+                    return &key[open + 1..open + 1 + len];
+                }
+            }
+        }
+        key
+    }
 
     fn quota() -> Quota {
         "100/1m".parse().unwrap()

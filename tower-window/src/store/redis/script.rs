@@ -1,15 +1,11 @@
-//! Our Lua scripts and how one is sent: `EVALSHA`, and on `NOSCRIPT` one
-//! `EVAL` of the source to the same node.
+//! Our Lua scripts, sent by `EVALSHA` and on `NOSCRIPT` by one `EVAL` to
+//! the same node.
 //!
-//! redis-rs's own `Script::invoke_async` answers `NOSCRIPT` with a
-//! `SCRIPT LOAD`, which a cluster connection sends to every primary it
-//! knows and which fails as a whole if one of them is unreachable. Right
-//! after a failover that is exactly the case: the promoted replica has an
-//! empty script cache, and the client's slot map may still name the dead
-//! primary. `EVAL` is routed by the script's first key like `EVALSHA`, runs
-//! the script once and leaves it in that node's cache, so the next
-//! `EVALSHA` finds it: one extra round trip, on one node, and nothing that
-//! depends on the rest of the cluster.
+//! redis-rs's `Script::invoke_async` answers `NOSCRIPT` with a
+//! `SCRIPT LOAD` to every primary, which fails if one is unreachable: just
+//! after a failover, when the promoted replica has no scripts, the client
+//! may still name the dead primary. `EVAL` runs on the key's node only and
+//! leaves the script in its cache.
 
 use redis::{Cmd, ToRedisArgs};
 
@@ -20,7 +16,6 @@ pub(crate) struct LuaScript {
 }
 
 impl LuaScript {
-    /// The script `source`.
     pub(crate) fn new(source: &'static str) -> Self {
         Self {
             source,
@@ -28,7 +23,6 @@ impl LuaScript {
         }
     }
 
-    /// The SHA1 of the source.
     pub(crate) fn sha(&self) -> &str {
         &self.sha
     }
@@ -49,7 +43,7 @@ impl LuaScript {
         }
     }
 
-    /// `SCRIPT LOAD` of the source (to warm a node's cache).
+    /// `SCRIPT LOAD` of the source.
     pub(crate) fn load_cmd(&self) -> Cmd {
         let mut cmd = redis::cmd("SCRIPT");
         cmd.arg("LOAD").arg(self.source);
@@ -65,25 +59,20 @@ pub(crate) struct ScriptCall {
 }
 
 impl ScriptCall {
-    /// Adds a key (`KEYS[i]`).
     pub(crate) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
         key.write_redis_args(&mut self.keys);
         self
     }
 
-    /// Adds an argument (`ARGV[i]`).
     pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
         arg.write_redis_args(&mut self.args);
         self
     }
 
-    /// `EVALSHA <sha> <keys> <args>`.
     pub(crate) fn evalsha(&self) -> Cmd {
         self.command("EVALSHA", self.script.sha.as_bytes())
     }
 
-    /// `EVAL <source> <keys> <args>`: runs the script where `EVALSHA`
-    /// would, and caches it there.
     pub(crate) fn eval(&self) -> Cmd {
         self.command("EVAL", self.script.source.as_bytes())
     }

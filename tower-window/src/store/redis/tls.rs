@@ -1,16 +1,12 @@
-//! TLS to Redis: `rediss://` URLs verified against the system's root
-//! certificates, or against a CA given with [`RedisTls`], with an optional
-//! client certificate (feature `tls`; rustls, no OpenSSL).
-//!
-//! A user and password (a Redis 6 ACL user) go in the URL either way:
-//! `rediss://app:secret@redis.example:6380/0`.
+//! TLS to Redis (feature `tls`, rustls): `rediss://` URLs verified against
+//! the system's roots or a CA given with `RedisTls`, with an optional client
+//! certificate. An ACL user and password go in the URL either way.
 
 use redis::cluster::ClusterClientBuilder;
 use redis::{Client, ConnectionInfo, RedisResult};
 
 /// The TLS settings a [`RedisStoreBuilder`](super::RedisStoreBuilder) was
-/// given (none without the `tls` feature): applied to the client of a URL,
-/// to each cluster seed and to the cluster client.
+/// given (none without the `tls` feature).
 #[derive(Clone, Default)]
 pub(crate) struct TlsSettings {
     #[cfg(feature = "tls")]
@@ -18,7 +14,6 @@ pub(crate) struct TlsSettings {
 }
 
 impl TlsSettings {
-    /// The client of one server at `info`.
     pub(crate) fn client(&self, info: ConnectionInfo) -> RedisResult<Client> {
         #[cfg(feature = "tls")]
         if let Some(certificates) = &self.certificates {
@@ -27,8 +22,7 @@ impl TlsSettings {
         Client::open(info)
     }
 
-    /// `info` carrying the settings (for a connection made from it alone,
-    /// such as a subscription to one cluster node).
+    /// `info` carrying the settings, for a connection made from it alone.
     pub(crate) fn node(&self, info: ConnectionInfo) -> RedisResult<ConnectionInfo> {
         #[cfg(feature = "tls")]
         if self.certificates.is_some() {
@@ -37,7 +31,6 @@ impl TlsSettings {
         Ok(info)
     }
 
-    /// A cluster client with the settings (for every node it discovers).
     pub(crate) fn cluster(&self, builder: ClusterClientBuilder) -> ClusterClientBuilder {
         #[cfg(feature = "tls")]
         if let Some(certificates) = &self.certificates {
@@ -59,11 +52,9 @@ mod with_tls {
     use super::super::RedisStoreBuilder;
     use super::TlsSettings;
 
-    /// How a `rediss://` store verifies its server and proves itself: the
-    /// CA to trust (default: the system's root certificates) and an
-    /// optional client certificate (mutual TLS). Given to
-    /// [`RedisStoreBuilder::tls`]; applies to a single server and to every
-    /// node of a cluster.
+    /// The CA a `rediss://` store trusts (default: the system's roots) and
+    /// an optional client certificate (mutual TLS), for every node; given
+    /// to [`RedisStoreBuilder::tls`].
     ///
     /// ```no_run
     /// use tower_window::store::redis::RedisTls;
@@ -79,9 +70,6 @@ mod with_tls {
     ///     .build()?;
     /// # let _ = store; Ok(()) }
     /// ```
-    ///
-    /// A `rediss://` URL needs no `RedisTls` when the system trusts the
-    /// server's certificate.
     #[derive(Clone, Default)]
     pub struct RedisTls {
         ca: Option<Vec<u8>>,
@@ -94,15 +82,13 @@ mod with_tls {
             Self::default()
         }
 
-        /// Trusts the CA certificate(s) in `pem` instead of the system's
-        /// roots.
+        /// Trusts the CA certificate(s) in `pem`.
         pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
             self.ca = Some(pem.into());
             self
         }
 
-        /// Trusts the CA certificate(s) in the PEM file at `path` instead
-        /// of the system's roots.
+        /// Trusts the CA certificate(s) in the PEM file at `path`.
         pub fn ca_file(self, path: impl AsRef<Path>) -> Result<Self, RedisTlsError> {
             Ok(self.ca_pem(read(path.as_ref())?))
         }
@@ -172,10 +158,8 @@ mod with_tls {
     }
 
     impl RedisStoreBuilder {
-        /// Verifies the `rediss://` server (or every cluster node) against
-        /// `tls`'s CA instead of the system's roots, and presents its
-        /// client certificate, if any. [`build`](Self::build) refuses it
-        /// with a `redis://` URL.
+        /// Uses `tls` for the `rediss://` server or every cluster node;
+        /// [`build`](Self::build) refuses it with a `redis://` URL.
         pub fn tls(mut self, tls: RedisTls) -> Self {
             self.tls = TlsSettings {
                 certificates: Some(TlsCertificates {

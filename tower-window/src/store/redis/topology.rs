@@ -1,22 +1,18 @@
 //! Which Redis Cluster primary serves a hash slot: the failure domains of
-//! the limiter's breakers.
+//! the store's breakers.
 //!
-//! A [`Topology`] is one `CLUSTER SLOTS` reply turned into a table from each
-//! of the 16384 hash slots to a failure-domain id, the index of the primary
-//! that serves it. Ids are interned per primary address (`host:port`) in a
-//! table that outlives each reply, so a primary keeps its id (and so its
-//! breaker) across refreshes, and a slot range that moves in a failover
-//! takes the new primary's id.
+//! A [`Topology`] maps each hash slot to the id of its primary, from one
+//! `CLUSTER SLOTS` reply. Ids are interned per primary address in a table
+//! that outlives each reply, so a primary keeps its id (and its breaker)
+//! across refreshes, and a range that moves in a failover takes the new
+//! primary's id.
 //!
-//! A [`TopologyCache`] holds the current table behind an [`ArcSwapOption`]
-//! (lock-free reads on the hot path) and refreshes it on demand: after a
-//! topology change is seen ([`TopologyCache::mark_stale`]), at most once per
-//! [`MIN_REFRESH_INTERVAL`], and otherwise once the table is
-//! [`MAX_AGE`] old. The age matters because a failover is often seen by
-//! no error of ours: the dead primary's keys go to the fallback without a
-//! call while its breaker is open, and the promoted replica answers them
-//! without a redirect. Only a fresh `CLUSTER SLOTS` tells that those slots
-//! have a new primary, and so a new, closed breaker.
+//! [`TopologyCache`] refreshes the map after a topology change is seen (at
+//! most once per [`MIN_REFRESH_INTERVAL`]) and otherwise once it is
+//! [`MAX_AGE`] old: a failover is often seen by no error of ours (the dead
+//! primary's keys skip Redis while its breaker is open, and the promoted
+//! replica answers without a redirect), so only a fresh `CLUSTER SLOTS`
+//! moves those slots to a new, closed breaker.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,21 +26,20 @@ use tokio::time::Instant;
 
 /// The number of Redis Cluster hash slots.
 pub(crate) const SLOTS: usize = 16_384;
-/// The most failure-domain ids handed out (ids are below this), as many as
-/// the limiter keeps breakers for (`breaker::MAX_SHARDS`).
+/// Domain ids are below this: as many as the store keeps breakers for
+/// (`breaker::MAX_SHARDS`).
 const MAX_DOMAINS: usize = SLOTS;
 /// A slot no primary serves.
 const UNASSIGNED: u16 = u16::MAX;
 /// The least time between two `CLUSTER SLOTS` queries of one cache.
 pub(crate) const MIN_REFRESH_INTERVAL: Duration = Duration::from_millis(250);
-/// How old the table may grow while the store is in use: once a second,
-/// a call that finds it this old refreshes it in the background.
+/// The age at which a call refreshes the map in the background.
 pub(crate) const MAX_AGE: Duration = Duration::from_secs(1);
 
 /// Hash slot → failure-domain id, from one `CLUSTER SLOTS` reply.
 #[derive(Debug, Clone)]
 pub(crate) struct Topology {
-    /// `SLOTS` entries: the domain id of each slot, or `UNASSIGNED`.
+    /// The domain id of each slot, or `UNASSIGNED`.
     table: Box<[u16]>,
 }
 
@@ -59,9 +54,8 @@ pub(crate) struct Interner {
 }
 
 impl Interner {
-    /// The id of `primary`, handing out a new one if it has none. Once
-    /// `MAX_DOMAINS` ids were handed out, forgets the primaries that are
-    /// not in `current` and reuses their ids, so the table stays bounded.
+    /// The id of `primary`. Once `MAX_DOMAINS` ids are out, the primaries
+    /// not in `current` are forgotten and their ids reused.
     fn intern(&mut self, primary: &str, current: &HashSet<&str>) -> Result<u16, String> {
         if let Some(&id) = self.ids.get(primary) {
             return Ok(id);
@@ -89,76 +83,39 @@ impl Interner {
     }
 }
 
-/// One slot range of a reply and the address of its primary.
-struct Range {
-    start: u16,
-    end: u16,
-    primary: String,
-}
-
 impl Topology {
-    /// Parses a `CLUSTER SLOTS` reply, numbering its primaries from 0 in
-    /// order of first appearance.
-    #[cfg(test)]
-    pub(crate) fn parse(value: &Value) -> Result<Topology, String> {
-        Self::parse_with(value, &mut Interner::default())
-    }
-
-    /// Parses a `CLUSTER SLOTS` reply, taking the primaries' ids from (and
-    /// adding new ones to) `interner`. On an error `interner` is unchanged.
+    /// Parses a `CLUSTER SLOTS` reply, taking the primaries' ids from
+    /// `interner`, which an error leaves unchanged.
     pub(crate) fn parse_with(value: &Value, interner: &mut Interner) -> Result<Topology, String> {
-        let ranges = parse_ranges(value)?;
-        let current: HashSet<&str> = ranges.iter().map(|r| r.primary.as_str()).collect();
+        let ranges = primary_ranges(value)?;
+        let current: HashSet<&str> = ranges.iter().map(|(_, _, p)| p.as_str()).collect();
         // Overlaps are checked before interning, so a bad reply adds nothing.
-        let mut spans: Vec<(u16, u16)> = ranges.iter().map(|r| (r.start, r.end)).collect();
+        let mut spans: Vec<(u16, u16)> = ranges.iter().map(|&(s, e, _)| (s, e)).collect();
         spans.sort_unstable();
         if let Some(pair) = spans.windows(2).find(|pair| pair[1].0 <= pair[0].1) {
             let slot = pair[1].0;
             return Err(format!("slot {slot} is served by two primaries"));
         }
         let mut table = vec![UNASSIGNED; SLOTS].into_boxed_slice();
-        for range in &ranges {
-            let id = interner.intern(&range.primary, &current)?;
-            table[usize::from(range.start)..=usize::from(range.end)].fill(id);
+        for (start, end, primary) in &ranges {
+            let id = interner.intern(primary, &current)?;
+            table[usize::from(*start)..=usize::from(*end)].fill(id);
         }
         Ok(Topology { table })
     }
 
-    /// The failure domain (primary index) serving `slot`, or `None` when no
-    /// primary serves it or `slot` is not a hash slot.
+    /// The failure domain serving `slot`, if any.
     pub(crate) fn domain_of(&self, slot: u16) -> Option<u16> {
         match self.table.get(usize::from(slot)) {
             Some(&UNASSIGNED) | None => None,
             Some(&id) => Some(id),
         }
     }
-
-    /// How many distinct primaries serve slots.
-    #[cfg(test)]
-    fn domains(&self) -> usize {
-        let mut seen: Vec<u16> = self
-            .table
-            .iter()
-            .copied()
-            .filter(|d| *d != UNASSIGNED)
-            .collect();
-        seen.sort_unstable();
-        seen.dedup();
-        seen.len()
-    }
 }
 
-/// The slot ranges of a `CLUSTER SLOTS` reply and the address of each
-/// one's primary (`host:port`), for readers that connect to primaries
-/// themselves (the event windows' wake-up subscriptions).
+/// The slot ranges of a `CLUSTER SLOTS` reply with each one's primary
+/// (`host:port`); ranges of an unknown node (`?`) are left out.
 pub(crate) fn primary_ranges(value: &Value) -> Result<Vec<(u16, u16, String)>, String> {
-    Ok(parse_ranges(value)?
-        .into_iter()
-        .map(|range| (range.start, range.end, range.primary))
-        .collect())
-}
-
-fn parse_ranges(value: &Value) -> Result<Vec<Range>, String> {
     let Value::Array(entries) = value else {
         return Err("CLUSTER SLOTS: not an array".to_owned());
     };
@@ -174,13 +131,8 @@ fn parse_ranges(value: &Value) -> Result<Vec<Range>, String> {
         if start > end {
             return Err(format!("CLUSTER SLOTS: range {start}-{end} is reversed"));
         }
-        // "?" names an unknown node: its slots stay unassigned.
         if let Some(primary) = address(primary)? {
-            ranges.push(Range {
-                start,
-                end,
-                primary,
-            });
+            ranges.push((start, end, primary));
         }
     }
     Ok(ranges)
@@ -206,8 +158,8 @@ fn text(value: &Value) -> Option<String> {
 }
 
 /// A node `[host, port, id?, ...]` as `host:port`; `None` for an unknown
-/// node (`?`). An empty or null host means "the node that answered", which
-/// a routed query cannot name: the node id (Redis 4+) stands in for it.
+/// node (`?`). An empty or null host ("the node that answered", which a
+/// routed query cannot name) is replaced by the node id.
 fn address(value: &Value) -> Result<Option<String>, String> {
     let Value::Array(node) = value else {
         return Err("CLUSTER SLOTS: a node is not an array".to_owned());
@@ -239,19 +191,17 @@ fn address(value: &Value) -> Result<Option<String>, String> {
 /// The current topology of one cluster, refreshed on demand.
 pub(crate) struct TopologyCache {
     current: ArcSwapOption<Topology>,
-    /// Domain ids by primary address; locked only while a reply is parsed.
+    /// Locked only while a reply is parsed.
     interner: Mutex<Interner>,
     /// Set by [`mark_stale`](Self::mark_stale) and by failed refreshes.
     stale: AtomicBool,
-    /// When the last refresh started, in milliseconds since `epoch` plus
-    /// one; 0: never.
+    /// When the last refresh started: milliseconds since `epoch` plus one
+    /// (0: never).
     last_attempt: AtomicU64,
     epoch: Instant,
 }
 
 impl TopologyCache {
-    /// An empty cache: every slot's domain is unknown until the first
-    /// [`refresh`](Self::refresh).
     pub(crate) fn new() -> Self {
         Self {
             current: ArcSwapOption::empty(),
@@ -271,23 +221,14 @@ impl TopologyCache {
             .and_then(|topology| topology.domain_of(slot))
     }
 
-    /// The current topology, if one was loaded.
-    #[cfg(test)]
-    fn current(&self) -> Option<Arc<Topology>> {
-        self.current.load_full()
-    }
-
-    /// Notes that the topology changed (a MOVED, ASK, CLUSTERDOWN... reply;
-    /// see `connection::is_topology_change`): the next
-    /// [`needs_refresh`](Self::needs_refresh) says yes once the minimum
-    /// interval has passed.
+    /// Notes a topology change (see `connection::is_topology_change`).
     pub(crate) fn mark_stale(&self) {
         self.stale.store(true, Ordering::Relaxed);
     }
 
-    /// Whether a refresh is due: the cache is stale or was never loaded and
-    /// the last refresh started at least [`MIN_REFRESH_INTERVAL`] ago, or
-    /// it started at least [`MAX_AGE`] ago.
+    /// Whether a refresh is due: stale or never loaded and the last one
+    /// started at least [`MIN_REFRESH_INTERVAL`] ago, or at least
+    /// [`MAX_AGE`] ago.
     pub(crate) fn needs_refresh(&self) -> bool {
         self.due(self.last_attempt.load(Ordering::Relaxed), Instant::now())
     }
@@ -312,9 +253,8 @@ impl TopologyCache {
             .saturating_add(1)
     }
 
-    /// Claims the refresh that is due at `now`; of any number of callers at
-    /// once, one wins. Clears the stale flag, so a topology change seen
-    /// while the query runs marks it stale again.
+    /// Claims the refresh due at `now` (one caller wins) and clears the
+    /// stale flag, so a change seen while the query runs marks it again.
     fn claim(&self, now: Instant) -> bool {
         let last = self.last_attempt.load(Ordering::Relaxed);
         if !self.due(last, now) {
@@ -330,14 +270,9 @@ impl TopologyCache {
         won
     }
 
-    /// Loads the topology with `CLUSTER SLOTS` (routed to a random node) and
-    /// swaps it in; known primaries keep their ids.
-    ///
-    /// Does nothing (and returns `Ok`) when no refresh is due (see
-    /// [`needs_refresh`](Self::needs_refresh)) or another caller claimed
-    /// it, so a storm of MOVED replies makes at most one query per
-    /// [`MIN_REFRESH_INTERVAL`]. On an error the old topology stays and the
-    /// cache is stale again.
+    /// Loads the map with `CLUSTER SLOTS` and swaps it in, if a refresh is
+    /// due and no other caller claimed it (else `Ok` at once). On an error
+    /// the old map stays and the cache is stale again.
     pub(crate) async fn refresh(&self, conn: &mut ClusterConnection) -> Result<(), RedisError> {
         if !self.claim(Instant::now()) {
             return Ok(());
@@ -350,7 +285,6 @@ impl TopologyCache {
         result
     }
 
-    /// Parses `reply` and swaps it in.
     fn install(&self, reply: &Value) -> Result<(), RedisError> {
         let mut interner = crate::sync::lock(&self.interner);
         let topology = Topology::parse_with(reply, &mut interner).map_err(|message| {
@@ -370,6 +304,33 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    impl Topology {
+        /// Parses a reply, numbering its primaries from 0 in order of
+        /// first appearance.
+        pub(crate) fn parse(value: &Value) -> Result<Topology, String> {
+            Self::parse_with(value, &mut Interner::default())
+        }
+
+        /// How many distinct primaries serve slots.
+        fn domains(&self) -> usize {
+            let mut seen: Vec<u16> = self
+                .table
+                .iter()
+                .copied()
+                .filter(|d| *d != UNASSIGNED)
+                .collect();
+            seen.sort_unstable();
+            seen.dedup();
+            seen.len()
+        }
+    }
+
+    impl TopologyCache {
+        fn current(&self) -> Option<Arc<Topology>> {
+            self.current.load_full()
+        }
+    }
 
     fn node(host: &str, port: i64, id: &str) -> Value {
         Value::Array(vec![

@@ -1,4 +1,4 @@
-//! [`BreakerConfig`]: when a breaker opens and how it recovers.
+//! [`BreakerConfig`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use crate::clock::duration_micros;
 
 type Hook = Arc<dyn Fn(BreakerState, BreakerState) + Send + Sync>;
 
-/// Ratios are kept in parts per million.
+/// Ratios are in parts per million.
 const RATIO_SCALE: u64 = 1_000_000;
 
 /// When a circuit breaker opens and how it recovers.
@@ -18,19 +18,13 @@ const RATIO_SCALE: u64 = 1_000_000;
 /// Defaults: open after 5 consecutive failures, when at least 50 % of at
 /// least 20 calls in the last 10 s failed, or when at least 50 % of at least
 /// 20 calls in the last 10 s were successes slower than 25 ms; cool down
-/// 1 s; 1 probe at a time while half-open.
+/// 1 s; 1 probe at a time while half-open. The cooldown is short because
+/// an open breaker saves the store only one probe per cooldown, while each
+/// second of it is a second of degraded decisions after the store is back.
 ///
-/// The cooldown is short because an open breaker only saves the store one
-/// probe per cooldown, while every second of it is a second of degraded
-/// decisions after the store is back (a restarted Redis, a promoted
-/// replica): with 1 s, keys are decided by the store again within about a
-/// second of its recovery.
-///
-/// A [`Store`](crate::Store) whose backend names failure domains
-/// ([`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain);
-/// a Redis Cluster's primaries) keeps one breaker with this configuration per failure domain: the counts,
-/// the cooldown and the probes are per domain, so a dead primary opens only
-/// its own breaker.
+/// A [`Store`](crate::Store) keeps one breaker per failure domain
+/// ([`limit::Backend::failure_domain`](crate::limit::Backend::failure_domain),
+/// e.g. a Redis Cluster primary), with its own counts, cooldown and probes.
 ///
 /// ```
 /// use std::time::Duration;
@@ -58,8 +52,7 @@ pub struct BreakerConfig {
     pub(super) hook: Option<Hook>,
 }
 
-/// A share of the window's calls that trips the breaker, once the window
-/// holds at least `min_calls` calls.
+/// A share of at least `min_calls` calls in the window.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RatioConfig {
     ratio_ppm: u64,
@@ -67,7 +60,7 @@ pub(super) struct RatioConfig {
 }
 
 impl RatioConfig {
-    /// `ratio` in `[0, 1]` (clamped; NaN is 1) of at least `min_calls` (at least 1).
+    /// `ratio` clamped to `[0, 1]` (NaN is 1); `min_calls` at least 1.
     fn new(ratio: f64, min_calls: u32) -> Self {
         let ratio = if ratio.is_nan() {
             1.0
@@ -93,7 +86,6 @@ impl RatioConfig {
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct SlowConfig {
-    /// A success that took longer than this many microseconds is slow.
     pub(super) threshold_micros: u64,
     pub(super) share: RatioConfig,
 }
@@ -122,11 +114,9 @@ impl BreakerConfig {
         self
     }
 
-    /// Open when at least `ratio` (in `[0, 1]`, clamped) of the calls of the
-    /// last `window` failed, once there were at least `min_calls` of them.
-    ///
-    /// The slow-call trigger ([`slow_calls`](Self::slow_calls)) counts in
-    /// the same `window` (default 10 s).
+    /// Open when at least `ratio` (clamped to `[0, 1]`) of at least
+    /// `min_calls` calls of the last `window` failed. The slow-call trigger
+    /// counts in the same `window`.
     pub fn failure_ratio(mut self, ratio: f64, window: Duration, min_calls: u32) -> Self {
         self.window = window;
         self.ratio = Some(RatioConfig::new(ratio, min_calls));
@@ -139,14 +129,10 @@ impl BreakerConfig {
         self
     }
 
-    /// Open when at least `ratio` (in `[0, 1]`, clamped) of the calls of the
-    /// rolling window were successes that took longer than `threshold`, once
-    /// there were at least `min_calls` calls (failed ones included) in it.
-    ///
-    /// The window is the failure ratio's (see
-    /// [`failure_ratio`](Self::failure_ratio); default 10 s). A slow success
-    /// of a half-open probe counts as a failed probe: the breaker opens
-    /// again. Default: on, 50 % of at least 20 calls slower than 25 ms.
+    /// Open when at least `ratio` (clamped to `[0, 1]`) of at least
+    /// `min_calls` calls (failed ones included) in the
+    /// [`failure_ratio`](Self::failure_ratio) window were successes slower
+    /// than `threshold`. A slow half-open probe opens the breaker again.
     pub fn slow_calls(mut self, threshold: Duration, ratio: f64, min_calls: u32) -> Self {
         self.slow = Some(SlowConfig {
             threshold_micros: duration_micros(threshold),
@@ -155,32 +141,27 @@ impl BreakerConfig {
         self
     }
 
-    /// Turn the slow-call trigger off: a success is a success however long
-    /// it took.
+    /// Turn the slow-call trigger off.
     pub fn without_slow_calls(mut self) -> Self {
         self.slow = None;
         self
     }
 
-    /// How long the breaker stays open before probing (default 1 s).
+    /// How long the breaker stays open before probing.
     pub fn cooldown(mut self, cooldown: Duration) -> Self {
         self.cooldown = cooldown;
         self
     }
 
-    /// How many probes may be in flight while half-open (default 1, at least 1).
+    /// How many probes may be in flight while half-open (at least 1).
     pub fn half_open_probes(mut self, n: u32) -> Self {
         self.half_open_probes = n.max(1);
         self
     }
 
-    /// Calls `hook(from, to)` on every state change (for metrics and logs).
-    /// It runs on the checking task, outside the breaker's lock: keep it short.
-    ///
-    /// With one breaker per failure domain (a sharded store such as a Redis
-    /// Cluster) the hook sees every domain's transitions;
-    /// [`Limiter::breaker_state`](crate::Limiter::breaker_state) gives the
-    /// worst state over them.
+    /// Calls `hook(from, to)` on every state change of every failure
+    /// domain's breaker. It runs on the calling task, outside the breaker's
+    /// lock: keep it short.
     pub fn on_state_change<F>(mut self, hook: F) -> Self
     where
         F: Fn(BreakerState, BreakerState) + Send + Sync + 'static,
@@ -205,8 +186,7 @@ impl fmt::Debug for BreakerConfig {
 }
 
 impl BreakerConfig {
-    /// The width of one bucket of the rolling window, or `None` when no
-    /// trigger uses the window.
+    /// The width of one bucket of the rolling window, if a trigger uses it.
     pub(super) fn bucket_width(&self) -> Option<u64> {
         if self.ratio.is_none() && self.slow.is_none() {
             return None;

@@ -1,17 +1,13 @@
-//! One breaker's state machine: closed, open until a cooldown ends,
-//! half-open with a few probes.
+//! One breaker's state machine.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::shared::Shared;
+use super::shards::Shared;
 use super::window::{Outcome, Window};
-#[cfg(test)]
-use super::BreakerConfig;
 use crate::clock::duration_micros;
-#[cfg(test)]
-use crate::Clock;
+use crate::sync::lock;
 
 /// The state of a circuit breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -77,18 +73,12 @@ pub(crate) struct Ticket {
     probe: bool,
 }
 
-/// A circuit breaker.
 pub(crate) struct Breaker {
     shared: Arc<Shared>,
     state: Mutex<State>,
 }
 
 impl Breaker {
-    #[cfg(test)]
-    pub(crate) fn new(config: BreakerConfig, clock: Arc<dyn Clock>) -> Self {
-        Self::with_shared(Shared::new(config, clock))
-    }
-
     pub(super) fn with_shared(shared: Arc<Shared>) -> Self {
         Self {
             shared,
@@ -101,18 +91,14 @@ impl Breaker {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        crate::sync::lock(&self.state)
-    }
-
     pub(crate) fn state(&self) -> BreakerState {
-        self.lock().mode.state()
+        lock(&self.state).mode.state()
     }
 
     /// Asks to call the store; `None` means go to the fallback.
     pub(crate) fn acquire(&self) -> Option<Ticket> {
         let now = self.shared.clock.now_micros();
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         let mode = state.mode;
         let generation = match mode {
             Mode::Closed => {
@@ -136,66 +122,57 @@ impl Breaker {
         })
     }
 
-    /// The store answered, after `latency` (measured by the caller, from
-    /// sending the call to its answer).
-    ///
-    /// A success slower than the slow-call threshold counts toward the
-    /// slow-call trigger; as a half-open probe it opens the breaker again.
+    /// The store answered, after `latency`.
     pub(crate) fn success(&self, ticket: Ticket, latency: Duration) {
-        let now = self.shared.clock.now_micros();
         let slow = self
             .shared
             .config
             .slow
             .is_some_and(|slow| duration_micros(latency) > slow.threshold_micros);
-        let mut state = self.lock();
+        self.settle(ticket, Outcome::Ok { slow });
+    }
+
+    pub(crate) fn failure(&self, ticket: Ticket) {
+        self.settle(ticket, Outcome::Failed);
+    }
+
+    /// Counts a call's `outcome`, unless it was admitted under an older
+    /// generation; a slow or failed half-open probe opens the breaker again.
+    fn settle(&self, ticket: Ticket, outcome: Outcome) {
+        let now = self.shared.clock.now_micros();
+        let mut state = lock(&self.state);
         if ticket.generation != state.generation {
             return;
         }
-        match state.mode {
-            Mode::Closed => {
-                state.consecutive = 0;
-                if self.count_trips(&mut state, now, Outcome::Ok { slow }) {
+        match (state.mode, outcome) {
+            (Mode::Closed, _) => {
+                let failed = matches!(outcome, Outcome::Failed);
+                state.consecutive = if failed {
+                    state.consecutive.saturating_add(1)
+                } else {
+                    0
+                };
+                let n = self.shared.config.consecutive_failures;
+                let in_a_row = failed && n > 0 && state.consecutive >= n;
+                if self.count_trips(&mut state, now, outcome) || in_a_row {
                     self.open(state, now);
                 }
             }
-            Mode::HalfOpen { .. } if ticket.probe && slow => self.open(state, now),
-            Mode::HalfOpen { .. } if ticket.probe => {
+            (Mode::HalfOpen { .. }, Outcome::Ok { slow: false }) if ticket.probe => {
                 self.transition(state, Mode::Closed);
             }
+            (Mode::HalfOpen { .. }, _) if ticket.probe => self.open(state, now),
             _ => {}
         }
     }
 
-    /// The store failed.
-    pub(crate) fn failure(&self, ticket: Ticket) {
-        let now = self.shared.clock.now_micros();
-        let mut state = self.lock();
-        if ticket.generation != state.generation {
-            return;
-        }
-        match state.mode {
-            Mode::Closed => {
-                state.consecutive = state.consecutive.saturating_add(1);
-                let n = self.shared.config.consecutive_failures;
-                let in_a_row = n > 0 && state.consecutive >= n;
-                if self.count_trips(&mut state, now, Outcome::Failed) || in_a_row {
-                    self.open(state, now);
-                }
-            }
-            Mode::HalfOpen { .. } if ticket.probe => self.open(state, now),
-            _ => {}
-        }
-    }
-
-    /// The call ended without an outcome: cancelled, or not a store fault
-    /// (our own overload: the in-flight bound was full, the pool wait ran
-    /// out). Never counts toward opening; a probe's slot is freed.
+    /// The call ended without an outcome (cancelled, or not the store's
+    /// fault): nothing is counted, and a probe's slot is freed.
     pub(crate) fn release(&self, ticket: Ticket) {
         if !ticket.probe {
             return;
         }
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         if ticket.generation != state.generation {
             return;
         }
@@ -229,17 +206,16 @@ impl Breaker {
         generation
     }
 
-    /// Opens the breaker until the cooldown from `now` ends.
     fn open(&self, state: MutexGuard<'_, State>, now: u64) {
         let cooldown = duration_micros(self.shared.config.cooldown);
         let until_micros = now.saturating_add(cooldown);
         self.transition(state, Mode::Open { until_micros });
     }
 
-    /// Counts `outcome` at `now` in the rolling window, if a trigger uses
-    /// it, and tells whether the window's counts trip the breaker: the
-    /// failure ratio (after a failure) or the slow-call share (after any
-    /// outcome, as a fast call or a failure may complete `min_calls`).
+    /// Counts `outcome` in the rolling window, if a trigger uses it, and
+    /// tells whether a trigger trips: the failure ratio after a failure,
+    /// the slow-call share after any outcome (any may complete
+    /// `min_calls`).
     fn count_trips(&self, state: &mut State, now: u64, outcome: Outcome) -> bool {
         let config = &self.shared.config;
         let Some(width) = config.bucket_width() else {
@@ -266,7 +242,14 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::ManualClock;
+    use crate::store::guard::breaker::BreakerConfig;
+    use crate::{Clock, ManualClock};
+
+    impl Breaker {
+        fn new(config: BreakerConfig, clock: Arc<dyn Clock>) -> Self {
+            Self::with_shared(Shared::new(config, clock))
+        }
+    }
 
     const FAST: Duration = Duration::from_millis(1);
     const SLOW: Duration = Duration::from_millis(30);

@@ -1,12 +1,9 @@
-//! The circuit breakers of a store handle: one state machine
-//! ([`machine`]) per failure domain ([`shards`]; a Redis Cluster primary),
-//! all configured by one [`BreakerConfig`], whose docs say when a breaker
-//! opens and how it recovers.
+//! A store's circuit breakers: one state machine ([`machine`]) per failure
+//! domain ([`shards`]), configured by one [`BreakerConfig`].
 
 mod config;
 mod machine;
 mod shards;
-mod shared;
 mod window;
 
 pub use config::BreakerConfig;

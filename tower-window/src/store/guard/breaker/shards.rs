@@ -1,27 +1,24 @@
-//! [`Breakers`]: a store handle's breakers, one per failure domain.
+//! [`Breakers`]: a store's breakers, one per failure domain, and what
+//! they share.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::machine::Breaker;
-use super::shared::Shared;
 use super::{BreakerConfig, BreakerState};
 use crate::metrics::LimiterMetrics;
+use crate::sync::lock;
 use crate::Clock;
 
-/// The most failure domains a store handle keeps breakers for (as many as a
-/// Redis Cluster has hash slots, so at least one per possible primary). A
-/// larger domain id shares the breaker of its value modulo this.
+/// The most failure domains a store keeps breakers for (a Redis Cluster's
+/// hash slots); a larger id shares the breaker of its value modulo this.
 pub(crate) const MAX_SHARDS: usize = 16_384;
 
-/// The breakers of one store handle: a store-wide one for requests without a
-/// failure domain, and one per failure domain (e.g. a Redis Cluster
-/// primary), made on first use.
+/// A store's breakers: one for requests without a failure domain, and one
+/// per failure domain, made on first use.
 pub(crate) struct Breakers {
     shared: Arc<Shared>,
     store_wide: Breaker,
-    /// Allocated when the first request with a failure domain arrives:
-    /// `MAX_SHARDS` pointer-sized cells, each filled on its domain's first
-    /// request.
+    /// `MAX_SHARDS` cells, allocated on the first request with a domain.
     shards: OnceLock<Box<[OnceLock<Box<Breaker>>]>>,
 }
 
@@ -35,8 +32,7 @@ impl Breakers {
         }
     }
 
-    /// The breaker guarding failure domain `shard` (`None`: the store-wide
-    /// one), made now if it did not exist.
+    /// The breaker of failure domain `shard`, made now if needed.
     pub(crate) fn get(&self, shard: Option<u16>) -> &Breaker {
         let Some(shard) = shard else {
             return &self.store_wide;
@@ -50,8 +46,7 @@ impl Breakers {
             .get_or_init(|| Box::new(Breaker::with_shared(self.shared.clone())))
     }
 
-    /// The state of the breaker guarding failure domain `shard`, without
-    /// making it (a breaker not made yet is closed).
+    /// The state of failure domain `shard`'s breaker, without making it.
     pub(crate) fn state_of(&self, shard: Option<u16>) -> BreakerState {
         match shard {
             None => self.store_wide.state(),
@@ -63,21 +58,93 @@ impl Breakers {
         }
     }
 
-    /// The worst state over every breaker: open if any is open, else
-    /// half-open if any is, else closed.
+    /// The worst state over every breaker.
     pub(crate) fn worst(&self) -> BreakerState {
-        self.shared.lock_tally().worst()
+        lock(&self.shared.tally).worst()
     }
 
-    /// How many breakers are open (half-open ones not counted).
+    /// How many breakers are open.
     pub(crate) fn open(&self) -> usize {
-        self.shared.lock_tally().open
+        lock(&self.shared.tally).open
     }
 
-    /// Exports the breakers' state in `metrics` (a capability made from
-    /// the store handle) from now on, starting with the current state.
+    /// Exports the breakers' state in a capability's `metrics`.
     pub(crate) fn observe(&self, metrics: &Arc<LimiterMetrics>) {
         self.shared.observe(metrics);
+    }
+}
+
+/// What every breaker of one store shares.
+pub(super) struct Shared {
+    pub(super) config: BreakerConfig,
+    pub(super) clock: Arc<dyn Clock>,
+    /// The metrics of each capability made from the store.
+    observers: Mutex<Vec<Weak<LimiterMetrics>>>,
+    tally: Mutex<Tally>,
+}
+
+/// How many breakers are open and half-open.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    open: usize,
+    half_open: usize,
+}
+
+impl Tally {
+    fn worst(self) -> BreakerState {
+        if self.open > 0 {
+            BreakerState::Open
+        } else if self.half_open > 0 {
+            BreakerState::HalfOpen
+        } else {
+            BreakerState::Closed
+        }
+    }
+
+    fn slot(&mut self, state: BreakerState) -> Option<&mut usize> {
+        match state {
+            BreakerState::Open => Some(&mut self.open),
+            BreakerState::HalfOpen => Some(&mut self.half_open),
+            BreakerState::Closed => None,
+        }
+    }
+}
+
+impl Shared {
+    pub(super) fn new(config: BreakerConfig, clock: Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            clock,
+            observers: Mutex::new(Vec::new()),
+            tally: Mutex::new(Tally::default()),
+        })
+    }
+
+    /// Counts one breaker's transition and reports it. Called under that
+    /// breaker's lock (then the tally's), so transitions count in order.
+    pub(super) fn transition(&self, from: BreakerState, to: BreakerState) {
+        let mut tally = lock(&self.tally);
+        if let Some(n) = tally.slot(from) {
+            *n = n.saturating_sub(1);
+        }
+        if let Some(n) = tally.slot(to) {
+            *n += 1;
+        }
+        let mut observers = lock(&self.observers);
+        observers.retain(|observer| match observer.upgrade() {
+            Some(metrics) => {
+                metrics.breaker_transition(to, tally.worst(), tally.open);
+                true
+            }
+            None => false,
+        });
+    }
+
+    /// Reports the state to `metrics`, now and on every transition.
+    pub(super) fn observe(&self, metrics: &Arc<LimiterMetrics>) {
+        let tally = lock(&self.tally);
+        metrics.breaker_state(tally.worst(), tally.open);
+        lock(&self.observers).push(Arc::downgrade(metrics));
     }
 }
 

@@ -1,18 +1,16 @@
-//! The rolling window the ratio triggers count in: `BUCKETS` buckets of
-//! calls, failures and slow successes.
+//! The rolling window the ratio triggers count in.
 
-/// Number of buckets of the rolling window (failure ratio and slow calls).
 pub(super) const BUCKETS: u64 = 10;
 
-/// The buckets of one breaker, reused round-robin: bucket `i` of time
-/// `now` is `now / width`, kept at `i % BUCKETS`.
+/// Buckets reused round-robin: bucket `now / width` is kept at its value
+/// modulo `BUCKETS`.
 #[derive(Debug, Default)]
 pub(super) struct Window {
     buckets: [Bucket; BUCKETS as usize],
 }
 
 impl Window {
-    /// Counts `outcome` at `now` in buckets `width` microseconds wide.
+    /// Counts `outcome` at `now` in buckets `width` µs wide.
     pub(super) fn count(&mut self, width: u64, now: u64, outcome: Outcome) {
         let index = now / width;
         let bucket = &mut self.buckets[(index % BUCKETS) as usize];
@@ -46,13 +44,13 @@ impl Window {
     }
 }
 
-/// Calls counted in one bucket (or, as a sum, in the whole window).
+/// Calls counted in one bucket, or the window.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Bucket {
     index: u64,
     pub(super) ok: u64,
     pub(super) failed: u64,
-    /// Successes slower than the slow-call threshold (also counted in `ok`).
+    /// Slow successes, also counted in `ok`.
     pub(super) slow: u64,
 }
 
