@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::fallback::{FallbackPolicy, FallbackRequest};
-use crate::limit::local::{LocalTier, Lookup};
+use crate::limit::local::LocalTier;
 use crate::metrics::{Calls, LimiterMetrics};
 use crate::store::{CheckRequest, Op, Store, StoreError};
 use crate::{

@@ -71,11 +71,7 @@ impl crate::Limiter {
             let mut state = slot.lock();
             let now = inner.clock.now_micros();
             let old = std::mem::take(&mut state.retired);
-            let leftover_expired = old
-                .iter()
-                .any(|held| held.left > 0 && now >= held.local_deadline);
-            let max_units = tier.config.max_units.max(1);
-            let want = state.next_want(now, max_units, leftover_expired);
+            let want = state.next_want(now, tier.config.max_units, &old);
             (
                 now,
                 old,

@@ -219,18 +219,10 @@ impl SlotState {
     /// (to `retired` if a refund would give anything back). With none to
     /// spend but one that starts later, a denial until it starts.
     pub(crate) fn spend(&mut self, now: u64, cost: u32) -> Spend {
-        let mut i = 0;
-        while i < self.held.len() {
-            let held = &self.held[i];
-            if now >= held.local_deadline || held.left == 0 {
-                let held = self.held.remove(i);
-                if held.holds_anything() {
-                    self.retired.push(held);
-                }
-                continue;
-            }
-            i += 1;
-        }
+        let over = self
+            .held
+            .extract_if(.., |held| now >= held.local_deadline || held.left == 0);
+        self.retired.extend(over.filter(Held::holds_anything));
         if let Some(held) = self
             .held
             .iter_mut()
@@ -268,11 +260,14 @@ impl SlotState {
         self.left() * 2 <= u64::from(self.last_granted.min(self.want))
     }
 
-    /// The size of the next lease: doubled if the last one was used up (or
-    /// reached the low watermark) before its deadline, halved if one
-    /// expired with units left.
-    pub(crate) fn next_want(&mut self, now: u64, max_units: u32, leftover_expired: bool) -> u32 {
-        if leftover_expired {
+    /// The size of the next lease: halved if one of the leases `old` given
+    /// back expired with units left, else doubled if the last one was used
+    /// up (or reached the low watermark) before its deadline.
+    pub(crate) fn next_want(&mut self, now: u64, max_units: u32, old: &[Held]) -> u32 {
+        if old
+            .iter()
+            .any(|held| held.left > 0 && now >= held.local_deadline)
+        {
             self.want = (self.want / 2).max(1);
         } else if self.last_deadline != 0 && now < self.last_deadline {
             self.want = self.want.saturating_mul(2).min(max_units.max(1));
