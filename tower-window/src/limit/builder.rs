@@ -13,8 +13,7 @@ use crate::{Clock, Policy, SystemClock};
 /// Builds a [`Limiter`]; see [`Limiter::builder`].
 ///
 /// Defaults: a local tier of 100 000 keys, the [`SystemClock`], no leases,
-/// and no fallback policy (a store failure is returned as an error). The
-/// time budget, retries, in-flight bound and breakers are the store's
+/// no fallback. The budget, retries and breakers are the store's
 /// ([`Store::builder`]).
 #[must_use]
 pub struct LimiterBuilder {
@@ -28,7 +27,7 @@ pub struct LimiterBuilder {
 }
 
 impl LimiterBuilder {
-    /// The default capacity of the local tier: 100 000 keys.
+    /// The default capacity of the local tier.
     pub const DEFAULT_LOCAL_CAPACITY: u64 = DEFAULT_LOCAL_CAPACITY;
 
     pub(super) fn new(store: Store, policy: Policy) -> Self {
@@ -52,8 +51,8 @@ impl LimiterBuilder {
         self
     }
 
-    /// How many keys the local tier of recent denials holds (default
-    /// 100 000); `0` turns the local tier off.
+    /// How many keys the local tier of recent denials holds; `0` turns it
+    /// off.
     pub fn local_capacity(mut self, capacity: u64) -> Self {
         self.local_capacity = capacity;
         self
@@ -65,26 +64,22 @@ impl LimiterBuilder {
         self
     }
 
-    /// Leases quota from the store ([`lease::Backend::reserve`](crate::lease::Backend::reserve)):
-    /// a node takes blocks of units (up to `config.max_units()`) in one
-    /// store call and admits from them locally until the lease's deadline,
-    /// with the global bound still exact (see [`crate::lease`]).
-    /// `max_units = 0` leaves leases off (the default). The lease tier holds
-    /// as many keys as the local tier (at least 1 000).
+    /// Leases quota from the store: a node takes blocks of up to
+    /// `config.max_units()` units in one store call and admits from them
+    /// locally until the lease's deadline, the global bound still exact
+    /// (see [`crate::lease`]). Off by default, and with `max_units = 0`. The
+    /// lease tier holds as many keys as the local tier (at least 1 000).
     ///
-    /// Call [`Limiter::refund_leases`] on graceful shutdown. The store must
-    /// support leases (the embedded store and Redis do); a store that does
-    /// not makes every check fall back to a direct check.
+    /// Call [`Limiter::refund_leases`] on graceful shutdown. On a store
+    /// without leases every check is a direct check.
     pub fn leases(mut self, config: super::LeaseConfig) -> Self {
         self.leases = (config.max_units() > 0).then_some(config);
         self
     }
 
     /// Adds a `tenant` label (the key's tenant) to the decision metrics
-    /// (default off: one series per tenant can be many series). The subject
-    /// is never a label. With the label on, each record looks its series up
-    /// in the recorder, which allocates. Without the `metrics` feature this
-    /// does nothing.
+    /// (default off: one series per tenant can be many, and each record
+    /// then allocates a lookup). Without the `metrics` feature, nothing.
     pub fn metrics_tenant_label(mut self, enabled: bool) -> Self {
         self.metrics_tenant_label = enabled;
         self
