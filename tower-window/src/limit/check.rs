@@ -315,20 +315,22 @@ impl<'a> Of<'a> {
                 remaining = tracing::field::Empty,
                 duration_us = micros,
             );
-            let outcome = match &result {
+            match &result {
                 Ok(decision) => {
-                    span.record("source", decision.source.as_str());
-                    span.record("quota", decision.quota().name());
-                    span.record("remaining", decision.remaining);
-                    if decision.allowed {
+                    let outcome = if decision.allowed {
                         "allowed"
                     } else {
                         "denied"
-                    }
+                    };
+                    span.record("outcome", outcome);
+                    span.record("source", decision.source.as_str());
+                    span.record("quota", decision.quota().name());
+                    span.record("remaining", decision.remaining);
                 }
-                Err(_) => "error",
-            };
-            span.record("outcome", outcome);
+                Err(_) => {
+                    span.record("outcome", "error");
+                }
+            }
         }
         result
     }
