@@ -41,34 +41,9 @@ pub struct Check<'a> {
     state: State<'a>,
 }
 
-/// Why a check is refused before it starts (smaller than [`LimitError`],
-/// which keeps `Check` small).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Refused {
-    ZeroCost,
-    QuotaCosts { quotas: u32, costs: u32 },
-}
-
-impl From<crate::ZeroCost> for Refused {
-    fn from(_: crate::ZeroCost) -> Self {
-        Refused::ZeroCost
-    }
-}
-
-impl From<Refused> for LimitError {
-    fn from(refused: Refused) -> Self {
-        match refused {
-            Refused::ZeroCost => LimitError::ZeroCost,
-            Refused::QuotaCosts { quotas, costs } => LimitError::QuotaCosts {
-                quotas: quotas as usize,
-                costs: costs as usize,
-            },
-        }
-    }
-}
-
 enum State<'a> {
-    Start(Of<'a>, Result<Cost, Refused>),
+    /// A refusal is boxed to keep `Check` small.
+    Start(Of<'a>, Result<Cost, Box<LimitError>>),
     /// Boxed: what a waiting check owns would widen every check.
     Waiting(Box<Waiting>),
     Done,
@@ -113,7 +88,7 @@ impl<'a> Check<'a> {
         limiter: &'a Limiter,
         key: &'a WindowKey,
         policy: &'a Policy,
-        cost: Result<Cost, Refused>,
+        cost: Result<Cost, Box<LimitError>>,
     ) -> Self {
         let of = Of {
             limiter,
@@ -134,13 +109,12 @@ impl<'a> Check<'a> {
         policy: &'a Policy,
         costs: &'a QuotaCosts,
     ) -> Self {
-        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         let (cost, quota_costs) = match costs.as_slice() {
             _ if costs.len() != policy.len() => (
-                Err(Refused::QuotaCosts {
-                    quotas: count(policy.len()),
-                    costs: count(costs.len()),
-                }),
+                Err(Box::new(LimitError::QuotaCosts {
+                    quotas: policy.len(),
+                    costs: costs.len(),
+                })),
                 None,
             ),
             [first, rest @ ..] if rest.iter().all(|c| c == first) => (Ok(*first), None),
@@ -181,10 +155,9 @@ impl<'a> Check<'a> {
 
 impl<'a> Of<'a> {
     fn request(self, cost: Cost) -> CheckRequest<'a> {
-        let request = CheckRequest::new(self.key, self.policy, cost);
-        match self.quota_costs {
-            Some(costs) => request.with_quota_costs(costs.as_slice()),
-            None => request,
+        CheckRequest {
+            quota_costs: self.quota_costs.map(QuotaCosts::as_slice),
+            ..CheckRequest::new(self.key, self.policy, cost)
         }
     }
 
@@ -376,7 +349,7 @@ impl Future for Check<'_> {
             return answer;
         }
         match std::mem::replace(&mut this.state, State::Done) {
-            State::Start(_, Err(refused)) => Poll::Ready(Err(refused.into())),
+            State::Start(_, Err(refused)) => Poll::Ready(Err(*refused)),
             State::Start(of, Ok(cost)) => match of.start(cost) {
                 Ok(result) => Poll::Ready(result),
                 Err(waiting) => {

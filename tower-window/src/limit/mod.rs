@@ -136,7 +136,8 @@ impl Limiter {
         policy: &'a Policy,
         cost: impl crate::IntoCost,
     ) -> Check<'a> {
-        Check::new(self, key, policy, cost.into_cost().map_err(Into::into))
+        let cost = cost.into_cost().map_err(|zero| Box::new(zero.into()));
+        Check::new(self, key, policy, cost)
     }
 
     /// Like [`check_policy`](Self::check_policy), with a cost per quota:
@@ -224,24 +225,8 @@ impl Limiter {
         }
     }
 
-    /// A fallback policy's decision, marked degraded whatever the policy
-    /// said, and counted.
-    fn degraded(&self, mut decision: Decision, reason: FallbackReason) -> Decision {
-        decision.source = DecisionSource::Fallback(reason);
-        if decision.timestamp_micros == 0 {
-            decision.timestamp_micros = self.inner.clock.now_micros();
-        }
-        self.inner.stats.fallback[reason as usize].fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(
-            reason = reason.as_str(),
-            allowed = decision.allowed,
-            "rate-limit decision from the fallback policy"
-        );
-        decision
-    }
-
-    /// The fallback policy's decision for `error` (the error itself
-    /// without a fallback).
+    /// The fallback policy's decision for `error`, marked degraded whatever
+    /// the policy said (the error itself without a fallback).
     fn fall_back(
         &self,
         request: CheckRequest<'_>,
@@ -257,7 +242,18 @@ impl Limiter {
         let request = FallbackRequest::new(request.key, request.policy, request.cost, reason, now)
             .with_quota_costs(request.quota_costs)
             .with_error(Some(&error));
-        Ok(self.degraded(fallback.decide(request), reason))
+        let mut decision = fallback.decide(request);
+        decision.source = DecisionSource::Fallback(reason);
+        if decision.timestamp_micros == 0 {
+            decision.timestamp_micros = inner.clock.now_micros();
+        }
+        inner.stats.fallback[reason as usize].fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            reason = reason.as_str(),
+            allowed = decision.allowed,
+            "rate-limit decision from the fallback policy"
+        );
+        Ok(decision)
     }
 }
 

@@ -2,7 +2,6 @@
 //! leases, when a reservation granted nothing, the key cooled down, or the
 //! store could not lease.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::LeaseTier;
@@ -67,8 +66,6 @@ impl crate::Limiter {
         mut decision: Decision,
         held_until: Option<u64>,
     ) -> Decision {
-        let inner = &*self.inner;
-        inner.stats.store.fetch_add(1, Ordering::Relaxed);
         if let (false, Some(held_until), Some(retry)) =
             (decision.allowed, held_until, decision.retry_after)
         {
@@ -77,11 +74,7 @@ impl crate::Limiter {
                 decision.retry_after = Some(retry.min(Duration::from_micros(left)));
             }
         }
-        if let Some(local) = &inner.local {
-            if !decision.allowed {
-                local.remember(key, policy, cost.get(), None, &decision);
-            }
-        }
+        self.note_stored(CheckRequest::new(key, policy, cost), false, &decision);
         decision
     }
 }
