@@ -201,13 +201,7 @@ impl FailClosed {
 
 impl FallbackPolicy for FailClosed {
     fn decide(&self, request: FallbackRequest<'_>) -> Decision {
-        let wait = self.retry_after;
-        let states = request
-            .policy
-            .quotas()
-            .iter()
-            .map(|quota| QuotaDecision::deny(quota.clone(), 0, wait, Some(wait)));
-        for_policy(request.policy, states)
+        deny_all(request.policy, |_| self.retry_after)
     }
 }
 
@@ -219,6 +213,15 @@ fn for_policy(policy: &Policy, states: impl Iterator<Item = QuotaDecision>) -> D
         let window = quota.window();
         Decision::deny(quota, 0, window, Some(window))
     })
+}
+
+/// A denial in every quota of `policy`, each for `wait(quota)`.
+fn deny_all(policy: &Policy, wait: impl Fn(&Quota) -> Duration) -> Decision {
+    let states = policy.quotas().iter().map(|quota| {
+        let wait = wait(quota);
+        QuotaDecision::deny(quota.clone(), 0, wait, Some(wait))
+    });
+    for_policy(policy, states)
 }
 
 /// A window kept on this node alone with a share of the limit.
@@ -352,13 +355,7 @@ impl FallbackPolicy for LocalWindow {
             // Reported against the quotas the caller asked about.
             Some(decision) => decision.reported_as(policy),
             // The embedded store does not fail; if it ever does, deny.
-            None => {
-                let states = policy.quotas().iter().map(|quota| {
-                    let window = quota.window();
-                    QuotaDecision::deny(quota.clone(), 0, window, Some(window))
-                });
-                for_policy(policy, states)
-            }
+            None => deny_all(policy, Quota::window),
         }
     }
 

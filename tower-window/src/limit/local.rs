@@ -37,16 +37,8 @@ struct Denied {
     expires: Option<Instant>,
 }
 
-type DeniedCache = Cache<
-    StateKey,
-    Arc<Denied>,
-    UnitWeighter,
-    DefaultHashBuilder,
-    DefaultLifecycle<StateKey, Arc<Denied>>,
->;
-
 pub(crate) struct LocalTier {
-    cache: DeniedCache,
+    cache: Cache<StateKey, Arc<Denied>>,
     capacity: u64,
     clock: Arc<dyn Clock>,
     metrics: Option<Arc<LimiterMetrics>>,
@@ -62,14 +54,13 @@ pub(crate) enum Lookup {
 
 impl LocalTier {
     pub(crate) fn new(capacity: u64, clock: Arc<dyn Clock>) -> Self {
-        let cache = Cache::with_options(
-            bounded_options(capacity),
-            UnitWeighter,
-            DefaultHashBuilder::default(),
-            DefaultLifecycle::default(),
-        );
         Self {
-            cache,
+            cache: Cache::with_options(
+                bounded_options(capacity),
+                UnitWeighter,
+                DefaultHashBuilder::default(),
+                DefaultLifecycle::default(),
+            ),
             capacity,
             clock,
             metrics: None,
@@ -136,13 +127,13 @@ impl LocalTier {
         quota_costs: Option<&[Cost]>,
         decision: &Decision,
     ) {
-        let Some(retry_after) = decision.retry_after else {
-            // The cost can never fit; nothing to wait for.
+        // `None`: the cost can never fit, there is nothing to wait for.
+        let wait = decision
+            .retry_after
+            .filter(|r| !decision.allowed && !r.is_zero());
+        let Some(retry_after) = wait else {
             return;
         };
-        if decision.allowed || retry_after.is_zero() {
-            return;
-        }
         let now = self.clock.now_micros();
         let wait = duration_micros(retry_after);
         let denied = Denied {

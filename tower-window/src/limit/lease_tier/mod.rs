@@ -62,17 +62,9 @@ pub use counters::LeaseStats;
 use hotness::Hotness;
 use slot::Slot;
 
-type SlotCache = Cache<
-    StateKey,
-    Arc<Slot>,
-    UnitWeighter,
-    DefaultHashBuilder,
-    DefaultLifecycle<StateKey, Arc<Slot>>,
->;
-
 /// The leases of one limiter, by key and policy.
 pub(crate) struct LeaseTier {
-    slots: SlotCache,
+    slots: Cache<StateKey, Arc<Slot>>,
     /// Only a key found hot, or one with a slot, looks at `slots`.
     hotness: Hotness,
     pub(crate) config: LeaseConfig,

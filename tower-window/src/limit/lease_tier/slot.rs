@@ -47,7 +47,11 @@ impl Held {
                 fit
             })
             .collect();
-        if quotas.iter().zip(&fits).all(|(state, fit)| state.allowed == *fit) {
+        if quotas
+            .iter()
+            .zip(&fits)
+            .all(|(state, fit)| state.allowed == *fit)
+        {
             return;
         }
         let states = self.decision.quotas().iter().zip(fits).map(|(state, fit)| {
