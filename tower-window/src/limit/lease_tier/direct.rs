@@ -27,9 +27,7 @@ impl crate::Limiter {
         let request = ReserveRequest::new(key, policy, 0, cost.get(), tier.config.ttl_for(policy))
             .refunding(refunds)
             .deciding();
-        let result = self.call_leases(request).await;
-        self.count_returned(tier, refunds, &result);
-        match result {
+        match self.call_leases(tier, request).await {
             Ok(Reservation {
                 decision: Some(decision),
                 ..

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use super::slot::Held;
 use super::LeaseTier;
-use crate::lease::{RefundRequest, Reservation, ReserveRequest};
+use crate::lease::{RefundRequest, ReserveRequest};
 
 impl crate::Limiter {
     /// The refunds of what the leases `old` left, counted as refunded (or
@@ -36,32 +36,6 @@ impl crate::Limiter {
             .collect()
     }
 
-    /// Counts what the refunds that rode on a store call got back; a failed
-    /// call leaves their units counted until the store's records expire.
-    pub(super) fn count_returned(
-        &self,
-        tier: &LeaseTier,
-        refunds: &[RefundRequest<'_>],
-        result: &Result<Reservation, crate::StoreError>,
-    ) {
-        if refunds.is_empty() {
-            return;
-        }
-        match result {
-            Ok(reservation) => {
-                tier.counters
-                    .returned
-                    .fetch_add(u64::from(reservation.refunded), Ordering::Relaxed);
-            }
-            Err(error) => {
-                tracing::debug!(
-                    kind = error.kind().as_str(),
-                    "quota lease refund failed; its units count until the lease's records expire"
-                );
-            }
-        }
-    }
-
     /// Gives back the unspent units of every lease this limiter holds, and
     /// answers how many units the store took back (0 without leases). Call
     /// it on graceful shutdown so that other nodes can use them at once; a
@@ -84,8 +58,8 @@ impl crate::Limiter {
             let ttl = tier.config.ttl_for(first.policy);
             let request =
                 ReserveRequest::new(first.key, first.policy, 0, 1, ttl).refunding(&refunds);
-            let result = self.call_leases(request).await;
-            self.count_returned(tier, &refunds, &result);
+            // What it gives back is counted in `returned`.
+            let _ = self.call_leases(tier, request).await;
         }
         tier.counters
             .returned

@@ -196,8 +196,7 @@ impl crate::Limiter {
         }
         let sent = inner.clock.now_micros();
         tier.counters.reservations.fetch_add(1, Ordering::Relaxed);
-        let reserved = self.call_leases(request).await;
-        self.count_returned(tier, ask.refunds, &reserved);
+        let reserved = self.call_leases(tier, request).await;
         let reservation = match reserved {
             Ok(reservation) => reservation,
             Err(error) => {
@@ -297,16 +296,18 @@ impl crate::Limiter {
         Ok(Reserved::Lease(decision))
     }
 
-    /// The one way the lease tier reaches its store: `request` (refunds, a
-    /// reservation, the decision of a check that granted nothing) in one
-    /// call, through the store's resilience stack.
+    /// The one way the lease tier reaches its store: `request` in one call
+    /// through the store's resilience stack. Counts what its refunds got
+    /// back; a failed call leaves their units counted until the store's
+    /// records expire.
     pub(super) async fn call_leases(
         &self,
+        tier: &LeaseTier,
         request: ReserveRequest<'_>,
     ) -> Result<Reservation, crate::StoreError> {
         let inner = &*self.inner;
         let windows = inner.windows.as_deref();
-        inner
+        let result = inner
             .store
             .call(
                 inner.lease_backend.as_deref(),
@@ -315,6 +316,20 @@ impl crate::Limiter {
                 self.calls(request.policy),
                 |leases, guard| leases.reserve(guard, request),
             )
-            .await
+            .await;
+        match &result {
+            _ if request.refunds.is_empty() => {}
+            Ok(reservation) => {
+                let returned = u64::from(reservation.refunded);
+                tier.counters
+                    .returned
+                    .fetch_add(returned, Ordering::Relaxed);
+            }
+            Err(error) => tracing::debug!(
+                kind = error.kind().as_str(),
+                "quota lease refund failed; its units count until the lease's records expire"
+            ),
+        }
+        result
     }
 }
