@@ -36,7 +36,6 @@
 //! lease, and a reservation in flight then is dropped when it comes back:
 //! no unit reserved before a reset is spent after it.
 
-use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -137,14 +136,5 @@ impl LeaseTier {
     /// Every slot (for refunds on shutdown and discards).
     fn all(&self) -> Vec<Arc<Slot>> {
         self.slots.iter().map(|(_, slot)| slot).collect()
-    }
-}
-
-impl fmt::Debug for LeaseTier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaseTier")
-            .field("config", &self.config)
-            .field("keys", &self.slots.len())
-            .finish()
     }
 }
