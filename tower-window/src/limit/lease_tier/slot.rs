@@ -35,23 +35,19 @@ impl Held {
     /// would-be admission); a shadow quota whose hold has less reports its
     /// would-be denial. The decision is rebuilt only when an answer changes.
     fn spend_shadows(&mut self, cost: u32) {
-        let quotas = self.decision.quotas();
-        let fits: SmallVec<[bool; 4]> = quotas
-            .iter()
-            .zip(&mut self.shadow_left)
-            .map(|(state, left)| {
-                let fit = !state.quota.is_shadow() || *left >= cost;
-                if state.quota.is_shadow() && fit {
-                    *left -= cost;
-                }
-                fit
-            })
-            .collect();
-        if quotas
-            .iter()
-            .zip(&fits)
-            .all(|(state, fit)| state.allowed == *fit)
-        {
+        let mut fits: SmallVec<[bool; 4]> = SmallVec::new();
+        let mut changed = false;
+        for (state, left) in self.decision.quotas().iter().zip(&mut self.shadow_left) {
+            let fit = if state.quota.is_shadow() && *left >= cost {
+                *left -= cost;
+                true
+            } else {
+                !state.quota.is_shadow()
+            };
+            changed |= fit != state.allowed;
+            fits.push(fit);
+        }
+        if !changed {
             return;
         }
         let states = self.decision.quotas().iter().zip(fits).map(|(state, fit)| {
