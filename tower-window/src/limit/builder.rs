@@ -12,10 +12,9 @@ use crate::Policy;
 
 /// Builds a [`Limiter`]; see [`Limiter::builder`].
 ///
-/// Defaults: a local tier of 100 000 keys, no leases, and no fallback
-/// policy (a store failure is returned as an error). The time budget,
-/// retries, in-flight bound, breakers and clock are the store's
-/// ([`Store::builder`], [`Backend::clock`](crate::store::Backend::clock)).
+/// Defaults: a local tier of 100 000 keys, no leases, no fallback. The
+/// budget, retries, breakers and clock are the store's ([`Store::builder`],
+/// [`Backend::clock`](crate::store::Backend::clock)).
 #[must_use]
 pub struct LimiterBuilder {
     store: Store,
@@ -27,7 +26,7 @@ pub struct LimiterBuilder {
 }
 
 impl LimiterBuilder {
-    /// The default capacity of the local tier: 100 000 keys.
+    /// The default capacity of the local tier.
     pub const DEFAULT_LOCAL_CAPACITY: u64 = DEFAULT_LOCAL_CAPACITY;
 
     pub(super) fn new(store: Store, policy: Policy) -> Self {
@@ -41,8 +40,8 @@ impl LimiterBuilder {
         }
     }
 
-    /// How many keys the local tier of recent denials holds (default
-    /// 100 000); `0` turns the local tier off.
+    /// How many keys the local tier of recent denials holds; `0` turns it
+    /// off.
     pub fn local_capacity(mut self, capacity: u64) -> Self {
         self.local_capacity = capacity;
         self
@@ -54,26 +53,22 @@ impl LimiterBuilder {
         self
     }
 
-    /// Leases quota from the store ([`lease::Backend::reserve`](crate::lease::Backend::reserve)):
-    /// a node takes blocks of units (up to `config.max_units()`) in one
-    /// store call and admits from them locally until the lease's deadline,
-    /// with the global bound still exact (see [`crate::lease`]).
-    /// `max_units = 0` leaves leases off (the default). The lease tier holds
-    /// as many keys as the local tier (at least 1 000).
+    /// Leases quota from the store: a node takes blocks of up to
+    /// `config.max_units()` units in one store call and admits from them
+    /// locally until the lease's deadline, the global bound still exact
+    /// (see [`crate::lease`]). Off by default, and with `max_units = 0`. The
+    /// lease tier holds as many keys as the local tier (at least 1 000).
     ///
-    /// Call [`Limiter::refund_leases`] on graceful shutdown. The store must
-    /// support leases (the embedded store and Redis do); a store that does
-    /// not makes every check fall back to a direct check.
+    /// Call [`Limiter::refund_leases`] on graceful shutdown. On a store
+    /// without leases every check is a direct check.
     pub fn leases(mut self, config: super::LeaseConfig) -> Self {
         self.leases = (config.max_units() > 0).then_some(config);
         self
     }
 
     /// Adds a `tenant` label (the key's tenant) to the decision metrics
-    /// (default off: one series per tenant can be many series). The subject
-    /// is never a label. With the label on, each record looks its series up
-    /// in the recorder, which allocates. Without the `metrics` feature this
-    /// does nothing.
+    /// (default off: one series per tenant can be many, and each record
+    /// then allocates a lookup). Without the `metrics` feature, nothing.
     pub fn metrics_tenant_label(mut self, enabled: bool) -> Self {
         self.metrics_tenant_label = enabled;
         self

@@ -16,20 +16,14 @@ use crate::{Cost, Decision, Policy, QuotaCosts, WindowKey};
 
 /// The future of one [`Limiter::check`] or [`Limiter::check_policy`].
 ///
-/// Like any future it does nothing until polled. There is one path for
-/// every store: its first poll asks the local tier and then the store's
-/// backend, whose answer is ready at once on an in-process backend (the
-/// check then completes in that poll, without allocating) and a future on
-/// a networked one (the backend's one boxed future, holding the time
-/// budget, retries and breaker bookkeeping too). A check that has to wait
-/// owns what it waits with (the limiter, the key and the policy, cloned
-/// then and only then, beside that future), so it outlives the references
-/// it was made from; a `Check` stays a few words wide whatever it waits on.
+/// It does nothing until polled. Its first poll asks the local tier and the
+/// store, and completes without allocating when the answer is ready at once
+/// (an in-process store, the local tier, a lease). A check that has to wait
+/// clones the limiter, key and policy then, so it outlives the references
+/// it was made from.
 ///
-/// [`into_ready`](Self::into_ready) takes the answer when it is available
-/// at once, for loops that decide per message without awaiting, and
-/// otherwise hands back the started check as a `Check<'static>`, to be
-/// kept and awaited anywhere (the layer keeps it in its response future):
+/// [`into_ready`](Self::into_ready) takes an answer available at once, or
+/// hands back the started check as a `Check<'static>` to await anywhere:
 ///
 /// ```
 /// use tower_window::{Limiter, MemoryStore, Quota, WindowKey};
@@ -47,37 +41,10 @@ pub struct Check<'a> {
     state: State<'a>,
 }
 
-/// Why a check is refused before it starts.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Refused {
-    ZeroCost,
-    QuotaCosts { quotas: u32, costs: u32 },
-}
-
-impl From<crate::ZeroCost> for Refused {
-    fn from(_: crate::ZeroCost) -> Self {
-        Refused::ZeroCost
-    }
-}
-
-impl From<Refused> for LimitError {
-    fn from(refused: Refused) -> Self {
-        match refused {
-            Refused::ZeroCost => LimitError::ZeroCost,
-            Refused::QuotaCosts { quotas, costs } => LimitError::QuotaCosts {
-                quotas: quotas as usize,
-                costs: costs as usize,
-            },
-        }
-    }
-}
-
 enum State<'a> {
-    /// Not started.
-    Start(Of<'a>, Result<Cost, Refused>),
-    /// The store's or the lease tier's answer is on its way. Boxed: what
-    /// a waiting check owns (the key above all) would make every check,
-    /// the ones decided at their first poll too, that much wider.
+    /// A refusal is boxed to keep `Check` small.
+    Start(Of<'a>, Result<Cost, Box<LimitError>>),
+    /// Boxed: what a waiting check owns would widen every check.
     Waiting(Box<Waiting>),
     Done,
 }
@@ -88,31 +55,31 @@ struct Of<'a> {
     limiter: &'a Limiter,
     key: &'a WindowKey,
     policy: &'a Policy,
-    /// Each quota's cost when they differ (the check's own cost is then
-    /// the largest); `None`: one cost for every quota.
+    /// Each quota's cost when they differ (the check's cost is then the
+    /// largest).
     quota_costs: Option<&'a QuotaCosts>,
 }
 
-/// A started check waiting for an answer; it owns what it is of.
+/// A started check waiting for an answer, owning what it is of.
 struct Waiting {
     limiter: Limiter,
     key: WindowKey,
     policy: Policy,
     quota_costs: Option<QuotaCosts>,
     cost: Cost,
-    /// The limiter clock's reading at the start when a
-    /// `tower_window.check` span is wanted, else 0.
+    /// The clock at the start when a `tower_window.check` span is wanted,
+    /// else 0.
     traced: u64,
     on: On,
 }
 
 enum On {
-    /// The store's decision (`stale`: the local tier held an expired denial).
+    /// `stale`: the local tier held an expired denial.
     Store {
         future: BoxFuture<'static, Result<Decision, StoreError>>,
         stale: bool,
     },
-    /// A check with quota leases (a reservation, or a wait for one).
+    /// A reservation, or a wait for one.
     Leased(BoxFuture<'static, Result<Decision, LimitError>>),
 }
 
@@ -121,7 +88,7 @@ impl<'a> Check<'a> {
         limiter: &'a Limiter,
         key: &'a WindowKey,
         policy: &'a Policy,
-        cost: Result<Cost, Refused>,
+        cost: Result<Cost, Box<LimitError>>,
     ) -> Self {
         let of = Of {
             limiter,
@@ -134,21 +101,20 @@ impl<'a> Check<'a> {
         }
     }
 
-    /// A check of `costs[i]` units in quota `i` of `policy`: one cost for
-    /// all when they are equal, refused when the lengths differ.
+    /// A check of `costs[i]` units in quota `i`: one cost for all when they
+    /// are equal.
     pub(crate) fn per_quota(
         limiter: &'a Limiter,
         key: &'a WindowKey,
         policy: &'a Policy,
         costs: &'a QuotaCosts,
     ) -> Self {
-        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         let (cost, quota_costs) = match costs.as_slice() {
             _ if costs.len() != policy.len() => (
-                Err(Refused::QuotaCosts {
-                    quotas: count(policy.len()),
-                    costs: count(costs.len()),
-                }),
+                Err(Box::new(LimitError::QuotaCosts {
+                    quotas: policy.len(),
+                    costs: costs.len(),
+                })),
                 None,
             ),
             [first, rest @ ..] if rest.iter().all(|c| c == first) => (Ok(*first), None),
@@ -168,10 +134,8 @@ impl<'a> Check<'a> {
         }
     }
 
-    /// The decision, if it is available without waiting (an in-process
-    /// store, the local tier, a lease being spent); the check itself
-    /// otherwise, started and owning what it waits with, to be awaited
-    /// for its answer.
+    /// The decision, if it is available without waiting; else the check
+    /// itself, started and owning what it waits with, to be awaited.
     pub fn into_ready(mut self) -> Result<Result<Decision, LimitError>, Check<'static>> {
         let mut cx = Context::from_waker(Waker::noop());
         match Pin::new(&mut self).poll(&mut cx) {
@@ -190,17 +154,13 @@ impl<'a> Check<'a> {
 }
 
 impl<'a> Of<'a> {
-    /// The store request of this check (`cost`: its own, the largest when
-    /// quotas cost differently).
     fn request(self, cost: Cost) -> CheckRequest<'a> {
-        let request = CheckRequest::new(self.key, self.policy, cost);
-        match self.quota_costs {
-            Some(costs) => request.with_quota_costs(costs.as_slice()),
-            None => request,
+        CheckRequest {
+            quota_costs: self.quota_costs.map(QuotaCosts::as_slice),
+            ..CheckRequest::new(self.key, self.policy, cost)
         }
     }
 
-    /// The same check, owning what it names, waiting `on` an answer.
     fn waiting(self, cost: Cost, traced: u64, on: On) -> Box<Waiting> {
         Box::new(Waiting {
             limiter: self.limiter.clone(),
@@ -222,9 +182,7 @@ impl<'a> Of<'a> {
         } else {
             0
         };
-        // Leases hold one count of units for every quota: a check whose
-        // quotas cost differently goes to the store (exact all the same,
-        // as the store counts what leases hold).
+        // A lease holds the same units in every quota.
         let leased = inner
             .leases
             .as_ref()
@@ -236,7 +194,6 @@ impl<'a> Of<'a> {
         let owned = || (limiter.clone(), self.key.clone(), self.policy.clone());
         let future: BoxFuture<'static, _> =
             match limiter.spend_leased(tier, ttl, self.key, self.policy, cost.get()) {
-                // Spent from a live lease: no store call, no wait.
                 Leased::Spent(decision, None) => {
                     return Ok(self.finish(Ok(decision), cost, traced))
                 }
@@ -252,13 +209,12 @@ impl<'a> Of<'a> {
                         async move { limiter.decide_leased(slot, hot, &key, &policy, cost).await },
                     )
                 }
-                // A key too cold to lease: as without leases.
                 Leased::Direct => return self.start_direct(cost, traced),
             };
         Err(self.waiting(cost, traced, On::Leased(future)))
     }
 
-    /// The first step without a lease: local tier, then the store.
+    /// The first step without a lease: the local tier, then the store.
     fn start_direct(
         self,
         cost: Cost,
@@ -282,9 +238,8 @@ impl<'a> Of<'a> {
         }
     }
 
-    /// The store answered.
     // Always inlined: the decision is then built where the caller returns
-    // it, instead of being copied through each step (measured: callgrind).
+    // it, not copied through each step.
     #[inline(always)]
     fn stored(
         self,
@@ -306,7 +261,7 @@ impl<'a> Of<'a> {
         }
     }
 
-    /// The check's answer: counted in the metrics, recorded in a span if
+    /// The check's answer, counted in the metrics and recorded in a span if
     /// one is wanted.
     #[inline(always)]
     fn finish(
@@ -384,18 +339,17 @@ impl Future for Check<'_> {
     type Output = Result<Decision, LimitError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // `Check` holds no self-reference: it is `Unpin`.
+        // `Check` is `Unpin`: it holds no self-reference.
         let this = &mut *self;
         if let State::Waiting(waiting) = &mut this.state {
             let answer = waiting.poll(cx);
             if answer.is_ready() {
-                // Drops what the check waited on.
                 this.state = State::Done;
             }
             return answer;
         }
         match std::mem::replace(&mut this.state, State::Done) {
-            State::Start(_, Err(refused)) => Poll::Ready(Err(refused.into())),
+            State::Start(_, Err(refused)) => Poll::Ready(Err(*refused)),
             State::Start(of, Ok(cost)) => match of.start(cost) {
                 Ok(result) => Poll::Ready(result),
                 Err(waiting) => {
@@ -407,8 +361,6 @@ impl Future for Check<'_> {
         }
     }
 }
-
-impl Unpin for Check<'_> {}
 
 impl fmt::Debug for Check<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

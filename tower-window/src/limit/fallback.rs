@@ -1,15 +1,10 @@
 //! What a [`Limiter`](crate::Limiter) answers when the store cannot.
 //!
 //! A [`FallbackPolicy`] decides when the store errors, times out, is
-//! overloaded, or the circuit breaker is open. Every decision it makes is
-//! marked `source = Fallback(reason)` by the limiter, whatever the policy
-//! returned, so a degraded answer is never mistaken for a store decision.
-//!
-//! Built-ins: [`FailOpen`] (admit), [`FailClosed`] (deny), [`LocalWindow`]
-//! (a per-node window with a share of each limit). Any
-//! `Fn(&FallbackRequest<'_>) -> Decision` closure is a policy too. How a
-//! degraded denial is answered over HTTP (503 by default) is a setting of
-//! the layer, not of the policy.
+//! overloaded, or its breaker is open. The limiter marks every such decision
+//! `source = Fallback(reason)`, so it is never mistaken for a store's.
+//! Built-ins: [`FailOpen`], [`FailClosed`], [`LocalWindow`]; any
+//! `Fn(&FallbackRequest<'_>) -> Decision` closure is a policy too.
 //!
 //! ```
 //! use tower_window::fallback::{FailClosed, FallbackPolicy, FallbackRequest};
@@ -48,7 +43,6 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use crate::store::guard::OnFailure;
@@ -70,14 +64,12 @@ pub struct FallbackRequest<'a> {
     /// any quota is asked for.
     pub cost: Cost,
     /// The units each quota was asked for, in policy order, when they
-    /// differ ([`Limiter::check_policy_per_quota`](crate::Limiter::check_policy_per_quota));
-    /// `None`: [`cost`](Self::cost) in every quota. Read one with
-    /// [`cost_of`](Self::cost_of).
+    /// differ ([`Limiter::check_policy_per_quota`](crate::Limiter::check_policy_per_quota)).
+    /// Read one with [`cost_of`](Self::cost_of).
     pub quota_costs: Option<&'a [Cost]>,
     /// Why the store did not decide.
     pub reason: FallbackReason,
-    /// The store's error, when there was one (none for an open breaker or a
-    /// full in-flight bound).
+    /// The store's error, if it was called.
     pub error: Option<&'a StoreError>,
     /// The limiter's clock reading, in microseconds since the Unix epoch.
     pub now_micros: u64,
@@ -85,7 +77,7 @@ pub struct FallbackRequest<'a> {
 
 impl<'a> FallbackRequest<'a> {
     /// A request the store could not decide for `reason`, at `now_micros`
-    /// (for limiters, and for unit tests of third-party policies).
+    /// (for unit tests of policies, too).
     pub fn new(
         key: &'a WindowKey,
         policy: &'a Policy,
@@ -124,14 +116,11 @@ impl<'a> FallbackRequest<'a> {
     }
 }
 
-/// Decides a check when the store cannot.
-///
-/// Implemented by the built-ins in this module and by every
-/// `Fn(&FallbackRequest<'_>) -> Decision + Send + Sync + 'static` closure.
+/// Decides a check when the store cannot (see the [module](self)).
 pub trait FallbackPolicy: Send + Sync + 'static {
-    /// Decides `request`, at once (a fallback must not wait for what just
-    /// failed). The limiter sets the decision's `source` to
-    /// `Fallback(request.reason)` and, if it is zero, its timestamp.
+    /// Decides `request` at once (a fallback must not wait for what just
+    /// failed). The limiter sets the decision's `source` and, if it is
+    /// zero, its timestamp.
     fn decide(&self, request: FallbackRequest<'_>) -> Decision;
 }
 
@@ -144,10 +133,8 @@ where
     }
 }
 
-/// Admit every request while the store is unavailable.
-///
-/// The decision reports, for every quota, `remaining = capacity − cost` and
-/// `reset_after = window`: the node cannot know the real windows.
+/// Admit every request while the store is unavailable, reporting
+/// `remaining = capacity − cost` and `reset_after = window` for every quota.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FailOpen;
 
@@ -173,12 +160,9 @@ impl FallbackPolicy for FailOpen {
     }
 }
 
-/// Deny every request while the store is unavailable.
-///
-/// The denial says `retry_after` (default one second) for every quota and
-/// carries the reason in its source. Over HTTP the layer answers it with its
-/// [degraded status](crate::layer::SlidingWindowLayer::degraded_status)
-/// (`503 Service Unavailable` by default).
+/// Deny every request while the store is unavailable, with a `retry_after`
+/// (default one second) for every quota. Over HTTP the layer answers it
+/// with its [degraded status](crate::layer::SlidingWindowLayer::degraded_status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
 pub struct FailClosed {
@@ -199,7 +183,7 @@ impl FailClosed {
         }
     }
 
-    /// The `retry_after` of each denial (default one second).
+    /// The `retry_after` of each denial.
     pub fn retry_after(mut self, retry_after: Duration) -> Self {
         self.retry_after = retry_after;
         self
@@ -208,18 +192,12 @@ impl FailClosed {
 
 impl FallbackPolicy for FailClosed {
     fn decide(&self, request: FallbackRequest<'_>) -> Decision {
-        let wait = self.retry_after;
-        let states = request
-            .policy
-            .quotas()
-            .iter()
-            .map(|quota| QuotaDecision::deny(quota.clone(), 0, wait, Some(wait)));
-        for_policy(request.policy, states)
+        deny_all(request.policy, |_| self.retry_after)
     }
 }
 
-/// The decision of `policy` from its quotas' states; a policy always has a
-/// quota, so the fallback to a plain denial of its first is unreachable.
+/// The decision of `policy` from its quotas' states (a policy always has a
+/// quota: the denial of its first is unreachable).
 fn for_policy(policy: &Policy, states: impl Iterator<Item = QuotaDecision>) -> Decision {
     Decision::from_quotas(states).unwrap_or_else(|| {
         let quota = policy.first().clone();
@@ -228,12 +206,21 @@ fn for_policy(policy: &Policy, states: impl Iterator<Item = QuotaDecision>) -> D
     })
 }
 
+/// A denial in every quota of `policy`, each for `wait(quota)`.
+fn deny_all(policy: &Policy, wait: impl Fn(&Quota) -> Duration) -> Decision {
+    let states = policy.quotas().iter().map(|quota| {
+        let wait = wait(quota);
+        QuotaDecision::deny(quota.clone(), 0, wait, Some(wait))
+    });
+    for_policy(policy, states)
+}
+
 /// A window kept on this node alone with a share of the limit.
 ///
 /// During an outage each node admits at most `ceil(share × limit)` units
-/// (at least 1) per window of each key, using the quota's own algorithm in
-/// an embedded [`MemoryStore`]; with `share = 1 / nodes`, the cluster as a
-/// whole stays near the global limit. GCRA bursts are scaled the same way.
+/// (at least 1) per window of each key in an embedded [`MemoryStore`]; with
+/// `share = 1 / nodes` the cluster stays near the global limit. GCRA bursts
+/// are scaled the same way.
 ///
 /// ```
 /// use tower_window::fallback::LocalWindow;
@@ -253,9 +240,6 @@ pub struct LocalWindow {
     /// The embedded store's clock: the latest reading handed in by a
     /// request, so the window runs on the limiter's (the store's) time.
     now: ManualClock,
-    /// The first policy scaled, and its scaled form: a limiter checks its
-    /// own policy far more than any other, so this answers without a lookup.
-    first: OnceLock<(Policy, Option<Policy>)>,
     /// Scaled policies by original policy; a limiter checks few distinct ones.
     scaled: quick_cache::sync::Cache<Policy, Option<Policy>>,
 }
@@ -277,8 +261,7 @@ impl LocalWindow {
         if !(share > 0.0 && share <= 1.0) {
             return Err(InvalidShare(share));
         }
-        // In range by the check above; a positive share below a millionth
-        // counts as one millionth.
+        // A positive share below a millionth counts as one millionth.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let ppm = ((share * SHARE_SCALE as f64).round() as u64).clamp(1, SHARE_SCALE);
         Ok(Self::from_fraction(ppm, SHARE_SCALE))
@@ -296,14 +279,12 @@ impl LocalWindow {
             denominator,
             store: Self::store(&now, MemoryStore::DEFAULT_MAX_KEYS),
             now,
-            first: OnceLock::new(),
             scaled: quick_cache::sync::Cache::new(64),
         }
     }
 
     /// The most keys the node's own window keeps (default
-    /// [`MemoryStore::DEFAULT_MAX_KEYS`]); beyond it the least useful keys
-    /// are forgotten.
+    /// [`MemoryStore::DEFAULT_MAX_KEYS`]).
     pub fn max_keys(mut self, max_keys: u64) -> Self {
         self.store = Self::store(&self.now, max_keys);
         self
@@ -327,28 +308,14 @@ impl LocalWindow {
     /// The policy this node enforces on its own in place of `policy`: each
     /// quota scaled by [`scaled_quota`](Self::scaled_quota).
     pub fn scaled_policy(&self, policy: &Policy) -> Option<Policy> {
-        let (first, scaled) = self
-            .first
-            .get_or_init(|| (policy.clone(), self.build_scaled(policy)));
-        if first == policy {
-            return scaled.clone();
-        }
-        match self
-            .scaled
-            .get_or_insert_with(policy, || Ok::<_, Infallible>(self.build_scaled(policy)))
-        {
+        let scaled = || Ok::<_, Infallible>(policy.map_quotas(|quota| self.scaled_quota(quota)));
+        match self.scaled.get_or_insert_with(policy, scaled) {
             Ok(scaled) => scaled,
             Err(never) => match never {},
         }
     }
 
-    fn build_scaled(&self, policy: &Policy) -> Option<Policy> {
-        policy.map_quotas(|quota| self.scaled_quota(quota))
-    }
-
-    /// The quota this node enforces on its own in place of `quota`: the
-    /// same name, window, algorithm and scope with the scaled limit (and
-    /// burst).
+    /// `quota` with the scaled limit (and burst).
     pub fn scaled_quota(&self, quota: &Quota) -> Option<Quota> {
         let mut builder = Quota::builder()
             .name(quota.name())
@@ -380,27 +347,19 @@ impl FallbackPolicy for LocalWindow {
         // Concurrent requests may hand in readings out of order: the window's
         // time never steps back.
         self.now.advance_to(request.now_micros);
-        let denied = || {
-            let states = policy.quotas().iter().map(|quota| {
-                let window = quota.window();
-                QuotaDecision::deny(quota.clone(), 0, window, Some(window))
-            });
-            for_policy(policy, states)
-        };
-        // The embedded store decides in-process: no need to await it.
-        let decision = match self.scaled_policy(policy).map(|scaled| {
-            let check = CheckRequest::new(request.key, &scaled, request.cost);
-            self.store.check_now(match request.quota_costs {
-                Some(costs) => check.with_quota_costs(costs),
-                None => check,
-            })
-        }) {
-            // Report against the quotas the caller asked about.
-            Some(Ok(decision)) => decision.reported_as(policy),
+        let decided = self.scaled_policy(policy).and_then(|scaled| {
+            let mut check = CheckRequest::new(request.key, &scaled, request.cost);
+            if let Some(costs) = request.quota_costs {
+                check = check.with_quota_costs(costs);
+            }
+            self.store.check_now(check).ok()
+        });
+        match decided {
+            // Reported against the quotas the caller asked about.
+            Some(decision) => decision.reported_as(policy),
             // The embedded store does not fail; if it ever does, deny.
-            Some(Err(_)) | None => denied(),
-        };
-        decision
+            None => deny_all(policy, Quota::window),
+        }
     }
 }
 

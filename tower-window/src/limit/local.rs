@@ -1,18 +1,11 @@
 //! The local tier: a bounded per-node memory of recent store denials.
 //!
-//! When the store denies a key with `retry_after = T`, the node remembers
-//! "denied until now + T" for that key and policy and answers further checks
-//! of at least the same cost locally, without a store call, until then. It
-//! only ever repeats a denial the store made, so it never admits anything the
-//! store would not; a cheaper request may fit earlier and still goes to the
-//! store. With a cost per quota, "at least the same cost" means in every
-//! quota.
-//!
-//! The tier is a bounded, sharded [`quick_cache`] cache, so a flood of
-//! distinct keys cannot grow it past its capacity. Expiry is inside the
-//! values: a remembered denial whose time is over reads as absent (a stale
-//! miss) and is overwritten by the next denial or dropped by the next
-//! admission.
+//! After the store denies a key with `retry_after = T`, checks of that key
+//! and policy of at least the same cost (in every quota) are denied locally
+//! until `now + T`. It only repeats the store's denials, so it never admits
+//! what the store would not. Expiry is inside the values: an expired denial
+//! reads as a stale miss and is overwritten by the next denial or dropped
+//! by the next admission.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,61 +21,46 @@ use crate::{Clock, Cost, Decision, DecisionSource, Policy, WindowKey};
 /// Default number of keys the local tier remembers.
 pub(crate) const DEFAULT_LOCAL_CAPACITY: u64 = 100_000;
 
-/// A remembered denial.
 #[derive(Debug)]
 struct Denied {
-    /// Clock reading (µs) until which requests of at least `cost` are denied.
+    /// Until when (µs) requests of at least `cost` are denied.
     until_micros: u64,
-    /// Clock reading (µs) when the store denied.
+    /// When (µs) the store denied.
     at_micros: u64,
-    /// The cost the store denied (the largest, with `quota_costs`).
+    /// The cost denied (the largest, with `quota_costs`).
     cost: u32,
-    /// Each quota's cost the store denied, when they differed.
     quota_costs: Option<Box<[Cost]>>,
-    /// The store's denial, every quota's state included, as of `at_micros`.
     decision: Decision,
     /// `retry_after` after the denial in real time: past it the entry reads
-    /// as absent even if the limiter's clock jumped backwards (`None`: a wait
-    /// beyond what `Instant` can represent).
+    /// as absent even if the limiter's clock stepped back (`None`: beyond
+    /// what `Instant` can represent).
     expires: Option<Instant>,
 }
 
-type DeniedCache = Cache<
-    StateKey,
-    Arc<Denied>,
-    UnitWeighter,
-    DefaultHashBuilder,
-    DefaultLifecycle<StateKey, Arc<Denied>>,
->;
-
-/// The bounded "denied until" memory of one limiter.
 pub(crate) struct LocalTier {
-    cache: DeniedCache,
+    cache: Cache<StateKey, Arc<Denied>>,
     capacity: u64,
     clock: Arc<dyn Clock>,
     metrics: Option<Arc<LimiterMetrics>>,
 }
 
-/// What a lookup found.
 #[allow(clippy::large_enum_variant)] // returned and matched at once; boxing would allocate per hit
 pub(crate) enum Lookup {
     /// A remembered denial answers this check.
     Hit(Decision),
-    /// Nothing applies; `stale` says an entry exists that no longer does.
+    /// Nothing applies; `stale`: an expired denial is held.
     Miss { stale: bool },
 }
 
 impl LocalTier {
-    /// A tier holding at most `capacity` keys.
     pub(crate) fn new(capacity: u64, clock: Arc<dyn Clock>) -> Self {
-        let cache = Cache::with_options(
-            bounded_options(capacity),
-            UnitWeighter,
-            DefaultHashBuilder::default(),
-            DefaultLifecycle::default(),
-        );
         Self {
-            cache,
+            cache: Cache::with_options(
+                bounded_options(capacity),
+                UnitWeighter,
+                DefaultHashBuilder::default(),
+                DefaultLifecycle::default(),
+            ),
             capacity,
             clock,
             metrics: None,
@@ -96,8 +74,7 @@ impl LocalTier {
     }
 
     /// Answers a check locally if the store recently denied at most this
-    /// cost (`quota_costs`: each quota's, when they differ), and counts the
-    /// hit or miss.
+    /// cost (each quota's, with `quota_costs`), and counts the hit or miss.
     pub(crate) fn lookup(
         &self,
         key: &WindowKey,
@@ -141,8 +118,7 @@ impl LocalTier {
         Lookup::Hit(decision)
     }
 
-    /// Remembers a store denial that says when the same cost (each
-    /// quota's, with `quota_costs`) fits again.
+    /// Remembers a store denial that says when the same cost fits again.
     pub(crate) fn remember(
         &self,
         key: &WindowKey,
@@ -151,13 +127,13 @@ impl LocalTier {
         quota_costs: Option<&[Cost]>,
         decision: &Decision,
     ) {
-        let Some(retry_after) = decision.retry_after else {
-            // The cost can never fit; nothing to wait for.
+        // `None`: the cost can never fit, there is nothing to wait for.
+        let wait = decision
+            .retry_after
+            .filter(|r| !decision.allowed && !r.is_zero());
+        let Some(retry_after) = wait else {
             return;
         };
-        if decision.allowed || retry_after.is_zero() {
-            return;
-        }
         let now = self.clock.now_micros();
         let wait = duration_micros(retry_after);
         let denied = Denied {
@@ -179,16 +155,15 @@ impl LocalTier {
         self.report_size();
     }
 
-    /// Sets the size gauge after a change; this follows a store call, so it
-    /// is never on the path of a local answer.
+    /// Sets the size gauge (after a store call, never on a local answer's
+    /// path).
     fn report_size(&self) {
         if self.metrics.is_some() {
             self.len();
         }
     }
 
-    /// Number of keys held, expired denials not yet overwritten included
-    /// (also reported to the size gauge).
+    /// Keys held, expired denials included (also sets the size gauge).
     pub(crate) fn len(&self) -> u64 {
         let entries = self.cache.len() as u64;
         if let Some(metrics) = &self.metrics {
@@ -197,16 +172,14 @@ impl LocalTier {
         entries
     }
 
-    /// The configured capacity.
     pub(crate) fn capacity(&self) -> u64 {
         self.capacity
     }
 }
 
 impl Denied {
-    /// Whether a check of `cost` (each quota's in `quota_costs`, when
-    /// given) asks at least as much in each of the `quotas` as the denied
-    /// one: then it is denied too, for at least as long.
+    /// Whether a check asks at least as much in each of the `quotas` as
+    /// the denied one (then it is denied too, for at least as long).
     fn covers(&self, cost: u32, quota_costs: Option<&[Cost]>, quotas: usize) -> bool {
         if self.quota_costs.is_none() && quota_costs.is_none() {
             return cost >= self.cost;

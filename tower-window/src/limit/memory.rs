@@ -1,24 +1,20 @@
-//! The windows [`Backend`] of [`MemoryStore`]: a policy checked on the
-//! slots of its quotas, locked in one global order, and peeked without
-//! recording.
+//! The windows [`Backend`] of [`MemoryStore`].
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use super::Backend;
-use crate::algorithm::outcome::Evaluation;
+use crate::algorithm::outcome::{Evaluation, Outcome};
 use crate::algorithm::State;
 use crate::key::state_key::StateKeyRef;
 use crate::store::memory::{decided, Slot, MAX_EVICTED_RETRIES};
-use crate::store::{CheckRequest, Guard, MemoryStore, Op, StoreError, StoreErrorKind};
+use crate::store::{CheckRequest, Guard, MemoryStore, Op, StoreError};
 use crate::sync::lock;
-use crate::{Decision, Quota, QuotaDecision};
+use crate::{Decision, Quota};
 
 impl MemoryStore {
-    /// Checks and records one request (the windows backend's `check`, and
-    /// `LocalWindow`'s).
+    /// Checks and records one request.
     pub(crate) fn check_now(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
         let policy = request.policy;
         if let [quota] = policy.quotas() {
@@ -76,11 +72,9 @@ impl Backend for MemoryStore {
 
 impl MemoryStore {
     /// Evaluates every quota of the request's policy on its state (a key
-    /// never checked reads as empty, and is not created): nothing is
-    /// recorded and no entry is added. Like the Redis peek script, the
-    /// evaluation drops state that has expired (it no longer counts either
-    /// way), so both stores hold the same state after a peek even when the
-    /// clock later steps back to before that expiry.
+    /// never checked reads as empty, and is not created), recording
+    /// nothing. Like the Redis peek script, it drops state that has expired,
+    /// so both stores hold the same state after a peek.
     pub(crate) fn peek_now(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
         let now = self.clock.now_micros();
         let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
@@ -90,41 +84,20 @@ impl MemoryStore {
                 Some(slot) => lock(&slot.inner).state.evaluate(quota, now, cost),
                 None => State::empty(quota.algorithm()).evaluate(quota, now, cost),
             };
-            evaluations.push(evaluation);
-        }
-        peek_decision(request, &evaluations, now)
-    }
-}
-
-/// The decision a peek reports: each quota's state as it stands, admitted
-/// where the cost would fit.
-fn peek_decision(
-    request: CheckRequest<'_>,
-    evaluations: &[Evaluation],
-    now: u64,
-) -> Result<Decision, StoreError> {
-    let micros = Duration::from_micros;
-    let states = request
-        .policy
-        .quotas()
-        .iter()
-        .zip(evaluations)
-        .map(|(quota, e)| {
-            let (remaining, reset) = e.unchanged;
-            if e.fits() {
-                QuotaDecision::allow(quota.clone(), remaining, micros(reset))
+            // Reported as it stands: `remaining` before the cost.
+            let (remaining, reset) = evaluation.unchanged;
+            let outcome = if evaluation.fits() {
+                Outcome::allow(remaining, reset)
             } else {
-                QuotaDecision::deny(
-                    quota.clone(),
-                    remaining,
-                    micros(reset),
-                    e.outcome.retry_after.map(micros),
-                )
-            }
-        });
-    Decision::from_quotas(states)
-        .map(|d| d.with_timestamp_micros(now))
-        .ok_or_else(|| StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas"))
+                Outcome::deny(remaining, reset, evaluation.outcome.retry_after)
+            };
+            evaluations.push(Evaluation {
+                outcome,
+                unchanged: evaluation.unchanged,
+            });
+        }
+        decided(request.policy, &evaluations, now)
+    }
 }
 
 #[cfg(test)]
@@ -132,6 +105,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
 
     use super::*;
     use crate::{ManualClock, Policy, WindowKey};

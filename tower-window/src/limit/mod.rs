@@ -1,13 +1,12 @@
-//! Policies on a store: the [`Limiter`], its builder, its [`Check`]
-//! future, the local tier of recent denials, the lease tier, and the
-//! windows' [`Backend`] trait.
+//! The [`Limiter`]: policies checked in a store, with a local tier of
+//! recent denials, a lease tier and a fallback.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::fallback::{FallbackPolicy, FallbackRequest};
-use crate::limit::local::{LocalTier, Lookup};
+use crate::limit::local::LocalTier;
 use crate::metrics::{Calls, LimiterMetrics};
 use crate::store::{CheckRequest, Op, Store, StoreError};
 use crate::{
@@ -32,14 +31,10 @@ pub use lease_tier::{LeaseConfig, LeaseStats};
 
 /// Checks keys against a [`Policy`] (one or more quotas) in a [`Store`].
 ///
-/// Cheap to clone; all clones share one configuration, so every clone of a
-/// layer or service limits together. Limiters made from the same store
-/// share its resilience stack (budget, retries, in-flight bound, breakers).
-///
-/// [`Limiter::new`] makes a limiter with no local tier and no fallback: a
-/// store failure is returned as an error. [`Limiter::builder`] adds a local
-/// tier of recent denials, a [`FallbackPolicy`] that answers when the store
-/// cannot, and quota leases.
+/// Cheap to clone; clones share one configuration, and limiters on the same
+/// store share its resilience stack (budget, retries, in-flight bound,
+/// breakers). [`Limiter::builder`] adds a local tier, a [`FallbackPolicy`]
+/// and quota leases.
 ///
 /// ```
 /// use tower_window::{Limiter, MemoryStore, Quota, WindowKey};
@@ -62,14 +57,12 @@ pub struct Limiter {
 
 struct Inner {
     store: Store,
-    /// The store's backend of windows (`None`: it has none).
     windows: Option<Arc<dyn Backend>>,
-    /// The store's backend of quota leases, when leases are on.
+    /// Looked up only when leases are on.
     lease_backend: Option<Arc<dyn crate::lease::Backend>>,
     policy: Policy,
     clock: Arc<dyn Clock>,
     local: Option<LocalTier>,
-    /// Quota leases per key (`None`: off, and checks never look for one).
     leases: Option<lease_tier::LeaseTier>,
     fallback: Option<Box<dyn FallbackPolicy>>,
     stats: Counters,
@@ -78,17 +71,15 @@ struct Inner {
 
 impl Limiter {
     /// A limiter enforcing `policy` (or one [`Quota`](crate::Quota)) in
-    /// `store` (a [`Store`], or a backend such as [`MemoryStore`](crate::MemoryStore)
-    /// or [`RedisStore`](crate::RedisStore) made into one with its
-    /// defaults): no local tier, no fallback, no leases.
+    /// `store`, with no local tier, fallback or leases: a store failure is
+    /// returned as an error.
     pub fn new(store: impl Into<Store>, policy: impl Into<Policy>) -> Self {
         LimiterBuilder::new(store.into(), policy.into())
             .local_capacity(0)
             .build()
     }
 
-    /// A builder for a limiter with a local tier, a fallback and quota
-    /// leases, on `store`.
+    /// A builder for a limiter on `store`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -122,24 +113,18 @@ impl Limiter {
     }
 
     /// Checks `cost` units for `key` against every quota of the limiter's
-    /// policy, and records them in every quota if all admit. A denial
-    /// consumes nothing in any quota.
+    /// policy, and records them in every quota if all admit (a denial
+    /// consumes nothing).
     ///
-    /// With a fallback policy, a store failure yields `Ok` with a degraded
-    /// decision (`source = Fallback(reason)`); without one, an error. A
-    /// cost of 0 is [`LimitError::ZeroCost`].
+    /// With a fallback policy, a store failure yields a degraded decision
+    /// (`source = Fallback(reason)`); without one, an error. A cost of 0 is
+    /// [`LimitError::ZeroCost`].
     pub fn check<'a>(&'a self, key: &'a WindowKey, cost: impl crate::IntoCost) -> Check<'a> {
-        Check::new(
-            self,
-            key,
-            &self.inner.policy,
-            cost.into_cost().map_err(Into::into),
-        )
+        self.check_policy(key, &self.inner.policy, cost)
     }
 
     /// Like [`check`](Self::check), against another policy in the same
-    /// store (a tenant's own, say), with the same local tier, breakers and
-    /// fallback.
+    /// store (a tenant's own, say).
     ///
     /// Each check records a `tower_window.check` span at debug level with
     /// the policy's name and the cost, `quota` (the deciding one),
@@ -151,22 +136,18 @@ impl Limiter {
         policy: &'a Policy,
         cost: impl crate::IntoCost,
     ) -> Check<'a> {
-        Check::new(self, key, policy, cost.into_cost().map_err(Into::into))
+        let cost = cost.into_cost().map_err(|zero| Box::new(zero.into()));
+        Check::new(self, key, policy, cost)
     }
 
     /// Like [`check_policy`](Self::check_policy), with a cost per quota:
-    /// `costs[i]` units in quota `i` of `policy`, all decided together in
-    /// one store call (admitted in every quota, or counted in none). For
-    /// requests whose parts weigh differently, such as an Envoy rate limit
-    /// request whose descriptors carry their own `hits_addend`.
+    /// `costs[i]` units in quota `i` of `policy`, admitted in every quota or
+    /// counted in none (an Envoy request's descriptors, say).
     ///
-    /// `costs` must have one cost per quota, else the check answers
-    /// [`LimitError::QuotaCosts`]. Equal costs are one cost, checked as
-    /// [`check_policy`](Self::check_policy) checks it. Different costs skip
-    /// quota leases (one lease holds the same units in every quota): such a
-    /// check goes to the store, which counts what leases hold, so the bound
-    /// stays exact. The local tier answers it only with a denial of at most
-    /// its cheapest cost.
+    /// `costs` must have one cost per quota, else [`LimitError::QuotaCosts`].
+    /// Equal costs are one cost. Different costs skip quota leases (a lease
+    /// holds the same units in every quota) and go to the store, which
+    /// counts what leases hold, so the bound stays exact.
     ///
     /// ```
     /// use tower_window::{Cost, Limiter, MemoryStore, Policy, Quota, QuotaCosts, WindowKey};
@@ -198,14 +179,12 @@ impl Limiter {
         Check::per_quota(self, key, policy, costs)
     }
 
-    /// The policy check as one store operation, through the store's
-    /// resilience stack (one boxed future on a networked backend, none on
-    /// an in-process one).
     fn check_store<'a>(&'a self, request: CheckRequest<'a>) -> Op<'static, Decision> {
         self.call_windows(request, |windows, guard| windows.check(guard, request))
     }
 
-    /// One operation of `request` on the store's windows.
+    /// One operation of `request` on the store's windows, through the
+    /// store's resilience stack.
     fn call_windows<'a, 'o, T: Send + 'o>(
         &'a self,
         request: CheckRequest<'a>,
@@ -221,13 +200,12 @@ impl Limiter {
         )
     }
 
-    /// Where the store calls for `policy` are recorded.
     fn calls<'a>(&'a self, policy: &'a Policy) -> Calls<'a> {
         Calls::to(&self.inner.metrics, Some(policy.first())).for_policy(policy)
     }
 
-    /// Bookkeeping after the store decided: counts it and updates the local
-    /// tier (remembers a denial; drops a stale one after an admission).
+    /// Counts a store decision and updates the local tier (remembers a
+    /// denial; drops a stale one after an admission).
     fn note_stored(&self, request: CheckRequest<'_>, stale: bool, decision: &Decision) {
         let inner = &*self.inner;
         inner.stats.store.fetch_add(1, Ordering::Relaxed);
@@ -247,24 +225,8 @@ impl Limiter {
         }
     }
 
-    /// A fallback policy's decision, marked degraded and counted.
-    fn degraded(&self, mut decision: Decision, reason: FallbackReason) -> Decision {
-        // No silent success: whatever the policy said, this is degraded.
-        decision.source = DecisionSource::Fallback(reason);
-        if decision.timestamp_micros == 0 {
-            decision.timestamp_micros = self.inner.clock.now_micros();
-        }
-        self.inner.stats.fallback[reason_index(reason)].fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(
-            reason = reason.as_str(),
-            allowed = decision.allowed,
-            "rate-limit decision from the fallback policy"
-        );
-        decision
-    }
-
-    /// The fallback policy's decision for `error`, marked degraded (or the
-    /// error itself without a fallback).
+    /// The fallback policy's decision for `error`, marked degraded whatever
+    /// the policy said (the error itself without a fallback).
     fn fall_back(
         &self,
         request: CheckRequest<'_>,
@@ -280,20 +242,30 @@ impl Limiter {
         let request = FallbackRequest::new(request.key, request.policy, request.cost, reason, now)
             .with_quota_costs(request.quota_costs)
             .with_error(Some(&error));
-        Ok(self.degraded(fallback.decide(request), reason))
+        let mut decision = fallback.decide(request);
+        decision.source = DecisionSource::Fallback(reason);
+        if decision.timestamp_micros == 0 {
+            decision.timestamp_micros = inner.clock.now_micros();
+        }
+        inner.stats.fallback[reason as usize].fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            reason = reason.as_str(),
+            allowed = decision.allowed,
+            "rate-limit decision from the fallback policy"
+        );
+        Ok(decision)
     }
 }
 
 impl Limiter {
-    /// The state of the store's breakers, if it has them (see
-    /// [`Store::breaker_state`]).
+    /// See [`Store::breaker_state`].
     pub fn breaker_state(&self) -> Option<BreakerState> {
         self.inner.store.breaker_state()
     }
 
-    /// The state of the breaker guarding `key` under the limiter's policy
-    /// (its failure domain's), if the store has breakers. A domain no
-    /// check has reached yet is `Closed`.
+    /// The state of the breaker of `key`'s failure domain under the
+    /// limiter's policy, if the store has breakers (`Closed` for a domain
+    /// no check has reached yet).
     pub fn breaker_state_for(&self, key: &WindowKey) -> Option<BreakerState> {
         let inner = &*self.inner;
         let windows = inner.windows.as_deref()?;
@@ -302,14 +274,13 @@ impl Limiter {
             .breaker_state_of(windows.failure_domain(key, &inner.policy))
     }
 
-    /// How many of the store's breakers are open (see
-    /// [`Store::open_breakers`]).
+    /// See [`Store::open_breakers`].
     pub fn open_breakers(&self) -> usize {
         self.inner.store.open_breakers()
     }
 
-    /// Keys currently held by the local tier (0 without one), denials whose
-    /// time is over but that nothing has overwritten yet included.
+    /// Keys held by the local tier (0 without one), expired denials not yet
+    /// overwritten included.
     pub fn local_cache_len(&self) -> u64 {
         self.inner.local.as_ref().map_or(0, LocalTier::len)
     }
@@ -321,7 +292,7 @@ impl Limiter {
             store: s.store.load(Ordering::Relaxed),
             local_cache: s.local_cache.load(Ordering::Relaxed),
             lease: s.lease.load(Ordering::Relaxed),
-            fallback: REASONS.map(|r| s.fallback[reason_index(r)].load(Ordering::Relaxed)),
+            fallback: s.fallback.each_ref().map(|n| n.load(Ordering::Relaxed)),
             errors: s.errors.load(Ordering::Relaxed),
         }
     }
@@ -342,18 +313,13 @@ impl fmt::Debug for Limiter {
     }
 }
 
-const REASONS: [FallbackReason; 5] = FallbackReason::ALL;
-
-fn reason_index(reason: FallbackReason) -> usize {
-    REASONS.iter().position(|r| *r == reason).unwrap_or(4)
-}
-
 #[derive(Default)]
 struct Counters {
     store: AtomicU64,
     local_cache: AtomicU64,
     lease: AtomicU64,
-    fallback: [AtomicU64; 5],
+    /// Indexed by `FallbackReason as usize` (declaration order).
+    fallback: [AtomicU64; FallbackReason::ALL.len()],
     errors: AtomicU64,
 }
 
@@ -363,13 +329,12 @@ struct Counters {
 pub struct LimiterStats {
     /// Decisions made by the store.
     pub store: u64,
-    /// Denials answered on this node without a store call, the ones whose
-    /// [`DecisionSource`] is `LocalCache`: a denial the local tier
-    /// remembers, and a leased key's denial until its next lease starts.
+    /// Denials answered on this node without a store call
+    /// ([`DecisionSource::LocalCache`]).
     pub local_cache: u64,
-    /// Admissions spent from a quota lease this node held (no store call).
+    /// Admissions spent from a quota lease this node held.
     pub lease: u64,
-    fallback: [u64; 5],
+    fallback: [u64; FallbackReason::ALL.len()],
     /// Checks that returned a store error (no fallback configured).
     pub errors: u64,
 }
@@ -377,7 +342,7 @@ pub struct LimiterStats {
 impl LimiterStats {
     /// Decisions made by the fallback policy for `reason`.
     pub fn fallback(&self, reason: FallbackReason) -> u64 {
-        self.fallback[reason_index(reason)]
+        self.fallback[reason as usize]
     }
 
     /// Decisions made by the fallback policy, for any reason.
@@ -393,8 +358,7 @@ pub enum LimitError {
     /// A request must cost at least one unit.
     #[error("a request must cost at least 1 unit")]
     ZeroCost,
-    /// A check with a cost per quota was given a different number of costs
-    /// than its policy has quotas.
+    /// A check with a cost per quota was not given one per quota.
     #[error("{costs} costs for a policy of {quotas} quotas: give one per quota")]
     QuotaCosts {
         /// Quotas in the policy.

@@ -1,4 +1,4 @@
-//! [`Limiter::peek_policy`]: a policy's usage read from the store, consuming nothing.
+//! [`Limiter::peek_policy`]: a policy's usage, consuming nothing.
 
 use crate::store::CheckRequest;
 use crate::{Cost, Decision, LimitError, Limiter, Policy, QuotaCosts, WindowKey};
@@ -7,13 +7,10 @@ impl Limiter {
     /// Reads `key`'s windows under `policy` from the store without
     /// recording anything: every quota's `remaining` and `reset_after` as
     /// they stand, and `allowed` = whether `cost` would be admitted now.
-    /// For usage reports (the admin API's usage endpoint).
     ///
-    /// It is one store operation through the store's resilience stack
-    /// (the failure domain's breaker, the in-flight bound, the time budget,
-    /// retries of calls the store certainly did not apply) but it never
-    /// consults the local tier or the fallback policy: when the store
-    /// cannot answer, the error is returned.
+    /// One store operation through the store's resilience stack; it never
+    /// consults the local tier or the fallback policy, so a store failure
+    /// is returned as an error.
     ///
     /// ```
     /// use tower_window::{Limiter, MemoryStore, Quota, WindowKey};

@@ -1,12 +1,9 @@
-//! The windows [`Backend`] of [`RedisStore`]: the policy script, the peek
-//! script, and how to call them.
+//! The windows [`Backend`] of [`RedisStore`].
 //!
-//! One script decides any policy: the shared `prelude.lua`, one fragment per
-//! algorithm (each an evaluate step and a commit step, mirroring
-//! `crate::algorithm` line by line), and `policy.lua`, which evaluates every
-//! quota and commits only if all fit. `policy.lua` documents the KEYS/ARGV
-//! layout and the reply. Scripts run with `EVALSHA`; a `NOSCRIPT` reply
-//! is answered by one `EVAL` (see `store::redis::script`).
+//! One script decides any policy: `prelude.lua`, one fragment per algorithm
+//! (mirroring `crate::algorithm`), and `policy.lua`, which commits only if
+//! every quota fits and documents the KEYS/ARGV layout. `peek.lua` takes
+//! its place to read without committing.
 
 use std::sync::LazyLock;
 
@@ -14,47 +11,17 @@ use super::Backend;
 use crate::algorithm::redis::{decision, lay_out};
 use crate::store::redis::call::Call;
 use crate::store::redis::keys::policy_slot;
-use crate::store::redis::script::{LuaScript, ScriptCall};
+use crate::store::redis::script::LuaScript;
 use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
 use crate::store::{CheckRequest, Guard, Op, OwnedCheckRequest, StoreError};
 use crate::{Decision, Policy, WindowKey};
 
+/// The script deciding every policy.
 static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
 
-/// The whole script's source.
 const SOURCE: &str = crate::algorithm::redis::with_algorithms!("policy.lua");
 
-/// The script deciding every policy.
-pub(crate) fn script() -> &'static LuaScript {
-    &SCRIPT
-}
-
-/// The SHA1 of the script (what `EVALSHA` names).
-pub(crate) fn sha() -> &'static str {
-    SCRIPT.sha()
-}
-
-/// The call of `script` (the check script, [`script`], or another of the
-/// same KEYS/ARGV layout such as the peek script) for `cost` units of
-/// every quota of `policy` for `key`, with keys under `prefix` (see
-/// `policy.lua` for the layout). `now_micros` is `None` to let the script
-/// read Redis `TIME`.
-pub(crate) fn invocation_of(
-    script: &'static LuaScript,
-    prefix: &str,
-    key: &WindowKey,
-    policy: &Policy,
-    cost: u32,
-    now_micros: Option<u64>,
-    min_ttl_ms: u64,
-) -> ScriptCall {
-    let mut call = script.prepare_invoke();
-    lay_out(&mut call, prefix, key, policy, cost, now_micros, min_ttl_ms);
-    call
-}
-
-/// The prelude and the algorithm fragments, then `peek.lua` in place of
-/// `policy.lua`: the same KEYS and ARGV, no commit.
+/// `peek.lua` in place of `policy.lua`: the same KEYS and ARGV, no commit.
 static PEEK: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(crate::algorithm::redis::with_algorithms!("peek.lua")));
 
@@ -62,19 +29,18 @@ impl RedisStore {
     /// Connects now and loads the script that decides every policy,
     /// instead of on the first check.
     pub async fn connect(&self) -> Result<(), StoreError> {
-        self.connect_loading(script()).await
+        self.connect_loading(&SCRIPT).await
     }
 
     /// The SHA1 of the one script every decision runs, as used by
     /// `EVALSHA` (for load tests and operators).
     pub fn script_sha() -> &'static str {
-        crate::limit::redis::sha()
+        SCRIPT.sha()
     }
 
-    /// Runs `script` (the check script or one of the same KEYS/ARGV layout,
-    /// such as the peek script) for a policy request: one `EVALSHA` in the
-    /// policy's slot, on the explicit clock when the store has one.
-    pub(crate) async fn policy_script(
+    /// Runs `script` (the check or the peek script) for `request`: one
+    /// `EVALSHA`, on the explicit clock when the store has one.
+    async fn policy_script(
         &self,
         script: &'static LuaScript,
         request: CheckRequest<'_>,
@@ -85,15 +51,9 @@ impl RedisStore {
         } else {
             0
         };
-        let mut call = invocation_of(
-            script,
-            &self.prefix,
-            request.key,
-            request.policy,
-            request.cost.get(),
-            now,
-            min_ttl_ms,
-        );
+        let mut call = script.prepare_invoke();
+        let (key, policy, cost) = (request.key, request.policy, request.cost.get());
+        lay_out(&mut call, &self.prefix, key, policy, cost, now, min_ttl_ms);
         if request.quota_costs.is_some() {
             // After the quota slots: one cost per quota (see policy.lua).
             for i in 0..request.policy.len() {
@@ -103,9 +63,8 @@ impl RedisStore {
         self.call(Call::Script(&call)).await
     }
 
-    /// `script` (the check script, or the peek script: same KEYS and ARGV,
-    /// no commit) for `request`, as a guarded operation that owns a clone
-    /// of the store and of the request: its future borrows nothing.
+    /// `script` for `request` as a guarded operation owning clones of the
+    /// store and the request.
     fn policy_op(
         &self,
         guard: &mut Guard<'_>,
@@ -130,7 +89,7 @@ impl Backend for RedisStore {
         guard: &mut Guard<'a>,
         request: CheckRequest<'a>,
     ) -> Op<'static, Decision> {
-        self.policy_op(guard, script(), request)
+        self.policy_op(guard, &SCRIPT, request)
     }
 
     fn peek<'a>(
@@ -141,15 +100,9 @@ impl Backend for RedisStore {
         self.policy_op(guard, &PEEK, request)
     }
 
-    /// On a cluster store, the primary that serves the hash slot of every
-    /// key of `key` under `policy` (as `CLUSTER KEYSLOT` computes it), as a
-    /// small stable number from the cluster's own slot map (`CLUSTER
-    /// SLOTS`, reloaded after `MOVED` or a failover). So a limiter keeps one
-    /// breaker per primary: a dead primary opens one breaker after a few
-    /// failures, whichever of its slots they hit. `None` on a single-node
-    /// store, and on a cluster until the slot map has first loaded (the
-    /// store-wide breaker then stands in). Computed without building a key
-    /// or doing I/O.
+    /// On a cluster store, the primary serving the hash slot of `key`'s
+    /// keys under `policy`, from the cluster's slot map: one breaker per
+    /// primary. `None` on a single node, and until the slot map has loaded.
     fn failure_domain(&self, key: &WindowKey, policy: &Policy) -> Option<u16> {
         self.slot_domain(policy_slot(key, policy))
     }
@@ -184,10 +137,16 @@ mod tests {
             assert!(fragment.ends_with('\n'), "fragment {i} ends mid-line");
         }
         assert_eq!(SOURCE, fragments.concat());
-        assert_eq!(sha(), redis::Script::new(&fragments.concat()).get_hash());
-        assert_eq!(script().sha(), sha());
+        assert_eq!(
+            RedisStore::script_sha(),
+            redis::Script::new(&fragments.concat()).get_hash()
+        );
+        assert_eq!(SCRIPT.sha(), RedisStore::script_sha());
         // A one-byte change names another script.
-        assert_ne!(sha(), redis::Script::new(&format!("{SOURCE} ")).get_hash());
+        assert_ne!(
+            RedisStore::script_sha(),
+            redis::Script::new(&format!("{SOURCE} ")).get_hash()
+        );
     }
 
     #[test]

@@ -62,40 +62,31 @@ impl LeaseConfig {
 
     /// Leases only keys checked at least `checks` times within one lease
     /// TTL (default [`DEFAULT_HOT_CHECKS`](Self::DEFAULT_HOT_CHECKS)); the
-    /// checks of other keys go to the store directly, as without leases.
+    /// checks of other keys go to the store directly. `0` or `1`: every key
+    /// leases from its first check.
+    ///
+    /// A lease costs a reservation and often a refund, which pay only for a
+    /// key that spends it several times. Checks are counted per key and
+    /// policy over the current and the previous TTL-long period, in a fixed
+    /// table of about 32,000 keys: a key pushed out counts from zero again
+    /// (more store calls, never less exactness). A leased key that cools
+    /// gives back what its leases left.
     ///
     /// ```
     /// use tower_window::LeaseConfig;
     ///
-    /// // Every key leases from its first check.
     /// assert_eq!(LeaseConfig::new(100).hot_after(1).hot_checks(), 1);
     /// ```
-    ///
-    /// A lease costs a reservation and, when it expires with units left, a
-    /// refund: two store calls, which pay only when the lease is spent by
-    /// more checks than that. A key seen a few times per TTL (one of
-    /// 10,000 users taking turns, say) would reserve and refund for every
-    /// few admissions. The count is per key and policy: its checks in the
-    /// current TTL-long period of the limiter's clock and in the one before
-    /// it (every TTL-long stretch ending now lies within the two, and a
-    /// steady key does not flap at a period's end), up to 65,535. It is
-    /// kept in a fixed table of about 32,000 keys, not per key: a key
-    /// pushed out by others counts from zero again and leases a little
-    /// later, which costs store calls, never exactness. A leased key that
-    /// cools below the rule gives back what its lease left and goes to the
-    /// store directly again. `0` or `1`: every key leases from its first
-    /// check.
     pub fn hot_after(mut self, checks: u32) -> Self {
         self.hot_checks = checks;
         self
     }
 
     /// Whether a hot key reserves its next lease ahead of need (default
-    /// on): the check that leaves half of the key's lease or less starts
-    /// the next reservation (one at a time per key), while every other
-    /// check keeps spending what is left, so a check waits for the store
-    /// only when the lease is truly empty and that reservation has not
-    /// come back. Off, a key reserves only when its lease is empty.
+    /// on): the check that leaves half of the lease or less starts the next
+    /// reservation while others keep spending, so checks wait for the store
+    /// only when the lease runs dry first. Off, a key reserves only when
+    /// its lease is empty.
     pub fn refill_ahead(mut self, on: bool) -> Self {
         self.refill_ahead = on;
         self
@@ -106,14 +97,12 @@ impl LeaseConfig {
         self.max_units
     }
 
-    /// Checks within one lease TTL that make a key hot enough to lease
-    /// (see [`hot_after`](Self::hot_after)).
+    /// See [`hot_after`](Self::hot_after).
     pub fn hot_checks(&self) -> u32 {
         self.hot_checks
     }
 
-    /// Whether hot keys reserve ahead of need (see
-    /// [`refill_ahead`](Self::refill_ahead)).
+    /// See [`refill_ahead`](Self::refill_ahead).
     pub fn refills_ahead(&self) -> bool {
         self.refill_ahead
     }
@@ -129,20 +118,18 @@ impl LeaseConfig {
     }
 
     /// [`ttl_for`](Self::ttl_for) in whole µs, without `Duration`
-    /// arithmetic (every leased check asks).
+    /// arithmetic (on every leased check).
     pub(crate) fn ttl_micros_for(&self, policy: &Policy) -> u64 {
         match self.ttl {
             Some(ttl) => crate::clock::duration_micros(ttl),
-            // A tenth of the shortest window, floored to whole µs like
-            // `ttl_for`'s `Duration` (nested floor divisions agree).
+            // Floored like `ttl_for` (nested floor divisions agree).
             None => (policy.shortest_window_micros() / 10).clamp(1, MAX_DEFAULT_TTL_MICROS),
         }
     }
 
     /// Checks that leases of this TTL can be granted under `policy`: a
     /// GCRA quota dates leased tokens at the deadline, so a TTL above
-    /// `(burst - 1)` emission intervals could never be granted and is
-    /// refused with a typed error.
+    /// `(burst - 1)` emission intervals never could.
     pub fn validate(&self, policy: &Policy) -> Result<(), crate::StoreError> {
         let ttl = crate::clock::duration_micros(self.ttl_for(policy));
         crate::algorithm::lease::check_ttl(policy, ttl)

@@ -1,11 +1,9 @@
-//! What a limiter's leases did: the counters every lease event moves, and
-//! [`LeaseStats`], their public reading.
+//! The lease tier's counters, read as [`LeaseStats`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::LeaseTier;
 
-/// The tier's counts, moved as leases are granted, spent and given back.
 #[derive(Default)]
 pub(crate) struct LeaseCounters {
     pub(crate) granted: AtomicU64,
@@ -27,15 +25,13 @@ pub struct LeaseStats {
     pub spent: u64,
     /// Units given back before their lease's deadline (on shutdown, say).
     pub refunded: u64,
-    /// Units left unspent when their lease's deadline passed (refunded
-    /// then where the store still counts them).
+    /// Units left unspent when their lease's deadline passed.
     pub expired_unspent: u64,
     /// Units the store took back from refunds of either kind.
     pub returned: u64,
     /// Reservations sent to the store (on demand or ahead of need).
     pub reservations: u64,
-    /// Checks that waited for a reservation another check had in flight
-    /// (their key's lease was empty).
+    /// Checks that waited for a reservation another check had in flight.
     pub waits: u64,
 }
 

@@ -1,9 +1,7 @@
-//! Direct decisions of a leased key: the store decides a check exactly as
-//! without leases — when a reservation granted nothing (in its own call),
-//! when the key cooled down (in the call that gives back what its leases
-//! left), or when the store could not lease at all (one more call).
+//! Direct decisions of a leased key: the store decides a check as without
+//! leases, when a reservation granted nothing, the key cooled down, or the
+//! store could not lease.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::LeaseTier;
@@ -12,9 +10,8 @@ use crate::store::CheckRequest;
 use crate::{Decision, Policy, WindowKey};
 
 impl crate::Limiter {
-    /// A check of a key that cooled down: decided by the store directly,
-    /// in the call that gives back what its leases left (a check of the
-    /// policy as without leases when there is nothing to give back).
+    /// A check of a key that cooled down, decided by the store in the call
+    /// that gives back what its leases left.
     pub(super) async fn decide_cooled(
         &self,
         tier: &LeaseTier,
@@ -30,9 +27,7 @@ impl crate::Limiter {
         let request = ReserveRequest::new(key, policy, 0, cost.get(), tier.config.ttl_for(policy))
             .refunding(refunds)
             .deciding();
-        let result = self.call_leases(request).await;
-        self.count_returned(tier, refunds, &result);
-        match result {
+        match self.call_leases(tier, request).await {
             Ok(Reservation {
                 decision: Some(decision),
                 ..
@@ -42,7 +37,7 @@ impl crate::Limiter {
         }
     }
 
-    /// The store decides this check as without leases (one call), then as
+    /// The store decides this check as without leases, then as
     /// [`decided_directly`](Self::decided_directly).
     pub(super) async fn decide_direct(
         &self,
@@ -51,16 +46,16 @@ impl crate::Limiter {
         cost: crate::Cost,
         held_until: Option<u64>,
     ) -> Result<Decision, crate::LimitError> {
-        match self.check_store(CheckRequest::new(key, policy, cost)).await {
+        let request = CheckRequest::new(key, policy, cost);
+        match self.check_store(request).await {
             Ok(decision) => Ok(self.decided_directly(key, policy, cost, decision, held_until)),
-            Err(error) => self.fall_back(CheckRequest::new(key, policy, cost), error),
+            Err(error) => self.fall_back(request, error),
         }
     }
 
-    /// A check the store decided directly (in a check of its own, or in a
-    /// reservation that granted nothing): counted, and a denial remembered
-    /// by the local tier. `held_until` (store clock): the latest deadline of
-    /// the leases outstanding, which a denial waits no longer than.
+    /// A check the store decided directly, counted, its denial remembered
+    /// by the local tier and waiting no longer than `held_until` (store
+    /// clock), the latest deadline of the leases outstanding.
     pub(super) fn decided_directly(
         &self,
         key: &WindowKey,
@@ -69,10 +64,6 @@ impl crate::Limiter {
         mut decision: Decision,
         held_until: Option<u64>,
     ) -> Decision {
-        let inner = &*self.inner;
-        inner.stats.store.fetch_add(1, Ordering::Relaxed);
-        // On the store's clock: the latest outstanding deadline, from this
-        // decision's time.
         if let (false, Some(held_until), Some(retry)) =
             (decision.allowed, held_until, decision.retry_after)
         {
@@ -81,11 +72,7 @@ impl crate::Limiter {
                 decision.retry_after = Some(retry.min(Duration::from_micros(left)));
             }
         }
-        if let Some(local) = &inner.local {
-            if !decision.allowed {
-                local.remember(key, policy, cost.get(), None, &decision);
-            }
-        }
+        self.note_stored(CheckRequest::new(key, policy, cost), false, &decision);
         decision
     }
 }

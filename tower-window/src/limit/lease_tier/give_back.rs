@@ -1,26 +1,21 @@
-//! Giving leases back: what a key's old leases left goes back to the store
-//! as refunds riding on that key's next store call (a reservation, or the
-//! direct decision of a key that cooled down), or all at once on shutdown
-//! ([`Limiter::refund_leases`](crate::Limiter::refund_leases)); a reset
-//! drops them instead ([`Limiter::discard_leases`](crate::Limiter::discard_leases)).
+//! Giving leases back: refunds ride on the key's next store call, or go all
+//! at once on shutdown; a reset drops them instead.
 
 use std::sync::atomic::Ordering;
 
 use super::slot::Held;
 use super::LeaseTier;
-use crate::lease::{RefundRequest, Reservation, ReserveRequest};
+use crate::lease::{RefundRequest, ReserveRequest};
 
 impl crate::Limiter {
     /// The refunds of what the leases `old` left, counted as refunded (or
-    /// as expired unspent, for those past their deadline at `now`); a lease
-    /// that holds nothing needs none.
+    /// as expired unspent, past their deadline at `now`).
     pub(super) fn refunds_of<'h>(
         &self,
         tier: &LeaseTier,
         old: &'h [Held],
         now: u64,
     ) -> Vec<RefundRequest<'h>> {
-        let metrics = &self.inner.metrics;
         old.iter()
             .filter(|held| held.holds_anything())
             .map(|held| {
@@ -30,8 +25,7 @@ impl crate::Limiter {
                 } else {
                     (&tier.counters.refunded, "refunded")
                 };
-                counter.fetch_add(u64::from(held.left), Ordering::Relaxed);
-                metrics.lease_units(held.policy.first(), event, u64::from(held.left));
+                self.count_lease_units(counter, &held.policy, event, held.left);
                 let request = RefundRequest::new(&held.key, &held.policy, &held.lease, held.left);
                 if held.shadow_left.is_empty() {
                     request
@@ -42,38 +36,11 @@ impl crate::Limiter {
             .collect()
     }
 
-    /// Counts what the refunds that rode on a store call got back; a failed
-    /// call leaves their units counted until the store's records expire.
-    pub(super) fn count_returned(
-        &self,
-        tier: &LeaseTier,
-        refunds: &[RefundRequest<'_>],
-        result: &Result<Reservation, crate::StoreError>,
-    ) {
-        if refunds.is_empty() {
-            return;
-        }
-        match result {
-            Ok(reservation) => {
-                tier.counters
-                    .returned
-                    .fetch_add(u64::from(reservation.refunded), Ordering::Relaxed);
-            }
-            Err(error) => {
-                tracing::debug!(
-                    kind = error.kind().as_str(),
-                    "quota lease refund failed; its units count until the lease's records expire"
-                );
-            }
-        }
-    }
-
     /// Gives back the unspent units of every lease this limiter holds, and
-    /// answers how many units the store took back. Call it on graceful
-    /// shutdown (the example gateway does), so that other nodes can use
-    /// them at once; a key's reservation in flight is waited for and its
-    /// lease given back too, but leases taken afterwards are not refunded.
-    /// Without leases, 0.
+    /// answers how many units the store took back (0 without leases). Call
+    /// it on graceful shutdown so that other nodes can use them at once; a
+    /// reservation in flight is waited for and given back too, leases taken
+    /// afterwards are not.
     pub async fn refund_leases(&self) -> u64 {
         let Some(tier) = &self.inner.leases else {
             return 0;
@@ -91,8 +58,8 @@ impl crate::Limiter {
             let ttl = tier.config.ttl_for(first.policy);
             let request =
                 ReserveRequest::new(first.key, first.policy, 0, 1, ttl).refunding(&refunds);
-            let result = self.call_leases(request).await;
-            self.count_returned(tier, &refunds, &result);
+            // What it gives back is counted in `returned`.
+            let _ = self.call_leases(tier, request).await;
         }
         tier.counters
             .returned
@@ -101,12 +68,11 @@ impl crate::Limiter {
     }
 
     /// Drops every lease this limiter holds without refunding it, and
-    /// answers how many units were dropped: for a reset of the windows
-    /// (a tenant's `reset`, say), after which held units must not be spent
-    /// against the fresh windows. A reservation in flight is dropped when it
-    /// comes back. The store's records of those leases are left to expire
-    /// (a reset that deletes the windows' keys should delete the policy's
-    /// `:lr`/`:lx` lease keys with them).
+    /// answers how many units were dropped: for a reset of the windows,
+    /// after which held units must not be spent. A reservation in flight is
+    /// dropped when it comes back. The store's records of those leases are
+    /// left to expire (a reset that deletes the windows' keys should delete
+    /// the policy's `:lr`/`:lx` lease keys too).
     pub async fn discard_leases(&self) -> u64 {
         let Some(tier) = &self.inner.leases else {
             return 0;

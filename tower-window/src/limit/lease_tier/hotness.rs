@@ -1,33 +1,25 @@
 //! Which keys are hot enough to lease, counted without a slot per key.
 //!
-//! Most keys of a large population never lease (one of 10,000 users taking
-//! turns is checked a few times per lease TTL). Counting their checks in a
-//! lease slot each (a cache entry, an `Arc`, a lock, a state on the heap)
-//! cost them about 1,000 instructions and several cache misses per check:
-//! more than the lease tier was there to save. They are counted here
-//! instead, in a fixed table of packed 64-bit entries (a few cache lines
-//! touched per check, nothing allocated), and only a key found hot (or one
+//! Most keys never lease, and a lease slot each (cache entry, `Arc`, lock)
+//! would cost them more than leases save. They are counted here instead,
+//! in a fixed table of packed 64-bit entries; only a key found hot (or one
 //! that already has a slot) looks at the slot cache.
 //!
 //! The table is two-way set associative: a key's hash picks a set of two
 //! entries, and a 24-bit fingerprint tells whose count an entry holds. A key
-//! that finds no entry of its own takes the set's weaker one (from a period
-//! that no longer counts, else one without a slot, else the lesser count),
-//! so a hot key keeps its entry while cold keys churn through the other.
-//! Entries are read and written whole with relaxed atomics, without a
-//! read-modify-write: two checks racing on one entry may lose a count, and
-//! a key may lose its entry to another. Either errs towards leasing less
-//! (a key found cold goes to the store directly, which is exact), never
-//! towards admitting more: hotness only decides whether a key leases.
+//! without an entry takes the set's weaker one, so a hot key keeps its
+//! entry while cold keys churn through the other. Entries are read and
+//! written whole with relaxed atomics: a race may lose a count or an entry,
+//! which only makes a key lease less (a cold key goes to the store
+//! directly, which is exact), never admit more.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::key::state_key::StateKeyRef;
 
-/// Sets in the table (a power of two): 16,384 sets of two 8-byte entries,
-/// 256 KiB, so about 32,000 keys are counted at once before entries churn
-/// (keys beyond that count from zero again: they lease a little later).
+/// Sets in the table (a power of two): two 8-byte entries each, 256 KiB,
+/// about 32,000 keys counted at once.
 const SETS: usize = 1 << 14;
 
 /// An entry, packed in a `u64`: 24 bits of fingerprint (never 0 for a used
@@ -90,10 +82,10 @@ impl Entry {
 /// What [`Hotness::look_at`] found for a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Observed {
-    /// Checks of the key in the current period and the one before,
-    /// this one included.
+    /// Checks of the key in this period and the one before, this one
+    /// included.
     pub(crate) checks: u32,
-    /// The key was marked as having a lease slot (see [`Hotness::mark`]).
+    /// See [`Hotness::mark`].
     pub(crate) slotted: bool,
 }
 
@@ -113,13 +105,10 @@ impl Looked<'_> {
     }
 }
 
-/// Recent checks per key and policy, for the rule "leases only keys checked
-/// at least `hot_after` times within one lease TTL".
+/// Recent checks per key and policy, for [`LeaseConfig::hot_after`](super::LeaseConfig::hot_after).
 pub(crate) struct Hotness {
     entries: Box<[AtomicU64]>,
-    /// Fixed seeds: the same key lands in the same set on every node and
-    /// every run (a key can only gain by colliding: it leases, which is
-    /// never more than exact).
+    /// Fixed seeds: a key lands in the same set on every node and run.
     hasher: foldhash::fast::FixedState,
 }
 
@@ -140,16 +129,15 @@ impl Hotness {
         (set * 2, fingerprint)
     }
 
-    /// Looks at a check of `key` at `now` (µs, the limiter's clock) in
-    /// periods of `ttl` µs: the key's count over this period and the one
-    /// before it, this check included (a TTL-long stretch ending now lies
-    /// within those two, so a key checked `n` times within one TTL counts
-    /// at least `n`), and the count itself, for [`Looked::count`] to make
-    /// or not (a caller that may hand the check on does not count it twice).
+    /// Looks at a check of `key` at `now` (µs) in periods of `ttl` µs: the
+    /// key's count over this period and the one before, this check included
+    /// (so a key checked `n` times within one TTL counts at least `n`).
+    /// [`Looked::count`] records the check, so a caller that may hand it on
+    /// does not count it twice.
     ///
-    /// A period's count stops at `enough`: past it, a check only reads the
-    /// entry. So a hot key's checks, on every core at once, write the entry
-    /// once per period rather than bounce its cache line between cores.
+    /// A period's count stops at `enough`, so a hot key's checks write its
+    /// entry once per period rather than bounce its cache line between
+    /// cores.
     pub(crate) fn look_at(
         &self,
         key: &StateKeyRef<'_>,
@@ -157,30 +145,13 @@ impl Hotness {
         ttl: u64,
         enough: u32,
     ) -> Looked<'_> {
-        let (observed, write) = self.look(key, now, ttl, enough);
-        Looked {
-            hotness: self,
-            observed,
-            write,
-        }
-    }
-
-    /// The answer of a check counted at `now`, and the entry to write for
-    /// it (none once the period's count is `enough`).
-    fn look(
-        &self,
-        key: &StateKeyRef<'_>,
-        now: u64,
-        ttl: u64,
-        enough: u32,
-    ) -> (Observed, Option<(usize, Entry)>) {
         let (first, fingerprint) = self.place(key);
         let period = now / ttl.max(1);
         let ways = [
             Entry(self.entries[first].load(Ordering::Relaxed)),
             Entry(self.entries[first + 1].load(Ordering::Relaxed)),
         ];
-        let (way, (seen, before), slotted) =
+        let (way, (mut seen, before), slotted) =
             match ways.iter().position(|e| e.fingerprint() == fingerprint) {
                 Some(way) => (way, ways[way].counts_at(period), ways[way].slotted()),
                 None => {
@@ -188,28 +159,26 @@ impl Hotness {
                     (way, (0, 0), false)
                 }
             };
-        if u32::from(seen) >= enough {
-            let observed = Observed {
+        let mut write = None;
+        if u32::from(seen) < enough {
+            seen = seen.saturating_add(1);
+            let entry = Entry::new(fingerprint, period, slotted, seen, before);
+            write = Some((first + way, entry));
+        }
+        Looked {
+            hotness: self,
+            observed: Observed {
                 checks: u32::from(seen) + u32::from(before),
                 slotted,
-            };
-            return (observed, None);
+            },
+            write,
         }
-        let seen = seen.saturating_add(1);
-        let observed = Observed {
-            checks: u32::from(seen) + u32::from(before),
-            slotted,
-        };
-        let entry = Entry::new(fingerprint, period, slotted, seen, before);
-        (observed, Some((first + way, entry)))
     }
 
     /// Marks whether `key` has a lease slot to look at while it is cold (to
-    /// give back what its leases left): a key unmarked, or whose entry was
-    /// taken by another key, goes to the store directly while cold, and
-    /// whatever its slot held comes back with its next reservation or
-    /// [`refund_leases`](crate::Limiter::refund_leases) (under-admission
-    /// meanwhile, never over).
+    /// give back what its leases left). A key that loses its mark goes to
+    /// the store directly while cold; its slot's units come back with its
+    /// next reservation or [`refund_leases`](crate::Limiter::refund_leases).
     pub(crate) fn mark(&self, key: &StateKeyRef<'_>, slotted: bool) {
         let (first, fingerprint) = self.place(key);
         for index in [first, first + 1] {

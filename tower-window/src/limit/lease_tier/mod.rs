@@ -1,78 +1,41 @@
 //! The lease tier: per-key quota leases a node holds and spends locally.
 //!
 //! With leases on ([`LimiterBuilder::leases`](crate::LimiterBuilder::leases)),
-//! a check of a hot key first spends from the key's live lease, with no
-//! store call ([`DecisionSource::Lease`](crate::DecisionSource::Lease)).
-//! When the lease is empty or past its deadline, the check reserves a new
-//! one in one store call ([`lease::Backend::reserve`](crate::lease::Backend::reserve)) that
-//! also admits the check itself; what an expired lease left unspent is
-//! refunded in that same call, and a reservation that grants nothing
-//! decides the check there too (admitted or denied, as a direct check):
-//! one round trip per refill, whatever it finds. The store decides how many
-//! units a lease gets (at most half of what is left, so one node cannot
-//! take a window while others wait; see [`crate::lease`], "How much one
-//! lease takes"), and guarantees the global bound.
+//! a check of a hot key spends from the key's live lease with no store call.
+//! An empty or expired lease is replaced by one reservation
+//! ([`lease::Backend::reserve`](crate::lease::Backend::reserve)) that also
+//! admits the check, refunds what the old lease left, and decides the check
+//! directly when it grants nothing: one round trip per refill. The store
+//! sizes leases and keeps the global bound (see [`crate::lease`]).
 //!
-//! # Spending at memory speed
+//! A key's leases sit behind a short synchronous lock never held across an
+//! `await`, so a spend completes in the check's first poll. Reservations
+//! are single-flight per key: a check that finds the lease empty waits for
+//! the one in flight or sends it. With
+//! [`refill_ahead`](LeaseConfig::refill_ahead) the spend that leaves half
+//! of the lease or less starts the next reservation and answers at once.
 //!
-//! A key's leases sit behind a short synchronous lock that is never held
-//! across an `await`: a spend takes it, takes the units and lets go, so a
-//! check that finds units in a live lease completes in its first poll,
-//! whatever reservation of that key is in flight. Reservations are
-//! single-flight per key: at most one is in flight, and a check that finds
-//! the lease truly empty waits for that one (or, if none is in flight,
-//! sends it) instead of sending its own. With
-//! [`refill_ahead`](LeaseConfig::refill_ahead) (the default) the check whose
-//! spend leaves half of the lease size or less starts the next reservation
-//! and answers at once (the reservation runs on the current Tokio runtime,
-//! or within the check on an in-process store), while every check keeps
-//! spending what is left: a hot key waits for the store only when its lease
-//! runs dry before the reservation comes back. A lease reserved ahead of
-//! need is spent after the one before it.
+//! Only keys checked [`hot_after`](LeaseConfig::hot_after) times within one
+//! lease TTL lease (counted in `hotness.rs` without a slot per key); others
+//! go to the store directly. A leased key that cools gives back what its
+//! leases left in its next check's store call.
 //!
-//! # Which keys lease
+//! Lease size starts at one unit, doubles when a lease is used up (or
+//! reaches the low watermark) before its deadline, halves when one expires
+//! with units left, and never exceeds [`LeaseConfig::max_units`]. The local
+//! deadline is the limiter's clock when the reservation was sent plus the
+//! lease's length on the store's clock, so it is never later than the
+//! store's deadline whatever the clock skew. A key evicted from the bounded
+//! slot cache loses its unspent units (under-admission, never over).
 //!
-//! Only keys hot enough to pay for a lease: a key checked at least
-//! [`hot_after`](LeaseConfig::hot_after) times (default 8) within one lease
-//! TTL, counted per key and policy over the current TTL-long period and the
-//! one before it. The checks of other keys go to the store directly, as
-//! without leases (one store call each, no reservation to refund), and cost
-//! the tier one look at a fixed table of recent counts (`hotness.rs`): a
-//! key gets a lease slot only once it is hot. A leased key that cools below
-//! the rule gives back what its leases left at its next check, in that
-//! check's store call, and is decided directly again.
+//! A [shadow](crate::Quota::shadowed) quota of a leased policy holds part of
+//! each lease; a spend is its would-be admission while that hold has the
+//! units, its would-be denial otherwise (reported as for a store check).
 //!
-//! # Size, deadline, bound
-//!
-//! Lease size adapts per key: it starts at one unit, doubles each time a
-//! lease is used up (or reaches the low watermark) before its deadline, halves
-//! when one expires with units left, and never exceeds
-//! [`LeaseConfig::max_units`].
-//!
-//! The local deadline is the limiter's clock reading when the reservation
-//! was sent plus the lease's length on the store's clock, so it is never
-//! later than the store's deadline (the reply comes after the store read
-//! its clock), whatever the skew between the clocks.
-//!
-//! The tier is bounded like the local tier: a bounded cache of keys, one
-//! small entry per key; a key evicted with a live lease loses its unspent
-//! units until the store's records expire (under-admission, never over).
-//!
-//! A [shadow](crate::Quota::shadowed) quota of a leased policy is counted,
-//! never enforced (see [`crate::lease`]): it holds part of each
-//! lease (what it had room for), and a spend is its would-be admission
-//! while that hold has the spend's units, its would-be denial otherwise —
-//! reported in the admission's [`Decision::quotas`] and
-//! [`Decision::shadow_denials`], so in `tower_window_shadow_denials_total`
-//! and the `RateLimit-Policy` header as for a check that reached the store.
-//! What a shadow quota still holds goes back with the lease's refund.
-//!
-//! [`Limiter::discard_leases`](crate::Limiter::discard_leases) (a tenant's
-//! reset) drops every lease held, and a reservation in flight at that
-//! moment is dropped when it comes back: no unit reserved before a reset
-//! is spent after it.
+//! [`Limiter::discard_leases`](crate::Limiter::discard_leases) drops every
+//! lease, and a reservation in flight then is dropped when it comes back:
+//! no unit reserved before a reset is spent after it.
 
-use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -98,24 +61,15 @@ pub use counters::LeaseStats;
 use hotness::Hotness;
 use slot::Slot;
 
-type SlotCache = Cache<
-    StateKey,
-    Arc<Slot>,
-    UnitWeighter,
-    DefaultHashBuilder,
-    DefaultLifecycle<StateKey, Arc<Slot>>,
->;
-
 /// The leases of one limiter, by key and policy.
 pub(crate) struct LeaseTier {
-    slots: SlotCache,
-    /// Recent checks per key: only a key found hot, or one with a slot,
-    /// looks at `slots`.
+    slots: Cache<StateKey, Arc<Slot>>,
+    /// Only a key found hot, or one with a slot, looks at `slots`.
     hotness: Hotness,
     pub(crate) config: LeaseConfig,
     pub(crate) counters: LeaseCounters,
-    /// Set once the store answered that it does not support leases:
-    /// checks then go to the store directly, without asking again.
+    /// The store answered that it does not support leases: checks go to
+    /// it directly.
     unsupported: AtomicBool,
     /// Moved by every discard: a reservation sent before it is not kept.
     epoch: AtomicU64,
@@ -124,14 +78,13 @@ pub(crate) struct LeaseTier {
 /// What the lease tier answered a check without waiting.
 pub(crate) enum Leased {
     /// Spent from a live lease (or denied until the key's next lease
-    /// starts); with `Some(slot)` this check also carries the key's
-    /// reservation ahead of need, and answers once it is back (only where
-    /// it can run nowhere else: see `refill.rs`).
+    /// starts); with `Some(slot)` the check carries the key's reservation
+    /// ahead of need (see `refill.rs`).
     Spent(Decision, Option<Arc<Slot>>),
     /// A key too cold to lease: decide in the store directly.
     Direct,
-    /// The lease is empty: wait for the reservation in flight, or send it
-    /// (whether the key is hot: a cold one decides directly instead).
+    /// The lease is empty: wait for the reservation in flight, or send it;
+    /// whether the key is hot (a cold one decides directly).
     Empty(Arc<Slot>, bool),
 }
 
@@ -152,9 +105,8 @@ impl LeaseTier {
         }
     }
 
-    /// The lease TTL of `policy` in µs, if its checks lease: the store
-    /// supports leases and the TTL leaves room in every quota (else checks
-    /// decide directly).
+    /// The lease TTL of `policy` in µs, if its checks lease (the store
+    /// supports leases and the TTL fits every quota).
     pub(crate) fn lease_ttl(&self, policy: &Policy) -> Option<u64> {
         if self.unsupported.load(Ordering::Relaxed) {
             return None;
@@ -181,17 +133,8 @@ impl LeaseTier {
         }
     }
 
-    /// Every slot (for refunds on shutdown, and discards).
+    /// Every slot (for refunds on shutdown and discards).
     fn all(&self) -> Vec<Arc<Slot>> {
         self.slots.iter().map(|(_, slot)| slot).collect()
-    }
-}
-
-impl fmt::Debug for LeaseTier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaseTier")
-            .field("config", &self.config)
-            .field("keys", &self.slots.len())
-            .finish()
     }
 }

@@ -1,6 +1,5 @@
 //! Refill ahead of need: the check whose spend leaves its key's lease at the
-//! low watermark starts the next reservation and answers at once; the
-//! reservation (single-flight per key, as any) runs without it.
+//! low watermark starts the next reservation and answers at once.
 
 use std::sync::Arc;
 
@@ -12,11 +11,10 @@ use super::LeaseTier;
 use crate::{Decision, Policy, WindowKey};
 
 impl crate::Limiter {
-    /// Starts the reservation ahead of need of `slot`, whose `refilling`
-    /// the caller set, without holding up the check that asked: on an
-    /// in-process store at once (its answer is ready: no wait), else on the
-    /// current Tokio runtime. With neither, answers the slot: the check
-    /// carries the reservation ([`refill_ahead`](Self::refill_ahead)).
+    /// Starts the reservation ahead of need of `slot` (whose `refilling`
+    /// the caller set): at once on an in-process store, else on the current
+    /// Tokio runtime. With neither, answers the slot for the check to carry
+    /// ([`refill_ahead`](Self::refill_ahead)).
     pub(super) fn start_refill(
         &self,
         tier: &LeaseTier,
@@ -25,8 +23,7 @@ impl crate::Limiter {
         policy: &Policy,
     ) -> Option<Arc<Slot>> {
         if self.inner.store.is_in_process() {
-            // Ready in its first poll; were it not, dropping it ends the
-            // flight and a later spend starts another.
+            // Ready at once; were it not, dropping it ends the flight.
             let _ = self.refill(tier, Flight(slot), key, policy).now_or_never();
             return None;
         }
@@ -43,10 +40,8 @@ impl crate::Limiter {
         None
     }
 
-    /// A check that left the key's lease at its low watermark, outside a
-    /// Tokio runtime on a networked store: it was admitted with `decision`,
-    /// and reserves the next lease before it answers (other checks keep
-    /// spending meanwhile).
+    /// A check admitted with `decision` that carries the reservation ahead
+    /// of need (outside a Tokio runtime), answering once it is back.
     pub(in crate::limit) async fn refill_ahead(
         &self,
         slot: Arc<Slot>,
@@ -61,9 +56,8 @@ impl crate::Limiter {
     }
 
     /// Reserves the next lease of `flight`'s slot ahead of need, giving
-    /// back what its retired leases left in the same call. A reservation
-    /// that fails or grants nothing changes nothing: the check that finds
-    /// the lease empty decides.
+    /// back what its retired leases left. A failure changes nothing: the
+    /// check that finds the lease empty decides.
     async fn refill(&self, tier: &LeaseTier, flight: Flight, key: &WindowKey, policy: &Policy) {
         let inner = &*self.inner;
         let slot = &flight.0;
@@ -71,11 +65,7 @@ impl crate::Limiter {
             let mut state = slot.lock();
             let now = inner.clock.now_micros();
             let old = std::mem::take(&mut state.retired);
-            let leftover_expired = old
-                .iter()
-                .any(|held| held.left > 0 && now >= held.local_deadline);
-            let max_units = tier.config.max_units.max(1);
-            let want = state.next_want(now, max_units, leftover_expired);
+            let want = state.next_want(now, tier.config.max_units, &old);
             (
                 now,
                 old,

@@ -1,7 +1,7 @@
 //! Reserving: a check that finds its key's lease empty waits for the
-//! reservation in flight or sends it, and every reservation is one store
-//! call that also gives back what the key's old leases left and, when it
-//! grants nothing, decides the check that sent it.
+//! reservation in flight or sends it. A reservation is one store call that
+//! also gives back what the key's old leases left and, when it grants
+//! nothing, decides the check that sent it.
 
 use std::pin::pin;
 use std::sync::atomic::Ordering;
@@ -10,12 +10,13 @@ use std::sync::Arc;
 use super::slot::{shadow_holds, Held, Slot, Spend};
 use super::LeaseTier;
 use crate::lease::{RefundRequest, Reservation, ReserveRequest};
+use crate::limit::local::Lookup;
 use crate::store::CheckRequest;
 use crate::{Decision, Policy, WindowKey};
 
 /// The one reservation a slot has in flight: when it ends, however it ends
-/// (answered, failed, or its check or task dropped), the slot may reserve
-/// again and the checks waiting for it look at the slot again.
+/// (answered, failed, or dropped), the slot may reserve again and the
+/// checks waiting for it look again.
 pub(super) struct Flight(pub(super) Arc<Slot>);
 
 impl Drop for Flight {
@@ -25,28 +26,24 @@ impl Drop for Flight {
     }
 }
 
-/// What a check with an empty lease does next.
+/// What a check with an empty lease does next, once the slot's lock is let
+/// go.
 enum Step {
     /// Spent from a lease that came back meanwhile.
     Spent(Decision),
-    /// Answered by a remembered denial, or denied until the key's next
-    /// lease starts.
+    /// A remembered denial, or a denial until the key's next lease starts.
     Remembered(Decision),
     /// Waits for the reservation in flight.
     Wait,
     /// The reservation it waited for failed: the fallback decides.
     Failed(crate::StoreErrorKind),
-    /// Reserves: the clock, the leases to give back, the units wanted, the
-    /// discard epoch.
-    Reserve(u64, Vec<Held>, u32, u64),
 }
 
 /// What one reservation asks the store for.
 pub(super) struct Ask<'h> {
-    /// Units wanted.
     pub(super) want: u32,
-    /// Units the reserving check spends at once (0 for a reservation ahead
-    /// of need): that check is decided by the same call.
+    /// Units the reserving check spends at once, decided by the same call
+    /// (0 for a reservation ahead of need).
     pub(super) spend: u32,
     /// The discard epoch when it was sent.
     pub(super) epoch: u64,
@@ -58,21 +55,19 @@ pub(super) struct Ask<'h> {
 pub(super) enum Reserved {
     /// A lease, kept in the slot; the reservation's decision.
     Lease(Decision),
-    /// Nothing granted, and the store decided the check (exactly as a
-    /// direct check); the latest deadline of the leases outstanding.
+    /// Nothing granted, and the store decided the check as a direct check
+    /// would; the latest deadline of the leases outstanding.
     Decided(Decision, Option<u64>),
-    /// Nothing granted and nothing decided (a store without leases, or one
-    /// that does not decide): the latest deadline of the leases
-    /// outstanding.
+    /// Nothing granted and nothing decided; the latest deadline of the
+    /// leases outstanding.
     Nothing(Option<u64>),
 }
 
 impl crate::Limiter {
-    /// A check whose key's lease is empty: waits for the reservation in
-    /// flight and spends from it, else answers a remembered denial, else
-    /// sends the reservation itself (giving back what the old leases left,
-    /// in the same call), or for a key too cold to lease decides in the
-    /// store directly (giving them back in that call).
+    /// A check whose key's lease is empty: spends from the reservation in
+    /// flight once it is back, else answers a remembered denial, else sends
+    /// the reservation itself (or, for a key that cooled, decides directly),
+    /// giving back what the old leases left in the same call.
     pub(in crate::limit) async fn decide_leased(
         &self,
         slot: Arc<Slot>,
@@ -104,25 +99,19 @@ impl crate::Limiter {
                     Step::Wait
                 } else if let Some(kind) = state.failed.filter(|_| waited) {
                     Step::Failed(kind)
-                } else if let Some(decision) = inner.local.as_ref().and_then(|local| {
-                    match local.lookup(key, policy, units, None) {
-                        super::super::Lookup::Hit(decision) => Some(decision),
-                        super::super::Lookup::Miss { .. } => None,
-                    }
-                }) {
+                } else if let Some(Lookup::Hit(decision)) = inner
+                    .local
+                    .as_ref()
+                    .map(|local| local.lookup(key, policy, units, None))
+                {
                     Step::Remembered(decision)
                 } else {
-                    // This check reserves. The leases held cannot pay for it
-                    // (empty, too small or over): give back what they left
-                    // (a shadow quota's leftover too).
+                    // This check reserves, giving back what the leases held
+                    // left (a shadow quota's leftover too).
                     state.refilling = true;
                     let old = state.take_all();
-                    let leftover_expired = old
-                        .iter()
-                        .any(|held| held.left > 0 && now >= held.local_deadline);
-                    let max_units = tier.config.max_units.max(1);
-                    let want = state.next_want(now, max_units, leftover_expired).max(units);
-                    Step::Reserve(now, old, want, tier.epoch.load(Ordering::Acquire))
+                    let want = state.next_want(now, tier.config.max_units, &old).max(units);
+                    break (now, old, want, tier.epoch.load(Ordering::Acquire));
                 }
             };
             match step {
@@ -148,13 +137,11 @@ impl crate::Limiter {
                     }
                     notified.await;
                 }
-                Step::Reserve(now, old, want, epoch) => break (now, old, want, epoch),
             }
         };
         let flight = Flight(Arc::clone(&slot));
         let refunds = self.refunds_of(tier, &old, now);
         if !hot {
-            // Cooled down: this check and the next ones go to the store.
             let decided = self.decide_cooled(tier, key, policy, cost, &refunds).await;
             drop(flight);
             return decided;
@@ -172,13 +159,10 @@ impl crate::Limiter {
                 inner.stats.store.fetch_add(1, Ordering::Relaxed);
                 Ok(decision)
             }
-            // Nothing to lease: the store decided this check exactly in the
-            // same call, and a denial waits no longer than the leases other
-            // nodes hold.
+            // A denial waits no longer than the leases other nodes hold.
             Ok(Reserved::Decided(decision, held_until)) => {
                 Ok(self.decided_directly(key, policy, cost, decision, held_until))
             }
-            // A store that did not decide it: one more call.
             Ok(Reserved::Nothing(held_until)) => {
                 self.decide_direct(key, policy, cost, held_until).await
             }
@@ -203,10 +187,7 @@ impl crate::Limiter {
         let spend = ask.spend;
         let at_least = spend.max(1);
         // A GCRA lease may start up to one TTL later, so that a near-empty
-        // bucket gives a lease of the tokens it frees meanwhile rather than
-        // of one token (a check that reserves it is denied until it starts:
-        // the bucket had less room than the lease wanted, so the key is at
-        // its limit).
+        // bucket leases the tokens it frees meanwhile rather than one.
         let mut request = ReserveRequest::new(key, policy, ask.want.max(at_least), at_least, ttl)
             .waiting_up_to(ttl)
             .refunding(ask.refunds);
@@ -215,8 +196,7 @@ impl crate::Limiter {
         }
         let sent = inner.clock.now_micros();
         tier.counters.reservations.fetch_add(1, Ordering::Relaxed);
-        let reserved = self.call_leases(request).await;
-        self.count_returned(tier, ask.refunds, &reserved);
+        let reserved = self.call_leases(tier, request).await;
         let reservation = match reserved {
             Ok(reservation) => reservation,
             Err(error) => {
@@ -241,56 +221,42 @@ impl crate::Limiter {
         };
         slot.lock().failed = None;
         let held_until = reservation.held_until_micros;
-        let Some(lease) = reservation.lease else {
-            // The window is full: no more reservations ahead of need until
-            // one grants again (the check that finds the lease empty asks).
-            slot.lock().last_granted = 0;
-            return Ok(match reservation.decision {
-                Some(decision) if spend > 0 => Reserved::Decided(decision, held_until),
-                _ => Reserved::Nothing(held_until),
-            });
-        };
-        let Some(decision) = reservation.decision else {
-            slot.lock().last_granted = 0;
-            return Ok(Reserved::Nothing(held_until));
+        let (lease, decision) = match (reservation.lease, reservation.decision) {
+            (Some(lease), Some(decision)) => (lease, decision),
+            (_, decision) => {
+                // The window is full: no reservation ahead of need until one
+                // grants again.
+                slot.lock().last_granted = 0;
+                return Ok(match decision {
+                    Some(decision) if spend > 0 => Reserved::Decided(decision, held_until),
+                    _ => Reserved::Nothing(held_until),
+                });
+            }
         };
         let granted = lease.granted;
-        tier.counters
-            .granted
-            .fetch_add(u64::from(granted), Ordering::Relaxed);
-        inner
-            .metrics
-            .lease_units(policy.first(), "granted", u64::from(granted));
-        // Never earlier than the store's start: the reply came after the
-        // store read its clock.
+        self.count_lease_units(&tier.counters.granted, policy, "granted", granted);
         let wait = lease
             .not_before_micros
             .saturating_sub(reservation.now_micros);
         let local_not_before = if wait == 0 {
-            // Spendable at once (a check that read the clock just before
-            // this reply must not find it "later").
+            // Spendable at once, even by a check that read the clock just
+            // before this reply.
             0
         } else {
             inner.clock.now_micros().saturating_add(wait)
         };
         let later = wait > 0;
-        // A lease that starts later admits nobody now (it is only reserved
-        // ahead of need, where nobody spends with the reservation).
+        // A lease that starts later admits nobody now.
         let spend = if later { 0 } else { spend };
         if spend > 0 {
-            tier.counters
-                .spent
-                .fetch_add(u64::from(spend), Ordering::Relaxed);
-            inner
-                .metrics
-                .lease_units(policy.first(), "spent", u64::from(spend));
+            self.count_lease_units(&tier.counters.spent, policy, "spent", spend);
         }
         let length = lease.deadline_micros.saturating_sub(reservation.now_micros);
         let local_deadline = sent.saturating_add(length);
         let left = granted.saturating_sub(spend);
         let shadow_left = shadow_holds(policy, &lease, spend);
-        // What a spend of it reports: an admission (a lease that starts
-        // later came with a denial until then, for the reserving check).
+        // What a spend of it reports: an admission (the reserving check of a
+        // lease that starts later got a denial until then).
         let template = if later {
             let states = decision.quotas().iter().map(|state| {
                 crate::QuotaDecision::allow(state.quota.clone(), 0, state.reset_after)
@@ -314,14 +280,11 @@ impl crate::Limiter {
         };
         {
             let mut state = slot.lock();
-            // A discard since the reservation was sent: its units belong to
-            // the windows before the reset and are never spent (the store's
-            // records expire).
+            // After a discard, units reserved before it are never spent.
             if tier.epoch.load(Ordering::Acquire) == ask.epoch {
                 state.last_deadline = local_deadline;
                 state.last_granted = granted;
-                // Kept while it holds anything: a shadow quota's leftover
-                // goes back with the refund even when nothing else is left.
+                // A shadow quota's leftover alone keeps it, for the refund.
                 if held.holds_anything() {
                     state.held.push(held);
                 }
@@ -333,16 +296,18 @@ impl crate::Limiter {
         Ok(Reserved::Lease(decision))
     }
 
-    /// The one way the lease tier reaches its store: `request` (refunds, a
-    /// reservation, the decision of a check that granted nothing) in one
-    /// call, through the store's resilience stack.
+    /// The one way the lease tier reaches its store: `request` in one call
+    /// through the store's resilience stack. Counts what its refunds got
+    /// back; a failed call leaves their units counted until the store's
+    /// records expire.
     pub(super) async fn call_leases(
         &self,
+        tier: &LeaseTier,
         request: ReserveRequest<'_>,
     ) -> Result<Reservation, crate::StoreError> {
         let inner = &*self.inner;
         let windows = inner.windows.as_deref();
-        inner
+        let result = inner
             .store
             .call(
                 inner.lease_backend.as_deref(),
@@ -351,6 +316,20 @@ impl crate::Limiter {
                 self.calls(request.policy),
                 |leases, guard| leases.reserve(guard, request),
             )
-            .await
+            .await;
+        match &result {
+            _ if request.refunds.is_empty() => {}
+            Ok(reservation) => {
+                let returned = u64::from(reservation.refunded);
+                tier.counters
+                    .returned
+                    .fetch_add(returned, Ordering::Relaxed);
+            }
+            Err(error) => tracing::debug!(
+                kind = error.kind().as_str(),
+                "quota lease refund failed; its units count until the lease's records expire"
+            ),
+        }
+        result
     }
 }

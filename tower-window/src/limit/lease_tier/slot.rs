@@ -1,5 +1,4 @@
-//! One key's leases: what it holds, how it is spent without an async lock,
-//! and the one reservation it may have in flight.
+//! One key's leases, spent under a short synchronous lock.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -15,16 +14,14 @@ pub(crate) struct Held {
     pub(crate) lease: Lease,
     /// Units not spent yet.
     pub(crate) left: u32,
-    /// Per quota of the policy (policy order), the units a shadow quota
-    /// still holds unspent (entries of enforced quotas unused); empty for a
-    /// policy without shadow quotas.
+    /// Per quota, the units a shadow quota still holds (0 for enforced
+    /// quotas); empty for a policy without shadow quotas.
     pub(crate) shadow_left: SmallVec<[u32; 4]>,
-    /// The limiter's clock (µs) from which the lease may not be spent.
+    /// On the limiter's clock (µs): spendable from `local_not_before` (a
+    /// GCRA lease may start later) until `local_deadline`; reserved at
+    /// `sent`.
     pub(crate) local_deadline: u64,
-    /// The limiter's clock (µs) before which it may not be spent either (a
-    /// GCRA lease that starts later; else the reservation's time).
     pub(crate) local_not_before: u64,
-    /// The limiter's clock (µs) when the reservation was sent.
     pub(crate) sent: u64,
     /// The reservation's decision, reported (aged) by local admissions.
     pub(crate) decision: Decision,
@@ -36,8 +33,7 @@ pub(crate) struct Held {
 impl Held {
     /// Spends `cost` of every shadow quota's hold that has it (its
     /// would-be admission); a shadow quota whose hold has less reports its
-    /// would-be denial instead. The decision is rebuilt only when a shadow
-    /// quota's answer changes.
+    /// would-be denial. The decision is rebuilt only when an answer changes.
     fn spend_shadows(&mut self, cost: u32) {
         let mut fits: SmallVec<[bool; 4]> = SmallVec::new();
         let mut changed = false;
@@ -74,8 +70,7 @@ impl Held {
         self.left > 0 || self.shadow_left.iter().any(|units| *units > 0)
     }
 
-    /// The denial of a check at `now`, before this lease starts: every
-    /// quota denies until the start (the state is the lease's, aged).
+    /// The denial of a check at `now`, before this lease starts.
     fn denial(&self, now: u64) -> Decision {
         let elapsed = Duration::from_micros(now.saturating_sub(self.sent));
         let wait = Duration::from_micros(self.local_not_before.saturating_sub(now));
@@ -87,13 +82,12 @@ impl Held {
             Some(decision) => decision
                 .with_source(DecisionSource::LocalCache)
                 .with_timestamp_micros(now),
-            // A policy has quotas; the lease's own decision otherwise.
+            // Unreachable: a policy has quotas.
             None => self.decision.clone(),
         }
     }
 
-    /// Spends `cost` units at `now` (the caller checked that they are
-    /// there and the lease is live): the admission's decision.
+    /// Spends `cost` units at `now` of a live lease that has them.
     fn spend(&mut self, now: u64, cost: u32) -> Decision {
         self.left -= cost;
         if !self.shadow_left.is_empty() {
@@ -121,8 +115,8 @@ pub(crate) enum Spend {
     Empty,
 }
 
-/// What each shadow quota of `policy` holds unspent once `cost` of `lease`
-/// was spent by the check that reserved it (empty without shadow quotas).
+/// What each shadow quota of `policy` holds once the reserving check spent
+/// `cost` of `lease` (empty without shadow quotas).
 pub(crate) fn shadow_holds(policy: &Policy, lease: &Lease, cost: u32) -> SmallVec<[u32; 4]> {
     if !policy.quotas().iter().any(crate::Quota::is_shadow) {
         return SmallVec::new();
@@ -142,8 +136,7 @@ pub(crate) fn shadow_holds(policy: &Policy, lease: &Lease, cost: u32) -> SmallVe
         .collect()
 }
 
-/// One key's lease state, behind a short synchronous lock: nothing awaits
-/// while holding it, so a spend never waits for a store call.
+/// One key's lease state, behind a lock never held across an `await`.
 pub(crate) struct Slot {
     state: Mutex<SlotState>,
     /// Wakes the checks that wait for the reservation in flight.
@@ -166,8 +159,7 @@ impl Slot {
         }
     }
 
-    /// Once no reservation of this slot is in flight (it ends within the
-    /// store's timeout, however it ends).
+    /// Once no reservation of this slot is in flight.
     pub(crate) async fn landed(&self) {
         loop {
             // Registered before the look, so the end of a flight cannot
@@ -181,8 +173,7 @@ impl Slot {
         }
     }
 
-    /// The state. Nothing panics while holding it, but a poisoned lock is
-    /// taken as it is rather than turned into a panic of every check.
+    /// The state (a poisoned lock is taken as it is).
     pub(crate) fn lock(&self) -> MutexGuard<'_, SlotState> {
         crate::sync::lock(&self.state)
     }
@@ -190,47 +181,34 @@ impl Slot {
 
 pub(crate) struct SlotState {
     /// Live leases, oldest first: the one being spent and the one reserved
-    /// ahead of need (rarely more). On the heap: a slot of a key that never
-    /// leases (most of them) stays a few words, so many cold keys stay
-    /// cheap to look at.
+    /// ahead of need (rarely more).
     pub(crate) held: Vec<Held>,
-    /// Leases past their deadline with units left, or used up while a
-    /// shadow quota still holds units: given back by the key's next
-    /// reservation (or [`refund_leases`](crate::Limiter::refund_leases)).
+    /// Leases over that still hold units, given back by the key's next
+    /// reservation or [`refund_leases`](crate::Limiter::refund_leases).
     pub(crate) retired: Vec<Held>,
     /// Units the next reservation asks for.
     pub(crate) want: u32,
-    /// Units the last reservation got (what the store can give now: less
-    /// than `want` near a full window).
+    /// Units the last reservation got (less than `want` near a full
+    /// window).
     pub(crate) last_granted: u32,
     /// The local deadline of the last lease (0: none yet).
     pub(crate) last_deadline: u64,
-    /// A reservation of this key is in flight (at most one at a time).
+    /// A reservation of this key is in flight.
     pub(crate) refilling: bool,
-    /// How the last reservation failed, if it did: the checks that waited
-    /// for it decide by the fallback rather than wait for the store again
-    /// (a decision takes one store timeout at most).
+    /// How the last reservation failed: the checks that waited for it
+    /// fall back rather than wait for the store again.
     pub(crate) failed: Option<crate::StoreErrorKind>,
 }
 
 impl SlotState {
     /// Spends `cost` units at `now` from the oldest live lease that has
-    /// them; leases past their deadline, or used up, leave `held` first
-    /// (to `retired` if a refund would give anything back). With none to
-    /// spend but one that starts later, a denial until it starts.
+    /// them, after retiring leases that are over; with only one that
+    /// starts later, a denial until it starts.
     pub(crate) fn spend(&mut self, now: u64, cost: u32) -> Spend {
-        let mut i = 0;
-        while i < self.held.len() {
-            let held = &self.held[i];
-            if now >= held.local_deadline || held.left == 0 {
-                let held = self.held.remove(i);
-                if held.holds_anything() {
-                    self.retired.push(held);
-                }
-                continue;
-            }
-            i += 1;
-        }
+        let over = self
+            .held
+            .extract_if(.., |held| now >= held.local_deadline || held.left == 0);
+        self.retired.extend(over.filter(Held::holds_anything));
         if let Some(held) = self
             .held
             .iter_mut()
@@ -245,8 +223,7 @@ impl SlotState {
     }
 
     /// `now`, or a fresh reading of `clock` if a lease held was reserved
-    /// after `now` was read: a spend is dated no earlier than the
-    /// reservation of the lease it spends.
+    /// after `now`: a spend is never dated before its lease.
     pub(crate) fn dated(&self, now: u64, clock: &dyn crate::Clock) -> u64 {
         if self.held.iter().any(|held| held.sent > now) {
             clock.now_micros()
@@ -260,19 +237,20 @@ impl SlotState {
         self.held.iter().map(|held| u64::from(held.left)).sum()
     }
 
-    /// Whether what is left is at the low watermark: half of the last
-    /// lease, or less (of the last, not of the size wanted: near a full
-    /// window the store grants less, and a refill per spend would get
-    /// nothing more).
+    /// Whether what is left is at most half of the last lease (not of
+    /// `want`: near a full window the store grants less).
     pub(crate) fn low(&self) -> bool {
         self.left() * 2 <= u64::from(self.last_granted.min(self.want))
     }
 
-    /// The size of the next lease: doubled if the last one was used up (or
-    /// reached the low watermark) before its deadline, halved if one
-    /// expired with units left.
-    pub(crate) fn next_want(&mut self, now: u64, max_units: u32, leftover_expired: bool) -> u32 {
-        if leftover_expired {
+    /// The size of the next lease: halved if one of the leases `old` given
+    /// back expired with units left, else doubled if the last one was used
+    /// up (or reached the low watermark) before its deadline.
+    pub(crate) fn next_want(&mut self, now: u64, max_units: u32, old: &[Held]) -> u32 {
+        if old
+            .iter()
+            .any(|held| held.left > 0 && now >= held.local_deadline)
+        {
             self.want = (self.want / 2).max(1);
         } else if self.last_deadline != 0 && now < self.last_deadline {
             self.want = self.want.saturating_mul(2).min(max_units.max(1));
@@ -280,8 +258,7 @@ impl SlotState {
         self.want
     }
 
-    /// Every lease held or retired, taken out (for a refill, a refund or a
-    /// discard).
+    /// Every lease held or retired, taken out.
     pub(crate) fn take_all(&mut self) -> Vec<Held> {
         let mut all = std::mem::take(&mut self.retired);
         all.append(&mut self.held);

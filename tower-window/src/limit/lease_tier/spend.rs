@@ -1,37 +1,18 @@
 //! Spending: a check of a leased key takes its units from the live lease
-//! under the slot's short lock, with no store call, or learns what it must
-//! do instead (reserve, wait, or go to the store directly).
+//! under the slot's short lock, or learns what it must do instead.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::hotness::Looked;
 use super::slot::Spend;
 use super::{LeaseTier, Leased};
 use crate::key::state_key::StateKeyRef;
 use crate::{Policy, WindowKey};
 
 impl crate::Limiter {
-    /// How hot `key` is now (not counted yet), with its state key and the
-    /// clock reading the look used.
-    fn look_hot<'a>(
-        &self,
-        tier: &'a LeaseTier,
-        ttl: u64,
-        key: &'a WindowKey,
-        policy: &'a Policy,
-    ) -> (StateKeyRef<'a>, u64, Looked<'a>) {
-        let state_key = StateKeyRef::for_policy(key, policy);
-        let now = self.inner.clock.now_micros();
-        let looked = tier
-            .hotness
-            .look_at(&state_key, now, ttl, tier.config.hot_checks);
-        (state_key, now, looked)
-    }
-
     /// The lease tier's answer without waiting: a spend from a live lease
-    /// (the whole check, in its first poll; a spend that leaves the lease
-    /// at its low watermark also starts the next reservation), or what the
-    /// check must do; `ttl` is the policy's [`lease_ttl`](LeaseTier::lease_ttl).
+    /// (a spend that leaves the lease at its low watermark also starts the
+    /// next reservation), or what the check must do; `ttl` is the policy's
+    /// [`lease_ttl`](LeaseTier::lease_ttl).
     pub(in crate::limit) fn spend_leased(
         &self,
         tier: &LeaseTier,
@@ -41,13 +22,16 @@ impl crate::Limiter {
         units: u32,
     ) -> Leased {
         let inner = &*self.inner;
-        let (state_key, now, looked) = self.look_hot(tier, ttl, key, policy);
+        let state_key = StateKeyRef::for_policy(key, policy);
+        let now = inner.clock.now_micros();
+        let looked = tier
+            .hotness
+            .look_at(&state_key, now, ttl, tier.config.hot_checks);
         let observed = looked.observed;
         looked.count();
         let hot = observed.checks >= tier.config.hot_checks;
         if !hot && !observed.slotted {
-            // Cold, with no slot to give back from: as without leases, and
-            // without touching the slot cache.
+            // Cold, with nothing to give back: skip the slot cache.
             return Leased::Direct;
         }
         let slot = tier.slot(key, policy);
@@ -90,13 +74,21 @@ impl crate::Limiter {
 
     /// Counts `units` spent from a lease by a check.
     pub(super) fn count_spent(&self, tier: &LeaseTier, policy: &Policy, units: u32) {
-        let inner = &*self.inner;
-        tier.counters
-            .spent
-            .fetch_add(u64::from(units), Ordering::Relaxed);
-        inner.stats.lease.fetch_add(1, Ordering::Relaxed);
-        inner
+        self.inner.stats.lease.fetch_add(1, Ordering::Relaxed);
+        self.count_lease_units(&tier.counters.spent, policy, "spent", units);
+    }
+
+    /// Adds `units` to `counter` and to the lease units metric of `event`.
+    pub(super) fn count_lease_units(
+        &self,
+        counter: &AtomicU64,
+        policy: &Policy,
+        event: &'static str,
+        units: u32,
+    ) {
+        counter.fetch_add(u64::from(units), Ordering::Relaxed);
+        self.inner
             .metrics
-            .lease_units(policy.first(), "spent", u64::from(units));
+            .lease_units(policy.first(), event, u64::from(units));
     }
 }
