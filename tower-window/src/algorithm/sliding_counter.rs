@@ -8,7 +8,7 @@
 //!
 //! # Semantics (the contract shared with the Redis scripts)
 //!
-//! The [timeline](super::timeline)'s, with one slot per bucket: time `x`
+//! The rules of [`super::timeline`], with one slot per bucket: time `x`
 //! falls in bucket `floor(x / G)`, and bucket `j` stops counting at
 //! `(j + n + 1) G`, so at `t` the buckets `[b - n, b]` count
 //! (`b = floor(t / G)`).

@@ -5,7 +5,7 @@
 //!
 //! # Semantics (the contract shared with the Redis scripts)
 //!
-//! The [timeline](super::timeline)'s, with one slot per admission
+//! The rules of [`super::timeline`], with one slot per admission
 //! timestamp `ts`, counting until `ts + W`. So waiting exactly
 //! `retry_after` and asking again with the same cost is admitted (if
 //! nothing else was admitted in between), and one microsecond less is not.
