@@ -273,9 +273,17 @@ fn policy_item(quota: &Quota) -> Option<HeaderValue> {
 
 /// `a, b, c`: one structured-field list of the given members.
 fn join_list(items: &[HeaderValue]) -> Option<HeaderValue> {
-    let items: Vec<&[u8]> = items.iter().map(HeaderValue::as_bytes).collect();
-    let list = Bytes::from(items.join(&b", "[..]));
-    HeaderValue::from_maybe_shared(list)
+    // Exactly sized, so that `Bytes` takes the buffer without another
+    // allocation: this runs for every request of a policy of several quotas.
+    let len = items.iter().map(|i| i.len() + 2).sum::<usize>();
+    let mut list = Vec::with_capacity(len.saturating_sub(2));
+    for (i, value) in items.iter().enumerate() {
+        if i > 0 {
+            list.extend_from_slice(b", ");
+        }
+        list.extend_from_slice(value.as_bytes());
+    }
+    HeaderValue::from_maybe_shared(Bytes::from(list))
         .ok()
         .filter(|list| !list.is_empty())
 }
