@@ -15,6 +15,17 @@ use tower_window::{
 use tower_window_tests::fault_proxy::{FaultProxy, Mode};
 use tower_window_tests::redis_server::RedisServer;
 
+/// A store on the single server at `url`, under `prefix`.
+fn single(url: &str, prefix: &str) -> Arc<RedisStore> {
+    Arc::new(
+        RedisStore::builder()
+            .url(url)
+            .prefix(prefix)
+            .build()
+            .unwrap(),
+    )
+}
+
 /// A prefix no other test or run uses.
 fn prefix(test: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -47,13 +58,7 @@ struct Node {
 }
 
 async fn node(url: &str, prefix: &str, config: TenantsConfig) -> Node {
-    let store = Arc::new(
-        RedisStore::builder()
-            .url(url)
-            .prefix(prefix)
-            .build()
-            .unwrap(),
-    );
+    let store = single(url, prefix);
     let registry = TenantRegistry::redis(config, Arc::clone(&store));
     let limiter = Limiter::builder(store, "1000/1m".parse::<tower_window::Quota>().unwrap())
         .local_capacity(1000)
@@ -193,13 +198,7 @@ async fn a_cut_off_node_catches_up_and_a_trimmed_one_reloads() {
 
     // Cut off again while the stream is trimmed far past B's position.
     let small = ControlConfig::default().max_len(1);
-    let store = Arc::new(
-        RedisStore::builder()
-            .url(redis.url())
-            .prefix(&prefix)
-            .build()
-            .unwrap(),
-    );
+    let store = single(&redis.url(), &prefix);
     let trimmer = TenantRegistry::redis_with(file(), store, small);
     trimmer.loaded().await;
     proxy.set_mode(Mode::Refuse);
@@ -445,13 +444,7 @@ fn tenants_are_isolated_whatever_their_names() {
         .unwrap();
     let redis = RedisServer::shared();
     let prefix = prefix("isolation");
-    let store = Arc::new(
-        RedisStore::builder()
-            .url(redis.url())
-            .prefix(&prefix)
-            .build()
-            .unwrap(),
-    );
+    let store = single(&redis.url(), &prefix);
     let limiter = Limiter::new(
         Store::bare(Arc::clone(&store)),
         "1/1m".parse::<tower_window::Quota>().unwrap(),
