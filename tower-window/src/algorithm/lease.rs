@@ -16,7 +16,7 @@ fn gcra_span(quota: &Quota) -> (u64, u64) {
 }
 
 /// A sliding counter's bucket width.
-fn bucket_width(quota: &Quota) -> u64 {
+pub(crate) fn bucket_width(quota: &Quota) -> u64 {
     quota
         .granularity_micros()
         .filter(|g| *g > 0)

@@ -16,6 +16,7 @@ pub(crate) mod lease;
 pub(crate) mod outcome;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+pub(crate) mod settle;
 pub(crate) mod sliding_counter;
 pub(crate) mod sliding_log;
 mod timeline;

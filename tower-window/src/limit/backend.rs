@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::SettleRequest;
 use crate::store::{CheckRequest, Guard, Op, Store, StoreError, StoreErrorKind};
 use crate::{Decision, Policy, WindowKey};
 
@@ -39,6 +40,24 @@ pub trait Backend: Send + Sync + 'static {
         Op::ready(Err(StoreError::new(
             StoreErrorKind::InvalidRequest,
             "this store cannot peek",
+        )))
+    }
+
+    /// Settles `request` ([`Limiter::settle`](crate::Limiter::settle)):
+    /// takes back the reserved units each quota did not use where they
+    /// still count, and records usage past the reservation whether or not
+    /// it fits; answers each quota's state once settled, as a check of one
+    /// unit would see it (recording nothing). The default answers
+    /// [`StoreErrorKind::InvalidRequest`].
+    fn settle<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: SettleRequest<'a>,
+    ) -> Op<'static, Decision> {
+        let _ = (guard, request);
+        Op::ready(Err(StoreError::new(
+            StoreErrorKind::InvalidRequest,
+            "this store cannot settle usage",
         )))
     }
 

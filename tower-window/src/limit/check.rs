@@ -58,6 +58,8 @@ struct Of<'a> {
     /// Each quota's cost when they differ (the check's cost is then the
     /// largest).
     quota_costs: Option<&'a QuotaCosts>,
+    /// A reservation, to be settled: never spent from a lease.
+    reserving: bool,
 }
 
 /// A started check waiting for an answer, owning what it is of.
@@ -66,6 +68,7 @@ struct Waiting {
     key: WindowKey,
     policy: Policy,
     quota_costs: Option<QuotaCosts>,
+    reserving: bool,
     cost: Cost,
     /// The clock at the start when a `tower_window.check` span is wanted,
     /// else 0.
@@ -95,10 +98,25 @@ impl<'a> Check<'a> {
             key,
             policy,
             quota_costs: None,
+            reserving: false,
         };
         Self {
             state: State::Start(of, cost),
         }
+    }
+
+    /// A reservation of `cost` ([`Limiter::reserve`]).
+    pub(crate) fn reserving(
+        limiter: &'a Limiter,
+        key: &'a WindowKey,
+        policy: &'a Policy,
+        cost: Result<Cost, Box<LimitError>>,
+    ) -> Self {
+        let mut check = Self::new(limiter, key, policy, cost);
+        if let State::Start(of, _) = &mut check.state {
+            of.reserving = true;
+        }
+        check
     }
 
     /// A check of `costs[i]` units in quota `i`: one cost for all when they
@@ -128,6 +146,7 @@ impl<'a> Check<'a> {
             key,
             policy,
             quota_costs,
+            reserving: false,
         };
         Self {
             state: State::Start(of, cost),
@@ -167,6 +186,7 @@ impl<'a> Of<'a> {
             key: self.key.clone(),
             policy: self.policy.clone(),
             quota_costs: self.quota_costs.cloned(),
+            reserving: self.reserving,
             cost,
             traced,
             on,
@@ -182,11 +202,12 @@ impl<'a> Of<'a> {
         } else {
             0
         };
-        // A lease holds the same units in every quota.
+        // A lease holds the same units in every quota, and cannot take
+        // back what a reservation did not use.
         let leased = inner
             .leases
             .as_ref()
-            .filter(|_| self.quota_costs.is_none())
+            .filter(|_| self.quota_costs.is_none() && !self.reserving)
             .and_then(|tier| Some((tier, tier.lease_ttl(self.policy)?)));
         let Some((tier, ttl)) = leased else {
             return self.start_direct(cost, traced);
@@ -316,6 +337,7 @@ impl Waiting {
             key: &self.key,
             policy: &self.policy,
             quota_costs: self.quota_costs.as_ref(),
+            reserving: self.reserving,
         }
     }
 

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::Backend;
-use crate::algorithm::outcome::{Evaluation, Outcome};
+use super::{Backend, SettleRequest};
+use crate::algorithm::outcome::Evaluation;
+use crate::algorithm::settle::{settle, standing};
 use crate::algorithm::State;
 use crate::key::state_key::StateKeyRef;
 use crate::store::memory::{decided, Slot, MAX_EVICTED_RETRIES};
@@ -68,6 +69,44 @@ impl Backend for MemoryStore {
     fn peek<'a>(&'a self, _: &mut Guard<'a>, request: CheckRequest<'a>) -> Op<'static, Decision> {
         Op::ready(self.peek_now(request))
     }
+
+    fn settle<'a>(
+        &'a self,
+        _: &mut Guard<'a>,
+        request: SettleRequest<'a>,
+    ) -> Op<'static, Decision> {
+        Op::ready(self.settle_now(request))
+    }
+}
+
+impl MemoryStore {
+    /// Settles one request's usage on every quota of its policy at once.
+    fn settle_now(&self, request: SettleRequest<'_>) -> Result<Decision, StoreError> {
+        request.validate()?;
+        let (policy, reserved) = (request.policy, request.reserved);
+        self.with_policy_locked(request.key, policy, |locked| {
+            let now = self.clock.now_micros();
+            let evaluations: SmallVec<[Evaluation; 4]> = policy
+                .quotas()
+                .iter()
+                .zip(locked.guards.iter_mut())
+                .enumerate()
+                .map(|(i, (quota, inner))| {
+                    inner.last_check = inner.last_check.max(now);
+                    let usage = request.usage_of(i);
+                    settle(
+                        &mut inner.state,
+                        quota,
+                        now,
+                        reserved.at_micros,
+                        reserved.units,
+                        usage,
+                    )
+                })
+                .collect();
+            decided(policy, &evaluations, now)
+        })
+    }
 }
 
 impl MemoryStore {
@@ -85,16 +124,7 @@ impl MemoryStore {
                 None => State::empty(quota.algorithm()).evaluate(quota, now, cost),
             };
             // Reported as it stands: `remaining` before the cost.
-            let (remaining, reset) = evaluation.unchanged;
-            let outcome = if evaluation.fits() {
-                Outcome::allow(remaining, reset)
-            } else {
-                Outcome::deny(remaining, reset, evaluation.outcome.retry_after)
-            };
-            evaluations.push(Evaluation {
-                outcome,
-                unchanged: evaluation.unchanged,
-            });
+            evaluations.push(standing(evaluation));
         }
         decided(request.policy, &evaluations, now)
     }

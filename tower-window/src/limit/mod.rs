@@ -23,11 +23,13 @@ pub(crate) mod memory;
 mod peek;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+mod settle;
 
 pub use backend::Backend;
 pub use builder::LimiterBuilder;
 pub use check::Check;
 pub use lease_tier::{LeaseConfig, LeaseStats};
+pub use settle::{Reserved, SettleRequest};
 
 /// Checks keys against a [`Policy`] (one or more quotas) in a [`Store`].
 ///
@@ -180,22 +182,25 @@ impl Limiter {
     }
 
     fn check_store<'a>(&'a self, request: CheckRequest<'a>) -> Op<'static, Decision> {
-        self.call_windows(request, |windows, guard| windows.check(guard, request))
+        self.call_windows(request.key, request.policy, |windows, guard| {
+            windows.check(guard, request)
+        })
     }
 
-    /// One operation of `request` on the store's windows, through the
-    /// store's resilience stack.
+    /// One operation on `key`'s windows under `policy`, through the store's
+    /// resilience stack.
     fn call_windows<'a, 'o, T: Send + 'o>(
         &'a self,
-        request: CheckRequest<'a>,
+        key: &'a WindowKey,
+        policy: &'a Policy,
         operation: impl FnOnce(&'a dyn Backend, &mut crate::store::Guard<'a>) -> Op<'o, T>,
     ) -> Op<'o, T> {
         let inner = &*self.inner;
         inner.store.call(
             inner.windows.as_deref(),
             "rate-limit windows",
-            |windows| windows.failure_domain(request.key, request.policy),
-            self.calls(request.policy),
+            |windows| windows.failure_domain(key, policy),
+            self.calls(policy),
             operation,
         )
     }
@@ -366,6 +371,13 @@ pub enum LimitError {
         /// Costs given.
         costs: usize,
     },
+    /// A reservation against a GCRA quota, which cannot take back part of
+    /// one exactly (see [`Limiter::reserve`]).
+    #[error("gcra quota `{quota}` cannot give back part of a reservation exactly: record the usage instead")]
+    CannotReserve {
+        /// The quota's name.
+        quota: String,
+    },
     /// The store failed (or was not called: breaker open, too many calls in
     /// flight) and no fallback policy is configured.
     #[error(transparent)]
@@ -375,6 +387,7 @@ pub enum LimitError {
 crate::error_debug::debug_as_display!(LimitError {
     ZeroCost,
     QuotaCosts,
+    CannotReserve,
     Store,
 });
 

@@ -57,8 +57,10 @@ impl Limiter {
     }
 
     async fn peek(&self, request: CheckRequest<'_>) -> Result<Decision, LimitError> {
-        self.call_windows(request, |windows, guard| windows.peek(guard, request))
-            .await
-            .map_err(LimitError::Store)
+        self.call_windows(request.key, request.policy, |windows, guard| {
+            windows.peek(guard, request)
+        })
+        .await
+        .map_err(LimitError::Store)
     }
 }

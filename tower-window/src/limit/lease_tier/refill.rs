@@ -80,7 +80,7 @@ impl crate::Limiter {
             epoch,
             refunds: &refunds,
         };
-        if let Err(error) = self.reserve(tier, slot, key, policy, ask).await {
+        if let Err(error) = self.reserve_lease(tier, slot, key, policy, ask).await {
             tracing::debug!(
                 kind = error.kind().as_str(),
                 "quota lease reservation ahead of need failed; the key's next empty lease decides"

@@ -152,7 +152,7 @@ impl crate::Limiter {
             epoch,
             refunds: &refunds,
         };
-        let reserved = self.reserve(tier, &slot, key, policy, ask).await;
+        let reserved = self.reserve_lease(tier, &slot, key, policy, ask).await;
         drop(flight);
         match reserved {
             Ok(Reserved::Lease(decision)) => {
@@ -174,7 +174,7 @@ impl crate::Limiter {
     /// which the reserving check spends at once, or 1 when none does),
     /// giving back `ask.refunds` first, and keeps the lease in `slot`,
     /// unless the leases were discarded since `ask.epoch`.
-    pub(super) async fn reserve(
+    pub(super) async fn reserve_lease(
         &self,
         tier: &LeaseTier,
         slot: &Slot,
