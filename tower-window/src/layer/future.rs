@@ -10,12 +10,13 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::service::admission;
-use super::{Respond, Status};
+use super::{Admission, Rejection, Respond, Status};
 use crate::Check;
 
 pin_project! {
     /// The response future of [`SlidingWindow`](crate::SlidingWindow): the
-    /// limiter's decision, then (if admitted) the inner service's response.
+    /// limiter's decision, then (if admitted) the inner service's response,
+    /// as the mode answers it.
     pub struct ResponseFuture<S, Req, M>
     where
         S: Service<Req>,
@@ -48,7 +49,7 @@ pin_project! {
         },
         // Answered without the inner service.
         Ready {
-            output: Option<Result<S::Response, M::Error>>,
+            output: Option<Result<M::Response, M::Error>>,
         },
     }
 }
@@ -81,7 +82,7 @@ where
         }
     }
 
-    pub(super) fn ready(output: Result<S::Response, M::Error>) -> Self {
+    pub(super) fn ready(output: Result<M::Response, M::Error>) -> Self {
         Self {
             state: State::Ready {
                 output: Some(output),
@@ -95,7 +96,7 @@ where
     S: Service<Req>,
     M: Respond<Req, S::Response, S::Error>,
 {
-    type Output = Result<S::Response, M::Error>;
+    type Output = Result<M::Response, M::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -107,13 +108,21 @@ where
                     call,
                     mode,
                 } => {
-                    let result = admission(ready!(Pin::new(check).poll(cx)), *degraded_status);
+                    let result =
+                        admission(ready!(Pin::new(&mut *check).poll(cx)), *degraded_status);
                     let Some((mut service, mut request)) = call.take() else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    let rejection = match result {
-                        Ok(decision) => {
-                            let admitted = mode.on_request(&mut request, decision);
+                    let rejection = match (result, check.parts()) {
+                        (Ok(decision), Some((limiter, key, policy, cost))) => {
+                            let admission = Admission {
+                                decision,
+                                limiter,
+                                key,
+                                policy,
+                                cost: cost.get(),
+                            };
+                            let admitted = mode.on_request(&mut request, admission);
                             let future = service.call(request);
                             state.set(State::Calling {
                                 future,
@@ -121,7 +130,11 @@ where
                             });
                             continue;
                         }
-                        Err(rejection) => rejection,
+                        (Err(rejection), _) => rejection,
+                        // A check that waited keeps what it was of.
+                        (Ok(_), None) => Rejection::Unavailable {
+                            message: Arc::from("the check lost what it was of"),
+                        },
                     };
                     let output = mode.on_rejection(rejection);
                     state.set(State::Ready { output: None });
@@ -129,12 +142,7 @@ where
                 }
                 StateProj::Calling { future, admitted } => {
                     let output = match ready!(future.poll(cx)) {
-                        Ok(mut response) => {
-                            if let Some(admitted) = admitted.take() {
-                                M::on_response(admitted, &mut response);
-                            }
-                            Ok(response)
-                        }
+                        Ok(response) => Ok(M::on_response(admitted.take(), response)),
                         Err(error) => Err(M::map_error(error)),
                     };
                     state.set(State::Ready { output: None });

@@ -8,8 +8,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use super::headers::{insert_rate_limit_headers, RateLimitHeaders};
-use super::{ceil_secs, Rejection, Respond, Status};
-use crate::Decision;
+use super::{ceil_secs, Admission, Rejection, Respond, Status};
 
 /// A gRPC status code (`grpc-status`): the layer's own type, so its
 /// signatures name no gRPC framework.
@@ -212,9 +211,15 @@ where
     ResB: Default,
 {
     type Error = E;
+    type Response = http::Response<ResB>;
     type Admitted = RateLimitHeaders;
 
-    fn on_request(&self, request: &mut http::Request<B>, decision: Decision) -> RateLimitHeaders {
+    fn on_request(
+        &self,
+        request: &mut http::Request<B>,
+        admission: Admission<'_>,
+    ) -> RateLimitHeaders {
+        let decision = admission.decision;
         let headers = RateLimitHeaders::new(&decision, false);
         if self.decision_extension {
             request.extensions_mut().insert(decision);
@@ -222,8 +227,11 @@ where
         headers
     }
 
-    fn on_response(headers: RateLimitHeaders, response: &mut http::Response<ResB>) {
-        headers.append_to(response.headers_mut());
+    fn on_response(
+        headers: Option<RateLimitHeaders>,
+        response: http::Response<ResB>,
+    ) -> http::Response<ResB> {
+        RateLimitHeaders::added_to(headers, response)
     }
 
     fn on_rejection(&self, rejection: Rejection) -> Result<http::Response<ResB>, E> {

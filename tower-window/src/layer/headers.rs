@@ -137,6 +137,17 @@ impl RateLimitHeaders {
         }
     }
 
+    /// `response` with `headers` added, if any.
+    pub(super) fn added_to<B>(
+        headers: Option<Self>,
+        mut response: http::Response<B>,
+    ) -> http::Response<B> {
+        if let Some(headers) = headers {
+            headers.append_to(response.headers_mut());
+        }
+        response
+    }
+
     /// Adds them to `headers` (see [`insert_rate_limit_headers`]).
     pub fn append_to(self, headers: &mut HeaderMap) {
         if let Some(policy) = self.policy {

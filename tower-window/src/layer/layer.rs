@@ -100,6 +100,15 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
         self.map(|cost| cost, |_| mode)
     }
 
+    /// Switches to [`Metered`](super::Metered) mode around the current
+    /// mode: each request reserves its cost, and its usage, counted from
+    /// the response by `usage`, is settled when the response ends (tokens
+    /// of a streamed answer). Set the current mode's options first.
+    #[cfg(feature = "http")]
+    pub fn metered<U>(self, usage: U) -> SlidingWindowLayer<K, C, super::Metered<U, M>> {
+        self.map(|cost| cost, |mode| super::Metered::new(usage, mode))
+    }
+
     fn map<C2, M2>(
         self,
         cost: impl FnOnce(Arc<C>) -> Arc<C2>,
@@ -177,6 +186,16 @@ impl<K, C, R> SlidingWindowLayer<K, C, Http<R>> {
     /// [`OnRejection`](super::OnRejection) for the service's response body.
     pub fn rejection<R2>(self, rejection: R2) -> SlidingWindowLayer<K, C, Http<R2>> {
         self.map(|cost| cost, |mode| mode.rejection(rejection))
+    }
+}
+
+#[cfg(feature = "http")]
+impl<K, C, U, M> SlidingWindowLayer<K, C, super::Metered<U, M>> {
+    /// Ends a response whose usage reaches its budget at the next frame
+    /// boundary; see [`Metered::cut_off`](super::Metered::cut_off).
+    pub fn cut_off(mut self, enabled: bool) -> Self {
+        self.mode = self.mode.cut_off(enabled);
+        self
     }
 }
 

@@ -89,6 +89,10 @@ mod grpc;
 mod headers;
 #[allow(clippy::module_inception)]
 mod layer;
+#[cfg(feature = "http")]
+mod metered;
+#[cfg(feature = "http")]
+mod metering;
 mod rejection;
 mod respond;
 mod seconds;
@@ -103,9 +107,13 @@ pub use grpc::{Grpc, GrpcCode};
 pub use headers::{insert_rate_limit_headers, insert_retry_after, RateLimitHeaders};
 pub use layer::{MissingKey, SlidingWindowLayer};
 #[cfg(feature = "http")]
+pub use metered::{HeadCount, HeadUsage, MeterUsage, Metered, Usage, UsageCounter};
+#[cfg(feature = "http")]
+pub use metering::{Meter, Metering};
+#[cfg(feature = "http")]
 pub use rejection::OnRejection;
 pub use rejection::{DefaultRejection, Rejection};
-pub use respond::{BoxError, Http, Respond, Typed};
+pub use respond::{Admission, BoxError, Http, Respond, Typed};
 pub use seconds::ceil_secs;
 pub use service::SlidingWindow;
 pub use status::Status;

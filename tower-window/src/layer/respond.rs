@@ -7,7 +7,7 @@ use crate::layer::headers::{insert_rate_limit_headers, insert_retry_after, RateL
 #[cfg(feature = "http")]
 use crate::layer::OnRejection;
 use crate::layer::{DefaultRejection, Rejection};
-use crate::Decision;
+use crate::{Check, Decision, Limiter, Policy, WindowKey};
 
 /// A boxed error, as returned by [`Typed`] services.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -19,20 +19,53 @@ pub trait Respond<Req, Res, E>: Send + Sync + 'static {
     /// The service's error type.
     type Error;
 
-    /// What the response of an admitted request needs from its decision.
+    /// The service's response type (the inner service's, or one that
+    /// wraps it).
+    type Response;
+
+    /// What the response of an admitted request needs from its admission.
     type Admitted: Send + 'static;
 
-    /// Called with an admitted request before the inner service sees it.
-    fn on_request(&self, request: &mut Req, decision: Decision) -> Self::Admitted;
+    /// The check of `cost` units the layer makes for a request (by default
+    /// [`Limiter::check_policy`]).
+    fn check<'a>(
+        &self,
+        limiter: &'a Limiter,
+        key: &'a WindowKey,
+        policy: &'a Policy,
+        cost: u32,
+    ) -> Check<'a> {
+        limiter.check_policy(key, policy, cost)
+    }
 
-    /// Called with the inner service's response to an admitted request.
-    fn on_response(admitted: Self::Admitted, response: &mut Res);
+    /// Called with an admitted request before the inner service sees it.
+    fn on_request(&self, request: &mut Req, admission: Admission<'_>) -> Self::Admitted;
+
+    /// Called with the inner service's response: to an admitted request,
+    /// or (`None`) to one the layer let through unchecked.
+    fn on_response(admitted: Option<Self::Admitted>, response: Res) -> Self::Response;
 
     /// The service's output for a request that the layer did not let through.
-    fn on_rejection(&self, rejection: Rejection) -> Result<Res, Self::Error>;
+    fn on_rejection(&self, rejection: Rejection) -> Result<Self::Response, Self::Error>;
 
     /// Converts an error of the inner service.
     fn map_error(error: E) -> Self::Error;
+}
+
+/// An admitted request, as the layer's [`Respond`] mode sees it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Admission<'a> {
+    /// The limiter's decision.
+    pub decision: Decision,
+    /// The limiter that decided.
+    pub limiter: &'a Limiter,
+    /// The request's key.
+    pub key: &'a WindowKey,
+    /// The policy it was checked against (its tenant's, with tenants).
+    pub policy: &'a Policy,
+    /// The units checked.
+    pub cost: u32,
 }
 
 /// HTTP mode (the default; inert without the `http` feature): decisions
@@ -103,9 +136,15 @@ where
     R: OnRejection<ResB>,
 {
     type Error = E;
+    type Response = http::Response<ResB>;
     type Admitted = RateLimitHeaders;
 
-    fn on_request(&self, request: &mut http::Request<B>, decision: Decision) -> RateLimitHeaders {
+    fn on_request(
+        &self,
+        request: &mut http::Request<B>,
+        admission: Admission<'_>,
+    ) -> RateLimitHeaders {
+        let decision = admission.decision;
         let headers = RateLimitHeaders::new(&decision, self.legacy_headers);
         if self.decision_extension {
             request.extensions_mut().insert(decision);
@@ -113,8 +152,11 @@ where
         headers
     }
 
-    fn on_response(headers: RateLimitHeaders, response: &mut http::Response<ResB>) {
-        headers.append_to(response.headers_mut());
+    fn on_response(
+        headers: Option<RateLimitHeaders>,
+        response: http::Response<ResB>,
+    ) -> http::Response<ResB> {
+        RateLimitHeaders::added_to(headers, response)
     }
 
     fn on_rejection(&self, rejection: Rejection) -> Result<http::Response<ResB>, E> {
@@ -145,11 +187,14 @@ where
     E: Into<BoxError>,
 {
     type Error = BoxError;
+    type Response = Res;
     type Admitted = ();
 
-    fn on_request(&self, _request: &mut Req, _decision: Decision) {}
+    fn on_request(&self, _request: &mut Req, _admission: Admission<'_>) {}
 
-    fn on_response((): (), _response: &mut Res) {}
+    fn on_response(_: Option<()>, response: Res) -> Res {
+        response
+    }
 
     fn on_rejection(&self, rejection: Rejection) -> Result<Res, BoxError> {
         Err(Box::new(rejection))

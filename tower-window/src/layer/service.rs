@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::{MissingKey, Rejection, RequestCost, Respond, SlidingWindowLayer, Status};
+use super::{Admission, MissingKey, Rejection, RequestCost, Respond, SlidingWindowLayer, Status};
 use crate::key::NoKey;
 use crate::tenant::Resolution;
 use crate::{Decision, KeyExtractor, LimitError, Limiter};
@@ -81,7 +81,7 @@ where
     C: RequestCost<Req>,
     M: Respond<Req, S::Response, S::Error>,
 {
-    type Response = S::Response;
+    type Response = M::Response;
     type Error = M::Error;
     type Future = ResponseFuture<S, Req, M>;
 
@@ -130,14 +130,20 @@ where
         };
         // An answer available at once is acted on where it lies, without a
         // future or a box (each move of a decision is a copy).
-        let checked = policy.as_ref().unwrap_or(shared.limiter.policy());
-        match shared
-            .limiter
-            .check_policy(&key, checked, cost)
-            .into_ready()
-        {
+        let (limiter, checked) = (
+            &shared.limiter,
+            policy.as_ref().unwrap_or(shared.limiter.policy()),
+        );
+        match shared.mode.check(limiter, &key, checked, cost).into_ready() {
             Ok(Ok(decision)) if decision.allowed => {
-                let admitted = shared.mode.on_request(&mut request, decision);
+                let admission = Admission {
+                    decision,
+                    limiter,
+                    key: &key,
+                    policy: checked,
+                    cost,
+                };
+                let admitted = shared.mode.on_request(&mut request, admission);
                 ResponseFuture::calling(self.inner.call(request), Some(admitted))
             }
             Ok(other) => ResponseFuture::ready(

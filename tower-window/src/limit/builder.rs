@@ -110,6 +110,7 @@ impl LimiterBuilder {
                 }),
                 fallback,
                 stats: Counters::default(),
+                settles: Default::default(),
             }),
         }
     }

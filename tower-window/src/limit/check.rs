@@ -46,6 +46,9 @@ enum State<'a> {
     Start(Of<'a>, Result<Cost, Box<LimitError>>),
     /// Boxed: what a waiting check owns would widen every check.
     Waiting(Box<Waiting>),
+    /// Answered after waiting: what it was of, for [`Check::parts`].
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    Answered(Box<Waiting>),
     Done,
 }
 
@@ -164,10 +167,27 @@ impl<'a> Check<'a> {
                     state: State::Waiting(waiting),
                 }),
                 // A check is pending only while it waits.
-                State::Start(..) | State::Done => {
+                State::Start(..) | State::Answered(_) | State::Done => {
                     panic!("`Check` pending without waiting")
                 }
             },
+        }
+    }
+}
+
+impl Check<'_> {
+    /// The limiter, key, policy and cost of a check that had to wait,
+    /// once answered (the layer's mode reads them with the decision).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn parts(&self) -> Option<(&Limiter, &WindowKey, &Policy, Cost)> {
+        match &self.state {
+            State::Answered(waiting) => Some((
+                &waiting.limiter,
+                &waiting.key,
+                &waiting.policy,
+                waiting.cost,
+            )),
+            _ => None,
         }
     }
 }
@@ -366,7 +386,9 @@ impl Future for Check<'_> {
         if let State::Waiting(waiting) = &mut this.state {
             let answer = waiting.poll(cx);
             if answer.is_ready() {
-                this.state = State::Done;
+                if let State::Waiting(waiting) = std::mem::replace(&mut this.state, State::Done) {
+                    this.state = State::Answered(waiting);
+                }
             }
             return answer;
         }
@@ -379,7 +401,9 @@ impl Future for Check<'_> {
                     Pin::new(this).poll(cx)
                 }
             },
-            State::Waiting(_) | State::Done => panic!("`Check` polled after completion"),
+            State::Waiting(_) | State::Answered(_) | State::Done => {
+                panic!("`Check` polled after completion")
+            }
         }
     }
 }
@@ -392,7 +416,7 @@ impl fmt::Debug for Check<'_> {
                 On::Store { .. } => "store",
                 On::Leased(_) => "leased",
             },
-            State::Done => "done",
+            State::Answered(_) | State::Done => "done",
         };
         f.debug_struct("Check").field("state", &state).finish()
     }

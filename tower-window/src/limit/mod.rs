@@ -24,12 +24,14 @@ mod peek;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 mod settle;
+mod settlement;
 
 pub use backend::Backend;
 pub use builder::LimiterBuilder;
 pub use check::Check;
 pub use lease_tier::{LeaseConfig, LeaseStats};
 pub use settle::{Reserved, SettleRequest};
+pub use settlement::Settlement;
 
 /// Checks keys against a [`Policy`] (one or more quotas) in a [`Store`].
 ///
@@ -68,6 +70,7 @@ struct Inner {
     leases: Option<lease_tier::LeaseTier>,
     fallback: Option<Box<dyn FallbackPolicy>>,
     stats: Counters,
+    settles: settlement::Settles,
     metrics: Arc<LimiterMetrics>,
 }
 
@@ -299,6 +302,8 @@ impl Limiter {
             lease: s.lease.load(Ordering::Relaxed),
             fallback: s.fallback.each_ref().map(|n| n.load(Ordering::Relaxed)),
             errors: s.errors.load(Ordering::Relaxed),
+            settled: s.settled.load(Ordering::Relaxed),
+            settle_errors: s.settle_errors.load(Ordering::Relaxed),
         }
     }
 }
@@ -326,6 +331,8 @@ struct Counters {
     /// Indexed by `FallbackReason as usize` (declaration order).
     fallback: [AtomicU64; FallbackReason::ALL.len()],
     errors: AtomicU64,
+    settled: AtomicU64,
+    settle_errors: AtomicU64,
 }
 
 /// Counts of a [`Limiter`]'s outcomes since it was built.
@@ -342,6 +349,10 @@ pub struct LimiterStats {
     fallback: [u64; FallbackReason::ALL.len()],
     /// Checks that returned a store error (no fallback configured).
     pub errors: u64,
+    /// Usage settled in the store ([`Limiter::settle`], [`Settlement`]).
+    pub settled: u64,
+    /// Settles the store failed, or that were lost outside a runtime.
+    pub settle_errors: u64,
 }
 
 impl LimiterStats {

@@ -3,7 +3,7 @@
 //! whether or not it fits.
 
 use crate::algorithm::settle::refuses_reservation;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::{Op, StoreError, StoreErrorKind};
 use crate::{Check, Decision, DecisionSource, LimitError, Limiter, Policy, WindowKey};
 
 /// One settle: `usage` units of a request whose reservation recorded
@@ -237,14 +237,15 @@ impl Limiter {
     }
 
     async fn settle_request(&self, request: SettleRequest<'_>) -> Result<Decision, LimitError> {
-        let decision = self
-            .call_windows(request.key, request.policy, |windows, guard| {
-                windows.settle(guard, request)
-            })
-            .await?;
-        if let (false, Some(local)) = (decision.allowed, &self.inner.local) {
-            local.remember(request.key, request.policy, 1, None, &decision);
-        }
-        Ok(decision)
+        let result = self.settle_op(request).await;
+        self.note_settled(request.key, request.policy, &result);
+        result.map_err(LimitError::Store)
+    }
+
+    /// The store call of `request`.
+    pub(super) fn settle_op(&self, request: SettleRequest<'_>) -> Op<'static, Decision> {
+        self.call_windows(request.key, request.policy, |windows, guard| {
+            windows.settle(guard, request)
+        })
     }
 }
