@@ -1,13 +1,15 @@
 //! Differential test: random sequences of (time step, cost) give exactly the
 //! same decisions from `RedisStore` (Lua) and `MemoryStore` (the Rust
-//! reference), for every algorithm, including small steps back in time.
+//! reference), for every algorithm, including small steps back in time:
+//! checks, and reservations settled later below, at or past their estimate
+//! (debt), or usage recorded with no reservation.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tower_window::limit::Backend as _;
+use tower_window::limit::{Backend as _, Reserved, SettleRequest};
 use tower_window::store::Guard;
 use tower_window::{CheckRequest, Cost, ManualClock, MemoryStore, Quota, RedisStore, WindowKey};
 use tower_window_tests::conformance::START;
@@ -25,13 +27,32 @@ const QUOTAS: &[&str] = &[
     "7/1s gcra(burst=3)",
 ];
 
-fn ops() -> impl Strategy<Value = Vec<(i64, u32)>> {
+/// What a step does with its cost.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Check,
+    /// A check whose admission is a reservation, settled by a later step.
+    Reserve,
+    /// Settles the oldest open reservation with the step's cost as usage
+    /// (a cost of 8 settles 0: nothing used).
+    Settle,
+    /// Records the cost with no reservation, whether or not it fits.
+    Record,
+}
+
+fn ops() -> impl Strategy<Value = Vec<(i64, u32, Kind)>> {
     // Steps from 100 ms back to 2.5 s forward (often 0: same microsecond),
     // costs from 1 to 8 (some above every limit here).
     proptest::collection::vec(
         (
             prop_oneof![Just(0i64), -100_000i64..0, 0i64..2_500_000, 0i64..50_000],
             1u32..=8,
+            prop_oneof![
+                6 => Just(Kind::Check),
+                2 => Just(Kind::Reserve),
+                2 => Just(Kind::Settle),
+                1 => Just(Kind::Record),
+            ],
         ),
         1..40,
     )
@@ -64,6 +85,7 @@ fn redis_matches_memory_store() {
     static CASE: AtomicU64 = AtomicU64::new(0);
     static ALLOWED: AtomicU64 = AtomicU64::new(0);
     static DENIED: AtomicU64 = AtomicU64::new(0);
+    static SETTLED: AtomicU64 = AtomicU64::new(0);
 
     let config = ProptestConfig {
         cases: 96,
@@ -75,23 +97,45 @@ fn redis_matches_memory_store() {
         let key = WindowKey::new("diff", format!("case-{}", CASE.fetch_add(1, Ordering::Relaxed)));
         let mut now = START + start_offset;
         runtime.block_on(async {
-            for (i, (step, cost)) in steps.iter().enumerate() {
+            let mut open = std::collections::VecDeque::new();
+            for (i, (step, cost, kind)) in steps.iter().enumerate() {
                 now = now.saturating_add_signed(*step);
                 clock.set(now);
                 let request = CheckRequest::new(&key, &policy, Cost::new(*cost).unwrap());
-                let want = memory.check(&mut Guard::bare(), request).await.unwrap();
-                let got = redis.check(&mut Guard::bare(), request).await.unwrap();
+                let (want, got) = match kind {
+                    Kind::Check | Kind::Reserve => (
+                        memory.check(&mut Guard::bare(), request).await,
+                        redis.check(&mut Guard::bare(), request).await,
+                    ),
+                    Kind::Settle | Kind::Record => {
+                        let reserved = match kind {
+                            Kind::Settle => open.pop_front().unwrap_or(Reserved::NONE),
+                            _ => Reserved::NONE,
+                        };
+                        let settle = SettleRequest::new(&key, &policy, reserved, cost % 8);
+                        SETTLED.fetch_add(1, Ordering::Relaxed);
+                        (
+                            memory.settle(&mut Guard::bare(), settle).await,
+                            redis.settle(&mut Guard::bare(), settle).await,
+                        )
+                    }
+                };
+                let at = now.cast_signed() - START.cast_signed();
+                let context = format!("{quota} step {i} ({kind:?} {cost} at START + {at} µs)");
+                let (want, got) = match (want, got) {
+                    (Ok(want), Ok(got)) => (want, got),
+                    // Both refuse (GCRA cannot give part of a reservation back).
+                    (Err(want), Err(got)) if want.kind() == got.kind() => continue,
+                    (want, got) => {
+                        return Err(TestCaseError::fail(format!("{context}: {want:?} / {got:?}")))
+                    }
+                };
+                if matches!(kind, Kind::Reserve) {
+                    open.push_back(Reserved::of(&want, *cost));
+                }
                 let counter = if want.allowed() { &ALLOWED } else { &DENIED };
                 counter.fetch_add(1, Ordering::Relaxed);
-                prop_assert_eq!(
-                    seen(&got),
-                    seen(&want),
-                    "{} step {} (cost {} at START + {} µs)",
-                    quota,
-                    i,
-                    cost,
-                    now - START
-                );
+                prop_assert_eq!(seen(&got), seen(&want), "{}", context);
             }
             Ok(())
         })?;
@@ -99,4 +143,5 @@ fn redis_matches_memory_store() {
     // The sequences exercised both outcomes, many times.
     assert!(ALLOWED.load(Ordering::Relaxed) > 200, "{ALLOWED:?}");
     assert!(DENIED.load(Ordering::Relaxed) > 200, "{DENIED:?}");
+    assert!(SETTLED.load(Ordering::Relaxed) > 200, "{SETTLED:?}");
 }

@@ -130,8 +130,9 @@ impl Rejection {
 /// gRPC mode ([`SlidingWindowLayer::grpc`](crate::SlidingWindowLayer::grpc)),
 /// for tonic services.
 ///
-/// - Admitted: the [`Decision`] goes into the request's extensions and the
-///   `RateLimit` headers into the response metadata, as in HTTP mode.
+/// - Admitted: the [`Decision`](crate::Decision) goes into the request's
+///   extensions and the `RateLimit` headers into the response metadata, as
+///   in HTTP mode.
 /// - Rejected: a *trailers-only* response (HTTP `200`, `application/grpc`,
 ///   empty body) with `grpc-status` ([`Rejection::grpc_code`]),
 ///   `grpc-message` ([`Rejection::detail`]), the `RateLimit` metadata and,

@@ -1,9 +1,9 @@
 //! Quota leases on Redis: [`Backend`](super::Backend) for [`RedisStore`]
 //! (see [`crate::lease`]).
 //!
-//! Each call is one `EVALSHA` of `lease.lua` after the shared prelude and
-//! algorithm fragments, so a lease reads and writes the very state a check
-//! does, on Redis's own `TIME`. Besides the quotas' keys it uses two keys
+//! Each call is one `EVALSHA` of `lease.lua` after the shared prelude,
+//! algorithm and take-back fragments, so a lease reads and writes the very
+//! state a check does, on Redis's own `TIME`. Besides the quotas' keys it uses two keys
 //! beside the policy's first quota key, in the same hash slot: `<key>:lr`
 //! (a hash of the outstanding leases, the lease counter and the latest
 //! deadline) and `<key>:lx` (the leases by when their units stop counting,
@@ -26,7 +26,8 @@ use crate::store::redis::RedisStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
 use crate::{Decision, Policy, WindowKey};
 
-const SOURCE: &str = crate::algorithm::redis::with_algorithms!("lease.lua");
+const SOURCE: &str =
+    crate::algorithm::redis::with_algorithms!("../algorithm/take_back.lua", "lease.lua");
 
 static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
 

@@ -3,7 +3,8 @@
 //! One script decides any policy: `prelude.lua`, one fragment per algorithm
 //! (mirroring `crate::algorithm`), and `policy.lua`, which commits only if
 //! every quota fits and documents the KEYS/ARGV layout. `peek.lua` takes
-//! its place to read without committing.
+//! its place to read without committing, and `settle.lua` (with the
+//! take-back fragment) to settle usage known after the request.
 
 use std::sync::LazyLock;
 
@@ -16,6 +17,8 @@ use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
 use crate::store::{CheckRequest, Guard, Op, OwnedCheckRequest, StoreError};
 use crate::{Decision, Policy, WindowKey};
 
+use super::settle::{Reserved, SettleRequest};
+
 /// The script deciding every policy.
 static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
 
@@ -24,6 +27,34 @@ const SOURCE: &str = crate::algorithm::redis::with_algorithms!("policy.lua");
 /// `peek.lua` in place of `policy.lua`: the same KEYS and ARGV, no commit.
 static PEEK: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(crate::algorithm::redis::with_algorithms!("peek.lua")));
+
+/// `settle.lua` in place of `policy.lua`: the same KEYS and ARGV, then
+/// the reservation's units and time, then each quota's usage.
+static SETTLE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(crate::algorithm::redis::with_algorithms!(
+        "../algorithm/take_back.lua",
+        "settle.lua"
+    ))
+});
+
+/// What a settle needs, owned by its operation.
+struct OwnedSettle {
+    key: WindowKey,
+    policy: Policy,
+    reserved: Reserved,
+    usage: u32,
+    quota_usage: Option<Box<[u32]>>,
+}
+
+impl OwnedSettle {
+    fn as_request(&self) -> SettleRequest<'_> {
+        let request = SettleRequest::new(&self.key, &self.policy, self.reserved, self.usage);
+        match &self.quota_usage {
+            Some(usage) => request.with_quota_usage(usage),
+            None => request,
+        }
+    }
+}
 
 impl RedisStore {
     /// Connects now and loads the script that decides every policy,
@@ -58,6 +89,31 @@ impl RedisStore {
             // After the quota slots: one cost per quota (see policy.lua).
             for i in 0..request.policy.len() {
                 call.arg(request.cost_of(i).get());
+            }
+        }
+        self.call(Call::Script(&call)).await
+    }
+
+    /// Runs `settle.lua` for `request`: one `EVALSHA`.
+    async fn settle_script(&self, request: SettleRequest<'_>) -> Result<Vec<i64>, StoreError> {
+        let now = self.explicit_now()?;
+        let min_ttl_ms = now.map_or(0, |_| EXPLICIT_CLOCK_MIN_TTL_MS);
+        let mut call = SETTLE.prepare_invoke();
+        let (key, policy) = (request.key, request.policy);
+        lay_out(
+            &mut call,
+            &self.prefix,
+            key,
+            policy,
+            request.usage,
+            now,
+            min_ttl_ms,
+        );
+        call.arg(request.reserved.units);
+        call.arg(request.reserved.at_micros);
+        if request.quota_usage.is_some() {
+            for i in 0..policy.len() {
+                call.arg(request.usage_of(i));
             }
         }
         self.call(Call::Script(&call)).await
@@ -98,6 +154,32 @@ impl Backend for RedisStore {
         request: CheckRequest<'a>,
     ) -> Op<'static, Decision> {
         self.policy_op(guard, &PEEK, request)
+    }
+
+    fn settle<'a>(
+        &'a self,
+        guard: &mut Guard<'a>,
+        request: SettleRequest<'a>,
+    ) -> Op<'static, Decision> {
+        if let Err(error) = request.validate() {
+            return Op::ready(Err(error));
+        }
+        let store = self.clone();
+        let owned = std::sync::Arc::new(OwnedSettle {
+            key: request.key.clone(),
+            policy: request.policy.clone(),
+            reserved: request.reserved,
+            usage: request.usage,
+            quota_usage: request.quota_usage.map(Box::from),
+        });
+        guard.run(move || {
+            let (store, owned) = (store.clone(), std::sync::Arc::clone(&owned));
+            async move {
+                let request = owned.as_request();
+                let reply = store.settle_script(request).await?;
+                decision(request.policy, &reply)
+            }
+        })
     }
 
     /// On a cluster store, the primary serving the hash slot of `key`'s

@@ -1,0 +1,101 @@
+-- tower-window: settle a request's usage against a whole policy, after the
+-- prelude, the algorithm fragments and take_back.lua; algorithm/settle.rs
+-- is the Rust twin and says why each step is exact.
+--
+-- KEYS and ARGV[1..4 + 4n] as policy.lua, with ARGV[2] = the units used
+-- (every quota's unless it has its own, below); then
+--   ARGV[5 + 4n] = the units the reservation recorded (0: none),
+--   ARGV[6 + 4n] = the store's clock (µs) when it did,
+--   optionally one usage per quota in policy order: ARGV[6 + 4n + i].
+--
+-- Per quota: usage below the reservation gives the rest back where the
+-- reservation put it, while it still counts; usage above it records the
+-- excess now, past the limit if need be (debt). Shadow quotas alike.
+--
+-- Reply: policy.lua's, for a check of one unit that records nothing: each
+-- quota's state as it stands once settled, allowed when one more unit fits.
+
+local count = tonumber(ARGV[4])
+local extra = 5 + 4 * count
+local reserved = tonumber(ARGV[extra]) or 0
+local reserved_at = tonumber(ARGV[extra + 1]) or 0
+local quotas = {}
+local next_key = 1
+for i = 1, count do
+  local base = 4 + (i - 1) * 4
+  local code, shadow = quota_code(ARGV[base + 1])
+  local algorithm = ALGORITHMS[code]
+  if not algorithm then
+    return redis.error_reply('ERR tower-window: unknown algorithm code')
+  end
+  quotas[i] = {
+    code = code,
+    algorithm = algorithm,
+    shadow = shadow,
+    key = KEYS[next_key],
+    key2 = KEYS[next_key + 1],
+    p1 = tonumber(ARGV[base + 2]),
+    p2 = tonumber(ARGV[base + 3]),
+    p3 = tonumber(ARGV[base + 4]),
+    usage = tonumber(ARGV[extra + 1 + i]) or c,
+  }
+  if quotas[i].usage < reserved and code == 4 then
+    return redis.error_reply('ERR tower-window: gcra cannot give back part of a reservation')
+  end
+  next_key = next_key + algorithm.keys
+end
+if next_key - 1 ~= #KEYS then
+  return redis.error_reply('ERR tower-window: keys do not match the quotas')
+end
+
+-- Sets what commit writes as if the cost had fit (evaluate sets it only
+-- then): the newest entry or bucket, the TTL, GCRA's arrival time.
+local function as_if_fit(q)
+  if q.code == 1 then
+    q.newest_after = math.max(t, q.newest or t)
+    q.reset = q.newest_after + q.p1 - t
+  elseif q.code == 2 then
+    q.reset = (math.max(q.b, q.hi or q.b) + idiv(q.p1, q.p3) + 1) * q.p3 - t
+  elseif q.code == 4 then
+    q.tat = t + q.reset0 + c * q.p1
+  end
+end
+
+local admitted = true
+local reply = {0, t}
+for i = 1, count do
+  local q = quotas[i]
+  if q.usage < reserved then
+    local anchor = reserved_at
+    if q.code == 3 then
+      anchor = idiv(reserved_at, q.p1)
+    elseif q.code == 2 then
+      anchor = idiv(reserved_at, q.p3)
+    end
+    take_back(q, anchor, 0, reserved, reserved - q.usage)
+  elseif q.usage > reserved then
+    c = q.usage - reserved
+    q.algorithm.evaluate(q)
+    as_if_fit(q)
+    q.algorithm.commit(q)
+  end
+  c = 1
+  q.dirty = false
+  q.algorithm.evaluate(q)
+  if q.dirty and q.algorithm.settle then
+    q.algorithm.settle(q)
+  end
+  if not q.fits and not q.shadow then
+    admitted = false
+  end
+  local retry = q.retry
+  if q.fits then
+    retry = 0
+  end
+  reply[#reply + 1] = q.fits and 1 or 0
+  reply[#reply + 1] = q.remaining0
+  reply[#reply + 1] = q.reset0
+  reply[#reply + 1] = retry
+end
+reply[1] = admitted and 1 or 0
+return reply
