@@ -58,14 +58,15 @@ fn ops() -> impl Strategy<Value = Vec<(i64, u32, Kind)>> {
     )
 }
 
-fn seen(d: &tower_window::Decision) -> (bool, u32, Duration, Option<Duration>, u64) {
-    (
-        d.allowed(),
-        d.remaining(),
-        d.reset_after(),
-        d.retry_after(),
-        d.timestamp_micros(),
-    )
+/// What a decision says: the verdict and time, and each quota's state.
+type Seen = (bool, u64, Vec<(bool, u32, Duration, Option<Duration>)>);
+
+fn seen(d: &tower_window::Decision) -> Seen {
+    let quotas = d
+        .quotas()
+        .iter()
+        .map(|q| (q.allowed(), q.remaining(), q.reset_after(), q.retry_after()));
+    (d.allowed(), d.timestamp_micros(), quotas.collect())
 }
 
 #[test]
@@ -91,9 +92,16 @@ fn redis_matches_memory_store() {
         cases: 96,
         ..ProptestConfig::default()
     };
-    proptest!(config, |(quota_index in 0..QUOTAS.len(), start_offset in 0u64..3_000_000, steps in ops())| {
+    proptest!(config, |(quota_index in 0..QUOTAS.len(), shadow in proptest::option::weighted(0.3, 0..QUOTAS.len()), start_offset in 0u64..3_000_000, steps in ops())| {
         let quota: Quota = QUOTAS[quota_index].parse().unwrap();
-        let policy = tower_window::Policy::from(quota.clone());
+        // Sometimes beside a shadow quota, which records only what fits.
+        let policy = match shadow {
+            None => tower_window::Policy::from(quota.clone()),
+            Some(j) => {
+                let shadow = QUOTAS[j].parse::<Quota>().unwrap().named("shadow").unwrap();
+                tower_window::Policy::new("p", [quota.clone(), shadow.shadowed(true)]).unwrap()
+            }
+        };
         let key = WindowKey::new("diff", format!("case-{}", CASE.fetch_add(1, Ordering::Relaxed)));
         let mut now = START + start_offset;
         runtime.block_on(async {

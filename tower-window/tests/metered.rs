@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_window::key::Constant;
 use tower_window::layer::{HeadUsage, Metering, SlidingWindowLayer, Usage, UsageCounter};
-use tower_window::{Limiter, ManualClock, MemoryStore, Quota, WindowKey};
+use tower_window::{LeaseConfig, Limiter, ManualClock, MemoryStore, Policy, Quota, WindowKey};
 
 type Frame = Result<http_body::Frame<Bytes>, std::io::Error>;
 /// A streamed body (with an empty default, for rejections).
@@ -282,4 +282,60 @@ async fn a_gcra_policy_cannot_reserve() {
     let response = call(&limiter, 10, body).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(limiter.stats().settled, 0);
+}
+
+/// Each quota's remaining in the limiter's one key, in policy order.
+async fn remaining_each(limiter: &Limiter) -> Vec<u32> {
+    let key = WindowKey::for_subject("all");
+    let decision = limiter.peek_policy(&key, limiter.policy(), 1).await;
+    let decision = decision.unwrap();
+    decision.quotas().iter().map(|q| q.remaining()).collect()
+}
+
+#[tokio::test]
+async fn reservations_skip_leases_and_shadow_quotas_count_what_was_used() {
+    let store = MemoryStore::builder()
+        .clock(ManualClock::new(1_700_000_000_000_000))
+        .build();
+    let quota = |text: &str, name: &str| text.parse::<Quota>().unwrap().named(name).unwrap();
+    let policy = Policy::new(
+        "tokens",
+        [
+            quota("1000/1m", "minute"),
+            quota("100/1m", "trial").shadowed(true),
+        ],
+    )
+    .unwrap();
+    let limiter = Limiter::builder(store, policy)
+        .leases(LeaseConfig::new(50).hot_after(1))
+        .build();
+    // Plain checks of the same key take a lease: the store counts all of
+    // its units, the shadow quota as many as fit.
+    let key = WindowKey::for_subject("all");
+    for _ in 0..4 {
+        assert!(limiter.check(&key, 1).await.unwrap().allowed());
+    }
+    assert!(limiter.stats().lease > 0, "{:?}", limiter.stats());
+    let [minute, trial] = remaining_each(&limiter).await[..] else {
+        panic!("two quotas")
+    };
+    // A reservation of 80 reaches the store whatever the leases hold, and
+    // fits the shadow quota only if 80 units are left in it.
+    let store_calls = limiter.stats().store;
+    let (tx, body) = streamed();
+    let response = call(&limiter, 80, body).await;
+    assert_eq!(limiter.stats().store, store_calls + 1);
+    tx.send(data(&"w ".repeat(30))).unwrap();
+    drop(tx);
+    response.into_body().collect().await.unwrap();
+    assert_eq!(remaining_each(&limiter).await, [minute - 30, trial - 30]);
+    // A second one, after the shadow quota is too full for its estimate:
+    // it records nothing there, and the settle records the usage in full.
+    let (tx, body) = streamed();
+    let response = call(&limiter, trial - 30 + 1, body).await;
+    tx.send(data(&"w ".repeat(20))).unwrap();
+    drop(tx);
+    response.into_body().collect().await.unwrap();
+    assert_eq!(remaining_each(&limiter).await, [minute - 50, trial - 50]);
+    assert_eq!(limiter.stats().settled, 2);
 }

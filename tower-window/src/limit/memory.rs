@@ -99,7 +99,7 @@ impl MemoryStore {
                         quota,
                         now,
                         reserved.at_micros,
-                        reserved.units,
+                        reserved.units_in(i),
                         usage,
                     )
                 })

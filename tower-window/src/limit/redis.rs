@@ -111,6 +111,11 @@ impl RedisStore {
         );
         call.arg(request.reserved.units);
         call.arg(request.reserved.at_micros);
+        let recorded = (0..policy.len()).map(|i| match request.reserved.units_in(i) {
+            0 => '0',
+            _ => '1',
+        });
+        call.arg(recorded.collect::<String>());
         if request.quota_usage.is_some() {
             for i in 0..policy.len() {
                 call.arg(request.usage_of(i));

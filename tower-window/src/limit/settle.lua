@@ -6,7 +6,10 @@
 -- (every quota's unless it has its own, below); then
 --   ARGV[5 + 4n] = the units the reservation recorded (0: none),
 --   ARGV[6 + 4n] = the store's clock (µs) when it did,
---   optionally one usage per quota in policy order: ARGV[6 + 4n + i].
+--   ARGV[7 + 4n] = one character per quota in policy order: '1' where the
+--     reservation recorded its units, '0' where it recorded nothing (a
+--     shadow quota it did not fit),
+--   optionally one usage per quota in policy order: ARGV[7 + 4n + i].
 --
 -- Per quota: usage below the reservation gives the rest back where the
 -- reservation put it, while it still counts; usage above it records the
@@ -17,8 +20,9 @@
 
 local count = tonumber(ARGV[4])
 local extra = 5 + 4 * count
-local reserved = tonumber(ARGV[extra]) or 0
+local units = tonumber(ARGV[extra]) or 0
 local reserved_at = tonumber(ARGV[extra + 1]) or 0
+local recorded = ARGV[extra + 2] or ''
 local quotas = {}
 local next_key = 1
 for i = 1, count do
@@ -37,9 +41,13 @@ for i = 1, count do
     p1 = tonumber(ARGV[base + 2]),
     p2 = tonumber(ARGV[base + 3]),
     p3 = tonumber(ARGV[base + 4]),
-    usage = tonumber(ARGV[extra + 1 + i]) or c,
+    usage = tonumber(ARGV[extra + 2 + i]) or c,
+    reserved = 0,
   }
-  if quotas[i].usage < reserved and code == 4 then
+  if string.sub(recorded, i, i) == '1' then
+    quotas[i].reserved = units
+  end
+  if quotas[i].usage < quotas[i].reserved and code == 4 then
     return redis.error_reply('ERR tower-window: gcra cannot give back part of a reservation')
   end
   next_key = next_key + algorithm.keys
@@ -65,6 +73,7 @@ local admitted = true
 local reply = {0, t}
 for i = 1, count do
   local q = quotas[i]
+  local reserved = q.reserved
   if q.usage < reserved then
     local anchor = reserved_at
     if q.code == 3 then

@@ -66,7 +66,7 @@ impl<'a> SettleRequest<'a> {
             ));
         }
         let refunds =
-            |(i, quota)| self.usage_of(i) < self.reserved.units && refuses_reservation(quota);
+            |(i, quota)| self.usage_of(i) < self.reserved.units_in(i) && refuses_reservation(quota);
         match self
             .policy
             .quotas()
@@ -88,10 +88,15 @@ impl<'a> SettleRequest<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Reserved {
-    /// Units recorded in every quota of the policy.
+    /// Units recorded in every quota of the policy but the
+    /// [`unrecorded`](Self::unrecorded) ones.
     pub units: u32,
     /// The store's clock (µs) when they were.
     pub at_micros: u64,
+    /// The quotas the reservation recorded nothing in, bit `i` for quota
+    /// `i` of the policy: shadow quotas it did not fit (a shadow quota
+    /// that would deny records nothing, and never denies).
+    pub unrecorded: u16,
 }
 
 impl Reserved {
@@ -99,12 +104,25 @@ impl Reserved {
     pub const NONE: Self = Self {
         units: 0,
         at_micros: 0,
+        unrecorded: 0,
     };
 
+    /// The units quota `index` of the policy holds of the reservation.
+    pub fn units_in(&self, index: usize) -> u32 {
+        let unrecorded = u32::from(self.unrecorded)
+            .checked_shr(u32::try_from(index).unwrap_or(u32::MAX))
+            .unwrap_or(0);
+        if unrecorded & 1 == 1 {
+            0
+        } else {
+            self.units
+        }
+    }
+
     /// What the reservation `decision` of `estimate` units recorded: all
-    /// of them if the store admitted it; nothing after a denial, or an
-    /// admission by the fallback policy (which records nothing in the
-    /// store).
+    /// of them if the store admitted it (but in the shadow quotas it did
+    /// not fit); nothing after a denial, or an admission by the fallback
+    /// policy (which records nothing in the store).
     ///
     /// ```
     /// use tower_window::limit::Reserved;
@@ -121,9 +139,15 @@ impl Reserved {
     /// ```
     pub fn of(decision: &Decision, estimate: u32) -> Self {
         if decision.allowed && decision.source == DecisionSource::Store {
+            let unrecorded = (decision.quotas().iter().enumerate())
+                .filter(|(_, quota)| !quota.allowed)
+                .fold(0, |bits, (i, _)| {
+                    bits | 1u16.checked_shl(i as u32).unwrap_or(0)
+                });
             Self {
                 units: estimate,
                 at_micros: decision.timestamp_micros,
+                unrecorded,
             }
         } else {
             Self::NONE
