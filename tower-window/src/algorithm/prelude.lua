@@ -93,6 +93,78 @@ local function quota_code(arg)
   return code, false
 end
 
+-- The policy's quotas, from the slots ARGV[5..4 + 4n] (n = ARGV[4]) and
+-- KEYS, in policy order: each q holds code, shadow, algorithm, key, key2
+-- and p1..p3. With `costs_after` (how many arguments follow the slots
+-- before the optional cost of each quota), q.c is quota i's cost,
+-- ARGV[4 + 4n + costs_after + i], else c, and below `min_cost` refused.
+-- `spare`: how many KEYS follow the quotas'. Answers nil and the error
+-- reply for a layout that is not one.
+local function read_quotas(costs_after, min_cost, spare)
+  local count = tonumber(ARGV[4])
+  local quotas = {}
+  local next_key = 1
+  for i = 1, count do
+    local base = 4 + (i - 1) * 4
+    local code, shadow = quota_code(ARGV[base + 1])
+    local algorithm = ALGORITHMS[code]
+    if not algorithm then
+      return nil, redis.error_reply('ERR tower-window: unknown algorithm code')
+    end
+    local q = {
+      code = code,
+      algorithm = algorithm,
+      shadow = shadow,
+      key = KEYS[next_key],
+      key2 = KEYS[next_key + 1],
+      p1 = tonumber(ARGV[base + 2]),
+      p2 = tonumber(ARGV[base + 3]),
+      p3 = tonumber(ARGV[base + 4]),
+      c = c,
+    }
+    if costs_after then
+      q.c = tonumber(ARGV[4 + count * 4 + costs_after + i]) or c
+      if q.c < min_cost then
+        return nil, redis.error_reply('ERR tower-window: a cost below ' .. min_cost)
+      end
+    end
+    quotas[i] = q
+    next_key = next_key + algorithm.keys
+  end
+  if next_key - 1 + spare ~= #KEYS then
+    return nil, redis.error_reply('ERR tower-window: keys do not match the quotas')
+  end
+  return quotas
+end
+
+-- Each quota's state as it stands, for a check of its cost q.c that
+-- records nothing (peek.lua, settle.lua), in policy.lua's reply: admitted
+-- when the cost fits every enforced quota; per quota, remaining and reset
+-- before the cost, retry 0 when it fits. State evaluate dropped because
+-- it expired is written back as after a denial.
+local function standing(quotas)
+  local admitted = true
+  local reply = {0, t}
+  for i = 1, #quotas do
+    local q = quotas[i]
+    c = q.c
+    q.dirty = false
+    q.algorithm.evaluate(q)
+    if not q.fits and not q.shadow then
+      admitted = false
+    end
+    if q.dirty and q.algorithm.settle then
+      q.algorithm.settle(q)
+    end
+    reply[#reply + 1] = q.fits and 1 or 0
+    reply[#reply + 1] = q.remaining0
+    reply[#reply + 1] = q.reset0
+    reply[#reply + 1] = q.fits and 0 or q.retry
+  end
+  reply[1] = admitted and 1 or 0
+  return reply
+end
+
 -- Decides one request against quotas, all-or-nothing (policy.lua's reply;
 -- lease.lua decides a check with it when a reservation grants nothing). Each
 -- q also holds its cost q.c. Every quota is evaluated (reads; expired state

@@ -42,36 +42,18 @@
 
 local MAX_DEAD = 128
 
-local count = tonumber(ARGV[4])
-local quotas = {}
-local next_key = 1
+local quotas, invalid = read_quotas(nil, 0, 2)
+if not quotas then
+  return invalid
+end
+local count = #quotas
 local enforced = 0
 for i = 1, count do
-  local base = 4 + (i - 1) * 4
-  local code, shadow = quota_code(ARGV[base + 1])
-  local algorithm = ALGORITHMS[code]
-  if not algorithm then
-    return redis.error_reply('ERR tower-window: unknown algorithm code')
-  end
-  quotas[i] = {
-    code = code,
-    shadow = shadow,
-    algorithm = algorithm,
-    key = KEYS[next_key],
-    key2 = KEYS[next_key + 1],
-    p1 = tonumber(ARGV[base + 2]),
-    p2 = tonumber(ARGV[base + 3]),
-    p3 = tonumber(ARGV[base + 4]),
-  }
-  if not shadow then
+  if not quotas[i].shadow then
     enforced = enforced + 1
   end
-  next_key = next_key + algorithm.keys
 end
-if next_key + 1 ~= #KEYS then
-  return redis.error_reply('ERR tower-window: keys do not match the quotas')
-end
-local LR, LX = KEYS[next_key], KEYS[next_key + 1]
+local LR, LX = KEYS[#KEYS - 1], KEYS[#KEYS]
 local extra = 5 + 4 * count
 local mode = ARGV[extra]
 

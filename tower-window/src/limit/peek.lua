@@ -15,52 +15,8 @@
 -- stands, reset_after_us as it stands, retry_after_us (0 when it fits,
 -- -1 = never)}.
 
-local count = tonumber(ARGV[4])
-local quotas = {}
-local next_key = 1
-for i = 1, count do
-  local base = 4 + (i - 1) * 4
-  local code, shadow = quota_code(ARGV[base + 1])
-  local algorithm = ALGORITHMS[code]
-  if not algorithm then
-    return redis.error_reply('ERR tower-window: unknown algorithm code')
-  end
-  quotas[i] = {
-    algorithm = algorithm,
-    shadow = shadow,
-    key = KEYS[next_key],
-    key2 = KEYS[next_key + 1],
-    p1 = tonumber(ARGV[base + 2]),
-    p2 = tonumber(ARGV[base + 3]),
-    p3 = tonumber(ARGV[base + 4]),
-    -- This quota's cost: its own after the slots, else the request's.
-    c = tonumber(ARGV[4 + count * 4 + i]) or c,
-  }
-  if quotas[i].c < 1 then
-    return redis.error_reply('ERR tower-window: a cost below 1')
-  end
-  next_key = next_key + algorithm.keys
+local quotas, invalid = read_quotas(0, 1, 0)
+if not quotas then
+  return invalid
 end
-if next_key - 1 ~= #KEYS then
-  return redis.error_reply('ERR tower-window: keys do not match the quotas')
-end
-
-local admitted = true
-local reply = {0, t}
-for i = 1, count do
-  local q = quotas[i]
-  c = q.c
-  q.algorithm.evaluate(q)
-  if not q.fits and not q.shadow then
-    admitted = false
-  end
-  if q.dirty and q.algorithm.settle then
-    q.algorithm.settle(q)
-  end
-  reply[#reply + 1] = q.fits and 1 or 0
-  reply[#reply + 1] = q.remaining0
-  reply[#reply + 1] = q.reset0
-  reply[#reply + 1] = q.fits and 0 or q.retry
-end
-reply[1] = admitted and 1 or 0
-return reply
+return standing(quotas)

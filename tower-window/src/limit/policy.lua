@@ -31,34 +31,8 @@
 -- when the request is admitted.
 -- remaining may be negative after a limit was lowered; the caller clamps.
 
-local count = tonumber(ARGV[4])
-local quotas = {}
-local next_key = 1
-for i = 1, count do
-  local base = 4 + (i - 1) * 4
-  local code, shadow = quota_code(ARGV[base + 1])
-  local algorithm = ALGORITHMS[code]
-  if not algorithm then
-    return redis.error_reply('ERR tower-window: unknown algorithm code')
-  end
-  quotas[i] = {
-    algorithm = algorithm,
-    shadow = shadow,
-    key = KEYS[next_key],
-    key2 = KEYS[next_key + 1],
-    p1 = tonumber(ARGV[base + 2]),
-    p2 = tonumber(ARGV[base + 3]),
-    p3 = tonumber(ARGV[base + 4]),
-    -- This quota's cost: its own after the slots, else the request's.
-    c = tonumber(ARGV[4 + count * 4 + i]) or c,
-  }
-  if quotas[i].c < 1 then
-    return redis.error_reply('ERR tower-window: a cost below 1')
-  end
-  next_key = next_key + algorithm.keys
+local quotas, invalid = read_quotas(0, 1, 0)
+if not quotas then
+  return invalid
 end
-if next_key - 1 ~= #KEYS then
-  return redis.error_reply('ERR tower-window: keys do not match the quotas')
-end
-
 return decide(quotas)

@@ -18,42 +18,25 @@
 -- Reply: policy.lua's, for a check of one unit that records nothing: each
 -- quota's state as it stands once settled, allowed when one more unit fits.
 
-local count = tonumber(ARGV[4])
+local count = tonumber(ARGV[4]) or 0
 local extra = 5 + 4 * count
 local units = tonumber(ARGV[extra]) or 0
 local reserved_at = tonumber(ARGV[extra + 1]) or 0
 local recorded = ARGV[extra + 2] or ''
-local quotas = {}
-local next_key = 1
+-- q.c: the units quota i used.
+local quotas, invalid = read_quotas(3, 0, 0)
+if not quotas then
+  return invalid
+end
 for i = 1, count do
-  local base = 4 + (i - 1) * 4
-  local code, shadow = quota_code(ARGV[base + 1])
-  local algorithm = ALGORITHMS[code]
-  if not algorithm then
-    return redis.error_reply('ERR tower-window: unknown algorithm code')
-  end
-  quotas[i] = {
-    code = code,
-    algorithm = algorithm,
-    shadow = shadow,
-    key = KEYS[next_key],
-    key2 = KEYS[next_key + 1],
-    p1 = tonumber(ARGV[base + 2]),
-    p2 = tonumber(ARGV[base + 3]),
-    p3 = tonumber(ARGV[base + 4]),
-    usage = tonumber(ARGV[extra + 2 + i]) or c,
-    reserved = 0,
-  }
+  local q = quotas[i]
+  q.reserved = 0
   if string.sub(recorded, i, i) == '1' then
-    quotas[i].reserved = units
+    q.reserved = units
   end
-  if quotas[i].usage < quotas[i].reserved and code == 4 then
+  if q.c < q.reserved and q.code == 4 then
     return redis.error_reply('ERR tower-window: gcra cannot give back part of a reservation')
   end
-  next_key = next_key + algorithm.keys
-end
-if next_key - 1 ~= #KEYS then
-  return redis.error_reply('ERR tower-window: keys do not match the quotas')
 end
 
 -- Sets what commit writes as if the cost had fit (evaluate sets it only
@@ -69,42 +52,23 @@ local function as_if_fit(q)
   end
 end
 
-local admitted = true
-local reply = {0, t}
 for i = 1, count do
   local q = quotas[i]
-  local reserved = q.reserved
-  if q.usage < reserved then
+  local used, reserved = q.c, q.reserved
+  if used < reserved then
     local anchor = reserved_at
     if q.code == 3 then
       anchor = idiv(reserved_at, q.p1)
     elseif q.code == 2 then
       anchor = idiv(reserved_at, q.p3)
     end
-    take_back(q, anchor, 0, reserved, reserved - q.usage)
-  elseif q.usage > reserved then
-    c = q.usage - reserved
+    take_back(q, anchor, 0, reserved, reserved - used)
+  elseif used > reserved then
+    c = used - reserved
     q.algorithm.evaluate(q)
     as_if_fit(q)
     q.algorithm.commit(q)
   end
-  c = 1
-  q.dirty = false
-  q.algorithm.evaluate(q)
-  if q.dirty and q.algorithm.settle then
-    q.algorithm.settle(q)
-  end
-  if not q.fits and not q.shadow then
-    admitted = false
-  end
-  local retry = q.retry
-  if q.fits then
-    retry = 0
-  end
-  reply[#reply + 1] = q.fits and 1 or 0
-  reply[#reply + 1] = q.remaining0
-  reply[#reply + 1] = q.reset0
-  reply[#reply + 1] = retry
+  q.c = 1
 end
-reply[1] = admitted and 1 or 0
-return reply
+return standing(quotas)
