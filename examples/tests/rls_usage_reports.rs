@@ -17,7 +17,9 @@ mod rls_support;
 use std::time::{Duration, Instant};
 
 use clap::Parser as _;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use rls_support::{
@@ -201,6 +203,28 @@ async fn on_the_embedded_store_reports_count_in_full_until_they_slide_out() {
     )
     .await;
     assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 99));
+    // A limit override: the report counts in the override's window of the
+    // entries before `stream_done`, not in the rule's.
+    let limited = |mut d: RateLimitDescriptor| {
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 10,
+            unit: Unit::Hour as i32,
+        });
+        d
+    };
+    let r = should(
+        &mut a,
+        request("ai", vec![limited(report("tenant", "o", 12))]),
+    )
+    .await;
+    assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 0));
+    let r = should(
+        &mut a,
+        request("ai", vec![limited(descriptor(&[("tenant", "o")]))]),
+    )
+    .await;
+    assert_eq!(codes(&r), [Code::OverLimit]);
+    assert_eq!(remaining(&mut a, "tenant", "o").await, 100);
 }
 
 /// Two rls processes on one store (the flags naming it): `a` under
