@@ -55,6 +55,7 @@
 //! A set of files ([`RlsConfig::load`]) is judged as a whole: one broken
 //! file refuses the set.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -500,45 +501,33 @@ impl RlsConfig {
             }
             let algorithm = yaml.algorithm.unwrap_or_default();
             let descriptors = yaml.descriptors.unwrap_or_default();
-            if let Some(domain) = config.domains.get_mut(&yaml.domain) {
-                if !options.merge_domains {
+            let domain = match config.domains.entry(yaml.domain.clone()) {
+                Entry::Occupied(merged) if options.merge_domains => merged.into_mut(),
+                Entry::Occupied(first) => {
                     return Err(error(
                         file,
                         format!(
                             "duplicate domain '{}' in config file (also in {}; MERGE_DOMAIN_CONFIG=true merges them)",
                             yaml.domain,
-                            domain.file.display()
+                            first.get().file.display()
                         ),
                     ));
                 }
-                load_level(
-                    file,
-                    &yaml.domain,
-                    ("", None),
-                    descriptors,
+                Entry::Vacant(new) => new.insert(Domain {
+                    name: yaml.domain.clone(),
                     algorithm,
-                    &mut domain.root,
-                )?;
-                continue;
-            }
-            let mut root = Node::default();
+                    root: Node::default(),
+                    file: file.to_owned(),
+                }),
+            };
             load_level(
                 file,
                 &yaml.domain,
                 ("", None),
                 descriptors,
                 algorithm,
-                &mut root,
+                &mut domain.root,
             )?;
-            config.domains.insert(
-                yaml.domain.clone(),
-                Domain {
-                    name: yaml.domain,
-                    algorithm,
-                    root,
-                    file: file.to_owned(),
-                },
-            );
         }
         Ok(config)
     }
