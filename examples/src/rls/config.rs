@@ -43,9 +43,19 @@
 //! aligned to the epoch: envoyproxy/ratelimit's own counting, for an exact
 //! drop-in).
 //!
+//! `usage_report: true` on an entry is this service's own too: a descriptor
+//! whose last entry is that entry is a *usage report* (Envoy's
+//! `apply_on_stream_done` call, whose answer Envoy ignores) of the window
+//! its entries before that one get. Its `hits_addend` is recorded there in
+//! full, past the limit too, and it is answered `OK` (see
+//! [`service`](super::service)). Such an entry has no `rate_limit` and no
+//! nested `descriptors` of its own, and its parent entry has a limited
+//! `rate_limit` (not `unlimited`, not 0): anything else is refused.
+//!
 //! A set of files ([`RlsConfig::load`]) is judged as a whole: one broken
 //! file refuses the set.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -95,6 +105,8 @@ struct DescriptorYaml {
     value_to_metric: bool,
     #[serde(default)]
     metadata: Option<serde_norway::Value>,
+    #[serde(default)]
+    usage_report: bool,
 }
 
 /// A `rate_limit` as written.
@@ -122,8 +134,8 @@ struct ReplacesYaml {
     name: String,
 }
 
-/// Every key a rules file may hold: envoyproxy/ratelimit's, and
-/// `algorithm`. `metadata`'s own contents are free.
+/// Every key a rules file may hold: envoyproxy/ratelimit's, `algorithm`
+/// and `usage_report`. `metadata`'s own contents are free.
 const VALID_KEYS: &[&str] = &[
     "domain",
     "key",
@@ -142,6 +154,7 @@ const VALID_KEYS: &[&str] = &[
     "share_threshold",
     "metadata",
     "algorithm",
+    "usage_report",
 ];
 
 /// Checks every key of `map` (and of the maps below it) as
@@ -300,6 +313,9 @@ pub struct Child {
     /// `share_threshold`: every value matching this wildcard shares one
     /// window.
     pub share: bool,
+    /// `usage_report`: a descriptor ending here reports usage of its
+    /// parent entry's window.
+    pub usage_report: bool,
     /// The nested `descriptors`.
     pub children: Node,
 }
@@ -485,38 +501,33 @@ impl RlsConfig {
             }
             let algorithm = yaml.algorithm.unwrap_or_default();
             let descriptors = yaml.descriptors.unwrap_or_default();
-            if let Some(domain) = config.domains.get_mut(&yaml.domain) {
-                if !options.merge_domains {
+            let domain = match config.domains.entry(yaml.domain.clone()) {
+                Entry::Occupied(merged) if options.merge_domains => merged.into_mut(),
+                Entry::Occupied(first) => {
                     return Err(error(
                         file,
                         format!(
                             "duplicate domain '{}' in config file (also in {}; MERGE_DOMAIN_CONFIG=true merges them)",
                             yaml.domain,
-                            domain.file.display()
+                            first.get().file.display()
                         ),
                     ));
                 }
-                load_level(
-                    file,
-                    &yaml.domain,
-                    "",
-                    descriptors,
+                Entry::Vacant(new) => new.insert(Domain {
+                    name: yaml.domain.clone(),
                     algorithm,
-                    &mut domain.root,
-                )?;
-                continue;
-            }
-            let mut root = Node::default();
-            load_level(file, &yaml.domain, "", descriptors, algorithm, &mut root)?;
-            config.domains.insert(
-                yaml.domain.clone(),
-                Domain {
-                    name: yaml.domain,
-                    algorithm,
-                    root,
+                    root: Node::default(),
                     file: file.to_owned(),
-                },
-            );
+                }),
+            };
+            load_level(
+                file,
+                &yaml.domain,
+                ("", None),
+                descriptors,
+                algorithm,
+                &mut domain.root,
+            )?;
         }
         Ok(config)
     }
@@ -625,10 +636,12 @@ fn parse_yaml(file: &Path, text: &str) -> Result<FileYaml, RlsConfigError> {
         .map_err(|e| error(file, format!("error loading config file: {e}")))
 }
 
+/// Loads one level of rules into `node`; `parent` is the path of the entry
+/// above and its rule (none at the top).
 fn load_level(
     file: &Path,
     domain: &str,
-    parent: &str,
+    (parent, parent_rule): (&str, Option<&Rule>),
     descriptors: Vec<DescriptorYaml>,
     algorithm: AlgorithmName,
     node: &mut Node,
@@ -671,6 +684,9 @@ fn load_level(
                 format!("share_threshold can only be used with wildcard values (with a '*'), but found key '{own}'"),
             ));
         }
+        check_usage_report(&descriptor, parent_rule).map_err(|problem| {
+            error(file, format!("usage_report at '{domain}.{path}' {problem}"))
+        })?;
         let rule = match descriptor.rate_limit {
             Some(rate_limit) => Some(Arc::new(rule(
                 file,
@@ -690,7 +706,7 @@ fn load_level(
         load_level(
             file,
             domain,
-            &path,
+            (&path, rule.as_deref()),
             descriptor.descriptors.unwrap_or_default(),
             algorithm,
             &mut children,
@@ -698,6 +714,7 @@ fn load_level(
         let child = Child {
             rule,
             share: descriptor.share_threshold,
+            usage_report: descriptor.usage_report,
             children,
         };
         match (descriptor.value.as_str(), wildcard) {
@@ -721,6 +738,33 @@ fn load_level(
         }
     }
     Ok(())
+}
+
+/// Why a `usage_report` entry under `parent` (its parent entry's rule) has
+/// no window to count in, if it has none.
+fn check_usage_report(descriptor: &DescriptorYaml, parent: Option<&Rule>) -> Result<(), String> {
+    if !descriptor.usage_report {
+        return Ok(());
+    }
+    let problem = if descriptor.rate_limit.is_some() {
+        "has a rate_limit of its own"
+    } else if descriptor
+        .descriptors
+        .as_ref()
+        .is_some_and(|d| !d.is_empty())
+    {
+        "has nested descriptors (it is a descriptor's last entry)"
+    } else {
+        match parent.map(|rule| &rule.limit) {
+            None => "has no parent entry with a rate_limit",
+            Some(Limit::Unlimited) => "is under an unlimited rule",
+            Some(Limit::Zero) => "is under a rule of requests_per_unit 0",
+            Some(Limit::Quota(_)) => return Ok(()),
+        }
+    };
+    Err(format!(
+        "{problem}: a usage report counts in the window of its parent entry's rate_limit"
+    ))
 }
 
 /// A rule's modes, as its descriptor writes them.
@@ -908,6 +952,59 @@ mod tests {
         // A soft limit never stops the request's other windows counting.
         assert!(quota.is_shadow());
         assert_eq!(rule.unit, Unit::Week);
+    }
+
+    #[test]
+    fn a_usage_report_entry_needs_its_parents_window() {
+        let config = load(
+            "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 100}\n    descriptors:\n      - key: stream_done\n        usage_report: true\n",
+        )
+        .unwrap();
+        let tenant = &config.domains["d"].root.key_only["tenant"];
+        let report = &tenant.children.key_only["stream_done"];
+        assert!(report.usage_report && report.rule.is_none());
+        assert_eq!(config.rule_count(), 1);
+        let under = |parent: &str, entry: &str| {
+            format!("domain: d\ndescriptors:\n  - key: t\n{parent}    descriptors:\n      - key: s\n        usage_report: true\n{entry}")
+        };
+        for (text, problem) in [
+            (
+                "domain: d\ndescriptors:\n  - key: s\n    usage_report: true".to_owned(),
+                "usage_report at 'd.s' has no parent entry with a rate_limit",
+            ),
+            (under("", ""), "usage_report at 'd.t.s' has no parent entry"),
+            (
+                under("    rate_limit: {unlimited: true}\n", ""),
+                "is under an unlimited rule",
+            ),
+            (
+                under("    rate_limit: {unit: hour, requests_per_unit: 0}\n", ""),
+                "is under a rule of requests_per_unit 0",
+            ),
+            (
+                under(
+                    "    rate_limit: {unit: hour, requests_per_unit: 5}\n",
+                    "        rate_limit: {unit: hour, requests_per_unit: 5}\n",
+                ),
+                "has a rate_limit of its own",
+            ),
+            (
+                under(
+                    "    rate_limit: {unit: hour, requests_per_unit: 5}\n",
+                    "        descriptors: [{key: x}]\n",
+                ),
+                "has nested descriptors",
+            ),
+        ] {
+            let error = load(&text).unwrap_err();
+            assert!(error.problem.contains(problem), "{text}: {error}");
+            assert!(
+                error
+                    .problem
+                    .ends_with("counts in the window of its parent entry's rate_limit"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! alone —; the descriptor gets the rule of its
 //! last entry, if that rule has a `rate_limit`. A descriptor with more
 //! entries than the tree is deep, or whose entry matches nothing, gets no
-//! rule (OK, nothing counted), and so does one without entries.
+//! rule (OK, nothing counted), and so does one without entries. A
+//! descriptor whose last entry matches a `usage_report` entry is a usage
+//! report of the window its entries before that one get: that window's
+//! rule and identity, marked as a report.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -25,29 +28,42 @@ pub struct Matched {
     /// pattern, so every matching value shares one window), each part
     /// length-prefixed so that no two descriptors write the same text.
     pub instance: String,
+    /// A usage report (its last entry is a `usage_report` entry): the rule
+    /// and window are those of the entries before it.
+    pub usage_report: bool,
 }
 
 /// The rule of `entries` in `domain` (see the [module docs](self)).
 pub fn match_descriptor(domain: &Domain, entries: &[Entry]) -> Option<Matched> {
     let mut node = &domain.root;
     let mut instance = String::new();
+    let mut parent: Option<&Child> = None;
     let last = entries.len().checked_sub(1)?;
     for (i, entry) in entries.iter().enumerate() {
         let (child, shared) = find(node, entry)?;
-        match shared {
-            Some(pattern) => push_entry(&mut instance, &entry.key, '*', pattern),
-            None => push_entry(&mut instance, &entry.key, '=', &entry.value),
-        }
+        // A usage report: the window of the entries before this one.
+        let (owner, usage_report) = match parent {
+            Some(parent) if i == last && child.usage_report => (parent, true),
+            _ => {
+                match shared {
+                    Some(pattern) => push_entry(&mut instance, &entry.key, '*', pattern),
+                    None => push_entry(&mut instance, &entry.key, '=', &entry.value),
+                }
+                (child, false)
+            }
+        };
         if i == last {
-            let rule = child.rule.clone()?;
+            let rule = owner.rule.clone()?;
             let mut identity = String::with_capacity(rule.path.len() + instance.len() + 8);
             push_part(&mut identity, &rule.path);
             identity.push_str(&instance);
             return Some(Matched {
                 rule,
                 instance: identity,
+                usage_report,
             });
         }
+        parent = Some(child);
         node = &child.children;
     }
     None
@@ -207,6 +223,40 @@ descriptors:
         assert_eq!(path_of(&[("path", "/login"), ("user", "u")]), None);
         assert_eq!(path_of(&[]), None);
         assert_eq!(path_of(&[("nothing", "x")]), None);
+    }
+
+    #[test]
+    fn a_usage_report_gets_its_parents_window() {
+        let rules = "
+domain: d
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 100}
+    descriptors:
+      - key: stream_done
+        usage_report: true
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 10}
+";
+        let config = RlsConfig::from_texts(&[(PathBuf::from("r.yaml"), rules.to_owned())]).unwrap();
+        let domain = &config.domains["d"];
+        let of = |pairs: &[(&str, &str)]| match_descriptor(domain, &entries(pairs)).unwrap();
+        let check = of(&[("tenant", "t")]);
+        let report = of(&[("tenant", "t"), ("stream_done", "1")]);
+        assert!(report.usage_report && !check.usage_report);
+        assert_eq!(report.rule.path, "tenant");
+        assert_eq!(report.instance, check.instance);
+        assert_ne!(
+            report.instance,
+            of(&[("tenant", "u"), ("stream_done", "1")]).instance
+        );
+        assert!(!of(&[("tenant", "t"), ("user", "u")]).usage_report);
+        // Only as the last entry.
+        assert!(match_descriptor(
+            domain,
+            &entries(&[("tenant", "t"), ("stream_done", "1"), ("x", "y")])
+        )
+        .is_none());
     }
 
     #[test]

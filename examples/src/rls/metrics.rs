@@ -1,15 +1,17 @@
 //! The rls's own series, beside tower-window's (decisions, store calls,
 //! breakers, leases, reloads — labelled by quota, i.e. by rule):
 //!
-//! - `tower_window_rls_requests_total{code="ok"|"over_limit"|"error"}`:
+//! - `tower_window_rls_requests_total{code="ok"|"over_limit"|"error"|"usage_report"}`:
 //!   `ShouldRateLimit` calls by `overall_code` (`error`: a gRPC error,
-//!   a bad request or the store unavailable without a fallback);
-//! - `tower_window_rls_descriptors_total{result="ok"|"over_limit"|"shadow_over_limit"|"unlimited"|"no_rule"}`:
+//!   a bad request or the store unavailable without a fallback;
+//!   `usage_report`: a call whose descriptors with a rule are all usage
+//!   reports, answered `OK` but no admission);
+//! - `tower_window_rls_descriptors_total{result="ok"|"over_limit"|"shadow_over_limit"|"unlimited"|"no_rule"|"usage_report"}`:
 //!   descriptors by what they got;
 //! - `tower_window_rls_detailed_total{rule, value, result}`: the
 //!   descriptors of rules with `detailed_metric: true` (or
 //!   `value_to_metric: true`), by rule (its path in the config), the
-//!   descriptor's last value and result (`ok`, `over_limit`), as envoyproxy/ratelimit's
+//!   descriptor's last value and result (`ok`, `over_limit`, `usage_report`), as envoyproxy/ratelimit's
 //!   `detailed_metric` stats name the value.
 //!
 //! The labels are fixed words, except the opt-in detailed series: its
@@ -26,13 +28,14 @@ pub const RLS_DETAILED_TOTAL: &str = "tower_window_rls_detailed_total";
 /// How many (rule, value) pairs the detailed series keeps apart.
 pub const DETAILED_SERIES: usize = 1_000;
 
-const CODES: [&str; 3] = ["ok", "over_limit", "error"];
-const RESULTS: [&str; 5] = [
+const CODES: [&str; 4] = ["ok", "over_limit", "error", "usage_report"];
+const RESULTS: [&str; 6] = [
     "ok",
     "over_limit",
     "shadow_over_limit",
     "unlimited",
     "no_rule",
+    "usage_report",
 ];
 
 /// The rls's counters, made once (after the recorder is installed, see
@@ -57,7 +60,7 @@ impl Counters {
         }
     }
 
-    /// Counts one call (`code`: one of `ok`, `over_limit`, `error`).
+    /// Counts one call (`code`: one of [`CODES`]).
     pub(super) fn request(&self, code: &'static str) {
         Self::count(&self.requests, &CODES, code);
     }
@@ -115,11 +118,11 @@ impl Counters {
 pub fn register_at_zero<'a>(quotas: impl IntoIterator<Item = &'a str>) {
     metrics::describe_counter!(
         RLS_REQUESTS_TOTAL,
-        "ShouldRateLimit calls by overall code (ok, over_limit, error)"
+        "ShouldRateLimit calls by overall code (ok, over_limit, error), usage reports apart (usage_report)"
     );
     metrics::describe_counter!(
         RLS_DESCRIPTORS_TOTAL,
-        "Rate limit descriptors by result (ok, over_limit, shadow_over_limit, unlimited, no_rule)"
+        "Rate limit descriptors by result (ok, over_limit, shadow_over_limit, unlimited, no_rule, usage_report)"
     );
     for code in CODES {
         metrics::counter!(RLS_REQUESTS_TOTAL, "code" => code).increment(0);

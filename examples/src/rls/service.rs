@@ -41,6 +41,20 @@
 //! with the same rule and values are one window, counted once, at the
 //! larger of their costs.
 //!
+//! **Usage reports.** A descriptor whose last entry matches a
+//! `usage_report: true` entry of the rules (see
+//! [`matching`](super::matching)) reports usage of the window its entries
+//! before that one get — Envoy's `apply_on_stream_done` call at the end of
+//! a stream, whose answer Envoy ignores. Its cost is recorded there in
+//! full, past the limit too ([`Limiter::settle_per_quota`] of nothing
+//! reserved: debt that later checks see until it slides out), and it is
+//! answered `OK` with the window's state. The reports of one call are
+//! recorded in one store call before any check of the same call; two
+//! reports of one window add up. A store failure is an error (usage that
+//! happened has no fallback). Request-time checks are unchanged: a denial
+//! records nothing. The rls's series count reports apart
+//! (`code="usage_report"`, `result="usage_report"`).
+//!
 //! A request is prepared once per rules generation (rules matched, windows
 //! named, policies built) and kept in a bounded cache by its encoded bytes,
 //! so Envoy's repeated descriptors go straight to their store call; a
@@ -64,6 +78,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, Struct};
 use prost::Message as _;
 use tonic::{Request, Response, Status};
+use tower_window::limit::Reserved;
 use tower_window::quota::MAX_QUOTAS;
 use tower_window::{Cost, Decision, Limiter, Policy, Quota, QuotaCosts, WindowKey};
 
@@ -250,18 +265,20 @@ impl RlsService {
     ) -> Result<RateLimitResponse, Status> {
         let response = self.decide_inner(encoded, decoded).await;
         self.inner.counters.request(match &response {
-            Ok(r) if r.overall_code == Code::OverLimit as i32 => "over_limit",
+            Ok((_, true)) => "usage_report",
+            Ok((r, false)) if r.overall_code == Code::OverLimit as i32 => "over_limit",
             Ok(_) => "ok",
             Err(_) => "error",
         });
-        response
+        response.map(|(response, _)| response)
     }
 
+    /// The answer, and whether the call was a usage report.
     async fn decide_inner(
         &self,
         encoded: Bytes,
         decoded: Option<&RateLimitRequest>,
-    ) -> Result<RateLimitResponse, Status> {
+    ) -> Result<(RateLimitResponse, bool), Status> {
         let generation = self.inner.config.load().generation;
         // A request seen before under these rules is prepared already:
         // its rules matched, its windows named, its policies built.
@@ -301,7 +318,11 @@ impl RlsService {
             let status = status_of(plan, outcome.as_ref(), &self.inner.counters);
             let over = status.code == Code::OverLimit as i32;
             if let Some(Some((rule, value))) = prepared.detailed.get(i) {
-                let result = if over { "over_limit" } else { "ok" };
+                let result = match (plan.is_report(), over) {
+                    (true, _) => "usage_report",
+                    (false, true) => "over_limit",
+                    (false, false) => "ok",
+                };
                 self.inner.counters.detailed(rule, value, result);
             }
             match prepared.quota_group.get(i).copied().flatten() {
@@ -354,7 +375,7 @@ impl RlsService {
         let mut response = response(overall, statuses, response_headers);
         response.request_headers_to_add = request_headers;
         response.dynamic_metadata = metadata;
-        Ok(response)
+        Ok((response, prepared.usage_report))
     }
 
     /// The store calls of `prepared`, in order: each group's decision and
@@ -365,15 +386,21 @@ impl RlsService {
         let key = &prepared.key;
         let limiter = &self.inner.limiter;
         for group in &prepared.groups {
-            let decision = match &group.costs {
+            let decision = match &group.call {
+                // Usage reports: recorded in full, whether or not it fits.
+                Call::Record(usage) => {
+                    limiter
+                        .settle_per_quota(key, &group.policy, Reserved::NONE, usage)
+                        .await
+                }
                 // Descriptors of hits_addend 0: their windows as they stand.
-                None => limiter.peek_policy(key, &group.policy, 1).await,
-                Some(costs) if prepared.zero_denies => {
+                Call::Read => limiter.peek_policy(key, &group.policy, 1).await,
+                Call::Check(costs) if prepared.zero_denies => {
                     limiter
                         .peek_policy_per_quota(key, &group.policy, costs)
                         .await
                 }
-                Some(costs) => {
+                Call::Check(costs) => {
                     limiter
                         .check_policy_per_quota(key, &group.policy, costs)
                         .await
@@ -383,7 +410,11 @@ impl RlsService {
                 tracing::warn!(error = %e, "rate limit store unavailable");
                 Status::unavailable(format!("the rate limit store cannot decide: {e}"))
             })?;
-            let peeked = group.costs.is_none() || prepared.zero_denies;
+            let peeked = match group.call {
+                Call::Record(_) => false,
+                Call::Read => true,
+                Call::Check(_) => prepared.zero_denies,
+            };
             decisions.push((decision, peeked));
         }
         Ok(decisions)
@@ -407,8 +438,9 @@ impl RlsService {
 }
 
 /// A request made ready to decide: each descriptor's plan, and the store
-/// calls: one counting every window a descriptor spends (each at its own
-/// cost), then one reading the windows of descriptors that spend nothing.
+/// calls: one recording the usage reports, one counting every window a
+/// descriptor spends (each at its own cost), then one reading the windows
+/// of descriptors that spend nothing (each only if it has windows).
 #[derive(Debug)]
 struct Prepared {
     /// The window key of the request's domain.
@@ -429,13 +461,33 @@ struct Prepared {
     /// With dynamic metadata: what every answer repeats, and each plan's
     /// rule `metadata`.
     metadata: Option<(dynamic_metadata::Base, Vec<Option<Struct>>)>,
+    /// Every descriptor with a rule is a usage report (counted apart).
+    usage_report: bool,
+}
+
+/// What one store call does with its windows.
+#[derive(Debug)]
+enum Call {
+    /// Records each window's usage, in policy order, whether or not it fits.
+    Record(Vec<u32>),
+    /// Counts each window's cost, in policy order, if every one fits.
+    Check(QuotaCosts),
+    /// Only reads.
+    Read,
+}
+
+/// Which [`Call`] a descriptor's window goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Record,
+    Check,
+    Read,
 }
 
 /// One store call.
 #[derive(Debug)]
 struct Group {
-    /// Each window's cost, in policy order; `None`: only read.
-    costs: Option<QuotaCosts>,
+    call: Call,
     policy: Policy,
     /// `(descriptor index, quota index in the policy)`.
     members: Vec<(usize, usize)>,
@@ -480,6 +532,7 @@ fn prepare_request(
             metadata: modes
                 .dynamic_metadata
                 .then(|| (dynamic_metadata::Base::of(request), Vec::new())),
+            usage_report: false,
         });
     };
     prepare(key, domain, request, modes)
@@ -499,6 +552,8 @@ fn prepare(
     drop_replaced(&mut plans);
     let soft = |plan: &Plan| match plan {
         Plan::Unlimited { .. } => false,
+        // A report is answered OK: it belongs to no quota group.
+        _ if plan.is_report() => false,
         _ => modes.quota || plan.rule().is_some_and(|rule| rule.quota_mode),
     };
     let zero_denies = plans.iter().any(|p| match p {
@@ -524,32 +579,34 @@ fn prepare(
         })
         .collect();
     let mut groups = Vec::with_capacity(2);
-    for spends in [true, false] {
+    for kind in [Kind::Record, Kind::Check, Kind::Read] {
         // Distinct windows (a few per request: linear scans beat hashing
         // here), each descriptor's index among them, and each window's cost.
         let mut quotas: Vec<Quota> = Vec::new();
-        let mut costs: Vec<Cost> = Vec::new();
+        let mut costs: Vec<u32> = Vec::new();
         let mut members: Vec<(usize, usize)> = Vec::new();
         for (i, plan) in plans.iter().enumerate() {
-            let Plan::Store { quota, cost, .. } = plan else {
+            let (Plan::Store { quota, cost, .. }, Some(own)) = (plan, plan.kind()) else {
                 continue;
             };
-            // The counting call takes the descriptors that spend, the
-            // reading call those that do not.
-            let cost = Cost::new(*cost);
-            if cost.is_some() != spends {
+            if own != kind {
                 continue;
             }
             let at = match quotas.iter().position(|q| q.state_id() == quota.state_id()) {
                 Some(at) => at,
                 None => {
                     quotas.push(unique_name(quota, &quotas)?);
-                    costs.push(Cost::ONE);
+                    costs.push(0);
                     quotas.len() - 1
                 }
             };
-            if let (Some(cost), Some(slot)) = (cost, costs.get_mut(at)) {
-                *slot = (*slot).max(cost);
+            if let Some(slot) = costs.get_mut(at) {
+                // Reports of one window add up; a window checked twice is
+                // counted once, at the larger cost.
+                *slot = match kind {
+                    Kind::Record => slot.saturating_add(*cost),
+                    Kind::Check | Kind::Read => (*slot).max(*cost),
+                };
             }
             members.push((i, at));
         }
@@ -565,8 +622,18 @@ fn prepare(
         let names = quotas.iter().map(|q| Arc::from(q.name())).collect();
         let policy = Policy::new("rls", quotas)
             .map_err(|e| Status::internal(format!("cannot decide these descriptors: {e}")))?;
+        let call = match kind {
+            Kind::Record => Call::Record(costs),
+            Kind::Check => Call::Check(QuotaCosts::from(
+                costs
+                    .into_iter()
+                    .map(|cost| Cost::new(cost).unwrap_or(Cost::ONE))
+                    .collect::<Vec<_>>(),
+            )),
+            Kind::Read => Call::Read,
+        };
         groups.push(Group {
-            costs: spends.then(|| QuotaCosts::from(costs)),
+            call,
             policy,
             members,
             names,
@@ -600,6 +667,10 @@ fn prepare(
             .collect();
         (dynamic_metadata::Base::of(request), rules)
     });
+    let usage_report = plans.iter().any(Plan::is_report)
+        && plans
+            .iter()
+            .all(|plan| plan.is_report() || matches!(plan, Plan::NoRule));
     Ok(Prepared {
         key,
         plans,
@@ -610,6 +681,7 @@ fn prepare(
         quota_groups: group_keys.len(),
         detailed,
         metadata,
+        usage_report,
     })
 }
 
@@ -657,11 +729,13 @@ enum Plan {
     Unlimited { rule: Arc<Rule> },
     /// `requests_per_unit: 0`.
     Zero { rule: Arc<Rule> },
-    /// A window in the store.
+    /// A window in the store: checked at `cost`, or, for a usage report,
+    /// `cost` recorded.
     Store {
         rule: Arc<Rule>,
         quota: Quota,
         cost: u32,
+        report: bool,
     },
 }
 
@@ -670,6 +744,20 @@ impl Plan {
         match self {
             Self::NoRule => None,
             Self::Unlimited { rule } | Self::Zero { rule } | Self::Store { rule, .. } => Some(rule),
+        }
+    }
+
+    fn is_report(&self) -> bool {
+        matches!(self, Self::Store { report: true, .. })
+    }
+
+    /// The store call its window goes to, if it has one.
+    fn kind(&self) -> Option<Kind> {
+        match self {
+            Self::Store { report: true, .. } => Some(Kind::Record),
+            Self::Store { cost: 0, .. } => Some(Kind::Read),
+            Self::Store { .. } => Some(Kind::Check),
+            _ => None,
         }
     }
 }
@@ -699,6 +787,7 @@ fn plan(
     if descriptor.entries.is_empty() {
         return Ok(Plan::NoRule);
     }
+    let rules_match = match_descriptor(domain, &descriptor.entries);
     let matched = match &descriptor.limit {
         // The descriptor's own limit, as envoyproxy/ratelimit applies it.
         Some(limit) => {
@@ -721,6 +810,13 @@ fn plan(
                 .map_err(|e| Status::invalid_argument(format!("limit override: {e}")))?;
                 Limit::Quota(quota)
             };
+            // A usage report's override is the window of the entries
+            // before its report entry.
+            let usage_report = rules_match.as_ref().is_some_and(|m| m.usage_report);
+            let counted = match descriptor.entries.split_last() {
+                Some((_, before)) if usage_report => before,
+                _ => &descriptor.entries[..],
+            };
             Matched {
                 rule: Arc::new(Rule {
                     path: "override".to_owned(),
@@ -734,10 +830,11 @@ fn plan(
                     name: String::new(),
                     replaces: Vec::new(),
                 }),
-                instance: override_instance(&descriptor.entries),
+                instance: override_instance(counted),
+                usage_report,
             }
         }
-        None => match match_descriptor(domain, &descriptor.entries) {
+        None => match rules_match {
             Some(matched) => matched,
             None => return Ok(Plan::NoRule),
         },
@@ -753,6 +850,7 @@ fn plan(
                 .shadowed(quota.is_shadow() || modes.shadow || modes.quota),
             rule: matched.rule,
             cost,
+            report: matched.usage_report,
         },
     })
 }
@@ -855,7 +953,7 @@ fn status_of(
                 quota: None,
             }
         }
-        Plan::Store { rule, .. } => {
+        Plan::Store { rule, report, .. } => {
             let Some(outcome) = outcome else {
                 return ok_without_limit();
             };
@@ -876,8 +974,12 @@ fn status_of(
                     decision.retry_after(),
                 ),
             };
-            let over = !fits && !outcome.peeked;
-            let code = if over && rule.shadow {
+            // A usage report is answered OK whatever its window holds.
+            let over = !fits && !outcome.peeked && !report;
+            let code = if *report {
+                counters.descriptor("usage_report");
+                Code::Ok
+            } else if over && rule.shadow {
                 counters.descriptor("shadow_over_limit");
                 Code::Ok
             } else if over && (own.is_some() || !decision.allowed()) {
