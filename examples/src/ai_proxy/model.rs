@@ -8,8 +8,8 @@
 //! - Otherwise one JSON `chat.completion` with its `usage`.
 //!
 //! Test controls, as request headers (a proxy forwards them):
-//! [`DELAY_MS`] between tokens, [`FAIL_AFTER`] (the stream breaks after
-//! that many tokens, the connection cut mid-body) and [`STALL_AFTER`] (it
+//! [`DELAY_MS`] between events, [`FAIL_AFTER`] (the stream breaks after
+//! that many tokens and one more delay, the connection cut mid-body) and [`STALL_AFTER`] (it
 //! sends nothing more after that many tokens, and never ends).
 
 use std::time::Duration;
@@ -23,7 +23,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-/// Header: milliseconds between streamed tokens (default 0).
+/// Header: milliseconds between streamed events (default 0).
 pub const DELAY_MS: &str = "x-fake-delay-ms";
 /// Header: the stream fails (the connection is cut) after this many tokens.
 pub const FAIL_AFTER: &str = "x-fake-fail-after";
@@ -154,6 +154,11 @@ fn events(
     futures_util::stream::unfold(0u32, move |sent| {
         let (delta, last) = (delta.clone(), last.clone());
         async move {
+            // Between events, and before a failure: what came before it
+            // has left.
+            if sent > 0 && sent <= script.tokens && !script.delay.is_zero() {
+                tokio::time::sleep(script.delay).await;
+            }
             if script.fail_after == Some(sent) {
                 let broken = std::io::Error::other("the fake model failed mid-stream");
                 return Some((Err(broken), u32::MAX));
@@ -162,12 +167,7 @@ fn events(
                 std::future::pending::<()>().await;
             }
             match sent {
-                n if n < script.tokens => {
-                    if n > 0 && !script.delay.is_zero() {
-                        tokio::time::sleep(script.delay).await;
-                    }
-                    Some((Ok(delta), n + 1))
-                }
+                n if n < script.tokens => Some((Ok(delta), n + 1)),
                 n if n == script.tokens => Some((Ok(last), n + 1)),
                 n if n == script.tokens + 1 => {
                     Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), n + 1))
