@@ -190,7 +190,7 @@ async fn exact_across_two_nodes(what: &str, store: &[&str]) {
             .collect();
         let bound: u64 = in_flight.iter().map(overage).sum();
         let debt = recorded.saturating_sub(BUDGET);
-        println!(
+        eprintln!(
             "{what} {tenant}: {} admitted, {denied} denied; recorded {recorded} = streamed {streamed}; \
              debt bound {bound} ({} answers possibly in flight at the last admission), measured {debt}",
             admitted.len(),

@@ -134,7 +134,7 @@ async fn a_client_gone_mid_stream_is_charged_what_it_was_sent_once() {
         drop(events);
         settled_exactly(&node, 2, store).await;
         let charged = node.recorded(&tenant).await;
-        println!("{store}: the client read 5 tokens, charged {charged}");
+        eprintln!("{store}: the client read 5 tokens, charged {charged}");
         assert!((5..200).contains(&charged), "{store}: charged {charged}");
     }
 }

@@ -67,6 +67,27 @@ struct Script {
     stall_after: Option<u32>,
 }
 
+impl Script {
+    /// The script the test headers ask for.
+    fn of(headers: &HeaderMap, tokens: u32) -> Result<Self, String> {
+        let control = |name: &str| match headers.get(name) {
+            None => Ok(None),
+            Some(value) => value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .map(Some)
+                .ok_or_else(|| format!("{name}: expected a whole number")),
+        };
+        Ok(Self {
+            tokens,
+            delay: Duration::from_millis(control(DELAY_MS)?.unwrap_or(0).into()),
+            fail_after: control(FAIL_AFTER)?,
+            stall_after: control(STALL_AFTER)?,
+        })
+    }
+}
+
 async fn complete(headers: HeaderMap, body: Result<Json<ChatRequest>, JsonRejection>) -> Response {
     let request = match body {
         Ok(Json(request)) => request,
@@ -78,27 +99,9 @@ async fn complete(headers: HeaderMap, body: Result<Json<ChatRequest>, JsonReject
             &format!("max_tokens is at most {MAX_TOKENS}"),
         );
     }
-    let control = |name: &str| -> Result<Option<u32>, Response> {
-        match headers
-            .get(name)
-            .map(|v| v.to_str().map(|s| s.trim().parse()))
-        {
-            None => Ok(None),
-            Some(Ok(Ok(n))) => Ok(Some(n)),
-            Some(_) => Err(error(
-                StatusCode::BAD_REQUEST,
-                &format!("{name}: expected a whole number"),
-            )),
-        }
-    };
-    let script = match (control(DELAY_MS), control(FAIL_AFTER), control(STALL_AFTER)) {
-        (Ok(delay), Ok(fail_after), Ok(stall_after)) => Script {
-            tokens: request.max_tokens,
-            delay: Duration::from_millis(delay.unwrap_or(0).into()),
-            fail_after,
-            stall_after,
-        },
-        (Err(response), _, _) | (_, Err(response), _) | (_, _, Err(response)) => return response,
+    let script = match Script::of(&headers, request.max_tokens) {
+        Ok(script) => script,
+        Err(message) => return error(StatusCode::BAD_REQUEST, &message),
     };
     let prompt = request
         .messages
