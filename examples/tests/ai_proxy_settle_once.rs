@@ -41,16 +41,11 @@ fn stores(redis: &RedisServer) -> [(&'static str, Vec<String>); 2] {
 
 /// A node on `store` with a budget of 1,000 tokens, `extra` flags and a
 /// shutdown grace of `grace`.
-async fn node_on(
-    store: &[String],
-    extra: &[&str],
-    grace: Duration,
-) -> (Node, std::net::SocketAddr) {
-    let model = model().await;
+async fn node_on(store: &[String], extra: &[&str], grace: Duration) -> Node {
     let mut flags: Vec<&str> = store.iter().map(String::as_str).collect();
     flags.extend(["--budget", "1000/1h", "--estimate", ESTIMATE]);
     flags.extend(extra);
-    (Node::start(model, &flags, grace).await, model)
+    Node::start(model().await, &flags, grace).await
 }
 
 /// Waits (bounded) until `node` counted `n` settles, then checks it stays
@@ -76,7 +71,7 @@ async fn settled_exactly(node: &Node, n: u64, what: &str) {
 async fn a_complete_answer_is_charged_its_tokens_once() {
     let redis = RedisServer::shared();
     for (store, flags) in stores(&redis) {
-        let (node, _) = node_on(&flags, &[], Duration::ZERO).await;
+        let node = node_on(&flags, &[], Duration::ZERO).await;
         let tenant = format!("complete-{store}");
         let request = chat(node.address, &tenant, 40, &[]);
         let (status, received) = stream(&client(), request).await;
@@ -111,7 +106,7 @@ async fn a_complete_answer_is_charged_its_tokens_once() {
 async fn a_client_gone_mid_stream_is_charged_what_it_was_sent_once() {
     let redis = RedisServer::shared();
     for (store, flags) in stores(&redis) {
-        let (node, _) = node_on(&flags, &[], Duration::ZERO).await;
+        let node = node_on(&flags, &[], Duration::ZERO).await;
         let client = client();
 
         // Exact: the model sends 5 tokens then nothing; the client reads
@@ -139,58 +134,54 @@ async fn a_client_gone_mid_stream_is_charged_what_it_was_sent_once() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upstream_error_mid_stream_is_charged_what_was_sent_once() {
+/// A stream the proxy ends early (node `flags`, the model's `controls`)
+/// after `deltas` tokens, with the error event `kind`: the client receives
+/// the tokens, the event and a clean HTTP end; those tokens are charged,
+/// once.
+async fn ended_early(flags: &[&str], controls: &[(&str, &str)], deltas: u32, kind: &str) {
     let redis = RedisServer::shared();
-    for (store, flags) in stores(&redis) {
-        let (node, _) = node_on(&flags, &[], Duration::ZERO).await;
-        let tenant = format!("failed-{store}");
-        let request = chat(
-            node.address,
-            &tenant,
-            50,
-            &[(FAIL_AFTER, "7"), (DELAY_MS, "5")],
-        );
+    for (store, store_flags) in stores(&redis) {
+        let node = node_on(&store_flags, flags, Duration::ZERO).await;
+        let tenant = format!("{kind}-{store}");
+        let request = chat(node.address, &tenant, 50, controls);
         let (status, received) = stream(&client(), request).await;
         assert_eq!(status, 200);
         let ended = Received {
-            deltas: 7,
-            error: Some("upstream_error".to_owned()),
+            deltas,
+            error: Some(kind.to_owned()),
             ended: true,
             ..Received::default()
         };
         assert_eq!(received, ended, "{store}");
         settled_exactly(&node, 1, store).await;
-        assert_eq!(node.recorded(&tenant).await, 7, "{store}");
+        assert_eq!(node.recorded(&tenant).await, u64::from(deltas), "{store}");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_error_mid_stream_is_charged_what_was_sent_once() {
+    // The model's connection is cut after 7 tokens.
+    ended_early(
+        &[],
+        &[(FAIL_AFTER, "7"), (DELAY_MS, "5")],
+        7,
+        "upstream_error",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_stream_is_ended_by_the_idle_timeout_and_charged_once() {
-    let redis = RedisServer::shared();
-    for (store, flags) in stores(&redis) {
-        let (node, _) = node_on(&flags, &["--idle-timeout", "300ms"], Duration::ZERO).await;
-        let tenant = format!("stalled-{store}");
-        let request = chat(node.address, &tenant, 50, &[(STALL_AFTER, "4")]);
-        let (status, received) = stream(&client(), request).await;
-        assert_eq!(status, 200);
-        let ended = Received {
-            deltas: 4,
-            error: Some("upstream_timeout".to_owned()),
-            ended: true,
-            ..Received::default()
-        };
-        assert_eq!(received, ended, "{store}");
-        settled_exactly(&node, 1, store).await;
-        assert_eq!(node.recorded(&tenant).await, 4, "{store}");
-    }
+    // The model sends 4 tokens, then nothing for longer than 300 ms.
+    let idle = ["--idle-timeout", "300ms"];
+    ended_early(&idle, &[(STALL_AFTER, "4")], 4, "upstream_timeout").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_in_flight_at_shutdown_are_each_charged_once() {
     let redis = RedisServer::shared();
     for (store, flags) in stores(&redis) {
-        let (mut node, _) = node_on(&flags, &[], Duration::from_millis(200)).await;
+        let mut node = node_on(&flags, &[], Duration::from_millis(200)).await;
         let tenant = format!("shutdown-{store}");
         let client = client();
         // Three streams the model never finishes, at different points.
