@@ -4,6 +4,7 @@
 //! and serve what these modules build, so tests can drive the same apps with
 //! `tower::ServiceExt::oneshot`.
 
+pub mod ai_proxy;
 pub mod gateway;
 pub mod grpc;
 pub mod inbound;
