@@ -1,6 +1,7 @@
-//! The reference model of one quota's window, for checks and quota leases,
-//! written from the algorithms' documented contracts (the module docs of
-//! `tower_window::algorithm::*` and `tower_window::lease`) with
+//! The reference model of one quota's window, for checks, quota leases and
+//! settled usage, written from the algorithms' documented contracts (the
+//! module docs of `tower_window::algorithm::*`, `tower_window::lease` and
+//! `tower_window::limit::Limiter::settle`) with
 //! plain data (every admission kept, nothing merged or dropped), and the
 //! global bound of invariant 1 checked on what was admitted.
 
@@ -435,6 +436,51 @@ impl Window {
                 units
             }
         }
+    }
+
+    /// Settles `used` units of a reservation of `reserved` units admitted at
+    /// `at`, at `now` (the contract of `Limiter::settle`): when this window
+    /// recorded the reservation (`recorded`: not a shadow quota it did not
+    /// fit, not a generation reset since), the units not used are taken back
+    /// where it put them (the window of `at`, its bucket, its log entry)
+    /// while they still count; units past the reservation are recorded
+    /// now, past the limit if need be. Like every call it drops what no
+    /// longer counts. Answers whether units were recorded past the limit
+    /// (debt: never an admission, so left out of the bound).
+    pub fn settle(
+        &mut self,
+        p: &Params,
+        now: u64,
+        at: u64,
+        recorded: bool,
+        reserved: u64,
+        used: u64,
+    ) -> bool {
+        let anchor = match p.algo {
+            Algo::Fixed => Some(Anchor::Window(at / p.w)),
+            Algo::Counter { g } => Some(Anchor::Bucket(at / g)),
+            Algo::Log => Some(Anchor::Entry(at)),
+            // Never reserved: a reservation on gcra is refused.
+            Algo::Gcra { .. } => None,
+        };
+        if let (true, true, Some(anchor)) = (recorded, used < reserved, anchor) {
+            // The admission was that much smaller (the bound's input).
+            let mut left = self.refund(p, anchor, reserved, reserved - used);
+            for entry in self.admitted.iter_mut().filter(|e| e.0 == at) {
+                let taken = left.min(entry.1);
+                entry.1 -= taken;
+                left -= taken;
+            }
+        }
+        self.expire(p, now);
+        if used <= reserved {
+            return false;
+        }
+        let debt = used - reserved;
+        let past = !self.eval(p, now, debt).fits;
+        self.commit(p, now, debt);
+        self.admitted.pop();
+        past
     }
 
     /// Invariant 1 on what was admitted (directly or spent from leases):

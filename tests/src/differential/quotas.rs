@@ -35,9 +35,13 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tower_window::lease::{Lease, RefundRequest, ReserveRequest};
+use tower_window::limit::{Reserved, SettleRequest};
 use tower_window::store::Guard;
 use tower_window::tenant::{Resolution, TenantRegistry, TenantSpec, TenantsConfig};
-use tower_window::{CheckRequest, Clock, Cost, Decision, Policy, Quota, StoreErrorKind, WindowKey};
+use tower_window::{
+    CheckRequest, Clock, Cost, Decision, LimitError, Limiter, MemoryStore, Policy, Quota, Store,
+    StoreErrorKind, WindowKey,
+};
 
 use super::backends::{Admin, Backends, STORES};
 use super::model::{Algo, Anchor, Eval, Params, Window};
@@ -92,6 +96,27 @@ pub enum Unused {
     Zero,
 }
 
+/// A settled usage, from the reservation's estimate.
+#[derive(Debug, Clone, Copy)]
+pub enum Used {
+    /// This many units less (none below 0).
+    Below(u32),
+    /// The estimate.
+    Estimate,
+    /// This many units more.
+    Above(u32),
+}
+
+impl Used {
+    fn of(self, estimate: u32) -> u32 {
+        match self {
+            Self::Below(less) => estimate.saturating_sub(less),
+            Self::Estimate => estimate,
+            Self::Above(more) => estimate + more,
+        }
+    }
+}
+
 /// One step.
 #[derive(Clone)]
 pub enum Op {
@@ -129,8 +154,8 @@ pub enum Op {
     ChangeLimits,
     /// The tenant is reset (a new state generation).
     Reset(u8),
-    /// A reservation.
-    Reserve {
+    /// A lease's reservation.
+    Lease {
         /// The tenant.
         tenant: u8,
         /// The subject.
@@ -141,6 +166,55 @@ pub enum Op {
         at_least: u32,
         /// TTL, ms.
         ttl_ms: u64,
+    },
+    /// A reservation of an estimate (a check of `estimate` units, to be
+    /// settled; `Limiter::reserve` refuses it on a policy with a gcra quota).
+    Reserve {
+        /// The tenant.
+        tenant: u8,
+        /// The subject.
+        subject: u8,
+        /// The units reserved.
+        estimate: u32,
+    },
+    /// On the key of the n-th newest lease (modulo), if any: a reservation
+    /// (its units and the lease's in one window), its settle, then the
+    /// lease's refund.
+    Beside {
+        /// Which lease (modulo).
+        lease: usize,
+        /// The units reserved.
+        estimate: u32,
+        /// The reservation's usage.
+        used: Used,
+        /// What the lease gives back.
+        unused: Unused,
+    },
+    /// Settles the n-th newest reservation not settled yet (modulo) with
+    /// one usage for every quota; with none left, the newest again (a
+    /// reservation settles once: left alone).
+    Settle {
+        /// Which reservation (modulo).
+        reservation: usize,
+        /// The usage, from its estimate.
+        used: Used,
+    },
+    /// As `Settle`, with a usage per quota: quota `i` used `used[i % 4]`.
+    SettleEach {
+        /// Which reservation (modulo).
+        reservation: usize,
+        /// The usages, from its estimate.
+        used: [Used; 4],
+    },
+    /// Usage recorded with nothing reserved, whether or not it fits
+    /// (`Limiter::record`).
+    Record {
+        /// The tenant.
+        tenant: u8,
+        /// The subject.
+        subject: u8,
+        /// The units used.
+        usage: u32,
     },
     /// Spends units of the n-th lease locally (if it is live).
     Spend {
@@ -193,7 +267,7 @@ impl fmt::Debug for Op {
             } => write!(f, "Peek(t{tenant}/s{subject}, cost {cost})"),
             Self::ChangeLimits => write!(f, "ChangeLimits"),
             Self::Reset(t) => write!(f, "Reset(t{t})"),
-            Self::Reserve {
+            Self::Lease {
                 tenant,
                 subject,
                 want,
@@ -201,8 +275,33 @@ impl fmt::Debug for Op {
                 ttl_ms,
             } => write!(
                 f,
-                "Reserve(t{tenant}/s{subject}, want {want}, at least {at_least}, ttl {ttl_ms} ms)"
+                "Lease(t{tenant}/s{subject}, want {want}, at least {at_least}, ttl {ttl_ms} ms)"
             ),
+            Self::Reserve {
+                tenant,
+                subject,
+                estimate,
+            } => write!(f, "Reserve(t{tenant}/s{subject}, estimate {estimate})"),
+            Self::Beside {
+                lease,
+                estimate,
+                used,
+                unused,
+            } => write!(
+                f,
+                "Beside(lease #{lease}: reserve {estimate}, settle {used:?}, refund {unused:?})"
+            ),
+            Self::Settle { reservation, used } => {
+                write!(f, "Settle(reservation #{reservation}, {used:?})")
+            }
+            Self::SettleEach { reservation, used } => {
+                write!(f, "SettleEach(reservation #{reservation}, {used:?})")
+            }
+            Self::Record {
+                tenant,
+                subject,
+                usage,
+            } => write!(f, "Record(t{tenant}/s{subject}, usage {usage})"),
             Self::Spend { lease, units } => write!(f, "Spend(lease #{lease}, {units})"),
             Self::Refund { lease, unused } => write!(f, "Refund(lease #{lease}, {unused:?})"),
             Self::History(n) => write!(f, "History({n} dead leases)"),
@@ -315,6 +414,42 @@ fn check() -> impl Strategy<Value = Op> {
     ]
 }
 
+fn estimate() -> impl Strategy<Value = u32> {
+    prop_oneof![4 => 1..5u32, 1 => 5..10u32]
+}
+
+fn used() -> impl Strategy<Value = Used> {
+    prop_oneof![
+        2 => (1..6u32).prop_map(Used::Below),
+        1 => Just(Used::Estimate),
+        2 => prop_oneof![3 => 1..4u32, 1 => 4..16u32].prop_map(Used::Above),
+    ]
+}
+
+/// Reservations of an estimate, their settles and usage recorded after the
+/// fact.
+fn budget() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..2u8, 0..3u8, estimate()).prop_map(
+            |(tenant, subject, estimate)| Op::Reserve {
+                tenant,
+                subject,
+                estimate,
+            }
+        ),
+        3 => (0..3usize, used()).prop_map(|(reservation, used)| Op::Settle { reservation, used }),
+        3 => (0..3usize, [used(), used(), used(), used()])
+            .prop_map(|(reservation, used)| Op::SettleEach { reservation, used }),
+        1 => (0..2u8, 0..3u8, prop_oneof![3 => 0..4u32, 1 => 4..24u32]).prop_map(
+            |(tenant, subject, usage)| Op::Record {
+                tenant,
+                subject,
+                usage,
+            }
+        ),
+    ]
+}
+
 /// What one check costs: one cost in every quota, or `costs[i % 4]` in
 /// quota `i`.
 #[derive(Debug, Clone, Copy)]
@@ -341,23 +476,26 @@ pub fn policy_ops() -> impl Strategy<Value = Vec<Op>> {
         1 => Just(Op::ChangeLimits),
         1 => (0..2u8).prop_map(Op::Reset),
         1 => excursion(),
+        5 => budget(),
     ];
     proptest::collection::vec(op, 1..50)
 }
 
 /// The lease capability's operations.
 pub fn lease_ops() -> impl Strategy<Value = Vec<Op>> {
-    let unused = prop_oneof![
-        4 => Just(Unused::Rest),
-        1 => Just(Unused::Half),
-        1 => Just(Unused::TooMuch),
-        1 => Just(Unused::Zero),
-    ];
+    let unused = || {
+        prop_oneof![
+            4 => Just(Unused::Rest),
+            1 => Just(Unused::Half),
+            1 => Just(Unused::TooMuch),
+            1 => Just(Unused::Zero),
+        ]
+    };
     let op = prop_oneof![
         5 => forward_step(),
         3 => check(),
         5 => (0..2u8, 0..3u8, 1..10u32, 1..3u32, prop_oneof![Just(50u64), Just(300), Just(1_000), Just(5_000)])
-            .prop_map(|(tenant, subject, want, at_least, ttl_ms)| Op::Reserve {
+            .prop_map(|(tenant, subject, want, at_least, ttl_ms)| Op::Lease {
                 tenant,
                 subject,
                 want: want.max(at_least),
@@ -365,10 +503,19 @@ pub fn lease_ops() -> impl Strategy<Value = Vec<Op>> {
                 ttl_ms,
             }),
         4 => (0..16usize, 1..4u32).prop_map(|(lease, units)| Op::Spend { lease, units }),
-        3 => (0..16usize, unused).prop_map(|(lease, unused)| Op::Refund { lease, unused }),
+        3 => (0..16usize, unused()).prop_map(|(lease, unused)| Op::Refund { lease, unused }),
         1 => Just(Op::ChangeLimits),
         1 => (0..2u8).prop_map(Op::Reset),
         1 => prop_oneof![7 => Just(32usize), 1 => Just(8_200)].prop_map(Op::History),
+        5 => budget(),
+        3 => (0..4usize, estimate(), used(), unused()).prop_map(|(lease, estimate, used, unused)| {
+            Op::Beside {
+                lease,
+                estimate,
+                used,
+                unused,
+            }
+        }),
     ];
     proptest::collection::vec(op, 1..50)
 }
@@ -414,6 +561,8 @@ type StateKey = (u8, Option<u8>, usize, u64);
 /// A lease as the model and the stores know it.
 struct LeaseM {
     key: WindowKey,
+    /// The tenant and subject of `key`.
+    who: (u8, u8),
     policy: Policy,
     granted: u64,
     spent: u64,
@@ -428,8 +577,28 @@ struct LeaseM {
     store: [Lease; 3],
 }
 
+/// A reservation of an estimate as the model and the stores know it.
+struct Reservation {
+    tenant: u8,
+    subject: u8,
+    /// The policy reserved under (settled under it, whatever changed since).
+    policy: Policy,
+    /// The tenant's state generation then.
+    generation: u64,
+    estimate: u32,
+    at: u64,
+    /// Per quota, whether it recorded the units (a shadow quota they did
+    /// not fit recorded nothing).
+    recorded: Vec<bool>,
+    /// What each store's decision says was reserved (`Reserved::of`).
+    store: [Reserved; 3],
+    settled: bool,
+}
+
 struct Exec<'a> {
     backends: &'a Backends,
+    /// The embedded store of `stores[0]`, for a `Limiter` on it.
+    memory: MemoryStore,
     stores: [Arc<dyn Quotas>; 3],
     registry: TenantRegistry,
     names: [String; 2],
@@ -440,6 +609,7 @@ struct Exec<'a> {
     generation: [u64; 2],
     spends: HashMap<StateKey, Vec<(u64, u64)>>,
     leases: Vec<LeaseM>,
+    reservations: Vec<Reservation>,
     monotone: bool,
     limits_changed: bool,
     /// The latest time any call of the case ran at.
@@ -676,6 +846,8 @@ impl Exec<'_> {
         (allowed, out)
     }
 
+    /// Checks (or peeks) on every store against the model; the stores'
+    /// decisions.
     async fn check(
         &mut self,
         at: &str,
@@ -684,7 +856,7 @@ impl Exec<'_> {
         costs: Costs,
         peek: bool,
         tally: &mut Tally,
-    ) -> Outcome {
+    ) -> Result<Vec<Decision>, String> {
         let policy = self.policy(tenant)?;
         let key = self.key(tenant, subject);
         let now = self.backends.clock.now_micros();
@@ -693,7 +865,7 @@ impl Exec<'_> {
         let each: Vec<Cost> = (0..policy.len())
             .map(|i| Cost::new(costs.of(i)).ok_or_else(|| format!("{at}: a case with cost 0")))
             .collect::<Result<_, _>>()?;
-        let mut first: Option<Decision> = None;
+        let mut decisions: Vec<Decision> = Vec::new();
         for s in 0..3 {
             tally.op(STORES[s]);
             let store = Arc::clone(&self.stores[s]);
@@ -735,16 +907,8 @@ impl Exec<'_> {
                     }
                 }
             }
-            match &first {
-                None => first = Some(d),
-                Some(d0) if same(d0, self.monotone) != same(&d, self.monotone) => {
-                    return Err(format!(
-                        "{at}: {} decided {d:?}, {} {d0:?}",
-                        STORES[s], STORES[0]
-                    ));
-                }
-                Some(_) => {}
-            }
+            self.agrees(at, s, &decisions, &d)?;
+            decisions.push(d);
         }
         tally.saw(match (peek, allowed) {
             (true, _) => "peek",
@@ -766,11 +930,257 @@ impl Exec<'_> {
         {
             tally.saw("shadow would-be denial admitted");
         }
+        Ok(decisions)
+    }
+
+    /// A reservation of `estimate` units: on a policy with a gcra quota,
+    /// `Limiter::reserve` refuses it on every store (recording nothing);
+    /// else a check of the estimate, kept to be settled once if admitted.
+    async fn reserve_estimate(
+        &mut self,
+        at: &str,
+        tenant: u8,
+        subject: u8,
+        estimate: u32,
+        tally: &mut Tally,
+    ) -> Outcome {
+        let policy = self.policy(tenant)?;
+        let key = self.key(tenant, subject);
+        let gcra = policy
+            .quotas()
+            .iter()
+            .find(|q| matches!(Params::of(q).algo, Algo::Gcra { .. }));
+        if let Some(gcra) = gcra {
+            let stores: [Store; 3] = [
+                self.memory.clone().into(),
+                Arc::clone(&self.backends.redis).into(),
+                Arc::clone(&self.backends.cluster).into(),
+            ];
+            for (s, store) in stores.into_iter().enumerate() {
+                tally.op(STORES[s]);
+                let limiter = Limiter::new(store, policy.clone());
+                match limiter.reserve(&key, &policy, estimate).await {
+                    Err(LimitError::CannotReserve { quota }) if quota == gcra.name() => {}
+                    other => {
+                        return Err(format!(
+                            "{at}: {} answered {other:?} to a reservation on gcra quota {}, the model CannotReserve",
+                            STORES[s],
+                            gcra.name()
+                        ))
+                    }
+                }
+            }
+            tally.saw("reservation refused: gcra");
+            return Ok(());
+        }
+        let now = self.backends.clock.now_micros();
+        let decisions = self
+            .check(at, tenant, subject, Costs::One(estimate), false, tally)
+            .await?;
+        let admitted = decisions[0].allowed();
+        let want = |r: &Reserved| match admitted {
+            true => r.units == estimate && r.at_micros == now,
+            false => *r == Reserved::NONE,
+        };
+        let mut store = [Reserved::NONE; 3];
+        for (s, d) in decisions.iter().enumerate() {
+            store[s] = Reserved::of(d, estimate);
+            if !want(&store[s]) {
+                return Err(format!(
+                    "{at}: {} reserved {:?} ({} at {now}), the model {estimate} units",
+                    STORES[s],
+                    store[s],
+                    if admitted { "admitted" } else { "denied" }
+                ));
+            }
+        }
+        if !admitted {
+            tally.saw("reservation denied");
+            return Ok(());
+        }
+        self.reservations.push(Reservation {
+            tenant,
+            subject,
+            recorded: decisions[0].quotas().iter().map(|q| q.allowed()).collect(),
+            policy,
+            generation: self.generation[usize::from(tenant)],
+            estimate,
+            at: now,
+            store,
+            settled: false,
+        });
+        tally.saw("reservation admitted");
         Ok(())
     }
 
+    /// Settles the `n`-th newest reservation not settled yet (modulo; the
+    /// newest, settled already, when there is none: left alone) with
+    /// `used[i % 4]` in quota `i`, one usage per quota when `each`.
+    async fn settle_reservation(
+        &mut self,
+        at: &str,
+        n: usize,
+        used: [Used; 4],
+        each: bool,
+        tally: &mut Tally,
+    ) -> Outcome {
+        if self.reservations.is_empty() {
+            return Ok(());
+        }
+        // The n-th newest not settled yet, else the newest (settled again).
+        let outstanding: Vec<usize> = (0..self.reservations.len())
+            .rev()
+            .filter(|&i| !self.reservations[i].settled)
+            .collect();
+        let i = match outstanding.len() {
+            0 => self.reservations.len() - 1,
+            len => outstanding[n % len],
+        };
+        let r = &self.reservations[i];
+        if r.settled {
+            tally.saw("settle of a settled reservation (left alone)");
+            return Ok(());
+        }
+        // Triage of the two open defects (tests/README.md).
+        if skipped("settle-reset") && r.generation != self.generation[usize::from(r.tenant)]
+            || skipped("settle-shadow") && r.recorded.contains(&false)
+        {
+            return Ok(());
+        }
+        let usage = match each {
+            true => Costs::Each(used.map(|u| u.of(r.estimate))),
+            false => Costs::One(used[0].of(r.estimate)),
+        };
+        self.settle(at, (r.tenant, r.subject), Some(i), usage, tally)
+            .await?;
+        self.reservations[i].settled = true;
+        Ok(())
+    }
+
+    /// Settles `usage` for `tenant`'s `subject` on every store against the
+    /// model: after reservation `reservation` (under its policy), or after
+    /// nothing (a record, under the tenant's policy now). A tenant reset
+    /// since the reservation discarded its windows: nothing is taken back,
+    /// and the usage past the estimate is recorded in the new generation.
+    async fn settle(
+        &mut self,
+        at: &str,
+        (tenant, subject): (u8, u8),
+        reservation: Option<usize>,
+        usage: Costs,
+        tally: &mut Tally,
+    ) -> Outcome {
+        let now = self.backends.clock.now_micros();
+        let key = self.key(tenant, subject);
+        let current = self.generation[usize::from(tenant)];
+        let (policy, estimate, since, recorded, reserved) = match reservation {
+            Some(i) => {
+                let r = &self.reservations[i];
+                let recorded = match r.generation == current {
+                    true => r.recorded.clone(),
+                    false => vec![false; r.recorded.len()],
+                };
+                (r.policy.clone(), r.estimate, r.at, recorded, r.store)
+            }
+            None => {
+                let policy = self.policy(tenant)?;
+                let n = policy.len();
+                (policy, 0, 0, vec![false; n], [Reserved::NONE; 3])
+            }
+        };
+        let bound = self.work_bound(tenant, subject, &policy);
+        let (mut debt, mut gcra_debt) = (false, false);
+        for (i, quota) in policy.quotas().iter().enumerate() {
+            let p = Params::of(quota);
+            let used = u64::from(usage.of(i));
+            let w = self
+                .windows
+                .entry(self.state_key(tenant, subject, i))
+                .or_default();
+            let past = w.settle(&p, now, since, recorded[i], u64::from(estimate), used);
+            debt |= past && !quota.is_shadow();
+            gcra_debt |= past && matches!(p.algo, Algo::Gcra { .. });
+        }
+        let (allowed, expect) = self.expectations(tenant, subject, &policy, Costs::One(1), false);
+        let quota_usage: Vec<u32> = (0..policy.len()).map(|i| usage.of(i)).collect();
+        let mut decisions: Vec<Decision> = Vec::new();
+        for s in 0..3 {
+            tally.op(STORES[s]);
+            let store = Arc::clone(&self.stores[s]);
+            let request = match usage {
+                Costs::One(units) => SettleRequest::new(&key, &policy, reserved[s], units),
+                Costs::Each(_) => {
+                    let largest = quota_usage.iter().copied().max().unwrap_or(0);
+                    SettleRequest::new(&key, &policy, reserved[s], largest)
+                        .with_quota_usage(&quota_usage)
+                }
+            };
+            let d = self
+                .measured(s, bound, store.settle(&mut Guard::bare(), request))
+                .await
+                .map_err(|e| format!("{at}: {e}"))?
+                .map_err(|e| format!("{at}: {}: settle: {e}", STORES[s]))?;
+            if d.allowed() != allowed || d.timestamp_micros() != now {
+                return Err(format!(
+                    "{at}: {} settled to {} at {} µs, the model {}",
+                    STORES[s],
+                    if d.allowed() {
+                        "one more unit fits"
+                    } else {
+                        "exhausted"
+                    },
+                    d.timestamp_micros(),
+                    if allowed {
+                        "one more unit fits"
+                    } else {
+                        "exhausted"
+                    }
+                ));
+            }
+            compare(&expect, &d).map_err(|e| format!("{at}: {}: the settle: {e}", STORES[s]))?;
+            self.agrees(at, s, &decisions, &d)?;
+            decisions.push(d);
+        }
+        if reservation.is_none() {
+            tally.saw("usage recorded");
+        }
+        for (i, units) in quota_usage.iter().enumerate() {
+            if reservation.is_some() && recorded[i] {
+                tally.saw(match units.cmp(&estimate) {
+                    std::cmp::Ordering::Less => "settled below the estimate",
+                    std::cmp::Ordering::Equal => "settled at the estimate",
+                    std::cmp::Ordering::Greater => "settled past the estimate",
+                });
+            }
+        }
+        if let Costs::Each(_) = usage {
+            tally.saw("a usage per quota settled");
+        }
+        if reservation.is_some_and(|i| self.reservations[i].generation != current) {
+            tally.saw("settle after a tenant reset");
+        }
+        if debt {
+            tally.saw("debt past the limit");
+        }
+        if gcra_debt {
+            tally.saw("gcra debt past the limit");
+        }
+        Ok(())
+    }
+
+    /// Whether store `s` decided `d` as the stores before it did.
+    fn agrees(&self, at: &str, s: usize, earlier: &[Decision], d: &Decision) -> Outcome {
+        match earlier.first() {
+            Some(d0) if same(d0, self.monotone) != same(d, self.monotone) => Err(format!(
+                "{at}: {} decided {d:?}, {} {d0:?}",
+                STORES[s], STORES[0]
+            )),
+            _ => Ok(()),
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
-    async fn reserve(
+    async fn lease(
         &mut self,
         at: &str,
         tenant: u8,
@@ -987,6 +1397,7 @@ impl Exec<'_> {
             .map_err(|_| "a store granted no lease".to_owned())?;
         self.leases.push(LeaseM {
             key,
+            who: (tenant, subject),
             policy,
             granted: g,
             spent: 0,
@@ -1193,10 +1604,12 @@ pub async fn run(case: &Case, backends: &Backends, run: u64, tally: &mut Tally) 
     let ns = backends.namespace(run);
     let names = [format!("{ns}-a"), format!("{ns}-b")];
     let registry = TenantRegistry::new(config(&names, &case.quotas, 0)?);
+    let memory = backends.memory();
     let mut exec = Exec {
         backends,
+        memory: memory.clone(),
         stores: [
-            Arc::new(backends.memory()),
+            Arc::new(memory),
             backends.redis.clone(),
             backends.cluster.clone(),
         ],
@@ -1208,6 +1621,7 @@ pub async fn run(case: &Case, backends: &Backends, run: u64, tally: &mut Tally) 
         generation: [0, 0],
         spends: HashMap::new(),
         leases: Vec::new(),
+        reservations: Vec::new(),
         monotone: true,
         limits_changed: false,
         high_water: START,
@@ -1231,7 +1645,7 @@ pub async fn run(case: &Case, backends: &Backends, run: u64, tally: &mut Tally) 
             } => {
                 let costs = Costs::One(cost);
                 exec.check(&at, tenant, subject, costs, false, tally)
-                    .await?
+                    .await?;
             }
             Op::CheckEach {
                 tenant,
@@ -1256,7 +1670,7 @@ pub async fn run(case: &Case, backends: &Backends, run: u64, tally: &mut Tally) 
                 cost,
             } => {
                 let costs = Costs::One(cost);
-                exec.check(&at, tenant, subject, costs, true, tally).await?
+                exec.check(&at, tenant, subject, costs, true, tally).await?;
             }
             Op::ChangeLimits => {
                 variant = 1 - variant;
@@ -1276,16 +1690,62 @@ pub async fn run(case: &Case, backends: &Backends, run: u64, tally: &mut Tally) 
                 exec.generation[usize::from(tenant)] += 1;
                 tally.saw("tenant reset");
             }
-            Op::Reserve { .. }
-                if skipped("shadow-lease") && case.quotas.iter().any(|p| p.shadow) => {}
-            Op::Reserve {
+            Op::Lease { .. } if skipped("shadow-lease") && case.quotas.iter().any(|p| p.shadow) => {
+            }
+            Op::Lease {
                 tenant,
                 subject,
                 want,
                 at_least,
                 ttl_ms,
             } => {
-                exec.reserve(&at, tenant, subject, want, at_least, ttl_ms, tally)
+                exec.lease(&at, tenant, subject, want, at_least, ttl_ms, tally)
+                    .await?
+            }
+            Op::Reserve {
+                tenant,
+                subject,
+                estimate,
+            } => {
+                exec.reserve_estimate(&at, tenant, subject, estimate, tally)
+                    .await?
+            }
+            Op::Beside {
+                lease,
+                estimate,
+                used,
+                unused,
+            } if !exec.leases.is_empty() => {
+                let l = exec.leases.len() - 1 - lease % exec.leases.len();
+                let (tenant, subject) = exec.leases[l].who;
+                let reservations = exec.reservations.len();
+                exec.reserve_estimate(&at, tenant, subject, estimate, tally)
+                    .await?;
+                if exec.reservations.len() > reservations {
+                    exec.settle_reservation(&at, 0, [used; 4], false, tally)
+                        .await?;
+                    let settled = exec.reservations.last().is_some_and(|r| r.settled);
+                    if settled && !exec.leases[l].refunded {
+                        tally.saw("a settle and a refund on one key");
+                    }
+                }
+                exec.refund(&at, l, unused, tally).await?;
+            }
+            Op::Beside { .. } => {}
+            Op::Settle { reservation, used } => {
+                exec.settle_reservation(&at, reservation, [used; 4], false, tally)
+                    .await?
+            }
+            Op::SettleEach { reservation, used } => {
+                exec.settle_reservation(&at, reservation, used, true, tally)
+                    .await?
+            }
+            Op::Record {
+                tenant,
+                subject,
+                usage,
+            } => {
+                exec.settle(&at, (tenant, subject), None, Costs::One(usage), tally)
                     .await?
             }
             Op::Spend { lease, units } => exec.spend(lease, units, tally),
@@ -1365,6 +1825,17 @@ impl super::Capability for Policies {
             "bound checked",
             "a cost per quota admitted",
             "a cost per quota denied",
+            "reservation admitted",
+            "reservation denied",
+            "reservation refused: gcra",
+            "settled below the estimate",
+            "settled at the estimate",
+            "settled past the estimate",
+            "a usage per quota settled",
+            "settle after a tenant reset",
+            "usage recorded",
+            "debt past the limit",
+            "gcra debt past the limit",
         ] {
             if tally.count(what) < 3 {
                 return Err(format!("{what} (seen {} times)", tally.count(what)));
@@ -1401,6 +1872,10 @@ impl super::Capability for Leases {
             "admitted",
             "denied",
             "a cost per quota admitted",
+            "reservation admitted",
+            "settled below the estimate",
+            "settled past the estimate",
+            "a settle and a refund on one key",
         ] {
             if tally.count(what) < 3 {
                 return Err(format!("{what} (seen {} times)", tally.count(what)));
