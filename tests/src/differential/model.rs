@@ -439,25 +439,15 @@ impl Window {
     }
 
     /// Settles `used` units of a reservation admitted at `at`, at `now`
-    /// (the contract of `Limiter::settle`): this window `held` units of it
-    /// (none where it recorded nothing: a shadow quota it did not fit, or
-    /// a generation reset since), and usage past `reserved` (what it
-    /// recorded in this quota) is debt. Units held and not used are taken
-    /// back where the reservation put them (the window of `at`, its
-    /// bucket, its log entry) while they still count; usage past
-    /// `reserved` is recorded now, past the limit if need be. Like every
-    /// call it drops what no longer counts. Answers whether units were
-    /// recorded past the limit (debt: never an admission, so left out of
-    /// the bound).
-    pub fn settle(
-        &mut self,
-        p: &Params,
-        now: u64,
-        at: u64,
-        held: u64,
-        reserved: u64,
-        used: u64,
-    ) -> bool {
+    /// (the contract of `Limiter::settle`) that recorded `reserved` units
+    /// in this window (none where it recorded nothing: a shadow quota it
+    /// did not fit). Units reserved and not used are taken back where the
+    /// reservation put them (the window of `at`, its bucket, its log entry)
+    /// while they still count; usage past `reserved` is recorded now, past
+    /// the limit if need be. Like every call it drops what no longer
+    /// counts. Answers whether units were recorded past the limit (debt:
+    /// never an admission, so left out of the bound).
+    pub fn settle(&mut self, p: &Params, now: u64, at: u64, reserved: u64, used: u64) -> bool {
         let anchor = match p.algo {
             Algo::Fixed => Some(Anchor::Window(at / p.w)),
             Algo::Counter { g } => Some(Anchor::Bucket(at / g)),
@@ -465,9 +455,9 @@ impl Window {
             // Never reserved: a reservation on gcra is refused.
             Algo::Gcra { .. } => None,
         };
-        if let (true, Some(anchor)) = (used < held, anchor) {
+        if let (true, Some(anchor)) = (used < reserved, anchor) {
             // The admission was that much smaller (the bound's input).
-            let mut left = self.refund(p, anchor, held, held - used);
+            let mut left = self.refund(p, anchor, reserved, reserved - used);
             for entry in self.admitted.iter_mut().filter(|e| e.0 == at) {
                 let taken = left.min(entry.1);
                 entry.1 -= taken;

@@ -23,9 +23,9 @@
 //! the estimate is recorded now, and the reply is each quota as a one-unit
 //! check sees it. Where the reservation put nothing (a shadow quota it did
 //! not fit: `Reserved::unrecorded`), nothing comes back and all the usage
-//! counts. After a tenant reset nothing comes back and the usage past the
-//! estimate counts in the new generation: an open defect of the engine
-//! (tests/README.md, `TW_DIFF_SKIP=settle-reset`).
+//! counts. A settle of a reservation made before a tenant reset applies to
+//! the windows it was reserved in, which the reset discarded: the reset
+//! forgives in-flight usage too, and the new generation sees none of it.
 //!
 //! The model ([`super::model`]) decides every quota by its documented
 //! contract; a policy admits when every enforced quota admits, records the
@@ -1059,10 +1059,6 @@ impl Exec<'_> {
             tally.saw("settle of a settled reservation (left alone)");
             return Ok(());
         }
-        // Triage of the open defect (tests/README.md).
-        if skipped("settle-reset") && r.generation != self.generation[usize::from(r.tenant)] {
-            return Ok(());
-        }
         let usage = match each {
             true => Costs::Each(used.map(|u| u.of(r.estimate))),
             false => Costs::One(used[0].of(r.estimate)),
@@ -1076,9 +1072,32 @@ impl Exec<'_> {
     /// Settles `usage` for `tenant`'s `subject` on every store against the
     /// model: after reservation `reservation` (under its policy), or after
     /// nothing (a record, under the tenant's policy now). A tenant reset
-    /// since the reservation discarded its windows: nothing is taken back,
-    /// and the usage past the estimate is recorded in the new generation.
+    /// since the reservation leaves its settle in the windows it was
+    /// reserved in, the discarded generation's.
     async fn settle(
+        &mut self,
+        at: &str,
+        (tenant, subject): (u8, u8),
+        reservation: Option<usize>,
+        usage: Costs,
+        tally: &mut Tally,
+    ) -> Outcome {
+        let current = self.generation[usize::from(tenant)];
+        if let Some(i) = reservation {
+            self.generation[usize::from(tenant)] = self.reservations[i].generation;
+        }
+        let outcome = self
+            .settle_in_generation(at, (tenant, subject), reservation, usage, tally)
+            .await;
+        self.generation[usize::from(tenant)] = current;
+        if reservation.is_some_and(|i| self.reservations[i].generation != current) {
+            tally.saw("settle after a tenant reset");
+        }
+        outcome
+    }
+
+    /// [`settle`](Self::settle) in the tenant's generation now.
+    async fn settle_in_generation(
         &mut self,
         at: &str,
         (tenant, subject): (u8, u8),
@@ -1088,24 +1107,21 @@ impl Exec<'_> {
     ) -> Outcome {
         let now = self.backends.clock.now_micros();
         let key = self.key(tenant, subject);
-        let current = self.generation[usize::from(tenant)];
-        let (policy, estimate, since, recorded, reserved, same) = match reservation {
+        let (policy, estimate, since, recorded, reserved) = match reservation {
             Some(i) => {
                 let r = &self.reservations[i];
-                let same = r.generation == current;
                 (
                     r.policy.clone(),
                     r.estimate,
                     r.at,
                     r.recorded.clone(),
                     r.store,
-                    same,
                 )
             }
             None => {
                 let policy = self.policy(tenant)?;
                 let n = policy.len();
-                (policy, 0, 0, vec![false; n], [Reserved::NONE; 3], true)
+                (policy, 0, 0, vec![false; n], [Reserved::NONE; 3])
             }
         };
         let bound = self.work_bound(tenant, subject, &policy);
@@ -1118,10 +1134,9 @@ impl Exec<'_> {
                 .entry(self.state_key(tenant, subject, i))
                 .or_default();
             // What the quota holds of the reservation: none where it
-            // recorded nothing, and none after a reset (the windows moved).
+            // recorded nothing.
             let units = if recorded[i] { u64::from(estimate) } else { 0 };
-            let held = if same { units } else { 0 };
-            let past = w.settle(&p, now, since, held, units, used);
+            let past = w.settle(&p, now, since, units, used);
             debt |= past && !quota.is_shadow();
             gcra_debt |= past && matches!(p.algo, Algo::Gcra { .. });
         }
@@ -1179,9 +1194,6 @@ impl Exec<'_> {
         }
         if let Costs::Each(_) = usage {
             tally.saw("a usage per quota settled");
-        }
-        if reservation.is_some_and(|i| self.reservations[i].generation != current) {
-            tally.saw("settle after a tenant reset");
         }
         if debt {
             tally.saw("debt past the limit");
