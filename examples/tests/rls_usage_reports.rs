@@ -5,6 +5,8 @@
 //! 3-primary Redis Cluster: a report is recorded in full, past the limit
 //! too, and answered `OK`; the next request-time checks are denied until
 //! the debt slides out; a request-time denial still records nothing;
+//! a request-time check of `hits_addend` 0 is denied while the window has
+//! no unit left, counting nothing, nor in the other windows of its call;
 //! per-descriptor `hits_addend`s; the series count reports apart; shadow
 //! quotas, `--shadow-mode` and a rules reload compose with them; rules
 //! that give a report no window are refused. Counts and values only: time
@@ -22,6 +24,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use rls_support::{
     codes, config_dir, costing, descriptor, overall, request, should, write_atomically, RlsProcess,
 };
@@ -73,10 +77,28 @@ fn report(key: &str, value: &str, tokens: u64) -> RateLimitDescriptor {
     costing(&[(key, value), ("stream_done", "1")], tokens)
 }
 
-/// What `key=value`'s window has left (a cost-0 read, which counts nothing).
+/// A request-time check of `key=value` of `hits_addend` 0 (Envoy AI
+/// Gateway's "cost 0 now, charged at the stream's end"), which counts
+/// nothing.
+async fn zero_hit(client: &mut Client, key: &str, value: &str) -> RateLimitResponse {
+    should(client, request("ai", vec![costing(&[(key, value)], 0)])).await
+}
+
+/// What `key=value`'s window has left (a [`zero_hit`] check).
 async fn remaining(client: &mut Client, key: &str, value: &str) -> u32 {
-    let r = should(client, request("ai", vec![costing(&[(key, value)], 0)])).await;
-    r.statuses[0].limit_remaining
+    zero_hit(client, key, value).await.statuses[0].limit_remaining
+}
+
+/// A [`zero_hit`] check's overall code and its descriptor's remaining.
+async fn zero_hit_answer(client: &mut Client, key: &str, value: &str) -> (Code, u32) {
+    let r = zero_hit(client, key, value).await;
+    (overall(&r), r.statuses[0].limit_remaining)
+}
+
+/// One call of `descriptors`: its overall code and each descriptor's.
+async fn answer(client: &mut Client, descriptors: Vec<RateLimitDescriptor>) -> (Code, Vec<Code>) {
+    let r = should(client, request("ai", descriptors)).await;
+    (overall(&r), codes(&r))
 }
 
 /// The code of one request-time check of `key=value` (cost 1).
@@ -90,6 +112,11 @@ async fn check(client: &mut Client, key: &str, value: &str) -> Code {
 async fn reports_count_in_full(a: &mut Client, wide: &mut Client, tenant: &str) {
     let r = should(a, request("ai", vec![descriptor(&[("tenant", tenant)])])).await;
     assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 99));
+    // A check of hits_addend 0 is admitted while a unit is left, and
+    // counts nothing.
+    for _ in 0..2 {
+        assert_eq!(zero_hit_answer(a, "tenant", tenant).await, (Code::Ok, 99));
+    }
     // The answer used 130 tokens: recorded in full, 31 past the budget,
     // answered OK with the window's state.
     let r = should(a, request("ai", vec![report("tenant", tenant, 130)])).await;
@@ -107,9 +134,35 @@ async fn reports_count_in_full(a: &mut Client, wide: &mut Client, tenant: &str) 
         assert_eq!(check(a, "tenant", tenant).await, Code::OverLimit);
     }
     assert_eq!(remaining(wide, "tenant", tenant).await, 869);
+    // A check of hits_addend 0 is denied too, with the usual answer (the
+    // limit, nothing left, how long until a unit fits); beside a
+    // descriptor that fits, the call is denied and counts in no window.
+    let r = zero_hit(a, "tenant", tenant).await;
+    assert_eq!(
+        (overall(&r), codes(&r)),
+        (Code::OverLimit, vec![Code::OverLimit])
+    );
+    let status = &r.statuses[0];
+    assert_eq!(status.limit_remaining, 0);
+    assert_eq!(
+        status.current_limit.as_ref().unwrap().requests_per_unit,
+        100
+    );
+    let until = status.duration_until_reset.unwrap();
+    assert!((1..=3600).contains(&until.seconds), "{until:?}");
+    let model = format!("{tenant}-model");
+    let zero_and_model = vec![
+        costing(&[("tenant", tenant)], 0),
+        descriptor(&[("model", &model)]),
+    ];
+    assert_eq!(
+        answer(a, zero_and_model).await,
+        (Code::OverLimit, vec![Code::OverLimit, Code::Ok])
+    );
+    assert_eq!(remaining(wide, "model", &model).await, 500);
+    assert_eq!(remaining(wide, "tenant", tenant).await, 869);
     // Per-descriptor hits_addend, in one call: each report its own usage,
     // two reports of one window add up.
-    let model = format!("{tenant}-model");
     let r = should(
         a,
         request(
@@ -142,19 +195,12 @@ async fn reports_count_in_full(a: &mut Client, wide: &mut Client, tenant: &str) 
     // A report and a check in one call: the report is recorded first, and
     // the check that no longer fits records nothing.
     let mixed = format!("{tenant}-mixed");
-    let r = should(
-        a,
-        request(
-            "ai",
-            vec![
-                report("tenant", &mixed, 100),
-                descriptor(&[("tenant", &mixed)]),
-            ],
-        ),
-    )
-    .await;
+    let report_and_check = vec![
+        report("tenant", &mixed, 100),
+        descriptor(&[("tenant", &mixed)]),
+    ];
     assert_eq!(
-        (overall(&r), codes(&r)),
+        answer(a, report_and_check).await,
         (Code::OverLimit, vec![Code::Ok, Code::OverLimit])
     );
     assert_eq!(remaining(wide, "tenant", &mixed).await, 900);
@@ -196,7 +242,22 @@ async fn on_the_embedded_store_reports_count_in_full_until_they_slide_out() {
     // out with it.
     clock.advance(Duration::from_secs(59 * 60));
     assert_eq!(check(&mut a, "tenant", "acme").await, Code::OverLimit);
+    // A check of hits_addend 0 is told when a unit is back: when the
+    // report, a whole window ago by then, slides out.
+    let r = zero_hit(&mut a, "tenant", "acme").await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(
+        r.statuses[0].duration_until_reset,
+        Some(ProtoDuration {
+            seconds: 60,
+            nanos: 0
+        })
+    );
     clock.advance(Duration::from_secs(2 * 60));
+    assert_eq!(
+        zero_hit_answer(&mut a, "tenant", "acme").await,
+        (Code::Ok, 100)
+    );
     let r = should(
         &mut a,
         request("ai", vec![descriptor(&[("tenant", "acme")])]),
@@ -239,8 +300,8 @@ fn start(limit: u32, extra: &[&str]) -> (tempfile::TempDir, RlsProcess) {
 
 /// [`reports_count_in_full`] across two nodes on a Redis store (`a` under
 /// `rules(100)`, `wide` under `rules(1000)`), then a report past a
-/// one-second budget: recorded (nothing left), and the debt slides out on
-/// Redis's clock within a bounded wait.
+/// one-second budget: recorded (nothing left), checks of `hits_addend` 0
+/// denied, and the debt slides out on Redis's clock within a bounded wait.
 async fn on_redis(store: &[&str]) {
     // A generous time budget: a slow first call (connect, script load) on
     // a loaded machine is not a fallback decision.
@@ -254,11 +315,16 @@ async fn on_redis(store: &[&str]) {
     reports_count_in_full(&mut a, &mut wide, "acme").await;
     let r = should(&mut a, request("ai", vec![report("burst", "b", 25)])).await;
     assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 0));
+    assert_eq!(
+        zero_hit_answer(&mut a, "burst", "b").await,
+        (Code::OverLimit, 0)
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
-    while check(&mut wide, "burst", "b").await == Code::OverLimit {
+    while zero_hit_answer(&mut wide, "burst", "b").await.0 == Code::OverLimit {
         assert!(Instant::now() < deadline, "the debt slides out within 10 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert_eq!(zero_hit_answer(&mut a, "burst", "b").await, (Code::Ok, 10));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -299,30 +365,45 @@ async fn reports_are_counted_apart_and_compose_with_shadow_quotas() {
     // request's other windows from counting.
     let r = should(&mut client, request("ai", vec![report("trial", "t", 30)])).await;
     assert_eq!((overall(&r), codes(&r)), (Code::Ok, vec![Code::Ok]));
-    for _ in 0..2 {
-        let r = should(
-            &mut client,
-            request(
-                "ai",
-                vec![
-                    descriptor(&[("trial", "t")]),
-                    descriptor(&[("tenant", "t")]),
-                ],
-            ),
-        )
-        .await;
-        assert_eq!((overall(&r), codes(&r)), (Code::Ok, vec![Code::Ok; 2]));
+    let trial_and_tenant = |trial_cost| {
+        vec![
+            costing(&[("trial", "t")], trial_cost),
+            descriptor(&[("tenant", "t")]),
+        ]
+    };
+    // A check of hits_addend 0 on it too: its would-be denial counted, the
+    // call admitted, its other window counted.
+    for trial_cost in [1, 1, 0] {
+        assert_eq!(
+            answer(&mut client, trial_and_tenant(trial_cost)).await,
+            (Code::Ok, vec![Code::Ok; 2])
+        );
     }
     assert_eq!(
         series("tower_window_rls_descriptors_total{result=\"shadow_over_limit\"}"),
-        2
+        3
     );
-    assert_eq!(remaining(&mut client, "tenant", "t").await, 100 - 5 - 2);
+    assert_eq!(remaining(&mut client, "tenant", "t").await, 100 - 5 - 3);
     assert_eq!(
         series("tower_window_rls_requests_total{code=\"usage_report\"}"),
         2
     );
-    assert_eq!(series("tower_window_rls_requests_total{code=\"ok\"}"), 3);
+    assert_eq!(series("tower_window_rls_requests_total{code=\"ok\"}"), 4);
+    // On a spent enforced budget it is a denial in the series too.
+    let r = should(&mut client, request("ai", vec![report("tenant", "t", 100)])).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(
+        zero_hit_answer(&mut client, "tenant", "t").await,
+        (Code::OverLimit, 0)
+    );
+    assert_eq!(
+        series("tower_window_rls_requests_total{code=\"over_limit\"}"),
+        1
+    );
+    assert_eq!(
+        series("tower_window_rls_descriptors_total{result=\"over_limit\"}"),
+        1
+    );
 
     // Under --shadow-mode a report is recorded just the same; the check it
     // exhausts keeps its descriptor's code, the overall code is OK.
@@ -335,6 +416,8 @@ async fn reports_are_counted_apart_and_compose_with_shadow_quotas() {
         request("ai", vec![descriptor(&[("tenant", "t")])]),
     )
     .await;
+    assert_eq!((overall(&r), codes(&r)), (Code::Ok, vec![Code::OverLimit]));
+    let r = zero_hit(&mut client, "tenant", "t").await;
     assert_eq!((overall(&r), codes(&r)), (Code::Ok, vec![Code::OverLimit]));
 }
 

@@ -36,10 +36,14 @@
 //! the request level means 1. Each window is charged its own descriptor's
 //! cost, and all of them are decided in the one store call
 //! ([`Limiter::check_policy_per_quota`]): descriptors of different costs
-//! are all-or-nothing too. A descriptor's own `hits_addend` of 0 only
-//! reads its window (a second call, which counts nothing). Two descriptors
-//! with the same rule and values are one window, counted once, at the
-//! larger of their costs.
+//! are all-or-nothing too. A descriptor's own `hits_addend` of 0 counts
+//! nothing: its window is read first ([`Limiter::peek_policy`] of 1 unit,
+//! a second call, only for requests holding such descriptors), and it is
+//! `OVER_LIMIT` when no unit is left (envoyproxy/ratelimit: when the
+//! window is strictly past its limit) — a denial as any other, so the
+//! request's other windows are then only read. Two descriptors with the
+//! same rule and values are one window, counted once, at the larger of
+//! their costs.
 //!
 //! **Usage reports.** A descriptor whose last entry matches a
 //! `usage_report: true` entry of the rules (see
@@ -379,12 +383,14 @@ impl RlsService {
     }
 
     /// The store calls of `prepared`, in order: each group's decision and
-    /// whether it only read. The counted group only reads when an enforced
-    /// zero-limit rule matched (the request is denied whatever it finds).
+    /// whether it only read. The counted group only reads when the request
+    /// is denied whatever it finds: an enforced zero-limit rule matched, or
+    /// an enforced descriptor of `hits_addend` 0 found no unit left.
     async fn run(&self, prepared: &Prepared) -> Result<Vec<(Decision, bool)>, Status> {
         let mut decisions = Vec::with_capacity(prepared.groups.len());
         let key = &prepared.key;
         let limiter = &self.inner.limiter;
+        let mut denied = prepared.zero_denies;
         for group in &prepared.groups {
             let decision = match &group.call {
                 // Usage reports: recorded in full, whether or not it fits.
@@ -393,9 +399,9 @@ impl RlsService {
                         .settle_per_quota(key, &group.policy, Reserved::NONE, usage)
                         .await
                 }
-                // Descriptors of hits_addend 0: their windows as they stand.
+                // Descriptors of hits_addend 0: is a unit left in each?
                 Call::Read => limiter.peek_policy(key, &group.policy, 1).await,
-                Call::Check(costs) if prepared.zero_denies => {
+                Call::Check(costs) if denied => {
                     limiter
                         .peek_policy_per_quota(key, &group.policy, costs)
                         .await
@@ -412,8 +418,12 @@ impl RlsService {
             })?;
             let peeked = match group.call {
                 Call::Record(_) => false,
-                Call::Read => true,
-                Call::Check(_) => prepared.zero_denies,
+                // Shadow (and soft) windows never deny a policy.
+                Call::Read => {
+                    denied |= !decision.allowed();
+                    false
+                }
+                Call::Check(_) => denied,
             };
             decisions.push((decision, peeked));
         }
@@ -438,9 +448,10 @@ impl RlsService {
 }
 
 /// A request made ready to decide: each descriptor's plan, and the store
-/// calls: one recording the usage reports, one counting every window a
-/// descriptor spends (each at its own cost), then one reading the windows
-/// of descriptors that spend nothing (each only if it has windows).
+/// calls: one recording the usage reports, one reading the windows of
+/// descriptors that spend nothing (a unit left in each?), then one
+/// counting every window a descriptor spends, each at its own cost (each
+/// call only if it has windows).
 #[derive(Debug)]
 struct Prepared {
     /// The window key of the request's domain.
@@ -450,7 +461,8 @@ struct Prepared {
     slots: Vec<Option<(usize, usize)>>,
     groups: Vec<Group>,
     /// An enforced `requests_per_unit: 0` rule matched: the request is
-    /// denied whatever the store says, and every call only reads.
+    /// denied whatever the store says, and the windows it would count are
+    /// only read.
     zero_denies: bool,
     /// Each plan's quota group, if it is a soft (quota-mode) limit.
     quota_group: Vec<Option<usize>>,
@@ -472,7 +484,7 @@ enum Call {
     Record(Vec<u32>),
     /// Counts each window's cost, in policy order, if every one fits.
     Check(QuotaCosts),
-    /// Only reads.
+    /// Only reads: whether each window has a unit left.
     Read,
 }
 
@@ -579,7 +591,7 @@ fn prepare(
         })
         .collect();
     let mut groups = Vec::with_capacity(2);
-    for kind in [Kind::Record, Kind::Check, Kind::Read] {
+    for kind in [Kind::Record, Kind::Read, Kind::Check] {
         // Distinct windows (a few per request: linear scans beat hashing
         // here), each descriptor's index among them, and each window's cost.
         let mut quotas: Vec<Quota> = Vec::new();
@@ -769,7 +781,8 @@ struct QuotaOutcome<'a> {
     /// The window's quota in that decision's policy: its index and name.
     at: usize,
     name: &'a str,
-    /// Only read (nothing counted): never a denial of this descriptor.
+    /// Only read because the request is denied anyway (nothing counted):
+    /// never a denial of this descriptor.
     peeked: bool,
 }
 
