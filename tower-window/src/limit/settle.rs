@@ -194,7 +194,9 @@ impl Limiter {
     /// would see it (recording nothing): `allowed` is whether one more
     /// unit fits. A quota left exhausted is remembered by the local tier.
     /// A store failure is an error: there is no fallback for usage that
-    /// happened.
+    /// happened. The settle lands in the windows of `policy`, which should
+    /// be the policy reserved under: after a tenant reset those are the
+    /// discarded generation's, so the reset forgives usage in flight too.
     ///
     /// ```
     /// use tower_window::limit::Reserved;

@@ -34,7 +34,10 @@
 //! `close` increment it; every node then swaps in policies of the new
 //! generation, so requests use new, empty windows (and no stale local-tier
 //! entries), and the old windows expire by their own TTLs. Until a node has
-//! read the change, it keeps using the old generation.
+//! read the change, it keeps using the old generation. A request admitted
+//! before a reset settles its usage ([`Limiter::settle`](crate::Limiter::settle),
+//! the layer's metered mode) in the windows it reserved in: the reset
+//! forgives usage in flight as it forgives what was counted.
 //!
 //! # The control channel
 //!
