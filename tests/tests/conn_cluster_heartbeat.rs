@@ -255,9 +255,9 @@ async fn resharding_loses_no_seat() {
         }
     }
     let seats = grant(&limiter, &subjects).await;
-    let report = limiter.heartbeat().await;
-    assert_all_renewed(&report, &seats);
-    assert_eq!(report.calls, 3, "{report:?}");
+    // From one pipeline per primary (a loaded slot map: on a busy machine
+    // the first tick may come before it).
+    back_to_one_pipeline_per_primary(&limiter, &seats).await;
 
     // 1. Ticks without pause while 32 slots migrate.
     let ticking = {
@@ -337,9 +337,9 @@ async fn failover_between_ticks_loses_no_seat() {
     let (old, new) = pairs[0];
     let subjects: Vec<String> = (0..900).map(|i| format!("u{i}")).collect();
     let seats = grant(&limiter, &subjects).await;
-    let report = limiter.heartbeat().await;
-    assert_all_renewed(&report, &seats);
-    assert_eq!(report.calls, 3, "{report:?}");
+    // From one pipeline per primary (a loaded slot map: on a busy machine
+    // the first tick may come before it).
+    back_to_one_pipeline_per_primary(&limiter, &seats).await;
     tokio::task::block_in_place(|| {
         let reply: String = query(&cluster.nodes()[new], &["CLUSTER", "FAILOVER"]).unwrap();
         assert_eq!(reply, "OK");

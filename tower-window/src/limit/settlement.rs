@@ -2,11 +2,13 @@
 //! request, without waiting for the store where the request ends.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::Notify;
 
 use super::{Reserved, SettleRequest};
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreErrorKind};
 use crate::{Decision, Limiter, Policy, WindowKey};
 
 /// The settle of one reservation, owed until [`settle`](Self::settle)
@@ -16,7 +18,9 @@ use crate::{Decision, Limiter, Policy, WindowKey};
 ///
 /// The store call runs at once on an in-process store; otherwise in a task
 /// on the current Tokio runtime, which [`Limiter::settled`] waits for (call
-/// it on shutdown). Outside a runtime the settle is lost and counted in
+/// it on shutdown). A settle the store refused before recording anything
+/// (unreachable during a failover or a restart, breaker open) is tried
+/// again with backoff for up to 10 s. Outside a runtime the settle is lost and counted in
 /// [`LimiterStats::settle_errors`](crate::LimiterStats::settle_errors).
 ///
 /// ```
@@ -110,7 +114,14 @@ impl Owed {
         let settles = &limiter.inner.settles;
         settles.in_flight.fetch_add(1, Ordering::AcqRel);
         runtime.spawn(async move {
-            let result = op.await;
+            let result = match op.await {
+                Err(error) if never_applied(&error) => {
+                    let attempt =
+                        || limiter.settle_op(SettleRequest::new(&key, &policy, reserved, usage));
+                    attempt.retry(SETTLE_RETRIES).when(never_applied).await
+                }
+                result => result,
+            };
             limiter.note_settled(&key, &policy, &result);
             let settles = &limiter.inner.settles;
             if settles.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -118,6 +129,28 @@ impl Owed {
             }
         });
     }
+}
+
+/// How a settle that never reached the store is tried again: a failover
+/// or a restart of the store takes seconds, and usage that happened is
+/// owed whenever the store is back (the debt then counts from the time it
+/// lands). Only errors that certainly recorded nothing are retried, so a
+/// retry never counts usage twice.
+const SETTLE_RETRIES: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(20))
+    .with_max_delay(Duration::from_secs(1))
+    .with_total_delay(Some(Duration::from_secs(10)))
+    .with_max_times(usize::MAX)
+    .with_jitter();
+
+/// Whether `error` certainly left the store unchanged: refused before it
+/// was sent (connection refused, breaker open, in-flight bound full).
+fn never_applied(error: &StoreError) -> bool {
+    error.is_not_applied()
+        || matches!(
+            error.kind(),
+            StoreErrorKind::CircuitOpen | StoreErrorKind::Overloaded
+        )
 }
 
 /// The settles a limiter's [`Settlement`]s are waiting for.

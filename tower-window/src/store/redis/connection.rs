@@ -130,9 +130,10 @@ impl Connection {
                 }
             }
         };
+        // A connection that could not be made sent nothing.
         pending
             .await
-            .map_err(|(kind, message)| StoreError::new(kind, message))
+            .map_err(|(kind, message)| StoreError::new(kind, message).not_applied())
     }
 
     fn spawn_connect(&self, generation: u64) -> Shared<BoxFuture<'static, ConnectResult>> {
