@@ -22,14 +22,12 @@ local function log_take_back(q, at, units)
   end
   local taken = math.min(units, found)
   redis.call('ZREM', q.key, unpack(same))
-  -- The rest as one entry. An entry of that name among those not read
-  -- merges in (its units are the rest's, so the rest doubles: a few rounds
-  -- at most).
+  -- The rest as one entry, kept at 0 units when nothing is left (as the
+  -- embedded store keeps its slot: the window's reset still counts from
+  -- it). An entry of that name among those not read merges in (its units
+  -- are the rest's, so the rest doubles: a few rounds at most).
   local rest = found - taken
   for _ = 1, 64 do
-    if rest <= 0 then
-      break
-    end
     local member = at .. ':' .. int(rest)
     if not redis.call('ZSCORE', q.key, member) then
       redis.call('ZADD', q.key, at, member)
