@@ -30,24 +30,34 @@ pub struct CommandStats {
     pub failed_calls: u64,
 }
 
+/// Every command's stats since the last reset, by lower-case name
+/// (`evalsha`, `hmget`, `config|get`; a script's own commands count too).
+pub fn all_command_stats(conn: &mut redis::Connection) -> Vec<(String, CommandStats)> {
+    info(conn, "commandstats")
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
+        .map(|(name, line)| {
+            let field = |name: &str| -> &str {
+                line.split(',')
+                    .find_map(|f| f.strip_prefix(name))
+                    .unwrap_or_else(|| panic!("no {name} in {line}"))
+            };
+            let stats = CommandStats {
+                calls: field("calls=").parse().expect("calls"),
+                usec_per_call: field("usec_per_call=").parse().expect("usec_per_call"),
+                failed_calls: field("failed_calls=").parse().expect("failed_calls"),
+            };
+            (name.to_owned(), stats)
+        })
+        .collect()
+}
+
 /// `command`'s stats (lower case, e.g. `evalsha`) since the last reset.
 pub fn command_stats(conn: &mut redis::Connection, command: &str) -> CommandStats {
-    let info = info(conn, "commandstats");
-    let prefix = format!("cmdstat_{command}:");
-    let line = info
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .unwrap_or_else(|| panic!("no {command} in {info}"));
-    let field = |name: &str| -> &str {
-        line.split(',')
-            .find_map(|f| f.strip_prefix(name))
-            .unwrap_or_else(|| panic!("no {name} in {line}"))
-    };
-    CommandStats {
-        calls: field("calls=").parse().expect("calls"),
-        usec_per_call: field("usec_per_call=").parse().expect("usec_per_call"),
-        failed_calls: field("failed_calls=").parse().expect("failed_calls"),
-    }
+    all_command_stats(conn)
+        .into_iter()
+        .find_map(|(name, stats)| (name == command).then_some(stats))
+        .unwrap_or_else(|| panic!("no {command} in INFO commandstats"))
 }
 
 /// The server process's CPU time so far (`used_cpu_sys + used_cpu_user` of

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use redis::{ConnectionAddr, IntoConnectionInfo};
 use tower_window::{Algorithm, Quota, RedisStore};
-use tower_window_benches::redis_stats::{admin, command_stats, cpu_seconds, reset_stats};
+use tower_window_benches::redis_stats::{admin, all_command_stats, cpu_seconds, reset_stats};
 use tower_window_tests::redis_server::RedisServer;
 
 /// A Lua file of the library, by its path under `tower-window/src`.
@@ -273,7 +273,8 @@ fn main() {
     };
     let mut conn = admin(&url);
     let steps = steps(&mut conn);
-    // [round][step] = [usec_per_call, its excess over TIME's, Redis CPU µs per call]
+    // [round][step] = [usec_per_call, its excess over TIME's, the commands
+    // inside per call, Redis CPU per call] (µs)
     let mut rounds = Vec::new();
     for _ in 0..args.rounds {
         seat_up(&mut conn);
@@ -289,14 +290,34 @@ fn main() {
                 Duration::from_secs(args.timeout),
             );
             let cpu = cpu_seconds(&mut conn) - cpu;
-            let stats = command_stats(&mut conn, "evalsha");
+            let all = all_command_stats(&mut conn);
+            let (_, stats) = all
+                .iter()
+                .find(|(name, _)| name == "evalsha")
+                .expect("evalsha");
+            // What the scripts' own commands took (the admin's and
+            // redis-benchmark's CONFIG and INFO aside).
+            let inside: f64 = all
+                .iter()
+                .filter(|(name, _)| {
+                    !["evalsha", "config", "info"]
+                        .contains(&name.split('|').next().unwrap_or_default())
+                })
+                .map(|(_, c)| c.calls as f64 * c.usec_per_call)
+                .sum();
             assert_eq!(
                 (stats.calls, stats.failed_calls),
                 (args.requests, 0),
                 "{}",
                 step.name
             );
-            round.push([stats.usec_per_call, 0.0, cpu * 1e6 / args.requests as f64]);
+            let per_call = |total: f64| total / args.requests as f64;
+            round.push([
+                stats.usec_per_call,
+                0.0,
+                per_call(inside),
+                per_call(cpu * 1e6),
+            ]);
         }
         let time = round[0][0];
         round.iter_mut().for_each(|step| step[1] = step[0] - time);
@@ -312,7 +333,7 @@ fn main() {
     let range = |i: usize, j: usize| {
         let (lo, hi) = rounds
             .iter()
-            .map(|round: &Vec<[f64; 3]>| round[i][j])
+            .map(|round: &Vec<[f64; 4]>| round[i][j])
             .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
         if hi - lo < 0.005 {
             format!("{lo:.2}")
@@ -325,10 +346,10 @@ fn main() {
         args.requests, args.rounds
     );
     println!();
-    println!("| step | `usec_per_call` µs | − `TIME` µs | Redis CPU µs / call |");
-    println!("|---|---:|---:|---:|");
+    println!("| step | `usec_per_call` µs | − `TIME` µs | its commands µs | Redis CPU µs / call |");
+    println!("|---|---:|---:|---:|---:|");
     for (i, step) in steps.iter().enumerate() {
-        let (usec, excess, cpu) = (range(i, 0), range(i, 1), range(i, 2));
-        println!("| {} | {usec} | {excess} | {cpu} |", step.name);
+        let [usec, excess, inside, cpu] = [0, 1, 2, 3].map(|j| range(i, j));
+        println!("| {} | {usec} | {excess} | {inside} | {cpu} |", step.name);
     }
 }
