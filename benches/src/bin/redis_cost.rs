@@ -234,8 +234,9 @@ fn seat_up(conn: &mut redis::Connection) {
     let _: () = pipe.query(conn).expect("seats");
 }
 
-/// `redis-benchmark` on `step`, killed past `timeout`.
-fn bench(host: &str, port: u16, step: &Step, requests: u64, timeout: Duration) {
+/// `redis-benchmark` on `step`, killed past `--timeout`.
+fn bench((host, port): (&str, u16), step: &Step, args: &Args) {
+    let (requests, timeout) = (args.requests, Duration::from_secs(args.timeout));
     let mut child = Command::new("redis-benchmark")
         .args(["-h", host, "-p", &port.to_string(), "-c", "8"])
         .args(["-n", &requests.to_string(), "-r", &SPREAD.to_string()])
@@ -282,13 +283,7 @@ fn main() {
         for step in &steps {
             reset_stats(&mut conn);
             let cpu = cpu_seconds(&mut conn);
-            bench(
-                &host,
-                port,
-                step,
-                args.requests,
-                Duration::from_secs(args.timeout),
-            );
+            bench((&host, port), step, &args);
             let cpu = cpu_seconds(&mut conn) - cpu;
             let all = all_command_stats(&mut conn);
             let (_, stats) = all
