@@ -2,3 +2,5 @@
 //! measures decisions per second through `Limiter::check` on a real Redis;
 //! the `bench_server` binary is the HTTP server of the load benchmark
 //! (`benches/load/run.sh`), one axum route behind each limiter variant.
+
+pub mod redis_stats;

@@ -18,10 +18,9 @@
 //! Markdown table.
 #![allow(clippy::print_stdout)]
 
-use std::time::Duration;
-
 use tower_window::store::Guard;
 use tower_window::{limit, CheckRequest, ManualClock, Policy, Quota, RedisStore, WindowKey};
+use tower_window_benches::redis_stats::{admin, command_stats, reset_stats};
 use tower_window_tests::redis_server::RedisServer;
 
 /// 2023-11-14T22:13:20Z, a whole minute plus 20 s.
@@ -73,40 +72,6 @@ fn args() -> Args {
         }
     }
     args
-}
-
-fn admin(url: &str) -> redis::Connection {
-    redis::Client::open(url)
-        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(5)))
-        .expect("admin connection")
-}
-
-fn reset_stats(conn: &mut redis::Connection) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(conn)
-        .expect("CONFIG RESETSTAT");
-}
-
-/// `(calls, usec_per_call)` of EVALSHA since the last reset.
-fn evalsha_stats(conn: &mut redis::Connection) -> (u64, f64) {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(conn)
-        .expect("INFO commandstats");
-    let line = info
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
-        .unwrap_or_else(|| panic!("no evalsha in {info}"));
-    let field = |name: &str| -> &str {
-        line.split(',')
-            .find_map(|f| f.strip_prefix(name))
-            .unwrap_or_else(|| panic!("no {name} in {line}"))
-    };
-    (
-        field("calls=").parse().expect("calls"),
-        field("usec_per_call=").parse().expect("usec_per_call"),
-    )
 }
 
 struct Cost {
@@ -162,8 +127,8 @@ async fn measure(url: &str, name: &str, dsl: &str, step: u64, checks: u64, round
         clock.set(now);
         admitted += u64::from(check(1).await);
     }
-    let (calls, admit) = evalsha_stats(&mut conn);
-    assert_eq!(calls, checks);
+    let admit = command_stats(&mut conn, "evalsha");
+    assert_eq!(admit.calls, checks);
     // Fill the window at one instant, then deny at that instant.
     while check(1).await {}
     reset_stats(&mut conn);
@@ -171,9 +136,9 @@ async fn measure(url: &str, name: &str, dsl: &str, step: u64, checks: u64, round
     for _ in 0..checks {
         denied += u64::from(!check(1).await);
     }
-    let (_, deny) = evalsha_stats(&mut conn);
+    let deny = command_stats(&mut conn, "evalsha").usec_per_call;
     Cost {
-        admit,
+        admit: admit.usec_per_call,
         admitted,
         deny,
         denied,
