@@ -148,6 +148,12 @@ impl RedisServer {
         Self::start_with(&[], false)
     }
 
+    /// Starts a standalone server with extra arguments, e.g.
+    /// `["--rename-command", "FCALL", ""]` for a server without functions.
+    pub fn start_with_args(extra: &[&str]) -> Self {
+        Self::start_with(extra, false)
+    }
+
     /// One server shared by every caller holding it; a new one is started
     /// once the last holder drops it. Use this for test groups.
     pub fn shared() -> Arc<Self> {

@@ -1,6 +1,7 @@
 //! The Lua script's own state on a real `redis-server`: the sliding log
 //! survives losing its companion key, the sliding counter touches only the
-//! buckets that expired, and every key it writes keeps a TTL.
+//! buckets that expired, and every key it writes keeps a TTL. Scripts go as
+//! Redis Functions where the server has them, else by `EVALSHA`.
 #![allow(clippy::unwrap_used)]
 
 use tower_window::limit::Backend as _;
@@ -146,4 +147,73 @@ async fn an_old_sliding_counter_hash_keeps_counting() {
         .unwrap();
     assert!(d.allowed());
     assert_eq!(d.remaining(), 1);
+}
+
+/// How many calls of `command` (`fcall`, `evalsha`, `function|load`)
+/// `INFO commandstats` counts, 0 when none.
+fn calls_of(stats: &str, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// Four checks of a 3/1s quota: three admitted, the fourth denied.
+async fn four_checks(store: &RedisStore) -> Vec<bool> {
+    let policy = Policy::from("3/1s fixed-window".parse::<Quota>().unwrap());
+    let key = WindowKey::new("t", "u");
+    let mut admitted = Vec::new();
+    for _ in 0..4 {
+        let request = CheckRequest::new(&key, &policy, Cost::new(1).unwrap());
+        let decision = store.check(&mut Guard::bare(), request).await.unwrap();
+        admitted.push(decision.allowed());
+    }
+    admitted
+}
+
+/// The policy script is one function library (`tw_<its EVALSHA SHA1>`),
+/// loaded once on a node without it and then called by `FCALL` alone. With
+/// `functions(false)`, and on a server without `FCALL` (renamed away, as
+/// before Redis 7), the same decisions go by `EVALSHA`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_go_as_functions_where_the_server_has_them() {
+    let expected = vec![true, true, true, false];
+
+    let server = RedisServer::start();
+    let store = RedisStore::builder().url(server.url()).build().unwrap();
+    assert_eq!(four_checks(&store).await, expected);
+    let mut conn = server.connection();
+    let stats = commandstats(&mut conn);
+    assert_eq!(calls_of(&stats, "evalsha"), 0, "{stats}");
+    assert_eq!(calls_of(&stats, "function|load"), 1, "{stats}");
+    // The first FCALL found no function; then four ran.
+    assert_eq!(calls_of(&stats, "fcall"), 5, "{stats}");
+    let libraries: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query(&mut conn).unwrap();
+    assert_eq!(libraries.len(), 1);
+    let listed = format!("{libraries:?}");
+    assert!(
+        listed.contains(&format!("tw_{}", RedisStore::script_sha())),
+        "{listed}"
+    );
+
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .functions(false)
+        .build()
+        .unwrap();
+    assert_eq!(four_checks(&store).await, expected);
+    let stats = commandstats(&mut server.connection());
+    assert_eq!(calls_of(&stats, "fcall"), 0, "{stats}");
+    assert_eq!(calls_of(&stats, "function|load"), 0, "{stats}");
+    assert_eq!(calls_of(&stats, "evalsha"), 4, "{stats}");
+
+    let server = RedisServer::start_with_args(&["--rename-command", "FCALL", ""]);
+    let store = RedisStore::builder().url(server.url()).build().unwrap();
+    assert_eq!(four_checks(&store).await, expected);
+    let stats = commandstats(&mut server.connection());
+    assert_eq!(calls_of(&stats, "function|load"), 0, "{stats}");
+    assert_eq!(calls_of(&stats, "evalsha"), 4, "{stats}");
 }

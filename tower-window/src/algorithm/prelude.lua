@@ -1,16 +1,16 @@
 -- tower-window: shared prelude. The script is this file, then one fragment
 -- per algorithm (each registers itself in ALGORITHMS), then policy.lua, which
--- documents KEYS, ARGV and the reply (or lease.lua, or peek.lua).
+-- documents KEYS, ARGV and the reply (or lease.lua, peek.lua, settle.lua).
+--
+-- Everything before that last file only defines: as a Redis Function it runs
+-- once, when the library is loaded (store/redis/script.rs). The last file
+-- decides one call and starts with begin(), which reads the call's clock,
+-- cost and lowest TTL into t, c and MIN_TTL_MS.
 --
 -- Time is integer microseconds throughout. Lua 5.1 numbers are doubles, exact
 -- for integers below 2^53 (~285 years of microseconds since 1970), so every
 -- value is kept an integer: divisions go through idiv, and numbers are sent
 -- to Redis as "%d" strings (tostring would print 1.7e+15).
-
--- Redis 3.2-4.x need effects replication to write after TIME; a no-op from 5 on.
-if redis.replicate_commands then
-  redis.replicate_commands()
-end
 
 local function int(x)
   return string.format('%d', x)
@@ -28,6 +28,9 @@ local function idiv(a, b)
   return q
 end
 
+-- The call's time (µs), cost, and lowest TTL (ms): set by begin().
+local t, c, MIN_TTL_MS
+
 local function now_micros()
   if ARGV[1] ~= '' then
     return tonumber(ARGV[1])
@@ -35,8 +38,6 @@ local function now_micros()
   local time = redis.call('TIME')
   return tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
-
-local MIN_TTL_MS = tonumber(ARGV[3])
 
 -- PEXPIRE in whole milliseconds, rounded up, at least 1.
 local function expire(key, micros)
@@ -55,8 +56,11 @@ end
 -- MAX_RETRY_WALK in algorithm/timeline.rs, so both stores answer alike.
 local MAX_RETRY_WALK = 128
 
-local t = now_micros()
-local c = tonumber(ARGV[2])
+local function begin()
+  t = now_micros()
+  c = tonumber(ARGV[2])
+  MIN_TTL_MS = tonumber(ARGV[3])
+end
 
 -- Algorithms by code: {keys = how many KEYS a quota uses,
 --   evaluate = function(q) (reads, may drop expired state, decides, records

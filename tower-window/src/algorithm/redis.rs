@@ -25,18 +25,19 @@ macro_rules! fragment {
 }
 pub(crate) use fragment;
 
-/// The source of a script that decides with the algorithms: the prelude
-/// and every algorithm's fragment, then the `$tail` files in order (paths
-/// relative to the file naming them).
+/// The definitions of a script that decides with the algorithms: the
+/// prelude and every algorithm's fragment, then the `$more` files in order
+/// (paths relative to the file naming them). The script's body follows
+/// (see [`LuaScript::new`](crate::store::redis::script::LuaScript::new)).
 macro_rules! with_algorithms {
-    ($($tail:literal),+) => {
+    ($($more:literal),*) => {
         concat!(
             $crate::algorithm::redis::fragment!("prelude.lua"),
             $crate::algorithm::redis::fragment!("sliding_log.lua"),
             $crate::algorithm::redis::fragment!("sliding_counter.lua"),
             $crate::algorithm::redis::fragment!("fixed_window.lua"),
             $crate::algorithm::redis::fragment!("gcra.lua"),
-            $(include_str!($tail),)+
+            $(include_str!($more),)*
         )
     };
 }

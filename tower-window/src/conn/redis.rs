@@ -25,7 +25,12 @@ use redis::FromRedisValue;
 /// A seat script after `conn_now.lua` (the clock and helpers).
 macro_rules! with_clock {
     ($file:literal) => {
-        LazyLock::new(|| LuaScript::new(concat!(include_str!("conn_now.lua"), include_str!($file))))
+        LazyLock::new(|| {
+            LuaScript::new(
+                "",
+                concat!(include_str!("conn_now.lua"), include_str!($file)),
+            )
+        })
     };
 }
 
@@ -33,7 +38,7 @@ static GRANT: LazyLock<LuaScript> = with_clock!("conn_grant.lua");
 static RENEW: LazyLock<LuaScript> = with_clock!("conn_renew.lua");
 static PRESENCE: LazyLock<LuaScript> = with_clock!("conn_presence.lua");
 static RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("conn_release.lua")));
+    LazyLock::new(|| LuaScript::new("", include_str!("conn_release.lua")));
 
 /// How long a seat key outlives the latest seat in it (ms).
 const KEY_TTL_MARGIN_MS: u64 = 1_000;

@@ -15,7 +15,8 @@ use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
 use crate::store::{Guard, Op, StoreError};
 use crate::WindowKey;
 
-static EXPLICIT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("dedup.lua")));
+static EXPLICIT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("", include_str!("dedup.lua")));
 
 pub(crate) fn dedup_key(prefix: &str, key: &WindowKey, id: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + 64 + id.len());

@@ -21,7 +21,8 @@ use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::RedisStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
 
-static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("events.lua")));
+static SCRIPT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("", include_str!("events.lua")));
 
 /// Our own fields (`p` prev id, `n` number, `e` epoch) before the event's.
 const OWN_FIELDS: usize = 6;

@@ -42,6 +42,7 @@
 
 local MAX_DEAD = 128
 
+begin()
 local quotas, invalid = read_quotas(nil, 0, 2)
 if not quotas then
   return invalid

@@ -26,10 +26,10 @@ use crate::store::redis::RedisStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
 use crate::{Decision, Policy, WindowKey};
 
-const SOURCE: &str =
-    crate::algorithm::redis::with_algorithms!("../algorithm/take_back.lua", "lease.lua");
+const DEFINITIONS: &str = crate::algorithm::redis::with_algorithms!("../algorithm/take_back.lua");
+const BODY: &str = include_str!("lease.lua");
 
-static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
+static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(DEFINITIONS, BODY));
 
 /// A lease's name in the store: reservation time and counter.
 fn field(lease: &Lease) -> String {
@@ -220,8 +220,8 @@ mod tests {
 
     #[test]
     fn the_lease_script_reuses_the_check_fragments() {
-        assert!(SOURCE.starts_with(include_str!("../algorithm/prelude.lua")));
-        assert!(SOURCE.ends_with(include_str!("lease.lua")));
+        assert!(DEFINITIONS.starts_with(include_str!("../algorithm/prelude.lua")));
+        assert!(DEFINITIONS.ends_with(include_str!("../algorithm/take_back.lua")));
         assert_ne!(RedisStore::lease_script_sha(), RedisStore::script_sha());
     }
 

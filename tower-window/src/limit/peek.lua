@@ -15,6 +15,7 @@
 -- stands, reset_after_us as it stands, retry_after_us (0 when it fits,
 -- -1 = never)}.
 
+begin()
 local quotas, invalid = read_quotas(0, 1, 0)
 if not quotas then
   return invalid

@@ -31,6 +31,7 @@
 -- when the request is admitted.
 -- remaining may be negative after a limit was lowered; the caller clamps.
 
+begin()
 local quotas, invalid = read_quotas(0, 1, 0)
 if not quotas then
   return invalid

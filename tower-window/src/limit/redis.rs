@@ -20,21 +20,22 @@ use crate::{Decision, Policy, WindowKey};
 use super::settle::{Reserved, SettleRequest};
 
 /// The script deciding every policy.
-static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SOURCE));
+static SCRIPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(ALGORITHMS, POLICY));
 
-const SOURCE: &str = crate::algorithm::redis::with_algorithms!("policy.lua");
+const ALGORITHMS: &str = crate::algorithm::redis::with_algorithms!();
+const POLICY: &str = include_str!("policy.lua");
 
 /// `peek.lua` in place of `policy.lua`: the same KEYS and ARGV, no commit.
 static PEEK: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(crate::algorithm::redis::with_algorithms!("peek.lua")));
+    LazyLock::new(|| LuaScript::new(ALGORITHMS, include_str!("peek.lua")));
 
 /// `settle.lua` in place of `policy.lua`: the same KEYS and ARGV, then
 /// the reservation's units and time, then each quota's usage.
 static SETTLE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(crate::algorithm::redis::with_algorithms!(
-        "../algorithm/take_back.lua",
-        "settle.lua"
-    ))
+    LuaScript::new(
+        crate::algorithm::redis::with_algorithms!("../algorithm/take_back.lua"),
+        include_str!("settle.lua"),
+    )
 });
 
 /// What a settle needs, owned by its operation.
@@ -223,7 +224,7 @@ mod tests {
         for (i, fragment) in fragments.iter().enumerate() {
             assert!(fragment.ends_with('\n'), "fragment {i} ends mid-line");
         }
-        assert_eq!(SOURCE, fragments.concat());
+        assert_eq!(format!("{ALGORITHMS}{POLICY}"), fragments.concat());
         assert_eq!(
             RedisStore::script_sha(),
             redis::Script::new(&fragments.concat()).get_hash()
@@ -232,7 +233,7 @@ mod tests {
         // A one-byte change names another script.
         assert_ne!(
             RedisStore::script_sha(),
-            redis::Script::new(&format!("{SOURCE} ")).get_hash()
+            redis::Script::new(&format!("{ALGORITHMS}{POLICY} ")).get_hash()
         );
     }
 

@@ -18,6 +18,7 @@
 -- Reply: policy.lua's, for a check of one unit that records nothing: each
 -- quota's state as it stands once settled, allowed when one more unit fits.
 
+begin()
 local count = tonumber(ARGV[4]) or 0
 local extra = 5 + 4 * count
 local units = tonumber(ARGV[extra]) or 0

@@ -15,14 +15,14 @@ use super::{ControlConfig, TenantError, TenantRegistry, TenantSpec};
 use crate::store::redis::call::{send, Call};
 use crate::store::redis::connection::{map_error, Dedicated};
 use crate::store::redis::keys::{prefixed_key, Crc16, Sink, CLUSTER_SLOTS};
-use crate::store::redis::script::LuaScript;
+use crate::store::redis::script::{Functions, LuaScript};
 use crate::store::redis::RedisStore;
 use crate::store::{Guard, Op, StoreError};
 
 static LIFECYCLE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("scripts/lifecycle.lua")));
+    LazyLock::new(|| LuaScript::new("", include_str!("scripts/lifecycle.lua")));
 static LOAD: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("scripts/load.lua")));
+    LazyLock::new(|| LuaScript::new("", include_str!("scripts/load.lua")));
 
 /// The registry's three keys: records, generations, control stream.
 fn keys(prefix: &str) -> [Vec<u8>; 3] {
@@ -95,12 +95,13 @@ type Entry = (String, HashMap<String, String>);
 /// The control-stream reader's own connection.
 struct Reader {
     conn: Dedicated,
+    functions: Functions,
     keys: [Vec<u8>; 3],
 }
 
 impl Reader {
     async fn send<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, redis::RedisError> {
-        send(&self.conn.conn, &call).await
+        send(&self.conn.conn, &call, &self.functions).await
     }
 
     /// Loads the whole runtime state into `registry`; the position to
@@ -238,6 +239,7 @@ async fn follow_once(
 ) -> Result<(), StoreError> {
     let reader = Reader {
         conn: store.connection.dedicated().await?,
+        functions: store.functions.clone(),
         keys: keys(&store.prefix),
     };
     loop {

@@ -3,12 +3,12 @@
 //! answered by one `EVAL` (see [`script`](super::script)).
 
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
 
 use super::connection::{is_connection_error, is_topology_change, map_error, Conn};
 use super::keys::{tag_slot, write_prefix, write_tag};
-use super::script::{LuaScript, ScriptCall};
+use super::script::{is_function_missing, Functions, LuaScript, ScriptCall};
 use super::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
 use crate::WindowKey;
@@ -28,7 +28,7 @@ impl RedisStore {
         if let Conn::Cluster(cluster) = &conn {
             self.refresh_topology_if_due(cluster);
         }
-        send(&conn, &call).await.map_err(|error| {
+        send(&conn, &call, &self.functions).await.map_err(|error| {
             if is_connection_error(&error) {
                 self.connection.invalidate(generation);
             }
@@ -49,7 +49,8 @@ impl RedisStore {
 
     /// Sends `calls` of `script` (each on one hash slot, not necessarily
     /// the same) to the primary serving `slot` in one pipeline, after a
-    /// `SCRIPT LOAD` so a node without the script runs them all.
+    /// `FUNCTION LOAD` (or a `SCRIPT LOAD`) so a node without the script
+    /// runs them all.
     ///
     /// Answers each call's reply in order (a call whose slot moved answers
     /// `MOVED` as a `Value::ServerError`), or `None` when the whole
@@ -69,10 +70,21 @@ impl RedisStore {
             ));
         };
         self.refresh_topology_if_due(cluster);
+        let functions = self.functions.on();
+        // Loaded first: "already exists" (the usual answer, and cheap: the
+        // name is checked before the code is compiled) is dropped below.
         let mut pipeline = redis::pipe();
-        pipeline.add_command(script.load_cmd());
+        if functions {
+            pipeline.add_command(script.function_load_cmd());
+        } else {
+            pipeline.add_command(script.load_cmd());
+        }
         for call in calls {
-            pipeline.add_command(call.evalsha());
+            if functions {
+                pipeline.add_command(call.fcall());
+            } else {
+                pipeline.add_command(call.evalsha());
+            }
         }
         let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
         let reply = cluster
@@ -81,7 +93,14 @@ impl RedisStore {
             .await;
         match reply {
             Ok(mut replies) if replies.len() == calls.len() + 1 => {
-                replies.remove(0); // the SCRIPT LOAD's SHA1 (or its refusal)
+                let load = replies.remove(0);
+                if functions {
+                    if let Err(error) = load.extract_error() {
+                        if self.functions.off_if_unsupported(&error) {
+                            return Box::pin(self.call_routed(slot, script, calls)).await;
+                        }
+                    }
+                }
                 let moved = replies
                     .iter()
                     .filter(|reply| matches!(reply, Value::ServerError(_)))
@@ -148,16 +167,29 @@ impl RedisStore {
     }
 }
 
-/// Sends `call` on `conn`; a script by `EVALSHA`, then by `EVAL` on
-/// `NOSCRIPT` (which means it did not run, so it cannot run twice).
+/// Sends `call` on `conn`. A script goes as a function while `functions`
+/// is on: one the node lacks is loaded there and called again. Without
+/// functions, by `EVALSHA`, then by `EVAL` on `NOSCRIPT`. A missing function
+/// or script did not run, so neither can run twice.
 pub(crate) async fn send<T: FromRedisValue>(
     conn: &Conn,
     call: &Call<'_>,
+    functions: &Functions,
 ) -> Result<T, redis::RedisError> {
     let script = match call {
         Call::Cmd(cmd) => return query(conn, cmd).await,
         Call::Script(script) => script,
     };
+    if functions.on() {
+        match query(conn, &script.fcall()).await {
+            Err(error) if is_function_missing(&error) => {
+                load_function(conn, script).await?;
+                return query(conn, &script.fcall()).await;
+            }
+            Err(error) if functions.off_if_unsupported(&error) => {}
+            other => return other,
+        }
+    }
     match query(conn, &script.evalsha()).await {
         Err(error)
             if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
@@ -166,6 +198,32 @@ pub(crate) async fn send<T: FromRedisValue>(
         }
         other => other,
     }
+}
+
+/// Loads `call`'s function library on the node serving its first key (on a
+/// cluster; `FUNCTION LOAD` would otherwise go to every primary, and fail
+/// while one is unreachable). "Already exists" is success: another call
+/// loaded it first.
+async fn load_function(conn: &Conn, call: &ScriptCall) -> Result<(), redis::RedisError> {
+    let load = call.script().function_load_cmd();
+    let loaded = match conn.clone() {
+        Conn::Single(mut c) => load.query_async::<Value>(&mut c).await,
+        Conn::Cluster(mut c) => {
+            let route = Route::new(call.slot(), SlotAddr::Master);
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+            c.route_command(load, routing).await
+        }
+    };
+    match loaded {
+        Err(error) if error.code() == Some("ERR") && is_already_loaded(&error) => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+fn is_already_loaded(error: &redis::RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.starts_with("Library") && detail.ends_with("already exists"))
 }
 
 async fn query<T: FromRedisValue>(conn: &Conn, cmd: &redis::Cmd) -> Result<T, redis::RedisError> {

@@ -169,6 +169,26 @@ pub(crate) fn tag_slot(key: &WindowKey, tenant_form: bool) -> u16 {
     crc.value() % CLUSTER_SLOTS
 }
 
+/// The hash tag Redis Cluster hashes for `key`, as Redis defines it: the
+/// bytes between the first `{` and the first `}` after it, if non-empty.
+fn hash_tag(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|&b| b == b'{') {
+        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
+/// The Redis Cluster hash slot of any key.
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
+    let mut crc = Crc16::default();
+    crc.put(hash_tag(key));
+    crc.value() % CLUSTER_SLOTS
+}
+
 /// `<prefix><suffix>`, the prefix escaped as [`redis_key`] escapes it.
 pub(crate) fn prefixed_key(prefix: &str, suffix: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + suffix.len());
@@ -195,19 +215,6 @@ mod tests {
 
     use super::*;
     use proptest::prelude::*;
-
-    /// The hash tag Redis Cluster hashes for `key`, as Redis defines it: the
-    /// bytes between the first `{` and the first `}` after it, if non-empty.
-    fn hash_tag(key: &[u8]) -> &[u8] {
-        if let Some(open) = key.iter().position(|&b| b == b'{') {
-            if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
-                if len > 0 {
-                    return &key[open + 1..open + 1 + len];
-                }
-            }
-        }
-        key
-    }
 
     fn quota() -> Quota {
         "100/1m".parse().unwrap()
@@ -303,13 +310,6 @@ mod tests {
             b"a%7Bb%7D:{x%7D%3A%7By:%0D%0A%00%FF%23%25}:default|1m|sliding-log".to_vec()
         );
         assert_eq!(hash_tag(&key), b"x%7D%3A%7By:%0D%0A%00%FF%23%25");
-    }
-
-    /// The slot Redis computes for a whole key (hash tag rule included).
-    fn key_slot(key: &[u8]) -> u16 {
-        let mut crc = Crc16::default();
-        crc.put(hash_tag(key));
-        crc.value() % CLUSTER_SLOTS
     }
 
     #[test]

@@ -71,7 +71,7 @@ use redis::IntoConnectionInfo;
 
 use crate::store::StoreError;
 use crate::Clock;
-use script::LuaScript;
+use script::{Functions, LuaScript};
 
 pub(crate) mod call;
 pub(crate) mod connection;
@@ -114,6 +114,8 @@ pub struct RedisStore {
     pub(crate) clock: Option<Arc<dyn Clock>>,
     /// Hash slot to primary: the failure domains of a cluster.
     pub(crate) topology: Arc<TopologyCache>,
+    /// Whether scripts go as Redis Functions.
+    pub(crate) functions: Functions,
 }
 
 impl RedisStore {
@@ -123,6 +125,7 @@ impl RedisStore {
             prefix: Arc::from(DEFAULT_PREFIX),
             topology: Arc::new(TopologyCache::new()),
             clock: None,
+            functions: Functions::new(true),
         }
     }
 
@@ -236,6 +239,7 @@ pub struct RedisStoreBuilder {
     connect_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     tls: tls::TlsSettings,
+    functions: bool,
 }
 
 impl Default for RedisStoreBuilder {
@@ -246,6 +250,7 @@ impl Default for RedisStoreBuilder {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             clock: None,
             tls: tls::TlsSettings::default(),
+            functions: true,
         }
     }
 }
@@ -265,6 +270,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("explicit_clock", &self.clock.is_some())
+            .field("functions", &self.functions)
             .finish()
     }
 }
@@ -330,6 +336,18 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Whether to call the scripts as Redis Functions (`FCALL`; default
+    /// true). A library is loaded once per node (again after a restart
+    /// that lost it or a `FUNCTION FLUSH`), and a call runs only the
+    /// decision, not the definitions an `EVALSHA` runs every time. A server
+    /// without functions (before Redis 7), or an ACL user not allowed
+    /// `FCALL` or `FUNCTION LOAD`, is found on the first call and gets
+    /// `EVALSHA` from then on; false sends `EVALSHA` from the start.
+    pub fn functions(mut self, functions: bool) -> Self {
+        self.functions = functions;
+        self
+    }
+
     /// Checks the configuration and builds the store.
     pub fn build(self) -> Result<RedisStore, RedisConfigError> {
         let connector = match self.target.ok_or(RedisConfigError::MissingServer)? {
@@ -365,6 +383,7 @@ impl RedisStoreBuilder {
         Ok(RedisStore {
             prefix: Arc::from(self.prefix),
             clock: self.clock,
+            functions: Functions::new(self.functions),
             ..RedisStore::new(connector, self.connect_timeout)
         })
     }

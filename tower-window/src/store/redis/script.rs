@@ -1,25 +1,102 @@
-//! Our Lua scripts, sent by `EVALSHA` and on `NOSCRIPT` by one `EVAL` to
-//! the same node.
+//! Our Lua scripts: as Redis Functions (`FCALL`) where the server has
+//! them, else by `EVALSHA` (and on `NOSCRIPT` one `EVAL` to the same node).
+//!
+//! A script is definitions (helpers, the algorithms) and a body that
+//! decides one call, reading `KEYS` and `ARGV`. `EVAL` runs both on every
+//! call. As a function library, the definitions run once, when the library
+//! is loaded; the call runs only the body, as the library's one function.
+//! The library and its function are named after the `EVAL` source's SHA1
+//! (`tw_<sha1>`), so nodes running two versions of this crate (a rolling
+//! upgrade) call each their own, and loading a name that exists is a no-op.
+//! Functions outlive a restart where the server persists its data, and
+//! reach replicas by replication; the script cache does neither.
 //!
 //! redis-rs's `Script::invoke_async` answers `NOSCRIPT` with a
 //! `SCRIPT LOAD` to every primary, which fails if one is unreachable: just
 //! after a failover, when the promoted replica has no scripts, the client
 //! may still name the dead primary. `EVAL` runs on the key's node only and
-//! leaves the script in its cache.
+//! leaves the script in its cache; a missing function is loaded on the
+//! key's node only, alike (see `call::send`).
 
-use redis::{Cmd, ToRedisArgs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-/// A Lua script of ours: its source and SHA1 (what `EVALSHA` names).
+use redis::{Cmd, RedisError, ToRedisArgs};
+
+use super::keys::key_slot;
+
+/// Whether a store calls its scripts as functions: until the server says
+/// it has none (an unknown `FCALL`, or an ACL user without it), or the
+/// builder said not to.
+#[derive(Clone)]
+pub(crate) struct Functions(Arc<AtomicBool>);
+
+impl Functions {
+    pub(crate) fn new(on: bool) -> Self {
+        Self(Arc::new(AtomicBool::new(on)))
+    }
+
+    pub(crate) fn on(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Turns functions off if `error` says the server has none for us;
+    /// whether it did (the call did not run: send it by `EVALSHA`).
+    pub(crate) fn off_if_unsupported(&self, error: &RedisError) -> bool {
+        let unsupported = match error.code() {
+            Some("NOPERM") => true,
+            Some("ERR") => error
+                .detail()
+                .is_some_and(|detail| detail.starts_with("unknown command")),
+            _ => false,
+        };
+        if unsupported && self.0.swap(false, Ordering::Relaxed) {
+            tracing::info!(%error, "redis functions unavailable: scripts go by EVALSHA");
+        }
+        unsupported
+    }
+}
+
+/// Whether `error` is a call of a function the node does not have (never
+/// loaded there, or gone with a restart without persistence or a
+/// `FUNCTION FLUSH`): the call did not run.
+pub(crate) fn is_function_missing(error: &RedisError) -> bool {
+    error.code() == Some("ERR") && error.detail() == Some("Function not found")
+}
+
+/// A Lua script of ours: its `EVAL` source and SHA1, and the same script
+/// as a function library.
 pub(crate) struct LuaScript {
-    source: &'static str,
+    source: String,
     sha: String,
+    /// `tw_<sha>`: the library's name and its function's.
+    function: String,
+    library: String,
 }
 
 impl LuaScript {
-    pub(crate) fn new(source: &'static str) -> Self {
+    /// `definitions` run before each `EVAL` of `body`, or once per node
+    /// where the script is a function.
+    pub(crate) fn new(definitions: &'static str, body: &'static str) -> Self {
+        let source = format!("{definitions}{body}");
+        let sha = redis::Script::new(&source).get_hash().to_owned();
+        let function = format!("tw_{sha}");
+        // In a library, KEYS and ARGV are the function's arguments: the
+        // body reads them from upvalues set on each call, as each `EVAL`
+        // sets the globals.
+        let library = format!(
+            "#!lua name={function}\n\
+             local KEYS, ARGV\n\
+             {definitions}\
+             local function main()\n{body}end\n\
+             redis.register_function('{function}', function(keys, argv)\n  \
+             KEYS, ARGV = keys, argv\n  return main()\nend)\n"
+        );
         Self {
             source,
-            sha: redis::Script::new(source).get_hash().to_owned(),
+            sha,
+            function,
+            library,
         }
     }
 
@@ -46,7 +123,15 @@ impl LuaScript {
     /// `SCRIPT LOAD` of the source.
     pub(crate) fn load_cmd(&self) -> Cmd {
         let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(self.source);
+        cmd.arg("LOAD").arg(&self.source);
+        cmd
+    }
+
+    /// `FUNCTION LOAD` of the library (without `REPLACE`: the name says
+    /// what it holds, so "already exists" means loaded).
+    pub(crate) fn function_load_cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg(&self.library);
         cmd
     }
 }
@@ -69,20 +154,36 @@ impl ScriptCall {
         self
     }
 
+    /// The hash slot of the first key (0 without keys): the node a
+    /// cluster sends the call to.
+    pub(crate) fn slot(&self) -> u16 {
+        self.keys.first().map_or(0, |key| key_slot(key))
+    }
+
+    pub(crate) fn script(&self) -> &'static LuaScript {
+        self.script
+    }
+
+    pub(crate) fn fcall(&self) -> Cmd {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&self.script.function);
+        self.arguments(cmd)
+    }
+
     pub(crate) fn evalsha(&self) -> Cmd {
-        self.command("EVALSHA", self.script.sha.as_bytes())
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.sha.as_bytes());
+        self.arguments(cmd)
     }
 
     pub(crate) fn eval(&self) -> Cmd {
-        self.command("EVAL", self.script.source.as_bytes())
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.script.source.as_bytes());
+        self.arguments(cmd)
     }
 
-    fn command(&self, name: &str, script: &[u8]) -> Cmd {
-        let mut cmd = redis::cmd(name);
-        cmd.arg(script)
-            .arg(self.keys.len())
-            .arg(&*self.keys)
-            .arg(&*self.args);
+    fn arguments(&self, mut cmd: Cmd) -> Cmd {
+        cmd.arg(self.keys.len()).arg(&*self.keys).arg(&*self.args);
         cmd
     }
 }
@@ -94,7 +195,8 @@ mod tests {
     use super::*;
     use std::sync::LazyLock;
 
-    static ECHO: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("return ARGV[1]\n"));
+    static ECHO: LazyLock<LuaScript> =
+        LazyLock::new(|| LuaScript::new("local x = 1\n", "return ARGV[1]\n"));
 
     fn words(cmd: &Cmd) -> Vec<String> {
         cmd.args_iter()
@@ -111,19 +213,33 @@ mod tests {
         call.key("k1").key(b"k2".to_vec()).arg(7).arg("x");
         assert_eq!(
             ECHO.sha(),
-            redis::Script::new("return ARGV[1]\n").get_hash()
+            redis::Script::new("local x = 1\nreturn ARGV[1]\n").get_hash()
         );
+        let function = format!("tw_{}", ECHO.sha());
         assert_eq!(
             words(&call.evalsha()),
             ["EVALSHA", ECHO.sha(), "2", "k1", "k2", "7", "x"]
         );
         assert_eq!(
             words(&call.eval()),
-            ["EVAL", "return ARGV[1]\n", "2", "k1", "k2", "7", "x"]
+            [
+                "EVAL",
+                "local x = 1\nreturn ARGV[1]\n",
+                "2",
+                "k1",
+                "k2",
+                "7",
+                "x"
+            ]
+        );
+        assert_eq!(
+            words(&call.fcall()),
+            ["FCALL", &function, "2", "k1", "k2", "7", "x"]
         );
         assert_eq!(
             words(&ECHO.load_cmd()),
-            ["SCRIPT", "LOAD", "return ARGV[1]\n"]
+            ["SCRIPT", "LOAD", "local x = 1\nreturn ARGV[1]\n"]
         );
+        assert_eq!(call.slot(), super::super::keys::key_slot(b"k1"));
     }
 }
