@@ -184,10 +184,12 @@ async fn scripts_go_as_functions_where_the_server_has_them() {
     let server = RedisServer::start();
     let store = RedisStore::builder().url(server.url()).build().unwrap();
     assert_eq!(four_checks(&store).await, expected);
+    // connect() loads the library on a node that has it: no error.
+    store.connect().await.unwrap();
     let mut conn = server.connection();
     let stats = commandstats(&mut conn);
     assert_eq!(calls_of(&stats, "evalsha"), 0, "{stats}");
-    assert_eq!(calls_of(&stats, "function|load"), 1, "{stats}");
+    assert_eq!(calls_of(&stats, "function|load"), 2, "{stats}");
     // The first FCALL found no function; then four ran.
     assert_eq!(calls_of(&stats, "fcall"), 5, "{stats}");
     let libraries: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query(&mut conn).unwrap();
@@ -213,7 +215,9 @@ async fn scripts_go_as_functions_where_the_server_has_them() {
     let server = RedisServer::start_with_args(&["--rename-command", "FCALL", ""]);
     let store = RedisStore::builder().url(server.url()).build().unwrap();
     assert_eq!(four_checks(&store).await, expected);
+    store.connect().await.unwrap();
     let stats = commandstats(&mut server.connection());
     assert_eq!(calls_of(&stats, "function|load"), 0, "{stats}");
     assert_eq!(calls_of(&stats, "evalsha"), 4, "{stats}");
+    assert_eq!(calls_of(&stats, "script|load"), 1, "{stats}");
 }

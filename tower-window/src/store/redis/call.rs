@@ -8,7 +8,7 @@ use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
 
 use super::connection::{is_connection_error, is_topology_change, map_error, Conn};
 use super::keys::{tag_slot, write_prefix, write_tag};
-use super::script::{is_function_missing, Functions, LuaScript, ScriptCall};
+use super::script::{is_already_loaded, is_function_missing, Functions, LuaScript, ScriptCall};
 use super::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
 use crate::WindowKey;
@@ -215,18 +215,15 @@ async fn load_function(conn: &Conn, call: &ScriptCall) -> Result<(), redis::Redi
         }
     };
     match loaded {
-        Err(error) if error.code() == Some("ERR") && is_already_loaded(&error) => Ok(()),
+        Err(error) if is_already_loaded(&error) => Ok(()),
         other => other.map(drop),
     }
 }
 
-fn is_already_loaded(error: &redis::RedisError) -> bool {
-    error
-        .detail()
-        .is_some_and(|detail| detail.starts_with("Library") && detail.ends_with("already exists"))
-}
-
-async fn query<T: FromRedisValue>(conn: &Conn, cmd: &redis::Cmd) -> Result<T, redis::RedisError> {
+pub(crate) async fn query<T: FromRedisValue>(
+    conn: &Conn,
+    cmd: &redis::Cmd,
+) -> Result<T, redis::RedisError> {
     match conn.clone() {
         Conn::Single(mut c) => cmd.query_async(&mut c).await,
         Conn::Cluster(mut c) => cmd.query_async(&mut c).await,

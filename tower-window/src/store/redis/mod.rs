@@ -88,7 +88,7 @@ pub use deadpool_redis;
 /// The `redis` crate this crate is built with.
 pub use redis;
 
-use connection::{Conn, Connection, Connector};
+use connection::{map_error, Conn, Connection, Connector};
 pub use keys::redis_key;
 use redis::cluster_async::ClusterConnection;
 
@@ -177,14 +177,22 @@ impl RedisStore {
         &self.prefix
     }
 
-    /// Connects now and loads `script` (and a cluster's slot map).
+    /// Connects now and loads `script` on every primary (a function
+    /// library, or into the script cache), and a cluster's slot map.
     pub(crate) async fn connect_loading(&self, script: &LuaScript) -> Result<(), StoreError> {
-        if let (Conn::Cluster(mut conn), _) = self.connection.get().await? {
-            if let Err(error) = self.topology.refresh(&mut conn).await {
+        let (conn, _) = self.connection.get().await?;
+        if let Conn::Cluster(cluster) = &conn {
+            if let Err(error) = self.topology.refresh(&mut cluster.clone()).await {
                 tracing::debug!(%error, "redis cluster topology load failed");
             }
         }
-        // To every primary of a cluster.
+        if self.functions.on() {
+            match call::query::<redis::Value>(&conn, &script.function_load_cmd()).await {
+                Err(error) if self.functions.off_if_unsupported(&error) => {}
+                Err(error) if !script::is_already_loaded(&error) => return Err(map_error(error)),
+                _ => return Ok(()),
+            }
+        }
         self.call::<String>(call::Call::Cmd(&script.load_cmd()))
             .await
             .map(drop)

@@ -57,6 +57,15 @@ impl Functions {
     }
 }
 
+/// Whether `error` refuses a `FUNCTION LOAD` because the library is
+/// there: named after its source, so the same.
+pub(crate) fn is_already_loaded(error: &RedisError) -> bool {
+    error.code() == Some("ERR")
+        && error.detail().is_some_and(|detail| {
+            detail.starts_with("Library") && detail.ends_with("already exists")
+        })
+}
+
 /// Whether `error` is a call of a function the node does not have (never
 /// loaded there, or gone with a restart without persistence or a
 /// `FUNCTION FLUSH`): the call did not run.
