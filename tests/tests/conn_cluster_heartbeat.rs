@@ -1,12 +1,12 @@
 //! Issue 24: a heartbeat tick on the real 3-primary Redis Cluster is one
 //! round trip per primary (a pipeline of one `conn_renew.lua` per hash slot,
-//! opened by one `SCRIPT LOAD`), and a resharding of slots holding seats,
+//! opened by one `FUNCTION LOAD`), and a resharding of slots holding seats,
 //! during ticks and between two ticks, loses no seat and reports none gone.
 //!
 //! The round trips are counted on the servers: every pipeline opens with
-//! one `SCRIPT LOAD`, so `cmdstat_script|load` of a node (after
+//! one `FUNCTION LOAD`, so `cmdstat_function|load` of a node (after
 //! `CONFIG RESETSTAT`) is the number of pipelines it received, and
-//! `cmdstat_evalsha` the scripts inside them. The renewals are checked on
+//! `cmdstat_fcall` the scripts inside them. The renewals are checked on
 //! the servers too: every seat's expiry (its score, on Redis's clock) moved
 //! forward in every tick.
 #![allow(clippy::unwrap_used)]
@@ -159,15 +159,17 @@ async fn a_tick_is_one_pipeline_per_primary() {
     }
     let mut scripts = 0;
     for (i, node) in cluster.nodes().iter().enumerate() {
-        let pipelines = calls(node, "script|load");
-        let evalsha = calls(node, "evalsha");
-        eprintln!("node {i}: {pipelines} pipelines, {evalsha} scripts in {TICKS} ticks");
+        // Each pipeline starts with the renewal script's FUNCTION LOAD.
+        let pipelines = calls(node, "function|load");
+        let fcall = calls(node, "fcall");
+        eprintln!("node {i}: {pipelines} pipelines, {fcall} scripts in {TICKS} ticks");
         assert_eq!(pipelines, TICKS, "node {i}: one pipeline per tick");
-        assert!(evalsha > 0);
-        // No other script call: no per-slot EVALSHA outside the pipeline,
-        // no NOSCRIPT answered by an EVAL.
+        assert!(fcall > 0);
+        // No other script call: no per-slot call outside the pipeline, no
+        // missing function or script answered by a load or an EVAL.
         assert_eq!(calls(node, "eval"), 0, "node {i}");
-        scripts += evalsha;
+        assert_eq!(calls(node, "evalsha"), 0, "node {i}");
+        scripts += fcall;
     }
     // One script per slot holding seats, per tick.
     assert_eq!(scripts, TICKS * slots.len() as u64);

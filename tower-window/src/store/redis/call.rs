@@ -70,37 +70,49 @@ impl RedisStore {
             ));
         };
         self.refresh_topology_if_due(cluster);
-        let functions = self.functions.on();
-        // Loaded first: "already exists" (the usual answer, and cheap: the
-        // name is checked before the code is compiled) is dropped below.
-        let mut pipeline = redis::pipe();
-        if functions {
-            pipeline.add_command(script.function_load_cmd());
-        } else {
-            pipeline.add_command(script.load_cmd());
-        }
-        for call in calls {
+        loop {
+            let functions = self.functions.on();
+            // The script is loaded first, so a node without it (after a
+            // restart or a FUNCTION FLUSH) runs the calls: neither load
+            // ever answers an error (one would fail the whole pipeline),
+            // and a seat script compiles in microseconds.
+            let mut pipeline = redis::pipe();
             if functions {
-                pipeline.add_command(call.fcall());
+                pipeline.add_command(script.function_replace_cmd());
             } else {
-                pipeline.add_command(call.evalsha());
+                pipeline.add_command(script.load_cmd());
             }
-        }
-        let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
-        let reply = cluster
-            .clone()
-            .route_pipeline(pipeline, 0, calls.len() + 1, route)
-            .await;
-        match reply {
-            Ok(mut replies) if replies.len() == calls.len() + 1 => {
-                let load = replies.remove(0);
-                if functions {
-                    if let Err(error) = load.extract_error() {
-                        if self.functions.off_if_unsupported(&error) {
-                            return Box::pin(self.call_routed(slot, script, calls)).await;
-                        }
-                    }
+            for call in calls {
+                pipeline.add_command(match functions {
+                    true => call.fcall(),
+                    false => call.evalsha(),
+                });
+            }
+            let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+            let reply = cluster
+                .clone()
+                .route_pipeline(pipeline, 0, calls.len() + 1, route)
+                .await;
+            if let Err(error) = &reply {
+                if functions && self.functions.off_if_unsupported(error) {
+                    continue;
                 }
+            }
+            return self.routed_replies(cluster, reply, calls.len());
+        }
+    }
+
+    /// [`call_routed`](Self::call_routed)'s answer from the pipeline's
+    /// `reply`: the load's, then one per call of `calls`.
+    fn routed_replies(
+        &self,
+        cluster: &ClusterConnection,
+        reply: Result<Vec<Value>, RedisError>,
+        calls: usize,
+    ) -> Result<Option<Vec<Value>>, StoreError> {
+        match reply {
+            Ok(mut replies) if replies.len() == calls + 1 => {
+                replies.remove(0); // the load's
                 let moved = replies
                     .iter()
                     .filter(|reply| matches!(reply, Value::ServerError(_)))
@@ -183,7 +195,7 @@ pub(crate) async fn send<T: FromRedisValue>(
     if functions.on() {
         match query(conn, &script.fcall()).await {
             Err(error) if is_function_missing(&error) => {
-                load_function(conn, script).await?;
+                load_function(conn, script.script(), script.slot()).await?;
                 return query(conn, &script.fcall()).await;
             }
             Err(error) if functions.off_if_unsupported(&error) => {}
@@ -200,16 +212,20 @@ pub(crate) async fn send<T: FromRedisValue>(
     }
 }
 
-/// Loads `call`'s function library on the node serving its first key (on a
+/// Loads `script`'s function library on the node serving `slot` (on a
 /// cluster; `FUNCTION LOAD` would otherwise go to every primary, and fail
 /// while one is unreachable). "Already exists" is success: another call
 /// loaded it first.
-async fn load_function(conn: &Conn, call: &ScriptCall) -> Result<(), redis::RedisError> {
-    let load = call.script().function_load_cmd();
+async fn load_function(
+    conn: &Conn,
+    script: &LuaScript,
+    slot: u16,
+) -> Result<(), redis::RedisError> {
+    let load = script.function_load_cmd();
     let loaded = match conn.clone() {
         Conn::Single(mut c) => load.query_async::<Value>(&mut c).await,
         Conn::Cluster(mut c) => {
-            let route = Route::new(call.slot(), SlotAddr::Master);
+            let route = Route::new(slot, SlotAddr::Master);
             let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
             c.route_command(load, routing).await
         }

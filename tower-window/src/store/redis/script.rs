@@ -143,6 +143,14 @@ impl LuaScript {
         cmd.arg("LOAD").arg(&self.library);
         cmd
     }
+
+    /// `FUNCTION LOAD REPLACE` of the library: never "already exists", but
+    /// compiled again each time.
+    pub(crate) fn function_replace_cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg("REPLACE").arg(&self.library);
+        cmd
+    }
 }
 
 /// One call of a [`LuaScript`]: its keys (`KEYS`) and arguments (`ARGV`).
