@@ -38,7 +38,7 @@ fn field(lease: &Lease) -> String {
 
 impl RedisStore {
     /// The SHA1 of the lease script (reserve and refund), as `EVALSHA`
-    /// names it.
+    /// names it; its function is `tw_<this SHA1>`.
     pub fn lease_script_sha() -> &'static str {
         SCRIPT.sha()
     }

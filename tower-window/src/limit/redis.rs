@@ -65,7 +65,8 @@ impl RedisStore {
     }
 
     /// The SHA1 of the one script every decision runs, as used by
-    /// `EVALSHA` (for load tests and operators).
+    /// `EVALSHA` (for load tests and operators); as a Redis Function, its
+    /// library and function are both `tw_<this SHA1>`.
     pub fn script_sha() -> &'static str {
         SCRIPT.sha()
     }
