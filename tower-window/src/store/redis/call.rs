@@ -16,6 +16,10 @@ use crate::WindowKey;
 /// The largest explicit timestamp: Lua numbers are doubles.
 pub(crate) const MAX_EXPLICIT_MICROS: u64 = 1 << 52;
 
+/// How many times one call loads its function library when the node says
+/// the function is missing.
+const MAX_FUNCTION_LOADS: u32 = 3;
+
 pub(crate) enum Call<'a> {
     Cmd(&'a redis::Cmd),
     Script(&'a ScriptCall),
@@ -180,9 +184,10 @@ impl RedisStore {
 }
 
 /// Sends `call` on `conn`. A script goes as a function while `functions`
-/// is on: one the node lacks is loaded there and called again. Without
-/// functions, by `EVALSHA`, then by `EVAL` on `NOSCRIPT`. A missing function
-/// or script did not run, so neither can run twice.
+/// is on: one the node lacks is loaded there and called again (up to
+/// [`MAX_FUNCTION_LOADS`] times). Without functions, by `EVALSHA`, then by
+/// `EVAL` on `NOSCRIPT`. A missing function or script did not run, so
+/// neither can run twice.
 pub(crate) async fn send<T: FromRedisValue>(
     conn: &Conn,
     call: &Call<'_>,
@@ -193,13 +198,19 @@ pub(crate) async fn send<T: FromRedisValue>(
         Call::Script(script) => script,
     };
     if functions.on() {
-        match query(conn, &script.fcall()).await {
-            Err(error) if is_function_missing(&error) => {
-                load_function(conn, script.script(), script.slot()).await?;
-                return query(conn, &script.fcall()).await;
+        // Loaded again if it is gone again before the call (a `FUNCTION
+        // FLUSH` between the load and the call): bounded, as each round
+        // trip may meet another flush.
+        let mut loads = 0;
+        loop {
+            match query(conn, &script.fcall()).await {
+                Err(error) if is_function_missing(&error) && loads < MAX_FUNCTION_LOADS => {
+                    load_function(conn, script.script(), script.slot()).await?;
+                    loads += 1;
+                }
+                Err(error) if loads == 0 && functions.off_if_unsupported(&error) => break,
+                other => return other,
             }
-            Err(error) if functions.off_if_unsupported(&error) => {}
-            other => return other,
         }
     }
     match query(conn, &script.evalsha()).await {
