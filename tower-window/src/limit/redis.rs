@@ -243,7 +243,7 @@ mod tests {
             "local MAX_RETRY_WALK = {}\n",
             crate::algorithm::MAX_RETRY_WALK
         );
-        assert!(SOURCE.contains(&line), "{line}");
+        assert!(ALGORITHMS.contains(&line), "{line}");
     }
 
     fn q(text: &str, name: &str) -> Quota {
