@@ -29,7 +29,7 @@ ALGORITHMS[4] = {
     return denied(q, before, tat - t, new_tat - t - BT)
   end,
   commit = function(q)
-    redis.call('SET', q.key, int(q.tat))
-    expire(q.key, q.tat - t)
+    -- SET ... PX: the value and its TTL in one command (as SET, PEXPIRE).
+    redis.call('SET', q.key, int(q.tat), 'PX', ttl_ms(q.tat - t))
   end,
 }

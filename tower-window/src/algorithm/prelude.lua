@@ -11,6 +11,11 @@
 -- for integers below 2^53 (~285 years of microseconds since 1970), so every
 -- value is kept an integer: divisions go through idiv, and numbers are sent
 -- to Redis as "%d" strings (tostring would print 1.7e+15).
+--
+-- As a function, a call runs only the body: what it costs beyond the
+-- commands it issues is kept small. Arguments laid out by the caller are
+-- read with `+ 0` (one conversion; tonumber converts twice) where they are
+-- always numbers; tonumber stays where a value may be missing or stored.
 
 local function int(x)
   return string.format('%d', x)
@@ -33,14 +38,14 @@ local t, c, MIN_TTL_MS
 
 local function now_micros()
   if ARGV[1] ~= '' then
-    return tonumber(ARGV[1])
+    return ARGV[1] + 0
   end
   local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000000 + tonumber(time[2])
+  return time[1] * 1000000 + time[2]
 end
 
--- PEXPIRE in whole milliseconds, rounded up, at least 1.
-local function expire(key, micros)
+-- A TTL in whole milliseconds, rounded up, at least 1 (and MIN_TTL_MS).
+local function ttl_ms(micros)
   local ms = idiv(micros + 999, 1000)
   if ms < MIN_TTL_MS then
     ms = MIN_TTL_MS
@@ -48,7 +53,12 @@ local function expire(key, micros)
   if ms < 1 then
     ms = 1
   end
-  redis.call('PEXPIRE', key, int(ms))
+  return int(ms)
+end
+
+-- PEXPIRE in whole milliseconds, rounded up, at least 1.
+local function expire(key, micros)
+  redis.call('PEXPIRE', key, ttl_ms(micros))
 end
 
 -- The most slots (log entries, non-empty buckets) a denial's retry walk
@@ -58,8 +68,8 @@ local MAX_RETRY_WALK = 128
 
 local function begin()
   t = now_micros()
-  c = tonumber(ARGV[2])
-  MIN_TTL_MS = tonumber(ARGV[3])
+  c = ARGV[2] + 0
+  MIN_TTL_MS = ARGV[3] + 0
 end
 
 -- Algorithms by code: {keys = how many KEYS a quota uses,
@@ -104,9 +114,17 @@ end
 -- ARGV[4 + 4n + costs_after + i], else c, and below `min_cost` refused.
 -- `spare`: how many KEYS follow the quotas'. Answers nil and the error
 -- reply for a layout that is not one.
+--
+-- The list and its tables are the library's, reused by every call (Redis
+-- runs one script at a time): each call sets the fields above and dirty =
+-- false, and the algorithms set every other field before they read it.
+local QUOTAS = {}
 local function read_quotas(costs_after, min_cost, spare)
-  local count = tonumber(ARGV[4])
-  local quotas = {}
+  local count = ARGV[4] + 0
+  local quotas = QUOTAS
+  for i = #quotas, count + 1, -1 do
+    quotas[i] = nil
+  end
   local next_key = 1
   for i = 1, count do
     local base = 4 + (i - 1) * 4
@@ -115,30 +133,51 @@ local function read_quotas(costs_after, min_cost, spare)
     if not algorithm then
       return nil, redis.error_reply('ERR tower-window: unknown algorithm code')
     end
-    local q = {
-      code = code,
-      algorithm = algorithm,
-      shadow = shadow,
-      key = KEYS[next_key],
-      key2 = KEYS[next_key + 1],
-      p1 = tonumber(ARGV[base + 2]),
-      p2 = tonumber(ARGV[base + 3]),
-      p3 = tonumber(ARGV[base + 4]),
-      c = c,
-    }
+    local q = quotas[i]
+    if not q then
+      -- Made whole by its constructor (an EVAL makes it on every call:
+      -- filled one field at a time, it would grow four times).
+      q = {code = 0, algorithm = false, shadow = false, dirty = false, key = false, key2 = false,
+        p1 = 0, p2 = 0, p3 = 0, c = 0}
+      quotas[i] = q
+    end
+    q.code, q.algorithm, q.shadow, q.dirty = code, algorithm, shadow, false
+    q.key, q.key2 = KEYS[next_key], KEYS[next_key + 1]
+    q.p1, q.p2, q.p3 = ARGV[base + 2] + 0, ARGV[base + 3] + 0, ARGV[base + 4] + 0
+    q.c = c
     if costs_after then
-      q.c = tonumber(ARGV[4 + count * 4 + costs_after + i]) or c
+      local cost = ARGV[4 + count * 4 + costs_after + i]
+      if cost then
+        q.c = tonumber(cost) or c
+      end
       if q.c < min_cost then
         return nil, redis.error_reply('ERR tower-window: a cost below ' .. min_cost)
       end
     end
-    quotas[i] = q
     next_key = next_key + algorithm.keys
   end
   if next_key - 1 + spare ~= #KEYS then
     return nil, redis.error_reply('ERR tower-window: keys do not match the quotas')
   end
   return quotas
+end
+
+-- A reply {0, t, then 4 zeros per quota of n}: made whole by one
+-- constructor up to three quotas (a table filled one value at a time is
+-- rebuilt each time it doubles).
+local function new_reply(n)
+  if n == 1 then
+    return {0, t, 0, 0, 0, 0}
+  elseif n == 2 then
+    return {0, t, 0, 0, 0, 0, 0, 0, 0, 0}
+  elseif n == 3 then
+    return {0, t, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+  end
+  local reply = {0, t}
+  for j = 3, 2 + 4 * n do
+    reply[j] = 0
+  end
+  return reply
 end
 
 -- Each quota's state as it stands, for a check of its cost q.c that
@@ -148,22 +187,24 @@ end
 -- it expired is written back as after a denial.
 local function standing(quotas)
   local admitted = true
-  local reply = {0, t}
-  for i = 1, #quotas do
+  local n = #quotas
+  local reply = new_reply(n)
+  for i = 1, n do
     local q = quotas[i]
     c = q.c
     q.dirty = false
-    q.algorithm.evaluate(q)
-    if not q.fits and not q.shadow then
+    local algorithm = q.algorithm
+    algorithm.evaluate(q)
+    local fit = q.fits
+    if not fit and not q.shadow then
       admitted = false
     end
-    if q.dirty and q.algorithm.settle then
-      q.algorithm.settle(q)
+    if q.dirty and algorithm.settle then
+      algorithm.settle(q)
     end
-    reply[#reply + 1] = q.fits and 1 or 0
-    reply[#reply + 1] = q.remaining0
-    reply[#reply + 1] = q.reset0
-    reply[#reply + 1] = q.fits and 0 or q.retry
+    local j = 4 * i - 1
+    reply[j], reply[j + 1], reply[j + 2] = fit and 1 or 0, q.remaining0, q.reset0
+    reply[j + 3] = fit and 0 or q.retry
   end
   reply[1] = admitted and 1 or 0
   return reply
@@ -177,7 +218,8 @@ end
 -- records nothing).
 local function decide(quotas)
   local admitted = true
-  for i = 1, #quotas do
+  local n = #quotas
+  for i = 1, n do
     local q = quotas[i]
     c = q.c
     q.algorithm.evaluate(q)
@@ -185,25 +227,22 @@ local function decide(quotas)
       admitted = false
     end
   end
-  local reply = {admitted and 1 or 0, t}
-  for i = 1, #quotas do
+  local reply = new_reply(n)
+  reply[1] = admitted and 1 or 0
+  for i = 1, n do
     local q = quotas[i]
     c = q.c
-    if admitted and q.fits then
+    local fit = q.fits
+    if admitted and fit then
       q.algorithm.commit(q)
     elseif q.dirty and q.algorithm.settle then
       q.algorithm.settle(q)
     end
-    if admitted or not q.fits then
-      reply[#reply + 1] = q.fits and 1 or 0
-      reply[#reply + 1] = q.remaining
-      reply[#reply + 1] = q.reset
-      reply[#reply + 1] = q.retry
+    local j = 4 * i - 1
+    if admitted or not fit then
+      reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = fit and 1 or 0, q.remaining, q.reset, q.retry
     else
-      reply[#reply + 1] = 1
-      reply[#reply + 1] = q.remaining0
-      reply[#reply + 1] = q.reset0
-      reply[#reply + 1] = 0
+      reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = 1, q.remaining0, q.reset0, 0
     end
   end
   return reply

@@ -173,6 +173,16 @@ ALGORITHMS[2] = {
       end
       first = lowest + 1
     end
+    if first == b and stop == b then
+      -- Only bucket b is left to walk: read with the state.
+      if state[5] then
+        freed = freed + (tonumber(state[5]) or 0)
+        if used - freed + c <= L then
+          return denied(q, L - used, reset, (b + n + 1) * G - t)
+        end
+      end
+      return denied(q, L - used, reset, reset)
+    end
     if first <= stop and sparse(key, first, stop) then
       for _, bucket in ipairs(buckets_in(key, first, stop)) do
         if seen >= MAX_RETRY_WALK then

@@ -14,7 +14,6 @@ ALGORITHMS[1] = {
   evaluate = function(q)
     local log, meta = q.key, q.key2
     local W, L = q.p1, q.p2
-    local horizon = int(t - W)
     local cached = redis.call('HMGET', meta, 'sum', 'newest')
     local used = tonumber(cached[1] or '')
     local newest = tonumber(cached[2] or '')
@@ -22,26 +21,27 @@ ALGORITHMS[1] = {
     -- and (on a denial, when none did) the retry walk's first batch.
     local oldest = redis.call('ZRANGE', log, 0, 1, 'WITHSCORES')
     local empty = #oldest == 0
-    local expired = {}
-    for i = 1, #oldest, 2 do
-      if tonumber(oldest[i + 1]) <= t - W then
-        expired[#expired + 1] = oldest[i]
-      end
-    end
-    if #expired > 0 then
-      if #expired == 2 then
+    -- The expired entries (a table only when there are some).
+    local expired = nil
+    if not empty and oldest[2] + 0 <= t - W then
+      local horizon = int(t - W)
+      if #oldest == 4 and oldest[4] + 0 <= t - W then
         expired = redis.call('ZRANGEBYSCORE', log, '-inf', horizon)
+      else
+        expired = {oldest[1]}
       end
       redis.call('ZREMRANGEBYSCORE', log, '-inf', horizon)
       oldest = nil
     end
     q.missing = not used
-    q.dirty = #expired > 0 or q.missing
+    q.dirty = expired ~= nil or q.missing
     if empty then
       used, newest = 0, nil
     elseif used then
-      for _, member in ipairs(expired) do
-        used = used - log_units(member)
+      if expired then
+        for i = 1, #expired do
+          used = used - log_units(expired[i])
+        end
       end
     else
       -- No companion (first use, or lost): recount the live log.
@@ -125,8 +125,9 @@ ALGORITHMS[1] = {
     end
     redis.call('ZADD', log, now, now .. ':' .. int(units))
     redis.call('HSET', meta, 'sum', int(q.used + c), 'newest', int(q.newest_after))
-    expire(log, q.reset)
-    expire(meta, q.reset)
+    local ttl = ttl_ms(q.reset)
+    redis.call('PEXPIRE', log, ttl)
+    redis.call('PEXPIRE', meta, ttl)
   end,
   settle = function(q)
     local meta = q.key2

@@ -14,23 +14,23 @@
 --          when this store lost the subject's counter)
 -- Reply: {1, fence, count, 0} granted, or {0, scope (1 subject, 2 tenant),
 -- count, µs until the oldest seat expires}.
-local ttl = tonumber(ARGV[2])
-local key_ttl = tonumber(ARGV[6])
+local ttl = ARGV[2] + 0
+local key_ttl = ARGV[6] + 0
 local function full(key, cap)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
   local count = redis.call('ZCARD', key)
   if cap > 0 and count >= cap then
     local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    return count, math.max(tonumber(oldest[2]) - now, 0)
+    return count, math.max(oldest[2] - now, 0)
   end
   return count, nil
 end
-local count, wait = full(KEYS[1], tonumber(ARGV[3]))
+local count, wait = full(KEYS[1], ARGV[3] + 0)
 if wait then
   return {0, 1, count, wait}
 end
 if KEYS[3] then
-  local tenant_count, tenant_wait = full(KEYS[3], tonumber(ARGV[4]))
+  local tenant_count, tenant_wait = full(KEYS[3], ARGV[4] + 0)
   if tenant_wait then
     return {0, 2, tenant_count, tenant_wait}
   end
