@@ -175,7 +175,7 @@ async fn four_checks(store: &RedisStore) -> Vec<bool> {
 
 /// The policy script is one function library (`tw_<its EVALSHA SHA1>`),
 /// loaded once on a node without it and then called by `FCALL` alone. With
-/// `functions(false)`, and on a server without `FCALL` (renamed away, as
+/// `functions(false)`, and on a server without `FCALL` and `FUNCTION` (renamed away, as
 /// before Redis 7), the same decisions go by `EVALSHA`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_go_as_functions_where_the_server_has_them() {
@@ -212,7 +212,14 @@ async fn scripts_go_as_functions_where_the_server_has_them() {
     assert_eq!(calls_of(&stats, "function|load"), 0, "{stats}");
     assert_eq!(calls_of(&stats, "evalsha"), 4, "{stats}");
 
-    let server = RedisServer::start_with_args(&["--rename-command", "FCALL", ""]);
+    let server = RedisServer::start_with_args(&[
+        "--rename-command",
+        "FCALL",
+        "",
+        "--rename-command",
+        "FUNCTION",
+        "",
+    ]);
     let store = RedisStore::builder().url(server.url()).build().unwrap();
     assert_eq!(four_checks(&store).await, expected);
     store.connect().await.unwrap();

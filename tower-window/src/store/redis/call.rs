@@ -97,8 +97,17 @@ impl RedisStore {
                 .clone()
                 .route_pipeline(pipeline, 0, calls.len() + 1, route)
                 .await;
-            if let Err(error) = &reply {
-                if functions && self.functions.off_if_unsupported(error) {
+            // A server without functions refuses the whole pipeline or
+            // each command in it: go by EVALSHA.
+            let refused = match &reply {
+                Ok(replies) => replies
+                    .iter()
+                    .filter(|reply| matches!(reply, Value::ServerError(_)))
+                    .find_map(|reply| reply.clone().extract_error().err()),
+                Err(error) => Some(error.clone()),
+            };
+            if let Some(error) = refused.filter(|_| functions) {
+                if self.functions.off_if_unsupported(&error) {
                     continue;
                 }
             }
