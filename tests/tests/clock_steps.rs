@@ -70,7 +70,16 @@ fn commands(conn: &mut redis::Connection) -> (u64, String) {
         let base = name.split('|').next().unwrap();
         if matches!(
             base,
-            "evalsha" | "eval" | "info" | "config" | "client" | "hello" | "ping" | "script"
+            "fcall"
+                | "function"
+                | "evalsha"
+                | "eval"
+                | "info"
+                | "config"
+                | "client"
+                | "hello"
+                | "ping"
+                | "script"
         ) {
             continue;
         }

@@ -161,11 +161,11 @@ impl Redis {
         redis::cmd("INFO").arg(section).query(&mut conn).unwrap()
     }
 
-    /// `calls` of `EVALSHA` since the last `CONFIG RESETSTAT`.
-    fn evalsha_calls(&self) -> u64 {
+    /// `calls` of `FCALL` (the scripts) since the last `CONFIG RESETSTAT`.
+    fn fcall_calls(&self) -> u64 {
         let info = self.info("commandstats");
         info.lines()
-            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .find_map(|line| line.strip_prefix("cmdstat_fcall:calls="))
             .and_then(|rest| rest.split(',').next())
             .map_or(0, |n| n.parse().unwrap())
     }
@@ -609,7 +609,7 @@ async fn a_denied_hot_key_costs_redis_one_call_per_node_per_retry_period() {
     }
     assert_eq!(admitted, 5);
     // 5 admissions, then one denial per node remembered for ~1 minute.
-    assert_eq!(redis.evalsha_calls(), 5 + 3);
+    assert_eq!(redis.fcall_calls(), 5 + 3);
     let local: u64 = nodes.iter().map(|n| n.stats().local_cache).sum();
     assert_eq!(local, 900 - 8);
 }

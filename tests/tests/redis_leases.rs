@@ -330,14 +330,18 @@ async fn refunds_return_every_unspent_unit() {
     }
 }
 
-/// `INFO commandstats` calls of the scripts (EVALSHA, EVAL).
+/// `INFO commandstats` calls of the scripts (FCALL, EVALSHA, EVAL).
 fn script_calls(server: &RedisServer) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(&mut server.connection())
         .unwrap();
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
         .filter_map(|l| {
             l.split("calls=")
                 .nth(1)?
