@@ -131,6 +131,17 @@ pub(crate) fn random() -> u64 {
     hasher.finish()
 }
 
+/// `redis-server` arguments for a server without Redis Functions, as
+/// before Redis 7: `FCALL` and `FUNCTION` renamed away.
+pub const WITHOUT_FUNCTIONS: &[&str] = &[
+    "--rename-command",
+    "FCALL",
+    "",
+    "--rename-command",
+    "FUNCTION",
+    "",
+];
+
 /// A running `redis-server` process; stopped (SIGKILL) and cleaned up on drop.
 pub struct RedisServer {
     child: Child,

@@ -40,7 +40,7 @@ use tower_window::{
     RedisStore, Store, StoreErrorKind, WindowKey,
 };
 use tower_window_tests::redis_cluster::{key_slot, query, RedisCluster};
-use tower_window_tests::redis_server::RedisServer;
+use tower_window_tests::redis_server::{RedisServer, WITHOUT_FUNCTIONS};
 
 /// The time budget of a decision. The claim is "no fallback, no error",
 /// not latency (that is the benchmarks'): with the default 50 ms, two of
@@ -423,6 +423,22 @@ fn flush(node: &RedisServer, what: &[&str]) {
 }
 
 /// `ROLE` of `node`: `master` or `slave`.
+/// A coordinated failover of `primary` to `replica` (`CLUSTER FAILOVER`),
+/// whose scripts go (`flush`) as soon as it is the primary, while clients
+/// may still send its slots to the old one (and be moved); back once the
+/// cluster is whole.
+fn fail_over(cluster: &RedisCluster, (primary, replica): (usize, usize), flush_what: &[&str]) {
+    let nodes = cluster.nodes();
+    flush(&nodes[replica], &["CLUSTER", "FAILOVER"]);
+    wait_for("the promotion", || role(&nodes[replica]) == "master");
+    flush(&nodes[replica], flush_what);
+    cluster.wait_until_whole(
+        "the failover",
+        &(0..nodes.len()).collect::<Vec<_>>(),
+        || role(&nodes[primary]) == "slave",
+    );
+}
+
 fn role(node: &RedisServer) -> String {
     query::<Vec<redis::Value>>(node, &["ROLE"])
         .ok()
@@ -629,7 +645,6 @@ fn functions_flushed_and_a_failover_on_a_cluster() {
     }
 
     let keys = Arc::new(Keys::on_every_primary(&cluster, "cluster"));
-    let everyone: Vec<usize> = (0..nodes.len()).collect();
     let (tally, reports) = load(&runtime, &rig, &keys, Some(&seats), || {
         sleep(Duration::from_millis(400));
         for &p in &primaries(&cluster) {
@@ -641,14 +656,7 @@ fn functions_flushed_and_a_failover_on_a_cluster() {
             });
         }
         sleep(Duration::from_millis(300));
-        flush(&nodes[replica], &["CLUSTER", "FAILOVER"]);
-        // Flushed as soon as it is the primary, while clients may still
-        // send its slots to the old one (and be moved).
-        wait_for("the promotion", || role(&nodes[replica]) == "master");
-        flush(&nodes[replica], &["FUNCTION", "FLUSH"]);
-        cluster.wait_until_whole("the failover", &everyone, || {
-            role(&nodes[primary]) == "slave"
-        });
+        fail_over(&cluster, (primary, replica), &["FUNCTION", "FLUSH"]);
         wait_for("the library on the new primary", || {
             libraries(&nodes[replica], &policy_library()) == 1
         });
@@ -676,14 +684,7 @@ fn functions_flushed_and_a_failover_on_a_cluster() {
 /// FLUSH` one `EVAL` where a script is missing.
 #[test]
 fn script_flush_under_load_without_functions() {
-    let server = RedisServer::start_with_args(&[
-        "--rename-command",
-        "FCALL",
-        "",
-        "--rename-command",
-        "FUNCTION",
-        "",
-    ]);
+    let server = RedisServer::start_with_args(WITHOUT_FUNCTIONS);
     let runtime = runtime();
     let rig = single(&server);
     let keys = Arc::new(Keys::named("evalsha", 4));
@@ -711,32 +712,19 @@ fn script_flush_under_load_without_functions() {
 /// the heartbeat's pipelines open with `SCRIPT LOAD`.
 #[test]
 fn a_failover_on_a_cluster_without_functions() {
-    let cluster = RedisCluster::start_with_replicas_and(&[
-        "--rename-command",
-        "FCALL",
-        "",
-        "--rename-command",
-        "FUNCTION",
-        "",
-    ]);
+    let cluster = RedisCluster::start_with_replicas_and(WITHOUT_FUNCTIONS);
     let runtime = runtime();
     let (primary, replica) = cluster.pairs()[1];
     let (rig, seats, held) = clustered(&cluster, &runtime);
     let nodes = cluster.nodes();
     let keys = Arc::new(Keys::on_every_primary(&cluster, "nofcall"));
-    let everyone: Vec<usize> = (0..nodes.len()).collect();
     let (tally, reports) = load(&runtime, &rig, &keys, Some(&seats), || {
         sleep(Duration::from_millis(400));
         for node in nodes {
             flush(node, &["SCRIPT", "FLUSH"]);
         }
         sleep(Duration::from_millis(300));
-        flush(&nodes[replica], &["CLUSTER", "FAILOVER"]);
-        wait_for("the promotion", || role(&nodes[replica]) == "master");
-        flush(&nodes[replica], &["SCRIPT", "FLUSH"]);
-        cluster.wait_until_whole("the failover", &everyone, || {
-            role(&nodes[primary]) == "slave"
-        });
+        fail_over(&cluster, (primary, replica), &["SCRIPT", "FLUSH"]);
         sleep(Duration::from_millis(400));
     });
     tally.assert_exact("cluster without functions", &keys);

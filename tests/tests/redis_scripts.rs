@@ -8,7 +8,7 @@ use tower_window::limit::Backend as _;
 use tower_window::store::Guard;
 use tower_window::{CheckRequest, Cost, ManualClock, MemoryStore, Policy, Quota, RedisStore};
 use tower_window::{Decision, WindowKey};
-use tower_window_tests::redis_server::RedisServer;
+use tower_window_tests::redis_server::{RedisServer, WITHOUT_FUNCTIONS};
 
 const START: u64 = 1_700_000_000_000_000;
 const S: u64 = 1_000_000;
@@ -212,14 +212,7 @@ async fn scripts_go_as_functions_where_the_server_has_them() {
     assert_eq!(calls_of(&stats, "function|load"), 0, "{stats}");
     assert_eq!(calls_of(&stats, "evalsha"), 4, "{stats}");
 
-    let server = RedisServer::start_with_args(&[
-        "--rename-command",
-        "FCALL",
-        "",
-        "--rename-command",
-        "FUNCTION",
-        "",
-    ]);
+    let server = RedisServer::start_with_args(WITHOUT_FUNCTIONS);
     let store = RedisStore::builder().url(server.url()).build().unwrap();
     assert_eq!(four_checks(&store).await, expected);
     store.connect().await.unwrap();
