@@ -95,7 +95,7 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Mode::Both)]
     mode: Mode,
     /// Calls per step, way and round (`redis-benchmark -n`).
-    #[arg(long, default_value_t = 40_000)]
+    #[arg(long, default_value_t = 25_000)]
     requests: u64,
     /// Rounds, each running every step once each way.
     #[arg(long, default_value_t = 3)]
