@@ -1,8 +1,9 @@
 //! A small load client for the examples' `rls` (Envoy's
 //! `ShouldRateLimit` over gRPC): `--connections` HTTP/2 connections,
-//! `--concurrency` calls in flight on each, one descriptor per call (a hot
-//! key, or `--keys` values taken in turn), for `--seconds` or at most
-//! `--max-requests` calls, whichever ends first. Prints one line:
+//! `--concurrency` calls in flight on each, one descriptor per call (or
+//! one per key of `--key a,b,c`; a hot value, or `--keys` values taken in
+//! turn), for `--seconds` or at most `--max-requests` calls, whichever
+//! ends first. Prints one line:
 //!
 //! ```text
 //! requests=123456 ok=123456 over_limit=0 errors=0 seconds=5.00 rps=24691.2
@@ -62,9 +63,10 @@ struct Args {
     /// The request's domain.
     #[arg(long, default_value = "bench")]
     domain: String,
-    /// The descriptor's key.
-    #[arg(long, default_value = "user")]
-    key: String,
+    /// The descriptor's key; several, comma-separated (`a,b,c`): one
+    /// descriptor each, all with the same value, in one request.
+    #[arg(long, default_value = "user", value_delimiter = ',')]
+    key: Vec<String>,
     /// Distinct values of the key, taken in turn (1: one hot key).
     #[arg(long, default_value = "1")]
     keys: u64,
@@ -183,15 +185,20 @@ struct Counts {
 }
 
 fn request(args: &Args, n: u64) -> RateLimitRequest {
+    let value = format!("u{}", n % args.keys.max(1));
     RateLimitRequest {
         domain: args.domain.clone(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: args.key.clone(),
-                value: format!("u{}", n % args.keys.max(1)),
-            }],
-            ..RateLimitDescriptor::default()
-        }],
+        descriptors: args
+            .key
+            .iter()
+            .map(|key| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: key.clone(),
+                    value: value.clone(),
+                }],
+                ..RateLimitDescriptor::default()
+            })
+            .collect(),
         hits_addend: 1,
     }
 }
