@@ -43,11 +43,12 @@ impl Functions {
     /// Turns functions off if `error` says the server has none for us;
     /// whether it did (the call did not run: send it by `EVALSHA`).
     pub(crate) fn off_if_unsupported(&self, error: &RedisError) -> bool {
+        // Refused before anything ran: never a command inside a script
+        // (Redis answers those `ERR ... script: ...`).
+        let detail = error.detail().unwrap_or_default();
         let unsupported = match error.code() {
-            Some("NOPERM") => true,
-            Some("ERR") => error
-                .detail()
-                .is_some_and(|detail| detail.starts_with("unknown command")),
+            Some("NOPERM") => detail.contains("'fcall'") || detail.contains("'function|"),
+            Some("ERR") => detail.starts_with("unknown command"),
             _ => false,
         };
         if unsupported && self.0.swap(false, Ordering::Relaxed) {
@@ -258,5 +259,55 @@ mod tests {
             ["SCRIPT", "LOAD", "local x = 1\nreturn ARGV[1]\n"]
         );
         assert_eq!(call.slot(), super::super::keys::key_slot(b"k1"));
+    }
+
+    /// A server error reply, as the client hands it over.
+    fn server_error(reply: &str) -> RedisError {
+        redis::parse_redis_value(format!("-{reply}\r\n").as_bytes())
+            .unwrap()
+            .extract_error()
+            .unwrap_err()
+    }
+
+    #[test]
+    fn refusals_are_told_apart() {
+        let unsupported = [
+            "ERR unknown command 'FCALL', with args beginning with: 'tw_1' '1' ",
+            "ERR unknown command 'FUNCTION', with args beginning with: 'LOAD' ",
+            "NOPERM this user has no permissions to run the 'fcall' command",
+            "NOPERM this user has no permissions to run the 'function|load' command",
+        ];
+        for reply in unsupported {
+            let functions = Functions::new(true);
+            assert!(
+                functions.off_if_unsupported(&server_error(reply)),
+                "{reply}"
+            );
+            assert!(!functions.on(), "{reply}");
+        }
+        // Refusals from inside a script that ran: never a reason to switch.
+        let others = [
+            "ERR The user executing the script can't run this command or subcommand script: tw_1, on @user_function:13.",
+            "NOPERM No permissions to access a key",
+            "ERR Function not found",
+        ];
+        for reply in others {
+            let functions = Functions::new(true);
+            assert!(
+                !functions.off_if_unsupported(&server_error(reply)),
+                "{reply}"
+            );
+            assert!(functions.on(), "{reply}");
+        }
+        assert!(is_function_missing(&server_error("ERR Function not found")));
+        assert!(!is_function_missing(&server_error(
+            "NOSCRIPT No matching script."
+        )));
+        assert!(is_already_loaded(&server_error(
+            "ERR Library 'tw_1' already exists"
+        )));
+        assert!(!is_already_loaded(&server_error(
+            "ERR Error compiling function: x"
+        )));
     }
 }
