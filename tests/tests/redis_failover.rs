@@ -291,11 +291,15 @@ async fn resilient(
     prefix: &str,
     quota: Quota,
 ) -> (Arc<RedisStore>, Limiter, ManualClock) {
+    // By EVALSHA: these tests follow a script cache through a failover
+    // (a replica, its cache flushed, answers NOSCRIPT once promoted).
+    // Functions through a failover: redis_functions.rs.
     let store = Arc::new(
         RedisStore::builder()
             .cluster(cluster.urls())
             .prefix(prefix)
             .connect_timeout(BUDGET)
+            .functions(false)
             .build()
             .unwrap(),
     );
