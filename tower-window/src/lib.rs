@@ -28,6 +28,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
+pub mod audit;
 mod clock;
 pub mod conn;
 mod cost;
@@ -54,6 +55,7 @@ pub use bytes;
 pub use http;
 
 pub use algorithm::Algorithm;
+pub use audit::AuditLog;
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use conn::{ConnectionLimiter, ConnectionSeat};
 pub use cost::{Cost, IntoCost, QuotaCosts, ZeroCost};

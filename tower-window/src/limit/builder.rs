@@ -23,6 +23,7 @@ pub struct LimiterBuilder {
     fallback: Option<Box<dyn FallbackPolicy>>,
     metrics_tenant_label: bool,
     leases: Option<super::LeaseConfig>,
+    audit: Option<crate::AuditLog>,
 }
 
 impl LimiterBuilder {
@@ -37,6 +38,7 @@ impl LimiterBuilder {
             fallback: None,
             metrics_tenant_label: false,
             leases: None,
+            audit: None,
         }
     }
 
@@ -63,6 +65,13 @@ impl LimiterBuilder {
     /// without leases every check is a direct check.
     pub fn leases(mut self, config: super::LeaseConfig) -> Self {
         self.leases = (config.max_units() > 0).then_some(config);
+        self
+    }
+
+    /// Hands every decision to `audit`, which records the ones its
+    /// tenant's rules ask for, off the request path (see [`crate::audit`]).
+    pub fn audit(mut self, audit: crate::AuditLog) -> Self {
+        self.audit = Some(audit);
         self
     }
 
@@ -109,6 +118,7 @@ impl LimiterBuilder {
                     super::lease_tier::LeaseTier::new(config, self.local_capacity.max(1_000))
                 }),
                 fallback,
+                audit: self.audit,
                 stats: Counters::default(),
                 settles: Default::default(),
             }),
@@ -124,6 +134,7 @@ impl fmt::Debug for LimiterBuilder {
             .field("fallback", &self.fallback.is_some())
             .field("store", &self.store)
             .field("metrics_tenant_label", &self.metrics_tenant_label)
+            .field("audit", &self.audit.is_some())
             .finish_non_exhaustive()
     }
 }

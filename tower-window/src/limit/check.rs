@@ -316,6 +316,9 @@ impl<'a> Of<'a> {
             // A denial names its policy (problem bodies say which one denied).
             decision.record_denial_policy(self.policy);
             inner.metrics.decision(self.key, decision);
+            if let Some(audit) = &inner.audit {
+                audit.decision(self.key, self.policy.name(), decision);
+            }
         }
         if traced != 0 {
             let micros = inner.clock.now_micros().saturating_sub(traced);

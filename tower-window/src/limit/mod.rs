@@ -69,6 +69,7 @@ struct Inner {
     local: Option<LocalTier>,
     leases: Option<lease_tier::LeaseTier>,
     fallback: Option<Box<dyn FallbackPolicy>>,
+    audit: Option<crate::AuditLog>,
     stats: Counters,
     settles: settlement::Settles,
     metrics: Arc<LimiterMetrics>,

@@ -36,6 +36,13 @@
 //! | `tower_window_connection_heartbeat_calls_total` | counter | store calls | |
 //! | `tower_window_connection_live_seats` | gauge | seats | |
 //!
+//! Recorded by [`AuditLog`](crate::audit::AuditLog)s:
+//!
+//! | name | type | unit | labels |
+//! |------|------|------|--------|
+//! | `tower_window_audit_records_total` | counter | records | `outcome`: `written`, `dropped_full`, `dropped_failed` |
+//! | `tower_window_audit_buffered` | gauge | records | |
+//!
 //! Label values:
 //! - `outcome`: `allowed`, `denied` (decisions); `ok`, `error` (store calls).
 //! - `source`: `store`, `local_cache`, `lease`, `fallback`
@@ -130,6 +137,10 @@ pub fn describe() {
             "Units of quota leases: granted, spent, refunded, expired unspent.",
         ),
         (DEDUP_CHECKS_TOTAL, "Dedup-window answers by outcome."),
+        (
+            AUDIT_RECORDS_TOTAL,
+            "Audit records written to the log, or dropped (buffer full, log refused them).",
+        ),
         (CONNECTION_GRANTS_TOTAL, "Connection seat grants by outcome."),
         (CONNECTION_RELEASES_TOTAL, "Connection seats released."),
         (
@@ -161,6 +172,7 @@ pub fn describe() {
             CONNECTION_LIVE_SEATS,
             "Connection seats this node holds and renews.",
         ),
+        (AUDIT_BUFFERED, "Audit records waiting to be written."),
     ];
     for (name, help) in gauges {
         describe_gauge!(name, Unit::Count, help);

@@ -87,3 +87,9 @@ pub const CONNECTION_RENEW_FAILURES_TOTAL: &str = "tower_window_connection_renew
 pub const CONNECTION_HEARTBEAT_CALLS_TOTAL: &str = "tower_window_connection_heartbeat_calls_total";
 /// Live seats this node renews.
 pub const CONNECTION_LIVE_SEATS: &str = "tower_window_connection_live_seats";
+
+/// Audit records, by `outcome`: `written` to the log, `dropped_full` (the
+/// buffer was full), `dropped_failed` (the log refused them).
+pub const AUDIT_RECORDS_TOTAL: &str = "tower_window_audit_records_total";
+/// Audit records waiting to be written.
+pub const AUDIT_BUFFERED: &str = "tower_window_audit_buffered";

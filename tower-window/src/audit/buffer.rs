@@ -1,0 +1,285 @@
+//! The bounded buffer between decisions and the log, and the writer that
+//! empties it: one round at a time, a failed batch retried (alone, as it
+//! was) before anything newer, so a tenant's records keep their order.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+
+use super::{AuditBatch, AuditRecord, AuditStats, Inner};
+use crate::metrics::Calls;
+use crate::{StoreError, StoreErrorKind};
+
+/// The longest pause between rounds while the log fails.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Attempts after which a batch the log refuses (not an outage) is dropped.
+const MAX_REFUSALS: u32 = 3;
+
+pub(super) struct Buffer {
+    state: Mutex<State>,
+    /// Held for a round: rounds never overlap.
+    round: tokio::sync::Mutex<()>,
+    capacity: usize,
+    max_batch: usize,
+    interval: Duration,
+    writer: AtomicBool,
+    recorded: AtomicU64,
+    written: AtomicU64,
+    dropped_full: AtomicU64,
+    dropped_failed: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<AuditRecord>,
+    /// Batches of the last round that failed: the next round's.
+    pending: Vec<Pending>,
+    /// Records in `pending`.
+    pending_records: usize,
+    next_seq: u64,
+}
+
+struct Pending {
+    batch: AuditBatch,
+    refusals: u32,
+}
+
+/// How a round went.
+enum Round {
+    Idle,
+    Wrote { more: bool },
+    Failed,
+}
+
+impl Buffer {
+    pub(super) fn new(capacity: usize, max_batch: usize, interval: Duration) -> Self {
+        Self {
+            state: Mutex::default(),
+            round: tokio::sync::Mutex::new(()),
+            capacity,
+            max_batch,
+            interval,
+            writer: AtomicBool::new(false),
+            recorded: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            dropped_full: AtomicU64::new(0),
+            dropped_failed: AtomicU64::new(0),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn stats(&self) -> AuditStats {
+        let state = self.state();
+        AuditStats {
+            recorded: self.recorded.load(Ordering::Relaxed),
+            written: self.written.load(Ordering::Relaxed),
+            dropped_full: self.dropped_full.load(Ordering::Relaxed),
+            dropped_failed: self.dropped_failed.load(Ordering::Relaxed),
+            buffered: (state.queue.len() + state.pending_records) as u64,
+        }
+    }
+
+    /// Keeps `record`, or counts it dropped when the buffer is full.
+    fn keep(&self, record: AuditRecord) {
+        self.recorded.fetch_add(1, Ordering::Relaxed);
+        let mut state = self.state();
+        if state.queue.len() + state.pending_records >= self.capacity {
+            drop(state);
+            self.dropped_full.fetch_add(1, Ordering::Relaxed);
+            count("dropped_full", 1);
+            return;
+        }
+        state.queue.push_back(record);
+    }
+
+    /// The next round's batches: the failed ones, else up to `max_batch`
+    /// new records grouped by tenant, in order.
+    fn take_round(&self, inner: &Inner) -> Vec<Pending> {
+        let mut state = self.state();
+        if !state.pending.is_empty() {
+            state.pending_records = 0;
+            return std::mem::take(&mut state.pending);
+        }
+        let n = state.queue.len().min(self.max_batch);
+        let mut round: Vec<Pending> = Vec::new();
+        for record in state.queue.drain(..n).collect::<Vec<_>>() {
+            match round.iter_mut().find(|p| p.batch.tenant == record.tenant) {
+                Some(pending) => pending.batch.records.push(record),
+                None => round.push(Pending {
+                    batch: AuditBatch {
+                        tenant: record.tenant.clone(),
+                        node: inner.node.clone(),
+                        seq: 0,
+                        records: vec![record],
+                        retention: inner.retention,
+                    },
+                    refusals: 0,
+                }),
+            }
+        }
+        for pending in &mut round {
+            state.next_seq += 1;
+            pending.batch.seq = state.next_seq;
+        }
+        round
+    }
+
+    /// Counts what a round wrote; keeps what failed for the next round.
+    fn settle(&self, round: Vec<(Pending, Result<(), StoreError>)>) -> Round {
+        let mut failed = Vec::new();
+        for (mut pending, result) in round {
+            let n = pending.batch.records.len();
+            match result {
+                Ok(()) => {
+                    self.written.fetch_add(n as u64, Ordering::Relaxed);
+                    count("written", n);
+                }
+                Err(error) => {
+                    if !is_outage(&error) {
+                        pending.refusals += 1;
+                    }
+                    if pending.refusals >= MAX_REFUSALS {
+                        tracing::warn!(%error, records = n, "the audit log refused a batch: dropped");
+                        self.dropped_failed.fetch_add(n as u64, Ordering::Relaxed);
+                        count("dropped_failed", n);
+                    } else {
+                        failed.push(pending);
+                    }
+                }
+            }
+        }
+        let mut state = self.state();
+        let outcome = if failed.is_empty() {
+            Round::Wrote {
+                more: !state.queue.is_empty(),
+            }
+        } else {
+            Round::Failed
+        };
+        state.pending_records = failed.iter().map(|p| p.batch.records.len()).sum();
+        state.pending = failed;
+        if crate::metrics::ENABLED {
+            let buffered = state.queue.len() + state.pending_records;
+            ::metrics::gauge!(crate::metrics::AUDIT_BUFFERED).set(buffered as f64);
+        }
+        outcome
+    }
+
+    fn is_empty(&self) -> bool {
+        let state = self.state();
+        state.queue.is_empty() && state.pending.is_empty()
+    }
+}
+
+/// Buffers `record` and makes sure it gets written: at once on an
+/// in-process store, else by the writer task.
+pub(super) fn push(inner: &Arc<Inner>, record: AuditRecord) {
+    inner.buffer.keep(record);
+    if inner.store.is_in_process() {
+        // The embedded backend answers at once: written now, in order.
+        let _ = write_round(inner).now_or_never();
+        return;
+    }
+    let buffer = &inner.buffer;
+    if !buffer.writer.load(Ordering::Relaxed) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            if !buffer.writer.swap(true, Ordering::AcqRel) {
+                runtime.spawn(writer(Arc::downgrade(inner)));
+            }
+        }
+    }
+}
+
+/// Writes until `budget` has passed or nothing is left; `true` if nothing is.
+pub(super) async fn flush(inner: &Arc<Inner>, budget: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + budget;
+    let mut backoff = Duration::ZERO;
+    loop {
+        if let Round::Failed = write_round(inner).await {
+            backoff = (backoff * 2).clamp(Duration::from_millis(5), MAX_BACKOFF);
+            if tokio::time::Instant::now() + backoff > deadline {
+                return inner.buffer.is_empty();
+            }
+            tokio::time::sleep(backoff).await;
+        }
+        if inner.buffer.is_empty() {
+            return true;
+        }
+    }
+}
+
+/// The writer task: a round, then a pause (none while a batch is waiting,
+/// growing while the log fails), until the log is dropped.
+async fn writer(log: Weak<Inner>) {
+    let mut backoff = Duration::ZERO;
+    loop {
+        let Some(inner) = log.upgrade() else { return };
+        let interval = inner.buffer.interval;
+        let pause = match write_round(&inner).await {
+            Round::Wrote { more: true } => Duration::ZERO,
+            Round::Idle | Round::Wrote { more: false } => {
+                backoff = Duration::ZERO;
+                interval
+            }
+            Round::Failed => {
+                backoff = (backoff * 2).clamp(interval, MAX_BACKOFF);
+                backoff
+            }
+        };
+        drop(inner);
+        if pause.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// One round: every batch of it sent at once, through the store's
+/// resilience stack.
+async fn write_round(inner: &Inner) -> Round {
+    let buffer = &inner.buffer;
+    let _round = buffer.round.lock().await;
+    let round = buffer.take_round(inner);
+    if round.is_empty() {
+        return Round::Idle;
+    }
+    let calls = round.iter().map(|pending| {
+        let batch = &pending.batch;
+        inner.store.call(
+            inner.backend.as_deref(),
+            "audit logs",
+            |backend| backend.failure_domain(&batch.tenant),
+            Calls::to(&inner.metrics, None),
+            |backend, guard| backend.append(guard, batch),
+        )
+    });
+    let results = futures_util::future::join_all(calls).await;
+    buffer.settle(round.into_iter().zip(results).collect())
+}
+
+/// Whether `error` says the log was out of reach (the batch waits), not
+/// that it refused the batch.
+fn is_outage(error: &StoreError) -> bool {
+    matches!(
+        error.kind(),
+        StoreErrorKind::Unavailable
+            | StoreErrorKind::Timeout
+            | StoreErrorKind::Overloaded
+            | StoreErrorKind::CircuitOpen
+    )
+}
+
+/// Counts `n` records with `outcome` in `tower_window_audit_records_total`.
+fn count(outcome: &'static str, n: usize) {
+    if crate::metrics::ENABLED && n > 0 {
+        ::metrics::counter!(crate::metrics::AUDIT_RECORDS_TOTAL, "outcome" => outcome)
+            .increment(n as u64);
+    }
+}

@@ -1,0 +1,119 @@
+//! [`audit::Backend`] for [`MemoryStore`]: a bounded log in memory, in
+//! the order written, the oldest entry evicted first (over all tenants).
+//! Retention by age; by length only the store's bound
+//! ([`max_audit_records`](MemoryStoreBuilder::max_audit_records)).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::query::EntryId;
+use crate::audit::{self, AuditBatch, AuditPage, AuditQuery, AuditRecord};
+use crate::store::{Guard, MemoryStore, MemoryStoreBuilder, Op};
+
+/// The audit entries a memory store keeps.
+pub(crate) struct AuditEntries {
+    log: Mutex<Log>,
+    max_entries: usize,
+}
+
+#[derive(Default)]
+struct Log {
+    /// Every tenant's entries with their ids, oldest first.
+    entries: VecDeque<(EntryId, AuditRecord)>,
+    last: Option<EntryId>,
+}
+
+impl AuditEntries {
+    fn new(max_entries: usize) -> Self {
+        Self {
+            log: Mutex::default(),
+            max_entries: max_entries.max(1),
+        }
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn append(&self, batch: &AuditBatch, now_micros: u64) {
+        let now_ms = now_micros / 1_000;
+        let mut log = self.log();
+        for record in &batch.records {
+            let id = match log.last {
+                Some(last) if last.ms >= now_ms => EntryId {
+                    ms: last.ms,
+                    seq: last.seq + 1,
+                },
+                _ => EntryId { ms: now_ms, seq: 0 },
+            };
+            log.last = Some(id);
+            let mut record = record.clone();
+            record.id = id.to_string();
+            log.entries.push_back((id, record));
+        }
+        let max_age = u64::try_from(batch.retention.max_age.as_millis()).unwrap_or(u64::MAX);
+        let oldest_kept = now_ms.saturating_sub(max_age);
+        while log.entries.len() > self.max_entries
+            || log
+                .entries
+                .front()
+                .is_some_and(|(id, _)| id.ms < oldest_kept)
+        {
+            log.entries.pop_front();
+        }
+    }
+
+    fn query(&self, query: &AuditQuery) -> AuditPage {
+        let log = self.log();
+        let before = query.before.as_deref().and_then(EntryId::parse);
+        let mut page = AuditPage::default();
+        let (mut scanned, mut last) = (0, None);
+        let newest_first = log.entries.iter().rev();
+        let tenants = newest_first
+            .filter(|(id, r)| r.tenant == query.tenant && before.is_none_or(|b| *id < b));
+        for (id, record) in tenants {
+            if !query.reaches(id.ms) {
+                break;
+            }
+            if page.records.len() == query.limit || scanned == AuditQuery::MAX_SCAN {
+                page.next = last.map(|id: EntryId| id.to_string());
+                break;
+            }
+            (scanned, last) = (scanned + 1, Some(*id));
+            if query.matches(record) {
+                page.records.push(record.clone());
+            }
+        }
+        page
+    }
+}
+
+impl MemoryStore {
+    /// The default of [`MemoryStoreBuilder::max_audit_records`].
+    pub const DEFAULT_MAX_AUDIT_RECORDS: usize = 10_000;
+
+    fn audit_entries(&self) -> Arc<AuditEntries> {
+        self.part(|_| Arc::new(AuditEntries::new(Self::DEFAULT_MAX_AUDIT_RECORDS)))
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// The most [audit records](crate::audit) kept, over all tenants
+    /// (default [`MemoryStore::DEFAULT_MAX_AUDIT_RECORDS`]; at least 1);
+    /// beyond it the oldest go first.
+    pub fn max_audit_records(mut self, max: usize) -> Self {
+        self.parts.insert(Arc::new(AuditEntries::new(max)));
+        self
+    }
+}
+
+impl audit::Backend for MemoryStore {
+    fn append<'a>(&'a self, _: &mut Guard<'a>, batch: &'a AuditBatch) -> Op<'a, ()> {
+        self.audit_entries().append(batch, self.clock.now_micros());
+        Op::ready(Ok(()))
+    }
+
+    fn query<'a>(&'a self, _: &mut Guard<'a>, query: &'a AuditQuery) -> Op<'a, AuditPage> {
+        Op::ready(Ok(self.audit_entries().query(query)))
+    }
+}

@@ -1,0 +1,324 @@
+//! [`AuditRecord`]: one audited decision or admin change, and its fields
+//! in a log entry.
+
+use std::fmt;
+
+use crate::{Decision, DecisionSource, FallbackReason, WindowKey};
+
+/// The longest subject kept in a record, in bytes (a longer one is cut at a
+/// character boundary): records are bounded whatever a client sends.
+pub const MAX_SUBJECT_LEN: usize = 256;
+
+/// The fields of a record's log entry.
+pub(crate) const FIELD_COUNT: usize = 8;
+
+/// What happened, in one [`AuditRecord`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AuditOutcome {
+    /// The request was admitted (a sampled admission, or a degraded one).
+    Allowed,
+    /// The request was refused.
+    Denied,
+    /// A [shadow](crate::Quota::shadowed) quota would have refused it; it
+    /// was admitted.
+    ShadowDenied,
+    /// An operator changed the tenant.
+    Admin(AdminAction),
+}
+
+/// An operator's change to a tenant, in an [`AuditRecord`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AdminAction {
+    /// The tenant's spec was put (created or replaced).
+    Put,
+    /// The tenant's windows were reset.
+    Reset,
+    /// The tenant was deleted (closed).
+    Delete,
+    /// The tenants file was reloaded.
+    Reload,
+}
+
+impl AuditOutcome {
+    /// Every outcome's name, as [`as_str`](Self::as_str) writes it.
+    pub const NAMES: [&'static str; 7] = [
+        "allowed",
+        "denied",
+        "shadow_denied",
+        "admin_put",
+        "admin_reset",
+        "admin_delete",
+        "admin_reload",
+    ];
+
+    /// A short, stable name (log fields, query filters, JSON).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::ShadowDenied => "shadow_denied",
+            Self::Admin(AdminAction::Put) => "admin_put",
+            Self::Admin(AdminAction::Reset) => "admin_reset",
+            Self::Admin(AdminAction::Delete) => "admin_delete",
+            Self::Admin(AdminAction::Reload) => "admin_reload",
+        }
+    }
+}
+
+impl std::str::FromStr for AuditOutcome {
+    type Err = UnknownName;
+
+    fn from_str(name: &str) -> Result<Self, UnknownName> {
+        Ok(match name {
+            "allowed" => Self::Allowed,
+            "denied" => Self::Denied,
+            "shadow_denied" => Self::ShadowDenied,
+            "admin_put" => Self::Admin(AdminAction::Put),
+            "admin_reset" => Self::Admin(AdminAction::Reset),
+            "admin_delete" => Self::Admin(AdminAction::Delete),
+            "admin_reload" => Self::Admin(AdminAction::Reload),
+            _ => return Err(UnknownName),
+        })
+    }
+}
+
+impl fmt::Display for AuditOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is no [`AuditOutcome`]'s or [`DecisionSource`]'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("not a known name")]
+pub struct UnknownName;
+
+/// One audited decision or admin change.
+///
+/// `at_micros` is the deciding clock's reading (the store's: Redis's
+/// `TIME` for a decision Redis made); `id` is the entry's position in the
+/// log once written (`<ms>-<seq>` on Redis, a stream entry id), empty
+/// before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AuditRecord {
+    /// The entry's id in the log (empty until written).
+    pub id: String,
+    /// When it was decided, in microseconds since the Unix epoch.
+    pub at_micros: u64,
+    /// The tenant.
+    pub tenant: String,
+    /// The subject (at most [`MAX_SUBJECT_LEN`] bytes); empty for a
+    /// tenant-wide admin change.
+    pub subject: String,
+    /// The policy's name (empty for an admin change).
+    pub policy: String,
+    /// The deciding quota's name (for a shadow denial, the shadow quota's).
+    pub quota: String,
+    /// What happened.
+    pub outcome: AuditOutcome,
+    /// The deciding quota's remaining units.
+    pub remaining: u32,
+    /// Who decided (an admin change: [`DecisionSource::Store`]).
+    pub source: DecisionSource,
+    /// The node that recorded it (its audit log's id).
+    pub node: String,
+}
+
+impl AuditRecord {
+    /// The record of `decision` for `key` under policy `policy`, with
+    /// `outcome` (a shadow denial names its shadow quota).
+    pub(crate) fn of_decision(
+        key: &WindowKey,
+        policy: &str,
+        decision: &Decision,
+        outcome: AuditOutcome,
+        node: &str,
+    ) -> Self {
+        let quota = match outcome {
+            AuditOutcome::ShadowDenied => decision.shadow_denials().next().map(|q| q.quota()),
+            _ => None,
+        }
+        .unwrap_or_else(|| decision.quota());
+        Self {
+            id: String::new(),
+            at_micros: decision.timestamp_micros(),
+            tenant: String::from_utf8_lossy(key.tenant()).into_owned(),
+            subject: bounded(&String::from_utf8_lossy(key.subject())),
+            policy: policy.to_owned(),
+            quota: quota.name().to_owned(),
+            outcome,
+            remaining: decision.remaining(),
+            source: decision.source(),
+            node: node.to_owned(),
+        }
+    }
+
+    /// The record of an admin change to `tenant`.
+    pub(crate) fn of_change(tenant: &str, action: AdminAction, at_micros: u64, node: &str) -> Self {
+        Self {
+            id: String::new(),
+            at_micros,
+            tenant: tenant.to_owned(),
+            subject: String::new(),
+            policy: String::new(),
+            quota: String::new(),
+            outcome: AuditOutcome::Admin(action),
+            remaining: 0,
+            source: DecisionSource::Store,
+            node: node.to_owned(),
+        }
+    }
+
+    /// The log entry's fields, in order (the tenant is the log's key).
+    pub fn fields(&self) -> [(&'static str, String); FIELD_COUNT] {
+        [
+            ("at", self.at_micros.to_string()),
+            ("subject", self.subject.clone()),
+            ("policy", self.policy.clone()),
+            ("quota", self.quota.clone()),
+            ("outcome", self.outcome.as_str().to_owned()),
+            ("remaining", self.remaining.to_string()),
+            ("source", self.source.to_string()),
+            ("node", self.node.clone()),
+        ]
+    }
+
+    /// The record of a log entry's `fields`, `None` if one is missing or
+    /// malformed (a foreign writer's entry).
+    pub fn from_fields<'a>(
+        tenant: &str,
+        id: &str,
+        fields: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Option<Self> {
+        let mut record = Self::of_change(tenant, AdminAction::Put, 0, "");
+        record.id = id.to_owned();
+        let mut seen = 0_u8;
+        for (name, value) in fields {
+            let bit = match name {
+                "at" => value.parse().map(|at| record.at_micros = at).is_ok(),
+                "subject" => {
+                    record.subject = value.to_owned();
+                    true
+                }
+                "policy" => {
+                    record.policy = value.to_owned();
+                    true
+                }
+                "quota" => {
+                    record.quota = value.to_owned();
+                    true
+                }
+                "outcome" => value.parse().map(|o| record.outcome = o).is_ok(),
+                "remaining" => value.parse().map(|r| record.remaining = r).is_ok(),
+                "source" => parse_source(value).map(|s| record.source = s).is_some(),
+                "node" => {
+                    record.node = value.to_owned();
+                    true
+                }
+                _ => continue,
+            };
+            if !bit {
+                return None;
+            }
+            seen += 1;
+        }
+        (usize::from(seen) >= FIELD_COUNT).then_some(record)
+    }
+}
+
+/// The record as one JSON object (an exporter's line, an admin route's
+/// item): `id`, `at_micros`, `tenant`, `subject`, `policy`, `quota`,
+/// `outcome`, `remaining`, `source`, `node`.
+#[cfg(feature = "serde")]
+impl serde::Serialize for AuditRecord {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut out = serializer.serialize_struct("AuditRecord", 10)?;
+        out.serialize_field("id", &self.id)?;
+        out.serialize_field("at_micros", &self.at_micros)?;
+        out.serialize_field("tenant", &self.tenant)?;
+        out.serialize_field("subject", &self.subject)?;
+        out.serialize_field("policy", &self.policy)?;
+        out.serialize_field("quota", &self.quota)?;
+        out.serialize_field("outcome", self.outcome.as_str())?;
+        out.serialize_field("remaining", &self.remaining)?;
+        out.serialize_field("source", &self.source.to_string())?;
+        out.serialize_field("node", &self.node)?;
+        out.end()
+    }
+}
+
+/// `subject` cut to at most [`MAX_SUBJECT_LEN`] bytes.
+fn bounded(subject: &str) -> String {
+    let mut end = subject.len().min(MAX_SUBJECT_LEN);
+    while !subject.is_char_boundary(end) {
+        end -= 1;
+    }
+    subject[..end].to_owned()
+}
+
+/// A [`DecisionSource`] from its `Display` form (`store`, `local_cache`,
+/// `lease`, `fallback(<reason>)`).
+pub(crate) fn parse_source(text: &str) -> Option<DecisionSource> {
+    Some(match text {
+        "store" => DecisionSource::Store,
+        "local_cache" => DecisionSource::LocalCache,
+        "lease" => DecisionSource::Lease,
+        _ => {
+            let reason = text.strip_prefix("fallback(")?.strip_suffix(')')?;
+            let reason = FallbackReason::ALL
+                .into_iter()
+                .find(|r| r.as_str() == reason)?;
+            DecisionSource::Fallback(reason)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::Quota;
+
+    #[test]
+    fn fields_read_back_as_written() {
+        let quota: Quota = "1/1m".parse().unwrap();
+        let decision = Decision::deny(quota, 0, std::time::Duration::from_secs(60), None)
+            .with_source(DecisionSource::Fallback(FallbackReason::Timeout))
+            .with_timestamp_micros(1_700_000_000_000_123);
+        let key = WindowKey::new("acme", "é".repeat(200));
+        let record = AuditRecord::of_decision(&key, "api", &decision, AuditOutcome::Denied, "n1");
+        assert_eq!(record.subject.len(), 256, "cut at a character boundary");
+        let fields = record.fields();
+        let read = fields.iter().map(|(n, v)| (*n, v.as_str()));
+        let back = AuditRecord::from_fields("acme", "1-0", read).unwrap();
+        assert_eq!(
+            back,
+            AuditRecord {
+                id: "1-0".into(),
+                ..record.clone()
+            }
+        );
+        assert!(AuditRecord::from_fields("acme", "1-0", [("at", "x")]).is_none());
+        let json = serde_json::to_value(&back).unwrap();
+        assert_eq!(json["source"], "fallback(timeout)");
+        assert_eq!(json["at_micros"], 1_700_000_000_000_123_u64);
+        assert_eq!(json["subject"].as_str().unwrap(), record.subject);
+    }
+
+    #[test]
+    fn outcome_names_round_trip() {
+        for name in AuditOutcome::NAMES {
+            assert_eq!(name.parse::<AuditOutcome>().unwrap().as_str(), name);
+        }
+        assert!("nope".parse::<AuditOutcome>().is_err());
+        for source in ["store", "lease", "local_cache", "fallback(circuit_open)"] {
+            assert_eq!(parse_source(source).unwrap().to_string(), source);
+        }
+        assert!(parse_source("fallback(x)").is_none());
+    }
+}
