@@ -113,6 +113,12 @@ impl Limiter {
         &self.inner.policy
     }
 
+    /// The audit log every decision is handed to, if any
+    /// ([`LimiterBuilder::audit`]).
+    pub fn audit(&self) -> Option<&crate::AuditLog> {
+        self.inner.audit.as_ref()
+    }
+
     /// The store every check goes to.
     pub fn store(&self) -> &Store {
         &self.inner.store
