@@ -23,6 +23,8 @@
 # counter or the named algorithm, loaded at /api/hello; gateway-redis and
 # gateway-redis-lease run it on the script's redis-server, the latter with
 # `--lease $LEASE` (default 100), optionally followed by -ALGORITHM;
+# gateway-redis-audit runs it there with the audit trail on (`--audit
+# --audit-sample-admissions $AUDIT_SAMPLE`, default 100);
 # gateway-unlimited runs it with every tenant unlimited, the same route with
 # no check), LIMIT (the gateway variants' --limit, default
 # 1000000000/1s), LUA (the wrk script,
@@ -151,6 +153,11 @@ start_server() {
         algorithm=${algorithm#-}
         case $algorithm in
         redis-lease*) store=(--redis-url "$redis_url" --lease "${LEASE:-100}"); algorithm=${algorithm#redis-lease} ;;
+        redis-audit*)
+            # The audit trail on: denials, degraded decisions, shadow
+            # denials, and 1 admission in $AUDIT_SAMPLE (default 100).
+            store=(--redis-url "$redis_url" --audit --audit-sample-admissions "${AUDIT_SAMPLE:-100}")
+            algorithm=${algorithm#redis-audit} ;;
         redis*) store=(--redis-url "$redis_url"); algorithm=${algorithm#redis} ;;
         unlimited)
             # The same binary and route with every tenant unlimited: the
@@ -210,11 +217,11 @@ stop_server() {
     stop "$server_pid"
 }
 
-# Script calls (EVALSHA + EVAL) our redis-server ran so far (issue 24:
-# script calls per admission).
+# Script calls (FCALL, EVALSHA, EVAL) our redis-server ran so far (issue
+# 24: script calls per admission).
 script_calls() {
     redis-cli -h 127.0.0.1 -p "$redis_port" INFO commandstats 2>/dev/null |
-        awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ { n += $3 } END { print n + 0 }'
+        awk -F'[=,:]' '/^cmdstat_(eval(sha)?|fcall):/ { n += $3 } END { print n + 0 }'
 }
 
 # CPU ticks (user + system) used so far by process $1.
@@ -290,6 +297,7 @@ letter() {
     memory-open-*) echo "(b'') tower-window, MemoryStore, ${1#memory-open-}, admits everything" ;;
     gateway-unlimited) echo "(a') gateway binary, every tenant unlimited (no check)" ;;
     gateway-redis-lease*) echo "(h) gateway binary, Redis, --lease ${LEASE:-100}${1#gateway-redis-lease}" ;;
+    gateway-redis-audit*) echo "(h') gateway binary, Redis, --audit --audit-sample-admissions ${AUDIT_SAMPLE:-100}${1#gateway-redis-audit}" ;;
     gateway-redis*) echo "(h) gateway binary, Redis${1#gateway-redis}" ;;
     gateway-*) echo "(g) gateway binary, ${1#gateway-}" ;;
     *) echo "$1" ;;
