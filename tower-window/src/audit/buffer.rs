@@ -15,6 +15,8 @@ use crate::{StoreError, StoreErrorKind};
 
 /// The longest pause between rounds while the log fails.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Batches of a round in flight at once.
+const MAX_BATCHES_IN_FLIGHT: usize = 8;
 /// Attempts after which a batch the log refuses (not an outage) is dropped.
 const MAX_REFUSALS: u32 = 3;
 
@@ -241,8 +243,9 @@ async fn writer(log: Weak<Inner>) {
     }
 }
 
-/// One round: every batch of it sent at once, through the store's
-/// resilience stack.
+/// One round: its batches (one per tenant) sent
+/// [`MAX_BATCHES_IN_FLIGHT`] at a time through the store's resilience
+/// stack, pipelined on each node's connection.
 async fn write_round(inner: &Inner) -> Round {
     let buffer = &inner.buffer;
     let _round = buffer.round.lock().await;
@@ -250,17 +253,22 @@ async fn write_round(inner: &Inner) -> Round {
     if round.is_empty() {
         return Round::Idle;
     }
-    let calls = round.iter().map(|pending| {
-        let batch = &pending.batch;
-        inner.store.call(
-            inner.backend.as_deref(),
-            "audit logs",
-            |backend| backend.failure_domain(&batch.tenant),
-            Calls::to(&inner.metrics, None),
-            |backend, guard| backend.append(guard, batch),
-        )
-    });
-    let results = futures_util::future::join_all(calls).await;
+    // A few at a time: the batches share the store's in-flight bound with
+    // the decisions, which must never wait for auditing.
+    let mut results = Vec::with_capacity(round.len());
+    for chunk in round.chunks(MAX_BATCHES_IN_FLIGHT) {
+        let calls = chunk.iter().map(|pending| {
+            let batch = &pending.batch;
+            inner.store.call(
+                inner.backend.as_deref(),
+                "audit logs",
+                |backend| backend.failure_domain(&batch.tenant),
+                Calls::to(&inner.metrics, None),
+                |backend, guard| backend.append(guard, batch),
+            )
+        });
+        results.extend(futures_util::future::join_all(calls).await);
+    }
     buffer.settle(round.into_iter().zip(results).collect())
 }
 

@@ -117,3 +117,85 @@ impl audit::Backend for MemoryStore {
         Op::ready(Ok(self.audit_entries().query(query)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use crate::audit::{AuditLog, AuditOutcome, AuditQuery, AuditRules};
+    use crate::{Limiter, ManualClock, MemoryStore, Quota, Store, WindowKey};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    fn rig(max_records: usize, max_age: Duration) -> (ManualClock, Limiter, AuditLog) {
+        let clock = ManualClock::new(T0);
+        let memory = MemoryStore::builder()
+            .clock(clock.clone())
+            .max_audit_records(max_records)
+            .build();
+        let store = Store::from(memory);
+        let audit = AuditLog::builder(store.clone())
+            .rules(AuditRules::default().sample_admissions(1))
+            .retention(1_000, max_age)
+            .build();
+        let limiter = Limiter::builder(store, "2/1m".parse::<Quota>().unwrap())
+            .audit(audit.clone())
+            .build();
+        (clock, limiter, audit)
+    }
+
+    #[tokio::test]
+    async fn bounded_paged_and_trimmed_by_age() {
+        let (clock, limiter, audit) = rig(50, Duration::from_secs(10));
+        for i in 0..80 {
+            let key = WindowKey::new(if i % 2 == 0 { "a" } else { "b" }, format!("u{}", i % 4));
+            limiter.check(&key, 1).await.unwrap();
+            clock.advance(Duration::from_millis(1));
+        }
+        // 80 written, the store keeps the newest 50 (25 per tenant).
+        assert_eq!(audit.stats().written, 80);
+        let mut seen = Vec::new();
+        let mut query = AuditQuery::new("a").limit(4);
+        loop {
+            let page = audit.query(&query).await.unwrap();
+            assert!(page.records.len() <= 4);
+            seen.extend(page.records);
+            match page.next {
+                Some(next) => query = query.before(next),
+                None => break,
+            }
+        }
+        assert_eq!(seen.len(), 25);
+        assert!(
+            seen.windows(2).all(|w| w[0].at_micros > w[1].at_micros),
+            "newest first"
+        );
+        let denied = AuditQuery::new("a")
+            .subject("u0")
+            .outcome(AuditOutcome::Denied);
+        let page = audit.query(&denied).await.unwrap();
+        assert!(!page.records.is_empty());
+        assert!(page
+            .records
+            .iter()
+            .all(|r| r.subject == "u0" && r.outcome == AuditOutcome::Denied));
+        let late = AuditQuery::new("a").between(Some(T0 + 70_000), None);
+        let page = audit.query(&late).await.unwrap();
+        assert_eq!(
+            page.records.len(),
+            5,
+            "decided at 70..80 ms, every other one tenant a"
+        );
+        // Past the age kept, the next write trims what is older.
+        clock.advance(Duration::from_secs(11));
+        limiter
+            .check(&WindowKey::new("a", "late"), 1)
+            .await
+            .unwrap();
+        let page = audit.query(&AuditQuery::new("a")).await.unwrap();
+        assert_eq!(page.records.len(), 1);
+        assert_eq!(page.records[0].subject, "late");
+    }
+}
