@@ -130,6 +130,7 @@ impl EntryId {
     }
 
     /// The largest id below this one, `None` for the first possible id.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn previous(self) -> Option<Self> {
         match (self.ms, self.seq) {
             (0, 0) => None,
