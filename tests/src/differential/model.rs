@@ -527,3 +527,25 @@ impl Window {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Algo, Params, Window};
+
+    /// The bound counts spent lease units with direct admissions: one of
+    /// each in a window of a limit of 1 is an over-admission (what a
+    /// refund naming a spent unit let the stores do).
+    #[test]
+    fn a_spent_unit_and_an_admission_past_the_limit_break_the_bound() {
+        let p = Params {
+            algo: Algo::Counter { g: 10_000 },
+            w: 2_000_000,
+            l: 1,
+        };
+        let mut window = Window::default();
+        window.admitted.push((2_010_000, 1));
+        assert!(window.check_bound(&p, &[]).is_ok());
+        assert!(window.check_bound(&p, &[(2_010_000, 1)]).is_err());
+        assert!(window.check_bound(&p, &[(10_000, 1)]).is_ok());
+    }
+}

@@ -8,14 +8,15 @@
 //! same quota names and new limits: windows kept), tenant resets
 //! (`TenantRegistry::reset` moves the tenant to a new state generation, a
 //! part of every key), clock steps of up to an hour either way, and for
-//! leases `lease::Backend::reserve`, local spending, refunds (partial, full, late,
-//! double, more than granted), nodes that die holding a lease, and a long
-//! history of expired leases. Both capabilities reserve estimates (a check
-//! of the estimate; `Limiter::reserve` refuses a policy with a gcra
-//! quota), settle them once (`limit::Backend::settle`: usage below, at and
-//! past the estimate, one for every quota or one per quota) and record
-//! usage with nothing reserved, past the limit too (debt); the lease
-//! capability also reserves, settles and refunds on the key of a live lease.
+//! leases `lease::Backend::reserve`, local spending, refunds (partial,
+//! full, late, double, more than granted while nothing was spent), nodes
+//! that die holding a lease, and a long history of expired leases. Both
+//! capabilities reserve estimates (a check of the estimate;
+//! `Limiter::reserve` refuses a policy with a gcra quota), settle them
+//! once (`limit::Backend::settle`: usage below, at and past the estimate,
+//! one for every quota or one per quota) and record usage with nothing
+//! reserved, past the limit too (debt); the lease capability also
+//! reserves, settles and refunds on the key of a live lease.
 //!
 //! A settle follows the contract of `Limiter::settle` per quota
 //! ([`Window::settle`](super::model::Window::settle)): units not used come
@@ -105,7 +106,9 @@ pub enum Unused {
     Rest,
     /// Half of that.
     Half,
-    /// More than the lease granted (capped by the store).
+    /// More than the lease granted (capped by the store), while nothing
+    /// was spent; once units were spent, what was not (a refund names only
+    /// units never spent: the store cannot tell).
     TooMuch,
     /// Nothing (no store call).
     Zero,
@@ -1473,13 +1476,28 @@ impl Exec<'_> {
         let now = self.backends.clock.now_micros();
         let i = n % self.leases.len();
         let (granted, spent) = (self.leases[i].granted, self.leases[i].spent);
+        let rest = granted - spent;
         let asked = match unused {
-            Unused::Rest => granted - spent,
-            Unused::Half => (granted - spent) / 2,
-            Unused::TooMuch => granted + 3,
+            Unused::Rest => rest,
+            Unused::Half => rest / 2,
+            // Spends are local: a store cannot tell spent units from unused
+            // ones and trusts the count (`RefundRequest::unused`, capped at
+            // `granted`). Asking back a spent unit would break the caller's
+            // side of the contract and let the store admit it again, so
+            // more than granted is asked only while nothing was spent.
+            Unused::TooMuch if spent == 0 => {
+                tally.saw("refund asked more than granted");
+                granted + 3
+            }
+            Unused::TooMuch => rest,
             Unused::Zero => 0,
         };
         let u = asked.min(granted);
+        if u > rest {
+            return Err(format!(
+                "{at}: the model would ask back {u} units of lease {i} ({granted} granted, {spent} spent)"
+            ));
+        }
         // The model: once, where the units still count. Worked out on a
         // copy of the windows: where it is not exact, what the stores
         // return (the same on all three) is what is applied.
@@ -1897,6 +1915,68 @@ impl super::Capability for Leases {
         cases(lease_ops()).boxed()
     }
 
+    fn fixed() -> Vec<Case> {
+        let one = |template, limit| Pick {
+            template,
+            limits: [limit, limit],
+            shadow: false,
+            tenant: true,
+        };
+        let lease = |want| Op::Lease {
+            tenant: 0,
+            subject: 0,
+            want,
+            at_least: 1,
+            ttl_ms: 50,
+        };
+        let check = |cost| Op::Check {
+            tenant: 0,
+            subject: 0,
+            cost,
+        };
+        vec![
+            // Seed 0xc87d3f81fd0ccc35: a refund of more than granted, once
+            // the lease's only unit was spent, asked the spent unit back
+            // and the stores (trusting the count, as documented) admitted
+            // it again: 2 units in the window of a limit of 1. A refund
+            // names only units never spent; the lease's unit still counts
+            // and the check is denied.
+            Case {
+                quotas: vec![one(3, 1)],
+                ops: vec![
+                    Op::Reserve {
+                        tenant: 0,
+                        subject: 0,
+                        estimate: 1,
+                    },
+                    Op::Step(2_010_000),
+                    lease(1),
+                    Op::Spend { lease: 0, units: 1 },
+                    Op::Refund {
+                        lease: 0,
+                        unused: Unused::TooMuch,
+                    },
+                    check(1),
+                ],
+            },
+            // More than granted asked back with nothing spent: every store
+            // caps it at what the lease granted (a sliding log's lease
+            // takes the whole room), and all of it is admitted again.
+            Case {
+                quotas: vec![one(0, 2)],
+                ops: vec![
+                    lease(2),
+                    Op::Refund {
+                        lease: 0,
+                        unused: Unused::TooMuch,
+                    },
+                    check(2),
+                    check(1),
+                ],
+            },
+        ]
+    }
+
     async fn run(case: &Case, backends: &Backends, run_id: u64, tally: &mut Tally) -> Outcome {
         run(case, backends, run_id, tally).await
     }
@@ -1908,6 +1988,7 @@ impl super::Capability for Leases {
             "lease units spent",
             "refund returned units",
             "refund returned nothing",
+            "refund asked more than granted",
             "history of dead leases",
             "admitted",
             "denied",

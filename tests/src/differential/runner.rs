@@ -7,7 +7,8 @@
 //! test panics with the case's seed, the shrunk sequence and what differed.
 //! `TW_DIFF_SEED=<seed>` replays exactly that case (drawn again from the
 //! same seed, then shrunk again the same way); `TW_DIFF_CASES=<n>` sets how
-//! many cases a run draws.
+//! many cases a run draws. A capability's fixed cases (regressions) run
+//! first in every run but a replay.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -63,6 +64,13 @@ pub trait Capability {
 
     /// The cases.
     fn strategy() -> proptest::strategy::BoxedStrategy<Self::Case>;
+
+    /// Fixed cases (regressions: failures a seed once found, kept as
+    /// written), run on every store before the drawn cases of every run
+    /// but a replay.
+    fn fixed() -> Vec<Self::Case> {
+        Vec::new()
+    }
 
     /// Runs `case` on every store and the model; `run` is unique to this
     /// execution (a namespace for keys).
@@ -156,6 +164,26 @@ pub fn run_capability<C: Capability>() {
     let strategy = C::strategy();
     let mut tally = Tally::default();
     let mut executions = 0u64;
+    // The fixed cases count in neither the cases nor the coverage.
+    let fixed = if replay.is_some() {
+        Vec::new()
+    } else {
+        C::fixed()
+    };
+    for (n, case) in fixed.iter().enumerate() {
+        executions += 1;
+        let mut scratch = Tally::default();
+        let outcome = runtime.block_on(C::run(case, &backends, executions, &mut scratch));
+        if let Err(failure) = outcome {
+            let message = format!(
+                "differential {name}: fixed case {n} failed:\n{case:#?}\n{failure}",
+                name = C::NAME,
+            );
+            report(&message);
+            drop(backends);
+            panic!("{message}");
+        }
+    }
     for case in 0..cases {
         let seed = replay.unwrap_or_else(|| mix(base.wrapping_add(case)));
         let mut tree = tree_of(&strategy, seed);
@@ -211,9 +239,10 @@ pub fn run_capability<C: Capability>() {
         .map(|s| format!(" (TW_DIFF_SKIP={s})"))
         .unwrap_or_default();
     report(&format!(
-        "differential {}{skip}: {cases} cases passed on every store ({}) in {:.1?} (+{:.1?} startup); \
-         base seed {base:#018x}; seen: {}",
+        "differential {}{skip}: {} fixed and {cases} cases passed on every store ({}) in {:.1?} \
+         (+{:.1?} startup); base seed {base:#018x}; seen: {}",
         C::NAME,
+        fixed.len(),
         per_store.join(", "),
         started.elapsed() - startup,
         startup,

@@ -379,7 +379,11 @@ pub struct RefundRequest<'a> {
     pub policy: &'a Policy,
     /// The lease.
     pub lease: &'a Lease,
-    /// Units of the lease never spent (capped at what it granted).
+    /// Units of the lease never spent (capped at what it granted). Spends
+    /// are local: the store cannot tell a spent unit from an unused one
+    /// and takes this count on trust, so a refund naming spent units would
+    /// let them be admitted again (the limiter's lease tier names only
+    /// what it did not spend).
     pub unused: u32,
     /// Per quota of the policy, in policy order, the units a
     /// [shadow](crate::Quota::shadowed) quota still holds unspent (capped
