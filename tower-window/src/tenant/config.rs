@@ -23,11 +23,24 @@ use super::{validate_tenant_name, TenantError, TenantSpec};
 ///
 /// [tenants.internal]
 /// unlimited = true                # never reaches the store
+///
+/// [tenants.acme.audit]            # optional: acme's own audit rules
+/// denials = true
+/// degraded = true
+/// shadow_denials = true
+/// admin = true
+/// admission_sample = 100          # and 1 admission in 100 (0: none)
 /// ```
 ///
 /// A quota is the DSL text (see [`crate::quota`]) or a table `{ limit =
 /// "<dsl>", scope = "subject" | "tenant", shadow = true | false }`;
 /// `shadow` lists quotas that never deny. Quotas keep the file's order.
+///
+/// An `audit` table (in a tenant, or in `[default]`) gives the tenant its
+/// own [`AuditRules`](crate::audit::AuditRules) (fields left out take
+/// their [default](crate::audit::AuditRules::default)); without one the
+/// audit log's rules apply. See
+/// [`TenantRegistry::with_audit`](super::TenantRegistry::with_audit).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TenantsConfig {
@@ -69,6 +82,7 @@ mod file {
 
     use super::super::{validate_tenant_name, TenantError, TenantSpec};
     use super::TenantsConfig;
+    use crate::audit::AuditRules;
     use crate::{Quota, Scope};
 
     #[derive(Deserialize)]
@@ -88,6 +102,8 @@ mod file {
         shadow: Vec<String>,
         #[serde(default)]
         unlimited: bool,
+        #[serde(default)]
+        audit: Option<AuditRules>,
     }
 
     #[derive(Deserialize)]
@@ -143,7 +159,7 @@ mod file {
                             .unwrap_or_default()
                     ))]);
                 }
-                return Ok(TenantSpec::unlimited());
+                return Ok(TenantSpec::unlimited().with_audit(self.audit));
             }
             let mut problems = Vec::new();
             let mut builder = TenantSpec::builder();
@@ -170,6 +186,10 @@ mod file {
             if let Some(error) = shadow.find_map(|name| builder.set_shadow(name).err()) {
                 return Err(vec![named(error)]);
             }
+            let builder = match self.audit {
+                Some(rules) => builder.audit(rules),
+                None => builder,
+            };
             builder.build().map_err(|e| vec![named(e)])
         }
     }
@@ -274,6 +294,9 @@ mod file {
             if self.is_unlimited() {
                 map.serialize_entry("unlimited", &true)?;
             }
+            if let Some(rules) = self.audit() {
+                map.serialize_entry("audit", &rules)?;
+            }
             map.end()
         }
     }
@@ -284,6 +307,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::audit::AuditRules;
     use crate::Scope;
 
     #[test]
@@ -360,6 +384,65 @@ mod tests {
                 TenantsConfig::from_toml(bad),
                 Err(TenantError::Syntax(_))
             ));
+        }
+    }
+
+    #[test]
+    fn audit_tables_give_tenants_their_own_rules() {
+        let config = TenantsConfig::from_toml(
+            r#"
+            [default]
+            quotas = { minute = "60/1m" }
+            audit = { admission_sample = 10 }
+            [tenants.acme]
+            quotas = { burst = "10/1s" }
+            [tenants.acme.audit]
+            denials = false
+            admin = false
+            [tenants.internal]
+            unlimited = true
+            audit = { denials = false, degraded = false, shadow_denials = false, admin = true }
+            [tenants.plain]
+            quotas = { burst = "10/1s" }
+            "#,
+        )
+        .unwrap();
+        let acme = config.tenants["acme"].audit().unwrap();
+        assert!(!acme.denials && !acme.admin && acme.degraded && acme.shadow_denials);
+        assert_eq!(acme.admission_sample, 0);
+        let internal = config.tenants["internal"].audit().unwrap();
+        assert!(config.tenants["internal"].is_unlimited());
+        assert_eq!(
+            internal,
+            AuditRules {
+                admin: true,
+                ..AuditRules::none()
+            }
+        );
+        assert_eq!(config.tenants["plain"].audit(), None);
+        let default = config.default.as_ref().unwrap().audit().unwrap();
+        assert_eq!(default, AuditRules::default().sample_admissions(10));
+        // The admin API shows (and takes back) the rules.
+        let json = serde_json::to_value(&config.tenants["acme"]).unwrap();
+        assert_eq!(json["audit"]["denials"], false);
+        assert_eq!(json["audit"]["admission_sample"], 0);
+        let back: TenantSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(back, config.tenants["acme"]);
+        let json = serde_json::to_value(&config.tenants["plain"]).unwrap();
+        assert!(json.get("audit").is_none());
+
+        for bad in [
+            "[tenants.x]\nquotas = { a = \"1/s\" }\naudit = { verbose = true }",
+            "[tenants.x]\nquotas = { a = \"1/s\" }\naudit = { denials = \"yes\" }",
+            "[tenants.x]\nquotas = { a = \"1/s\" }\naudit = { admission_sample = -1 }",
+            "[tenants.x]\nquotas = { a = \"1/s\" }\naudit = { admission_sample = 4294967296 }",
+            "[tenants.x]\nquotas = { a = \"1/s\" }\naudit = true",
+            "[default]\nquotas = { a = \"1/s\" }\n[default.audit]\nadmin = 1",
+        ] {
+            assert!(
+                matches!(TenantsConfig::from_toml(bad), Err(TenantError::Syntax(_))),
+                "{bad}"
+            );
         }
     }
 

@@ -127,6 +127,7 @@ impl Reader {
         let Some(inner) = registry.upgrade() else {
             return Ok(None);
         };
+        let _applying = inner.applying.lock().await;
         let runtime = records.into_iter().filter_map(|(tenant, record)| {
             let record = match record.split_once('\n') {
                 Some(("A", spec)) => TenantSpec::decode(spec).map(Some),
@@ -138,7 +139,10 @@ impl Reader {
             });
             Some((tenant, record.ok()?))
         });
-        TenantRegistry { inner }.replace_runtime(runtime.collect(), generations);
+        let registry = TenantRegistry {
+            inner: Arc::clone(&inner),
+        };
+        registry.replace_runtime(runtime.collect(), generations);
         Ok(Some(Position {
             last_id: Some(last_id),
             // -1 before Redis 7: unknown.
@@ -265,7 +269,10 @@ async fn follow_once(
         let Some(inner) = registry.upgrade() else {
             return Ok(());
         };
-        let registry = TenantRegistry { inner };
+        let _applying = inner.applying.lock().await;
+        let registry = TenantRegistry {
+            inner: Arc::clone(&inner),
+        };
         for (id, fields) in entries {
             apply_entry(&registry, &fields);
             position.last_id = Some(id);

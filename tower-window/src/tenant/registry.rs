@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 
 use super::backend::{Backend, Recorded};
 use super::{validate_tenant_name, ControlConfig, TenantError, TenantSpec, TenantsConfig};
+use crate::audit::{AdminAction, AuditLog, AuditRules};
 use crate::metrics::{Calls, LimiterMetrics};
 use crate::{Policy, Store};
 
@@ -77,6 +78,16 @@ pub(crate) enum Change {
 impl Change {
     pub(crate) fn bumps_generation(&self) -> bool {
         matches!(self, Self::Reset | Self::Close)
+    }
+
+    /// How an audit log records it.
+    fn action(&self) -> AdminAction {
+        match self {
+            Self::Init(_) => AdminAction::Put,
+            Self::Reset => AdminAction::Reset,
+            Self::Close => AdminAction::Delete,
+            Self::Revert => AdminAction::Reload,
+        }
     }
 }
 
@@ -146,6 +157,20 @@ pub(crate) struct Inner {
     /// `None`: changes apply in this process only.
     writer: Option<Writer>,
     follower: OnceLock<Follower>,
+    /// The audit log following the tenants' rules (locked after `sources`).
+    audit: Mutex<Option<Audited>>,
+    /// Held by a lifecycle call made here (with an audit log) from before
+    /// it reads the tenant's rules until it applied the change, and by the
+    /// control-stream reader while it applies what it read: so a change
+    /// made here is applied here first, and its admin record sees the
+    /// rules before it.
+    pub(crate) applying: tokio::sync::Mutex<()>,
+}
+
+/// An audit log, and the rules this registry gave it, by tenant.
+struct Audited {
+    log: AuditLog,
+    given: HashMap<String, AuditRules>,
 }
 
 /// Where lifecycle changes are recorded, through the store's stack.
@@ -245,6 +270,8 @@ impl TenantRegistry {
                 version: watch::channel(0).0,
                 writer,
                 follower: OnceLock::new(),
+                audit: Mutex::new(None),
+                applying: tokio::sync::Mutex::new(()),
             }),
         };
         registry.rebuild(&lock(&registry.inner.sources));
@@ -273,10 +300,28 @@ impl TenantRegistry {
     /// Replaces the file's configuration (a hot reload), atomically.
     /// Runtime records keep winning over it. Windows are kept, also for a
     /// changed limit (they are keyed by name, window and algorithm).
+    ///
+    /// With an [audit log](Self::with_audit), every tenant whose entry in
+    /// the file was added, changed or removed gets an
+    /// [`AdminAction::Reload`] record (by this node: each node records
+    /// its own reload), whether or not a runtime record overrides the
+    /// entry; a changed `[default]` is recorded for no tenant.
     pub fn set_config(&self, config: TenantsConfig) {
         let mut sources = lock(&self.inner.sources);
+        let log = self.audit_log();
+        let changed: Vec<String> = match &log {
+            Some(_) => {
+                let (old, new) = (&sources.file.tenants, &config.tenants);
+                let names: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+                let names = names.into_iter().filter(|n| old.get(*n) != new.get(*n));
+                names.cloned().collect()
+            }
+            None => Vec::new(),
+        };
+        let recorded = self.record_before(log.as_ref(), &changed, AdminAction::Reload);
         sources.file = config;
         self.rebuild(&sources);
+        self.record_after(log.as_ref(), &changed, &recorded, AdminAction::Reload);
     }
 
     /// The file's configuration now in force.
@@ -348,6 +393,10 @@ impl TenantRegistry {
     /// Records and applies `change`; `Ok(false)` if it does not apply.
     async fn change(&self, name: &str, change: Change) -> Result<bool, TenantError> {
         validate_tenant_name(name)?;
+        let _applying = match self.audit_log() {
+            Some(_) => Some(self.inner.applying.lock().await),
+            None => None,
+        };
         let applies = {
             let sources = lock(&self.inner.sources);
             match change {
@@ -377,13 +426,24 @@ impl TenantRegistry {
             }
             None => None,
         };
-        self.apply(name, change, generation);
+        self.apply_as_admin(name, change, generation, true);
         Ok(true)
     }
 
     /// Applies one change; `generation` is the store's (`None`: count here).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn apply(&self, name: &str, change: Change, generation: Option<u64>) {
+        self.apply_as_admin(name, change, generation, false);
+    }
+
+    /// [`apply`](Self::apply), and, for an `admin` (this node's operator's)
+    /// change, its record in the audit log.
+    fn apply_as_admin(&self, name: &str, change: Change, generation: Option<u64>, admin: bool) {
+        let action = change.action();
         let mut sources = lock(&self.inner.sources);
+        let log = self.audit_log().filter(|_| admin);
+        let names = [name.to_owned()];
+        let recorded = self.record_before(log.as_ref(), &names, action);
         let current = sources.generations.get(name).copied().unwrap_or(0);
         let bumped = change.bumps_generation().then_some(current + 1);
         match change {
@@ -402,6 +462,49 @@ impl TenantRegistry {
             sources.bump(name, generation);
         }
         self.rebuild(&sources);
+        self.record_after(log.as_ref(), &names, &recorded, action);
+    }
+
+    /// The audit log, if any.
+    fn audit_log(&self) -> Option<AuditLog> {
+        let audited = lock(&self.inner.audit);
+        audited.as_ref().map(|audited| audited.log.clone())
+    }
+
+    /// Records `action` for each of `tenants` whose rules, before the
+    /// change, want admin changes; which ones it recorded. Called with
+    /// `sources` locked, so no other change moves the rules meanwhile.
+    fn record_before(
+        &self,
+        log: Option<&AuditLog>,
+        tenants: &[String],
+        action: AdminAction,
+    ) -> Vec<bool> {
+        let Some(log) = log else {
+            return Vec::new();
+        };
+        let wanted = tenants.iter().map(|tenant| log.rules(tenant).admin);
+        let wanted: Vec<bool> = wanted.collect();
+        for (tenant, _) in tenants.iter().zip(&wanted).filter(|(_, w)| **w) {
+            log.admin_change(tenant, action);
+        }
+        wanted
+    }
+
+    /// Records `action` for each of `tenants` not `recorded` before the
+    /// change, if its rules after it want admin changes (with `sources`
+    /// still locked).
+    fn record_after(
+        &self,
+        log: Option<&AuditLog>,
+        tenants: &[String],
+        recorded: &[bool],
+        action: AdminAction,
+    ) {
+        let Some(log) = log else { return };
+        for (tenant, _) in tenants.iter().zip(recorded).filter(|(_, r)| !**r) {
+            log.admin_change(tenant, action);
+        }
     }
 
     /// Replaces the runtime records and generations with a full load.
@@ -448,7 +551,86 @@ impl TenantRegistry {
         let default = sources.file.default.as_ref();
         let default = default.map(|spec| resolution(spec, "default", 0));
         self.inner.view.store(Arc::new(View { tenants, default }));
+        self.sync_audit(sources);
         self.inner.version.send_modify(|v| *v += 1);
+    }
+
+    /// Gives the audit log each tenant's rules as `sources` define them
+    /// (only those that changed since last time).
+    fn sync_audit(&self, sources: &Sources) {
+        let mut audited = lock(&self.inner.audit);
+        let Some(Audited { log, given }) = audited.as_mut() else {
+            return;
+        };
+        let rules = sources.names().into_iter().filter_map(|name| {
+            let rules = sources.info(name, true)?.spec.audit()?;
+            Some((name.clone(), rules))
+        });
+        let rules: HashMap<String, AuditRules> = rules.collect();
+        for (name, rules) in &rules {
+            if given.get(name) != Some(rules) {
+                log.set_tenant_rules(name, Some(*rules));
+            }
+        }
+        for name in given.keys().filter(|name| !rules.contains_key(*name)) {
+            log.set_tenant_rules(name, None);
+        }
+        *given = rules;
+    }
+
+    /// Hands `audit` each tenant's audit rules ([`TenantSpec::audit`]),
+    /// now and whenever a tenant's definition changes on this node (file
+    /// loads, runtime changes made here or heard from other nodes), and
+    /// records this node's operators' changes in it. Clones of the
+    /// registry share it; a later call replaces it.
+    ///
+    /// A tenant without rules of its own gets the log's (its
+    /// [default](crate::audit::AuditLogBuilder::rules), or what was
+    /// [set](AuditLog::set_tenant_rules) on it directly). The `[default]`
+    /// spec's rules go to the tenants the registry knows by name that it
+    /// serves (closed or reset ones); tenants it never heard of get the
+    /// log's.
+    ///
+    /// Admin changes are recorded by the node where they are made, once:
+    /// [`init`](Self::init) as [`AdminAction::Put`], [`reset`](Self::reset)
+    /// as [`AdminAction::Reset`], [`close`](Self::close) as
+    /// [`AdminAction::Delete`], [`revert`](Self::revert) (the file decides
+    /// again) and [`set_config`](Self::set_config) as
+    /// [`AdminAction::Reload`]; each if the tenant's rules before or after
+    /// the change want admin changes, so a change that turns them off or
+    /// on is itself recorded. To see the rules before, a lifecycle call
+    /// made here holds off applying changes heard from other nodes until
+    /// it has applied its own (at most its time budget).
+    ///
+    /// ```
+    /// use tower_window::audit::{AuditLog, AuditOutcome, AuditQuery, AuditRules};
+    /// use tower_window::tenant::{TenantRegistry, TenantSpec, TenantsConfig};
+    /// use tower_window::Store;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = Store::memory();
+    /// let audit = AuditLog::builder(store.clone()).build();
+    /// let registry = TenantRegistry::on_store(TenantsConfig::new(), &store).with_audit(audit.clone());
+    /// let quiet = TenantSpec::unlimited().with_audit(Some(AuditRules::none()));
+    /// registry.init("acme", quiet).await?; // recorded: the rules before wanted it
+    /// assert!(!audit.rules("acme").denials);
+    /// audit.flush().await;
+    /// let page = audit.query(&AuditQuery::new("acme")).await?;
+    /// assert_eq!(page.records[0].outcome.as_str(), "admin_put");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn with_audit(self, audit: AuditLog) -> Self {
+        {
+            let sources = lock(&self.inner.sources);
+            *lock(&self.inner.audit) = Some(Audited {
+                log: audit,
+                given: HashMap::new(),
+            });
+            self.sync_audit(&sources);
+        }
+        self
     }
 
     /// A receiver that sees a new value after every change of what the

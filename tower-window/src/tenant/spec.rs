@@ -3,10 +3,16 @@
 use std::fmt;
 
 use super::TenantError;
+use crate::audit::AuditRules;
 use crate::{Policy, Quota, QuotaError, Scope};
 
+/// The first word of a record's audit line: a quota line starts with its
+/// name, which never holds `@`.
+const AUDIT_LINE: &str = "@audit";
+
 /// A tenant's definition: its named quotas (some possibly
-/// [shadow](Quota::shadowed)), or unlimited.
+/// [shadow](Quota::shadowed)), or unlimited, and optionally its own
+/// [`AuditRules`] (see [`TenantRegistry::with_audit`](super::TenantRegistry::with_audit)).
 ///
 /// ```
 /// use tower_window::tenant::TenantSpec;
@@ -26,6 +32,7 @@ use crate::{Policy, Quota, QuotaError, Scope};
 pub struct TenantSpec {
     quotas: Vec<Quota>,
     unlimited: bool,
+    audit: Option<AuditRules>,
 }
 
 impl TenantSpec {
@@ -45,6 +52,7 @@ impl TenantSpec {
         Ok(Self {
             quotas,
             unlimited: false,
+            audit: None,
         })
     }
 
@@ -53,7 +61,28 @@ impl TenantSpec {
         Self {
             quotas: Vec::new(),
             unlimited: true,
+            audit: None,
         }
+    }
+
+    /// The same spec with its own audit rules (`None`: the audit log's).
+    ///
+    /// ```
+    /// use tower_window::audit::AuditRules;
+    /// use tower_window::tenant::TenantSpec;
+    ///
+    /// let spec = TenantSpec::unlimited().with_audit(Some(AuditRules::none()));
+    /// assert_eq!(spec.audit(), Some(AuditRules::none()));
+    /// ```
+    #[must_use]
+    pub fn with_audit(mut self, rules: Option<AuditRules>) -> Self {
+        self.audit = rules;
+        self
+    }
+
+    /// The tenant's own audit rules; `None`: the audit log's apply.
+    pub fn audit(&self) -> Option<AuditRules> {
+        self.audit
     }
 
     /// Whether the tenant is unlimited.
@@ -82,17 +111,34 @@ impl TenantSpec {
     }
 
     /// The Redis record: `U` (unlimited), or `Q` then one line per quota,
-    /// `name\tscope\tshadow(0/1)\tdsl`.
+    /// `name\tscope\tshadow(0/1)\tdsl`; then, only for a spec with its own
+    /// audit rules, the line `@audit\tdenials=0|1\tdegraded=0|1\t
+    /// shadow_denials=0|1\tadmin=0|1\tadmission_sample=<n>`. A spec
+    /// without audit rules is written as before they existed, so nodes of
+    /// an older version still read it.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn encode(&self) -> String {
-        if self.unlimited {
-            return "U".to_owned();
+        let mut text = if self.unlimited {
+            "U".to_owned()
+        } else {
+            let lines = self.quotas.iter().map(|q| {
+                let shadow = u8::from(q.is_shadow());
+                format!("\n{}\t{}\t{shadow}\t{q}", q.name(), q.scope().as_str())
+            });
+            std::iter::once("Q".to_owned()).chain(lines).collect()
+        };
+        if let Some(rules) = &self.audit {
+            let flag = u8::from;
+            text.push_str(&format!(
+                "\n{AUDIT_LINE}\tdenials={}\tdegraded={}\tshadow_denials={}\tadmin={}\tadmission_sample={}",
+                flag(rules.denials),
+                flag(rules.degraded),
+                flag(rules.shadow_denials),
+                flag(rules.admin),
+                rules.admission_sample,
+            ));
         }
-        let lines = self.quotas.iter().map(|q| {
-            let shadow = u8::from(q.is_shadow());
-            format!("\n{}\t{}\t{shadow}\t{q}", q.name(), q.scope().as_str())
-        });
-        std::iter::once("Q".to_owned()).chain(lines).collect()
+        text
     }
 
     /// Parses [`encode`](Self::encode)'s text.
@@ -100,32 +146,96 @@ impl TenantSpec {
     pub(crate) fn decode(text: &str) -> Result<Self, TenantError> {
         let bad = || TenantError::Record(text.chars().take(80).collect());
         let mut lines = text.split('\n');
-        match lines.next() {
-            Some("U") => Ok(Self::unlimited()),
-            Some("Q") => {
-                let mut builder = Self::builder();
-                for line in lines {
-                    let parts: Vec<&str> = line.splitn(4, '\t').collect();
-                    let [name, scope, shadow, dsl] = parts[..] else {
-                        return Err(bad());
-                    };
-                    builder
-                        .add(name, dsl, scope.parse(), shadow == "1")
-                        .map_err(|_| bad())?;
+        let unlimited = match lines.next() {
+            Some("U") => true,
+            Some("Q") => false,
+            _ => return Err(bad()),
+        };
+        let mut builder = Self::builder();
+        let mut audit = None;
+        for line in lines {
+            if let Some(fields) = line.strip_prefix(AUDIT_LINE) {
+                if audit.is_some() {
+                    return Err(bad());
                 }
-                builder.build()
+                audit = Some(decode_audit(fields).ok_or_else(bad)?);
+                continue;
             }
-            _ => Err(bad()),
+            let parts: Vec<&str> = line.splitn(4, '\t').collect();
+            let [name, scope, shadow, dsl] = parts[..] else {
+                return Err(bad());
+            };
+            if unlimited {
+                return Err(bad());
+            }
+            builder
+                .add(name, dsl, scope.parse(), shadow == "1")
+                .map_err(|_| bad())?;
         }
+        let spec = if unlimited {
+            Self::unlimited()
+        } else {
+            builder.build()?
+        };
+        Ok(spec.with_audit(audit))
     }
+}
+
+/// The rules of an audit line's fields (after `@audit`): every field once,
+/// each `\t<name>=<value>`.
+fn decode_audit(fields: &str) -> Option<AuditRules> {
+    let mut rules = AuditRules::none();
+    let mut seen = 0_u8;
+    for field in fields.strip_prefix('\t')?.split('\t') {
+        let (name, value) = field.split_once('=')?;
+        let flag = || match value {
+            "0" => Some(false),
+            "1" => Some(true),
+            _ => None,
+        };
+        let bit = match name {
+            "denials" => {
+                rules.denials = flag()?;
+                1
+            }
+            "degraded" => {
+                rules.degraded = flag()?;
+                2
+            }
+            "shadow_denials" => {
+                rules.shadow_denials = flag()?;
+                4
+            }
+            "admin" => {
+                rules.admin = flag()?;
+                8
+            }
+            "admission_sample" => {
+                rules.admission_sample = value.parse().ok()?;
+                16
+            }
+            _ => return None,
+        };
+        if seen & bit != 0 {
+            return None;
+        }
+        seen |= bit;
+    }
+    (seen == 31).then_some(rules)
 }
 
 impl fmt::Debug for TenantSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = f.debug_tuple("TenantSpec");
         if self.unlimited {
-            return f.write_str("TenantSpec(unlimited)");
+            out.field(&format_args!("unlimited"));
+        } else {
+            out.field(&self.quotas);
         }
-        f.debug_tuple("TenantSpec").field(&self.quotas).finish()
+        if let Some(rules) = &self.audit {
+            out.field(rules);
+        }
+        out.finish()
     }
 }
 
@@ -134,6 +244,7 @@ impl fmt::Debug for TenantSpec {
 #[must_use]
 pub struct TenantSpecBuilder {
     quotas: Vec<Quota>,
+    audit: Option<AuditRules>,
 }
 
 impl TenantSpecBuilder {
@@ -188,9 +299,16 @@ impl TenantSpecBuilder {
         Ok(())
     }
 
+    /// Gives the tenant its own audit rules (by default the audit log's
+    /// apply): see [`TenantRegistry::with_audit`](super::TenantRegistry::with_audit).
+    pub fn audit(mut self, rules: AuditRules) -> Self {
+        self.audit = Some(rules);
+        self
+    }
+
     /// Checks the quotas and builds the spec.
     pub fn build(self) -> Result<TenantSpec, TenantError> {
-        TenantSpec::new(self.quotas)
+        Ok(TenantSpec::new(self.quotas)?.with_audit(self.audit))
     }
 }
 
@@ -225,6 +343,69 @@ mod tests {
         ] {
             assert!(TenantSpec::decode(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn audit_rules_ride_in_the_record_and_old_records_still_read() {
+        let plain = TenantSpec::builder()
+            .quota("burst", "10/1s")
+            .unwrap()
+            .build()
+            .unwrap();
+        // Without audit rules: byte for byte the record of before.
+        assert_eq!(plain.encode(), "Q\nburst\tsubject\t0\t10/1s");
+        assert_eq!(TenantSpec::unlimited().encode(), "U");
+        // Records written by older nodes read as specs without rules.
+        let old = TenantSpec::decode("Q\nburst\tsubject\t0\t10/1s").unwrap();
+        assert_eq!((old.audit(), &old), (None, &plain));
+        assert_eq!(TenantSpec::decode("U").unwrap().audit(), None);
+
+        let rules = AuditRules {
+            denials: false,
+            admission_sample: 7,
+            ..AuditRules::default()
+        };
+        let audited = TenantSpec::builder()
+            .quota("burst", "10/1s")
+            .unwrap()
+            .audit(rules)
+            .build()
+            .unwrap();
+        assert_eq!(
+            audited.encode(),
+            "Q\nburst\tsubject\t0\t10/1s\n@audit\tdenials=0\tdegraded=1\tshadow_denials=1\tadmin=1\tadmission_sample=7"
+        );
+        assert_ne!(audited, plain, "the rules are part of the spec");
+        for spec in [
+            audited.clone(),
+            TenantSpec::unlimited().with_audit(Some(AuditRules::none())),
+            TenantSpec::unlimited()
+                .with_audit(Some(AuditRules::default().sample_admissions(u32::MAX))),
+        ] {
+            let back = TenantSpec::decode(&spec.encode()).unwrap();
+            assert_eq!((back.audit(), &back), (spec.audit(), &spec));
+        }
+        // The audit line may come anywhere after the header.
+        let first = "Q\n@audit\tdenials=0\tdegraded=1\tshadow_denials=1\tadmin=1\tadmission_sample=7\nburst\tsubject\t0\t10/1s";
+        assert_eq!(TenantSpec::decode(first).unwrap(), audited);
+        let full = "denials=1\tdegraded=1\tshadow_denials=1\tadmin=1\tadmission_sample=0";
+        for bad in [
+            "Q\nburst\tsubject\t0\t1/s\n@audit".to_owned(),
+            "Q\nburst\tsubject\t0\t1/s\n@audit\t".to_owned(),
+            format!("Q\nb\tsubject\t0\t1/s\n@audit\t{full}\n@audit\t{full}"),
+            format!("Q\nb\tsubject\t0\t1/s\n@audit {full}"),
+            format!("Q\nb\tsubject\t0\t1/s\n@audit\t{full}\tdenials=1"),
+            format!("Q\nb\tsubject\t0\t1/s\n@audit\t{full}\tverbose=1"),
+            "Q\nb\tsubject\t0\t1/s\n@audit\tdenials=2\tdegraded=1\tshadow_denials=1\tadmin=1\tadmission_sample=0".to_owned(),
+            "Q\nb\tsubject\t0\t1/s\n@audit\tdenials=1\tdegraded=1\tshadow_denials=1\tadmin=1\tadmission_sample=-1".to_owned(),
+            "Q\nb\tsubject\t0\t1/s\n@audit\tdenials=1\tdegraded=1\tshadow_denials=1\tadmin=1".to_owned(),
+            format!("Q\n@audit\t{full}"),
+            "U\nburst\tsubject\t0\t1/s".to_owned(),
+        ] {
+            assert!(TenantSpec::decode(&bad).is_err(), "{bad:?}");
+        }
+        // A quota name never starts an audit line.
+        assert!(TenantSpec::builder().quota("@audit", "1/s").is_err());
     }
 
     #[test]
