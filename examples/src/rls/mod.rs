@@ -12,19 +12,22 @@
 //! - [`reload`]: the files watched and reloaded as a whole;
 //! - [`server`]: the gRPC server (HTTP/2, one task per connection);
 //! - [`metrics`]: the service's own series;
-//! - [`settings`]: envoyproxy/ratelimit's settings, read by their own names.
+//! - [`settings`]: envoyproxy/ratelimit's settings, read by their own names;
+//! - [`audit`]: the decisions in an audit trail (`--audit`).
 //!
 //! Everything the gateway has carries over, with the same flags (each also
 //! from a `TW_RLS_*` variable): Redis (`--redis-url`) and Redis Cluster
 //! (`--redis-cluster`) with a time budget (`--redis-timeout-ms`), the
 //! store's breakers, a local tier of recent denials and a fallback policy
 //! (`--fallback`, `--expected-nodes`); quota leases (`--lease`,
-//! `--lease-ttl`); metrics on `--metrics-listen` for the bundled dashboard.
+//! `--lease-ttl`); metrics on `--metrics-listen` for the bundled dashboard;
+//! the decision audit trail (`--audit`, from `TW_AUDIT`: [`audit`]).
 //! envoyproxy/ratelimit's own settings (`RUNTIME_ROOT`, `REDIS_URL`,
 //! `SHADOW_MODE`, ...) are read too, where no flag gives the value
 //! ([`settings`]). See `examples/README.md` for pointing Envoy at it, and
 //! its compatibility table.
 
+pub mod audit;
 pub mod config;
 pub mod dynamic_metadata;
 pub mod matching;
@@ -44,7 +47,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use clap::Parser;
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
-use tower_window::{LeaseConfig, Limiter, MemoryStore, Quota, RedisStore, Store};
+use tower_window::{AuditLog, LeaseConfig, Limiter, MemoryStore, Quota, RedisStore, Store};
 
 use crate::gateway::flags;
 use crate::gateway::{ConfigError, FallbackArg};
@@ -196,6 +199,10 @@ pub struct RlsArgs {
     /// `grpc-timeout` enforcement). Both answer the same.
     #[arg(long, env = "TW_RLS_GRPC_SERVER", value_enum, default_value_t = GrpcServer::H2)]
     pub grpc_server: GrpcServer,
+
+    /// `--audit` and its flags (from `TW_AUDIT*`).
+    #[command(flatten)]
+    pub audit: audit::AuditArgs,
 }
 
 /// The gRPC server of `--grpc-server`.
@@ -226,6 +233,10 @@ pub struct RlsServerConfig {
     pub modes: service::Modes,
     /// `--local-cache-keys`.
     pub local_cache_keys: u64,
+    /// `--audit` and its flags: `Some` when on.
+    pub audit: Option<audit::AuditSettings>,
+    /// The one audit log, once built (on `store`).
+    audit_log: audit::OneLog,
 }
 
 impl std::fmt::Debug for RlsServerConfig {
@@ -235,6 +246,7 @@ impl std::fmt::Debug for RlsServerConfig {
             .field("sources", &self.sources)
             .field("fallback", &self.fallback)
             .field("leases", &self.leases)
+            .field("audit", &self.audit)
             .finish_non_exhaustive()
     }
 }
@@ -295,12 +307,25 @@ impl RlsArgs {
         } else {
             None
         };
+        let audit = self.audit.settings();
         let (store, fallback) = match redis {
             Some(redis) => (
                 Store::builder(redis).timeout(timeout).build(),
                 Some((self.fallback, self.expected_nodes)),
             ),
-            None => (Store::from(MemoryStore::new()), None),
+            // The embedded store's audit log keeps `--audit-max-len`
+            // records over all domains.
+            None => match &audit {
+                Some(audit) => (
+                    Store::from(
+                        MemoryStore::builder()
+                            .max_audit_records(usize::try_from(audit.max_len).unwrap_or(usize::MAX))
+                            .build(),
+                    ),
+                    None,
+                ),
+                None => (Store::from(MemoryStore::new()), None),
+            },
         };
         let leases = (self.lease > 0).then(|| {
             let config = LeaseConfig::new(self.lease);
@@ -341,6 +366,8 @@ impl RlsArgs {
             modes: service::Modes::new(self.shadow_mode, self.quota_mode)
                 .with_dynamic_metadata(self.dynamic_metadata),
             local_cache_keys: self.local_cache_keys,
+            audit,
+            audit_log: audit::OneLog::default(),
         })
     }
 }
@@ -367,9 +394,18 @@ fn config_fix(error: &RlsConfigError) -> String {
 }
 
 impl RlsServerConfig {
+    /// The audit log of `--audit` on [`store`](Self::store), if on: built
+    /// the first time it is asked for, the same log after (every limiter
+    /// of this configuration hands its decisions to it).
+    pub fn audit_log(&self) -> Option<AuditLog> {
+        let settings = self.audit.as_ref()?;
+        Some(self.audit_log.get(settings, &self.store))
+    }
+
     /// The limiter: a local tier of recent denials, the fallback on Redis,
-    /// leases if asked. Its own policy is never checked (every request
-    /// brings its own); it only names the limiter's default.
+    /// leases if asked, the audit log with `--audit`. Its own policy is
+    /// never checked (every request brings its own); it only names the
+    /// limiter's default.
     pub fn limiter(&self) -> Limiter {
         let placeholder = Quota::per_second(1)
             .and_then(|q| q.named("rls"))
@@ -378,6 +414,9 @@ impl RlsServerConfig {
             Limiter::builder(self.store.clone(), placeholder).local_capacity(self.local_cache_keys);
         if let Some(leases) = self.leases {
             builder = builder.leases(leases);
+        }
+        if let Some(audit) = self.audit_log() {
+            builder = builder.audit(audit);
         }
         match self.fallback {
             Some((FallbackArg::FailOpen, _)) => builder.fallback(FailOpen),
@@ -402,6 +441,16 @@ pub struct Rls {
 /// Tokio runtime).
 pub fn build(config: RlsServerConfig) -> Rls {
     let limiter = config.limiter();
+    if let (Some(settings), Some(audit)) = (&config.audit, limiter.audit()) {
+        tracing::info!(
+            node = audit.node(),
+            sample_admissions = settings.rules.admission_sample,
+            buffer = settings.capacity,
+            max_len = settings.max_len,
+            max_age_s = settings.max_age.as_secs(),
+            "audit trail on: each domain's denials, fallback decisions and shadow denials"
+        );
+    }
     let names = config.rules.quota_names();
     metrics::register_at_zero(names.iter().map(String::as_str));
     let first = reload::read(&config.sources);

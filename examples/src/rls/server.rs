@@ -54,7 +54,9 @@ const FRAME_HEADER: usize = 5;
 
 /// Serves `service` on `listener` until `shutdown` resolves; then stops
 /// accepting, tells every connection to finish (HTTP/2 `GOAWAY`: the
-/// calls in flight are answered) and returns once they have.
+/// calls in flight are answered) and returns once they have, and once its
+/// limiter's audit log (`--audit`) has written what it buffered (bounded:
+/// see [`audit`](super::audit)).
 pub async fn serve(
     listener: TcpListener,
     service: RlsService,
@@ -89,6 +91,7 @@ pub async fn serve(
     drop(stopped);
     let _ = stop.send(true);
     stop.closed().await;
+    super::audit::flush(service.limiter().audit()).await;
     Ok(())
 }
 

@@ -15,15 +15,19 @@ use super::service::RlsService;
 
 /// Serves `service` on `listener` with tonic's server until `shutdown`
 /// resolves; then stops accepting and returns once the calls in flight
-/// are answered.
+/// are answered, and once its limiter's audit log (`--audit`) has written
+/// what it buffered (bounded: see [`audit`](super::audit)).
 pub async fn serve_with_tonic(
     listener: TcpListener,
     service: RlsService,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    let audit = service.limiter().audit().cloned();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
+    let served = tonic::transport::Server::builder()
         .add_service(RateLimitServiceServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+        .await;
+    super::audit::flush(audit.as_ref()).await;
+    served
 }
