@@ -5,6 +5,7 @@
 //! `tower::ServiceExt::oneshot`.
 
 pub mod ai_proxy;
+pub mod audit_export;
 pub mod gateway;
 pub mod grpc;
 pub mod inbound;
