@@ -62,10 +62,8 @@
 //!   `--idle-timeout-ms` above the time a restart takes, and above a round's;
 //! * a file edited, rotated or shared by two exporters voids the argument.
 //!
-//! A tenant's name is read from its stream's key; a name that key layout
-//! stores as a hash (an escaped name longer than 128 bytes) or that is not
-//! UTF-8 cannot be read back, and its records carry the key's tag (the
-//! `#<sha256>` or the escaped form) as `tenant`.
+//! A record's `tenant` is its entry's `tenant` field (the name in full,
+//! even where the stream's key holds it hashed).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};

@@ -57,9 +57,18 @@ enum Round {
 }
 
 impl Buffer {
-    pub(super) fn new(capacity: usize, max_batch: usize, interval: Duration) -> Self {
+    /// A buffer whose batches are numbered from `first_seq` up.
+    pub(super) fn new(
+        capacity: usize,
+        max_batch: usize,
+        interval: Duration,
+        first_seq: u64,
+    ) -> Self {
         Self {
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                next_seq: first_seq,
+                ..State::default()
+            }),
             round: tokio::sync::Mutex::new(()),
             capacity,
             max_batch,

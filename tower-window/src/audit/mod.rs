@@ -77,7 +77,9 @@ pub struct AuditBatch {
     pub tenant: String,
     /// The writing node's id.
     pub node: String,
-    /// The batch's number: increasing per node; a backend applies a batch
+    /// The batch's number: increasing per node, from the store clock's
+    /// reading (µs) when the log was built, so a node restarted under the
+    /// same id goes on above its last number; a backend applies a batch
     /// only if its number is above the last one it applied from `node`
     /// for `tenant`.
     pub seq: u64,
@@ -332,6 +334,7 @@ impl AuditLogBuilder {
         let node = self
             .node
             .unwrap_or_else(|| format!("{:016x}", fastrand::u64(..)));
+        let first_seq = self.store.clock().now_micros();
         AuditLog {
             inner: Arc::new(Inner {
                 backend: crate::store::plugged!(self.store, dyn Backend),
@@ -342,7 +345,12 @@ impl AuditLogBuilder {
                 tenant_rules: ArcSwap::default(),
                 admissions: AtomicU64::new(0),
                 retention: self.retention,
-                buffer: Buffer::new(self.capacity, self.max_batch, self.flush_interval),
+                buffer: Buffer::new(
+                    self.capacity,
+                    self.max_batch,
+                    self.flush_interval,
+                    first_seq,
+                ),
             }),
         }
     }

@@ -10,7 +10,7 @@ use crate::{Decision, DecisionSource, FallbackReason, WindowKey};
 pub const MAX_SUBJECT_LEN: usize = 256;
 
 /// The fields of a record's log entry.
-pub(crate) const FIELD_COUNT: usize = 8;
+pub(crate) const FIELD_COUNT: usize = 9;
 
 /// What happened, in one [`AuditRecord`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -172,10 +172,11 @@ impl AuditRecord {
         }
     }
 
-    /// The log entry's fields, in order (the tenant is the log's key).
+    /// The log entry's fields, in order.
     pub fn fields(&self) -> [(&'static str, String); FIELD_COUNT] {
         [
             ("at", self.at_micros.to_string()),
+            ("tenant", self.tenant.clone()),
             ("subject", self.subject.clone()),
             ("policy", self.policy.clone()),
             ("quota", self.quota.clone()),
@@ -186,8 +187,10 @@ impl AuditRecord {
         ]
     }
 
-    /// The record of a log entry's `fields`, `None` if one is missing or
-    /// malformed (a foreign writer's entry).
+    /// The record of a log entry's `fields` in `tenant`'s log, `None` if
+    /// one is missing or malformed (a foreign writer's entry); the
+    /// entry's `tenant` field names the tenant in full (a log's key may
+    /// hold it hashed).
     pub fn from_fields<'a>(
         tenant: &str,
         id: &str,
@@ -199,6 +202,10 @@ impl AuditRecord {
         for (name, value) in fields {
             let bit = match name {
                 "at" => value.parse().map(|at| record.at_micros = at).is_ok(),
+                "tenant" => {
+                    record.tenant = value.to_owned();
+                    true
+                }
                 "subject" => {
                     record.subject = value.to_owned();
                     true
