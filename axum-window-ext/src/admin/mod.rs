@@ -688,7 +688,7 @@ mod tests {
     #[tokio::test]
     async fn an_unreachable_audit_store_is_a_503() {
         // Nothing listens on a reserved loopback port: every call is refused.
-        let port = tower_window_tests::redis_server::reserve_port();
+        let port = tower_window_tests::redis_server::closed_port();
         let redis = RedisStore::from_url(&format!("redis://127.0.0.1:{port}")).unwrap();
         let store = Store::builder(redis)
             .timeout(Duration::from_millis(500))
