@@ -12,12 +12,14 @@
 //!   [`POLL_QUOTA`] per tenant and user, so polling costs a store call
 //!   that is bounded, and never a message or a request from the user's
 //!   quotas.
-//! - With `--audit`, the same answer carries the tenant's last
-//!   [`DENIALS_SHOWN`] denials from the audit trail (when, whom, which
-//!   quota, who decided): that tenant's only, read through the gateway's
-//!   limiter's log ([`Limiter::audit`]), so the page never needs the
-//!   bearer-protected admin API. A failure to read them leaves the quotas
-//!   answered (`"audit": "unavailable"`).
+//! - With `--audit`, the same answer carries `"audit": "on"` and the
+//!   tenant's last [`DENIALS_SHOWN`] denials from the audit trail,
+//!   `"denials": [{"at_micros","subject","quota","source"}]`, newest
+//!   first: that tenant's only, read through the gateway's limiter's log
+//!   ([`Limiter::audit`]), so the page never needs the bearer-protected
+//!   admin API. A failure to read them leaves the quotas answered
+//!   (`"audit": "unavailable"`, no denials). Without `--audit` neither
+//!   member is there.
 //!
 //! The page may poll another node than the one that served it (after a
 //! failover), so [`cross_origin_reads`] lets any origin read the two JSON
@@ -37,7 +39,7 @@ use axum_window_ext::RejectionResponse;
 use serde_json::{json, Value};
 use tower_window::audit::{AuditOutcome, AuditQuery};
 use tower_window::layer::{insert_rate_limit_headers, Rejection};
-use tower_window::{Decision, Limiter, Policy, Quota, QuotaDecision};
+use tower_window::{AuditLog, Decision, Limiter, Policy, Quota, QuotaDecision};
 
 use super::identity::{BadIdentity, Identity, Sources};
 
@@ -196,9 +198,11 @@ async fn quota(State(state): State<QuotaState>, uri: Uri, headers: HeaderMap) ->
         }
     }
     let mut body = quota_body(&tenant, &user, &quotas, degraded);
-    let (audit, denials) = last_denials(&state.limiter, &tenant).await;
-    body["audit"] = Value::from(audit);
-    body["denials"] = denials;
+    if let Some(log) = state.limiter.audit() {
+        let (audit, denials) = last_denials(log, &tenant).await;
+        body["audit"] = Value::from(audit);
+        body["denials"] = denials;
+    }
     let mut response = Json(body).into_response();
     if let Some(decision) = Decision::from_quotas(quotas) {
         // The headers describe the state (they read the quotas, never
@@ -208,13 +212,10 @@ async fn quota(State(state): State<QuotaState>, uri: Uri, headers: HeaderMap) ->
     response
 }
 
-/// The audit trail's state (`"off"`, `"on"` or `"unavailable"`) and
-/// `tenant`'s last [`DENIALS_SHOWN`] denials, newest first, each
+/// The audit trail's state (`"on"`, or `"unavailable"` when it could not be
+/// read) and `tenant`'s last [`DENIALS_SHOWN`] denials, newest first, each
 /// `{"at_micros","subject","quota","source"}` (empty unless `"on"`).
-async fn last_denials(limiter: &Limiter, tenant: &str) -> (&'static str, Value) {
-    let Some(log) = limiter.audit() else {
-        return ("off", json!([]));
-    };
+async fn last_denials(log: &AuditLog, tenant: &str) -> (&'static str, Value) {
     let query = AuditQuery::new(tenant)
         .outcome(AuditOutcome::Denied)
         .limit(DENIALS_SHOWN);
