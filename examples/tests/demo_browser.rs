@@ -9,6 +9,10 @@
 //! shows "history lost: resynced". Screenshots go to
 //! `target/demo-screenshots/`.
 //!
+//! With `--audit`, the page's "Last denials" panel shows its tenant's
+//! denials (an HTTP request and flooded messages), and no other tenant's
+//! (screenshot in `target/demo-audit-screenshots/`).
+//!
 //! Needs `node`, `/usr/bin/chromium` and `npm ci` in `tests/browser`
 //! (`.ci/test` installs them); without them the test fails and says what
 //! to install. It never skips.
@@ -17,6 +21,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -24,7 +29,10 @@ use tower_window_tests::redis_server::RedisServer;
 
 mod support;
 
-use support::{GatewayProcess, CHROMIUM};
+use support::{get_as, GatewayProcess, CHROMIUM};
+
+/// One browser scenario at a time (each runs chromium and gateways).
+static BROWSER: Mutex<()> = Mutex::new(());
 
 fn browser_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
@@ -60,6 +68,7 @@ fn check_prerequisites() {
 
 #[test]
 fn two_users_chat_hit_the_limit_and_fail_over_in_chromium() {
+    let _one_at_a_time = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
     check_prerequisites();
     let redis = RedisServer::start();
     let flags = [
@@ -157,4 +166,155 @@ fn two_users_chat_hit_the_limit_and_fail_over_in_chromium() {
         assert!(bytes.starts_with(b"\x89PNG"), "{path}");
     }
     drop(b);
+}
+
+/// The audit scenario, run by `node --input-type=module` in `tests/browser`
+/// (for `playwright-core`): alice's page (tenant `demo`) joins a room,
+/// shows bob's HTTP denial in "Last denials", floods messages past
+/// `--message-limit`, then shows her own denials there. Prints one JSON
+/// line: the panel's state and rows.
+const AUDIT_SCENARIO: &str = r##"
+import { chromium } from "playwright-core";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+
+const STEP_MS = 15_000;
+const env = process.env;
+const log = (...parts) => console.error("[audit]", ...parts);
+const result = { ok: false, steps: [] };
+const step = (name) => { result.steps.push(name); log("step", name); };
+const browser = await chromium.launch({
+  executablePath: env.TW_CHROMIUM,
+  headless: true,
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+const rows = (page) => page.$$eval("#denials tbody tr", (trs) => trs.map((tr) => ({
+  at: Number(tr.dataset.at), subject: tr.dataset.subject, quota: tr.dataset.quota,
+  source: tr.dataset.source, cells: [...tr.cells].map((c) => c.textContent),
+})));
+try {
+  const page = await (await browser.newContext({ viewport: { width: 1200, height: 820 } })).newPage();
+  page.on("pageerror", (error) => log("page error:", String(error)));
+  step("join");
+  await page.goto(`${env.TW_NODE}/?tenant=demo&user=alice&room=audit&autoconnect=1`);
+  await page.waitForSelector('#status[data-state="open"]', { timeout: STEP_MS });
+  step("bob's denial shown");
+  await page.waitForSelector('#denials[data-audit="on"] tr[data-subject="bob"]', { timeout: STEP_MS });
+  result.before = await rows(page);
+  step("flood");
+  for (let i = 0; i < Number(env.TW_FLOOD); i += 1) {
+    await page.fill("#send-input", `flood ${i}`);
+    await page.press("#send-input", "Enter");
+  }
+  await page.waitForSelector('#notices li[data-type="rate_limited"]', { timeout: STEP_MS });
+  step("alice's denials shown");
+  await page.waitForSelector('#denials tr[data-subject="alice"][data-quota="messages"]', { timeout: STEP_MS });
+  result.audit = await page.$eval("#denials", (t) => t.dataset.audit);
+  result.rows = await rows(page);
+  result.hint = await page.$eval("#denials-hint", (p) => p.textContent);
+  mkdirSync(env.TW_SHOTS, { recursive: true });
+  result.screenshot = join(env.TW_SHOTS, "audit-denials.png");
+  await page.screenshot({ path: result.screenshot, fullPage: true });
+  result.ok = true;
+} catch (error) {
+  result.error = String(error && error.stack || error);
+} finally {
+  await browser.close().catch(() => {});
+}
+console.log(JSON.stringify(result));
+"##;
+
+#[test]
+fn the_last_denials_panel_shows_the_tenants_denials_in_chromium() {
+    let _one_at_a_time = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    check_prerequisites();
+    let redis = RedisServer::start();
+    let gateway = GatewayProcess::start(&[
+        "--redis-url",
+        &redis.url(),
+        "--redis-timeout-ms",
+        "2000",
+        "--audit",
+        "--limit",
+        "2/1h",
+        "--message-limit",
+        "3/1m",
+    ]);
+    // bob of tenant `demo` is denied over HTTP; so is mallory, of another
+    // tenant, whom alice's page must never show.
+    for tenant_user in [("demo", "bob"), ("other", "mallory")] {
+        let statuses: Vec<u16> = (0..3)
+            .map(|_| get_as(gateway.port(), "/api/hello", tenant_user.0, tenant_user.1).status)
+            .collect();
+        assert_eq!(statuses, [200, 200, 429], "{tenant_user:?}");
+    }
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .unwrap()
+        .join("demo-audit-screenshots");
+    let _ = std::fs::remove_dir_all(&shots);
+    let output = support::run_bounded(
+        Command::new("node")
+            .current_dir(browser_dir())
+            .args(["--input-type=module", "-e", AUDIT_SCENARIO])
+            .env("TW_NODE", gateway.url())
+            .env("TW_CHROMIUM", CHROMIUM)
+            .env("TW_FLOOD", "6")
+            .env("TW_SHOTS", &shots),
+        Duration::from_secs(90),
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stdout.lines().last().unwrap_or_default();
+    let result: Value = serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("no JSON from the audit scenario ({e}):\n{stdout}\n{stderr}"));
+    let context = format!(
+        "{result:#}\nstderr:\n{stderr}\ngateway log:\n{}",
+        gateway.log()
+    );
+    assert_eq!(result["ok"], true, "{context}");
+    assert_eq!(result["audit"], "on", "{context}");
+
+    // Before the flood: bob's one HTTP denial, by the `--limit` quota.
+    let before = result["before"].as_array().unwrap();
+    let before: Vec<(&str, &str)> = before
+        .iter()
+        .map(|r| (r["subject"].as_str().unwrap(), r["quota"].as_str().unwrap()))
+        .collect();
+    assert_eq!(before, [("bob", "default")], "{context}");
+    // After: alice's message denials (3 of 6 past 3/1m; the panel may
+    // have polled before the last ones were written), newest first, over
+    // bob's; never mallory's.
+    let rows = result["rows"].as_array().unwrap();
+    let who: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r["subject"].as_str().unwrap(), r["quota"].as_str().unwrap()))
+        .collect();
+    let alice = who
+        .iter()
+        .take_while(|w| **w == ("alice", "messages"))
+        .count();
+    assert!((1..=3).contains(&alice), "{context}");
+    assert_eq!(who[alice..], [("bob", "default")], "{context}");
+    let at: Vec<u64> = rows.iter().map(|r| r["at"].as_u64().unwrap()).collect();
+    assert!(
+        at.windows(2).all(|w| w[0] >= w[1]),
+        "newest first: {context}"
+    );
+    for row in rows {
+        let cells = row["cells"].as_array().unwrap();
+        assert_eq!(cells.len(), 4, "{context}");
+        assert!(
+            cells.iter().all(|c| !c.as_str().unwrap().is_empty()),
+            "{context}"
+        );
+        assert!(row["source"].as_str().unwrap().len() > 1, "{context}");
+    }
+    assert!(
+        result["hint"].as_str().unwrap().contains("demo"),
+        "{context}"
+    );
+    let shot = std::fs::read(result["screenshot"].as_str().unwrap()).unwrap();
+    assert!(shot.starts_with(b"\x89PNG"), "{context}");
 }

@@ -10,12 +10,34 @@
 //! | `DELETE /tenants/{tenant}` | close; 204; 404 if neither listed nor covered by `[default]` (a tenant on `[default]` stays on it, with fresh windows) |
 //! | `DELETE /tenants/{tenant}/runtime` | hand it back to the file ([`TenantRegistry::revert`]): 204, then it is served as the file says (its entry, `[default]`, or unknown); 404 if it has no runtime record (no `PUT` or `DELETE` since the file) |
 //! | `GET /tenants/{tenant}/usage/{subject}` | `{"quotas":{"burst":{"limit":10,"remaining":7,"reset_after_ms":800}}}`, read from the store consuming nothing |
+//! | `GET /tenants/{tenant}/audit?subject=&outcome=&since=&until=&before=&limit=` | `{"records":[{"id":"1700000000000-0","at_micros":1700000000000123,"tenant":"acme","subject":"alice","policy":"acme","quota":"burst","outcome":"denied","remaining":0,"source":"store","node":"5f0c…"}],"next":"1700000000000-0"}`: the tenant's [audit records](tower_window::audit), newest first (see below); 404 when the limiter has no audit log |
 //!
 //! A tenant object is its [`TenantSpec`] as in the tenants file (also the
 //! shape of a `PUT` body) plus `"name"` and `"source": "file" | "runtime"`;
 //! the listing's `default` is the file's `[default]` with
 //! `"source": "default"`. A runtime change (`PUT`, `DELETE`) wins over the
 //! file, reloads included, until the next runtime change.
+//!
+//! The audit route reads the log of the router's limiter
+//! ([`Limiter::audit`]) for any valid tenant name, listed or not (a closed
+//! tenant's records stay until the log's retention trims them). Its
+//! parameters, each optional, once at most (an empty one is as if absent):
+//!
+//! | parameter | filter |
+//! |---|---|
+//! | `subject` | that subject's records only (cut to [`MAX_SUBJECT_LEN`] bytes as records are; at most 1024 bytes) |
+//! | `outcome` | one of [`AuditOutcome::NAMES`]: `allowed`, `denied`, `shadow_denied`, `admin_put`, `admin_reset`, `admin_delete`, `admin_reload` |
+//! | `since`, `until` | records decided at or after / at or before this time, in **microseconds since the Unix epoch** (a record's `at_micros`); `since` at most `until` |
+//! | `before` | the previous page's `next`: the page after it (older records) |
+//! | `limit` | at most this many records, 1 to [`AuditQuery::MAX_LIMIT`] (default [`AuditQuery::DEFAULT_LIMIT`]) |
+//!
+//! `next` is `null` on the last page. A page may hold fewer than `limit`
+//! records and still have a `next` (a filter that matches rarely ends a
+//! page after [`AuditQuery::MAX_SCAN`] entries). Records still in a node's
+//! buffer (written within about [`AuditLog::DEFAULT_FLUSH_INTERVAL`]) are
+//! not listed yet. An unknown parameter, a repeated one, an unknown
+//! outcome, a time that is not a whole number, `since` after `until`, a
+//! `limit` out of range or a malformed `before` is a `400`.
 //!
 //! Every request needs `Authorization: Bearer <token>` (compared in constant
 //! time), else `401` with `WWW-Authenticate: Bearer`. Bad input (a tenant
@@ -24,7 +46,7 @@
 //! `Allow`), each with a problem+json body.
 
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -34,11 +56,12 @@ use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tower_window::audit::{AuditOutcome, AuditQuery, MAX_SUBJECT_LEN};
 use tower_window::tenant::{
     validate_tenant_name, Resolution, TenantError, TenantInfo, TenantRegistry, TenantSource,
     TenantSpec,
 };
-use tower_window::{Limiter, WindowKey};
+use tower_window::{AuditLog, Limiter, WindowKey};
 
 use crate::problem::{invalid_input, problem};
 
@@ -58,7 +81,8 @@ struct Admin {
     token_digest: Option<[u8; 32]>,
 }
 
-/// The admin routes over `registry`, reading usage through `limiter`,
+/// The admin routes over `registry`, reading usage (and the audit log,
+/// [`Limiter::audit`]) through `limiter`,
 /// guarded by `token` (an empty one refuses every request).
 ///
 /// ```
@@ -83,6 +107,7 @@ pub fn router(registry: TenantRegistry, limiter: Limiter, token: &str) -> Router
         .route("/tenants/{tenant}/runtime", delete(revert))
         .route("/tenants/{tenant}/reset", post(reset))
         .route("/tenants/{tenant}/usage/{subject}", get(usage))
+        .route("/tenants/{tenant}/audit", get(audit))
         // Before the guard: a 405 without the token is a 401 like the rest.
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(middleware::from_fn_with_state(admin.clone(), authorize))
@@ -94,7 +119,8 @@ pub fn router(registry: TenantRegistry, limiter: Limiter, token: &str) -> Router
 async fn no_route() -> Response {
     not_found(
         "no admin route has this path; the routes are tenants, tenants/{tenant}, \
-         tenants/{tenant}/runtime, tenants/{tenant}/reset and tenants/{tenant}/usage/{subject}"
+         tenants/{tenant}/runtime, tenants/{tenant}/reset, tenants/{tenant}/usage/{subject} \
+         and tenants/{tenant}/audit"
             .to_owned(),
     )
 }
@@ -161,12 +187,16 @@ fn failed(error: TenantError) -> Response {
 }
 
 fn unavailable(error: &dyn std::fmt::Display) -> Response {
+    unavailable_store(error, "the tenant registry's store")
+}
+
+fn unavailable_store(error: &dyn std::fmt::Display, what: &str) -> Response {
     tracing::warn!(%error, "tenant admin call failed");
     problem(
         StatusCode::SERVICE_UNAVAILABLE,
         crate::TYPE_UNAVAILABLE,
         "Store unavailable",
-        "the tenant registry's store could not be reached; try again".to_owned(),
+        format!("{what} could not be reached; try again"),
     )
 }
 
@@ -279,4 +309,400 @@ async fn usage(
         })
         .collect();
     Json(json!({ "quotas": quotas })).into_response()
+}
+
+/// The longest `subject` filter, in bytes (as the usage route's subject).
+const MAX_SUBJECT_FILTER: usize = 1024;
+
+/// `GET /tenants/{tenant}/audit`: a page of the tenant's audit records.
+async fn audit(
+    State(admin): State<Admin>,
+    Path(tenant): Path<String>,
+    params: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    if let Err(error) = validate_tenant_name(&tenant) {
+        return failed(error);
+    }
+    let Ok(Query(params)) = params else {
+        return invalid_input("the query string is not valid form data".to_owned());
+    };
+    let Some(log) = admin.limiter.audit() else {
+        return not_found(
+            "auditing is off: this limiter has no audit log (the gateway and the rls turn it on \
+             with --audit)"
+                .to_owned(),
+        );
+    };
+    let query = match audit_query(tenant, &params) {
+        Ok(query) => query,
+        Err(detail) => return invalid_input(detail),
+    };
+    audit_page(log, &query).await
+}
+
+async fn audit_page(log: &AuditLog, query: &AuditQuery) -> Response {
+    match log.query(query).await {
+        Ok(page) => {
+            let records = match serde_json::to_value(&page.records) {
+                Ok(records) => records,
+                Err(error) => return unavailable_store(&error, "the audit log"),
+            };
+            Json(json!({ "records": records, "next": page.next })).into_response()
+        }
+        Err(error) => unavailable_store(&error, "the audit log's store"),
+    }
+}
+
+/// The query `params` ask for, or what is wrong with them.
+fn audit_query(tenant: String, params: &[(String, String)]) -> Result<AuditQuery, String> {
+    const NAMES: [&str; 6] = ["subject", "outcome", "since", "until", "before", "limit"];
+    let mut seen = [false; NAMES.len()];
+    let mut query = AuditQuery::new(tenant);
+    for (name, value) in params {
+        let Some(index) = NAMES.iter().position(|n| n == name) else {
+            let mut shown: String = name.chars().take(64).collect();
+            if shown.len() < name.len() {
+                shown.push('…');
+            }
+            return Err(format!(
+                "unknown parameter {shown:?}: the parameters are subject, outcome, since, until, before and limit"
+            ));
+        };
+        if std::mem::replace(&mut seen[index], true) {
+            return Err(format!("parameter {name:?} is given more than once"));
+        }
+        if value.is_empty() {
+            continue;
+        }
+        match NAMES[index] {
+            "subject" => query.subject = Some(subject_filter(value)?),
+            "outcome" => {
+                let outcome = value.parse::<AuditOutcome>().map_err(|_| {
+                    format!(
+                        "unknown outcome {:?}: expected one of {}",
+                        value.chars().take(64).collect::<String>(),
+                        AuditOutcome::NAMES.join(", ")
+                    )
+                })?;
+                query.outcome = Some(outcome);
+            }
+            "since" => query.since_micros = Some(micros(name, value)?),
+            "until" => query.until_micros = Some(micros(name, value)?),
+            "before" => query.before = Some(cursor(value)?),
+            _ => query.limit = page_limit(value)?,
+        }
+    }
+    if let (Some(since), Some(until)) = (query.since_micros, query.until_micros) {
+        if since > until {
+            return Err(format!(
+                "since ({since}) is after until ({until}): no record can match"
+            ));
+        }
+    }
+    Ok(query)
+}
+
+/// A `subject` filter, cut as records cut their subjects.
+fn subject_filter(value: &str) -> Result<String, String> {
+    if value.len() > MAX_SUBJECT_FILTER {
+        return Err(format!(
+            "the subject must be at most {MAX_SUBJECT_FILTER} bytes"
+        ));
+    }
+    let mut end = value.len().min(MAX_SUBJECT_LEN);
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    Ok(value[..end].to_owned())
+}
+
+/// `since` / `until`: microseconds since the Unix epoch.
+fn micros(name: &str, value: &str) -> Result<u64, String> {
+    let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
+    match value.parse::<u64>() {
+        Ok(micros) if digits => Ok(micros),
+        _ => Err(format!(
+            "{name} must be a time in microseconds since the Unix epoch (a whole number, \
+             as a record's at_micros), e.g. {name}=1700000000000000"
+        )),
+    }
+}
+
+/// `before`: a page's `next`, `<ms>-<seq>`.
+fn cursor(value: &str) -> Result<String, String> {
+    let whole = |text: &str| {
+        !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) && text.parse::<u64>().is_ok()
+    };
+    match value.split_once('-') {
+        Some((ms, seq)) if whole(ms) && whole(seq) => Ok(value.to_owned()),
+        _ => Err(
+            "before must be a page's next, as the previous answer gave it (<ms>-<seq>, e.g. \
+             1700000000000-0)"
+                .to_owned(),
+        ),
+    }
+}
+
+/// `limit`: 1 to [`AuditQuery::MAX_LIMIT`].
+fn page_limit(value: &str) -> Result<usize, String> {
+    let digits = value.bytes().all(|b| b.is_ascii_digit());
+    match value.parse::<usize>() {
+        Ok(limit) if digits && (1..=AuditQuery::MAX_LIMIT).contains(&limit) => Ok(limit),
+        _ => Err(format!(
+            "limit must be a whole number from 1 to {}",
+            AuditQuery::MAX_LIMIT
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::{header, Request};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    use tower_window::tenant::TenantsConfig;
+    use tower_window::{ManualClock, MemoryStore, Quota, RedisStore, Store};
+
+    use super::*;
+
+    const TOKEN: &str = "t0ken";
+    const T0: u64 = 1_700_000_000_000_000;
+
+    fn app(limiter: Limiter) -> Router {
+        let registry = TenantRegistry::new(TenantsConfig::new());
+        Router::new().nest("/admin", router(registry, limiter, TOKEN))
+    }
+
+    /// A limiter of `1/1h` auditing on a memory store whose clock starts at
+    /// [`T0`].
+    fn audited() -> (Limiter, ManualClock) {
+        let clock = ManualClock::new(T0);
+        let store = Store::from(MemoryStore::builder().clock(clock.clone()).build());
+        let log = AuditLog::builder(store.clone()).build();
+        let limiter = Limiter::builder(store, "1/1h".parse::<Quota>().unwrap())
+            .local_capacity(0)
+            .audit(log)
+            .build();
+        (limiter, clock)
+    }
+
+    async fn get(app: &Router, uri: &str, token: Option<&str>) -> (StatusCode, String, Value) {
+        let mut request = Request::get(uri);
+        if let Some(token) = token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let response = app
+            .clone()
+            .oneshot(request.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let kind = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            kind,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    fn subjects(body: &Value) -> Vec<(String, u64)> {
+        body["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["subject"].as_str().unwrap().to_owned(),
+                    r["at_micros"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_audit_route_filters_and_pages_newest_first() {
+        let (limiter, clock) = audited();
+        // alice denied at T0+1s, +2s, +3s; bob at +4s, +5s (each first
+        // check admitted, not recorded).
+        for (user, times) in [("alice", 3), ("bob", 2)] {
+            let key = WindowKey::new("acme", user);
+            assert!(limiter.check(&key, 1).await.unwrap().allowed());
+            for _ in 0..times {
+                clock.advance(Duration::from_secs(1));
+                assert!(!limiter.check(&key, 1).await.unwrap().allowed());
+            }
+        }
+        let app = app(limiter);
+        let second = |n: u64| T0 + n * 1_000_000;
+        let (status, _, body) = get(&app, "/admin/tenants/acme/audit", Some(TOKEN)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let all = subjects(&body);
+        let expected: Vec<(String, u64)> = [
+            ("bob", 5),
+            ("bob", 4),
+            ("alice", 3),
+            ("alice", 2),
+            ("alice", 1),
+        ]
+        .iter()
+        .map(|(s, n)| ((*s).to_owned(), second(*n)))
+        .collect();
+        assert_eq!(all, expected);
+        assert_eq!(body["next"], Value::Null);
+        let first = &body["records"][0];
+        assert_eq!(
+            (
+                &first["outcome"],
+                &first["quota"],
+                &first["source"],
+                &first["tenant"]
+            ),
+            (
+                &json!("denied"),
+                &json!("default"),
+                &json!("store"),
+                &json!("acme")
+            )
+        );
+
+        // By subject, outcome and time range (bounds included); empty
+        // parameters are as if absent.
+        let uri = "/admin/tenants/acme/audit?subject=alice&outcome=denied&before=&limit=";
+        let (_, _, body) = get(&app, uri, Some(TOKEN)).await;
+        assert_eq!(subjects(&body), expected[2..]);
+        let uri = format!(
+            "/admin/tenants/acme/audit?since={}&until={}",
+            second(2),
+            second(4)
+        );
+        let (_, _, body) = get(&app, &uri, Some(TOKEN)).await;
+        assert_eq!(subjects(&body), expected[1..4]);
+        let (_, _, body) = get(
+            &app,
+            "/admin/tenants/acme/audit?outcome=allowed",
+            Some(TOKEN),
+        )
+        .await;
+        assert_eq!(body, json!({"records": [], "next": null}));
+        // Another tenant's log is its own.
+        let (_, _, body) = get(&app, "/admin/tenants/other/audit", Some(TOKEN)).await;
+        assert_eq!(body, json!({"records": [], "next": null}));
+
+        // Pages of two, following `next`.
+        let mut pages = Vec::new();
+        let mut uri = "/admin/tenants/acme/audit?limit=2".to_owned();
+        loop {
+            let (status, _, body) = get(&app, &uri, Some(TOKEN)).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            pages.push(subjects(&body));
+            let Some(next) = body["next"].as_str() else {
+                break;
+            };
+            uri = format!("/admin/tenants/acme/audit?limit=2&before={next}");
+            assert!(pages.len() < 5, "{pages:?}");
+        }
+        assert_eq!(pages.concat(), expected);
+        assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
+    }
+
+    #[tokio::test]
+    async fn bad_audit_parameters_are_400_problems() {
+        let (limiter, _) = audited();
+        let app = app(limiter);
+        let long = format!("subject={}", "x".repeat(1025));
+        for query in [
+            "outcome=refused",
+            "outcome=DENIED",
+            "limit=0",
+            "limit=1001",
+            "limit=99999999999999999999999999",
+            "limit=-1",
+            "limit=%2B5",
+            "limit=ten",
+            "before=x",
+            "before=1-",
+            "before=-1",
+            "before=1-2-3",
+            "before=99999999999999999999999-0",
+            "since=yesterday",
+            "since=2024-01-01T00:00:00Z",
+            "until=-5",
+            "since=20&until=10",
+            "subjct=alice",
+            "subject=a&subject=b",
+            long.as_str(),
+        ] {
+            let uri = format!("/admin/tenants/acme/audit?{query}");
+            let (status, kind, body) = get(&app, &uri, Some(TOKEN)).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+            assert_eq!(kind, "application/problem+json", "{query}");
+            assert_eq!(body["type"], TYPE_INVALID_INPUT, "{query}");
+            assert!(
+                body["detail"].as_str().unwrap().len() < 300,
+                "{query}: {body}"
+            );
+        }
+        // Invalid UTF-8 in the query is read lossily (as axum's `Query`
+        // does); a tenant name refused is a 400.
+        let (status, _, body) =
+            get(&app, "/admin/tenants/acme/audit?subject=%FF", Some(TOKEN)).await;
+        assert_eq!((status, &body["records"]), (StatusCode::OK, &json!([])));
+        let (status, _, body) = get(&app, "/admin/tenants/a%20b/audit", Some(TOKEN)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        // The largest limit and a well-formed cursor are fine.
+        let uri =
+            "/admin/tenants/acme/audit?limit=1000&before=0-0&since=0&until=18446744073709551615";
+        let (status, _, body) = get(&app, uri, Some(TOKEN)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        // Without the token: 401, before anything else.
+        let (status, _, _) = get(&app, "/admin/tenants/acme/audit?limit=0", None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (status, _, _) = get(&app, "/admin/tenants/acme/audit", Some("nope")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+    }
+
+    #[tokio::test]
+    async fn without_an_audit_log_the_route_says_auditing_is_off() {
+        let limiter = Limiter::new(MemoryStore::new(), "1/1h".parse::<Quota>().unwrap());
+        let (status, kind, body) =
+            get(&app(limiter), "/admin/tenants/acme/audit", Some(TOKEN)).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        assert_eq!(kind, "application/problem+json");
+        assert_eq!(body["type"], TYPE_NOT_FOUND);
+        assert!(
+            body["detail"].as_str().unwrap().contains("auditing is off"),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_audit_store_is_a_503() {
+        // Nothing listens on a reserved loopback port: every call is refused.
+        let port = tower_window_tests::redis_server::closed_port();
+        let redis = RedisStore::from_url(&format!("redis://127.0.0.1:{port}")).unwrap();
+        let store = Store::builder(redis)
+            .timeout(Duration::from_millis(500))
+            .build();
+        let log = AuditLog::builder(store.clone()).build();
+        let limiter = Limiter::builder(store, "1/1h".parse::<Quota>().unwrap())
+            .audit(log)
+            .build();
+        let (status, kind, body) =
+            get(&app(limiter), "/admin/tenants/acme/audit", Some(TOKEN)).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert_eq!(kind, "application/problem+json");
+        assert_eq!(body["type"], crate::TYPE_UNAVAILABLE);
+        // The store's error is logged, not shown.
+        assert!(!body.to_string().contains(&port.to_string()), "{body}");
+    }
 }

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, StatusCode};
 use clap::{Parser, ValueEnum};
+use tower_window::audit::AuditRules;
 use tower_window::events::Retention;
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
 use tower_window::store::redis::redis;
 use tower_window::{
-    Algorithm, LeaseConfig, Limiter, MemoryStore, Policy, Quota, QuotaError, Store,
+    Algorithm, AuditLog, LeaseConfig, Limiter, MemoryStore, Policy, Quota, QuotaError, Store,
 };
 
 use super::flags;
@@ -145,6 +146,71 @@ pub struct Args {
         hide_env_values = true
     )]
     pub admin_token: Option<String>,
+
+    /// Keep an audit trail of decisions in the store (embedded or Redis):
+    /// denials, degraded decisions and shadow denials (and, with
+    /// `--audit-sample-admissions`, some admissions), written off the
+    /// request path. With `--admin-token`, `GET
+    /// /admin/tenants/{tenant}/audit` lists a tenant's records, and the
+    /// demo page shows its last denials.
+    #[arg(long, env = "TW_AUDIT")]
+    pub audit: bool,
+
+    /// With `--audit`: also record one admission in N (0, the default:
+    /// none).
+    #[arg(
+        long,
+        env = "TW_AUDIT_SAMPLE_ADMISSIONS",
+        value_name = "N",
+        default_value = "0",
+        value_parser = flags::count,
+        allow_negative_numbers = true,
+        requires = "audit"
+    )]
+    pub audit_sample_admissions: u32,
+
+    /// With `--audit`: records waiting to be written at most, from 1 to
+    /// 10000000; past it (the store down for long) new records are dropped
+    /// and counted in
+    /// `tower_window_audit_records_total{outcome="dropped_full"}`.
+    #[arg(
+        long,
+        env = "TW_AUDIT_BUFFER",
+        value_name = "N",
+        default_value_t = AuditLog::DEFAULT_CAPACITY as u64,
+        value_parser = flags::audit_records,
+        allow_negative_numbers = true,
+        requires = "audit"
+    )]
+    pub audit_buffer: u64,
+
+    /// With `--audit`: records kept per tenant (about: Redis trims in
+    /// blocks), from 1 to 10000000; the embedded store keeps this many
+    /// over all tenants.
+    #[arg(
+        long,
+        env = "TW_AUDIT_MAX_LEN",
+        value_name = "N",
+        default_value_t = AuditLog::DEFAULT_RETENTION.max_len,
+        value_parser = flags::audit_records,
+        allow_negative_numbers = true,
+        requires = "audit"
+    )]
+    pub audit_max_len: u64,
+
+    /// With `--audit`: how long records are kept, in seconds (or in the
+    /// quota DSL's units: `90s`, `12h`, `7d`), from 1s to 365d; a tenant's
+    /// log with no new record for that long is deleted.
+    #[arg(
+        long,
+        env = "TW_AUDIT_MAX_AGE",
+        value_name = "SECS",
+        default_value = "604800",
+        value_parser = flags::audit_max_age,
+        allow_hyphen_values = true,
+        requires = "audit"
+    )]
+    pub audit_max_age: Duration,
 
     /// The largest quota lease, in units: each node takes up to this many
     /// units of a hot key's window in one store call and admits from them
@@ -492,12 +558,26 @@ impl Args {
                 };
                 (store, Some(resilience), rooms)
             }
-            None => (
-                Store::from(MemoryStore::new()),
-                None,
-                RoomsConfig::new(retention),
-            ),
+            None => {
+                let memory = if self.audit {
+                    // The embedded store's bound is over all tenants.
+                    let max = usize::try_from(self.audit_max_len).unwrap_or(usize::MAX);
+                    MemoryStore::builder().max_audit_records(max).build()
+                } else {
+                    MemoryStore::new()
+                };
+                (Store::from(memory), None, RoomsConfig::new(retention))
+            }
         };
+        // The audit trail in the same store, handed every decision of the
+        // gateway's limiter.
+        let audit = self.audit.then(|| {
+            AuditLog::builder(store.clone())
+                .rules(AuditRules::default().sample_admissions(self.audit_sample_admissions))
+                .capacity(usize::try_from(self.audit_buffer).unwrap_or(usize::MAX))
+                .retention(self.audit_max_len, self.audit_max_age)
+                .build()
+        });
         ws.validate().map_err(|problem| {
             ConfigError::new(
                 "--connection-seat-ttl/--dedup-window",
@@ -547,6 +627,7 @@ impl Args {
             tenants,
             admin_token: self.admin_token,
             leases,
+            audit,
             rooms,
             ws,
         })
@@ -587,6 +668,9 @@ pub struct GatewayConfig {
     pub admin_token: Option<String>,
     /// Quota leases (`--lease`, `--lease-ttl`); `None`: off.
     pub leases: Option<LeaseConfig>,
+    /// The audit trail every decision of the limiter is handed to
+    /// (`--audit` and its flags), on [`store`](Self::store); `None`: off.
+    pub audit: Option<AuditLog>,
     /// Where `/ws?room=R` keeps its events (`--history`, `--history-max`).
     pub rooms: RoomsConfig,
     /// `/ws` and `/presence`: connection cap, message limits, dedup.
@@ -622,6 +706,7 @@ impl GatewayConfig {
             tenants: None,
             admin_token: None,
             leases: None,
+            audit: None,
             rooms: RoomsConfig::default(),
             ws: WsConfig::new(),
         }
@@ -630,6 +715,13 @@ impl GatewayConfig {
     /// Leases quota (see [`LimiterBuilder::leases`](tower_window::LimiterBuilder::leases)).
     pub fn leases(mut self, leases: LeaseConfig) -> Self {
         self.leases = Some(leases);
+        self
+    }
+
+    /// Hands every decision of the limiter to `log` (see
+    /// [`audit`](Self::audit)).
+    pub fn audit(mut self, log: AuditLog) -> Self {
+        self.audit = Some(log);
         self
     }
 
@@ -655,17 +747,20 @@ impl GatewayConfig {
     /// (no local tier, no fallback) without
     /// [`resilience`](Self::resilience) (with quota leases, the default
     /// local tier); with it, built by [`Limiter::builder`] with the default
-    /// local tier and the fallback policy.
+    /// local tier and the fallback policy. With [`audit`](Self::audit), it
+    /// hands every decision to that log.
     pub fn limiter(&self) -> Limiter {
+        let mut builder = Limiter::builder(self.store.clone(), self.policy.clone());
+        if let Some(audit) = &self.audit {
+            builder = builder.audit(audit.clone());
+        }
         let Some(resilience) = self.resilience else {
             let Some(leases) = self.leases else {
-                return Limiter::new(self.store.clone(), self.policy.clone());
+                // What `Limiter::new` builds.
+                return builder.local_capacity(0).build();
             };
-            return Limiter::builder(self.store.clone(), self.policy.clone())
-                .leases(leases)
-                .build();
+            return builder.leases(leases).build();
         };
-        let mut builder = Limiter::builder(self.store.clone(), self.policy.clone());
         if let Some(leases) = self.leases {
             builder = builder.leases(leases);
         }
@@ -700,6 +795,7 @@ impl fmt::Debug for GatewayConfig {
             .field("resilience", &self.resilience)
             .field("debug_headers", &self.debug_headers)
             .field("leases", &self.leases)
+            .field("audit", &self.audit)
             .field("ws", &self.ws)
             .finish_non_exhaustive()
     }
@@ -1117,6 +1213,69 @@ mod tests {
         .unwrap_err();
         assert_eq!(error.flag, "--lease-ttl", "{error}");
         assert!(error.fix.contains("at most 800ms"), "{error}");
+    }
+
+    #[test]
+    fn audit_flags() {
+        let off = args(&[]);
+        assert!(!off.audit);
+        assert_eq!(off.audit_sample_admissions, 0);
+        assert_eq!(off.audit_buffer, AuditLog::DEFAULT_CAPACITY as u64);
+        assert_eq!(off.audit_max_len, AuditLog::DEFAULT_RETENTION.max_len);
+        assert_eq!(off.audit_max_age, AuditLog::DEFAULT_RETENTION.max_age);
+        let config = off.into_config().unwrap();
+        assert!(config.audit.is_none());
+        assert!(config.limiter().audit().is_none());
+
+        let on = args(&[
+            "--audit",
+            "--audit-sample-admissions",
+            "10",
+            "--audit-buffer",
+            "500",
+            "--audit-max-len",
+            "2000",
+            "--audit-max-age",
+            "3600",
+        ]);
+        assert_eq!(
+            (
+                on.audit_sample_admissions,
+                on.audit_buffer,
+                on.audit_max_len
+            ),
+            (10, 500, 2000)
+        );
+        assert_eq!(on.audit_max_age, Duration::from_secs(3600));
+        let config = on.into_config().unwrap();
+        let log = config.audit.clone().unwrap();
+        assert_eq!(log.rules("acme").admission_sample, 10);
+        assert!(log.rules("acme").denials);
+        // The limiter hands its decisions to the configured log, on Redis
+        // too (with its fallback).
+        assert_eq!(config.limiter().audit().unwrap().node(), log.node());
+        let redis = args(&["--audit", "--redis-url", "redis://127.0.0.1:1"])
+            .into_config()
+            .unwrap();
+        assert!(redis.limiter().audit().is_some());
+        assert_eq!(
+            args(&["--audit", "--audit-max-age", "7d"]).audit_max_age,
+            Duration::from_secs(7 * 86_400)
+        );
+        for bad in [
+            &["--audit", "--audit-buffer", "0"][..],
+            &["--audit", "--audit-max-len", "10000001"],
+            &["--audit", "--audit-max-age", "0"],
+            &["--audit", "--audit-max-age", "366d"],
+            &["--audit", "--audit-sample-admissions", "-1"],
+            // The tuning flags need --audit.
+            &["--audit-buffer", "10"],
+            &["--audit-sample-admissions", "10"],
+        ] {
+            let mut argv = vec!["gateway"];
+            argv.extend_from_slice(bad);
+            assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

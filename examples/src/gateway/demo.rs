@@ -12,6 +12,14 @@
 //!   [`POLL_QUOTA`] per tenant and user, so polling costs a store call
 //!   that is bounded, and never a message or a request from the user's
 //!   quotas.
+//! - With `--audit`, the same answer carries `"audit": "on"` and the
+//!   tenant's last [`DENIALS_SHOWN`] denials from the audit trail,
+//!   `"denials": [{"at_micros","subject","quota","source"}]`, newest
+//!   first: that tenant's only, read through the gateway's limiter's log
+//!   ([`Limiter::audit`]), so the page never needs the bearer-protected
+//!   admin API. A failure to read them leaves the quotas answered
+//!   (`"audit": "unavailable"`, no denials). Without `--audit` neither
+//!   member is there.
 //!
 //! The page may poll another node than the one that served it (after a
 //! failover), so [`cross_origin_reads`] lets any origin read the two JSON
@@ -29,8 +37,9 @@ use axum::routing::get;
 use axum::{Json, Router};
 use axum_window_ext::RejectionResponse;
 use serde_json::{json, Value};
+use tower_window::audit::{AuditOutcome, AuditQuery};
 use tower_window::layer::{insert_rate_limit_headers, Rejection};
-use tower_window::{Decision, Limiter, Policy, Quota, QuotaDecision};
+use tower_window::{AuditLog, Decision, Limiter, Policy, Quota, QuotaDecision};
 
 use super::identity::{BadIdentity, Identity, Sources};
 
@@ -41,6 +50,10 @@ const DEMO_JS: &str = include_str!("demo/demo.js");
 /// The quota of `GET /api/quota` itself, per tenant and user: the page
 /// polls every 2 s, so two tabs of one user fit.
 pub const POLL_QUOTA: &str = "quota-poll=60/1m";
+
+/// How many of the tenant's last denials `/api/quota` carries (with
+/// `--audit`).
+pub const DENIALS_SHOWN: usize = 10;
 
 /// The longest tenant or user name `/api/quota` accepts, in bytes.
 pub const MAX_NAME_LEN: usize = 256;
@@ -184,7 +197,12 @@ async fn quota(State(state): State<QuotaState>, uri: Uri, headers: HeaderMap) ->
             Err(error) => return RejectionResponse::unavailable(error.to_string()).into_response(),
         }
     }
-    let body = quota_body(&tenant, &user, &quotas, degraded);
+    let mut body = quota_body(&tenant, &user, &quotas, degraded);
+    if let Some(log) = state.limiter.audit() {
+        let (audit, denials) = last_denials(log, &tenant).await;
+        body["audit"] = Value::from(audit);
+        body["denials"] = denials;
+    }
     let mut response = Json(body).into_response();
     if let Some(decision) = Decision::from_quotas(quotas) {
         // The headers describe the state (they read the quotas, never
@@ -192,6 +210,36 @@ async fn quota(State(state): State<QuotaState>, uri: Uri, headers: HeaderMap) ->
         insert_rate_limit_headers(response.headers_mut(), &decision, false);
     }
     response
+}
+
+/// The audit trail's state (`"on"`, or `"unavailable"` when it could not be
+/// read) and `tenant`'s last [`DENIALS_SHOWN`] denials, newest first, each
+/// `{"at_micros","subject","quota","source"}` (empty unless `"on"`).
+async fn last_denials(log: &AuditLog, tenant: &str) -> (&'static str, Value) {
+    let query = AuditQuery::new(tenant)
+        .outcome(AuditOutcome::Denied)
+        .limit(DENIALS_SHOWN);
+    match log.query(&query).await {
+        Ok(page) => {
+            let denials = page
+                .records
+                .iter()
+                .map(|r| {
+                    json!({
+                        "at_micros": r.at_micros,
+                        "subject": r.subject,
+                        "quota": r.quota,
+                        "source": r.source.to_string(),
+                    })
+                })
+                .collect();
+            ("on", Value::Array(denials))
+        }
+        Err(error) => {
+            tracing::debug!(%error, "the demo's denials could not be read");
+            ("unavailable", json!([]))
+        }
+    }
 }
 
 /// `{"tenant","user","degraded","quotas":{name:{limit,remaining,reset_after_ms}}}`,

@@ -27,6 +27,11 @@ pub const CONNECTION_SEAT_TTL: (Duration, Duration) =
 pub const DEDUP_WINDOW: (Duration, Duration) = (Duration::from_millis(1), DedupWindow::MAX_WINDOW);
 /// The bounds of `--history`.
 pub const HISTORY: (Duration, Duration) = (Duration::from_millis(1), Retention::MAX_WINDOW);
+/// The bounds of `--audit-max-age`.
+pub const AUDIT_MAX_AGE: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(365 * 86_400));
+/// The largest `--audit-buffer` and `--audit-max-len`, in records.
+pub const AUDIT_MAX_RECORDS: u64 = 10_000_000;
 
 /// `d` in the DSL's largest exact unit (`7d`, `90s`, `250ms`).
 pub fn format_duration(d: Duration) -> String {
@@ -51,22 +56,36 @@ pub fn format_duration(d: Duration) -> String {
 const DURATION_FORM: &str =
     "a whole number and a unit, one of ms, s, m, h, d (as in quotas: 250ms, 30s, 2m, 1h, 7d)";
 
-/// A duration within `bounds`; with `bare_millis`, a bare number is
-/// milliseconds (`--lease-ttl`'s documented form).
+/// What a bare number means to a duration flag.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bare {
+    /// Refused: a unit is needed.
+    Refused,
+    /// Milliseconds (`--lease-ttl`).
+    Millis,
+    /// Seconds (`--audit-max-age`).
+    Secs,
+}
+
+/// A duration within `bounds`; a bare number as `bare` says.
 fn duration_within(
     text: &str,
     (min, max): (Duration, Duration),
-    bare_millis: bool,
+    bare: Bare,
 ) -> Result<Duration, String> {
     let text = text.trim();
     let range = format!("from {} to {}", format_duration(min), format_duration(max));
-    let parsed = if bare_millis && !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        text.parse::<u64>()
-            .map(Duration::from_millis)
-            .map_err(|_| QuotaError::WindowTooLong)
-    } else {
-        parse_duration(text)
-    };
+    let parsed =
+        if bare != Bare::Refused && !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+            text.parse::<u64>()
+                .map(|n| match bare {
+                    Bare::Secs => Duration::from_secs(n),
+                    _ => Duration::from_millis(n),
+                })
+                .map_err(|_| QuotaError::WindowTooLong)
+        } else {
+            parse_duration(text)
+        };
     let duration = match parsed {
         Ok(duration) => duration,
         // A number and a word that is no unit (`2w`, `5sec`).
@@ -80,10 +99,10 @@ fn duration_within(
             ));
         }
         Err(QuotaError::UnknownUnit(_)) => {
-            let bare = if bare_millis {
-                " (a bare number is milliseconds)"
-            } else {
-                ""
+            let bare = match bare {
+                Bare::Refused => "",
+                Bare::Millis => " (a bare number is milliseconds)",
+                Bare::Secs => " (a bare number is seconds)",
             };
             return Err(format!(
                 "not a duration: expected {DURATION_FORM}{bare}, {range}"
@@ -101,22 +120,33 @@ fn duration_within(
 
 /// `--lease-ttl`: 1ms to 1h; a bare number is milliseconds.
 pub fn lease_ttl(text: &str) -> Result<Duration, String> {
-    duration_within(text, LEASE_TTL, true)
+    duration_within(text, LEASE_TTL, Bare::Millis)
 }
 
 /// `--connection-seat-ttl`: 30ms to 1h.
 pub fn connection_seat_ttl(text: &str) -> Result<Duration, String> {
-    duration_within(text, CONNECTION_SEAT_TTL, false)
+    duration_within(text, CONNECTION_SEAT_TTL, Bare::Refused)
 }
 
 /// `--dedup-window`: 1ms to 7d.
 pub fn dedup_window(text: &str) -> Result<Duration, String> {
-    duration_within(text, DEDUP_WINDOW, false)
+    duration_within(text, DEDUP_WINDOW, Bare::Refused)
 }
 
 /// `--history`: 1ms to 30d.
 pub fn history(text: &str) -> Result<Duration, String> {
-    duration_within(text, HISTORY, false)
+    duration_within(text, HISTORY, Bare::Refused)
+}
+
+/// `--audit-max-age`: 1s to 365d; a bare number is seconds.
+pub fn audit_max_age(text: &str) -> Result<Duration, String> {
+    duration_within(text, AUDIT_MAX_AGE, Bare::Secs)
+}
+
+/// `--audit-buffer`, `--audit-max-len`: 1 to [`AUDIT_MAX_RECORDS`]
+/// records.
+pub fn audit_records(text: &str) -> Result<u64, String> {
+    whole(text, 1, AUDIT_MAX_RECORDS)
 }
 
 /// A whole number from `min` to `max`.
@@ -245,6 +275,16 @@ mod tests {
             assert!(error.contains("from "), "{bad}: {error}");
         }
         assert!(dedup_window("8d").unwrap_err().contains("to 7d"));
+        assert_eq!(audit_max_age("3600"), Ok(Duration::from_secs(3600)));
+        assert_eq!(audit_max_age("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(audit_max_age("90s"), Ok(Duration::from_secs(90)));
+        for bad in ["0", "500ms", "366d", "-1", "99999999999", "1.5", "x"] {
+            let error = audit_max_age(bad).unwrap_err();
+            assert!(error.contains("from 1s to 365d"), "{bad}: {error}");
+        }
+        assert!(audit_max_age("x")
+            .unwrap_err()
+            .contains("bare number is seconds"));
         assert!(lease_ttl("2w").unwrap_err().contains("unknown unit \"w\""));
     }
 
@@ -257,6 +297,11 @@ mod tests {
         assert!(expected_nodes("0").unwrap_err().contains("1 to 4294967295"));
         assert!(redis_timeout_ms("0").unwrap_err().contains("at least 1"));
         assert!(history_max("10000001")
+            .unwrap_err()
+            .contains("1 to 10000000"));
+        assert_eq!(audit_records("10000000"), Ok(10_000_000));
+        assert!(audit_records("0").unwrap_err().contains("1 to 10000000"));
+        assert!(audit_records("10000001")
             .unwrap_err()
             .contains("1 to 10000000"));
         assert!(positive_count("x")

@@ -13,6 +13,8 @@
 //   #recovery[data-state][data-count][data-reason]   recovered | resync
 //   #notices li[data-type]           rate_limited | resync | recovered | duplicate | close | error
 //   #quotas tr[data-quota][data-remaining][data-limit]
+//   #denials[data-audit]             unknown | on | off | unavailable
+//   #denials tr[data-at][data-subject][data-quota][data-source]   the tenant's last denials, newest first
 //   #presence li[data-user][data-online][data-connections]
 "use strict";
 
@@ -325,6 +327,45 @@
     }
     $("quota-source").dataset.node = node;
     renderQuotas();
+    renderDenials(body);
+  }
+
+  // ---- the tenant's last denials: in the same answer (gateway --audit)
+
+  function renderDenials(body) {
+    const table = $("denials");
+    const audit = typeof body.audit === "string" ? body.audit : "off";
+    table.dataset.audit = audit;
+    const rows = $("denials").tBodies[0];
+    if (audit === "unavailable") {
+      // Keep what was shown; the next poll tries again.
+      $("denials-hint").textContent = "the audit trail could not be read just now";
+      return;
+    }
+    rows.replaceChildren();
+    if (audit !== "on") {
+      $("denials-hint").textContent = "the audit trail is off: start the gateway with --audit";
+      return;
+    }
+    const denials = Array.isArray(body.denials) ? body.denials : [];
+    $("denials-hint").textContent = denials.length
+      ? `tenant ${state.tenant}, newest first, from the audit trail`
+      : `no denial recorded for tenant ${state.tenant}`;
+    for (const d of denials) {
+      const tr = document.createElement("tr");
+      const at = Number(d.at_micros) || 0;
+      tr.dataset.at = String(at);
+      tr.dataset.subject = String(d.subject ?? "");
+      tr.dataset.quota = String(d.quota ?? "");
+      tr.dataset.source = String(d.source ?? "");
+      tr.innerHTML = "<td></td><td></td><td></td><td></td>";
+      tr.cells[0].textContent = new Date(at / 1000).toLocaleTimeString();
+      tr.cells[1].textContent = tr.dataset.subject;
+      tr.cells[1].title = tr.dataset.subject;
+      tr.cells[2].textContent = tr.dataset.quota;
+      tr.cells[3].textContent = tr.dataset.source;
+      rows.append(tr);
+    }
   }
 
   function renderQuotas() {
@@ -441,6 +482,8 @@
     state.seen.clear();
     state.users = new Set([user]);
     state.quotas.clear();
+    $("denials").tBodies[0].replaceChildren();
+    $("denials").dataset.audit = "unknown";
     $("messages").replaceChildren();
     $("presence").replaceChildren();
     setRecovery("none", "", {});
