@@ -262,6 +262,21 @@ async fn denials_read_back(gateway: Gateway) {
         (&body["audit"], &body["denials"]),
         (&"on".into(), &Value::Array(vec![]))
     );
+
+    // An operator's reset through the admin API is recorded once, here.
+    let reset = Request::post("/admin/tenants/acme/reset")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let status = app.clone().oneshot(reset).await.unwrap().status();
+    assert_eq!(status, S::NO_CONTENT);
+    assert!(log.flush().await);
+    let uri = "/admin/tenants/acme/audit?outcome=admin_reset";
+    let (status, body) = get_json(&app, uri, Some(TOKEN)).await;
+    assert_eq!(status, S::OK, "{body}");
+    let resets = body["records"].as_array().unwrap();
+    assert_eq!(resets.len(), 1, "{body}");
+    assert_eq!(resets[0]["subject"], "", "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -115,6 +115,12 @@ async fn main() -> ExitCode {
     // Give back what this node's leases did not spend, so other nodes can
     // use it now rather than when the leases' records expire.
     let returned = limiter.refund_leases().await;
-    tracing::info!(returned, "stopped");
+    // Write what the audit log still holds (bounded: it gives up while the
+    // store keeps failing).
+    let audit_flushed = match limiter.audit() {
+        Some(audit) => audit.flush().await,
+        None => true,
+    };
+    tracing::info!(returned, audit_flushed, "stopped");
     ExitCode::SUCCESS
 }

@@ -66,7 +66,12 @@ pub fn build_gateway(config: GatewayConfig) -> Gateway {
     let limiter = config.limiter();
     let shared = limiter.clone();
     let degraded_status = config.degraded_status();
-    let registry = super::tenants::registry(&config);
+    // With `--audit`, the tenants' rules and the admin changes made here
+    // go to the limiter's audit log.
+    let registry = super::tenants::registry(&config).map(|registry| match limiter.audit() {
+        Some(audit) => registry.with_audit(audit.clone()),
+        None => registry,
+    });
     let tenants_watch = match (&registry, &config.tenants) {
         (Some(registry), Some(file)) => super::tenants::watch(registry.clone(), file),
         _ => None,
