@@ -1,6 +1,7 @@
 //! [`AuditRecord`]: one audited decision or admin change, and its fields
 //! in a log entry.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use crate::{Decision, DecisionSource, FallbackReason, WindowKey};
@@ -172,18 +173,23 @@ impl AuditRecord {
         }
     }
 
-    /// The log entry's fields, in order.
-    pub fn fields(&self) -> [(&'static str, String); FIELD_COUNT] {
+    /// The log entry's fields, in order (borrowed where they can be: a
+    /// batch's records are written without copying their text).
+    pub fn fields(&self) -> [(&'static str, Cow<'_, str>); FIELD_COUNT] {
+        let source = match self.source {
+            DecisionSource::Fallback(_) => Cow::Owned(self.source.to_string()),
+            other => Cow::Borrowed(other.as_str()),
+        };
         [
-            ("at", self.at_micros.to_string()),
-            ("tenant", self.tenant.clone()),
-            ("subject", self.subject.clone()),
-            ("policy", self.policy.clone()),
-            ("quota", self.quota.clone()),
-            ("outcome", self.outcome.as_str().to_owned()),
-            ("remaining", self.remaining.to_string()),
-            ("source", self.source.to_string()),
-            ("node", self.node.clone()),
+            ("at", Cow::Owned(self.at_micros.to_string())),
+            ("tenant", Cow::Borrowed(&self.tenant)),
+            ("subject", Cow::Borrowed(&self.subject)),
+            ("policy", Cow::Borrowed(&self.policy)),
+            ("quota", Cow::Borrowed(&self.quota)),
+            ("outcome", Cow::Borrowed(self.outcome.as_str())),
+            ("remaining", Cow::Owned(self.remaining.to_string())),
+            ("source", source),
+            ("node", Cow::Borrowed(&self.node)),
         ]
     }
 
@@ -301,7 +307,7 @@ mod tests {
         let record = AuditRecord::of_decision(&key, "api", &decision, AuditOutcome::Denied, "n1");
         assert_eq!(record.subject.len(), 256, "cut at a character boundary");
         let fields = record.fields();
-        let read = fields.iter().map(|(n, v)| (*n, v.as_str()));
+        let read = fields.iter().map(|(n, v)| (*n, v.as_ref()));
         let back = AuditRecord::from_fields("acme", "1-0", read).unwrap();
         assert_eq!(
             back,

@@ -75,7 +75,7 @@ impl RedisStore {
             .arg(FIELD_COUNT);
         for record in &batch.records {
             for (name, value) in record.fields() {
-                call.arg(name).arg(value);
+                call.arg(name).arg(value.as_bytes());
             }
         }
         let _added: u64 = self.call(Call::Script(&call)).await?;
