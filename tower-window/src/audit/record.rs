@@ -1,7 +1,6 @@
 //! [`AuditRecord`]: one audited decision or admin change, and its fields
 //! in a log entry.
 
-use std::borrow::Cow;
 use std::fmt;
 
 use crate::{Decision, DecisionSource, FallbackReason, WindowKey};
@@ -9,9 +8,6 @@ use crate::{Decision, DecisionSource, FallbackReason, WindowKey};
 /// The longest subject kept in a record, in bytes (a longer one is cut at a
 /// character boundary): records are bounded whatever a client sends.
 pub const MAX_SUBJECT_LEN: usize = 256;
-
-/// The fields of a record's log entry.
-pub(crate) const FIELD_COUNT: usize = 9;
 
 /// What happened, in one [`AuditRecord`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -173,72 +169,69 @@ impl AuditRecord {
         }
     }
 
-    /// The log entry's fields, in order (borrowed where they can be: a
-    /// batch's records are written without copying their text).
-    pub fn fields(&self) -> [(&'static str, Cow<'_, str>); FIELD_COUNT] {
-        let source = match self.source {
-            DecisionSource::Fallback(_) => Cow::Owned(self.source.to_string()),
-            other => Cow::Borrowed(other.as_str()),
-        };
-        [
-            ("at", Cow::Owned(self.at_micros.to_string())),
-            ("tenant", Cow::Borrowed(&self.tenant)),
-            ("subject", Cow::Borrowed(&self.subject)),
-            ("policy", Cow::Borrowed(&self.policy)),
-            ("quota", Cow::Borrowed(&self.quota)),
-            ("outcome", Cow::Borrowed(self.outcome.as_str())),
-            ("remaining", Cow::Owned(self.remaining.to_string())),
-            ("source", source),
-            ("node", Cow::Borrowed(&self.node)),
-        ]
+    /// The record as its log entry's one field, `r`: the time (µs),
+    /// tenant, subject, policy, quota, outcome, remaining, source and node,
+    /// each as `<length in bytes>:<text>` (any text goes, nothing to
+    /// escape), so a batch is one argument per record on the wire and one
+    /// field per entry in Redis.
+    ///
+    /// ```
+    /// # use tower_window::audit::AuditRecord;
+    /// let text = "16:17000000000000004:acme5:alice3:api5:burst6:denied1:05:store2:n1";
+    /// let record = AuditRecord::from_fields("acme", "1-0", [("r", text)]).expect("an entry");
+    /// assert_eq!((record.subject.as_str(), record.quota.as_str()), ("alice", "burst"));
+    /// assert_eq!(record.encode(), text);
+    /// ```
+    pub fn encode(&self) -> String {
+        use std::fmt::Write;
+        let (at, remaining) = (self.at_micros.to_string(), self.remaining.to_string());
+        let source = self.source.to_string();
+        let values = [
+            at.as_str(),
+            &self.tenant,
+            &self.subject,
+            &self.policy,
+            &self.quota,
+            self.outcome.as_str(),
+            &remaining,
+            &source,
+            &self.node,
+        ];
+        let mut out = String::with_capacity(values.iter().map(|v| v.len() + 4).sum());
+        for value in values {
+            let _ = write!(out, "{}:{value}", value.len());
+        }
+        out
     }
 
-    /// The record of a log entry's `fields` in `tenant`'s log, `None` if
-    /// one is missing or malformed (a foreign writer's entry); the
-    /// entry's `tenant` field names the tenant in full (a log's key may
-    /// hold it hashed).
+    /// The record of a log entry's `fields` in `tenant`'s log (its `r`
+    /// field, see [`encode`](Self::encode)), `None` if it has none or a
+    /// malformed one (a foreign writer's entry).
     pub fn from_fields<'a>(
         tenant: &str,
         id: &str,
         fields: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Option<Self> {
-        let mut record = Self::of_change(tenant, AdminAction::Put, 0, "");
+        let (_, text) = fields.into_iter().find(|(name, _)| *name == "r")?;
+        let mut rest = text;
+        let mut next = || {
+            let (len, tail) = rest.split_once(':')?;
+            let len: usize = len.parse().ok()?;
+            let value = tail.get(..len)?;
+            rest = &tail[len..];
+            Some(value)
+        };
+        let mut record = Self::of_change(tenant, AdminAction::Put, next()?.parse().ok()?, "");
         record.id = id.to_owned();
-        let mut seen = 0_u8;
-        for (name, value) in fields {
-            let bit = match name {
-                "at" => value.parse().map(|at| record.at_micros = at).is_ok(),
-                "tenant" => {
-                    record.tenant = value.to_owned();
-                    true
-                }
-                "subject" => {
-                    record.subject = value.to_owned();
-                    true
-                }
-                "policy" => {
-                    record.policy = value.to_owned();
-                    true
-                }
-                "quota" => {
-                    record.quota = value.to_owned();
-                    true
-                }
-                "outcome" => value.parse().map(|o| record.outcome = o).is_ok(),
-                "remaining" => value.parse().map(|r| record.remaining = r).is_ok(),
-                "source" => parse_source(value).map(|s| record.source = s).is_some(),
-                "node" => {
-                    record.node = value.to_owned();
-                    true
-                }
-                _ => continue,
-            };
-            if !bit {
-                return None;
-            }
-            seen += 1;
-        }
-        (usize::from(seen) >= FIELD_COUNT).then_some(record)
+        record.tenant = next()?.to_owned();
+        record.subject = next()?.to_owned();
+        record.policy = next()?.to_owned();
+        record.quota = next()?.to_owned();
+        record.outcome = next()?.parse().ok()?;
+        record.remaining = next()?.parse().ok()?;
+        record.source = parse_source(next()?)?;
+        record.node = next()?.to_owned();
+        rest.is_empty().then_some(record)
     }
 }
 
@@ -306,9 +299,8 @@ mod tests {
         let key = WindowKey::new("acme", "é".repeat(200));
         let record = AuditRecord::of_decision(&key, "api", &decision, AuditOutcome::Denied, "n1");
         assert_eq!(record.subject.len(), 256, "cut at a character boundary");
-        let fields = record.fields();
-        let read = fields.iter().map(|(n, v)| (*n, v.as_ref()));
-        let back = AuditRecord::from_fields("acme", "1-0", read).unwrap();
+        let text = record.encode();
+        let back = AuditRecord::from_fields("other", "1-0", [("x", "y"), ("r", &*text)]).unwrap();
         assert_eq!(
             back,
             AuditRecord {
@@ -316,7 +308,24 @@ mod tests {
                 ..record.clone()
             }
         );
-        assert!(AuditRecord::from_fields("acme", "1-0", [("at", "x")]).is_none());
+        for bad in [
+            "",
+            "x",
+            "3:ab",
+            "99:",
+            &text[..text.len() - 1],
+            &format!("{text}1:x"),
+        ] {
+            assert!(
+                AuditRecord::from_fields("acme", "1-0", [("r", bad)]).is_none(),
+                "{bad}"
+            );
+        }
+        // Text with the encoding's own characters reads back as it was.
+        let mut odd = record.clone();
+        odd.subject = "3:a:b\n\t\u{1f}é".to_owned();
+        let odd_back = AuditRecord::from_fields("acme", "", [("r", &*odd.encode())]).unwrap();
+        assert_eq!(odd_back.subject, odd.subject);
         #[cfg(feature = "serde")]
         {
             let json = serde_json::to_value(&back).unwrap();

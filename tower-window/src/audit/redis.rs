@@ -3,7 +3,8 @@
 //! A tenant's log is `<prefix>{@<tenant>}:#audit` (the tenant's hash tag:
 //! its records share a slot; tenants spread over the cluster), written by
 //! `append.lua` (`XADD … MAXLEN ~`, `XTRIM … MINID ~` on Redis's clock,
-//! `PEXPIRE`), which applies a node's batch once by keeping the number of
+//! `PEXPIRE`; an entry's one field `r` is [`AuditRecord::encode`]'s
+//! text), which applies a node's batch once by keeping the number of
 //! its last batch in `<prefix>{@<tenant>}:#audit:node:<node>`. Read with
 //! `XREVRANGE`, a chunk at a time.
 
@@ -12,7 +13,6 @@ use std::sync::LazyLock;
 use redis::Value;
 
 use super::query::EntryId;
-use super::record::FIELD_COUNT;
 use crate::audit::{self, AuditBatch, AuditPage, AuditQuery, AuditRecord};
 use crate::store::redis::call::Call;
 use crate::store::redis::keys::{encode_component, tag_slot, write_prefix, write_tag};
@@ -71,12 +71,9 @@ impl RedisStore {
         call.key(mark)
             .arg(batch.seq)
             .arg(batch.retention.max_len)
-            .arg(u64::try_from(batch.retention.max_age.as_millis()).unwrap_or(u64::MAX))
-            .arg(FIELD_COUNT);
+            .arg(u64::try_from(batch.retention.max_age.as_millis()).unwrap_or(u64::MAX));
         for record in &batch.records {
-            for (name, value) in record.fields() {
-                call.arg(name).arg(value.as_bytes());
-            }
+            call.arg(record.encode());
         }
         let _added: u64 = self.call(Call::Script(&call)).await?;
         Ok(())
