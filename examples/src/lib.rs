@@ -6,6 +6,7 @@
 
 pub mod ai_proxy;
 pub mod audit_export;
+pub mod audit_flags;
 pub mod gateway;
 pub mod grpc;
 pub mod inbound;

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, StatusCode};
 use clap::{Parser, ValueEnum};
-use tower_window::audit::AuditRules;
 use tower_window::events::Retention;
 use tower_window::fallback::{FailClosed, FailOpen, LocalWindow};
 use tower_window::quota::default_granularity;
@@ -147,70 +146,11 @@ pub struct Args {
     )]
     pub admin_token: Option<String>,
 
-    /// Keep an audit trail of decisions in the store (embedded or Redis):
-    /// denials, degraded decisions and shadow denials (and, with
-    /// `--audit-sample-admissions`, some admissions), written off the
-    /// request path. With `--admin-token`, `GET
-    /// /admin/tenants/{tenant}/audit` lists a tenant's records, and the
-    /// demo page shows its last denials.
-    #[arg(long, env = "TW_AUDIT")]
-    pub audit: bool,
-
-    /// With `--audit`: also record one admission in N (0, the default:
-    /// none).
-    #[arg(
-        long,
-        env = "TW_AUDIT_SAMPLE_ADMISSIONS",
-        value_name = "N",
-        default_value = "0",
-        value_parser = flags::count,
-        allow_negative_numbers = true,
-        requires = "audit"
-    )]
-    pub audit_sample_admissions: u32,
-
-    /// With `--audit`: records waiting to be written at most, from 1 to
-    /// 10000000; past it (the store down for long) new records are dropped
-    /// and counted in
-    /// `tower_window_audit_records_total{outcome="dropped_full"}`.
-    #[arg(
-        long,
-        env = "TW_AUDIT_BUFFER",
-        value_name = "N",
-        default_value_t = AuditLog::DEFAULT_CAPACITY as u64,
-        value_parser = flags::audit_records,
-        allow_negative_numbers = true,
-        requires = "audit"
-    )]
-    pub audit_buffer: u64,
-
-    /// With `--audit`: records kept per tenant (about: Redis trims in
-    /// blocks), from 1 to 10000000; the embedded store keeps this many
-    /// over all tenants.
-    #[arg(
-        long,
-        env = "TW_AUDIT_MAX_LEN",
-        value_name = "N",
-        default_value_t = AuditLog::DEFAULT_RETENTION.max_len,
-        value_parser = flags::audit_records,
-        allow_negative_numbers = true,
-        requires = "audit"
-    )]
-    pub audit_max_len: u64,
-
-    /// With `--audit`: how long records are kept, in seconds (or in the
-    /// quota DSL's units: `90s`, `12h`, `7d`), from 1s to 365d; a tenant's
-    /// log with no new record for that long is deleted.
-    #[arg(
-        long,
-        env = "TW_AUDIT_MAX_AGE",
-        value_name = "SECS",
-        default_value = "604800",
-        value_parser = flags::audit_max_age,
-        allow_hyphen_values = true,
-        requires = "audit"
-    )]
-    pub audit_max_age: Duration,
+    /// The audit trail (`--audit` and its settings): with `--admin-token`,
+    /// `GET /admin/tenants/{tenant}/audit` lists a tenant's records, and
+    /// the demo page shows a tenant's last denials.
+    #[command(flatten)]
+    pub audit: crate::audit_flags::AuditArgs,
 
     /// The largest quota lease, in units: each node takes up to this many
     /// units of a hot key's window in one store call and admits from them
@@ -559,25 +499,17 @@ impl Args {
                 (store, Some(resilience), rooms)
             }
             None => {
-                let memory = if self.audit {
+                let memory = match self.audit.settings() {
                     // The embedded store's bound is over all tenants.
-                    let max = usize::try_from(self.audit_max_len).unwrap_or(usize::MAX);
-                    MemoryStore::builder().max_audit_records(max).build()
-                } else {
-                    MemoryStore::new()
+                    Some(audit) => audit.memory_store(),
+                    None => MemoryStore::new(),
                 };
                 (Store::from(memory), None, RoomsConfig::new(retention))
             }
         };
         // The audit trail in the same store, handed every decision of the
         // gateway's limiter.
-        let audit = self.audit.then(|| {
-            AuditLog::builder(store.clone())
-                .rules(AuditRules::default().sample_admissions(self.audit_sample_admissions))
-                .capacity(usize::try_from(self.audit_buffer).unwrap_or(usize::MAX))
-                .retention(self.audit_max_len, self.audit_max_age)
-                .build()
-        });
+        let audit = self.audit.settings().map(|audit| audit.log(store.clone()));
         ws.validate().map_err(|problem| {
             ConfigError::new(
                 "--connection-seat-ttl/--dedup-window",
@@ -1218,11 +1150,7 @@ mod tests {
     #[test]
     fn audit_flags() {
         let off = args(&[]);
-        assert!(!off.audit);
-        assert_eq!(off.audit_sample_admissions, 0);
-        assert_eq!(off.audit_buffer, AuditLog::DEFAULT_CAPACITY as u64);
-        assert_eq!(off.audit_max_len, AuditLog::DEFAULT_RETENTION.max_len);
-        assert_eq!(off.audit_max_age, AuditLog::DEFAULT_RETENTION.max_age);
+        assert!(off.audit.settings().is_none());
         let config = off.into_config().unwrap();
         assert!(config.audit.is_none());
         assert!(config.limiter().audit().is_none());
@@ -1238,15 +1166,11 @@ mod tests {
             "--audit-max-age",
             "3600",
         ]);
+        let settings = on.audit.settings().unwrap();
         assert_eq!(
-            (
-                on.audit_sample_admissions,
-                on.audit_buffer,
-                on.audit_max_len
-            ),
-            (10, 500, 2000)
+            (settings.capacity, settings.max_len, settings.max_age),
+            (500, 2000, Duration::from_secs(3600))
         );
-        assert_eq!(on.audit_max_age, Duration::from_secs(3600));
         let config = on.into_config().unwrap();
         let log = config.audit.clone().unwrap();
         assert_eq!(log.rules("acme").admission_sample, 10);
@@ -1258,24 +1182,7 @@ mod tests {
             .into_config()
             .unwrap();
         assert!(redis.limiter().audit().is_some());
-        assert_eq!(
-            args(&["--audit", "--audit-max-age", "7d"]).audit_max_age,
-            Duration::from_secs(7 * 86_400)
-        );
-        for bad in [
-            &["--audit", "--audit-buffer", "0"][..],
-            &["--audit", "--audit-max-len", "10000001"],
-            &["--audit", "--audit-max-age", "0"],
-            &["--audit", "--audit-max-age", "366d"],
-            &["--audit", "--audit-sample-admissions", "-1"],
-            // The tuning flags need --audit.
-            &["--audit-buffer", "10"],
-            &["--audit-sample-admissions", "10"],
-        ] {
-            let mut argv = vec!["gateway"];
-            argv.extend_from_slice(bad);
-            assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
-        }
+        // The flags' bounds: `audit_flags`'s tests.
     }
 
     #[test]
