@@ -2,8 +2,10 @@
 //! and filtered; a batch sent again is not written twice.
 #![allow(clippy::unwrap_used)]
 
+use std::collections::HashMap;
+
 use tower_window::audit::{AuditLog, AuditOutcome, AuditQuery, AuditRules};
-use tower_window::{Limiter, Quota, RedisStore, Store, WindowKey};
+use tower_window::{LeaseConfig, Limiter, Quota, RedisStore, Store, WindowKey};
 use tower_window_tests::redis_server::RedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,6 +84,62 @@ async fn denials_are_written_once_and_read_back_in_pages() {
     // Another tenant's log is empty.
     let other = audit.query(&AuditQuery::new("other")).await.unwrap();
     assert!(other.records.is_empty() && other.next.is_none());
+}
+
+/// With quota leases: admissions spent from a lease are recorded (sampled
+/// 1 in 1) with the lease as their source, once each, beside the store's
+/// decisions and the denials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_admissions_are_recorded_with_their_source() {
+    let server = RedisServer::shared();
+    let redis = RedisStore::builder()
+        .url(server.url())
+        .prefix("audit-leases:")
+        .build()
+        .unwrap();
+    let store = Store::from(redis);
+    let audit = AuditLog::builder(store.clone())
+        .rules(AuditRules::default().sample_admissions(1))
+        .build();
+    let limiter = Limiter::builder(store, "200/1m fixed-window".parse::<Quota>().unwrap())
+        .leases(LeaseConfig::new(50).hot_after(1))
+        .audit(audit.clone())
+        .build();
+    let key = WindowKey::new("leased", "hot");
+    let mut decided: HashMap<(AuditOutcome, &'static str), usize> = HashMap::new();
+    for _ in 0..300 {
+        let d = limiter.check(&key, 1).await.unwrap();
+        let outcome = if d.allowed() {
+            AuditOutcome::Allowed
+        } else {
+            AuditOutcome::Denied
+        };
+        *decided.entry((outcome, d.source().as_str())).or_default() += 1;
+    }
+    let allowed: usize = decided
+        .iter()
+        .filter(|((o, _), _)| *o == AuditOutcome::Allowed)
+        .map(|(_, n)| n)
+        .sum();
+    assert!(allowed <= 200, "{decided:?}");
+    assert!(
+        decided.contains_key(&(AuditOutcome::Allowed, "lease")),
+        "{decided:?}"
+    );
+    assert!(audit.flush().await);
+    let mut logged: HashMap<(AuditOutcome, &'static str), usize> = HashMap::new();
+    let mut query = AuditQuery::new("leased").limit(AuditQuery::MAX_LIMIT);
+    loop {
+        let page = audit.query(&query).await.unwrap();
+        for r in &page.records {
+            *logged.entry((r.outcome, r.source.as_str())).or_default() += 1;
+        }
+        match page.next {
+            Some(next) => query = query.before(next),
+            None => break,
+        }
+    }
+    assert_eq!(logged, decided, "every decision once, under its source");
 }
 
 mod two_nodes {
@@ -288,10 +346,8 @@ mod two_nodes {
         by
     }
 
-    /// A single Redis behind a proxy; in the middle of the run the proxy
-    /// refuses every connection (a dead server), then lets them through.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_redis_outage_in_the_middle() {
+    /// Two nodes on one Redis of their own, reached through a fault proxy.
+    async fn proxied() -> (RedisServer, FaultProxy, [Node; 2]) {
         let server = RedisServer::start();
         let proxy = FaultProxy::start(server.addr().parse().unwrap())
             .await
@@ -304,6 +360,14 @@ mod two_nodes {
                 .unwrap()
         };
         let nodes = [node("a", make()), node("b", make())];
+        (server, proxy, nodes)
+    }
+
+    /// A single Redis behind a proxy; in the middle of the run the proxy
+    /// refuses every connection (a dead server), then lets them through.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_redis_outage_in_the_middle() {
+        let (_server, proxy, nodes) = proxied().await;
         let mut expected = run(&nodes, 0, 6).await;
         proxy.set_mode(Mode::Refuse);
         // Subjects denied before: the local tier; new ones: the fallback.
@@ -350,18 +414,7 @@ mod two_nodes {
     /// first, and their resends must add nothing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_sent_again_after_a_lost_answer_is_written_once() {
-        let server = RedisServer::start();
-        let proxy = FaultProxy::start(server.addr().parse().unwrap())
-            .await
-            .unwrap();
-        let make = || {
-            RedisStore::builder()
-                .url(proxy.redis_url())
-                .prefix(PREFIX)
-                .build()
-                .unwrap()
-        };
-        let nodes = [node("a", make()), node("b", make())];
+        let (_server, proxy, nodes) = proxied().await;
         let mut expected = run(&nodes, 0, 4).await;
         // Denials (local tier, fallback): recorded, written into the void.
         proxy.set_mode(Mode::Blackhole);
