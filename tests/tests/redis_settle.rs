@@ -76,8 +76,11 @@ async fn a_settle_refused_during_a_cluster_failover_lands_on_the_promoted_replic
     let key = key_on(&cluster, victim, &policy);
     let decision = limiter.reserve(&key, &policy, 100).await.unwrap();
     assert!(decision.allowed());
-    // Replicated before the primary dies.
-    let _: i64 = query(&cluster.nodes()[victim], &["WAIT", "1", "1000"]).unwrap();
+    // Replicated before the primary dies: WAIT answers how many replicas
+    // acknowledged, 0 while the replica is still syncing after start.
+    let acknowledged = (0..20)
+        .any(|_| query::<i64>(&cluster.nodes()[victim], &["WAIT", "1", "1000"]).unwrap() >= 1);
+    assert!(acknowledged, "the replica acknowledged the reservation");
     let owed = Settlement::new(&limiter, &key, &policy, Reserved::of(&decision, 100));
     cluster.nodes_mut()[victim].stop();
     // As in the restart test: a call on the broken connection first.
