@@ -3,13 +3,15 @@
 //! was) before anything newer, so a tenant's records keep their order.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures_util::FutureExt;
 
-use super::{AuditBatch, AuditRecord, AuditStats, Inner};
+use super::record::Fields;
+use super::{AuditBatch, AuditStats, Inner};
 use crate::metrics::Calls;
 use crate::{StoreError, StoreErrorKind};
 
@@ -36,12 +38,22 @@ pub(super) struct Buffer {
 
 #[derive(Default)]
 struct State {
-    queue: VecDeque<AuditRecord>,
+    /// The waiting records' texts, one after another: written in place,
+    /// so keeping a record allocates nothing once the buffer has grown.
+    text: String,
+    /// The waiting records, oldest first.
+    queue: VecDeque<Queued>,
     /// Batches of the last round that failed: the next round's.
     pending: Vec<Pending>,
     /// Records in `pending`.
     pending_records: usize,
     next_seq: u64,
+}
+
+/// Where a waiting record's text and its tenant are in `State::text`.
+struct Queued {
+    end: usize,
+    tenant: Range<usize>,
 }
 
 struct Pending {
@@ -82,7 +94,7 @@ impl Buffer {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 
     pub(super) fn stats(&self) -> AuditStats {
@@ -97,7 +109,7 @@ impl Buffer {
     }
 
     /// Keeps `record`, or counts it dropped when the buffer is full.
-    fn keep(&self, record: AuditRecord) {
+    fn keep(&self, record: &Fields<'_>) {
         self.recorded.fetch_add(1, Ordering::Relaxed);
         let mut state = self.state();
         if state.queue.len() + state.pending_records >= self.capacity {
@@ -106,7 +118,9 @@ impl Buffer {
             count("dropped_full", 1);
             return;
         }
-        state.queue.push_back(record);
+        let tenant = record.write(&mut state.text);
+        let end = state.text.len();
+        state.queue.push_back(Queued { end, tenant });
     }
 
     /// The next round's batches: the failed ones, else up to `max_batch`
@@ -119,19 +133,36 @@ impl Buffer {
         }
         let n = state.queue.len().min(self.max_batch);
         let mut round: Vec<Pending> = Vec::new();
-        for record in state.queue.drain(..n).collect::<Vec<_>>() {
-            match round.iter_mut().find(|p| p.batch.tenant == record.tenant) {
-                Some(pending) => pending.batch.records.push(record),
-                None => round.push(Pending {
-                    batch: AuditBatch {
-                        tenant: record.tenant.clone(),
+        let State { text, queue, .. } = &mut *state;
+        let mut start = 0;
+        for Queued { end, tenant } in queue.drain(..n) {
+            let (record, tenant) = (&text[start..end], &text[tenant]);
+            start = end;
+            match round.iter_mut().find(|p| p.batch.tenant == tenant) {
+                Some(pending) => pending.batch.push(record),
+                None => {
+                    let mut batch = AuditBatch {
+                        tenant: tenant.to_owned(),
                         node: inner.node.clone(),
                         seq: 0,
-                        records: vec![record],
                         retention: inner.retention,
-                    },
-                    refusals: 0,
-                }),
+                        text: String::new(),
+                        ends: Vec::new(),
+                    };
+                    batch.push(record);
+                    round.push(Pending { batch, refusals: 0 });
+                }
+            }
+        }
+        // What was taken leaves the text: all of it (the usual case; the
+        // text keeps its room), or the front, the rest moving up.
+        if queue.is_empty() {
+            text.clear();
+        } else {
+            text.drain(..start);
+            for queued in queue.iter_mut() {
+                queued.end -= start;
+                queued.tenant = queued.tenant.start - start..queued.tenant.end - start;
             }
         }
         for pending in &mut round {
@@ -145,7 +176,7 @@ impl Buffer {
     fn settle(&self, round: Vec<(Pending, Result<(), StoreError>)>) -> Round {
         let mut failed = Vec::new();
         for (mut pending, result) in round {
-            let n = pending.batch.records.len();
+            let n = pending.batch.len();
             match result {
                 Ok(()) => {
                     self.written.fetch_add(n as u64, Ordering::Relaxed);
@@ -173,7 +204,7 @@ impl Buffer {
         } else {
             Round::Failed
         };
-        state.pending_records = failed.iter().map(|p| p.batch.records.len()).sum();
+        state.pending_records = failed.iter().map(|p| p.batch.len()).sum();
         state.pending = failed;
         if crate::metrics::ENABLED {
             let buffered = state.queue.len() + state.pending_records;
@@ -190,7 +221,7 @@ impl Buffer {
 
 /// Buffers `record` and makes sure it gets written: at once on an
 /// in-process store, else by the writer task.
-pub(super) fn push(inner: &Arc<Inner>, record: AuditRecord) {
+pub(super) fn push(inner: &Arc<Inner>, record: &Fields<'_>) {
     inner.buffer.keep(record);
     if inner.store.is_in_process() {
         // The embedded backend answers at once: written now, in order.
@@ -298,5 +329,61 @@ fn count(outcome: &'static str, n: usize) {
     if crate::metrics::ENABLED && n > 0 {
         ::metrics::counter!(crate::metrics::AUDIT_RECORDS_TOTAL, "outcome" => outcome)
             .increment(n as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use crate::audit::{AdminAction, AuditLog, AuditRecord};
+    use crate::Store;
+
+    #[test]
+    fn a_round_takes_the_oldest_records_grouped_by_tenant_and_the_rest_stays_whole() {
+        let log = AuditLog::builder(Store::memory())
+            .max_batch(4)
+            .node("n1")
+            .build();
+        let inner = &*log.inner;
+        let written: Vec<AuditRecord> = (0..10)
+            .map(|i| {
+                let tenant = ["a", "bb", "a"][i % 3];
+                AuditRecord::of_change(tenant, AdminAction::Reset, 1_000 + i as u64, "n1")
+            })
+            .collect();
+        for record in &written {
+            inner.buffer.keep(&record.fields());
+        }
+        let mut read = Vec::new();
+        let mut rounds = 0;
+        loop {
+            let round = inner.buffer.take_round(inner);
+            if round.is_empty() {
+                break;
+            }
+            rounds += 1;
+            assert!(round.iter().map(|p| p.batch.len()).sum::<usize>() <= 4);
+            for pending in round {
+                for text in pending.batch.records() {
+                    let record = AuditRecord::from_fields("", "", [("r", text)]).unwrap();
+                    assert_eq!(record.tenant, pending.batch.tenant);
+                    read.push(record);
+                }
+            }
+        }
+        assert_eq!(rounds, 3, "4 + 4 + 2 records");
+        // Within a tenant, the order they were kept in.
+        for tenant in ["a", "bb"] {
+            let of = |records: &[AuditRecord]| -> Vec<u64> {
+                records
+                    .iter()
+                    .filter(|r| r.tenant == tenant)
+                    .map(|r| r.at_micros)
+                    .collect()
+            };
+            assert_eq!(of(&read), of(&written), "{tenant}");
+        }
+        assert_eq!(read.len(), written.len());
     }
 }

@@ -4,7 +4,7 @@
 //! ([`max_audit_records`](MemoryStoreBuilder::max_audit_records)).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use super::query::EntryId;
 use crate::audit::{self, AuditBatch, AuditPage, AuditQuery, AuditRecord};
@@ -32,13 +32,13 @@ impl AuditEntries {
     }
 
     fn log(&self) -> std::sync::MutexGuard<'_, Log> {
-        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.log)
     }
 
     fn append(&self, batch: &AuditBatch, now_micros: u64) {
         let now_ms = now_micros / 1_000;
         let mut log = self.log();
-        for record in &batch.records {
+        for text in batch.records() {
             let id = match log.last {
                 Some(last) if last.ms >= now_ms => EntryId {
                     ms: last.ms,
@@ -46,9 +46,12 @@ impl AuditEntries {
                 },
                 _ => EntryId { ms: now_ms, seq: 0 },
             };
+            let Some(record) =
+                AuditRecord::from_fields(&batch.tenant, &id.to_string(), [("r", text)])
+            else {
+                continue; // not a record's text: nothing to keep
+            };
             log.last = Some(id);
-            let mut record = record.clone();
-            record.id = id.to_string();
             log.entries.push_back((id, record));
         }
         let max_age = u64::try_from(batch.retention.max_age.as_millis()).unwrap_or(u64::MAX);

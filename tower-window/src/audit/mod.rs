@@ -66,6 +66,7 @@ mod rules;
 
 use buffer::Buffer;
 pub use query::{AuditPage, AuditQuery, Retention};
+use record::Fields;
 pub use record::{AdminAction, AuditOutcome, AuditRecord, UnknownName, MAX_SUBJECT_LEN};
 pub use rules::AuditRules;
 
@@ -83,10 +84,40 @@ pub struct AuditBatch {
     /// only if its number is above the last one it applied from `node`
     /// for `tenant`.
     pub seq: u64,
-    /// The records, oldest first.
-    pub records: Vec<AuditRecord>,
     /// How much of the tenant's log to keep.
     pub retention: Retention,
+    /// The records' texts, one after another.
+    text: String,
+    /// Where each record's text ends in `text`.
+    ends: Vec<usize>,
+}
+
+impl AuditBatch {
+    /// The records, oldest first, each as its entry's text
+    /// ([`AuditRecord::encode`]; [`AuditRecord::from_fields`] reads it
+    /// back): what Redis stores, written once, when the decision was
+    /// recorded.
+    pub fn records(&self) -> impl ExactSizeIterator<Item = &str> {
+        (0..self.ends.len()).map(|i| {
+            let start = i.checked_sub(1).map_or(0, |before| self.ends[before]);
+            self.text.get(start..self.ends[i]).unwrap_or_default()
+        })
+    }
+
+    /// How many records it holds.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    fn push(&mut self, record: &str) {
+        self.text.push_str(record);
+        self.ends.push(self.text.len());
+    }
 }
 
 /// What a backend does for audit logs, implemented by
@@ -206,8 +237,8 @@ impl AuditLog {
             self.rules(&String::from_utf8_lossy(key.tenant()))
         };
         if let Some(outcome) = rules.outcome(decision, &inner.admissions) {
-            let record = AuditRecord::of_decision(key, policy, decision, outcome, &inner.node);
-            buffer::push(&self.inner, record);
+            let record = Fields::of_decision(key, policy, decision, outcome, &inner.node);
+            buffer::push(&self.inner, &record);
         }
     }
 
@@ -216,10 +247,8 @@ impl AuditLog {
         if self.rules(tenant).admin {
             let inner = &*self.inner;
             let now = inner.store.clock().now_micros();
-            buffer::push(
-                &self.inner,
-                AuditRecord::of_change(tenant, action, now, &inner.node),
-            );
+            let record = AuditRecord::of_change(tenant, action, now, &inner.node);
+            buffer::push(&self.inner, &record.fields());
         }
     }
 

@@ -1,7 +1,9 @@
 //! [`AuditRecord`]: one audited decision or admin change, and its fields
 //! in a log entry.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::ops::Range;
 
 use crate::{Decision, DecisionSource, FallbackReason, WindowKey};
 
@@ -125,34 +127,6 @@ pub struct AuditRecord {
 }
 
 impl AuditRecord {
-    /// The record of `decision` for `key` under policy `policy`, with
-    /// `outcome` (a shadow denial names its shadow quota).
-    pub(crate) fn of_decision(
-        key: &WindowKey,
-        policy: &str,
-        decision: &Decision,
-        outcome: AuditOutcome,
-        node: &str,
-    ) -> Self {
-        let quota = match outcome {
-            AuditOutcome::ShadowDenied => decision.shadow_denials().next().map(|q| q.quota()),
-            _ => None,
-        }
-        .unwrap_or_else(|| decision.quota());
-        Self {
-            id: String::new(),
-            at_micros: decision.timestamp_micros(),
-            tenant: String::from_utf8_lossy(key.tenant()).into_owned(),
-            subject: bounded(&String::from_utf8_lossy(key.subject())),
-            policy: policy.to_owned(),
-            quota: quota.name().to_owned(),
-            outcome,
-            remaining: decision.remaining(),
-            source: decision.source(),
-            node: node.to_owned(),
-        }
-    }
-
     /// The record of an admin change to `tenant`.
     pub(crate) fn of_change(tenant: &str, action: AdminAction, at_micros: u64, node: &str) -> Self {
         Self {
@@ -183,25 +157,24 @@ impl AuditRecord {
     /// assert_eq!(record.encode(), text);
     /// ```
     pub fn encode(&self) -> String {
-        use std::fmt::Write;
-        let (at, remaining) = (self.at_micros.to_string(), self.remaining.to_string());
-        let source = self.source.to_string();
-        let values = [
-            at.as_str(),
-            &self.tenant,
-            &self.subject,
-            &self.policy,
-            &self.quota,
-            self.outcome.as_str(),
-            &remaining,
-            &source,
-            &self.node,
-        ];
-        let mut out = String::with_capacity(values.iter().map(|v| v.len() + 4).sum());
-        for value in values {
-            let _ = write!(out, "{}:{value}", value.len());
-        }
+        let mut out = String::new();
+        self.fields().write(&mut out);
         out
+    }
+
+    /// The record's values, to write.
+    pub(crate) fn fields(&self) -> Fields<'_> {
+        Fields {
+            at_micros: self.at_micros,
+            tenant: Cow::Borrowed(&self.tenant),
+            subject: Cow::Borrowed(&self.subject),
+            policy: &self.policy,
+            quota: &self.quota,
+            outcome: self.outcome,
+            remaining: self.remaining,
+            source: self.source,
+            node: &self.node,
+        }
     }
 
     /// The record of a log entry's `fields` in `tenant`'s log (its `r`
@@ -213,14 +186,8 @@ impl AuditRecord {
         fields: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Option<Self> {
         let (_, text) = fields.into_iter().find(|(name, _)| *name == "r")?;
-        let mut rest = text;
-        let mut next = || {
-            let (len, tail) = rest.split_once(':')?;
-            let len: usize = len.parse().ok()?;
-            let value = tail.get(..len)?;
-            rest = &tail[len..];
-            Some(value)
-        };
+        let mut values = Values(text);
+        let mut next = || values.next();
         let mut record = Self::of_change(tenant, AdminAction::Put, next()?.parse().ok()?, "");
         record.id = id.to_owned();
         record.tenant = next()?.to_owned();
@@ -231,7 +198,100 @@ impl AuditRecord {
         record.remaining = next()?.parse().ok()?;
         record.source = parse_source(next()?)?;
         record.node = next()?.to_owned();
-        rest.is_empty().then_some(record)
+        values.0.is_empty().then_some(record)
+    }
+}
+
+/// A record's values, borrowed from a decision or an [`AuditRecord`]: the
+/// one place its text is written.
+pub(crate) struct Fields<'a> {
+    at_micros: u64,
+    tenant: Cow<'a, str>,
+    subject: Cow<'a, str>,
+    policy: &'a str,
+    quota: &'a str,
+    outcome: AuditOutcome,
+    remaining: u32,
+    source: DecisionSource,
+    node: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    /// The record of `decision` for `key` under policy `policy`, with
+    /// `outcome` (a shadow denial names its shadow quota).
+    pub(crate) fn of_decision(
+        key: &'a WindowKey,
+        policy: &'a str,
+        decision: &'a Decision,
+        outcome: AuditOutcome,
+        node: &'a str,
+    ) -> Self {
+        let quota = match outcome {
+            AuditOutcome::ShadowDenied => decision.shadow_denials().next().map(|q| q.quota()),
+            _ => None,
+        }
+        .unwrap_or_else(|| decision.quota());
+        Self {
+            at_micros: decision.timestamp_micros(),
+            tenant: String::from_utf8_lossy(key.tenant()),
+            subject: String::from_utf8_lossy(key.subject()),
+            policy,
+            quota: quota.name(),
+            outcome,
+            remaining: decision.remaining(),
+            source: decision.source(),
+            node,
+        }
+    }
+
+    /// Appends the entry's text (see [`AuditRecord::encode`]) to `out`,
+    /// without `fmt` and without allocating beyond `out` (a denial flood
+    /// writes a record per request); returns where the tenant is in it.
+    pub(crate) fn write(&self, out: &mut String) -> Range<usize> {
+        let texts = [bounded(&self.subject), self.policy, self.quota];
+        let (mut at, mut remaining) = (itoa::Buffer::new(), itoa::Buffer::new());
+        value(out, &[at.format(self.at_micros)]);
+        let tenant = value(out, &[&self.tenant]);
+        for text in texts {
+            value(out, &[text]);
+        }
+        value(out, &[self.outcome.as_str()]);
+        value(out, &[remaining.format(self.remaining)]);
+        let source: &[&str] = match &self.source {
+            DecisionSource::Fallback(reason) => &["fallback(", reason.as_str(), ")"],
+            other => &[other.as_str()],
+        };
+        value(out, source);
+        value(out, &[self.node]);
+        tenant
+    }
+}
+
+/// Writes one value, the concatenation of `parts`, as `<length>:<text>`;
+/// returns where its text is in `out`.
+fn value(out: &mut String, parts: &[&str]) -> Range<usize> {
+    let len = parts.iter().map(|p| p.len()).sum::<usize>();
+    out.push_str(itoa::Buffer::new().format(len));
+    out.push(':');
+    let start = out.len();
+    for part in parts {
+        out.push_str(part);
+    }
+    start..out.len()
+}
+
+/// Reads a record's text a value at a time.
+struct Values<'a>(&'a str);
+
+impl<'a> Values<'a> {
+    /// The next `<length>:<text>` value; `None` at the end or where the
+    /// text is malformed.
+    fn next(&mut self) -> Option<&'a str> {
+        let (len, tail) = self.0.split_once(':')?;
+        let len: usize = len.parse().ok()?;
+        let value = tail.get(..len)?;
+        self.0 = &tail[len..];
+        Some(value)
     }
 }
 
@@ -258,12 +318,12 @@ impl serde::Serialize for AuditRecord {
 }
 
 /// `subject` cut to at most [`MAX_SUBJECT_LEN`] bytes.
-fn bounded(subject: &str) -> String {
+fn bounded(subject: &str) -> &str {
     let mut end = subject.len().min(MAX_SUBJECT_LEN);
     while !subject.is_char_boundary(end) {
         end -= 1;
     }
-    subject[..end].to_owned()
+    &subject[..end]
 }
 
 /// A [`DecisionSource`] from its `Display` form (`store`, `local_cache`,
@@ -293,21 +353,31 @@ mod tests {
     #[test]
     fn fields_read_back_as_written() {
         let quota: Quota = "1/1m".parse().unwrap();
-        let decision = Decision::deny(quota, 0, std::time::Duration::from_secs(60), None)
+        let decision = Decision::deny(quota.clone(), 0, std::time::Duration::from_secs(60), None)
             .with_source(DecisionSource::Fallback(FallbackReason::Timeout))
             .with_timestamp_micros(1_700_000_000_000_123);
         let key = WindowKey::new("acme", "é".repeat(200));
-        let record = AuditRecord::of_decision(&key, "api", &decision, AuditOutcome::Denied, "n1");
-        assert_eq!(record.subject.len(), 256, "cut at a character boundary");
-        let text = record.encode();
+        let fields = Fields::of_decision(&key, "api", &decision, AuditOutcome::Denied, "n1");
+        let mut text = "before".to_owned();
+        let tenant = fields.write(&mut text);
+        assert_eq!(&text[tenant], "acme");
+        let text = text.split_off("before".len());
         let back = AuditRecord::from_fields("other", "1-0", [("x", "y"), ("r", &*text)]).unwrap();
-        assert_eq!(
-            back,
-            AuditRecord {
-                id: "1-0".into(),
-                ..record.clone()
-            }
-        );
+        assert_eq!(back.subject.len(), 256, "cut at a character boundary");
+        let record = AuditRecord {
+            id: "1-0".into(),
+            at_micros: 1_700_000_000_000_123,
+            tenant: "acme".into(),
+            subject: "é".repeat(128),
+            policy: "api".into(),
+            quota: quota.name().to_owned(),
+            outcome: AuditOutcome::Denied,
+            remaining: 0,
+            source: DecisionSource::Fallback(FallbackReason::Timeout),
+            node: "n1".into(),
+        };
+        assert_eq!(back, record);
+        assert_eq!(record.encode(), text, "one text, either way");
         for bad in [
             "",
             "x",

@@ -72,8 +72,8 @@ impl RedisStore {
             .arg(batch.seq)
             .arg(batch.retention.max_len)
             .arg(u64::try_from(batch.retention.max_age.as_millis()).unwrap_or(u64::MAX));
-        for record in &batch.records {
-            call.arg(record.encode());
+        for record in batch.records() {
+            call.arg(record);
         }
         let _added: u64 = self.call(Call::Script(&call)).await?;
         Ok(())
