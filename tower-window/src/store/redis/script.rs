@@ -126,7 +126,7 @@ impl LuaScript {
         ScriptCall {
             script: self,
             keys: Vec::new(),
-            args: Vec::new(),
+            args: Cmd::new(),
         }
     }
 
@@ -158,7 +158,9 @@ impl LuaScript {
 pub(crate) struct ScriptCall {
     script: &'static LuaScript,
     keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
+    /// The arguments in one buffer (a command without a name): no
+    /// allocation per argument, which an audit batch has hundreds of.
+    args: Cmd,
 }
 
 impl ScriptCall {
@@ -183,25 +185,37 @@ impl ScriptCall {
     }
 
     pub(crate) fn fcall(&self) -> Cmd {
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg(&self.script.function);
-        self.arguments(cmd)
+        self.command("FCALL", self.script.function.as_bytes())
     }
 
     pub(crate) fn evalsha(&self) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.script.sha.as_bytes());
-        self.arguments(cmd)
+        self.command("EVALSHA", self.script.sha.as_bytes())
     }
 
     pub(crate) fn eval(&self) -> Cmd {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(self.script.source.as_bytes());
-        self.arguments(cmd)
+        self.command("EVAL", self.script.source.as_bytes())
     }
 
-    fn arguments(&self, mut cmd: Cmd) -> Cmd {
-        cmd.arg(self.keys.len()).arg(&*self.keys).arg(&*self.args);
+    /// `<name> <script> <number of keys> <keys> <arguments>`, in a
+    /// command sized once.
+    fn command(&self, name: &str, script: &[u8]) -> Cmd {
+        let args = self.args.args_iter();
+        let bytes = args.clone().map(|arg| match arg {
+            redis::Arg::Simple(bytes) => bytes.len(),
+            _ => 0,
+        });
+        let size = name.len() + script.len() + 20 + bytes.sum::<usize>();
+        let size = size + self.keys.iter().map(Vec::len).sum::<usize>();
+        let mut cmd = Cmd::with_capacity(3 + self.keys.len() + args.len(), size);
+        cmd.arg(name)
+            .arg(script)
+            .arg(self.keys.len())
+            .arg(&*self.keys);
+        for arg in args {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
         cmd
     }
 }
