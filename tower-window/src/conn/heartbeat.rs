@@ -9,9 +9,9 @@ use futures_util::future::join_all;
 use tokio::task::JoinHandle;
 
 use super::backend::SeatRef;
-use super::limiter::{ConnectionLimiter, Shared};
+use super::limiter::{ConnectionLimiter, Live, Shared};
 use super::metrics;
-use crate::{StoreError, StoreErrorKind, WindowKey};
+use crate::{StoreError, StoreErrorKind};
 
 /// Renewal calls of one tick in flight at once.
 const HEARTBEAT_CONCURRENCY: usize = 16;
@@ -154,15 +154,10 @@ impl ConnectionLimiter {
         let Some(backend) = shared.backend.as_deref() else {
             return HeartbeatReport::default();
         };
-        let snapshot: Vec<(u64, WindowKey, Vec<u8>)> = shared
-            .live()
-            .iter()
-            .map(|(seq, live)| (*seq, live.key.clone(), live.id.clone()))
-            .collect();
-        let seat_partitions: Vec<u16> = snapshot
-            .iter()
-            .map(|(_, key, _)| backend.seat_partition(key, tenant_capped))
-            .collect();
+        let entry = |(seq, live): (&u64, &Live)| (*seq, live.key.clone(), live.id.clone());
+        let snapshot: Vec<_> = shared.live().iter().map(entry).collect();
+        let partition_of = |key| backend.seat_partition(key, tenant_capped);
+        let seat_partitions: Vec<u16> = snapshot.iter().map(|s| partition_of(&s.1)).collect();
         let mut buckets: BTreeMap<_, Vec<usize>> = BTreeMap::new();
         let mut partitions: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, &partition) in seat_partitions.iter().enumerate() {
@@ -175,12 +170,9 @@ impl ConnectionLimiter {
         }
         let batch = backend.max_renew_batch().max(1);
         let ttl = shared.ttl();
+        let seat = |i: usize| SeatRef::new(&snapshot[i].1, &snapshot[i].2, tenant_capped);
         let renew = |group: &Group| {
-            let refs: Vec<SeatRef<'_>> = group
-                .members
-                .iter()
-                .map(|&i| SeatRef::new(&snapshot[i].1, &snapshot[i].2, tenant_capped))
-                .collect();
+            let refs: Vec<SeatRef<'_>> = group.members.iter().map(|&i| seat(i)).collect();
             // A route's breaker is that of any of its seats' partitions.
             let (first, routed) = (&snapshot[group.members[0]].1, group.route.is_some());
             async move {
@@ -269,7 +261,7 @@ mod tests {
     use super::*;
     use crate::conn::{Acquire, Backend, GrantReply, GrantRequest};
     use crate::store::{Guard, Op};
-    use crate::{MemoryStore, Store};
+    use crate::{MemoryStore, Store, WindowKey};
 
     /// A memory store whose seats live in 8 partitions (by the subject's
     /// last byte) served by 2 routes (partition % 2), as a cluster's slots

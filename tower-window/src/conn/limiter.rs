@@ -228,14 +228,11 @@ impl ConnectionLimiter {
         let (outcome, answer) = match result {
             Ok(GrantReply::Granted { fence, .. }) => {
                 shared.fence_floor.fetch_max(fence, Ordering::AcqRel);
-                let (sender, receiver) = watch::channel(false);
-                let live = Live {
-                    key: key.clone(),
-                    id: id.clone(),
-                    lost: sender,
-                };
-                shared.live().insert(seq, live);
-                ("granted", seat(id, fence, SeatSource::Store, receiver))
+                let (lost, receiver) = watch::channel(false);
+                let answer = seat(id.clone(), fence, SeatSource::Store, receiver);
+                let key = key.clone();
+                shared.live().insert(seq, Live { key, id, lost });
+                ("granted", answer)
             }
             Ok(GrantReply::Denied {
                 scope,

@@ -98,11 +98,8 @@ impl ConnSeats {
     fn grant(&self, request: &GrantRequest<'_>, now: u64) -> GrantReply {
         let seat = request.seat;
         let mut sets = lock(&self.sets);
-        if self
-            .grants
-            .fetch_add(1, Ordering::Relaxed)
-            .is_multiple_of(SWEEP_EVERY)
-        {
+        let grants = self.grants.fetch_add(1, Ordering::Relaxed);
+        if grants.is_multiple_of(SWEEP_EVERY) {
             sets.retain(|_, set| set.key_expiry > now);
         }
         let until = now.saturating_add(duration_micros(request.ttl));
@@ -119,11 +116,8 @@ impl ConnSeats {
             tenant.add(seat.id, until);
         }
         let subject = sets.entry(subject_key).or_default();
-        subject.fence = subject
-            .fence
-            .saturating_add(1)
-            .max(now)
-            .max(request.fence_floor.saturating_add(1));
+        let floor = request.fence_floor.saturating_add(1);
+        subject.fence = subject.fence.saturating_add(1).max(now).max(floor);
         subject.add(seat.id, until);
         GrantReply::Granted {
             fence: subject.fence,
@@ -151,14 +145,12 @@ impl ConnSeats {
                 None => false,
             }
         };
-        seats
-            .iter()
-            .map(|seat| {
-                let (subject, tenant) = set_keys(seat.key, seat.tenant_capped);
-                let alive = renew_in(subject, seat.id);
-                tenant.is_none_or(|tenant| renew_in(tenant, seat.id)) && alive
-            })
-            .collect()
+        let renew = |seat: &SeatRef<'_>| {
+            let (subject, tenant) = set_keys(seat.key, seat.tenant_capped);
+            let alive = renew_in(subject, seat.id);
+            tenant.is_none_or(|tenant| renew_in(tenant, seat.id)) && alive
+        };
+        seats.iter().map(renew).collect()
     }
 
     fn release(&self, seat: &SeatRef<'_>) -> bool {

@@ -62,8 +62,7 @@ pub(crate) fn seat_keys(prefix: &str, key: &WindowKey, tenant_capped: bool) -> S
         subject.push(b':');
         encode_component(&mut subject, key.subject());
     }
-    let mut fence = subject.clone();
-    fence.extend_from_slice(b":f");
+    let fence = [&subject[..], b":f"].concat();
     SeatKeys {
         subject,
         fence,
@@ -75,19 +74,22 @@ pub(crate) fn seat_keys(prefix: &str, key: &WindowKey, tenant_capped: bool) -> S
 /// exact integer in Lua's doubles.
 const MAX_FENCE_FLOOR: u64 = (1 << 53) - 2;
 
-/// Per seat whether it was live, from a `conn_renew.lua` reply of
-/// `entries[i]` entries for seat `i`.
-fn renew_reply(reply: &[i64], entries: &[usize]) -> Result<Vec<bool>, StoreError> {
-    let mut alive = Vec::with_capacity(entries.len());
+/// Per seat whether it was live, from a `conn_renew.lua` reply of one
+/// entry per set the seat is in: its subject's, then (`tenant_capped`)
+/// its tenant's.
+fn renew_reply<'s>(
+    reply: &[i64],
+    seats: impl Iterator<Item = &'s SeatRef<'s>>,
+) -> Result<Vec<bool>, StoreError> {
     let mut at = 0;
-    for &n in entries {
-        let slice = reply
-            .get(at..at + n)
-            .ok_or_else(|| protocol("seat renew reply too short"))?;
-        alive.push(slice.iter().all(|&v| v == 1));
+    let alive = |seat: &SeatRef<'_>| {
+        let n = 1 + usize::from(seat.tenant_capped);
+        let entries = reply.get(at..at + n);
         at += n;
-    }
-    Ok(alive)
+        let entries = entries.ok_or_else(|| protocol("seat renew reply too short"))?;
+        Ok(entries.iter().all(|&v| v == 1))
+    };
+    seats.map(alive).collect()
 }
 
 fn protocol(message: &str) -> StoreError {
@@ -106,76 +108,24 @@ impl RedisStore {
         })
     }
 
-    async fn seat_grant(&self, request: GrantRequest<'_>) -> Result<GrantReply, StoreError> {
-        if request.ttl.is_zero() {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "a seat TTL must be positive",
-            ));
-        }
-        let seat = request.seat;
-        let keys = seat_keys(&self.prefix, seat.key, seat.tenant_capped);
-        let (now, key_ttl) = self.seat_clock(request.ttl)?;
-        let mut invocation: ScriptCall = GRANT.key(keys.subject);
-        invocation.key(keys.fence);
-        if let Some(tenant) = keys.tenant {
-            invocation.key(tenant);
-        }
-        invocation
-            .arg(now)
-            .arg(duration_micros(request.ttl))
-            .arg(request.max_per_subject)
-            .arg(request.max_per_tenant)
-            .arg(seat.id)
-            .arg(key_ttl)
-            .arg(request.fence_floor.min(MAX_FENCE_FLOOR));
-        let reply: Vec<i64> = self.call(Call::Script(&invocation)).await?;
-        let [granted, second, count, wait] = reply[..] else {
-            return Err(protocol("seat grant reply is not 4 integers"));
-        };
-        let count = u32::try_from(count).unwrap_or(u32::MAX);
-        Ok(if granted == 1 {
-            GrantReply::Granted {
-                fence: u64::try_from(second).map_err(|_| protocol("negative fence"))?,
-                count,
-            }
-        } else {
-            GrantReply::Denied {
-                scope: if second == 2 {
-                    CapScope::Tenant
-                } else {
-                    CapScope::Subject
-                },
-                count,
-                retry_after: Duration::from_micros(u64::try_from(wait).unwrap_or(0)),
-            }
-        })
-    }
-
-    /// One `conn_renew.lua` call for `seats` (of one hash slot), and per
-    /// seat how many entries of its reply are its.
+    /// One `conn_renew.lua` call for `seats` (of one hash slot).
     fn renew_call<'s>(
         &self,
         seats: impl Iterator<Item = &'s SeatRef<'s>>,
         now: &str,
         ttl: Duration,
         key_ttl: u64,
-    ) -> (ScriptCall, Vec<usize>) {
+    ) -> ScriptCall {
         let mut invocation = RENEW.prepare_invoke();
         invocation.arg(now).arg(duration_micros(ttl)).arg(key_ttl);
-        // Per seat one entry per set it is in: the subject's, then the tenant's.
-        let mut entries = Vec::new();
         for seat in seats {
             let keys = seat_keys(&self.prefix, seat.key, seat.tenant_capped);
             invocation.key(keys.subject).arg(seat.id);
-            let mut n = 1;
             if let Some(tenant) = keys.tenant {
                 invocation.key(tenant).arg(seat.id);
-                n = 2;
             }
-            entries.push(n);
         }
-        (invocation, entries)
+        invocation
     }
 
     async fn seat_renew(
@@ -187,87 +137,55 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         let (now, key_ttl) = self.seat_clock(ttl)?;
-        let (invocation, entries) = self.renew_call(seats.iter(), &now, ttl, key_ttl);
+        let invocation = self.renew_call(seats.iter(), &now, ttl, key_ttl);
         let reply: Vec<i64> = self.call(Call::Script(&invocation)).await?;
-        renew_reply(&reply, &entries)
-    }
-
-    /// Renews seats of several hash slots of one primary: one script per
-    /// slot and batch, in one pipeline. Seats whose slot moved answer
-    /// `None`. Seats of one slot take [`seat_renew`](Self::seat_renew),
-    /// which follows redirects.
-    async fn seat_renew_routed(
-        &self,
-        seats: &[SeatRef<'_>],
-        ttl: Duration,
-    ) -> Result<Vec<Option<bool>>, StoreError> {
-        let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (i, seat) in seats.iter().enumerate() {
-            slots
-                .entry(tag_slot(seat.key, seat.tenant_capped))
-                .or_default()
-                .push(i);
-        }
-        let Some(&first) = slots.keys().next() else {
-            return Ok(Vec::new());
-        };
-        if slots.len() == 1 || !self.connection.is_cluster() {
-            let alive = self.seat_renew(seats, ttl).await?;
-            return Ok(alive.into_iter().map(Some).collect());
-        }
-        let (now, key_ttl) = self.seat_clock(ttl)?;
-        let batch = conn::Backend::max_renew_batch(self).max(1);
-        let mut calls = Vec::new();
-        let mut members: Vec<(&[usize], Vec<usize>)> = Vec::new();
-        for indexes in slots.values() {
-            for chunk in indexes.chunks(batch) {
-                let (call, entries) =
-                    self.renew_call(chunk.iter().map(|&i| &seats[i]), &now, ttl, key_ttl);
-                calls.push(call);
-                members.push((chunk, entries));
-            }
-        }
-        let mut alive = vec![None; seats.len()];
-        let Some(replies) = self.call_routed(first, &RENEW, &calls).await? else {
-            return Ok(alive);
-        };
-        for ((chunk, entries), reply) in members.iter().zip(replies) {
-            // An error reply (MOVED: the slot is served elsewhere now)
-            // leaves the call's seats unanswered.
-            let Ok(reply) = Vec::<i64>::from_redis_value(reply) else {
-                continue;
-            };
-            for (&i, live) in chunk.iter().zip(renew_reply(&reply, entries)?) {
-                alive[i] = Some(live);
-            }
-        }
-        Ok(alive)
-    }
-
-    async fn seat_release(&self, seat: SeatRef<'_>) -> Result<bool, StoreError> {
-        let keys = seat_keys(&self.prefix, seat.key, seat.tenant_capped);
-        let mut invocation = RELEASE.key(keys.subject);
-        if let Some(tenant) = keys.tenant {
-            invocation.key(tenant);
-        }
-        invocation.arg(seat.id);
-        let removed: i64 = self.call(Call::Script(&invocation)).await?;
-        Ok(removed == 1)
-    }
-
-    async fn seat_presence(&self, key: &WindowKey, tenant_capped: bool) -> Result<u32, StoreError> {
-        let keys = seat_keys(&self.prefix, key, tenant_capped);
-        let (now, _) = self.seat_clock(Duration::from_secs(1))?;
-        let mut invocation = PRESENCE.key(keys.subject);
-        invocation.arg(now);
-        let count: i64 = self.call(Call::Script(&invocation)).await?;
-        Ok(u32::try_from(count).unwrap_or(0))
+        renew_reply(&reply, seats.iter())
     }
 }
 
 impl conn::Backend for RedisStore {
     fn grant<'a>(&'a self, guard: &mut Guard<'a>, request: GrantRequest<'a>) -> Op<'a, GrantReply> {
-        guard.run(move || self.seat_grant(request))
+        guard.run(move || async move {
+            if request.ttl.is_zero() {
+                return Err(StoreError::new(
+                    StoreErrorKind::InvalidRequest,
+                    "a seat TTL must be positive",
+                ));
+            }
+            let seat = request.seat;
+            let keys = seat_keys(&self.prefix, seat.key, seat.tenant_capped);
+            let (now, key_ttl) = self.seat_clock(request.ttl)?;
+            let mut invocation = GRANT.key(keys.subject);
+            invocation
+                .key(keys.fence)
+                .key(keys.tenant)
+                .arg(now)
+                .arg(duration_micros(request.ttl))
+                .arg(request.max_per_subject)
+                .arg(request.max_per_tenant)
+                .arg(seat.id)
+                .arg(key_ttl)
+                .arg(request.fence_floor.min(MAX_FENCE_FLOOR));
+            let reply: Vec<i64> = self.call(Call::Script(&invocation)).await?;
+            let [granted, second, count, wait] = reply[..] else {
+                return Err(protocol("seat grant reply is not 4 integers"));
+            };
+            let count = u32::try_from(count).unwrap_or(u32::MAX);
+            Ok(if granted == 1 {
+                let fence = u64::try_from(second).map_err(|_| protocol("negative fence"))?;
+                GrantReply::Granted { fence, count }
+            } else {
+                GrantReply::Denied {
+                    scope: if second == 2 {
+                        CapScope::Tenant
+                    } else {
+                        CapScope::Subject
+                    },
+                    count,
+                    retry_after: Duration::from_micros(u64::try_from(wait).unwrap_or(0)),
+                }
+            })
+        })
     }
 
     fn renew<'a>(
@@ -283,17 +201,63 @@ impl conn::Backend for RedisStore {
         self.slot_domain(partition)
     }
 
+    /// Renews seats of several hash slots of one primary: one script per
+    /// slot and batch, in one pipeline. Seats whose slot moved answer
+    /// `None`. Seats of one slot take [`renew`](conn::Backend::renew),
+    /// which follows redirects.
     fn renew_routed<'a>(
         &'a self,
         guard: &mut Guard<'a>,
         seats: &'a [SeatRef<'a>],
         ttl: Duration,
     ) -> Op<'a, Vec<Option<bool>>> {
-        guard.run(move || self.seat_renew_routed(seats, ttl))
+        guard.run(move || async move {
+            let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+            for (i, seat) in seats.iter().enumerate() {
+                let slot = tag_slot(seat.key, seat.tenant_capped);
+                slots.entry(slot).or_default().push(i);
+            }
+            let Some(&first) = slots.keys().next() else {
+                return Ok(Vec::new());
+            };
+            if slots.len() == 1 || !self.connection.is_cluster() {
+                let alive = self.seat_renew(seats, ttl).await?;
+                return Ok(alive.into_iter().map(Some).collect());
+            }
+            let (now, key_ttl) = self.seat_clock(ttl)?;
+            let batch = conn::Backend::max_renew_batch(self).max(1);
+            let chunks: Vec<&[usize]> = slots.values().flat_map(|i| i.chunks(batch)).collect();
+            let calls: Vec<ScriptCall> = chunks
+                .iter()
+                .map(|chunk| self.renew_call(chunk.iter().map(|&i| &seats[i]), &now, ttl, key_ttl))
+                .collect();
+            let mut alive = vec![None; seats.len()];
+            let Some(replies) = self.call_routed(first, &RENEW, &calls).await? else {
+                return Ok(alive);
+            };
+            for (chunk, reply) in chunks.into_iter().zip(replies) {
+                // An error reply (MOVED: the slot is served elsewhere now)
+                // leaves the call's seats unanswered.
+                let Ok(reply) = Vec::<i64>::from_redis_value(reply) else {
+                    continue;
+                };
+                let live = renew_reply(&reply, chunk.iter().map(|&i| &seats[i]))?;
+                for (&i, live) in chunk.iter().zip(live) {
+                    alive[i] = Some(live);
+                }
+            }
+            Ok(alive)
+        })
     }
 
     fn release<'a>(&'a self, guard: &mut Guard<'a>, seat: SeatRef<'a>) -> Op<'a, bool> {
-        guard.run(move || self.seat_release(seat))
+        guard.run(move || async move {
+            let keys = seat_keys(&self.prefix, seat.key, seat.tenant_capped);
+            let mut invocation = RELEASE.key(keys.subject);
+            invocation.key(keys.tenant).arg(seat.id);
+            let removed: i64 = self.call(Call::Script(&invocation)).await?;
+            Ok(removed == 1)
+        })
     }
 
     fn presence<'a>(
@@ -302,7 +266,14 @@ impl conn::Backend for RedisStore {
         key: &'a WindowKey,
         tenant_capped: bool,
     ) -> Op<'a, u32> {
-        guard.run(move || self.seat_presence(key, tenant_capped))
+        guard.run(move || async move {
+            let keys = seat_keys(&self.prefix, key, tenant_capped);
+            let (now, _) = self.seat_clock(Duration::from_secs(1))?;
+            let mut invocation = PRESENCE.key(keys.subject);
+            invocation.arg(now);
+            let count: i64 = self.call(Call::Script(&invocation)).await?;
+            Ok(u32::try_from(count).unwrap_or(0))
+        })
     }
 
     fn seat_partition(&self, key: &WindowKey, tenant_capped: bool) -> u16 {

@@ -101,10 +101,8 @@ impl Log {
             Some(epoch) if now_ms < self.expires_at => epoch.clone(),
             _ => {
                 let epoch = Epoch::made(format!("{now_us:x}{:016x}", request.nonce));
-                *self = Log {
-                    epoch: Some(epoch.clone()),
-                    ..Log::default()
-                };
+                *self = Log::default();
+                self.epoch = Some(epoch.clone());
                 self.touch(now_ms, request.retention);
                 epoch
             }
@@ -117,9 +115,7 @@ impl Log {
 
     fn trim(&mut self, now_ms: u64, retention: Retention) {
         let horizon = now_ms.saturating_sub(retention.window_millis());
-        let expired = self
-            .entries
-            .partition_point(|entry| entry.id.millis() < horizon);
+        let expired = self.entries.partition_point(|e| e.id.millis() < horizon);
         let max_len = usize::try_from(retention.max_len()).unwrap_or(usize::MAX);
         let excess = self.entries.len().saturating_sub(max_len);
         self.entries.drain(..expired.max(excess));
@@ -184,20 +180,16 @@ impl events::Backend for MemoryStore {
             log.trim(now_ms, request.retention);
             let start = log.entries.partition_point(|entry| entry.id <= after);
             // Entries leave only from the front, so the kept ones are a
-            // chain: checking the first one after the position is enough.
-            let unbroken = match log.entries.get(start) {
-                Some(first) => first.prev == after,
-                None => log.last == after,
-            };
+            // chain: checking the first one after the position is enough
+            // (with none after it, the position must be the last id).
+            let unbroken = log.entries.get(start).map_or(log.last, |first| first.prev) == after;
             if !unbroken {
                 return Resume::Resync(ResyncReason::TooOld);
             }
             let limit = usize::try_from(limit).unwrap_or(usize::MAX);
             let page = log.entries.range(start..).take(limit);
-            Resume::Recovered(
-                page.map(|entry| Event::new(entry.id, entry.fields.clone()))
-                    .collect(),
-            )
+            let events = page.map(|entry| Event::new(entry.id, entry.fields.clone()));
+            Resume::Recovered(events.collect())
         };
         Op::ready(check_limit(limit).map(|()| self.event_window(&request, read)))
     }

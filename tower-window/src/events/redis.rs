@@ -124,17 +124,16 @@ impl RedisStore {
         events: &[&[(&str, &[u8])]],
     ) -> Result<Vec<Appended>, StoreError> {
         check_batch(events)?;
-        let reply: Value = self
-            .event_call(&request, "b", |call| {
-                call.arg(events.len());
-                for fields in events {
-                    call.arg(fields.len() * 2);
-                    for (name, value) in *fields {
-                        call.arg(*name).arg(*value);
-                    }
+        let reply = self.event_call(&request, "b", |call| {
+            call.arg(events.len());
+            for fields in events {
+                call.arg(fields.len() * 2);
+                for (name, value) in *fields {
+                    call.arg(*name).arg(*value);
                 }
-            })
-            .await?;
+            }
+        });
+        let reply: Value = reply.await?;
         match array(&reply)? {
             [e, ids @ ..] if ids.len() == events.len() => {
                 let epoch: Epoch = parsed(e)?;
@@ -193,21 +192,19 @@ impl events::Backend for RedisStore {
     ) -> Op<'a, Resume> {
         guard.run(move || async move {
             check_limit(limit)?;
-            let reply: Value = self
-                .event_call(&request, "r", |call| {
-                    call.arg(from.epoch.as_str())
-                        .arg(from.after().to_string())
-                        .arg(limit);
-                })
-                .await?;
+            let reply = self.event_call(&request, "r", |call| {
+                call.arg(from.epoch.as_str())
+                    .arg(from.after().to_string())
+                    .arg(limit);
+            });
+            let reply: Value = reply.await?;
+            let event = |entry| tagged_event(entry).map(|(_, event)| event);
             match array(&reply)? {
                 [Value::Int(0)] => Ok(Resume::Recovered(Vec::new())),
-                [Value::Int(0), entries] => Ok(Resume::Recovered(
-                    array(entries)?
-                        .iter()
-                        .map(|entry| tagged_event(entry).map(|(_, event)| event))
-                        .collect::<Result<_, _>>()?,
-                )),
+                [Value::Int(0), entries] => {
+                    let events = array(entries)?.iter().map(event);
+                    Ok(Resume::Recovered(events.collect::<Result<_, _>>()?))
+                }
                 [Value::Int(1)] => Ok(Resume::Resync(ResyncReason::TooOld)),
                 [Value::Int(2)] => Ok(Resume::Resync(ResyncReason::EpochChanged)),
                 [Value::Int(3)] => Ok(Resume::Resync(ResyncReason::Ahead)),

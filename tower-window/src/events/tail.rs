@@ -7,10 +7,11 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 
 use super::redis::{array, event_keys, parsed, protocol, tagged_event, text};
+use super::window::invalid;
 use crate::events::{Epoch, Event, EventId};
 use crate::store::redis::connection::map_error;
 use crate::store::redis::RedisStore;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::StoreError;
 
 /// New events of one window, from [`EventTail::read`].
 #[derive(Debug, Clone)]
@@ -46,14 +47,12 @@ impl fmt::Debug for EventTail {
 impl RedisStore {
     /// A live reader of this store's event windows, connecting on its
     /// first read. A store not built from a URL is
-    /// [`StoreErrorKind::InvalidRequest`].
+    /// [`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest).
     pub fn event_tail(&self) -> Result<EventTail, StoreError> {
-        let client = self.connection.client().ok_or_else(|| {
-            StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "live event reads need a store built from a redis url",
-            )
-        })?;
+        let client = self
+            .connection
+            .client()
+            .ok_or_else(|| invalid("live event reads need a store built from a redis url"))?;
         Ok(EventTail {
             client,
             prefix: self.prefix.to_string(),

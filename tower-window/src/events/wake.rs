@@ -22,7 +22,8 @@ use redis::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::redis::{event_keys, event_slot, text};
+use super::redis::{event_keys, event_slot, protocol, text};
+use super::window::invalid;
 use crate::store::redis::connection::{is_topology_change, map_error, Conn};
 use crate::store::redis::topology::primary_ranges;
 use crate::store::redis::RedisStore;
@@ -58,24 +59,15 @@ impl RedisStore {
     /// [`StoreErrorKind::InvalidRequest`].
     pub fn event_wakeups(self: &Arc<Self>) -> Result<EventWakeups, StoreError> {
         let seed = self.connection.node_info().ok_or_else(|| {
-            StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "event wake-ups need a store built from a redis url or cluster seeds",
-            )
+            invalid("event wake-ups need a store built from a redis url or cluster seeds")
         })?;
         let cluster = self.connection.is_cluster();
         if cluster && !matches!(seed.addr(), ConnectionAddr::Tcp(..)) {
             // Another primary's address is made from the seed's: plain TCP.
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "event wake-ups on a cluster need plain TCP seeds",
-            ));
+            return Err(invalid("event wake-ups on a cluster need plain TCP seeds"));
         }
-        let redis = seed
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let seed = seed.set_redis_settings(redis);
+        let resp3 = seed.redis_settings().clone();
+        let seed = seed.set_redis_settings(resp3.set_protocol(ProtocolVersion::RESP3));
         let (commands, command_rx) = mpsc::unbounded_channel();
         let (out, wakeups) = mpsc::unbounded_channel();
         let (pushes_tx, pushes) = mpsc::unbounded_channel();
@@ -237,14 +229,9 @@ impl Subscriber {
             self.retry_at = None;
             return;
         }
-        let wait = if self.failures == 0 {
-            Duration::ZERO
-        } else {
-            FIRST_RETRY
-                .saturating_mul(1 << self.failures.min(5))
-                .min(MAX_RETRY)
-        };
-        let at = Instant::now() + wait;
+        let backoff = FIRST_RETRY.saturating_mul(1 << self.failures.min(5));
+        let wait = (self.failures > 0).then_some(backoff.min(MAX_RETRY));
+        let at = Instant::now() + wait.unwrap_or_default();
         self.retry_at = Some(self.retry_at.map_or(at, |current| current.min(at)));
     }
 
@@ -317,10 +304,7 @@ impl Subscriber {
         }
         let (conn, _) = self.store.connection.get().await?;
         let Conn::Cluster(mut conn) = conn else {
-            return Err(StoreError::new(
-                StoreErrorKind::Protocol,
-                "a cluster store without a cluster connection",
-            ));
+            return Err(protocol("a cluster store without a cluster connection"));
         };
         let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
         let reply: Value = tokio::time::timeout(COMMAND_TIMEOUT, slots.query_async(&mut conn))
@@ -349,9 +333,8 @@ impl Subscriber {
                         format!("a cluster node without a host and port: {addr}"),
                     )
                 })?;
-            self.seed
-                .clone()
-                .set_addr(ConnectionAddr::Tcp(host.to_owned(), port))
+            let tcp = ConnectionAddr::Tcp(host.to_owned(), port);
+            self.seed.clone().set_addr(tcp)
         };
         self.next_generation += 1;
         let generation = self.next_generation;
@@ -376,14 +359,12 @@ impl Subscriber {
             .get_multiplexed_async_connection_with_config(&config)
             .await
             .map_err(map_error)?;
-        self.nodes.insert(
-            addr.to_owned(),
-            Node {
-                conn: conn.clone(),
-                generation,
-                channels: HashSet::new(),
-            },
-        );
+        let node = Node {
+            conn: conn.clone(),
+            generation,
+            channels: HashSet::new(),
+        };
+        self.nodes.insert(addr.to_owned(), node);
         Ok(conn)
     }
 
@@ -442,9 +423,7 @@ impl Subscriber {
                     Ok(_) => failed = true,
                     Err(error) => {
                         failed = true;
-                        if is_topology_change(&error) {
-                            self.stale = true;
-                        }
+                        self.stale |= is_topology_change(&error);
                         if error.is_connection_dropped() || error.is_io_error() {
                             self.lose(&addr);
                         }

@@ -134,11 +134,10 @@ impl LocalWakeups {
     /// Tells every reader following the window `key` that it grew.
     pub(crate) fn appended(&self, key: &[u8]) {
         let followers = lock(&self.followers);
+        let wakeup = || Wakeup::new(key.to_vec(), WakeReason::Appended);
         for follower in followers.iter().filter_map(Weak::upgrade) {
             if lock(&follower.keys).contains(key) {
-                let _ = follower
-                    .out
-                    .send(Wakeup::new(key.to_vec(), WakeReason::Appended));
+                let _ = follower.out.send(wakeup());
             }
         }
     }

@@ -218,7 +218,8 @@ impl EventWindow {
     }
 }
 
-fn invalid(message: &'static str) -> StoreError {
+/// A request no store serves.
+pub(crate) fn invalid(message: &'static str) -> StoreError {
     StoreError::new(StoreErrorKind::InvalidRequest, message)
 }
 
@@ -228,10 +229,8 @@ pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
     if fields.is_empty() || fields.len() > MAX_FIELDS {
         return Err(invalid("an event has 1 to 32 fields"));
     }
-    if fields
-        .iter()
-        .any(|(name, _)| name.is_empty() || name.len() > MAX_FIELD_NAME)
-    {
+    let bad_name = |(name, _): &(&str, &[u8])| name.is_empty() || name.len() > MAX_FIELD_NAME;
+    if fields.iter().any(bad_name) {
         return Err(invalid("a field name has 1 to 64 bytes"));
     }
     Ok(())

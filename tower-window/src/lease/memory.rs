@@ -15,7 +15,7 @@ use crate::lease::{Lease, RefundRequest, Reservation, ReserveRequest};
 use crate::store::memory::{Locked, SlotInner};
 use crate::store::MemoryStore;
 use crate::store::{Guard, Op, StoreError};
-use crate::{Decision, QuotaDecision};
+use crate::QuotaDecision;
 
 /// The most dead records one call drops (`MAX_DEAD` in `lease.lua`), so
 /// that its work stays bounded whatever the history.
@@ -93,19 +93,14 @@ impl MemoryStore {
         next.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(crate) fn reserve_now(
-        &self,
-        request: ReserveRequest<'_>,
-    ) -> Result<Reservation, StoreError> {
-        let policy = request.policy;
+    fn reserve_now(&self, request: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
         let ttl = request.validate()?;
+        let (policy, at_least) = (request.policy, request.at_least);
+        let quotas = policy.quotas();
         self.with_policy_locked(request.key, policy, |locked| {
             let now = self.clock.now_micros();
-            let mut deadline = policy
-                .quotas()
-                .iter()
-                .filter_map(|quota| algo::deadline_cap(quota, now))
-                .fold(now.saturating_add(ttl), u64::min);
+            let caps = quotas.iter().filter_map(|q| algo::deadline_cap(q, now));
+            let mut deadline = caps.fold(now.saturating_add(ttl), u64::min);
             for inner in locked.guards.iter_mut() {
                 inner.last_check = inner.last_check.max(now);
                 lease_records(inner).drop_dead(now);
@@ -114,38 +109,24 @@ impl MemoryStore {
             let refunded = request.refunds.iter().fold(0u32, |sum, refund| {
                 sum.saturating_add(refund_locked(locked, refund, now))
             });
-            let rooms: SmallVec<[(u64, u64); 4]> = policy
-                .quotas()
-                .iter()
-                .zip(locked.guards.iter_mut())
+            let slots = quotas.iter().zip(locked.guards.iter_mut());
+            let rooms: SmallVec<[(u64, u64); 4]> = slots
                 .map(|(quota, inner)| algo::room(&mut inner.state, quota, now, deadline))
                 .collect();
             // Only the enforced quotas size the grant; with none, nothing
             // bounds it.
-            let room = policy
-                .quotas()
-                .iter()
-                .zip(&rooms)
-                .filter(|(quota, _)| !quota.is_shadow())
-                .map(|(_, (room, _))| *room)
-                .min();
+            let enforced = quotas.iter().zip(&rooms).filter(|(q, _)| !q.is_shadow());
+            let room = enforced.map(|(_, (room, _))| *room).min();
             let mut granted = room.map_or(request.want, |room| grant(room, &request));
             let mut not_before = now;
             let max_wait = duration_micros(request.max_wait);
             if granted < request.want && max_wait > 0 {
-                let tats: SmallVec<[u64; 4]> = locked
-                    .guards
-                    .iter()
-                    .filter_map(|inner| algo::gcra_tat(&inner.state))
-                    .collect();
-                if let Some((units, start)) =
-                    algo::later_grant(policy, &tats, now, ttl, max_wait, request.want)
-                {
-                    if units > granted && units >= request.at_least {
-                        granted = units;
-                        not_before = start;
-                        deadline = start.saturating_add(ttl);
-                    }
+                let slot_states = locked.guards.iter().map(|inner| &inner.state);
+                let tats: SmallVec<[u64; 4]> = slot_states.filter_map(algo::gcra_tat).collect();
+                let later = algo::later_grant(policy, &tats, now, ttl, max_wait, request.want)
+                    .filter(|&(units, _)| units > granted && units >= at_least);
+                if let Some((units, start)) = later {
+                    (granted, not_before, deadline) = (units, start, start.saturating_add(ttl));
                 }
             }
             // Where the Redis store keeps the latest deadline: beside the
@@ -158,88 +139,56 @@ impl MemoryStore {
                 let mut reservation =
                     Reservation::empty(now, held_until(locked)).with_refunded(refunded);
                 if request.decides {
-                    reservation.decision = Some(locked.decide(policy, now, |_| request.at_least)?);
+                    reservation.decision = Some(locked.decide(policy, now, |_| at_least)?);
                 }
                 return Ok(reservation);
             }
-            let (records, states): (SmallVec<[Record; 4]>, SmallVec<[QuotaDecision; 4]>) = policy
-                .quotas()
-                .iter()
-                .zip(locked.guards.iter_mut())
-                .zip(rooms)
-                .map(|((quota, inner), (room, reset))| {
-                    // A shadow quota holds what it has room for.
-                    let units = if quota.is_shadow() {
-                        saturate_u32(room).min(granted)
-                    } else {
-                        granted
-                    };
-                    let (anchor, expires, prior, reset_after) = if units == 0 {
-                        // A full shadow quota holds nothing: as it stands.
-                        (0, deadline, 0, reset)
-                    } else {
-                        let (anchor, expires, prior) =
-                            algo::commit(&mut inner.state, quota, now, deadline, units);
-                        (anchor, expires, prior, expires.saturating_sub(now))
-                    };
-                    // Idle expiry counts from here: a sliding log's leased
-                    // units are dated at the deadline and count W after it.
-                    inner.last_check = inner.last_check.max(deadline);
-                    let record = Record {
-                        anchor,
-                        prior,
-                        granted,
-                        units,
-                        expires,
-                    };
-                    let state = algo::quota_decision(
-                        quota,
-                        room.saturating_sub(u64::from(units)),
-                        reset_after,
-                        units,
-                        request.at_least,
-                        not_before - now,
-                    );
-                    (record, state)
-                })
-                .unzip();
-            let holds = if policy.quotas().iter().any(crate::Quota::is_shadow) {
-                records.iter().map(|record| record.units).collect()
-            } else {
-                Vec::new()
-            };
+            let wait = not_before - now;
+            let slots = quotas.iter().zip(locked.guards.iter_mut()).zip(rooms);
+            let taken = slots.map(|((quota, inner), (room, reset))| {
+                // A shadow quota holds what it has room for.
+                let units = if quota.is_shadow() {
+                    saturate_u32(room).min(granted)
+                } else {
+                    granted
+                };
+                let (anchor, expires, prior, reset_after) = if units == 0 {
+                    // A full shadow quota holds nothing: as it stands.
+                    (0, deadline, 0, reset)
+                } else {
+                    let (anchor, expires, prior) =
+                        algo::commit(&mut inner.state, quota, now, deadline, units);
+                    (anchor, expires, prior, expires.saturating_sub(now))
+                };
+                // Idle expiry counts from here: a sliding log's leased
+                // units are dated at the deadline and count W after it.
+                inner.last_check = inner.last_check.max(deadline);
+                let record = Record {
+                    anchor,
+                    prior,
+                    granted,
+                    units,
+                    expires,
+                };
+                let left = room.saturating_sub(u64::from(units));
+                let state = algo::quota_decision(quota, left, reset_after, units, at_least, wait);
+                (record, state)
+            });
+            let (mut records, states): (SmallVec<[Record; 4]>, SmallVec<[QuotaDecision; 4]>) =
+                taken.unzip();
             // The lease matters until the last of its units stops counting,
             // in every slot alike (as the Redis store's one record).
             let id = self.next_lease_id();
             let last = records.iter().map(|r| r.expires).fold(deadline, u64::max);
-            for (inner, mut record) in locked.guards.iter_mut().zip(records) {
+            for (inner, record) in locked.guards.iter_mut().zip(&mut records) {
                 record.expires = last;
-                lease_records(inner).insert(id, record, deadline);
+                lease_records(inner).insert(id, *record, deadline);
             }
-            let lease = Lease::new(id, granted, now, deadline)
-                .with_held(holds)
-                .starting_at(not_before);
-            Ok(Reservation {
-                lease: Some(lease),
-                decision: Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now)),
-                ..Reservation::empty(now, held_until(locked)).with_refunded(refunded)
-            })
+            let lease = Lease::new(id, granted, now, deadline).starting_at(not_before);
+            let reservation = Reservation::empty(now, held_until(locked)).with_refunded(refunded);
+            let held = records.iter().map(|record| record.units);
+            Ok(reservation.granting(policy, lease, held, states))
         })
-    }
-
-    pub(crate) fn refund_now(&self, request: RefundRequest<'_>) -> Result<u32, StoreError> {
-        if !request.returns_anything() {
-            return Ok(0);
-        }
-        Ok(
-            self.with_policy_locked(request.key, request.policy, |locked| {
-                let now = self.clock.now_micros();
-                for inner in locked.guards.iter_mut() {
-                    lease_records(inner).drop_dead(now);
-                }
-                refund_locked(locked, &request, now)
-            }),
-        )
     }
 }
 
@@ -250,35 +199,22 @@ fn refund_locked(locked: &mut Locked<'_>, request: &RefundRequest<'_>, now: u64)
         return 0;
     }
     // A refund applies once: the records go whatever it returns.
-    let found: SmallVec<[Option<Record>; 4]> = locked
-        .guards
-        .iter_mut()
-        .map(|inner| lease_records(inner).remove(request.lease.id))
-        .collect();
+    let id = request.lease.id;
+    let guards = locked.guards.iter_mut();
+    let found: SmallVec<[Option<Record>; 4]> =
+        guards.map(|g| lease_records(g).remove(id)).collect();
     if !found.iter().flatten().any(|record| record.expires > now) {
         return 0;
     }
     let mut returned: Option<u32> = None;
     let mut granted = 0;
-    for (index, ((quota, inner), record)) in request
-        .policy
-        .quotas()
-        .iter()
-        .zip(locked.guards.iter_mut())
-        .zip(&found)
-        .enumerate()
-    {
+    let slots = request.policy.quotas().iter().zip(locked.guards.iter_mut());
+    for (index, ((quota, inner), record)) in slots.zip(&found).enumerate() {
         let taken = record.map_or(0, |record| {
             granted = record.granted;
             let units = request.unused_of(index, quota.is_shadow(), record.granted, record.units);
-            algo::refund(
-                &mut inner.state,
-                quota,
-                record.anchor,
-                record.prior,
-                record.units,
-                units,
-            )
+            let (anchor, prior, held) = (record.anchor, record.prior, record.units);
+            algo::refund(&mut inner.state, quota, anchor, prior, held, units)
         });
         if !quota.is_shadow() {
             returned = Some(returned.map_or(taken, |r| r.min(taken)));
@@ -294,12 +230,8 @@ fn refund_locked(locked: &mut Locked<'_>, request: &RefundRequest<'_>, now: u64)
 /// [`crate::lease`], "How much one lease takes"), unless that is below
 /// `at_least`; none if `at_least` does not fit.
 fn grant(room: u64, request: &ReserveRequest<'_>) -> u32 {
-    let all_logs = request
-        .policy
-        .quotas()
-        .iter()
-        .filter(|quota| !quota.is_shadow())
-        .all(|quota| quota.algorithm() == crate::Algorithm::SlidingLog);
+    let mut enforced = request.policy.quotas().iter().filter(|q| !q.is_shadow());
+    let all_logs = enforced.all(|quota| quota.algorithm() == crate::Algorithm::SlidingLog);
     let share = if all_logs { room } else { room.div_ceil(2) };
     let at_least = u64::from(request.at_least);
     let granted = room.min(share.max(at_least)).min(u64::from(request.want));
@@ -320,6 +252,16 @@ impl super::Backend for MemoryStore {
     }
 
     fn refund<'a>(&'a self, _: &mut Guard<'a>, request: RefundRequest<'a>) -> Op<'a, u32> {
-        Op::ready(self.refund_now(request))
+        if !request.returns_anything() {
+            return Op::ready(Ok(0));
+        }
+        let returned = self.with_policy_locked(request.key, request.policy, |locked| {
+            let now = self.clock.now_micros();
+            for inner in locked.guards.iter_mut() {
+                lease_records(inner).drop_dead(now);
+            }
+            refund_locked(locked, &request, now)
+        });
+        Op::ready(Ok(returned))
     }
 }

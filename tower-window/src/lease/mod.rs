@@ -84,7 +84,7 @@ use std::time::Duration;
 
 use crate::clock::duration_micros;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
-use crate::{Decision, Policy, WindowKey};
+use crate::{Decision, Policy, QuotaDecision, WindowKey};
 
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
@@ -198,11 +198,8 @@ impl<'a> ReserveRequest<'a> {
         if self.at_least == 0 || (self.want != 0 && self.want < self.at_least) {
             return invalid("a lease must want at least 1 unit, and at least what it needs");
         }
-        let foreign = self
-            .refunds
-            .iter()
-            .any(|refund| refund.key != self.key || refund.policy != self.policy);
-        if foreign {
+        let foreign = |r: &RefundRequest<'_>| r.key != self.key || r.policy != self.policy;
+        if self.refunds.iter().any(foreign) {
             return invalid("a reservation refunds only leases of its own key and policy");
         }
         let ttl = duration_micros(self.ttl);
@@ -338,6 +335,27 @@ impl Reservation {
         }
     }
 
+    /// The same reservation, granting `lease` of which the policy's quotas
+    /// hold `held` and stand at `states` once it was taken (both in policy
+    /// order): what both stores answer.
+    pub(crate) fn granting(
+        self,
+        policy: &Policy,
+        lease: Lease,
+        held: impl Iterator<Item = u32>,
+        states: impl IntoIterator<Item = QuotaDecision>,
+    ) -> Self {
+        // `Lease::held` stays empty when every quota holds `granted`.
+        let shadowed = policy.quotas().iter().any(crate::Quota::is_shadow);
+        let held = if shadowed { held.collect() } else { Vec::new() };
+        let decision = Decision::from_quotas(states);
+        Self {
+            lease: Some(lease.with_held(held)),
+            decision: decision.map(|d| d.with_timestamp_micros(self.now_micros)),
+            ..self
+        }
+    }
+
     /// The same reservation, with the decision of the check it decided
     /// (see [`decision`](Self::decision)).
     #[must_use]
@@ -361,11 +379,8 @@ impl Reservation {
     /// How long from the reservation until the outstanding leases end
     /// (zero if none is outstanding).
     pub fn held_for(&self) -> Duration {
-        Duration::from_micros(
-            self.held_until_micros
-                .unwrap_or(0)
-                .saturating_sub(self.now_micros),
-        )
+        let until = self.held_until_micros.unwrap_or(0);
+        Duration::from_micros(until.saturating_sub(self.now_micros))
     }
 }
 
@@ -427,13 +442,10 @@ impl<'a> RefundRequest<'a> {
 
     /// Whether the refund gives anything back to any quota.
     pub(crate) fn returns_anything(&self) -> bool {
+        let shadow = |(units, quota): (&u32, &crate::Quota)| quota.is_shadow() && *units > 0;
+        let units = self.shadow_unused.unwrap_or_default();
         self.unused.min(self.lease.granted) > 0
-            || self.shadow_unused.is_some_and(|units| {
-                units
-                    .iter()
-                    .zip(self.policy.quotas())
-                    .any(|(units, quota)| quota.is_shadow() && *units > 0)
-            })
+            || units.iter().zip(self.policy.quotas()).any(shadow)
     }
 }
 

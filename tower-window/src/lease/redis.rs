@@ -24,7 +24,7 @@ use crate::store::redis::keys::redis_key;
 use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::RedisStore;
 use crate::store::{Guard, Op, StoreError, StoreErrorKind};
-use crate::{Decision, Policy, WindowKey};
+use crate::{Policy, WindowKey};
 
 const DEFINITIONS: &str = crate::algorithm::redis::with_algorithms!("../algorithm/take_back.lua");
 const BODY: &str = include_str!("lease.lua");
@@ -65,72 +65,6 @@ impl RedisStore {
         }
         Ok(call)
     }
-
-    pub(super) async fn reserve_lease(
-        &self,
-        request: ReserveRequest<'_>,
-    ) -> Result<Reservation, StoreError> {
-        let ttl = request.validate()?;
-        // Beyond 2^40 µs (12 days) a lease is no lease; keeps Lua exact.
-        if ttl > 1 << 40 {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "a lease needs a TTL between 1 microsecond and 2^40 microseconds",
-            ));
-        }
-        let mut call = self.lease_call(request.key, request.policy, request.want)?;
-        let max_wait = crate::clock::duration_micros(request.max_wait).min(1 << 40);
-        let refunds: Vec<&RefundRequest<'_>> = request
-            .refunds
-            .iter()
-            .filter(|refund| refund.returns_anything())
-            .collect();
-        call.arg("reserve")
-            .arg(ttl)
-            .arg(request.at_least)
-            .arg(max_wait)
-            .arg(u8::from(request.decides))
-            .arg(refunds.len());
-        for refund in refunds {
-            call.arg(field(refund.lease))
-                .arg(refund.unused.min(refund.lease.granted));
-            // One value per quota; '' leaves a shadow quota's to the script.
-            for i in 0..request.policy.len() {
-                match refund.shadow_unused.and_then(|units| units.get(i)) {
-                    Some(units) => call.arg(*units),
-                    None => call.arg(""),
-                };
-            }
-        }
-        let reply: Vec<i64> = self.call(Call::Script(&call)).await?;
-        reservation(request.policy, request.at_least, &reply)
-    }
-
-    pub(super) async fn refund_lease(&self, request: RefundRequest<'_>) -> Result<u32, StoreError> {
-        if !request.returns_anything() {
-            return Ok(0);
-        }
-        let unused = request.unused.min(request.lease.granted);
-        let mut call = self.lease_call(request.key, request.policy, unused)?;
-        call.arg("refund").arg(field(request.lease));
-        if let Some(units) = request.shadow_unused {
-            // One value per quota; the script reads them for shadow quotas.
-            for i in 0..request.policy.len() {
-                call.arg(units.get(i).copied().unwrap_or(0));
-            }
-        }
-        let reply: Vec<i64> = self.call(Call::Script(&call)).await?;
-        match reply.as_slice() {
-            [returned] => Ok(count(*returned)),
-            other => Err(StoreError::new(
-                StoreErrorKind::Protocol,
-                format!(
-                    "redis lease refund replied {} values, expected 1",
-                    other.len()
-                ),
-            )),
-        }
-    }
 }
 
 /// Turns the reserve reply (see `lease.lua`) into a [`Reservation`].
@@ -166,34 +100,15 @@ fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservat
     let not_before = positive(not_before).max(now);
     let granted = count(granted);
     let held = |v: i64| count(v).min(granted);
-    let states = policy
-        .quotas()
-        .iter()
-        .zip(per_quota.chunks_exact(3))
-        .map(|(quota, v)| {
-            let (remaining, reset) = (positive(v[0]), positive(v[1]));
-            quota_decision(
-                quota,
-                remaining,
-                reset,
-                held(v[2]),
-                at_least,
-                not_before - now,
-            )
-        });
-    let holds = if policy.quotas().iter().any(crate::Quota::is_shadow) {
-        per_quota.chunks_exact(3).map(|v| held(v[2])).collect()
-    } else {
-        Vec::new()
-    };
-    let lease = Lease::new(positive(seq), granted, now, positive(deadline))
-        .with_held(holds)
-        .starting_at(not_before);
-    Ok(Reservation {
-        lease: Some(lease),
-        decision: Decision::from_quotas(states).map(|d| d.with_timestamp_micros(now)),
-        ..empty
-    })
+    let wait = not_before - now;
+    let states = policy.quotas().iter().zip(per_quota.chunks_exact(3));
+    let states = states.map(|(quota, v)| {
+        let (remaining, reset) = (positive(v[0]), positive(v[1]));
+        quota_decision(quota, remaining, reset, held(v[2]), at_least, wait)
+    });
+    let lease = Lease::new(positive(seq), granted, now, positive(deadline)).starting_at(not_before);
+    let holds = per_quota.chunks_exact(3).map(|v| held(v[2]));
+    Ok(empty.granting(policy, lease, holds, states))
 }
 
 impl super::Backend for RedisStore {
@@ -202,11 +117,64 @@ impl super::Backend for RedisStore {
         guard: &mut Guard<'a>,
         request: ReserveRequest<'a>,
     ) -> Op<'a, Reservation> {
-        guard.run(move || self.reserve_lease(request))
+        guard.run(move || async move {
+            let ttl = request.validate()?;
+            // Beyond 2^40 µs (12 days) a lease is no lease; keeps Lua exact.
+            if ttl > 1 << 40 {
+                return Err(StoreError::new(
+                    StoreErrorKind::InvalidRequest,
+                    "a lease needs a TTL between 1 microsecond and 2^40 microseconds",
+                ));
+            }
+            let mut call = self.lease_call(request.key, request.policy, request.want)?;
+            let max_wait = crate::clock::duration_micros(request.max_wait).min(1 << 40);
+            let refunds = request.refunds.iter().filter(|r| r.returns_anything());
+            call.arg("reserve")
+                .arg(ttl)
+                .arg(request.at_least)
+                .arg(max_wait)
+                .arg(u8::from(request.decides))
+                .arg(refunds.clone().count());
+            for refund in refunds {
+                call.arg(field(refund.lease))
+                    .arg(refund.unused.min(refund.lease.granted));
+                // One value per quota; '' leaves a shadow quota's to the script.
+                for i in 0..request.policy.len() {
+                    match refund.shadow_unused.and_then(|units| units.get(i)) {
+                        Some(units) => call.arg(*units),
+                        None => call.arg(""),
+                    };
+                }
+            }
+            let reply: Vec<i64> = self.call(Call::Script(&call)).await?;
+            reservation(request.policy, request.at_least, &reply)
+        })
     }
 
     fn refund<'a>(&'a self, guard: &mut Guard<'a>, request: RefundRequest<'a>) -> Op<'a, u32> {
-        guard.run(move || self.refund_lease(request))
+        guard.run(move || async move {
+            if !request.returns_anything() {
+                return Ok(0);
+            }
+            let unused = request.unused.min(request.lease.granted);
+            let mut call = self.lease_call(request.key, request.policy, unused)?;
+            call.arg("refund").arg(field(request.lease));
+            if let Some(units) = request.shadow_unused {
+                // One value per quota; the script reads them for shadow quotas.
+                for i in 0..request.policy.len() {
+                    call.arg(units.get(i).copied().unwrap_or(0));
+                }
+            }
+            let reply: Vec<i64> = self.call(Call::Script(&call)).await?;
+            let [returned] = reply[..] else {
+                let message = format!(
+                    "redis lease refund replied {} values, expected 1",
+                    reply.len()
+                );
+                return Err(StoreError::new(StoreErrorKind::Protocol, message));
+            };
+            Ok(count(returned))
+        })
     }
 }
 
