@@ -18,7 +18,7 @@ use crate::store::redis::call::Call;
 use crate::store::redis::keys::{encode_component, tag_slot, write_prefix, write_tag};
 use crate::store::redis::script::LuaScript;
 use crate::store::redis::RedisStore;
-use crate::store::{Guard, Op, StoreError, StoreErrorKind};
+use crate::store::{Guard, Op, StoreError};
 use crate::WindowKey;
 
 static APPEND: LazyLock<LuaScript> =
@@ -84,9 +84,7 @@ impl RedisStore {
         let mut end = match query.before.as_deref() {
             None => Some("+".to_owned()),
             Some(cursor) => EntryId::parse(cursor)
-                .ok_or_else(|| {
-                    StoreError::new(StoreErrorKind::InvalidRequest, "a malformed cursor")
-                })?
+                .ok_or_else(|| StoreError::invalid("a malformed cursor"))?
                 .previous()
                 .map(|id| id.to_string()),
         };
@@ -123,7 +121,7 @@ impl RedisStore {
 
 /// The entries of an `XREVRANGE` reply; a foreign entry reads as `None`.
 fn entries(tenant: &str, reply: Value) -> Result<Vec<(EntryId, Option<AuditRecord>)>, StoreError> {
-    let malformed = || StoreError::new(StoreErrorKind::Protocol, "a malformed XREVRANGE reply");
+    let malformed = || StoreError::protocol("a malformed XREVRANGE reply");
     let Value::Array(items) = reply else {
         return Err(malformed());
     };

@@ -17,8 +17,8 @@ use crate::store::redis::call::Call;
 use crate::store::redis::keys::{encode_component, tag_slot, write_prefix, write_tag};
 use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
+use crate::store::StoreError;
 use crate::store::{Guard, Op};
-use crate::store::{StoreError, StoreErrorKind};
 use crate::WindowKey;
 use redis::FromRedisValue;
 
@@ -86,14 +86,10 @@ fn renew_reply<'s>(
         let n = 1 + usize::from(seat.tenant_capped);
         let entries = reply.get(at..at + n);
         at += n;
-        let entries = entries.ok_or_else(|| protocol("seat renew reply too short"))?;
+        let entries = entries.ok_or_else(|| StoreError::protocol("seat renew reply too short"))?;
         Ok(entries.iter().all(|&v| v == 1))
     };
     seats.map(alive).collect()
-}
-
-fn protocol(message: &str) -> StoreError {
-    StoreError::new(StoreErrorKind::Protocol, message.to_owned())
 }
 
 impl RedisStore {
@@ -147,10 +143,7 @@ impl conn::Backend for RedisStore {
     fn grant<'a>(&'a self, guard: &mut Guard<'a>, request: GrantRequest<'a>) -> Op<'a, GrantReply> {
         guard.run(move || async move {
             if request.ttl.is_zero() {
-                return Err(StoreError::new(
-                    StoreErrorKind::InvalidRequest,
-                    "a seat TTL must be positive",
-                ));
+                return Err(StoreError::invalid("a seat TTL must be positive"));
             }
             let seat = request.seat;
             let keys = seat_keys(&self.prefix, seat.key, seat.tenant_capped);
@@ -168,11 +161,12 @@ impl conn::Backend for RedisStore {
                 .arg(request.fence_floor.min(MAX_FENCE_FLOOR));
             let reply: Vec<i64> = self.call(Call::Script(&invocation)).await?;
             let [granted, second, count, wait] = reply[..] else {
-                return Err(protocol("seat grant reply is not 4 integers"));
+                return Err(StoreError::protocol("seat grant reply is not 4 integers"));
             };
             let count = u32::try_from(count).unwrap_or(u32::MAX);
             Ok(if granted == 1 {
-                let fence = u64::try_from(second).map_err(|_| protocol("negative fence"))?;
+                let fence =
+                    u64::try_from(second).map_err(|_| StoreError::protocol("negative fence"))?;
                 GrantReply::Granted { fence, count }
             } else {
                 GrantReply::Denied {

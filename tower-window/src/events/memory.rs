@@ -14,7 +14,7 @@ use crate::events::{
     Position, Resume, ResyncReason, Retention,
 };
 use crate::store::MemoryStore;
-use crate::store::{Guard, Op, StoreError, StoreErrorKind};
+use crate::store::{Guard, Op, StoreError};
 use crate::sync::lock;
 
 type EventLogs = Cache<Vec<u8>, Arc<Mutex<Log>>>;
@@ -127,7 +127,7 @@ impl Log {
         } else {
             EventId::new(self.last.millis(), self.last.seq() + 1)
         };
-        next.ok_or_else(|| StoreError::new(StoreErrorKind::InvalidRequest, "event ids exhausted"))
+        next.ok_or_else(|| StoreError::invalid("event ids exhausted"))
     }
 }
 

@@ -19,7 +19,7 @@ use crate::store::redis::call::Call;
 use crate::store::redis::keys::{encode_component, write_prefix, Crc16, CLUSTER_SLOTS};
 use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::RedisStore;
-use crate::store::{Guard, Op, StoreError, StoreErrorKind};
+use crate::store::{Guard, Op, StoreError};
 
 static SCRIPT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("", include_str!("events.lua")));
@@ -46,15 +46,13 @@ pub(crate) fn event_slot(key: &[u8]) -> u16 {
     crc.value() % CLUSTER_SLOTS
 }
 
-pub(crate) fn protocol(message: &'static str) -> StoreError {
-    StoreError::new(StoreErrorKind::Protocol, message)
-}
-
 pub(crate) fn text(value: &Value) -> Result<&[u8], StoreError> {
     match value {
         Value::BulkString(bytes) => Ok(bytes),
         Value::SimpleString(text) => Ok(text.as_bytes()),
-        _ => Err(protocol("redis event script: expected a string")),
+        _ => Err(StoreError::protocol(
+            "redis event script: expected a string",
+        )),
     }
 }
 
@@ -62,31 +60,36 @@ pub(crate) fn parsed<T: std::str::FromStr>(value: &Value) -> Result<T, StoreErro
     std::str::from_utf8(text(value)?)
         .ok()
         .and_then(|t| t.parse().ok())
-        .ok_or_else(|| protocol("redis event script: not an event id or epoch"))
+        .ok_or_else(|| StoreError::protocol("redis event script: not an event id or epoch"))
 }
 
 pub(crate) fn array(value: &Value) -> Result<&[Value], StoreError> {
     match value {
         Value::Array(items) => Ok(items),
-        _ => Err(protocol("redis event script: expected an array")),
+        _ => Err(StoreError::protocol(
+            "redis event script: expected an array",
+        )),
     }
 }
 
 /// One entry, `[id, [p, prev, n, number, e, epoch, name, value, ...]]`.
 pub(crate) fn tagged_event(value: &Value) -> Result<(Epoch, Event), StoreError> {
     let [id_value, fields] = array(value)? else {
-        return Err(protocol("redis event script: an entry is [id, fields]"));
+        return Err(StoreError::protocol(
+            "redis event script: an entry is [id, fields]",
+        ));
     };
     let fields = array(fields)?;
     if fields.len() < OWN_FIELDS || fields.len() % 2 != 0 {
-        return Err(protocol("redis event script: bad entry fields"));
+        return Err(StoreError::protocol("redis event script: bad entry fields"));
     }
     let epoch = parsed(&fields[5])?;
     let fields = fields[OWN_FIELDS..]
         .chunks_exact(2)
         .map(|pair| {
-            let name = String::from_utf8(text(&pair[0])?.to_vec())
-                .map_err(|_| protocol("redis event script: a field name is not UTF-8"))?;
+            let name = String::from_utf8(text(&pair[0])?.to_vec()).map_err(|_| {
+                StoreError::protocol("redis event script: a field name is not UTF-8")
+            })?;
             Ok((name, Bytes::copy_from_slice(text(&pair[1])?)))
         })
         .collect::<Result<_, StoreError>>()?;
@@ -141,7 +144,7 @@ impl RedisStore {
                     .map(|i| Ok(Appended::new(epoch.clone(), parsed(i)?)))
                     .collect()
             }
-            _ => Err(protocol(
+            _ => Err(StoreError::protocol(
                 "redis event script: a batch replies [epoch, id per event]",
             )),
         }
@@ -208,7 +211,9 @@ impl events::Backend for RedisStore {
                 [Value::Int(1)] => Ok(Resume::Resync(ResyncReason::TooOld)),
                 [Value::Int(2)] => Ok(Resume::Resync(ResyncReason::EpochChanged)),
                 [Value::Int(3)] => Ok(Resume::Resync(ResyncReason::Ahead)),
-                _ => Err(protocol("redis event script: unexpected read reply")),
+                _ => Err(StoreError::protocol(
+                    "redis event script: unexpected read reply",
+                )),
             }
         })
     }

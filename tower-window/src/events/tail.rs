@@ -6,8 +6,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 
-use super::redis::{array, event_keys, parsed, protocol, tagged_event, text};
-use super::window::invalid;
+use super::redis::{array, event_keys, parsed, tagged_event, text};
 use crate::events::{Epoch, Event, EventId};
 use crate::store::redis::connection::map_error;
 use crate::store::redis::RedisStore;
@@ -49,10 +48,9 @@ impl RedisStore {
     /// first read. A store not built from a URL is
     /// [`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest).
     pub fn event_tail(&self) -> Result<EventTail, StoreError> {
-        let client = self
-            .connection
-            .client()
-            .ok_or_else(|| invalid("live event reads need a store built from a redis url"))?;
+        let client = self.connection.client().ok_or_else(|| {
+            StoreError::invalid("live event reads need a store built from a redis url")
+        })?;
         Ok(EventTail {
             client,
             prefix: self.prefix.to_string(),
@@ -111,12 +109,16 @@ impl EventTail {
         let streams = match &reply {
             Value::Nil => return Ok(Vec::new()),
             Value::Array(streams) => streams.as_slice(),
-            _ => return Err(protocol("XREAD: unexpected reply (RESP3 is not supported)")),
+            _ => {
+                return Err(StoreError::protocol(
+                    "XREAD: unexpected reply (RESP3 is not supported)",
+                ))
+            }
         };
         let mut batches = Vec::with_capacity(streams.len());
         for stream in streams {
             let [name, entries] = array(stream)? else {
-                return Err(protocol("XREAD: a stream is [key, entries]"));
+                return Err(StoreError::protocol("XREAD: a stream is [key, entries]"));
             };
             let name = text(name)?;
             let Some(index) = keys.iter().position(|k| k.as_slice() == name) else {

@@ -22,8 +22,7 @@ use redis::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::redis::{event_keys, event_slot, protocol, text};
-use super::window::invalid;
+use super::redis::{event_keys, event_slot, text};
 use crate::store::redis::connection::{is_topology_change, map_error, Conn};
 use crate::store::redis::topology::primary_ranges;
 use crate::store::redis::RedisStore;
@@ -59,12 +58,16 @@ impl RedisStore {
     /// [`StoreErrorKind::InvalidRequest`].
     pub fn event_wakeups(self: &Arc<Self>) -> Result<EventWakeups, StoreError> {
         let seed = self.connection.node_info().ok_or_else(|| {
-            invalid("event wake-ups need a store built from a redis url or cluster seeds")
+            StoreError::invalid(
+                "event wake-ups need a store built from a redis url or cluster seeds",
+            )
         })?;
         let cluster = self.connection.is_cluster();
         if cluster && !matches!(seed.addr(), ConnectionAddr::Tcp(..)) {
             // Another primary's address is made from the seed's: plain TCP.
-            return Err(invalid("event wake-ups on a cluster need plain TCP seeds"));
+            return Err(StoreError::invalid(
+                "event wake-ups on a cluster need plain TCP seeds",
+            ));
         }
         let resp3 = seed.redis_settings().clone();
         let seed = seed.set_redis_settings(resp3.set_protocol(ProtocolVersion::RESP3));
@@ -304,15 +307,16 @@ impl Subscriber {
         }
         let (conn, _) = self.store.connection.get().await?;
         let Conn::Cluster(mut conn) = conn else {
-            return Err(protocol("a cluster store without a cluster connection"));
+            return Err(StoreError::protocol(
+                "a cluster store without a cluster connection",
+            ));
         };
         let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
         let reply: Value = tokio::time::timeout(COMMAND_TIMEOUT, slots.query_async(&mut conn))
             .await
             .map_err(|_| StoreError::new(StoreErrorKind::Timeout, "CLUSTER SLOTS timed out"))?
             .map_err(map_error)?;
-        self.ranges = primary_ranges(&reply)
-            .map_err(|message| StoreError::new(StoreErrorKind::Protocol, message))?;
+        self.ranges = primary_ranges(&reply).map_err(StoreError::protocol)?;
         self.stale = false;
         Ok(())
     }
@@ -328,10 +332,7 @@ impl Subscriber {
                 .rsplit_once(':')
                 .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
                 .ok_or_else(|| {
-                    StoreError::new(
-                        StoreErrorKind::Protocol,
-                        format!("a cluster node without a host and port: {addr}"),
-                    )
+                    StoreError::protocol(format!("a cluster node without a host and port: {addr}"))
                 })?;
             let tcp = ConnectionAddr::Tcp(host.to_owned(), port);
             self.seed.clone().set_addr(tcp)

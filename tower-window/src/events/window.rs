@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::id::Position;
 use super::store::{Appended, Backend, Event, EventRequest, Resume, Retention};
 use crate::metrics::{Calls, LimiterMetrics};
-use crate::store::{Guard, Op, Store, StoreError, StoreErrorKind};
+use crate::store::{Guard, Op, Store, StoreError};
 
 /// The most fields one event may have.
 pub const MAX_FIELDS: usize = 32;
@@ -218,20 +218,15 @@ impl EventWindow {
     }
 }
 
-/// A request no store serves.
-pub(crate) fn invalid(message: &'static str) -> StoreError {
-    StoreError::new(StoreErrorKind::InvalidRequest, message)
-}
-
 /// Checked by the window (no store call for a bad request) and again by
 /// every store (for direct [`Backend`] callers).
 pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
     if fields.is_empty() || fields.len() > MAX_FIELDS {
-        return Err(invalid("an event has 1 to 32 fields"));
+        return Err(StoreError::invalid("an event has 1 to 32 fields"));
     }
     let bad_name = |(name, _): &(&str, &[u8])| name.is_empty() || name.len() > MAX_FIELD_NAME;
     if fields.iter().any(bad_name) {
-        return Err(invalid("a field name has 1 to 64 bytes"));
+        return Err(StoreError::invalid("a field name has 1 to 64 bytes"));
     }
     Ok(())
 }
@@ -239,7 +234,7 @@ pub(crate) fn check_fields(fields: &[(&str, &[u8])]) -> Result<(), StoreError> {
 /// Checked like [`check_fields`].
 pub(crate) fn check_batch(events: &[&[(&str, &[u8])]]) -> Result<(), StoreError> {
     if events.is_empty() || events.len() > MAX_BATCH {
-        return Err(invalid("a batch has 1 to 64 events"));
+        return Err(StoreError::invalid("a batch has 1 to 64 events"));
     }
     events.iter().try_for_each(|fields| check_fields(fields))
 }
@@ -247,7 +242,7 @@ pub(crate) fn check_batch(events: &[&[(&str, &[u8])]]) -> Result<(), StoreError>
 /// Checked like [`check_fields`].
 pub(crate) fn check_limit(limit: u32) -> Result<(), StoreError> {
     if limit == 0 || limit > MAX_PAGE {
-        return Err(invalid("a page holds 1 to 10000 events"));
+        return Err(StoreError::invalid("a page holds 1 to 10000 events"));
     }
     Ok(())
 }

@@ -83,7 +83,7 @@
 use std::time::Duration;
 
 use crate::clock::duration_micros;
-use crate::store::{Guard, Op, StoreError, StoreErrorKind};
+use crate::store::{Guard, Op, StoreError};
 use crate::{Decision, Policy, QuotaDecision, WindowKey};
 
 pub(crate) mod memory;
@@ -194,7 +194,7 @@ impl<'a> ReserveRequest<'a> {
 
     /// Refuses what no store can serve; answers the TTL in microseconds.
     pub(crate) fn validate(&self) -> Result<u64, StoreError> {
-        let invalid = |message| Err(StoreError::new(StoreErrorKind::InvalidRequest, message));
+        let invalid = |message| Err(StoreError::invalid(message));
         if self.at_least == 0 || (self.want != 0 && self.want < self.at_least) {
             return invalid("a lease must want at least 1 unit, and at least what it needs");
         }

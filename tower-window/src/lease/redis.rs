@@ -23,7 +23,7 @@ use crate::store::redis::call::Call;
 use crate::store::redis::keys::redis_key;
 use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::RedisStore;
-use crate::store::{Guard, Op, StoreError, StoreErrorKind};
+use crate::store::{Guard, Op, StoreError};
 use crate::{Policy, WindowKey};
 
 const DEFINITIONS: &str = crate::algorithm::redis::with_algorithms!("../algorithm/take_back.lua");
@@ -51,10 +51,7 @@ impl RedisStore {
     ) -> Result<ScriptCall, StoreError> {
         let now = self.explicit_now()?;
         let Some(first) = policy.quotas().first() else {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
-                "a policy without quotas",
-            ));
+            return Err(StoreError::invalid("a policy without quotas"));
         };
         let min_ttl_ms = now.map_or(0, |_| crate::store::redis::EXPLICIT_CLOCK_MIN_TTL_MS);
         let mut call = SCRIPT.prepare_invoke();
@@ -70,10 +67,10 @@ impl RedisStore {
 /// Turns the reserve reply (see `lease.lua`) into a [`Reservation`].
 fn reservation(policy: &Policy, at_least: u32, reply: &[i64]) -> Result<Reservation, StoreError> {
     let wrong_length = || {
-        StoreError::new(
-            StoreErrorKind::Protocol,
-            format!("redis lease reserve replied {} values", reply.len()),
-        )
+        StoreError::protocol(format!(
+            "redis lease reserve replied {} values",
+            reply.len()
+        ))
     };
     let Some((&[granted, now, deadline, seq, held, refunded], rest)) =
         reply.split_first_chunk::<6>()
@@ -121,8 +118,7 @@ impl super::Backend for RedisStore {
             let ttl = request.validate()?;
             // Beyond 2^40 µs (12 days) a lease is no lease; keeps Lua exact.
             if ttl > 1 << 40 {
-                return Err(StoreError::new(
-                    StoreErrorKind::InvalidRequest,
+                return Err(StoreError::invalid(
                     "a lease needs a TTL between 1 microsecond and 2^40 microseconds",
                 ));
             }
@@ -171,7 +167,7 @@ impl super::Backend for RedisStore {
                     "redis lease refund replied {} values, expected 1",
                     reply.len()
                 );
-                return Err(StoreError::new(StoreErrorKind::Protocol, message));
+                return Err(StoreError::protocol(message));
             };
             Ok(count(returned))
         })

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::SettleRequest;
-use crate::store::{CheckRequest, Guard, Op, Store, StoreError, StoreErrorKind};
+use crate::store::{CheckRequest, Guard, Op, Store, StoreError};
 use crate::{Decision, Policy, WindowKey};
 
 /// A home for rate-limit windows: what a [`Limiter`](crate::Limiter) asks
@@ -37,10 +37,7 @@ pub trait Backend: Send + Sync + 'static {
         request: CheckRequest<'a>,
     ) -> Op<'static, Decision> {
         let _ = (guard, request);
-        Op::ready(Err(StoreError::new(
-            StoreErrorKind::InvalidRequest,
-            "this store cannot peek",
-        )))
+        Op::ready(Err(StoreError::invalid("this store cannot peek")))
     }
 
     /// Settles `request` ([`Limiter::settle`](crate::Limiter::settle)):
@@ -55,10 +52,7 @@ pub trait Backend: Send + Sync + 'static {
         request: SettleRequest<'a>,
     ) -> Op<'static, Decision> {
         let _ = (guard, request);
-        Op::ready(Err(StoreError::new(
-            StoreErrorKind::InvalidRequest,
-            "this store cannot settle usage",
-        )))
+        Op::ready(Err(StoreError::invalid("this store cannot settle usage")))
     }
 
     /// The independent failure domain of `key` under `policy` (a Redis

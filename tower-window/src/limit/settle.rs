@@ -3,7 +3,7 @@
 //! whether or not it fits.
 
 use crate::algorithm::settle::refuses_reservation;
-use crate::store::{Op, StoreError, StoreErrorKind};
+use crate::store::{Op, StoreError};
 use crate::{Check, Decision, DecisionSource, LimitError, Limiter, Policy, WindowKey};
 
 /// One settle: `usage` units of a request whose reservation recorded
@@ -53,8 +53,7 @@ impl<'a> SettleRequest<'a> {
 
     /// Refuses what no store can settle exactly.
     pub(crate) fn validate(&self) -> Result<(), StoreError> {
-        let invalid =
-            |message: String| Err(StoreError::new(StoreErrorKind::InvalidRequest, message));
+        let invalid = |message: String| Err(StoreError::invalid(message));
         if self.policy.len() == 0 {
             return invalid("a policy without quotas".into());
         }

@@ -194,6 +194,18 @@ impl StoreError {
         }
     }
 
+    /// An [`InvalidRequest`](StoreErrorKind::InvalidRequest) error: the
+    /// store refuses what it was asked.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StoreErrorKind::InvalidRequest, message)
+    }
+
+    /// A [`Protocol`](StoreErrorKind::Protocol) error: the store answered
+    /// what it should not have.
+    pub fn protocol(message: impl Into<String>) -> Self {
+        Self::new(StoreErrorKind::Protocol, message)
+    }
+
     /// A [`CircuitOpen`](StoreErrorKind::CircuitOpen) error.
     pub fn circuit_open() -> Self {
         Self::new(StoreErrorKind::CircuitOpen, "circuit breaker open")

@@ -131,8 +131,5 @@ impl<T> fmt::Debug for Op<'_, T> {
 }
 
 fn used_twice() -> StoreError {
-    StoreError::new(
-        crate::StoreErrorKind::InvalidRequest,
-        "a store operation's answer was taken twice",
-    )
+    StoreError::invalid("a store operation's answer was taken twice")
 }

@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 
 use super::{MemoryStore, Slot, SlotInner, MAX_EVICTED_RETRIES};
 use crate::algorithm::outcome::{policy_admits, policy_decision, Evaluation};
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::StoreError;
 use crate::sync::lock;
 use crate::{Decision, Policy, WindowKey};
 
@@ -97,5 +97,5 @@ pub(crate) fn decided(
     now: u64,
 ) -> Result<Decision, StoreError> {
     policy_decision(policy, evaluations, now)
-        .ok_or_else(|| StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas"))
+        .ok_or_else(|| StoreError::invalid("a policy without quotas"))
 }

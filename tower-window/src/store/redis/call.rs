@@ -138,10 +138,7 @@ impl RedisStore {
                 }
                 Ok(Some(replies))
             }
-            Ok(_) => Err(StoreError::new(
-                StoreErrorKind::Protocol,
-                "a pipeline reply of the wrong length",
-            )),
+            Ok(_) => Err(StoreError::protocol("a pipeline reply of the wrong length")),
             Err(error) => {
                 self.note_topology_change(cluster, &error);
                 if matches!(
@@ -185,8 +182,7 @@ impl RedisStore {
         };
         let now = clock.now_micros();
         if now > MAX_EXPLICIT_MICROS {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidRequest,
+            return Err(StoreError::invalid(
                 "clock reading beyond 2^52 microseconds",
             ));
         }
