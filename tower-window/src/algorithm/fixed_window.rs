@@ -74,19 +74,18 @@ pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
     };
 }
 
-/// Evaluates and, if admitted, commits: a one-quota decision.
-#[cfg(test)]
-pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-    super::test_support::check_with(state, quota, now, cost, evaluate, commit)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
 
-    use crate::algorithm::test_support::{allow, quota, S, T0};
+    use crate::algorithm::outcome::Outcome;
+    use crate::algorithm::test_support::{allow, check_with, quota, S, T0};
+
+    fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+        check_with(state, quota, now, cost, evaluate, commit)
+    }
 
     // 1_700_000_000 s is 20 s into a minute: the window ends at T0 + 40 s.
     const END: u64 = T0 + 40 * S;

@@ -10,6 +10,9 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::Quota;
+use outcome::Evaluation;
+
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 pub(crate) mod lease;
@@ -45,35 +48,30 @@ impl State {
     }
 
     /// Evaluates `cost` of `quota` at `now`, recording nothing.
-    pub(crate) fn evaluate(
-        &mut self,
-        quota: &crate::Quota,
-        now: u64,
-        cost: u32,
-    ) -> outcome::Evaluation {
-        // State ids name the algorithm, so the state always matches; start
-        // afresh rather than panic if not.
-        let matches = matches!(
-            (&*self, quota.algorithm()),
-            (Self::SlidingLog(_), Algorithm::SlidingLog)
-                | (Self::SlidingCounter(_), Algorithm::SlidingCounter { .. })
-                | (Self::FixedWindow(_), Algorithm::FixedWindow)
-                | (Self::Gcra(_), Algorithm::Gcra)
-        );
-        if !matches {
-            *self = Self::empty(quota.algorithm());
-        }
-        match self {
-            Self::SlidingLog(s) => sliding_log::evaluate(s, quota, now, cost),
-            Self::SlidingCounter(s) => sliding_counter::evaluate(s, quota, now, cost),
-            Self::FixedWindow(s) => fixed_window::evaluate(s, quota, now, cost),
-            Self::Gcra(s) => gcra::evaluate(s, quota, now, cost),
+    pub(crate) fn evaluate(&mut self, quota: &Quota, now: u64, cost: u32) -> Evaluation {
+        match (&mut *self, quota.algorithm()) {
+            (Self::SlidingLog(s), Algorithm::SlidingLog) => {
+                sliding_log::evaluate(s, quota, now, cost)
+            }
+            (Self::SlidingCounter(s), Algorithm::SlidingCounter { .. }) => {
+                sliding_counter::evaluate(s, quota, now, cost)
+            }
+            (Self::FixedWindow(s), Algorithm::FixedWindow) => {
+                fixed_window::evaluate(s, quota, now, cost)
+            }
+            (Self::Gcra(s), Algorithm::Gcra) => gcra::evaluate(s, quota, now, cost),
+            // State ids name the algorithm, so the state always matches;
+            // start afresh rather than panic if not.
+            (state, algorithm) => {
+                *state = Self::empty(algorithm);
+                state.evaluate(quota, now, cost)
+            }
         }
     }
 
     /// Records `cost` of `quota` at `now`, after [`evaluate`](Self::evaluate)
     /// admitted it (on this state and at this time).
-    pub(crate) fn commit(&mut self, quota: &crate::Quota, now: u64, cost: u32) {
+    pub(crate) fn commit(&mut self, quota: &Quota, now: u64, cost: u32) {
         match self {
             Self::SlidingLog(s) => sliding_log::commit(s, quota, now, cost),
             Self::SlidingCounter(s) => sliding_counter::commit(s, quota, now, cost),
@@ -189,15 +187,10 @@ impl Algorithm {
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::SlidingCounter { granularity } => {
-                write!(
-                    f,
-                    "sliding-counter({})",
-                    crate::quota::FormatDuration(*granularity)
-                )
-            }
-            other => f.write_str(other.name()),
+        f.write_str(self.name())?;
+        if let Self::SlidingCounter { granularity } = self {
+            write!(f, "({})", crate::quota::FormatDuration(*granularity))?;
         }
+        Ok(())
     }
 }

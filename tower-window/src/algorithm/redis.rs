@@ -100,20 +100,14 @@ pub(crate) fn lay_out(
         }
         let shadow = if quota.is_shadow() { SHADOW_FLAG } else { 0 };
         call.arg(code(algorithm) + shadow);
-        let (p1, p2, p3) = match algorithm {
-            Algorithm::SlidingLog | Algorithm::FixedWindow => {
-                (quota.window_micros(), quota.limit(), 0)
-            }
-            Algorithm::SlidingCounter { .. } => (
-                quota.window_micros(),
-                quota.limit(),
-                quota.granularity_micros().unwrap_or(quota.window_micros()),
-            ),
-            Algorithm::Gcra => (quota.emission_interval_micros(), quota.capacity(), 0),
+        // The sliding counter's granularity is the third (0 for the others).
+        let (p1, p2) = match algorithm {
+            Algorithm::Gcra => (quota.emission_interval_micros(), quota.capacity()),
+            _ => (quota.window_micros(), quota.limit()),
         };
         call.arg(p1);
         call.arg(p2);
-        call.arg(p3);
+        call.arg(quota.granularity_micros().unwrap_or(0));
     }
 }
 

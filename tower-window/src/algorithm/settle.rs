@@ -35,11 +35,7 @@ pub(crate) fn settle(
     usage: u32,
 ) -> Evaluation {
     if usage < reserved {
-        let anchor = match quota.algorithm() {
-            Algorithm::FixedWindow => reserved_at / quota.window_micros().max(1),
-            Algorithm::SlidingCounter { .. } => reserved_at / lease::bucket_width(quota),
-            Algorithm::SlidingLog | Algorithm::Gcra => reserved_at,
-        };
+        let anchor = lease::anchor(quota, reserved_at);
         lease::refund(state, quota, anchor, 0, reserved, reserved - usage);
     } else if usage > reserved {
         // Evaluating first drops what expired; the commit records whether

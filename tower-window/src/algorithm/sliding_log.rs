@@ -11,8 +11,6 @@
 //! nothing else was admitted in between), and one microsecond less is not.
 
 use super::outcome::Evaluation;
-#[cfg(test)]
-use super::outcome::Outcome;
 use super::timeline::{self, Timeline};
 use crate::Quota;
 
@@ -36,19 +34,18 @@ pub(crate) fn commit(state: &mut State, _quota: &Quota, now: u64, cost: u32) {
     state.add(now, u64::from(cost));
 }
 
-/// Evaluates and, if admitted, commits: a one-quota decision.
-#[cfg(test)]
-pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-    super::test_support::check_with(state, quota, now, cost, evaluate, commit)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
 
-    use crate::algorithm::test_support::{allow, quota, S, T0};
+    use crate::algorithm::outcome::Outcome;
+    use crate::algorithm::test_support::{allow, check_with, quota, S, T0};
+
+    fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+        check_with(state, quota, now, cost, evaluate, commit)
+    }
 
     #[test]
     fn admits_up_to_the_limit_then_waits_for_the_oldest_entry() {
