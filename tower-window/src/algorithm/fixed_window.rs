@@ -45,10 +45,8 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
     let window = quota.window_micros().max(1);
     let cost = u64::from(cost);
     let k = now / window;
-    let reset = k
-        .saturating_add(1)
-        .saturating_mul(window)
-        .saturating_sub(now);
+    let end = k.saturating_add(1).saturating_mul(window);
+    let reset = end.saturating_sub(now);
     let count = state.count_in(k);
     let remaining = saturate_u32(limit.saturating_sub(count));
 
@@ -56,10 +54,8 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
         return Evaluation::denied(Outcome::deny(remaining, reset, None));
     }
     if count.saturating_add(cost) <= limit {
-        return Evaluation {
-            outcome: Outcome::allow(saturate_u32(limit - count - cost), reset),
-            unchanged: (remaining, reset),
-        };
+        let left = saturate_u32(limit - count - cost);
+        return Evaluation::admitted(left, reset, (remaining, reset));
     }
     // Only the next window can admit it: it starts with count 0 and the cost fits.
     Evaluation::denied(Outcome::deny(remaining, reset, Some(reset)))

@@ -58,10 +58,8 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
     let new_tat = tat0.saturating_add(u64::from(cost).saturating_mul(interval));
     let ahead = new_tat - now;
     if ahead <= tolerance {
-        return Evaluation {
-            outcome: Outcome::allow(saturate_u32((tolerance - ahead) / interval), ahead),
-            unchanged: (remaining_before, backlog),
-        };
+        let remaining = saturate_u32((tolerance - ahead) / interval);
+        return Evaluation::admitted(remaining, ahead, (remaining_before, backlog));
     }
     let retry = Some(ahead - tolerance);
     Evaluation::denied(Outcome::deny(remaining_before, backlog, retry))
@@ -71,10 +69,8 @@ pub(crate) fn evaluate(state: &mut State, quota: &Quota, now: u64, cost: u32) ->
 /// [`evaluate`] admitted them), from `now` at the earliest.
 pub(crate) fn commit(state: &mut State, quota: &Quota, now: u64, cost: u32) {
     let (interval, _) = span(quota);
-    state.tat = state
-        .tat
-        .max(now)
-        .saturating_add(u64::from(cost).saturating_mul(interval));
+    let spent = u64::from(cost).saturating_mul(interval);
+    state.tat = state.tat.max(now).saturating_add(spent);
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::outcome::saturate_u32;
 use super::sliding_counter::{bucket_end, buckets};
 use super::{gcra, State};
 use crate::{Algorithm, Policy, Quota, QuotaDecision, StoreError, StoreErrorKind};
@@ -64,9 +65,8 @@ pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) ->
     let room = match state {
         State::Gcra(s) => {
             let (interval, tolerance) = gcra::span(quota);
-            now.saturating_add(tolerance)
-                .saturating_sub(s.tat.max(deadline))
-                / interval
+            let from = s.tat.max(deadline);
+            now.saturating_add(tolerance).saturating_sub(from) / interval
         }
         _ => u64::from(remaining),
     };
@@ -86,7 +86,7 @@ pub(crate) fn quota_decision(
     at_least: u32,
     wait: u64,
 ) -> QuotaDecision {
-    let remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
+    let remaining = saturate_u32(remaining);
     let micros = Duration::from_micros;
     let reset_after = micros(reset_after);
     if wait > 0 {
@@ -168,7 +168,7 @@ pub(crate) fn refund(
         }
         State::FixedWindow(_) | State::Gcra(_) => 0,
     };
-    u32::try_from(taken).unwrap_or(u32::MAX)
+    saturate_u32(taken)
 }
 
 /// A GCRA grant that starts later (see [`crate::lease`], "GCRA leases that
@@ -185,11 +185,8 @@ pub(crate) fn later_grant(
     want: u32,
 ) -> Option<(u32, u64)> {
     let quotas = policy.quotas();
-    if quotas.len() != tats.len()
-        || quotas
-            .iter()
-            .any(|q| q.is_shadow() || q.algorithm() != Algorithm::Gcra)
-    {
+    let enforced_gcra = |q: &Quota| !q.is_shadow() && q.algorithm() == Algorithm::Gcra;
+    if quotas.len() != tats.len() || !quotas.iter().all(enforced_gcra) {
         return None;
     }
     let mut units = u64::from(want);
@@ -204,10 +201,8 @@ pub(crate) fn later_grant(
     let units = u32::try_from(units).ok().filter(|u| *u > 0)?;
     let start = quotas.iter().zip(tats).fold(now, |start, (quota, &tat)| {
         let (interval, tolerance) = gcra::span(quota);
-        let fits_from = tat
-            .saturating_add(u64::from(units).saturating_mul(interval))
-            .saturating_sub(tolerance);
-        start.max(fits_from)
+        let spent = u64::from(units).saturating_mul(interval);
+        start.max(tat.saturating_add(spent).saturating_sub(tolerance))
     });
     Some((units, start))
 }

@@ -123,14 +123,11 @@ pub(crate) fn count(value: i64) -> u32 {
 /// Turns the script's reply `{allowed, now, then per quota allowed,
 /// remaining, reset_after, retry_after}` into the decision of `policy`.
 pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, StoreError> {
-    let expected = 2 + 4 * policy.len();
-    if reply.len() != expected {
+    let (got, expected) = (reply.len(), 2 + 4 * policy.len());
+    if got != expected {
         return Err(StoreError::new(
             StoreErrorKind::Protocol,
-            format!(
-                "redis script replied {} values, expected {expected}",
-                reply.len()
-            ),
+            format!("redis script replied {got} values, expected {expected}"),
         ));
     }
     let states = policy

@@ -18,8 +18,6 @@
 //! keep counting, in order.
 
 use std::collections::VecDeque;
-use std::iter::Chain;
-use std::slice;
 
 use super::outcome::{saturate_u32, Evaluation, Outcome};
 
@@ -118,7 +116,7 @@ impl Slots {
         }
     }
 
-    fn iter(&self) -> Chain<slice::Iter<'_, Slot>, slice::Iter<'_, Slot>> {
+    fn iter(&self) -> impl Iterator<Item = &Slot> {
         let (a, b) = self.as_slices();
         a.iter().chain(b)
     }
@@ -272,25 +270,20 @@ pub(crate) fn evaluate(
 
     if used.saturating_add(cost) <= limit {
         let newest_after = newest.map_or(at, |n| n.max(at));
-        return Evaluation {
-            outcome: Outcome::allow(saturate_u32(limit - used - cost), wait_for(newest_after)),
-            unchanged: (remaining, reset_after),
-        };
+        let left = saturate_u32(limit - used - cost);
+        return Evaluation::admitted(left, wait_for(newest_after), (remaining, reset_after));
     }
 
     // Denied: wait until enough of the oldest slots have expired for `cost`
     // to fit, looking at no more than MAX_RETRY_WALK of them.
     let mut freed = 0u64;
-    let mut retry = reset_after;
-    for &(slot, c) in timeline.slots.iter().take(MAX_RETRY_WALK) {
+    let fits_after = timeline.slots.iter().take(MAX_RETRY_WALK).find(|&&(_, c)| {
         #[cfg(test)]
         count_step();
         freed = freed.saturating_add(c);
-        if used.saturating_sub(freed).saturating_add(cost) <= limit {
-            retry = wait_for(slot);
-            break;
-        }
-    }
+        used.saturating_sub(freed).saturating_add(cost) <= limit
+    });
+    let retry = fits_after.map_or(reset_after, |&(slot, _)| wait_for(slot));
     Evaluation::denied(Outcome::deny(remaining, reset_after, Some(retry)))
 }
 
