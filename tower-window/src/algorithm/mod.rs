@@ -120,6 +120,19 @@ pub(crate) mod test_support {
         evaluation.outcome
     }
 
+    /// [`check_with`] through [`State`](super::State)'s dispatch, as the
+    /// stores decide.
+    pub(crate) fn check(state: &mut super::State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+        check_with(
+            state,
+            quota,
+            now,
+            cost,
+            super::State::evaluate,
+            super::State::commit,
+        )
+    }
+
     impl super::State {
         /// Whether the state is held inline, without a buffer of its own.
         pub(crate) fn is_inline(&self) -> bool {
@@ -145,6 +158,40 @@ pub(crate) mod test_support {
                 )
             };
             decision.with_timestamp_micros(now)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::outcome::Outcome;
+    use super::test_support::{check, quota, S, T0};
+    use super::State;
+
+    /// A denial records nothing, in any algorithm: a cost above the limit
+    /// on an empty state (which can never fit), or any cost on a full one.
+    #[test]
+    fn a_denial_records_nothing() {
+        for (text, reset) in [
+            ("3/1m fixed-window", 40 * S),
+            ("3/1m sliding-counter(10s)", 0),
+            ("5/1m", 0),
+            ("3/1m gcra", 0),
+        ] {
+            let q = quota(text);
+            let limit = q.limit();
+            let mut s = State::empty(q.algorithm());
+            for cost in [limit + 1, u32::MAX] {
+                let never = Outcome::deny(limit, reset, None);
+                assert_eq!(check(&mut s, &q, T0, cost), never, "{text}");
+            }
+            assert_eq!(s, State::empty(q.algorithm()), "{text}");
+            assert_eq!(check(&mut s, &q, T0, limit).remaining, 0, "{text}");
+            let full = s.clone();
+            for cost in [1, limit, limit + 1, u32::MAX] {
+                assert!(!check(&mut s, &q, T0 + S, cost).allowed, "{text}");
+            }
+            assert_eq!(s, full, "{text}");
         }
     }
 }

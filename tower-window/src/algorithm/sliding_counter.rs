@@ -114,25 +114,10 @@ mod tests {
     }
 
     #[test]
-    fn cost_above_limit_never_fits_and_records_nothing() {
-        let q = quota("3/1m sliding-counter(10s)");
-        let mut s = State::default();
-        assert_eq!(check(&mut s, &q, T0, 4), Outcome::deny(3, 0, None));
-        assert_eq!(check(&mut s, &q, T0, u32::MAX), Outcome::deny(3, 0, None));
-        assert_eq!(s, State::default());
-        assert_eq!(check(&mut s, &q, T0, 3), allow(0, 70 * S));
-    }
-
-    #[test]
-    fn denial_leaves_state_untouched_and_idle_state_is_empty() {
+    fn idle_state_is_empty() {
         let q = quota("2/1m sliding-counter(1s)");
         let mut s = State::default();
         check(&mut s, &q, T0, 2);
-        let before = s.clone();
-        for cost in [1, 2, 3, u32::MAX] {
-            assert!(!check(&mut s, &q, T0 + 30 * S, cost).allowed);
-        }
-        assert_eq!(s, before);
         assert_eq!(check(&mut s, &q, T0 + 7200 * S, 2), allow(0, 61 * S));
         assert_eq!(s.len(), 1);
     }
