@@ -43,16 +43,14 @@ pub(crate) fn ttl_fits(quota: &Quota, ttl_micros: u64) -> bool {
 
 /// Refuses a lease TTL that a GCRA quota of `policy` could never grant.
 pub(crate) fn check_ttl(policy: &Policy, ttl_micros: u64) -> Result<(), StoreError> {
-    match policy.quotas().iter().find(|q| !ttl_fits(q, ttl_micros)) {
-        None => Ok(()),
-        Some(quota) => Err(StoreError::new(
-            StoreErrorKind::InvalidRequest,
-            format!(
-                "a lease TTL this long leaves no room in gcra quota `{}`: it must be at most (burst - 1) x the emission interval",
-                quota.name()
-            ),
-        )),
-    }
+    let Some(quota) = policy.quotas().iter().find(|q| !ttl_fits(q, ttl_micros)) else {
+        return Ok(());
+    };
+    let name = quota.name();
+    Err(StoreError::new(
+        StoreErrorKind::InvalidRequest,
+        format!("a lease TTL this long leaves no room in gcra quota `{name}`: it must be at most (burst - 1) x the emission interval"),
+    ))
 }
 
 /// Units of `quota` a lease reserved at `now` with deadline `deadline` may
