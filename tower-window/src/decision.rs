@@ -179,11 +179,10 @@ impl QuotaDecision {
             return rank(self) > rank(other);
         }
         if !self.allowed {
-            // Never fitting (`None`) is the longest wait.
-            let theirs = other.retry_after;
-            return self.retry_after.map_or(theirs.is_some(), |mine| {
-                theirs.is_some_and(|wait| mine > wait)
-            });
+            // Never fitting (`None`) is the longest wait: it sorts first
+            // on `is_none`, and the waits compare after.
+            let wait = |q: &Self| (q.retry_after.is_none(), q.retry_after);
+            return wait(self) > wait(other);
         }
         // remaining / capacity, compared without division.
         let mine = u64::from(self.remaining) * u64::from(other.quota.capacity());
@@ -283,11 +282,8 @@ impl Decision {
             allowed,
             remaining: d.remaining,
             reset_after: d.reset_after,
-            retry_after: if allowed {
-                Some(Duration::ZERO)
-            } else {
-                d.retry_after
-            },
+            // An admission has nothing to wait for.
+            retry_after: allowed.then_some(Duration::ZERO).or(d.retry_after),
             source: DecisionSource::Store,
             timestamp_micros,
             quotas,

@@ -3,36 +3,33 @@
 
 use std::time::Duration;
 
-use super::State;
+use super::outcome::saturate_u32;
+use super::sliding_counter::{bucket_end, buckets};
+use super::{gcra, State};
 use crate::{Algorithm, Policy, Quota, QuotaDecision, StoreError, StoreErrorKind};
 
-/// A GCRA quota's emission interval `T` and tolerance `B T` (µs).
-fn gcra_span(quota: &Quota) -> (u64, u64) {
-    let interval = quota.emission_interval_micros().max(1);
-    (
-        interval,
-        u64::from(quota.capacity()).saturating_mul(interval),
-    )
+/// The width of the slots `quota` counts units in: its window (fixed
+/// window) or bucket (sliding counter); `None` where units are dated one
+/// by one (sliding log, GCRA).
+fn slot_width(quota: &Quota) -> Option<u64> {
+    match quota.algorithm() {
+        Algorithm::FixedWindow => Some(quota.window_micros().max(1)),
+        Algorithm::SlidingCounter { .. } => Some(buckets(quota).0),
+        Algorithm::SlidingLog | Algorithm::Gcra => None,
+    }
 }
 
-/// A sliding counter's bucket width.
-pub(crate) fn bucket_width(quota: &Quota) -> u64 {
-    quota
-        .granularity_micros()
-        .filter(|g| *g > 0)
-        .unwrap_or(quota.window_micros())
-        .max(1)
+/// Where `quota` counts units recorded at `at`: the index of their window
+/// or bucket, else `at` itself (what a refund names).
+pub(crate) fn anchor(quota: &Quota, at: u64) -> u64 {
+    slot_width(quota).map_or(at, |width| at / width)
 }
 
 /// The latest deadline a lease reserved at `now` may have for `quota`:
 /// the end of the window (fixed window) or bucket (sliding counter) that
 /// counts its units; `None` where the algorithm needs no bound.
 pub(crate) fn deadline_cap(quota: &Quota, now: u64) -> Option<u64> {
-    let width = match quota.algorithm() {
-        Algorithm::FixedWindow => quota.window_micros().max(1),
-        Algorithm::SlidingCounter { .. } => bucket_width(quota),
-        _ => return None,
-    };
+    let width = slot_width(quota)?;
     (now / width).checked_add(1)?.checked_mul(width)
 }
 
@@ -40,22 +37,20 @@ pub(crate) fn deadline_cap(quota: &Quota, now: u64) -> Option<u64> {
 /// GCRA lease dates its tokens at the deadline, so its TTL must be at most
 /// `(B - 1) T` to leave room for one token.
 pub(crate) fn ttl_fits(quota: &Quota, ttl_micros: u64) -> bool {
-    let (interval, tolerance) = gcra_span(quota);
+    let (interval, tolerance) = gcra::span(quota);
     quota.algorithm() != Algorithm::Gcra || ttl_micros.saturating_add(interval) <= tolerance
 }
 
 /// Refuses a lease TTL that a GCRA quota of `policy` could never grant.
 pub(crate) fn check_ttl(policy: &Policy, ttl_micros: u64) -> Result<(), StoreError> {
-    match policy.quotas().iter().find(|q| !ttl_fits(q, ttl_micros)) {
-        None => Ok(()),
-        Some(quota) => Err(StoreError::new(
-            StoreErrorKind::InvalidRequest,
-            format!(
-                "a lease TTL this long leaves no room in gcra quota `{}`: it must be at most (burst - 1) x the emission interval",
-                quota.name()
-            ),
-        )),
-    }
+    let Some(quota) = policy.quotas().iter().find(|q| !ttl_fits(q, ttl_micros)) else {
+        return Ok(());
+    };
+    let name = quota.name();
+    Err(StoreError::new(
+        StoreErrorKind::InvalidRequest,
+        format!("a lease TTL this long leaves no room in gcra quota `{name}`: it must be at most (burst - 1) x the emission interval"),
+    ))
 }
 
 /// Units of `quota` a lease reserved at `now` with deadline `deadline` may
@@ -64,19 +59,16 @@ pub(crate) fn room(state: &mut State, quota: &Quota, now: u64, deadline: u64) ->
     // Evaluating one unit resets a state of another algorithm and drops
     // what expired; `unchanged.0` is the limit minus what counts at `now`
     // (entries dated in the future included).
-    let evaluation = state.evaluate(quota, now, 1);
-    let reset = evaluation.unchanged.1;
-    match state {
+    let (remaining, reset) = state.evaluate(quota, now, 1).unchanged;
+    let room = match state {
         State::Gcra(s) => {
-            let (interval, tolerance) = gcra_span(quota);
+            let (interval, tolerance) = gcra::span(quota);
             let from = s.tat.max(deadline);
-            (
-                now.saturating_add(tolerance).saturating_sub(from) / interval,
-                reset,
-            )
+            now.saturating_add(tolerance).saturating_sub(from) / interval
         }
-        _ => (u64::from(evaluation.unchanged.0), reset),
-    }
+        _ => u64::from(remaining),
+    };
+    (room, reset)
 }
 
 /// One quota's state in a reservation's decision: an admission of the
@@ -92,15 +84,11 @@ pub(crate) fn quota_decision(
     at_least: u32,
     wait: u64,
 ) -> QuotaDecision {
-    let remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
-    let reset_after = Duration::from_micros(reset_after);
+    let remaining = saturate_u32(remaining);
+    let micros = Duration::from_micros;
+    let reset_after = micros(reset_after);
     if wait > 0 {
-        QuotaDecision::deny(
-            quota.clone(),
-            0,
-            reset_after,
-            Some(Duration::from_micros(wait)),
-        )
+        QuotaDecision::deny(quota.clone(), 0, reset_after, Some(micros(wait)))
     } else if quota.is_shadow() && held < at_least {
         QuotaDecision::deny(quota.clone(), remaining, reset_after, Some(reset_after))
     } else {
@@ -122,32 +110,21 @@ pub(crate) fn commit(
     match state {
         State::FixedWindow(_) => {
             state.commit(quota, now, units);
-            let k = now / quota.window_micros().max(1);
-            (k, deadline_cap(quota, now).unwrap_or(u64::MAX), 0)
+            let end = deadline_cap(quota, now).unwrap_or(u64::MAX);
+            (anchor(quota, now), end, 0)
         }
         State::SlidingCounter(_) => {
             state.commit(quota, now, units);
-            let window = quota.window_micros().max(1);
-            let g = bucket_width(quota);
-            let b = now / g;
-            let end = b
-                .checked_add(window / g)
-                .and_then(|j| j.checked_add(1))
-                .and_then(|j| j.checked_mul(g))
-                .unwrap_or(u64::MAX);
-            (b, end, 0)
+            let b = anchor(quota, now);
+            (b, bucket_end(buckets(quota), b).unwrap_or(u64::MAX), 0)
         }
         State::SlidingLog(s) => {
             s.add(deadline, u64::from(units));
             (deadline, deadline.saturating_add(quota.window_micros()), 0)
         }
         State::Gcra(s) => {
-            let (interval, _) = gcra_span(quota);
             let prior = s.tat;
-            s.tat = s
-                .tat
-                .max(deadline)
-                .saturating_add(u64::from(units).saturating_mul(interval));
+            gcra::commit(s, quota, deadline, units);
             (s.tat, s.tat, prior)
         }
     }
@@ -179,7 +156,7 @@ pub(crate) fn refund(
         State::Gcra(s) if s.tat == anchor => {
             // Every unit back: as if the lease never was. Fewer: the grant
             // of the rest, still dated at the deadline.
-            let (interval, _) = gcra_span(quota);
+            let (interval, _) = gcra::span(quota);
             s.tat = if units >= u64::from(held) {
                 prior
             } else {
@@ -189,7 +166,7 @@ pub(crate) fn refund(
         }
         State::FixedWindow(_) | State::Gcra(_) => 0,
     };
-    u32::try_from(taken).unwrap_or(u32::MAX)
+    saturate_u32(taken)
 }
 
 /// A GCRA grant that starts later (see [`crate::lease`], "GCRA leases that
@@ -206,16 +183,13 @@ pub(crate) fn later_grant(
     want: u32,
 ) -> Option<(u32, u64)> {
     let quotas = policy.quotas();
-    if quotas.len() != tats.len()
-        || quotas
-            .iter()
-            .any(|q| q.is_shadow() || q.algorithm() != Algorithm::Gcra)
-    {
+    let enforced_gcra = |q: &Quota| !q.is_shadow() && q.algorithm() == Algorithm::Gcra;
+    if quotas.len() != tats.len() || !quotas.iter().all(enforced_gcra) {
         return None;
     }
     let mut units = u64::from(want);
     for (quota, &tat) in quotas.iter().zip(tats) {
-        let (interval, tolerance) = gcra_span(quota);
+        let (interval, tolerance) = gcra::span(quota);
         // Spent until `s + ttl`, dated there: `ttl + g T <= B T`.
         units = units.min(tolerance.saturating_sub(ttl) / interval);
         // Fits as seen at `s <= now + max_wait`: `tat + g T <= s + B T`.
@@ -224,11 +198,9 @@ pub(crate) fn later_grant(
     }
     let units = u32::try_from(units).ok().filter(|u| *u > 0)?;
     let start = quotas.iter().zip(tats).fold(now, |start, (quota, &tat)| {
-        let (interval, tolerance) = gcra_span(quota);
-        let fits_from = tat
-            .saturating_add(u64::from(units).saturating_mul(interval))
-            .saturating_sub(tolerance);
-        start.max(fits_from)
+        let (interval, tolerance) = gcra::span(quota);
+        let spent = u64::from(units).saturating_mul(interval);
+        start.max(tat.saturating_add(spent).saturating_sub(tolerance))
     });
     Some((units, start))
 }

@@ -10,6 +10,9 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::Quota;
+use outcome::Evaluation;
+
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 pub(crate) mod lease;
@@ -45,35 +48,30 @@ impl State {
     }
 
     /// Evaluates `cost` of `quota` at `now`, recording nothing.
-    pub(crate) fn evaluate(
-        &mut self,
-        quota: &crate::Quota,
-        now: u64,
-        cost: u32,
-    ) -> outcome::Evaluation {
-        // State ids name the algorithm, so the state always matches; start
-        // afresh rather than panic if not.
-        let matches = matches!(
-            (&*self, quota.algorithm()),
-            (Self::SlidingLog(_), Algorithm::SlidingLog)
-                | (Self::SlidingCounter(_), Algorithm::SlidingCounter { .. })
-                | (Self::FixedWindow(_), Algorithm::FixedWindow)
-                | (Self::Gcra(_), Algorithm::Gcra)
-        );
-        if !matches {
-            *self = Self::empty(quota.algorithm());
-        }
-        match self {
-            Self::SlidingLog(s) => sliding_log::evaluate(s, quota, now, cost),
-            Self::SlidingCounter(s) => sliding_counter::evaluate(s, quota, now, cost),
-            Self::FixedWindow(s) => fixed_window::evaluate(s, quota, now, cost),
-            Self::Gcra(s) => gcra::evaluate(s, quota, now, cost),
+    pub(crate) fn evaluate(&mut self, quota: &Quota, now: u64, cost: u32) -> Evaluation {
+        match (&mut *self, quota.algorithm()) {
+            (Self::SlidingLog(s), Algorithm::SlidingLog) => {
+                sliding_log::evaluate(s, quota, now, cost)
+            }
+            (Self::SlidingCounter(s), Algorithm::SlidingCounter { .. }) => {
+                sliding_counter::evaluate(s, quota, now, cost)
+            }
+            (Self::FixedWindow(s), Algorithm::FixedWindow) => {
+                fixed_window::evaluate(s, quota, now, cost)
+            }
+            (Self::Gcra(s), Algorithm::Gcra) => gcra::evaluate(s, quota, now, cost),
+            // State ids name the algorithm, so the state always matches;
+            // start afresh rather than panic if not.
+            (state, algorithm) => {
+                *state = Self::empty(algorithm);
+                state.evaluate(quota, now, cost)
+            }
         }
     }
 
     /// Records `cost` of `quota` at `now`, after [`evaluate`](Self::evaluate)
     /// admitted it (on this state and at this time).
-    pub(crate) fn commit(&mut self, quota: &crate::Quota, now: u64, cost: u32) {
+    pub(crate) fn commit(&mut self, quota: &Quota, now: u64, cost: u32) {
         match self {
             Self::SlidingLog(s) => sliding_log::commit(s, quota, now, cost),
             Self::SlidingCounter(s) => sliding_counter::commit(s, quota, now, cost),
@@ -122,6 +120,19 @@ pub(crate) mod test_support {
         evaluation.outcome
     }
 
+    /// [`check_with`] through [`State`](super::State)'s dispatch, as the
+    /// stores decide.
+    pub(crate) fn check(state: &mut super::State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+        check_with(
+            state,
+            quota,
+            now,
+            cost,
+            super::State::evaluate,
+            super::State::commit,
+        )
+    }
+
     impl super::State {
         /// Whether the state is held inline, without a buffer of its own.
         pub(crate) fn is_inline(&self) -> bool {
@@ -147,6 +158,40 @@ pub(crate) mod test_support {
                 )
             };
             decision.with_timestamp_micros(now)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::outcome::Outcome;
+    use super::test_support::{check, quota, S, T0};
+    use super::State;
+
+    /// A denial records nothing, in any algorithm: a cost above the limit
+    /// on an empty state (which can never fit), or any cost on a full one.
+    #[test]
+    fn a_denial_records_nothing() {
+        for (text, reset) in [
+            ("3/1m fixed-window", 40 * S),
+            ("3/1m sliding-counter(10s)", 0),
+            ("5/1m", 0),
+            ("3/1m gcra", 0),
+        ] {
+            let q = quota(text);
+            let limit = q.limit();
+            let mut s = State::empty(q.algorithm());
+            for cost in [limit + 1, u32::MAX] {
+                let never = Outcome::deny(limit, reset, None);
+                assert_eq!(check(&mut s, &q, T0, cost), never, "{text}");
+            }
+            assert_eq!(s, State::empty(q.algorithm()), "{text}");
+            assert_eq!(check(&mut s, &q, T0, limit).remaining, 0, "{text}");
+            let full = s.clone();
+            for cost in [1, limit, limit + 1, u32::MAX] {
+                assert!(!check(&mut s, &q, T0 + S, cost).allowed, "{text}");
+            }
+            assert_eq!(s, full, "{text}");
         }
     }
 }
@@ -189,15 +234,10 @@ impl Algorithm {
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::SlidingCounter { granularity } => {
-                write!(
-                    f,
-                    "sliding-counter({})",
-                    crate::quota::FormatDuration(*granularity)
-                )
-            }
-            other => f.write_str(other.name()),
+        f.write_str(self.name())?;
+        if let Self::SlidingCounter { granularity } = self {
+            write!(f, "({})", crate::quota::FormatDuration(*granularity))?;
         }
+        Ok(())
     }
 }

@@ -58,6 +58,13 @@ impl Evaluation {
         self.outcome.allowed
     }
 
+    /// An admission of `remaining` and `reset_after` once committed, and
+    /// `unchanged` if not.
+    pub(crate) fn admitted(remaining: u32, reset_after: u64, unchanged: (u32, u64)) -> Self {
+        let outcome = Outcome::allow(remaining, reset_after);
+        Self { outcome, unchanged }
+    }
+
     /// A denial: nothing would change either way.
     pub(crate) fn denied(outcome: Outcome) -> Self {
         Self {

@@ -100,20 +100,14 @@ pub(crate) fn lay_out(
         }
         let shadow = if quota.is_shadow() { SHADOW_FLAG } else { 0 };
         call.arg(code(algorithm) + shadow);
-        let (p1, p2, p3) = match algorithm {
-            Algorithm::SlidingLog | Algorithm::FixedWindow => {
-                (quota.window_micros(), quota.limit(), 0)
-            }
-            Algorithm::SlidingCounter { .. } => (
-                quota.window_micros(),
-                quota.limit(),
-                quota.granularity_micros().unwrap_or(quota.window_micros()),
-            ),
-            Algorithm::Gcra => (quota.emission_interval_micros(), quota.capacity(), 0),
+        // The sliding counter's granularity is the third (0 for the others).
+        let (p1, p2) = match algorithm {
+            Algorithm::Gcra => (quota.emission_interval_micros(), quota.capacity()),
+            _ => (quota.window_micros(), quota.limit()),
         };
         call.arg(p1);
         call.arg(p2);
-        call.arg(p3);
+        call.arg(quota.granularity_micros().unwrap_or(0));
     }
 }
 
@@ -129,14 +123,11 @@ pub(crate) fn count(value: i64) -> u32 {
 /// Turns the script's reply `{allowed, now, then per quota allowed,
 /// remaining, reset_after, retry_after}` into the decision of `policy`.
 pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, StoreError> {
-    let expected = 2 + 4 * policy.len();
-    if reply.len() != expected {
+    let (got, expected) = (reply.len(), 2 + 4 * policy.len());
+    if got != expected {
         return Err(StoreError::new(
             StoreErrorKind::Protocol,
-            format!(
-                "redis script replied {} values, expected {expected}",
-                reply.len()
-            ),
+            format!("redis script replied {got} values, expected {expected}"),
         ));
     }
     let states = policy

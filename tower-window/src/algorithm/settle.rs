@@ -18,7 +18,7 @@
 //!   bucket slides out (sliding log, sliding counter), or the arrival time
 //!   is less than a burst ahead again (GCRA).
 
-use super::outcome::{Evaluation, Outcome};
+use super::outcome::Evaluation;
 use super::{lease, State};
 use crate::{Algorithm, Quota};
 
@@ -35,11 +35,7 @@ pub(crate) fn settle(
     usage: u32,
 ) -> Evaluation {
     if usage < reserved {
-        let anchor = match quota.algorithm() {
-            Algorithm::FixedWindow => reserved_at / quota.window_micros().max(1),
-            Algorithm::SlidingCounter { .. } => reserved_at / lease::bucket_width(quota),
-            Algorithm::SlidingLog | Algorithm::Gcra => reserved_at,
-        };
+        let anchor = lease::anchor(quota, reserved_at);
         lease::refund(state, quota, anchor, 0, reserved, reserved - usage);
     } else if usage > reserved {
         // Evaluating first drops what expired; the commit records whether
@@ -53,17 +49,10 @@ pub(crate) fn settle(
 
 /// `evaluation` reported as the state stands, before its cost: `remaining`
 /// what is left, and for a denial the wait until the cost fits.
-pub(crate) fn standing(evaluation: Evaluation) -> Evaluation {
-    let (remaining, reset) = evaluation.unchanged;
-    let outcome = if evaluation.fits() {
-        Outcome::allow(remaining, reset)
-    } else {
-        Outcome::deny(remaining, reset, evaluation.outcome.retry_after)
-    };
-    Evaluation {
-        outcome,
-        unchanged: evaluation.unchanged,
-    }
+pub(crate) fn standing(mut evaluation: Evaluation) -> Evaluation {
+    // The verdict and the wait stay; the counts are those before the cost.
+    (evaluation.outcome.remaining, evaluation.outcome.reset_after) = evaluation.unchanged;
+    evaluation
 }
 
 /// Whether a reservation against `quota` is refused: GCRA cannot take back

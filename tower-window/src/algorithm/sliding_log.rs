@@ -11,8 +11,6 @@
 //! nothing else was admitted in between), and one microsecond less is not.
 
 use super::outcome::Evaluation;
-#[cfg(test)]
-use super::outcome::Outcome;
 use super::timeline::{self, Timeline};
 use crate::Quota;
 
@@ -36,19 +34,18 @@ pub(crate) fn commit(state: &mut State, _quota: &Quota, now: u64, cost: u32) {
     state.add(now, u64::from(cost));
 }
 
-/// Evaluates and, if admitted, commits: a one-quota decision.
-#[cfg(test)]
-pub(crate) fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
-    super::test_support::check_with(state, quota, now, cost, evaluate, commit)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
 
-    use crate::algorithm::test_support::{allow, quota, S, T0};
+    use crate::algorithm::outcome::Outcome;
+    use crate::algorithm::test_support::{allow, check_with, quota, S, T0};
+
+    fn check(state: &mut State, quota: &Quota, now: u64, cost: u32) -> Outcome {
+        check_with(state, quota, now, cost, evaluate, commit)
+    }
 
     #[test]
     fn admits_up_to_the_limit_then_waits_for_the_oldest_entry() {
@@ -91,28 +88,6 @@ mod tests {
         );
         assert_eq!(check(&mut s, &q, t, 1), allow(0, 60 * S));
         assert_eq!(check(&mut s, &q, t, 11), Outcome::deny(0, 60 * S, None));
-    }
-
-    #[test]
-    fn cost_above_limit_never_fits_and_records_nothing() {
-        let q = quota("5/1m");
-        let mut s = State::default();
-        assert_eq!(check(&mut s, &q, T0, 6), Outcome::deny(5, 0, None));
-        assert_eq!(check(&mut s, &q, T0, u32::MAX), Outcome::deny(5, 0, None));
-        assert_eq!(s, State::default());
-        assert_eq!(check(&mut s, &q, T0, 5), allow(0, 60 * S));
-    }
-
-    #[test]
-    fn denial_leaves_state_untouched() {
-        let q = quota("2/1m");
-        let mut s = State::default();
-        check(&mut s, &q, T0, 2);
-        let before = s.clone();
-        for cost in [1, 2, 3, u32::MAX] {
-            assert!(!check(&mut s, &q, T0 + S, cost).allowed);
-        }
-        assert_eq!(s, before);
     }
 
     #[test]

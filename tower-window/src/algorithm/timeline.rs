@@ -18,8 +18,6 @@
 //! keep counting, in order.
 
 use std::collections::VecDeque;
-use std::iter::Chain;
-use std::slice;
 
 use super::outcome::{saturate_u32, Evaluation, Outcome};
 
@@ -102,13 +100,6 @@ impl Slots {
         }
     }
 
-    fn as_mut_slices(&mut self) -> (&mut [Slot], &mut [Slot]) {
-        match self {
-            Self::Inline { len, slots } => (&mut slots[..usize::from(*len)], &mut []),
-            Self::Spilled(ring) => ring.as_mut_slices(),
-        }
-    }
-
     // The ends, read on every check: straight from the ring, which is
     // cheaper than through `as_slices`.
     fn front(&self) -> Option<&Slot> {
@@ -125,14 +116,16 @@ impl Slots {
         }
     }
 
-    fn iter(&self) -> Chain<slice::Iter<'_, Slot>, slice::Iter<'_, Slot>> {
+    fn iter(&self) -> impl Iterator<Item = &Slot> {
         let (a, b) = self.as_slices();
         a.iter().chain(b)
     }
 
-    fn iter_mut(&mut self) -> Chain<slice::IterMut<'_, Slot>, slice::IterMut<'_, Slot>> {
-        let (a, b) = self.as_mut_slices();
-        a.iter_mut().chain(b)
+    fn get_mut(&mut self, i: usize) -> Option<&mut Slot> {
+        match self {
+            Self::Inline { len, slots } => slots[..usize::from(*len)].get_mut(i),
+            Self::Spilled(ring) => ring.get_mut(i),
+        }
     }
 
     fn partition_point(&self, pred: impl Fn(&Slot) -> bool) -> usize {
@@ -202,13 +195,19 @@ impl std::fmt::Debug for Slots {
 }
 
 impl Timeline {
-    /// Takes up to `units` back from the slot at `at`, if it is still
+    /// The units of slot `at`, or where it would be inserted.
+    fn find(&mut self, at: u64) -> Result<&mut u64, usize> {
+        let i = self.slots.partition_point(|&(slot, _)| slot < at);
+        match self.slots.get_mut(i) {
+            Some((slot, c)) if *slot == at => Ok(c),
+            _ => Err(i),
+        }
+    }
+
+    /// Takes back up to `units` from the slot at `at`, if it is still
     /// kept; answers how many were taken.
     pub(crate) fn take_back(&mut self, at: u64, units: u64) -> u64 {
-        let i = self.slots.partition_point(|&(slot, _)| slot < at);
-        let Some((_, c)) = self.slots.iter_mut().nth(i).filter(|(slot, _)| *slot == at) else {
-            return 0;
-        };
+        let Ok(c) = self.find(at) else { return 0 };
         let taken = units.min(*c);
         *c -= taken;
         self.total = self.total.saturating_sub(taken);
@@ -221,13 +220,10 @@ impl Timeline {
         self.total = self.total.saturating_add(units);
         match self.slots.back_mut() {
             Some((newest, c)) if *newest == at => *c = c.saturating_add(units),
-            Some((newest, _)) if *newest > at => {
-                let i = self.slots.partition_point(|&(slot, _)| slot < at);
-                match self.slots.iter_mut().nth(i) {
-                    Some((slot, c)) if *slot == at => *c = c.saturating_add(units),
-                    _ => self.slots.insert(i, (at, units)),
-                }
-            }
+            Some((newest, _)) if *newest > at => match self.find(at) {
+                Ok(c) => *c = c.saturating_add(units),
+                Err(i) => self.slots.insert(i, (at, units)),
+            },
             _ => self.slots.insert(usize::MAX, (at, units)),
         }
     }
@@ -274,32 +270,27 @@ pub(crate) fn evaluate(
 
     if used.saturating_add(cost) <= limit {
         let newest_after = newest.map_or(at, |n| n.max(at));
-        return Evaluation {
-            outcome: Outcome::allow(saturate_u32(limit - used - cost), wait_for(newest_after)),
-            unchanged: (remaining, reset_after),
-        };
+        let left = saturate_u32(limit - used - cost);
+        return Evaluation::admitted(left, wait_for(newest_after), (remaining, reset_after));
     }
 
     // Denied: wait until enough of the oldest slots have expired for `cost`
     // to fit, looking at no more than MAX_RETRY_WALK of them.
     let mut freed = 0u64;
-    let mut retry = reset_after;
-    for &(slot, c) in timeline.slots.iter().take(MAX_RETRY_WALK) {
+    let fits_after = timeline.slots.iter().take(MAX_RETRY_WALK).find(|&&(_, c)| {
         #[cfg(test)]
         count_step();
         freed = freed.saturating_add(c);
-        if used.saturating_sub(freed).saturating_add(cost) <= limit {
-            retry = wait_for(slot);
-            break;
-        }
-    }
+        used.saturating_sub(freed).saturating_add(cost) <= limit
+    });
+    let retry = fits_after.map_or(reset_after, |&(slot, _)| wait_for(slot));
     Evaluation::denied(Outcome::deny(remaining, reset_after, Some(retry)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::{steps, Timeline, INLINE_SLOTS, MAX_RETRY_WALK};
-    use crate::algorithm::test_support::{quota, T0};
+    use crate::algorithm::test_support::{check_with, quota, T0};
     use crate::algorithm::{sliding_counter, sliding_log};
 
     const HOUR: i64 = 3_600_000_000;
@@ -385,9 +376,12 @@ mod tests {
                     let held = state.len() as u64;
                     let before = steps();
                     if log {
-                        sliding_log::check(&mut state, &q, now, cost);
+                        let (evaluate, commit) = (sliding_log::evaluate, sliding_log::commit);
+                        check_with(&mut state, &q, now, cost, evaluate, commit);
                     } else {
-                        sliding_counter::check(&mut state, &q, now, cost);
+                        let (evaluate, commit) =
+                            (sliding_counter::evaluate, sliding_counter::commit);
+                        check_with(&mut state, &q, now, cost, evaluate, commit);
                     }
                     let work = steps() - before;
                     most = most.max(work);

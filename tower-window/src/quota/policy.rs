@@ -300,36 +300,21 @@ mod tests {
 
     #[test]
     fn order_ids_and_scope() {
-        let p = Policy::builder("api")
-            .quota("burst", "5/1s")
-            .unwrap()
-            .with(
-                "60/1m"
-                    .parse::<Quota>()
-                    .unwrap()
-                    .named("org")
-                    .unwrap()
-                    .scoped(Scope::Tenant),
-            )
-            .build()
-            .unwrap();
+        let build = || {
+            let org = "60/1m".parse::<Quota>().unwrap().named("org").unwrap();
+            Policy::builder("api")
+                .quota("burst", "5/1s")
+                .unwrap()
+                .with(org.scoped(Scope::Tenant))
+                .build()
+                .unwrap()
+        };
+        let p = build();
         assert_eq!(p.first().name(), "burst");
         assert_eq!(p.quota("org").unwrap().scope(), Scope::Tenant);
         assert!(p.has_tenant_scope());
         assert_eq!(p.to_string(), "burst = 5/1s, org = 60/1m scope=tenant");
-        let same = Policy::builder("api")
-            .quota("burst", "5/1s")
-            .unwrap()
-            .with(
-                "60/1m"
-                    .parse::<Quota>()
-                    .unwrap()
-                    .named("org")
-                    .unwrap()
-                    .scoped(Scope::Tenant),
-            )
-            .build()
-            .unwrap();
+        let same = build();
         assert_eq!(p, same);
         let single = Policy::from("5/1s".parse::<Quota>().unwrap());
         assert!(!single.has_tenant_scope());
