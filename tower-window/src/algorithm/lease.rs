@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::outcome::saturate_u32;
 use super::sliding_counter::{bucket_end, buckets};
 use super::{gcra, State};
-use crate::{Algorithm, Policy, Quota, QuotaDecision, StoreError, StoreErrorKind};
+use crate::{Algorithm, Policy, Quota, QuotaDecision, StoreError};
 
 /// The width of the slots `quota` counts units in: its window (fixed
 /// window) or bucket (sliding counter); `None` where units are dated one
@@ -47,9 +47,7 @@ pub(crate) fn check_ttl(policy: &Policy, ttl_micros: u64) -> Result<(), StoreErr
         return Ok(());
     };
     let name = quota.name();
-    Err(StoreError::new(
-        StoreErrorKind::InvalidRequest,
-        format!("a lease TTL this long leaves no room in gcra quota `{name}`: it must be at most (burst - 1) x the emission interval"),
+    Err(StoreError::invalid(format!("a lease TTL this long leaves no room in gcra quota `{name}`: it must be at most (burst - 1) x the emission interval"),
     ))
 }
 

@@ -10,7 +10,7 @@ use crate::store::redis::keys::{redis_key, META_SUFFIX};
 use std::time::Duration;
 
 use crate::store::redis::script::ScriptCall;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::StoreError;
 use crate::{Algorithm, Decision, Policy, QuotaDecision, WindowKey};
 
 /// One of the algorithms' Lua fragments.
@@ -125,10 +125,9 @@ pub(crate) fn count(value: i64) -> u32 {
 pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, StoreError> {
     let (got, expected) = (reply.len(), 2 + 4 * policy.len());
     if got != expected {
-        return Err(StoreError::new(
-            StoreErrorKind::Protocol,
-            format!("redis script replied {got} values, expected {expected}"),
-        ));
+        return Err(StoreError::protocol(format!(
+            "redis script replied {got} values, expected {expected}"
+        )));
     }
     let states = policy
         .quotas()
@@ -143,12 +142,10 @@ pub(crate) fn decision(policy: &Policy, reply: &[i64]) -> Result<Decision, Store
                 QuotaDecision::deny(quota.clone(), remaining, micros(v[2]), retry_after)
             }
         });
-    let decision = Decision::from_quotas(states).ok_or_else(|| {
-        StoreError::new(StoreErrorKind::InvalidRequest, "a policy without quotas")
-    })?;
+    let decision = Decision::from_quotas(states)
+        .ok_or_else(|| StoreError::invalid("a policy without quotas"))?;
     if decision.allowed != (reply[0] == 1) {
-        return Err(StoreError::new(
-            StoreErrorKind::Protocol,
+        return Err(StoreError::protocol(
             "the redis script's verdict disagrees with its quotas",
         ));
     }
