@@ -196,7 +196,7 @@ mod tests {
     }
 }
 
-/// How a [`Quota`](crate::Quota) counts admissions over its window `W`.
+/// How a [`Quota`] counts admissions over its window `W`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Algorithm {

@@ -118,7 +118,7 @@ impl EventWindow {
 
     /// Appends `events` (1 to [`MAX_BATCH`], each as [`append`](Self::append)
     /// takes it) to the window `key` in order, in one store call; a bad
-    /// batch is [`StoreErrorKind::InvalidRequest`] and appends nothing.
+    /// batch is [`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest) and appends nothing.
     ///
     /// ```
     /// use std::time::Duration;

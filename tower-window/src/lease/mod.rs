@@ -18,7 +18,7 @@
 //!   The GCRA bound (admissions in `[a, b]` push `tat` from at least `a` to
 //!   at most `b + B T`) then holds, since a lease spent in `[a, b]` has
 //!   `d >= a`. The price is `(d - t) / T` tokens of room per lease, so a TTL
-//!   above `(B - 1) T` is refused ([`StoreErrorKind::InvalidRequest`]).
+//!   above `(B - 1) T` is refused ([`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest)).
 //!
 //! A check with a cost per quota
 //! ([`Limiter::check_policy_per_quota`](crate::Limiter::check_policy_per_quota))

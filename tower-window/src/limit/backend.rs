@@ -30,7 +30,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Evaluates `request` against every quota and records nothing: each
     /// quota's state as it stands, `allowed` whether the cost would fit
     /// ([`Limiter::peek_policy`](crate::Limiter::peek_policy)). The default
-    /// answers [`StoreErrorKind::InvalidRequest`].
+    /// answers [`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest).
     fn peek<'a>(
         &'a self,
         guard: &mut Guard<'a>,
@@ -45,7 +45,7 @@ pub trait Backend: Send + Sync + 'static {
     /// still count, and records usage past the reservation whether or not
     /// it fits; answers each quota's state once settled, as a check of one
     /// unit would see it (recording nothing). The default answers
-    /// [`StoreErrorKind::InvalidRequest`].
+    /// [`StoreErrorKind::InvalidRequest`](crate::StoreErrorKind::InvalidRequest).
     fn settle<'a>(
         &'a self,
         guard: &mut Guard<'a>,
