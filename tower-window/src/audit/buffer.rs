@@ -64,7 +64,10 @@ struct Pending {
 /// How a round went.
 enum Round {
     Idle,
-    Wrote { more: bool },
+    /// Written; `full`: a full batch is waiting already.
+    Wrote {
+        full: bool,
+    },
     Failed,
 }
 
@@ -198,8 +201,11 @@ impl Buffer {
         }
         let mut state = self.state();
         let outcome = if failed.is_empty() {
+            // Straight on only for a full batch: records trickling in
+            // while a round was out wait for the interval, or every round
+            // would carry a handful and pay its call for them.
             Round::Wrote {
-                more: !state.queue.is_empty(),
+                full: state.queue.len() >= self.max_batch,
             }
         } else {
             Round::Failed
@@ -256,7 +262,7 @@ pub(super) async fn flush(inner: &Arc<Inner>, budget: Duration) -> bool {
     }
 }
 
-/// The writer task: a round, then a pause (none while a batch is waiting,
+/// The writer task: a round, then a pause (none while a full batch is waiting,
 /// growing while the log fails), until the log is dropped.
 async fn writer(log: Weak<Inner>) {
     let mut backoff = Duration::ZERO;
@@ -264,8 +270,8 @@ async fn writer(log: Weak<Inner>) {
         let Some(inner) = log.upgrade() else { return };
         let interval = inner.buffer.interval;
         let pause = match write_round(&inner).await {
-            Round::Wrote { more: true } => Duration::ZERO,
-            Round::Idle | Round::Wrote { more: false } => {
+            Round::Wrote { full: true } => Duration::ZERO,
+            Round::Idle | Round::Wrote { full: false } => {
                 backoff = Duration::ZERO;
                 interval
             }
