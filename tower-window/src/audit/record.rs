@@ -186,8 +186,14 @@ impl AuditRecord {
         fields: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Option<Self> {
         let (_, text) = fields.into_iter().find(|(name, _)| *name == "r")?;
-        let mut values = Values(text);
-        let mut next = || values.next();
+        let mut rest = text;
+        let mut next = || {
+            let (len, tail) = rest.split_once(':')?;
+            let len: usize = len.parse().ok()?;
+            let value = tail.get(..len)?;
+            rest = &tail[len..];
+            Some(value)
+        };
         let mut record = Self::of_change(tenant, AdminAction::Put, next()?.parse().ok()?, "");
         record.id = id.to_owned();
         record.tenant = next()?.to_owned();
@@ -198,7 +204,7 @@ impl AuditRecord {
         record.remaining = next()?.parse().ok()?;
         record.source = parse_source(next()?)?;
         record.node = next()?.to_owned();
-        values.0.is_empty().then_some(record)
+        rest.is_empty().then_some(record)
     }
 }
 
@@ -278,21 +284,6 @@ fn value(out: &mut String, parts: &[&str]) -> Range<usize> {
         out.push_str(part);
     }
     start..out.len()
-}
-
-/// Reads a record's text a value at a time.
-struct Values<'a>(&'a str);
-
-impl<'a> Values<'a> {
-    /// The next `<length>:<text>` value; `None` at the end or where the
-    /// text is malformed.
-    fn next(&mut self) -> Option<&'a str> {
-        let (len, tail) = self.0.split_once(':')?;
-        let len: usize = len.parse().ok()?;
-        let value = tail.get(..len)?;
-        self.0 = &tail[len..];
-        Some(value)
-    }
 }
 
 /// The record as one JSON object (an exporter's line, an admin route's
