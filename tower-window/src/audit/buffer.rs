@@ -137,25 +137,28 @@ impl Buffer {
         let n = state.queue.len().min(self.max_batch);
         let mut round: Vec<Pending> = Vec::new();
         let State { text, queue, .. } = &mut *state;
+        let round_end = n.checked_sub(1).map_or(0, |last| queue[last].end);
         let mut start = 0;
-        for Queued { end, tenant } in queue.drain(..n) {
+        for (i, Queued { end, tenant }) in queue.drain(..n).enumerate() {
             let (record, tenant) = (&text[start..end], &text[tenant]);
-            start = end;
             match round.iter_mut().find(|p| p.batch.tenant == tenant) {
                 Some(pending) => pending.batch.push(record),
                 None => {
+                    // Room for the rest of the round: a batch never grows
+                    // (all of it, when one tenant has the round).
                     let mut batch = AuditBatch {
                         tenant: tenant.to_owned(),
                         node: inner.node.clone(),
                         seq: 0,
                         retention: inner.retention,
-                        text: String::new(),
-                        ends: Vec::new(),
+                        text: String::with_capacity(round_end - start),
+                        ends: Vec::with_capacity(n - i),
                     };
                     batch.push(record);
                     round.push(Pending { batch, refusals: 0 });
                 }
             }
+            start = end;
         }
         // What was taken leaves the text: all of it (the usual case; the
         // text keeps its room), or the front, the rest moving up.

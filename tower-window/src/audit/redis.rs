@@ -67,8 +67,9 @@ impl RedisStore {
         let mut mark = stream.clone();
         mark.extend_from_slice(b":node:");
         encode_component(&mut mark, batch.node.as_bytes());
-        let mut call = APPEND.key(stream);
-        call.key(mark)
+        let mut call = APPEND.with_capacity(batch.len() + 3, batch.text.len() + 60);
+        call.key(stream)
+            .key(mark)
             .arg(batch.seq)
             .arg(batch.retention.max_len)
             .arg(u64::try_from(batch.retention.max_age.as_millis()).unwrap_or(u64::MAX));

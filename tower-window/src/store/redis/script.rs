@@ -123,10 +123,16 @@ impl LuaScript {
 
     /// A call of this script, to fill with keys and arguments.
     pub(crate) fn prepare_invoke(&'static self) -> ScriptCall {
+        self.with_capacity(0, 0)
+    }
+
+    /// A call with room for `args` arguments of `bytes` in all (a batch of
+    /// records: the call never grows).
+    pub(crate) fn with_capacity(&'static self, args: usize, bytes: usize) -> ScriptCall {
         ScriptCall {
             script: self,
             keys: Vec::new(),
-            args: Cmd::new(),
+            args: Cmd::with_capacity(args, bytes),
         }
     }
 
