@@ -127,7 +127,8 @@ impl Reader {
         let Some(inner) = registry.upgrade() else {
             return Ok(None);
         };
-        let _applying = inner.applying.lock().await;
+        let registry = TenantRegistry { inner };
+        let _applying = registry.inner.applying.lock().await;
         let runtime = records.into_iter().filter_map(|(tenant, record)| {
             let record = match record.split_once('\n') {
                 Some(("A", spec)) => TenantSpec::decode(spec).map(Some),
@@ -139,9 +140,6 @@ impl Reader {
             });
             Some((tenant, record.ok()?))
         });
-        let registry = TenantRegistry {
-            inner: Arc::clone(&inner),
-        };
         registry.replace_runtime(runtime.collect(), generations);
         Ok(Some(Position {
             last_id: Some(last_id),
@@ -269,10 +267,8 @@ async fn follow_once(
         let Some(inner) = registry.upgrade() else {
             return Ok(());
         };
-        let _applying = inner.applying.lock().await;
-        let registry = TenantRegistry {
-            inner: Arc::clone(&inner),
-        };
+        let registry = TenantRegistry { inner };
+        let _applying = registry.inner.applying.lock().await;
         for (id, fields) in entries {
             apply_entry(&registry, &fields);
             position.last_id = Some(id);
@@ -299,7 +295,7 @@ fn apply_entry(registry: &TenantRegistry, fields: &HashMap<String, String>) {
         _ => return,
     };
     match change {
-        Ok(change) => registry.apply(tenant, change, Some(generation)),
+        Ok(change) => registry.apply(tenant, change, Some(generation), false),
         Err(error) => tracing::warn!(%error, "skipping an unreadable tenant control entry"),
     }
 }

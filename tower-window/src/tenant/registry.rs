@@ -221,17 +221,7 @@ impl TenantRegistry {
     /// follows them, so this needs a Tokio runtime). A store without a
     /// tenant backend gives an in-process registry ([`new`](Self::new)).
     pub fn on_store(config: TenantsConfig, store: &Store) -> Self {
-        Self::on_store_with(config, store, ControlConfig::default())
-    }
-
-    fn on_store_with(config: TenantsConfig, store: &Store, control: ControlConfig) -> Self {
-        let writer = crate::store::plugged!(store, dyn Backend).map(|backend| Writer {
-            store: store.clone(),
-            backend,
-            control,
-            metrics: LimiterMetrics::named("tenants"),
-        });
-        Self::with_writer(config, writer)
+        Self::build(config, Some(store), ControlConfig::default())
     }
 
     /// [`on_store`](Self::on_store) on a [`Store`] of its own (its budget
@@ -249,16 +239,26 @@ impl TenantRegistry {
         control: ControlConfig,
     ) -> Self {
         let store = Store::builder(store).timeout(control.timeout).build();
-        Self::on_store_with(config, &store, control)
+        Self::build(config, Some(&store), control)
     }
 
     /// An in-process registry of `config`: lifecycle calls apply to this
     /// process only.
     pub fn new(config: TenantsConfig) -> Self {
-        Self::with_writer(config, None)
+        Self::build(config, None, ControlConfig::default())
     }
 
-    fn with_writer(config: TenantsConfig, writer: Option<Writer>) -> Self {
+    /// A registry recording lifecycle changes on `store`'s tenant backend,
+    /// if it has one.
+    fn build(config: TenantsConfig, store: Option<&Store>, control: ControlConfig) -> Self {
+        let writer = store.and_then(|store| {
+            Some(Writer {
+                backend: crate::store::plugged!(store, dyn Backend)?,
+                store: store.clone(),
+                control,
+                metrics: LimiterMetrics::named("tenants"),
+            })
+        });
         let registry = Self {
             inner: Arc::new(Inner {
                 view: ArcSwap::from_pointee(View::default()),
@@ -318,10 +318,15 @@ impl TenantRegistry {
             }
             None => Vec::new(),
         };
-        let recorded = self.record_before(log.as_ref(), &changed, AdminAction::Reload);
-        sources.file = config;
-        self.rebuild(&sources);
-        self.record_after(log.as_ref(), &changed, &recorded, AdminAction::Reload);
+        self.audited(
+            &mut sources,
+            log.as_ref(),
+            &changed,
+            AdminAction::Reload,
+            |sources| {
+                sources.file = config;
+            },
+        );
     }
 
     /// The file's configuration now in force.
@@ -426,43 +431,42 @@ impl TenantRegistry {
             }
             None => None,
         };
-        self.apply_as_admin(name, change, generation, true);
+        self.apply(name, change, generation, true);
         Ok(true)
     }
 
-    /// Applies one change; `generation` is the store's (`None`: count here).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn apply(&self, name: &str, change: Change, generation: Option<u64>) {
-        self.apply_as_admin(name, change, generation, false);
-    }
-
-    /// [`apply`](Self::apply), and, for an `admin` (this node's operator's)
-    /// change, its record in the audit log.
-    fn apply_as_admin(&self, name: &str, change: Change, generation: Option<u64>, admin: bool) {
-        let action = change.action();
+    /// Applies one change; `generation` is the store's (`None`: count
+    /// here). An `admin` change (this node's operator's) gets its record
+    /// in the audit log.
+    pub(crate) fn apply(&self, name: &str, change: Change, generation: Option<u64>, admin: bool) {
         let mut sources = lock(&self.inner.sources);
         let log = self.audit_log().filter(|_| admin);
         let names = [name.to_owned()];
-        let recorded = self.record_before(log.as_ref(), &names, action);
-        let current = sources.generations.get(name).copied().unwrap_or(0);
-        let bumped = change.bumps_generation().then_some(current + 1);
-        match change {
-            Change::Init(spec) => {
-                sources.runtime.insert(name.to_owned(), Some(spec));
-            }
-            Change::Close => {
-                sources.runtime.insert(name.to_owned(), None);
-            }
-            Change::Revert => {
-                sources.runtime.remove(name);
-            }
-            Change::Reset => {}
-        }
-        if let Some(generation) = generation.or(bumped) {
-            sources.bump(name, generation);
-        }
-        self.rebuild(&sources);
-        self.record_after(log.as_ref(), &names, &recorded, action);
+        self.audited(
+            &mut sources,
+            log.as_ref(),
+            &names,
+            change.action(),
+            |sources| {
+                let current = sources.generations.get(name).copied().unwrap_or(0);
+                let bumped = change.bumps_generation().then_some(current + 1);
+                match change {
+                    Change::Init(spec) => {
+                        sources.runtime.insert(name.to_owned(), Some(spec));
+                    }
+                    Change::Close => {
+                        sources.runtime.insert(name.to_owned(), None);
+                    }
+                    Change::Revert => {
+                        sources.runtime.remove(name);
+                    }
+                    Change::Reset => {}
+                }
+                if let Some(generation) = generation.or(bumped) {
+                    sources.bump(name, generation);
+                }
+            },
+        );
     }
 
     /// The audit log, if any.
@@ -471,40 +475,33 @@ impl TenantRegistry {
         audited.as_ref().map(|audited| audited.log.clone())
     }
 
-    /// Records `action` for each of `tenants` whose rules, before the
-    /// change, want admin changes; which ones it recorded. Called with
-    /// `sources` locked, so no other change moves the rules meanwhile.
-    fn record_before(
+    /// Makes `change` to `sources` (locked, so no other change moves the
+    /// rules meanwhile) and rebuilds the view; records `action` in `log`
+    /// for each of `tenants` whose rules before the change want admin
+    /// changes, and for the others if their rules after it do.
+    fn audited(
         &self,
+        sources: &mut Sources,
         log: Option<&AuditLog>,
         tenants: &[String],
         action: AdminAction,
-    ) -> Vec<bool> {
-        let Some(log) = log else {
-            return Vec::new();
-        };
-        let wanted = tenants.iter().map(|tenant| log.rules(tenant).admin);
-        let wanted: Vec<bool> = wanted.collect();
-        for (tenant, _) in tenants.iter().zip(&wanted).filter(|(_, w)| **w) {
-            log.admin_change(tenant, action);
-        }
-        wanted
-    }
-
-    /// Records `action` for each of `tenants` not `recorded` before the
-    /// change, if its rules after it want admin changes (with `sources`
-    /// still locked).
-    fn record_after(
-        &self,
-        log: Option<&AuditLog>,
-        tenants: &[String],
-        recorded: &[bool],
-        action: AdminAction,
+        change: impl FnOnce(&mut Sources),
     ) {
-        let Some(log) = log else { return };
-        for (tenant, _) in tenants.iter().zip(recorded).filter(|(_, r)| !**r) {
-            log.admin_change(tenant, action);
-        }
+        let before: Vec<bool> = match log {
+            Some(log) => tenants.iter().map(|t| log.rules(t).admin).collect(),
+            None => Vec::new(),
+        };
+        let record = |wanted_before: bool| {
+            let Some(log) = log else { return };
+            let tenants = tenants.iter().zip(&before);
+            for (tenant, _) in tenants.filter(|(_, b)| **b == wanted_before) {
+                log.admin_change(tenant, action);
+            }
+        };
+        record(true);
+        change(sources);
+        self.rebuild(sources);
+        record(false);
     }
 
     /// Replaces the runtime records and generations with a full load.
