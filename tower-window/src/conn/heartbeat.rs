@@ -234,7 +234,7 @@ impl ConnectionLimiter {
             report.resent += unanswered.values().map(Vec::len).sum::<usize>();
             pending = groups(unanswered, batch);
         }
-        if !lost.is_empty() {
+        let live = {
             let mut live = shared.live();
             for seq in lost {
                 if let Some(entry) = live.remove(&seq) {
@@ -242,8 +242,8 @@ impl ConnectionLimiter {
                     report.lost += 1;
                 }
             }
-        }
-        let live = i64::try_from(shared.live().len()).unwrap_or(i64::MAX);
+            i64::try_from(live.len()).unwrap_or(i64::MAX)
+        };
         let before = shared.reported_live.swap(live, Ordering::AcqRel);
         metrics::heartbeat(&report, live - before);
         report

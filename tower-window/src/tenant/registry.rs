@@ -318,15 +318,10 @@ impl TenantRegistry {
             }
             None => Vec::new(),
         };
-        self.audited(
-            &mut sources,
-            log.as_ref(),
-            &changed,
-            AdminAction::Reload,
-            |sources| {
-                sources.file = config;
-            },
-        );
+        let after = Self::record_change(log.as_ref(), &changed, AdminAction::Reload);
+        sources.file = config;
+        self.rebuild(&sources);
+        after();
     }
 
     /// The file's configuration now in force.
@@ -442,31 +437,26 @@ impl TenantRegistry {
         let mut sources = lock(&self.inner.sources);
         let log = self.audit_log().filter(|_| admin);
         let names = [name.to_owned()];
-        self.audited(
-            &mut sources,
-            log.as_ref(),
-            &names,
-            change.action(),
-            |sources| {
-                let current = sources.generations.get(name).copied().unwrap_or(0);
-                let bumped = change.bumps_generation().then_some(current + 1);
-                match change {
-                    Change::Init(spec) => {
-                        sources.runtime.insert(name.to_owned(), Some(spec));
-                    }
-                    Change::Close => {
-                        sources.runtime.insert(name.to_owned(), None);
-                    }
-                    Change::Revert => {
-                        sources.runtime.remove(name);
-                    }
-                    Change::Reset => {}
-                }
-                if let Some(generation) = generation.or(bumped) {
-                    sources.bump(name, generation);
-                }
-            },
-        );
+        let after = Self::record_change(log.as_ref(), &names, change.action());
+        let current = sources.generations.get(name).copied().unwrap_or(0);
+        let bumped = change.bumps_generation().then_some(current + 1);
+        match change {
+            Change::Init(spec) => {
+                sources.runtime.insert(name.to_owned(), Some(spec));
+            }
+            Change::Close => {
+                sources.runtime.insert(name.to_owned(), None);
+            }
+            Change::Revert => {
+                sources.runtime.remove(name);
+            }
+            Change::Reset => {}
+        }
+        if let Some(generation) = generation.or(bumped) {
+            sources.bump(name, generation);
+        }
+        self.rebuild(&sources);
+        after();
     }
 
     /// The audit log, if any.
@@ -475,33 +465,27 @@ impl TenantRegistry {
         audited.as_ref().map(|audited| audited.log.clone())
     }
 
-    /// Makes `change` to `sources` (locked, so no other change moves the
-    /// rules meanwhile) and rebuilds the view; records `action` in `log`
-    /// for each of `tenants` whose rules before the change want admin
-    /// changes, and for the others if their rules after it do.
-    fn audited(
-        &self,
-        sources: &mut Sources,
-        log: Option<&AuditLog>,
-        tenants: &[String],
+    /// Records `action` for each of `tenants` whose rules, before the
+    /// change, want admin changes; what it returns records it, after the
+    /// change, for the others if their rules want them then. Called with
+    /// `sources` locked, so no other change moves the rules meanwhile.
+    fn record_change<'a>(
+        log: Option<&'a AuditLog>,
+        tenants: &'a [String],
         action: AdminAction,
-        change: impl FnOnce(&mut Sources),
-    ) {
-        let before: Vec<bool> = match log {
-            Some(log) => tenants.iter().map(|t| log.rules(t).admin).collect(),
-            None => Vec::new(),
-        };
-        let record = |wanted_before: bool| {
-            let Some(log) = log else { return };
-            let tenants = tenants.iter().zip(&before);
-            for (tenant, _) in tenants.filter(|(_, b)| **b == wanted_before) {
+    ) -> impl FnOnce() + 'a {
+        let (before, after): (Vec<_>, Vec<_>) = log
+            .into_iter()
+            .flat_map(|log| tenants.iter().map(move |tenant| (log, tenant)))
+            .partition(|(log, tenant)| log.rules(tenant).admin);
+        for (log, tenant) in before {
+            log.admin_change(tenant, action);
+        }
+        move || {
+            for (log, tenant) in after {
                 log.admin_change(tenant, action);
             }
-        };
-        record(true);
-        change(sources);
-        self.rebuild(sources);
-        record(false);
+        }
     }
 
     /// Replaces the runtime records and generations with a full load.
