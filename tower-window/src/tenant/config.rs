@@ -183,11 +183,8 @@ mod file {
             for name in &self.shadow {
                 builder = builder.shadow(name).map_err(|e| vec![named(e)])?;
             }
-            let builder = match self.audit {
-                Some(rules) => builder.audit(rules),
-                None => builder,
-            };
-            builder.build().map_err(|e| vec![named(e)])
+            let spec = builder.build().map_err(|e| vec![named(e)])?;
+            Ok(spec.with_audit(self.audit))
         }
     }
 

@@ -45,7 +45,27 @@ fn stream_id(id: &str) -> (u64, u64) {
 
 impl Backend for RedisStore {
     fn record<'a>(&'a self, guard: &mut Guard<'a>, change: Recorded<'a>) -> Op<'a, u64> {
-        guard.run(move || self.tenant_change(change))
+        // One script records the change and appends it to the control stream.
+        guard.run(move || async move {
+            let [records, generations, control] = keys(&self.prefix);
+            let (op, spec) = match change.change {
+                Change::Init(spec) => ("init", spec.encode()),
+                Change::Reset => ("reset", String::new()),
+                Change::Close => ("close", String::new()),
+                Change::Revert => ("revert", String::new()),
+            };
+            let mut call = LIFECYCLE.prepare_invoke();
+            call.key(records)
+                .key(generations)
+                .key(control)
+                .arg(op)
+                .arg(change.tenant)
+                .arg(spec)
+                .arg(change.control.max_len)
+                .arg(millis(change.control.ttl));
+            let (_, generation): (String, u64) = self.call(Call::Script(&call)).await?;
+            Ok(generation)
+        })
     }
 
     fn failure_domain(&self) -> Option<u16> {
@@ -62,31 +82,6 @@ impl Backend for RedisStore {
         control: ControlConfig,
     ) -> Option<JoinHandle<()>> {
         Some(tokio::spawn(follow(registry, self, control)))
-    }
-}
-
-impl RedisStore {
-    /// Records one change and appends it to the control stream, in one
-    /// script; the tenant's generation after it.
-    async fn tenant_change(&self, recorded: Recorded<'_>) -> Result<u64, StoreError> {
-        let [records, generations, control] = keys(&self.prefix);
-        let (op, spec) = match recorded.change {
-            Change::Init(spec) => ("init", spec.encode()),
-            Change::Reset => ("reset", String::new()),
-            Change::Close => ("close", String::new()),
-            Change::Revert => ("revert", String::new()),
-        };
-        let mut call = LIFECYCLE.prepare_invoke();
-        call.key(records)
-            .key(generations)
-            .key(control)
-            .arg(op)
-            .arg(recorded.tenant)
-            .arg(spec)
-            .arg(recorded.control.max_len)
-            .arg(millis(recorded.control.ttl));
-        let (_, generation): (String, u64) = self.call(Call::Script(&call)).await?;
-        Ok(generation)
     }
 }
 
