@@ -118,7 +118,7 @@ impl ConnectionLimiter {
     ///
     /// Outside a Tokio runtime, like `tokio::spawn`.
     pub fn start_heartbeat(&self) -> HeartbeatHandle {
-        let period = self.shared.ttl() / 3;
+        let period = self.ttl() / 3;
         let weak: Weak<Shared> = Arc::downgrade(&self.shared);
         let task = tokio::spawn(async move {
             let mut interval = tokio::time::interval(period);
@@ -169,7 +169,7 @@ impl ConnectionLimiter {
             bucket.or_default().extend(members);
         }
         let batch = backend.max_renew_batch().max(1);
-        let ttl = shared.ttl();
+        let ttl = self.ttl();
         let seat = |i: usize| SeatRef::new(&snapshot[i].1, &snapshot[i].2, tenant_capped);
         let renew = |group: &Group| {
             let refs: Vec<SeatRef<'_>> = group.members.iter().map(|&i| seat(i)).collect();
