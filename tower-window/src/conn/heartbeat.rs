@@ -118,7 +118,7 @@ impl ConnectionLimiter {
     ///
     /// Outside a Tokio runtime, like `tokio::spawn`.
     pub fn start_heartbeat(&self) -> HeartbeatHandle {
-        let period = self.shared.ttl() / 3;
+        let period = self.ttl() / 3;
         let weak: Weak<Shared> = Arc::downgrade(&self.shared);
         let task = tokio::spawn(async move {
             let mut interval = tokio::time::interval(period);
@@ -169,7 +169,7 @@ impl ConnectionLimiter {
             bucket.or_default().extend(members);
         }
         let batch = backend.max_renew_batch().max(1);
-        let ttl = shared.ttl();
+        let ttl = self.ttl();
         let seat = |i: usize| SeatRef::new(&snapshot[i].1, &snapshot[i].2, tenant_capped);
         let renew = |group: &Group| {
             let refs: Vec<SeatRef<'_>> = group.members.iter().map(|&i| seat(i)).collect();
@@ -234,7 +234,7 @@ impl ConnectionLimiter {
             report.resent += unanswered.values().map(Vec::len).sum::<usize>();
             pending = groups(unanswered, batch);
         }
-        if !lost.is_empty() {
+        let live = {
             let mut live = shared.live();
             for seq in lost {
                 if let Some(entry) = live.remove(&seq) {
@@ -242,8 +242,8 @@ impl ConnectionLimiter {
                     report.lost += 1;
                 }
             }
-        }
-        let live = i64::try_from(shared.live().len()).unwrap_or(i64::MAX);
+            i64::try_from(live.len()).unwrap_or(i64::MAX)
+        };
         let before = shared.reported_live.swap(live, Ordering::AcqRel);
         metrics::heartbeat(&report, live - before);
         report

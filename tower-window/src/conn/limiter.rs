@@ -106,10 +106,6 @@ pub(super) struct Live {
 }
 
 impl Shared {
-    pub(super) fn ttl(&self) -> Duration {
-        self.settings.ttl
-    }
-
     pub(super) fn tenant_capped(&self) -> bool {
         self.settings.max_per_tenant > 0
     }
@@ -164,7 +160,7 @@ impl ConnectionLimiter {
 
     /// The seat TTL.
     pub fn ttl(&self) -> Duration {
-        self.shared.ttl()
+        self.shared.settings.ttl
     }
 
     /// The cap per subject (0: none).

@@ -94,24 +94,26 @@ struct ConnSeats {
     grants: AtomicU64,
 }
 
-impl ConnSeats {
-    fn grant(&self, request: &GrantRequest<'_>, now: u64) -> GrantReply {
-        let seat = request.seat;
-        let mut sets = lock(&self.sets);
-        let grants = self.grants.fetch_add(1, Ordering::Relaxed);
+impl conn::Backend for MemoryStore {
+    fn grant<'a>(&'a self, _: &mut Guard<'a>, request: GrantRequest<'a>) -> Op<'a, GrantReply> {
+        let now = self.clock.now_micros();
+        let seats = self.conn_seats();
+        let mut sets = lock(&seats.sets);
+        let grants = seats.grants.fetch_add(1, Ordering::Relaxed);
         if grants.is_multiple_of(SWEEP_EVERY) {
             sets.retain(|_, set| set.key_expiry > now);
         }
+        let seat = request.seat;
         let until = now.saturating_add(duration_micros(request.ttl));
         let (subject_key, tenant_key) = set_keys(seat.key, seat.tenant_capped);
         let subject = sets.entry(subject_key.clone()).or_default();
         if let Some(denied) = subject.refuse(now, request.max_per_subject, CapScope::Subject) {
-            return denied;
+            return Op::ready(Ok(denied));
         }
         if let Some(tenant_key) = tenant_key {
             let tenant = sets.entry(tenant_key).or_default();
             if let Some(denied) = tenant.refuse(now, request.max_per_tenant, CapScope::Tenant) {
-                return denied;
+                return Op::ready(Ok(denied));
             }
             tenant.add(seat.id, until);
         }
@@ -119,15 +121,22 @@ impl ConnSeats {
         let floor = request.fence_floor.saturating_add(1);
         subject.fence = subject.fence.saturating_add(1).max(now).max(floor);
         subject.add(seat.id, until);
-        GrantReply::Granted {
+        Op::ready(Ok(GrantReply::Granted {
             fence: subject.fence,
             count: subject.count(),
-        }
+        }))
     }
 
-    fn renew(&self, seats: &[SeatRef<'_>], ttl: Duration, now: u64) -> Vec<bool> {
-        let mut sets = lock(&self.sets);
+    fn renew<'a>(
+        &'a self,
+        _: &mut Guard<'a>,
+        seats: &'a [SeatRef<'a>],
+        ttl: Duration,
+    ) -> Op<'a, Vec<bool>> {
+        let now = self.clock.now_micros();
         let until = now.saturating_add(duration_micros(ttl));
+        let conn_seats = self.conn_seats();
+        let mut sets = lock(&conn_seats.sets);
         let mut renew_in = |set_key: SetKey, id: &[u8]| {
             let Some(set) = sets.get_mut(&set_key) else {
                 return false;
@@ -150,11 +159,12 @@ impl ConnSeats {
             let alive = renew_in(subject, seat.id);
             tenant.is_none_or(|tenant| renew_in(tenant, seat.id)) && alive
         };
-        seats.iter().map(renew).collect()
+        Op::ready(Ok(seats.iter().map(renew).collect()))
     }
 
-    fn release(&self, seat: &SeatRef<'_>) -> bool {
-        let mut sets = lock(&self.sets);
+    fn release<'a>(&'a self, _: &mut Guard<'a>, seat: SeatRef<'a>) -> Op<'a, bool> {
+        let seats = self.conn_seats();
+        let mut sets = lock(&seats.sets);
         let (subject, tenant) = set_keys(seat.key, seat.tenant_capped);
         let mut remove_from = |set_key: SetKey| {
             let set = sets.get_mut(&set_key);
@@ -164,36 +174,7 @@ impl ConnSeats {
         if let Some(tenant) = tenant {
             remove_from(tenant);
         }
-        removed
-    }
-
-    fn presence(&self, key: &WindowKey, tenant_capped: bool, now: u64) -> u32 {
-        let sets = lock(&self.sets);
-        sets.get(&set_keys(key, tenant_capped).0).map_or(0, |set| {
-            let live = set.seats.values().filter(|expiry| **expiry > now).count();
-            u32::try_from(live).unwrap_or(u32::MAX)
-        })
-    }
-}
-
-impl conn::Backend for MemoryStore {
-    fn grant<'a>(&'a self, _: &mut Guard<'a>, request: GrantRequest<'a>) -> Op<'a, GrantReply> {
-        let now = self.clock.now_micros();
-        Op::ready(Ok(self.conn_seats().grant(&request, now)))
-    }
-
-    fn renew<'a>(
-        &'a self,
-        _: &mut Guard<'a>,
-        seats: &'a [SeatRef<'a>],
-        ttl: Duration,
-    ) -> Op<'a, Vec<bool>> {
-        let now = self.clock.now_micros();
-        Op::ready(Ok(self.conn_seats().renew(seats, ttl, now)))
-    }
-
-    fn release<'a>(&'a self, _: &mut Guard<'a>, seat: SeatRef<'a>) -> Op<'a, bool> {
-        Op::ready(Ok(self.conn_seats().release(&seat)))
+        Op::ready(Ok(removed))
     }
 
     fn presence<'a>(
@@ -203,7 +184,13 @@ impl conn::Backend for MemoryStore {
         tenant_capped: bool,
     ) -> Op<'a, u32> {
         let now = self.clock.now_micros();
-        Op::ready(Ok(self.conn_seats().presence(key, tenant_capped, now)))
+        let seats = self.conn_seats();
+        let sets = lock(&seats.sets);
+        let live = sets.get(&set_keys(key, tenant_capped).0).map_or(0, |set| {
+            let live = set.seats.values().filter(|expiry| **expiry > now).count();
+            u32::try_from(live).unwrap_or(u32::MAX)
+        });
+        Op::ready(Ok(live))
     }
 
     fn max_renew_batch(&self) -> usize {

@@ -12,7 +12,7 @@ use crate::store::redis::call::{subject_slot, subject_tag, Call};
 use crate::store::redis::keys::encode_component;
 use crate::store::redis::script::LuaScript;
 use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
-use crate::store::{Guard, Op, StoreError};
+use crate::store::{Guard, Op};
 use crate::WindowKey;
 
 static EXPLICIT: LazyLock<LuaScript> =
@@ -26,33 +26,29 @@ pub(crate) fn dedup_key(prefix: &str, key: &WindowKey, id: &[u8]) -> Vec<u8> {
     out
 }
 
-impl RedisStore {
-    async fn dedup(&self, request: DedupRequest<'_>) -> Result<bool, StoreError> {
-        let key = dedup_key(&self.prefix, request.key, request.id);
-        let window_ms = request.window_millis();
-        match self.explicit_now()? {
-            None => {
-                let mut cmd = redis::cmd("SET");
-                cmd.arg(key).arg(1).arg("NX").arg("PX").arg(window_ms);
-                let reply: redis::Value = self.call(Call::Cmd(&cmd)).await?;
-                Ok(!matches!(reply, redis::Value::Nil))
-            }
-            Some(now) => {
-                let mut invocation = EXPLICIT.key(key);
-                invocation
-                    .arg(now)
-                    .arg(window_ms.saturating_mul(1_000))
-                    .arg(window_ms.max(EXPLICIT_CLOCK_MIN_TTL_MS));
-                let first: i64 = self.call(Call::Script(&invocation)).await?;
-                Ok(first == 1)
-            }
-        }
-    }
-}
-
 impl dedup::Backend for RedisStore {
     fn first_seen<'a>(&'a self, guard: &mut Guard<'a>, request: DedupRequest<'a>) -> Op<'a, bool> {
-        guard.run(move || self.dedup(request))
+        guard.run(move || async move {
+            let key = dedup_key(&self.prefix, request.key, request.id);
+            let window_ms = request.window_millis();
+            match self.explicit_now()? {
+                None => {
+                    let mut cmd = redis::cmd("SET");
+                    cmd.arg(key).arg(1).arg("NX").arg("PX").arg(window_ms);
+                    let reply: redis::Value = self.call(Call::Cmd(&cmd)).await?;
+                    Ok(!matches!(reply, redis::Value::Nil))
+                }
+                Some(now) => {
+                    let mut invocation = EXPLICIT.key(key);
+                    invocation
+                        .arg(now)
+                        .arg(window_ms.saturating_mul(1_000))
+                        .arg(window_ms.max(EXPLICIT_CLOCK_MIN_TTL_MS));
+                    let first: i64 = self.call(Call::Script(&invocation)).await?;
+                    Ok(first == 1)
+                }
+            }
+        })
     }
 
     fn failure_domain(&self, key: &WindowKey) -> Option<u16> {

@@ -463,23 +463,22 @@ impl Subscriber {
             self.stale = true;
             return;
         }
+        let mut nodes = std::mem::take(&mut self.nodes);
         let mut moved = Vec::new();
-        for (addr, node) in &self.nodes {
-            for channel in &node.channels {
-                if self.target(channel).as_deref() != Some(addr.as_str()) {
-                    moved.push((addr.clone(), channel.clone()));
+        for (addr, node) in &mut nodes {
+            node.channels.retain(|channel| {
+                let stays = self.target(channel).as_deref() == Some(addr.as_str());
+                if !stays {
+                    unsubscribe(node.conn.clone(), channel.clone());
+                    moved.push(channel.clone());
                 }
-            }
-        }
-        for (addr, channel) in moved {
-            if let Some(node) = self.nodes.get_mut(&addr) {
-                node.channels.remove(&channel);
-                unsubscribe(node.conn.clone(), channel.clone());
-            }
-            self.pending.insert(channel);
+                stays
+            });
         }
         // Connections to primaries that serve none of our channels go.
-        self.nodes.retain(|_, node| !node.channels.is_empty());
+        nodes.retain(|_, node| !node.channels.is_empty());
+        self.nodes = nodes;
+        self.pending.extend(moved);
         self.schedule();
     }
 }

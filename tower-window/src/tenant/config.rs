@@ -154,9 +154,7 @@ mod file {
                 if !self.quotas.0.is_empty() || !self.shadow.is_empty() {
                     return Err(vec![TenantError::Syntax(format!(
                         "{}an unlimited tenant has no quotas or shadow quotas",
-                        tenant
-                            .map(|t| format!("tenant {t:?}: "))
-                            .unwrap_or_default()
+                        super::super::error::named(tenant)
                     ))]);
                 }
                 return Ok(TenantSpec::unlimited().with_audit(self.audit));
@@ -182,15 +180,11 @@ mod file {
             }
             // After the quotas: a quota that failed would look like an
             // unknown shadow.
-            let mut shadow = self.shadow.iter();
-            if let Some(error) = shadow.find_map(|name| builder.set_shadow(name).err()) {
-                return Err(vec![named(error)]);
+            for name in &self.shadow {
+                builder = builder.shadow(name).map_err(|e| vec![named(e)])?;
             }
-            let builder = match self.audit {
-                Some(rules) => builder.audit(rules),
-                None => builder,
-            };
-            builder.build().map_err(|e| vec![named(e)])
+            let spec = builder.build().map_err(|e| vec![named(e)])?;
+            Ok(spec.with_audit(self.audit))
         }
     }
 

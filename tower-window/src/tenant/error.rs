@@ -14,7 +14,7 @@ pub enum TenantError {
     )]
     InvalidName(String),
     /// A quota is invalid.
-    #[error("{}quota {quota:?}: {error}", named(.tenant))]
+    #[error("{}quota {quota:?}: {error}", named(.tenant.as_deref()))]
     Quota {
         /// The tenant (`None` for a definition not yet given a name).
         tenant: Option<String>,
@@ -25,7 +25,7 @@ pub enum TenantError {
         error: QuotaError,
     },
     /// The quotas do not make a policy (none, too many, two of one name).
-    #[error("{}{error}", named(.tenant))]
+    #[error("{}{error}", named(.tenant.as_deref()))]
     Policy {
         /// The tenant.
         tenant: Option<String>,
@@ -36,7 +36,7 @@ pub enum TenantError {
     /// `shadow` names a quota the tenant does not have.
     #[error(
         "{}quota {quota:?}: listed in shadow but not defined in quotas",
-        named(.tenant)
+        named(.tenant.as_deref())
     )]
     UnknownShadow {
         /// The tenant.
@@ -70,8 +70,8 @@ crate::error_debug::debug_as_display!(TenantError {
 });
 
 /// `tenant "<name>": `, or nothing.
-fn named(tenant: &Option<String>) -> String {
-    let prefix = tenant.as_ref().map(|tenant| format!("tenant {tenant:?}: "));
+pub(super) fn named(tenant: Option<&str>) -> String {
+    let prefix = tenant.map(|tenant| format!("tenant {tenant:?}: "));
     prefix.unwrap_or_default()
 }
 

@@ -45,7 +45,27 @@ fn stream_id(id: &str) -> (u64, u64) {
 
 impl Backend for RedisStore {
     fn record<'a>(&'a self, guard: &mut Guard<'a>, change: Recorded<'a>) -> Op<'a, u64> {
-        guard.run(move || self.tenant_change(change))
+        // One script records the change and appends it to the control stream.
+        guard.run(move || async move {
+            let [records, generations, control] = keys(&self.prefix);
+            let (op, spec) = match change.change {
+                Change::Init(spec) => ("init", spec.encode()),
+                Change::Reset => ("reset", String::new()),
+                Change::Close => ("close", String::new()),
+                Change::Revert => ("revert", String::new()),
+            };
+            let mut call = LIFECYCLE.prepare_invoke();
+            call.key(records)
+                .key(generations)
+                .key(control)
+                .arg(op)
+                .arg(change.tenant)
+                .arg(spec)
+                .arg(change.control.max_len)
+                .arg(millis(change.control.ttl));
+            let (_, generation): (String, u64) = self.call(Call::Script(&call)).await?;
+            Ok(generation)
+        })
     }
 
     fn failure_domain(&self) -> Option<u16> {
@@ -62,31 +82,6 @@ impl Backend for RedisStore {
         control: ControlConfig,
     ) -> Option<JoinHandle<()>> {
         Some(tokio::spawn(follow(registry, self, control)))
-    }
-}
-
-impl RedisStore {
-    /// Records one change and appends it to the control stream, in one
-    /// script; the tenant's generation after it.
-    async fn tenant_change(&self, recorded: Recorded<'_>) -> Result<u64, StoreError> {
-        let [records, generations, control] = keys(&self.prefix);
-        let (op, spec) = match recorded.change {
-            Change::Init(spec) => ("init", spec.encode()),
-            Change::Reset => ("reset", String::new()),
-            Change::Close => ("close", String::new()),
-            Change::Revert => ("revert", String::new()),
-        };
-        let mut call = LIFECYCLE.prepare_invoke();
-        call.key(records)
-            .key(generations)
-            .key(control)
-            .arg(op)
-            .arg(recorded.tenant)
-            .arg(spec)
-            .arg(recorded.control.max_len)
-            .arg(millis(recorded.control.ttl));
-        let (_, generation): (String, u64) = self.call(Call::Script(&call)).await?;
-        Ok(generation)
     }
 }
 
@@ -127,7 +122,8 @@ impl Reader {
         let Some(inner) = registry.upgrade() else {
             return Ok(None);
         };
-        let _applying = inner.applying.lock().await;
+        let registry = TenantRegistry { inner };
+        let _applying = registry.inner.applying.lock().await;
         let runtime = records.into_iter().filter_map(|(tenant, record)| {
             let record = match record.split_once('\n') {
                 Some(("A", spec)) => TenantSpec::decode(spec).map(Some),
@@ -139,9 +135,6 @@ impl Reader {
             });
             Some((tenant, record.ok()?))
         });
-        let registry = TenantRegistry {
-            inner: Arc::clone(&inner),
-        };
         registry.replace_runtime(runtime.collect(), generations);
         Ok(Some(Position {
             last_id: Some(last_id),
@@ -269,10 +262,8 @@ async fn follow_once(
         let Some(inner) = registry.upgrade() else {
             return Ok(());
         };
-        let _applying = inner.applying.lock().await;
-        let registry = TenantRegistry {
-            inner: Arc::clone(&inner),
-        };
+        let registry = TenantRegistry { inner };
+        let _applying = registry.inner.applying.lock().await;
         for (id, fields) in entries {
             apply_entry(&registry, &fields);
             position.last_id = Some(id);
@@ -299,7 +290,7 @@ fn apply_entry(registry: &TenantRegistry, fields: &HashMap<String, String>) {
         _ => return,
     };
     match change {
-        Ok(change) => registry.apply(tenant, change, Some(generation)),
+        Ok(change) => registry.apply(tenant, change, Some(generation), false),
         Err(error) => tracing::warn!(%error, "skipping an unreadable tenant control entry"),
     }
 }

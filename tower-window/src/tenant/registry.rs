@@ -221,17 +221,7 @@ impl TenantRegistry {
     /// follows them, so this needs a Tokio runtime). A store without a
     /// tenant backend gives an in-process registry ([`new`](Self::new)).
     pub fn on_store(config: TenantsConfig, store: &Store) -> Self {
-        Self::on_store_with(config, store, ControlConfig::default())
-    }
-
-    fn on_store_with(config: TenantsConfig, store: &Store, control: ControlConfig) -> Self {
-        let writer = crate::store::plugged!(store, dyn Backend).map(|backend| Writer {
-            store: store.clone(),
-            backend,
-            control,
-            metrics: LimiterMetrics::named("tenants"),
-        });
-        Self::with_writer(config, writer)
+        Self::build(config, Some(store), ControlConfig::default())
     }
 
     /// [`on_store`](Self::on_store) on a [`Store`] of its own (its budget
@@ -249,16 +239,26 @@ impl TenantRegistry {
         control: ControlConfig,
     ) -> Self {
         let store = Store::builder(store).timeout(control.timeout).build();
-        Self::on_store_with(config, &store, control)
+        Self::build(config, Some(&store), control)
     }
 
     /// An in-process registry of `config`: lifecycle calls apply to this
     /// process only.
     pub fn new(config: TenantsConfig) -> Self {
-        Self::with_writer(config, None)
+        Self::build(config, None, ControlConfig::default())
     }
 
-    fn with_writer(config: TenantsConfig, writer: Option<Writer>) -> Self {
+    /// A registry recording lifecycle changes on `store`'s tenant backend,
+    /// if it has one.
+    fn build(config: TenantsConfig, store: Option<&Store>, control: ControlConfig) -> Self {
+        let writer = store.and_then(|store| {
+            Some(Writer {
+                backend: crate::store::plugged!(store, dyn Backend)?,
+                store: store.clone(),
+                control,
+                metrics: LimiterMetrics::named("tenants"),
+            })
+        });
         let registry = Self {
             inner: Arc::new(Inner {
                 view: ArcSwap::from_pointee(View::default()),
@@ -318,10 +318,10 @@ impl TenantRegistry {
             }
             None => Vec::new(),
         };
-        let recorded = self.record_before(log.as_ref(), &changed, AdminAction::Reload);
+        let after = Self::record_change(log.as_ref(), &changed, AdminAction::Reload);
         sources.file = config;
         self.rebuild(&sources);
-        self.record_after(log.as_ref(), &changed, &recorded, AdminAction::Reload);
+        after();
     }
 
     /// The file's configuration now in force.
@@ -426,24 +426,18 @@ impl TenantRegistry {
             }
             None => None,
         };
-        self.apply_as_admin(name, change, generation, true);
+        self.apply(name, change, generation, true);
         Ok(true)
     }
 
-    /// Applies one change; `generation` is the store's (`None`: count here).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn apply(&self, name: &str, change: Change, generation: Option<u64>) {
-        self.apply_as_admin(name, change, generation, false);
-    }
-
-    /// [`apply`](Self::apply), and, for an `admin` (this node's operator's)
-    /// change, its record in the audit log.
-    fn apply_as_admin(&self, name: &str, change: Change, generation: Option<u64>, admin: bool) {
-        let action = change.action();
+    /// Applies one change; `generation` is the store's (`None`: count
+    /// here). An `admin` change (this node's operator's) gets its record
+    /// in the audit log.
+    pub(crate) fn apply(&self, name: &str, change: Change, generation: Option<u64>, admin: bool) {
         let mut sources = lock(&self.inner.sources);
         let log = self.audit_log().filter(|_| admin);
         let names = [name.to_owned()];
-        let recorded = self.record_before(log.as_ref(), &names, action);
+        let after = Self::record_change(log.as_ref(), &names, change.action());
         let current = sources.generations.get(name).copied().unwrap_or(0);
         let bumped = change.bumps_generation().then_some(current + 1);
         match change {
@@ -462,7 +456,7 @@ impl TenantRegistry {
             sources.bump(name, generation);
         }
         self.rebuild(&sources);
-        self.record_after(log.as_ref(), &names, &recorded, action);
+        after();
     }
 
     /// The audit log, if any.
@@ -472,38 +466,25 @@ impl TenantRegistry {
     }
 
     /// Records `action` for each of `tenants` whose rules, before the
-    /// change, want admin changes; which ones it recorded. Called with
+    /// change, want admin changes; what it returns records it, after the
+    /// change, for the others if their rules want them then. Called with
     /// `sources` locked, so no other change moves the rules meanwhile.
-    fn record_before(
-        &self,
-        log: Option<&AuditLog>,
-        tenants: &[String],
+    fn record_change<'a>(
+        log: Option<&'a AuditLog>,
+        tenants: &'a [String],
         action: AdminAction,
-    ) -> Vec<bool> {
-        let Some(log) = log else {
-            return Vec::new();
-        };
-        let wanted = tenants.iter().map(|tenant| log.rules(tenant).admin);
-        let wanted: Vec<bool> = wanted.collect();
-        for (tenant, _) in tenants.iter().zip(&wanted).filter(|(_, w)| **w) {
+    ) -> impl FnOnce() + 'a {
+        let (before, after): (Vec<_>, Vec<_>) = log
+            .into_iter()
+            .flat_map(|log| tenants.iter().map(move |tenant| (log, tenant)))
+            .partition(|(log, tenant)| log.rules(tenant).admin);
+        for (log, tenant) in before {
             log.admin_change(tenant, action);
         }
-        wanted
-    }
-
-    /// Records `action` for each of `tenants` not `recorded` before the
-    /// change, if its rules after it want admin changes (with `sources`
-    /// still locked).
-    fn record_after(
-        &self,
-        log: Option<&AuditLog>,
-        tenants: &[String],
-        recorded: &[bool],
-        action: AdminAction,
-    ) {
-        let Some(log) = log else { return };
-        for (tenant, _) in tenants.iter().zip(recorded).filter(|(_, r)| !**r) {
-            log.admin_change(tenant, action);
+        move || {
+            for (log, tenant) in after {
+                log.admin_change(tenant, action);
+            }
         }
     }
 

@@ -1,5 +1,6 @@
 //! [`TenantSpec`]: a tenant's quotas, or unlimited.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use super::TenantError;
@@ -184,44 +185,27 @@ impl TenantSpec {
 /// The rules of an audit line's fields (after `@audit`): every field once,
 /// each `\t<name>=<value>`.
 fn decode_audit(fields: &str) -> Option<AuditRules> {
-    let mut rules = AuditRules::none();
-    let mut seen = 0_u8;
+    let mut values = HashMap::new();
     for field in fields.strip_prefix('\t')?.split('\t') {
         let (name, value) = field.split_once('=')?;
-        let flag = || match value {
-            "0" => Some(false),
-            "1" => Some(true),
-            _ => None,
-        };
-        let bit = match name {
-            "denials" => {
-                rules.denials = flag()?;
-                1
-            }
-            "degraded" => {
-                rules.degraded = flag()?;
-                2
-            }
-            "shadow_denials" => {
-                rules.shadow_denials = flag()?;
-                4
-            }
-            "admin" => {
-                rules.admin = flag()?;
-                8
-            }
-            "admission_sample" => {
-                rules.admission_sample = value.parse().ok()?;
-                16
-            }
-            _ => return None,
-        };
-        if seen & bit != 0 {
+        if values.insert(name, value).is_some() {
             return None;
         }
-        seen |= bit;
     }
-    (seen == 31).then_some(rules)
+    let mut take = |name: &str| values.remove(name);
+    let flag = |value: Option<&str>| match value? {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    };
+    let rules = AuditRules {
+        denials: flag(take("denials"))?,
+        degraded: flag(take("degraded"))?,
+        shadow_denials: flag(take("shadow_denials"))?,
+        admin: flag(take("admin"))?,
+        admission_sample: take("admission_sample")?.parse().ok()?,
+    };
+    values.is_empty().then_some(rules)
 }
 
 impl fmt::Debug for TenantSpec {
@@ -285,18 +269,13 @@ impl TenantSpecBuilder {
 
     /// Makes the quota `name` (added before) a shadow quota.
     pub fn shadow(mut self, name: &str) -> Result<Self, TenantError> {
-        self.set_shadow(name)?;
-        Ok(self)
-    }
-
-    pub(crate) fn set_shadow(&mut self, name: &str) -> Result<(), TenantError> {
         let quota = self.quotas.iter_mut().find(|q| q.name() == name);
         let quota = quota.ok_or_else(|| TenantError::UnknownShadow {
             tenant: None,
             quota: name.chars().take(80).collect(),
         })?;
         *quota = quota.clone().shadowed(true);
-        Ok(())
+        Ok(self)
     }
 
     /// Gives the tenant its own audit rules (by default the audit log's
