@@ -398,9 +398,7 @@ impl LimiterMetrics {
             } else {
                 LOCAL_CACHE_MISSES_TOTAL
             };
-            self.labels_for(Some(quota), None)
-                .counter(name, &[])
-                .increment(1);
+            self.other_counter(quota, None, name, &[]).increment(1);
         }
     }
 
@@ -461,12 +459,11 @@ impl LimiterMetrics {
     }
 
     fn store_retry(&self, quota: Option<&Quota>) {
-        if quota.is_none_or(|quota| self.is_own(quota)) {
-            self.handles().store_retries.increment(1);
-        } else {
-            self.labels_for(quota, None)
-                .counter(STORE_RETRIES_TOTAL, &[])
-                .increment(1);
+        match quota.filter(|quota| !self.is_own(quota)) {
+            Some(other) => self
+                .other_counter(other, None, STORE_RETRIES_TOTAL, &[])
+                .increment(1),
+            None => self.handles().store_retries.increment(1),
         }
     }
 
