@@ -1,13 +1,13 @@
 //! `application/problem+json` (RFC 9457) bodies for rejections.
 
+use std::convert::Infallible;
+
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, StatusCode};
 use serde::Serialize;
-use tower_window::layer::{
-    ceil_secs, insert_rate_limit_headers, insert_retry_after, OnRejection, Rejection,
-};
+use tower_window::layer::{ceil_secs, Http, OnRejection, Rejection, Respond};
 
 /// The media type of problem details (RFC 9457).
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -76,12 +76,6 @@ impl ProblemJson {
     }
 }
 
-impl OnRejection<Body> for ProblemJson {
-    fn response(&self, rejection: &Rejection) -> Response {
-        problem_response(rejection)
-    }
-}
-
 #[derive(Serialize)]
 struct Problem<'a> {
     #[serde(rename = "type")]
@@ -104,36 +98,38 @@ struct LimitMembers<'a> {
     retry_after: Option<u64>,
 }
 
-fn problem_response(rejection: &Rejection) -> Response {
-    let kind = match rejection {
-        Rejection::RateLimited(_) => TYPE_RATE_LIMITED,
-        Rejection::MissingKey { .. } => TYPE_MISSING_KEY,
-        Rejection::KeyTooLong { .. } => TYPE_KEY_TOO_LONG,
-        Rejection::Unavailable { .. } => TYPE_UNAVAILABLE,
-        Rejection::Degraded { .. } => TYPE_DEGRADED,
-        Rejection::UnknownTenant { .. } => TYPE_UNKNOWN_TENANT,
-        // A kind this version does not know: RFC 9457's "no further semantics".
-        _ => "about:blank",
-    };
-    let limit = rejection.decision().map(|decision| LimitMembers {
-        policy: decision.policy_name(),
-        quota: decision.quota().name(),
-        definition: decision.quota().to_string(),
-        limit: decision.limit(),
-        remaining: decision.remaining(),
-        reset_after: ceil_secs(decision.reset_after()),
-        // Like `Retry-After`: rounded up, and at least 1 for a denial.
-        retry_after: decision.retry_after().map(|wait| ceil_secs(wait).max(1)),
-    });
-    let status = rejection.status().into();
-    let problem = Problem {
-        kind,
-        title: rejection.title(),
-        status: rejection.status().as_u16(),
-        detail: rejection.detail(),
-        limit,
-    };
-    problem_json(status, &problem)
+impl OnRejection<Body> for ProblemJson {
+    fn response(&self, rejection: &Rejection) -> Response {
+        let kind = match rejection {
+            Rejection::RateLimited(_) => TYPE_RATE_LIMITED,
+            Rejection::MissingKey { .. } => TYPE_MISSING_KEY,
+            Rejection::KeyTooLong { .. } => TYPE_KEY_TOO_LONG,
+            Rejection::Unavailable { .. } => TYPE_UNAVAILABLE,
+            Rejection::Degraded { .. } => TYPE_DEGRADED,
+            Rejection::UnknownTenant { .. } => TYPE_UNKNOWN_TENANT,
+            // A kind this version does not know: RFC 9457's "no further semantics".
+            _ => "about:blank",
+        };
+        let limit = rejection.decision().map(|decision| LimitMembers {
+            policy: decision.policy_name(),
+            quota: decision.quota().name(),
+            definition: decision.quota().to_string(),
+            limit: decision.limit(),
+            remaining: decision.remaining(),
+            reset_after: ceil_secs(decision.reset_after()),
+            // Like `Retry-After`: rounded up, and at least 1 for a denial.
+            retry_after: decision.retry_after().map(|wait| ceil_secs(wait).max(1)),
+        });
+        let status = rejection.status().into();
+        let problem = Problem {
+            kind,
+            title: rejection.title(),
+            status: rejection.status().as_u16(),
+            detail: rejection.detail(),
+            limit,
+        };
+        problem_json(status, &problem)
+    }
 }
 
 /// A problem+json response with no members beyond the standard four.
@@ -217,15 +213,10 @@ impl From<Rejection> for RejectionResponse {
 
 impl IntoResponse for RejectionResponse {
     fn into_response(self) -> Response {
-        let mut response = problem_response(&self.0);
-        if let Some(decision) = self.0.decision() {
-            let headers = response.headers_mut();
-            insert_rate_limit_headers(headers, decision, false);
-            if let Some(wait) = decision.retry_after() {
-                insert_retry_after(headers, wait);
-            }
+        let layer = Http::new(ProblemJson);
+        match Respond::<http::Request<()>, Response, Infallible>::on_rejection(&layer, self.0) {
+            Ok(response) => response,
+            Err(never) => match never {},
         }
-        response.extensions_mut().insert(self.0);
-        response
     }
 }

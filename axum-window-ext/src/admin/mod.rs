@@ -34,8 +34,9 @@
 //! `next` is `null` on the last page. A page may hold fewer than `limit`
 //! records and still have a `next` (a filter that matches rarely ends a
 //! page after [`AuditQuery::MAX_SCAN`] entries). Records still in a node's
-//! buffer (written within about [`AuditLog::DEFAULT_FLUSH_INTERVAL`]) are
-//! not listed yet. An unknown parameter, a repeated one, an unknown
+//! buffer (written within about
+//! [`AuditLog::DEFAULT_FLUSH_INTERVAL`](tower_window::AuditLog::DEFAULT_FLUSH_INTERVAL))
+//! are not listed yet. An unknown parameter, a repeated one, an unknown
 //! outcome, a time that is not a whole number, `since` after `until`, a
 //! `limit` out of range or a malformed `before` is a `400`.
 //!
@@ -61,7 +62,7 @@ use tower_window::tenant::{
     validate_tenant_name, Resolution, TenantError, TenantInfo, TenantRegistry, TenantSource,
     TenantSpec,
 };
-use tower_window::{AuditLog, Limiter, WindowKey};
+use tower_window::{Limiter, WindowKey};
 
 use crate::problem::{invalid_input, problem};
 
@@ -183,14 +184,13 @@ fn failed(error: TenantError) -> Response {
     if error.is_invalid_input() {
         return invalid_input(error.to_string());
     }
-    unavailable(&error)
+    unavailable(&error, REGISTRY_STORE)
 }
 
-fn unavailable(error: &dyn std::fmt::Display) -> Response {
-    unavailable_store(error, "the tenant registry's store")
-}
+/// What a failed registry or usage call could not reach.
+const REGISTRY_STORE: &str = "the tenant registry's store";
 
-fn unavailable_store(error: &dyn std::fmt::Display, what: &str) -> Response {
+fn unavailable(error: &dyn std::fmt::Display, what: &str) -> Response {
     tracing::warn!(%error, "tenant admin call failed");
     problem(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -293,7 +293,7 @@ async fn usage(
     let key = WindowKey::new(tenant, subject);
     let decision = match admin.limiter.peek_policy(&key, &policy, 1).await {
         Ok(decision) => decision,
-        Err(error) => return unavailable(&error),
+        Err(error) => return unavailable(&error, REGISTRY_STORE),
     };
     let quotas: Map<String, Value> = decision
         .quotas()
@@ -337,19 +337,13 @@ async fn audit(
         Ok(query) => query,
         Err(detail) => return invalid_input(detail),
     };
-    audit_page(log, &query).await
-}
-
-async fn audit_page(log: &AuditLog, query: &AuditQuery) -> Response {
-    match log.query(query).await {
-        Ok(page) => {
-            let records = match serde_json::to_value(&page.records) {
-                Ok(records) => records,
-                Err(error) => return unavailable_store(&error, "the audit log"),
-            };
-            Json(json!({ "records": records, "next": page.next })).into_response()
-        }
-        Err(error) => unavailable_store(&error, "the audit log's store"),
+    let page = match log.query(&query).await {
+        Ok(page) => page,
+        Err(error) => return unavailable(&error, "the audit log's store"),
+    };
+    match serde_json::to_value(&page.records) {
+        Ok(records) => Json(json!({ "records": records, "next": page.next })).into_response(),
+        Err(error) => unavailable(&error, "the audit log"),
     }
 }
 
@@ -416,25 +410,28 @@ fn subject_filter(value: &str) -> Result<String, String> {
     Ok(value[..end].to_owned())
 }
 
+/// `text` as a whole number: digits only (no sign), in range.
+fn whole<T: std::str::FromStr>(text: &str) -> Option<T> {
+    let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    text.parse().ok().filter(|_| digits)
+}
+
 /// `since` / `until`: microseconds since the Unix epoch.
 fn micros(name: &str, value: &str) -> Result<u64, String> {
-    let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
-    match value.parse::<u64>() {
-        Ok(micros) if digits => Ok(micros),
-        _ => Err(format!(
+    whole(value).ok_or_else(|| {
+        format!(
             "{name} must be a time in microseconds since the Unix epoch (a whole number, \
              as a record's at_micros), e.g. {name}=1700000000000000"
-        )),
-    }
+        )
+    })
 }
 
 /// `before`: a page's `next`, `<ms>-<seq>`.
 fn cursor(value: &str) -> Result<String, String> {
-    let whole = |text: &str| {
-        !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) && text.parse::<u64>().is_ok()
-    };
     match value.split_once('-') {
-        Some((ms, seq)) if whole(ms) && whole(seq) => Ok(value.to_owned()),
+        Some((ms, seq)) if whole::<u64>(ms).is_some() && whole::<u64>(seq).is_some() => {
+            Ok(value.to_owned())
+        }
         _ => Err(
             "before must be a page's next, as the previous answer gave it (<ms>-<seq>, e.g. \
              1700000000000-0)"
@@ -445,14 +442,10 @@ fn cursor(value: &str) -> Result<String, String> {
 
 /// `limit`: 1 to [`AuditQuery::MAX_LIMIT`].
 fn page_limit(value: &str) -> Result<usize, String> {
-    let digits = value.bytes().all(|b| b.is_ascii_digit());
-    match value.parse::<usize>() {
-        Ok(limit) if digits && (1..=AuditQuery::MAX_LIMIT).contains(&limit) => Ok(limit),
-        _ => Err(format!(
-            "limit must be a whole number from 1 to {}",
-            AuditQuery::MAX_LIMIT
-        )),
-    }
+    let range = 1..=AuditQuery::MAX_LIMIT;
+    whole(value)
+        .filter(|limit| range.contains(limit))
+        .ok_or_else(|| format!("limit must be a whole number from 1 to {}", range.end()))
 }
 
 #[cfg(test)]
@@ -466,7 +459,7 @@ mod tests {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
     use tower_window::tenant::TenantsConfig;
-    use tower_window::{ManualClock, MemoryStore, Quota, RedisStore, Store};
+    use tower_window::{AuditLog, ManualClock, MemoryStore, Quota, RedisStore, Store};
 
     use super::*;
 

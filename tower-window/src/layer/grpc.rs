@@ -8,7 +8,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use super::headers::{insert_rate_limit_headers, RateLimitHeaders};
-use super::{ceil_secs, Admission, Rejection, Respond, Status};
+use super::{ceil_secs, Admission, Http, Rejection, Respond, Status};
 
 /// A gRPC status code (`grpc-status`): the layer's own type, so its
 /// signatures name no gRPC framework.
@@ -176,30 +176,24 @@ impl Rejection {
 /// # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
 /// # }).unwrap();
 /// ```
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 #[non_exhaustive]
 pub struct Grpc {
-    decision_extension: bool,
-}
-
-impl Default for Grpc {
-    fn default() -> Self {
-        Self::new()
-    }
+    /// What an admission does, as in HTTP mode without legacy headers.
+    http: Http,
 }
 
 impl Grpc {
     /// gRPC mode with the decision in admitted requests' extensions.
     pub fn new() -> Self {
-        Self {
-            decision_extension: true,
-        }
+        Self::default()
     }
 
-    /// See [`Http::decision_extension`](super::Http::decision_extension).
-    pub fn decision_extension(mut self, enabled: bool) -> Self {
-        self.decision_extension = enabled;
-        self
+    /// See [`Http::decision_extension`].
+    pub fn decision_extension(self, enabled: bool) -> Self {
+        Self {
+            http: self.http.decision_extension(enabled),
+        }
     }
 }
 
@@ -220,12 +214,7 @@ where
         request: &mut http::Request<B>,
         admission: Admission<'_>,
     ) -> RateLimitHeaders {
-        let decision = admission.decision;
-        let headers = RateLimitHeaders::new(&decision, false);
-        if self.decision_extension {
-            request.extensions_mut().insert(decision);
-        }
-        headers
+        Respond::<_, http::Response<ResB>, E>::on_request(&self.http, request, admission)
     }
 
     fn on_response(

@@ -170,16 +170,14 @@ impl<K, C, M> SlidingWindowLayer<K, C, M> {
 impl<K, C, R> SlidingWindowLayer<K, C, Http<R>> {
     /// Also send the legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
     /// `X-RateLimit-Reset` headers (off by default).
-    pub fn legacy_headers(mut self, enabled: bool) -> Self {
-        self.mode = self.mode.legacy_headers(enabled);
-        self
+    pub fn legacy_headers(self, enabled: bool) -> Self {
+        self.map(|cost| cost, |mode| mode.legacy_headers(enabled))
     }
 
     /// Whether an admitted request carries its [`Decision`](crate::Decision)
     /// in its extensions (on by default); see [`Http::decision_extension`].
-    pub fn decision_extension(mut self, enabled: bool) -> Self {
-        self.mode = self.mode.decision_extension(enabled);
-        self
+    pub fn decision_extension(self, enabled: bool) -> Self {
+        self.map(|cost| cost, |mode| mode.decision_extension(enabled))
     }
 
     /// Builds rejection responses (status and body) with `rejection`, an
@@ -193,9 +191,8 @@ impl<K, C, R> SlidingWindowLayer<K, C, Http<R>> {
 impl<K, C, U, M> SlidingWindowLayer<K, C, super::Metered<U, M>> {
     /// Ends a response whose usage reaches its budget at the next frame
     /// boundary; see [`Metered::cut_off`](super::Metered::cut_off).
-    pub fn cut_off(mut self, enabled: bool) -> Self {
-        self.mode = self.mode.cut_off(enabled);
-        self
+    pub fn cut_off(self, enabled: bool) -> Self {
+        self.map(|cost| cost, |mode| mode.cut_off(enabled))
     }
 }
 
@@ -203,9 +200,8 @@ impl<K, C, U, M> SlidingWindowLayer<K, C, super::Metered<U, M>> {
 impl<K, C> SlidingWindowLayer<K, C, super::Grpc> {
     /// Whether an admitted request carries its [`Decision`](crate::Decision)
     /// in its extensions (on by default); see [`Grpc::decision_extension`](super::Grpc::decision_extension).
-    pub fn decision_extension(mut self, enabled: bool) -> Self {
-        self.mode = self.mode.decision_extension(enabled);
-        self
+    pub fn decision_extension(self, enabled: bool) -> Self {
+        self.map(|cost| cost, |mode| mode.decision_extension(enabled))
     }
 }
 

@@ -68,9 +68,8 @@ pin_project! {
 impl<B, C: UsageCounter> Metering<B, C> {
     pub(super) fn new(body: B, meter: Meter<C>) -> Self {
         Self {
-            body,
             meter: Some(meter),
-            ended: false,
+            ..Self::unmetered(body)
         }
     }
 

@@ -91,20 +91,17 @@ where
 
     fn call(&mut self, mut request: Req) -> Self::Future {
         let shared = &*self.shared;
-        let key = match shared.key.try_extract(&request) {
-            Ok(key) => key,
-            Err(NoKey::TooLong { max_len }) => {
-                return ResponseFuture::ready(
-                    shared.mode.on_rejection(Rejection::KeyTooLong { max_len }),
-                )
+        let reject = |rejection| ResponseFuture::ready(shared.mode.on_rejection(rejection));
+        let key = match (shared.key.try_extract(&request), shared.missing_key) {
+            (Ok(key), _) => key,
+            (Err(NoKey::TooLong { max_len }), _) => {
+                return reject(Rejection::KeyTooLong { max_len })
             }
-            Err(_) => {
-                return match shared.missing_key {
-                    MissingKey::Skip => ResponseFuture::calling(self.inner.call(request), None),
-                    MissingKey::Reject(status) => ResponseFuture::ready(
-                        shared.mode.on_rejection(Rejection::MissingKey { status }),
-                    ),
-                }
+            (Err(_), MissingKey::Reject(status)) => {
+                return reject(Rejection::MissingKey { status })
+            }
+            (Err(_), MissingKey::Skip) => {
+                return ResponseFuture::calling(self.inner.call(request), None)
             }
         };
         let cost = shared.cost.cost(&request);
@@ -120,11 +117,9 @@ where
                     return ResponseFuture::calling(self.inner.call(request), None)
                 }
                 Resolution::Unknown => {
-                    return ResponseFuture::ready(shared.mode.on_rejection(
-                        Rejection::UnknownTenant {
-                            status: Status::FORBIDDEN,
-                        },
-                    ))
+                    return reject(Rejection::UnknownTenant {
+                        status: Status::FORBIDDEN,
+                    })
                 }
             },
         };
@@ -134,8 +129,18 @@ where
             &shared.limiter,
             policy.as_ref().unwrap_or(shared.limiter.policy()),
         );
-        match shared.mode.check(limiter, &key, checked, cost).into_ready() {
-            Ok(Ok(decision)) if decision.allowed => {
+        let check = match shared.mode.check(limiter, &key, checked, cost).into_ready() {
+            Ok(result) => result,
+            Err(check) => {
+                // The readied service goes with the request; a fresh clone stays.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                let status = shared.degraded_status;
+                return ResponseFuture::deciding(check, status, inner, request, &shared.mode);
+            }
+        };
+        match admission(check, shared.degraded_status) {
+            Ok(decision) => {
                 let admission = Admission {
                     decision,
                     limiter,
@@ -146,23 +151,7 @@ where
                 let admitted = shared.mode.on_request(&mut request, admission);
                 ResponseFuture::calling(self.inner.call(request), Some(admitted))
             }
-            Ok(other) => ResponseFuture::ready(
-                shared
-                    .mode
-                    .on_rejection(rejection(other, shared.degraded_status)),
-            ),
-            Err(check) => {
-                // The readied service goes with the request; a fresh clone stays.
-                let clone = self.inner.clone();
-                let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::deciding(
-                    check,
-                    shared.degraded_status,
-                    inner,
-                    request,
-                    &shared.mode,
-                )
-            }
+            Err(rejection) => reject(rejection),
         }
     }
 }
@@ -175,22 +164,12 @@ pub(super) fn admission(
 ) -> Result<Decision, Rejection> {
     match result {
         Ok(decision) if decision.allowed => Ok(decision),
-        other => Err(rejection(other, degraded_status)),
-    }
-}
-
-/// The rejection for a denial or an error.
-pub(super) fn rejection(
-    result: Result<Decision, LimitError>,
-    degraded_status: Status,
-) -> Rejection {
-    match result {
-        Ok(decision) => Rejection::for_denial(decision, degraded_status),
+        Ok(decision) => Err(Rejection::for_denial(decision, degraded_status)),
         Err(error) => {
             tracing::warn!(%error, "rate limiter could not decide; rejecting");
-            Rejection::Unavailable {
+            Err(Rejection::Unavailable {
                 message: Arc::from(error.to_string()),
-            }
+            })
         }
     }
 }

@@ -77,6 +77,7 @@ mod names;
 mod record;
 
 pub use names::*;
+pub use record::register_quota;
 pub(crate) use record::{Calls, LimiterMetrics, Parts as MetricParts, StoreTimer};
 
 /// Whether anything is recorded: the `metrics` feature.
@@ -186,16 +187,6 @@ pub fn describe() {
         Unit::Seconds,
         "Duration of one decision's store call, retries included, by outcome (ok, error)."
     );
-}
-
-/// Registers, at zero, every series (every label value, no tenant) a
-/// limiter records for the quota named `quota`, so dashboards chart zero
-/// rather than "No data" for quotas not yet checked. Harmless to repeat.
-pub fn register_quota(quota: &str) {
-    if !ENABLED {
-        return;
-    }
-    record::register_quota(quota);
 }
 
 /// Registers, at zero, every series of [`WS_ALL`] (every `outcome`).

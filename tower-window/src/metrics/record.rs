@@ -398,9 +398,7 @@ impl LimiterMetrics {
             } else {
                 LOCAL_CACHE_MISSES_TOTAL
             };
-            self.labels_for(Some(quota), None)
-                .counter(name, &[])
-                .increment(1);
+            self.other_counter(quota, None, name, &[]).increment(1);
         }
     }
 
@@ -461,12 +459,11 @@ impl LimiterMetrics {
     }
 
     fn store_retry(&self, quota: Option<&Quota>) {
-        if quota.is_none_or(|quota| self.is_own(quota)) {
-            self.handles().store_retries.increment(1);
-        } else {
-            self.labels_for(quota, None)
-                .counter(STORE_RETRIES_TOTAL, &[])
-                .increment(1);
+        match quota.filter(|quota| !self.is_own(quota)) {
+            Some(other) => self
+                .other_counter(other, None, STORE_RETRIES_TOTAL, &[])
+                .increment(1),
+            None => self.handles().store_retries.increment(1),
         }
     }
 
@@ -500,9 +497,13 @@ impl LimiterMetrics {
     }
 }
 
-/// See [`super::register_quota`]: the records' own handles, each
-/// incremented by zero.
-pub(crate) fn register_quota(quota: &str) {
+/// Registers, at zero, every series (every label value, no tenant) a
+/// limiter records for the quota named `quota`, so dashboards chart zero
+/// rather than "No data" for quotas not yet checked. Harmless to repeat.
+pub fn register_quota(quota: &str) {
+    if !ENABLED {
+        return;
+    }
     let labels = Labels {
         quota: SharedString::from(String::from(quota)),
         tenant: None,
@@ -525,8 +526,8 @@ pub(crate) fn register_quota(quota: &str) {
 }
 
 /// Where one store call's metrics go: a limiter's series under the call's
-/// quota (`None`: its own name), or nowhere.
-#[derive(Clone)]
+/// quota (`None`: its own name), or nowhere (the default).
+#[derive(Clone, Default)]
 pub(crate) struct Calls<'a> {
     metrics: Option<Cow<'a, Arc<LimiterMetrics>>>,
     quota: Option<Cow<'a, Quota>>,
@@ -549,15 +550,6 @@ impl<'a> Calls<'a> {
         Self {
             policy: Some(Cow::Borrowed(policy)),
             ..self
-        }
-    }
-
-    /// Calls recorded nowhere.
-    pub(crate) fn none() -> Self {
-        Self {
-            metrics: None,
-            quota: None,
-            policy: None,
         }
     }
 

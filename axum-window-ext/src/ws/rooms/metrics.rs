@@ -37,34 +37,30 @@ pub(super) fn register() {
     if !ENABLED {
         return;
     }
-    describe_counter!(
-        ROOM_PUBLISHED_TOTAL,
-        Unit::Count,
-        "Room messages appended to their event window by this node."
-    );
-    describe_counter!(
-        ROOM_DELIVERED_TOTAL,
-        Unit::Count,
-        "Live room events queued to this node's sockets."
-    );
+    let counters = [
+        (
+            ROOM_PUBLISHED_TOTAL,
+            "Room messages appended to their event window by this node.",
+        ),
+        (
+            ROOM_DELIVERED_TOTAL,
+            "Live room events queued to this node's sockets.",
+        ),
+        (
+            ROOM_OVERFLOWS_TOTAL,
+            "Room sockets dropped because their queue overflowed.",
+        ),
+    ];
+    for (name, help) in counters {
+        describe_counter!(name, Unit::Count, help);
+        counter!(name).increment(0);
+    }
     describe_counter!(
         ROOM_JOINS_TOTAL,
         Unit::Count,
         "Room joins by result: live, recovered, too_old, epoch_changed, ahead."
     );
-    describe_counter!(
-        ROOM_OVERFLOWS_TOTAL,
-        Unit::Count,
-        "Room sockets dropped because their queue overflowed."
-    );
     describe_gauge!(ROOM_SOCKETS, Unit::Count, "Sockets in a room on this node.");
-    for name in [
-        ROOM_PUBLISHED_TOTAL,
-        ROOM_DELIVERED_TOTAL,
-        ROOM_OVERFLOWS_TOTAL,
-    ] {
-        counter!(name).increment(0);
-    }
     for result in JOIN_RESULTS {
         counter!(ROOM_JOINS_TOTAL, "result" => result).increment(0);
     }

@@ -114,7 +114,7 @@ impl<'a> Guard<'a> {
     pub fn bare() -> Self {
         static BARE: std::sync::LazyLock<Arc<Resilience>> =
             std::sync::LazyLock::new(|| Arc::new(Resilience::bare(Arc::new(crate::SystemClock))));
-        Guard::new(&BARE, None, None, Calls::none())
+        Guard::new(&BARE, None, None, Calls::default())
     }
 
     fn new(
