@@ -203,25 +203,11 @@ impl fmt::Debug for Store {
 }
 
 /// A store on a backend with the defaults of [`Store::builder`].
-macro_rules! store_from {
-    ($($(#[$attr:meta])* $backend:ty),*) => {$(
-        $(#[$attr])*
-        impl From<$backend> for Store {
-            fn from(backend: $backend) -> Self {
-                Store::builder(backend).build()
-            }
-        }
-    )*};
+impl<B: Into<Backend>> From<B> for Store {
+    fn from(backend: B) -> Self {
+        Store::builder(backend).build()
+    }
 }
-
-store_from!(
-    Backend,
-    MemoryStore,
-    #[cfg(feature = "redis")]
-    crate::RedisStore,
-    #[cfg(feature = "redis")]
-    Arc<crate::RedisStore>
-);
 
 /// A store's backend: [`MemoryStore`] or [`RedisStore`](crate::RedisStore)
 /// (every capability), or your own implementations of the capabilities'

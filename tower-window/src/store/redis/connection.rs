@@ -51,7 +51,7 @@ enum State {
     Ready {
         conn: Conn,
         generation: u64,
-        _keeper: Arc<Keeper>,
+        _keeper: Keeper,
     },
 }
 
@@ -149,7 +149,7 @@ impl Connection {
                     *state = State::Ready {
                         conn: conn.clone(),
                         generation,
-                        _keeper: Arc::new(keeper),
+                        _keeper: keeper,
                     };
                     Ok((conn, generation))
                 }
@@ -261,10 +261,8 @@ async fn connect(
             }
             Connector::ClusterPool(pool) => {
                 let pooled = pool.get().await.map_err(map_pool_error)?;
-                Ok((
-                    Conn::Cluster((*pooled).clone()),
-                    Some(Box::new(pooled) as _),
-                ))
+                let conn = Conn::Cluster((*pooled).clone());
+                Ok((conn, Some(Box::new(pooled) as _)))
             }
         }
     };
