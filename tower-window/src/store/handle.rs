@@ -88,12 +88,7 @@ impl Store {
     /// A store on `backend` with no budget, retries, in-flight bound or
     /// breaker: every operation is one call, its error returned as it is.
     pub fn bare(backend: impl Into<Backend>) -> Self {
-        Self::builder(backend)
-            .without_timeout()
-            .retry(RetryConfig::none())
-            .without_breaker()
-            .unbounded_in_flight()
-            .build()
+        Self::from(backend).without_resilience()
     }
 
     /// The worst state of the store's breakers, if it has them.
