@@ -8,8 +8,8 @@
 use std::sync::LazyLock;
 
 use crate::dedup::{self, DedupRequest};
-use crate::store::redis::call::{subject_slot, subject_tag, Call};
-use crate::store::redis::keys::encode_component;
+use crate::store::redis::call::Call;
+use crate::store::redis::keys::{encode_component, tag_slot, write_tagged};
 use crate::store::redis::script::LuaScript;
 use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
 use crate::store::{Guard, Op};
@@ -20,7 +20,7 @@ static EXPLICIT: LazyLock<LuaScript> =
 
 pub(crate) fn dedup_key(prefix: &str, key: &WindowKey, id: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + 64 + id.len());
-    subject_tag(&mut out, prefix, key);
+    write_tagged(&mut out, prefix, key, false);
     out.extend_from_slice(b":#dedup:");
     encode_component(&mut out, id);
     out
@@ -52,7 +52,7 @@ impl dedup::Backend for RedisStore {
     }
 
     fn failure_domain(&self, key: &WindowKey) -> Option<u16> {
-        self.slot_domain(subject_slot(key))
+        self.slot_domain(tag_slot(key, false))
     }
 }
 

@@ -8,7 +8,7 @@ use tokio::sync::Semaphore;
 
 use super::guard::breaker::{BreakerConfig, BreakerState, Breakers};
 use super::guard::retry::RetryConfig;
-use super::guard::{Guard, Resilience, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT};
+use super::guard::{Guard, Resilience};
 use super::parts::Parts;
 use super::{Op, StoreError};
 use crate::metrics::Calls;
@@ -74,26 +74,21 @@ impl Store {
         let networked = !backend.in_process;
         StoreBuilder {
             backend,
-            timeout: networked.then_some(DEFAULT_TIMEOUT),
+            timeout: networked.then_some(StoreBuilder::DEFAULT_TIMEOUT),
             retry: if networked {
                 RetryConfig::default()
             } else {
                 RetryConfig::none()
             },
             breaker: networked.then(BreakerConfig::default),
-            max_in_flight: networked.then_some(DEFAULT_MAX_IN_FLIGHT),
+            max_in_flight: networked.then_some(StoreBuilder::DEFAULT_MAX_IN_FLIGHT),
         }
     }
 
     /// A store on `backend` with no budget, retries, in-flight bound or
     /// breaker: every operation is one call, its error returned as it is.
     pub fn bare(backend: impl Into<Backend>) -> Self {
-        Self::builder(backend)
-            .without_timeout()
-            .retry(RetryConfig::none())
-            .without_breaker()
-            .unbounded_in_flight()
-            .build()
+        Self::from(backend).without_resilience()
     }
 
     /// The worst state of the store's breakers, if it has them.
@@ -175,9 +170,19 @@ impl Store {
         let Some(backend) = backend else {
             return Op::ready(Err(StoreError::unsupported(what)));
         };
-        let resilience = &self.resilience;
-        let domain = resilience.breakers.as_ref().and_then(|_| domain(backend));
-        resilience.call(domain, calls, |guard| operation(backend, guard))
+        let (domain, ticket) = match &self.resilience.breakers {
+            None => (None, None),
+            Some(breakers) => {
+                let domain = domain(backend);
+                match breakers.get(domain).acquire() {
+                    None => return Op::ready(Err(StoreError::circuit_open())),
+                    ticket => (domain, ticket),
+                }
+            }
+        };
+        let mut guard = Guard::new(&self.resilience, domain, ticket, calls);
+        let op = operation(backend, &mut guard);
+        guard.settle(op)
     }
 }
 
@@ -193,25 +198,11 @@ impl fmt::Debug for Store {
 }
 
 /// A store on a backend with the defaults of [`Store::builder`].
-macro_rules! store_from {
-    ($($(#[$attr:meta])* $backend:ty),*) => {$(
-        $(#[$attr])*
-        impl From<$backend> for Store {
-            fn from(backend: $backend) -> Self {
-                Store::builder(backend).build()
-            }
-        }
-    )*};
+impl<B: Into<Backend>> From<B> for Store {
+    fn from(backend: B) -> Self {
+        Store::builder(backend).build()
+    }
 }
-
-store_from!(
-    Backend,
-    MemoryStore,
-    #[cfg(feature = "redis")]
-    crate::RedisStore,
-    #[cfg(feature = "redis")]
-    Arc<crate::RedisStore>
-);
 
 /// A store's backend: [`MemoryStore`] or [`RedisStore`](crate::RedisStore)
 /// (every capability), or your own implementations of the capabilities'
@@ -328,6 +319,7 @@ impl From<Arc<crate::RedisStore>> for Backend {
 }
 
 /// Builds a [`Store`]; see [`Store::builder`].
+#[derive(Debug)]
 #[must_use]
 pub struct StoreBuilder {
     backend: Backend,
@@ -340,9 +332,9 @@ pub struct StoreBuilder {
 impl StoreBuilder {
     /// The default time budget of one operation on a networked backend:
     /// 50 ms.
-    pub const DEFAULT_TIMEOUT: Duration = DEFAULT_TIMEOUT;
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
     /// The default bound on calls in flight: 1024.
-    pub const DEFAULT_MAX_IN_FLIGHT: usize = DEFAULT_MAX_IN_FLIGHT;
+    pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
     /// The time budget of one operation, retries included: past it the
     /// operation fails with [`StoreErrorKind::Timeout`](crate::StoreErrorKind::Timeout).
@@ -404,17 +396,5 @@ impl StoreBuilder {
                 clock,
             }),
         }
-    }
-}
-
-impl fmt::Debug for StoreBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoreBuilder")
-            .field("backend", &self.backend)
-            .field("timeout", &self.timeout)
-            .field("retry", &self.retry)
-            .field("breaker", &self.breaker)
-            .field("max_in_flight", &self.max_in_flight)
-            .finish_non_exhaustive()
     }
 }

@@ -42,9 +42,7 @@ impl<'a, T> Op<'a, T> {
 
     /// An answer that has to wait for `future`.
     pub fn pending(future: impl Future<Output = Result<T, StoreError>> + Send + 'a) -> Self {
-        Self {
-            state: State::Pending(Box::pin(future)),
-        }
+        Self::boxed(Box::pin(future))
     }
 
     /// An answer that has to wait for an already boxed `future`.

@@ -4,7 +4,6 @@
 //! builds its future with [`Guard::run`], which puts the whole stack and
 //! the call's metrics into that one boxed future.
 
-use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,10 +22,6 @@ use super::op::Op;
 use crate::metrics::{Calls, StoreTimer};
 use crate::store::{StoreError, StoreErrorKind};
 use crate::Clock;
-
-pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
-
-pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
 pub(crate) struct Resilience {
     pub(crate) timeout: Option<Duration>,
@@ -60,50 +55,13 @@ impl Resilience {
             }),
         }
     }
-
-    /// Runs `operation` in failure domain `domain` if its breaker allows.
-    #[inline]
-    pub(crate) fn call<'a, 'o, T: Send + 'o>(
-        self: &'a Arc<Self>,
-        domain: Option<u16>,
-        calls: Calls<'a>,
-        operation: impl FnOnce(&mut Guard<'a>) -> Op<'o, T>,
-    ) -> Op<'o, T> {
-        let breaker = self.breakers.as_ref().map(|breakers| breakers.get(domain));
-        let ticket = match breaker.map(Breaker::acquire) {
-            Some(None) => return Op::ready(Err(StoreError::circuit_open())),
-            ticket => ticket.flatten(),
-        };
-        let mut guard = Guard::new(self, domain, ticket, calls);
-        let op = operation(&mut guard);
-        if guard.ran {
-            return op;
-        }
-        match op.ready_ref() {
-            Some(result) => {
-                // Decided in-process: nothing to time, retry or bound. The
-                // answer is looked at in place (a decision is large:
-                // moving it out and back costs more than the rest).
-                let error = result.as_ref().err();
-                guard.calls.store_call(StoreTimer::start(false), error);
-                match error {
-                    None => guard.outcome.success(Duration::ZERO),
-                    Some(error) => guard.outcome.failure(error),
-                }
-                op
-            }
-            // A future built without `Guard::run`: bound it all the same.
-            None => guard.run_once(op),
-        }
-    }
 }
 
 /// One call's share of its [`Store`](crate::Store)'s resilience stack,
 /// lent to the backend operation: an in-process backend ignores it and
 /// answers [`Op::ready`]; a networked one answers with [`run`](Self::run).
 pub struct Guard<'a> {
-    resilience: &'a Arc<Resilience>,
-    outcome: Outcome<&'a Resilience>,
+    outcome: Outcome<&'a Arc<Resilience>>,
     calls: Calls<'a>,
     ran: bool,
 }
@@ -117,14 +75,13 @@ impl<'a> Guard<'a> {
         Guard::new(&BARE, None, None, Calls::default())
     }
 
-    fn new(
+    pub(crate) fn new(
         resilience: &'a Arc<Resilience>,
         domain: Option<u16>,
         ticket: Option<Ticket>,
         calls: Calls<'a>,
     ) -> Self {
         Guard {
-            resilience,
             outcome: Outcome {
                 resilience,
                 domain,
@@ -132,6 +89,31 @@ impl<'a> Guard<'a> {
             },
             calls,
             ran: false,
+        }
+    }
+
+    /// Bounds `op`, the answer of the operation this guard was lent to:
+    /// one built with [`run`](Self::run) already is.
+    #[inline]
+    pub(crate) fn settle<'o, T: Send + 'o>(mut self, op: Op<'o, T>) -> Op<'o, T> {
+        if self.ran {
+            return op;
+        }
+        match op.ready_ref() {
+            Some(result) => {
+                // Decided in-process: nothing to time, retry or bound. The
+                // answer is looked at in place (a decision is large:
+                // moving it out and back costs more than the rest).
+                let error = result.as_ref().err();
+                self.calls.store_call(StoreTimer::start(false), error);
+                match error {
+                    None => self.outcome.success(Duration::ZERO),
+                    Some(error) => self.outcome.failure(error),
+                }
+                op
+            }
+            // A future built without `Guard::run`: bound it all the same.
+            None => self.run_once(op),
         }
     }
 
@@ -146,7 +128,7 @@ impl<'a> Guard<'a> {
         Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'o,
     {
         self.ran = true;
-        let resilience = Arc::clone(self.resilience);
+        let resilience = Arc::clone(self.outcome.resilience);
         let calls = self.calls.to_owned();
         let mut outcome = Outcome {
             resilience: Arc::clone(&resilience),
@@ -217,8 +199,8 @@ impl<'a> Guard<'a> {
 impl std::fmt::Debug for Guard<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Guard")
-            .field("timeout", &self.resilience.timeout)
-            .field("breaker", &self.resilience.breakers.is_some())
+            .field("timeout", &self.outcome.resilience.timeout)
+            .field("breaker", &self.outcome.resilience.breakers.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -226,16 +208,16 @@ impl std::fmt::Debug for Guard<'_> {
 /// Reports a call's outcome to its breaker once; dropped unreported, it
 /// frees its probe slot. `R` borrows the stack while the call starts and
 /// owns it in a guarded future.
-struct Outcome<R: Deref<Target = Resilience>> {
+struct Outcome<R: AsRef<Resilience>> {
     resilience: R,
     domain: Option<u16>,
     ticket: Option<Ticket>,
 }
 
-impl<R: Deref<Target = Resilience>> Outcome<R> {
+impl<R: AsRef<Resilience>> Outcome<R> {
     fn take(&mut self) -> Option<(&Breaker, Ticket)> {
         let ticket = self.ticket.take()?;
-        let breakers = self.resilience.breakers.as_ref()?;
+        let breakers = self.resilience.as_ref().breakers.as_ref()?;
         Some((breakers.get(self.domain), ticket))
     }
 
@@ -261,7 +243,7 @@ impl<R: Deref<Target = Resilience>> Outcome<R> {
     }
 }
 
-impl<R: Deref<Target = Resilience>> Drop for Outcome<R> {
+impl<R: AsRef<Resilience>> Drop for Outcome<R> {
     fn drop(&mut self) {
         if let Some((b, t)) = self.take() {
             b.release(t);

@@ -8,11 +8,9 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
 
 use super::connection::{is_connection_error, is_topology_change, map_error, Conn};
-use super::keys::{tag_slot, write_prefix, write_tag};
 use super::script::{is_already_loaded, is_function_missing, Functions, LuaScript, ScriptCall};
 use super::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
-use crate::WindowKey;
 
 /// The largest explicit timestamp: Lua numbers are doubles.
 pub(crate) const MAX_EXPLICIT_MICROS: u64 = 1 << 52;
@@ -83,15 +81,15 @@ impl RedisStore {
             // Replacing the renewal library costs ~0.2 ms of Redis per
             // pipeline (one per primary per heartbeat tick).
             let mut pipeline = redis::pipe();
-            if functions {
-                pipeline.add_command(script.function_replace_cmd());
-            } else {
-                pipeline.add_command(script.load_cmd());
-            }
+            pipeline.add_command(match functions {
+                true => script.function_replace_cmd(),
+                false => script.load_cmd(),
+            });
             for call in calls {
-                pipeline.add_command(match functions {
-                    true => call.fcall(),
-                    false => call.evalsha(),
+                pipeline.add_command(if functions {
+                    call.fcall()
+                } else {
+                    call.evalsha()
                 });
             }
             let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
@@ -102,10 +100,7 @@ impl RedisStore {
             // A server without functions refuses the whole pipeline or
             // each command in it: go by EVALSHA.
             let refused = match &reply {
-                Ok(replies) => replies
-                    .iter()
-                    .filter(|reply| matches!(reply, Value::ServerError(_)))
-                    .find_map(|reply| reply.clone().extract_error().err()),
+                Ok(replies) => errors(replies).next(),
                 Err(error) => Some(error.clone()),
             };
             if let Some(error) = refused.filter(|_| functions) {
@@ -128,12 +123,7 @@ impl RedisStore {
         match reply {
             Ok(mut replies) if replies.len() == calls + 1 => {
                 replies.remove(0); // the load's
-                let moved = replies
-                    .iter()
-                    .filter(|reply| matches!(reply, Value::ServerError(_)))
-                    .filter_map(|reply| reply.clone().extract_error().err())
-                    .find(is_topology_change);
-                if let Some(error) = moved {
+                if let Some(error) = errors(&replies).find(is_topology_change) {
                     self.note_topology_change(cluster, &error);
                 }
                 Ok(Some(replies))
@@ -188,6 +178,14 @@ impl RedisStore {
         }
         Ok(Some(now))
     }
+}
+
+/// The errors among a pipeline's `replies`.
+fn errors(replies: &[Value]) -> impl Iterator<Item = RedisError> + '_ {
+    replies.iter().filter_map(|reply| match reply {
+        Value::ServerError(error) => Some(error.clone().into()),
+        _ => None,
+    })
 }
 
 /// Sends `call` on `conn`. A script goes as a function while `functions`
@@ -262,18 +260,4 @@ pub(crate) async fn query<T: FromRedisValue>(
         Conn::Single(mut c) => cmd.query_async(&mut c).await,
         Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
     }
-}
-
-/// Appends `<prefix>{<tenant>:<subject>}`, as
-/// [`redis_key`](super::redis_key) writes it.
-pub(crate) fn subject_tag(out: &mut Vec<u8>, prefix: &str, key: &WindowKey) {
-    write_prefix(out, prefix);
-    out.push(b'{');
-    write_tag(out, key, false);
-    out.push(b'}');
-}
-
-/// The hash slot of [`subject_tag`]'s keys.
-pub(crate) fn subject_slot(key: &WindowKey) -> u16 {
-    tag_slot(key, false)
 }

@@ -3,7 +3,6 @@
 //! deadline never cuts a slow connect short for everyone, and made again
 //! only after a connection-level error.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,7 +42,8 @@ type Keeper = Option<Box<dyn std::any::Any + Send + Sync>>;
 type ConnectResult = Result<(Conn, u64), (StoreErrorKind, String)>;
 
 enum State {
-    Idle,
+    /// No connection; `generation` is the last one's (0: none yet).
+    Idle { generation: u64 },
     Connecting {
         pending: Shared<BoxFuture<'static, ConnectResult>>,
         generation: u64,
@@ -51,7 +51,7 @@ enum State {
     Ready {
         conn: Conn,
         generation: u64,
-        _keeper: Arc<Keeper>,
+        _keeper: Keeper,
     },
 }
 
@@ -59,7 +59,6 @@ enum State {
 pub(crate) struct Connection {
     connector: Arc<Connector>,
     state: Arc<Mutex<State>>,
-    generation: Arc<AtomicU64>,
     connect_timeout: Duration,
 }
 
@@ -67,8 +66,7 @@ impl Connection {
     pub(crate) fn new(connector: Connector, connect_timeout: Duration) -> Self {
         Self {
             connector: Arc::new(connector),
-            state: Arc::new(Mutex::new(State::Idle)),
-            generation: Arc::new(AtomicU64::new(0)),
+            state: Arc::new(Mutex::new(State::Idle { generation: 0 })),
             connect_timeout,
         }
     }
@@ -119,8 +117,8 @@ impl Connection {
                     conn, generation, ..
                 } => return Ok((conn.clone(), *generation)),
                 State::Connecting { pending, .. } => pending.clone(),
-                State::Idle => {
-                    let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+                State::Idle { generation } => {
+                    let generation = generation + 1;
                     let pending = self.spawn_connect(generation);
                     *state = State::Connecting {
                         pending: pending.clone(),
@@ -142,19 +140,19 @@ impl Connection {
         let timeout = self.connect_timeout;
         let task_state = Arc::clone(&state);
         let task = tokio::spawn(async move {
-            let result = connect(&connector, timeout, Use::Shared).await;
+            let result = connect(&connector, timeout, Some(timeout)).await;
             let mut state = lock(&task_state);
             match result {
                 Ok((conn, keeper)) => {
                     *state = State::Ready {
                         conn: conn.clone(),
                         generation,
-                        _keeper: Arc::new(keeper),
+                        _keeper: keeper,
                     };
                     Ok((conn, generation))
                 }
                 Err(error) => {
-                    *state = State::Idle;
+                    *state = State::Idle { generation };
                     Err((error.kind(), error.message().to_owned()))
                 }
             }
@@ -165,7 +163,7 @@ impl Connection {
                 // next call start over instead of keeping this failure.
                 let mut state = lock(&state);
                 if matches!(&*state, State::Connecting { generation: g, .. } if *g == generation) {
-                    *state = State::Idle;
+                    *state = State::Idle { generation };
                 }
                 Err((
                     StoreErrorKind::Unavailable,
@@ -180,7 +178,7 @@ impl Connection {
     /// A connection of its own, for a reader that blocks (`XREAD BLOCK`);
     /// from a pool, one checked out while it is held.
     pub(crate) async fn dedicated(&self) -> Result<Dedicated, StoreError> {
-        let (conn, keeper) = connect(&self.connector, self.connect_timeout, Use::Dedicated).await?;
+        let (conn, keeper) = connect(&self.connector, self.connect_timeout, None).await?;
         Ok(Dedicated {
             conn,
             _keeper: keeper,
@@ -195,18 +193,9 @@ impl Connection {
         }
         let mut state = lock(&self.state);
         if matches!(&*state, State::Ready { generation: g, .. } if *g == generation) {
-            *state = State::Idle;
+            *state = State::Idle { generation };
         }
     }
-}
-
-/// What a connection is for.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Use {
-    /// The store's calls, each with a time budget.
-    Shared,
-    /// A reader that may block.
-    Dedicated,
 }
 
 /// The cluster client's own retries: enough to follow a `MOVED` and then an
@@ -218,10 +207,13 @@ const CLUSTER_RETRIES: u32 = 2;
 const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 1;
 const CLUSTER_RETRY_WAIT_MAX_MS: u64 = 10;
 
+/// A connection by `connector` within `timeout`; on a cluster, each reply
+/// within `cluster_replies` (the store's calls), or unbounded (a reader
+/// that blocks).
 async fn connect(
     connector: &Connector,
     timeout: Duration,
-    usage: Use,
+    cluster_replies: Option<Duration>,
 ) -> Result<(Conn, Keeper), StoreError> {
     let connecting = async {
         match connector {
@@ -249,11 +241,11 @@ async fn connect(
                     .max_retry_wait(CLUSTER_RETRY_WAIT_MAX_MS)
                     .retry_wait_formula(2, 2)
                     .tcp_settings(no_delay_settings());
-                if usage == Use::Shared {
+                if let Some(bound) = cluster_replies {
                     // Also bounds the client's own slot refresh, which holds
                     // its routing table while it asks each node: a primary
                     // gone without closing its sockets would stall every call.
-                    builder = builder.response_timeout(timeout);
+                    builder = builder.response_timeout(bound);
                 }
                 let client = builder.build().map_err(map_error)?;
                 let conn = client.get_async_connection().await.map_err(map_error)?;
@@ -261,10 +253,8 @@ async fn connect(
             }
             Connector::ClusterPool(pool) => {
                 let pooled = pool.get().await.map_err(map_pool_error)?;
-                Ok((
-                    Conn::Cluster((*pooled).clone()),
-                    Some(Box::new(pooled) as _),
-                ))
+                let conn = Conn::Cluster((*pooled).clone());
+                Ok((conn, Some(Box::new(pooled) as _)))
             }
         }
     };

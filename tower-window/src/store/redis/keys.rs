@@ -138,16 +138,23 @@ pub(crate) fn encode_component(out: &mut impl Sink, bytes: &[u8]) {
 pub fn redis_key(prefix: &str, key: &WindowKey, policy: &Policy, quota: &Quota) -> Vec<u8> {
     let tenant_form = policy.has_tenant_scope();
     let mut out = Vec::with_capacity(prefix.len() + 64);
-    write_prefix(&mut out, prefix);
-    out.push(b'{');
-    write_tag(&mut out, key, tenant_form);
-    out.extend_from_slice(b"}:");
+    write_tagged(&mut out, prefix, key, tenant_form);
+    out.push(b':');
     if tenant_form && quota.scope() == Scope::Subject {
         encode_component(&mut out, key.subject());
         out.push(b':');
     }
     encode_component(&mut out, quota.state_id().as_bytes());
     out
+}
+
+/// Appends `<prefix>{<tag>}`: the escaped prefix and [`write_tag`]'s tag
+/// in braces, as [`redis_key`] starts.
+pub(crate) fn write_tagged(out: &mut Vec<u8>, prefix: &str, key: &WindowKey, tenant_form: bool) {
+    write_prefix(out, prefix);
+    out.push(b'{');
+    write_tag(out, key, tenant_form);
+    out.push(b'}');
 }
 
 /// Writes the hash tag of `key`'s keys, without its braces.

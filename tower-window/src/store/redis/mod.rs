@@ -119,16 +119,6 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    fn new(connector: Connector, connect_timeout: Duration) -> Self {
-        Self {
-            connection: Connection::new(connector, connect_timeout),
-            prefix: Arc::from(DEFAULT_PREFIX),
-            topology: Arc::new(TopologyCache::new()),
-            clock: None,
-            functions: Functions::new(true),
-        }
-    }
-
     /// A builder: where to connect, then the settings.
     ///
     /// ```
@@ -154,7 +144,7 @@ impl RedisStore {
     /// Short for `RedisStore::builder().pool(pool).build()`, which cannot
     /// fail.
     pub fn from_pool(pool: deadpool_redis::Pool) -> Self {
-        Self::new(Connector::Pool(pool), DEFAULT_CONNECT_TIMEOUT)
+        Self::builder().with_connector(Connector::Pool(pool))
     }
 
     /// Short for `RedisStore::builder().cluster(urls).build()`.
@@ -169,7 +159,7 @@ impl RedisStore {
     /// Short for `RedisStore::builder().cluster_pool(pool).build()`, which
     /// cannot fail.
     pub fn from_cluster_pool(pool: deadpool_redis::cluster::Pool) -> Self {
-        Self::new(Connector::ClusterPool(pool), DEFAULT_CONNECT_TIMEOUT)
+        Self::builder().with_connector(Connector::ClusterPool(pool))
     }
 
     /// The key prefix in use.
@@ -231,8 +221,8 @@ impl fmt::Debug for RedisStore {
 enum Target {
     Url(String),
     Cluster(Vec<String>),
-    Pool(deadpool_redis::Pool),
-    ClusterPool(deadpool_redis::cluster::Pool),
+    /// A pool: nothing to check.
+    Pool(Connector),
 }
 
 /// Builds a [`RedisStore`]. One of [`url`](Self::url),
@@ -270,8 +260,8 @@ impl fmt::Debug for RedisStoreBuilder {
             None => "none",
             Some(Target::Url(_)) => "url",
             Some(Target::Cluster(_)) => "cluster",
+            Some(Target::Pool(Connector::ClusterPool(_))) => "cluster_pool",
             Some(Target::Pool(_)) => "pool",
-            Some(Target::ClusterPool(_)) => "cluster_pool",
         };
         f.debug_struct("RedisStoreBuilder")
             .field("target", &target)
@@ -307,14 +297,14 @@ impl RedisStoreBuilder {
     /// per call. The pool's wait timeout bounds the checkout; an exhausted
     /// pool is [`StoreErrorKind::Overloaded`](crate::StoreErrorKind::Overloaded).
     pub fn pool(mut self, pool: deadpool_redis::Pool) -> Self {
-        self.target = Some(Target::Pool(pool));
+        self.target = Some(Target::Pool(Connector::Pool(pool)));
         self
     }
 
     /// A cluster connection from a `deadpool_redis` cluster pool, kept
     /// like [`pool`](Self::pool)'s.
     pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
-        self.target = Some(Target::ClusterPool(pool));
+        self.target = Some(Target::Pool(Connector::ClusterPool(pool)));
         self
     }
 
@@ -357,8 +347,8 @@ impl RedisStoreBuilder {
     }
 
     /// Checks the configuration and builds the store.
-    pub fn build(self) -> Result<RedisStore, RedisConfigError> {
-        let connector = match self.target.ok_or(RedisConfigError::MissingServer)? {
+    pub fn build(mut self) -> Result<RedisStore, RedisConfigError> {
+        let connector = match self.target.take().ok_or(RedisConfigError::MissingServer)? {
             Target::Url(url) => Connector::Client(
                 url.as_str()
                     .into_connection_info()
@@ -383,17 +373,22 @@ impl RedisStoreBuilder {
                     .cluster(ClusterClient::builder(nodes.clone()))
                     .build()
                     .map_err(RedisConfigError::InvalidUrl)?;
-                Connector::Cluster(nodes, self.tls)
+                Connector::Cluster(nodes, self.tls.clone())
             }
-            Target::Pool(pool) => Connector::Pool(pool),
-            Target::ClusterPool(pool) => Connector::ClusterPool(pool),
+            Target::Pool(connector) => connector,
         };
-        Ok(RedisStore {
+        Ok(self.with_connector(connector))
+    }
+
+    /// The store this builder's settings make on `connector`.
+    fn with_connector(self, connector: Connector) -> RedisStore {
+        RedisStore {
+            connection: Connection::new(connector, self.connect_timeout),
             prefix: Arc::from(self.prefix),
+            topology: Arc::new(TopologyCache::new()),
             clock: self.clock,
             functions: Functions::new(self.functions),
-            ..RedisStore::new(connector, self.connect_timeout)
-        })
+        }
     }
 }
 

@@ -169,6 +169,14 @@ impl BreakerConfig {
         self.hook = Some(Arc::new(hook));
         self
     }
+
+    /// The width of one bucket of the rolling window, if a trigger uses it.
+    pub(super) fn bucket_width(&self) -> Option<u64> {
+        if self.ratio.is_none() && self.slow.is_none() {
+            return None;
+        }
+        Some((duration_micros(self.window) / BUCKETS).max(1))
+    }
 }
 
 impl fmt::Debug for BreakerConfig {
@@ -182,15 +190,5 @@ impl fmt::Debug for BreakerConfig {
             .field("half_open_probes", &self.half_open_probes)
             .field("hook", &self.hook.is_some())
             .finish()
-    }
-}
-
-impl BreakerConfig {
-    /// The width of one bucket of the rolling window, if a trigger uses it.
-    pub(super) fn bucket_width(&self) -> Option<u64> {
-        if self.ratio.is_none() && self.slow.is_none() {
-            return None;
-        }
-        Some((duration_micros(self.window) / BUCKETS).max(1))
     }
 }

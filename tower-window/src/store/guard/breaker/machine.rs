@@ -99,27 +99,18 @@ impl Breaker {
     pub(crate) fn acquire(&self) -> Option<Ticket> {
         let now = self.shared.clock.now_micros();
         let mut state = lock(&self.state);
-        let mode = state.mode;
-        let generation = match mode {
-            Mode::Closed => {
-                return Some(Ticket {
-                    generation: state.generation,
-                    probe: false,
-                })
-            }
+        let (generation, probe) = match state.mode {
+            Mode::Closed => (state.generation, false),
             Mode::Open { until_micros } if now >= until_micros => {
-                self.transition(state, Mode::HalfOpen { probes: 1 })
+                (self.transition(state, Mode::HalfOpen { probes: 1 }), true)
             }
             Mode::HalfOpen { probes } if probes < self.shared.config.half_open_probes => {
                 state.mode = Mode::HalfOpen { probes: probes + 1 };
-                state.generation
+                (state.generation, true)
             }
             Mode::Open { .. } | Mode::HalfOpen { .. } => return None,
         };
-        Some(Ticket {
-            generation,
-            probe: true,
-        })
+        Some(Ticket { generation, probe })
     }
 
     /// The store answered, after `latency`.

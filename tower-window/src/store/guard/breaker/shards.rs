@@ -68,9 +68,12 @@ impl Breakers {
         lock(&self.shared.tally).open
     }
 
-    /// Exports the breakers' state in a capability's `metrics`.
+    /// Reports the breakers' state to a capability's `metrics`, now and on
+    /// every transition.
     pub(crate) fn observe(&self, metrics: &Arc<LimiterMetrics>) {
-        self.shared.observe(metrics);
+        let tally = lock(&self.shared.tally);
+        metrics.breaker_state(tally.worst(), tally.open);
+        lock(&self.shared.observers).push(Arc::downgrade(metrics));
     }
 }
 
@@ -138,13 +141,6 @@ impl Shared {
             }
             None => false,
         });
-    }
-
-    /// Reports the state to `metrics`, now and on every transition.
-    pub(super) fn observe(&self, metrics: &Arc<LimiterMetrics>) {
-        let tally = lock(&self.tally);
-        metrics.breaker_state(tally.worst(), tally.open);
-        lock(&self.observers).push(Arc::downgrade(metrics));
     }
 }
 
