@@ -102,7 +102,7 @@ impl crate::Limiter {
                 } else if let Some(Lookup::Hit(decision)) = inner
                     .local
                     .as_ref()
-                    .map(|local| local.lookup(key, policy, units, None))
+                    .map(|local| local.lookup(CheckRequest::new(key, policy, cost)))
                 {
                     Step::Remembered(decision)
                 } else {

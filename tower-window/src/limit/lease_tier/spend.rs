@@ -24,11 +24,9 @@ impl crate::Limiter {
         let inner = &*self.inner;
         let state_key = StateKeyRef::for_policy(key, policy);
         let now = inner.clock.now_micros();
-        let looked = tier
+        let observed = tier
             .hotness
-            .look_at(&state_key, now, ttl, tier.config.hot_checks);
-        let observed = looked.observed;
-        looked.count();
+            .count(&state_key, now, ttl, tier.config.hot_checks);
         let hot = observed.checks >= tier.config.hot_checks;
         if !hot && !observed.slotted {
             // Cold, with nothing to give back: skip the slot cache.
