@@ -130,9 +130,7 @@ impl<'a> Check<'a> {
             },
         }
     }
-}
 
-impl Check<'_> {
     /// The limiter, key, policy and cost of a check that had to wait,
     /// once answered (the layer's mode reads them with the decision).
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]

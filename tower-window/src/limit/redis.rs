@@ -49,10 +49,9 @@ struct OwnedSettle {
 
 impl OwnedSettle {
     fn as_request(&self) -> SettleRequest<'_> {
-        let request = SettleRequest::new(&self.key, &self.policy, self.reserved, self.usage);
-        match &self.quota_usage {
-            Some(usage) => request.with_quota_usage(usage),
-            None => request,
+        SettleRequest {
+            quota_usage: self.quota_usage.as_deref(),
+            ..SettleRequest::new(&self.key, &self.policy, self.reserved, self.usage)
         }
     }
 }

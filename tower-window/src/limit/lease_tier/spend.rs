@@ -46,12 +46,8 @@ impl crate::Limiter {
                 }
                 drop(state);
                 self.count_spent(tier, policy, units);
-                let carried = if refill {
-                    self.start_refill(tier, slot, key, policy)
-                } else {
-                    None
-                };
-                return Leased::Spent(decision, carried);
+                let carried = refill.then(|| self.start_refill(tier, slot, key, policy));
+                return Leased::Spent(decision, carried.flatten());
             }
             Spend::Later(decision) => {
                 drop(state);
