@@ -17,7 +17,7 @@
 use std::sync::LazyLock;
 
 use crate::algorithm::lease::quota_decision;
-use crate::algorithm::redis::{count, decision, lay_out, Parts};
+use crate::algorithm::redis::{count, decision, Parts};
 use crate::lease::{Lease, RefundRequest, Reservation, ReserveRequest};
 use crate::store::redis::call::Call;
 use crate::store::redis::keys::redis_key;
@@ -49,13 +49,10 @@ impl RedisStore {
         policy: &Policy,
         units: u32,
     ) -> Result<ScriptCall, StoreError> {
-        let now = self.explicit_now()?;
         let Some(first) = policy.quotas().first() else {
             return Err(StoreError::invalid("a policy without quotas"));
         };
-        let min_ttl_ms = now.map_or(0, |_| crate::store::redis::EXPLICIT_CLOCK_MIN_TTL_MS);
-        let mut call = SCRIPT.prepare_invoke();
-        lay_out(&mut call, &self.prefix, key, policy, units, now, min_ttl_ms);
+        let mut call = self.prepare_script(&SCRIPT, key, policy, units)?;
         let base = redis_key(&self.prefix, key, policy, first);
         for suffix in [b":lr", b":lx"] {
             Parts::key(&mut call, [&base[..], suffix].concat());

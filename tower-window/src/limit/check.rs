@@ -90,66 +90,23 @@ enum On {
 }
 
 impl<'a> Check<'a> {
+    /// A check of `cost` units of `key` under `policy`; `quota_costs`: each
+    /// quota's cost when they differ (`cost` is then the largest);
+    /// `reserving`: a reservation ([`Limiter::reserve`]).
     pub(crate) fn new(
         limiter: &'a Limiter,
         key: &'a WindowKey,
         policy: &'a Policy,
         cost: Result<Cost, Box<LimitError>>,
+        quota_costs: Option<&'a QuotaCosts>,
+        reserving: bool,
     ) -> Self {
-        let of = Of {
-            limiter,
-            key,
-            policy,
-            quota_costs: None,
-            reserving: false,
-        };
-        Self {
-            state: State::Start(of, cost),
-        }
-    }
-
-    /// A reservation of `cost` ([`Limiter::reserve`]).
-    pub(crate) fn reserving(
-        limiter: &'a Limiter,
-        key: &'a WindowKey,
-        policy: &'a Policy,
-        cost: Result<Cost, Box<LimitError>>,
-    ) -> Self {
-        let mut check = Self::new(limiter, key, policy, cost);
-        if let State::Start(of, _) = &mut check.state {
-            of.reserving = true;
-        }
-        check
-    }
-
-    /// A check of `costs[i]` units in quota `i`: one cost for all when they
-    /// are equal.
-    pub(crate) fn per_quota(
-        limiter: &'a Limiter,
-        key: &'a WindowKey,
-        policy: &'a Policy,
-        costs: &'a QuotaCosts,
-    ) -> Self {
-        let (cost, quota_costs) = match costs.as_slice() {
-            _ if costs.len() != policy.len() => (
-                Err(Box::new(LimitError::QuotaCosts {
-                    quotas: policy.len(),
-                    costs: costs.len(),
-                })),
-                None,
-            ),
-            [first, rest @ ..] if rest.iter().all(|c| c == first) => (Ok(*first), None),
-            _ => (
-                Ok(costs.iter().copied().max().unwrap_or(Cost::ONE)),
-                Some(costs),
-            ),
-        };
         let of = Of {
             limiter,
             key,
             policy,
             quota_costs,
-            reserving: false,
+            reserving,
         };
         Self {
             state: State::Start(of, cost),
@@ -173,9 +130,7 @@ impl<'a> Check<'a> {
             },
         }
     }
-}
 
-impl Check<'_> {
     /// The limiter, key, policy and cost of a check that had to wait,
     /// once answered (the layer's mode reads them with the decision).
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
@@ -264,8 +219,7 @@ impl<'a> Of<'a> {
         let inner = &*self.limiter.inner;
         let mut stale = false;
         if let Some(local) = &inner.local {
-            let quota_costs = self.quota_costs.map(QuotaCosts::as_slice);
-            match local.lookup(self.key, self.policy, cost.get(), quota_costs) {
+            match local.lookup(self.request(cost)) {
                 Lookup::Hit(decision) => {
                     inner.stats.local_cache.fetch_add(1, Ordering::Relaxed);
                     return Ok(self.finish(Ok(decision), cost, traced));
@@ -321,33 +275,22 @@ impl<'a> Of<'a> {
             }
         }
         if traced != 0 {
-            let micros = inner.clock.now_micros().saturating_sub(traced);
-            let span = tracing::debug_span!(
+            let decided = result.as_ref().ok();
+            let outcome = match decided {
+                Some(decision) if decision.allowed => "allowed",
+                Some(_) => "denied",
+                None => "error",
+            };
+            tracing::debug_span!(
                 "tower_window.check",
                 policy = self.policy.name(),
                 cost = cost.get(),
-                quota = tracing::field::Empty,
-                outcome = tracing::field::Empty,
-                source = tracing::field::Empty,
-                remaining = tracing::field::Empty,
-                duration_us = micros,
+                quota = decided.map(|decision| decision.quota().name()),
+                outcome,
+                source = decided.map(|decision| decision.source.as_str()),
+                remaining = decided.map(|decision| decision.remaining),
+                duration_us = inner.clock.now_micros().saturating_sub(traced),
             );
-            match &result {
-                Ok(decision) => {
-                    let outcome = if decision.allowed {
-                        "allowed"
-                    } else {
-                        "denied"
-                    };
-                    span.record("outcome", outcome);
-                    span.record("source", decision.source.as_str());
-                    span.record("quota", decision.quota().name());
-                    span.record("remaining", decision.remaining);
-                }
-                Err(_) => {
-                    span.record("outcome", "error");
-                }
-            }
         }
         result
     }

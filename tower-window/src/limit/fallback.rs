@@ -348,10 +348,10 @@ impl FallbackPolicy for LocalWindow {
         // time never steps back.
         self.now.advance_to(request.now_micros);
         let decided = self.scaled_policy(policy).and_then(|scaled| {
-            let mut check = CheckRequest::new(request.key, &scaled, request.cost);
-            if let Some(costs) = request.quota_costs {
-                check = check.with_quota_costs(costs);
-            }
+            let check = CheckRequest {
+                quota_costs: request.quota_costs,
+                ..CheckRequest::new(request.key, &scaled, request.cost)
+            };
             self.store.check_now(check).ok()
         });
         match decided {

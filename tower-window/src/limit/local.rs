@@ -16,6 +16,7 @@ use quick_cache::{DefaultHashBuilder, UnitWeighter};
 use crate::clock::duration_micros;
 use crate::key::state_key::{bounded_options, StateKey, StateKeyRef};
 use crate::metrics::LimiterMetrics;
+use crate::store::CheckRequest;
 use crate::{Clock, Cost, Decision, DecisionSource, Policy, WindowKey};
 
 /// Default number of keys the local tier remembers.
@@ -28,7 +29,7 @@ struct Denied {
     /// When (µs) the store denied.
     at_micros: u64,
     /// The cost denied (the largest, with `quota_costs`).
-    cost: u32,
+    cost: Cost,
     quota_costs: Option<Box<[Cost]>>,
     decision: Decision,
     /// `retry_after` after the denial in real time: past it the entry reads
@@ -75,35 +76,24 @@ impl LocalTier {
 
     /// Answers a check locally if the store recently denied at most this
     /// cost (each quota's, with `quota_costs`), and counts the hit or miss.
-    pub(crate) fn lookup(
-        &self,
-        key: &WindowKey,
-        policy: &Policy,
-        cost: u32,
-        quota_costs: Option<&[Cost]>,
-    ) -> Lookup {
-        let lookup = self.find(key, policy, cost, quota_costs);
+    pub(crate) fn lookup(&self, request: CheckRequest<'_>) -> Lookup {
+        let lookup = self.find(request);
         if let Some(metrics) = &self.metrics {
-            metrics.local_lookup(policy.first(), matches!(lookup, Lookup::Hit(_)));
+            metrics.local_lookup(request.policy.first(), matches!(lookup, Lookup::Hit(_)));
         }
         lookup
     }
 
-    fn find(
-        &self,
-        key: &WindowKey,
-        policy: &Policy,
-        cost: u32,
-        quota_costs: Option<&[Cost]>,
-    ) -> Lookup {
-        let Some(denied) = self.cache.get(&StateKeyRef::for_policy(key, policy)) else {
+    fn find(&self, request: CheckRequest<'_>) -> Lookup {
+        let key = StateKeyRef::for_policy(request.key, request.policy);
+        let Some(denied) = self.cache.get(&key) else {
             return Lookup::Miss { stale: false };
         };
         let now = self.clock.now_micros();
         if now >= denied.until_micros || denied.expires.is_some_and(|t| Instant::now() >= t) {
             return Lookup::Miss { stale: true };
         }
-        if !denied.covers(cost, quota_costs, policy.len()) {
+        if !denied.covers(request) {
             // A cheaper request may already fit: ask the store.
             return Lookup::Miss { stale: false };
         }
@@ -118,15 +108,9 @@ impl LocalTier {
         Lookup::Hit(decision)
     }
 
-    /// Remembers a store denial that says when the same cost fits again.
-    pub(crate) fn remember(
-        &self,
-        key: &WindowKey,
-        policy: &Policy,
-        cost: u32,
-        quota_costs: Option<&[Cost]>,
-        decision: &Decision,
-    ) {
+    /// Remembers a store denial of `request` that says when the same cost
+    /// fits again.
+    pub(crate) fn remember(&self, request: CheckRequest<'_>, decision: &Decision) {
         // `None`: the cost can never fit, there is nothing to wait for.
         let wait = decision
             .retry_after
@@ -139,13 +123,13 @@ impl LocalTier {
         let denied = Denied {
             until_micros: now.saturating_add(wait),
             at_micros: now,
-            cost,
-            quota_costs: quota_costs.map(Box::from),
+            cost: request.cost,
+            quota_costs: request.quota_costs.map(Box::from),
             decision: decision.clone(),
             expires: Instant::now().checked_add(retry_after),
         };
-        self.cache
-            .insert(StateKey::for_policy(key, policy), Arc::new(denied));
+        let key = StateKey::for_policy(request.key, request.policy);
+        self.cache.insert(key, Arc::new(denied));
         self.report_size();
     }
 
@@ -178,17 +162,14 @@ impl LocalTier {
 }
 
 impl Denied {
-    /// Whether a check asks at least as much in each of the `quotas` as
-    /// the denied one (then it is denied too, for at least as long).
-    fn covers(&self, cost: u32, quota_costs: Option<&[Cost]>, quotas: usize) -> bool {
-        if self.quota_costs.is_none() && quota_costs.is_none() {
-            return cost >= self.cost;
+    /// Whether `request` asks at least as much in each quota as the denied
+    /// one (then it is denied too, for at least as long).
+    fn covers(&self, request: CheckRequest<'_>) -> bool {
+        if self.quota_costs.is_none() && request.quota_costs.is_none() {
+            return request.cost >= self.cost;
         }
-        let of = |costs: Option<&[Cost]>, all: u32, i: usize| {
-            costs.and_then(|c| c.get(i)).map_or(all, |c| c.get())
-        };
-        (0..quotas)
-            .all(|i| of(quota_costs, cost, i) >= of(self.quota_costs.as_deref(), self.cost, i))
+        let denied = |i: usize| self.quota_costs.as_ref().and_then(|c| c.get(i).copied());
+        (0..request.policy.len()).all(|i| request.cost_of(i) >= denied(i).unwrap_or(self.cost))
     }
 }
 
@@ -204,6 +185,10 @@ mod tests {
         (LocalTier::new(capacity, Arc::new(clock.clone())), clock)
     }
 
+    fn request<'a>(key: &'a WindowKey, policy: &'a Policy, cost: u32) -> CheckRequest<'a> {
+        CheckRequest::new(key, policy, Cost::new(cost).unwrap())
+    }
+
     fn denial(quota: &Quota, retry: Duration) -> Decision {
         Decision::deny(quota.clone(), 0, retry * 2, Some(retry))
     }
@@ -215,13 +200,10 @@ mod tests {
         let policy = Policy::from(quota.clone());
         let key = WindowKey::for_subject("a");
         tier.remember(
-            &key,
-            &policy,
-            1,
-            None,
+            request(&key, &policy, 1),
             &denial(&quota, Duration::from_secs(30)),
         );
-        let Lookup::Hit(d) = tier.lookup(&key, &policy, 1, None) else {
+        let Lookup::Hit(d) = tier.lookup(request(&key, &policy, 1)) else {
             panic!("expected a hit")
         };
         assert!(!d.allowed);
@@ -229,13 +211,13 @@ mod tests {
         assert_eq!(d.retry_after, Some(Duration::from_secs(30)));
         assert_eq!(d.timestamp_micros, 1_000_000_000);
         clock.advance(Duration::from_secs(10));
-        let Lookup::Hit(d) = tier.lookup(&key, &policy, 5, None) else {
+        let Lookup::Hit(d) = tier.lookup(request(&key, &policy, 5)) else {
             panic!("expected a hit")
         };
         assert_eq!(d.retry_after, Some(Duration::from_secs(20)));
         clock.advance(Duration::from_secs(20));
         assert!(matches!(
-            tier.lookup(&key, &policy, 1, None),
+            tier.lookup(request(&key, &policy, 1)),
             Lookup::Miss { stale: true }
         ));
     }
@@ -248,26 +230,23 @@ mod tests {
         let other = Policy::from("5/1s".parse::<Quota>().unwrap().named("other").unwrap());
         let key = WindowKey::for_subject("a");
         tier.remember(
-            &key,
-            &policy,
-            3,
-            None,
+            request(&key, &policy, 3),
             &denial(&quota, Duration::from_secs(30)),
         );
         assert!(matches!(
-            tier.lookup(&key, &policy, 2, None),
+            tier.lookup(request(&key, &policy, 2)),
             Lookup::Miss { .. }
         ));
         assert!(matches!(
-            tier.lookup(&key, &other, 3, None),
+            tier.lookup(request(&key, &other, 3)),
             Lookup::Miss { .. }
         ));
         assert!(matches!(
-            tier.lookup(&WindowKey::for_subject("b"), &policy, 3, None),
+            tier.lookup(request(&WindowKey::for_subject("b"), &policy, 3)),
             Lookup::Miss { .. }
         ));
         assert!(matches!(
-            tier.lookup(&key, &policy, 3, None),
+            tier.lookup(request(&key, &policy, 3)),
             Lookup::Hit(_)
         ));
     }
@@ -279,17 +258,11 @@ mod tests {
         let policy = Policy::from(quota.clone());
         let key = WindowKey::for_subject("a");
         tier.remember(
-            &key,
-            &policy,
-            1,
-            None,
+            request(&key, &policy, 1),
             &Decision::allow(quota.clone(), 4, Duration::from_secs(1)),
         );
         tier.remember(
-            &key,
-            &policy,
-            9,
-            None,
+            request(&key, &policy, 9),
             &Decision::deny(quota.clone(), 5, Duration::ZERO, None),
         );
         assert_eq!(tier.len(), 0);

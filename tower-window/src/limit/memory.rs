@@ -58,6 +58,46 @@ impl MemoryStore {
             return decided(request.policy, &[evaluation], now);
         }
     }
+
+    /// Settles one request's usage on every quota of its policy at once.
+    fn settle_now(&self, request: SettleRequest<'_>) -> Result<Decision, StoreError> {
+        request.validate()?;
+        let (policy, reserved) = (request.policy, request.reserved);
+        self.with_policy_locked(request.key, policy, |locked| {
+            let now = self.clock.now_micros();
+            let evaluations: SmallVec<[Evaluation; 4]> = policy
+                .quotas()
+                .iter()
+                .zip(locked.guards.iter_mut())
+                .enumerate()
+                .map(|(i, (quota, inner))| {
+                    inner.last_check = inner.last_check.max(now);
+                    let (at, units) = (reserved.at_micros, reserved.units_in(i));
+                    settle(&mut inner.state, quota, now, at, units, request.usage_of(i))
+                })
+                .collect();
+            decided(policy, &evaluations, now)
+        })
+    }
+
+    /// Evaluates every quota of the request's policy on its state (a key
+    /// never checked reads as empty, and is not created), recording
+    /// nothing. Like the Redis peek script, it drops state that has expired,
+    /// so both stores hold the same state after a peek.
+    pub(crate) fn peek_now(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
+        let now = self.clock.now_micros();
+        let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
+        for (i, quota) in request.policy.quotas().iter().enumerate() {
+            let cost = request.cost_of(i).get();
+            let evaluation = match self.cache.get(&StateKeyRef::new(request.key, quota)) {
+                Some(slot) => lock(&slot.inner).state.evaluate(quota, now, cost),
+                None => State::empty(quota.algorithm()).evaluate(quota, now, cost),
+            };
+            // Reported as it stands: `remaining` before the cost.
+            evaluations.push(standing(evaluation));
+        }
+        decided(request.policy, &evaluations, now)
+    }
 }
 
 impl Backend for MemoryStore {
@@ -76,57 +116,6 @@ impl Backend for MemoryStore {
         request: SettleRequest<'a>,
     ) -> Op<'static, Decision> {
         Op::ready(self.settle_now(request))
-    }
-}
-
-impl MemoryStore {
-    /// Settles one request's usage on every quota of its policy at once.
-    fn settle_now(&self, request: SettleRequest<'_>) -> Result<Decision, StoreError> {
-        request.validate()?;
-        let (policy, reserved) = (request.policy, request.reserved);
-        self.with_policy_locked(request.key, policy, |locked| {
-            let now = self.clock.now_micros();
-            let evaluations: SmallVec<[Evaluation; 4]> = policy
-                .quotas()
-                .iter()
-                .zip(locked.guards.iter_mut())
-                .enumerate()
-                .map(|(i, (quota, inner))| {
-                    inner.last_check = inner.last_check.max(now);
-                    let usage = request.usage_of(i);
-                    settle(
-                        &mut inner.state,
-                        quota,
-                        now,
-                        reserved.at_micros,
-                        reserved.units_in(i),
-                        usage,
-                    )
-                })
-                .collect();
-            decided(policy, &evaluations, now)
-        })
-    }
-}
-
-impl MemoryStore {
-    /// Evaluates every quota of the request's policy on its state (a key
-    /// never checked reads as empty, and is not created), recording
-    /// nothing. Like the Redis peek script, it drops state that has expired,
-    /// so both stores hold the same state after a peek.
-    pub(crate) fn peek_now(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
-        let now = self.clock.now_micros();
-        let mut evaluations: SmallVec<[Evaluation; 4]> = SmallVec::new();
-        for (i, quota) in request.policy.quotas().iter().enumerate() {
-            let cost = request.cost_of(i).get();
-            let evaluation = match self.cache.get(&StateKeyRef::new(request.key, quota)) {
-                Some(slot) => lock(&slot.inner).state.evaluate(quota, now, cost),
-                None => State::empty(quota.algorithm()).evaluate(quota, now, cost),
-            };
-            // Reported as it stands: `remaining` before the cost.
-            evaluations.push(standing(evaluation));
-        }
-        decided(request.policy, &evaluations, now)
     }
 }
 

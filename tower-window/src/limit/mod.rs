@@ -10,7 +10,8 @@ use crate::limit::local::LocalTier;
 use crate::metrics::{Calls, LimiterMetrics};
 use crate::store::{CheckRequest, Op, Store, StoreError};
 use crate::{
-    BreakerState, Clock, Decision, DecisionSource, FallbackReason, Policy, QuotaCosts, WindowKey,
+    BreakerState, Clock, Cost, Decision, DecisionSource, FallbackReason, Policy, QuotaCosts,
+    WindowKey,
 };
 
 mod backend;
@@ -149,7 +150,7 @@ impl Limiter {
         cost: impl crate::IntoCost,
     ) -> Check<'a> {
         let cost = cost.into_cost().map_err(|zero| Box::new(zero.into()));
-        Check::new(self, key, policy, cost)
+        Check::new(self, key, policy, cost, None, false)
     }
 
     /// Like [`check_policy`](Self::check_policy), with a cost per quota:
@@ -188,7 +189,18 @@ impl Limiter {
         policy: &'a Policy,
         costs: &'a QuotaCosts,
     ) -> Check<'a> {
-        Check::per_quota(self, key, policy, costs)
+        let largest = costs.iter().copied().max().unwrap_or(Cost::ONE);
+        let cost = one_per_quota(policy, costs.len()).map(|()| largest);
+        // Equal costs are one cost.
+        let differ = costs.iter().any(|cost| *cost != largest);
+        Check::new(
+            self,
+            key,
+            policy,
+            cost.map_err(Box::new),
+            differ.then_some(costs),
+            false,
+        )
     }
 
     fn check_store<'a>(&'a self, request: CheckRequest<'a>) -> Op<'static, Decision> {
@@ -225,17 +237,10 @@ impl Limiter {
         let inner = &*self.inner;
         inner.stats.store.fetch_add(1, Ordering::Relaxed);
         if let Some(local) = &inner.local {
-            let (key, policy) = (request.key, request.policy);
             if !decision.allowed {
-                local.remember(
-                    key,
-                    policy,
-                    request.cost.get(),
-                    request.quota_costs,
-                    decision,
-                );
+                local.remember(request, decision);
             } else if stale {
-                local.forget(key, policy);
+                local.forget(request.key, request.policy);
             }
         }
     }
@@ -408,6 +413,17 @@ crate::error_debug::debug_as_display!(LimitError {
     CannotReserve,
     Store,
 });
+
+/// [`LimitError::QuotaCosts`] unless `costs` is one per quota of `policy`.
+fn one_per_quota(policy: &Policy, costs: usize) -> Result<(), LimitError> {
+    if costs != policy.len() {
+        return Err(LimitError::QuotaCosts {
+            quotas: policy.len(),
+            costs,
+        });
+    }
+    Ok(())
+}
 
 impl From<crate::ZeroCost> for LimitError {
     fn from(_: crate::ZeroCost) -> Self {

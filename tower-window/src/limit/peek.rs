@@ -45,15 +45,10 @@ impl Limiter {
         policy: &Policy,
         costs: &QuotaCosts,
     ) -> Result<Decision, LimitError> {
-        if costs.len() != policy.len() {
-            return Err(LimitError::QuotaCosts {
-                quotas: policy.len(),
-                costs: costs.len(),
-            });
-        }
-        let largest = costs.iter().copied().max().unwrap_or(Cost::ONE);
-        self.peek(CheckRequest::new(key, policy, largest).with_quota_costs(costs.as_slice()))
-            .await
+        super::one_per_quota(policy, costs.len())?;
+        // The cost becomes the largest of `costs`.
+        let request = CheckRequest::new(key, policy, Cost::ONE).with_quota_costs(costs.as_slice());
+        self.peek(request).await
     }
 
     async fn peek(&self, request: CheckRequest<'_>) -> Result<Decision, LimitError> {

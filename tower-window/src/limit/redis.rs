@@ -12,7 +12,7 @@ use super::Backend;
 use crate::algorithm::redis::{decision, lay_out};
 use crate::store::redis::call::Call;
 use crate::store::redis::keys::policy_slot;
-use crate::store::redis::script::LuaScript;
+use crate::store::redis::script::{LuaScript, ScriptCall};
 use crate::store::redis::{RedisStore, EXPLICIT_CLOCK_MIN_TTL_MS};
 use crate::store::{CheckRequest, Guard, Op, OwnedCheckRequest, StoreError};
 use crate::{Decision, Policy, WindowKey};
@@ -49,10 +49,9 @@ struct OwnedSettle {
 
 impl OwnedSettle {
     fn as_request(&self) -> SettleRequest<'_> {
-        let request = SettleRequest::new(&self.key, &self.policy, self.reserved, self.usage);
-        match &self.quota_usage {
-            Some(usage) => request.with_quota_usage(usage),
-            None => request,
+        SettleRequest {
+            quota_usage: self.quota_usage.as_deref(),
+            ..SettleRequest::new(&self.key, &self.policy, self.reserved, self.usage)
         }
     }
 }
@@ -71,25 +70,34 @@ impl RedisStore {
         SCRIPT.sha()
     }
 
+    /// `script` laid out for `key`'s windows under `policy` with `units`
+    /// per quota, on the explicit clock when the store has one.
+    pub(crate) fn prepare_script(
+        &self,
+        script: &'static LuaScript,
+        key: &WindowKey,
+        policy: &Policy,
+        units: u32,
+    ) -> Result<ScriptCall, StoreError> {
+        let now = self.explicit_now()?;
+        let min_ttl_ms = now.map_or(0, |_| EXPLICIT_CLOCK_MIN_TTL_MS);
+        let mut call = script.prepare_invoke();
+        lay_out(&mut call, &self.prefix, key, policy, units, now, min_ttl_ms);
+        Ok(call)
+    }
+
     /// Runs `script` (the check or the peek script) for `request`: one
-    /// `EVALSHA`, on the explicit clock when the store has one.
+    /// `EVALSHA`.
     async fn policy_script(
         &self,
         script: &'static LuaScript,
         request: CheckRequest<'_>,
     ) -> Result<Vec<i64>, StoreError> {
-        let now = self.explicit_now()?;
-        let min_ttl_ms = if now.is_some() {
-            EXPLICIT_CLOCK_MIN_TTL_MS
-        } else {
-            0
-        };
-        let mut call = script.prepare_invoke();
-        let (key, policy, cost) = (request.key, request.policy, request.cost.get());
-        lay_out(&mut call, &self.prefix, key, policy, cost, now, min_ttl_ms);
+        let (key, policy) = (request.key, request.policy);
+        let mut call = self.prepare_script(script, key, policy, request.cost.get())?;
         if request.quota_costs.is_some() {
             // After the quota slots: one cost per quota (see policy.lua).
-            for i in 0..request.policy.len() {
+            for i in 0..policy.len() {
                 call.arg(request.cost_of(i).get());
             }
         }
@@ -98,19 +106,8 @@ impl RedisStore {
 
     /// Runs `settle.lua` for `request`: one `EVALSHA`.
     async fn settle_script(&self, request: SettleRequest<'_>) -> Result<Vec<i64>, StoreError> {
-        let now = self.explicit_now()?;
-        let min_ttl_ms = now.map_or(0, |_| EXPLICIT_CLOCK_MIN_TTL_MS);
-        let mut call = SETTLE.prepare_invoke();
         let (key, policy) = (request.key, request.policy);
-        lay_out(
-            &mut call,
-            &self.prefix,
-            key,
-            policy,
-            request.usage,
-            now,
-            min_ttl_ms,
-        );
+        let mut call = self.prepare_script(&SETTLE, key, policy, request.usage)?;
         call.arg(request.reserved.units);
         call.arg(request.reserved.at_micros);
         let recorded = (0..policy.len()).map(|i| match request.reserved.units_in(i) {

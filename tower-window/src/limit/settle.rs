@@ -4,7 +4,7 @@
 
 use crate::algorithm::settle::refuses_reservation;
 use crate::store::{Op, StoreError};
-use crate::{Check, Decision, DecisionSource, LimitError, Limiter, Policy, WindowKey};
+use crate::{Check, Decision, DecisionSource, LimitError, Limiter, Policy, Quota, WindowKey};
 
 /// One settle: `usage` units of a request whose reservation recorded
 /// `reserved` units at `reserved_at_micros` (none: `reserved` 0), for
@@ -64,21 +64,16 @@ impl<'a> SettleRequest<'a> {
                 self.policy.len()
             ));
         }
-        let refunds =
-            |(i, quota)| self.usage_of(i) < self.reserved.units_in(i) && refuses_reservation(quota);
-        match self
-            .policy
-            .quotas()
-            .iter()
-            .enumerate()
-            .find(|q| refunds(*q))
-        {
-            Some((_, quota)) => invalid(format!(
+        let refunds = |(i, quota): &(usize, &Quota)| {
+            self.usage_of(*i) < self.reserved.units_in(*i) && refuses_reservation(quota)
+        };
+        if let Some((_, quota)) = self.policy.quotas().iter().enumerate().find(refunds) {
+            return invalid(format!(
                 "gcra quota `{}` cannot give back part of a reservation exactly",
                 quota.name()
-            )),
-            None => Ok(()),
+            ));
         }
+        Ok(())
     }
 }
 
@@ -179,7 +174,7 @@ impl Limiter {
             })),
             None => estimate.into_cost().map_err(|zero| Box::new(zero.into())),
         };
-        Check::reserving(self, key, policy, cost)
+        Check::new(self, key, policy, cost, None, true)
     }
 
     /// Settles a request that [reserved](Self::reserve) `reserved` units
@@ -250,12 +245,7 @@ impl Limiter {
         reserved: Reserved,
         usage: &[u32],
     ) -> Result<Decision, LimitError> {
-        if usage.len() != policy.len() {
-            return Err(LimitError::QuotaCosts {
-                quotas: policy.len(),
-                costs: usage.len(),
-            });
-        }
+        super::one_per_quota(policy, usage.len())?;
         let largest = usage.iter().copied().max().unwrap_or(0);
         let request = SettleRequest::new(key, policy, reserved, largest).with_quota_usage(usage);
         self.settle_request(request).await

@@ -8,8 +8,8 @@ use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::Notify;
 
 use super::{Reserved, SettleRequest};
-use crate::store::{StoreError, StoreErrorKind};
-use crate::{Decision, Limiter, Policy, WindowKey};
+use crate::store::{CheckRequest, StoreError, StoreErrorKind};
+use crate::{Cost, Decision, Limiter, Policy, WindowKey};
 
 /// The settle of one reservation, owed until [`settle`](Self::settle)
 /// runs or the value is dropped, which settles a usage of 0 (a request that
@@ -188,7 +188,7 @@ impl Limiter {
             Ok(decision) => {
                 stats.settled.fetch_add(1, Ordering::Relaxed);
                 if let (false, Some(local)) = (decision.allowed, &self.inner.local) {
-                    local.remember(key, policy, 1, None, decision);
+                    local.remember(CheckRequest::new(key, policy, Cost::ONE), decision);
                 }
             }
             Err(error) => {

@@ -26,11 +26,10 @@ impl crate::Limiter {
                     (&tier.counters.refunded, "refunded")
                 };
                 self.count_lease_units(counter, &held.policy, event, held.left);
-                let request = RefundRequest::new(&held.key, &held.policy, &held.lease, held.left);
-                if held.shadow_left.is_empty() {
-                    request
-                } else {
-                    request.with_shadow_unused(&held.shadow_left)
+                let shadow_unused = (!held.shadow_left.is_empty()).then_some(&held.shadow_left[..]);
+                RefundRequest {
+                    shadow_unused,
+                    ..RefundRequest::new(&held.key, &held.policy, &held.lease, held.left)
                 }
             })
             .collect()

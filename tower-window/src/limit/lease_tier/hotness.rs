@@ -79,7 +79,7 @@ impl Entry {
     }
 }
 
-/// What [`Hotness::look_at`] found for a key.
+/// What [`Hotness::count`] found for a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Observed {
     /// Checks of the key in this period and the one before, this one
@@ -87,22 +87,6 @@ pub(crate) struct Observed {
     pub(crate) checks: u32,
     /// See [`Hotness::mark`].
     pub(crate) slotted: bool,
-}
-
-/// A check looked up but not counted yet (see [`Hotness::look_at`]).
-pub(crate) struct Looked<'a> {
-    hotness: &'a Hotness,
-    pub(crate) observed: Observed,
-    write: Option<(usize, Entry)>,
-}
-
-impl Looked<'_> {
-    /// Counts the check.
-    pub(crate) fn count(self) {
-        if let Some((index, entry)) = self.write {
-            self.hotness.entries[index].store(entry.0, Ordering::Relaxed);
-        }
-    }
 }
 
 /// Recent checks per key and policy, for [`LeaseConfig::hot_after`](super::LeaseConfig::hot_after).
@@ -129,22 +113,15 @@ impl Hotness {
         (set * 2, fingerprint)
     }
 
-    /// Looks at a check of `key` at `now` (µs) in periods of `ttl` µs: the
-    /// key's count over this period and the one before, this check included
-    /// (so a key checked `n` times within one TTL counts at least `n`).
-    /// [`Looked::count`] records the check, so a caller that may hand it on
-    /// does not count it twice.
+    /// Counts a check of `key` at `now` (µs) in periods of `ttl` µs, and
+    /// answers the key's count over this period and the one before, this
+    /// check included (so a key checked `n` times within one TTL counts at
+    /// least `n`).
     ///
     /// A period's count stops at `enough`, so a hot key's checks write its
     /// entry once per period rather than bounce its cache line between
     /// cores.
-    pub(crate) fn look_at(
-        &self,
-        key: &StateKeyRef<'_>,
-        now: u64,
-        ttl: u64,
-        enough: u32,
-    ) -> Looked<'_> {
+    pub(crate) fn count(&self, key: &StateKeyRef<'_>, now: u64, ttl: u64, enough: u32) -> Observed {
         let (first, fingerprint) = self.place(key);
         let period = now / ttl.max(1);
         let ways = [
@@ -159,19 +136,14 @@ impl Hotness {
                     (way, (0, 0), false)
                 }
             };
-        let mut write = None;
         if u32::from(seen) < enough {
             seen = seen.saturating_add(1);
             let entry = Entry::new(fingerprint, period, slotted, seen, before);
-            write = Some((first + way, entry));
+            self.entries[first + way].store(entry.0, Ordering::Relaxed);
         }
-        Looked {
-            hotness: self,
-            observed: Observed {
-                checks: u32::from(seen) + u32::from(before),
-                slotted,
-            },
-            write,
+        Observed {
+            checks: u32::from(seen) + u32::from(before),
+            slotted,
         }
     }
 
@@ -214,25 +186,10 @@ mod tests {
         Policy::from("100/1m".parse::<Quota>().expect("a valid quota"))
     }
 
-    /// A check looked at and counted.
-    fn counted(
-        hotness: &Hotness,
-        key: &StateKeyRef<'_>,
-        now: u64,
-        ttl: u64,
-        enough: u32,
-    ) -> Observed {
-        let looked = hotness.look_at(key, now, ttl, enough);
-        let observed = looked.observed;
-        looked.count();
-        observed
-    }
-
     fn observe(hotness: &Hotness, subject: &str, now: u64) -> Observed {
         let key = WindowKey::for_subject(subject.to_owned());
         let policy = policy();
-        counted(
-            hotness,
+        hotness.count(
             &StateKeyRef::for_policy(&key, &policy),
             now,
             1_000,
@@ -275,16 +232,12 @@ mod tests {
         let policy = policy();
         let key = StateKeyRef::for_policy(&key, &policy);
         let counts: Vec<u32> = (0..6)
-            .map(|i| counted(&hotness, &key, i, 1_000, 3).checks)
+            .map(|i| hotness.count(&key, i, 1_000, 3).checks)
             .collect();
         assert_eq!(counts, [1, 2, 3, 3, 3, 3]);
-        // The next period starts from the one before's 3; a look answers
-        // as a count would, and counts only when told.
-        assert_eq!(hotness.look_at(&key, 1_000, 1_000, 3).observed.checks, 4);
-        let looked = hotness.look_at(&key, 1_000, 1_000, 3);
-        assert_eq!(looked.observed.checks, 4);
-        looked.count();
-        assert_eq!(hotness.look_at(&key, 1_000, 1_000, 3).observed.checks, 5);
+        // The next period starts from the one before's 3.
+        assert_eq!(hotness.count(&key, 1_000, 1_000, 3).checks, 4);
+        assert_eq!(hotness.count(&key, 1_000, 1_000, 3).checks, 5);
     }
 
     #[test]
@@ -293,17 +246,17 @@ mod tests {
         let key = WindowKey::for_subject("a");
         let policy = policy();
         let key = StateKeyRef::for_policy(&key, &policy);
-        assert!(!counted(&hotness, &key, 0, 1_000, u32::MAX).slotted);
+        assert!(!hotness.count(&key, 0, 1_000, u32::MAX).slotted);
         hotness.mark(&key, true);
-        assert!(counted(&hotness, &key, 10, 1_000, u32::MAX).slotted);
+        assert!(hotness.count(&key, 10, 1_000, u32::MAX).slotted);
         assert!(
-            counted(&hotness, &key, 50_000, 1_000, u32::MAX).slotted,
+            hotness.count(&key, 50_000, 1_000, u32::MAX).slotted,
             "marks outlive counts"
         );
         hotness.mark(&key, false);
-        assert!(!counted(&hotness, &key, 50_001, 1_000, u32::MAX).slotted);
+        assert!(!hotness.count(&key, 50_001, 1_000, u32::MAX).slotted);
         hotness.clear();
-        assert_eq!(counted(&hotness, &key, 50_002, 1_000, u32::MAX).checks, 1);
+        assert_eq!(hotness.count(&key, 50_002, 1_000, u32::MAX).checks, 1);
     }
 
     /// A hot key keeps its entry while 200,000 cold keys churn through the

@@ -66,12 +66,8 @@ impl crate::Limiter {
             let now = inner.clock.now_micros();
             let old = std::mem::take(&mut state.retired);
             let want = state.next_want(now, tier.config.max_units, &old);
-            (
-                now,
-                old,
-                want,
-                tier.epoch.load(std::sync::atomic::Ordering::Acquire),
-            )
+            let epoch = tier.epoch.load(std::sync::atomic::Ordering::Acquire);
+            (now, old, want, epoch)
         };
         let refunds = self.refunds_of(tier, &old, now);
         let ask = Ask {

@@ -102,7 +102,7 @@ impl crate::Limiter {
                 } else if let Some(Lookup::Hit(decision)) = inner
                     .local
                     .as_ref()
-                    .map(|local| local.lookup(key, policy, units, None))
+                    .map(|local| local.lookup(CheckRequest::new(key, policy, cost)))
                 {
                     Step::Remembered(decision)
                 } else {
@@ -191,33 +191,28 @@ impl crate::Limiter {
         let mut request = ReserveRequest::new(key, policy, ask.want.max(at_least), at_least, ttl)
             .waiting_up_to(ttl)
             .refunding(ask.refunds);
-        if spend > 0 {
-            request = request.deciding();
-        }
+        request.decides = spend > 0;
         let sent = inner.clock.now_micros();
         tier.counters.reservations.fetch_add(1, Ordering::Relaxed);
         let reserved = self.call_leases(tier, request).await;
         let reservation = match reserved {
             Ok(reservation) => reservation,
-            Err(error) => {
-                let kind = error.kind();
-                if kind == crate::StoreErrorKind::Unsupported {
+            Err(error) => match error.kind() {
+                crate::StoreErrorKind::Unsupported => {
                     tracing::warn!(
                         "the store does not support quota leases: checks go to it directly"
                     );
                     tier.unsupported.store(true, Ordering::Relaxed);
+                    Reservation::empty(0, None)
                 }
-                if !matches!(
-                    kind,
-                    crate::StoreErrorKind::Unsupported | crate::StoreErrorKind::InvalidRequest
-                ) {
+                // No lease for this policy (a GCRA quota too small for the
+                // TTL, say): decide directly.
+                crate::StoreErrorKind::InvalidRequest => Reservation::empty(0, None),
+                kind => {
                     slot.lock().failed = Some(kind);
                     return Err(error);
                 }
-                // No lease for this store or policy (a GCRA quota too
-                // small for the TTL, say): decide directly.
-                Reservation::empty(0, None)
-            }
+            },
         };
         slot.lock().failed = None;
         let held_until = reservation.held_until_micros;
@@ -238,16 +233,14 @@ impl crate::Limiter {
         let wait = lease
             .not_before_micros
             .saturating_sub(reservation.now_micros);
-        let local_not_before = if wait == 0 {
-            // Spendable at once, even by a check that read the clock just
-            // before this reply.
-            0
-        } else {
-            inner.clock.now_micros().saturating_add(wait)
-        };
         let later = wait > 0;
-        // A lease that starts later admits nobody now.
-        let spend = if later { 0 } else { spend };
+        // Spendable at once (0), even by a check that read the clock just
+        // before this reply; a lease that starts later admits nobody now.
+        let (local_not_before, spend) = if later {
+            (inner.clock.now_micros().saturating_add(wait), 0)
+        } else {
+            (0, spend)
+        };
         if spend > 0 {
             self.count_lease_units(&tier.counters.spent, policy, "spent", spend);
         }

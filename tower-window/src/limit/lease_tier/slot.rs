@@ -147,13 +147,8 @@ impl Slot {
     pub(crate) fn new() -> Self {
         Self {
             state: Mutex::new(SlotState {
-                held: Vec::new(),
-                retired: Vec::new(),
                 want: 1,
-                last_granted: 0,
-                last_deadline: 0,
-                refilling: false,
-                failed: None,
+                ..SlotState::default()
             }),
             refilled: Notify::new(),
         }
@@ -179,6 +174,7 @@ impl Slot {
     }
 }
 
+#[derive(Default)]
 pub(crate) struct SlotState {
     /// Live leases, oldest first: the one being spent and the one reserved
     /// ahead of need (rarely more).

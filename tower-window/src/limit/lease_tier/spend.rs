@@ -24,11 +24,9 @@ impl crate::Limiter {
         let inner = &*self.inner;
         let state_key = StateKeyRef::for_policy(key, policy);
         let now = inner.clock.now_micros();
-        let looked = tier
+        let observed = tier
             .hotness
-            .look_at(&state_key, now, ttl, tier.config.hot_checks);
-        let observed = looked.observed;
-        looked.count();
+            .count(&state_key, now, ttl, tier.config.hot_checks);
         let hot = observed.checks >= tier.config.hot_checks;
         if !hot && !observed.slotted {
             // Cold, with nothing to give back: skip the slot cache.
@@ -48,12 +46,8 @@ impl crate::Limiter {
                 }
                 drop(state);
                 self.count_spent(tier, policy, units);
-                let carried = if refill {
-                    self.start_refill(tier, slot, key, policy)
-                } else {
-                    None
-                };
-                return Leased::Spent(decision, carried);
+                let carried = refill.then(|| self.start_refill(tier, slot, key, policy));
+                return Leased::Spent(decision, carried.flatten());
             }
             Spend::Later(decision) => {
                 drop(state);
