@@ -222,7 +222,7 @@ enum Target {
     Url(String),
     Cluster(Vec<String>),
     /// A pool: nothing to check.
-    Pool(Connector),
+    Pool(Box<Connector>),
 }
 
 /// Builds a [`RedisStore`]. One of [`url`](Self::url),
@@ -260,7 +260,9 @@ impl fmt::Debug for RedisStoreBuilder {
             None => "none",
             Some(Target::Url(_)) => "url",
             Some(Target::Cluster(_)) => "cluster",
-            Some(Target::Pool(Connector::ClusterPool(_))) => "cluster_pool",
+            Some(Target::Pool(pool)) if matches!(**pool, Connector::ClusterPool(_)) => {
+                "cluster_pool"
+            }
             Some(Target::Pool(_)) => "pool",
         };
         f.debug_struct("RedisStoreBuilder")
@@ -297,14 +299,14 @@ impl RedisStoreBuilder {
     /// per call. The pool's wait timeout bounds the checkout; an exhausted
     /// pool is [`StoreErrorKind::Overloaded`](crate::StoreErrorKind::Overloaded).
     pub fn pool(mut self, pool: deadpool_redis::Pool) -> Self {
-        self.target = Some(Target::Pool(Connector::Pool(pool)));
+        self.target = Some(Target::Pool(Box::new(Connector::Pool(pool))));
         self
     }
 
     /// A cluster connection from a `deadpool_redis` cluster pool, kept
     /// like [`pool`](Self::pool)'s.
     pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
-        self.target = Some(Target::Pool(Connector::ClusterPool(pool)));
+        self.target = Some(Target::Pool(Box::new(Connector::ClusterPool(pool))));
         self
     }
 
@@ -375,7 +377,7 @@ impl RedisStoreBuilder {
                     .map_err(RedisConfigError::InvalidUrl)?;
                 Connector::Cluster(nodes, self.tls.clone())
             }
-            Target::Pool(connector) => connector,
+            Target::Pool(connector) => *connector,
         };
         Ok(self.with_connector(connector))
     }
