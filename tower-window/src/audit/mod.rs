@@ -234,7 +234,7 @@ impl AuditLog {
         let rules = if inner.tenant_rules.load().is_empty() {
             inner.default_rules
         } else {
-            self.rules(&record::text(key.tenant()))
+            self.rules(&String::from_utf8_lossy(key.tenant()))
         };
         if let Some(outcome) = rules.outcome(decision, &inner.admissions) {
             let record = Fields::of_decision(key, policy, decision, outcome, &inner.node);
