@@ -94,7 +94,7 @@ impl<'a> Guard<'a> {
 
     /// Bounds `op`, the answer of the operation this guard was lent to:
     /// one built with [`run`](Self::run) already is.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn settle<'o, T: Send + 'o>(mut self, op: Op<'o, T>) -> Op<'o, T> {
         if self.ran {
             return op;
