@@ -144,15 +144,19 @@ impl Buffer {
             match round.iter_mut().find(|p| p.batch.tenant == tenant) {
                 Some(pending) => pending.batch.push(record),
                 None => {
-                    // Room for the rest of the round: a batch never grows
-                    // (all of it, when one tenant has the round).
+                    // The round's first batch gets room for the rest of
+                    // it: when one tenant has the round (a flood), its
+                    // batch never grows. Later tenants' batches grow as
+                    // they fill, so a round of many tenants allocates no
+                    // more than its own size in room it may not use.
+                    let first = round.is_empty();
                     let mut batch = AuditBatch {
                         tenant: tenant.to_owned(),
                         node: inner.node.clone(),
                         seq: 0,
                         retention: inner.retention,
-                        text: String::with_capacity(round_end - start),
-                        ends: Vec::with_capacity(n - i),
+                        text: String::with_capacity(if first { round_end - start } else { 0 }),
+                        ends: Vec::with_capacity(if first { n - i } else { 0 }),
                     };
                     batch.push(record);
                     round.push(Pending { batch, refusals: 0 });
